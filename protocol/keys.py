@@ -1,0 +1,345 @@
+"""Every object key of PROTOCOL §3-§4, built and parsed in exactly one place.
+
+Encodings (PROTOCOL §3): ``agent-hex`` is the hex of the UTF-8 agent_id; ``boot-hex`` the
+hex of the 16 boot_id bytes; sequence numbers are 20-digit zero-padded decimal; ``hh/hh``
+are the first and second byte of the sha256 in hex; hours are UTC, written
+``date=YYYY-MM-DD/hour=HH``. Builders validate their inputs; parsers raise `KeyFormatError`
+naming the key and what is wrong with it.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+
+NS_PER_S = 1_000_000_000
+MAX_U64 = 2**64 - 1
+
+RAW_BLOBS_PREFIX = "raw-blobs/v1/sha256/"
+RAW_BLOBS_BY_TIME_PREFIX = "raw-blobs-by-time/v1/"
+ACCEPTED_PREFIX = "accepted/v1/"
+ACCEPTED_BY_TIME_PREFIX = "accepted-by-time/v1/"
+ACCEPTED_BY_BLOB_PREFIX = "accepted-by-blob/v1/sha256/"
+QUARANTINE_PREFIX = "quarantine/v1/identity-conflict/"
+QUARANTINE_BY_BLOB_PREFIX = "quarantine-by-blob/v1/sha256/"
+GC_MARKS_PREFIX = "gc/v1/marks/"
+GC_VETOES_PREFIX = "gc/v1/vetoes/"
+GC_LOG_PREFIX = "gc/v1/log/"
+RECONCILER_PREFIX = "reconciler/v1/"
+ROLLUP_DIRTY_PREFIX = "work/v1/rollup-dirty/"
+ROLLUP_PREFIX = "rollup/v1/"
+PROBE_PREFIX = "probe/v1/"
+
+_SHA_RE = re.compile(r"[0-9a-f]{64}")
+_HOUR_RE = r"date=(\d{4}-\d{2}-\d{2})/hour=(\d{2})"
+_IDENTITY_RE = r"agent=((?:[0-9a-f]{2})+)/boot=([0-9a-f]{32})/(\d{20})-(\d{20})"
+
+
+class KeyFormatError(ValueError):
+    """A key (or a part of one) does not follow PROTOCOL §3."""
+
+
+def check_sha256(sha: str) -> str:
+    """Return ``sha`` if it is 64 lowercase hex digits, else raise `KeyFormatError`."""
+    if not _SHA_RE.fullmatch(sha):
+        raise KeyFormatError(f"frame_sha256 must be 64 lowercase hex digits, got {sha!r}")
+    return sha
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class UtcHour:
+    """One UTC hour: the partition unit of every by-time index and rollup table."""
+
+    day: date
+    hour: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.hour <= 23:
+            raise KeyFormatError(f"hour must be 0..23, got {self.hour}")
+
+    @classmethod
+    def from_unix_ns(cls, unix_ns: int) -> UtcHour:
+        moment = datetime.fromtimestamp(unix_ns // NS_PER_S, tz=UTC)
+        return cls(moment.date(), moment.hour)
+
+    @classmethod
+    def parse_partition(cls, text: str) -> UtcHour:
+        """Parse ``date=YYYY-MM-DD/hour=HH``."""
+        match = re.fullmatch(_HOUR_RE, text)
+        if not match:
+            raise KeyFormatError(f"not a date=YYYY-MM-DD/hour=HH partition: {text!r}")
+        return cls._from_parts(match.group(1), match.group(2), text)
+
+    @classmethod
+    def parse_iso(cls, text: str) -> UtcHour:
+        """Parse the ledger's ``YYYY-MM-DDTHH``."""
+        match = re.fullmatch(r"(\d{4}-\d{2}-\d{2})T(\d{2})", text)
+        if not match:
+            raise KeyFormatError(f"not a YYYY-MM-DDTHH hour: {text!r}")
+        return cls._from_parts(match.group(1), match.group(2), text)
+
+    @classmethod
+    def _from_parts(cls, day_text: str, hour_text: str, whole: str) -> UtcHour:
+        try:
+            day = date.fromisoformat(day_text)
+        except ValueError as exc:
+            raise KeyFormatError(f"bad date in {whole!r}: {exc}") from None
+        return cls(day, int(hour_text))
+
+    @property
+    def partition(self) -> str:
+        return f"date={self.day.isoformat()}/hour={self.hour:02d}"
+
+    @property
+    def iso(self) -> str:
+        return f"{self.day.isoformat()}T{self.hour:02d}"
+
+    @property
+    def start_ns(self) -> int:
+        start = datetime(self.day.year, self.day.month, self.day.day, self.hour, tzinfo=UTC)
+        return int(start.timestamp()) * NS_PER_S
+
+    def next(self) -> UtcHour:
+        return UtcHour.from_unix_ns(self.start_ns + 3600 * NS_PER_S)
+
+    def shifted(self, hours: int) -> UtcHour:
+        return UtcHour.from_unix_ns(self.start_ns + hours * 3600 * NS_PER_S)
+
+    def __str__(self) -> str:
+        return self.iso
+
+
+@dataclass(frozen=True, slots=True)
+class BatchIdentity:
+    """``(agent_id, boot_id, seq_start, seq_end)``: what a batch is, across retries."""
+
+    agent_id: str
+    boot_id: uuid.UUID
+    seq_start: int
+    seq_end: int
+
+    def __post_init__(self) -> None:
+        agent_bytes = self.agent_id.encode("utf-8")
+        if not 1 <= len(agent_bytes) <= 128:
+            raise KeyFormatError(f"agent_id must be 1..128 UTF-8 bytes, got {len(agent_bytes)}")
+        if self.boot_id.int == 0:
+            raise KeyFormatError("boot_id must not be all zero")
+        if not 0 <= self.seq_start <= self.seq_end <= MAX_U64:
+            raise KeyFormatError(
+                f"need 0 <= seq_start <= seq_end <= 2^64-1, got {self.seq_start}..{self.seq_end}"
+            )
+
+    @property
+    def agent_hex(self) -> str:
+        return self.agent_id.encode("utf-8").hex()
+
+    @property
+    def boot_hex(self) -> str:
+        return self.boot_id.bytes.hex()
+
+    @property
+    def seq_range(self) -> str:
+        return f"{self.seq_start:020d}-{self.seq_end:020d}"
+
+    @property
+    def path(self) -> str:
+        """``agent=<agent-hex>/boot=<boot-hex>/<seq-start>-<seq-end>``: the shared key tail."""
+        return f"agent={self.agent_hex}/boot={self.boot_hex}/{self.seq_range}"
+
+    @property
+    def manifest_id(self) -> str:
+        """``agent=<agent-hex>.boot=<boot-hex>.<seq-start>-<seq-end>`` (PROTOCOL §3)."""
+        return f"agent={self.agent_hex}.boot={self.boot_hex}.{self.seq_range}"
+
+    def __str__(self) -> str:
+        return f"{self.agent_id}/{self.boot_id}/{self.seq_start}-{self.seq_end}"
+
+
+def _identity_from_match(groups: tuple[str, ...], key: str) -> BatchIdentity:
+    agent_hex, boot_hex, start, end = groups
+    try:
+        agent_id = bytes.fromhex(agent_hex).decode("utf-8")
+        return BatchIdentity(
+            agent_id, uuid.UUID(bytes=bytes.fromhex(boot_hex)), int(start), int(end)
+        )
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise KeyFormatError(f"bad identity in key {key!r}: {exc}") from None
+
+
+def _sha_dirs(sha: str) -> str:
+    check_sha256(sha)
+    return f"{sha[0:2]}/{sha[2:4]}/{sha}"
+
+
+# --- raw blobs ---------------------------------------------------------------------------
+
+
+def raw_blob_key(sha: str) -> str:
+    return f"{RAW_BLOBS_PREFIX}{sha[0:2]}/{sha[2:4]}/{check_sha256(sha)}.lmbatch"
+
+
+def parse_raw_blob_key(key: str) -> str:
+    """Return the sha256 named by a raw-blob key."""
+    match = re.fullmatch(
+        r"raw-blobs/v1/sha256/([0-9a-f]{2})/([0-9a-f]{2})/([0-9a-f]{64})\.lmbatch", key
+    )
+    if not match or match.group(3)[:4] != match.group(1) + match.group(2):
+        raise KeyFormatError(f"not a raw-blob key: {key!r}")
+    return match.group(3)
+
+
+def raw_blob_by_time_key(hour: UtcHour, sha: str) -> str:
+    return f"{RAW_BLOBS_BY_TIME_PREFIX}{hour.partition}/sha256={check_sha256(sha)}.json"
+
+
+def parse_raw_blob_by_time_key(key: str) -> tuple[UtcHour, str]:
+    pattern = (
+        r"raw-blobs-by-time/v1/(date=\d{4}-\d{2}-\d{2}/hour=\d{2})/sha256=([0-9a-f]{64})\.json"
+    )
+    match = re.fullmatch(pattern, key)
+    if not match:
+        raise KeyFormatError(f"not a raw-blobs-by-time key: {key!r}")
+    return UtcHour.parse_partition(match.group(1)), match.group(2)
+
+
+# --- accepted manifests and their indexes ------------------------------------------------
+
+
+def accepted_manifest_key(identity: BatchIdentity) -> str:
+    return f"{ACCEPTED_PREFIX}{identity.path}.json"
+
+
+def parse_accepted_manifest_key(key: str) -> BatchIdentity:
+    match = re.fullmatch(rf"accepted/v1/{_IDENTITY_RE}\.json", key)
+    if not match:
+        raise KeyFormatError(f"not an accepted-manifest key: {key!r}")
+    return _identity_from_match(match.groups(), key)
+
+
+def accepted_by_time_key(hour: UtcHour, identity: BatchIdentity) -> str:
+    return f"{ACCEPTED_BY_TIME_PREFIX}{hour.partition}/{identity.manifest_id}.json"
+
+
+def accepted_by_time_hour_prefix(hour: UtcHour) -> str:
+    return f"{ACCEPTED_BY_TIME_PREFIX}{hour.partition}/"
+
+
+def parse_accepted_by_time_key(key: str) -> tuple[UtcHour, BatchIdentity]:
+    pattern = (
+        r"accepted-by-time/v1/(date=\d{4}-\d{2}-\d{2}/hour=\d{2})/"
+        r"agent=((?:[0-9a-f]{2})+)\.boot=([0-9a-f]{32})\.(\d{20})-(\d{20})\.json"
+    )
+    match = re.fullmatch(pattern, key)
+    if not match:
+        raise KeyFormatError(f"not an accepted-by-time key: {key!r}")
+    hour = UtcHour.parse_partition(match.group(1))
+    return hour, _identity_from_match(match.groups()[1:], key)
+
+
+def accepted_by_blob_key(sha: str, identity: BatchIdentity) -> str:
+    return f"{ACCEPTED_BY_BLOB_PREFIX}{_sha_dirs(sha)}/{identity.path}.json"
+
+
+def accepted_by_blob_prefix(sha: str) -> str:
+    """Every accepted-by-blob entry for one blob lies under this prefix."""
+    return f"{ACCEPTED_BY_BLOB_PREFIX}{_sha_dirs(sha)}/"
+
+
+def parse_accepted_by_blob_key(key: str) -> tuple[str, BatchIdentity]:
+    match = re.fullmatch(
+        rf"accepted-by-blob/v1/sha256/[0-9a-f]{{2}}/[0-9a-f]{{2}}/([0-9a-f]{{64}})/{_IDENTITY_RE}\.json",
+        key,
+    )
+    if not match or key != accepted_by_blob_key(
+        match.group(1), _identity_from_match(match.groups()[1:], key)
+    ):
+        raise KeyFormatError(f"not an accepted-by-blob key: {key!r}")
+    return match.group(1), _identity_from_match(match.groups()[1:], key)
+
+
+# --- quarantine ----------------------------------------------------------------------------
+
+
+def quarantine_key(identity: BatchIdentity, sha: str) -> str:
+    return f"{QUARANTINE_PREFIX}{identity.path}/{check_sha256(sha)}.json"
+
+
+def parse_quarantine_key(key: str) -> tuple[BatchIdentity, str]:
+    match = re.fullmatch(
+        rf"quarantine/v1/identity-conflict/{_IDENTITY_RE}/([0-9a-f]{{64}})\.json", key
+    )
+    if not match:
+        raise KeyFormatError(f"not a quarantine key: {key!r}")
+    return _identity_from_match(match.groups()[:4], key), match.group(5)
+
+
+def quarantine_by_blob_key(sha: str, identity: BatchIdentity) -> str:
+    return f"{QUARANTINE_BY_BLOB_PREFIX}{_sha_dirs(sha)}/{identity.path}.json"
+
+
+def quarantine_by_blob_prefix(sha: str) -> str:
+    return f"{QUARANTINE_BY_BLOB_PREFIX}{_sha_dirs(sha)}/"
+
+
+# --- garbage collection ------------------------------------------------------------------
+
+
+def gc_mark_key(sha: str) -> str:
+    return f"{GC_MARKS_PREFIX}{check_sha256(sha)}.json"
+
+
+def gc_veto_key(sha: str) -> str:
+    return f"{GC_VETOES_PREFIX}{check_sha256(sha)}.json"
+
+
+def gc_log_key(hour: UtcHour, sha: str) -> str:
+    return f"{GC_LOG_PREFIX}{hour.partition}/{check_sha256(sha)}.json"
+
+
+# --- work markers, probe, rollup --------------------------------------------------------
+
+
+def rollup_dirty_key(hour: UtcHour) -> str:
+    return f"{ROLLUP_DIRTY_PREFIX}{hour.partition}.json"
+
+
+def probe_key(token: str) -> str:
+    """A unique key for the conditional-write probe (PROTOCOL §3.6)."""
+    if not re.fullmatch(r"[0-9A-Za-z._-]{1,128}", token):
+        raise KeyFormatError(f"probe token must be 1..128 of [0-9A-Za-z._-], got {token!r}")
+    return f"{PROBE_PREFIX}{token}.json"
+
+
+ROLLUP_POINTER_KEY = f"{ROLLUP_PREFIX}_latest_manifest"
+ROLLUP_OWNER_KEY = f"{ROLLUP_PREFIX}owner.json"
+ROLLUP_MANIFESTS_PREFIX = f"{ROLLUP_PREFIX}manifests/"
+ROLLUP_TABLES_PREFIX = f"{ROLLUP_PREFIX}tables/"
+ROLLUP_LEDGER_PREFIX = f"{ROLLUP_PREFIX}ledger/"
+
+
+def rollup_manifest_key(version: int, commit_id: str) -> str:
+    if version < 1:
+        raise KeyFormatError(f"rollup version must be >= 1, got {version}")
+    return f"{ROLLUP_MANIFESTS_PREFIX}v{version:020d}-{commit_id}.json"
+
+
+def rollup_data_key(table: str, hour: UtcHour, file_id: str) -> str:
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", table):
+        raise KeyFormatError(f"table name must be [a-z][a-z0-9_]*, got {table!r}")
+    return f"{ROLLUP_TABLES_PREFIX}{table}/{hour.partition}/{file_id}.parquet"
+
+
+def rollup_ledger_key(hour: UtcHour, file_id: str) -> str:
+    return f"{ROLLUP_LEDGER_PREFIX}{hour.partition}/{file_id}.parquet"
+
+
+def hours_between(first: UtcHour, last: UtcHour) -> list[UtcHour]:
+    """Every hour from ``first`` to ``last`` inclusive (empty when last < first)."""
+    hours: list[UtcHour] = []
+    current = first
+    while current <= last:
+        hours.append(current)
+        current = current.next()
+    return hours

@@ -1,0 +1,231 @@
+"""Every JSON record of PROTOCOL §3-§4 as a frozen model: the one place for their schemas.
+
+Records are read back from the store by other processes (and by other versions of this
+code), so parsing validates everything: `RecordError` names the record and the problem.
+Unknown extra fields are ignored on read (additive v1 evolution); ``schema`` must match.
+
+Contract notes (PROTOCOL is silent on these; decided here):
+- Derived index entries (`accepted-by-time`, `accepted-by-blob`, `raw-blobs-by-time`,
+  `quarantine-by-blob`) share one shape, `IndexEntry`, with ``kind`` naming the index,
+  ``source_key`` the record (or blob) it indexes, ``frame_sha256``, and
+  ``indexed_time_unix_ns``, the time that chose its hour.
+- GC marks, vetoes and log entries and the rollup-dirty marker are defined here too.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from protocol import keys
+
+Sha256Hex = Field(pattern=r"^[0-9a-f]{64}$")
+U64 = Field(ge=0, le=keys.MAX_U64)
+NonNegative = Field(ge=0)
+
+
+class RecordError(ValueError):
+    """A stored JSON record is malformed or inconsistent."""
+
+
+class Record(BaseModel):
+    """Base: frozen, validated, ignores unknown fields, compact JSON."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
+
+    def to_json(self) -> bytes:
+        """Compact JSON with ``schema`` first, as PROTOCOL shows the records."""
+        fields = self.model_dump(mode="json", by_alias=True)
+        if "schema" in fields:
+            fields = {"schema": fields.pop("schema"), **fields}
+        return json.dumps(fields, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> Self:
+        try:
+            return cls.model_validate_json(data)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or '<record>'}: {err['msg']}"
+                for err in exc.errors()
+            )
+            raise RecordError(f"invalid {cls.__name__}: {problems}") from None
+
+
+def _canonical_boot_id(value: Any) -> str:
+    if isinstance(value, uuid.UUID):
+        parsed = value
+    elif isinstance(value, str):
+        parsed = uuid.UUID(value)
+        if str(parsed) != value:
+            raise ValueError(
+                f"boot_id must be the canonical lowercase hyphenated UUID, got {value!r}"
+            )
+    else:
+        raise ValueError("boot_id must be a UUID string")
+    if parsed.int == 0:
+        raise ValueError("boot_id must not be all zero")
+    return str(parsed)
+
+
+class _IdentityFields(Record):
+    agent_id: str = Field(min_length=1)
+    boot_id: str
+    seq_start: int = U64
+    seq_end: int = U64
+
+    _check_boot_id = field_validator("boot_id", mode="before")(_canonical_boot_id)
+
+    @model_validator(mode="after")
+    def _identity_is_valid(self) -> Self:
+        try:
+            self.identity  # noqa: B018 - constructing it validates agent_id length and seq order
+        except keys.KeyFormatError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    @property
+    def identity(self) -> keys.BatchIdentity:
+        return keys.BatchIdentity(
+            self.agent_id, uuid.UUID(self.boot_id), self.seq_start, self.seq_end
+        )
+
+
+class AcceptedManifest(_IdentityFields):
+    """PROTOCOL §3.1: the acceptance record; created once, never modified or deleted."""
+
+    schema_: Literal["lightmetrics.accepted_batch.v1"] = Field(
+        default="lightmetrics.accepted_batch.v1", alias="schema"
+    )
+    record_count: int = Field(ge=1, le=2**32 - 1)
+    frame_sha256: str = Sha256Hex
+    frame_bytes: int = Field(ge=56)
+    raw_blob_key: str
+    accepted_at_unix_ns: int = NonNegative
+    collector_id: str = Field(min_length=1)
+    wire_version: Literal[1] = 1
+    frame_version: Literal[1] = 1
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.record_count != self.seq_end - self.seq_start + 1:
+            raise ValueError(
+                f"record_count {self.record_count} != seq_end - seq_start + 1 = "
+                f"{self.seq_end - self.seq_start + 1}"
+            )
+        if self.raw_blob_key != keys.raw_blob_key(self.frame_sha256):
+            raise ValueError(f"raw_blob_key {self.raw_blob_key!r} does not match frame_sha256")
+        return self
+
+    @property
+    def manifest_key(self) -> str:
+        return keys.accepted_manifest_key(self.identity)
+
+    @property
+    def accepted_hour(self) -> keys.UtcHour:
+        return keys.UtcHour.from_unix_ns(self.accepted_at_unix_ns)
+
+
+class IdentityConflict(_IdentityFields):
+    """PROTOCOL §3.3: the quarantine record of a second, different frame for an identity."""
+
+    schema_: Literal["lightmetrics.identity_conflict.v1"] = Field(
+        default="lightmetrics.identity_conflict.v1", alias="schema"
+    )
+    accepted_manifest_key: str
+    accepted_raw_blob_key: str
+    accepted_frame_sha256: str = Sha256Hex
+    submitted_raw_blob_key: str
+    submitted_frame_sha256: str = Sha256Hex
+    observed_at_unix_ns: int = NonNegative
+    collector_id: str = Field(min_length=1)
+
+    @property
+    def quarantine_key(self) -> str:
+        return keys.quarantine_key(self.identity, self.submitted_frame_sha256)
+
+
+IndexKind = Literal[
+    "accepted-by-time", "accepted-by-blob", "raw-blobs-by-time", "quarantine-by-blob"
+]
+
+
+class IndexEntry(Record):
+    """A derived index entry; rebuildable from ``accepted/v1/`` and ``quarantine/v1/``."""
+
+    schema_: Literal["lightmetrics.index_entry.v1"] = Field(
+        default="lightmetrics.index_entry.v1", alias="schema"
+    )
+    kind: IndexKind
+    source_key: str = Field(min_length=1)
+    frame_sha256: str = Sha256Hex
+    indexed_time_unix_ns: int = NonNegative
+
+
+class GcMark(Record):
+    """``gc/v1/marks/<sha>.json``: a GC run's intent to delete an orphan blob."""
+
+    schema_: Literal["lightmetrics.gc_mark.v1"] = Field(
+        default="lightmetrics.gc_mark.v1", alias="schema"
+    )
+    frame_sha256: str = Sha256Hex
+    raw_blob_key: str
+    marked_at_unix_ns: int = NonNegative
+    gc_run_id: str = Field(min_length=1)
+
+
+class GcVeto(Record):
+    """``gc/v1/vetoes/<sha>.json``: a collector saw this blob in use after it was marked."""
+
+    schema_: Literal["lightmetrics.gc_veto.v1"] = Field(
+        default="lightmetrics.gc_veto.v1", alias="schema"
+    )
+    frame_sha256: str = Sha256Hex
+    vetoed_at_unix_ns: int = NonNegative
+    collector_id: str = Field(min_length=1)
+
+
+class GcLogEntry(Record):
+    """``gc/v1/log/...``: one deletion and the proof it rested on."""
+
+    schema_: Literal["lightmetrics.gc_log.v1"] = Field(
+        default="lightmetrics.gc_log.v1", alias="schema"
+    )
+    frame_sha256: str = Sha256Hex
+    raw_blob_key: str
+    blob_last_modified_ns: int = NonNegative
+    marked_at_unix_ns: int = NonNegative
+    audit_started_at_unix_ns: int = NonNegative
+    deleted_at_unix_ns: int = NonNegative
+    gc_run_id: str = Field(min_length=1)
+
+
+class RollupDirty(Record):
+    """``work/v1/rollup-dirty/...``: an hour gained accepted batches the rollup must see."""
+
+    schema_: Literal["lightmetrics.rollup_dirty.v1"] = Field(
+        default="lightmetrics.rollup_dirty.v1", alias="schema"
+    )
+    hour: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}T\d{2}$")
+    marked_at_unix_ns: int = NonNegative
+
+
+class LeaseRecord(Record):
+    """PROTOCOL §4 owner lease (also used for the reconciler's lease): exactly these fields."""
+
+    owner: str = Field(min_length=1)
+    epoch: int = Field(ge=1)
+    expires_at_unix_ns: int = NonNegative
+
+
+class RollupPointer(Record):
+    """PROTOCOL §4: ``rollup/v1/_latest_manifest``, swapped with If-Match: the commit point."""
+
+    schema_: Literal["lightmetrics.rollup_pointer.v1"] = Field(
+        default="lightmetrics.rollup_pointer.v1", alias="schema"
+    )
+    version: int = Field(ge=1)
+    manifest_key: str

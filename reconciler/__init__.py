@@ -1,0 +1,1 @@
+"""reconciler package."""

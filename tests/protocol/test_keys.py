@@ -1,0 +1,138 @@
+"""Pin every key format of PROTOCOL §3-§4 for one known identity, and round-trip the parsers."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from protocol import keys
+
+IDENTITY = keys.BatchIdentity(
+    agent_id="agent-a",
+    boot_id=uuid.UUID("5f0c7a3e-1d2b-4c3a-9e8f-0123456789ab"),
+    seq_start=10,
+    seq_end=20,
+)
+SHA = "abcd" + "0" * 60
+HOUR = keys.UtcHour.from_unix_ns(1_763_719_200_000_000_000)  # 2025-11-21T10:00:00Z
+AGENT = "6167656e742d61"
+BOOT = "5f0c7a3e1d2b4c3a9e8f0123456789ab"
+SEQ = "00000000000000000010-00000000000000000020"
+
+
+def test_hour_and_identity_encodings() -> None:
+    assert HOUR.partition == "date=2025-11-21/hour=10"
+    assert HOUR.iso == "2025-11-21T10"
+    assert IDENTITY.manifest_id == f"agent={AGENT}.boot={BOOT}.{SEQ}"
+
+
+@pytest.mark.parametrize(
+    ("built", "expected"),
+    [
+        (keys.raw_blob_key(SHA), f"raw-blobs/v1/sha256/ab/cd/{SHA}.lmbatch"),
+        (
+            keys.raw_blob_by_time_key(HOUR, SHA),
+            f"raw-blobs-by-time/v1/date=2025-11-21/hour=10/sha256={SHA}.json",
+        ),
+        (keys.accepted_manifest_key(IDENTITY), f"accepted/v1/agent={AGENT}/boot={BOOT}/{SEQ}.json"),
+        (
+            keys.accepted_by_time_key(HOUR, IDENTITY),
+            f"accepted-by-time/v1/date=2025-11-21/hour=10/agent={AGENT}.boot={BOOT}.{SEQ}.json",
+        ),
+        (
+            keys.accepted_by_blob_key(SHA, IDENTITY),
+            f"accepted-by-blob/v1/sha256/ab/cd/{SHA}/agent={AGENT}/boot={BOOT}/{SEQ}.json",
+        ),
+        (
+            keys.quarantine_key(IDENTITY, SHA),
+            f"quarantine/v1/identity-conflict/agent={AGENT}/boot={BOOT}/{SEQ}/{SHA}.json",
+        ),
+        (
+            keys.quarantine_by_blob_key(SHA, IDENTITY),
+            f"quarantine-by-blob/v1/sha256/ab/cd/{SHA}/agent={AGENT}/boot={BOOT}/{SEQ}.json",
+        ),
+        (keys.gc_mark_key(SHA), f"gc/v1/marks/{SHA}.json"),
+        (keys.gc_veto_key(SHA), f"gc/v1/vetoes/{SHA}.json"),
+        (keys.gc_log_key(HOUR, SHA), f"gc/v1/log/date=2025-11-21/hour=10/{SHA}.json"),
+        (keys.rollup_dirty_key(HOUR), "work/v1/rollup-dirty/date=2025-11-21/hour=10.json"),
+        (
+            keys.rollup_manifest_key(7, "c0ffee"),
+            "rollup/v1/manifests/v00000000000000000007-c0ffee.json",
+        ),
+        (
+            keys.rollup_data_key("points", HOUR, "u1"),
+            "rollup/v1/tables/points/date=2025-11-21/hour=10/u1.parquet",
+        ),
+        (keys.rollup_ledger_key(HOUR, "u1"), "rollup/v1/ledger/date=2025-11-21/hour=10/u1.parquet"),
+        (keys.ROLLUP_POINTER_KEY, "rollup/v1/_latest_manifest"),
+        (keys.ROLLUP_OWNER_KEY, "rollup/v1/owner.json"),
+    ],
+)
+def test_key_strings_are_pinned(built: str, expected: str) -> None:
+    assert built == expected
+
+
+def test_parsers_invert_builders() -> None:
+    assert keys.parse_raw_blob_key(keys.raw_blob_key(SHA)) == SHA
+    assert keys.parse_raw_blob_by_time_key(keys.raw_blob_by_time_key(HOUR, SHA)) == (HOUR, SHA)
+    assert keys.parse_accepted_manifest_key(keys.accepted_manifest_key(IDENTITY)) == IDENTITY
+    assert keys.parse_accepted_by_time_key(keys.accepted_by_time_key(HOUR, IDENTITY)) == (
+        HOUR,
+        IDENTITY,
+    )
+    assert keys.parse_accepted_by_blob_key(keys.accepted_by_blob_key(SHA, IDENTITY)) == (
+        SHA,
+        IDENTITY,
+    )
+    assert keys.parse_quarantine_key(keys.quarantine_key(IDENTITY, SHA)) == (IDENTITY, SHA)
+
+
+def test_unicode_agent_id_round_trips() -> None:
+    identity = keys.BatchIdentity("höst/ünïcode", IDENTITY.boot_id, 0, 0)
+    key = keys.accepted_manifest_key(identity)
+    assert "/" not in identity.agent_hex
+    assert keys.parse_accepted_manifest_key(key) == identity
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        f"accepted/v1/agent={AGENT}/boot={BOOT}/{SEQ}.jsonx",
+        f"accepted/v1/agent={AGENT}/boot={BOOT[:-2]}/{SEQ}.json",
+        f"accepted/v1/agent=ff/boot={BOOT}/{SEQ}.json",  # not UTF-8
+        f"accepted/v1/agent={AGENT}/boot={BOOT}/00000000000000000020-00000000000000000010.json",
+        f"accepted/v1/agent={AGENT}/boot={'0' * 32}/{SEQ}.json",
+        f"raw-blobs/v1/sha256/ab/ce/{SHA}.lmbatch",
+    ],
+)
+def test_malformed_keys_are_refused(bad: str) -> None:
+    with pytest.raises(keys.KeyFormatError):
+        if bad.startswith("raw-blobs"):
+            keys.parse_raw_blob_key(bad)
+        else:
+            keys.parse_accepted_manifest_key(bad)
+
+
+@pytest.mark.parametrize("sha", ["ABCD" + "0" * 60, "ab" * 31, "g" * 64])
+def test_bad_sha_is_refused(sha: str) -> None:
+    with pytest.raises(keys.KeyFormatError, match="64 lowercase hex"):
+        keys.raw_blob_key(sha)
+
+
+def test_identity_validation_names_the_problem() -> None:
+    with pytest.raises(keys.KeyFormatError, match="seq_start <= seq_end"):
+        keys.BatchIdentity("a", IDENTITY.boot_id, 5, 4)
+    with pytest.raises(keys.KeyFormatError, match=r"1\.\.128"):
+        keys.BatchIdentity("x" * 129, IDENTITY.boot_id, 0, 0)
+    with pytest.raises(keys.KeyFormatError, match="all zero"):
+        keys.BatchIdentity("a", uuid.UUID(int=0), 0, 0)
+
+
+def test_hour_arithmetic_crosses_days() -> None:
+    late = keys.UtcHour.parse_partition("date=2025-12-31/hour=23")
+    assert late.next().partition == "date=2026-01-01/hour=00"
+    assert late.shifted(-24).iso == "2025-12-30T23"
+    assert keys.UtcHour.parse_iso(late.iso) == late
+    assert len(keys.hours_between(late.shifted(-3), late)) == 4
+    assert keys.UtcHour.from_unix_ns(late.start_ns) == late
