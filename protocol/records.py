@@ -166,7 +166,15 @@ class IndexEntry(Record):
 
 
 class GcMark(Record):
-    """``gc/v1/marks/<sha>.json``: a GC run's intent to delete an orphan blob."""
+    """``gc/v1/marks/<sha>.json``: a GC run's intent to delete an orphan blob.
+
+    ``state`` is an addition to PROTOCOL §3.5, needed to close a race: the GC moves the
+    mark from ``marked`` to ``deleting`` with If-Match *before* its last veto check and
+    the delete, and removes the mark afterwards. A collector that finds a mark writes its
+    veto and then re-reads the mark: still ``marked`` means the GC's last veto check is
+    yet to come and will see the veto; ``deleting`` or gone means the blob may be deleted
+    under it, so it waits for the mark to go and re-creates the blob (If-None-Match).
+    """
 
     schema_: Literal["lightmetrics.gc_mark.v1"] = Field(
         default="lightmetrics.gc_mark.v1", alias="schema"
@@ -175,6 +183,7 @@ class GcMark(Record):
     raw_blob_key: str
     marked_at_unix_ns: int = NonNegative
     gc_run_id: str = Field(min_length=1)
+    state: Literal["marked", "deleting"] = "marked"
 
 
 class GcVeto(Record):

@@ -1,0 +1,281 @@
+"""Every branch of the acceptance protocol (PROTOCOL §3.2), driven by a fault-injecting store."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+import uuid
+from dataclasses import dataclass
+
+import pytest
+
+from chaos.faulty_store import Fault, FaultyStore
+from collector.accept import AcceptanceUnavailable, Accepted, BatchAcceptor, IdentityConflictFound
+from collector.derived import DerivedWriter
+from protocol import keys, records
+from protocol.clock import ManualClock, SystemClock
+from store.base import ObjectStore
+from store.errors import NotFound
+from store.memory import MemoryStore
+from store.retry import Backoff
+
+BOOT = uuid.UUID("5f0c7a3e-1d2b-4c3a-9e8f-0123456789ab")
+
+
+@dataclass(frozen=True)
+class Header:
+    agent_id: str = "agent-a"
+    boot_id: uuid.UUID = BOOT
+    seq_start: int = 10
+    seq_end: int = 12
+    record_count: int = 3
+
+
+HEADER = Header()
+IDENTITY = keys.BatchIdentity("agent-a", BOOT, 10, 12)
+FRAME = b"LMB1-frame-bytes-one" * 4
+OTHER = b"LMB1-frame-bytes-two" * 4
+SHA = hashlib.sha256(FRAME).hexdigest()
+OTHER_SHA = hashlib.sha256(OTHER).hexdigest()
+
+
+class Harness:
+    def __init__(
+        self, store: ObjectStore, *, clock: object = None, budget_s: float = 5.0, queue: int = 100
+    ) -> None:
+        self.clock = clock or ManualClock()
+        self.derived = DerivedWriter(
+            store=store, clock=self.clock, rng=random.Random(1), max_queued=queue
+        )  # type: ignore[arg-type]
+        self.ops: list[tuple[str, str]] = []
+        self.acceptor = BatchAcceptor(
+            store=store,
+            collector_id="collector-t",
+            clock=self.clock,  # type: ignore[arg-type]
+            rng=random.Random(2),
+            derived=self.derived,
+            budget_s=budget_s,
+            backoff=Backoff(attempts=6, base_s=0.001, cap_s=0.01),
+            observe_store_op=lambda op, result: self.ops.append((op, result)),
+        )
+
+    async def accept(self, frame: bytes = FRAME) -> Accepted | IdentityConflictFound:
+        return await self.acceptor.accept(HEADER, frame, hashlib.sha256(frame).hexdigest())
+
+    async def settle(self) -> None:
+        self.derived.start()
+        assert await self.derived.flush(5.0)
+        await self.derived.stop(1.0)
+
+
+async def manifest_in(store: ObjectStore) -> records.AcceptedManifest:
+    body, _ = await store.get(keys.accepted_manifest_key(IDENTITY))
+    return records.AcceptedManifest.from_json(body)
+
+
+async def test_new_batch_takes_exactly_two_store_ops_and_indexes_later() -> None:
+    store = MemoryStore()
+    harness = Harness(store)
+    result = await harness.accept()
+    assert isinstance(result, Accepted) and not result.duplicate
+    assert result.store_ops == 2
+    assert [op for op, _ in harness.ops] == ["put_raw_blob", "put_manifest"]
+    assert (await store.get(keys.raw_blob_key(SHA)))[0] == FRAME
+    manifest = await manifest_in(store)
+    assert (
+        manifest == result.manifest and manifest.frame_sha256 == SHA and manifest.record_count == 3
+    )
+    # derived entries are queued, not written on the acknowledgement path
+    with pytest.raises(NotFound):
+        await store.head(keys.accepted_by_blob_key(SHA, IDENTITY))
+    await harness.settle()
+    hour = manifest.accepted_hour
+    for key in (
+        keys.accepted_by_time_key(hour, IDENTITY),
+        keys.accepted_by_blob_key(SHA, IDENTITY),
+        keys.raw_blob_by_time_key(hour, SHA),
+    ):
+        entry = records.IndexEntry.from_json((await store.get(key))[0])
+        assert entry.frame_sha256 == SHA
+
+
+async def test_same_frame_again_is_a_duplicate_and_changes_nothing() -> None:
+    store = MemoryStore()
+    first = await Harness(store).accept()
+    again = await Harness(store).accept()
+    assert isinstance(again, Accepted) and again.duplicate
+    assert isinstance(first, Accepted)
+    assert again.manifest == first.manifest == await manifest_in(store)
+
+
+async def test_different_frame_same_identity_is_a_conflict_with_quarantine_record() -> None:
+    store = MemoryStore()
+    await Harness(store).accept(FRAME)
+    harness = Harness(store)
+    result = await harness.accept(OTHER)
+    assert isinstance(result, IdentityConflictFound)
+    assert result.accepted.frame_sha256 == SHA and result.submitted_frame_sha256 == OTHER_SHA
+    assert (await manifest_in(store)).frame_sha256 == SHA  # the accepted one is untouched
+    conflict = records.IdentityConflict.from_json((await store.get(result.quarantine_key))[0])
+    assert conflict.accepted_frame_sha256 == SHA and conflict.submitted_frame_sha256 == OTHER_SHA
+    assert conflict.submitted_raw_blob_key == keys.raw_blob_key(OTHER_SHA)
+    await store.head(keys.quarantine_by_blob_key(OTHER_SHA, IDENTITY))
+    await store.head(keys.raw_blob_key(OTHER_SHA))  # the submitted bytes are kept for inspection
+
+
+@pytest.mark.parametrize(
+    ("op", "faults"),
+    [
+        ("put_if_none_match", (Fault.CONFLICT, Fault.CONFLICT)),
+        ("put_if_none_match", (Fault.UNAVAILABLE,)),
+        ("put_if_none_match", (Fault.UNKNOWN_NOT_APPLIED,)),
+        ("put_if_none_match", (Fault.LOST_REPLY,)),
+    ],
+)
+@pytest.mark.parametrize("prefix", [keys.RAW_BLOBS_PREFIX, keys.ACCEPTED_PREFIX])
+async def test_transient_faults_on_either_create_end_in_one_new_acceptance(
+    op: str, faults: tuple[Fault, ...], prefix: str
+) -> None:
+    store = FaultyStore(MemoryStore(), seed=3)
+    store.script(op, prefix, *faults)
+    harness = Harness(store)
+    result = await harness.accept()
+    assert isinstance(result, Accepted)
+    # A lost reply on our own manifest create is recognised as ours: not a duplicate.
+    assert result.duplicate is False
+    assert sum(store.injected.values()) == len(faults)
+    assert (await manifest_in(store.inner)).frame_sha256 == SHA
+    await harness.settle()
+    await store.inner.head(keys.raw_blob_by_time_key(result.manifest.accepted_hour, SHA))
+
+
+async def test_lost_reply_then_read_faults_still_settle_by_reading() -> None:
+    store = FaultyStore(MemoryStore(), seed=4)
+    store.script("put_if_none_match", keys.ACCEPTED_PREFIX, Fault.LOST_REPLY, Fault.CONFLICT)
+    store.script("get", keys.ACCEPTED_PREFIX, Fault.UNAVAILABLE, Fault.UNAVAILABLE)
+    result = await Harness(store).accept()
+    assert isinstance(result, Accepted) and not result.duplicate
+
+
+async def test_store_down_answers_unavailable_never_accepted() -> None:
+    store = FaultyStore(
+        MemoryStore(), seed=5, rates={"put_if_none_match": {Fault.UNAVAILABLE: 1.0}}
+    )
+    with pytest.raises(AcceptanceUnavailable):
+        await Harness(store).accept()
+    with pytest.raises(NotFound):
+        await store.inner.head(keys.accepted_manifest_key(IDENTITY))
+
+
+async def test_applied_but_unobservable_manifest_is_503_not_200() -> None:
+    # The create landed but every answer and every read afterwards fails: only a read may
+    # decide, none succeeds, so the answer must be 503 (the agent retries → duplicate).
+    store = FaultyStore(MemoryStore(), seed=6)
+    store.script("put_if_none_match", keys.ACCEPTED_PREFIX, *([Fault.LOST_REPLY] * 20))
+    store.script("get", keys.ACCEPTED_PREFIX, *([Fault.UNAVAILABLE] * 20))
+    with pytest.raises(AcceptanceUnavailable):
+        await Harness(store).accept()
+    assert (await manifest_in(store.inner)).frame_sha256 == SHA
+    retry = await Harness(store.inner).accept()
+    assert isinstance(retry, Accepted) and retry.duplicate
+
+
+async def test_hanging_store_is_cut_off_by_the_request_budget() -> None:
+    store = FaultyStore(MemoryStore(), seed=7)
+    store.script("put_if_none_match", keys.ACCEPTED_PREFIX, *([Fault.HANG] * 50))
+    harness = Harness(store, clock=SystemClock(), budget_s=0.3)
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(AcceptanceUnavailable):
+        await harness.accept()
+    assert asyncio.get_running_loop().time() - started < 3.0
+    assert ("put_manifest", "outcome_unknown") in harness.ops
+
+
+async def test_full_derived_queue_drops_and_counts_but_still_accepts() -> None:
+    store = MemoryStore()
+    harness = Harness(store, queue=1)
+    result = await harness.accept()
+    assert isinstance(result, Accepted)
+    assert harness.derived.dropped_full == 2  # raw-by-time fit; by-time and by-blob did not
+
+
+async def test_marked_blob_gets_a_veto_before_the_manifest() -> None:
+    store = MemoryStore()
+    await store.put(keys.raw_blob_key(SHA), FRAME)
+    mark = records.GcMark(
+        frame_sha256=SHA, raw_blob_key=keys.raw_blob_key(SHA), marked_at_unix_ns=1, gc_run_id="gc-1"
+    )
+    await store.put(keys.gc_mark_key(SHA), mark.to_json())
+    harness = Harness(store)
+    result = await harness.accept()
+    assert isinstance(result, Accepted)
+    veto = records.GcVeto.from_json((await store.get(keys.gc_veto_key(SHA)))[0])
+    assert veto.frame_sha256 == SHA and veto.collector_id == "collector-t"
+    names = [op for op, _ in harness.ops]
+    assert names.index("put_gc_veto") < names.index("put_manifest")
+
+
+class DeletingGc(MemoryStore):
+    """A store where a GC run is mid-deletion: after two reads of the mark, it finishes."""
+
+    mark_reads = 0
+
+    async def get(self, key: str) -> tuple[bytes, str]:
+        if key == keys.gc_mark_key(SHA):
+            self.mark_reads += 1
+            if self.mark_reads == 3:
+                await self.delete(keys.raw_blob_key(SHA))
+                await self.delete(key)
+        return await super().get(key)
+
+
+async def test_blob_being_deleted_by_gc_is_recreated_before_acceptance() -> None:
+    store = DeletingGc()
+    await store.put(keys.raw_blob_key(SHA), FRAME)
+    mark = records.GcMark(
+        frame_sha256=SHA,
+        raw_blob_key=keys.raw_blob_key(SHA),
+        marked_at_unix_ns=1,
+        gc_run_id="gc-1",
+        state="deleting",
+    )
+    await store.put(keys.gc_mark_key(SHA), mark.to_json())
+    result = await Harness(store).accept()
+    assert isinstance(result, Accepted)
+    assert (await store.get(keys.raw_blob_key(SHA)))[
+        0
+    ] == FRAME  # re-created after the GC deleted it
+    await store.head(keys.gc_veto_key(SHA))
+
+
+@pytest.mark.parametrize("seed", range(8))
+async def test_racing_acceptors_under_random_faults_agree_on_one_manifest(seed: int) -> None:
+    inner = MemoryStore()
+    rates = {
+        "put_if_none_match": {Fault.CONFLICT: 0.15, Fault.LOST_REPLY: 0.15, Fault.UNAVAILABLE: 0.1},
+        "get": {Fault.UNAVAILABLE: 0.2},
+    }
+    rng = random.Random(seed)
+    frames = [FRAME if rng.random() < 0.7 else OTHER for _ in range(8)]
+    outcomes = await asyncio.gather(
+        *(
+            Harness(FaultyStore(inner, seed=seed * 100 + i, rates=rates)).accept(f)
+            for i, f in enumerate(frames)
+        ),
+        return_exceptions=True,
+    )
+    stored = await manifest_in(inner) if any(isinstance(o, Accepted) for o in outcomes) else None
+    for frame, outcome in zip(frames, outcomes, strict=True):
+        sha = hashlib.sha256(frame).hexdigest()
+        if isinstance(outcome, Accepted):
+            assert (
+                stored is not None and stored.frame_sha256 == sha == outcome.manifest.frame_sha256
+            )
+            assert (await inner.get(keys.raw_blob_key(sha)))[0] == frame
+        elif isinstance(outcome, IdentityConflictFound):
+            assert stored is not None and stored.frame_sha256 != sha
+        else:
+            assert isinstance(outcome, AcceptanceUnavailable)
+    new = [o for o in outcomes if isinstance(o, Accepted) and not o.duplicate]
+    assert len(new) <= 1
