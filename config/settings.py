@@ -1,0 +1,265 @@
+"""The settings schema: one frozen model per TOML section, `Settings` holding them all.
+
+Every process reads the same schema (sections it does not use are ignored); unknown keys
+and unknown sections are errors. Defaults alone give a working single-host collector on
+127.0.0.1:8080 over ``file://./lm-data``. Relative paths (the store directory,
+``auth.tokens_file``, ``ingest.spool_dir``) are made absolute against the working
+directory when the settings are validated. Durations are seconds (``_s``) unless the
+name says milliseconds (``_ms``). Load with `config.load_settings`; building the models
+directly (tests) validates the same way.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import socket
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+
+from config.errors import CrossFieldError
+from config.store_url import StoreLocation, parse_store_url
+
+MiB = 1024 * 1024
+
+
+def _not_empty(value: Any) -> Any:
+    # Path("") is ".", which would silently become the working directory.
+    if isinstance(value, str) and not value.strip():
+        raise ValueError("must not be empty (leave the key out instead)")
+    return value
+
+
+def _absolute(path: Path) -> Path:
+    return Path(os.path.abspath(path))
+
+
+AbsolutePath = Annotated[Path, BeforeValidator(_not_empty), AfterValidator(_absolute)]
+"""A path made absolute against the working directory at validation time."""
+
+Seconds = Annotated[float, Field(gt=0)]
+Port = Annotated[int, Field(ge=0, le=65535)]  # 0 = any free port (tests)
+
+
+class _Section(BaseModel):
+    """Base of every section: immutable, unknown keys rejected, defaults validated too
+    (so default paths and URLs are normalized like configured ones)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+
+class StoreSettings(_Section):
+    """``[store]``: the object store that is the acceptance authority. Credentials come
+    from the standard AWS chain (env, shared files, instance role)."""
+
+    url: str = "file://./lm-data"
+    """``file://PATH``, ``memory://[NAME]`` or ``s3://BUCKET[/PREFIX]``; normalized
+    (absolute path, no trailing slash)."""
+    endpoint_url: str | None = None
+    """S3-compatible server (MiniStack, MinIO); ``None`` = AWS."""
+    region: str = Field(default="us-east-1", min_length=1)
+    max_pool_connections: int = Field(default=64, ge=1)
+    connect_timeout_s: Seconds = 5.0
+    read_timeout_s: Seconds = 30.0
+    gc_credentials_profile: str | None = Field(default=None, min_length=1)
+    """AWS profile for the GC's deletes, so only the GC holds delete permission;
+    ``None`` = the same credentials as everything else."""
+
+    @field_validator("url")
+    @classmethod
+    def _normalize_url(cls, url: str) -> str:
+        return parse_store_url(url).url
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _check_endpoint(cls, url: str | None) -> str | None:
+        if url is not None and not re.match(r"^https?://[^/?#\s]+", url):
+            raise ValueError("must be an http:// or https:// URL")
+        return url
+
+    @property
+    def location(self) -> StoreLocation:
+        """The parsed `url`: `FileLocation`, `MemoryLocation` or `S3Location`."""
+        return parse_store_url(self.url)
+
+
+class HttpSettings(_Section):
+    """``[http]``: the collector's listener and its admission limits."""
+
+    host: str = Field(default="127.0.0.1", min_length=1)
+    port: Port = 8080
+    max_in_flight_requests: int = Field(default=256, ge=1)
+    """More concurrent requests than this are answered 429."""
+    max_in_flight_bytes: int = Field(default=512 * MiB, ge=1)
+    """Bound on request bodies held in memory at once; beyond it, 429."""
+    read_timeout_s: Seconds = 30.0
+    """Longest a client may take to send one request (headers and body)."""
+    keepalive_timeout_s: Seconds = 75.0
+    """Idle keep-alive connections are closed after this."""
+    shutdown_grace_s: Seconds = 10.0
+    """On SIGTERM: stop accepting, wait this long for in-flight requests, then cancel."""
+
+    @property
+    def binds_loopback_only(self) -> bool:
+        """True when `host` is a loopback address or ``localhost``. The collector refuses
+        to bind anything else without ``auth.tokens_file``."""
+        if self.host.lower() == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host.strip("[]")).is_loopback
+        except ValueError:
+            return False
+
+
+class AuthSettings(_Section):
+    """``[auth]``: bearer tokens. Without a tokens file, requests are not authenticated
+    (allowed only on loopback). The file is read by `config.load_tokens`, not here, so a
+    host that does not serve HTTP needs no tokens file."""
+
+    tokens_file: AbsolutePath | None = None
+
+
+def _default_collector_id() -> str:
+    host = re.sub(r"[^A-Za-z0-9._-]+", "-", socket.gethostname()).strip("-.") or "collector"
+    return f"{host[:100]}-{os.getpid()}"
+
+
+CollectorId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")]
+
+
+class IngestSettings(_Section):
+    """``[ingest]``: the acceptance protocol (PROTOCOL.md §3)."""
+
+    collector_id: CollectorId = Field(default_factory=_default_collector_id)
+    """Recorded in every manifest this collector writes; default ``<hostname>-<pid>``."""
+    acceptance: Literal["s3_manifest", "local_spool"] = "s3_manifest"
+    max_frame_bytes: int = Field(default=8 * MiB, ge=64, le=2**32 - 1)
+    """Larger request bodies are refused with 413 before being read."""
+    max_raw_bytes: int = Field(default=64 * MiB, ge=1, le=2**32 - 1)
+    """Cap on a frame's decompressed payload (``payload_raw_len``); larger is 400."""
+    request_budget_s: Seconds = 10.0
+    """Time the store protocol may take for one request before answering 503."""
+    derived_queue_size: int = Field(default=10_000, ge=1)
+    """Background queue of derived index writes; when full, entries are dropped and
+    counted (the reconciler repairs them)."""
+    spool_dir: AbsolutePath = Path("./lm-spool")
+    """``local_spool`` mode: where acknowledged frames are fsync'd before landing."""
+    object_landing_interval_ms: int = Field(default=1000, ge=1)
+    """``local_spool`` mode: how often spooled batches are landed in the store."""
+    probe_on_start: bool = True
+    """Run the conditional-write probe (PROTOCOL.md §3.6) before serving."""
+
+
+class ReconcilerSettings(_Section):
+    """``[reconciler]``: repair loop, audits and the active/standby lease."""
+
+    lease_ttl_s: Seconds = 30.0
+    loop_interval_s: Seconds = 10.0
+    lookback_s: Seconds = 2 * 3600.0
+    """How far behind the checkpoint the repair loop re-reads the by-time indexes, to
+    catch entries written late."""
+    audit_interval_s: Seconds = 24 * 3600.0
+    """Time between full audits of ``accepted/v1/`` and ``quarantine/v1/``."""
+    verify_rate_per_s: float = Field(default=200.0, gt=0)
+    """Objects per second read back when verifying blobs (bounds store load)."""
+    concurrency: int = Field(default=16, ge=1)
+    """Store requests in flight at once."""
+
+
+class GcSettings(_Section):
+    """``[gc]``: deletion of orphan raw blobs (PROTOCOL.md §3.5)."""
+
+    enabled: bool = True
+    dry_run: bool = False
+    """Mark, wait and audit as usual, log what would be deleted, delete nothing."""
+    retry_horizon_s: Seconds = 2 * 24 * 3600.0
+    """A blob younger than this is never a candidate: an agent may still retry it."""
+    mark_grace_s: Seconds = 600.0
+    """Wait between marking a blob and trusting an audit about it; must exceed the
+    longest a collector request can take (checked against the ingest budget)."""
+    max_delete_fraction: float = Field(default=0.1, gt=0, le=1)
+    """A GC run that would delete more than this fraction of the blobs it saw stops and
+    reports instead (a safety valve against a broken index or audit)."""
+
+
+class RollupSettings(_Section):
+    """``[rollup]``: the Spark job and its dataset commit."""
+
+    spark_master: str = Field(default="local[*]", min_length=1)
+    owner_lease_ttl_s: Seconds = 300.0
+    max_commit_retries: int = Field(default=5, ge=0)
+    parquet_row_group_size: int = Field(default=1_000_000, ge=1)
+    """Rows per Parquet row group."""
+    compression: Literal["zstd", "snappy", "gzip", "lz4", "none"] = "zstd"
+
+
+def _lowercase(value: Any) -> Any:
+    return value.lower() if isinstance(value, str) else value
+
+
+class LoggingSettings(_Section):
+    """``[logging]``: see `config.configure_logging`."""
+
+    format: Literal["json", "console", "auto"] = "auto"
+    """``auto``: console when the log stream is a terminal, else JSON lines."""
+    level: Annotated[
+        Literal["debug", "info", "warning", "error", "critical"], BeforeValidator(_lowercase)
+    ] = "info"
+
+
+class MetricsSettings(_Section):
+    """``[metrics]``: Prometheus exposition. The collector serves ``/metrics`` on its HTTP
+    port; the other daemons on ``host:port`` here."""
+
+    enabled: bool = True
+    host: str = Field(default="127.0.0.1", min_length=1)
+    port: Port = 9108
+
+
+class Settings(BaseModel):
+    """Every section; each process reads the ones it uses."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    http: HttpSettings = Field(default_factory=HttpSettings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    ingest: IngestSettings = Field(default_factory=IngestSettings)
+    reconciler: ReconcilerSettings = Field(default_factory=ReconcilerSettings)
+    gc: GcSettings = Field(default_factory=GcSettings)
+    rollup: RollupSettings = Field(default_factory=RollupSettings)
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+
+    @model_validator(mode="after")
+    def _grace_outlasts_requests(self) -> Settings:
+        # PROTOCOL.md §3.5 rule 3: an audit that starts after mark + grace must see any
+        # manifest a collector was about to create when the mark appeared. A request's
+        # last store call can start just before its budget ends and then take a connect
+        # plus a read timeout, so the grace has to outlast all three.
+        longest = (
+            self.ingest.request_budget_s + self.store.connect_timeout_s + self.store.read_timeout_s
+        )
+        if self.gc.mark_grace_s <= longest:
+            raise CrossFieldError(
+                "gc.mark_grace_s",
+                f"must be > ingest.request_budget_s + store.connect_timeout_s + "
+                f"store.read_timeout_s = {longest:g}, got {self.gc.mark_grace_s:g}",
+                related=(
+                    "ingest.request_budget_s",
+                    "store.connect_timeout_s",
+                    "store.read_timeout_s",
+                ),
+            )
+        return self
