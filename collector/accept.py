@@ -137,6 +137,10 @@ class BatchAcceptor:
         self._backoff = backoff
         self._observe = observe_store_op or (lambda _op, _result: None)
 
+    @property
+    def derived_depth(self) -> int:
+        return self._derived.depth
+
     async def accept(
         self, header: FrameIdentity, frame: bytes, frame_sha256: str
     ) -> Accepted | IdentityConflictFound:

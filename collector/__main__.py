@@ -1,0 +1,127 @@
+"""``lm-collector``: serve, probe the store, list conflicts, make tokens.
+
+Exit codes: 0 success, 1 runtime failure (store unreachable, probe failed), 2 bad
+configuration or arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from config import Settings, SettingsError, configure_logging, generate_token, load_settings
+from protocol import keys, records
+from protocol.clock import SystemClock
+from store.errors import StoreError
+from store.open import open_store_from_settings
+
+from .probe import ProbeFailed, probe_conditional_writes
+from .server import StartupError, serve
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lm-collector", description=__doc__)
+    parser.add_argument(
+        "--config", type=Path, help="TOML settings file (default: built-in defaults + LM_* env)"
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve_cmd = commands.add_parser("serve", help="accept batches over HTTP")
+    serve_cmd.add_argument(
+        "--workers", type=int, default=1, help="worker processes sharing the port (SO_REUSEPORT)"
+    )
+    serve_cmd.add_argument(
+        "--ready-file", type=Path, help="write {host, port, pid} JSON here once listening"
+    )
+    commands.add_parser("probe", help="check that the configured store enforces conditional writes")
+    conflicts = commands.add_parser(
+        "conflicts", help="list identity conflicts (quarantine records) from the store"
+    )
+    conflicts.add_argument("--agent-id")
+    conflicts.add_argument("--limit", type=int, default=100)
+    token = commands.add_parser("token", help="generate a bearer token and its tokens-file entry")
+    token.add_argument("name")
+    token.add_argument(
+        "--agents", nargs="*", default=["*"], help="glob patterns of agent_id it may write"
+    )
+    token.add_argument("--admin", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "token":
+        generated = generate_token(args.name, args.agents, admin=args.admin)
+        print("# bearer token (give it to the agent; it is not stored anywhere):")
+        print(f"# {generated.token}")
+        print(generated.toml)
+        return 0
+    try:
+        settings = load_settings(args.config)
+    except SettingsError as exc:
+        print(f"lm-collector: configuration error:\n{exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings.logging)
+    try:
+        if args.command == "serve":
+            return serve(
+                settings,
+                config_path=str(args.config) if args.config else None,
+                workers=args.workers,
+                ready_file=args.ready_file,
+            )
+        if args.command == "probe":
+            return asyncio.run(_probe(settings))
+        return asyncio.run(_conflicts(settings, args.agent_id, args.limit))
+    except StartupError as exc:
+        print(f"lm-collector: refusing to start: {exc}", file=sys.stderr)
+        return 2
+    except ProbeFailed as exc:
+        print(f"lm-collector: conditional-write probe failed: {exc}", file=sys.stderr)
+        return 1
+    except StoreError as exc:
+        print(f"lm-collector: object store unavailable: {exc}", file=sys.stderr)
+        return 1
+
+
+async def _probe(settings: Settings) -> int:
+    store = open_store_from_settings(settings.store)
+    try:
+        result = await probe_conditional_writes(
+            store, collector_id=settings.ingest.collector_id, clock=SystemClock()
+        )
+    finally:
+        await store.close()
+    print(f"probe passed: {result.store_url}: {result.detail}")
+    return 0
+
+
+async def _conflicts(settings: Settings, agent_id: str | None, limit: int) -> int:
+    store = open_store_from_settings(settings.store)
+    prefix = keys.QUARANTINE_PREFIX
+    if agent_id is not None:
+        prefix += f"agent={agent_id.encode('utf-8').hex()}/"
+    shown = 0
+    try:
+        async for info in store.list(prefix):
+            if shown == limit:
+                print("... more (raise --limit to see them)", file=sys.stderr)
+                break
+            body, _ = await store.get(info.key)
+            conflict = records.IdentityConflict.from_json(body)
+            print(
+                json.dumps(
+                    {**conflict.model_dump(mode="json", by_alias=True), "quarantine_key": info.key}
+                )
+            )
+            shown += 1
+    finally:
+        await store.close()
+    print(f"{shown} identity conflict(s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""Bearer-token authentication and per-agent authorization (PROTOCOL §2, DESIGN tokens file).
+
+With no tokens file the collector runs *open*: every request acts as the ``anonymous``
+principal that may write every agent_id and read conflicts. The server only allows that
+on a loopback address (see `collector.server`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from config.tokens import Principal, TokenTable
+
+ANONYMOUS = Principal(name="anonymous", token_sha256="0" * 64, agents=("*",), admin=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Authenticator:
+    tokens: TokenTable | None
+
+    @property
+    def open(self) -> bool:
+        return self.tokens is None
+
+    def authenticate(self, authorization: str | None) -> Principal | None:
+        """The principal for an ``Authorization`` header, or None (answer 401)."""
+        if self.tokens is None:
+            return ANONYMOUS
+        if not authorization:
+            return None
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return None
+        return self.tokens.principal_for_token(token.strip())

@@ -1,0 +1,90 @@
+"""Prometheus metrics of one collector process, on a registry of its own (no globals).
+
+With ``--workers N`` every worker process has its own registry: scrape each worker on its
+own metrics port (``[metrics] port`` + worker index), or read ``/metrics`` on the shared
+port, which reports the worker that happened to answer (named in ``X-Lightmetrics-Worker``).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+
+
+class CollectorMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "lm_collector_requests", "Batch POSTs by outcome", ["outcome"], registry=r
+        )
+        self.ack_latency = Histogram(
+            "lm_collector_ack_latency_seconds",
+            "Time from request start to the answer, for accepted batches",
+            ["duplicate"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.store_ops = Counter(
+            "lm_collector_store_operations",
+            "Store operations by operation and result",
+            ["op", "result"],
+            registry=r,
+        )
+        self.store_ops_per_batch = Histogram(
+            "lm_collector_store_operations_per_batch",
+            "Store operations on the acknowledgement path per answered batch",
+            ["outcome"],
+            buckets=(1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 40),
+            registry=r,
+        )
+        self.in_flight_requests = Gauge(
+            "lm_collector_in_flight_requests", "Batch POSTs in progress", registry=r
+        )
+        self.in_flight_bytes = Gauge(
+            "lm_collector_in_flight_bytes",
+            "Body bytes reserved by requests in progress",
+            registry=r,
+        )
+        self.bytes_accepted = Counter(
+            "lm_collector_accepted_bytes", "Frame bytes of newly accepted batches", registry=r
+        )
+        self.points_accepted = Counter(
+            "lm_collector_accepted_points", "Points in newly accepted batches", registry=r
+        )
+        self.conflicts = Counter(
+            "lm_collector_identity_conflicts", "Identity conflicts answered 409", registry=r
+        )
+        self.derived_queue_depth = Gauge(
+            "lm_collector_derived_queue_depth", "Derived index entries waiting", registry=r
+        )
+        self.derived_events = Counter(
+            "lm_collector_derived_entries",
+            "Derived index entries by fate (written, dropped_full, dropped_failed)",
+            ["fate"],
+            registry=r,
+        )
+        self.store_last_ok = Gauge(
+            "lm_collector_store_last_success_unixtime",
+            "When the object store last answered",
+            registry=r,
+        )
+
+    def observe_store_op(self, op: str, result: str) -> None:
+        self.store_ops.labels(op=op, result=result).inc()

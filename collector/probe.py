@@ -1,0 +1,91 @@
+"""The conditional-write probe (PROTOCOL §3.6): is this store a valid acceptance authority?
+
+Creates a unique key twice with If-None-Match and requires the second create to be refused
+(412); also requires an If-Match with a wrong ETag to be refused. A store that accepts
+either is not an acceptance authority: two collectors could both "create" one manifest.
+Transient store errors are retried (bounded): every step is a create of a fresh unique key
+or a read-only check, so repeating it cannot change what the probe concludes.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from dataclasses import dataclass
+
+from protocol import keys
+from protocol.clock import Clock
+from store.base import ObjectStore
+from store.errors import PreconditionFailed, StoreError, Unavailable
+from store.retry import Backoff
+
+
+class ProbeFailed(Exception):
+    """The store ignores conditional writes; refuse to serve on it."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    store_url: str
+    probe_key: str
+    ok: bool
+    detail: str
+
+
+async def probe_conditional_writes(
+    store: ObjectStore,
+    *,
+    collector_id: str,
+    clock: Clock,
+    rng: random.Random | None = None,
+    backoff: Backoff = Backoff(attempts=5, base_s=0.2, cap_s=2.0),  # noqa: B008 - frozen value
+) -> ProbeResult:
+    """Run the probe; raise `ProbeFailed` if conditions are ignored, `StoreError` if unreachable."""
+    rng = rng or random.Random()
+    delays = backoff.delays(rng)
+    while True:
+        try:
+            return await _probe_once(store, collector_id, clock)
+        except Unavailable:
+            delay = next(delays, None)
+            if delay is None:
+                raise
+            await clock.sleep(delay)
+
+
+async def _probe_once(store: ObjectStore, collector_id: str, clock: Clock) -> ProbeResult:
+    safe_id = "".join(c if c.isalnum() or c in "._-" else "_" for c in collector_id)[:64]
+    key = keys.probe_key(f"{safe_id}-{clock.now_ns()}-{uuid.uuid4().hex}")
+    body = f'{{"probe": "{collector_id}"}}'.encode()
+    etag = await store.put(key, body, if_none_match=True)
+    try:
+        try:
+            await store.put(key, b'{"probe": "second"}', if_none_match=True)
+        except PreconditionFailed:
+            pass
+        else:
+            raise ProbeFailed(
+                f"{store.url}: a second If-None-Match create of {key!r} succeeded; this store "
+                "ignores conditional writes and cannot be an acceptance authority "
+                "(use S3 or an S3-compatible server with conditional writes, or file://)"
+            )
+        wrong = (
+            '"0000000000000000-lightmetrics-probe"'
+            if etag != '"0000000000000000-lightmetrics-probe"'
+            else '"x"'
+        )
+        try:
+            await store.put(key, b'{"probe": "third"}', if_match=wrong)
+        except PreconditionFailed:
+            pass
+        else:
+            raise ProbeFailed(
+                f"{store.url}: an If-Match with a wrong ETag on {key!r} succeeded; "
+                "this store ignores conditional writes"
+            )
+    finally:
+        try:
+            await store.delete(key)
+        except StoreError:
+            pass  # a leftover probe key is harmless
+    return ProbeResult(store.url, key, True, "If-None-Match and If-Match are enforced")

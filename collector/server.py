@@ -1,0 +1,290 @@
+"""Running collectors: one worker process, or N sharing a port with SO_REUSEPORT.
+
+`serve()` checks what must hold before anything binds (tokens or a loopback address; the
+acceptance mode; the conditional-write probe), then runs one worker in this process or
+starts N worker processes and supervises them. A worker stops on SIGTERM/SIGINT: it
+closes its listening socket, lets in-flight requests finish within ``http.shutdown_grace_s``,
+flushes the derived-entry queue, and exits 0. The supervisor forwards the signal to each
+worker by PID and, past the grace, kills what is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+import os
+import random
+import signal
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+from aiohttp import web
+
+from config import Settings, load_tokens
+from protocol.clock import SystemClock
+from store.base import ObjectStore
+from store.open import open_store_from_settings
+
+from .accept import BatchAcceptor
+from .app import CollectorApp, HttpLimits
+from .auth import Authenticator
+from .derived import DerivedWriter
+from .metrics import CollectorMetrics
+from .probe import probe_conditional_writes
+from .readiness import Readiness
+
+log = structlog.get_logger("collector.server")
+
+
+class StartupError(Exception):
+    """The collector must not start; the message says why and what to change."""
+
+
+def check_startup(settings: Settings, workers: int) -> None:
+    """Refuse configurations that would be unsafe, before binding anything."""
+    if workers < 1:
+        raise StartupError(f"--workers must be >= 1, got {workers}")
+    if settings.auth.tokens_file is None and not settings.http.binds_loopback_only:
+        raise StartupError(
+            f"http.host {settings.http.host!r} is not a loopback address and no auth.tokens_file "
+            "is configured: refusing to accept unauthenticated batches from the network. "
+            "Configure auth.tokens_file, or bind 127.0.0.1."
+        )
+    if settings.ingest.acceptance == "local_spool":
+        raise StartupError(
+            "ingest.acceptance = 'local_spool' is not implemented in this version; "
+            "use 's3_manifest' (the collector acknowledges after the manifest exists)"
+        )
+
+
+async def run_probe(settings: Settings) -> None:
+    store = open_store_from_settings(settings.store)
+    try:
+        result = await probe_conditional_writes(
+            store, collector_id=settings.ingest.collector_id, clock=SystemClock()
+        )
+        log.info("probe_passed", store=result.store_url, detail=result.detail)
+    finally:
+        await store.close()
+
+
+@dataclass
+class Worker:
+    """One collector process's parts, assembled from settings."""
+
+    settings: Settings
+    index: int = 0
+    probe_passed: bool = True
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        clock = SystemClock()
+        rng = random.Random()
+        self.store: ObjectStore = open_store_from_settings(s.store, clock=clock)
+        self.metrics = CollectorMetrics()
+        self.derived = DerivedWriter(
+            store=self.store,
+            clock=clock,
+            rng=rng,
+            max_queued=s.ingest.derived_queue_size,
+            on_event=lambda fate: self.metrics.derived_events.labels(fate=fate).inc(),
+        )
+        self.acceptor = BatchAcceptor(
+            store=self.store,
+            collector_id=s.ingest.collector_id,
+            clock=clock,
+            rng=rng,
+            derived=self.derived,
+            budget_s=s.ingest.request_budget_s,
+            observe_store_op=self.metrics.observe_store_op,
+        )
+        self.readiness = Readiness(store=self.store, clock=clock)
+        self.readiness.probe_passed = self.probe_passed
+        tokens = load_tokens(s.auth.tokens_file) if s.auth.tokens_file else None
+        self.app = CollectorApp(
+            acceptor=self.acceptor,
+            authenticator=Authenticator(tokens),
+            store=self.store,
+            metrics=self.metrics,
+            readiness=self.readiness,
+            limits=HttpLimits(
+                max_frame_bytes=s.ingest.max_frame_bytes,
+                max_raw_bytes=s.ingest.max_raw_bytes,
+                max_in_flight_requests=s.http.max_in_flight_requests,
+                max_in_flight_bytes=s.http.max_in_flight_bytes,
+                read_timeout_s=s.http.read_timeout_s,
+            ),
+            collector_id=s.ingest.collector_id,
+            worker_name=str(self.index),
+        )
+
+    async def run(
+        self, *, reuse_port: bool, ready_file: Path | None = None, metrics_port: int | None = None
+    ) -> None:
+        s = self.settings
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        self.derived.start()
+        readiness_task = asyncio.create_task(self.readiness.run(), name="readiness")
+        runner = web.AppRunner(
+            self.app.build(),
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=s.http.shutdown_grace_s,
+            keepalive_timeout=s.http.keepalive_timeout_s,
+        )
+        await runner.setup()
+        site = web.TCPSite(runner, s.http.host, s.http.port, reuse_port=reuse_port)
+        await site.start()
+        port = _bound_port(runner)
+        metrics_runner = (
+            await _start_metrics_site(self.app, s.metrics.host, metrics_port)
+            if metrics_port
+            else None
+        )
+        log.info(
+            "collector_listening",
+            url=f"http://{s.http.host}:{port}",
+            worker=self.index,
+            pid=os.getpid(),
+        )
+        if ready_file is not None:
+            _write_ready_file(
+                ready_file,
+                {"host": s.http.host, "port": port, "pid": os.getpid(), "worker": self.index},
+            )
+        await stop.wait()
+        log.info("collector_stopping", worker=self.index, grace_s=s.http.shutdown_grace_s)
+        await runner.cleanup()  # stops listening, waits for in-flight requests up to the grace
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
+        readiness_task.cancel()
+        await self.derived.stop(s.http.shutdown_grace_s)
+        await self.store.close()
+        log.info(
+            "collector_stopped",
+            worker=self.index,
+            derived_written=self.derived.written,
+            derived_dropped=self.derived.dropped_full + self.derived.dropped_failed,
+        )
+
+
+def _bound_port(runner: web.AppRunner) -> int:
+    for server_socket in runner.addresses:
+        return int(server_socket[1])
+    raise StartupError("the HTTP site did not bind")
+
+
+async def _start_metrics_site(app: CollectorApp, host: str, port: int) -> web.AppRunner:
+    metrics_app = web.Application()
+    metrics_app.router.add_get("/metrics", app.metrics_text)
+    runner = web.AppRunner(metrics_app, access_log=None, handle_signals=False)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner
+
+
+def _write_ready_file(path: Path, info: dict[str, object]) -> None:
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(info))
+    temporary.replace(path)
+
+
+def worker_main(config_path: str | None, index: int, ready_file: str | None, workers: int) -> None:
+    """Entry point of a worker process (spawned by the supervisor)."""
+    from config import configure_logging, load_settings
+
+    settings = load_settings(Path(config_path) if config_path else None)
+    configure_logging(settings.logging)
+    structlog.contextvars.bind_contextvars(worker=index)
+    metrics_port = (
+        settings.metrics.port + index if settings.metrics.enabled and workers > 1 else None
+    )
+    worker_ready = Path(f"{ready_file}.{index}") if ready_file else None
+    _run_event_loop(
+        Worker(settings, index).run(
+            reuse_port=True, ready_file=worker_ready, metrics_port=metrics_port
+        )
+    )
+
+
+def _run_event_loop(main: object) -> None:
+    import uvloop
+
+    uvloop.run(main)  # type: ignore[arg-type]
+
+
+def serve(
+    settings: Settings, *, config_path: str | None, workers: int, ready_file: Path | None
+) -> int:
+    """Run the collector until stopped; returns the process exit code."""
+    check_startup(settings, workers)
+    _run_event_loop(run_probe(settings))
+    if workers == 1:
+        _run_event_loop(Worker(settings).run(reuse_port=False, ready_file=ready_file))
+        return 0
+    return _supervise(settings, config_path, workers, ready_file)
+
+
+def _supervise(
+    settings: Settings, config_path: str | None, workers: int, ready_file: Path | None
+) -> int:
+    context = multiprocessing.get_context("spawn")
+    processes = [
+        context.Process(
+            target=worker_main,
+            args=(config_path, index, str(ready_file) if ready_file else None, workers),
+            name=f"lm-collector-worker-{index}",
+        )
+        for index in range(workers)
+    ]
+    _check_port_free_for_reuse(settings.http.host, settings.http.port)
+    for process in processes:
+        process.start()
+    stopping = False
+
+    def forward(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        for process in processes:
+            if process.pid is not None and process.is_alive():
+                os.kill(process.pid, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    exit_code = 0
+    for process in processes:
+        while process.is_alive():
+            process.join(timeout=0.5)
+            if not stopping and process.exitcode is not None:
+                break
+        if process.exitcode not in (0, None) and not stopping:
+            log.error("worker_died", worker=process.name, exitcode=process.exitcode)
+            exit_code = 1
+            forward(signal.SIGTERM, None)
+    grace = settings.http.shutdown_grace_s + 5.0
+    for process in processes:
+        process.join(timeout=grace)
+        if process.is_alive() and process.pid is not None:
+            log.error("worker_killed_after_grace", worker=process.name)
+            os.kill(process.pid, signal.SIGKILL)
+            process.join()
+    return exit_code
+
+
+def _check_port_free_for_reuse(host: str, port: int) -> None:
+    if port == 0:
+        raise StartupError("--workers > 1 needs a fixed http.port (port 0 cannot be shared)")
+    with socket.socket(
+        socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM
+    ) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise StartupError(f"cannot bind {host}:{port}: {exc}") from None
