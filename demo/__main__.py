@@ -1,0 +1,196 @@
+"""``lm-demo``: the whole ingest path on the embedded filesystem store, in a fresh directory.
+
+1. starts two collector processes over one ``file://`` store (active-active);
+2. runs a synthetic fleet through both (round-robin), with injected duplicates;
+3. sends one deliberate identity conflict (same identity, different points) → 409;
+4. stops the collectors (SIGTERM: derived entries are flushed) and checks the store:
+   exactly one accepted manifest per identity acknowledged, each with its raw blob;
+5. prints what happened and where the data lies.
+
+Exit code 0 when every check holds, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from agent.fleet import FleetResult, RunOptions, SpoolSettings, run_fleet
+from agent.load import LoadSpec
+from collector.launch import start_collector
+from protocol import keys, records
+from protocol.frame import encode_frame, points_table
+from store.fs import FileSystemStore
+
+PREFIX_DEPTH = 2  # "accepted/v1", "raw-blobs/v1", ...
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lm-demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--dir", type=Path, help="work directory (default: a new ./lm-demo-<time>)")
+    parser.add_argument("--agents", type=int, default=6)
+    parser.add_argument("--batches", type=int, default=40, help="batches per agent")
+    parser.add_argument("--points-per-batch", type=int, default=250)
+    parser.add_argument("--duplicate-rate", type=float, default=0.1)
+    parser.add_argument("--seed", type=int, default=7)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    work_dir = args.dir or Path.cwd() / time.strftime("lm-demo-%Y%m%d-%H%M%S")
+    if work_dir.exists() and any(work_dir.iterdir()):
+        print(f"lm-demo: {work_dir} is not empty; pass a new --dir", file=sys.stderr)
+        return 2
+    work_dir.mkdir(parents=True, exist_ok=True)
+    store_dir = work_dir / "store"
+    spec = LoadSpec(
+        agents=args.agents,
+        batches=args.batches,
+        points_per_batch=args.points_per_batch,
+        duplicate_rate=args.duplicate_rate,
+        seed=args.seed,
+        start_ns=(time.time_ns() // 3_600_000_000_000) * 3_600_000_000_000,
+        interval_ns=1_000_000_000,
+    )
+    step(f"work directory {work_dir}")
+    collectors = [
+        start_collector(
+            work_dir=work_dir / "logs",
+            name=f"collector-{i}",
+            env={
+                "LM_STORE__URL": f"file://{store_dir}",
+                "LM_INGEST__COLLECTOR_ID": f"demo-collector-{i}",
+            },
+        )
+        for i in (1, 2)
+    ]
+    try:
+        for collector in collectors:
+            step(f"collector pid {collector.pid} listening on {collector.url}")
+        result, conflict = asyncio.run(_drive(work_dir, [c.url for c in collectors], spec))
+    finally:
+        codes = [c.stop() for c in collectors]
+    step(f"collectors stopped with exit codes {codes}")
+    problems = asyncio.run(_report(store_dir, result, conflict))
+    if any(codes):
+        problems.append(f"a collector exited with {codes}")
+    print()
+    if problems:
+        for problem in problems:
+            print(f"PROBLEM: {problem}")
+        return 1
+    print(
+        "All checks passed: every acknowledged batch has exactly one accepted manifest and its raw blob."
+    )
+    return 0
+
+
+def step(message: str) -> None:
+    print(f"==> {message}", flush=True)
+
+
+async def _drive(
+    work_dir: Path, urls: list[str], spec: LoadSpec
+) -> tuple[FleetResult, dict[str, Any]]:
+    step(
+        f"sending {spec.total_batches} batches x {spec.points_per_batch} points from {spec.agents} agents through {len(urls)} collectors"
+    )
+    result = await run_fleet(
+        urls=urls,
+        token=None,
+        spool=SpoolSettings(directory=work_dir / "agent-spool"),
+        spec=spec,
+        options=RunOptions(max_rounds=5, round_delay_s=0.5),
+    )
+    print(result.summary.render_table())
+    step("sending one deliberate identity conflict (an accepted identity with different points)")
+    conflict = await _send_conflict(urls[1], result)
+    print(f"    answer: {conflict['status']} {conflict['body'].get('error')}")
+    return result, conflict
+
+
+async def _send_conflict(url: str, result: FleetResult) -> dict[str, Any]:
+    """POST different points under an identity that was already accepted."""
+    identity = next(iter(result.truth.accepted))
+    count = identity.seq_end - identity.seq_start + 1
+    points = points_table(
+        [time.time_ns()] * count, ["demo_conflict"] * count, [42.0] * count, [None] * count
+    )
+    frame = encode_frame(
+        agent_id=identity.agent_id,
+        boot_id=identity.boot_id,
+        seq_start=identity.seq_start,
+        points=points,
+    )
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{url}/v1/batches", data=frame, headers={"Content-Type": "application/x-lmbatch"}
+        ) as response,
+    ):
+        return {"status": response.status, "body": await response.json(), "identity": identity}
+
+
+async def _report(store_dir: Path, result: FleetResult, conflict: dict[str, Any]) -> list[str]:
+    store = FileSystemStore(store_dir)
+    problems: list[str] = []
+    per_prefix: Counter[str] = Counter()
+    manifests: dict[keys.BatchIdentity, records.AcceptedManifest] = {}
+    async for info in store.list(""):
+        per_prefix["/".join(info.key.split("/")[:PREFIX_DEPTH])] += 1
+        if info.key.startswith(keys.ACCEPTED_PREFIX):
+            manifest = records.AcceptedManifest.from_json((await store.get(info.key))[0])
+            manifests[manifest.identity] = manifest
+    step("objects in the store, by prefix")
+    for prefix, count in sorted(per_prefix.items()):
+        print(f"    {count:6d}  {store_dir}/{prefix}/")
+    by_collector = Counter(m.collector_id for m in manifests.values())
+    step(f"accepted manifests by collector: {dict(sorted(by_collector.items()))}")
+    acknowledged = result.truth.accepted
+    for identity, truth in acknowledged.items():
+        stored = manifests.get(identity)
+        if stored is None:
+            problems.append(f"acknowledged {identity} has no accepted manifest")
+            continue
+        manifest = stored
+        if manifest.frame_sha256 != truth.frame_sha256:
+            problems.append(
+                f"{identity}: manifest hash {manifest.frame_sha256} != acknowledged {truth.frame_sha256}"
+            )
+        blob, _ = await store.get(manifest.raw_blob_key)
+        if hashlib.sha256(blob).hexdigest() != manifest.frame_sha256:
+            problems.append(f"{identity}: raw blob does not hash to {manifest.frame_sha256}")
+    if len(manifests) != len(acknowledged):
+        problems.append(
+            f"{len(manifests)} accepted manifests but {len(acknowledged)} identities acknowledged"
+        )
+    if conflict["status"] != 409:
+        problems.append(f"the deliberate conflict was answered {conflict['status']}, not 409")
+    quarantined = per_prefix.get("quarantine/v1", 0)
+    if quarantined < 1:
+        problems.append("no quarantine record for the deliberate conflict")
+    totals = result.truth.totals()
+    step(
+        f"acknowledged: {totals.batches} batches, {totals.points} points (value sum {totals.value_sum:.3f}); "
+        f"{result.summary.duplicates} duplicates answered; {quarantined} identity conflict(s) quarantined"
+    )
+    step(
+        f"data lies in {store_dir}: accepted/v1/ (acceptance records), raw-blobs/v1/ (frames), *-by-*/ (indexes)"
+    )
+    await store.close()
+    return problems
+
+
+if __name__ == "__main__":
+    sys.exit(main())
