@@ -1,0 +1,397 @@
+"""`FileSystemStore`: the embedded default store (``file://PATH``), safe for many processes.
+
+Object ``K`` is the regular file ``PATH/K``, so operators can inspect the store with
+``ls`` and ``cat``. The store keeps its own bookkeeping in ``PATH/.lm-store/`` (temporary
+files and lock stripes); that name is reserved and never listed. POSIX only.
+
+How each write is made atomic and durable (body fsync'd before it becomes visible, the
+directory entry fsync'd before the call returns):
+
+- create-if-absent: write + fsync a temporary file, then ``link()`` it to ``PATH/K``.
+  ``link`` fails with EEXIST if anything is there, atomically across processes, so exactly
+  one of many racing creators wins; the others get `PreconditionFailed`.
+- If-Match: under an exclusive ``flock`` on the key's lock stripe (one of
+  ``_LOCK_STRIPES`` files, so lock files never pile up), compare the current ETag, then
+  ``rename()`` the temporary file over ``PATH/K``. Unconditional puts and deletes take the
+  same lock, so a compare-and-swap never overwrites or resurrects a concurrent change.
+- unconditional put: ``rename()`` under the key lock.
+
+ETags are the quoted MD5 of the content (what S3 gives for single-part uploads), computed
+on read. Content hashes stay correct however inodes and timestamps are reused; the cost
+is that `head` and `list` read every object they report.
+
+``last_modified_ns`` is the file's mtime, set from the injected clock when written.
+
+Limitation: a path cannot be a file and a directory at once, so the keys ``a`` and
+``a/b`` cannot coexist; the second put raises `KeyPathConflict`. PROTOCOL's key layout
+never needs both. Segments longer than 255 UTF-8 bytes are refused with `ValueError`.
+Temporary files of a process killed mid-write stay in ``.lm-store/tmp``; they are never
+visible as objects and can be removed by hand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import fcntl
+import hashlib
+import os
+import secrets
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from protocol.clock import Clock, SystemClock
+from store.base import ObjectInfo, check_key, check_put_conditions
+from store.errors import NotFound, OutcomeUnknown, PreconditionFailed, StoreError, Unavailable
+from store.memory import body_etag
+
+_RESERVED = ".lm-store"
+_LOCK_STRIPES = 1024
+# A racing delete may prune a parent directory between our mkdir and our link; each
+# round recreates it. More rounds than this means something keeps deleting: give up.
+_COMMIT_ROUNDS = 8
+# Objects read per thread hop while listing: large enough to amortise the hop, small
+# enough that the first results arrive quickly.
+_LIST_BATCH = 256
+_NAME_MAX = 255
+_GONE = (FileNotFoundError, NotADirectoryError, IsADirectoryError)
+
+
+class KeyPathConflict(StoreError, ValueError):
+    """The filesystem store cannot hold this key: one path would have to be both a file and
+    a directory (keys ``a`` and ``a/b``). Final: the key layout must change."""
+
+
+class FileSystemStore:
+    """The `ObjectStore` protocol over a directory tree.
+
+    Errors: `NotFound`, `PreconditionFailed`, `KeyPathConflict`, `ValueError` for invalid
+    keys; `Unavailable` when the filesystem fails before a write is applied (full disk,
+    permissions), `OutcomeUnknown` when it fails after (a directory fsync).
+    """
+
+    def __init__(self, root: Path, *, clock: Clock | None = None) -> None:
+        self._root = os.path.abspath(root)
+        self.url = f"file://{self._root}"
+        self._clock: Clock = clock if clock is not None else SystemClock()
+        self._tmp = os.path.join(self._root, _RESERVED, "tmp")
+        self._locks = os.path.join(self._root, _RESERVED, "locks")
+        os.makedirs(self._tmp, exist_ok=True)
+        os.makedirs(self._locks, exist_ok=True)
+
+    @property
+    def root(self) -> Path:
+        return Path(self._root)
+
+    def _path(self, op: str, key: str) -> str:
+        check_key(op, key)
+        segments = key.split("/")
+        if segments[0] == _RESERVED:
+            raise ValueError(f"{op} {key!r}: {_RESERVED!r} is reserved by the filesystem store")
+        if any(len(segment.encode("utf-8")) > _NAME_MAX for segment in segments):
+            raise ValueError(f"{op} {key!r}: a path segment is longer than {_NAME_MAX} bytes")
+        return os.path.join(self._root, key)
+
+    async def get(self, key: str) -> tuple[bytes, str]:
+        path = self._path("get", key)
+        body, info = await asyncio.to_thread(_read, "get", key, path)
+        return body, info.etag
+
+    async def head(self, key: str) -> ObjectInfo:
+        path = self._path("head", key)
+        _, info = await asyncio.to_thread(_read, "head", key, path)
+        return info
+
+    async def put(
+        self,
+        key: str,
+        body: bytes,
+        *,
+        if_none_match: bool = False,
+        if_match: str | None = None,
+    ) -> str:
+        path = self._path("put", key)
+        check_put_conditions(key, if_none_match, if_match)
+        now_ns = self._clock.now_ns()
+        # One thread hop for the whole operation: the syscalls are cheap, the hops are not.
+        return await asyncio.to_thread(
+            self._put_sync, key, path, bytes(body), now_ns, if_none_match, if_match
+        )
+
+    def _put_sync(
+        self,
+        key: str,
+        path: str,
+        body: bytes,
+        now_ns: int,
+        if_none_match: bool,
+        if_match: str | None,
+    ) -> str:
+        tmp = self._write_temp(key, body, now_ns)
+        try:
+            if if_none_match:
+                self._commit(key, path, lambda: _link_new(key, path, tmp))
+                return body_etag(body)
+            with self._key_lock(key):
+                if if_match is not None:
+                    try:
+                        current = _read("put", key, path)[1].etag
+                    except NotFound:
+                        current = "no object"
+                    if current != if_match:
+                        detail = f"If-Match {if_match}, found {current}"
+                        raise PreconditionFailed("put", key, detail)
+                self._commit(key, path, lambda: _replace(key, path, tmp))
+            return body_etag(body)
+        finally:
+            # After a link the temporary name is redundant; after a rename it is gone.
+            _unlink_quietly(tmp)
+
+    def _write_temp(self, key: str, body: bytes, now_ns: int) -> str:
+        tmp = os.path.join(self._tmp, secrets.token_hex(16))
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                view = memoryview(body)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.utime(fd, ns=(now_ns, now_ns))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            _unlink_quietly(tmp)
+            raise Unavailable("put", key, f"writing temporary file: {exc}") from exc
+        return tmp
+
+    def _commit(self, key: str, path: str, publish: Callable[[], None]) -> None:
+        """Run ``publish`` (link or rename onto ``path``), creating parent directories as
+        needed, then fsync every directory whose entries changed."""
+        parent = os.path.dirname(path)
+        created: builtins.list[str] = []
+        for _ in range(_COMMIT_ROUNDS):
+            try:
+                publish()
+                break
+            except FileNotFoundError:
+                pass  # a parent is missing: create it below and publish again
+            except IsADirectoryError:
+                # An empty directory left at the key (its prune lost a race) does not hold
+                # an object; remove it and publish again. A non-empty one is a real conflict.
+                try:
+                    os.rmdir(path)
+                except OSError:
+                    raise KeyPathConflict("put", key, "a directory of other keys is here") from None
+                continue
+            try:
+                self._make_parents(key, parent, created)
+            except FileNotFoundError:
+                pass  # a concurrent delete pruned a directory we were creating under
+        else:
+            raise Unavailable("put", key, "parent directories kept disappearing")
+        try:
+            for directory in {parent, *(os.path.dirname(d) for d in created)}:
+                _fsync_dir(directory)
+        except OSError as exc:
+            raise OutcomeUnknown("put", key, f"written, but directory fsync failed: {exc}") from exc
+
+    def _make_parents(self, key: str, parent: str, created: builtins.list[str]) -> None:
+        """Create the missing directories above a key, appending each to ``created``
+        (made here or by a racing creator: either way its parent needs an fsync)."""
+        missing = []
+        directory = parent
+        while directory != self._root and not os.path.isdir(directory):
+            missing.append(directory)
+            directory = os.path.dirname(directory)
+        for directory in reversed(missing):
+            try:
+                os.mkdir(directory)
+            except FileExistsError:
+                if not os.path.isdir(directory):
+                    raise KeyPathConflict("put", key, f"{directory!r} is an object") from None
+            except NotADirectoryError:
+                raise KeyPathConflict("put", key, "a parent path is an object") from None
+            except FileNotFoundError:
+                raise
+            except OSError as exc:
+                raise Unavailable("put", key, f"creating {directory!r}: {exc}") from exc
+            created.append(directory)
+
+    @contextmanager
+    def _key_lock(self, key: str) -> Iterator[None]:
+        """Hold the key's lock stripe: excludes other threads and processes (each open()
+        is its own open file description, so flock excludes threads of one process too)."""
+        digest = hashlib.sha256(key.encode("utf-8")).digest()
+        stripe = int.from_bytes(digest[:4], "big") % _LOCK_STRIPES
+        fd = os.open(os.path.join(self._locks, f"{stripe:04x}"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing the only descriptor releases the lock
+
+    async def delete(self, key: str) -> None:
+        path = self._path("delete", key)
+        await asyncio.to_thread(self._delete_sync, key, path)
+
+    def _delete_sync(self, key: str, path: str) -> None:
+        parent = os.path.dirname(path)
+        with self._key_lock(key):
+            try:
+                os.unlink(path)
+            except _GONE:
+                return  # absent, or a directory of other keys (EISDIR): no object here
+            except OSError as exc:
+                if os.path.isdir(path):
+                    return  # some systems refuse unlink(dir) with EPERM instead
+                raise Unavailable("delete", key, str(exc)) from exc
+            try:
+                _fsync_dir(parent)
+            except OSError as exc:
+                raise OutcomeUnknown("delete", key, f"deleted, but fsync failed: {exc}") from exc
+        # Prune directories the delete left empty, so the tree does not fill with husks.
+        # Best effort: rmdir refuses a non-empty directory, and a creator that loses its
+        # freshly made directory to this recreates it (see _commit).
+        while parent != self._root:
+            try:
+                os.rmdir(parent)
+            except OSError:
+                break
+            parent = os.path.dirname(parent)
+
+    async def list(self, prefix: str, start_after: str | None = None) -> AsyncIterator[ObjectInfo]:
+        files = self._walk_prefix(prefix, start_after)
+        while True:
+            page, done = await asyncio.to_thread(_read_page, files)
+            for info in page:
+                yield info
+            if done:
+                return
+
+    def _walk_prefix(self, prefix: str, start_after: str | None) -> Iterator[tuple[str, str]]:
+        """(path, key) of every file whose key starts with ``prefix``, after ``start_after``."""
+        dir_part, _, name_prefix = prefix.rpartition("/")
+        segments = dir_part.split("/") if dir_part else []
+        if "\x00" in prefix or any(s in ("", ".", "..") for s in segments):
+            return iter(())  # no valid key starts with this prefix
+        if segments and segments[0] == _RESERVED:
+            return iter(())
+        dir_key = (dir_part + "/").encode("utf-8") if dir_part else b""
+        after = start_after.encode("utf-8") if start_after is not None else None
+        directory = os.path.join(self._root, dir_part)
+        return self._walk(directory, dir_key, name_prefix.encode("utf-8"), after)
+
+    def _walk(
+        self, directory: str, dir_key: bytes, name_prefix: bytes, after: bytes | None
+    ) -> Iterator[tuple[str, str]]:
+        """Depth-first, lazily, in S3 order.
+
+        S3 order is bytewise order of whole keys, and ``a-c`` < ``a/b`` < ``a0``, so a
+        directory ``a`` must sort as ``a/``: its keys are exactly those starting with
+        ``a/``. Sorting each directory's files by name and its subdirectories by name + "/"
+        therefore yields keys in S3 order; only one directory listing per level is held.
+        """
+        entries = []
+        try:
+            with os.scandir(directory) as scan:
+                for entry in scan:
+                    try:
+                        name = entry.name.encode("utf-8")
+                    except UnicodeEncodeError:
+                        continue  # not UTF-8: cannot be a key
+                    if not name.startswith(name_prefix):
+                        continue
+                    if not dir_key and entry.name == _RESERVED:
+                        continue  # the store's own bookkeeping
+                    if entry.is_dir(follow_symlinks=False):
+                        entries.append((name + b"/", entry.path, True))
+                    elif entry.is_file(follow_symlinks=False):
+                        entries.append((name, entry.path, False))
+        except _GONE:
+            return  # pruned or replaced while we walked: nothing here now
+        entries.sort()
+        for sort_name, path, is_dir in entries:
+            key = dir_key + sort_name
+            if after is not None:
+                if is_dir and after.startswith(key):
+                    yield from self._walk(path, key, b"", after)
+                    after = None
+                    continue
+                if key <= after:
+                    continue  # the file, or the whole subtree, sorts before start_after
+                after = None  # entries are sorted: everything from here on is after it
+            if is_dir:
+                yield from self._walk(path, key, b"", None)
+            else:
+                yield path, key.decode("utf-8")
+
+    async def close(self) -> None:
+        """Nothing is held between operations."""
+
+
+def _read(op: str, key: str, path: str) -> tuple[bytes, ObjectInfo]:
+    """Body and metadata of the object at ``path``, both from one open file (consistent
+    even if the key is replaced meanwhile)."""
+    try:
+        with open(path, "rb") as file:
+            mtime_ns = os.fstat(file.fileno()).st_mtime_ns
+            body = file.read()
+    except _GONE:
+        raise NotFound(op, key) from None
+    except OSError as exc:
+        raise Unavailable(op, key, str(exc)) from exc
+    return body, ObjectInfo(key, len(body), body_etag(body), mtime_ns)
+
+
+def _read_page(files: Iterator[tuple[str, str]]) -> tuple[builtins.list[ObjectInfo], bool]:
+    page = []
+    for path, key in files:
+        try:
+            page.append(_read("list", key, path)[1])
+        except NotFound:
+            continue  # deleted after the directory was read: S3 would not list it either
+        if len(page) == _LIST_BATCH:
+            return page, False
+    return page, True
+
+
+def _link_new(key: str, path: str, tmp: str) -> None:
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        if os.path.isdir(path):
+            raise IsADirectoryError(path) from None  # _commit decides: husk or conflict
+        raise PreconditionFailed("put", key, "object exists (If-None-Match: *)") from None
+    except NotADirectoryError:
+        raise KeyPathConflict("put", key, "a parent path is an object") from None
+    except (FileNotFoundError, IsADirectoryError):
+        raise
+    except OSError as exc:
+        raise Unavailable("put", key, str(exc)) from exc
+
+
+def _replace(key: str, path: str, tmp: str) -> None:
+    try:
+        os.replace(tmp, path)
+    except NotADirectoryError:
+        raise KeyPathConflict("put", key, "a parent path is an object") from None
+    except (FileNotFoundError, IsADirectoryError):
+        raise
+    except OSError as exc:
+        raise Unavailable("put", key, str(exc)) from exc
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,263 @@
+"""The `ObjectStore` contract (store/base.py), run on every backend in conftest.py."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from store.base import ObjectInfo, ObjectStore
+from store.errors import NotFound, PreconditionFailed
+
+
+async def _list(store: ObjectStore, prefix: str, start_after: str | None = None) -> list[str]:
+    return [info.key async for info in store.list(prefix, start_after)]
+
+
+def _s3_order(keys: list[str]) -> list[str]:
+    return sorted(keys, key=lambda k: k.encode("utf-8"))
+
+
+# Keys chosen to catch directory-walk and UTF-16 orderings: '-' (0x2d) < '.' < '/' (0x2f)
+# < '0' < 'A' < 'a' < '~' < 'é' (c3 a9) < 'ﬀ' (U+FB00, ef ac 80) < '😀' (f0 9f 98 80),
+# while UTF-16 puts the emoji's surrogate before U+FB00. No key is a "directory" of
+# another, which the filesystem store cannot hold.
+ORDER_KEYS = [
+    "t/a-c",
+    "t/a.c",
+    "t/a/b",
+    "t/a/b-c/d",
+    "t/a/b.c",
+    "t/a/b0",
+    "t/a0",
+    "t/a~",
+    "t/A",
+    "t/b",
+    "t/e",
+    "t/é",
+    "t/éa/x",
+    "t/ﬀ",
+    "t/😀",
+    "t/z/y/x",
+    "u",
+]
+
+
+async def test_put_get_head_round_trip(store: ObjectStore) -> None:
+    body = bytes(range(256)) * 3
+    etag = await store.put("a/b/c.bin", body)
+    assert await store.get("a/b/c.bin") == (body, etag)
+    info = await store.head("a/b/c.bin")
+    assert (info.key, info.size, info.etag) == ("a/b/c.bin", len(body), etag)
+
+
+async def test_empty_body_round_trip(store: ObjectStore) -> None:
+    etag = await store.put("empty", b"")
+    assert await store.get("empty") == (b"", etag)
+    assert (await store.head("empty")).size == 0
+
+
+async def test_unconditional_put_replaces_and_changes_etag(store: ObjectStore) -> None:
+    first = await store.put("k", b"one")
+    second = await store.put("k", b"two")
+    assert first != second
+    assert await store.get("k") == (b"two", second)
+
+
+async def test_second_create_if_absent_fails_and_keeps_body(store: ObjectStore) -> None:
+    etag = await store.put("k", b"first", if_none_match=True)
+    with pytest.raises(PreconditionFailed):
+        await store.put("k", b"second", if_none_match=True)
+    assert await store.get("k") == (b"first", etag)
+
+
+async def test_racing_creators_have_exactly_one_winner(concurrent_store: ObjectStore) -> None:
+    async def create(i: int) -> bytes | None:
+        body = f"writer-{i}".encode()
+        try:
+            await concurrent_store.put("race/new.json", body, if_none_match=True)
+        except PreconditionFailed:
+            return None
+        return body
+
+    results = await asyncio.gather(*(create(i) for i in range(64)))
+    winners = [body for body in results if body is not None]
+    assert len(winners) == 1
+    assert (await concurrent_store.get("race/new.json"))[0] == winners[0]
+
+
+async def test_if_match_with_current_etag_replaces(store: ObjectStore) -> None:
+    etag = await store.put("k", b"v1")
+    new_etag = await store.put("k", b"v2", if_match=etag)
+    assert new_etag != etag
+    assert await store.get("k") == (b"v2", new_etag)
+    assert (await store.head("k")).etag == new_etag
+
+
+async def test_if_match_with_stale_etag_fails(store: ObjectStore) -> None:
+    stale = await store.put("k", b"v1")
+    current = await store.put("k", b"v2")
+    with pytest.raises(PreconditionFailed):
+        await store.put("k", b"v3", if_match=stale)
+    assert await store.get("k") == (b"v2", current)
+
+
+async def test_if_match_on_missing_key_fails(store: ObjectStore) -> None:
+    etag = await store.put("other", b"v1")
+    with pytest.raises(PreconditionFailed):
+        await store.put("missing", b"v2", if_match=etag)
+    with pytest.raises(NotFound):
+        await store.get("missing")
+
+
+async def test_racing_swaps_have_exactly_one_winner_per_round(
+    concurrent_store: ObjectStore,
+) -> None:
+    etag = await concurrent_store.put("pointer", b"round-0", if_none_match=True)
+    for round_no in range(1, 5):
+
+        async def swap(i: int, base: str, round_no: int = round_no) -> tuple[bytes, str] | None:
+            body = f"round-{round_no}-writer-{i}".encode()
+            try:
+                return body, await concurrent_store.put("pointer", body, if_match=base)
+            except PreconditionFailed:
+                return None
+
+        results = await asyncio.gather(*(swap(i, etag) for i in range(32)))
+        winners = [r for r in results if r is not None]
+        assert len(winners) == 1, f"round {round_no}: {len(winners)} winners"
+        body, etag = winners[0]
+        assert await concurrent_store.get("pointer") == (body, etag)
+
+
+async def _put_all(store: ObjectStore, keys: list[str], parallel: int = 32) -> None:
+    limit = asyncio.Semaphore(parallel)
+
+    async def put(key: str) -> None:
+        async with limit:
+            await store.put(key, key.encode())
+
+    await asyncio.gather(*(put(key) for key in keys))
+
+
+async def test_list_is_in_bytewise_key_order(store: ObjectStore) -> None:
+    await _put_all(store, ORDER_KEYS)
+    assert await _list(store, "") == _s3_order(ORDER_KEYS)
+
+
+async def test_list_reports_what_head_reports(store: ObjectStore) -> None:
+    await store.put("info/x", b"12345")
+    await store.put("info/y/z", b"")
+    listed = [info async for info in store.list("info/")]
+    assert listed == [await store.head("info/x"), await store.head("info/y/z")]
+    assert all(isinstance(info, ObjectInfo) for info in listed)
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    [
+        "",
+        "t",
+        "t/",
+        "t/a",
+        "t/a/",
+        "t/a/b",
+        "t/a/b-",
+        "t/é",
+        "t/\u00e9a/",
+        "t/z/y/x",
+        "u",
+        "v",
+        "t//",
+    ],
+)
+async def test_list_prefix_may_end_mid_segment(store: ObjectStore, prefix: str) -> None:
+    await _put_all(store, ORDER_KEYS)
+    expected = _s3_order([k for k in ORDER_KEYS if k.startswith(prefix)])
+    assert await _list(store, prefix) == expected
+
+
+async def test_list_start_after(store: ObjectStore) -> None:
+    await _put_all(store, ORDER_KEYS)
+    ordered = _s3_order(ORDER_KEYS)
+    # Every key, plus bounds that are not keys: inside, between and around subtrees.
+    bounds = [*ordered, "", "a", "t/", "t/a", "t/a/", "t/a/b-", "t/a/zzz", "t/é/", "zzz"]
+    for after in bounds:
+        expected = [k for k in ordered if k.encode() > after.encode()]
+        assert await _list(store, "", start_after=after) == expected, after
+        in_t = [k for k in expected if k.startswith("t/a")]
+        assert await _list(store, "t/a", start_after=after) == in_t, after
+
+
+async def test_list_pages_past_a_thousand_keys(store: ObjectStore) -> None:
+    # Spread over directories and flat names so that pages end mid-directory.
+    keys = [f"p/{i % 7}/{i:05d}" if i % 3 else f"p/{i % 7}-{i:05d}" for i in range(1100)]
+    await _put_all(store, keys)
+    ordered = _s3_order(keys)
+    assert await _list(store, "p/") == ordered
+    assert await _list(store, "p/", start_after=ordered[998]) == ordered[999:]
+    assert await _list(store, "p/3") == [k for k in ordered if k.startswith("p/3")]
+
+
+async def test_missing_object(store: ObjectStore) -> None:
+    with pytest.raises(NotFound):
+        await store.get("no/such/key")
+    with pytest.raises(NotFound):
+        await store.head("no/such/key")
+    await store.delete("no/such/key")  # absent is not an error
+
+
+async def test_delete(store: ObjectStore) -> None:
+    await store.put("d/e/f", b"x")
+    await store.put("d/g", b"y")
+    await store.delete("d/e/f")
+    with pytest.raises(NotFound):
+        await store.get("d/e/f")
+    with pytest.raises(NotFound):
+        await store.head("d/e/f")
+    assert await _list(store, "d/") == ["d/g"]
+    await store.delete("d/e/f")
+
+
+async def test_key_can_be_recreated_after_delete(store: ObjectStore) -> None:
+    await store.put("d/e/f", b"x", if_none_match=True)
+    await store.delete("d/e/f")
+    await store.put("d/e/f", b"again", if_none_match=True)
+    await store.delete("d/e/f")
+    # Once its only key below is gone, "d/e" no longer names anything else.
+    await store.put("d/e", b"now a leaf", if_none_match=True)
+    assert (await store.get("d/e"))[0] == b"now a leaf"
+
+
+async def test_last_modified_is_write_time(store: ObjectStore) -> None:
+    before = time.time_ns()
+    await store.put("lm", b"x")
+    after = time.time_ns()
+    # S3 reports whole seconds (and a server's clock may differ a little).
+    slack = 2_000_000_000
+    assert before - slack <= (await store.head("lm")).last_modified_ns <= after + slack
+
+
+INVALID_KEYS = ["", "/a", "a/", "a//b", ".", "..", "a/./b", "a/../b", "../a", "a\x00b"]
+
+
+@pytest.mark.parametrize("key", INVALID_KEYS)
+async def test_invalid_keys_are_refused(store: ObjectStore, key: str) -> None:
+    with pytest.raises(ValueError):
+        await store.put(key, b"x")
+    with pytest.raises(ValueError):
+        await store.put(key, b"x", if_none_match=True)
+    with pytest.raises(ValueError):
+        await store.get(key)
+    with pytest.raises(ValueError):
+        await store.head(key)
+    with pytest.raises(ValueError):
+        await store.delete(key)
+
+
+async def test_both_conditions_at_once_are_refused(store: ObjectStore) -> None:
+    etag = await store.put("k", b"x")
+    with pytest.raises(ValueError):
+        await store.put("k", b"y", if_none_match=True, if_match=etag)
+    assert (await store.get("k"))[0] == b"x"
