@@ -1,0 +1,317 @@
+"""Delivering spooled frames to collectors, per the agent contract of PROTOCOL §2.
+
+| answer                                          | what the uploader does                |
+|-------------------------------------------------|---------------------------------------|
+| 200                                             | delete from the spool; note duplicate |
+| 409                                             | park as conflict, log, stop retrying  |
+| 400 / 413 / 415                                 | park as poison with the response JSON |
+| 401 / 403 / 429 / 5xx / other / network / timeout | retry with jittered backoff          |
+
+Retrying is safe because a frame is immutable and the collector's answer depends only on
+its bytes and what is already accepted: a resend is answered 200 duplicate if an earlier
+attempt landed. Retries are bounded per round (`UploadPolicy.backoff.attempts`); a batch
+that exhausts them stays pending (`Outcome.DEFERRED`) for the caller's next round.
+``Retry-After`` is honoured, capped at `UploadPolicy.max_retry_after_s`. Attempts rotate
+round-robin over the configured collector URLs, so a retry goes to the next collector.
+Requests in flight are limited by one semaphore per `Uploader`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import email.utils
+import enum
+import hashlib
+import itertools
+import json
+import random
+from dataclasses import dataclass, field
+from typing import Any, Self
+
+import aiohttp
+import structlog
+
+from agent.spool import ParkKind, Spool, SpoolEntry, identity_of
+from protocol.clock import Clock, SystemClock
+from protocol.keys import BatchIdentity
+from store.retry import Backoff
+
+CONTENT_TYPE = "application/x-lmbatch"
+BATCHES_PATH = "/v1/batches"
+_POISON_STATUSES = frozenset({400, 413, 415})
+
+log = structlog.get_logger("agent.uploader")
+
+
+class Outcome(enum.StrEnum):
+    ACCEPTED = "accepted"  # 200, new batch
+    DUPLICATE = "duplicate"  # 200, the collector already had these exact bytes
+    CONFLICT = "conflict"  # 409: parked
+    POISON = "poison"  # 400/413/415: parked
+    DEFERRED = "deferred"  # retries exhausted this round: still pending
+
+    @property
+    def delivered(self) -> bool:
+        return self in (Outcome.ACCEPTED, Outcome.DUPLICATE)
+
+
+@dataclass(frozen=True, slots=True)
+class UploadPolicy:
+    """Limits of one `Uploader`. ``backoff.attempts`` is the number of tries per round."""
+
+    concurrency: int = 8
+    request_timeout_s: float = 30.0
+    backoff: Backoff = field(default_factory=lambda: Backoff(attempts=6, base_s=0.1, cap_s=5.0))
+    max_retry_after_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+        if self.request_timeout_s <= 0 or self.max_retry_after_s < 0:
+            raise ValueError("request_timeout_s must be > 0 and max_retry_after_s >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    """What happened to one frame in one round of delivery.
+
+    ``ack_latency_s``: request-to-answer time of the attempt that got the 200 (``None``
+    unless delivered). ``elapsed_s``: from the first attempt to the final answer,
+    including backoff. ``status``/``response``: the last HTTP answer (``None`` after a
+    network error, which ``error`` then describes)."""
+
+    identity: BatchIdentity
+    frame_sha256: str
+    outcome: Outcome
+    attempts: int
+    status: int | None
+    response: Any
+    error: str | None
+    url: str | None
+    ack_latency_s: float | None
+    elapsed_s: float
+
+    @property
+    def retries(self) -> int:
+        return self.attempts - 1
+
+
+class Uploader:
+    """POSTs frames to collectors (``Authorization: Bearer <token>`` unless ``token`` is
+    ``None``). Use as ``async with Uploader(...) as uploader`` (or
+    pass a ``session`` you own and close)."""
+
+    def __init__(
+        self,
+        *,
+        urls: list[str],
+        token: str | None,
+        policy: UploadPolicy | None = None,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+        session: aiohttp.ClientSession | None = None,
+    ) -> None:
+        if not urls:
+            raise ValueError("need at least one collector URL")
+        self.urls = [url.rstrip("/") for url in urls]
+        self.policy = policy if policy is not None else UploadPolicy()
+        self._clock: Clock = clock if clock is not None else SystemClock()
+        self._rng = rng if rng is not None else random.Random()
+        self._headers = {"Content-Type": CONTENT_TYPE}
+        if token is not None:
+            self._headers["Authorization"] = f"Bearer {token}"
+        self._next_url = itertools.cycle(self.urls)
+        self._semaphore = asyncio.Semaphore(self.policy.concurrency)
+        self._session = session
+        self._owns_session = session is None
+
+    async def __aenter__(self) -> Self:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.policy.concurrency),
+                # No automatic decompression surprises, no cookies: frames only.
+                cookie_jar=aiohttp.DummyCookieJar(),
+            )
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._owns_session and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def deliver(self, spool: Spool, entry: SpoolEntry) -> BatchResult:
+        """Send one pending entry and apply the contract to the spool: delete on 200,
+        park on 409 / 400 / 413 / 415, leave pending when retries run out."""
+        result = await self.send(entry.read(), entry.identity, entry.frame_sha256)
+        if result.outcome.delivered:
+            spool.delete(entry)
+        elif result.outcome is Outcome.CONFLICT:
+            spool.park(
+                entry,
+                ParkKind.CONFLICT,
+                status=result.status,
+                reason="identity_conflict",
+                response=result.response,
+                extra={"url": result.url},
+            )
+            log.warning(
+                "batch_parked_conflict",
+                identity=str(entry.identity),
+                frame_sha256=entry.frame_sha256,
+                url=result.url,
+                response=result.response,
+            )
+        elif result.outcome is Outcome.POISON:
+            spool.park(
+                entry,
+                ParkKind.POISON,
+                status=result.status,
+                reason=_reason_of(result.response, "rejected"),
+                response=result.response,
+                extra={"url": result.url},
+            )
+            log.error(
+                "batch_parked_poison",
+                identity=str(entry.identity),
+                status=result.status,
+                url=result.url,
+                response=result.response,
+            )
+        return result
+
+    async def send(
+        self,
+        frame: bytes,
+        identity: BatchIdentity | None = None,
+        frame_sha256: str | None = None,
+    ) -> BatchResult:
+        """POST ``frame`` with bounded retries and classify the final answer. Touches no
+        spool (benchmarks may call this directly). ``identity`` and ``frame_sha256`` are
+        read from / computed over ``frame`` when not given (`FrameError` if it is not a
+        frame)."""
+        if identity is None:
+            identity = identity_of(frame)
+        if frame_sha256 is None:
+            frame_sha256 = hashlib.sha256(frame).hexdigest()
+        started = self._clock.monotonic()
+        delays = self.policy.backoff.delays(self._rng)
+        attempts = 0
+        status: int | None = None
+        response: Any = None
+        error: str | None = None
+        url: str | None = None
+        retry_after: float | None = None
+        while True:
+            attempts += 1
+            url = next(self._next_url)
+            status, response, error, retry_after, latency = await self._attempt(url, frame)
+            outcome = _classify(status, response)
+            if outcome is not None:
+                return BatchResult(
+                    identity,
+                    frame_sha256,
+                    outcome,
+                    attempts,
+                    status,
+                    response,
+                    error,
+                    url,
+                    latency if outcome.delivered else None,
+                    self._clock.monotonic() - started,
+                )
+            delay = next(delays, None)
+            if delay is None:
+                break
+            if retry_after is not None:
+                delay = max(delay, min(retry_after, self.policy.max_retry_after_s))
+            log.debug(
+                "batch_retry", identity=str(identity), status=status, error=error, delay_s=delay
+            )
+            await self._clock.sleep(delay)
+        log.info(
+            "batch_deferred", identity=str(identity), attempts=attempts, status=status, error=error
+        )
+        return BatchResult(
+            identity,
+            frame_sha256,
+            Outcome.DEFERRED,
+            attempts,
+            status,
+            response,
+            error,
+            url,
+            None,
+            self._clock.monotonic() - started,
+        )
+
+    async def _attempt(
+        self, url: str, frame: bytes
+    ) -> tuple[int | None, Any, str | None, float | None, float]:
+        """One POST: ``(status, response JSON, network error, Retry-After s, latency s)``."""
+        if self._session is None:
+            raise RuntimeError("Uploader used outside 'async with' and without a session")
+        timeout = aiohttp.ClientTimeout(total=self.policy.request_timeout_s)
+        async with self._semaphore:
+            sent_at = self._clock.monotonic()
+            try:
+                async with self._session.post(
+                    url + BATCHES_PATH, data=frame, headers=self._headers, timeout=timeout
+                ) as answer:
+                    body = await answer.read()
+                    latency = self._clock.monotonic() - sent_at
+                    retry_after = _retry_after_s(
+                        answer.headers.get("Retry-After"), self._clock.now_ns()
+                    )
+                    return answer.status, _parse_json(body), None, retry_after, latency
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                latency = self._clock.monotonic() - sent_at
+                return None, None, f"{type(exc).__name__}: {exc}", None, latency
+
+
+def _classify(status: int | None, response: Any) -> Outcome | None:
+    """The final outcome of an answer, or ``None`` when it is worth retrying."""
+    if status == 200:
+        # Any 200 means the batch is accepted (delete it); the body only says whether
+        # this request was the first to land it.
+        duplicate = isinstance(response, dict) and response.get("duplicate") is True
+        return Outcome.DUPLICATE if duplicate else Outcome.ACCEPTED
+    if status == 409:
+        return Outcome.CONFLICT
+    if status in _POISON_STATUSES:
+        return Outcome.POISON
+    return None
+
+
+def _parse_json(body: bytes) -> Any:
+    try:
+        return json.loads(body) if body else None
+    except (ValueError, UnicodeDecodeError):
+        return {"unparsed_body": body[:512].decode("utf-8", "replace")}
+
+
+def _reason_of(response: Any, default: str) -> str:
+    if isinstance(response, dict) and isinstance(response.get("error"), str):
+        return str(response["error"])
+    return default
+
+
+def _retry_after_s(header: str | None, now_ns: int) -> float | None:
+    """``Retry-After`` as seconds from now: delta-seconds or an HTTP date (RFC 9110)."""
+    if header is None:
+        return None
+    header = header.strip()
+    try:
+        return max(0.0, float(header))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(header)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return max(0.0, when.timestamp() - now_ns / 1e9)
