@@ -84,7 +84,7 @@ class RunSummary:
             ("not sent (spool full)", str(self.not_sent)),
             ("retries", str(self.retries)),
             ("recovered from spool", str(self.recovered)),
-            ("points accepted", str(self.points_accepted)),
+            ("points accepted (new)", str(self.points_accepted)),
             ("ack latency p50 (ms)", _ms(self.ack_p50_ms)),
             ("ack latency p99 (ms)", _ms(self.ack_p99_ms)),
             ("elapsed (s)", f"{self.elapsed_s:.2f}"),
@@ -105,10 +105,10 @@ def summarize(
     points = 0
     for record in records:
         count[record.outcome] += 1
-        if record.outcome.delivered:
+        if record.outcome is Outcome.ACCEPTED:  # newly accepted: duplicates add no points
             points += record.truth.point_count
-            if record.result.ack_latency_s is not None:
-                latencies.append(record.result.ack_latency_s)
+        if record.outcome.delivered and record.result.ack_latency_s is not None:
+            latencies.append(record.result.ack_latency_s)
         problem = _unexpected(record)
         if problem:
             unexpected.append(problem)
