@@ -1,0 +1,370 @@
+"""Batch frame codec (`.lmbatch`, frame_version 1): PROTOCOL.md §1. Pure code, no I/O.
+
+`decode_header` is the cheap gate the collector runs on every request; `decode_frame`
+adds the payload (zstd, Arrow IPC, column rules) and returns points in one canonical
+shape (`POINTS_SCHEMA`); `encode_frame` builds frames that `decode_frame` accepts.
+Every violation raises `FrameError` (a ValueError) naming the field and the problem;
+decoding raises nothing else on bad input.
+
+Header checks run in this order so that a corrupted byte is reported as a CRC mismatch
+rather than as garbage field values: structure (minimum length, magic, frame_version,
+exact total length) → CRC-32 → header fields (flags, agent_id_len, boot_id, sequence
+numbers, record_count, payload_raw_len, agent_id text).
+
+Decisions where §1 is silent or loose (change them only together with PROTOCOL.md):
+- "Control characters" are exactly the parenthesised set: bytes < 0x20 and 0x7F.
+  C1 code points (U+0080..U+009F) are allowed. Lengths are UTF-8 byte lengths.
+- `max_raw_bytes` (a reader's limit, not a wire rule) bounds `payload_raw_len` for
+  compressed *and* uncompressed frames; an empty payload (raw length 0) is refused.
+- zstd: one frame, nothing after it; a content-size field, when present, must equal
+  `payload_raw_len` (checked before any allocation); output is capped at and must be
+  exactly `payload_raw_len`; the declared window may be at most
+  max(8 MiB, payload_raw_len), so a frame without a content size cannot make the
+  decoder allocate more than that. Dictionaries are not supported.
+- Arrow: exactly one IPC stream; the end-of-stream marker is optional but nothing may
+  follow the stream. IPC *body* compression is refused: it would expand past the
+  `payload_raw_len` bound. Zero-row record batches are allowed (rows are summed).
+- Columns may come in any order; each required name must appear exactly once. All four
+  (ts, metric, value, labels) are required: "null means no labels" is about a row, so
+  a frame without labels sends an all-null labels column. Schema nullability flags
+  and metadata are ignored; the data is checked.
+- `ts` must be exactly timestamp[ns, tz="UTC"] ("+00:00" or "Etc/UTC" are refused).
+  `metric` dictionaries may use any integer index type; `utf8_view` is refused.
+  `labels` keys and values must be utf8 (not large_utf8/dictionary); map field names
+  and the keys_sorted flag are ignored; a null row's child entries are ignored.
+- Extra columns are not validated beyond what the IPC reader needs, and are dropped.
+  `encode_frame` writes only the canonical columns (one record batch per chunk).
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+import uuid
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import zstandard
+
+from protocol._frame_error import FrameError, decoder_errors_as_frame_errors
+from protocol._ipc_stream import read_ipc_stream, write_ipc_stream
+from protocol._points_check import (
+    LABELS_TYPE,
+    MAX_LABEL_KEY_BYTES,
+    MAX_LABEL_VALUE_BYTES,
+    MAX_LABELS_PER_ROW,
+    MAX_METRIC_BYTES,
+    POINTS_SCHEMA,
+    TS_TYPE,
+    canonical_points,
+)
+
+__all__ = [
+    "CRC_LEN",
+    "FLAG_ZSTD",
+    "FRAME_MAGIC",
+    "FRAME_VERSION",
+    "HEADER_LEN",
+    "MAX_AGENT_ID_BYTES",
+    "MAX_LABELS_PER_ROW",
+    "MAX_LABEL_KEY_BYTES",
+    "MAX_LABEL_VALUE_BYTES",
+    "MAX_METRIC_BYTES",
+    "POINTS_SCHEMA",
+    "Frame",
+    "FrameError",
+    "FrameHeader",
+    "decode_frame",
+    "decode_header",
+    "encode_frame",
+    "points_table",
+]
+
+FRAME_MAGIC = b"LMB1"
+FRAME_VERSION = 1
+FLAG_ZSTD = 0x01
+HEADER_LEN = 52
+CRC_LEN = 4
+MAX_AGENT_ID_BYTES = 128
+
+_U32_MAX = 2**32 - 1
+_U64_MAX = 2**64 - 1
+_MIN_FRAME_LEN = HEADER_LEN + CRC_LEN
+# magic, frame_version, flags, agent_id_len, boot_id, seq_start, seq_end,
+# record_count, payload_len, payload_raw_len — big-endian, offsets as in §1.
+_HEADER = struct.Struct(">4sBBH16sQQIII")
+_CRC = struct.Struct(">I")
+_CONTROL = re.compile(rb"[\x00-\x1f\x7f]")
+# zstd at levels <= 19 declares at most an 8 MiB window when streaming.
+_MIN_ZSTD_WINDOW = 8 * 1024 * 1024
+assert _HEADER.size == HEADER_LEN
+
+
+@dataclass(frozen=True, slots=True)
+class FrameHeader:
+    """The validated fixed header and agent_id of a frame (payload not yet inspected)."""
+
+    agent_id: str
+    boot_id: uuid.UUID
+    seq_start: int
+    seq_end: int
+    record_count: int
+    flags: int
+    payload_len: int
+    payload_raw_len: int
+
+    @property
+    def compressed(self) -> bool:
+        return bool(self.flags & FLAG_ZSTD)
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """A fully validated frame. Row i of `points` has sequence number seq_start + i;
+    `points` has exactly `POINTS_SCHEMA` (metric decoded to utf8, extra columns gone)."""
+
+    agent_id: str
+    boot_id: uuid.UUID
+    seq_start: int
+    seq_end: int
+    record_count: int
+    flags: int
+    points: pa.Table
+
+
+def _agent_id_text(raw: bytes) -> str:
+    """agent_id bytes → str: valid UTF-8, no control characters (< 0x20, 0x7F)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise FrameError(
+            f"agent_id is not valid UTF-8 ({exc.reason} at byte {exc.start})"
+        ) from None
+    control = _CONTROL.search(raw)
+    if control is not None:
+        raise FrameError(
+            f"agent_id has control character 0x{raw[control.start()]:02x} at byte {control.start()}"
+        )
+    return text
+
+
+def decode_header(data: bytes) -> FrameHeader:
+    """Validate everything in `data` except the payload contents; return the header.
+
+    O(1) apart from one CRC-32 pass over the frame. Raises FrameError (bad magic,
+    unsupported frame_version, wrong total length, CRC mismatch, or a header field
+    breaking its §1 rule).
+    """
+    size = len(data)
+    if size < _MIN_FRAME_LEN:
+        raise FrameError(
+            f"frame length {size} < minimum {_MIN_FRAME_LEN} "
+            f"(header {HEADER_LEN} + crc32 {CRC_LEN}): truncated"
+        )
+    (magic, version, flags, agent_id_len, boot_raw, seq_start, seq_end, record_count,
+     payload_len, raw_len) = _HEADER.unpack_from(data)  # fmt: skip
+    if magic != FRAME_MAGIC:
+        raise FrameError(f"magic {magic!r} != {FRAME_MAGIC!r}: not a batch frame")
+    if version != FRAME_VERSION:
+        raise FrameError(f"frame_version {version} is not supported (expected {FRAME_VERSION})")
+    expected = _MIN_FRAME_LEN + agent_id_len + payload_len
+    if size != expected:
+        raise FrameError(
+            f"frame length {size} != {_MIN_FRAME_LEN} + agent_id_len {agent_id_len} "
+            f"+ payload_len {payload_len} = {expected}"
+        )
+    (stated_crc,) = _CRC.unpack_from(data, size - CRC_LEN)
+    computed_crc = zlib.crc32(memoryview(data)[: size - CRC_LEN])
+    if stated_crc != computed_crc:
+        raise FrameError(
+            f"crc32 mismatch: frame says 0x{stated_crc:08x}, computed 0x{computed_crc:08x}"
+        )
+    if flags & ~FLAG_ZSTD:
+        raise FrameError(f"flags 0x{flags:02x} has unknown bits set (only 0x01 is defined)")
+    if not 1 <= agent_id_len <= MAX_AGENT_ID_BYTES:
+        raise FrameError(f"agent_id_len {agent_id_len} not in 1..{MAX_AGENT_ID_BYTES}")
+    if boot_raw == bytes(16):
+        raise FrameError("boot_id is all-zero")
+    if seq_end < seq_start:
+        raise FrameError(f"seq_end {seq_end} < seq_start {seq_start}")
+    if record_count < 1:
+        raise FrameError(f"record_count {record_count} < 1")
+    if record_count != seq_end - seq_start + 1:
+        raise FrameError(
+            f"record_count {record_count} != seq_end - seq_start + 1 = {seq_end - seq_start + 1}"
+        )
+    if not flags & FLAG_ZSTD and raw_len != payload_len:
+        raise FrameError(
+            f"payload_raw_len {raw_len} != payload_len {payload_len} "
+            "(flag 0x01 is clear, so the payload is stored uncompressed)"
+        )
+    agent_id = _agent_id_text(bytes(data[HEADER_LEN : HEADER_LEN + agent_id_len]))
+    return FrameHeader(
+        agent_id=agent_id,
+        boot_id=uuid.UUID(bytes=bytes(boot_raw)),
+        seq_start=seq_start,
+        seq_end=seq_end,
+        record_count=record_count,
+        flags=flags,
+        payload_len=payload_len,
+        payload_raw_len=raw_len,
+    )
+
+
+def _decompress(payload: memoryview, raw_len: int) -> bytes:
+    """Decompress one zstd frame to exactly `raw_len` bytes, never allocating more."""
+    params = zstandard.get_frame_parameters(payload)
+    if params.content_size not in (zstandard.CONTENTSIZE_UNKNOWN, raw_len):
+        raise FrameError(
+            f"zstd frame content size {params.content_size} != payload_raw_len {raw_len}"
+        )
+    decompressor = zstandard.ZstdDecompressor(max_window_size=max(_MIN_ZSTD_WINDOW, raw_len))
+    raw = decompressor.decompress(payload, max_output_size=raw_len, allow_extra_data=False)
+    if len(raw) != raw_len:
+        raise FrameError(
+            f"zstd payload decompressed to {len(raw)} bytes != payload_raw_len {raw_len}"
+        )
+    return raw
+
+
+def decode_frame(data: bytes, *, max_raw_bytes: int = 64 * 1024 * 1024) -> Frame:
+    """Fully validate `data` as one frame and return it with canonical points.
+
+    `max_raw_bytes` caps `payload_raw_len` (the memory a payload may take once
+    decompressed); frames above it are refused before decompression. Dictionary
+    decoding of `metric` may grow the returned table to at most 256 bytes per row.
+    Raises FrameError, and nothing else, for any invalid input.
+    """
+    header = decode_header(data)
+    raw_len = header.payload_raw_len
+    if raw_len > max_raw_bytes:
+        raise FrameError(f"payload_raw_len {raw_len} > max_raw_bytes {max_raw_bytes}")
+    if raw_len == 0:
+        raise FrameError("payload_raw_len 0: an Arrow IPC stream cannot be empty")
+    end = len(data) - CRC_LEN
+    payload = memoryview(data)[end - header.payload_len : end]
+    if header.compressed:
+        with decoder_errors_as_frame_errors("payload: zstd"):
+            raw = _decompress(payload, raw_len)
+    else:
+        # A copy, not a view: the stream starts at offset 52 + N, so a view would hand
+        # Arrow misaligned buffers, and the points would pin the caller's frame bytes.
+        raw = bytes(payload)
+    with decoder_errors_as_frame_errors("payload: Arrow IPC stream"):
+        table = read_ipc_stream(raw)
+        points = canonical_points(table, expected_rows=header.record_count)
+    return Frame(
+        agent_id=header.agent_id,
+        boot_id=header.boot_id,
+        seq_start=header.seq_start,
+        seq_end=header.seq_end,
+        record_count=header.record_count,
+        flags=header.flags,
+        points=points,
+    )
+
+
+def points_table(
+    ts_ns: Sequence[int],
+    metrics: Sequence[str],
+    values: Sequence[float],
+    labels: Sequence[Mapping[str, str] | None],
+) -> pa.Table:
+    """Build a `POINTS_SCHEMA` table from Python sequences (ts as int ns since epoch).
+
+    Raises FrameError if lengths differ, a value can't be converted, or a row breaks
+    a §1 points rule.
+    """
+    lengths = {len(ts_ns), len(metrics), len(values), len(labels)}
+    if len(lengths) != 1:
+        raise FrameError(
+            f"points_table: column lengths differ (ts {len(ts_ns)}, metric {len(metrics)}, "
+            f"value {len(values)}, labels {len(labels)})"
+        )
+    with decoder_errors_as_frame_errors("points_table"):
+        table = pa.Table.from_arrays(
+            [
+                pa.array(ts_ns, type=pa.int64()).cast(TS_TYPE),
+                pa.array(metrics, type=pa.string()),
+                pa.array(values, type=pa.float64()),
+                pa.array(
+                    [None if row is None else list(row.items()) for row in labels],
+                    type=LABELS_TYPE,
+                ),
+            ],
+            schema=POINTS_SCHEMA,
+        )
+        return canonical_points(table)
+
+
+def _check_encode_identity(agent_id: str, boot_id: uuid.UUID, seq_start: int) -> bytes:
+    """Validate the identity inputs of encode_frame; return the agent_id bytes."""
+    if not isinstance(agent_id, str):
+        raise FrameError(f"agent_id must be str, not {type(agent_id).__name__}")
+    try:
+        agent_raw = agent_id.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise FrameError(f"agent_id is not encodable as UTF-8 ({exc.reason})") from None
+    if not 1 <= len(agent_raw) <= MAX_AGENT_ID_BYTES:
+        raise FrameError(f"agent_id is {len(agent_raw)} bytes (must be 1..{MAX_AGENT_ID_BYTES})")
+    _agent_id_text(agent_raw)
+    if not isinstance(boot_id, uuid.UUID):
+        raise FrameError(f"boot_id must be uuid.UUID, not {type(boot_id).__name__}")
+    if boot_id.int == 0:
+        raise FrameError("boot_id is all-zero")
+    if isinstance(seq_start, bool) or not isinstance(seq_start, int):
+        raise FrameError(f"seq_start must be int, not {type(seq_start).__name__}")
+    if not 0 <= seq_start <= _U64_MAX:
+        raise FrameError(f"seq_start {seq_start} not in 0..2**64-1")
+    return agent_raw
+
+
+def encode_frame(
+    *,
+    agent_id: str,
+    boot_id: uuid.UUID,
+    seq_start: int,
+    points: pa.Table,
+    compress: bool = True,
+    zstd_level: int = 3,
+) -> bytes:
+    """Build one frame carrying `points`; seq_end = seq_start + rows - 1.
+
+    `points` is checked by the same rules as decoding and written in canonical form
+    (`POINTS_SCHEMA`: extra columns dropped, dictionaries decoded), so the output is
+    deterministic for given points and always accepted by `decode_frame`. With
+    `compress` the payload is one zstd frame (with content size) at `zstd_level`.
+    Raises FrameError for any input that would make an invalid frame.
+    """
+    agent_raw = _check_encode_identity(agent_id, boot_id, seq_start)
+    if not isinstance(points, pa.Table):
+        raise FrameError(f"points must be a pyarrow.Table, not {type(points).__name__}")
+    with decoder_errors_as_frame_errors("points"):
+        canonical = canonical_points(points)
+        raw = write_ipc_stream(canonical)
+    rows = canonical.num_rows
+    if rows > _U32_MAX:
+        raise FrameError(f"points has {rows} rows (record_count max {_U32_MAX})")
+    seq_end = seq_start + rows - 1
+    if seq_end > _U64_MAX:
+        raise FrameError(f"seq_end {seq_start} + {rows} - 1 overflows u64")
+    with decoder_errors_as_frame_errors("zstd"):
+        payload = zstandard.ZstdCompressor(level=zstd_level).compress(raw) if compress else raw
+    if len(raw) > _U32_MAX or len(payload) > _U32_MAX:
+        raise FrameError(f"payload of {len(raw)} bytes does not fit payload_raw_len (u32)")
+    header = _HEADER.pack(
+        FRAME_MAGIC,
+        FRAME_VERSION,
+        FLAG_ZSTD if compress else 0,
+        len(agent_raw),
+        boot_id.bytes,
+        seq_start,
+        seq_end,
+        rows,
+        len(payload),
+        len(raw),
+    )
+    body = b"".join((header, agent_raw, payload))
+    return body + _CRC.pack(zlib.crc32(body))
