@@ -28,6 +28,8 @@ import pytest
 from store.base import ObjectStore
 from store.fs import FileSystemStore
 from store.memory import MemoryStore
+from store.s3 import S3Store
+from tests.s3_servers import RunningServer, fresh_bucket
 
 StoreFactory = Callable[[pytest.FixtureRequest], AbstractAsyncContextManager[ObjectStore]]
 
@@ -61,9 +63,33 @@ async def _fs_store(request: pytest.FixtureRequest) -> AsyncIterator[ObjectStore
         await store.close()
 
 
+def _s3_store(server_fixture: str) -> StoreFactory:
+    """A store under a prefix in a fresh bucket on the session's server of that kind."""
+
+    @asynccontextmanager
+    async def make(request: pytest.FixtureRequest) -> AsyncIterator[ObjectStore]:
+        server: RunningServer = request.getfixturevalue(server_fixture)
+        store = S3Store(
+            bucket=fresh_bucket(server),
+            prefix="contract",
+            endpoint_url=server.endpoint_url,
+            connect_timeout_s=2.0,
+            read_timeout_s=30.0,
+        )
+        try:
+            yield store
+        finally:
+            await store.close()
+
+    return make
+
+
 STORE_BACKENDS: dict[str, Backend] = {
     "memory": Backend(_memory_store),
     "fs": Backend(_fs_store),
+    "ministack": Backend(_s3_store("ministack_server"), marks=(pytest.mark.s3,)),
+    # moto checks conditions then writes without a lock: no race tests there.
+    "moto": Backend(_s3_store("moto_server"), atomic_conditions=False, marks=(pytest.mark.s3,)),
 }
 
 

@@ -1,0 +1,547 @@
+"""`ObjectStore` on S3 (or an S3-compatible server) through aiobotocore.
+
+``s3://bucket/prefix``: object ``K`` is the S3 key ``prefix/K``; keys handed in and out
+are relative to the prefix, so two stores with different prefixes in one bucket never
+see each other's objects.
+
+Retries. botocore's own retries are switched off: a silent SDK retry of a conditional
+create whose first answer was lost turns "we created it" into a 412, and the caller
+would believe another writer won. Instead every request is sent once and its failure is
+mapped to a `store.errors` type; reads, list pages, deletes and unconditional puts are
+then repeated here with bounded jittered backoff (each loop says why repeating is safe),
+and conditional puts never are: the caller decides, usually by reading the key.
+
+Error mapping (``mutating`` = put or delete):
+
+- 412 → `PreconditionFailed`; 404/NoSuchKey on ``If-Match`` → `PreconditionFailed`
+  (S3 answers 404 when there is no object to match).
+- 409 ConditionalRequestConflict/OperationAborted → `ConditionConflict`.
+- 404 NoSuchKey/NotFound → `NotFound`; NoSuchBucket, 400/403 and other refusals that
+  repeating cannot fix → `StoreConfigError`.
+- 503/SlowDown/throttling/RequestTimeout → `Unavailable` (refused before applying).
+- other 5xx (500 InternalError, 502, 504) → `OutcomeUnknown` when mutating, else
+  `Unavailable`.
+- refused or timed-out connects, DNS, TLS, proxy failures → `Unavailable` (not sent).
+- read timeouts, resets and closed connections after sending → `OutcomeUnknown` when
+  mutating, else `Unavailable` (a read changes nothing).
+
+Below botocore, aiohttp also resends a PUT or DELETE once, silently, when the connection
+drops before the answer (its RFC 9112 "idempotent method" retry), with the same effect
+on a conditional create; `_SendOnceHTTPSession` switches that off too.
+
+Only this module imports aiobotocore/botocore.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import random
+import re
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
+from datetime import UTC, datetime, timedelta
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+
+import aiohttp
+from aiobotocore.config import AioConfig
+from aiobotocore.httpsession import AIOHTTPSession
+from aiobotocore.session import AioSession
+from botocore import exceptions as botoexc
+
+from protocol.clock import Clock, SystemClock
+from store.base import ObjectInfo, check_key, check_put_conditions
+from store.errors import (
+    ConditionConflict,
+    NotFound,
+    OutcomeUnknown,
+    PreconditionFailed,
+    StoreConfigError,
+    Unavailable,
+)
+from store.retry import Backoff
+
+if TYPE_CHECKING:
+    from types_aiobotocore_s3.client import S3Client
+    from types_aiobotocore_s3.type_defs import ListObjectsV2OutputTypeDef
+
+T = TypeVar("T")
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_THROTTLING_CODES = frozenset(
+    {
+        "SlowDown",
+        "ServiceUnavailable",
+        "Throttling",
+        "ThrottlingException",
+        "ThrottledException",
+        "RequestThrottled",
+        "RequestThrottledException",
+        "TooManyRequestsException",
+        "RequestLimitExceeded",
+        "BandwidthLimitExceeded",
+        "RequestTimeout",  # the server gave up reading our body: nothing was applied
+    }
+)
+# Failures of the connection itself (after `_request_not_sent` has picked out connects).
+_TRANSPORT_ERRORS = (
+    botoexc.HTTPClientError,
+    botoexc.ConnectionError,
+    botoexc.IncompleteReadError,
+    aiohttp.ClientError,
+    TimeoutError,
+)
+_CONFLICT_CODES = frozenset({"ConditionalRequestConflict", "OperationAborted"})
+_NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
+
+
+class S3Credentials(NamedTuple):
+    """Explicit credentials; without them the standard AWS chain is used."""
+
+    access_key_id: str
+    secret_access_key: str
+    session_token: str | None = None
+
+    def __repr__(self) -> str:
+        return f"S3Credentials(access_key_id={self.access_key_id!r}, secret_access_key=***)"
+
+
+class S3Store:
+    """An `ObjectStore` over one bucket and prefix.
+
+    One aiobotocore client (and its connection pool) lives from the first call (or
+    `open`) until `close`; it belongs to the event loop that opened it. Use one store per
+    event loop, and ``async with`` or `close` to release it.
+    """
+
+    def __init__(
+        self,
+        *,
+        bucket: str,
+        prefix: str = "",
+        endpoint_url: str | None = None,
+        region: str = "us-east-1",
+        max_pool_connections: int = 64,
+        connect_timeout_s: float = 3.0,
+        read_timeout_s: float = 20.0,
+        credentials: S3Credentials | tuple[str, str] | tuple[str, str, str] | None = None,
+        profile: str | None = None,
+        backoff: Backoff | None = None,
+        rng: random.Random | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        check_bucket_name(bucket)
+        prefix = _normalize_prefix(prefix)
+        if credentials is not None and profile is not None:
+            raise StoreConfigError("give explicit credentials or a profile, not both")
+        if max_pool_connections < 1 or connect_timeout_s <= 0 or read_timeout_s <= 0:
+            raise StoreConfigError("pool size and timeouts must be positive")
+        self.bucket = bucket
+        self.prefix = prefix
+        self.url = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
+        self._root = f"{prefix}/" if prefix else ""
+        self._endpoint_url = endpoint_url
+        self._region = region
+        self._credentials = None if credentials is None else S3Credentials(*credentials)
+        self._profile = profile
+        self._config = AioConfig(
+            region_name=region,
+            max_pool_connections=max_pool_connections,
+            connect_timeout=connect_timeout_s,
+            read_timeout=read_timeout_s,
+            # One attempt per call: see the module docstring for why retries are ours.
+            retries={"total_max_attempts": 1, "mode": "standard"},
+            # S3-compatible servers on an IP or localhost have no per-bucket hostnames.
+            s3={"addressing_style": "path" if endpoint_url else "auto"},
+            user_agent_extra="lightmetrics-ingest",
+            http_session_cls=_SendOnceHTTPSession,
+        )
+        self._backoff = backoff if backoff is not None else Backoff()
+        self._rng = rng if rng is not None else random.Random()
+        self._clock: Clock = clock if clock is not None else SystemClock()
+        self._client: S3Client | None = None
+        self._exit_stack: AsyncExitStack | None = None
+        self._open_lock = asyncio.Lock()
+        self._closed = False
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> S3Store:
+        """Build a store for ``s3://bucket/prefix``; ``options`` are the other arguments."""
+        bucket, prefix = parse_s3_url(url)
+        return cls(bucket=bucket, prefix=prefix, **options)
+
+    def __repr__(self) -> str:
+        return f"<S3Store {self.url} endpoint={self._endpoint_url or 'aws'}>"
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Create the client now (otherwise the first call does). Idempotent."""
+        await self._s3()
+
+    async def close(self) -> None:
+        """Release the client and its connections; the store cannot be used afterwards."""
+        self._closed = True
+        stack, self._exit_stack, self._client = self._exit_stack, None, None
+        if stack is not None:
+            await stack.aclose()
+
+    async def __aenter__(self) -> S3Store:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def _s3(self) -> S3Client:
+        if self._client is not None:
+            return self._client
+        async with self._open_lock:
+            if self._closed:
+                raise RuntimeError(f"{self!r} is closed")
+            if self._client is None:
+                stack = AsyncExitStack()
+                creds = self._credentials
+                try:
+                    session = AioSession(profile=self._profile)
+                    self._client = await stack.enter_async_context(
+                        session.create_client(
+                            "s3",
+                            region_name=self._region,
+                            endpoint_url=self._endpoint_url,
+                            aws_access_key_id=creds.access_key_id if creds else None,
+                            aws_secret_access_key=creds.secret_access_key if creds else None,
+                            aws_session_token=creds.session_token if creds else None,
+                            config=self._config,
+                        )
+                    )
+                except botoexc.BotoCoreError as exc:
+                    await stack.aclose()
+                    raise StoreConfigError(f"{self.url}: cannot create S3 client: {exc}") from exc
+                self._exit_stack = stack
+            return self._client
+
+    # -- the ObjectStore operations ----------------------------------------------------
+
+    async def get(self, key: str) -> tuple[bytes, str]:
+        check_key("get", key)
+
+        async def attempt(s3: S3Client) -> tuple[bytes, str]:
+            answer = await s3.get_object(Bucket=self.bucket, Key=self._root + key)
+            async with answer["Body"] as stream:
+                body = await stream.read()
+            return body, _etag(answer["ETag"])
+
+        # A read changes nothing, so repeating it is always safe.
+        return await self._retrying("get", key, attempt)
+
+    async def head(self, key: str) -> ObjectInfo:
+        check_key("head", key)
+
+        async def attempt(s3: S3Client) -> ObjectInfo:
+            answer = await s3.head_object(Bucket=self.bucket, Key=self._root + key)
+            return ObjectInfo(
+                key=key,
+                size=answer["ContentLength"],
+                etag=_etag(answer["ETag"]),
+                last_modified_ns=_to_ns(answer["LastModified"]),
+            )
+
+        # A read changes nothing, so repeating it is always safe.
+        return await self._retrying("head", key, attempt)
+
+    async def put(
+        self,
+        key: str,
+        body: bytes,
+        *,
+        if_none_match: bool = False,
+        if_match: str | None = None,
+    ) -> str:
+        check_key("put", key)
+        check_put_conditions(key, if_none_match, if_match)
+        full_key = self._root + key
+
+        async def attempt(s3: S3Client) -> str:
+            if if_none_match:
+                answer = await s3.put_object(
+                    Bucket=self.bucket, Key=full_key, Body=body, IfNoneMatch="*"
+                )
+            elif if_match is not None:
+                answer = await s3.put_object(
+                    Bucket=self.bucket, Key=full_key, Body=body, IfMatch=if_match
+                )
+            else:
+                answer = await s3.put_object(Bucket=self.bucket, Key=full_key, Body=body)
+            etag = answer.get("ETag")
+            if not etag:
+                raise StoreConfigError(f"put {key!r}: the server returned no ETag")
+            return _etag(etag)
+
+        if if_none_match or if_match is not None:
+            # Conditional: never repeated here. If the first answer was lost, a repeat
+            # would report 412 for our own write; the caller reads the key to decide.
+            try:
+                return await self._once("put", key, attempt, mutating=True)
+            except NotFound as exc:
+                if if_match is None:
+                    raise
+                # S3 answers 404 NoSuchKey to If-Match on an absent key; the contract
+                # says PreconditionFailed (there is no object with that ETag).
+                raise PreconditionFailed("put", key, "no object to match") from exc
+        # Unconditional: writing the same body again leaves the same object, so a repeat
+        # after an unknown outcome converges on what the first attempt meant to do.
+        return await self._retrying("put", key, attempt, mutating=True)
+
+    async def list(self, prefix: str, start_after: str | None = None) -> AsyncIterator[ObjectInfo]:
+        if prefix.startswith("/"):
+            raise ValueError(f"list {prefix!r}: prefix must not start with '/'")
+        full_prefix = self._root + prefix
+        after = self._root + start_after if start_after is not None else None
+        while True:
+            page = await self._list_page(prefix, full_prefix, after)
+            contents = page.get("Contents", [])
+            for entry in contents:
+                full_key = entry["Key"]
+                if not full_key.startswith(full_prefix):
+                    raise Unavailable("list", prefix, f"server returned foreign key {full_key!r}")
+                yield ObjectInfo(
+                    key=full_key[len(self._root) :],
+                    size=entry["Size"],
+                    etag=_etag(entry["ETag"]),
+                    last_modified_ns=_to_ns(entry["LastModified"]),
+                )
+            if not page.get("IsTruncated"):
+                return
+            if not contents:
+                raise Unavailable("list", prefix, "truncated page without keys")
+            # Each page resumes after the last key seen rather than from a continuation
+            # token, so a page retried against a restarted server needs no server state.
+            after = contents[-1]["Key"]
+
+    async def _list_page(
+        self, prefix: str, full_prefix: str, after: str | None
+    ) -> ListObjectsV2OutputTypeDef:
+        async def attempt(s3: S3Client) -> ListObjectsV2OutputTypeDef:
+            if not after:  # nothing sorts before "": the same as no bound
+                return await s3.list_objects_v2(Bucket=self.bucket, Prefix=full_prefix)
+            return await s3.list_objects_v2(
+                Bucket=self.bucket, Prefix=full_prefix, StartAfter=after
+            )
+
+        # A list page is a read: repeating it is always safe.
+        return await self._retrying("list", prefix, attempt)
+
+    async def delete(self, key: str) -> None:
+        check_key("delete", key)
+
+        async def attempt(s3: S3Client) -> None:
+            await s3.delete_object(Bucket=self.bucket, Key=self._root + key)
+
+        # Deleting twice is deleting once (S3 answers 204 for an absent key). A repeat
+        # after a lost answer lands like one late delete, at most the backoff's total
+        # delay later; GC's mark grace must already cover deletes that land late.
+        await self._retrying("delete", key, attempt, mutating=True)
+
+    # -- one request, mapped errors, bounded retries -----------------------------------
+
+    async def _once(
+        self,
+        op: str,
+        key: str,
+        attempt: Callable[[S3Client], Awaitable[T]],
+        *,
+        mutating: bool = False,
+    ) -> T:
+        s3 = await self._s3()
+        try:
+            return await attempt(s3)
+        except (
+            botoexc.ClientError,
+            botoexc.BotoCoreError,
+            aiohttp.ClientError,
+            TimeoutError,
+        ) as exc:
+            raise map_s3_error(op, key, exc, mutating=mutating) from exc
+
+    async def _retrying(
+        self,
+        op: str,
+        key: str,
+        attempt: Callable[[S3Client], Awaitable[T]],
+        *,
+        mutating: bool = False,
+    ) -> T:
+        """Run ``attempt`` with bounded jittered retries on `Unavailable`.
+
+        Callers use this only where repeating the request is safe; they say why.
+        """
+        delays = self._backoff.delays(self._rng)
+        while True:
+            try:
+                return await self._once(op, key, attempt, mutating=mutating)
+            except Unavailable:
+                delay = next(delays, None)
+                if delay is None:
+                    raise
+            await self._clock.sleep(delay)
+
+
+class _SendOnceHTTPSession(AIOHTTPSession):
+    """aiobotocore's HTTP session with aiohttp's hidden resend of PUT/DELETE turned off.
+
+    aiohttp has no public switch; ``_retry_connection`` is the flag its own test client
+    clears. ``tests/store/test_s3.py`` checks that a dropped conditional PUT reaches the
+    server exactly once, so an aiohttp upgrade that renames the flag is caught there.
+    """
+
+    async def _get_session(self, proxy_url: str | None) -> aiohttp.ClientSession:
+        session: aiohttp.ClientSession = await super()._get_session(proxy_url)  # type: ignore[misc]
+        session._retry_connection = False
+        return session
+
+
+def map_s3_error(op: str, key: str, exc: BaseException, *, mutating: bool) -> Exception:
+    """The `store.errors` exception for a botocore/aiohttp failure (see module docstring).
+
+    Returns ``exc`` itself for failures that are bugs in the call (bad parameters).
+    """
+    if isinstance(exc, botoexc.ClientError):
+        return _map_client_error(op, key, exc, mutating=mutating)
+    if isinstance(
+        exc,
+        botoexc.NoCredentialsError
+        | botoexc.PartialCredentialsError
+        | botoexc.ProfileNotFound
+        | botoexc.NoRegionError,
+    ):
+        return StoreConfigError(f"{op} {key!r}: {exc}")
+    if isinstance(exc, botoexc.CredentialRetrievalError):
+        return Unavailable(op, key, f"credentials: {exc}")
+    if _request_not_sent(exc):
+        return Unavailable(op, key, f"not sent: {exc}")
+    if isinstance(exc, _TRANSPORT_ERRORS):
+        # Possibly sent, answer lost: read timeout, reset, closed, truncated body.
+        kind = OutcomeUnknown if mutating else Unavailable
+        return kind(op, key, f"answer lost: {exc}")
+    return exc if isinstance(exc, Exception) else RuntimeError(str(exc))
+
+
+def _request_not_sent(exc: BaseException) -> bool:
+    """True when the failure happened before any byte of the request could arrive."""
+    if isinstance(
+        exc, botoexc.ConnectTimeoutError | botoexc.SSLError | botoexc.ProxyConnectionError
+    ):
+        return True
+    if isinstance(exc, botoexc.EndpointConnectionError):
+        # aiobotocore also wraps resets of an established connection (ClientOSError)
+        # in EndpointConnectionError; only a failed connect proves nothing was sent.
+        cause = exc.kwargs.get("error")
+        return cause is None or isinstance(cause, aiohttp.ClientConnectorError | socket.gaierror)
+    return isinstance(exc, aiohttp.ClientConnectorError)
+
+
+def _map_client_error(op: str, key: str, exc: botoexc.ClientError, *, mutating: bool) -> Exception:
+    error = exc.response.get("Error", {})
+    code = str(error.get("Code", ""))
+    status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+    detail = f"{code or 'error'} (HTTP {status}): {error.get('Message', '')}".rstrip(": ")
+    if status == 412 or code == "PreconditionFailed":
+        return PreconditionFailed(op, key, detail)
+    if status == 409 or code in _CONFLICT_CODES:
+        return ConditionConflict(op, key, detail)
+    if code == "NoSuchBucket":
+        return StoreConfigError(f"{op} {key!r}: bucket does not exist: {detail}")
+    if status == 404 or code in _NOT_FOUND_CODES:
+        return NotFound(op, key, detail)
+    if status in (429, 503) or code in _THROTTLING_CODES:
+        return Unavailable(op, key, detail)
+    if status >= 500:
+        # 500 InternalError (and a gateway's 502/504) may come after the write applied.
+        return (OutcomeUnknown if mutating else Unavailable)(op, key, detail)
+    # 400/403/405/501...: credentials, policy, clock skew or an unsupported feature.
+    # Repeating cannot help; the configuration (or the server) has to change.
+    return StoreConfigError(f"{op} {key!r}: {detail}")
+
+
+_BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_BUCKET_BAD_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
+_BUCKET_BAD_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
+
+
+def check_bucket_name(bucket: str) -> None:
+    """Raise `StoreConfigError` unless ``bucket`` follows S3's general-purpose naming rules."""
+    problem = None
+    if not 3 <= len(bucket) <= 63:
+        problem = "must be 3-63 characters long"
+    elif not _BUCKET_RE.fullmatch(bucket):
+        problem = "only lowercase letters, digits, '.' and '-', starting and ending alphanumeric"
+    elif ".." in bucket or ".-" in bucket or "-." in bucket:
+        problem = "no '..', '.-' or '-.'"
+    elif bucket.startswith(_BUCKET_BAD_PREFIXES) or bucket.endswith(_BUCKET_BAD_SUFFIXES):
+        problem = "uses a prefix or suffix S3 reserves"
+    elif _is_ip_address(bucket):
+        problem = "must not look like an IP address"
+    if problem is not None:
+        raise StoreConfigError(f"invalid S3 bucket name {bucket!r}: {problem}")
+
+
+def parse_s3_url(url: str) -> tuple[str, str]:
+    """Split ``s3://bucket[/prefix]`` into ``(bucket, prefix)``; prefix without slashes
+    at either end (``""`` for the whole bucket). `StoreConfigError` names the problem."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() != "s3":
+        raise StoreConfigError(f"store URL {url!r}: expected s3://bucket/prefix")
+    if "?" in rest or "#" in rest:
+        raise StoreConfigError(f"store URL {url!r}: no query or fragment allowed")
+    bucket, _, prefix = rest.partition("/")
+    if not bucket:
+        raise StoreConfigError(f"store URL {url!r}: no bucket name")
+    check_bucket_name(bucket)
+    return bucket, _normalize_prefix(prefix, url=url)
+
+
+def _normalize_prefix(prefix: str, *, url: str | None = None) -> str:
+    prefix = prefix.rstrip("/")
+    if prefix:
+        try:
+            check_key("prefix", prefix)
+        except ValueError as exc:
+            where = f"store URL {url!r}" if url is not None else "S3 prefix"
+            raise StoreConfigError(f"{where}: {exc}") from exc
+    return prefix
+
+
+def _is_ip_address(text: str) -> bool:
+    try:
+        ipaddress.IPv4Address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _etag(raw: str) -> str:
+    """ETags as S3 sends them in headers: quoted (some listings drop the quotes)."""
+    return raw if raw.startswith('"') else f'"{raw}"'
+
+
+def _to_ns(moment: datetime) -> int:
+    """Whole seconds since the epoch, in ns: HTTP Last-Modified (head/get) has one-second
+    resolution while listings may carry milliseconds; truncating makes both agree."""
+    return (moment - _EPOCH) // timedelta(seconds=1) * 1_000_000_000
+
+
+__all__ = [
+    "S3Credentials",
+    "S3Store",
+    "check_bucket_name",
+    "map_s3_error",
+    "parse_s3_url",
+]

@@ -1,0 +1,64 @@
+"""Root fixtures: dummy AWS credentials for every test, and local S3 servers.
+
+The servers are session-scoped (one MiniStack, one moto, started on first use and
+stopped by PID at the end); tests isolate themselves with a fresh bucket each
+(`ministack_bucket`, `moto_bucket`, or `tests.s3_servers.fresh_bucket(server)`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.s3_servers import (
+    AWS_ENV_TO_REMOVE,
+    RunningServer,
+    dummy_aws_env,
+    fresh_bucket,
+    start_ministack,
+    start_moto,
+)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _dummy_aws_credentials() -> Iterator[None]:
+    """No test ever signs with, or even finds, real AWS credentials."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name in AWS_ENV_TO_REMOVE:
+            patch.delenv(name, raising=False)
+        for name, value in dummy_aws_env().items():
+            patch.setenv(name, value)
+        yield
+
+
+@pytest.fixture(scope="session")
+def ministack_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """A MiniStack S3 server for the whole session (S3_PERSIST=1 under a temp dir)."""
+    server = start_ministack(tmp_path_factory.mktemp("ministack"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """A moto S3 server for the whole session (not safe for concurrent conditional writes)."""
+    server = start_moto(tmp_path_factory.mktemp("moto"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def ministack_bucket(ministack_server: RunningServer) -> str:
+    """A new, empty bucket on the session's MiniStack, unique to this test."""
+    return fresh_bucket(ministack_server)
+
+
+@pytest.fixture
+def moto_bucket(moto_server: RunningServer) -> str:
+    """A new, empty bucket on the session's moto server, unique to this test."""
+    return fresh_bucket(moto_server)

@@ -1,0 +1,554 @@
+"""S3-specific behaviour of `store.s3.S3Store`.
+
+Three kinds of server:
+- MiniStack and moto (session fixtures, a fresh bucket per test) for what a real S3
+  implementation answers; races only on MiniStack (moto's conditions are not atomic);
+- a scripted HTTP server in this file for what local servers never do: 5xx, 409,
+  throttling, hangs and dropped connections, counting the requests that reach it;
+- no server at all (a closed port, a stopped MiniStack).
+The shared `ObjectStore` contract runs separately in test_contract.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from protocol.clock import ManualClock
+from store.base import ObjectStore
+from store.errors import (
+    ConditionConflict,
+    NotFound,
+    OutcomeUnknown,
+    PreconditionFailed,
+    StoreConfigError,
+    Unavailable,
+)
+from store.retry import Backoff
+from store.s3 import S3Credentials, S3Store, parse_s3_url
+from tests.s3_servers import RunningServer, fresh_bucket, start_ministack
+
+ATTEMPTS = 3
+SERVERS = ["ministack", "moto"]
+
+
+def make_store(endpoint_url: str, bucket: str, prefix: str = "", **options: Any) -> S3Store:
+    """A store with short timeouts and a manual clock, so retries never really sleep."""
+    settings: dict[str, Any] = {
+        "connect_timeout_s": 1.0,
+        "read_timeout_s": 10.0,
+        "backoff": Backoff(attempts=ATTEMPTS),
+        "clock": ManualClock(),
+        **options,
+    }
+    return S3Store(bucket=bucket, prefix=prefix, endpoint_url=endpoint_url, **settings)
+
+
+@pytest.fixture(params=SERVERS)
+def s3_server(request: pytest.FixtureRequest) -> RunningServer:
+    server: RunningServer = request.getfixturevalue(f"{request.param}_server")
+    return server
+
+
+@pytest.fixture
+async def s3_store(s3_server: RunningServer) -> AsyncIterator[S3Store]:
+    """A store under a two-level prefix in a fresh bucket, on MiniStack and on moto."""
+    async with make_store(s3_server.endpoint_url, fresh_bucket(s3_server), "lm/test") as store:
+        yield store
+
+
+@pytest.fixture
+async def ministack_store(
+    ministack_server: RunningServer, ministack_bucket: str
+) -> AsyncIterator[S3Store]:
+    async with make_store(ministack_server.endpoint_url, ministack_bucket, "lm") as store:
+        yield store
+
+
+async def keys_of(
+    store: ObjectStore, prefix: str = "", start_after: str | None = None
+) -> list[str]:
+    return [info.key async for info in store.list(prefix, start_after)]
+
+
+def s3_order(keys: list[str]) -> list[str]:
+    return sorted(keys, key=lambda k: k.encode("utf-8"))
+
+
+# -- against MiniStack and moto ---------------------------------------------------------
+
+
+@pytest.mark.s3
+async def test_it_is_an_object_store(s3_store: S3Store) -> None:
+    assert isinstance(s3_store, ObjectStore)
+    assert s3_store.url.startswith("s3://lm-test-") and s3_store.url.endswith("/lm/test")
+
+
+@pytest.mark.s3
+async def test_conditional_create_twice_is_precondition_failed(s3_store: S3Store) -> None:
+    etag = await s3_store.put("accepted/m.json", b"first", if_none_match=True)
+    with pytest.raises(PreconditionFailed) as caught:
+        await s3_store.put("accepted/m.json", b"second", if_none_match=True)
+    assert (caught.value.op, caught.value.key) == ("put", "accepted/m.json")
+    assert await s3_store.get("accepted/m.json") == (b"first", etag)
+
+
+@pytest.mark.s3
+async def test_if_match_current_stale_and_missing(s3_store: S3Store) -> None:
+    v1 = await s3_store.put("pointer", b"v1", if_none_match=True)
+    v2 = await s3_store.put("pointer", b"v2", if_match=v1)
+    with pytest.raises(PreconditionFailed):
+        await s3_store.put("pointer", b"stale", if_match=v1)
+    with pytest.raises(PreconditionFailed):
+        await s3_store.put("pointer", b"wrong", if_match='"00000000000000000000000000000000"')
+    # S3 answers 404 NoSuchKey here; the contract says PreconditionFailed.
+    with pytest.raises(PreconditionFailed):
+        await s3_store.put("absent", b"x", if_match=v2)
+    assert await s3_store.get("pointer") == (b"v2", v2)
+    with pytest.raises(NotFound):
+        await s3_store.head("absent")
+
+
+@pytest.mark.s3
+async def test_get_head_list_and_put_agree(s3_store: S3Store) -> None:
+    etag = await s3_store.put("a/b", b"hello")
+    body, got_etag = await s3_store.get("a/b")
+    info = await s3_store.head("a/b")
+    (listed,) = [i async for i in s3_store.list("a/")]
+    assert (body, got_etag) == (b"hello", etag)
+    assert info == listed
+    assert (info.key, info.size, info.etag) == ("a/b", 5, etag)
+    assert info.last_modified_ns % 1_000_000_000 == 0  # whole seconds everywhere
+    assert abs(info.last_modified_ns - time.time_ns()) < 60 * 1_000_000_000
+
+
+@pytest.mark.s3
+async def test_missing_objects_and_idempotent_delete(s3_store: S3Store) -> None:
+    with pytest.raises(NotFound):
+        await s3_store.get("nope")
+    with pytest.raises(NotFound):
+        await s3_store.head("nope")
+    await s3_store.delete("nope")
+    await s3_store.put("yes", b"1")
+    await s3_store.delete("yes")
+    await s3_store.delete("yes")
+    assert await keys_of(s3_store) == []
+
+
+@pytest.mark.s3
+async def test_frame_sized_bodies_round_trip(s3_store: S3Store) -> None:
+    body = bytes(range(256)) * (8 * 1024 * 1024 // 256)  # max_frame_bytes: 8 MiB
+    etag = await s3_store.put("raw-blobs/big.lmbatch", body, if_none_match=True)
+    assert await s3_store.get("raw-blobs/big.lmbatch") == (body, etag)
+    swapped = await s3_store.put("raw-blobs/big.lmbatch", body[::-1], if_match=etag)
+    assert (await s3_store.head("raw-blobs/big.lmbatch")).etag == swapped
+
+
+@pytest.mark.s3
+async def test_awkward_keys_round_trip_in_s3_order(s3_store: S3Store) -> None:
+    keys = ["sp ace/+plus", "pct%2Fx", "q?x=1&y", "é/ü", "ctl\x01x", "hash#frag", "tilde~", "😀"]
+    for key in keys:
+        await s3_store.put(key, key.encode())
+    for key in keys:
+        assert (await s3_store.get(key))[0] == key.encode()
+    assert await keys_of(s3_store) == s3_order(keys)
+
+
+@pytest.mark.s3
+async def test_list_pages_past_a_thousand_keys_in_order(s3_store: S3Store) -> None:
+    keys = [f"many/{i % 5}/{i:05d}" for i in range(1100)] + ["many/é", "many/Z", "many/~"]
+    limit = asyncio.Semaphore(32)
+
+    async def put(key: str) -> None:
+        async with limit:
+            await s3_store.put(key, b"")
+
+    await asyncio.gather(*(put(key) for key in keys))
+    listed = await keys_of(s3_store, "many/")
+    assert listed == s3_order(keys)  # 1103 keys: at least two pages of at most 1000
+    assert await keys_of(s3_store, "many/", start_after=listed[999]) == listed[1000:]
+
+
+@pytest.mark.s3
+async def test_start_after_is_relative_to_the_prefix(s3_store: S3Store) -> None:
+    keys = ["a/1", "a/2", "b/1", "b/2", "c"]
+    for key in keys:
+        await s3_store.put(key, b"")
+    assert await keys_of(s3_store, "", start_after="a/2") == ["b/1", "b/2", "c"]
+    assert await keys_of(s3_store, "", start_after="a/9") == ["b/1", "b/2", "c"]
+    assert await keys_of(s3_store, "b/", start_after="a") == ["b/1", "b/2"]
+    assert await keys_of(s3_store, "b/", start_after="b/1") == ["b/2"]
+    assert await keys_of(s3_store, "", start_after="c") == []
+    assert await keys_of(s3_store, "", start_after="") == keys
+
+
+@pytest.mark.s3
+async def test_prefixes_isolate_stores_in_one_bucket(s3_server: RunningServer) -> None:
+    bucket = fresh_bucket(s3_server)
+    url = s3_server.endpoint_url
+    async with (
+        make_store(url, bucket, "tenant") as tenant,
+        make_store(url, bucket, "tenant2") as tenant2,
+        make_store(url, bucket) as whole,
+    ):
+        await tenant.put("k", b"one", if_none_match=True)
+        await tenant2.put("k", b"two", if_none_match=True)  # same relative key: no clash
+        await tenant2.put("x/y", b"three")
+        assert await keys_of(tenant) == ["k"]
+        assert await keys_of(tenant2) == ["k", "x/y"]
+        assert await keys_of(tenant2, "", start_after="k") == ["x/y"]
+        assert (await tenant.get("k"))[0] == b"one"
+        with pytest.raises(NotFound):
+            await tenant.get("x/y")
+        assert await keys_of(whole) == ["tenant/k", "tenant2/k", "tenant2/x/y"]
+        assert await keys_of(whole, "", start_after="") == await keys_of(whole)
+        assert await keys_of(whole, "tenant", start_after="tenant/k") == [
+            "tenant2/k",
+            "tenant2/x/y",
+        ]
+        await tenant.delete("x/y")  # absent under this prefix: nothing happens
+        assert await keys_of(tenant2) == ["k", "x/y"]
+
+
+@pytest.mark.s3
+async def test_missing_bucket_is_a_configuration_error(s3_server: RunningServer) -> None:
+    async with make_store(s3_server.endpoint_url, "lm-test-no-such-bucket") as store:
+        with pytest.raises(StoreConfigError, match="bucket does not exist"):
+            await store.get("k")
+        with pytest.raises(StoreConfigError):
+            await store.put("k", b"x", if_none_match=True)
+        with pytest.raises(StoreConfigError):
+            await keys_of(store)
+
+
+@pytest.mark.s3
+async def test_explicit_credentials_and_closed_store(s3_server: RunningServer) -> None:
+    store = make_store(
+        s3_server.endpoint_url,
+        fresh_bucket(s3_server),
+        credentials=S3Credentials("explicit-key", "explicit-secret"),
+    )
+    await store.put("k", b"v")
+    await store.close()
+    await store.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        await store.get("k")
+
+
+# -- MiniStack only: races, stop and restart -------------------------------------------
+
+
+@pytest.mark.s3
+async def test_64_concurrent_creators_exactly_one_wins(ministack_store: S3Store) -> None:
+    async def create(i: int) -> tuple[bytes, str] | None:
+        body = f"writer-{i}".encode()
+        try:
+            return body, await ministack_store.put("race/m.json", body, if_none_match=True)
+        except PreconditionFailed:
+            return None
+
+    results = await asyncio.gather(*(create(i) for i in range(64)))
+    winners = [r for r in results if r is not None]
+    assert len(winners) == 1
+    assert await ministack_store.get("race/m.json") == winners[0]
+
+
+@pytest.mark.s3
+async def test_stopped_server_is_unavailable_fast_and_restart_keeps_objects(
+    tmp_path: Path,
+) -> None:
+    with start_ministack(tmp_path / "ministack") as server:
+        bucket = fresh_bucket(server)
+        async with make_store(server.endpoint_url, bucket, "lm") as store:
+            etag = await store.put("kept/a", b"persisted", if_none_match=True)
+            await store.put("kept/b", b"also")
+
+            # Stop from a thread so this loop sees the server's FINs on pooled connections.
+            await asyncio.to_thread(server.stop)
+            started = time.monotonic()
+            with pytest.raises(Unavailable) as refused:
+                await store.put("new", b"x", if_none_match=True)
+            assert not isinstance(refused.value, OutcomeUnknown)  # refused: never sent
+            for op in ("get", "head", "list", "delete", "put"):
+                with pytest.raises(Unavailable):
+                    await OPERATIONS[op](store)
+            assert time.monotonic() - started < 2.0
+
+            await asyncio.to_thread(server.start)
+            assert await store.get("kept/a") == (b"persisted", etag)
+            assert await keys_of(store) == ["kept/a", "kept/b"]
+            with pytest.raises(PreconditionFailed):
+                await store.put("kept/a", b"again", if_none_match=True)
+            await store.put("after-restart", b"x", if_none_match=True)
+
+
+async def test_nothing_listening_is_unavailable_without_sdk_retries() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    clock = ManualClock()
+    async with make_store(f"http://127.0.0.1:{port}", "lm-test-bucket", clock=clock) as store:
+        with pytest.raises(Unavailable) as caught:
+            await store.get("k")
+    assert not isinstance(caught.value, OutcomeUnknown)
+    assert clock.monotonic() > 0  # our backoff ran between attempts
+
+
+# -- a scripted server for the failures local servers never produce --------------------
+
+Behaviour = tuple[int, str] | str  # (status, S3 error code) or "hang" / "close" / "reset"
+
+
+class ScriptedS3Server:
+    """Answers the n-th request with ``behaviours[n]`` (the last one repeats).
+
+    ``(200, "")`` is success (with an ETag); ``(status, code)`` an S3 error document;
+    ``"hang"`` reads the request and never answers; ``"close"`` closes the connection
+    instead of answering; ``"reset"`` aborts it with a TCP RST. ``requests`` records
+    ``(method, path, headers)`` of every complete request received.
+    """
+
+    def __init__(self, *behaviours: Behaviour) -> None:
+        self.behaviours = behaviours
+        self.requests: list[tuple[str, str, dict[str, str]]] = []
+        self._release = asyncio.Event()
+        self._handlers: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> ScriptedS3Server:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        self.endpoint_url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._server.close()
+        self._release.set()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
+        await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        try:
+            while await self._answer_one(reader, writer):
+                pass
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self._handlers.discard(task)
+            writer.close()
+
+    async def _answer_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        method, path, _ = head[0].split(" ", 2)
+        headers = {}
+        for line in head[1:]:
+            name, _, value = line.partition(":")
+            if name:
+                headers[name.strip().lower()] = value.strip()
+        if headers.get("expect", "").lower() == "100-continue":
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        await reader.readexactly(int(headers.get("content-length", "0")))
+        self.requests.append((method, path, headers))
+        behaviour = self.behaviours[min(len(self.requests), len(self.behaviours)) - 1]
+        if behaviour == "hang":
+            await self._release.wait()
+            return False
+        if behaviour == "close":
+            return False
+        if behaviour == "reset":
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()
+            return False
+        assert isinstance(behaviour, tuple)
+        status, code = behaviour
+        extra, body = "", b""
+        if status < 300:
+            extra = 'ETag: "0123456789abcdef0123456789abcdef"\r\n'
+        elif method != "HEAD":  # an answer to HEAD has no body, errors included
+            body = f"<Error><Code>{code}</Code><Message>scripted</Message></Error>".encode()
+        writer.write(
+            f"HTTP/1.1 {status} Scripted\r\nContent-Type: application/xml\r\n{extra}"
+            f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        await writer.drain()
+        return True
+
+
+Operation = Callable[[S3Store], Any]
+OPERATIONS: dict[str, Operation] = {
+    "create": lambda s: s.put("k", b"body", if_none_match=True),
+    "swap": lambda s: s.put("k", b"body", if_match='"0123456789abcdef0123456789abcdef"'),
+    "put": lambda s: s.put("k", b"body"),
+    "get": lambda s: s.get("k"),
+    "head": lambda s: s.head("k"),
+    "delete": lambda s: s.delete("k"),
+    "list": lambda s: keys_of(s),
+}
+READS = ("get", "head", "list")
+CONDITIONAL = ("create", "swap")
+
+
+def expected_outcome(behaviour: Behaviour, op: str) -> tuple[type[Exception], int]:
+    """What the store must raise, and how many requests may reach the server."""
+    tries = 1 if op in CONDITIONAL else ATTEMPTS  # conditional puts are never repeated
+    if behaviour in ("hang", "close", "reset") or behaviour == (500, "InternalError"):
+        # The request arrived; its answer was lost or says "maybe".
+        return (Unavailable if op in READS else OutcomeUnknown), tries
+    if behaviour == (503, "SlowDown"):
+        return Unavailable, tries
+    if behaviour == (409, "ConditionalRequestConflict"):
+        return ConditionConflict, 1
+    return StoreConfigError, 1  # 403 AccessDenied: repeating cannot help
+
+
+@pytest.mark.parametrize("op", list(OPERATIONS))
+@pytest.mark.parametrize(
+    "behaviour",
+    [
+        "hang",
+        "close",
+        "reset",
+        (500, "InternalError"),
+        (503, "SlowDown"),
+        (409, "ConditionalRequestConflict"),
+        (403, "AccessDenied"),
+    ],
+    ids=str,
+)
+async def test_failure_mapping_and_retries(behaviour: Behaviour, op: str) -> None:
+    error, requests = expected_outcome(behaviour, op)
+    async with ScriptedS3Server(behaviour) as server:
+        store = make_store(server.endpoint_url, "lm-test-bucket", "p", read_timeout_s=0.2)
+        try:
+            with pytest.raises(error) as caught:
+                await OPERATIONS[op](store)
+        finally:
+            await store.close()
+    assert type(caught.value) is error
+    # Neither botocore nor aiohttp may resend on their own: a resent conditional create
+    # whose first answer was lost would report 412 for our own write.
+    assert len(server.requests) == requests
+    assert all(path.startswith("/lm-test-bucket") for _, path, _ in server.requests)
+
+
+async def test_conditional_headers_are_sent() -> None:
+    async with ScriptedS3Server((200, "")) as server:
+        async with make_store(server.endpoint_url, "lm-test-bucket", "p") as store:
+            assert await store.put("a", b"1", if_none_match=True) == (
+                '"0123456789abcdef0123456789abcdef"'
+            )
+            await store.put("b", b"2", if_match='"abc"')
+            await store.put("c", b"3")
+    (_, create_path, create), (_, _, swap), (_, _, plain) = server.requests
+    assert create_path == "/lm-test-bucket/p/a"
+    assert create.get("if-none-match") == "*" and "if-match" not in create
+    assert swap.get("if-match") == '"abc"' and "if-none-match" not in swap
+    assert "if-match" not in plain and "if-none-match" not in plain
+
+
+async def test_repeatable_operations_recover_after_transient_failures() -> None:
+    async with ScriptedS3Server((503, "SlowDown"), "close", (200, "")) as server:
+        async with make_store(server.endpoint_url, "lm-test-bucket") as store:
+            assert await store.put("k", b"same body")  # repeated: same body, same object
+    assert [method for method, _, _ in server.requests] == ["PUT"] * 3
+
+
+async def test_a_409_on_a_conditional_create_is_surfaced_not_retried() -> None:
+    async with ScriptedS3Server((409, "ConditionalRequestConflict"), (200, "")) as server:
+        async with make_store(server.endpoint_url, "lm-test-bucket") as store:
+            with pytest.raises(ConditionConflict):
+                await store.put("k", b"x", if_none_match=True)
+            assert await store.put("k", b"x", if_none_match=True)  # the caller's retry
+    assert len(server.requests) == 2
+
+
+# -- configuration ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("s3://my-bucket", ("my-bucket", "")),
+        ("s3://my-bucket/", ("my-bucket", "")),
+        ("s3://my.bucket-1/lm/prod/", ("my.bucket-1", "lm/prod")),
+        ("S3://abc/x", ("abc", "x")),
+        ("s3://" + "a" * 63 + "/p", ("a" * 63, "p")),
+    ],
+)
+def test_parse_s3_url(url: str, expected: tuple[str, str]) -> None:
+    assert parse_s3_url(url) == expected
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "my-bucket/prefix",
+        "file:///var/lib/x",
+        "s3:/my-bucket",
+        "s3://",
+        "s3:///prefix",
+        "s3://ab",
+        "s3://" + "a" * 64,
+        "s3://My-Bucket",
+        "s3://my_bucket",
+        "s3://-bucket",
+        "s3://bucket-",
+        "s3://my..bucket",
+        "s3://my.-bucket",
+        "s3://192.168.1.1",
+        "s3://xn--bucket",
+        "s3://bucket-s3alias",
+        "s3://bucket/a//b",
+        "s3://bucket/a/../b",
+        "s3://bucket/./a",
+        "s3://bucket/p?versionId=1",
+        "s3://bucket/p#frag",
+    ],
+)
+def test_parse_s3_url_refuses(url: str) -> None:
+    with pytest.raises(StoreConfigError):
+        parse_s3_url(url)
+
+
+def test_constructor_validates_and_from_url_parses() -> None:
+    with pytest.raises(StoreConfigError):
+        S3Store(bucket="Bad_Bucket")
+    with pytest.raises(StoreConfigError):
+        S3Store(bucket="good-bucket", prefix="a//b")
+    with pytest.raises(StoreConfigError):
+        S3Store(bucket="good-bucket", credentials=("k", "s"), profile="dev")
+    with pytest.raises(StoreConfigError):
+        S3Store(bucket="good-bucket", read_timeout_s=0)
+    store = S3Store.from_url("s3://good-bucket/lm/prod/", endpoint_url="http://127.0.0.1:1")
+    assert (store.bucket, store.prefix, store.url) == (
+        "good-bucket",
+        "lm/prod",
+        "s3://good-bucket/lm/prod",
+    )
+    assert "s3cr3t-value" not in repr(S3Credentials("key-id", "s3cr3t-value"))
+
+
+async def test_invalid_keys_are_refused_before_any_request() -> None:
+    async with ScriptedS3Server((200, "")) as server:
+        async with make_store(server.endpoint_url, "lm-test-bucket") as store:
+            for key in ["", "/a", "a//b", "a/../b"]:
+                with pytest.raises(ValueError):
+                    await store.put(key, b"x", if_none_match=True)
+                with pytest.raises(ValueError):
+                    await store.get(key)
+            with pytest.raises(ValueError):
+                await store.put("k", b"x", if_none_match=True, if_match='"e"')
+            with pytest.raises(ValueError):
+                await keys_of(store, "/abs")
+    assert server.requests == []
