@@ -9,6 +9,7 @@ naming the key and what is wrong with it.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import uuid
 from dataclasses import dataclass
@@ -190,6 +191,10 @@ def parse_raw_blob_key(key: str) -> str:
     return match.group(3)
 
 
+def raw_blobs_by_time_hour_prefix(hour: UtcHour) -> str:
+    return f"{RAW_BLOBS_BY_TIME_PREFIX}{hour.partition}/"
+
+
 def raw_blob_by_time_key(hour: UtcHour, sha: str) -> str:
     return f"{RAW_BLOBS_BY_TIME_PREFIX}{hour.partition}/sha256={check_sha256(sha)}.json"
 
@@ -296,6 +301,43 @@ def gc_veto_key(sha: str) -> str:
 
 def gc_log_key(hour: UtcHour, sha: str) -> str:
     return f"{GC_LOG_PREFIX}{hour.partition}/{check_sha256(sha)}.json"
+
+
+# --- reconciler ------------------------------------------------------------------------
+
+RECONCILER_LEASE_KEY = f"{RECONCILER_PREFIX}lease.json"
+RECONCILER_CHECKPOINT_KEY = f"{RECONCILER_PREFIX}checkpoint.json"
+RECONCILER_AUDITS_PREFIX = f"{RECONCILER_PREFIX}audits/"
+RECONCILER_PROBLEMS_PREFIX = f"{RECONCILER_PREFIX}problems/"
+RECONCILER_GC_RUNS_PREFIX = f"{RECONCILER_PREFIX}gc-runs/"
+PROBLEM_KINDS = (
+    "missing-blob",
+    "corrupt-blob",
+    "unparseable-manifest",
+    "unparseable-quarantine",
+    "gc-guard",
+)
+
+
+def audit_key(started_at_unix_ns: int, audit_id: str) -> str:
+    """Audits sort by start time: the newest is the last key under the prefix."""
+    if not re.fullmatch(r"[0-9a-f]{8,32}", audit_id):
+        raise KeyFormatError(f"audit_id must be 8..32 hex digits, got {audit_id!r}")
+    return f"{RECONCILER_AUDITS_PREFIX}{started_at_unix_ns:020d}-{audit_id}.json"
+
+
+def problem_key(kind: str, subject_key: str) -> str:
+    """One record per (kind, subject); the subject is the object key the problem is about."""
+    if kind not in PROBLEM_KINDS:
+        raise KeyFormatError(f"problem kind must be one of {PROBLEM_KINDS}, got {kind!r}")
+    digest = hashlib.sha256(subject_key.encode("utf-8")).hexdigest()
+    return f"{RECONCILER_PROBLEMS_PREFIX}{kind}/{digest}.json"
+
+
+def gc_run_key(started_at_unix_ns: int, run_id: str) -> str:
+    if not re.fullmatch(r"[0-9a-f]{8,32}", run_id):
+        raise KeyFormatError(f"gc run_id must be 8..32 hex digits, got {run_id!r}")
+    return f"{RECONCILER_GC_RUNS_PREFIX}{started_at_unix_ns:020d}-{run_id}.json"
 
 
 # --- work markers, probe, rollup --------------------------------------------------------

@@ -238,3 +238,74 @@ class RollupPointer(Record):
     )
     version: int = Field(ge=1)
     manifest_key: str
+
+
+class ReconcilerCheckpoint(Record):
+    """``reconciler/v1/checkpoint.json`` (CAS-updated): how far steady-state discovery got.
+
+    ``next_hour`` is the first ``accepted-by-time`` hour not yet fully scanned; each pass
+    re-scans ``lookback`` before it, so late index writes and skewed clocks are caught.
+    """
+
+    schema_: Literal["lightmetrics.reconciler_checkpoint.v1"] = Field(
+        default="lightmetrics.reconciler_checkpoint.v1", alias="schema"
+    )
+    next_hour: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}T\d{2}$")
+    updated_at_unix_ns: int = NonNegative
+    owner_epoch: int = Field(ge=0)
+
+
+class AuditRecord(Record):
+    """``reconciler/v1/audits/<start>-<id>.json``: one full audit of accepted/ and quarantine/.
+
+    Written when the audit starts (``status = running``), updated with ``cursors`` as it
+    goes (so a crashed audit resumes after the last key it finished), and finally with
+    ``status = completed``. GC trusts only completed audits (PROTOCOL §3.5 rule 5): every
+    manifest that existed when the audit started was seen, and its derived entries
+    (including ``accepted-by-blob``/``quarantine-by-blob``) exist once it completes.
+    """
+
+    schema_: Literal["lightmetrics.audit.v1"] = Field(
+        default="lightmetrics.audit.v1", alias="schema"
+    )
+    audit_id: str = Field(pattern=r"^[0-9a-f]{8,32}$")
+    started_at_unix_ns: int = NonNegative
+    completed_at_unix_ns: int | None = None
+    status: Literal["running", "completed"] = "running"
+    source: Literal["listing", "inventory"] = "listing"
+    owner_epoch: int = Field(ge=0)
+    cursors: dict[str, str] = Field(default_factory=dict)
+    manifests_seen: int = Field(default=0, ge=0)
+    quarantines_seen: int = Field(default=0, ge=0)
+    repaired: dict[str, int] = Field(default_factory=dict)
+    problems: int = Field(default=0, ge=0)
+
+
+class ProblemRecord(Record):
+    """``reconciler/v1/problems/<kind>/<sha256 of subject>.json``: something needs a human."""
+
+    schema_: Literal["lightmetrics.problem.v1"] = Field(
+        default="lightmetrics.problem.v1", alias="schema"
+    )
+    kind: str
+    subject_key: str
+    detail: str
+    first_seen_unix_ns: int = NonNegative
+    last_seen_unix_ns: int = NonNegative
+
+
+class GcRunRecord(Record):
+    """``reconciler/v1/gc-runs/<start>-<id>.json``: what one GC run considered and did."""
+
+    schema_: Literal["lightmetrics.gc_run.v1"] = Field(
+        default="lightmetrics.gc_run.v1", alias="schema"
+    )
+    run_id: str = Field(pattern=r"^[0-9a-f]{8,32}$")
+    started_at_unix_ns: int = NonNegative
+    completed_at_unix_ns: int | None = None
+    dry_run: bool = False
+    candidates: int = Field(default=0, ge=0)
+    marked: int = Field(default=0, ge=0)
+    vetoed: int = Field(default=0, ge=0)
+    deleted: int = Field(default=0, ge=0)
+    refused: str | None = None
