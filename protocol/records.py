@@ -184,6 +184,7 @@ class GcMark(Record):
     marked_at_unix_ns: int = NonNegative
     gc_run_id: str = Field(min_length=1)
     state: Literal["marked", "deleting"] = "marked"
+    deleting_since_unix_ns: int | None = None
 
 
 class GcVeto(Record):

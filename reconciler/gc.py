@@ -1,0 +1,371 @@
+"""Garbage collection of orphan raw blobs: mark, wait, veto, prove, delete (PROTOCOL §3.5).
+
+Only raw blobs are ever deleted; manifests and quarantine records never are. One run:
+
+1. **Finish stale deletions.** A mark left in ``deleting`` by a crashed run (or a delete
+   whose answer was lost) is resolved once ``settle_s`` has passed: if the blob is gone the
+   deletion is logged; either way the mark is removed. The blob is never deleted again
+   here: a collector may have re-created it after the first delete.
+2. **Mark.** Candidates come from ``raw-blobs-by-time/v1/`` hours older than the retry
+   horizon, and, with ``full_listing``, from a listing of ``raw-blobs/v1/`` (finds blobs
+   whose index entry was lost). A candidate older than ``retry_horizon`` (rule 1), with no
+   ``accepted-by-blob``/``quarantine-by-blob`` entry (rule 2) and no veto (rule 4) gets a
+   mark (If-None-Match) recording when (rule 3). Referenced candidates lose their
+   ``raw-blobs-by-time`` entry: a referenced blob can never become an orphan again.
+3. **Prove and delete.** A mark older than ``mark_grace`` is eligible once a full audit
+   that *started after* ``marked_at + mark_grace`` has completed (rule 5); the run performs
+   that audit itself when none exists. Completed audits have restored every manifest's
+   ``accepted-by-blob`` entry, so an empty by-blob prefix proves no reference. The
+   deletion guard refuses the whole run when it would delete more than
+   ``max_delete_fraction`` of all raw blobs. For each blob: the mark goes ``marked`` →
+   ``deleting`` with If-Match, then vetoes and references are checked once more, then the
+   blob is deleted, the deletion logged under ``gc/v1/log/``, and the mark removed.
+
+Why ``deleting``: a collector that finds a mark writes its veto, then re-reads the mark
+(`collector.accept`). If it still reads ``marked``, the veto was written before this
+run's last veto check (which follows the If-Match to ``deleting``), so the blob is kept.
+If it reads ``deleting`` or nothing, the collector waits for the mark to go and re-creates
+the blob. This closes a race PROTOCOL §3.5 leaves open (see `protocol.records.GcMark`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import structlog
+
+from protocol import keys, records
+from protocol.clock import Clock
+from store.base import ObjectInfo, ObjectStore
+from store.errors import NotFound, OutcomeUnknown, PreconditionFailed, Unavailable
+
+log = structlog.get_logger("reconciler.gc")
+NS = 1_000_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class GcPolicy:
+    retry_horizon_s: float
+    mark_grace_s: float
+    max_delete_fraction: float = 0.1
+    settle_s: float = 120.0
+    full_listing: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0 < self.max_delete_fraction <= 1:
+            raise ValueError(
+                f"max_delete_fraction must be in (0, 1], got {self.max_delete_fraction}"
+            )
+        if self.retry_horizon_s <= 0 or self.mark_grace_s <= 0 or self.settle_s < 0:
+            raise ValueError("retry_horizon_s and mark_grace_s must be > 0, settle_s >= 0")
+
+
+class GcRefused(Exception):
+    """The deletion guard refused the run; nothing was deleted. Investigate before retrying."""
+
+
+@dataclass
+class GcOutcome:
+    record: records.GcRunRecord
+    would_delete: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+
+
+AuditRunner = Callable[[], Awaitable[records.AuditRecord]]
+LatestAudit = Callable[[], Awaitable[records.AuditRecord | None]]
+Fence = Callable[[], Awaitable[None]]
+
+
+class GarbageCollector:
+    def __init__(
+        self,
+        *,
+        store: ObjectStore,
+        clock: Clock,
+        policy: GcPolicy,
+        run_audit: AuditRunner,
+        latest_audit: LatestAudit,
+        fence: Fence,
+        delete_store: ObjectStore | None = None,
+        observe: Callable[[str, int], None] | None = None,
+    ) -> None:
+        self._store = store
+        self._delete_store = delete_store or store
+        self._clock = clock
+        self._policy = policy
+        self._run_audit = run_audit
+        self._latest_audit = latest_audit
+        self._fence = fence
+        self._observe = observe or (lambda _event, _count: None)
+
+    async def run(self, *, dry_run: bool = False) -> GcOutcome:
+        """One GC run. Raises `GcRefused` when the deletion guard trips."""
+        started = self._clock.now_ns()
+        run = records.GcRunRecord(
+            run_id=uuid.uuid4().hex[:16], started_at_unix_ns=started, dry_run=dry_run
+        )
+        outcome = GcOutcome(run)
+        run_key = keys.gc_run_key(started, run.run_id)
+        if not dry_run:
+            await self._fence()
+            await self._store.put(run_key, run.to_json())
+            await self._finish_stale_deletions()
+        counts = await self._mark_candidates(dry_run)
+        try:
+            await self._delete_proven(dry_run, outcome)
+        except GcRefused as exc:
+            outcome.record = run.model_copy(
+                update={**counts, "refused": str(exc), "completed_at_unix_ns": self._clock.now_ns()}
+            )
+            if not dry_run:
+                await self._store.put(run_key, outcome.record.to_json())
+            raise
+        outcome.record = run.model_copy(
+            update={
+                **counts,
+                "deleted": len(outcome.deleted),
+                "completed_at_unix_ns": self._clock.now_ns(),
+            }
+        )
+        if not dry_run:
+            await self._store.put(run_key, outcome.record.to_json())
+        log.info(
+            "gc_run_finished",
+            **outcome.record.model_dump(exclude={"schema_"}),
+            would_delete=len(outcome.would_delete),
+        )
+        return outcome
+
+    # --- 1. stale deletions ------------------------------------------------------------------
+
+    async def _finish_stale_deletions(self) -> None:
+        now = self._clock.now_ns()
+        async for info in self._store.list(keys.GC_MARKS_PREFIX):
+            mark, etag = await self._read_mark(info.key)
+            if mark is None or mark.state != "deleting":
+                continue
+            since = mark.deleting_since_unix_ns or mark.marked_at_unix_ns
+            if since + int(self._policy.settle_s * NS) > now:
+                continue
+            if not await self._exists(mark.raw_blob_key):
+                await self._log_deletion(mark, blob_last_modified_ns=0, audit_started=0)
+            await self._fence()
+            await self._delete_mark_if_unchanged(info.key, etag)
+
+    # --- 2. mark ------------------------------------------------------------------------------
+
+    async def _mark_candidates(self, dry_run: bool) -> dict[str, int]:
+        horizon_ns = self._clock.now_ns() - int(self._policy.retry_horizon_s * NS)
+        seen: set[str] = set()
+        counts = {"candidates": 0, "marked": 0, "vetoed": 0}
+        async for info in self._store.list(keys.RAW_BLOBS_BY_TIME_PREFIX):
+            hour, sha = keys.parse_raw_blob_by_time_key(info.key)
+            if hour.next().start_ns > horizon_ns:
+                break  # keys sort by hour: everything after is younger still
+            if sha not in seen:
+                seen.add(sha)
+                await self._consider(sha, horizon_ns, info.key, dry_run, counts)
+        if self._policy.full_listing:
+            async for info in self._store.list(keys.RAW_BLOBS_PREFIX):
+                sha = keys.parse_raw_blob_key(info.key)
+                if sha not in seen and info.last_modified_ns <= horizon_ns:
+                    seen.add(sha)
+                    await self._consider(sha, horizon_ns, None, dry_run, counts)
+        self._observe("candidates", counts["candidates"])
+        self._observe("marks", counts["marked"])
+        self._observe("vetoes", counts["vetoed"])
+        return counts
+
+    async def _consider(
+        self,
+        sha: str,
+        horizon_ns: int,
+        index_key: str | None,
+        dry_run: bool,
+        counts: dict[str, int],
+    ) -> None:
+        blob = await self._head(keys.raw_blob_key(sha))
+        if blob is None or await self._referenced(sha):
+            if index_key is not None and not dry_run:
+                await self._fence()
+                await self._store.delete(index_key)  # resolved: gone, or referenced for good
+            return
+        if blob.last_modified_ns > horizon_ns:
+            return
+        counts["candidates"] += 1
+        if await self._exists(keys.gc_veto_key(sha)):
+            counts["vetoed"] += 1
+            return
+        if await self._exists(keys.gc_mark_key(sha)) or dry_run:
+            return
+        mark = records.GcMark(
+            frame_sha256=sha,
+            raw_blob_key=keys.raw_blob_key(sha),
+            marked_at_unix_ns=self._clock.now_ns(),
+            gc_run_id="gc",
+        )
+        await self._fence()
+        try:
+            await self._store.put(keys.gc_mark_key(sha), mark.to_json(), if_none_match=True)
+            counts["marked"] += 1
+        except PreconditionFailed:
+            pass
+
+    # --- 3. prove and delete -------------------------------------------------------------------
+
+    async def _delete_proven(self, dry_run: bool, outcome: GcOutcome) -> None:
+        now = self._clock.now_ns()
+        grace_ns = int(self._policy.mark_grace_s * NS)
+        eligible: list[tuple[str, records.GcMark]] = []
+        async for info in self._store.list(keys.GC_MARKS_PREFIX):
+            mark, _ = await self._read_mark(info.key)
+            if (
+                mark is not None
+                and mark.state == "marked"
+                and mark.marked_at_unix_ns + grace_ns <= now
+            ):
+                eligible.append((info.key, mark))
+        if not eligible:
+            return
+        audit = await self._latest_audit()
+        newest_needed = max(m.marked_at_unix_ns for _, m in eligible) + grace_ns
+        if (audit is None or audit.started_at_unix_ns <= newest_needed) and not dry_run:
+            log.info("gc_audit_needed", eligible_marks=len(eligible))
+            audit = await self._run_audit()
+        if audit is None or audit.status != "completed":
+            return
+        proven: list[tuple[str, records.GcMark, int]] = []
+        for mark_key, mark in eligible:
+            if audit.started_at_unix_ns <= mark.marked_at_unix_ns + grace_ns:
+                continue  # rule 5: the audit must have started after mark + grace
+            blob = await self._head(mark.raw_blob_key)
+            if (
+                blob is None
+                or await self._referenced(mark.frame_sha256)
+                or await self._exists(keys.gc_veto_key(mark.frame_sha256))
+            ):
+                if not dry_run:
+                    await self._fence()
+                    await self._store.delete(mark_key)  # withdrawn: gone, referenced or vetoed
+                continue
+            proven.append((mark_key, mark, blob.last_modified_ns))
+        outcome.would_delete = [m.frame_sha256 for _, m, _ in proven]
+        if proven:
+            await self._guard(len(proven))
+        if dry_run:
+            return
+        for mark_key, mark, last_modified_ns in proven:
+            if await self._delete_one(mark_key, mark, last_modified_ns, audit.started_at_unix_ns):
+                outcome.deleted.append(mark.frame_sha256)
+        self._observe("deletions", len(outcome.deleted))
+
+    async def _guard(self, planned: int) -> None:
+        total = 0
+        async for _ in self._store.list(keys.RAW_BLOBS_PREFIX):
+            total += 1
+        if planned > self._policy.max_delete_fraction * total:
+            detail = (
+                f"would delete {planned} of {total} raw blobs, more than gc.max_delete_fraction = "
+                f"{self._policy.max_delete_fraction}; nothing was deleted"
+            )
+            log.error("gc_deletion_guard", planned=planned, total=total)
+            problem = records.ProblemRecord(
+                kind="gc-guard",
+                subject_key=keys.RAW_BLOBS_PREFIX,
+                detail=detail,
+                first_seen_unix_ns=self._clock.now_ns(),
+                last_seen_unix_ns=self._clock.now_ns(),
+            )
+            await self._store.put(
+                keys.problem_key("gc-guard", keys.RAW_BLOBS_PREFIX), problem.to_json()
+            )
+            self._observe("guard_refusals", 1)
+            raise GcRefused(detail)
+
+    async def _delete_one(
+        self, mark_key: str, mark: records.GcMark, last_modified_ns: int, audit_started: int
+    ) -> bool:
+        await self._fence()
+        current, etag = await self._read_mark(mark_key)
+        if current is None or current.state != "marked" or etag is None:
+            return False
+        deleting = current.model_copy(
+            update={"state": "deleting", "deleting_since_unix_ns": self._clock.now_ns()}
+        )
+        try:
+            await self._store.put(mark_key, deleting.to_json(), if_match=etag)
+        except (PreconditionFailed, OutcomeUnknown):
+            return False  # changed under us, or unknown: the stale-deletion pass resolves it
+        sha = mark.frame_sha256
+        # The last checks come after "deleting" is visible: see the module docstring.
+        if await self._exists(keys.gc_veto_key(sha)) or await self._referenced(sha):
+            self._observe("vetoes", 1)
+            await self._store.delete(mark_key)
+            return False
+        try:
+            await self._delete_store.delete(mark.raw_blob_key)
+        except Unavailable as exc:
+            log.warning("gc_delete_unsettled", key=mark.raw_blob_key, error=str(exc))
+            return False  # the mark stays "deleting"; the stale-deletion pass settles it
+        await self._log_deletion(
+            deleting, blob_last_modified_ns=last_modified_ns, audit_started=audit_started
+        )
+        await self._store.delete(mark_key)
+        return True
+
+    # --- small reads and writes ------------------------------------------------------------
+
+    async def _log_deletion(
+        self, mark: records.GcMark, *, blob_last_modified_ns: int, audit_started: int
+    ) -> None:
+        now = self._clock.now_ns()
+        entry = records.GcLogEntry(
+            frame_sha256=mark.frame_sha256,
+            raw_blob_key=mark.raw_blob_key,
+            blob_last_modified_ns=blob_last_modified_ns,
+            marked_at_unix_ns=mark.marked_at_unix_ns,
+            audit_started_at_unix_ns=audit_started,
+            deleted_at_unix_ns=now,
+            gc_run_id=mark.gc_run_id,
+        )
+        try:
+            await self._store.put(
+                keys.gc_log_key(keys.UtcHour.from_unix_ns(now), mark.frame_sha256),
+                entry.to_json(),
+                if_none_match=True,
+            )
+        except PreconditionFailed:
+            pass
+
+    async def _read_mark(self, key: str) -> tuple[records.GcMark | None, str | None]:
+        try:
+            body, etag = await self._store.get(key)
+        except NotFound:
+            return None, None
+        try:
+            return records.GcMark.from_json(body), etag
+        except records.RecordError as exc:
+            log.error("gc_mark_unreadable", key=key, error=str(exc))
+            return None, None
+
+    async def _delete_mark_if_unchanged(self, key: str, etag: str | None) -> None:
+        current, current_etag = await self._read_mark(key)
+        if current is not None and current_etag == etag:
+            await self._store.delete(key)
+
+    async def _head(self, key: str) -> ObjectInfo | None:
+        try:
+            return await self._store.head(key)
+        except NotFound:
+            return None
+
+    async def _exists(self, key: str) -> bool:
+        return await self._head(key) is not None
+
+    async def _referenced(self, sha: str) -> bool:
+        for prefix in (keys.accepted_by_blob_prefix(sha), keys.quarantine_by_blob_prefix(sha)):
+            async for _ in self._store.list(prefix):
+                return True
+        return False

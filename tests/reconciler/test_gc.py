@@ -1,0 +1,364 @@
+"""GC deletes only what is provably garbage (PROTOCOL §3.5), driven by an injected clock."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+import uuid
+from dataclasses import dataclass
+
+import pytest
+
+from collector.accept import Accepted, BatchAcceptor
+from collector.derived import DerivedWriter
+from protocol import keys, records
+from protocol.clock import ManualClock, SystemClock
+from reconciler.gc import GarbageCollector, GcPolicy, GcRefused
+from store.base import ObjectStore
+from store.errors import NotFound
+from store.memory import MemoryStore
+from store.retry import Backoff
+
+HOUR_S = 3600.0
+POLICY = GcPolicy(
+    retry_horizon_s=2 * HOUR_S, mark_grace_s=600.0, max_delete_fraction=1.0, settle_s=60.0
+)
+BOOT = uuid.UUID("5f0c7a3e-1d2b-4c3a-9e8f-0123456789ab")
+
+
+@dataclass(frozen=True)
+class Header:
+    agent_id: str
+    boot_id: uuid.UUID
+    seq_start: int
+    seq_end: int
+    record_count: int
+
+
+def frame_bytes(n: int) -> bytes:
+    return f"LMB1 test frame {n}".encode() * 8
+
+
+def sha(body: bytes) -> str:
+    return hashlib.sha256(body).hexdigest()
+
+
+class Audits:
+    """A stand-in for the full audit with the property GC relies on: when it completes,
+    every manifest and quarantine record has its by-blob entry."""
+
+    def __init__(self, store: ObjectStore, clock: ManualClock) -> None:
+        self.store = store
+        self.clock = clock
+        self.latest: records.AuditRecord | None = None
+        self.runs = 0
+
+    async def run(self) -> records.AuditRecord:
+        started = self.clock.now_ns()
+        self.runs += 1
+        async for info in self.store.list(keys.ACCEPTED_PREFIX):
+            manifest = records.AcceptedManifest.from_json((await self.store.get(info.key))[0])
+            entry = records.IndexEntry(
+                kind="accepted-by-blob",
+                source_key=info.key,
+                frame_sha256=manifest.frame_sha256,
+                indexed_time_unix_ns=started,
+            )
+            await self.store.put(
+                keys.accepted_by_blob_key(manifest.frame_sha256, manifest.identity), entry.to_json()
+            )
+        async for info in self.store.list(keys.QUARANTINE_PREFIX):
+            conflict = records.IdentityConflict.from_json((await self.store.get(info.key))[0])
+            entry = records.IndexEntry(
+                kind="quarantine-by-blob",
+                source_key=info.key,
+                frame_sha256=conflict.submitted_frame_sha256,
+                indexed_time_unix_ns=started,
+            )
+            await self.store.put(
+                keys.quarantine_by_blob_key(conflict.submitted_frame_sha256, conflict.identity),
+                entry.to_json(),
+            )
+        self.latest = records.AuditRecord(
+            audit_id=uuid.uuid4().hex[:16],
+            started_at_unix_ns=started,
+            completed_at_unix_ns=self.clock.now_ns(),
+            status="completed",
+            owner_epoch=1,
+        )
+        return self.latest
+
+    async def newest(self) -> records.AuditRecord | None:
+        return self.latest
+
+
+class World:
+    def __init__(self, policy: GcPolicy = POLICY) -> None:
+        self.clock = ManualClock()
+        self.store = MemoryStore(clock=self.clock)
+        self.audits = Audits(self.store, self.clock)
+        self.fenced = 0
+        self.events: dict[str, int] = {}
+        self.gc = GarbageCollector(
+            store=self.store,
+            clock=self.clock,
+            policy=policy,
+            run_audit=self.audits.run,
+            latest_audit=self.audits.newest,
+            fence=self.fence,
+            observe=lambda event, n: self.events.__setitem__(event, self.events.get(event, 0) + n),
+        )
+
+    async def fence(self) -> None:
+        self.fenced += 1
+
+    async def orphan(self, body: bytes, *, indexed: bool = True) -> str:
+        digest = sha(body)
+        await self.store.put(keys.raw_blob_key(digest), body)
+        if indexed:
+            entry = records.IndexEntry(
+                kind="raw-blobs-by-time",
+                source_key=keys.raw_blob_key(digest),
+                frame_sha256=digest,
+                indexed_time_unix_ns=self.clock.now_ns(),
+            )
+            await self.store.put(
+                keys.raw_blob_by_time_key(keys.UtcHour.from_unix_ns(self.clock.now_ns()), digest),
+                entry.to_json(),
+            )
+        return digest
+
+    async def accept(self, body: bytes, seq: int, *, clock: object = None) -> Accepted:
+        acceptor = BatchAcceptor(
+            store=self.store,
+            collector_id="collector-t",
+            clock=clock or self.clock,  # type: ignore[arg-type]
+            rng=random.Random(seq),
+            derived=DerivedWriter(
+                store=self.store, clock=self.clock, rng=random.Random(0), max_queued=100
+            ),
+            backoff=Backoff(attempts=200, base_s=0.001, cap_s=0.005),
+        )
+        result = await acceptor.accept(Header("agent-a", BOOT, seq, seq, 1), body, sha(body))
+        assert isinstance(result, Accepted)
+        return result
+
+    async def exists(self, key: str) -> bool:
+        try:
+            await self.store.head(key)
+        except NotFound:
+            return False
+        return True
+
+    async def keys_under(self, prefix: str) -> list[str]:
+        return [info.key async for info in self.store.list(prefix)]
+
+
+async def test_orphan_is_marked_then_deleted_only_after_grace_and_a_later_audit() -> None:
+    world = World()
+    digest = await world.orphan(frame_bytes(1))
+    world.clock.advance(3 * HOUR_S)
+    first = await world.gc.run()
+    assert first.record.marked == 1 and first.deleted == []
+    assert await world.exists(keys.gc_mark_key(digest))
+    world.clock.advance(POLICY.mark_grace_s - 1)
+    assert (await world.gc.run()).deleted == []  # grace not over yet
+    assert await world.exists(keys.raw_blob_key(digest))
+    world.clock.advance(2)
+    second = await world.gc.run()
+    assert second.deleted == [digest]
+    assert world.audits.runs == 1  # it ran its own audit, started after mark + grace
+    assert not await world.exists(keys.raw_blob_key(digest))
+    assert not await world.exists(keys.gc_mark_key(digest))
+    log_keys = await world.keys_under(keys.GC_LOG_PREFIX)
+    assert len(log_keys) == 1
+    entry = records.GcLogEntry.from_json((await world.store.get(log_keys[0]))[0])
+    assert entry.frame_sha256 == digest and entry.audit_started_at_unix_ns > entry.marked_at_unix_ns
+    assert world.fenced > 0
+    assert world.events["deletions"] == 1
+
+
+async def test_referenced_blob_is_never_marked() -> None:
+    world = World()
+    accepted = await world.accept(frame_bytes(2), seq=1)
+    await world.audits.run()  # by-blob entries exist
+    world.clock.advance(3 * HOUR_S)
+    for _ in range(3):
+        await world.gc.run()
+        world.clock.advance(POLICY.mark_grace_s + 1)
+    assert await world.exists(accepted.manifest.raw_blob_key)
+    assert await world.keys_under(keys.GC_MARKS_PREFIX) == []
+
+
+async def test_blob_whose_by_blob_entry_was_lost_is_marked_but_never_deleted() -> None:
+    world = World()
+    accepted = await world.accept(frame_bytes(3), seq=1)  # derived entries never written
+    world.clock.advance(3 * HOUR_S)
+    marked = await world.gc.run()
+    assert marked.record.marked == 1  # looks like an orphan: no by-blob entry
+    world.clock.advance(POLICY.mark_grace_s + 1)
+    second = await world.gc.run()
+    assert second.deleted == [] and second.would_delete == []
+    assert await world.exists(accepted.manifest.raw_blob_key)  # the audit found the manifest
+    assert await world.keys_under(keys.GC_MARKS_PREFIX) == []  # the mark was withdrawn
+
+
+async def test_young_blobs_are_left_alone() -> None:
+    world = World()
+    digest = await world.orphan(frame_bytes(4))
+    world.clock.advance(POLICY.retry_horizon_s / 2)
+    assert (await world.gc.run()).record.candidates == 0
+    assert not await world.exists(keys.gc_mark_key(digest))
+
+
+async def test_quarantined_blob_is_kept() -> None:
+    world = World()
+    await world.accept(frame_bytes(5), seq=9)
+    acceptor_other = frame_bytes(6)
+    conflict_result = await BatchAcceptor(
+        store=world.store,
+        collector_id="c",
+        clock=world.clock,
+        rng=random.Random(1),
+        derived=DerivedWriter(store=world.store, clock=world.clock, rng=random.Random(0)),
+    ).accept(Header("agent-a", BOOT, 9, 9, 1), acceptor_other, sha(acceptor_other))
+    assert not isinstance(conflict_result, Accepted)
+    world.clock.advance(3 * HOUR_S)
+    await world.gc.run()
+    world.clock.advance(POLICY.mark_grace_s + 1)
+    await world.gc.run()
+    assert await world.exists(keys.raw_blob_key(sha(acceptor_other)))
+
+
+async def test_resending_old_content_during_gc_vetoes_the_deletion() -> None:
+    world = World()
+    body = frame_bytes(7)
+    digest = await world.orphan(body)  # a collector wrote the blob, then crashed
+    world.clock.advance(3 * HOUR_S)
+    await world.gc.run()
+    assert await world.exists(keys.gc_mark_key(digest))
+    accepted = await world.accept(body, seq=5)  # the agent re-sends the identical frame
+    assert await world.exists(keys.gc_veto_key(digest))
+    world.clock.advance(POLICY.mark_grace_s + 1)
+    outcome = await world.gc.run()
+    assert outcome.deleted == []
+    assert (await world.store.get(accepted.manifest.raw_blob_key))[0] == body
+
+
+class RaceStore(MemoryStore):
+    """Runs a callback at one point of the GC's deletion: right after the mark turns
+    "deleting" (``after_cas``), or just before the blob itself is deleted (``before_delete``)."""
+
+    trigger: str = ""
+    callback: object = None
+
+    async def _fire(self, point: str) -> None:
+        if self.trigger == point and self.callback is not None:
+            callback, self.callback = self.callback, None
+            await callback()  # type: ignore[operator]
+
+    async def put(
+        self, key: str, body: bytes, *, if_none_match: bool = False, if_match: str | None = None
+    ) -> str:
+        etag = await super().put(key, body, if_none_match=if_none_match, if_match=if_match)
+        if key.startswith(keys.GC_MARKS_PREFIX) and b'"deleting"' in body:
+            await self._fire("after_cas")
+        return etag
+
+    async def delete(self, key: str) -> None:
+        if key.startswith(keys.RAW_BLOBS_PREFIX):
+            await self._fire("before_delete")
+        await super().delete(key)
+
+
+@pytest.mark.parametrize(("trigger", "gc_deletes"), [("after_cas", False), ("before_delete", True)])
+async def test_resend_racing_the_deletion_never_acknowledges_a_deleted_blob(
+    trigger: str, gc_deletes: bool
+) -> None:
+    world = World()
+    store = RaceStore(clock=world.clock)
+    world.store = world.audits.store = world.gc._store = world.gc._delete_store = store
+    body = frame_bytes(8)
+    digest = await world.orphan(body)
+    world.clock.advance(3 * HOUR_S)
+    await world.gc.run()
+    world.clock.advance(POLICY.mark_grace_s + 1)
+    pending: list[asyncio.Task[Accepted]] = []
+
+    async def resend() -> None:
+        # The collector's request arrives while the deletion is under way; let it run
+        # until it blocks on the store (it waits for the mark to go).
+        pending.append(asyncio.create_task(world.accept(body, seq=6, clock=SystemClock())))
+        await asyncio.sleep(0.05)
+
+    store.trigger, store.callback = trigger, resend
+    outcome = await world.gc.run()
+    accepted = await pending[0]
+    # after_cas: the veto lands before the GC's last check, so it backs off.
+    # before_delete: the GC deletes, and the collector re-creates the blob before answering.
+    assert outcome.deleted == ([digest] if gc_deletes else [])
+    assert (await world.store.get(accepted.manifest.raw_blob_key))[0] == body
+    assert await world.exists(accepted.manifest.manifest_key)
+    assert await world.exists(keys.gc_veto_key(digest))
+
+
+async def test_deletion_guard_refuses_the_whole_run() -> None:
+    world = World(GcPolicy(retry_horizon_s=2 * HOUR_S, mark_grace_s=600.0, max_delete_fraction=0.5))
+    orphans = [await world.orphan(frame_bytes(10 + i)) for i in range(3)]
+    await world.accept(frame_bytes(20), seq=1)
+    world.clock.advance(3 * HOUR_S)
+    await world.gc.run()
+    world.clock.advance(POLICY.mark_grace_s + 1)
+    with pytest.raises(GcRefused, match="would delete 3 of 4 raw blobs"):
+        await world.gc.run()
+    for digest in orphans:
+        assert await world.exists(keys.raw_blob_key(digest))
+    assert await world.exists(keys.problem_key("gc-guard", keys.RAW_BLOBS_PREFIX))
+    runs = await world.keys_under(keys.RECONCILER_GC_RUNS_PREFIX)
+    assert "would delete 3 of 4" in (
+        records.GcRunRecord.from_json((await world.store.get(runs[-1]))[0]).refused or ""
+    )
+
+
+async def test_dry_run_writes_nothing_and_reports() -> None:
+    world = World()
+    digest = await world.orphan(frame_bytes(30))
+    world.clock.advance(3 * HOUR_S)
+    await world.gc.run()
+    world.clock.advance(POLICY.mark_grace_s + 1)
+    await world.audits.run()
+    before = {i.key: i.etag for i in [info async for info in world.store.list("")]}
+    outcome = await world.gc.run(dry_run=True)
+    after = {i.key: i.etag for i in [info async for info in world.store.list("")]}
+    assert before == after
+    assert outcome.would_delete == [digest] and outcome.deleted == []
+
+
+async def test_blob_without_index_entry_is_found_by_the_full_listing() -> None:
+    world = World()
+    digest = await world.orphan(frame_bytes(40), indexed=False)
+    world.clock.advance(3 * HOUR_S)
+    await world.gc.run()
+    world.clock.advance(POLICY.mark_grace_s + 1)
+    assert (await world.gc.run()).deleted == [digest]
+
+
+async def test_stale_deleting_mark_is_settled_without_deleting_again() -> None:
+    world = World()
+    body = frame_bytes(50)
+    digest = sha(body)
+    await world.store.put(keys.raw_blob_key(digest), body)  # re-created by a collector
+    mark = records.GcMark(
+        frame_sha256=digest,
+        raw_blob_key=keys.raw_blob_key(digest),
+        marked_at_unix_ns=world.clock.now_ns(),
+        gc_run_id="old",
+        state="deleting",
+        deleting_since_unix_ns=world.clock.now_ns(),
+    )
+    await world.store.put(keys.gc_mark_key(digest), mark.to_json())
+    world.clock.advance(POLICY.settle_s + 1)
+    await world.gc.run()
+    assert await world.exists(keys.raw_blob_key(digest))
+    assert not await world.exists(keys.gc_mark_key(digest))
