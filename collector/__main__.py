@@ -15,7 +15,7 @@ from pathlib import Path
 from config import Settings, SettingsError, configure_logging, generate_token, load_settings
 from protocol import keys, records
 from protocol.clock import SystemClock
-from store.errors import StoreError
+from store.errors import StoreConfigError, StoreError
 from store.open import open_store_from_settings
 
 from .probe import ProbeFailed, probe_conditional_writes
@@ -75,8 +75,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "probe":
             return asyncio.run(_probe(settings))
         return asyncio.run(_conflicts(settings, args.agent_id, args.limit))
-    except StartupError as exc:
+    except (StartupError, SettingsError) as exc:
         print(f"lm-collector: refusing to start: {exc}", file=sys.stderr)
+        return 2
+    except StoreConfigError as exc:
+        print(
+            f"lm-collector: the object store refuses us (credentials, policy or bucket?): {exc}",
+            file=sys.stderr,
+        )
         return 2
     except ProbeFailed as exc:
         print(f"lm-collector: conditional-write probe failed: {exc}", file=sys.stderr)

@@ -29,9 +29,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from config.tokens import Principal
 from protocol import keys, records
-from protocol.frame import FrameError, decode_frame
+from protocol.frame import FrameError, decode_frame, decode_header
 from store.base import ObjectStore
-from store.errors import StoreError
+from store.errors import StoreConfigError, StoreError
 
 from .accept import AcceptanceUnavailable, Accepted, BatchAcceptor
 from .auth import Authenticator
@@ -52,7 +52,7 @@ class HttpLimits:
     max_frame_bytes: int = 8 * 1024 * 1024
     max_raw_bytes: int = 64 * 1024 * 1024
     max_in_flight_requests: int = 256
-    max_in_flight_bytes: int = 512 * 1024 * 1024
+    max_in_flight_bytes: int = 64 * 1024 * 1024
     read_timeout_s: float = 30.0
     retry_after_s: int = 1
 
@@ -186,6 +186,23 @@ class CollectorApp:
         except TimeoutError:
             return error_response(408, "request_timeout"), "request_timeout", {}
         try:
+            header = decode_header(body)
+        except FrameError as exc:
+            return error_response(400, "invalid_frame", detail=str(exc)), "invalid_frame", {}
+        # Decompressed payloads count against the in-flight cap too: memory stays bounded.
+        inflated = header.payload_raw_len if header.compressed else 0
+        if self._in_flight_bytes + inflated > self.limits.max_in_flight_bytes:
+            return self._overloaded(), "overloaded", {}
+        self._reserve(0, inflated)
+        try:
+            return await self._decode_and_accept(body, principal)
+        finally:
+            self._reserve(0, -inflated)
+
+    async def _decode_and_accept(
+        self, body: bytes, principal: Principal
+    ) -> tuple[web.Response, str, dict[str, Any]]:
+        try:
             if len(body) > OFFLOAD_DECODE_BYTES:
                 frame = await asyncio.to_thread(
                     decode_frame, body, max_raw_bytes=self.limits.max_raw_bytes
@@ -206,8 +223,11 @@ class CollectorApp:
         context["frame_sha256"] = sha
         try:
             result = await self.acceptor.accept(frame, body, sha)
-        except AcceptanceUnavailable as exc:
-            log.warning("store_unavailable", error=str(exc), **context)
+        except (AcceptanceUnavailable, StoreConfigError) as exc:
+            if isinstance(exc, StoreConfigError):  # e.g. 403: credentials or bucket policy
+                log.error("store_refuses_access", error=str(exc), **context)
+            else:
+                log.warning("store_unavailable", error=str(exc), **context)
             headers = {"Retry-After": str(self.limits.retry_after_s)}
             return error_response(503, "store_unavailable", headers), "store_unavailable", context
         self.readiness.store_answered()
@@ -295,7 +315,7 @@ class CollectorApp:
                 conflicts.append(
                     {**conflict.model_dump(mode="json", by_alias=True), "quarantine_key": info.key}
                 )
-        except StoreError as exc:
+        except (StoreError, StoreConfigError) as exc:
             log.warning("conflicts_listing_failed", error=str(exc))
             return error_response(
                 503, "store_unavailable", {"Retry-After": str(self.limits.retry_after_s)}

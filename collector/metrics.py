@@ -3,6 +3,8 @@
 With ``--workers N`` every worker process has its own registry: scrape each worker on its
 own metrics port (``[metrics] port`` + worker index), or read ``/metrics`` on the shared
 port, which reports the worker that happened to answer (named in ``X-Lightmetrics-Worker``).
+``/metrics`` on the HTTP port is always served; ``[metrics] enabled = false`` only turns
+off the per-worker metrics listeners.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ A background loop asks the store a cheap question (HEAD of a key that need not e
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -14,7 +15,7 @@ import structlog
 from protocol import keys
 from protocol.clock import Clock
 from store.base import ObjectStore
-from store.errors import NotFound, StoreError
+from store.errors import NotFound, StoreConfigError, StoreError
 
 log = structlog.get_logger(__name__)
 READINESS_KEY = keys.probe_key("readiness")
@@ -22,7 +23,13 @@ READINESS_KEY = keys.probe_key("readiness")
 
 class Readiness:
     def __init__(
-        self, *, store: ObjectStore, clock: Clock, window_s: float = 15.0, interval_s: float = 5.0
+        self,
+        *,
+        store: ObjectStore,
+        clock: Clock,
+        window_s: float = 15.0,
+        interval_s: float = 5.0,
+        on_answer: Callable[[], None] | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
@@ -30,9 +37,11 @@ class Readiness:
         self._interval_s = interval_s
         self._last_answer: float | None = None
         self.probe_passed = False
+        self._on_answer = on_answer or (lambda: None)
 
     def store_answered(self) -> None:
         self._last_answer = self._clock.monotonic()
+        self._on_answer()
 
     def state(self) -> dict[str, Any]:
         age = None if self._last_answer is None else self._clock.monotonic() - self._last_answer
@@ -51,6 +60,9 @@ class Readiness:
             pass
         except (StoreError, TimeoutError) as exc:
             log.warning("store_not_answering", error=repr(exc))
+            return False
+        except StoreConfigError as exc:  # e.g. 403: credentials or bucket policy
+            log.error("store_refuses_access", error=str(exc))
             return False
         self.store_answered()
         return True

@@ -13,10 +13,12 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing
+import multiprocessing.connection
 import os
 import random
 import signal
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +55,8 @@ def check_startup(settings: Settings, workers: int) -> None:
             "is configured: refusing to accept unauthenticated batches from the network. "
             "Configure auth.tokens_file, or bind 127.0.0.1."
         )
+    if settings.auth.tokens_file is not None:
+        load_tokens(settings.auth.tokens_file)  # a bad tokens file stops start-up here, exit 2
     if settings.ingest.acceptance == "local_spool":
         raise StartupError(
             "ingest.acceptance = 'local_spool' is not implemented in this version; "
@@ -101,7 +105,11 @@ class Worker:
             budget_s=s.ingest.request_budget_s,
             observe_store_op=self.metrics.observe_store_op,
         )
-        self.readiness = Readiness(store=self.store, clock=clock)
+        self.readiness = Readiness(
+            store=self.store,
+            clock=clock,
+            on_answer=lambda: self.metrics.store_last_ok.set(time.time()),
+        )
         self.readiness.probe_passed = self.probe_passed
         tokens = load_tokens(s.auth.tokens_file) if s.auth.tokens_file else None
         self.app = CollectorApp(
@@ -160,11 +168,12 @@ class Worker:
             )
         await stop.wait()
         log.info("collector_stopping", worker=self.index, grace_s=s.http.shutdown_grace_s)
+        deadline = time.monotonic() + s.http.shutdown_grace_s
         await runner.cleanup()  # stops listening, waits for in-flight requests up to the grace
         if metrics_runner is not None:
             await metrics_runner.cleanup()
         readiness_task.cancel()
-        await self.derived.stop(s.http.shutdown_grace_s)
+        await self.derived.stop(max(1.0, deadline - time.monotonic()))
         await self.store.close()
         log.info(
             "collector_stopped",
@@ -224,7 +233,10 @@ def serve(
 ) -> int:
     """Run the collector until stopped; returns the process exit code."""
     check_startup(settings, workers)
-    _run_event_loop(run_probe(settings))
+    if settings.ingest.probe_on_start:
+        _run_event_loop(run_probe(settings))
+    else:
+        log.warning("probe_skipped", reason="ingest.probe_on_start = false")
     if workers == 1:
         _run_event_loop(Worker(settings).run(reuse_port=False, ready_file=ready_file))
         return 0
@@ -258,22 +270,25 @@ def _supervise(
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     exit_code = 0
-    for process in processes:
-        while process.is_alive():
-            process.join(timeout=0.5)
-            if not stopping and process.exitcode is not None:
-                break
-        if process.exitcode not in (0, None) and not stopping:
+    # Watch every worker: one that dies takes the group down so the service manager
+    # restarts it whole (a collector silently running on fewer workers helps nobody).
+    while not stopping and all(process.is_alive() for process in processes):
+        multiprocessing.connection.wait([process.sentinel for process in processes], timeout=1.0)
+    if not stopping:
+        dead = [p for p in processes if not p.is_alive()]
+        for process in dead:
             log.error("worker_died", worker=process.name, exitcode=process.exitcode)
-            exit_code = 1
-            forward(signal.SIGTERM, None)
-    grace = settings.http.shutdown_grace_s + 5.0
+        exit_code = 1
+        forward(signal.SIGTERM, None)
+    deadline = time.monotonic() + settings.http.shutdown_grace_s + 5.0
     for process in processes:
-        process.join(timeout=grace)
+        process.join(timeout=max(0.0, deadline - time.monotonic()))
         if process.is_alive() and process.pid is not None:
             log.error("worker_killed_after_grace", worker=process.name)
             os.kill(process.pid, signal.SIGKILL)
             process.join()
+        elif process.exitcode not in (0, None) and exit_code == 0:
+            exit_code = 1
     return exit_code
 
 

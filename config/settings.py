@@ -101,7 +101,7 @@ class HttpSettings(_Section):
     port: Port = 8080
     max_in_flight_requests: int = Field(default=256, ge=1)
     """More concurrent requests than this are answered 429."""
-    max_in_flight_bytes: int = Field(default=512 * MiB, ge=1)
+    max_in_flight_bytes: int = Field(default=64 * MiB, ge=1)
     """Bound on request bodies held in memory at once; beyond it, 429."""
     read_timeout_s: Seconds = 30.0
     """Longest a client may take to send one request (headers and body)."""
@@ -175,6 +175,10 @@ class ReconcilerSettings(_Section):
     """Objects per second read back when verifying blobs (bounds store load)."""
     concurrency: int = Field(default=16, ge=1)
     """Store requests in flight at once."""
+    inventory_url: str | None = Field(default=None, pattern=r"^(s3|file)://.+")
+    """S3 Inventory report of the store's bucket for full audits instead of listing it:
+    ``s3://BUCKET/PATH`` (a ``manifest.json``, or the configuration folder whose newest
+    report is used) or ``file://DIR``; ``None`` = list the bucket."""
 
 
 class GcSettings(_Section):
