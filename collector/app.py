@@ -6,6 +6,9 @@ overload caps (429) → body size, before reading past the limit, also for chunk
 principal for the frame's agent_id (403) → hash → acceptance protocol (200 / 409 / 503).
 Bad input changes nothing: nothing is written before the frame is valid and authorized.
 
+In ``local_spool`` mode (`collector.spool`) the last step is "fsync into the local spool"
+instead, and 200 bodies carry ``"spooled": true``.
+
 Every response, errors included, carries ``X-Request-Id`` and a JSON body.
 Addition to PROTOCOL §2: a body that does not arrive within ``http.read_timeout_s`` is
 answered ``408 {"error": "request_timeout"}`` (agents retry it like a network error).
@@ -29,7 +32,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from config.tokens import Principal
 from protocol import keys, records
-from protocol.frame import FrameError, decode_frame, decode_header
+from protocol.frame import Frame, FrameError, decode_frame, decode_header
 from store.base import ObjectStore
 from store.errors import StoreConfigError, StoreError
 
@@ -37,6 +40,7 @@ from .accept import AcceptanceUnavailable, Accepted, BatchAcceptor
 from .auth import Authenticator
 from .metrics import CollectorMetrics
 from .readiness import Readiness
+from .spool import LocalSpool, SpoolFull
 
 log = structlog.get_logger("collector.http")
 
@@ -81,6 +85,7 @@ class CollectorApp:
         limits: HttpLimits,
         collector_id: str,
         worker_name: str = "0",
+        spool: LocalSpool | None = None,
     ) -> None:
         self.acceptor = acceptor
         self.authenticator = authenticator
@@ -90,6 +95,7 @@ class CollectorApp:
         self.limits = limits
         self.collector_id = collector_id
         self.worker_name = worker_name
+        self.spool = spool
         self._in_flight = 0
         self._in_flight_bytes = 0
 
@@ -221,6 +227,8 @@ class CollectorApp:
             return error_response(403, "forbidden", detail=detail), "forbidden", context
         sha = hashlib.sha256(body).hexdigest()
         context["frame_sha256"] = sha
+        if self.spool is not None:
+            return await self._spool_batch(frame, body, sha, context)
         try:
             result = await self.acceptor.accept(frame, body, sha)
         except (AcceptanceUnavailable, StoreConfigError) as exc:
@@ -247,6 +255,51 @@ class CollectorApp:
             "quarantine_key": result.quarantine_key,
         }
         return error_response(409, "identity_conflict", None, **body_409), "conflict", context
+
+    async def _spool_batch(
+        self, frame: Frame, body: bytes, sha: str, context: dict[str, Any]
+    ) -> tuple[web.Response, str, dict[str, Any]]:
+        """``local_spool`` mode: answer once the frame is durable locally (PROTOCOL §3.4)."""
+        assert self.spool is not None
+        identity = keys.BatchIdentity(frame.agent_id, frame.boot_id, frame.seq_start, frame.seq_end)
+        try:
+            answer = await self.spool.add(identity, sha, body)
+        except SpoolFull as exc:
+            log.warning("spool_full", error=str(exc), **context)
+            headers = {"Retry-After": str(self.limits.retry_after_s)}
+            return error_response(503, "store_unavailable", headers), "store_unavailable", context
+        manifest_key = keys.accepted_manifest_key(identity)
+        if answer.conflict_sha256 is not None:
+            self.metrics.conflicts.inc()
+            body_409 = {
+                "accepted_frame_sha256": answer.conflict_sha256,
+                "submitted_frame_sha256": sha,
+                "accepted_manifest_key": manifest_key,
+                "quarantine_key": keys.quarantine_key(identity, sha),
+            }
+            return error_response(409, "identity_conflict", None, **body_409), "conflict", context
+        if not answer.duplicate:
+            self.metrics.bytes_accepted.inc(len(body))
+            self.metrics.points_accepted.inc(frame.record_count)
+        outcome = "duplicate" if answer.duplicate else "accepted"
+        return (
+            web.json_response(
+                {
+                    "accepted": True,
+                    "duplicate": answer.duplicate,
+                    "spooled": True,
+                    "agent_id": frame.agent_id,
+                    "boot_id": str(frame.boot_id),
+                    "seq_start": frame.seq_start,
+                    "seq_end": frame.seq_end,
+                    "frame_sha256": sha,
+                    "manifest_key": manifest_key,
+                    "collector_id": self.collector_id,
+                }
+            ),
+            outcome,
+            context,
+        )
 
     async def _read_body(self, request: web.Request) -> bytes:
         """Read at most ``max_frame_bytes``; raise `_TooLarge` as soon as the body exceeds it."""

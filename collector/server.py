@@ -11,6 +11,7 @@ worker by PID and, past the grace, kills what is left.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import multiprocessing
 import multiprocessing.connection
@@ -37,6 +38,7 @@ from .derived import DerivedWriter
 from .metrics import CollectorMetrics
 from .probe import probe_conditional_writes
 from .readiness import Readiness
+from .spool import LocalSpool, SpoolLander
 
 log = structlog.get_logger("collector.server")
 
@@ -57,10 +59,10 @@ def check_startup(settings: Settings, workers: int) -> None:
         )
     if settings.auth.tokens_file is not None:
         load_tokens(settings.auth.tokens_file)  # a bad tokens file stops start-up here, exit 2
-    if settings.ingest.acceptance == "local_spool":
+    if settings.ingest.acceptance == "local_spool" and workers > 1:
         raise StartupError(
-            "ingest.acceptance = 'local_spool' is not implemented in this version; "
-            "use 's3_manifest' (the collector acknowledges after the manifest exists)"
+            f"ingest.acceptance = 'local_spool' allows one collector process, got --workers {workers}: "
+            "each process would decide acceptance from its own spool (PROTOCOL §3.4)"
         )
 
 
@@ -111,6 +113,16 @@ class Worker:
             on_answer=lambda: self.metrics.store_last_ok.set(time.time()),
         )
         self.readiness.probe_passed = self.probe_passed
+        self.spool: LocalSpool | None = None
+        self.lander: SpoolLander | None = None
+        if s.ingest.acceptance == "local_spool":
+            self.spool = LocalSpool(s.ingest.spool_dir, max_pending_bytes=s.ingest.spool_max_bytes)
+            self.lander = SpoolLander(
+                spool=self.spool,
+                acceptor=self.acceptor,
+                clock=clock,
+                interval_s=s.ingest.object_landing_interval_ms / 1000,
+            )
         tokens = load_tokens(s.auth.tokens_file) if s.auth.tokens_file else None
         self.app = CollectorApp(
             acceptor=self.acceptor,
@@ -127,6 +139,7 @@ class Worker:
             ),
             collector_id=s.ingest.collector_id,
             worker_name=str(self.index),
+            spool=self.spool,
         )
 
     async def run(
@@ -139,6 +152,7 @@ class Worker:
             loop.add_signal_handler(signum, stop.set)
         self.derived.start()
         readiness_task = asyncio.create_task(self.readiness.run(), name="readiness")
+        lander_task = asyncio.create_task(self.lander.run(), name="lander") if self.lander else None
         runner = web.AppRunner(
             self.app.build(),
             access_log=None,
@@ -173,6 +187,11 @@ class Worker:
         if metrics_runner is not None:
             await metrics_runner.cleanup()
         readiness_task.cancel()
+        if lander_task is not None and self.lander is not None:
+            lander_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await lander_task  # an interrupted landing is repeated: the protocol is idempotent
+            await self.lander.drain(max(1.0, deadline - time.monotonic()))
         await self.derived.stop(max(1.0, deadline - time.monotonic()))
         await self.store.close()
         log.info(

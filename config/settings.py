@@ -157,6 +157,8 @@ class IngestSettings(_Section):
     """``local_spool`` mode: where acknowledged frames are fsync'd before landing."""
     object_landing_interval_ms: int = Field(default=1000, ge=1)
     """``local_spool`` mode: how often spooled batches are landed in the store."""
+    spool_max_bytes: int = Field(default=1024 * MiB, ge=1)
+    """``local_spool`` mode: past this many spooled bytes, answer 503 until landing catches up."""
     probe_on_start: bool = True
     """Run the conditional-write probe (PROTOCOL.md §3.6) before serving."""
 

@@ -1,0 +1,170 @@
+"""Local spool mode (PROTOCOL §3.4): durable before the answer, landed by the protocol later."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import random
+import subprocess
+import sys
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from chaos.faulty_store import Fault, FaultyStore
+from collector.accept import BatchAcceptor
+from collector.derived import DerivedWriter
+from collector.launch import start_collector
+from collector.spool import LocalSpool, SpoolFull, SpoolLander
+from protocol import keys, records
+from protocol.clock import ManualClock
+from protocol.frame import encode_frame, points_table
+from store.errors import NotFound
+from store.fs import FileSystemStore
+from store.memory import MemoryStore
+from store.retry import Backoff
+
+BOOT = uuid.UUID("0b5e7a3e-1d2b-4c3a-9e8f-0123456789ab")
+
+
+def frame(seq: int, value: float = 1.0, agent: str = "spool-agent") -> bytes:
+    points = points_table([1_763_719_200_000_000_000 + seq], ["m"], [value], [None])
+    return encode_frame(agent_id=agent, boot_id=BOOT, seq_start=seq, points=points)
+
+
+def identity(seq: int) -> keys.BatchIdentity:
+    return keys.BatchIdentity("spool-agent", BOOT, seq, seq)
+
+
+def sha(body: bytes) -> str:
+    return hashlib.sha256(body).hexdigest()
+
+
+def lander_for(spool: LocalSpool, store: object) -> SpoolLander:
+    clock = ManualClock()
+    acceptor = BatchAcceptor(
+        store=store,  # type: ignore[arg-type]
+        collector_id="spool-test",
+        clock=clock,
+        rng=random.Random(1),
+        derived=DerivedWriter(store=store, clock=clock, rng=random.Random(2)),  # type: ignore[arg-type]
+        budget_s=1.0,
+        backoff=Backoff(attempts=2, base_s=0.001, cap_s=0.002),
+    )
+    return SpoolLander(spool=spool, acceptor=acceptor, clock=clock, interval_s=1.0)
+
+
+async def test_spool_answers_new_duplicate_and_conflict_from_local_state(tmp_path: Path) -> None:
+    spool = LocalSpool(tmp_path, max_pending_bytes=1 << 20)
+    first, other = frame(1), frame(1, value=2.0)
+    assert (await spool.add(identity(1), sha(first), first)).duplicate is False
+    assert (await spool.add(identity(1), sha(first), first)).duplicate is True
+    answer = await spool.add(identity(1), sha(other), other)
+    assert answer.conflict_sha256 == sha(first)
+    assert len(spool.pending()) == 2  # the conflicting frame is kept to be quarantined
+    assert spool.pending()[0].read_bytes() in (first, other)
+
+
+async def test_spool_refuses_past_its_bound_and_writes_nothing(tmp_path: Path) -> None:
+    body = frame(1)
+    spool = LocalSpool(tmp_path, max_pending_bytes=len(body) + 10)
+    await spool.add(identity(1), sha(body), body)
+    with pytest.raises(SpoolFull):
+        await spool.add(identity(2), sha(frame(2)), frame(2))
+    assert len(spool.pending()) == 1
+
+
+async def test_lander_accepts_quarantines_and_empties_the_spool(tmp_path: Path) -> None:
+    store = MemoryStore()
+    spool = LocalSpool(tmp_path, max_pending_bytes=1 << 20)
+    for seq in range(5):
+        await spool.add(identity(seq), sha(frame(seq)), frame(seq))
+    conflicting = frame(3, value=9.0)
+    await spool.add(identity(3), sha(conflicting), conflicting)
+    report = await lander_for(spool, store).land_once()
+    assert (report.landed, report.conflicts, report.deferred) == (5, 1, 0)
+    assert spool.pending() == []
+    for seq in range(5):
+        await store.head(keys.accepted_manifest_key(identity(seq)))
+    quarantined = [info.key async for info in store.list(keys.QUARANTINE_PREFIX)]
+    assert len(quarantined) == 1
+
+
+async def test_store_outage_defers_landing_and_a_new_process_lands_the_rest(tmp_path: Path) -> None:
+    inner = MemoryStore()
+    faulty = FaultyStore(inner, rates={"put_if_none_match": {Fault.UNAVAILABLE: 1.0}})
+    spool = LocalSpool(tmp_path, max_pending_bytes=1 << 20)
+    for seq in range(3):
+        await spool.add(identity(seq), sha(frame(seq)), frame(seq))
+    report = await lander_for(spool, faulty).land_once()
+    assert report.deferred == 1 and len(spool.pending()) == 3
+    with pytest.raises(NotFound):
+        await inner.head(keys.accepted_manifest_key(identity(0)))
+    reopened = LocalSpool(tmp_path, max_pending_bytes=1 << 20)  # as after a restart
+    assert (await lander_for(reopened, inner).land_once()).landed == 3
+
+
+def post(url: str, body: bytes) -> tuple[int, dict[str, object]]:
+    request = urllib.request.Request(
+        f"{url}/v1/batches", data=body, headers={"Content-Type": "application/x-lmbatch"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+async def test_acknowledged_spooled_batches_survive_kill_9_and_land_after_restart(
+    tmp_path: Path,
+) -> None:
+    store_dir, spool_dir = tmp_path / "store", tmp_path / "spool"
+    env = {
+        "LM_STORE__URL": f"file://{store_dir}",
+        "LM_INGEST__ACCEPTANCE": "local_spool",
+        "LM_INGEST__SPOOL_DIR": str(spool_dir),
+        "LM_INGEST__OBJECT_LANDING_INTERVAL_MS": "3600000",  # no landing until the restart
+        "LM_METRICS__ENABLED": "false",
+    }
+    collector = start_collector(work_dir=tmp_path / "logs", name="spool-1", env=env)
+    try:
+        answers = [post(collector.url, frame(seq)) for seq in range(20)]
+    finally:
+        collector.kill()
+    assert all(status == 200 and body["spooled"] is True for status, body in answers)
+    assert not store_dir.joinpath("accepted").exists()  # nothing landed before the crash
+    env["LM_INGEST__OBJECT_LANDING_INTERVAL_MS"] = "50"
+    restarted = start_collector(work_dir=tmp_path / "logs", name="spool-2", env=env)
+    try:
+        store = FileSystemStore(store_dir)
+        for _ in range(200):  # poll (bounded) for the first landing round to finish
+            if len([i async for i in store.list(keys.ACCEPTED_PREFIX)]) == 20:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        assert restarted.stop() == 0
+    for seq, (_, body) in enumerate(answers):
+        manifest = records.AcceptedManifest.from_json(
+            (await store.get(keys.accepted_manifest_key(identity(seq))))[0]
+        )
+        assert manifest.frame_sha256 == body["frame_sha256"]
+    assert list((spool_dir / "pending").iterdir()) == []
+
+
+def test_local_spool_refuses_more_than_one_worker(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "LM_STORE__URL": f"file://{tmp_path / 'store'}",
+        "LM_INGEST__ACCEPTANCE": "local_spool",
+        "LM_HTTP__PORT": "18999",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "collector", "serve", "--workers", "2"],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "local_spool" in done.stderr and "--workers 2" in done.stderr
