@@ -1,0 +1,316 @@
+"""``lm-reconciler``: keep derived indexes whole, audit, collect garbage, report.
+
+Commands (each takes ``--config PATH``; settings also come from ``LM_*`` variables):
+
+- ``run``: the daemon (active while it holds the lease, standby otherwise), serving
+  Prometheus metrics on ``[metrics] host:port``; SIGTERM/SIGINT stop it gracefully.
+- ``run --once``: one pass of everything due (a first run ever includes a full audit).
+- ``audit [--inventory URL]``: a full audit with repair now (resumes an interrupted one).
+- ``gc [--dry-run]``: one GC run (``reconciler.gc``).
+- ``problems [--kind K] [--json]``: the problem records.
+- ``status [--json] [--check]``: checkpoint, lag, lease, last audit, last GC, problems.
+
+Long work shows progress on standard error when it is a terminal.
+
+Exit codes:
+  0  success
+  1  runtime failure: store unreachable, a pass or audit left incomplete (rerun resumes),
+     or ``status --check`` found lag or problems
+  2  bad configuration or arguments; ``gc`` when reconciler.gc.run_gc is not available
+  3  another reconciler holds the lease (one-shot commands wait 1.5 lease TTLs first)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import random
+import signal
+import sys
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import start_http_server
+from pydantic import BaseModel
+from tqdm import tqdm  # type: ignore[import-untyped]  # no stubs installed
+
+from config import S3Location, Settings, SettingsError, configure_logging, load_settings
+from protocol.clock import SystemClock
+from protocol.records import RecordError
+from store.base import ObjectStore
+from store.errors import StoreError
+from store.lease import LeaseHeld
+from store.open import open_store_from_settings
+
+from .audit import AuditProgress
+from .daemon import GcUnavailable, PassReport, Reconciler, Stopped
+from .inventory import InventoryError, InventorySource
+from .problems import list_problems
+from .status import gather_status
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_LEASE_HELD = 0, 1, 2, 3
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lm-reconciler",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--config", type=Path, help="TOML settings file (default: built-in defaults + LM_* env)"
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="the reconciler daemon (one active per store)")
+    run.add_argument("--once", action="store_true", help="one pass of everything due, then exit")
+    audit = commands.add_parser("audit", help="a full audit of accepted/ and quarantine/ now")
+    audit.add_argument(
+        "--inventory", help="read an S3 Inventory report (s3://BUCKET/PATH or file://DIR)"
+    )
+    gc = commands.add_parser("gc", help="one garbage-collection run")
+    gc.add_argument("--dry-run", action="store_true", help="decide, log, delete nothing")
+    problems = commands.add_parser("problems", help="list problem records")
+    problems.add_argument("--kind", help="only this kind (missing-blob, corrupt-blob, ...)")
+    problems.add_argument("--json", action="store_true", help="one JSON object per line")
+    status = commands.add_parser("status", help="checkpoint, lag, audits, GC, problems")
+    status.add_argument("--json", action="store_true")
+    status.add_argument(
+        "--check", action="store_true", help="exit 1 unless lag and problems are both zero"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = load_settings(args.config)
+    except SettingsError as exc:
+        print(f"lm-reconciler: configuration error:\n{exc}", file=sys.stderr)
+        return EXIT_USAGE
+    configure_logging(settings.logging)
+    import uvloop
+
+    try:
+        code: int = uvloop.run(_dispatch(args, settings))
+    except KeyboardInterrupt:
+        return EXIT_FAILED
+    return code
+
+
+async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
+    store = open_store_from_settings(settings.store)
+    try:
+        if args.command == "status":
+            return await _status(store, args)
+        if args.command == "problems":
+            return await _problems(store, args)
+        return await _leased_command(store, settings, args)
+    except StoreError as exc:
+        print(f"lm-reconciler: object store unavailable: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except RecordError as exc:
+        print(f"lm-reconciler: unreadable reconciler record: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        await store.close()
+
+
+# --- commands that take the lease ----------------------------------------------------------
+
+
+async def _leased_command(store: ObjectStore, settings: Settings, args: argparse.Namespace) -> int:
+    try:
+        inventory = _inventory(settings, getattr(args, "inventory", None))
+    except InventoryError as exc:
+        print(f"lm-reconciler: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    progress = _Progress()
+    reconciler = Reconciler(
+        store=store,
+        settings=settings,
+        clock=SystemClock(),
+        rng=random.Random(),
+        inventory=inventory,
+        audit_progress=progress.update,
+    )
+    grace_s = min(10.0, settings.reconciler.lease_ttl_s / 2)
+    _on_signals(lambda: reconciler.stop(grace_s))
+    try:
+        if args.command == "run" and not args.once:
+            return await _daemon(reconciler, settings)
+        if args.command == "run":
+            return _print_pass(await reconciler.run_once())
+        if args.command == "audit":
+            record = await reconciler.audit_once()
+            progress.close()
+            print(_json(record.model_dump(mode="json", by_alias=True)))
+            return EXIT_OK if record.status == "completed" else EXIT_FAILED
+        result = await reconciler.gc_once(dry_run=args.dry_run or settings.gc.dry_run)
+        print(_json(_plain(result)))
+        return EXIT_OK
+    except LeaseHeld as held:
+        print(f"lm-reconciler: another reconciler is active: {held}", file=sys.stderr)
+        return EXIT_LEASE_HELD
+    except GcUnavailable as exc:
+        print(f"lm-reconciler: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except InventoryError as exc:
+        print(f"lm-reconciler: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except Stopped:
+        return EXIT_FAILED
+    finally:
+        progress.close()
+        if inventory is not None:
+            await inventory.close()
+
+
+async def _daemon(reconciler: Reconciler, settings: Settings) -> int:
+    server = None
+    if settings.metrics.enabled:
+        try:
+            server, _thread = start_http_server(
+                settings.metrics.port,
+                addr=settings.metrics.host,
+                registry=reconciler.metrics.registry,
+            )
+        except OSError as exc:
+            where = f"{settings.metrics.host}:{settings.metrics.port}"
+            print(f"lm-reconciler: cannot serve metrics on {where}: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+    try:
+        await reconciler.run()
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+    return EXIT_OK
+
+
+def _print_pass(report: PassReport) -> int:
+    doc: dict[str, Any] = {"epoch": report.epoch, "complete": report.complete}
+    if report.steady is not None:
+        steady = report.steady
+        doc["steady"] = {
+            "complete": steady.complete,
+            "hours": steady.hours_scanned,
+            "entries": steady.entries_seen,
+            "checked": steady.entries_checked,
+            "repaired": dict(steady.outcome.created),
+            "problems": dict(steady.outcome.problems),
+            "next_hour": steady.checkpoint.next_hour if steady.checkpoint else None,
+            "lag_hours": steady.lag_hours,
+        }
+    if report.audit is not None:
+        doc["audit"] = report.audit.model_dump(mode="json", by_alias=True)
+    if report.gc is not None:
+        doc["gc"] = _plain(report.gc)
+    if report.gc_skipped:
+        doc["gc_skipped"] = report.gc_skipped
+    print(_json(doc))
+    return EXIT_OK if report.complete else EXIT_FAILED
+
+
+def _inventory(settings: Settings, url: str | None) -> InventorySource | None:
+    url = url or settings.reconciler.inventory_url
+    if url is None:
+        return None
+    location = settings.store.location
+    prefix, bucket = "", None
+    if isinstance(location, S3Location):
+        prefix = f"{location.prefix}/" if location.prefix else ""
+        bucket = location.bucket
+    return InventorySource.from_url(
+        url,
+        source_prefix=prefix,
+        source_bucket=bucket,
+        endpoint_url=settings.store.endpoint_url,
+        region=settings.store.region,
+    )
+
+
+def _on_signals(stop: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    loop = asyncio.get_running_loop()
+    tasks: set[asyncio.Task[None]] = set()
+
+    def handler() -> None:
+        task = loop.create_task(stop())
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, handler)
+
+
+class _Progress:
+    """A tqdm counter on standard error, only when it is a terminal."""
+
+    def __init__(self) -> None:
+        self._bar: Any = None
+
+    def update(self, progress: AuditProgress) -> None:
+        if not sys.stderr.isatty():
+            return
+        if self._bar is None:
+            verb = "resuming audit" if progress.resumed else "auditing"
+            self._bar = tqdm(desc=f"{verb} {progress.audit_id}", unit=" records", file=sys.stderr)
+        self._bar.n = progress.manifests_seen + progress.quarantines_seen
+        self._bar.set_postfix(repaired=progress.repaired, problems=progress.problems, refresh=False)
+        self._bar.refresh()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+# --- read-only commands ------------------------------------------------------------------
+
+
+async def _status(store: ObjectStore, args: argparse.Namespace) -> int:
+    status = await gather_status(store, SystemClock())
+    print(_json(status.to_json()) if args.json else status.render())
+    return EXIT_FAILED if args.check and not status.healthy else EXIT_OK
+
+
+async def _problems(store: ObjectStore, args: argparse.Namespace) -> int:
+    count = 0
+    async for key, record in list_problems(store, args.kind):
+        count += 1
+        if record is None:
+            line = {"key": key, "error": "unreadable problem record"}
+        else:
+            line = {"key": key, **record.model_dump(mode="json", exclude={"schema_"})}
+        if args.json:
+            print(_json(line))
+        else:
+            print(
+                f"{line.get('kind', '?'):24} {line.get('subject_key', key)}\n    {line.get('detail', line.get('error'))}"
+            )
+    if not args.json:
+        print(f"{count} problem(s)", file=sys.stderr)
+    return EXIT_OK
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready form of a result: records, dataclasses of them, lists, scalars."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", by_alias=True)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [_plain(v) for v in value]
+    return value if isinstance(value, (str, int, float, bool, type(None))) else repr(value)
+
+
+def _json(doc: Any) -> str:
+    return json.dumps(doc, sort_keys=False, default=str)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

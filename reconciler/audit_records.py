@@ -1,0 +1,99 @@
+"""Audit records (``reconciler/v1/audits/<start>-<id>.json``): reading, creating, saving.
+
+Keys sort by ``started_at_unix_ns``, so the newest audit is the last key. A record is
+created (If-None-Match) when an audit starts and replaced by compare-and-swap as it goes;
+the swap refuses a record whose ``owner_epoch`` is newer than ours (a newer leader took
+the audit over: we are stale) or that is already ``completed`` (completed is final).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from protocol import keys
+from protocol.records import AuditRecord, RecordError
+from store.base import ObjectStore
+from store.cas import update_object
+from store.errors import NotFound
+from store.lease import LeaseLost
+
+from . import store_calls
+from .context import ReconcilerContext
+
+
+class AuditRecordConflict(RuntimeError):
+    """The stored audit record cannot be replaced (it is already completed). A bug or an
+    operator's edit: stop and look."""
+
+
+async def audit_keys(store: ObjectStore) -> list[str]:
+    """Every audit record key, oldest first (keys only: audits are few)."""
+    return [info.key async for info in store.list(keys.RECONCILER_AUDITS_PREFIX)]
+
+
+async def read_audit(store: ObjectStore, key: str) -> AuditRecord | None:
+    """The record at ``key``; ``None`` when absent or unreadable."""
+    try:
+        body, _etag = await store.get(key)
+        return AuditRecord.from_json(body)
+    except (NotFound, RecordError):
+        return None
+
+
+async def iter_audits_newest_first(store: ObjectStore) -> AsyncIterator[AuditRecord]:
+    for key in reversed(await audit_keys(store)):
+        record = await read_audit(store, key)
+        if record is not None:
+            yield record
+
+
+async def latest_audit(store: ObjectStore) -> AuditRecord | None:
+    """The most recently started audit, in whatever state."""
+    async for record in iter_audits_newest_first(store):
+        return record
+    return None
+
+
+async def latest_completed_audit(store: ObjectStore) -> AuditRecord | None:
+    """The completed audit that started last (PROTOCOL §3.5 rule 5 asks for "an audit that
+    started after X"), or ``None``. A resumed audit keeps its original start."""
+    async for record in iter_audits_newest_first(store):
+        if record.status == "completed":
+            return record
+    return None
+
+
+def record_key(record: AuditRecord) -> str:
+    return keys.audit_key(record.started_at_unix_ns, record.audit_id)
+
+
+async def create_audit(ctx: ReconcilerContext, record: AuditRecord) -> None:
+    await ctx.check_fence()
+    created = await store_calls.create_if_absent(ctx, record_key(record), record.to_json())
+    if created is store_calls.Created.EXISTED:
+        raise AuditRecordConflict(f"audit record {record_key(record)!r} already exists")
+
+
+async def save_audit(ctx: ReconcilerContext, record: AuditRecord) -> None:
+    """Replace the stored record with ``record`` (CAS, fenced by ``owner_epoch``).
+
+    Raises `LeaseLost`, `AuditRecordConflict`, store errors (`CasExhausted`, ...)."""
+    epoch = ctx.epoch
+    body = record.to_json()
+    key = record_key(record)
+
+    def mutate(current_body: bytes | None) -> bytes:
+        if current_body is not None:
+            current = AuditRecord.from_json(current_body)
+            if current.owner_epoch > epoch:
+                raise LeaseLost(
+                    keys.RECONCILER_LEASE_KEY,
+                    epoch,
+                    f"audit {record.audit_id} was taken over under epoch {current.owner_epoch}",
+                )
+            if current.status == "completed" and current_body != body:
+                raise AuditRecordConflict(f"audit record {key!r} is already completed")
+        return body
+
+    await ctx.check_fence()
+    await update_object(ctx.store, key, mutate, backoff=ctx.backoff, rng=ctx.rng, clock=ctx.clock)

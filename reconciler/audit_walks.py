@@ -1,0 +1,264 @@
+"""How a full audit visits every record, and the cursors that make it resumable.
+
+Two walks, one per input; both hand chunks of record keys to the audit (``process``:
+repair them, True when every write succeeded) and keep `WalkState.cursors`, which the
+audit saves in its `AuditRecord` (see `reconciler.audit` for their meaning).
+
+- `ListingWalk`: agent groups (``accepted/v1/agent=<hex>/``) discovered by skip-listing in
+  key order, ``concurrency`` groups at a time (the quarantine prefix is one more group),
+  each listed lazily from its cursor in chunks of `CHUNK`. Memory: ``concurrency x CHUNK``
+  keys, plus cursors for groups past the frontier, bounded by a window: discovery waits
+  while it is full and some group is still in progress.
+- `InventoryWalk`: the data files of an S3 Inventory report one after the other, rows in
+  chunks of `CHUNK`, the cursor being the next row to read.
+
+A chunk's cursor moves only when ``process`` reports success; a group (or file) with a
+failure stops there, discovery of new groups stops, and the audit ends incomplete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from protocol import keys
+from store.errors import StoreError
+from store.lease import LeaseLost
+
+from .context import ReconcilerContext
+from .inventory import InventorySource
+from .listing import PAST, closing, partitions
+
+CHUNK = 32
+DONE = "done"
+FRONTIER = keys.ACCEPTED_PREFIX
+"""Cursor key of the listing frontier: every agent group up to it (inclusive) is done."""
+INVENTORY_CURSOR = "inventory:manifest"
+"""Cursor key naming the inventory report an inventory audit reads."""
+FILE_CURSOR = "file:"
+"""Prefix of the cursor keys of inventory data files."""
+
+Process = Callable[[list[str], bool], Awaitable[bool]]
+"""Repair these record keys (quarantine records when the flag is set); True if all went well."""
+Checkpoint = Callable[[], Awaitable[None]]
+"""Called after a cursor moved: saves progress now and then."""
+
+
+@dataclass
+class WalkState:
+    cursors: dict[str, str]
+    failed: bool = False
+    stopped: bool = False
+    groups_done: int = field(default=0)
+
+
+class _Walk:
+    def __init__(
+        self, ctx: ReconcilerContext, state: WalkState, process: Process, checkpoint: Checkpoint
+    ) -> None:
+        self._ctx = ctx
+        self._state = state
+        self._process = process
+        self._checkpoint = checkpoint
+
+    async def _moved(self) -> bool:
+        """After a cursor moved: checkpoint, and say whether to go on."""
+        await self._checkpoint()
+        if self._ctx.stopping.is_set():
+            self._state.stopped = True
+            return False
+        return True
+
+    def _fail(self, stage: str, key: str, exc: StoreError) -> None:
+        self._state.failed = True
+        self._ctx.metrics.store_failures.labels(stage).inc()
+        self._ctx.log.warning("audit_store_failure", stage=stage, key=key, error=str(exc))
+
+
+class ListingWalk(_Walk):
+    def __init__(
+        self, ctx: ReconcilerContext, state: WalkState, process: Process, checkpoint: Checkpoint
+    ) -> None:
+        super().__init__(ctx, state, process, checkpoint)
+        self._order: deque[str] = deque()  # groups admitted, not yet passed by the frontier
+        self._finished: set[str] = set()
+        self._in_flight = 0
+        self._changed = asyncio.Condition()
+        self._window = max(64, 4 * ctx.reconciler_settings.concurrency)
+
+    async def run(self) -> None:
+        workers = self._ctx.reconciler_settings.concurrency
+        queue: asyncio.Queue[tuple[str, str | None] | None] = asyncio.Queue(maxsize=workers)
+        try:
+            async with asyncio.TaskGroup() as group:
+                for _ in range(workers):
+                    group.create_task(self._worker(queue))
+                await self._discover(queue)
+                for _ in range(workers):
+                    await queue.put(None)  # no more groups: each worker exits on one
+        except BaseExceptionGroup as errors:
+            _raise_first(errors)
+
+    async def _discover(self, queue: asyncio.Queue[tuple[str, str | None] | None]) -> None:
+        cursors = self._state.cursors
+        quarantine = cursors.get(keys.QUARANTINE_PREFIX)
+        if quarantine != DONE:
+            self._in_flight += 1
+            await queue.put((keys.QUARANTINE_PREFIX, quarantine))
+        frontier = cursors.get(FRONTIER)
+        start_after = frontier + PAST if frontier else None
+        try:
+            async with closing(
+                partitions(self._ctx.store, keys.ACCEPTED_PREFIX, depth=1, start_after=start_after)
+            ) as groups:
+                async for group_prefix in groups:
+                    if self._ctx.stopping.is_set():
+                        self._state.stopped = True
+                        return
+                    if self._state.failed:
+                        return  # cannot complete this time: finish what is in hand, resume later
+                    await self._admit(group_prefix, queue)
+        except StoreError as exc:
+            self._fail("audit_discovery", keys.ACCEPTED_PREFIX, exc)
+
+    async def _admit(
+        self, group_prefix: str, queue: asyncio.Queue[tuple[str, str | None] | None]
+    ) -> None:
+        cursor = self._state.cursors.get(group_prefix)
+        async with self._changed:
+            await self._changed.wait_for(
+                lambda: (
+                    len(self._order) < self._window or self._in_flight == 0 or self._state.failed
+                )
+            )
+            self._order.append(group_prefix)
+            if cursor == DONE:
+                self._finished.add(group_prefix)
+                self._advance_frontier()
+                return
+            self._in_flight += 1
+        await queue.put((group_prefix, cursor))
+
+    async def _worker(self, queue: asyncio.Queue[tuple[str, str | None] | None]) -> None:
+        while (item := await queue.get()) is not None:
+            group_prefix, after = item
+            if self._ctx.stopping.is_set():
+                self._state.stopped = True
+                done = False  # left for the resumed audit, untouched
+            else:
+                done = await self._walk_group(group_prefix, after)
+            async with self._changed:
+                self._in_flight -= 1
+                if done:
+                    self._state.groups_done += 1
+                    self._state.cursors[group_prefix] = DONE
+                    if group_prefix != keys.QUARANTINE_PREFIX:
+                        self._finished.add(group_prefix)
+                        self._advance_frontier()
+                self._changed.notify_all()
+            await self._checkpoint()
+
+    def _advance_frontier(self) -> None:
+        cursors = self._state.cursors
+        while self._order and self._order[0] in self._finished:
+            passed = self._order.popleft()
+            self._finished.discard(passed)
+            cursors.pop(passed, None)
+            cursors[FRONTIER] = passed
+
+    async def _walk_group(self, group_prefix: str, after: str | None) -> bool:
+        """Audit one group from ``after``; True when all of it was done."""
+        quarantine = group_prefix == keys.QUARANTINE_PREFIX
+        chunk: list[str] = []
+        try:
+            async with closing(self._ctx.store.list(group_prefix, start_after=after)) as listing:
+                async for info in listing:
+                    chunk.append(info.key)
+                    if len(chunk) < CHUNK:
+                        continue
+                    if not await self._chunk_done(group_prefix, chunk, quarantine):
+                        return False
+                    chunk = []
+        except StoreError as exc:
+            self._fail("audit_list", group_prefix, exc)
+            return False
+        return not chunk or await self._chunk_done(group_prefix, chunk, quarantine)
+
+    async def _chunk_done(self, group_prefix: str, chunk: list[str], quarantine: bool) -> bool:
+        if not await self._process(chunk, quarantine):
+            return False
+        self._state.cursors[group_prefix] = chunk[-1]
+        return await self._moved()
+
+
+class InventoryWalk(_Walk):
+    def __init__(
+        self,
+        ctx: ReconcilerContext,
+        state: WalkState,
+        process: Process,
+        checkpoint: Checkpoint,
+        inventory: InventorySource,
+    ) -> None:
+        super().__init__(ctx, state, process, checkpoint)
+        self._inventory = inventory
+
+    async def run(self) -> None:
+        report = await self._inventory.report()
+        for file_key in report.files:
+            cursor_key = FILE_CURSOR + file_key
+            state = self._state.cursors.get(cursor_key)
+            if state == DONE:
+                continue
+            if await self._walk_file(file_key, cursor_key, int(state) if state else 0):
+                self._state.cursors[cursor_key] = DONE
+                self._state.groups_done += 1
+            if self._state.stopped or self._ctx.stopping.is_set():
+                self._state.stopped = True
+                return
+
+    async def _walk_file(self, file_key: str, cursor_key: str, skip_rows: int) -> bool:
+        prefixes = (keys.ACCEPTED_PREFIX, keys.QUARANTINE_PREFIX)
+        chunk: list[tuple[int, str]] = []
+        try:
+            rows = self._inventory.objects(file_key, prefixes, skip_rows=skip_rows)
+            async with closing(rows) as listing:
+                async for row, obj in listing:
+                    chunk.append((row, obj.key))
+                    if len(chunk) < CHUNK:
+                        continue
+                    if not await self._rows_done(cursor_key, chunk):
+                        return False
+                    chunk = []
+        except StoreError as exc:
+            self._fail("inventory_read", file_key, exc)
+            return False
+        return not chunk or await self._rows_done(cursor_key, chunk)
+
+    async def _rows_done(self, cursor_key: str, chunk: list[tuple[int, str]]) -> bool:
+        manifests = [key for _row, key in chunk if key.startswith(keys.ACCEPTED_PREFIX)]
+        quarantines = [key for _row, key in chunk if key.startswith(keys.QUARANTINE_PREFIX)]
+        if not (await self._process(manifests, False) and await self._process(quarantines, True)):
+            return False
+        self._state.cursors[cursor_key] = str(chunk[-1][0] + 1)
+        return await self._moved()
+
+
+def _raise_first(errors: BaseExceptionGroup[BaseException]) -> None:
+    """Re-raise the most important error of a task group: losing the lease first."""
+    flat: list[BaseException] = []
+
+    def walk(group: BaseExceptionGroup[BaseException]) -> None:
+        for error in group.exceptions:
+            if isinstance(error, BaseExceptionGroup):
+                walk(error)
+            else:
+                flat.append(error)
+
+    walk(errors)
+    for error in flat:
+        if isinstance(error, LeaseLost):
+            raise error
+    raise flat[0]

@@ -1,0 +1,207 @@
+"""What every reconciler stage works with: `ReconcilerContext`, and the `Fence` on its lease.
+
+One reconciler is active per acceptance authority: the holder of the lease at
+``RECONCILER_LEASE_KEY`` (`store.lease`). Its writes are fenced twice:
+
+1. **Before each batch of writes** a stage calls `ReconcilerContext.check_fence`. It does
+   no I/O while the lease has more than half its TTL left; past half, it renews with
+   If-Match on the ETag we last wrote. It raises `LeaseLost` when the renewal finds the
+   record changed (a standby took over: we were paused, partitioned or slow), or when the
+   lease is within ``margin`` of expiring and could not be renewed. A former leader that
+   was paused past its expiry therefore learns it lost the lease before it writes again.
+2. **State objects the reconciler replaces** (checkpoint, audit records) carry the
+   writer's ``owner_epoch`` and are updated by compare-and-swap whose ``mutate`` refuses
+   a stored epoch newer than ours. That holds even if a pause falls between the fence
+   check and the write.
+
+Everything else the reconciler writes is an If-None-Match create of a body that is a pure
+function of immutable records (derived entries, dirty markers) or a problem report, so a
+stale write that slips through both checks changes nothing a newer leader relies on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import secrets
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from config import ReconcilerSettings, Settings
+from protocol.clock import Clock
+from protocol.keys import RECONCILER_LEASE_KEY
+from store import lease as leases
+from store.base import ObjectStore
+from store.errors import StoreError
+from store.lease import Lease, LeaseLost
+from store.retry import Backoff
+
+from .inventory import InventorySource
+from .metrics import ReconcilerMetrics
+
+log = structlog.get_logger(__name__)
+
+# Store calls of the reconciler: every one it repeats is a read or an If-None-Match create.
+DEFAULT_BACKOFF = Backoff(attempts=5, base_s=0.05, cap_s=2.0)
+
+
+def default_owner_id() -> str:
+    """``<host>-<pid>-<random>``: unique per process, so a restarted reconciler on the same
+    host never mistakes its predecessor's lease for its own."""
+    host = socket.gethostname().split(".")[0][:64] or "host"
+    return f"reconciler-{host}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+class Fence:
+    """Our hold on the reconciler lease. Create with `Fence.acquire`."""
+
+    def __init__(self, *, store: ObjectStore, clock: Clock, lease: Lease, ttl_s: float) -> None:
+        self._store = store
+        self._clock = clock
+        self._lease = lease
+        self._ttl_s = ttl_s
+        # Stop acting this long before expiry: absorbs clock skew and the time between the
+        # check and the write it guards.
+        self.margin_s = ttl_s / 6
+        self._lost: LeaseLost | None = None
+        self._renewing = asyncio.Lock()
+
+    @classmethod
+    async def acquire(
+        cls,
+        store: ObjectStore,
+        *,
+        owner: str,
+        ttl_s: float,
+        clock: Clock,
+        rng: random.Random,
+        key: str = RECONCILER_LEASE_KEY,
+    ) -> Fence:
+        """Take the lease. Raises `LeaseHeld` while another owner's lease is unexpired,
+        `CasExhausted`/store errors when the store did not settle it (retry later)."""
+        taken = await leases.acquire(store, key, owner=owner, ttl_s=ttl_s, clock=clock, rng=rng)
+        log.info("reconciler_lease_acquired", owner=owner, epoch=taken.record.epoch)
+        return cls(store=store, clock=clock, lease=taken, ttl_s=ttl_s)
+
+    @property
+    def epoch(self) -> int:
+        return self._lease.record.epoch
+
+    @property
+    def owner(self) -> str:
+        return self._lease.record.owner
+
+    @property
+    def lease(self) -> Lease:
+        return self._lease
+
+    @property
+    def lost(self) -> bool:
+        return self._lost is not None
+
+    async def check(self) -> None:
+        """Return only while our lease is valid with margin (renewing it past half its TTL).
+
+        Raises `LeaseLost`; once lost, every later call raises too."""
+        if self._lost is not None:
+            raise self._lost
+        if self._remaining_s() <= self._ttl_s / 2:
+            async with self._renewing:  # one renewal at a time: each needs the last ETag
+                if self._lost is not None:
+                    raise self._lost
+                if self._remaining_s() <= self._ttl_s / 2:
+                    await self._renew()
+        if not self._lease.is_valid(self._clock, self.margin_s):
+            self._lost = LeaseLost(
+                self._lease.key, self.epoch, "expired (or about to) and could not be renewed"
+            )
+            raise self._lost
+
+    async def release(self) -> bool:
+        """Give the lease up (best effort) so a standby need not wait for the expiry."""
+        if self._lost is not None:
+            return False
+        self._lost = LeaseLost(self._lease.key, self.epoch, "released")
+        released = await leases.release(
+            self._store, self._lease.key, self._lease, clock=self._clock
+        )
+        log.info("reconciler_lease_released", epoch=self.epoch, released=released)
+        return released
+
+    def _remaining_s(self) -> float:
+        return (self._lease.record.expires_at_unix_ns - self._clock.now_ns()) / 1e9
+
+    async def _renew(self) -> None:
+        try:
+            self._lease = await leases.renew(
+                self._store, self._lease.key, self._lease, ttl_s=self._ttl_s, clock=self._clock
+            )
+        except LeaseLost as exc:
+            self._lost = exc
+            log.warning("reconciler_lease_lost", epoch=self.epoch, error=str(exc))
+            raise
+        except StoreError as exc:
+            # Not fatal while the lease lasts: the next check renews again.
+            log.warning("reconciler_lease_renewal_failed", epoch=self.epoch, error=str(exc))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReconcilerContext:
+    """Dependencies of every reconciler stage (steady pass, audit, GC)."""
+
+    store: ObjectStore
+    clock: Clock
+    rng: random.Random
+    settings: Settings
+    metrics: ReconcilerMetrics
+    fence: Fence
+    log: Any = field(default_factory=lambda: structlog.get_logger("reconciler"))
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set by `Reconciler.stop`: long stages finish the item in hand and return early."""
+    backoff: Backoff = DEFAULT_BACKOFF
+    inventory: InventorySource | None = None
+    """The configured S3 Inventory report, if any (the GC may read ``raw-blobs/v1/`` from
+    it instead of listing)."""
+
+    @property
+    def epoch(self) -> int:
+        return self.fence.epoch
+
+    @property
+    def reconciler_settings(self) -> ReconcilerSettings:
+        return self.settings.reconciler
+
+    async def check_fence(self) -> None:
+        """Call before each batch of writes; raises `LeaseLost` (see the module docstring)."""
+        await self.fence.check()
+
+
+async def open_context(
+    store: ObjectStore,
+    *,
+    settings: Settings,
+    clock: Clock,
+    rng: random.Random,
+    metrics: ReconcilerMetrics | None = None,
+    owner: str | None = None,
+) -> ReconcilerContext:
+    """Acquire the lease and build a context (tests, one-shot tools). Raises `LeaseHeld`."""
+    fence = await Fence.acquire(
+        store,
+        owner=owner or default_owner_id(),
+        ttl_s=settings.reconciler.lease_ttl_s,
+        clock=clock,
+        rng=rng,
+    )
+    return ReconcilerContext(
+        store=store,
+        clock=clock,
+        rng=rng,
+        settings=settings,
+        metrics=metrics or ReconcilerMetrics(clock=clock),
+        fence=fence,
+    )

@@ -1,0 +1,352 @@
+"""The reconciler daemon: `Reconciler` with ``run()``, ``run_once()`` and ``stop(grace)``.
+
+One instance is active per acceptance authority: the holder of the lease at
+``RECONCILER_LEASE_KEY``. Others are standbys: they sleep until the holder's lease
+expires and try again, so a standby takes over within about one TTL of the active one
+dying. The active instance loops, every ``loop_interval_s``:
+
+1. a steady-state pass (`reconciler.steady`);
+2. a full audit (`reconciler.audit`) when one is due: none has completed within
+   ``audit_interval_s`` (so the first run ever always audits), or one is still running
+   (it is resumed);
+3. the GC (``reconciler.gc.run_gc``) when ``gc.enabled``, at most once per
+   ``max(loop_interval_s, gc.mark_grace_s)``, if that module is installed.
+
+Between passes it sleeps in slices of a third of the TTL, checking the fence (which
+renews the lease) after each. Losing the lease (`LeaseLost`) ends the active term at the
+next fence check and the instance becomes a standby again. In ``run()`` an error in one
+stage is logged and counted and the loop goes on; ``run_once()`` lets it propagate.
+
+`stop(grace_s)` stops intake: long stages finish the item in hand and return (an audit
+stays resumable), the lease is released, and after ``grace_s`` the loop is cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import structlog
+
+from config import Settings
+from protocol.clock import Clock
+from protocol.records import AuditRecord, RecordError
+from store.base import ObjectStore
+from store.cas import CasExhausted
+from store.errors import StoreError
+from store.lease import LeaseHeld, LeaseLost
+
+from .audit import ProgressCallback, run_full_audit
+from .audit_records import latest_audit, latest_completed_audit
+from .context import Fence, ReconcilerContext, default_owner_id
+from .inventory import InventorySource
+from .metrics import ReconcilerMetrics
+from .steady import SteadyResult, SteadyScanner
+
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
+GcRunner = Callable[..., Awaitable[Any]]
+
+
+class GcUnavailable(RuntimeError):
+    """``reconciler.gc.run_gc`` is not available in this build."""
+
+
+class Stopped(Exception):
+    """`Reconciler.stop` was called before a one-shot command got the lease."""
+
+
+@dataclass
+class PassReport:
+    """What one pass did. ``None`` for a stage that did not run (or failed in ``run()``)."""
+
+    epoch: int
+    steady: SteadyResult | None = None
+    audit: AuditRecord | None = None
+    gc: Any = None
+    gc_skipped: str | None = None
+
+    @property
+    def complete(self) -> bool:
+        """The steady pass finished and any audit that ran completed."""
+        steady_ok = self.steady is not None and self.steady.complete
+        audit_ok = self.audit is None or self.audit.status == "completed"
+        return steady_ok and audit_ok
+
+
+def load_gc() -> GcRunner | None:
+    """``reconciler.gc.run_gc(ctx, *, dry_run)`` if it exists (imported lazily: the GC is
+    developed separately and may not provide it yet)."""
+    try:
+        module = importlib.import_module("reconciler.gc")
+    except ModuleNotFoundError as exc:
+        if exc.name == "reconciler.gc":
+            return None
+        raise
+    runner: GcRunner | None = getattr(module, "run_gc", None)
+    return runner
+
+
+class Reconciler:
+    def __init__(
+        self,
+        *,
+        store: ObjectStore,
+        settings: Settings,
+        clock: Clock,
+        rng: random.Random,
+        metrics: ReconcilerMetrics | None = None,
+        owner: str | None = None,
+        inventory: InventorySource | None = None,
+        audit_progress: ProgressCallback | None = None,
+    ) -> None:
+        self._store = store
+        self._settings = settings
+        self._clock = clock
+        self._rng = rng
+        self.metrics = metrics or ReconcilerMetrics(clock=clock)
+        self.owner = owner or default_owner_id()
+        self._inventory = inventory
+        self._audit_progress = audit_progress
+        self._stopping = asyncio.Event()
+        self._done = asyncio.Event()
+        self._task: asyncio.Task[Any] | None = None
+        self._fence: Fence | None = None
+        self._last_gc: float | None = None
+
+    @property
+    def active(self) -> bool:
+        """True while this instance holds the lease (as far as it knows)."""
+        return self._fence is not None and not self._fence.lost
+
+    @property
+    def _ttl_s(self) -> float:
+        return self._settings.reconciler.lease_ttl_s
+
+    # --- the daemon loop ----------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Run until `stop`: standby while another instance holds the lease."""
+        self._task = asyncio.current_task()
+        try:
+            while not self._stopping.is_set():
+                fence = await self._acquire(wait_s=None)
+                if fence is None:
+                    return
+                ctx = self._context(fence)
+                scanner = SteadyScanner(ctx)
+                try:
+                    while not self._stopping.is_set():
+                        started = self._clock.monotonic()
+                        await self._pass(ctx, scanner, isolate_errors=True)
+                        interval = self._settings.reconciler.loop_interval_s
+                        await self._idle(ctx, interval - (self._clock.monotonic() - started))
+                except LeaseLost as exc:
+                    log.warning("reconciler_now_standby", reason=str(exc))
+                finally:
+                    await self._end_term(fence)
+        finally:
+            self._done.set()
+
+    async def stop(self, grace_s: float) -> None:
+        """Stop intake, let the item in hand finish within ``grace_s``, then cancel."""
+        self._stopping.set()
+        task = self._task
+        if task is None or task.done() or task is asyncio.current_task():
+            return
+        try:
+            await asyncio.wait_for(self._done.wait(), grace_s)
+        except TimeoutError:
+            log.warning("reconciler_stop_grace_exceeded", grace_s=grace_s)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # --- one-shot work (CLI, cron, tests) -----------------------------------------------
+
+    async def run_once(self, *, lease_wait_s: float | None = None) -> PassReport:
+        """One pass of everything due. Raises `LeaseHeld` if another instance stays active
+        for ``lease_wait_s`` (default 1.5 TTL: a crashed holder's lease runs out in one)."""
+        return await self._one_shot(
+            lambda ctx: self._pass(ctx, SteadyScanner(ctx), isolate_errors=False), lease_wait_s
+        )
+
+    async def audit_once(self, *, lease_wait_s: float | None = None) -> AuditRecord:
+        """A full audit now (resuming a running one). Raises `LeaseHeld` like `run_once`."""
+        return await self._one_shot(
+            lambda ctx: run_full_audit(
+                ctx, progress=self._audit_progress, inventory=self._inventory
+            ),
+            lease_wait_s,
+        )
+
+    async def gc_once(self, *, dry_run: bool, lease_wait_s: float | None = None) -> Any:
+        """One GC run. Raises `GcUnavailable` when ``reconciler.gc.run_gc`` is not available."""
+        run_gc = load_gc()
+        if run_gc is None:
+            raise GcUnavailable("reconciler.gc.run_gc is not available in this build")
+        return await self._one_shot(lambda ctx: run_gc(ctx, dry_run=dry_run), lease_wait_s)
+
+    async def _one_shot(
+        self, work: Callable[[ReconcilerContext], Awaitable[T]], lease_wait_s: float | None
+    ) -> T:
+        wait = lease_wait_s if lease_wait_s is not None else 1.5 * self._ttl_s
+        fence = await self._acquire(wait_s=wait)
+        if fence is None:
+            raise Stopped("stopped before the lease was acquired")
+        try:
+            return await work(self._context(fence))
+        finally:
+            await self._end_term(fence)
+
+    # --- stages -------------------------------------------------------------------------
+
+    async def _pass(
+        self, ctx: ReconcilerContext, scanner: SteadyScanner, *, isolate_errors: bool
+    ) -> PassReport:
+        report = PassReport(epoch=ctx.epoch)
+        report.steady = await self._stage("steady", scanner.run_pass, isolate_errors)
+        if not self._stopping.is_set():
+            report.audit = await self._stage(
+                "audit", lambda: self._audit_if_due(ctx), isolate_errors
+            )
+        if self._settings.gc.enabled and not self._stopping.is_set() and self._gc_due():
+            run_gc = load_gc()
+            if run_gc is None:
+                report.gc_skipped = "reconciler.gc.run_gc is not available"
+            else:
+                self._last_gc = self._clock.monotonic()
+                report.gc = await self._stage(
+                    "gc", lambda: run_gc(ctx, dry_run=self._settings.gc.dry_run), isolate_errors
+                )
+        return report
+
+    async def _stage(
+        self, name: str, work: Callable[[], Awaitable[T]], isolate_errors: bool
+    ) -> T | None:
+        try:
+            return await work()
+        except LeaseLost:
+            raise
+        except Exception:
+            self.metrics.stage_errors.labels(name).inc()
+            if not isolate_errors:
+                raise
+            log.exception("reconciler_stage_failed", stage=name)
+            return None
+
+    async def _audit_if_due(self, ctx: ReconcilerContext) -> AuditRecord | None:
+        if not await self._audit_due(ctx):
+            return None
+        return await run_full_audit(ctx, progress=self._audit_progress, inventory=self._inventory)
+
+    async def _audit_due(self, ctx: ReconcilerContext) -> bool:
+        latest = await latest_audit(ctx.store)
+        if latest is None or latest.status == "running":
+            return True  # the first audit ever, or one to resume
+        completed = await latest_completed_audit(ctx.store)
+        if completed is None or completed.completed_at_unix_ns is None:
+            return True
+        interval_ns = int(self._settings.reconciler.audit_interval_s * 1e9)
+        return completed.completed_at_unix_ns <= ctx.clock.now_ns() - interval_ns
+
+    def _gc_due(self) -> bool:
+        if self._last_gc is None:
+            return True
+        every = max(self._settings.reconciler.loop_interval_s, self._settings.gc.mark_grace_s)
+        return self._clock.monotonic() - self._last_gc >= every
+
+    # --- lease --------------------------------------------------------------------------
+
+    async def _acquire(self, *, wait_s: float | None) -> Fence | None:
+        """Take the lease, waiting as a standby (forever when ``wait_s`` is None).
+
+        ``None`` when stopped meanwhile; raises the last `LeaseHeld` (or store error) when
+        ``wait_s`` runs out."""
+        deadline = None if wait_s is None else self._clock.monotonic() + wait_s
+        last_seen: tuple[str, int] | None = None  # log the holder once, not every poll
+        while not self._stopping.is_set():
+            try:
+                fence = await Fence.acquire(
+                    self._store,
+                    owner=self.owner,
+                    ttl_s=self._ttl_s,
+                    clock=self._clock,
+                    rng=self._rng,
+                )
+            except LeaseHeld as held:
+                error: Exception = held
+                remaining_s = (held.expires_at_unix_ns - self._clock.now_ns()) / 1e9
+                pause = min(self._ttl_s, max(0.05, remaining_s)) + self._rng.uniform(
+                    0, self._ttl_s / 20
+                )
+                if (held.holder, held.epoch) != last_seen:
+                    last_seen = (held.holder, held.epoch)
+                    log.info("reconciler_standby", holder=held.holder, epoch=held.epoch)
+            except (CasExhausted, StoreError, RecordError) as exc:
+                # RecordError: the lease object is not a lease. An operator must look; until
+                # then nobody can hold it, and we keep trying rather than exit.
+                error = exc
+                pause = self._rng.uniform(0.5, 1.0) * min(self._ttl_s / 3, 5.0)
+                log.warning("reconciler_lease_unavailable", error=str(exc))
+            else:
+                self._fence = fence
+                self.metrics.active.set(1)
+                self.metrics.lease_epoch.set(fence.epoch)
+                return fence
+            self.metrics.active.set(0)
+            if deadline is not None:
+                left = deadline - self._clock.monotonic()
+                if left <= 0:
+                    raise error
+                pause = min(pause, left)
+            await self._sleep(pause)
+        return None
+
+    async def _end_term(self, fence: Fence) -> None:
+        self._fence = None
+        self.metrics.active.set(0)
+        if not fence.lost:
+            await fence.release()
+
+    def _context(self, fence: Fence) -> ReconcilerContext:
+        return ReconcilerContext(
+            store=self._store,
+            clock=self._clock,
+            rng=self._rng,
+            settings=self._settings,
+            metrics=self.metrics,
+            fence=fence,
+            log=structlog.get_logger("reconciler").bind(epoch=fence.epoch),
+            stopping=self._stopping,
+            inventory=self._inventory,
+        )
+
+    # --- waiting ------------------------------------------------------------------------
+
+    async def _idle(self, ctx: ReconcilerContext, seconds: float) -> None:
+        """Sleep ``seconds`` (or until stopped) in slices, keeping the lease renewed."""
+        end = self._clock.monotonic() + max(0.0, seconds)
+        while not self._stopping.is_set():
+            await ctx.check_fence()
+            left = end - self._clock.monotonic()
+            if left <= 0:
+                return
+            await self._sleep(min(left, self._ttl_s / 3))
+
+    async def _sleep(self, seconds: float) -> None:
+        """`Clock.sleep`, cut short by `stop`."""
+        if self._stopping.is_set():
+            return
+        sleeper = asyncio.ensure_future(self._clock.sleep(seconds))
+        stopper = asyncio.ensure_future(self._stopping.wait())
+        _done, pending = await asyncio.wait({sleeper, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

@@ -1,0 +1,149 @@
+"""Prometheus metrics of one reconciler process, on a registry of its own (no globals).
+
+``lm-reconciler run`` serves them on ``[metrics] host:port``. The GC (``reconciler.gc``)
+reports through `ReconcilerMetrics.record_gc`.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from protocol.clock import Clock, SystemClock
+
+
+class ReconcilerMetrics:
+    def __init__(
+        self, registry: CollectorRegistry | None = None, *, clock: Clock | None = None
+    ) -> None:
+        self.registry = registry or CollectorRegistry()
+        self._clock: Clock = clock if clock is not None else SystemClock()
+        self._checkpoint_updated_ns: int | None = None
+        r = self.registry
+        self.active = Gauge(
+            "lm_reconciler_active", "1 while this process holds the reconciler lease", registry=r
+        )
+        self.lease_epoch = Gauge(
+            "lm_reconciler_lease_epoch", "Epoch of the lease this process holds", registry=r
+        )
+        self.lag_hours = Gauge(
+            "lm_reconciler_lag_hours",
+            "accepted-by-time hours (up to now) past the checkpoint, as of the last pass; "
+            "0 when the checkpoint covers every existing hour",
+            registry=r,
+        )
+        self.checkpoint_age = Gauge(
+            "lm_reconciler_checkpoint_age_seconds",
+            "Seconds since the steady-state checkpoint was last confirmed (-1: none yet)",
+            registry=r,
+        )
+        self.checkpoint_age.set_function(self._checkpoint_age_s)
+        self.steady_passes = Counter(
+            "lm_reconciler_steady_passes",
+            "Steady-state passes by result (complete, incomplete)",
+            ["result"],
+            registry=r,
+        )
+        self.entries_scanned = Counter(
+            "lm_reconciler_index_entries_scanned",
+            "accepted-by-time entries examined by steady-state passes",
+            registry=r,
+        )
+        self.repairs = Counter(
+            "lm_reconciler_repairs",
+            "Objects the reconciler created because they were missing, by kind "
+            "(accepted-by-time, accepted-by-blob, raw-blobs-by-time, quarantine-by-blob, "
+            "rollup-dirty)",
+            ["kind"],
+            registry=r,
+        )
+        self.problems = Counter(
+            "lm_reconciler_problems",
+            "Problems detected (each detection), by kind",
+            ["kind"],
+            registry=r,
+        )
+        self.problems_resolved = Counter(
+            "lm_reconciler_problems_resolved",
+            "Problem records removed because their subject checked out fine",
+            ["kind"],
+            registry=r,
+        )
+        self.dangling_entries = Counter(
+            "lm_reconciler_dangling_index_entries",
+            "accepted-by-time entries whose manifest does not exist, or whose key is malformed",
+            registry=r,
+        )
+        self.store_failures = Counter(
+            "lm_reconciler_store_failures",
+            "Store calls that failed after their retries, by stage",
+            ["stage"],
+            registry=r,
+        )
+        self.audit_running = Gauge(
+            "lm_reconciler_audit_running", "1 while a full audit runs", registry=r
+        )
+        self.audit_manifests = Gauge(
+            "lm_reconciler_audit_manifests_seen",
+            "Accepted manifests the current (or last) audit has examined",
+            registry=r,
+        )
+        self.audit_quarantines = Gauge(
+            "lm_reconciler_audit_quarantines_seen",
+            "Quarantine records the current (or last) audit has examined",
+            registry=r,
+        )
+        self.audit_groups_done = Gauge(
+            "lm_reconciler_audit_groups_done",
+            "Listing groups (agent prefixes, inventory files) the current audit finished",
+            registry=r,
+        )
+        self.audits = Counter(
+            "lm_reconciler_audits",
+            "Full audits by result (completed, incomplete)",
+            ["result"],
+            registry=r,
+        )
+        self.last_audit_completed = Gauge(
+            "lm_reconciler_last_audit_completed_timestamp_seconds",
+            "When the last full audit completed (Unix time)",
+            registry=r,
+        )
+        self.gc_candidates = Counter(
+            "lm_reconciler_gc_candidates", "Raw blobs the GC considered", registry=r
+        )
+        self.gc_marks = Counter("lm_reconciler_gc_marks", "GC marks created", registry=r)
+        self.gc_vetoes = Counter(
+            "lm_reconciler_gc_vetoes", "Marked blobs spared because of a veto", registry=r
+        )
+        self.gc_deletions = Counter(
+            "lm_reconciler_gc_deletions", "Raw blobs deleted by the GC", registry=r
+        )
+        self.stage_errors = Counter(
+            "lm_reconciler_stage_errors",
+            "Daemon stages (steady, audit, gc) that ended with an error",
+            ["stage"],
+            registry=r,
+        )
+
+    def record_gc(
+        self, *, candidates: int = 0, marked: int = 0, vetoed: int = 0, deleted: int = 0
+    ) -> None:
+        """Count GC work; the GC calls this as it goes (increments, never totals)."""
+        for counter, amount in (
+            (self.gc_candidates, candidates),
+            (self.gc_marks, marked),
+            (self.gc_vetoes, vetoed),
+            (self.gc_deletions, deleted),
+        ):
+            if amount < 0:
+                raise ValueError(f"GC counts only grow, got {amount}")
+            if amount:
+                counter.inc(amount)
+
+    def note_checkpoint(self, updated_at_unix_ns: int) -> None:
+        self._checkpoint_updated_ns = updated_at_unix_ns
+
+    def _checkpoint_age_s(self) -> float:
+        if self._checkpoint_updated_ns is None:
+            return -1.0
+        return max(0.0, (self._clock.now_ns() - self._checkpoint_updated_ns) / 1e9)

@@ -1,0 +1,123 @@
+"""Problem records: things the reconciler cannot repair and a human must look at.
+
+One record per (kind, subject) at ``problem_key(kind, subject_key)`` (`ProblemRecord`):
+created with If-None-Match on first sight; later sightings move ``last_seen`` forward
+(best effort, If-Match). When a subject later checks out fine (the blob reappeared, the
+manifest parses), its record is removed, so the set of records is the set of problems
+as of each subject's latest check.
+
+Kinds (``PROBLEM_KINDS``): ``missing-blob`` and ``corrupt-blob`` (subject: the raw-blob
+key; the detail names the record that references it), ``unparseable-manifest`` and
+``unparseable-quarantine`` (subject: the record's key). ``gc-guard`` belongs to the GC.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator
+
+from protocol import keys
+from protocol.records import ProblemRecord, RecordError
+from store.base import ObjectStore
+from store.errors import NotFound, StoreError
+
+from . import store_calls
+from .context import ReconcilerContext
+
+# Problems are meant to be few; past this many, records are still written but no longer
+# all remembered, so some fixed ones wait for a human to clear them.
+MAX_REMEMBERED = 100_000
+
+
+class ProblemBook:
+    """Records and resolves problems for one pass or audit. Call `load` first."""
+
+    def __init__(self, ctx: ReconcilerContext) -> None:
+        self._ctx = ctx
+        self._known: set[str] = set()
+        self.found: Counter[str] = Counter()
+
+    async def load(self) -> None:
+        """Remember which problem records exist, so `resolve` costs nothing when none does."""
+        self._known.clear()
+        async for info in self._ctx.store.list(keys.RECONCILER_PROBLEMS_PREFIX):
+            if len(self._known) >= MAX_REMEMBERED:
+                break
+            self._known.add(info.key)
+
+    async def record(self, kind: str, subject_key: str, detail: str) -> None:
+        """Report a problem (store errors are logged and swallowed: it is found again later)."""
+        ctx = self._ctx
+        self.found[kind] += 1
+        ctx.metrics.problems.labels(kind).inc()
+        ctx.log.warning("reconciler_problem", kind=kind, subject=subject_key, detail=detail)
+        key = keys.problem_key(kind, subject_key)
+        now = ctx.clock.now_ns()
+        record = ProblemRecord(
+            kind=kind,
+            subject_key=subject_key,
+            detail=detail,
+            first_seen_unix_ns=now,
+            last_seen_unix_ns=now,
+        )
+        await ctx.check_fence()
+        try:
+            outcome = await store_calls.create_if_absent(ctx, key, record.to_json())
+            self._known.add(key)
+            if outcome is store_calls.Created.EXISTED:
+                await self._touch(key, detail, now)
+        except StoreError as exc:
+            ctx.metrics.store_failures.labels("problem").inc()
+            ctx.log.warning("problem_record_failed", key=key, error=str(exc))
+
+    async def resolve(self, kind: str, subject_key: str) -> None:
+        """The subject checked out fine: remove its record of ``kind``, if there is one."""
+        key = keys.problem_key(kind, subject_key)
+        if key not in self._known:
+            return
+        ctx = self._ctx
+        await ctx.check_fence()
+        try:
+            await ctx.store.delete(key)
+        except StoreError as exc:
+            ctx.log.warning("problem_resolve_failed", key=key, error=str(exc))
+            return
+        self._known.discard(key)
+        ctx.metrics.problems_resolved.labels(kind).inc()
+        ctx.log.info("reconciler_problem_resolved", kind=kind, subject=subject_key)
+
+    async def _touch(self, key: str, detail: str, now: int) -> None:
+        # One attempt: a lost race means another sighting just updated it.
+        store = self._ctx.store
+        try:
+            body, etag = await store.get(key)
+            current = ProblemRecord.from_json(body)
+            updated = current.model_copy(update={"last_seen_unix_ns": now, "detail": detail})
+            await store.put(key, updated.to_json(), if_match=etag)
+        except (RecordError, StoreError):
+            pass  # NotFound (resolved meanwhile), PreconditionFailed (lost the race), ...
+
+
+async def list_problems(
+    store: ObjectStore, kind: str | None = None
+) -> AsyncIterator[tuple[str, ProblemRecord | None]]:
+    """Every problem record (key, record; ``None`` when unreadable), in key order."""
+    prefix = keys.RECONCILER_PROBLEMS_PREFIX + (f"{kind}/" if kind else "")
+    async for info in store.list(prefix):
+        try:
+            body, _etag = await store.get(info.key)
+        except NotFound:
+            continue  # resolved while we listed
+        try:
+            yield info.key, ProblemRecord.from_json(body)
+        except RecordError:
+            yield info.key, None
+
+
+async def count_problems(store: ObjectStore) -> Counter[str]:
+    """Problem records by kind (from their keys; no bodies are read)."""
+    counts: Counter[str] = Counter()
+    async for info in store.list(keys.RECONCILER_PROBLEMS_PREFIX):
+        kind = info.key[len(keys.RECONCILER_PROBLEMS_PREFIX) :].split("/", 1)[0]
+        counts[kind] += 1
+    return counts

@@ -1,0 +1,95 @@
+"""The reconciler's store calls, each retried a bounded number of times with jitter.
+
+Only calls that are safe to repeat are retried here: reads, and If-None-Match creates
+(a repeat either creates the object or finds it: 412). Errors left after the retries
+propagate as the store raised them; callers count them and leave the work for next time.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from store.base import ObjectInfo
+from store.errors import (
+    ConditionConflict,
+    NotFound,
+    OutcomeUnknown,
+    PreconditionFailed,
+    Unavailable,
+)
+
+from .context import ReconcilerContext
+
+T = TypeVar("T")
+
+
+class Created(enum.Enum):
+    """Outcome of `create_if_absent`."""
+
+    CREATED = "created"
+    EXISTED = "existed"
+    MAYBE = "maybe"
+    """412 after an attempt whose answer was lost: ours may have landed. Treat as created
+    where missing a consequence (a dirty marker) would be worse than doing it twice."""
+
+    @property
+    def possibly_ours(self) -> bool:
+        return self is not Created.EXISTED
+
+
+async def _retrying(ctx: ReconcilerContext, call: Callable[[], Awaitable[T]]) -> T:
+    delays = ctx.backoff.delays(ctx.rng)
+    while True:
+        try:
+            return await call()
+        except (Unavailable, ConditionConflict):
+            delay = next(delays, None)
+            if delay is None:
+                raise
+            await ctx.clock.sleep(delay)
+
+
+async def read(ctx: ReconcilerContext, key: str) -> bytes | None:
+    """The body at ``key``, or ``None`` when absent."""
+
+    async def call() -> bytes | None:
+        try:
+            body, _etag = await ctx.store.get(key)
+        except NotFound:
+            return None
+        return body
+
+    return await _retrying(ctx, call)  # safe to repeat: a read
+
+
+async def head(ctx: ReconcilerContext, key: str) -> ObjectInfo | None:
+    """The object's metadata, or ``None`` when absent."""
+
+    async def call() -> ObjectInfo | None:
+        try:
+            return await ctx.store.head(key)
+        except NotFound:
+            return None
+
+    return await _retrying(ctx, call)  # safe to repeat: a read
+
+
+async def create_if_absent(ctx: ReconcilerContext, key: str, body: bytes) -> Created:
+    """Create ``key`` with If-None-Match. The caller checked the fence for this batch."""
+    lost_answer = False
+
+    async def call() -> Created:
+        nonlocal lost_answer
+        try:
+            await ctx.store.put(key, body, if_none_match=True)
+        except PreconditionFailed:
+            return Created.MAYBE if lost_answer else Created.EXISTED
+        except OutcomeUnknown:
+            lost_answer = True
+            raise
+        return Created.CREATED
+
+    # Safe to repeat: If-None-Match turns a repeat of a create that landed into a 412.
+    return await _retrying(ctx, call)

@@ -1,0 +1,254 @@
+"""``lm-reconciler`` as real processes on the filesystem store: run --once and status, the
+problems command, kill -9 in the middle of an audit, two daemons with one active."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from protocol import keys
+from protocol.clock import SystemClock
+from protocol.records import AuditRecord, LeaseRecord
+from reconciler.audit import DONE, FRONTIER
+from reconciler.daemon import Reconciler, load_gc
+from store.fs import FileSystemStore
+from tests.reconciler.conftest import (
+    cli_env,
+    make_batch,
+    make_settings,
+    run_cli,
+    start_cli,
+    write_batch_files,
+)
+from tests.reconciler.test_audit import RecordingStore
+from tests.reconciler.test_inventory import store_rows, write_csv_inventory
+
+DEADLINE_S = 30.0
+
+
+def now_batches(root: Path, agents: int, per_agent: int, *, derived: bool = True) -> list:  # type: ignore[type-arg]
+    start = time.time_ns() - 10 * keys.NS_PER_S
+    batches = []
+    for agent in range(agents):
+        for seq in range(per_agent):
+            batch = make_batch(agent, seq, start + agent * per_agent + seq)
+            write_batch_files(root, batch, derived_entries=derived)
+            batches.append(batch)
+    return batches
+
+
+def test_status_after_run_once_shows_zero_lag_and_zero_problems(tmp_path: Path) -> None:
+    store_dir = tmp_path / "store"
+    now_batches(store_dir, agents=3, per_agent=4, derived=False)
+    env = cli_env(store_dir)
+
+    before = run_cli("status", "--json", env=env)
+    assert before.returncode == 0, before.stderr
+    assert json.loads(before.stdout)["checkpoint"] is None
+
+    once = run_cli("run", "--once", env=env)
+    assert once.returncode == 0, once.stderr
+    report = json.loads(once.stdout)
+    assert report["complete"] and report["audit"]["status"] == "completed"
+    assert report["audit"]["repaired"]["accepted-by-time"] == 12
+
+    status = run_cli("status", "--json", env=env)
+    assert status.returncode == 0, status.stderr
+    doc = json.loads(status.stdout)
+    assert doc["lag_hours"] == 0 and doc["lag_seconds"] == 0
+    assert doc["problems"] == {"total": 0, "by_kind": {}}
+    assert doc["checkpoint"]["next_hour"] == keys.UtcHour.from_unix_ns(time.time_ns()).iso
+    assert doc["last_completed_audit"]["manifests_seen"] == 12
+    assert doc["lease"]["active"] is False  # released on exit
+    assert run_cli("status", "--check", env=env).returncode == 0
+    assert "lag             0 h" in run_cli("status", env=env).stdout
+
+
+def test_problems_are_listed_and_fail_the_status_check(tmp_path: Path) -> None:
+    store_dir = tmp_path / "store"
+    batches = now_batches(store_dir, agents=1, per_agent=3)
+    (store_dir / batches[1].manifest.raw_blob_key).unlink()
+    env = cli_env(store_dir)
+
+    assert run_cli("run", "--once", env=env).returncode == 0
+    listed = run_cli("problems", "--json", env=env)
+
+    assert listed.returncode == 0, listed.stderr
+    [problem] = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert problem["kind"] == "missing-blob"
+    assert problem["subject_key"] == batches[1].manifest.raw_blob_key
+    check = run_cli("status", "--check", env=env)
+    assert check.returncode == 1
+    assert "problems        1 (missing-blob 1)" in run_cli("status", env=env).stdout
+
+
+def test_bad_configuration_exits_2(tmp_path: Path) -> None:
+    result = run_cli("status", env=cli_env(tmp_path, LM_RECONCILER__CONCURENCY="3"))
+    assert result.returncode == 2 and "reconciler.concurency" in result.stderr
+
+
+def read_audit_record(store_dir: Path) -> AuditRecord | None:
+    folder = store_dir / keys.RECONCILER_AUDITS_PREFIX
+    files = sorted(folder.glob("*.json")) if folder.exists() else []
+    try:
+        return AuditRecord.from_json(files[-1].read_bytes()) if files else None
+    except (OSError, ValueError):
+        return None  # being replaced at this very moment: read again
+
+
+async def test_kill_9_mid_audit_then_the_next_run_resumes(tmp_path: Path) -> None:
+    store_dir = tmp_path / "store"
+    now_batches(store_dir, agents=15, per_agent=20, derived=False)
+    env = cli_env(
+        store_dir,
+        LM_RECONCILER__VERIFY_RATE_PER_S="40",  # ~8 s for 300 blobs: plenty of time to kill it
+        LM_RECONCILER__CONCURRENCY="2",
+        LM_RECONCILER__LEASE_TTL_S="2",
+    )
+    auditor = start_cli("audit", env=env, log_path=tmp_path / "audit.log")
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        while True:
+            record = read_audit_record(store_dir)
+            if record is not None and record.manifests_seen >= 40 and record.cursors:
+                break
+            assert auditor.poll() is None, (tmp_path / "audit.log").read_text()
+            assert time.monotonic() < deadline, "no audit progress recorded in time"
+            await asyncio.sleep(0.05)  # polling the record, bounded by the deadline
+        os.kill(auditor.pid, signal.SIGKILL)
+    finally:
+        auditor.kill()
+        auditor.wait()
+    interrupted = read_audit_record(store_dir)
+    assert interrupted is not None and interrupted.status == "running"
+    assert interrupted.manifests_seen < 300
+    finished = {g for g, cursor in interrupted.cursors.items() if cursor == DONE}
+    frontier = interrupted.cursors.get(FRONTIER)
+
+    store = RecordingStore(FileSystemStore(store_dir))
+    reconciler = Reconciler(
+        store=store,
+        settings=make_settings(lease_ttl_s=2.0, verify_rate_per_s=100_000.0),
+        clock=SystemClock(),
+        rng=random.Random(9),
+    )
+    resumed = await reconciler.audit_once()  # waits out the dead process's lease (<= 2 s)
+
+    assert resumed.status == "completed"
+    assert resumed.audit_id == interrupted.audit_id
+    assert resumed.started_at_unix_ns == interrupted.started_at_unix_ns
+    assert resumed.manifests_seen >= 300
+    listed = {prefix for prefix, _after in store.lists}
+    assert not listed & finished
+    if frontier is not None:
+        assert all(
+            not (p.startswith(keys.ACCEPTED_PREFIX) and p <= frontier)
+            for p in listed - {keys.ACCEPTED_PREFIX}
+        )
+    assert sum(1 for _ in (store_dir / keys.ACCEPTED_BY_TIME_PREFIX).rglob("*.json")) == 300
+
+
+def lease_on_disk(store_dir: Path) -> LeaseRecord | None:
+    try:
+        return LeaseRecord.from_json((store_dir / keys.RECONCILER_LEASE_KEY).read_bytes())
+    except (OSError, ValueError):
+        return None
+
+
+def wait_for_lease(store_dir: Path, predicate, what: str) -> LeaseRecord:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        lease = lease_on_disk(store_dir)
+        if lease is not None and predicate(lease):
+            return lease
+        time.sleep(0.05)  # polling the lease object, bounded by the deadline
+    raise AssertionError(f"timed out waiting for {what}; lease is {lease_on_disk(store_dir)}")
+
+
+def test_two_daemons_one_active_and_the_standby_takes_over_after_kill_9(tmp_path: Path) -> None:
+    store_dir = tmp_path / "store"
+    now_batches(store_dir, agents=2, per_agent=3)
+    env = cli_env(store_dir, LM_RECONCILER__LEASE_TTL_S="1.5", LM_RECONCILER__LOOP_INTERVAL_S="0.2")
+    daemons = {
+        name: start_cli("run", env=env, log_path=tmp_path / f"{name}.log") for name in ("a", "b")
+    }
+    try:
+        first = wait_for_lease(store_dir, lambda lease: True, "a first leader")
+        by_pid = {str(p.pid): name for name, p in daemons.items()}
+        active = next(name for pid, name in by_pid.items() if f"-{pid}-" in first.owner)
+        standby = "b" if active == "a" else "a"
+        # Renewed well past its first expiry: the standby never got in meanwhile.
+        renewed = wait_for_lease(
+            store_dir,
+            lambda lease: lease.expires_at_unix_ns >= first.expires_at_unix_ns + 2 * 10**9,
+            "the leader to renew",
+        )
+        assert (renewed.owner, renewed.epoch) == (first.owner, first.epoch)
+        assert "reconciler_standby" in (tmp_path / f"{standby}.log").read_text()
+
+        os.kill(daemons[active].pid, signal.SIGKILL)
+        daemons[active].wait()
+        taken = wait_for_lease(
+            store_dir,
+            lambda lease: f"-{daemons[standby].pid}-" in lease.owner,
+            "the standby to take over",
+        )
+        assert taken.epoch > first.epoch
+
+        os.kill(daemons[standby].pid, signal.SIGTERM)
+        assert daemons[standby].wait(timeout=DEADLINE_S) == 0
+        released = lease_on_disk(store_dir)
+        assert released is not None and released.expires_at_unix_ns <= time.time_ns()
+    finally:
+        for process in daemons.values():
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+
+
+async def test_audit_command_reads_an_inventory(tmp_path: Path) -> None:
+    store_dir = tmp_path / "store"
+    now_batches(store_dir, agents=2, per_agent=3, derived=False)
+    store = FileSystemStore(store_dir)
+    write_csv_inventory(tmp_path / "inventory", await store_rows(store, prefix=""), parts=1)
+
+    result = run_cli(
+        "audit", "--inventory", f"file://{tmp_path / 'inventory'}", env=cli_env(store_dir)
+    )
+
+    assert result.returncode == 0, result.stderr
+    record = json.loads(result.stdout)
+    assert (record["status"], record["source"], record["manifests_seen"]) == (
+        "completed",
+        "inventory",
+        6,
+    )
+    assert record["repaired"]["accepted-by-time"] == 6
+
+
+def test_gc_command_without_the_gc_module_exits_2(tmp_path: Path) -> None:
+    if load_gc() is not None:
+        pytest.skip("reconciler.gc.run_gc is available")
+    result = run_cli("gc", "--dry-run", env=cli_env(tmp_path / "store"))
+    assert result.returncode == 2 and "reconciler.gc.run_gc is not available" in result.stderr
+
+
+def test_one_shot_command_exits_3_while_another_reconciler_is_active(tmp_path: Path) -> None:
+    store_dir = tmp_path / "store"
+    lease = LeaseRecord(
+        owner="someone-else", epoch=4, expires_at_unix_ns=time.time_ns() + 3600 * 10**9
+    )
+    (store_dir / keys.RECONCILER_LEASE_KEY).parent.mkdir(parents=True)
+    (store_dir / keys.RECONCILER_LEASE_KEY).write_bytes(lease.to_json())
+
+    result = run_cli("audit", env=cli_env(store_dir, LM_RECONCILER__LEASE_TTL_S="0.2"))
+
+    assert result.returncode == 3
+    assert "someone-else" in result.stderr
