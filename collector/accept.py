@@ -31,7 +31,7 @@ from typing import Protocol, TypeVar
 
 import structlog
 
-from protocol import keys, records
+from protocol import derived, keys, records
 from protocol.clock import Clock
 from store.base import ObjectStore
 from store.errors import (
@@ -221,16 +221,8 @@ class BatchAcceptor:
             await self._pause(request, delays)
 
     def _index_raw_blob(self, sha: str) -> None:
-        now = self._clock.now_ns()
-        entry = records.IndexEntry(
-            kind="raw-blobs-by-time",
-            source_key=keys.raw_blob_key(sha),
-            frame_sha256=sha,
-            indexed_time_unix_ns=now,
-        )
-        self._derived.offer(
-            keys.raw_blob_by_time_key(keys.UtcHour.from_unix_ns(now), sha), entry.to_json()
-        )
+        entry = derived.raw_blob_by_time_entry(sha, self._clock.now_ns())
+        self._derived.offer(entry.key, entry.body)
 
     async def _veto_gc_if_marked(self, request: _Request, frame: bytes, sha: str) -> None:
         """The blob already existed. If GC has marked it, make sure it survives (PROTOCOL §3.5)."""
@@ -366,29 +358,12 @@ class BatchAcceptor:
                 raise _BudgetExhausted from None
 
     def _index_manifest(self, manifest: records.AcceptedManifest) -> None:
-        sha = manifest.frame_sha256
-        key = manifest.manifest_key
-        by_time = records.IndexEntry(
-            kind="accepted-by-time",
-            source_key=key,
-            frame_sha256=sha,
-            indexed_time_unix_ns=manifest.accepted_at_unix_ns,
-        )
-        self._derived.offer(
-            keys.accepted_by_time_key(manifest.accepted_hour, manifest.identity), by_time.to_json()
-        )
-        by_blob = records.IndexEntry(
-            kind="accepted-by-blob",
-            source_key=key,
-            frame_sha256=sha,
-            indexed_time_unix_ns=manifest.accepted_at_unix_ns,
-        )
-        self._derived.offer(keys.accepted_by_blob_key(sha, manifest.identity), by_blob.to_json())
+        for entry in derived.accepted_entries(manifest):
+            self._derived.offer(entry.key, entry.body)
 
     async def _quarantine(
         self, request: _Request, accepted: records.AcceptedManifest, submitted_sha: str
     ) -> IdentityConflictFound:
-        identity = accepted.identity
         conflict = records.IdentityConflict(
             agent_id=accepted.agent_id,
             boot_id=accepted.boot_id,
@@ -403,21 +378,12 @@ class BatchAcceptor:
             collector_id=self._collector_id,
         )
         quarantine_key = conflict.quarantine_key
-        entry = records.IndexEntry(
-            kind="quarantine-by-blob",
-            source_key=quarantine_key,
-            frame_sha256=submitted_sha,
-            indexed_time_unix_ns=conflict.observed_at_unix_ns,
-        )
         # Best effort (PROTOCOL §3.2): the 409 is the answer whether or not these land.
-        for op, key, body in (
-            ("put_quarantine", quarantine_key, conflict.to_json()),
-            (
-                "put_quarantine_by_blob",
-                keys.quarantine_by_blob_key(submitted_sha, identity),
-                entry.to_json(),
-            ),
-        ):
+        writes = [("put_quarantine", quarantine_key, conflict.to_json())]
+        writes += [
+            ("put_quarantine_by_blob", e.key, e.body) for e in derived.quarantine_entries(conflict)
+        ]
+        for op, key, body in writes:
             try:
                 await self._create_idempotent(request, op, key, body)
             except (_BudgetExhausted, StoreError) as exc:

@@ -16,7 +16,7 @@ Exit codes:
   0  success
   1  runtime failure: store unreachable, a pass or audit left incomplete (rerun resumes),
      or ``status --check`` found lag or problems
-  2  bad configuration or arguments; ``gc`` when reconciler.gc.run_gc is not available
+  2  bad configuration or arguments;
   3  another reconciler holds the lease (one-shot commands wait 1.5 lease TTLs first)
 """
 
@@ -46,7 +46,8 @@ from store.lease import LeaseHeld
 from store.open import open_store_from_settings
 
 from .audit import AuditProgress
-from .daemon import GcUnavailable, PassReport, Reconciler, Stopped
+from .daemon import PassReport, Reconciler, Stopped
+from .gc import GcRefused
 from .inventory import InventoryError, InventorySource
 from .problems import list_problems
 from .status import gather_status
@@ -154,9 +155,9 @@ async def _leased_command(store: ObjectStore, settings: Settings, args: argparse
     except LeaseHeld as held:
         print(f"lm-reconciler: another reconciler is active: {held}", file=sys.stderr)
         return EXIT_LEASE_HELD
-    except GcUnavailable as exc:
-        print(f"lm-reconciler: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    except GcRefused as exc:
+        print(f"lm-reconciler: GC refused to delete: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     except InventoryError as exc:
         print(f"lm-reconciler: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -208,8 +209,6 @@ def _print_pass(report: PassReport) -> int:
         doc["audit"] = report.audit.model_dump(mode="json", by_alias=True)
     if report.gc is not None:
         doc["gc"] = _plain(report.gc)
-    if report.gc_skipped:
-        doc["gc_skipped"] = report.gc_skipped
     print(_json(doc))
     return EXIT_OK if report.complete else EXIT_FAILED
 

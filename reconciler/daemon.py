@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -44,17 +43,13 @@ from store.lease import LeaseHeld, LeaseLost
 from .audit import ProgressCallback, run_full_audit
 from .audit_records import latest_audit, latest_completed_audit
 from .context import Fence, ReconcilerContext, default_owner_id
+from .gc import run_gc
 from .inventory import InventorySource
 from .metrics import ReconcilerMetrics
 from .steady import SteadyResult, SteadyScanner
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
-GcRunner = Callable[..., Awaitable[Any]]
-
-
-class GcUnavailable(RuntimeError):
-    """``reconciler.gc.run_gc`` is not available in this build."""
 
 
 class Stopped(Exception):
@@ -69,7 +64,6 @@ class PassReport:
     steady: SteadyResult | None = None
     audit: AuditRecord | None = None
     gc: Any = None
-    gc_skipped: str | None = None
 
     @property
     def complete(self) -> bool:
@@ -77,19 +71,6 @@ class PassReport:
         steady_ok = self.steady is not None and self.steady.complete
         audit_ok = self.audit is None or self.audit.status == "completed"
         return steady_ok and audit_ok
-
-
-def load_gc() -> GcRunner | None:
-    """``reconciler.gc.run_gc(ctx, *, dry_run)`` if it exists (imported lazily: the GC is
-    developed separately and may not provide it yet)."""
-    try:
-        module = importlib.import_module("reconciler.gc")
-    except ModuleNotFoundError as exc:
-        if exc.name == "reconciler.gc":
-            return None
-        raise
-    runner: GcRunner | None = getattr(module, "run_gc", None)
-    return runner
 
 
 class Reconciler:
@@ -186,10 +167,7 @@ class Reconciler:
         )
 
     async def gc_once(self, *, dry_run: bool, lease_wait_s: float | None = None) -> Any:
-        """One GC run. Raises `GcUnavailable` when ``reconciler.gc.run_gc`` is not available."""
-        run_gc = load_gc()
-        if run_gc is None:
-            raise GcUnavailable("reconciler.gc.run_gc is not available in this build")
+        """One GC run (`reconciler.gc.run_gc`). Raises `GcRefused` when the guard trips."""
         return await self._one_shot(lambda ctx: run_gc(ctx, dry_run=dry_run), lease_wait_s)
 
     async def _one_shot(
@@ -216,14 +194,10 @@ class Reconciler:
                 "audit", lambda: self._audit_if_due(ctx), isolate_errors
             )
         if self._settings.gc.enabled and not self._stopping.is_set() and self._gc_due():
-            run_gc = load_gc()
-            if run_gc is None:
-                report.gc_skipped = "reconciler.gc.run_gc is not available"
-            else:
-                self._last_gc = self._clock.monotonic()
-                report.gc = await self._stage(
-                    "gc", lambda: run_gc(ctx, dry_run=self._settings.gc.dry_run), isolate_errors
-                )
+            self._last_gc = self._clock.monotonic()
+            report.gc = await self._stage(
+                "gc", lambda: run_gc(ctx, dry_run=self._settings.gc.dry_run), isolate_errors
+            )
         return report
 
     async def _stage(

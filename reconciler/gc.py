@@ -33,6 +33,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -40,6 +41,11 @@ from protocol import keys, records
 from protocol.clock import Clock
 from store.base import ObjectInfo, ObjectStore
 from store.errors import NotFound, OutcomeUnknown, PreconditionFailed, Unavailable
+from store.open import open_store
+
+if TYPE_CHECKING:
+    from config import StoreSettings
+    from reconciler.context import ReconcilerContext
 
 log = structlog.get_logger("reconciler.gc")
 NS = 1_000_000_000
@@ -90,6 +96,7 @@ class GarbageCollector:
         fence: Fence,
         delete_store: ObjectStore | None = None,
         observe: Callable[[str, int], None] | None = None,
+        deletion_blocker: Callable[[], Awaitable[str | None]] | None = None,
     ) -> None:
         self._store = store
         self._delete_store = delete_store or store
@@ -99,6 +106,8 @@ class GarbageCollector:
         self._latest_audit = latest_audit
         self._fence = fence
         self._observe = observe or (lambda _event, _count: None)
+        self._deletion_blocker = deletion_blocker
+        self._run_id = "unstarted"
 
     async def run(self, *, dry_run: bool = False) -> GcOutcome:
         """One GC run. Raises `GcRefused` when the deletion guard trips."""
@@ -204,7 +213,7 @@ class GarbageCollector:
             frame_sha256=sha,
             raw_blob_key=keys.raw_blob_key(sha),
             marked_at_unix_ns=self._clock.now_ns(),
-            gc_run_id="gc",
+            gc_run_id=self._run_id,
         )
         await self._fence()
         try:
@@ -229,6 +238,9 @@ class GarbageCollector:
                 eligible.append((info.key, mark))
         if not eligible:
             return
+        if self._deletion_blocker is not None and (reason := await self._deletion_blocker()):
+            log.error("gc_deletions_blocked", reason=reason, eligible_marks=len(eligible))
+            raise GcRefused(reason)
         audit = await self._latest_audit()
         newest_needed = max(m.marked_at_unix_ns for _, m in eligible) + grace_ns
         if (audit is None or audit.started_at_unix_ns <= newest_needed) and not dry_run:
@@ -369,3 +381,84 @@ class GarbageCollector:
             async for _ in self._store.list(prefix):
                 return True
         return False
+
+
+# --- the reconciler's entry point -------------------------------------------------------
+
+
+async def run_gc(ctx: ReconcilerContext, *, dry_run: bool) -> GcOutcome:
+    """One GC run with the reconciler's store, clock, lease fence, audits and metrics."""
+    from reconciler.audit import (
+        run_full_audit,
+    )  # the audit imports the context; keep GC importable alone
+
+    settings = ctx.settings
+    names = {
+        "candidates": "candidates",
+        "marks": "marked",
+        "vetoes": "vetoed",
+        "deletions": "deleted",
+    }
+
+    def observe(event: str, count: int) -> None:
+        if event in names:
+            ctx.metrics.record_gc(**{names[event]: count})
+
+    delete_store = _gc_role_store(settings.store)
+    collector = GarbageCollector(
+        store=ctx.store,
+        clock=ctx.clock,
+        policy=GcPolicy(
+            retry_horizon_s=settings.gc.retry_horizon_s,
+            mark_grace_s=settings.gc.mark_grace_s,
+            max_delete_fraction=settings.gc.max_delete_fraction,
+            settle_s=2 * (settings.store.connect_timeout_s + settings.store.read_timeout_s),
+        ),
+        run_audit=lambda: run_full_audit(ctx),
+        latest_audit=lambda: latest_listing_audit(ctx.store),
+        fence=ctx.check_fence,
+        delete_store=delete_store,
+        observe=observe,
+        deletion_blocker=lambda: unresolved_manifest_problems(ctx.store),
+    )
+    try:
+        return await collector.run(dry_run=dry_run)
+    finally:
+        if delete_store is not None:
+            await delete_store.close()
+
+
+def _gc_role_store(store_settings: StoreSettings) -> ObjectStore | None:
+    """With ``store.gc_credentials_profile``, deletions use that AWS profile (the GC role),
+    so the reconciler's everyday credentials need no s3:DeleteObject on raw blobs."""
+    profile = store_settings.gc_credentials_profile
+    if profile is None or not store_settings.url.startswith("s3://"):
+        return None
+    return open_store(
+        store_settings.url,
+        profile=profile,
+        endpoint_url=store_settings.endpoint_url,
+        region=store_settings.region,
+        connect_timeout_s=store_settings.connect_timeout_s,
+        read_timeout_s=store_settings.read_timeout_s,
+    )
+
+
+async def latest_listing_audit(store: ObjectStore) -> records.AuditRecord | None:
+    """The newest completed audit that *listed* the store. An S3 Inventory report is not an
+    exact snapshot (objects written shortly before it may be missing), so it proves nothing
+    about references for GC."""
+    from reconciler.audit_records import iter_audits_newest_first
+
+    async for audit in iter_audits_newest_first(store):
+        if audit.status == "completed" and audit.source == "listing":
+            return audit
+    return None
+
+
+async def unresolved_manifest_problems(store: ObjectStore) -> str | None:
+    """A manifest the audit cannot read may reference any blob: delete nothing until fixed."""
+    prefix = f"{keys.RECONCILER_PROBLEMS_PREFIX}unparseable-manifest/"
+    async for info in store.list(prefix):
+        return f"unparseable accepted manifests are recorded under {prefix} (e.g. {info.key}); fix them before GC deletes anything"
+    return None

@@ -11,13 +11,11 @@ import signal
 import time
 from pathlib import Path
 
-import pytest
-
 from protocol import keys
 from protocol.clock import SystemClock
 from protocol.records import AuditRecord, LeaseRecord
 from reconciler.audit import DONE, FRONTIER
-from reconciler.daemon import Reconciler, load_gc
+from reconciler.daemon import Reconciler
 from store.fs import FileSystemStore
 from tests.reconciler.conftest import (
     cli_env,
@@ -233,11 +231,23 @@ async def test_audit_command_reads_an_inventory(tmp_path: Path) -> None:
     assert record["repaired"]["accepted-by-time"] == 6
 
 
-def test_gc_command_without_the_gc_module_exits_2(tmp_path: Path) -> None:
-    if load_gc() is not None:
-        pytest.skip("reconciler.gc.run_gc is available")
-    result = run_cli("gc", "--dry-run", env=cli_env(tmp_path / "store"))
-    assert result.returncode == 2 and "reconciler.gc.run_gc is not available" in result.stderr
+def test_gc_dry_run_command_reports_and_changes_nothing(tmp_path: Path) -> None:
+    store_dir = tmp_path / "store"
+    orphan = store_dir / keys.raw_blob_key("ab" * 32)
+    orphan.parent.mkdir(parents=True)
+    orphan.write_bytes(b"orphan frame bytes")
+    before = sorted(p.relative_to(store_dir) for p in store_dir.rglob("*") if p.is_file())
+    result = run_cli("gc", "--dry-run", env=cli_env(store_dir))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["record"]["dry_run"] is True and report["deleted"] == []
+    after = sorted(
+        p.relative_to(store_dir)
+        for p in store_dir.rglob("*")
+        if p.is_file()
+        and not str(p.relative_to(store_dir)).startswith((".lm-store", "reconciler/v1/lease"))
+    )
+    assert after == before
 
 
 def test_one_shot_command_exits_3_while_another_reconciler_is_active(tmp_path: Path) -> None:

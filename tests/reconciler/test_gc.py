@@ -362,3 +362,29 @@ async def test_stale_deleting_mark_is_settled_without_deleting_again() -> None:
     await world.gc.run()
     assert await world.exists(keys.raw_blob_key(digest))
     assert not await world.exists(keys.gc_mark_key(digest))
+
+
+async def test_unparseable_manifest_problem_blocks_every_deletion() -> None:
+    from reconciler.gc import unresolved_manifest_problems
+
+    world = World()
+    world.gc._deletion_blocker = lambda: unresolved_manifest_problems(world.store)
+    digest = await world.orphan(frame_bytes(60))
+    world.clock.advance(3 * HOUR_S)
+    await world.gc.run()
+    problem = records.ProblemRecord(
+        kind="unparseable-manifest",
+        subject_key="accepted/v1/x.json",
+        detail="bad json",
+        first_seen_unix_ns=1,
+        last_seen_unix_ns=1,
+    )
+    await world.store.put(
+        keys.problem_key("unparseable-manifest", "accepted/v1/x.json"), problem.to_json()
+    )
+    world.clock.advance(POLICY.mark_grace_s + 1)
+    with pytest.raises(GcRefused, match="unparseable accepted manifests"):
+        await world.gc.run()
+    assert await world.exists(keys.raw_blob_key(digest))
+    await world.store.delete(keys.problem_key("unparseable-manifest", "accepted/v1/x.json"))
+    assert (await world.gc.run()).deleted == [digest]
