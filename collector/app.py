@@ -97,6 +97,8 @@ class CollectorApp:
         self.worker_name = worker_name
         self.spool = spool
         self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._in_flight_bytes = 0
 
     def build(self) -> web.Application:
@@ -117,7 +119,7 @@ class CollectorApp:
         offered = request.headers.get("X-Request-Id", "")
         request_id = offered if REQUEST_ID_RE.fullmatch(offered) else uuid.uuid4().hex
         structlog.contextvars.clear_contextvars()
-        structlog.contextvars.bind_contextvars(request_id=request_id)
+        structlog.contextvars.bind_contextvars(request_id=request_id, worker=self.worker_name)
         try:
             response = await handler(request)
         except web.HTTPException as exc:  # routing errors (404, 405) as JSON too
@@ -175,9 +177,27 @@ class CollectorApp:
         finally:
             self._reserve(-1, -reserve)
 
+    @property
+    def in_flight(self) -> int:
+        """Batch POSTs being handled now (the graceful stop waits for them)."""
+        return self._in_flight
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no batch POST is in flight; False if ``timeout_s`` passed first."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
+        return True
+
     def _reserve(self, requests: int, size: int) -> None:
         self._in_flight += requests
         self._in_flight_bytes += size
+        if self._in_flight:
+            self._idle.clear()
+        else:
+            self._idle.set()
         self.metrics.in_flight_requests.set(self._in_flight)
         self.metrics.in_flight_bytes.set(self._in_flight_bytes)
 
@@ -196,8 +216,16 @@ class CollectorApp:
         except FrameError as exc:
             return error_response(400, "invalid_frame", detail=str(exc)), "invalid_frame", {}
         # Decompressed payloads count against the in-flight cap too: memory stays bounded.
+        if header.payload_raw_len > self.limits.max_raw_bytes:  # poison, not load: 400, never 429
+            detail = f"payload_raw_len {header.payload_raw_len} > max_raw_bytes {self.limits.max_raw_bytes}"
+            return error_response(400, "invalid_frame", detail=detail), "invalid_frame", {}
         inflated = header.payload_raw_len if header.compressed else 0
-        if self._in_flight_bytes + inflated > self.limits.max_in_flight_bytes:
+        # A request alone in flight is always admitted: the cap bounds concurrency, and a
+        # frame within every per-frame limit must never be refused forever.
+        if (
+            self._in_flight > 1
+            and self._in_flight_bytes + inflated > self.limits.max_in_flight_bytes
+        ):
             return self._overloaded(), "overloaded", {}
         self._reserve(0, inflated)
         try:

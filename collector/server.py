@@ -159,6 +159,9 @@ class Worker:
             handle_signals=False,
             shutdown_timeout=s.http.shutdown_grace_s,
             keepalive_timeout=s.http.keepalive_timeout_s,
+            # Compression lives inside the frame; a Content-Encoding is answered 415 by the
+            # app, so aiohttp must not try to decode bodies itself.
+            auto_decompress=False,
         )
         await runner.setup()
         site = web.TCPSite(runner, s.http.host, s.http.port, reuse_port=reuse_port)
@@ -183,7 +186,11 @@ class Worker:
         await stop.wait()
         log.info("collector_stopping", worker=self.index, grace_s=s.http.shutdown_grace_s)
         deadline = time.monotonic() + s.http.shutdown_grace_s
-        await runner.cleanup()  # stops listening, waits for in-flight requests up to the grace
+        await site.stop()  # stop listening; connections already open keep being served
+        # Let requests in flight (including uploads still sending their body) finish: the
+        # runner's cleanup marks connections closing, and aiohttp then drops further bytes.
+        await self.app.wait_idle(max(0.0, deadline - time.monotonic()))
+        await runner.cleanup()
         if metrics_runner is not None:
             await metrics_runner.cleanup()
         readiness_task.cancel()

@@ -59,7 +59,7 @@ TOKENS = TokenTable(
     ]
 )
 # The in-flight byte cap is set above any payload_raw_len (u32) a fuzzed header can claim,
-# so the fuzz oracle stays strict; the cap's own bug has its tests (INFLATION_BUG).
+# so the fuzz oracle stays strict; the cap itself has its own tests below.
 LIMITS = HttpLimits(
     max_frame_bytes=64 * 1024,
     max_raw_bytes=1024 * 1024,
@@ -227,19 +227,12 @@ async def test_conflict_listing_with_store_down_is_503(
 
 # --- the in-flight byte cap must not refuse what could never fit -------------------------
 
-INFLATION_BUG = (
-    "BUG: collector/app.py _receive_and_accept (commit fc12944) reserves payload_raw_len "
-    "against max_in_flight_bytes before decode_frame checks it against max_raw_bytes, and "
-    "answers 429 when it does not fit even on an idle collector: agents retry 429 forever"
-)
-
 
 def _payload_raw_len(frame: bytes) -> int:
     (raw_len,) = struct.unpack_from(">I", frame, 48)
     return int(raw_len)
 
 
-@pytest.mark.xfail(strict=True, reason=INFLATION_BUG)
 async def test_payload_raw_len_over_max_raw_bytes_is_400_not_429(
     session: aiohttp.ClientSession,
 ) -> None:
@@ -254,7 +247,6 @@ async def test_payload_raw_len_over_max_raw_bytes_is_400_not_429(
     assert "payload_raw_len" in answer.json["detail"]
 
 
-@pytest.mark.xfail(strict=True, reason=INFLATION_BUG)
 async def test_valid_frame_within_every_limit_is_accepted_by_an_idle_collector(
     session: aiohttp.ClientSession,
 ) -> None:
@@ -523,8 +515,7 @@ async def test_fuzz_headers_get_4xx_or_200_never_5xx(
                 headers[name] = value
 
         async def one() -> Answer | None:
-            # A new connection per example: a refused gzip body may spoil a kept-alive one
-            # (see the xfail in test_http_api.py).
+            # A new connection per example: every example starts from a clean connection.
             async with aiohttp.ClientSession() as session:
                 return await _post_with_headers(session, collector.base_url, body, headers)
 
@@ -537,7 +528,7 @@ async def test_fuzz_headers_get_4xx_or_200_never_5xx(
         if not _valid_writer(authorization):
             assert answer.status == 401, answer
         elif (encoding or "identity").strip().lower() not in ("", "identity"):
-            assert answer.status in (400, 415), answer  # 400: aiohttp's own (see xfail)
+            assert answer.status in (400, 415), answer  # 400: aiohttp's own for malformed HTTP
         if answer.status in (200, 409):
             assert decodes(body)
 

@@ -342,7 +342,7 @@ async def test_authentication_comes_before_every_other_check(
         (gzip.compress(make_frame("agent-401")), FRAME_TYPE, {"Content-Encoding": "gzip"}),
         (bytes(LIMIT + 1), FRAME_TYPE, {}),
     ):
-        async with aiohttp.ClientSession() as session:  # see the keep-alive xfail below
+        async with aiohttp.ClientSession() as session:  # a fresh connection per case
             answer = await post_frame(
                 session, url, body, content_type=content_type, headers=headers
             )
@@ -430,12 +430,6 @@ async def test_chunked_body_growing_past_the_limit_is_413_before_it_ends(
 
 # --- 415 ----------------------------------------------------------------------------------
 
-AUTO_DECOMPRESS_BUG = (
-    "BUG: collector/server.py builds web.AppRunner without auto_decompress=False, so aiohttp "
-    "itself handles Content-Encoding: br/zstd (answers a plain-text 400 without "
-    "X-Request-Id before the collector sees the request) and gzip/deflate (decompresses "
-    "the refused body while draining it after the 415 and drops the connection)"
-)
 UNSUPPORTED_MEDIA = {
     "gzip_encoding": (FRAME_TYPE, {"Content-Encoding": "gzip"}, True),
     "deflate_encoding": (FRAME_TYPE, {"Content-Encoding": "deflate"}, False),
@@ -450,9 +444,6 @@ UNSUPPORTED_MEDIA = {
 MEDIA_CASES = [
     pytest.param(
         name,
-        marks=[pytest.mark.xfail(strict=True, reason=AUTO_DECOMPRESS_BUG)]
-        if name in ("br_encoding", "zstd_encoding")
-        else [],
         id=name,
     )
     for name in sorted(UNSUPPORTED_MEDIA)
@@ -507,7 +498,6 @@ async def test_identity_encoding_and_octet_stream_are_accepted(
         await wait_for_keys(store, lambda found, a=answer: derived_keys_present(found, a.json))
 
 
-@pytest.mark.xfail(strict=True, reason=AUTO_DECOMPRESS_BUG)
 async def test_415_for_bad_gzip_body_keeps_the_connection_usable(
     api_collector: CollectorProcess, api_tokens: Tokens
 ) -> None:

@@ -288,13 +288,6 @@ async def test_sigterm_exits_0_with_every_queued_derived_entry_written(
     assert stopped["derived_written"] == 3 * len(batches)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: on SIGTERM Worker.run (collector/server.py) calls runner.cleanup(), whose "
-    "pre_shutdown() marks every connection closing; aiohttp then drops all further bytes "
-    "(RequestHandler.data_received returns early when _close is set), so an upload still "
-    "sending its body never completes: no answer, connection dropped after the grace",
-)
 async def test_sigterm_answers_the_upload_still_in_flight(
     collectors: CollectorLauncher, tmp_path: Path
 ) -> None:
@@ -435,11 +428,6 @@ async def test_workers_share_one_port_and_both_serve(
             os.kill(pid, 0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: collector/app.py _request_context calls clear_contextvars(), which drops the "
-    "worker=<index> binding worker_main() made, so request logs of --workers N lack 'worker'",
-)
 async def test_request_logs_of_workers_name_the_worker(
     collectors: CollectorLauncher, tmp_path: Path
 ) -> None:
