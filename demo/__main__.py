@@ -5,7 +5,9 @@
 3. sends one deliberate identity conflict (same identity, different points) → 409;
 4. stops the collectors (SIGTERM: derived entries are flushed) and checks the store:
    exactly one accepted manifest per identity acknowledged, each with its raw blob;
-5. prints what happened and where the data lies.
+5. breaks what a crash would break and runs the reconciler (`demo.reconcile_step`):
+   index entries restored, the orphan blob collected, zero lag and zero problems;
+6. prints what happened and where the data lies.
 
 Exit code 0 when every check holds, 1 otherwise.
 """
@@ -26,6 +28,7 @@ import aiohttp
 from agent.fleet import FleetResult, RunOptions, SpoolSettings, run_fleet
 from agent.load import LoadSpec
 from collector.launch import start_collector
+from demo import reconcile_step
 from protocol import keys, records
 from protocol.frame import encode_frame, points_table
 from store.fs import FileSystemStore
@@ -83,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         codes = [c.stop() for c in collectors]
     step(f"collectors stopped with exit codes {codes}")
     problems = asyncio.run(_report(store_dir, result, conflict))
+    problems += reconcile_step.run(store_dir, step)
     if any(codes):
         problems.append(f"a collector exited with {codes}")
     print()
@@ -91,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"PROBLEM: {problem}")
         return 1
     print(
-        "All checks passed: every acknowledged batch has exactly one accepted manifest and its raw blob."
+        "All checks passed: every acknowledged batch has exactly one accepted manifest and its "
+        "raw blob; the reconciler restored the indexes and collected only the orphan."
     )
     return 0
 
