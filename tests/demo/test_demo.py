@@ -1,0 +1,48 @@
+"""The README's first command, end to end: lm-demo in a fresh directory passes its own checks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+
+def test_demo_runs_clean_in_a_fresh_directory(tmp_path: Path) -> None:
+    work = tmp_path / "demo"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "demo",
+            "--dir",
+            str(work),
+            "--agents",
+            "3",
+            "--batches",
+            "10",
+            "--points-per-batch",
+            "50",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "All checks passed" in done.stdout
+    assert "answer: 409 identity_conflict" in done.stdout
+    assert "1 deleted" in done.stdout  # the orphan was collected
+    assert "lag 0 h, 0 problems" in done.stdout
+    assert (work / "store" / "accepted" / "v1").is_dir()
+
+
+def test_demo_refuses_a_directory_that_is_not_empty(tmp_path: Path) -> None:
+    (tmp_path / "something").write_text("x")
+    done = subprocess.run(
+        [sys.executable, "-m", "demo", "--dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2 and "not empty" in done.stderr
