@@ -208,6 +208,12 @@ class RollupSettings(_Section):
     parquet_row_group_size: int = Field(default=1_000_000, ge=1)
     """Rows per Parquet row group."""
     compression: Literal["zstd", "snappy", "gzip", "lz4", "none"] = "zstd"
+    retention_s: float = Field(default=7 * 24 * 3600.0, ge=0)
+    """``lm-rollup vacuum`` keeps every snapshot (and its files) that was current within
+    this long, so version travel reaches back this far."""
+    vacuum_min_age_s: float = Field(default=3600.0, ge=0)
+    """``lm-rollup vacuum`` never deletes an unreachable object younger than this: a
+    commit in flight may be about to reference it."""
 
 
 def _lowercase(value: Any) -> Any:

@@ -1,0 +1,143 @@
+"""JSON decoding of rollup snapshots (PROTOCOL §4), kept apart from the model in
+`rollup.manifest` (whose `Snapshot.from_json` is the public entry point).
+
+Stored snapshots are read by other processes and by other versions of this code, so
+everything is validated; unknown extra fields are ignored (additive v1 evolution). Every
+problem raises `RollupManifestError` naming the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from protocol import keys
+from rollup.manifest import (
+    COMMIT_ID_PATTERN,
+    MANIFEST_SCHEMA,
+    DataFile,
+    LedgerHour,
+    RollupInvariantError,
+    RollupManifestError,
+    Snapshot,
+    TableState,
+    check_ledger_hour,
+    parse_created_at,
+)
+
+
+def _need(document: Mapping[str, Any], name: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if name not in document:
+        raise RollupManifestError(f"{where}: missing {name!r}")
+    value = document[name]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+        raise RollupManifestError(f"{where}.{name}: unexpected {type(value).__name__} {value!r}")
+    return value
+
+
+def parse_snapshot(document: Any) -> Snapshot:
+    if not isinstance(document, dict):
+        raise RollupManifestError("rollup snapshot must be a JSON object")
+    if document.get("schema") != MANIFEST_SCHEMA:
+        raise RollupManifestError(
+            f"schema must be {MANIFEST_SCHEMA!r}, got {document.get('schema')!r}"
+        )
+    version = _need(document, "version", int, "snapshot")
+    previous = document.get("previous_manifest_key")
+    # Version 1 starts the chain; every later version links to its predecessor.
+    if version < 1 or (previous is None) != (version == 1):
+        raise RollupManifestError(
+            f"version {version} with previous_manifest_key {previous!r} is inconsistent"
+        )
+    if previous is not None and not (
+        isinstance(previous, str) and previous.startswith(keys.ROLLUP_MANIFESTS_PREFIX)
+    ):
+        raise RollupManifestError(f"previous_manifest_key {previous!r} is not a manifest key")
+    created_at = _need(document, "created_at", str, "snapshot")
+    owner_epoch = _need(document, "owner_epoch", int, "snapshot")
+    commit_id = _need(document, "commit_id", str, "snapshot")
+    try:
+        parse_created_at(created_at)
+    except ValueError as exc:
+        raise RollupManifestError(str(exc)) from None
+    if owner_epoch < 1 or not COMMIT_ID_PATTERN.fullmatch(commit_id):
+        raise RollupManifestError(f"bad owner_epoch {owner_epoch!r} or commit_id {commit_id!r}")
+    tables = {
+        name: _parse_table(name, state)
+        for name, state in _need(document, "tables", dict, "snapshot").items()
+    }
+    tombstones = _need(document, "tombstones", list, "snapshot")
+    ledger = _need(document, "ledger", dict, "snapshot")
+    files = _need(ledger, "files", list, "ledger")
+    hours = _need(ledger, "hours", dict, "ledger")
+    if not all(isinstance(p, str) for p in [*tombstones, *files]):
+        raise RollupManifestError("tombstones and ledger.files must be lists of keys")
+    ledger_hours: dict[str, LedgerHour] = {}
+    for hour, totals in hours.items():
+        where = f"ledger.hours.{hour}"
+        parsed = LedgerHour(
+            _need(totals, "batches", int, where),
+            _need(totals, "records", int, where),
+            _need(totals, "setsum", str, where),
+        )
+        try:
+            check_ledger_hour(hour, parsed)
+        except RollupInvariantError as exc:
+            raise RollupManifestError(str(exc)) from None
+        ledger_hours[hour] = parsed
+    return Snapshot(
+        version=version,
+        previous_manifest_key=previous,
+        created_at=created_at,
+        owner_epoch=owner_epoch,
+        commit_id=commit_id,
+        tables=tables,
+        tombstones=tuple(tombstones),
+        ledger_files=tuple(files),
+        ledger_hours=ledger_hours,
+    )
+
+
+def _parse_table(name: str, state: Any) -> TableState:
+    where = f"tables.{name}"
+    if not isinstance(state, dict):
+        raise RollupManifestError(f"{where} must be an object")
+    columns = _need(state, "columns", list, where)
+    for column in columns:
+        if not (isinstance(column, dict) and isinstance(column.get("name"), str)):
+            raise RollupManifestError(f"{where}.columns: bad column {column!r}")
+        _need(column, "type", str, f"{where}.columns")
+    data_files = tuple(
+        _parse_data_file(name, entry, f"{where}.data_files[{i}]")
+        for i, entry in enumerate(_need(state, "data_files", list, where))
+    )
+    return TableState(tuple(dict(c) for c in columns), data_files)
+
+
+def _parse_data_file(table: str, entry: Any, where: str) -> DataFile:
+    if not isinstance(entry, dict):
+        raise RollupManifestError(f"{where} must be an object")
+    partition = _need(entry, "partition", dict, where)
+    try:
+        hour = keys.UtcHour.parse_iso(
+            f"{_need(partition, 'date', str, where)}T{_need(partition, 'hour', int, where):02d}"
+        )
+    except keys.KeyFormatError as exc:
+        raise RollupManifestError(f"{where}.partition: {exc}") from None
+    path = _need(entry, "path", str, where)
+    # Readers prune by the recorded partition: it must be the one in the path.
+    if not path.startswith(f"{keys.ROLLUP_TABLES_PREFIX}{table}/{hour.partition}/"):
+        raise RollupManifestError(f"{where}: path {path!r} is not in partition {hour.partition}")
+    data_file = DataFile(
+        path=path,
+        table=table,
+        partition=hour,
+        row_count=_need(entry, "row_count", int, where),
+        size_bytes=_need(entry, "size_bytes", int, where),
+        min=_need(entry, "min", dict, where),
+        max=_need(entry, "max", dict, where),
+        added_version=_need(entry, "added_version", int, where),
+    )
+    if data_file.row_count < 0 or data_file.size_bytes < 0 or data_file.added_version < 1:
+        raise RollupManifestError(f"{where}: negative count/size or added_version < 1")
+    return data_file

@@ -1,0 +1,175 @@
+"""``lm-rollup vacuum``: delete rollup objects no retained snapshot needs.
+
+Retention (decision): the *retained* snapshots are the current one, plus
+- with ``retain_versions=K``: the newest K versions (the current counts as one);
+- with ``retain_s=S``: every snapshot created in the last S seconds *and* the one that
+  was current S seconds ago (the newest created before then), so any state the dataset
+  had within the last S seconds can still be read by version;
+both when both are given. Older snapshots' manifests are deleted too, which ends
+`history` and version travel there.
+
+Everything under ``rollup/v1/manifests/``, ``tables/`` and ``ledger/`` that no retained
+snapshot reaches (their manifests, data files and ledger files) is deleted: files
+superseded long enough ago (their removal is recorded in the superseding snapshot's
+``tombstones``), orphans of commits that crashed or lost, and old manifests. The pointer
+and the owner lease are never touched.
+
+Safety:
+- Nothing reachable from the current snapshot is ever deleted: the keep set always
+  includes it, and the pointer is re-read before deleting (a moved pointer aborts).
+- An unreachable object younger than ``min_age_s`` is kept: a commit in flight may be
+  about to reference it (its files are written before its snapshot and pointer).
+- Vacuum holds the rollup owner lease while it works (``hold_lease``), so no job commits
+  meanwhile; `store.lease.LeaseHeld` when a job holds it: run vacuum later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass, field
+
+import structlog
+
+from protocol import keys
+from protocol.clock import Clock
+from rollup.commit import load_latest, walk_snapshots
+from rollup.manifest import Snapshot, parse_created_at
+from rollup.owner import OwnerLease
+from store.base import ObjectInfo, ObjectStore
+
+log = structlog.get_logger(__name__)
+
+VACUUMED_PREFIXES = (
+    keys.ROLLUP_MANIFESTS_PREFIX,
+    keys.ROLLUP_TABLES_PREFIX,
+    keys.ROLLUP_LEDGER_PREFIX,
+)
+
+
+class VacuumAborted(Exception):
+    """The pointer moved while vacuum planned (a commit ran without the lease): nothing
+    was deleted; run vacuum again."""
+
+
+@dataclass(slots=True)
+class VacuumReport:
+    current_version: int | None
+    retained_versions: list[int] = field(default_factory=list)
+    kept: int = 0
+    too_young: int = 0
+    deleted: list[str] = field(default_factory=list)
+    dry_run: bool = False
+
+
+def retained(
+    chain: list[Snapshot], *, now_ns: int, retain_versions: int | None, retain_s: float | None
+) -> list[Snapshot]:
+    """Pure: the retained prefix of ``chain`` (newest first, contiguous versions)."""
+    if not chain:
+        return []
+    if retain_versions is not None and retain_versions < 1:
+        raise ValueError(f"retain_versions must be >= 1, got {retain_versions}")
+    if retain_s is not None and retain_s < 0:
+        raise ValueError(f"retain_s must be >= 0, got {retain_s}")
+    newest = chain[0].version
+    cutoff_ns = now_ns - int(retain_s * 1e9) if retain_s is not None else None
+    passed_cutoff = False
+    kept: list[Snapshot] = []
+    for snapshot in chain:
+        by_version = retain_versions is not None and snapshot.version > newest - retain_versions
+        # Walking back in time, every snapshot down to and including the first one
+        # created before the cutoff is kept: that one was current at the cutoff.
+        by_time = cutoff_ns is not None and not passed_cutoff
+        if cutoff_ns is not None and _created_ns(snapshot) < cutoff_ns:
+            passed_cutoff = True
+        if snapshot.version != newest and not (by_version or by_time):
+            break
+        kept.append(snapshot)
+    return kept
+
+
+def _created_ns(snapshot: Snapshot) -> int:
+    return int(parse_created_at(snapshot.created_at).timestamp() * 1e6) * 1000
+
+
+async def vacuum(
+    store: ObjectStore,
+    *,
+    clock: Clock,
+    retain_versions: int | None = None,
+    retain_s: float | None = None,
+    min_age_s: float = 3600.0,
+    dry_run: bool = False,
+    hold_lease: bool = True,
+    lease_ttl_s: float = 300.0,
+    concurrency: int = 16,
+) -> VacuumReport:
+    """Delete what no retained snapshot reaches (see the module doc). Returns what was
+    kept and deleted (with ``dry_run``: what would be). Raises `LeaseHeld` while a job
+    holds the owner lease, `VacuumAborted` if the pointer moved, store errors (a failed
+    delete stops the run; what was deleted before is reported in the log)."""
+    owner = None
+    if hold_lease:
+        owner = await OwnerLease.acquire(store, f"vacuum-{uuid.uuid4()}", lease_ttl_s, clock)
+    try:
+        return await _vacuum(
+            store, clock, retain_versions, retain_s, min_age_s, dry_run, owner, concurrency
+        )
+    finally:
+        if owner is not None:
+            await owner.release()
+
+
+async def _vacuum(
+    store: ObjectStore,
+    clock: Clock,
+    retain_versions: int | None,
+    retain_s: float | None,
+    min_age_s: float,
+    dry_run: bool,
+    owner: OwnerLease | None,
+    concurrency: int,
+) -> VacuumReport:
+    latest = await load_latest(store)
+    chain = [s async for s in walk_snapshots(store, latest)] if latest is not None else []
+    now_ns = clock.now_ns()
+    kept_snapshots = retained(
+        chain, now_ns=now_ns, retain_versions=retain_versions, retain_s=retain_s
+    )
+    keep: set[str] = set()
+    for snapshot in kept_snapshots:
+        keep |= snapshot.reachable_keys()
+    report = VacuumReport(
+        current_version=latest.snapshot.version if latest is not None else None,
+        retained_versions=[s.version for s in kept_snapshots],
+        dry_run=dry_run,
+    )
+    candidates: list[ObjectInfo] = []
+    for prefix in VACUUMED_PREFIXES:
+        async for info in store.list(prefix):
+            if info.key in keep:
+                report.kept += 1
+            elif now_ns - info.last_modified_ns < min_age_s * 1e9:
+                report.too_young += 1
+            else:
+                candidates.append(info)
+    # Manifests last: a run cut short keeps the chain's older links as long as possible.
+    candidates.sort(key=lambda i: i.key.startswith(keys.ROLLUP_MANIFESTS_PREFIX))
+    report.deleted = [c.key for c in candidates]
+    if dry_run or not candidates:
+        return report
+    if owner is not None:
+        await owner.check()
+    again = await load_latest(store)
+    if (again.manifest_key if again else None) != (latest.manifest_key if latest else None):
+        raise VacuumAborted("the rollup pointer moved while vacuum planned; nothing deleted")
+    limit = asyncio.Semaphore(concurrency)
+
+    async def delete(key: str) -> None:
+        async with limit:
+            await store.delete(key)
+
+    await asyncio.gather(*(delete(c.key) for c in candidates))
+    log.info("rollup_vacuumed", deleted=len(candidates), kept=report.kept)
+    return report

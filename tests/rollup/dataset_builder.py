@@ -1,0 +1,153 @@
+"""Building rollup datasets in tests without Spark: Parquet written with pyarrow, accepted
+batches written as the collector would, commits through `rollup.commit`."""
+
+from __future__ import annotations
+
+import io
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from protocol import derived, keys
+from protocol.clock import Clock
+from protocol.records import AcceptedManifest
+from rollup.commit import LoadedSnapshot, commit, load_latest
+from rollup.ledger import LedgerRow, encode_ledger, ledger_table, ledger_totals
+from rollup.manifest import Changes, DataFile, describe_file
+from rollup.owner import OwnerLease
+from rollup.schemas import POINTS_SCHEMA
+from rollup.series import canonical_series
+from store.base import ObjectStore
+
+BASE_HOUR = keys.UtcHour(date(2026, 11, 21), 10)
+BOOT = uuid.UUID("5f0c6a2e-0000-4000-8000-000000000001")
+
+
+def hour_at(offset: int) -> keys.UtcHour:
+    return BASE_HOUR.shifted(offset)
+
+
+def hour_start(hour: keys.UtcHour) -> datetime:
+    return datetime(hour.day.year, hour.day.month, hour.day.day, hour.hour, tzinfo=UTC)
+
+
+def points(
+    hour: keys.UtcHour,
+    count: int,
+    *,
+    metric: str = "cpu",
+    agent: str = "agent-a",
+    seq_start: int = 0,
+    value_start: float = 0.0,
+    labels: dict[str, str] | None = None,
+) -> pa.Table:
+    """``count`` points one second apart from the start of ``hour``."""
+    start = hour_start(hour)
+    rows = {
+        "ts": [start + timedelta(seconds=i) for i in range(count)],
+        "metric": [metric] * count,
+        "labels": [list(labels.items()) if labels else None] * count,
+        "value": [value_start + i for i in range(count)],
+        "series": [canonical_series(metric, labels)] * count,
+        "agent_id": [agent] * count,
+        "boot_id": [str(BOOT)] * count,
+        "seq": [seq_start + i for i in range(count)],
+    }
+    return pa.table(rows, schema=POINTS_SCHEMA)
+
+
+def parquet_bytes(table: pa.Table) -> bytes:
+    sink = io.BytesIO()
+    pq.write_table(table, sink)
+    return sink.getvalue()
+
+
+async def put_data_file(
+    store: ObjectStore, table_name: str, hour: keys.UtcHour, rows: pa.Table, version: int
+) -> DataFile:
+    """Write ``rows`` as a new Parquet file of ``table_name``; its `DataFile` record."""
+    key = keys.rollup_data_key(table_name, hour, str(uuid.uuid4()))
+    body = parquet_bytes(rows)
+    await store.put(key, body)
+    return describe_file(table_name, key, hour, rows, size_bytes=len(body), added_version=version)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """An accepted batch: its manifest (as the collector writes it)."""
+
+    manifest: AcceptedManifest
+
+    @property
+    def row(self) -> LedgerRow:
+        m = self.manifest
+        return LedgerRow(
+            m.identity.manifest_id, m.frame_sha256, m.record_count, m.accepted_hour.iso
+        )
+
+
+def make_batch(hour: keys.UtcHour, n: int, *, agent: str = "agent-a", records: int = 10) -> Batch:
+    seq_start = n * records
+    sha = uuid.uuid5(uuid.NAMESPACE_URL, f"{agent}/{n}/{hour.iso}").hex * 2
+    manifest = AcceptedManifest(
+        agent_id=agent,
+        boot_id=str(BOOT),
+        seq_start=seq_start,
+        seq_end=seq_start + records - 1,
+        record_count=records,
+        frame_sha256=sha,
+        frame_bytes=1000,
+        raw_blob_key=keys.raw_blob_key(sha),
+        accepted_at_unix_ns=hour.start_ns + n * 1_000_000_000,
+        collector_id="collector-1",
+    )
+    return Batch(manifest)
+
+
+async def accept(store: ObjectStore, batches: Sequence[Batch]) -> None:
+    """Write each batch's accepted manifest and derived entries, as the collector does."""
+    for batch in batches:
+        await store.put(batch.manifest.manifest_key, batch.manifest.to_json())
+        for entry in derived.accepted_entries(batch.manifest):
+            await store.put(entry.key, entry.body)
+
+
+async def ledger_changes(store: ObjectStore, rows: Sequence[LedgerRow]) -> Changes:
+    """Ledger files (one per hour) for ``rows`` and the matching `Changes`."""
+    by_hour: dict[str, list[LedgerRow]] = {}
+    for row in rows:
+        by_hour.setdefault(row.accepted_hour, []).append(row)
+    files: list[str] = []
+    for hour, hour_rows in sorted(by_hour.items()):
+        key = keys.rollup_ledger_key(keys.UtcHour.parse_iso(hour), str(uuid.uuid4()))
+        await store.put(key, encode_ledger(ledger_table(hour_rows)))
+        files.append(key)
+    return Changes(added_ledger_files=tuple(files), ledger_delta=ledger_totals(ledger_table(rows)))
+
+
+async def commit_rows(
+    store: ObjectStore,
+    owner: OwnerLease,
+    clock: Clock,
+    *,
+    data: Sequence[tuple[str, keys.UtcHour, pa.Table]] = (),
+    ledger: Sequence[LedgerRow] = (),
+    remove: Sequence[str] = (),
+    base: LoadedSnapshot | None = None,
+) -> LoadedSnapshot:
+    """Write data and ledger files and commit them on top of ``base`` (default latest)."""
+    base = base if base is not None else await load_latest(store)
+    version = base.snapshot.version + 1 if base is not None else 1
+    added = [await put_data_file(store, t, h, rows, version) for t, h, rows in data]
+    ledger_part = await ledger_changes(store, ledger) if ledger else Changes()
+    changes = Changes(
+        added_files=tuple(added),
+        removed_files=tuple(remove),
+        added_ledger_files=ledger_part.added_ledger_files,
+        ledger_delta=ledger_part.ledger_delta,
+    )
+    return await commit(store, base=base, changes=changes, owner=owner, clock=clock)

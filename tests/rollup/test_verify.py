@@ -1,0 +1,142 @@
+"""`verify`: per-hour setsums from accepted-by-time against the ledger; CLI exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from config.settings import Settings, StoreSettings
+from protocol import keys
+from protocol.clock import ManualClock
+from rollup.cli_read import add_read_commands
+from rollup.commit import commit, load_latest
+from rollup.ledger import ledger_table, ledger_totals
+from rollup.manifest import Changes
+from rollup.owner import OwnerLease
+from rollup.verify import verify
+from store.base import ObjectStore
+from store.fs import FileSystemStore
+from store.memory import MemoryStore
+from tests.rollup.dataset_builder import (
+    Batch,
+    accept,
+    commit_rows,
+    hour_at,
+    ledger_changes,
+    make_batch,
+)
+
+H0, H1 = hour_at(0).iso, hour_at(1).iso
+
+
+async def setup(store: ObjectStore) -> tuple[OwnerLease, ManualClock, list[Batch]]:
+    clock = ManualClock(hour_at(3).start_ns)
+    owner = await OwnerLease.acquire(store, "job", 600, clock)
+    batches = [make_batch(hour_at(0), n) for n in range(3)] + [
+        make_batch(hour_at(1), n, agent="agent-b") for n in range(2)
+    ]
+    await accept(store, batches)
+    return owner, clock, batches
+
+
+async def test_a_complete_rollup_verifies() -> None:
+    store = MemoryStore()
+    owner, clock, batches = await setup(store)
+    await commit_rows(store, owner, clock, ledger=[b.row for b in batches[:2]])
+    await commit_rows(store, owner, clock, ledger=[b.row for b in batches[2:]])
+    report = await verify(store)
+    assert report.ok and report.version == 2
+    assert [(h.hour, h.complete, h.accepted.batches) for h in report.hours] == [
+        (H0, True, 3),
+        (H1, True, 2),
+    ]
+    assert report.hours[0].describe() == "complete (3 batches, 30 records)"
+
+
+async def test_missing_and_extra_batches_are_counted_per_hour() -> None:
+    store = MemoryStore()
+    owner, clock, batches = await setup(store)
+    stranger = make_batch(hour_at(1), 9, agent="never-accepted")
+    # Hour 0 lacks batch 2; hour 1 has a batch nobody accepted and batch 0 twice.
+    rows = [b.row for b in batches[:2]] + [b.row for b in batches[3:]] + [stranger.row]
+    await commit_rows(store, owner, clock, ledger=rows)
+    await commit_rows(store, owner, clock, ledger=[batches[3].row])
+    report = await verify(store)
+    assert not report.ok
+    by_hour = {h.hour: h for h in report.hours}
+    assert (by_hour[H0].missing, by_hour[H0].extra) == (1, 0)
+    assert (by_hour[H1].missing, by_hour[H1].extra) == (0, 2)
+    assert by_hour[H0].describe() == "missing 1 / extra 0"
+
+
+async def test_a_ledger_header_that_disagrees_with_its_files_is_reported() -> None:
+    store = MemoryStore()
+    owner, clock, batches = await setup(store)
+    hour0 = [b.row for b in batches[:3]]
+    written = await ledger_changes(store, hour0)
+    wrong_totals = ledger_totals(ledger_table(hour0[:2]))
+    await commit(
+        store,
+        base=None,
+        changes=Changes(added_ledger_files=written.added_ledger_files, ledger_delta=wrong_totals),
+        owner=owner,
+        clock=clock,
+    )
+    report = await verify(store, first_hour=hour_at(0), last_hour=hour_at(0))
+    assert [h.hour for h in report.hours] == [H0]
+    (hour,) = report.hours
+    assert (hour.missing, hour.extra, hour.complete) == (0, 0, False)
+    assert "ledger totals disagree" in hour.describe()
+
+
+async def test_frame_sha_falls_back_to_the_accepted_manifest_and_junk_is_counted() -> None:
+    store = MemoryStore()
+    owner, clock, batches = await setup(store)
+    await commit_rows(store, owner, clock, ledger=[b.row for b in batches])
+    entry = keys.accepted_by_time_key(hour_at(0), batches[0].manifest.identity)
+    await store.put(entry, b"not json")
+    assert (await verify(store)).ok
+    await store.put(f"{keys.ACCEPTED_BY_TIME_PREFIX}junk.json", b"{}")
+    report = await verify(store)
+    assert report.unparseable_keys == 1 and not report.ok
+
+
+async def test_hours_without_a_rollup_are_missing_everything() -> None:
+    store = MemoryStore()
+    await setup(store)
+    report = await verify(store)
+    assert report.version is None
+    assert [(h.hour, h.missing, h.extra) for h in report.hours] == [(H0, 3, 0), (H1, 2, 0)]
+
+
+def run_cli(store_dir: Path, *argv: str) -> int:
+    parser = argparse.ArgumentParser()
+    add_read_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    settings = Settings(store=StoreSettings(url=f"file://{store_dir}"))
+    code: int = args.handler(args, settings)
+    return code
+
+
+def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    async def build() -> None:
+        store = FileSystemStore(tmp_path)
+        owner, clock, batches = await setup(store)
+        await commit_rows(store, owner, clock, ledger=[b.row for b in batches[1:]])
+        assert await load_latest(store) is not None
+        await store.close()
+
+    asyncio.run(build())
+
+    assert run_cli(tmp_path, "verify") == 1
+    out = capsys.readouterr().out
+    assert f"{H0}  missing 1 / extra 0" in out
+    assert f"{H1}  complete (2 batches, 20 records)" in out
+    assert run_cli(tmp_path, "verify", "--from", H1, "--to", H1) == 0
+    assert run_cli(tmp_path, "verify", "--format", "json") == 1
+    assert '"missing": 1' in capsys.readouterr().out
+    assert run_cli(tmp_path, "verify", "--version", "7") == 2
+    assert "version 7 does not exist" in capsys.readouterr().err
