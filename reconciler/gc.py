@@ -457,8 +457,12 @@ async def latest_listing_audit(store: ObjectStore) -> records.AuditRecord | None
 
 
 async def unresolved_manifest_problems(store: ObjectStore) -> str | None:
-    """A manifest the audit cannot read may reference any blob: delete nothing until fixed."""
-    prefix = f"{keys.RECONCILER_PROBLEMS_PREFIX}unparseable-manifest/"
-    async for info in store.list(prefix):
-        return f"unparseable accepted manifests are recorded under {prefix} (e.g. {info.key}); fix them before GC deletes anything"
+    """A record the audit cannot read may reference any blob: delete nothing until fixed."""
+    for kind in ("unparseable-manifest", "unparseable-quarantine"):
+        prefix = f"{keys.RECONCILER_PROBLEMS_PREFIX}{kind}/"
+        async for info in store.list(prefix):
+            return (
+                f"unparseable accepted manifests or quarantine records are recorded under "
+                f"{prefix} (e.g. {info.key}); fix them before GC deletes anything"
+            )
     return None
