@@ -32,7 +32,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from config.tokens import Principal
 from protocol import keys, records
-from protocol.frame import Frame, FrameError, decode_frame, decode_header
+from protocol.frame import FrameError, FrameHeader, decode_frame, decode_header
 from store.base import ObjectStore
 from store.errors import StoreConfigError, StoreError
 
@@ -229,20 +229,20 @@ class CollectorApp:
             return self._overloaded(), "overloaded", {}
         self._reserve(0, inflated)
         try:
-            return await self._decode_and_accept(body, principal)
+            return await self._decode_and_accept(body, header, principal)
         finally:
             self._reserve(0, -inflated)
 
     async def _decode_and_accept(
-        self, body: bytes, principal: Principal
+        self, body: bytes, frame: FrameHeader, principal: Principal
     ) -> tuple[web.Response, str, dict[str, Any]]:
+        # The whole frame is decoded to validate it; the points are not kept, so they do
+        # not stay in memory across the store calls (only the header is needed there).
         try:
             if len(body) > OFFLOAD_DECODE_BYTES:
-                frame = await asyncio.to_thread(
-                    decode_frame, body, max_raw_bytes=self.limits.max_raw_bytes
-                )
+                await asyncio.to_thread(decode_frame, body, max_raw_bytes=self.limits.max_raw_bytes)
             else:
-                frame = decode_frame(body, max_raw_bytes=self.limits.max_raw_bytes)
+                decode_frame(body, max_raw_bytes=self.limits.max_raw_bytes)
         except FrameError as exc:
             return error_response(400, "invalid_frame", detail=str(exc)), "invalid_frame", {}
         context = {
@@ -285,7 +285,7 @@ class CollectorApp:
         return error_response(409, "identity_conflict", None, **body_409), "conflict", context
 
     async def _spool_batch(
-        self, frame: Frame, body: bytes, sha: str, context: dict[str, Any]
+        self, frame: FrameHeader, body: bytes, sha: str, context: dict[str, Any]
     ) -> tuple[web.Response, str, dict[str, Any]]:
         """``local_spool`` mode: answer once the frame is durable locally (PROTOCOL §3.4)."""
         assert self.spool is not None

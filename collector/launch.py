@@ -73,8 +73,10 @@ def start_collector(
     command += ["serve", "--ready-file", str(ready_file), *args]
     with log_path.open("ab") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=child_env)
+    # With --workers N each worker writes "<ready file>.<index>"; the first one tells the port.
+    watched = ready_file.with_name(f"{ready_file.name}.0") if _workers(args) > 1 else ready_file
     deadline = time.monotonic() + timeout_s
-    while not ready_file.exists():
+    while not watched.exists():
         if process.poll() is not None:
             raise LaunchError(
                 f"collector {name} exited with {process.returncode}:\n{_tail(log_path)}"
@@ -86,10 +88,19 @@ def start_collector(
                 f"collector {name} did not listen within {timeout_s}s:\n{_tail(log_path)}"
             )
         time.sleep(0.05)  # polling for readiness, bounded by the deadline above
-    info = json.loads(ready_file.read_text())
+    info = json.loads(watched.read_text())
     return CollectorProcess(
         process, f"http://{info['host']}:{info['port']}", log_path, ready_file, env
     )
+
+
+def _workers(args: tuple[str, ...]) -> int:
+    for index, arg in enumerate(args):
+        if arg == "--workers" and index + 1 < len(args):
+            return int(args[index + 1])
+        if arg.startswith("--workers="):
+            return int(arg.split("=", 1)[1])
+    return 1
 
 
 def _tail(path: Path, lines: int = 30) -> str:

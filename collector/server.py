@@ -96,6 +96,7 @@ class Worker:
             clock=clock,
             rng=rng,
             max_queued=s.ingest.derived_queue_size,
+            workers=s.ingest.derived_writers,
             on_event=lambda fate: self.metrics.derived_events.labels(fate=fate).inc(),
         )
         self.acceptor = BatchAcceptor(
@@ -164,7 +165,9 @@ class Worker:
             auto_decompress=False,
         )
         await runner.setup()
-        site = web.TCPSite(runner, s.http.host, s.http.port, reuse_port=reuse_port)
+        # The accept backlog must hold a burst of new connections up to the in-flight cap.
+        backlog = max(128, s.http.max_in_flight_requests)
+        site = web.TCPSite(runner, s.http.host, s.http.port, reuse_port=reuse_port, backlog=backlog)
         await site.start()
         port = _bound_port(runner)
         metrics_runner = (

@@ -150,6 +150,9 @@ class IngestSettings(_Section):
     """Cap on a frame's decompressed payload (``payload_raw_len``); larger is 400."""
     request_budget_s: Seconds = 10.0
     """Time the store protocol may take for one request before answering 503."""
+    derived_writers: int = Field(default=16, ge=1, le=256)
+    """Concurrent writers draining the derived-entry queue; with store latency L each
+    writes about 1/L entries per second, and a batch makes three."""
     derived_queue_size: int = Field(default=10_000, ge=1)
     """Background queue of derived index writes; when full, entries are dropped and
     counted (the reconciler repairs them)."""

@@ -50,6 +50,7 @@ from aiobotocore.config import AioConfig
 from aiobotocore.httpsession import AIOHTTPSession
 from aiobotocore.session import AioSession
 from botocore import exceptions as botoexc
+from botocore import handlers as botohandlers
 
 from protocol.clock import Clock, SystemClock
 from store.base import ObjectInfo, check_key, check_put_conditions
@@ -225,6 +226,12 @@ class S3Store:
                 except botoexc.BotoCoreError as exc:
                     await stack.aclose()
                     raise StoreConfigError(f"{self.url}: cannot create S3 client: {exc}") from exc
+                # botocore asks for "Expect: 100-continue" on every PutObject: one more round
+                # trip per PUT (measured 46 vs 26 ms at 20 ms RTT). Our bodies are small frames
+                # and manifests, so sending the body at once is cheaper even when a 412 follows.
+                self._client.meta.events.unregister(
+                    "before-call.s3", botohandlers.add_expect_header
+                )
                 self._exit_stack = stack
             return self._client
 
