@@ -1,0 +1,562 @@
+"""Shared benchmark parts: process accounting from /proc, percentiles, frames with fresh
+identities, a delay-line proxy in front of an S3 server, collectors with N workers, and
+Prometheus scrapes.
+
+Benchmarks are not tests: nothing here is imported by ``tests/``. Every process started
+here is stopped by its PID (SIGTERM, then SIGKILL past a deadline); children that can be
+tied to this process's life get ``PR_SET_PDEATHSIG`` as well.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import hashlib
+import json
+import logging
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+import zlib
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import structlog
+from prometheus_client.parser import text_string_to_metric_families
+
+from collector.launch import CollectorProcess, LaunchError, start_collector
+from protocol.keys import BatchIdentity
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+MiB = 1024 * 1024
+STOP_TIMEOUT_S = 20.0
+_PR_SET_PDEATHSIG = 1
+
+# --- /proc accounting ----------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` (its own threads, not its children), in seconds."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    # Field 2 (comm) may contain spaces and parentheses: split after the last ')'.
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # fields 14 and 15 of stat
+
+
+def _status_kib(pid: int, field_name: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field_name + ":"):
+            return int(line.split()[1])
+    raise KeyError(f"{field_name} not in /proc/{pid}/status")
+
+
+def peak_rss_bytes(pid: int) -> int:
+    """VmHWM: the highest resident set size ``pid`` has had since it started."""
+    return _status_kib(pid, "VmHWM") * 1024
+
+
+def rss_bytes(pid: int) -> int:
+    """VmRSS: the resident set size of ``pid`` now."""
+    return _status_kib(pid, "VmRSS") * 1024
+
+
+def rss_split_bytes(pid: int) -> tuple[int, int]:
+    """(RssAnon, RssFile + RssShmem) of ``pid`` now: private heap vs. mapped files
+    (shared libraries such as libarrow, whose pages other workers share)."""
+    anon = _status_kib(pid, "RssAnon")
+    shared = _status_kib(pid, "RssFile") + _status_kib(pid, "RssShmem")
+    return anon * 1024, shared * 1024
+
+
+def machine_cpu_seconds() -> tuple[float, float]:
+    """(process time, interrupt time) all CPUs spent since boot, from /proc/stat: user +
+    nice + system, which processes are charged with, and irq + softirq, which no process
+    is (loopback network traffic, including our own, lands partly there)."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq = values[:7]
+    return (user + nice + system) / CLOCK_TICKS, (irq + softirq) / CLOCK_TICKS
+
+
+def busy_cpu_seconds() -> float:
+    return sum(machine_cpu_seconds())
+
+
+class CpuMeter:
+    """CPU seconds each named process used between `start` and `stop`, plus ``others``:
+    what the rest of the machine used meanwhile (other people's tests disturb a
+    2-core benchmark; this says how much)."""
+
+    def __init__(self, pids: Mapping[str, Sequence[int]]) -> None:
+        self._pids = {role: list(ids) for role, ids in pids.items()}
+        self._before: dict[str, float] = {}
+        self.used: dict[str, float] = {}
+
+    def _read(self) -> dict[str, float]:
+        sample = {role: sum(cpu_seconds(pid) for pid in ids) for role, ids in self._pids.items()}
+        sample["_processes"], sample["irq"] = machine_cpu_seconds()
+        return sample
+
+    def start(self) -> None:
+        self._before = self._read()
+
+    def stop(self) -> dict[str, float]:
+        after = self._read()
+        used = {role: after[role] - self._before[role] for role in after}
+        processes = used.pop("_processes")
+        ours = sum(v for role, v in used.items() if role != "irq")
+        used["others"] = max(0.0, processes - ours)
+        self.used = used
+        return used
+
+
+def listen_overflows() -> int:
+    """Machine-wide count of connections dropped because a listening socket's accept
+    queue was full (TcpExt ListenOverflows)."""
+    header, values = (
+        line.split() for line in Path("/proc/net/netstat").read_text().splitlines()[:2]
+    )
+    return int(dict(zip(header, values, strict=True))["ListenOverflows"])
+
+
+def wait_for_quiet(*, max_wait_s: float, busy_cores: float = 0.25) -> float:
+    """Wait (at most ``max_wait_s``) until the machine's busy CPU over one second is below
+    ``busy_cores``; returns the last second's busy cores (what the phase starts with)."""
+    deadline = time.monotonic() + max_wait_s
+    while True:
+        before = busy_cpu_seconds()
+        time.sleep(1.0)  # one sampling interval of the load measurement
+        busy = busy_cpu_seconds() - before
+        if busy < busy_cores or time.monotonic() >= deadline:
+            return busy
+
+
+def percentile(sorted_values: Sequence[float], percent: float) -> float:
+    """Nearest-rank percentile of already sorted values (NaN when there are none)."""
+    if not sorted_values:
+        return math.nan
+    rank = max(1, math.ceil(percent / 100 * len(sorted_values)))
+    return sorted_values[rank - 1]
+
+
+# --- frames with fresh identities ----------------------------------------------------------
+
+_BOOT_ID = slice(8, 24)  # PROTOCOL §1: boot_id is bytes [8, 24) of the header
+
+
+@dataclass(frozen=True, slots=True)
+class BenchFrame:
+    frame: bytes
+    identity: BatchIdentity
+    frame_sha256: str
+    points: int
+
+
+class FrameSource:
+    """Unique frames from a few templates: frame ``i`` is template ``i % len`` with a
+    boot_id of its own (and so its own identity, bytes and SHA-256).
+
+    Building a 64 KiB frame with the agent's generator costs ~10 ms of CPU; re-stamping
+    the boot_id and CRC of a built one costs ~0.05 ms, so frames are made as they are
+    sent, in the driver, identically for the baseline and the collector.
+    """
+
+    def __init__(self, templates: Sequence[bytes], identities: Sequence[BatchIdentity]) -> None:
+        if not templates or len(templates) != len(identities):
+            raise ValueError("need one identity per template, and at least one template")
+        self._templates = list(templates)
+        self._identities = list(identities)
+        self._salt = uuid.uuid4().bytes[:8]  # unique per run: frames never repeat across runs
+        self._next = 0
+
+    @property
+    def frame_bytes(self) -> int:
+        return len(self._templates[0])
+
+    def take(self) -> BenchFrame:
+        index = self._next
+        self._next += 1
+        template = self._templates[index % len(self._templates)]
+        template_identity = self._identities[index % len(self._identities)]
+        boot_id = uuid.UUID(bytes=self._salt + index.to_bytes(8, "big"), version=4)
+        body = template[: _BOOT_ID.start] + boot_id.bytes + template[_BOOT_ID.stop : -4]
+        frame = body + zlib.crc32(body).to_bytes(4, "big")
+        identity = BatchIdentity(
+            template_identity.agent_id,
+            boot_id,
+            template_identity.seq_start,
+            template_identity.seq_end,
+        )
+        points = template_identity.seq_end - template_identity.seq_start + 1
+        return BenchFrame(frame, identity, hashlib.sha256(frame).hexdigest(), points)
+
+
+# --- child processes -----------------------------------------------------------------------
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A pre-exec hook asking Linux to SIGTERM the child when this process dies."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def hook() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+    return hook
+
+
+def stop_pid_process(process: subprocess.Popen[bytes], timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """SIGTERM ``process`` by its PID, wait, then SIGKILL. Idempotent."""
+    if process.poll() is None:
+        os.kill(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` consecutive free loopback ports (the collector's per-worker metrics ports
+    are ``base + index``)."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = int(probe.getsockname()[1])
+        if base + count > 65535:
+            continue
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket()
+                sockets.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return list(range(base, base + count))
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise RuntimeError(f"no {count} consecutive free ports found")
+
+
+# --- the delay-line proxy ------------------------------------------------------------------
+
+
+@dataclass
+class DelayProxy:
+    """A TCP proxy process that holds every byte going *to* the server ``delay_ms`` before
+    forwarding it (answers pass at once): each request's round trip grows by
+    ``delay_ms``, whatever the client. Both the collector and the baseline reach the
+    store through it, so both pay the same latency per store request."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+    delay_ms: float
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def stop(self) -> None:
+        stop_pid_process(self.process)
+
+
+def start_delay_proxy(
+    *, upstream_port: int, delay_ms: float, work_dir: Path, timeout_s: float = 20.0
+) -> DelayProxy:
+    work_dir.mkdir(parents=True, exist_ok=True)
+    ready = work_dir / f"delay-proxy-{upstream_port}-{delay_ms:g}.port"
+    ready.unlink(missing_ok=True)
+    log = (work_dir / "delay-proxy.log").open("ab")
+    code = "import sys; from bench._common import delay_proxy_main; delay_proxy_main(sys.argv[1:])"
+    process = subprocess.Popen(
+        [sys.executable, "-c", code, str(upstream_port), str(delay_ms), str(ready)],
+        cwd=REPO_ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        preexec_fn=_die_with_parent(),
+    )
+    log.close()
+    deadline = time.monotonic() + timeout_s
+    while not ready.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            stop_pid_process(process)
+            raise RuntimeError(f"delay proxy did not start; see {work_dir / 'delay-proxy.log'}")
+        time.sleep(0.02)  # polling for readiness, bounded by the deadline
+    return DelayProxy(process, int(ready.read_text()), delay_ms)
+
+
+def delay_proxy_main(argv: list[str]) -> None:
+    """Entry point of the proxy process: ``UPSTREAM_PORT DELAY_MS READY_FILE``."""
+    import uvloop
+
+    upstream_port, delay_s, ready = int(argv[0]), float(argv[1]) / 1000.0, Path(argv[2])
+    uvloop.run(_serve_delay_proxy(upstream_port, delay_s, ready))
+
+
+async def _serve_delay_proxy(upstream_port: int, delay_s: float, ready: Path) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+
+    async def connection(
+        client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter
+    ) -> None:
+        try:
+            server_reader, server_writer = await asyncio.open_connection("127.0.0.1", upstream_port)
+        except OSError:
+            client_writer.close()
+            return
+        await asyncio.gather(
+            _pipe(client_reader, server_writer, delay_s),
+            _pipe(server_reader, client_writer, 0.0),
+            return_exceptions=True,
+        )
+        for writer in (client_writer, server_writer):
+            writer.close()
+
+    server = await asyncio.start_server(connection, "127.0.0.1", 0, limit=1 << 20)
+    port = server.sockets[0].getsockname()[1]
+    temporary = ready.with_suffix(".tmp")
+    temporary.write_text(str(port))
+    temporary.replace(ready)
+    async with server:
+        await stop.wait()
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay_s: float) -> None:
+    """Copy until EOF; with a delay, each chunk leaves ``delay_s`` after it arrived, in
+    order (a delay line, so a request's body is not delayed once per chunk)."""
+    loop = asyncio.get_running_loop()
+    if delay_s <= 0:
+        while chunk := await reader.read(1 << 16):
+            writer.write(chunk)
+            await writer.drain()
+        writer.write_eof()
+        return
+    line: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+
+    async def release() -> None:
+        while True:
+            due, chunk = await line.get()
+            if not chunk:
+                writer.write_eof()
+                return
+            wait = due - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            writer.write(chunk)
+            await writer.drain()
+
+    releaser = asyncio.create_task(release())
+    try:
+        while chunk := await reader.read(1 << 16):
+            line.put_nowait((loop.time() + delay_s, chunk))
+    finally:
+        line.put_nowait((0.0, b""))
+    await releaser
+
+
+# --- collectors ----------------------------------------------------------------------------
+
+
+@dataclass
+class CollectorWorkers:
+    """A running ``lm-collector serve`` with one or more workers.
+
+    ``worker_pids`` are the processes that serve requests (with one worker, the serving
+    process itself; with ``--workers N``, the N spawned workers, not the supervisor)."""
+
+    supervisor: CollectorProcess
+    url: str
+    worker_pids: list[int]
+    metrics_urls: list[str]
+    extra_pids: list[int] = field(default_factory=list)
+
+    @property
+    def pids(self) -> list[int]:
+        return self.worker_pids
+
+    def stop(self) -> None:
+        self.supervisor.stop(STOP_TIMEOUT_S)
+        # If the supervisor had to be killed, its workers may be left: stop them by PID.
+        for pid in self.worker_pids:
+            if pid != self.supervisor.pid and _is_collector_worker(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _is_collector_worker(pid: int) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"multiprocessing" in cmdline
+
+
+def start_collector_workers(
+    *,
+    work_dir: Path,
+    name: str,
+    env: dict[str, str],
+    workers: int,
+    extra_args: tuple[str, ...] = (),
+    command_prefix: tuple[str, ...] = (),
+    timeout_s: float = 60.0,
+) -> CollectorWorkers:
+    """Start a collector. One worker: `collector.launch.start_collector`. N workers: a
+    fixed port and per-worker metrics ports, waiting for each ``<ready-file>.<index>``
+    (``start_collector`` waits for the bare ready file, which only a 1-worker collector
+    writes)."""
+    if workers == 1 and not command_prefix:
+        single = start_collector(
+            work_dir=work_dir, name=name, env=env, args=extra_args, timeout_s=timeout_s
+        )
+        return CollectorWorkers(single, single.url, [single.pid], [single.url + "/metrics"])
+    http_port, *metrics_ports = free_ports(1 + workers)
+    child_env = {
+        **os.environ,
+        "LM_LOGGING__FORMAT": "json",
+        **env,
+        "LM_HTTP__PORT": str(http_port),
+        "LM_METRICS__ENABLED": "true",
+        "LM_METRICS__PORT": str(metrics_ports[0]),
+    }
+    work_dir.mkdir(parents=True, exist_ok=True)
+    ready_file = work_dir / f"{name}.ready.json"
+    ready_files = (
+        [ready_file] if workers == 1 else [Path(f"{ready_file}.{i}") for i in range(workers)]
+    )
+    for path in ready_files:
+        path.unlink(missing_ok=True)
+    log_path = work_dir / f"{name}.log"
+    command = [
+        *(command_prefix or (sys.executable,)),
+        "-m",
+        "collector",
+        "serve",
+        "--ready-file",
+        str(ready_file),
+        "--workers",
+        str(workers),
+        *extra_args,
+    ]
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=child_env, cwd=REPO_ROOT
+        )
+    supervisor = CollectorProcess(
+        process, f"http://127.0.0.1:{http_port}", log_path, ready_file, env
+    )
+    deadline = time.monotonic() + timeout_s
+    while not all(path.exists() for path in ready_files):
+        if process.poll() is not None or time.monotonic() > deadline:
+            supervisor.stop(STOP_TIMEOUT_S)
+            tail = log_path.read_text(errors="replace")[-3000:]
+            raise LaunchError(f"collector {name} did not become ready:\n{tail}")
+        time.sleep(0.05)  # polling for readiness, bounded by the deadline
+    pids = [int(json.loads(path.read_text())["pid"]) for path in ready_files]
+    if workers == 1:
+        metrics_urls = [supervisor.url + "/metrics"]
+    else:
+        metrics_urls = [f"http://127.0.0.1:{port}/metrics" for port in metrics_ports]
+    return CollectorWorkers(supervisor, supervisor.url, pids, metrics_urls)
+
+
+# --- Prometheus scrapes --------------------------------------------------------------------
+
+MetricKey = tuple[str, tuple[tuple[str, str], ...]]
+
+
+class MetricsSnapshot:
+    """Every sample of one or more ``/metrics`` pages, summed over the pages (workers)."""
+
+    def __init__(self, samples: dict[MetricKey, float]) -> None:
+        self.samples = samples
+
+    @classmethod
+    def parse(cls, pages: Iterable[str]) -> MetricsSnapshot:
+        samples: dict[MetricKey, float] = {}
+        for page in pages:
+            for family in text_string_to_metric_families(page):
+                for sample in family.samples:
+                    key = (sample.name, tuple(sorted(sample.labels.items())))
+                    samples[key] = samples.get(key, 0.0) + float(sample.value)
+        return cls(samples)
+
+    def value(self, name: str, **labels: str) -> float:
+        return self.samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+    def by_label(self, name: str, label: str) -> dict[str, float]:
+        """``{label value: sample}`` of every sample of ``name`` (other labels summed)."""
+        found: dict[str, float] = {}
+        for (sample_name, labels), value in self.samples.items():
+            if sample_name == name:
+                key = ",".join(f"{k}={v}" for k, v in labels if k == label or label == "*")
+                found[key] = found.get(key, 0.0) + value
+        return found
+
+    def minus(self, earlier: MetricsSnapshot) -> MetricsSnapshot:
+        keys = set(self.samples) | set(earlier.samples)
+        return MetricsSnapshot(
+            {k: self.samples.get(k, 0.0) - earlier.samples.get(k, 0.0) for k in keys}
+        )
+
+
+async def scrape(session: aiohttp.ClientSession, urls: Sequence[str]) -> MetricsSnapshot:
+    pages = []
+    for url in urls:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=10)) as answer:
+            answer.raise_for_status()
+            pages.append(await answer.text())
+    return MetricsSnapshot.parse(pages)
+
+
+# --- why the uploader retried ----------------------------------------------------------------
+
+
+class RetryTally:
+    """A structlog processor counting the agent uploader's ``batch_retry`` events by HTTP
+    status or network error type (the uploader reports only each batch's last answer)."""
+
+    def __init__(self) -> None:
+        self.reasons: Counter[str] = Counter()
+
+    def __call__(
+        self, _logger: object, _method: str, event_dict: structlog.typing.EventDict
+    ) -> structlog.typing.EventDict:
+        if event_dict.get("event") == "batch_retry":
+            status = event_dict.get("status")
+            error = str(event_dict.get("error") or "?")
+            self.reasons[f"HTTP {status}" if status else error.split(":", 1)[0]] += 1
+        return event_dict
+
+    def snapshot(self) -> Counter[str]:
+        return Counter(self.reasons)
+
+
+def install_retry_tally() -> RetryTally:
+    """Put a `RetryTally` in front of the configured structlog processors and let debug
+    events reach it (the stdlib handler's level still drops them afterwards)."""
+    tally = RetryTally()
+    processors = structlog.get_config()["processors"]
+    structlog.configure(
+        processors=[tally, *processors],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
+    )
+    return tally
