@@ -1,0 +1,119 @@
+"""The store as a `pyarrow.fs` filesystem, for Parquet I/O on the driver and the executors.
+
+The async `store.ObjectStore` is the seam for records (manifests, leases, pointers); bulk
+Parquet is read and written through pyarrow instead, by Spark executors that cannot share
+the driver's event loop. `StoreAccess` is the small, picklable description an executor
+gets; `arrow_filesystem` turns a store URL into ``(filesystem, root)``, where object ``K``
+is the file ``f"{root}/{K}"`` of that filesystem.
+
+- ``file://PATH`` → `pyarrow.fs.LocalFileSystem`, root ``PATH``.
+- ``s3://BUCKET[/PREFIX]`` → `pyarrow.fs.S3FileSystem` (credentials from the standard AWS
+  chain; ``endpoint_url`` for S3-compatible servers, plain HTTP when it says ``http://``),
+  root ``BUCKET[/PREFIX]``.
+- ``memory://`` cannot be shared with other processes: `StoreConfigError`.
+
+Writes are not conditional: every Parquet file gets a fresh UUID name, is referenced only
+once a snapshot naming it is committed, and is otherwise an orphan that vacuum deletes.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from config.store_url import FileLocation, S3Location, parse_store_url
+from store.errors import StoreConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class StoreAccess:
+    """How an executor reaches the store: the ``[store]`` settings it needs, picklable."""
+
+    url: str
+    endpoint_url: str | None = None
+    region: str = "us-east-1"
+
+    def filesystem(self) -> tuple[pafs.FileSystem, str]:
+        """``(filesystem, root)``; cached per process, so a Python worker that runs many
+        tasks builds its S3 client once."""
+        return _cached_filesystem(self.url, self.endpoint_url, self.region)
+
+
+def arrow_filesystem(
+    store_url: str, *, endpoint_url: str | None = None, region: str = "us-east-1"
+) -> tuple[pafs.FileSystem, str]:
+    """``(filesystem, root)`` for ``store_url``: object ``K`` is ``f"{root}/{K}"``.
+
+    Raises `StoreConfigError` for ``memory://`` (not reachable from other processes) or a
+    URL that does not parse."""
+    try:
+        location = parse_store_url(store_url)
+    except ValueError as exc:
+        raise StoreConfigError(f"store url {store_url!r}: {exc}") from None
+    if isinstance(location, FileLocation):
+        return pafs.LocalFileSystem(), str(location.path)
+    if isinstance(location, S3Location):
+        options: dict[str, object] = {"region": region}
+        if endpoint_url is not None:
+            parts = urlsplit(endpoint_url)
+            options["endpoint_override"] = parts.netloc
+            options["scheme"] = parts.scheme or "https"
+        root = f"{location.bucket}/{location.prefix}" if location.prefix else location.bucket
+        return pafs.S3FileSystem(**options), root
+    raise StoreConfigError(
+        f"store url {store_url!r}: the rollup needs a store other processes can reach "
+        "(file:// or s3://), not memory://"
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_filesystem(
+    url: str, endpoint_url: str | None, region: str
+) -> tuple[pafs.FileSystem, str]:
+    return arrow_filesystem(url, endpoint_url=endpoint_url, region=region)
+
+
+def object_path(root: str, key: str) -> str:
+    """The filesystem path of object ``key``."""
+    return f"{root}/{key}"
+
+
+def read_object(access: StoreAccess, key: str) -> bytes:
+    """The whole body of ``key``. Raises `FileNotFoundError` when it does not exist and
+    `OSError` for other failures (retries are pyarrow's S3 client's, not ours)."""
+    fs, root = access.filesystem()
+    with fs.open_input_stream(object_path(root, key)) as stream:
+        return bytes(stream.readall())
+
+
+def open_parquet_writer(
+    access: StoreAccess,
+    key: str,
+    schema: pa.Schema,
+    *,
+    compression: str,
+) -> tuple[pq.ParquetWriter, pa.NativeFile]:
+    """A `ParquetWriter` streaming to ``key`` (parents created on a local filesystem).
+    Close the writer, then the stream."""
+    fs, root = access.filesystem()
+    path = object_path(root, key)
+    if isinstance(fs, pafs.LocalFileSystem):
+        fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    stream = fs.open_output_stream(path)
+    writer = pq.ParquetWriter(stream, schema, compression=compression)
+    return writer, stream
+
+
+def read_parquet(access: StoreAccess, keys: list[str], schema: pa.Schema) -> pa.Table:
+    """Concatenated rows of the Parquet files ``keys`` (empty table of ``schema`` when
+    none). Raises `FileNotFoundError` if one is missing."""
+    if not keys:
+        return schema.empty_table()
+    fs, root = access.filesystem()
+    tables = [pq.read_table(object_path(root, key), filesystem=fs, schema=schema) for key in keys]
+    return pa.concat_tables(tables)
