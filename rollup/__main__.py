@@ -1,0 +1,157 @@
+"""``lm-rollup``: run the rollup job, and read what it wrote.
+
+``lm-rollup [--config PATH] run [--master URL] [--progress]`` starts a local Spark session
+(``[rollup] spark_master``, default ``local[*]``; quiet logs, workers on this
+interpreter, temporary directories removed afterwards), runs the job once, and prints
+the run summary as JSON on stdout. ``query``, ``history``, ``verify`` and ``vacuum`` are
+`rollup.cli_read`'s. Under ``spark-submit`` use ``rollup/spark_entry.py`` instead.
+
+Exit codes of ``run``: 0 committed or up to date; 1 the run finished but some accepted
+batches could not be included (bad or missing frames, recorded as problems; they stay
+pending); 2 bad configuration or arguments; 3 another owner holds the lease (not an
+error for cron: try later); 4 the run stopped without committing (owner lease lost,
+commit retries exhausted, store unavailable, or a commit whose outcome is unknown —
+the next run settles it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import structlog
+
+from config import Settings, SettingsError, configure_logging, load_settings
+from protocol.clock import SystemClock
+from rollup.cli_read import add_read_commands
+from rollup.commit import CommitConflict
+from rollup.job import CommitRetriesExhausted, RunSummary, run_rollup
+from rollup.manifest import RollupInvariantError, RollupManifestError
+from rollup.owner import OwnerLost
+from rollup.storage import StoreAccess
+from store.errors import StoreConfigError, StoreError
+from store.lease import LeaseHeld
+from store.open import open_store_from_settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = structlog.get_logger(__name__)
+
+EXIT_OK = 0
+EXIT_PROBLEMS = 1
+EXIT_USAGE = 2
+EXIT_LEASE_HELD = 3
+EXIT_STOPPED = 4
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lm-rollup", description="Run the rollup job, and read what it wrote."
+    )
+    parser.add_argument(
+        "--config", type=Path, help="TOML settings file (default: built-in defaults + LM_* env)"
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="include every pending accepted batch, then commit")
+    add_run_arguments(run)
+    add_read_commands(commands)
+    return parser
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--master", help="Spark master (default: [rollup] spark_master)")
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bars on stderr (default: when stderr is a terminal)",
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = load_settings(args.config)
+    except SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    configure_logging(settings.logging)
+    quiet_spark_loggers()
+    if args.command != "run":
+        code: int = args.handler(args, settings)
+        return code
+    from rollup.spark_session import local_spark  # pyspark only for `run`
+
+    master = args.master or settings.rollup.spark_master
+    progress = _progress(args.progress)
+    with local_spark(master=master, progress=progress) as spark:
+        return run_command(spark, settings, progress=progress)
+
+
+def quiet_spark_loggers() -> None:
+    """py4j logs every gateway connection at INFO: keep the job's own log readable."""
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+
+
+def run_command(spark: SparkSession, settings: Settings, *, progress: bool) -> int:
+    """Run the job with ``spark``, print the summary, return the exit code (shared with
+    the spark-submit entry)."""
+    try:
+        summary = asyncio.run(_run(spark, settings, progress))
+    except (StoreConfigError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except LeaseHeld as exc:
+        print(f"rollup owner lease is held, not running: {exc}", file=sys.stderr)
+        return EXIT_LEASE_HELD
+    except (OwnerLost, CommitRetriesExhausted, CommitConflict, StoreError) as exc:
+        print(f"error: stopped without committing: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_STOPPED
+    except (RollupManifestError, RollupInvariantError) as exc:
+        print(f"error: the rollup dataset needs an operator: {exc}", file=sys.stderr)
+        return EXIT_STOPPED
+    except Exception as exc:  # a failed Spark job (Py4JJavaError, PythonException, ...)
+        log.exception("rollup_run_failed")
+        print(
+            f"error: the run failed, nothing was committed: {type(exc).__name__}", file=sys.stderr
+        )
+        return EXIT_STOPPED
+    print(json.dumps(summary.to_dict(), indent=1))
+    if summary.problems or summary.skipped:
+        print(
+            f"{len(summary.problems)} bad frame(s) and {len(summary.skipped)} unusable "
+            "manifest(s) were left out (recorded under reconciler/v1/problems/; they stay "
+            "pending and `lm-rollup verify` shows them missing)",
+            file=sys.stderr,
+        )
+        return EXIT_PROBLEMS
+    return EXIT_OK
+
+
+async def _run(spark: SparkSession, settings: Settings, progress: bool) -> RunSummary:
+    access = StoreAccess(
+        settings.store.url, endpoint_url=settings.store.endpoint_url, region=settings.store.region
+    )
+    access.filesystem()  # a memory:// store or a bad URL fails here, before any work
+    clock = SystemClock()
+    store = open_store_from_settings(settings.store, clock=clock)
+    try:
+        return await run_rollup(
+            spark, store, access=access, settings=settings.rollup, clock=clock, progress=progress
+        )
+    finally:
+        await store.close()
+
+
+def _progress(flag: bool | None) -> bool:
+    return sys.stderr.isatty() if flag is None else flag
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,239 @@
+"""Stage 1 of a rollup run: accepted batches → ``points`` files, partials, records.
+
+`FrameStage.run` (one call per input partition, through ``mapInArrow``): for each work
+item, fetch the raw blob, verify its sha256, decode it with `protocol.frame`, check that
+it is the batch the accepted manifest names, and turn it into ``points`` rows. Rows are
+written (streamed, one Parquet file per task and hour) to ``points`` and pre-aggregated
+into per-(minute, series) partials. Out come `rollup.tasks.STAGE1_SCHEMA` rows, each
+with the ``hour`` that routes it to stage 2:
+
+- ``partials`` / ``series``: per hour, the task's merged partials and the metric and
+  labels of their series, as Arrow IPC blobs;
+- ``points_file``, ``ledger`` (one per included batch, routed by its accepted hour) and
+  ``problem`` (a frame that is missing, fails its hash, decode or identity check): JSON.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from protocol import keys
+from protocol.frame import Frame, FrameError, decode_frame
+from rollup import aggregate
+from rollup.points import PointsError, hour_index, points_rows, split_by_hour
+from rollup.schemas import POINTS_SCHEMA, file_stats
+from rollup.storage import open_parquet_writer, read_object
+from rollup.tasks import (
+    STAGE1_SCHEMA,
+    WriteOptions,
+    distinct_series_info,
+    file_body,
+    output_batches,
+    record,
+    records_table,
+    to_ipc,
+    utc_hour,
+)
+
+# Partials per IPC blob (~15 MB): with `spark_session.JOB_CONF`'s Arrow batch cap, one
+# Arrow batch of blobs stays far below the 2 GiB of a binary column's int32 offsets.
+_PARTIALS_PER_BLOB = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class FrameStage:
+    """Stage 1 as a picklable callable for ``mapInArrow`` (`run`)."""
+
+    options: WriteOptions
+
+    def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """Stage 1 over the work items in ``batches`` (`WORK_SCHEMA`); see the module doc."""
+        task = _FrameTask(self.options)
+        for batch in batches:
+            for item in batch.to_pylist():
+                task.add(item)
+        yield from output_batches(task.finish(), STAGE1_SCHEMA)
+
+
+class _FrameTask:
+    """One stage-1 task: frames in, points files written, partials and records out.
+
+    Points are buffered up to `WriteOptions.chunk_rows`, then pre-aggregated together
+    and appended to the task's points file of each hour they fall in."""
+
+    def __init__(self, options: WriteOptions) -> None:
+        self._options = options
+        self._buffered: list[pa.Table] = []
+        self._sources: list[tuple[str, str, int]] = []  # (agent_id, boot_id, rows) per frame
+        self._by_hour: dict[int, list[pa.Table]] = {}
+        self._buffered_rows = 0
+        self._partials: list[pa.Table] = []
+        self._infos: list[pa.Table] = []
+        self._files: dict[int, _PointsFile] = {}
+        self._records: list[dict[str, Any]] = []
+
+    def add(self, item: dict[str, Any]) -> None:
+        try:
+            frame, points = self._decode(item)
+        except _BadFrame as bad:
+            self._records.append(record("problem", item["accepted_hour"], bad.as_dict(item)))
+            return
+        self._records.append(
+            record(
+                "ledger",
+                item["accepted_hour"],
+                {
+                    "manifest_id": item["manifest_id"],
+                    "frame_sha256": item["frame_sha256"],
+                    "record_count": points.num_rows,
+                    "accepted_hour": item["accepted_hour"],
+                },
+            )
+        )
+        self._buffered.append(points)
+        self._sources.append((frame.agent_id, str(frame.boot_id), points.num_rows))
+        # Split per frame: a frame rarely spans an hour, so this seldom filters anything.
+        for hour, rows in split_by_hour(points).items():
+            self._by_hour.setdefault(hour, []).append(rows)
+        self._buffered_rows += points.num_rows
+        if self._buffered_rows >= self._options.chunk_rows:
+            self._flush()
+
+    def _decode(self, item: dict[str, Any]) -> tuple[Frame, pa.Table]:
+        key = item["raw_blob_key"]
+        try:
+            data = read_object(self._options.access, key)
+        except FileNotFoundError:
+            raise _BadFrame("missing-blob", key, "the raw blob does not exist") from None
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != item["frame_sha256"]:
+            raise _BadFrame(
+                "corrupt-blob", key, f"sha256 is {actual}, the manifest says {item['frame_sha256']}"
+            )
+        try:
+            frame = decode_frame(data, max_raw_bytes=self._options.max_raw_bytes)
+            identity = keys.BatchIdentity(
+                frame.agent_id, frame.boot_id, frame.seq_start, frame.seq_end
+            )
+            if identity.manifest_id != item["manifest_id"]:
+                raise _BadFrame("corrupt-blob", key, f"the frame is batch {identity.manifest_id}")
+            return frame, points_rows(frame)
+        except (FrameError, PointsError) as exc:
+            raise _BadFrame("corrupt-blob", key, f"undecodable: {exc}") from None
+
+    def _flush(self) -> None:
+        if not self._buffered:
+            return
+        chunk = pa.concat_tables(self._buffered)
+        self._partials.append(aggregate.partials_of_points(chunk, self._sources))
+        self._infos.append(aggregate.series_info(chunk))
+        for hour, parts in self._by_hour.items():
+            if hour not in self._files:
+                self._files[hour] = _PointsFile(self._options, utc_hour(hour))
+            self._files[hour].write(pa.concat_tables(parts))
+        self._buffered, self._sources, self._by_hour, self._buffered_rows = [], [], {}, 0
+
+    def finish(self) -> pa.Table:
+        self._flush()
+        parts: list[pa.Table] = []
+        for points_file in self._files.values():
+            parts.append(records_table([points_file.close()]))
+        if self._partials:
+            merged = aggregate.merge_partials(pa.concat_tables(self._partials))
+            info = distinct_series_info(pa.concat_tables(self._infos))
+            parts.append(_blob_rows(merged, info))
+        parts.append(records_table(self._records))
+        return pa.concat_tables(parts)
+
+
+class _PointsFile:
+    """One ``points`` Parquet file of a task and hour, written as chunks arrive."""
+
+    def __init__(self, options: WriteOptions, hour: keys.UtcHour) -> None:
+        self._options = options
+        self.hour = hour
+        self.path = keys.rollup_data_key("points", hour, str(uuid.uuid4()))
+        self._writer, self._stream = open_parquet_writer(
+            options.access, self.path, POINTS_SCHEMA, compression=options.parquet_compression
+        )
+        self._rows = 0
+        self._stats: list[tuple[dict[str, Any], dict[str, Any]]] = []
+
+    def write(self, rows: pa.Table) -> None:
+        self._writer.write_table(rows, row_group_size=self._options.row_group_size)
+        self._rows += rows.num_rows
+        self._stats.append(file_stats(rows))
+
+    def close(self) -> dict[str, Any]:
+        self._writer.close()
+        size = self._stream.tell()
+        self._stream.close()
+        low, high = _merged_stats(self._stats)
+        return record(
+            "points_file",
+            self.hour.iso,
+            file_body("points", self.path, self.hour, self._rows, size, low, high),
+        )
+
+
+class _BadFrame(Exception):
+    def __init__(self, kind: str, subject_key: str, detail: str) -> None:
+        super().__init__(detail)
+        self.kind = kind
+        self.subject_key = subject_key
+        self.detail = detail
+
+    def as_dict(self, item: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "subject_key": self.subject_key,
+            "detail": f"{self.detail} (accepted batch {item['manifest_id']})",
+            "manifest_id": item["manifest_id"],
+            "accepted_hour": item["accepted_hour"],
+        }
+
+
+def _blob_rows(merged: pa.Table, info: pa.Table) -> pa.Table:
+    """Per hour of ``merged``: its partials, and the metric and labels of its series, as
+    Arrow IPC blobs (a few large rows are all Spark has to shuffle; see `rollup.stages`)."""
+    hours = hour_index(merged.column("window_us").to_numpy())
+    kinds: list[str] = []
+    names: list[str] = []
+    blobs: list[bytes] = []
+    for hour in np.unique(hours):
+        name = utc_hour(int(hour)).iso
+        partials = merged.filter(pa.array(hours == hour))
+        for start in range(0, partials.num_rows, _PARTIALS_PER_BLOB):
+            kinds.append("partials")
+            names.append(name)
+            blobs.append(to_ipc(partials.slice(start, _PARTIALS_PER_BLOB)))
+        series = pc.unique(partials.column("series"))
+        kinds.append("series")
+        names.append(name)
+        blobs.append(to_ipc(info.filter(pc.is_in(info.column("series"), value_set=series))))
+    count = len(kinds)
+    return pa.Table.from_arrays(
+        [pa.array(kinds), pa.array(names), pa.nulls(count, pa.string()), pa.array(blobs)],
+        schema=STAGE1_SCHEMA,
+    )
+
+
+def _merged_stats(
+    parts: list[tuple[dict[str, Any], dict[str, Any]]],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Statistics of a file written in chunks: a column keeps them only if every chunk
+    had them (missing statistics never prune, so dropping is always safe)."""
+    if not parts:
+        return {}, {}
+    names = set.intersection(*(set(low) for low, _ in parts))
+    low = {name: min(p[0][name] for p in parts) for name in sorted(names)}
+    high = {name: max(p[1][name] for p in parts) for name in sorted(names)}
+    return low, high

@@ -1,0 +1,194 @@
+"""Stage 2 of a rollup run: one hour's partials → its ``rollup_1m`` and ledger files.
+
+`hour_stage` (one call per hour, through ``groupBy("hour").applyInArrow``) merges the
+hour's partials from every stage-1 task with the ``rollup_1m`` rows already committed
+for that hour (`resolve_committed_ties` supplies the tie keys those rows do not keep),
+writes the replacement ``rollup_1m`` file and the hour's ledger file, and passes stage
+1's file and problem records through. Out come `rollup.tasks.RESULT_SCHEMA` rows for the
+driver.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from protocol import keys
+from rollup import aggregate
+from rollup.aggregate import PARTIAL_SCHEMA, SERIES_INFO_SCHEMA
+from rollup.ledger import LedgerRow, ledger_table, ledger_totals
+from rollup.schemas import LEDGER_SCHEMA, POINTS_SCHEMA, ROLLUP_1M_SCHEMA, file_stats
+from rollup.storage import read_parquet
+from rollup.tasks import (
+    RESULT_SCHEMA,
+    HourFunction,
+    HourInputs,
+    WriteOptions,
+    distinct_series_info,
+    file_body,
+    from_ipc,
+    record,
+    records_table,
+    write_parquet,
+)
+
+
+def hour_stage(options: WriteOptions, inputs: HourInputs) -> HourFunction:
+    """Stage 2 as the function ``applyInArrow`` wants: PySpark reads its two parameters
+    and type hints to pass the grouping key and the whole hour as one `pyarrow.Table`."""
+
+    def run(key: tuple[pa.Scalar, ...], rows: pa.Table) -> pa.Table:
+        return write_hour(options, inputs, str(key[0].as_py()), rows)
+
+    return run
+
+
+def write_hour(options: WriteOptions, inputs: HourInputs, hour: str, rows: pa.Table) -> pa.Table:
+    """Stage 2 for one hour (``YYYY-MM-DDTHH``) of `STAGE1_SCHEMA` rows; see the module doc."""
+    kinds = rows.column("kind")
+    out: list[pa.Table] = [
+        rows.filter(pc.is_in(kinds, pa.array(["points_file", "problem"]))).select(
+            RESULT_SCHEMA.names
+        )
+    ]
+    partials = from_ipc(rows.filter(pc.equal(kinds, "partials")).column("data"), PARTIAL_SCHEMA)
+    if partials.num_rows:
+        info = from_ipc(rows.filter(pc.equal(kinds, "series")).column("data"), SERIES_INFO_SCHEMA)
+        written = _write_rollup_hour(options, inputs, hour, partials, info)
+        out.append(records_table([written]).select(RESULT_SCHEMA.names))
+    ledger = rows.filter(pc.equal(kinds, "ledger"))
+    if ledger.num_rows:
+        written = _write_ledger_hour(options, hour, ledger)
+        out.append(records_table([written]).select(RESULT_SCHEMA.names))
+    return pa.concat_tables(out).cast(RESULT_SCHEMA)
+
+
+def _write_rollup_hour(
+    options: WriteOptions, inputs: HourInputs, hour: str, partials: pa.Table, info: pa.Table
+) -> dict[str, Any]:
+    new = aggregate.merge_partials(partials.cast(PARTIAL_SCHEMA))
+    committed = read_parquet(
+        options.access, list(inputs.rollup_files.get(hour, ())), ROLLUP_1M_SCHEMA
+    )
+    if committed.num_rows:
+        existing = aggregate.partials_of_rollup(committed)
+        existing = resolve_committed_ties(
+            existing,
+            new,
+            lambda series: _committed_points(options, inputs, hour, series),
+        )
+        new = aggregate.merge_partials(pa.concat_tables([existing, new]))
+        info = pa.concat_tables([info.cast(SERIES_INFO_SCHEMA), aggregate.series_info(committed)])
+    rows = aggregate.rollup_rows(new, distinct_series_info(info.cast(SERIES_INFO_SCHEMA)))
+    utc_hour = keys.UtcHour.parse_iso(hour)
+    path = keys.rollup_data_key("rollup_1m", utc_hour, str(uuid.uuid4()))
+    size = write_parquet(options, path, rows, ROLLUP_1M_SCHEMA)
+    low, high = file_stats(rows)
+    return record(
+        "rollup_file", hour, file_body("rollup_1m", path, utc_hour, rows.num_rows, size, low, high)
+    )
+
+
+def _write_ledger_hour(options: WriteOptions, hour: str, rows: pa.Table) -> dict[str, Any]:
+    bodies = [json.loads(text) for text in rows.column("body").to_pylist()]
+    table = ledger_table(
+        LedgerRow(b["manifest_id"], b["frame_sha256"], b["record_count"], b["accepted_hour"])
+        for b in bodies
+    )
+    path = keys.rollup_ledger_key(keys.UtcHour.parse_iso(hour), str(uuid.uuid4()))
+    write_parquet(options, path, table, LEDGER_SCHEMA)
+    totals = ledger_totals(table)[hour]
+    return record(
+        "ledger_file",
+        hour,
+        {
+            "path": path,
+            "batches": totals.batches,
+            "records": totals.records,
+            "setsum": totals.setsum,
+        },
+    )
+
+
+def resolve_committed_ties(
+    committed: pa.Table, new: pa.Table, committed_points: Callable[[list[str]], pa.Table]
+) -> pa.Table:
+    """Fill in the unknown first/last tie keys of committed partials where they matter.
+
+    ``rollup_1m`` keeps a first/last sample's ``ts`` but not its (agent, boot, seq), so
+    when a new partial's first (last) has the same ``ts`` as the committed row's, the
+    committed key is looked up in the committed ``points`` rows (``committed_points``
+    gets the series concerned): the least (greatest) key among that series' samples at
+    that ``ts``. Rows without such a tie are returned unchanged; ties are rare, so the
+    points are read only when one occurs. Raises `ValueError` if no committed sample
+    matches (the dataset is inconsistent)."""
+    joined = committed.select(["window_us", "series", "first_ts_us", "last_ts_us"]).join(
+        new.select(["window_us", "series", "first_ts_us", "last_ts_us"]),
+        keys=["window_us", "series"],
+        right_suffix="_new",
+        join_type="inner",
+    )
+    ties = joined.filter(
+        pc.or_(
+            pc.equal(joined["first_ts_us"], joined["first_ts_us_new"]),
+            pc.equal(joined["last_ts_us"], joined["last_ts_us_new"]),
+        )
+    )
+    if ties.num_rows == 0:
+        return committed
+    tied = {
+        (w, s)
+        for w, s in zip(ties["window_us"].to_pylist(), ties["series"].to_pylist(), strict=True)
+    }
+    points = committed_points(sorted({s for _, s in tied}))
+    candidates: dict[tuple[str, int], list[tuple[str, str, int]]] = {}
+    for row in (
+        points.select(["series", "ts", "agent_id", "boot_id", "seq"])
+        .cast(
+            pa.schema(
+                [
+                    ("series", pa.string()),
+                    ("ts", pa.int64()),
+                    ("agent_id", pa.string()),
+                    ("boot_id", pa.string()),
+                    ("seq", pa.int64()),
+                ]
+            )
+        )
+        .to_pylist()
+    ):
+        candidates.setdefault((row["series"], row["ts"]), []).append(
+            (row["agent_id"], row["boot_id"], row["seq"])
+        )
+    records = committed.to_pylist()
+    for row in records:
+        if (row["window_us"], row["series"]) not in tied:
+            continue
+        for which, pick in (("first", min), ("last", max)):
+            found = candidates.get((row["series"], row[f"{which}_ts_us"]))
+            if not found:
+                raise ValueError(
+                    f"no committed point of {row['series']!r} at {row[f'{which}_ts_us']} us"
+                )
+            agent, boot, seq = pick(found)
+            row.update({f"{which}_agent": agent, f"{which}_boot": boot, f"{which}_seq": seq})
+    return pa.Table.from_pylist(records, schema=PARTIAL_SCHEMA)
+
+
+def _committed_points(
+    options: WriteOptions, inputs: HourInputs, hour: str, series: list[str]
+) -> pa.Table:
+    paths = list(inputs.points_files.get(hour, ()))
+    fs, root = options.access.filesystem()
+    wanted = pc.field("series").isin(series)
+    tables = [
+        pq.read_table(f"{root}/{path}", filesystem=fs, filters=wanted, schema=POINTS_SCHEMA)
+        for path in paths
+    ]
+    return pa.concat_tables(tables) if tables else POINTS_SCHEMA.empty_table()

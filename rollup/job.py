@@ -1,0 +1,353 @@
+"""One rollup run: plan → Spark stages → problems → commit (→ re-plan on conflict).
+
+`run_rollup` is what ``lm-rollup run`` and the spark-submit entry call, with a Spark
+session they own. Under the owner lease (taken here unless one is passed in):
+
+1. load the latest snapshot and plan against it (`rollup.plan`); nothing pending →
+   done, nothing written ("re-running changes nothing");
+2. run the stages (`rollup.stages`) in a thread while the lease is renewed;
+3. record each bad frame (hash mismatch, undecodable, missing blob) as a problem under
+   ``reconciler/v1/problems/``; such batches are left out of the ledger, so they stay
+   pending and ``verify`` shows them missing;
+4. build `Changes` (new points/rollup/ledger files; the superseded ``rollup_1m`` files
+   of every rewritten hour) and `commit` them on top of the planned base;
+5. `CommitConflict` (another commit moved the pointer): delete this attempt's files,
+   re-plan against the new latest snapshot and retry, at most ``max_commit_retries``
+   times. Because every attempt re-plans from the ledger of the snapshot it commits on,
+   a batch is never included twice;
+6. after a commit (or a plan with nothing left to do) delete the dirty markers read.
+
+A crash anywhere before the pointer swap leaves only orphan files; the next run plans
+the same batches again and produces exact totals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from config.settings import RollupSettings
+from protocol import keys
+from protocol.clock import Clock, SystemClock
+from protocol.records import ProblemRecord, RecordError
+from rollup.commit import CommitConflict, LoadedSnapshot, commit, delete_uncommitted, load_latest
+from rollup.manifest import Changes, DataFile, LedgerHour
+from rollup.owner import OwnerLease, OwnerLost
+from rollup.plan import Plan, make_plan
+from rollup.stages import StageRecord, run_stages
+from rollup.storage import StoreAccess
+from rollup.tasks import HourInputs, WriteOptions
+from store.base import ObjectStore
+from store.errors import PreconditionFailed, StoreError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = structlog.get_logger(__name__)
+
+
+class CommitRetriesExhausted(Exception):
+    """Every attempt lost the pointer race: another writer keeps committing. Nothing of
+    ours is reachable; run again later (the owner lease should make this rare)."""
+
+
+BeforeCommit = Callable[[int, Changes], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class RunHooks:
+    """Test seams. ``before_commit(attempt, changes)`` runs after the files are written
+    and before the commit: raising there is a crash between the two."""
+
+    before_commit: BeforeCommit | None = None
+
+
+@dataclass
+class RunSummary:
+    """What a run did (``lm-rollup run`` prints it as JSON)."""
+
+    outcome: str = "up-to-date"  # "committed", "up-to-date" or "nothing-included"
+    version: int | None = None
+    base_version: int | None = None
+    batches: int = 0
+    points: int = 0
+    rollup_rows: int = 0
+    files_added: int = 0
+    files_removed: int = 0
+    hours_checked: int = 0
+    attempts: int = 0
+    commit_conflicts: int = 0
+    problems: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+async def run_rollup(
+    spark: SparkSession,
+    store: ObjectStore,
+    *,
+    access: StoreAccess,
+    settings: RollupSettings,
+    owner: OwnerLease | None = None,
+    clock: Clock | None = None,
+    hooks: RunHooks | None = None,
+    progress: bool = False,
+    job_id: str | None = None,
+) -> RunSummary:
+    """Run once; see the module doc. Raises `LeaseHeld` (another owner is active),
+    `OwnerLost`, `CommitRetriesExhausted`, store errors (`OutcomeUnknown` from the
+    commit means the next run's load tells whether it landed)."""
+    clock = clock or SystemClock()
+    hooks = hooks or RunHooks()
+    own = owner or await OwnerLease.acquire(
+        store, job_id or f"lm-rollup-{uuid.uuid4()}", settings.owner_lease_ttl_s, clock
+    )
+    try:
+        return await _Run(spark, store, access, settings, own, clock, hooks, progress).run()
+    finally:
+        if owner is None:
+            await own.release()
+
+
+class _Run:
+    def __init__(
+        self,
+        spark: SparkSession,
+        store: ObjectStore,
+        access: StoreAccess,
+        settings: RollupSettings,
+        owner: OwnerLease,
+        clock: Clock,
+        hooks: RunHooks,
+        progress: bool,
+    ) -> None:
+        self.spark = spark
+        self.store = store
+        self.settings = settings
+        self.owner = owner
+        self.clock = clock
+        self.hooks = hooks
+        self.progress = progress
+        self.options = WriteOptions(
+            access=access,
+            compression=settings.compression,
+            row_group_size=settings.parquet_row_group_size,
+        )
+        self.summary = RunSummary()
+
+    async def run(self) -> RunSummary:
+        summary = self.summary
+        for attempt in range(self.settings.max_commit_retries + 1):
+            summary.attempts = attempt + 1
+            await self.owner.check()
+            started = time.monotonic()
+            base = await load_latest(self.store)
+            plan = await make_plan(self.store, base, progress=self.progress)
+            self._note_plan(plan, started)
+            if not plan.items:
+                await self._consume_markers(plan)
+                summary.outcome = "up-to-date"
+                return summary
+            records = await self._stages(plan)
+            changes = self._changes(base, records)
+            await self._record_problems([r.body for r in records if r.kind == "problem"])
+            if not changes.added_files and not changes.added_ledger_files:
+                summary.outcome = "nothing-included"
+                return summary
+            if self.hooks.before_commit is not None:
+                await self.hooks.before_commit(attempt, changes)
+            started = time.monotonic()
+            try:
+                committed = await commit(
+                    self.store, base=base, changes=changes, owner=self.owner, clock=self.clock
+                )
+            except CommitConflict as conflict:
+                summary.commit_conflicts += 1
+                deleted = await delete_uncommitted(self.store, changes)
+                log.warning(
+                    "rollup_commit_conflict",
+                    attempt=attempt + 1,
+                    current_version=conflict.current_version,
+                    files_deleted=deleted,
+                )
+                continue
+            except OwnerLost:
+                await delete_uncommitted(self.store, changes)
+                raise
+            summary.seconds["commit"] = round(time.monotonic() - started, 3)
+            self._note_commit(committed, changes, records)
+            await self._consume_markers(plan)
+            return summary
+        raise CommitRetriesExhausted(
+            f"{summary.commit_conflicts} commit attempts lost the pointer race; run again"
+        )
+
+    def _note_plan(self, plan: Plan, started: float) -> None:
+        summary = self.summary
+        summary.base_version = plan.base.snapshot.version if plan.base else None
+        summary.hours_checked = len(plan.hours_checked)
+        summary.skipped = [
+            {"manifest_key": s.manifest_key, "reason": s.reason} for s in plan.skipped
+        ]
+        summary.seconds["plan"] = round(time.monotonic() - started, 3)
+        log.info(
+            "rollup_planned",
+            base_version=summary.base_version,
+            batches=len(plan.items),
+            records=plan.records,
+            hours_checked=len(plan.hours_checked),
+        )
+
+    async def _stages(self, plan: Plan) -> list[StageRecord]:
+        started = time.monotonic()
+        log.info("rollup_stages_started", batches=len(plan.items), records=plan.records)
+        work = asyncio.create_task(
+            asyncio.to_thread(
+                run_stages, self.spark, list(plan.items), self.options, _hour_inputs(plan.base)
+            )
+        )
+        # Keep the lease while Spark works; if it is lost, the commit refuses anyway.
+        renew_every = self.settings.owner_lease_ttl_s / 4
+        while True:
+            done, _ = await asyncio.wait({work}, timeout=renew_every)
+            if done:
+                break
+            try:
+                await self.owner.check()
+            except OwnerLost:
+                self.spark.sparkContext.cancelAllJobs()  # its files become orphans
+                raise
+        records = work.result()
+        self.summary.seconds["stages"] = round(time.monotonic() - started, 3)
+        log.info("rollup_stages_done", seconds=self.summary.seconds["stages"], records=len(records))
+        return records
+
+    def _changes(self, base: LoadedSnapshot | None, records: list[StageRecord]) -> Changes:
+        version = (base.snapshot.version if base is not None else 0) + 1
+        added: list[DataFile] = []
+        rewritten: set[str] = set()
+        ledger_files: list[str] = []
+        delta: dict[str, LedgerHour] = {}
+        for record in records:
+            body = record.body
+            if record.kind in ("points_file", "rollup_file"):
+                added.append(_data_file(body, version))
+                if record.kind == "rollup_file":
+                    rewritten.add(body["partition"])
+            elif record.kind == "ledger_file":
+                ledger_files.append(body["path"])
+                delta[record.hour] = LedgerHour(body["batches"], body["records"], body["setsum"])
+        removed = [
+            f.path
+            for f in (base.snapshot.data_files("rollup_1m") if base is not None else ())
+            if f.partition.iso in rewritten
+        ]
+        return Changes(
+            added_files=tuple(sorted(added, key=lambda f: f.path)),
+            removed_files=tuple(sorted(removed)),
+            added_ledger_files=tuple(sorted(ledger_files)),
+            ledger_delta=dict(sorted(delta.items())),
+        )
+
+    def _note_commit(
+        self, committed: LoadedSnapshot, changes: Changes, records: list[StageRecord]
+    ) -> None:
+        summary = self.summary
+        summary.outcome = "committed"
+        summary.version = committed.snapshot.version
+        summary.batches = sum(d.batches for d in changes.ledger_delta.values())
+        summary.points = sum(d.records for d in changes.ledger_delta.values())
+        summary.rollup_rows = sum(
+            f.row_count for f in changes.added_files if f.table == "rollup_1m"
+        )
+        summary.files_added = len(changes.added_files) + len(changes.added_ledger_files)
+        summary.files_removed = len(changes.removed_files)
+        log.info(
+            "rollup_run_committed",
+            version=summary.version,
+            batches=summary.batches,
+            points=summary.points,
+            problems=len(summary.problems),
+        )
+
+    async def _record_problems(self, problems: list[dict[str, Any]]) -> None:
+        """One problem record per (kind, blob), created or its ``last_seen`` moved on."""
+        seen: set[tuple[str, str]] = set()
+        self.summary.problems = problems
+        for problem in problems:
+            kind, subject = problem["kind"], problem["subject_key"]
+            log.warning("rollup_bad_frame", **problem)
+            if (kind, subject) in seen:
+                continue
+            seen.add((kind, subject))
+            await _record_problem(self.store, self.clock, kind, subject, problem["detail"])
+
+    async def _consume_markers(self, plan: Plan) -> None:
+        for key in plan.dirty_markers:
+            try:
+                await self.store.delete(key)
+            except StoreError as exc:  # harmless: the next run re-checks the hour once more
+                log.warning("rollup_dirty_marker_delete_failed", key=key, error=str(exc))
+
+
+def _data_file(body: dict[str, Any], version: int) -> DataFile:
+    return DataFile(
+        path=body["path"],
+        table=body["table"],
+        partition=keys.UtcHour.parse_iso(body["partition"]),
+        row_count=body["row_count"],
+        size_bytes=body["size_bytes"],
+        min=body["min"],
+        max=body["max"],
+        added_version=version,
+    )
+
+
+def _hour_inputs(base: LoadedSnapshot | None) -> HourInputs:
+    if base is None:
+        return HourInputs()
+    rollup: dict[str, list[str]] = {}
+    points: dict[str, list[str]] = {}
+    for target, table in ((rollup, "rollup_1m"), (points, "points")):
+        for data_file in base.snapshot.data_files(table):
+            target.setdefault(data_file.partition.iso, []).append(data_file.path)
+    return HourInputs(
+        rollup_files={h: tuple(p) for h, p in rollup.items()},
+        points_files={h: tuple(p) for h, p in points.items()},
+    )
+
+
+async def _record_problem(
+    store: ObjectStore, clock: Clock, kind: str, subject: str, detail: str
+) -> None:
+    """Create the problem record, or move an existing one's ``last_seen`` (If-Match).
+    Best effort: a store error is logged, and the next run finds the frame bad again."""
+    key = keys.problem_key(kind, subject)
+    now = clock.now_ns()
+    record = ProblemRecord(
+        kind=kind, subject_key=subject, detail=detail, first_seen_unix_ns=now, last_seen_unix_ns=now
+    )
+    try:
+        try:
+            await store.put(key, record.to_json(), if_none_match=True)
+            return
+        except PreconditionFailed:
+            pass
+        body, etag = await store.get(key)
+        try:
+            first_seen = ProblemRecord.from_json(body).first_seen_unix_ns
+        except RecordError:
+            first_seen = now
+        updated = record.model_copy(update={"first_seen_unix_ns": first_seen})
+        await store.put(key, updated.to_json(), if_match=etag)
+    except StoreError as exc:
+        log.warning("rollup_problem_record_failed", key=key, error=str(exc))

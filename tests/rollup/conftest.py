@@ -1,0 +1,251 @@
+"""Rollup job fixtures: ONE Spark session for the whole test session, accepted batches
+written as the collector writes them, and an independent expected rollup.
+
+`expected_rollup` recomputes ``rollup_1m`` from the frames sent with nothing from the job:
+`protocol.frame.decode_frame`, `rollup.series.canonical_series` (the reference, not the
+vectorised version) and pyarrow's own group-by, with first/last taken from a full sort.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from config.settings import RollupSettings
+from protocol import derived, keys
+from protocol.frame import decode_frame, encode_frame, points_table
+from protocol.records import AcceptedManifest
+from rollup.job import RunHooks, RunSummary, run_rollup
+from rollup.owner import OwnerLease
+from rollup.reader import scan
+from rollup.series import canonical_series
+from rollup.storage import StoreAccess
+from store.base import ObjectStore
+from store.fs import FileSystemStore
+
+if False:  # pragma: no cover - typing only, pyspark is imported lazily
+    from pyspark.sql import SparkSession
+
+HOUR_NS = 3600 * 1_000_000_000
+# A fixed hour, far from "now", so accepted hours and data hours are easy to tell apart.
+DATA_START_NS = keys.UtcHour.parse_iso("2026-11-21T10").start_ns
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    """The one Spark session of the test run (local[2]; ~5-10 s to start)."""
+    from rollup.spark_session import local_spark
+
+    # py4j logs at INFO when its connections close, as late as interpreter exit, when a
+    # CLI test's log handler may hold a closed capture stream: not restored afterwards.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    with local_spark(master="local[2]", app_name="lm-rollup-tests") as session:
+        yield session
+
+
+@pytest.fixture
+def fs_store(tmp_path: Path) -> FileSystemStore:
+    return FileSystemStore(tmp_path / "store")
+
+
+def settings(**overrides: Any) -> RollupSettings:
+    values: dict[str, Any] = {"owner_lease_ttl_s": 60.0, "parquet_row_group_size": 50_000}
+    values.update(overrides)
+    return RollupSettings(**values)
+
+
+async def run(
+    spark: SparkSession,
+    store: FileSystemStore,
+    *,
+    hooks: RunHooks | None = None,
+    owner: OwnerLease | None = None,
+    **overrides: Any,
+) -> RunSummary:
+    return await run_rollup(
+        spark,
+        store,
+        access=StoreAccess(store.url),
+        settings=settings(**overrides),
+        owner=owner,
+        hooks=hooks,
+    )
+
+
+# --- accepted batches --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SentFrame:
+    """A frame as sent and accepted: its bytes, identity and accepted manifest."""
+
+    frame: bytes
+    manifest: AcceptedManifest
+
+    @property
+    def sha256(self) -> str:
+        return self.manifest.frame_sha256
+
+    @property
+    def manifest_id(self) -> str:
+        return self.manifest.identity.manifest_id
+
+
+def make_frame(
+    rows: Sequence[tuple[int, str, float, dict[str, str] | None]],
+    *,
+    agent_id: str = "agent-a",
+    boot_id: uuid.UUID | None = None,
+    seq_start: int = 0,
+    accepted_at_ns: int | None = None,
+) -> SentFrame:
+    """One frame of ``(ts_ns, metric, value, labels)`` rows and its accepted manifest."""
+    boot = boot_id or uuid.UUID("5f0c6a2e-0000-4000-8000-0000000000b0")
+    table = points_table(
+        [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows]
+    )
+    frame = encode_frame(agent_id=agent_id, boot_id=boot, seq_start=seq_start, points=table)
+    sha = hashlib.sha256(frame).hexdigest()
+    manifest = AcceptedManifest(
+        agent_id=agent_id,
+        boot_id=str(boot),
+        seq_start=seq_start,
+        seq_end=seq_start + len(rows) - 1,
+        record_count=len(rows),
+        frame_sha256=sha,
+        frame_bytes=len(frame),
+        raw_blob_key=keys.raw_blob_key(sha),
+        accepted_at_unix_ns=accepted_at_ns if accepted_at_ns is not None else time.time_ns(),
+        collector_id="test-collector",
+    )
+    return SentFrame(frame, manifest)
+
+
+async def accept(store: ObjectStore, frames: Sequence[SentFrame]) -> None:
+    """Store each frame as the collector does: raw blob, accepted manifest, and its
+    accepted-by-time / accepted-by-blob entries."""
+    for sent in frames:
+        await store.put(sent.manifest.raw_blob_key, sent.frame)
+        await store.put(sent.manifest.manifest_key, sent.manifest.to_json())
+        for entry in derived.accepted_entries(sent.manifest):
+            await store.put(entry.key, entry.body)
+
+
+# --- expected results ----------------------------------------------------------------------
+
+ROLLUP_COLUMNS = ("count", "sum", "min", "max", "first_ts", "first", "last_ts", "last")
+
+
+def expected_rollup(frames: Sequence[SentFrame]) -> dict[tuple[int, str], dict[str, Any]]:
+    """Per (window_start µs, series): the rollup_1m values, from the frames alone."""
+    parts = []
+    for sent in frames:
+        frame = decode_frame(sent.frame)
+        points = frame.points
+        rows = points.num_rows
+        parts.append(
+            pa.table(
+                {
+                    "ts": pc.divide(points["ts"].cast(pa.int64()), 1000),
+                    "series": [
+                        canonical_series(m, dict(lab) if lab else None)
+                        for m, lab in zip(
+                            points["metric"].to_pylist(), points["labels"].to_pylist(), strict=True
+                        )
+                    ],
+                    "value": points["value"],
+                    "agent_id": [frame.agent_id] * rows,
+                    "boot_id": [str(frame.boot_id)] * rows,
+                    "seq": list(range(frame.seq_start, frame.seq_start + rows)),
+                }
+            )
+        )
+    table = pa.concat_tables(parts)
+    table = table.append_column(
+        "window", pc.multiply(pc.divide(table["ts"], 60_000_000), 60_000_000)
+    )  # integer division: the timestamps here are after 1970
+    finite = pc.is_finite(table["value"])
+    counts = table.group_by(["window", "series"]).aggregate([([], "count_all")])
+    sums = (
+        table.filter(finite)
+        .group_by(["window", "series"])
+        .aggregate([("value", "sum"), ("value", "min"), ("value", "max")])
+    )
+    ordered = table.sort_by(
+        [("window", "ascending"), ("series", "ascending"), ("ts", "ascending"),
+         ("agent_id", "ascending"), ("boot_id", "ascending"), ("seq", "ascending")]
+    )  # fmt: skip
+    ends = ordered.group_by(["window", "series"], use_threads=False).aggregate(
+        [("ts", "first"), ("value", "first"), ("ts", "last"), ("value", "last")]
+    )
+    result: dict[tuple[int, str], dict[str, Any]] = {}
+    for row in counts.to_pylist():
+        result[(row["window"], row["series"])] = {
+            "count": row["count_all"], "sum": None, "min": None, "max": None,
+        }  # fmt: skip
+    for row in sums.to_pylist():
+        result[(row["window"], row["series"])].update(
+            sum=row["value_sum"], min=row["value_min"], max=row["value_max"]
+        )
+    for row in ends.to_pylist():
+        result[(row["window"], row["series"])].update(
+            first_ts=row["ts_first"],
+            first=row["value_first"],
+            last_ts=row["ts_last"],
+            last=row["value_last"],
+        )
+    return result
+
+
+async def committed_rollup(
+    store: ObjectStore, endpoint_url: str | None = None
+) -> dict[tuple[int, str], dict[str, Any]]:
+    """The latest snapshot's rollup_1m rows, keyed like `expected_rollup`."""
+    table = await read_table(store, "rollup_1m", endpoint_url)
+    result: dict[tuple[int, str], dict[str, Any]] = {}
+    for row in table.to_pylist():
+        key = (_us(row["window_start"]), row["series"])
+        assert key not in result, f"two rollup_1m rows for {key}"
+        result[key] = {
+            "count": row["count"], "sum": row["sum"], "min": row["min"], "max": row["max"],
+            "first_ts": _us(row["first_ts"]), "first": row["first"],
+            "last_ts": _us(row["last_ts"]), "last": row["last"],
+            "metric": row["metric"], "labels": row["labels"],
+        }  # fmt: skip
+    return result
+
+
+async def read_table(store: ObjectStore, table: str, endpoint_url: str | None = None) -> pa.Table:
+    from rollup.storage import arrow_filesystem
+
+    filesystem, root = arrow_filesystem(store.url, endpoint_url=endpoint_url)
+    return await scan(store, table, filesystem=filesystem, root=root)
+
+
+def assert_rollup_equal(
+    got: dict[tuple[int, str], dict[str, Any]], want: dict[tuple[int, str], dict[str, Any]]
+) -> None:
+    assert set(got) == set(want), (sorted(set(got) ^ set(want)))[:5]
+    for key, expected in want.items():
+        for column in ROLLUP_COLUMNS:
+            a, b = got[key][column], expected[column]
+            if isinstance(a, float) and isinstance(b, float):
+                same = (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-12)
+            else:
+                same = a == b
+            assert same, f"{key} {column}: got {a!r}, want {b!r}"
+
+
+def _us(value: Any) -> int:
+    return int(pa.scalar(value, pa.timestamp("us", tz="UTC")).cast(pa.int64()).as_py())
