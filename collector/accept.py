@@ -225,25 +225,34 @@ class BatchAcceptor:
         self._derived.offer(entry.key, entry.body)
 
     async def _veto_gc_if_marked(self, request: _Request, frame: bytes, sha: str) -> None:
-        """The blob already existed. If GC has marked it, make sure it survives (PROTOCOL §3.5)."""
+        """The blob already existed. Make sure it survives GC (PROTOCOL §3.5).
+
+        With a mark in ``marked`` state after our veto is written, the GC's last veto
+        check (which follows its If-Match to ``deleting``) sees the veto: the blob stays.
+        Otherwise the GC may have deleted the blob after our 412, so once no mark is left
+        the blob is created again (If-None-Match; 412 proves it is there). From then on
+        a deletion needs a new mark and a grace far longer than this request.
+        """
         mark_key = keys.gc_mark_key(sha)
-        if await self._read_mark(request, mark_key) is None:
-            return  # any later mark waits out a grace longer than this request
-        veto = records.GcVeto(
-            frame_sha256=sha,
-            vetoed_at_unix_ns=self._clock.now_ns(),
-            collector_id=self._collector_id,
-        )
-        await self._create_idempotent(request, "put_gc_veto", keys.gc_veto_key(sha), veto.to_json())
-        mark = await self._read_mark(request, mark_key)
-        if mark is not None and mark.state == "marked":
-            return  # the GC's last veto check comes after it sets "deleting": it will see ours
-        log.warning("gc_deletion_in_progress", frame_sha256=sha)
-        delays = self._backoff.delays(self._rng)
-        while await self._read_mark(request, mark_key) is not None:
-            await self._pause(request, delays)
-        # The GC attempt is over (deleted or aborted). Re-create the blob if it is gone.
-        await self._create_idempotent(request, "put_raw_blob", keys.raw_blob_key(sha), frame)
+        if await self._read_mark(request, mark_key) is not None:
+            veto = records.GcVeto(
+                frame_sha256=sha,
+                vetoed_at_unix_ns=self._clock.now_ns(),
+                collector_id=self._collector_id,
+            )
+            await self._create_idempotent(
+                request, "put_gc_veto", keys.gc_veto_key(sha), veto.to_json()
+            )
+            mark = await self._read_mark(request, mark_key)
+            if mark is not None and mark.state == "marked":
+                return  # the GC's last veto check comes after it sets "deleting"
+            log.warning("gc_deletion_in_progress", frame_sha256=sha)
+            delays = self._backoff.delays(self._rng)
+            while await self._read_mark(request, mark_key) is not None:
+                await self._pause(request, delays)
+        if await self._create_idempotent(request, "put_raw_blob", keys.raw_blob_key(sha), frame):
+            log.warning("raw_blob_recreated", frame_sha256=sha)
+            self._index_raw_blob(sha)
 
     async def _read_mark(self, request: _Request, mark_key: str) -> records.GcMark | None:
         delays = self._backoff.delays(self._rng)
@@ -268,19 +277,25 @@ class BatchAcceptor:
                 )
             await self._pause(request, delays)
 
-    async def _create_idempotent(self, request: _Request, op: str, key: str, body: bytes) -> None:
-        """Create ``key`` if absent; 412 is success. Retried: If-None-Match makes it idempotent."""
+    async def _create_idempotent(self, request: _Request, op: str, key: str, body: bytes) -> bool:
+        """Create ``key`` if absent; 412 is success. Retried: If-None-Match makes it idempotent.
+
+        True when this call created it (or may have: an earlier attempt's answer was lost)."""
         delays = self._backoff.delays(self._rng)
+        maybe_ours = False
         while True:
             try:
                 await self._call(
                     request, op, key, lambda: self._store.put(key, body, if_none_match=True)
                 )
-                return
+                return True
             except PreconditionFailed:
-                return
-            except (OutcomeUnknown, ConditionConflict, Unavailable):
-                await self._pause(request, delays)
+                return maybe_ours
+            except OutcomeUnknown:
+                maybe_ours = True
+            except (ConditionConflict, Unavailable):
+                pass
+            await self._pause(request, delays)
 
     # --- step 2: the accepted manifest -----------------------------------------------------
 

@@ -352,10 +352,11 @@ class S3Store:
         async def attempt(s3: S3Client) -> None:
             await s3.delete_object(Bucket=self.bucket, Key=self._root + key)
 
-        # Deleting twice is deleting once (S3 answers 204 for an absent key). A repeat
-        # after a lost answer lands like one late delete, at most the backoff's total
-        # delay later; GC's mark grace must already cover deletes that land late.
-        await self._retrying("delete", key, attempt, mutating=True)
+        # Repeated only when the attempt provably did not apply (not sent, 429/503).
+        # After a lost answer (`OutcomeUnknown`) the attempt may still land later, so a
+        # repeat that "succeeds" would hide it: the caller gets `OutcomeUnknown` and
+        # decides (the GC leaves its mark "deleting" until a settle time has passed).
+        await self._retrying("delete", key, attempt, mutating=True, repeat_unknown=False)
 
     # -- one request, mapped errors, bounded retries -----------------------------------
 
@@ -385,8 +386,11 @@ class S3Store:
         attempt: Callable[[S3Client], Awaitable[T]],
         *,
         mutating: bool = False,
+        repeat_unknown: bool = True,
     ) -> T:
-        """Run ``attempt`` with bounded jittered retries on `Unavailable`.
+        """Run ``attempt`` with bounded jittered retries on `Unavailable`; with
+        ``repeat_unknown=False`` an `OutcomeUnknown` (the attempt may still land) is raised
+        at once instead of repeated.
 
         Callers use this only where repeating the request is safe; they say why.
         """
@@ -394,6 +398,12 @@ class S3Store:
         while True:
             try:
                 return await self._once(op, key, attempt, mutating=mutating)
+            except OutcomeUnknown:
+                if not repeat_unknown:
+                    raise
+                delay = next(delays, None)
+                if delay is None:
+                    raise
             except Unavailable:
                 delay = next(delays, None)
                 if delay is None:

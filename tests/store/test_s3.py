@@ -403,8 +403,9 @@ def expected_outcome(behaviour: Behaviour, op: str) -> tuple[type[Exception], in
     """What the store must raise, and how many requests may reach the server."""
     tries = 1 if op in CONDITIONAL else ATTEMPTS  # conditional puts are never repeated
     if behaviour in ("hang", "close", "reset") or behaviour == (500, "InternalError"):
-        # The request arrived; its answer was lost or says "maybe".
-        return (Unavailable if op in READS else OutcomeUnknown), tries
+        # The request arrived; its answer was lost or says "maybe". A delete is not
+        # repeated then: the first may still land after a repeat "succeeded" (GC race).
+        return (Unavailable if op in READS else OutcomeUnknown), 1 if op == "delete" else tries
     if behaviour == (503, "SlowDown"):
         return Unavailable, tries
     if behaviour == (409, "ConditionalRequestConflict"):
