@@ -1,0 +1,149 @@
+"""``lm-chaos``: chaos runs against real processes, and the in-process simulation.
+
+- ``lm-chaos run --scenario NAME --seed S (--duration SECONDS | --minutes M)``: start
+  MiniStack, the fault proxy, collectors, the reconciler (and rollup runs), drive the
+  scenario, converge, audit every invariant; print the summary table, write the JSON
+  report (``--json PATH``, default ``<work-dir>/report.json``). Scenarios: ``race``,
+  ``faults``, ``kill``, ``outage``, ``clock-skew``, ``gc-race``, ``rollup-race``, ``all``.
+- ``lm-chaos simulate --seed S [--count N]``: the deterministic in-process simulation of
+  acceptance, audit and GC (`chaos.simulation`) for seeds S..S+N-1.
+- ``lm-chaos list``: the scenarios.
+
+Everything listens on 127.0.0.1 and uses dummy credentials. Exit codes: 0 every
+invariant held; 1 a violation (or the run could not finish); 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+from chaos.s3_server import aws_env
+from chaos.scenarios import SCENARIOS
+
+T = TypeVar("T")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lm-chaos", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run a scenario against real processes")
+    run.add_argument("--scenario", required=True, choices=sorted(SCENARIOS))
+    run.add_argument("--seed", type=int, default=1)
+    length = run.add_mutually_exclusive_group(required=True)
+    length.add_argument("--duration", type=float, help="seconds of chaos (before convergence)")
+    length.add_argument("--minutes", type=float, help="minutes of chaos (before convergence)")
+    run.add_argument("--json", type=Path, help="write the JSON report here")
+    run.add_argument("--work-dir", type=Path, help="keep everything here (default: a temp dir)")
+    run.add_argument("--keep", action="store_true", help="keep the temp work dir")
+    run.add_argument(
+        "--rollup", choices=("auto", "off"), default="auto", help="run rollups when available"
+    )
+    run.add_argument(
+        "--round-minutes", type=float, default=5.0, help="audit every this many minutes"
+    )
+    simulate = commands.add_parser("simulate", help="the deterministic in-process simulation")
+    simulate.add_argument("--seed", type=int, default=0)
+    simulate.add_argument("--count", type=int, default=100)
+    simulate.add_argument(
+        "--late-rate", type=float, default=None, help="share of writes that land late"
+    )
+    simulate.add_argument(
+        "--connect-timeout", type=float, default=None, help="how late they may land (s)"
+    )
+    commands.add_parser("list", help="list the scenarios")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "list":
+        for scenario in SCENARIOS.values():
+            print(f"{scenario.name:12} {scenario.description}")
+        return 0
+    if args.command == "simulate":
+        return _simulate(args.seed, args.count, args.late_rate, args.connect_timeout)
+    duration = args.duration if args.duration is not None else args.minutes * 60.0
+    if duration <= 0 or args.round_minutes <= 0:
+        print("lm-chaos: the duration and round length must be positive", file=sys.stderr)
+        return 2
+    return _run(args, duration)
+
+
+def _run(args: argparse.Namespace, duration: float) -> int:
+    from chaos.runner import ChaosOptions, run_scenario
+    from config import LoggingSettings, configure_logging
+
+    os.environ.update(aws_env())  # dummy credentials: never a real account
+    configure_logging(LoggingSettings(format="console", level="error"))
+    temporary = args.work_dir is None
+    work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix=f"lm-chaos-{args.scenario}-"))
+    options = ChaosOptions(
+        scenario=args.scenario,
+        seed=args.seed,
+        duration_s=duration,
+        work_dir=work_dir,
+        rollup=args.rollup,
+        round_s=args.round_minutes * 60.0,
+        progress=lambda line: print(line, flush=True),
+    )
+    try:
+        report = asyncio.run(_until_signalled(run_scenario(options)))
+    except asyncio.CancelledError:
+        print("lm-chaos: interrupted; every process it started was stopped", file=sys.stderr)
+        return 130
+    json_path = args.json or work_dir / "report.json"
+    if temporary and not args.keep and report.ok and args.json is not None:
+        shutil.rmtree(work_dir, ignore_errors=True)
+    report.write_json(json_path)
+    print(report.render())
+    print(f"report: {json_path}")
+    if not report.ok and temporary:
+        print(f"work dir kept for inspection: {work_dir}")
+    return report.exit_code
+
+
+async def _until_signalled(work: Coroutine[Any, Any, T]) -> T:
+    """Run ``work``; SIGTERM/SIGINT cancel it, so its clean-up stops every child by PID."""
+    task = asyncio.ensure_future(work)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, task.cancel)
+    return await task
+
+
+def _simulate(seed: int, count: int, late_rate: float | None, connect_s: float | None) -> int:
+    import dataclasses
+
+    from chaos.simulation import SimConfig, simulate
+    from config import LoggingSettings, configure_logging
+
+    configure_logging(LoggingSettings(format="console", level="error"))
+    base = SimConfig(seed=seed)
+    if late_rate is not None:
+        base = dataclasses.replace(base, late_rate=late_rate)
+    if connect_s is not None:
+        base = dataclasses.replace(base, connect_timeout_s=connect_s)
+    failed = 0
+    for offset in range(count):
+        report = simulate(dataclasses.replace(base, seed=seed + offset))
+        if not report.ok:
+            failed += 1
+            print(json.dumps({"seed": seed + offset, "violations": report.violations}))
+    print(f"{count} simulated worlds, {failed} with violations", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

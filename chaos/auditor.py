@@ -1,0 +1,289 @@
+"""The invariant auditor: what must hold after a chaos scenario, once the reconciler and
+the rollup have converged. Reads the store directly (never through the fault proxy).
+
+Checks (`CheckResult`, each ``passed``, ``failed`` with its violations, or ``skipped``
+with the reason):
+
+- ``acks_have_manifests``: every 200 an agent got has its accepted manifest, naming the
+  hash the agent sent and the 200 named, and a raw blob that hashes to it;
+- ``one_hash_per_identity``: no identity was acknowledged with two hashes; every 409 named
+  the hash the store holds; the agents saw nothing their contract calls unexpected;
+- ``derived_indexes_complete``: every manifest has its ``accepted-by-time`` and
+  ``accepted-by-blob`` entries, every quarantine record its ``quarantine-by-blob`` entry,
+  and no by-time or by-blob entry names a manifest that is not there (or another hash);
+- ``no_referenced_blob_deleted``: every manifest's and quarantine record's blob exists and
+  hashes right, and no GC log entry deleted a blob that a manifest existing at the time
+  (by the store's own LastModified) referenced;
+- ``nothing_acked_during_outage``: no 200 for a request sent and answered inside a window
+  when the store was unreachable;
+- the rollup checks of `chaos.rollup_check` (setsums per hour, totals against the ground
+  truth, ``lm-rollup verify``), skipped when the rollup is not available.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+from chaos.load import AckBook
+from protocol import derived, keys, records
+from store.base import ObjectInfo, ObjectStore
+from store.errors import NotFound
+
+T = TypeVar("T")
+Status = Literal["passed", "failed", "skipped"]
+MAX_LISTED = 50  # violations kept per check (the count is always exact)
+GC_LOG_SLACK_NS = 5 * keys.NS_PER_S
+
+
+@dataclass
+class CheckResult:
+    name: str
+    status: Status = "passed"
+    violations: list[str] = field(default_factory=list)
+    violation_count: int = 0
+    detail: str = ""
+
+    def fail(self, text: str) -> None:
+        self.status = "failed"
+        self.violation_count += 1
+        if len(self.violations) < MAX_LISTED:
+            self.violations.append(text)
+
+    @classmethod
+    def skipped(cls, name: str, reason: str) -> CheckResult:
+        return cls(name, "skipped", detail=reason)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "violations": self.violation_count,
+            "examples": self.violations,
+            "detail": self.detail,
+        }
+
+
+@dataclass
+class StoreView:
+    """What the store holds, read once for every check."""
+
+    objects: dict[str, ObjectInfo]
+    manifests: dict[keys.BatchIdentity, tuple[records.AcceptedManifest, ObjectInfo]]
+    quarantines: dict[str, records.IdentityConflict]
+    blob_hashes: dict[str, str | None]  # sha -> sha256 of the stored body (None: absent)
+    gc_log: list[records.GcLogEntry]
+    unreadable: list[str]
+
+    def under(self, prefix: str) -> Iterable[str]:
+        return (k for k in self.objects if k.startswith(prefix))
+
+
+async def _bounded(
+    items: Iterable[T], work: Callable[[T], Awaitable[None]], limit: int = 16
+) -> None:
+    gate = asyncio.Semaphore(limit)
+
+    async def one(item: T) -> None:
+        async with gate:
+            await work(item)
+
+    await asyncio.gather(*(one(item) for item in items))
+
+
+async def read_store(store: ObjectStore) -> StoreView:
+    objects = {info.key: info async for info in store.list("")}
+    view = StoreView(objects, {}, {}, {}, [], [])
+
+    async def manifest(key: str) -> None:
+        try:
+            parsed = records.AcceptedManifest.from_json((await store.get(key))[0])
+        except records.RecordError as exc:
+            view.unreadable.append(f"{key}: {exc}")
+            return
+        view.manifests[parsed.identity] = (parsed, objects[key])
+
+    async def quarantine(key: str) -> None:
+        try:
+            view.quarantines[key] = records.IdentityConflict.from_json((await store.get(key))[0])
+        except records.RecordError as exc:
+            view.unreadable.append(f"{key}: {exc}")
+
+    async def gc_entry(key: str) -> None:
+        try:
+            view.gc_log.append(records.GcLogEntry.from_json((await store.get(key))[0]))
+        except records.RecordError as exc:
+            view.unreadable.append(f"{key}: {exc}")
+
+    await _bounded(list(view.under(keys.ACCEPTED_PREFIX)), manifest)
+    await _bounded(list(view.under(keys.QUARANTINE_PREFIX)), quarantine)
+    await _bounded(list(view.under(keys.GC_LOG_PREFIX)), gc_entry)
+    shas = {m.frame_sha256 for m, _ in view.manifests.values()}
+    shas |= {q.submitted_frame_sha256 for q in view.quarantines.values()}
+    shas |= {q.accepted_frame_sha256 for q in view.quarantines.values()}
+
+    async def blob(sha: str) -> None:
+        try:
+            body, _ = await store.get(keys.raw_blob_key(sha))
+        except NotFound:
+            view.blob_hashes[sha] = None
+            return
+        view.blob_hashes[sha] = hashlib.sha256(body).hexdigest()
+
+    await _bounded(sorted(shas), blob)
+    return view
+
+
+def check_acks(view: StoreView, book: AckBook) -> CheckResult:
+    result = CheckResult("acks_have_manifests")
+    for ack in book.acks:
+        held = view.manifests.get(ack.identity)
+        if held is None:
+            result.fail(f"200 for {ack.identity} but no accepted manifest")
+            continue
+        manifest, _ = held
+        if manifest.frame_sha256 != ack.frame_sha256:
+            result.fail(
+                f"200 for {ack.identity} sent {ack.frame_sha256[:16]}, manifest holds {manifest.frame_sha256[:16]}"
+            )
+        if ack.answered_sha256 is not None and ack.answered_sha256 != manifest.frame_sha256:
+            result.fail(
+                f"200 for {ack.identity} named {ack.answered_sha256[:16]}, manifest holds {manifest.frame_sha256[:16]}"
+            )
+        if ack.manifest_key is not None and ack.manifest_key != manifest.manifest_key:
+            result.fail(f"200 for {ack.identity} named manifest {ack.manifest_key}")
+        stored = view.blob_hashes.get(manifest.frame_sha256)
+        if stored != manifest.frame_sha256:
+            state = "missing" if stored is None else f"hashing to {stored[:16]}"
+            result.fail(
+                f"acknowledged {ack.identity}: raw blob {manifest.frame_sha256[:16]} {state}"
+            )
+    result.detail = f"{len(book.acks)} acknowledgements checked"
+    return result
+
+
+def check_identities(view: StoreView, book: AckBook, unexpected: list[str]) -> CheckResult:
+    result = CheckResult("one_hash_per_identity")
+    hashes: dict[keys.BatchIdentity, set[str]] = defaultdict(set)
+    for ack in book.acks:
+        hashes[ack.identity].add(ack.frame_sha256)
+    for identity, shas in hashes.items():
+        if len(shas) > 1:
+            result.fail(
+                f"{identity} acknowledged with {len(shas)} hashes: {sorted(s[:16] for s in shas)}"
+            )
+    for identity, submitted, accepted in book.conflicts:
+        held = view.manifests.get(identity)
+        if held is None:
+            result.fail(f"409 for {identity} but no accepted manifest")
+        elif accepted is not None and held[0].frame_sha256 != accepted:
+            result.fail(
+                f"409 for {identity} named {accepted[:16]}, store holds {held[0].frame_sha256[:16]}"
+            )
+        elif held[0].frame_sha256 == submitted:
+            result.fail(f"409 for {identity} although the store holds the submitted frame")
+    for problem in unexpected:
+        result.fail(f"agent: {problem}")
+    for problem in view.unreadable:
+        result.fail(f"unreadable record {problem}")
+    result.detail = f"{len(hashes)} identities, {len(book.conflicts)} conflicts answered"
+    return result
+
+
+def check_derived(view: StoreView) -> CheckResult:
+    result = CheckResult("derived_indexes_complete")
+    expected: set[str] = set()
+    for manifest, _ in view.manifests.values():
+        for entry in derived.accepted_entries(manifest):
+            expected.add(entry.key)
+            if entry.key not in view.objects:
+                result.fail(f"{entry.kind} entry missing for {manifest.manifest_key}")
+    for key, conflict in view.quarantines.items():
+        for entry in derived.quarantine_entries(conflict):
+            if entry.key not in view.objects:
+                result.fail(f"{entry.kind} entry missing for {key}")
+    for key in view.under(keys.ACCEPTED_BY_TIME_PREFIX):
+        if key not in expected:
+            result.fail(f"accepted-by-time entry {key} names no manifest of that hour")
+    for key in view.under(keys.ACCEPTED_BY_BLOB_PREFIX):
+        sha, identity = keys.parse_accepted_by_blob_key(key)
+        held = view.manifests.get(identity)
+        if held is None or held[0].frame_sha256 != sha:
+            result.fail(
+                f"accepted-by-blob entry {key} names a manifest that does not hold {sha[:16]}"
+            )
+    result.detail = f"{len(view.manifests)} manifests, {len(view.quarantines)} quarantine records"
+    return result
+
+
+def check_blobs(view: StoreView) -> CheckResult:
+    result = CheckResult("no_referenced_blob_deleted")
+    referencing: dict[str, list[tuple[str, int]]] = defaultdict(list)
+    for manifest, info in view.manifests.values():
+        referencing[manifest.frame_sha256].append((manifest.manifest_key, info.last_modified_ns))
+    for key, conflict in view.quarantines.items():
+        info = view.objects[key]
+        referencing[conflict.submitted_frame_sha256].append((key, info.last_modified_ns))
+    for sha, refs in sorted(referencing.items()):
+        stored = view.blob_hashes.get(sha)
+        if stored is None:
+            result.fail(f"raw blob {sha[:16]} referenced by {refs[0][0]} is missing")
+        elif stored != sha:
+            result.fail(f"raw blob {sha[:16]} referenced by {refs[0][0]} hashes to {stored[:16]}")
+    for entry in view.gc_log:
+        for record_key, created_ns in referencing.get(entry.frame_sha256, []):
+            # LastModified has one-second resolution and the GC stamps its log entry
+            # after the delete (a retry later, under faults): only a reference created
+            # well before the stamp is certainly older than the deletion.
+            if created_ns + GC_LOG_SLACK_NS <= entry.deleted_at_unix_ns:
+                result.fail(
+                    f"GC deleted raw blob {entry.frame_sha256[:16]} at {entry.deleted_at_unix_ns} "
+                    f"while {record_key} (created {created_ns}) referenced it"
+                )
+    result.detail = f"{len(referencing)} referenced blobs, {len(view.gc_log)} GC deletions"
+    return result
+
+
+def check_outages(book: AckBook, windows: list[tuple[float, float]]) -> CheckResult:
+    result = CheckResult("nothing_acked_during_outage")
+    if not windows:
+        return CheckResult.skipped(result.name, "no outage in this scenario")
+    for start, end in windows:
+        for ack in book.acks:
+            if ack.sent_at >= start and ack.answered_at <= end:
+                result.fail(
+                    f"{ack.identity} acknowledged {ack.answered_at - start:.2f}s into an outage "
+                    f"of {end - start:.1f}s (sent {ack.sent_at - start:.2f}s in)"
+                )
+    result.detail = f"{len(windows)} outage window(s), {sum(e - s for s, e in windows):.1f}s"
+    return result
+
+
+async def audit(
+    store: ObjectStore, book: AckBook, outage_windows: list[tuple[float, float]]
+) -> tuple[StoreView, list[CheckResult]]:
+    """Every store-side check (over everything so far; the agents' unexpected answers
+    since the last audit); the rollup checks are added by the caller."""
+    view = await read_store(store)
+    return view, [
+        check_acks(view, book),
+        check_identities(view, book, book.take_unexpected()),
+        check_derived(view),
+        check_blobs(view),
+        check_outages(book, outage_windows),
+    ]
+
+
+def store_counts(view: StoreView) -> dict[str, int]:
+    return {
+        "accepted_manifests": len(view.manifests),
+        "quarantine_records": len(view.quarantines),
+        "raw_blobs": sum(1 for _ in view.under(keys.RAW_BLOBS_PREFIX)),
+        "gc_deletions_logged": len(view.gc_log),
+        "gc_vetoes": sum(1 for _ in view.under(keys.GC_VETOES_PREFIX)),
+        "gc_marks_left": sum(1 for _ in view.under(keys.GC_MARKS_PREFIX)),
+        "objects": len(view.objects),
+    }

@@ -1,0 +1,419 @@
+"""The system under test of one chaos run: MiniStack, the fault proxy, and our processes.
+
+`Cluster` starts MiniStack (loopback, data under the run's directory), creates the bucket,
+puts a `FaultProxy` in front of it, and starts ``lm-collector`` processes (optionally with
+a skewed clock), the ``lm-reconciler run`` daemon and ``lm-rollup run`` jobs, every one
+with ``store.endpoint_url`` pointing at the proxy. Every child is stopped by its own PID:
+SIGTERM with a bounded wait, then SIGKILL; `kill_*` is SIGKILL now (a crash).
+
+`direct_store()` opens the bucket *without* the proxy: the auditor and the scenario's
+own setup writes use it, so their reads are never faulted.
+
+Timing knobs (`Timing`) are scaled down from production so a run converges in seconds,
+and keep the configuration rule PROTOCOL §3.5 needs: ``gc.mark_grace_s`` >
+``ingest.request_budget_s + store.connect_timeout_s + store.read_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from chaos.proxy import FaultProxy
+from chaos.s3_server import CREDENTIALS, MiniStack, child_env
+from chaos.skewed_collector import SKEW_ENV
+from collector.launch import CollectorProcess, LaunchError, start_collector
+from store.base import ObjectStore
+from store.open import open_store
+
+log = structlog.get_logger("chaos.cluster")
+STORE_PREFIX = "lm"
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    request_budget_s: float = 2.0
+    connect_timeout_s: float = 1.0
+    read_timeout_s: float = 2.0
+    grace_margin_s: float = 1.0
+    retry_horizon_s: float = 4.0
+    lease_ttl_s: float = 6.0
+    loop_interval_s: float = 1.0
+    rollup_lease_ttl_s: float = 10.0
+
+    @property
+    def mark_grace_s(self) -> float:
+        return (
+            self.request_budget_s
+            + self.connect_timeout_s
+            + self.read_timeout_s
+            + self.grace_margin_s
+        )
+
+
+@dataclass
+class ProcessInfo:
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+
+@dataclass
+class Cluster:
+    work_dir: Path
+    seed: int
+    timing: Timing = field(default_factory=Timing)
+    bucket: str = ""
+    ministack: MiniStack | None = None
+    proxy: FaultProxy | None = None
+    collectors: dict[str, CollectorProcess] = field(default_factory=dict)
+    skews: dict[str, float] = field(default_factory=dict)
+    reconciler: ProcessInfo | None = None
+    rollups: dict[str, ProcessInfo] = field(default_factory=dict)
+    extra_proxies: list[FaultProxy] = field(default_factory=list)
+    events: list[dict[str, object]] = field(default_factory=list)
+    started_at: float = field(default_factory=time.monotonic)
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    async def start(self, *, proxy_max_hold_s: float | None = None) -> None:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.ministack = MiniStack(self.work_dir / "ministack")
+        # From this (the main) thread: then it is also told to stop if we die.
+        self.ministack.start()
+        self.bucket = f"lm-chaos-{self.seed % 10**9:09d}-{os.getpid() % 100000:05d}"
+        await asyncio.to_thread(self.ministack.create_bucket, self.bucket)
+        self.proxy = FaultProxy(
+            upstream=self.ministack.endpoint_url,
+            seed=self.seed,
+            bucket=self.bucket,
+            prefix=STORE_PREFIX,
+            max_hold_s=proxy_max_hold_s or 3 * self.timing.read_timeout_s,
+        )
+        await self.proxy.start()
+
+    async def stop(self) -> None:
+        """Stop everything still running, by PID, in reverse order of need."""
+        for name in list(self.rollups):
+            await asyncio.to_thread(self._terminate, self.rollups.pop(name), 10.0)
+        if self.reconciler is not None:
+            await asyncio.to_thread(self._terminate, self.reconciler, 10.0)
+            self.reconciler = None
+        for name in list(self.collectors):
+            await asyncio.to_thread(self.collectors.pop(name).stop, 15.0)
+        for proxy in self.extra_proxies:
+            await proxy.stop()
+        if self.proxy is not None:
+            await self.proxy.stop()
+        if self.ministack is not None:
+            await asyncio.to_thread(self.ministack.stop)
+
+    def event(self, kind: str, **detail: object) -> None:
+        entry = {"t": round(time.monotonic() - self.started_at, 3), "event": kind, **detail}
+        self.events.append(entry)
+        log.info("chaos_event", **{k: v for k, v in entry.items() if k != "event"}, kind=kind)
+
+    # --- settings of every child --------------------------------------------------------
+
+    @property
+    def store_url(self) -> str:
+        return f"s3://{self.bucket}/{STORE_PREFIX}"
+
+    def env(self, **extra: str) -> dict[str, str]:
+        assert self.proxy is not None
+        t = self.timing
+        settings = {
+            "LM_STORE__URL": self.store_url,
+            "LM_STORE__ENDPOINT_URL": self.proxy.url,
+            "LM_STORE__CONNECT_TIMEOUT_S": str(t.connect_timeout_s),
+            "LM_STORE__READ_TIMEOUT_S": str(t.read_timeout_s),
+            "LM_INGEST__REQUEST_BUDGET_S": str(t.request_budget_s),
+            "LM_GC__MARK_GRACE_S": str(t.mark_grace_s),
+            "LM_GC__RETRY_HORIZON_S": str(t.retry_horizon_s),
+            "LM_GC__MAX_DELETE_FRACTION": "1.0",
+            "LM_RECONCILER__LEASE_TTL_S": str(t.lease_ttl_s),
+            "LM_RECONCILER__LOOP_INTERVAL_S": str(t.loop_interval_s),
+            "LM_RECONCILER__VERIFY_RATE_PER_S": "5000",
+            "LM_RECONCILER__AUDIT_INTERVAL_S": "3600",  # the GC audits when it needs to
+            "LM_ROLLUP__OWNER_LEASE_TTL_S": str(t.rollup_lease_ttl_s),
+            "LM_ROLLUP__SPARK_MASTER": "local[1]",
+            "LM_METRICS__ENABLED": "false",
+            "LM_LOGGING__FORMAT": "json",
+            "LM_LOGGING__LEVEL": "warning",
+        }
+        settings.update(extra)
+        return child_env(settings)
+
+    def direct_store(self) -> ObjectStore:
+        """The bucket without the proxy (never faulted): for setup writes and the audit."""
+        assert self.ministack is not None
+        return open_store(
+            self.store_url,
+            endpoint_url=self.ministack.endpoint_url,
+            connect_timeout_s=5.0,
+            read_timeout_s=30.0,
+            credentials=CREDENTIALS,
+        )
+
+    # --- collectors -----------------------------------------------------------------------
+
+    @property
+    def collector_urls(self) -> list[str]:
+        return [c.url for c in self.collectors.values()]
+
+    async def start_collector(
+        self, name: str, *, skew_s: float | None = None, port: int = 0
+    ) -> CollectorProcess:
+        """Start (or restart, on ``port``) collector ``name``; its skew is remembered."""
+        if skew_s is not None:
+            self.skews[name] = skew_s
+        skew = self.skews.get(name, 0.0)
+        env = self.env(
+            LM_INGEST__COLLECTOR_ID=name, LM_HTTP__PORT=str(port), **{SKEW_ENV: str(skew)}
+        )
+        logs = self.work_dir / "logs"
+        # The start-up probe needs the store, which may be faulted or cut off: retry for
+        # a bounded while.
+        deadline = time.monotonic() + 60.0
+        while True:
+            try:
+                process = await asyncio.to_thread(_launch_collector, logs, name, env, skew)
+                break
+            except LaunchError as exc:
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("chaos_collector_start_failed", name=name, error=str(exc)[-300:])
+                await asyncio.sleep(1.0)
+        self.collectors[name] = process
+        self.event("collector_started", name=name, pid=process.pid, skew_s=skew)
+        return process
+
+    async def kill_collector(self, name: str) -> None:
+        process = self.collectors.pop(name)
+        await asyncio.to_thread(process.kill)
+        self.event("collector_killed", name=name, pid=process.pid)
+
+    async def stop_collectors(self) -> None:
+        """SIGTERM: each flushes its derived-entry queue, then exits."""
+        stopping = {name: self.collectors.pop(name) for name in sorted(self.collectors)}
+        codes = await asyncio.gather(
+            *(asyncio.to_thread(process.stop, 20.0) for process in stopping.values())
+        )
+        for name, code in zip(stopping, codes, strict=True):
+            self.event("collector_stopped", name=name, exit_code=code)
+
+    # --- reconciler ---------------------------------------------------------------------
+
+    async def start_reconciler(self, *, gc: bool) -> None:
+        env = self.env(LM_GC__ENABLED="true" if gc else "false", LM_LOGGING__LEVEL="info")
+        self.reconciler = self._spawn("reconciler", ["-m", "reconciler", "run"], env)
+        self.event("reconciler_started", pid=self.reconciler.pid, gc=gc)
+
+    async def kill_reconciler(self) -> None:
+        if self.reconciler is not None:
+            info, self.reconciler = self.reconciler, None
+            await asyncio.to_thread(_kill, info.process)
+            self.event("reconciler_killed", pid=info.pid)
+
+    async def stop_reconciler(self) -> None:
+        if self.reconciler is not None:
+            info, self.reconciler = self.reconciler, None
+            code = await asyncio.to_thread(self._terminate, info, 15.0)
+            self.event("reconciler_stopped", exit_code=code)
+
+    async def reconciler_command(
+        self, *args: str, direct: bool, timeout_s: float = 300.0
+    ) -> tuple[int, str]:
+        """A one-shot ``lm-reconciler`` command; ``direct`` bypasses the proxy."""
+        extra = {"LM_GC__ENABLED": "false"}
+        if direct:
+            assert self.ministack is not None
+            extra["LM_STORE__ENDPOINT_URL"] = self.ministack.endpoint_url
+        return await self._run_to_end(["-m", "reconciler", *args], self.env(**extra), timeout_s)
+
+    # --- rollup ---------------------------------------------------------------------------
+
+    async def private_proxy(self) -> FaultProxy:
+        """Another proxy to the same store, with the main proxy's seed and phase, for one
+        process (so a trigger on it concerns that process alone). Stopped with the run."""
+        assert self.ministack is not None and self.proxy is not None
+        proxy = FaultProxy(
+            upstream=self.ministack.endpoint_url,
+            seed=self.seed,
+            bucket=self.bucket,
+            prefix=STORE_PREFIX,
+            phase=self.proxy.phase,
+            max_hold_s=self.proxy.max_hold_s,
+        )
+        await proxy.start()
+        self.extra_proxies.append(proxy)
+        return proxy
+
+    def fault_counters(self) -> dict[str, object]:
+        """The main proxy's counters, with every private proxy's added in."""
+        assert self.proxy is not None
+        merged: dict[str, object] = self.proxy.counters()
+        for proxy in self.extra_proxies:
+            for name in ("requests", "injected", "injected_by_op"):
+                into = merged[name]
+                assert isinstance(into, dict)
+                other = proxy.counters()[name]
+                assert isinstance(other, dict)
+                for key, value in other.items():
+                    into[key] = into.get(key, 0) + value
+        return merged
+
+    def start_rollup(
+        self,
+        name: str,
+        *,
+        direct: bool = False,
+        endpoint_url: str | None = None,
+        settings: dict[str, str] | None = None,
+    ) -> ProcessInfo:
+        extra = dict(settings or {})
+        if direct:
+            assert self.ministack is not None
+            extra["LM_STORE__ENDPOINT_URL"] = self.ministack.endpoint_url
+        elif endpoint_url is not None:
+            extra["LM_STORE__ENDPOINT_URL"] = endpoint_url
+        tmp = self.work_dir / "spark-tmp" / name
+        tmp.mkdir(parents=True, exist_ok=True)
+        extra["TMPDIR"] = str(tmp)
+        info = self._spawn(name, ["-m", "rollup", "run"], self.env(**extra))
+        self.rollups[name] = info
+        self.event("rollup_started", name=name, pid=info.pid)
+        return info
+
+    async def wait_rollup(self, name: str, timeout_s: float) -> int | None:
+        info = self.rollups[name]
+        try:
+            code = await asyncio.to_thread(info.process.wait, timeout_s)
+        except subprocess.TimeoutExpired:
+            code = await asyncio.to_thread(self._terminate, info, 10.0)
+            self.event("rollup_timed_out", name=name)
+        self.rollups.pop(name, None)
+        self.event("rollup_finished", name=name, exit_code=code)
+        shutil.rmtree(self.work_dir / "spark-tmp" / name, ignore_errors=True)
+        return code
+
+    def signal_rollup(self, name: str, signum: int) -> bool:
+        """Send ``signum`` (SIGSTOP/SIGCONT: a paused owner) to run ``name``'s group."""
+        info = self.rollups.get(name)
+        if info is None or info.process.poll() is not None:
+            return False
+        _signal_group(info.process, signum)
+        self.event("rollup_signalled", name=name, signal=signal.Signals(signum).name)
+        return True
+
+    async def kill_rollup(self, name: str) -> None:
+        info = self.rollups.get(name)
+        if info is not None and info.process.poll() is None:
+            await asyncio.to_thread(_kill_group, info.process)
+            self.event("rollup_killed", name=name, pid=info.pid)
+
+    # --- children -------------------------------------------------------------------------
+
+    def _spawn(self, name: str, args: list[str], env: dict[str, str]) -> ProcessInfo:
+        logs = self.work_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        log_path = logs / f"{name}.log"
+        with log_path.open("ab") as out:
+            process = subprocess.Popen(
+                [sys.executable, *args],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own group: Spark's JVM goes with it
+            )
+        return ProcessInfo(name, process, log_path)
+
+    async def _run_to_end(
+        self, args: list[str], env: dict[str, str], timeout_s: float
+    ) -> tuple[int, str]:
+        info = self._spawn(f"cmd-{args[1]}-{args[2]}-{int(time.monotonic() * 1000)}", args, env)
+        try:
+            code = await asyncio.to_thread(info.process.wait, timeout_s)
+        except subprocess.TimeoutExpired:
+            code = await asyncio.to_thread(self._terminate, info, 10.0)
+        return code, info.log_path.read_text(errors="replace")[-4000:]
+
+    @staticmethod
+    def _terminate(info: ProcessInfo, timeout_s: float) -> int:
+        process = info.process
+        if process.poll() is None:
+            _signal_group(process, signal.SIGTERM)
+            try:
+                return process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                _kill_group(process)
+        return process.wait()
+
+
+def _launch_collector(
+    logs: Path, name: str, env: dict[str, str], skew_s: float
+) -> CollectorProcess:
+    if not skew_s:
+        return start_collector(work_dir=logs, name=name, env=env)
+    # The same launch as `collector.launch.start_collector`, through the skewing wrapper.
+    logs.mkdir(parents=True, exist_ok=True)
+    ready_file = logs / f"{name}.ready.json"
+    ready_file.unlink(missing_ok=True)
+    log_path = logs / f"{name}.log"
+    child = {"LM_HTTP__PORT": "0", **env}
+    command = [
+        sys.executable,
+        "-m",
+        "chaos.skewed_collector",
+        "serve",
+        "--ready-file",
+        str(ready_file),
+    ]
+    with log_path.open("ab") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=child)
+    deadline = time.monotonic() + 30.0
+    while not ready_file.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            _kill(process)
+            tail = log_path.read_text(errors="replace")[-2000:]
+            raise LaunchError(f"skewed collector {name} did not start:\n{tail}")
+        time.sleep(0.05)  # polling for readiness, bounded by the deadline
+    import json
+
+    info = json.loads(ready_file.read_text())
+    return CollectorProcess(
+        process, f"http://{info['host']}:{info['port']}", log_path, ready_file, env
+    )
+
+
+def _kill(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
+    try:
+        os.killpg(process.pid, signum)  # our child leads its own group (start_new_session)
+    except ProcessLookupError:
+        pass
+
+
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        _signal_group(process, signal.SIGKILL)
+    process.wait()

@@ -1,0 +1,140 @@
+"""The rollup-dependent invariants, and whether the rollup can run here at all.
+
+The rollup (``rollup/``, ``lm-rollup run``) needs PySpark and a Java runtime. When either
+is missing, or the package is incomplete, `rollup_unavailable` says why, and every
+rollup check is reported ``skipped`` with that reason: never as passed.
+
+Checks, against the latest committed snapshot:
+- ``rollup_setsums``: per accepted hour, the ledger's batches, records and setsum equal
+  those recomputed from the accepted manifests themselves (the authority, not the
+  index); no ledger hour without accepted batches;
+- ``rollup_totals``: the ``rollup_1m`` table's total ``count`` and ``sum`` equal the
+  ground truth: the point counts and finite value sums of the frames the store accepted,
+  as the agents built them (every accepted frame must be one an agent sent);
+- ``rollup_verify``: ``rollup.verify`` (what ``lm-rollup verify`` runs) finds every hour
+  complete.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import os
+import shutil
+from collections import defaultdict
+
+from chaos.auditor import CheckResult, StoreView
+from chaos.load import AckBook
+from protocol.setsum import Setsum
+from store.base import ObjectStore
+
+CHECK_NAMES = ("rollup_setsums", "rollup_totals", "rollup_verify")
+_MODULES = ("rollup.job", "rollup.commit", "rollup.reader", "rollup.storage", "rollup.verify")
+
+
+def rollup_unavailable() -> str | None:
+    """``None`` when ``lm-rollup run`` can work here, else why not."""
+    for name in (*_MODULES, "rollup.__main__"):
+        try:
+            if importlib.util.find_spec(name) is None:
+                return f"rollup not available: module {name} is missing"
+        except ImportError as exc:
+            return f"rollup not available: {exc}"
+    if importlib.util.find_spec("pyspark") is None:
+        return "rollup not available: pyspark is not installed"
+    java_home = os.environ.get("JAVA_HOME")
+    if shutil.which("java") is None and not (java_home and os.path.exists(f"{java_home}/bin/java")):
+        return "rollup not available: no Java runtime"
+    for name in _MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # an incomplete package fails here in any way
+            return f"rollup not available: importing {name} failed: {exc!r}"
+    return None
+
+
+def skipped(reason: str) -> list[CheckResult]:
+    return [CheckResult.skipped(name, reason) for name in CHECK_NAMES]
+
+
+async def rollup_checks(
+    store: ObjectStore,
+    view: StoreView,
+    book: AckBook,
+    *,
+    store_url: str,
+    endpoint_url: str,
+) -> list[CheckResult]:
+    from rollup.commit import load_latest
+    from rollup.reader import scan
+    from rollup.storage import arrow_filesystem
+    from rollup.verify import verify
+
+    setsums = CheckResult("rollup_setsums")
+    totals = CheckResult("rollup_totals")
+    verified = CheckResult("rollup_verify")
+    loaded = await load_latest(store)
+    if loaded is None:
+        if view.manifests:
+            for check in (setsums, totals, verified):
+                check.fail("no rollup snapshot was committed, but batches were accepted")
+        return [setsums, totals, verified]
+    snapshot = loaded.snapshot
+
+    expected: dict[str, tuple[int, int, Setsum]] = defaultdict(lambda: (0, 0, Setsum()))
+    for manifest, _ in view.manifests.values():
+        hour = manifest.accepted_hour.iso
+        batches, record_count, setsum = expected[hour]
+        expected[hour] = (
+            batches + 1,
+            record_count + manifest.record_count,
+            setsum.add(manifest.identity.manifest_id, manifest.frame_sha256),
+        )
+    for hour in sorted(set(expected) | set(snapshot.ledger_hours)):
+        batches, record_count, setsum = expected.get(hour, (0, 0, Setsum()))
+        ledger = snapshot.ledger_hours.get(hour)
+        if ledger is None:
+            setsums.fail(f"hour {hour}: {batches} accepted batches, no ledger entry")
+        elif (ledger.batches, ledger.records, ledger.setsum) != (batches, record_count, setsum.hex):
+            setsums.fail(
+                f"hour {hour}: ledger has {ledger.batches} batches / {ledger.records} records / "
+                f"setsum {ledger.setsum[:16]}, accepted {batches} / {record_count} / {setsum.hex[:16]}"
+            )
+    setsums.detail = f"version {snapshot.version}, {len(expected)} accepted hours"
+
+    points = 0
+    value_sum: list[float] = []
+    for manifest, _ in view.manifests.values():
+        facts = book.frames.get(manifest.frame_sha256)
+        if facts is None:
+            totals.fail(f"{manifest.manifest_key} holds a frame no agent sent")
+            continue
+        points += facts.point_count
+        value_sum.append(facts.value_sum)
+    truth_sum = math.fsum(value_sum)
+    filesystem, root = arrow_filesystem(store_url, endpoint_url=endpoint_url)
+    table = await scan(
+        store, "rollup_1m", filesystem=filesystem, root=root, columns=["count", "sum"]
+    )
+    rolled_count = sum(v for v in table.column("count").to_pylist() if v is not None)
+    rolled_sum = math.fsum(v for v in table.column("sum").to_pylist() if v is not None)
+    if rolled_count != points:
+        totals.fail(f"rollup_1m counts {rolled_count} points, the accepted frames hold {points}")
+    if not math.isclose(rolled_sum, truth_sum, rel_tol=1e-9, abs_tol=1e-6):
+        totals.fail(f"rollup_1m sums to {rolled_sum!r}, the accepted frames to {truth_sum!r}")
+    acked = {a.identity for a in book.acks}
+    unacked = sum(1 for identity in view.manifests if identity not in acked)
+    totals.detail = (
+        f"{points} points in {len(view.manifests)} accepted batches "
+        f"({unacked} accepted without an acknowledgement the agents saw)"
+    )
+
+    report = await verify(store)
+    for hour_report in report.hours:
+        if not hour_report.complete:
+            verified.fail(f"hour {hour_report.hour}: {hour_report.describe()}")
+    if report.unparseable_keys:
+        verified.fail(f"{report.unparseable_keys} unparseable accepted-by-time keys")
+    verified.detail = f"version {report.version}, {len(report.hours)} hours"
+    return [setsums, totals, verified]

@@ -1,0 +1,130 @@
+"""What the simulation checks: live, as each store operation is applied (`WatchedStore`),
+and at the end over the settled store (`check_store`)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+
+from protocol import derived, keys, records
+from store.base import ObjectInfo, ObjectStore
+from store.errors import NotFound
+from store.memory import MemoryStore
+
+
+class WatchedStore:
+    """`MemoryStore` that checks, as each operation is applied, that the GC never deletes
+    a referenced blob and no manifest is created while its blob is missing."""
+
+    def __init__(
+        self,
+        inner: MemoryStore,
+        *,
+        violations: list[str],
+        stats: Counter[str],
+        now_s: Callable[[], float],
+    ) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self._violations = violations
+        self._stats = stats
+        self._now_s = now_s
+        self._referenced: dict[str, str] = {}  # sha -> a record key naming it
+        self._deleted: set[str] = set()
+
+    async def get(self, key: str) -> tuple[bytes, str]:
+        return await self.inner.get(key)
+
+    async def head(self, key: str) -> ObjectInfo:
+        return await self.inner.head(key)
+
+    async def put(
+        self, key: str, body: bytes, *, if_none_match: bool = False, if_match: str | None = None
+    ) -> str:
+        etag = await self.inner.put(key, body, if_none_match=if_none_match, if_match=if_match)
+        if key.startswith(keys.GC_VETOES_PREFIX):
+            self._stats["vetoes_written"] += 1
+        if key.startswith(keys.RAW_BLOBS_PREFIX) and keys.parse_raw_blob_key(key) in self._deleted:
+            self._stats["blobs_recreated"] += 1
+        sha = None
+        if key.startswith(keys.ACCEPTED_PREFIX):
+            sha = records.AcceptedManifest.from_json(body).frame_sha256
+        elif key.startswith(keys.QUARANTINE_PREFIX):
+            sha = records.IdentityConflict.from_json(body).submitted_frame_sha256
+        if sha is not None:
+            self._referenced.setdefault(sha, key)
+            try:
+                await self.inner.head(keys.raw_blob_key(sha))
+            except NotFound:
+                self._violation(f"{key} was created while its raw blob {sha[:12]} was missing")
+        return etag
+
+    def list(self, prefix: str, start_after: str | None = None) -> AsyncIterator[ObjectInfo]:
+        return self.inner.list(prefix, start_after)
+
+    async def delete(self, key: str) -> None:
+        if key.startswith(keys.RAW_BLOBS_PREFIX):
+            sha = keys.parse_raw_blob_key(key)
+            if sha in self._referenced:
+                self._violation(
+                    f"GC deleted raw blob {sha[:12]} referenced by {self._referenced[sha]}"
+                )
+            self._stats["blobs_deleted"] += 1
+            self._deleted.add(sha)
+        await self.inner.delete(key)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def _violation(self, text: str) -> None:
+        self._violations.append(f"t={self._now_s():.3f}s: {text}")
+
+
+async def check_store(
+    store: ObjectStore,
+    acked: dict[keys.BatchIdentity, set[str]],
+    conflict_views: list[tuple[keys.BatchIdentity, str]],
+) -> list[str]:
+    """The end-state invariants over a settled store (after a completed audit)."""
+    problems: list[str] = []
+    present = {info.key async for info in store.list("")}
+    manifests: dict[keys.BatchIdentity, records.AcceptedManifest] = {}
+    for key in sorted(k for k in present if k.startswith(keys.ACCEPTED_PREFIX)):
+        manifest = records.AcceptedManifest.from_json((await store.get(key))[0])
+        manifests[manifest.identity] = manifest
+        problems += await _blob_problems(store, present, key, manifest.frame_sha256)
+        for entry in derived.accepted_entries(manifest):
+            if entry.key not in present:
+                problems.append(f"derived entry {entry.key} of {key} is missing after the audit")
+    for key in sorted(k for k in present if k.startswith(keys.QUARANTINE_PREFIX)):
+        conflict = records.IdentityConflict.from_json((await store.get(key))[0])
+        problems += await _blob_problems(store, present, key, conflict.submitted_frame_sha256)
+        for entry in derived.quarantine_entries(conflict):
+            if entry.key not in present:
+                problems.append(f"derived entry {entry.key} of {key} is missing after the audit")
+    for identity, shas in acked.items():
+        if len(shas) > 1:
+            problems.append(f"{identity} was acknowledged with {len(shas)} different hashes")
+        held = manifests.get(identity)
+        if held is None:
+            problems.append(f"{identity} was acknowledged but has no accepted manifest")
+        elif held.frame_sha256 not in shas:
+            problems.append(
+                f"{identity} acknowledged {sorted(shas)} but the manifest says {held.frame_sha256}"
+            )
+    for identity, accepted_sha in conflict_views:
+        held = manifests.get(identity)
+        if held is None or held.frame_sha256 != accepted_sha:
+            problems.append(f"409 for {identity} named {accepted_sha[:12]}, the store disagrees")
+    return problems
+
+
+async def _blob_problems(store: ObjectStore, present: set[str], key: str, sha: str) -> list[str]:
+    blob_key = keys.raw_blob_key(sha)
+    if blob_key not in present:
+        return [f"raw blob {sha[:12]} referenced by {key} is missing"]
+    body, _ = await store.get(blob_key)
+    if hashlib.sha256(body).hexdigest() != sha:
+        return [f"raw blob {sha[:12]} referenced by {key} does not hash to its name"]
+    return []

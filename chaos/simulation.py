@@ -1,0 +1,376 @@
+"""Deterministic in-process simulation of acceptance, the reconciler's audit and GC.
+
+One call, `simulate(config)`, builds a world on virtual time (`chaos.sim_runtime`):
+
+- a `MemoryStore` (the bucket), watched by `WatchedStore`, which checks the GC's safety
+  at the moment each operation is applied: no raw blob is deleted while an accepted
+  manifest or quarantine record names it, and no manifest is created without its blob;
+- ``collectors`` `BatchAcceptor`s with their `DerivedWriter`s, each through a seeded
+  `DelayedStore` (latency; requests in flight land even if their caller gave up) and a
+  seeded `FaultyStore` (409, 503, lost answers, unknown outcomes, hangs);
+- agents: every batch is sent at a seeded moment to a random collector, retried after a
+  503; some are re-sent much later (old content again: after GC may have marked it),
+  some get a conflicting twin, some were "pre-landed" as orphan blobs (a collector that
+  crashed after the blob), some are never sent again (true orphans for the GC);
+- the GC (`reconciler.gc.run_gc` with the real full audit) every ``gc_interval_s``, with
+  short horizons, through its own faulty store.
+
+When everything has settled, a final fault-free audit runs and `SimReport.violations`
+lists every broken invariant: each acknowledgement has its manifest with the same hash
+and a blob that hashes right; no identity has two hashes; derived indexes are complete;
+no referenced blob was deleted (also checked live by `WatchedStore`).
+
+Same config → same run, byte for byte (up to the random ids the GC and audit give
+their own records, which decide nothing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import random
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+
+from chaos.faulty_store import Fault, FaultyStore
+from chaos.sim_checks import WatchedStore, check_store
+from chaos.sim_runtime import DelayedStore, S3LikeRetries, SimClock, run_virtual
+from collector.accept import AcceptanceUnavailable, Accepted, BatchAcceptor, IdentityConflictFound
+from collector.derived import DerivedWriter
+from config import GcSettings, IngestSettings, ReconcilerSettings, Settings, StoreSettings
+from protocol import derived, keys, records
+from reconciler.audit import run_full_audit
+from reconciler.context import ReconcilerContext, open_context
+from reconciler.gc import GcRefused, run_gc
+from reconciler.metrics import ReconcilerMetrics
+from store.base import ObjectStore
+from store.errors import StoreError
+from store.lease import LeaseHeld, LeaseLost
+from store.memory import MemoryStore
+from store.retry import Backoff
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """One simulated world; every choice in it derives from ``seed``."""
+
+    seed: int
+    collectors: int = 3
+    agents: int = 3
+    batches_per_agent: int = 5
+    resend_rate: float = 0.35
+    conflict_rate: float = 0.15
+    orphan_rate: float = 0.35
+    give_up_rate: float = 0.15
+    fault_rate: float = 0.08
+    gc_fault_rate: float = 0.03
+    gc_runs: int = 5
+    gc_interval_s: float = 9.0
+    late_rate: float = 0.04
+    budget_s: float = 2.0
+    max_latency_s: float = 0.2
+    connect_timeout_s: float = 0.3
+    read_timeout_s: float = 0.6
+    retry_horizon_s: float = 4.0
+    grace_margin_s: float = 1.0
+    send_window_s: float = 50.0
+
+
+@dataclass
+class SimReport:
+    config: SimConfig
+    violations: list[str] = field(default_factory=list)
+    stats: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+@dataclass(frozen=True, slots=True)
+class _Header:
+    agent_id: str
+    boot_id: uuid.UUID
+    seq_start: int
+    seq_end: int
+    record_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    header: _Header
+    frame: bytes
+
+    @property
+    def sha(self) -> str:
+        return hashlib.sha256(self.frame).hexdigest()
+
+    @property
+    def identity(self) -> keys.BatchIdentity:
+        h = self.header
+        return keys.BatchIdentity(h.agent_id, h.boot_id, h.seq_start, h.seq_end)
+
+
+def _collector_rates(rate: float) -> dict[str, dict[Fault, float]]:
+    conditional = {
+        Fault.CONFLICT: rate / 2,
+        Fault.UNAVAILABLE: rate / 2,
+        Fault.LOST_REPLY: rate,
+        Fault.UNKNOWN_NOT_APPLIED: rate / 2,
+        Fault.HANG: rate / 4,
+    }
+    reads = {Fault.UNAVAILABLE: rate / 2, Fault.HANG: rate / 8}
+    return {
+        "put_if_none_match": conditional,
+        "get": reads,
+        "head": reads,
+        "list": {Fault.UNAVAILABLE: rate / 2},
+    }
+
+
+def _gc_rates(rate: float) -> dict[str, dict[Fault, float]]:
+    # Mostly on writes: a real S3 client retries reads itself (`store.s3`), and the GC
+    # gives up a whole run on any read error, which would leave little GC to test.
+    return {
+        "put_if_match": {Fault.LOST_REPLY: rate, Fault.CONFLICT: rate / 2},
+        "put_if_none_match": {Fault.LOST_REPLY: rate, Fault.UNAVAILABLE: rate},
+        "delete": {Fault.LOST_REPLY: rate, Fault.UNAVAILABLE: rate},
+        "get": {Fault.UNAVAILABLE: rate / 20},
+        "head": {Fault.UNAVAILABLE: rate / 20},
+    }
+
+
+def _settings(config: SimConfig) -> Settings:
+    return Settings(
+        store=StoreSettings(
+            url="memory://simulation",
+            connect_timeout_s=config.connect_timeout_s,
+            read_timeout_s=config.read_timeout_s,
+        ),
+        ingest=IngestSettings(request_budget_s=config.budget_s, collector_id="sim"),
+        reconciler=ReconcilerSettings(
+            lease_ttl_s=10 * 24 * 3600.0, verify_rate_per_s=10_000.0, concurrency=4
+        ),
+        gc=GcSettings(
+            retry_horizon_s=config.retry_horizon_s,
+            mark_grace_s=config.budget_s
+            + config.connect_timeout_s
+            + config.read_timeout_s
+            + config.grace_margin_s,
+            max_delete_fraction=1.0,
+        ),
+    )
+
+
+class _World:
+    def __init__(self, config: SimConfig, report: SimReport) -> None:
+        self.config = config
+        self.report = report
+        self.clock = SimClock()
+        self.rng = random.Random(f"{config.seed}/world")
+        self.memory = MemoryStore("memory://simulation", clock=self.clock)
+        self.watched = WatchedStore(
+            self.memory,
+            violations=report.violations,
+            stats=report.stats,
+            now_s=self.clock.monotonic,
+        )
+        self.settings = _settings(config)
+        self.delayed: list[DelayedStore] = []
+        self.faulty: list[FaultyStore] = []
+        self.acceptors: list[BatchAcceptor] = []
+        self.writers: list[DerivedWriter] = []
+        for index in range(config.collectors):
+            store = self._faulty(f"collector-{index}", _collector_rates(config.fault_rate))
+            writer = DerivedWriter(
+                store=store,
+                clock=self.clock,
+                rng=random.Random(f"{config.seed}/derived/{index}"),
+                max_queued=64,
+                workers=2,
+                backoff=Backoff(attempts=3, base_s=0.05, cap_s=0.5),
+            )
+            self.writers.append(writer)
+            self.acceptors.append(
+                BatchAcceptor(
+                    store=store,
+                    collector_id=f"sim-collector-{index}",
+                    clock=self.clock,
+                    rng=random.Random(f"{config.seed}/acceptor/{index}"),
+                    derived=writer,
+                    budget_s=config.budget_s,
+                    backoff=Backoff(attempts=8, base_s=0.05, cap_s=0.5),
+                )
+            )
+        self.gc_store = self._faulty("gc", _gc_rates(config.gc_fault_rate))
+        # identity -> every hash acknowledged (200) for it, and the conflicts seen
+        self.acked: dict[keys.BatchIdentity, set[str]] = {}
+        self.conflict_views: list[tuple[keys.BatchIdentity, str]] = []
+
+    def _faulty(self, name: str, rates: dict[str, dict[Fault, float]]) -> ObjectStore:
+        """The store as ``name`` sees it: S3-like retries over seeded faults over latency."""
+        seed, config = self.config.seed, self.config
+        delayed = DelayedStore(
+            self.watched,
+            rng=random.Random(f"{seed}/latency/{name}"),
+            max_latency_s=config.max_latency_s,
+            late_rate=config.late_rate,
+            timeout_s=config.read_timeout_s,
+            late_extra_s=config.connect_timeout_s,
+        )
+        faulty = FaultyStore(delayed, seed=hash_seed(f"{seed}/faults/{name}"), rates=rates)
+        self.delayed.append(delayed)
+        self.faulty.append(faulty)
+        return S3LikeRetries(
+            faulty,
+            rng=random.Random(f"{seed}/retries/{name}"),
+            backoff=Backoff(attempts=5, base_s=0.05, cap_s=0.5),
+        )
+
+    # --- agents -------------------------------------------------------------------------
+
+    def batches(self) -> list[_Batch]:
+        made = []
+        for agent in range(self.config.agents):
+            boot = uuid.UUID(int=random.Random(f"{self.config.seed}/boot/{agent}").getrandbits(128))
+            for b in range(self.config.batches_per_agent):
+                header = _Header(f"sim-agent-{agent}", boot, b * 10, b * 10 + 9, 10)
+                made.append(_Batch(header, _frame(self.config.seed, agent, b, "original")))
+        return made
+
+    async def send(self, batch: _Batch, rng: random.Random, *, attempts: int = 6) -> str | None:
+        """Send until an answer (or ``attempts`` 503s); returns the acknowledged hash."""
+        for _ in range(attempts):
+            acceptor = self.acceptors[rng.randrange(len(self.acceptors))]
+            try:
+                outcome = await acceptor.accept(batch.header, batch.frame, batch.sha)
+            except AcceptanceUnavailable:
+                self.report.stats["answer_503"] += 1
+                await self.clock.sleep(rng.uniform(0.2, 2.0))
+                continue
+            if isinstance(outcome, Accepted):
+                self.report.stats[
+                    "answer_200_duplicate" if outcome.duplicate else "answer_200"
+                ] += 1
+                if outcome.manifest.frame_sha256 != batch.sha:
+                    self._violation(
+                        f"200 for {batch.identity} names hash {outcome.manifest.frame_sha256[:12]}, sent {batch.sha[:12]}"
+                    )
+                self.acked.setdefault(batch.identity, set()).add(batch.sha)
+                return batch.sha
+            assert isinstance(outcome, IdentityConflictFound)
+            self.report.stats["answer_409"] += 1
+            self.conflict_views.append((batch.identity, outcome.accepted.frame_sha256))
+            return None
+        return None
+
+    async def agent_batch(self, batch: _Batch, index: int) -> None:
+        config = self.config
+        rng = random.Random(f"{config.seed}/plan/{index}")
+        pre_orphan = rng.random() < config.orphan_rate
+        give_up = rng.random() < config.give_up_rate
+        resend = rng.random() < config.resend_rate
+        conflict = rng.random() < config.conflict_rate
+        send_at = rng.uniform(0.0, config.send_window_s)
+        if pre_orphan:  # an earlier attempt wrote the blob, then its collector crashed
+            await _land_orphan(self.watched, batch, self.clock.now_ns())
+            self.report.stats["orphans_planted"] += 1
+        if give_up:
+            return
+        await self.clock.sleep(send_at)
+        acked = await self.send(batch, rng)
+        if resend:  # old content again, possibly after the GC marked or deleted it
+            await self.clock.sleep(rng.uniform(0.0, config.send_window_s))
+            self.report.stats["resends"] += 1
+            await self.send(batch, rng)
+        if conflict and acked is not None:
+            twin = _Batch(batch.header, _frame(config.seed, index, 0, "conflict"))
+            await self.clock.sleep(rng.uniform(0.0, config.send_window_s / 4))
+            if await self.send(twin, rng) is not None:
+                self._violation(f"conflicting frame for {batch.identity} was acknowledged")
+
+    # --- GC -------------------------------------------------------------------------------
+
+    async def gc_loop(self, context: ReconcilerContext) -> None:
+        for _ in range(self.config.gc_runs):
+            await self.clock.sleep(self.config.gc_interval_s)
+            try:
+                outcome = await run_gc(context, dry_run=False)
+            except (StoreError, GcRefused, LeaseLost, records.RecordError) as exc:
+                self.report.stats[f"gc_failed_{type(exc).__name__}"] += 1
+                continue
+            record = outcome.record
+            self.report.stats["gc_runs"] += 1
+            self.report.stats["gc_marked"] += record.marked
+            self.report.stats["gc_vetoed"] += record.vetoed
+            self.report.stats["gc_deleted"] += record.deleted
+
+    def _violation(self, text: str) -> None:
+        self.report.violations.append(f"t={self.clock.monotonic():.3f}s: {text}")
+
+
+def hash_seed(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+
+
+def _frame(seed: int, agent: int, batch: int, variant: str) -> bytes:
+    # The acceptance protocol never decodes frames; any bytes of frame length will do.
+    return f"simulated frame seed={seed} agent={agent} batch={batch} {variant};".encode() * 3
+
+
+async def _land_orphan(store: ObjectStore, batch: _Batch, now_ns: int) -> None:
+    await store.put(keys.raw_blob_key(batch.sha), batch.frame, if_none_match=True)
+    entry = derived.raw_blob_by_time_entry(batch.sha, now_ns)
+    await store.put(entry.key, entry.body, if_none_match=True)
+
+
+async def _open_context(store: ObjectStore, world: _World, owner: str) -> ReconcilerContext:
+    for _ in range(20):  # the faulty store may refuse the lease a few times
+        try:
+            return await open_context(
+                store,
+                settings=world.settings,
+                clock=world.clock,
+                rng=random.Random(f"{world.config.seed}/{owner}"),
+                metrics=ReconcilerMetrics(clock=world.clock),
+                owner=owner,
+            )
+        except (StoreError, LeaseHeld):
+            await world.clock.sleep(0.5)
+    raise RuntimeError("the simulated reconciler never got its lease")
+
+
+async def _run(config: SimConfig) -> SimReport:
+    report = SimReport(config)
+    world = _World(config, report)
+    for writer in world.writers:
+        writer.start()
+    gc_context = await _open_context(world.gc_store, world, "sim-gc")
+    gc = asyncio.ensure_future(world.gc_loop(gc_context))
+    agents = [world.agent_batch(b, i) for i, b in enumerate(world.batches())]
+    await asyncio.gather(*agents)
+    await gc
+    for writer in world.writers:
+        await writer.stop(grace_s=60.0)
+    for delayed in world.delayed:
+        await delayed.drain()
+    # The final audit reads the store without faults, under the GC's (long) lease.
+    audit = await run_full_audit(dataclasses.replace(gc_context, store=world.watched))
+    if audit.status != "completed":
+        report.violations.append(f"final audit did not complete: {audit}")
+    report.stats["late_landings"] += sum(d.late_landings for d in world.delayed)
+    for faulty in world.faulty:
+        for (op, fault), count in faulty.injected.items():
+            report.stats[f"fault_{op}_{fault.value}"] += count
+    report.violations += await check_store(world.memory, world.acked, world.conflict_views)
+    return report
+
+
+def simulate(config: SimConfig) -> SimReport:
+    """Run one simulated world to the end on virtual time; see the module docstring."""
+    return run_virtual(lambda: _run(config))
+
+
+__all__ = ["SimConfig", "SimReport", "WatchedStore", "check_store", "simulate"]
