@@ -7,7 +7,11 @@
    exactly one accepted manifest per identity acknowledged, each with its raw blob;
 5. breaks what a crash would break and runs the reconciler (`demo.reconcile_step`):
    index entries restored, the orphan blob collected, zero lag and zero problems;
-6. prints what happened and where the data lies.
+6. runs the rollup (`demo.rollup_step`, a local Spark session): the ``rollup_1m`` totals
+   must equal what the agents were acknowledged for, ``lm-rollup verify`` must pass, and
+   a query prints some rows (``--no-rollup`` skips this step; it needs the ``rollup``
+   extra and Java, which ``scripts/demo`` installs);
+7. prints what happened and where the data lies.
 
 Exit code 0 when every check holds, 1 otherwise.
 """
@@ -28,7 +32,7 @@ import aiohttp
 from agent.fleet import FleetResult, RunOptions, SpoolSettings, run_fleet
 from agent.load import LoadSpec
 from collector.launch import start_collector
-from demo import reconcile_step
+from demo import reconcile_step, rollup_step
 from protocol import keys, records
 from protocol.frame import encode_frame, points_table
 from store.fs import FileSystemStore
@@ -46,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--points-per-batch", type=int, default=250)
     parser.add_argument("--duplicate-rate", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--no-rollup", action="store_true", help="skip the rollup step (no Spark, no Java)"
+    )
     return parser
 
 
@@ -87,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     step(f"collectors stopped with exit codes {codes}")
     problems = asyncio.run(_report(store_dir, result, conflict))
     problems += reconcile_step.run(store_dir, step)
+    if not args.no_rollup:
+        problems += rollup_step.run(store_dir, work_dir / "logs", result.truth.totals(), step)
     if any(codes):
         problems.append(f"a collector exited with {codes}")
     print()
@@ -96,7 +105,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(
         "All checks passed: every acknowledged batch has exactly one accepted manifest and its "
-        "raw blob; the reconciler restored the indexes and collected only the orphan."
+        "raw blob; the reconciler restored the indexes and collected only the orphan"
+        + (
+            "."
+            if args.no_rollup
+            else "; rollup_1m totals equal what the agents sent and every hour verifies."
+        )
     )
     return 0
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
+
+from agent.truth import Totals
+from demo import rollup_step
 
 
 def test_demo_runs_clean_in_a_fresh_directory(tmp_path: Path) -> None:
@@ -25,7 +29,7 @@ def test_demo_runs_clean_in_a_fresh_directory(tmp_path: Path) -> None:
         ],
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=600,
         check=False,
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
@@ -33,7 +37,16 @@ def test_demo_runs_clean_in_a_fresh_directory(tmp_path: Path) -> None:
     assert "answer: 409 identity_conflict" in done.stdout
     assert "1 deleted" in done.stdout  # the orphan was collected
     assert "lag 0 h, 0 problems" in done.stdout
+    # The rollup step: committed, totals checked against the acknowledged points, verified.
+    assert "committed version 1: 30 batches, 1500 points" in done.stdout
+    assert "rollup_1m totals equal what the agents sent" in done.stdout
+    assert "complete (30 batches, 1500 records)" in done.stdout
     assert (work / "store" / "accepted" / "v1").is_dir()
+    # The totals check is real: one point fewer acknowledged would be reported.
+    problems = asyncio.run(
+        rollup_step._check_totals(work / "store", Totals(30, 1499, 0.0), lambda _: None)
+    )
+    assert len(problems) == 2 and "1499" in problems[0]
 
 
 def test_demo_refuses_a_directory_that_is_not_empty(tmp_path: Path) -> None:
