@@ -9,8 +9,13 @@ hot key do not synchronise.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
+
+from store.errors import OutcomeUnknown, Unavailable
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,3 +36,29 @@ class Backoff:
         """Yield ``attempts - 1`` jittered delays: one before each retry."""
         for attempt in range(self.attempts - 1):
             yield rng.uniform(0.0, min(self.cap_s, self.base_s * (2**attempt)))
+
+
+async def repeat_while_unavailable(
+    call: Callable[[], Awaitable[T]],
+    *,
+    backoff: Backoff,
+    rng: random.Random,
+    sleep: Callable[[float], Awaitable[None]],
+    repeat_unknown: bool = True,
+) -> T:
+    """``call()``, repeated after `Unavailable` with ``backoff``'s jittered delays; the
+    last failure is raised when the attempts run out. With ``repeat_unknown=False`` an
+    `OutcomeUnknown` (the attempt may still land later) is raised at once instead.
+
+    Callers use this only where repeating the request is safe; they say why."""
+    delays = backoff.delays(rng)
+    while True:
+        try:
+            return await call()
+        except Unavailable as exc:
+            if isinstance(exc, OutcomeUnknown) and not repeat_unknown:
+                raise
+            delay = next(delays, None)
+            if delay is None:
+                raise
+        await sleep(delay)

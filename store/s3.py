@@ -62,7 +62,7 @@ from store.errors import (
     StoreConfigError,
     Unavailable,
 )
-from store.retry import Backoff
+from store.retry import Backoff, repeat_while_unavailable
 
 if TYPE_CHECKING:
     from types_aiobotocore_s3.client import S3Client
@@ -388,27 +388,16 @@ class S3Store:
         mutating: bool = False,
         repeat_unknown: bool = True,
     ) -> T:
-        """Run ``attempt`` with bounded jittered retries on `Unavailable`; with
-        ``repeat_unknown=False`` an `OutcomeUnknown` (the attempt may still land) is raised
-        at once instead of repeated.
-
-        Callers use this only where repeating the request is safe; they say why.
-        """
-        delays = self._backoff.delays(self._rng)
-        while True:
-            try:
-                return await self._once(op, key, attempt, mutating=mutating)
-            except OutcomeUnknown:
-                if not repeat_unknown:
-                    raise
-                delay = next(delays, None)
-                if delay is None:
-                    raise
-            except Unavailable:
-                delay = next(delays, None)
-                if delay is None:
-                    raise
-            await self._clock.sleep(delay)
+        """``attempt`` with bounded jittered retries on `Unavailable` (see
+        `store.retry.repeat_while_unavailable`). Callers use this only where repeating
+        the request is safe; they say why."""
+        return await repeat_while_unavailable(
+            lambda: self._once(op, key, attempt, mutating=mutating),
+            backoff=self._backoff,
+            rng=self._rng,
+            sleep=self._clock.sleep,
+            repeat_unknown=repeat_unknown,
+        )
 
 
 class _SendOnceHTTPSession(AIOHTTPSession):
