@@ -57,18 +57,26 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+def _table_text(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.12g}"
+    return _text(value)
+
+
 def render(rows: Sequence[dict[str, Any]], columns: Sequence[str], fmt: str, out: TextIO) -> None:
     """Write ``rows`` (dicts keyed by ``columns``) as an aligned table, CSV, or JSON."""
     if fmt == "json":
         document = [{c: _cell(row.get(c)) for c in columns} for row in rows]
         out.write(json.dumps(document, ensure_ascii=False, indent=1) + "\n")
         return
-    cells = [[_text(row.get(c)) for c in columns] for row in rows]
     if fmt == "csv":
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow(columns)
-        writer.writerows(cells)
+        writer.writerows([_text(row.get(c)) for c in columns] for row in rows)
         return
+    # For people: 12 significant digits hide float noise (157.18099999999998 → 157.181);
+    # csv and json keep every digit.
+    cells = [[_table_text(row.get(c)) for c in columns] for row in rows]
     widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
     for line in [list(columns), *cells]:
         out.write("  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip() + "\n")

@@ -319,3 +319,19 @@ def test_query_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     )
     assert run_cli(tmp_path, "query", "points", "--where", "nope = 1") == 2
     assert "no column" in capsys.readouterr().err
+
+
+def test_table_output_rounds_float_noise_but_csv_and_json_keep_every_digit() -> None:
+    import io
+
+    from rollup.cli_read import render
+
+    rows = [{"sum": 157.18099999999998, "count": 3}]
+    outputs = {}
+    for fmt in ("table", "csv", "json"):
+        out = io.StringIO()
+        render(rows, ["sum", "count"], fmt, out)
+        outputs[fmt] = out.getvalue()
+    assert outputs["table"].splitlines()[1].split() == ["157.181", "3"]
+    assert "157.18099999999998" in outputs["csv"]
+    assert json.loads(outputs["json"])[0]["sum"] == 157.18099999999998
