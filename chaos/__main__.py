@@ -27,7 +27,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from chaos.s3_server import aws_env
+from chaos.s3_server import dummy_aws_env
 from chaos.scenarios import SCENARIOS
 
 T = TypeVar("T")
@@ -85,7 +85,7 @@ def _run(args: argparse.Namespace, duration: float) -> int:
     from chaos.runner import ChaosOptions, run_scenario
     from config import LoggingSettings, configure_logging
 
-    os.environ.update(aws_env())  # dummy credentials: never a real account
+    os.environ.update(dummy_aws_env())  # dummy credentials: never a real account
     configure_logging(LoggingSettings(format="console", level="error"))
     temporary = args.work_dir is None
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix=f"lm-chaos-{args.scenario}-"))

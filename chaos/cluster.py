@@ -29,7 +29,7 @@ from pathlib import Path
 import structlog
 
 from chaos.proxy import FaultProxy
-from chaos.s3_server import CREDENTIALS, MiniStack, child_env
+from chaos.s3_server import CREDENTIALS, RunningServer, child_env, start_ministack
 from chaos.skewed_collector import SKEW_ENV
 from collector.launch import CollectorProcess, LaunchError, start_collector
 from store.base import ObjectStore
@@ -77,7 +77,7 @@ class Cluster:
     seed: int
     timing: Timing = field(default_factory=Timing)
     bucket: str = ""
-    ministack: MiniStack | None = None
+    ministack: RunningServer | None = None
     proxy: FaultProxy | None = None
     collectors: dict[str, CollectorProcess] = field(default_factory=dict)
     skews: dict[str, float] = field(default_factory=dict)
@@ -91,9 +91,8 @@ class Cluster:
 
     async def start(self, *, proxy_max_hold_s: float | None = None) -> None:
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        self.ministack = MiniStack(self.work_dir / "ministack")
         # From this (the main) thread: then it is also told to stop if we die.
-        self.ministack.start()
+        self.ministack = start_ministack(self.work_dir / "ministack")
         self.bucket = f"lm-chaos-{self.seed % 10**9:09d}-{os.getpid() % 100000:05d}"
         await asyncio.to_thread(self.ministack.create_bucket, self.bucket)
         self.proxy = FaultProxy(

@@ -35,6 +35,7 @@ from reconciler.gc import GarbageCollector, GcPolicy
 from store.errors import NotFound, OutcomeUnknown, PreconditionFailed
 from store.memory import MemoryStore
 from store.retry import Backoff
+from tests.reconciler.test_gc import Audits, Header
 
 worlds = st.builds(
     SimConfig,
@@ -106,15 +107,6 @@ def test_bug_2_seed_from_the_simulation() -> None:
 BOOT = uuid.UUID("5f0c7a3e-1d2b-4c3a-9e8f-0123456789ab")
 FRAME = b"LMB1 a frame that an earlier attempt left behind as an orphan blob " * 2
 SHA = hashlib.sha256(FRAME).hexdigest()
-
-
-@dataclasses.dataclass(frozen=True)
-class Header:
-    agent_id: str
-    boot_id: uuid.UUID
-    seq_start: int
-    seq_end: int
-    record_count: int
 
 
 def acceptor(store: object, clock: ManualClock) -> BatchAcceptor:
@@ -193,35 +185,6 @@ class LostDeleteAnswer:
     async def land_late_attempts(self) -> None:
         for key in self.in_flight:
             await self.inner.delete(key)
-
-
-class Audits:
-    """Stand-in for the full audit: restores every manifest's by-blob entry."""
-
-    def __init__(self, store: MemoryStore, clock: ManualClock) -> None:
-        self.store, self.clock = store, clock
-        self.latest: records.AuditRecord | None = None
-
-    async def run(self) -> records.AuditRecord:
-        started = self.clock.now_ns()
-        async for info in self.store.list(keys.ACCEPTED_PREFIX):
-            manifest = records.AcceptedManifest.from_json((await self.store.get(info.key))[0])
-            for entry in derived.accepted_entries(manifest):
-                try:
-                    await self.store.put(entry.key, entry.body, if_none_match=True)
-                except PreconditionFailed:
-                    pass
-        self.latest = records.AuditRecord(
-            audit_id=uuid.uuid4().hex[:16],
-            started_at_unix_ns=started,
-            completed_at_unix_ns=self.clock.now_ns(),
-            status="completed",
-            owner_epoch=1,
-        )
-        return self.latest
-
-    async def newest(self) -> records.AuditRecord | None:
-        return self.latest
 
 
 async def test_bug_2_a_delete_with_a_lost_answer_keeps_the_mark_until_it_settles() -> None:
