@@ -309,4 +309,6 @@ class GcRunRecord(Record):
     marked: int = Field(default=0, ge=0)
     vetoed: int = Field(default=0, ge=0)
     deleted: int = Field(default=0, ge=0)
+    # Candidates or marks left for the next run because a store request failed.
+    skipped_on_error: int = Field(default=0, ge=0)
     refused: str | None = None

@@ -21,6 +21,12 @@ Only raw blobs are ever deleted; manifests and quarantine records never are. One
    ``deleting`` with If-Match, then vetoes and references are checked once more, then the
    blob is deleted, the deletion logged under ``gc/v1/log/``, and the mark removed.
 
+A store failure on one candidate or mark (503, a lost answer, a 409) skips that one and
+the run goes on: skipping never deletes, and the next run starts over from the store.
+Each step leaves a state a later run resolves (no mark, a ``marked`` mark, or a
+``deleting`` one for the stale-deletion pass). After ``max_item_errors`` such failures in
+one run the store is treated as unavailable and the error is raised.
+
 Why ``deleting``: a collector that finds a mark writes its veto, then re-reads the mark
 (`collector.accept`). If it still reads ``marked``, the veto was written before this
 run's last veto check (which follows the If-Match to ``deleting``), so the blob is kept.
@@ -33,14 +39,20 @@ from __future__ import annotations
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import structlog
 
 from protocol import keys, records
 from protocol.clock import Clock
 from store.base import ObjectInfo, ObjectStore
-from store.errors import NotFound, OutcomeUnknown, PreconditionFailed, Unavailable
+from store.errors import (
+    ConditionConflict,
+    NotFound,
+    OutcomeUnknown,
+    PreconditionFailed,
+    Unavailable,
+)
 from store.open import open_store
 
 if TYPE_CHECKING:
@@ -48,6 +60,7 @@ if TYPE_CHECKING:
     from reconciler.context import ReconcilerContext
 
 log = structlog.get_logger("reconciler.gc")
+T = TypeVar("T")
 NS = 1_000_000_000
 
 
@@ -58,6 +71,7 @@ class GcPolicy:
     max_delete_fraction: float = 0.1
     settle_s: float = 120.0
     full_listing: bool = True
+    max_item_errors: int = 100
 
     def __post_init__(self) -> None:
         if not 0 < self.max_delete_fraction <= 1:
@@ -66,6 +80,8 @@ class GcPolicy:
             )
         if self.retry_horizon_s <= 0 or self.mark_grace_s <= 0 or self.settle_s < 0:
             raise ValueError("retry_horizon_s and mark_grace_s must be > 0, settle_s >= 0")
+        if self.max_item_errors < 0:
+            raise ValueError(f"max_item_errors must be >= 0, got {self.max_item_errors}")
 
 
 class GcRefused(Exception):
@@ -108,6 +124,20 @@ class GarbageCollector:
         self._observe = observe or (lambda _event, _count: None)
         self._deletion_blocker = deletion_blocker
         self._run_id = "unstarted"
+        self._item_errors = 0
+
+    async def _per_item(self, what: str, key: str, work: Awaitable[T]) -> T | None:
+        """``work`` for one candidate or mark; on a store failure, skip it (``None``).
+
+        Safe: every step leaves a state a later run resolves, and skipping deletes nothing."""
+        try:
+            return await work
+        except (Unavailable, ConditionConflict) as exc:
+            self._item_errors += 1
+            log.warning("gc_item_skipped", step=what, key=key, error=str(exc))
+            if self._item_errors > self._policy.max_item_errors:
+                raise
+            return None
 
     async def run(self, *, dry_run: bool = False) -> GcOutcome:
         """One GC run. Raises `GcRefused` when the deletion guard trips."""
@@ -116,6 +146,7 @@ class GarbageCollector:
             run_id=uuid.uuid4().hex[:16], started_at_unix_ns=started, dry_run=dry_run
         )
         outcome = GcOutcome(run)
+        self._item_errors = 0
         run_key = keys.gc_run_key(started, run.run_id)
         if not dry_run:
             await self._fence()
@@ -126,7 +157,12 @@ class GarbageCollector:
             await self._delete_proven(dry_run, outcome)
         except GcRefused as exc:
             outcome.record = run.model_copy(
-                update={**counts, "refused": str(exc), "completed_at_unix_ns": self._clock.now_ns()}
+                update={
+                    **counts,
+                    "skipped_on_error": self._item_errors,
+                    "refused": str(exc),
+                    "completed_at_unix_ns": self._clock.now_ns(),
+                }
             )
             if not dry_run:
                 await self._store.put(run_key, outcome.record.to_json())
@@ -135,6 +171,7 @@ class GarbageCollector:
             update={
                 **counts,
                 "deleted": len(outcome.deleted),
+                "skipped_on_error": self._item_errors,
                 "completed_at_unix_ns": self._clock.now_ns(),
             }
         )
@@ -152,16 +189,19 @@ class GarbageCollector:
     async def _finish_stale_deletions(self) -> None:
         now = self._clock.now_ns()
         async for info in self._store.list(keys.GC_MARKS_PREFIX):
-            mark, etag = await self._read_mark(info.key)
-            if mark is None or mark.state != "deleting":
-                continue
-            since = mark.deleting_since_unix_ns or mark.marked_at_unix_ns
-            if since + int(self._policy.settle_s * NS) > now:
-                continue
-            if not await self._exists(mark.raw_blob_key):
-                await self._log_deletion(mark, blob_last_modified_ns=0, audit_started=0)
-            await self._fence()
-            await self._delete_mark_if_unchanged(info.key, etag)
+            await self._per_item("settle", info.key, self._settle_one(info.key, now))
+
+    async def _settle_one(self, mark_key: str, now: int) -> None:
+        mark, etag = await self._read_mark(mark_key)
+        if mark is None or mark.state != "deleting":
+            return
+        since = mark.deleting_since_unix_ns or mark.marked_at_unix_ns
+        if since + int(self._policy.settle_s * NS) > now:
+            return
+        if not await self._exists(mark.raw_blob_key):
+            await self._log_deletion(mark, blob_last_modified_ns=0, audit_started=0)
+        await self._fence()
+        await self._delete_mark_if_unchanged(mark_key, etag)
 
     # --- 2. mark ------------------------------------------------------------------------------
 
@@ -175,13 +215,17 @@ class GarbageCollector:
                 break  # keys sort by hour: everything after is younger still
             if sha not in seen:
                 seen.add(sha)
-                await self._consider(sha, horizon_ns, info.key, dry_run, counts)
+                await self._per_item(
+                    "mark", info.key, self._consider(sha, horizon_ns, info.key, dry_run, counts)
+                )
         if self._policy.full_listing:
             async for info in self._store.list(keys.RAW_BLOBS_PREFIX):
                 sha = keys.parse_raw_blob_key(info.key)
                 if sha not in seen and info.last_modified_ns <= horizon_ns:
                     seen.add(sha)
-                    await self._consider(sha, horizon_ns, None, dry_run, counts)
+                    await self._per_item(
+                        "mark", info.key, self._consider(sha, horizon_ns, None, dry_run, counts)
+                    )
         self._observe("candidates", counts["candidates"])
         self._observe("marks", counts["marked"])
         self._observe("vetoes", counts["vetoed"])
@@ -229,7 +273,8 @@ class GarbageCollector:
         grace_ns = int(self._policy.mark_grace_s * NS)
         eligible: list[tuple[str, records.GcMark]] = []
         async for info in self._store.list(keys.GC_MARKS_PREFIX):
-            mark, _ = await self._read_mark(info.key)
+            read = await self._per_item("read-mark", info.key, self._read_mark(info.key))
+            mark = read[0] if read is not None else None
             if (
                 mark is not None
                 and mark.state == "marked"
@@ -252,24 +297,22 @@ class GarbageCollector:
         for mark_key, mark in eligible:
             if audit.started_at_unix_ns <= mark.marked_at_unix_ns + grace_ns:
                 continue  # rule 5: the audit must have started after mark + grace
-            blob = await self._head(mark.raw_blob_key)
-            if (
-                blob is None
-                or await self._referenced(mark.frame_sha256)
-                or await self._exists(keys.gc_veto_key(mark.frame_sha256))
-            ):
-                if not dry_run:
-                    await self._fence()
-                    await self._store.delete(mark_key)  # withdrawn: gone, referenced or vetoed
-                continue
-            proven.append((mark_key, mark, blob.last_modified_ns))
+            last_modified = await self._per_item(
+                "prove", mark_key, self._prove(mark_key, mark, dry_run)
+            )
+            if last_modified is not None:
+                proven.append((mark_key, mark, last_modified))
         outcome.would_delete = [m.frame_sha256 for _, m, _ in proven]
         if proven:
             await self._guard(len(proven))
         if dry_run:
             return
         for mark_key, mark, last_modified_ns in proven:
-            if await self._delete_one(mark_key, mark, last_modified_ns, audit.started_at_unix_ns):
+            if await self._per_item(
+                "delete",
+                mark_key,
+                self._delete_one(mark_key, mark, last_modified_ns, audit.started_at_unix_ns),
+            ):
                 outcome.deleted.append(mark.frame_sha256)
         self._observe("deletions", len(outcome.deleted))
 
@@ -295,6 +338,20 @@ class GarbageCollector:
             )
             self._observe("guard_refusals", 1)
             raise GcRefused(detail)
+
+    async def _prove(self, mark_key: str, mark: records.GcMark, dry_run: bool) -> int | None:
+        """The blob's last-modified time when nothing keeps it; else withdraw the mark."""
+        blob = await self._head(mark.raw_blob_key)
+        if (
+            blob is None
+            or await self._referenced(mark.frame_sha256)
+            or await self._exists(keys.gc_veto_key(mark.frame_sha256))
+        ):
+            if not dry_run:
+                await self._fence()
+                await self._store.delete(mark_key)  # withdrawn: gone, referenced or vetoed
+            return None
+        return blob.last_modified_ns
 
     async def _delete_one(
         self, mark_key: str, mark: records.GcMark, last_modified_ns: int, audit_started: int

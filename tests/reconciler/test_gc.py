@@ -15,8 +15,8 @@ from collector.derived import DerivedWriter
 from protocol import keys, records
 from protocol.clock import ManualClock, SystemClock
 from reconciler.gc import GarbageCollector, GcPolicy, GcRefused
-from store.base import ObjectStore
-from store.errors import NotFound
+from store.base import ObjectInfo, ObjectStore
+from store.errors import NotFound, Unavailable
 from store.memory import MemoryStore
 from store.retry import Backoff
 
@@ -93,10 +93,22 @@ class Audits:
         return self.latest
 
 
+class FlakyStore(MemoryStore):
+    """A memory store whose HEAD of the keys in ``failing`` answers 503."""
+
+    failing: set[str]
+
+    async def head(self, key: str) -> ObjectInfo:
+        if key in self.failing:
+            raise Unavailable("head", key, "503 SlowDown (scripted)")
+        return await super().head(key)
+
+
 class World:
-    def __init__(self, policy: GcPolicy = POLICY) -> None:
+    def __init__(self, policy: GcPolicy = POLICY, *, flaky: bool = False) -> None:
         self.clock = ManualClock()
-        self.store = MemoryStore(clock=self.clock)
+        self.store = (FlakyStore if flaky else MemoryStore)(clock=self.clock)
+        self.store.failing = set()
         self.audits = Audits(self.store, self.clock)
         self.fenced = 0
         self.events: dict[str, int] = {}
@@ -388,3 +400,41 @@ async def test_unparseable_manifest_problem_blocks_every_deletion() -> None:
     assert await world.exists(keys.raw_blob_key(digest))
     await world.store.delete(keys.problem_key("unparseable-manifest", "accepted/v1/x.json"))
     assert (await world.gc.run()).deleted == [digest]
+
+
+async def test_a_failed_request_skips_one_candidate_and_the_run_goes_on() -> None:
+    world = World(flaky=True)
+    unlucky = await world.orphan(frame_bytes(40))
+    lucky = await world.orphan(frame_bytes(41))
+    world.clock.advance(3 * HOUR_S)
+    world.store.failing = {keys.raw_blob_key(unlucky)}
+    first = await world.gc.run()
+    assert (first.record.marked, first.record.skipped_on_error) == (1, 1)
+    assert await world.exists(keys.gc_mark_key(lucky))
+    assert not await world.exists(keys.gc_mark_key(unlucky))  # skipped: nothing decided
+    stored = records.GcRunRecord.from_json(
+        (await world.store.get((await world.keys_under(keys.RECONCILER_GC_RUNS_PREFIX))[0]))[0]
+    )
+    assert stored.skipped_on_error == 1
+    world.store.failing = set()
+    assert (await world.gc.run()).record.marked == 1  # the next run picks it up
+    world.clock.advance(POLICY.mark_grace_s + 1)
+    world.store.failing = {keys.raw_blob_key(lucky)}  # now its checks fail (mark and prove)
+    second = await world.gc.run()
+    assert second.deleted == [unlucky] and second.record.skipped_on_error == 2
+    world.store.failing = set()
+    assert await world.exists(keys.raw_blob_key(lucky))
+    assert (await world.gc.run()).deleted == [lucky]
+
+
+async def test_too_many_failed_requests_stop_the_run() -> None:
+    policy = GcPolicy(
+        retry_horizon_s=2 * HOUR_S, mark_grace_s=600.0, max_delete_fraction=1.0, max_item_errors=1
+    )
+    world = World(policy, flaky=True)
+    digests = [await world.orphan(frame_bytes(50 + i)) for i in range(3)]
+    world.clock.advance(3 * HOUR_S)
+    world.store.failing = {keys.raw_blob_key(d) for d in digests}
+    with pytest.raises(Unavailable):
+        await world.gc.run()
+    assert await world.keys_under(keys.GC_MARKS_PREFIX) == []
