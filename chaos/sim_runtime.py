@@ -34,8 +34,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from store.base import ObjectInfo, ObjectStore
-from store.errors import OutcomeUnknown, Unavailable
-from store.retry import Backoff
+from store.errors import OutcomeUnknown
+from store.retry import Backoff, repeat_while_unavailable
 
 T = TypeVar("T")
 
@@ -200,21 +200,13 @@ class S3LikeRetries:
     async def _retrying(
         self, call: Callable[[], Awaitable[T]], *, repeat_unknown: bool = True
     ) -> T:
-        delays = self._backoff.delays(self._rng)
-        while True:
-            try:
-                return await call()
-            except OutcomeUnknown:
-                if not repeat_unknown:
-                    raise
-                delay = next(delays, None)
-                if delay is None:
-                    raise
-            except Unavailable:
-                delay = next(delays, None)
-                if delay is None:
-                    raise
-            await asyncio.sleep(delay)
+        return await repeat_while_unavailable(
+            call,
+            backoff=self._backoff,
+            rng=self._rng,
+            sleep=asyncio.sleep,
+            repeat_unknown=repeat_unknown,
+        )
 
     async def get(self, key: str) -> tuple[bytes, str]:
         return await self._retrying(lambda: self.inner.get(key))
