@@ -19,15 +19,18 @@ one connection pool) for every phase, one after the other:
 2. **baseline**: list ``accepted/v1/`` (paginated) and GET every manifest with
    ``concurrency`` workers, nothing else. Run before and after the steady audit.
 3. **audit, steady**: `reconciler.audit.run_full_audit` with ``[reconciler] concurrency``
-   = ``--concurrency`` and ``verify_rate_per_s`` = 1e9 (never throttles).
+   = ``--concurrency`` and ``verify_rate_per_s`` = ``--verify-rate`` (default: the
+   setting's default, 200/s): blob verification (`reconciler.verify`) runs alongside the
+   walk at that rate, as deployed. Then **audit, verification paused**: the same audit
+   with ``verify_rate_per_s`` = 0.001 (one blob), which isolates the walk itself.
 4. References that explain the gap: **verify floor** (list, GET + parse each manifest, GET
    + SHA-256 its blob: what any audit that verifies blobs must do) and **412 probe**
    (If-None-Match PUTs of derived entries that exist: what the audit pays per entry that
    is already there).
 5. **damage**: delete ~``--missing-fraction`` of the derived entries (timed apart), then
    **audit, repair**: the same audit, now re-creating them.
-6. **audit, default verify rate**: the audit at the default ``verify_rate_per_s`` (200/s),
-   stopped after ``--throttled-s`` seconds through ``ctx.stopping``.
+6. **audit, throttled** (off by default): the audit stopped after ``--throttled-s``
+   seconds through ``ctx.stopping``.
 
 Store requests are counted per HTTP request (operation x status) with aiobotocore's
 ``before-call``/``after-call`` events on the store's client; CPU per process from /proc
@@ -97,7 +100,10 @@ from tests.s3_servers import (
 TARGET = 0.7
 FULL_MANIFESTS = 100_000
 QUICK_MANIFESTS = 10_000
-UNTHROTTLED_VERIFY_RATE = 1e9
+VERDICT_PHASES = ("audit steady", "audit steady, verification paused")
+PAUSED_PHASE = VERDICT_PHASES[1]
+PAUSED_VERIFY_RATE = 1e-3
+"""One blob verified, then a ~1000 s wait for the next token: verification is idle."""
 MINISTACK_ACCOUNT = "000000000000"
 """MiniStack's account for credentials that are not a 12-digit account id (ours)."""
 MINISTACK_LOAD_TIMEOUT_S = 1800.0  # it reads every persisted object's sidecar at start
@@ -548,16 +554,19 @@ class Bench:
             started = time.perf_counter()
             last_print = [started]
             samples: list[tuple[float, int]] = [(0.0, 0)]
+            verified = [0]
 
             def progress(p: AuditProgress) -> None:
                 now = time.perf_counter()
+                verified[0] = p.blobs_verified
                 samples.append((now - started, p.manifests_seen))
                 if now - last_print[0] >= 15.0:
                     last_print[0] = now
                     rate = p.manifests_seen / (now - started)
                     print(
                         f"    ... {p.manifests_seen} manifests, {rate:.0f}/s, "
-                        f"repaired {p.repaired}, problems {p.problems}",
+                        f"repaired {p.repaired}, problems {p.problems}, "
+                        f"blobs verified {p.blobs_verified}",
                         flush=True,
                     )
 
@@ -576,6 +585,7 @@ class Bench:
             if stop_after_s is not None:
                 phase.window_rate = _window_rate(samples, 0.25 * stop_after_s, stop_after_s)
             phase.notes.update(
+                blobs_verified=verified[0],
                 status=record.status,
                 repaired=dict(record.repaired),
                 problems=record.problems,
@@ -675,16 +685,16 @@ class Report:
         rates = [p.rate for p in self.phases if p.name.startswith("baseline")]
         return sum(rates) / len(rates) if rates else math.nan
 
-    def verdict(self) -> tuple[float, str]:
-        audit = self.phase("audit steady")
+    def verdict(self, name: str = "audit steady") -> tuple[float, str]:
+        audit = self.phase(name)
         ratio = audit.rate / self.baseline_rate() if audit else math.nan
         return ratio, ("PASS" if ratio >= TARGET else "MISS")
 
-    def cpu_ratio(self) -> float:
+    def cpu_ratio(self, name: str = "audit steady") -> float:
         """The ratio on an otherwise idle machine, estimated from CPU per manifest: the
         driver and MiniStack are each one Python thread, so a phase runs at most at
         1 / max(driver, MiniStack CPU per manifest). Robust to other people's load."""
-        audit = self.phase("audit steady")
+        audit = self.phase(name)
         bases = [_cpu_bound_rate(p) for p in self.phases if p.name.startswith("baseline")]
         if audit is None or not bases:
             return math.nan
@@ -722,23 +732,25 @@ class Report:
             print(f"  {p.name}: {_requests_line(p)}")
             if p.notes:
                 print(f"      {p.notes}")
-        ratio, verdict = self.verdict()
         print()
-        print(
-            f"audit / baseline = {ratio:.2f} (target >= {TARGET}): {verdict}   "
-            f"[baseline {base:.1f} manifests/s = mean of "
-            f"{', '.join(f'{p.rate:.1f}' for p in self.phases if p.name.startswith('baseline'))}]"
-        )
-        print(
-            f"CPU-bound estimate (1 / max(driver, MiniStack CPU per manifest), insensitive to "
-            f"other load): audit / baseline = {self.cpu_ratio():.2f}"
-        )
+        for name in VERDICT_PHASES:
+            if self.phase(name) is None:
+                continue
+            ratio, verdict = self.verdict(name)
+            print(
+                f"{name} / baseline = {ratio:.2f} (target >= {TARGET}): {verdict}   "
+                f"[baseline {base:.1f} manifests/s = mean of "
+                f"{', '.join(f'{p.rate:.1f}' for p in self.phases if p.name.startswith('baseline'))}]"
+            )
+            print(
+                f"  CPU-bound estimate (1 / max(driver, MiniStack CPU per manifest), insensitive "
+                f"to other load): {self.cpu_ratio(name):.2f}"
+            )
         noisy = [p.name for p in self.phases if p.others_cores > NOISY_CORES]
         if noisy:
             print(f"NOTE: other processes used > {NOISY_CORES} cores during: {', '.join(noisy)}")
 
     def markdown(self) -> str:
-        ratio, verdict = self.verdict()
         base = self.baseline_rate()
         s = self.seed
         lines = [
@@ -780,13 +792,17 @@ class Report:
         lines += ["", "Requests per unit by operation and status (mean client latency):", ""]
         for p in self.phases:
             lines.append(f"- {p.name}: {_requests_line(p)}" + (f" — {p.notes}" if p.notes else ""))
-        lines += [
-            "",
-            f"**audit / baseline = {ratio:.2f}** (target >= {TARGET}): **{verdict}** "
-            f"(baseline = mean of the baseline runs, {base:.1f} manifests/s). "
-            f"CPU-bound estimate (1 / max(driver, MiniStack CPU per manifest), insensitive "
-            f"to other load): {self.cpu_ratio():.2f}.",
-        ]
+        lines.append("")
+        for name in VERDICT_PHASES:
+            if self.phase(name) is None:
+                continue
+            ratio, verdict = self.verdict(name)
+            lines.append(
+                f"- **{name} / baseline = {ratio:.2f}** (target >= {TARGET}): **{verdict}** "
+                f"(baseline = mean of the baseline runs, {base:.1f} manifests/s). "
+                f"CPU-bound estimate (1 / max(driver, MiniStack CPU per manifest), "
+                f"insensitive to other load): {self.cpu_ratio(name):.2f}."
+            )
         return "\n".join(lines)
 
 
@@ -852,7 +868,7 @@ async def _phases(
     clock = SystemClock()
     ctx = await open_context(
         store,
-        settings=audit_settings(args.concurrency, UNTHROTTLED_VERIFY_RATE),
+        settings=audit_settings(args.concurrency, args.verify_rate),
         clock=clock,
         rng=random.Random(11),
         metrics=ReconcilerMetrics(clock=clock),
@@ -873,6 +889,12 @@ async def _phases(
     if steady.notes.get("status") != "completed" or steady.manifests != report.fleet.manifests:
         raise RuntimeError(f"the steady audit did not complete: {steady.notes}")
     await bench.measure("baseline again", bench.baseline)
+    paused = dataclasses.replace(
+        ctx, settings=audit_settings(args.concurrency, PAUSED_VERIFY_RATE), stopping=asyncio.Event()
+    )
+    walk = await bench.measure(PAUSED_PHASE, bench.audit(paused))
+    if walk.notes.get("status") != "completed" or walk.manifests != report.fleet.manifests:
+        raise RuntimeError(f"the paused-verification audit did not complete: {walk.notes}")
     if not args.no_references:
         await bench.measure("verify floor (GET manifest+blob)", bench.verify_floor)
         await bench.measure(
@@ -891,11 +913,11 @@ async def _phases(
     if args.throttled_s > 0:
         throttled = dataclasses.replace(
             ctx,
-            settings=audit_settings(args.concurrency, ReconcilerSettings().verify_rate_per_s),
+            settings=audit_settings(args.concurrency, args.verify_rate),
             stopping=asyncio.Event(),
         )
         await bench.measure(
-            f"audit default verify rate ({args.throttled_s:.0f}s)",
+            f"audit, stopped after {args.throttled_s:.0f}s",
             bench.audit(throttled, stop_after_s=args.throttled_s),
         )
     await ctx.fence.release()
@@ -923,9 +945,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"accepted manifests to seed (default {FULL_MANIFESTS}; --quick: {QUICK_MANIFESTS})",
     )
-    parser.add_argument(
-        "--quick", action="store_true", help="smoke run: 10k manifests, 10 s throttled"
-    )
+    parser.add_argument("--quick", action="store_true", help="smoke run: 10k manifests, 64 agents")
     parser.add_argument(
         "--concurrency",
         type=int,
@@ -961,8 +981,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--throttled-s",
         type=float,
-        default=None,
-        help="seconds of audit at the default verify rate (0: skip; default 30)",
+        default=0.0,
+        help="an extra audit stopped after this many seconds (0: skip, the default)",
+    )
+    parser.add_argument(
+        "--verify-rate",
+        type=float,
+        default=ReconcilerSettings().verify_rate_per_s,
+        help="[reconciler] verify_rate_per_s of the steady and repair audits "
+        "(default: the setting's default)",
     )
     parser.add_argument(
         "--quiet-wait-s",
@@ -997,8 +1024,6 @@ def main(argv: list[str] | None = None) -> int:
         args.manifests = QUICK_MANIFESTS if args.quick else FULL_MANIFESTS
     if args.agents is None:
         args.agents = 64 if args.quick else 256
-    if args.throttled_s is None:
-        args.throttled_s = 10.0 if args.quick else 30.0
     if args.quick:
         args.probe_requests = min(args.probe_requests, 5000)
     if args.manifests < 1 or args.concurrency < 1 or args.agents < 1 or args.boots < 1:
@@ -1057,6 +1082,7 @@ def main(argv: list[str] | None = None) -> int:
                     "phases": [dataclasses.asdict(p) for p in report.phases],
                     "ratio": report.verdict()[0],
                     "verdict": report.verdict()[1],
+                    "ratio_verification_paused": report.verdict(PAUSED_PHASE)[0],
                     "loadavg": [report.loadavg_start, report.loadavg_end],
                 },
                 indent=2,

@@ -177,7 +177,14 @@ class ReconcilerSettings(_Section):
     audit_interval_s: Seconds = 24 * 3600.0
     """Time between full audits of ``accepted/v1/`` and ``quarantine/v1/``."""
     verify_rate_per_s: float = Field(default=200.0, gt=0)
-    """Objects per second read back when verifying blobs (bounds store load)."""
+    """Raw blobs per second read back and SHA-256-checked while a full audit runs (bounds
+    store load). Verification walks ``raw-blobs/v1/`` with a cursor kept in the audit
+    records, so a round over every blob spans audits (`reconciler.verify`)."""
+    audit_listed_keys_max: int = Field(default=1_000_000, ge=0)
+    """Keys a full audit lists up front (derived index entries, raw blobs) and remembers, as
+    128-bit digests (~80 bytes each), to skip writes and blob checks it knows are not
+    needed. Past this many it stops remembering and falls back to If-None-Match creates
+    and HEADs (same result, more requests); 0 turns the listing off (`reconciler.listed`)."""
     concurrency: int = Field(default=16, ge=1)
     """Store requests in flight at once."""
     inventory_url: str | None = Field(default=None, pattern=r"^(s3|file)://.+")

@@ -1,10 +1,32 @@
 """Full audit of ``accepted/v1/`` and ``quarantine/v1/``: every record repaired and its blob
-verified; resumable after a crash from its `AuditRecord`.
+checked; resumable after a crash from its `AuditRecord`.
 
 Input is a listing of the store, or an S3 Inventory report (`reconciler.inventory`).
 
+**What a completed audit promises** (what the GC's rule 5 relies on, PROTOCOL §3.5):
+every accepted manifest and quarantine record that existed when the audit started
+(``started_at_unix_ns``, the original start if it was resumed) was read, and every
+derived entry `reconciler.repair` keeps for it (``accepted-by-blob``, ``accepted-by-time``,
+``quarantine-by-blob``, ``raw-blobs-by-time`` for records younger than
+``gc.retry_horizon_s``) existed at some point after that start: either a listing taken
+after the start returned its key (such entries are never deleted; see
+`reconciler.listed`) or the audit created it, or its If-None-Match create was answered 412.
+Each record's raw blob was seen to exist (for manifests: with the manifest's size) by the
+listing or a HEAD, or a ``missing-blob``/``corrupt-blob`` problem was recorded, or the
+check met a store error (logged and counted; as before, that does not keep the audit from
+completing: the steady state and the next audit look again). It does **not** promise that
+every blob's SHA-256 was checked in this audit: verification (`reconciler.verify`) runs
+alongside the walk, at most ``verify_rate_per_s``, from a cursor carried from audit to
+audit, so a full round over ``raw-blobs/v1/`` may span several audits. Corrupt blobs are
+recorded as ``corrupt-blob`` problems when the round reaches them.
+
+**Cost per record** (listing audits): the record's GET, its share of the listings, and
+only the writes and HEADs the up-front listing (`reconciler.listed.ListedKeys`) could not
+rule out. With a complete listing and nothing to repair that is one GET per record.
+
 How records are visited is `reconciler.audit_walks`: a listing (agent groups found by
-skip-listing, ``concurrency`` at a time, each in chunks) or an inventory's data files.
+one skip-listing of ``accepted/v1/``, ``concurrency`` at a time, each in chunks) or an
+inventory's data files. Blob verification has an eighth of ``concurrency`` to itself.
 
 **Progress** lives in ``AuditRecord.cursors`` (saved at the start, every
 `PROGRESS_INTERVAL_S`, and at the end):
@@ -15,6 +37,8 @@ skip-listing, ``concurrency`` at a time, each in chunks) or an inventory's data 
   it succeeded; a group that hits a failure stops there.
 - inventory audits: ``cursors["inventory:manifest"]`` names the report, and
   ``cursors["file:<data file key>"]`` holds the next row to read, or ``"done"``.
+- ``cursors[VERIFY_CURSOR]``: where blob verification stands (`reconciler.verify`); the
+  only cursor a completed record keeps, and the one a new audit's record starts with.
 
 `run_full_audit` resumes the newest audit if it is still ``running`` and of the same
 source (and, for inventories, the same report): same ``audit_id``, same original
@@ -28,10 +52,12 @@ keep it from completing: they are recorded.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+from protocol import keys
 from protocol.records import AuditRecord
 from store.errors import StoreError
 
@@ -44,13 +70,15 @@ from .audit_records import (
 from .audit_walks import DONE, FRONTIER, INVENTORY_CURSOR, InventoryWalk, ListingWalk, WalkState
 from .context import ReconcilerContext
 from .inventory import InventorySource
+from .listed import ListedKeys
 from .problems import ProblemBook
-from .rate import TokenBucket
 from .repair import BlobCheck, Repairer, RepairOutcome
+from .verify import VERIFY_CURSOR, BlobVerifier
 
 __all__ = [
     "DONE",
     "FRONTIER",
+    "VERIFY_CURSOR",
     "AuditProgress",
     "latest_audit",
     "latest_completed_audit",
@@ -71,6 +99,7 @@ class AuditProgress:
     groups_done: int
     repaired: int
     problems: int
+    blobs_verified: int = 0
 
 
 ProgressCallback = Callable[[AuditProgress], None]
@@ -93,10 +122,12 @@ async def run_full_audit(
     ctx.metrics.audit_running.set(1)
     try:
         await run.problems.load()
-        if inventory is not None:
-            await InventoryWalk(ctx, run.state, run.process, run.checkpoint, inventory).run()
-        else:
-            await ListingWalk(ctx, run.state, run.process, run.checkpoint).run()
+        await run.load_listed()
+        async with run.verifying():
+            if inventory is not None:
+                await InventoryWalk(ctx, run.state, run.process, run.checkpoint, inventory).run()
+            else:
+                await ListingWalk(ctx, run.state, run.process, run.checkpoint).run()
         return await run.finish()
     finally:
         ctx.metrics.audit_running.set(0)
@@ -117,17 +148,31 @@ async def _resume_or_start(
     ):
         ctx.log.info("audit_resumed", audit_id=latest.audit_id, cursors=len(latest.cursors))
         return latest, True
+    cursors = {INVENTORY_CURSOR: report.manifest_key} if report else {}
+    if latest is not None and VERIFY_CURSOR in latest.cursors:
+        cursors[VERIFY_CURSOR] = latest.cursors[VERIFY_CURSOR]  # verification goes on
     record = AuditRecord(
         audit_id=f"{ctx.rng.getrandbits(64):016x}",
         # An inventory shows the bucket as of its creation: the audit counts from then.
         started_at_unix_ns=report.created_at_unix_ns if report else ctx.clock.now_ns(),
         source=source,
         owner_epoch=ctx.epoch,
-        cursors={INVENTORY_CURSOR: report.manifest_key} if report else {},
+        cursors=cursors,
     )
     await create_audit(ctx, record)
     ctx.log.info("audit_started", audit_id=record.audit_id, source=source)
     return record, False
+
+
+def _split_concurrency(concurrency: int) -> tuple[asyncio.Semaphore, asyncio.Semaphore]:
+    """Slots for the records' requests and for blob verification, ``concurrency`` in all.
+    Verification gets its own eighth (at least one), so the walk's queue of requests cannot
+    starve it; with a single slot both share it."""
+    if concurrency < 2:
+        shared = asyncio.Semaphore(concurrency)
+        return shared, shared
+    verify = max(1, concurrency // 8)
+    return asyncio.Semaphore(concurrency - verify), asyncio.Semaphore(verify)
 
 
 class _AuditRun:
@@ -151,15 +196,67 @@ class _AuditRun:
         self._problem_count = record.problems
         self._last_save = ctx.clock.monotonic()
         self._saving = asyncio.Lock()
-        self._limit = asyncio.Semaphore(ctx.reconciler_settings.concurrency)
+        self._limit, verify_limit = _split_concurrency(ctx.reconciler_settings.concurrency)
         self.problems = ProblemBook(ctx)
-        self._repairer = Repairer(
+        self.listed = ListedKeys(cap=0)
+        self._repairer = Repairer(ctx, self.problems)
+        self._verifier = BlobVerifier(
             ctx,
             self.problems,
-            verify=TokenBucket(
-                rate_per_s=ctx.reconciler_settings.verify_rate_per_s, clock=ctx.clock
-            ),
+            cursor=self.state.cursors.get(VERIFY_CURSOR, ""),
+            limit=verify_limit,
         )
+
+    # --- before the walk ----------------------------------------------------------------
+
+    async def load_listed(self) -> None:
+        """List what the records' repairs would otherwise probe one by one (see
+        `reconciler.listed`). Without it (cap 0, store errors) every create is attempted."""
+        ctx = self._ctx
+        cap = ctx.reconciler_settings.audit_listed_keys_max
+        if cap <= 0:
+            return
+        horizon_ns = int(ctx.settings.gc.retry_horizon_s * 1e9)
+        started = ctx.clock.monotonic()
+        try:
+            self.listed = await ListedKeys.load(
+                ctx.store,
+                cap=cap,
+                raw_blobs_by_time_from=keys.UtcHour.from_unix_ns(ctx.clock.now_ns() - horizon_ns),
+                parallel=ctx.reconciler_settings.concurrency,
+            )
+        except StoreError as exc:
+            ctx.metrics.store_failures.labels("audit_listed").inc()
+            ctx.log.warning("audit_listing_failed", error=str(exc))
+            self.listed = ListedKeys(cap=0)
+        stats = self.listed.stats
+        (ctx.log.warning if stats.capped_at else ctx.log.info)(
+            "audit_listed",
+            keys=stats.keys,
+            prefixes_complete=stats.prefixes_complete,
+            capped_at=stats.capped_at,
+            seconds=round(ctx.clock.monotonic() - started, 3),
+        )
+        self._repairer = Repairer(ctx, self.problems, listed=self.listed)
+
+    @contextlib.asynccontextmanager
+    async def verifying(self) -> AsyncIterator[None]:
+        """Verify blobs (`reconciler.verify`) while the body runs; stop when it ends."""
+        task = asyncio.create_task(self._verifier.run())
+        try:
+            yield
+            if not self._ctx.stopping.is_set():
+                await self._verifier.moved_or_ended(task)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task  # LeaseLost propagates
+            self._ctx.log.info(
+                "audit_blobs_verified",
+                verified=self._verifier.verified,
+                problems=self._verifier.problems,
+                round_complete=self._verifier.round_complete,
+            )
 
     # --- records ------------------------------------------------------------------------
 
@@ -169,8 +266,8 @@ class _AuditRun:
         async def one(key: str) -> RepairOutcome:
             async with self._limit:
                 if quarantine:
-                    return await self._repairer.quarantine_at(key, blob_check=BlobCheck.VERIFY)
-                return await self._repairer.manifest_at(key, blob_check=BlobCheck.VERIFY)
+                    return await self._repairer.quarantine_at(key, blob_check=BlobCheck.LISTED)
+                return await self._repairer.manifest_at(key, blob_check=BlobCheck.LISTED)
 
         total = RepairOutcome()
         for outcome in await asyncio.gather(*(one(key) for key in record_keys)):
@@ -195,11 +292,11 @@ class _AuditRun:
             {
                 **self._record.model_dump(by_alias=True),
                 "owner_epoch": self._ctx.epoch,
-                "cursors": dict(self.state.cursors),
+                "cursors": {**self.state.cursors, VERIFY_CURSOR: self._verifier.cursor},
                 "manifests_seen": self._manifests,
                 "quarantines_seen": self._quarantines,
                 "repaired": dict(self._repaired),
-                "problems": self._problem_count,
+                "problems": self._problem_count + self._verifier.problems,
                 **changes,
             }
         )
@@ -222,7 +319,9 @@ class _AuditRun:
         complete = not self.state.failed and not self.state.stopped
         if complete:
             record = self._current(
-                status="completed", completed_at_unix_ns=self._ctx.clock.now_ns(), cursors={}
+                status="completed",
+                completed_at_unix_ns=self._ctx.clock.now_ns(),
+                cursors={VERIFY_CURSOR: self._verifier.cursor},
             )
         else:
             record = self._current()
@@ -262,6 +361,7 @@ class _AuditRun:
                     quarantines_seen=self._quarantines,
                     groups_done=self.state.groups_done,
                     repaired=sum(self._repaired.values()),
-                    problems=self._problem_count,
+                    problems=self._problem_count + self._verifier.problems,
+                    blobs_verified=self._verifier.verified,
                 )
             )

@@ -4,11 +4,14 @@ Two walks, one per input; both hand chunks of record keys to the audit (``proces
 repair them, True when every write succeeded) and keep `WalkState.cursors`, which the
 audit saves in its `AuditRecord` (see `reconciler.audit` for their meaning).
 
-- `ListingWalk`: agent groups (``accepted/v1/agent=<hex>/``) discovered by skip-listing in
-  key order, ``concurrency`` groups at a time (the quarantine prefix is one more group),
-  each listed lazily from its cursor in chunks of `CHUNK`. Memory: ``concurrency x CHUNK``
-  keys, plus cursors for groups past the frontier, bounded by a window: discovery waits
-  while it is full and some group is still in progress.
+- `ListingWalk`: agent groups (``accepted/v1/agent=<hex>/``) discovered in key order by
+  one listing of ``accepted/v1/`` that skips past large groups (`reconciler.listing.groups`),
+  ``concurrency`` groups at a time (the quarantine prefix is one more group). A group of
+  at most `HANDOFF_KEYS` keys comes with the keys discovery read, so it is not listed
+  again; a larger one is listed lazily from its cursor. Either way it is audited in chunks
+  of `CHUNK`. Memory: up to ``2 x concurrency`` handed-over groups of at most
+  `HANDOFF_KEYS` keys, plus cursors for groups past the frontier, bounded by a window:
+  discovery waits while it is full and some group is still in progress.
 - `InventoryWalk`: the data files of an S3 Inventory report one after the other, rows in
   chunks of `CHUNK`, the cursor being the next row to read.
 
@@ -29,9 +32,12 @@ from store.lease import LeaseLost
 
 from .context import ReconcilerContext
 from .inventory import InventorySource
-from .listing import PAST, closing, partitions
+from .listing import SKIP_AFTER_KEYS, Group, closing, groups
 
 CHUNK = 32
+HANDOFF_KEYS = SKIP_AFTER_KEYS
+"""Groups with at most this many keys are handed to their worker with the keys discovery
+read (one list page: S3 returned them anyway)."""
 DONE = "done"
 FRONTIER = keys.ACCEPTED_PREFIX
 """Cursor key of the listing frontier: every agent group up to it (inclusive) is done."""
@@ -44,6 +50,8 @@ Process = Callable[[list[str], bool], Awaitable[bool]]
 """Repair these record keys (quarantine records when the flag is set); True if all went well."""
 Checkpoint = Callable[[], Awaitable[None]]
 """Called after a cursor moved: saves progress now and then."""
+Work = tuple[str, str | None, list[str] | None]
+"""A group for a worker: its prefix, its cursor, and its keys when discovery read them."""
 
 
 @dataclass
@@ -90,7 +98,7 @@ class ListingWalk(_Walk):
 
     async def run(self) -> None:
         workers = self._ctx.reconciler_settings.concurrency
-        queue: asyncio.Queue[tuple[str, str | None] | None] = asyncio.Queue(maxsize=workers)
+        queue: asyncio.Queue[Work | None] = asyncio.Queue(maxsize=workers)
         try:
             async with asyncio.TaskGroup() as group:
                 for _ in range(workers):
@@ -101,30 +109,38 @@ class ListingWalk(_Walk):
         except BaseExceptionGroup as errors:
             _raise_first(errors)
 
-    async def _discover(self, queue: asyncio.Queue[tuple[str, str | None] | None]) -> None:
+    async def _discover(self, queue: asyncio.Queue[Work | None]) -> None:
         cursors = self._state.cursors
         quarantine = cursors.get(keys.QUARANTINE_PREFIX)
         if quarantine != DONE:
             self._in_flight += 1
-            await queue.put((keys.QUARANTINE_PREFIX, quarantine))
+            await queue.put((keys.QUARANTINE_PREFIX, quarantine, None))
         frontier = cursors.get(FRONTIER)
-        start_after = frontier + PAST if frontier else None
+        start_after = Group(frontier, None).past if frontier else None
+        found = groups(
+            self._ctx.store,
+            keys.ACCEPTED_PREFIX,
+            depth=1,
+            start_after=start_after,
+            max_keys=HANDOFF_KEYS,
+            keep_keys=True,
+        )
         try:
-            async with closing(
-                partitions(self._ctx.store, keys.ACCEPTED_PREFIX, depth=1, start_after=start_after)
-            ) as groups:
-                async for group_prefix in groups:
+            async with closing(found) as listing:
+                async for group in listing:
                     if self._ctx.stopping.is_set():
                         self._state.stopped = True
                         return
                     if self._state.failed:
                         return  # cannot complete this time: finish what is in hand, resume later
-                    await self._admit(group_prefix, queue)
+                    # A whole-key group (a stray key) is listed as a prefix, as it always was.
+                    held = None if group.whole_key else group.keys
+                    await self._admit(group.prefix, held, queue)
         except StoreError as exc:
             self._fail("audit_discovery", keys.ACCEPTED_PREFIX, exc)
 
     async def _admit(
-        self, group_prefix: str, queue: asyncio.Queue[tuple[str, str | None] | None]
+        self, group_prefix: str, held: list[str] | None, queue: asyncio.Queue[Work | None]
     ) -> None:
         cursor = self._state.cursors.get(group_prefix)
         async with self._changed:
@@ -139,14 +155,16 @@ class ListingWalk(_Walk):
                 self._advance_frontier()
                 return
             self._in_flight += 1
-        await queue.put((group_prefix, cursor))
+        await queue.put((group_prefix, cursor, held))
 
-    async def _worker(self, queue: asyncio.Queue[tuple[str, str | None] | None]) -> None:
+    async def _worker(self, queue: asyncio.Queue[Work | None]) -> None:
         while (item := await queue.get()) is not None:
-            group_prefix, after = item
+            group_prefix, after, held = item
             if self._ctx.stopping.is_set():
                 self._state.stopped = True
                 done = False  # left for the resumed audit, untouched
+            elif held is not None:
+                done = await self._walk_held(group_prefix, after, held)
             else:
                 done = await self._walk_group(group_prefix, after)
             async with self._changed:
@@ -185,6 +203,14 @@ class ListingWalk(_Walk):
             self._fail("audit_list", group_prefix, exc)
             return False
         return not chunk or await self._chunk_done(group_prefix, chunk, quarantine)
+
+    async def _walk_held(self, group_prefix: str, after: str | None, held: list[str]) -> bool:
+        """Audit the keys discovery read for this group (all of it, in order) past ``after``."""
+        todo = [key for key in held if after is None or key > after]
+        for start in range(0, len(todo), CHUNK):
+            if not await self._chunk_done(group_prefix, todo[start : start + CHUNK], False):
+                return False
+        return True
 
     async def _chunk_done(self, group_prefix: str, chunk: list[str], quarantine: bool) -> bool:
         if not await self._process(chunk, quarantine):

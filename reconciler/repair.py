@@ -2,8 +2,11 @@
 
 For a record, `Repairer` creates every derived entry of `protocol.derived` with
 If-None-Match (412 is success: the entry was there), then checks the raw blob the record
-references: ``HEAD`` (exists; for manifests also the size) in steady state, or a full read
-and SHA-256 comparison (``VERIFY``, rate-limited by ``verify_rate_per_s``) in audits.
+references: ``HEAD`` (exists; for manifests also the size) in steady state; in audits
+``LISTED``: the audit's up-front listing (`reconciler.listed.ListedKeys`) showed the blob
+with the manifest's size, else a HEAD as in steady state. An audit also skips the creates
+of entries its listing showed. SHA-256 verification of blobs is not per record: see
+`reconciler.verify`.
 
 Order matters in two places:
 - ``accepted-by-time`` is created last, and the hour's rollup-dirty marker right after it:
@@ -26,9 +29,7 @@ done (audits keep their cursor before it; steady passes keep their checkpoint).
 
 from __future__ import annotations
 
-import asyncio
 import enum
-import hashlib
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -39,17 +40,15 @@ from store.errors import StoreError
 
 from . import store_calls
 from .context import ReconcilerContext
+from .listed import ListedKeys
 from .problems import ProblemBook
-from .rate import TokenBucket
-
-# Hashing a blob this large takes long enough to hand it to a thread.
-_HASH_IN_THREAD_BYTES = 1 << 20
 
 
 class BlobCheck(enum.Enum):
     NONE = "none"
     HEAD = "head"
-    VERIFY = "verify"
+    LISTED = "listed"
+    """Listed with the expected size (manifests; the `Repairer`'s ``listed``), else HEAD."""
 
 
 @dataclass
@@ -73,11 +72,15 @@ class RepairOutcome:
 
 class Repairer:
     def __init__(
-        self, ctx: ReconcilerContext, problems: ProblemBook, *, verify: TokenBucket | None = None
+        self,
+        ctx: ReconcilerContext,
+        problems: ProblemBook,
+        *,
+        listed: ListedKeys | None = None,
     ) -> None:
         self._ctx = ctx
         self._problems = problems
-        self._verify = verify
+        self._listed = listed
 
     # --- accepted manifests -------------------------------------------------------------
 
@@ -121,7 +124,9 @@ class Repairer:
         entries = [
             e
             for e in derived.manifest_backfill(manifest)
-            if e.kind not in present and self._wanted(e, manifest.accepted_at_unix_ns)
+            if e.kind not in present
+            and self._wanted(e, manifest.accepted_at_unix_ns)
+            and not self._was_listed(e)
         ]
         await self._create_entries(outcome, entries)
         await self._check_blob(
@@ -155,7 +160,7 @@ class Repairer:
         entries = [
             e
             for e in derived.quarantine_backfill(conflict)
-            if self._wanted(e, conflict.observed_at_unix_ns)
+            if self._wanted(e, conflict.observed_at_unix_ns) and not self._was_listed(e)
         ]
         await self._create_entries(outcome, entries)
         await self._check_blob(
@@ -168,6 +173,11 @@ class Repairer:
         return outcome
 
     # --- writes -------------------------------------------------------------------------
+
+    def _was_listed(self, entry: DerivedEntry) -> bool:
+        """The audit's listing returned this entry's key: it exists (entries the audit
+        creates are never deleted; see `reconciler.listed`), no create needed."""
+        return self._listed is not None and self._listed.has_entry(entry.key)
 
     def _wanted(self, entry: DerivedEntry, record_time_ns: int) -> bool:
         if entry.kind != "raw-blobs-by-time":
@@ -231,11 +241,16 @@ class Repairer:
         if check is BlobCheck.NONE:
             return
         blob_key = keys.raw_blob_key(sha)
+        if (
+            check is BlobCheck.LISTED
+            and self._listed is not None
+            and expected_size is not None
+            and self._listed.has_blob(blob_key, expected_size)
+        ):
+            await self._problems.resolve("missing-blob", blob_key)
+            return
         try:
-            if check is BlobCheck.HEAD:
-                problem = await self._head_blob(blob_key, expected_size)
-            else:
-                problem = await self._verify_blob(blob_key, sha)
+            problem = await self._head_blob(blob_key, expected_size)
         except StoreError as exc:
             # Not a failed repair: nothing was left unwritten. The next check looks again.
             self._ctx.metrics.store_failures.labels("blob_check").inc()
@@ -243,8 +258,6 @@ class Repairer:
             return
         if problem is None:
             await self._problems.resolve("missing-blob", blob_key)
-            if check is BlobCheck.VERIFY:
-                await self._problems.resolve("corrupt-blob", blob_key)
             return
         kind, detail = problem
         await self._problem(outcome, kind, blob_key, f"{detail}; referenced by {referenced_by}")
@@ -255,20 +268,6 @@ class Repairer:
             return "missing-blob", "raw blob does not exist"
         if expected_size is not None and info.size != expected_size:
             return "corrupt-blob", f"raw blob has {info.size} bytes, manifest says {expected_size}"
-        return None
-
-    async def _verify_blob(self, blob_key: str, sha: str) -> tuple[str, str] | None:
-        if self._verify is not None:
-            await self._verify.acquire()
-        body = await store_calls.read(self._ctx, blob_key)
-        if body is None:
-            return "missing-blob", "raw blob does not exist"
-        if len(body) >= _HASH_IN_THREAD_BYTES:
-            actual = await asyncio.to_thread(lambda: hashlib.sha256(body).hexdigest())
-        else:
-            actual = hashlib.sha256(body).hexdigest()
-        if actual != sha:
-            return "corrupt-blob", f"raw blob ({len(body)} bytes) hashes to {actual}"
         return None
 
     # --- outcomes -----------------------------------------------------------------------

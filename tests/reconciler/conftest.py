@@ -22,7 +22,7 @@ import pytest
 from config import GcSettings, ReconcilerSettings, Settings
 from protocol import derived, keys
 from protocol.clock import ManualClock
-from protocol.records import AcceptedManifest, IdentityConflict
+from protocol.records import AcceptedManifest, AuditRecord, IdentityConflict
 from reconciler.context import ReconcilerContext, open_context
 from reconciler.metrics import ReconcilerMetrics
 from store.base import ObjectStore
@@ -159,6 +159,24 @@ async def context(
         metrics=ReconcilerMetrics(clock=clock),
         owner=owner,
     )
+
+
+async def audits_until_a_verification_round_ends(
+    ctx: ReconcilerContext, clock: ManualClock, *, max_audits: int = 100
+) -> list[AuditRecord]:
+    """Full audits, a minute apart, until one ends a round of blob verification (each
+    audit moves verification on by at least one blob: `reconciler.verify`)."""
+    from reconciler.audit import VERIFY_CURSOR, run_full_audit
+
+    records = []
+    for _ in range(max_audits):
+        record = await run_full_audit(ctx)
+        assert record.status == "completed"
+        records.append(record)
+        if record.cursors.get(VERIFY_CURSOR) == "":
+            return records
+        clock.advance(60)
+    raise AssertionError(f"no verification round ended in {max_audits} audits")
 
 
 async def keys_under(store: ObjectStore, prefix: str = "") -> set[str]:

@@ -17,6 +17,7 @@ from store.fs import FileSystemStore
 from store.lease import LeaseHeld, LeaseLost
 from store.s3 import S3Store
 from tests.reconciler.conftest import (
+    audits_until_a_verification_round_ends,
     context,
     derived_keys_in,
     make_batch,
@@ -93,6 +94,9 @@ async def test_manifest_without_derived_entries_and_bad_blobs_are_found(
 
     assert audit.status == "completed" and audit.manifests_seen == 7
     assert orphan.derived_keys <= await derived_keys_in(store)
+    assert (await count_problems(store))["missing-blob"] == 1
+    # SHA-256 verification runs alongside audits; a round may take more than one.
+    await audits_until_a_verification_round_ends(ctx, clock)
     assert await count_problems(store) == {"missing-blob": 1, "corrupt-blob": 1}
 
 

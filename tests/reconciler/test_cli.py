@@ -103,11 +103,12 @@ def read_audit_record(store_dir: Path) -> AuditRecord | None:
 
 async def test_kill_9_mid_audit_then_the_next_run_resumes(tmp_path: Path) -> None:
     store_dir = tmp_path / "store"
-    now_batches(store_dir, agents=15, per_agent=20, derived=False)
+    # Every record needs 3 creates and a dirty marker (fsync'd files), one at a time: the
+    # audit takes seconds, and its record is saved every 2 s: plenty of time to kill it.
+    now_batches(store_dir, agents=30, per_agent=50, derived=False)
     env = cli_env(
         store_dir,
-        LM_RECONCILER__VERIFY_RATE_PER_S="40",  # ~8 s for 300 blobs: plenty of time to kill it
-        LM_RECONCILER__CONCURRENCY="2",
+        LM_RECONCILER__CONCURRENCY="1",
         LM_RECONCILER__LEASE_TTL_S="2",
     )
     auditor = start_cli("audit", env=env, log_path=tmp_path / "audit.log")
@@ -126,7 +127,7 @@ async def test_kill_9_mid_audit_then_the_next_run_resumes(tmp_path: Path) -> Non
         auditor.wait()
     interrupted = read_audit_record(store_dir)
     assert interrupted is not None and interrupted.status == "running"
-    assert interrupted.manifests_seen < 300
+    assert interrupted.manifests_seen < 1500
     finished = {g for g, cursor in interrupted.cursors.items() if cursor == DONE}
     frontier = interrupted.cursors.get(FRONTIER)
 
@@ -142,7 +143,7 @@ async def test_kill_9_mid_audit_then_the_next_run_resumes(tmp_path: Path) -> Non
     assert resumed.status == "completed"
     assert resumed.audit_id == interrupted.audit_id
     assert resumed.started_at_unix_ns == interrupted.started_at_unix_ns
-    assert resumed.manifests_seen >= 300
+    assert resumed.manifests_seen >= 1500
     listed = {prefix for prefix, _after in store.lists}
     assert not listed & finished
     if frontier is not None:
@@ -150,7 +151,7 @@ async def test_kill_9_mid_audit_then_the_next_run_resumes(tmp_path: Path) -> Non
             not (p.startswith(keys.ACCEPTED_PREFIX) and p <= frontier)
             for p in listed - {keys.ACCEPTED_PREFIX}
         )
-    assert sum(1 for _ in (store_dir / keys.ACCEPTED_BY_TIME_PREFIX).rglob("*.json")) == 300
+    assert sum(1 for _ in (store_dir / keys.ACCEPTED_BY_TIME_PREFIX).rglob("*.json")) == 1500
 
 
 def lease_on_disk(store_dir: Path) -> LeaseRecord | None:

@@ -1,0 +1,162 @@
+"""SHA-256 verification of raw blobs while a full audit runs: `BlobVerifier`.
+
+Raw blobs are content-addressed (``raw-blobs/v1/sha256/<hh>/<hh>/<sha256>.lmbatch``), so
+a blob is verified by reading it and hashing it against its own key; no manifest is
+needed. The verifier walks ``raw-blobs/v1/sha256/`` in key order from a cursor, at most
+``verify_rate_per_s`` blobs per second (`TokenBucket`), with its own share of the audit's
+``concurrency`` (an eighth, at least one request in flight: the walk cannot starve it),
+for as long as the audit's walk runs; then it stops where it is.
+
+**Cursor**: ``AuditRecord.cursors[VERIFY_CURSOR]``: the last blob key up to which every
+blob was verified (``""``: start from the beginning). It is saved with the
+audit's progress, kept when the audit completes, and carried into the next audit's record
+when that one starts, so verification resumes after a crash and continues across audits.
+When the walk reaches the end of ``raw-blobs/v1/`` the round is complete: the cursor goes
+back to ``""`` and this audit verifies nothing more (at most one round per audit). An
+audit whose walk ends before its verifier moved at all waits for one blob (or the end of
+the round), so every audit that is not stopped moves verification on.
+Every blob that exists for a whole round is verified in that round; a round takes about
+``<number of blobs> / verify_rate_per_s`` seconds of audit time, so it may span several
+audits.
+
+**Problems**: a blob whose SHA-256 differs from its key becomes a ``corrupt-blob`` problem
+(subject: the blob key; the detail names a record that references it, from the blob's
+``accepted-by-blob``/``quarantine-by-blob`` entries, or says none does). A blob that
+verifies resolves an open ``corrupt-blob`` problem. Missing blobs are the audit's and the
+steady state's business (`reconciler.repair`): a blob deleted between listing and reading
+is skipped. A store error stops verification for this audit (logged and counted); it
+never keeps the audit from completing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+
+from protocol import keys
+from store.errors import StoreError
+
+from . import store_calls
+from .context import ReconcilerContext
+from .listing import closing
+from .problems import ProblemBook
+from .rate import TokenBucket
+
+VERIFY_CURSOR = "verify:" + keys.RAW_BLOBS_PREFIX
+"""Key of the verification cursor in `AuditRecord.cursors`."""
+CHUNK = 8  # blobs read concurrently; the cursor moves past a chunk once all are verified
+_HASH_IN_THREAD_BYTES = 1 << 20
+
+
+class BlobVerifier:
+    """Verifies blobs from ``cursor`` on; `run` until cancelled or the round ends."""
+
+    def __init__(
+        self,
+        ctx: ReconcilerContext,
+        problems: ProblemBook,
+        *,
+        cursor: str,
+        limit: asyncio.Semaphore,
+    ) -> None:
+        self._ctx = ctx
+        self._problems = problems
+        self._limit = limit
+        self._bucket = TokenBucket(
+            rate_per_s=ctx.reconciler_settings.verify_rate_per_s, clock=ctx.clock
+        )
+        self.cursor = cursor
+        self.verified = 0
+        self.problems = 0
+        self.round_complete = False
+        self._moved = asyncio.Event()
+
+    async def moved_or_ended(self, task: asyncio.Task[None]) -> None:
+        """Wait until the cursor moved at least once or ``task`` (this `run`) ended. The
+        first blob needs no wait for the rate (a new bucket starts full), so this costs
+        at most one blob read, and guarantees every audit some progress."""
+        if self._moved.is_set() or task.done():
+            return
+        moved = asyncio.ensure_future(self._moved.wait())
+        try:
+            await asyncio.wait({moved, task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            moved.cancel()
+
+    async def run(self) -> None:
+        """Verify blobs in key order until the end of the round (or cancellation). Store
+        errors end the run early; `LeaseLost` propagates."""
+        ctx = self._ctx
+        chunk: list[str] = []
+        try:
+            async with closing(ctx.store.list(keys.RAW_BLOBS_PREFIX, self.cursor or None)) as blobs:
+                async for info in blobs:
+                    chunk.append(info.key)
+                    if len(chunk) >= CHUNK:
+                        await self._verify_chunk(chunk)
+                        chunk = []
+            if chunk:
+                await self._verify_chunk(chunk)
+        except StoreError as exc:
+            ctx.metrics.store_failures.labels("blob_verify").inc()
+            ctx.log.warning("blob_verify_failed", after=self.cursor, error=str(exc))
+            return
+        self.cursor = ""
+        self.round_complete = True
+        self._moved.set()
+        ctx.log.info("blob_verify_round_complete")
+
+    async def _verify_chunk(self, chunk: list[str]) -> None:
+        """Verify ``chunk`` concurrently; the cursor follows the blobs done in key order."""
+        done = [False] * len(chunk)
+        ahead = 0
+
+        async def one(index: int, key: str) -> None:
+            nonlocal ahead
+            await self._verify(key)
+            done[index] = True
+            while ahead < len(chunk) and done[ahead]:
+                self.cursor = chunk[ahead]
+                ahead += 1
+                self._moved.set()
+
+        await asyncio.gather(*(one(i, key) for i, key in enumerate(chunk)))
+
+    async def _verify(self, blob_key: str) -> None:
+        try:
+            sha = keys.parse_raw_blob_key(blob_key)
+        except keys.KeyFormatError:
+            return  # not a blob this protocol writes: not ours to judge
+        await self._bucket.acquire()
+        async with self._limit:
+            body = await store_calls.read(self._ctx, blob_key)
+        if body is None:
+            return  # deleted since it was listed
+        if len(body) >= _HASH_IN_THREAD_BYTES:
+            actual = await asyncio.to_thread(lambda: hashlib.sha256(body).hexdigest())
+        else:
+            actual = hashlib.sha256(body).hexdigest()
+        self.verified += 1
+        if actual == sha:
+            await self._problems.resolve("corrupt-blob", blob_key)
+            return
+        self.problems += 1
+        referenced_by = await self._referenced_by(sha)
+        await self._problems.record(
+            "corrupt-blob",
+            blob_key,
+            f"raw blob ({len(body)} bytes) hashes to {actual}; referenced by {referenced_by}",
+        )
+
+    async def _referenced_by(self, sha: str) -> str:
+        """A record referencing ``sha``, per its by-blob index entries (corrupt blobs only:
+        rare)."""
+        for prefix in (keys.accepted_by_blob_prefix(sha), keys.quarantine_by_blob_prefix(sha)):
+            async with self._limit, closing(self._ctx.store.list(prefix)) as listing:
+                async for info in listing:
+                    try:
+                        _sha, identity = keys.parse_accepted_by_blob_key(info.key)
+                    except keys.KeyFormatError:
+                        return f"the record of index entry {info.key}"
+                    return keys.accepted_manifest_key(identity)
+        return "no record (no accepted-by-blob or quarantine-by-blob entry)"
