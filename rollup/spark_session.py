@@ -8,7 +8,11 @@ What `local_spark` arranges (the field notes in DESIGN.md explain each):
   ``spark.driver.extraJavaOptions`` (no INFO banner on every run);
 - every scratch directory (``SPARK_LOCAL_DIRS``, ``java.io.tmpdir``, the log config) lives
   under one per-run temporary directory that is removed when the session stops;
-- timestamps are UTC (``spark.sql.session.timeZone``) and Arrow is on.
+- timestamps are UTC (``spark.sql.session.timeZone``) and Arrow is on;
+- the JVM compiles with C1 only (``-XX:TieredStopAtLevel=1``): in this job it schedules
+  tasks and moves a few Arrow IPC blobs, so C2 never pays for itself — it was most of the
+  JVM's CPU (`bench.rollup`, 10M points: 1.2-1.7 s of C2 compiler threads per warm run,
+  ~2.7 s in the first; with C1 the whole JVM used 0.8-1.0 s per warm run).
 
 Under ``spark-submit`` none of this applies: `rollup.spark_entry` takes the session that
 spark-submit configured (`submitted_spark`).
@@ -85,7 +89,8 @@ def local_spark(
         log_config.write_text(_LOG4J2)
         java_options = (
             f"-Dlog4j2.configurationFile=file:{log_config} -Djava.io.tmpdir={java_tmp} "
-            "-XX:-UsePerfData"  # no /tmp/hsperfdata_<user> left behind
+            "-XX:-UsePerfData "  # no /tmp/hsperfdata_<user> left behind
+            "-XX:TieredStopAtLevel=1"  # C1 only: see the module doc
         )
         builder = (
             SparkSession.builder.master(master)

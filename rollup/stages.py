@@ -1,16 +1,16 @@
 """The Spark plan of a rollup run: work items → stage 1 → shuffle by hour → stage 2.
 
 ```
-work items (parallelize, balanced by records)
-  └─ mapInArrow(process_frames)         fetch, verify, decode, write points, pre-aggregate
-       └─ groupBy("hour")                shuffles partials (series strings, no label maps)
-            └─ applyInArrow(write_hour)  merge with committed rows, write rollup_1m + ledger
-                 └─ toArrow()            file, ledger and problem records for the driver
+work items                          one slice per task: grouped by source, balanced
+  └─ mapInArrow(FrameStage.run)     fetch, verify, decode, write points, pre-aggregate
+       └─ groupBy("hour")           shuffles per-(task, hour) Arrow IPC blobs of partials
+            └─ applyInArrow(hour)   merge with committed rows, write rollup_1m + ledger
+                 └─ toArrow()       file, ledger and problem records for the driver
 ```
 
 One Spark action per run, so stage 1 runs once (its files are written once; a retried
-or speculative task only adds orphans). The executor functions live in `rollup.frame_stage` and `rollup.hour_stage`
-and know nothing of Spark.
+or speculative task only adds orphans). The executor code (`rollup.frame_stage`,
+`rollup.hour_stage`) knows nothing of Spark.
 """
 
 from __future__ import annotations
@@ -56,10 +56,11 @@ def run_stages(
     from pyspark.sql.pandas.types import from_arrow_schema
 
     context = spark.sparkContext
-    partitions = task_count(items, context.defaultParallelism)
-    ordered = balanced_order(items, partitions)
+    tasks = assign_tasks(items, task_count(items, context.defaultParallelism))
+    rows = [[item.as_row() for item in task] for task in tasks]
+    # One list per slice, so each stage-1 task gets exactly the items assigned to it.
     work = spark.createDataFrame(
-        context.parallelize([item.as_row() for item in ordered], partitions),
+        context.parallelize(rows, len(rows)).flatMap(_each),
         schema=from_arrow_schema(WORK_SCHEMA),
     )
     spark.conf.set("spark.sql.shuffle.partitions", str(max(1, context.defaultParallelism)))
@@ -89,18 +90,43 @@ def task_count(items: list[WorkItem], parallelism: int) -> int:
     return max(1, min(len(items), wanted))
 
 
-def balanced_order(items: list[WorkItem], partitions: int) -> list[WorkItem]:
-    """``items`` ordered so that ``parallelize``'s equal-count contiguous slices get
-    similar record totals: largest first, dealt greedily to the lightest slice, with
-    each slice's item count fixed to what parallelize will cut."""
-    count = len(items)
-    sizes = [(count * (i + 1)) // partitions - (count * i) // partitions for i in range(partitions)]
-    bins: list[list[WorkItem]] = [[] for _ in range(partitions)]
-    lightest = [(0, i) for i in range(partitions) if sizes[i] > 0]
-    heapq.heapify(lightest)
-    for item in sorted(items, key=lambda it: (-it.record_count, it.manifest_id)):
-        total, target = heapq.heappop(lightest)
-        bins[target].append(item)
-        if len(bins[target]) < sizes[target]:
-            heapq.heappush(lightest, (total + item.record_count, target))
-    return [item for part in bins for item in part]
+def assign_tasks(items: list[WorkItem], tasks: int) -> list[list[WorkItem]]:
+    """Split ``items`` into at most ``tasks`` groups with similar record totals, keeping
+    each source's (agent, boot) batches together, in sequence order, where it can.
+
+    A series belongs to one source, so a task that holds all of a source's batches emits
+    the only partials of its series: the shuffle and stage 2 carry each (minute, series)
+    once instead of once per task. A source larger than a task's share is cut into runs
+    of consecutive batches (their partials overlap only in the minutes at the cuts).
+    Pieces are then dealt largest first to the lightest task."""
+    if not items:
+        return []
+    target = max(1, math.ceil(sum(item.record_count for item in items) / tasks))
+    by_source: dict[str, list[WorkItem]] = {}
+    for item in items:
+        by_source.setdefault(item.manifest_id.rsplit(".", 1)[0], []).append(item)
+    pieces: list[list[WorkItem]] = []
+    for batches in by_source.values():
+        piece: list[WorkItem] = []
+        size = 0
+        for item in sorted(batches, key=lambda it: it.manifest_id):  # zero-padded seq order
+            piece.append(item)
+            size += item.record_count
+            if size >= target:
+                pieces.append(piece)
+                piece, size = [], 0
+        if piece:
+            pieces.append(piece)
+    groups: list[list[WorkItem]] = [[] for _ in range(min(tasks, len(pieces)))]
+    lightest = [(0, i) for i in range(len(groups))]
+    for piece in sorted(
+        pieces, key=lambda p: (-sum(it.record_count for it in p), p[0].manifest_id)
+    ):
+        total, index = heapq.heappop(lightest)
+        groups[index] += piece
+        heapq.heappush(lightest, (total + sum(it.record_count for it in piece), index))
+    return groups
+
+
+def _each(rows: list[tuple[str, str, str, str, int]]) -> list[tuple[str, str, str, str, int]]:
+    return rows
