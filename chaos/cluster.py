@@ -148,7 +148,7 @@ class Cluster:
             "LM_RECONCILER__VERIFY_RATE_PER_S": "5000",
             "LM_RECONCILER__AUDIT_INTERVAL_S": "3600",  # the GC audits when it needs to
             "LM_ROLLUP__OWNER_LEASE_TTL_S": str(t.rollup_lease_ttl_s),
-            "LM_ROLLUP__SPARK_MASTER": "local[1]",
+            "LM_ROLLUP__SPARK_MASTER": "local[1,4]",  # failed tasks retried, as by default
             "LM_METRICS__ENABLED": "false",
             "LM_LOGGING__FORMAT": "json",
             "LM_LOGGING__LEVEL": "warning",

@@ -212,7 +212,12 @@ class GcSettings(_Section):
 class RollupSettings(_Section):
     """``[rollup]``: the Spark job and its dataset commit."""
 
-    spark_master: str = Field(default="local[*]", min_length=1)
+    spark_master: str = Field(default="local[*,4]", min_length=1)
+    """Spark master of ``lm-rollup run`` (ignored under spark-submit). ``local[*,4]``: all
+    cores, and a failed task is tried up to 4 times, as on a cluster (plain ``local[*]``
+    never retries, so one store hiccup past the client's retries would fail the run).
+    Retrying is safe: a task's files are uniquely named, so a failed attempt leaves only
+    orphans for ``lm-rollup vacuum``."""
     owner_lease_ttl_s: Seconds = 300.0
     max_commit_retries: int = Field(default=5, ge=0)
     parquet_row_group_size: int = Field(default=1_000_000, ge=1)

@@ -1,7 +1,7 @@
 """``lm-rollup``: run the rollup job, and read what it wrote.
 
 ``lm-rollup [--config PATH] run [--master URL] [--progress]`` starts a local Spark session
-(``[rollup] spark_master``, default ``local[*]``; quiet logs, workers on this
+(``[rollup] spark_master``, default ``local[*,4]``: every core, failed tasks retried; quiet logs, workers on this
 interpreter, temporary directories removed afterwards), runs the job once, and prints
 the run summary as JSON on stdout. ``query``, ``history``, ``verify`` and ``vacuum`` are
 `rollup.cli_read`'s. Under ``spark-submit`` use ``rollup/spark_entry.py`` instead.

@@ -67,7 +67,7 @@ JOB_CONF: dict[str, str] = {
 @contextmanager
 def local_spark(
     *,
-    master: str = "local[*]",
+    master: str,
     app_name: str = "lm-rollup",
     progress: bool = False,
     extra_conf: dict[str, str] | None = None,

@@ -51,7 +51,7 @@ def test_defaults_serve_loopback_over_local_filesystem(
     assert settings.ingest.spool_dir == tmp_path / "lm-spool"
     assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:-]*-\d+", settings.ingest.collector_id)
     assert settings.gc.max_delete_fraction == 0.1
-    assert settings.rollup.spark_master == "local[*]"
+    assert settings.rollup.spark_master == "local[*,4]"
     assert settings.rollup.compression == "zstd"
     assert settings.logging.format == "auto"
     assert settings.logging.level == "info"
