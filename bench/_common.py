@@ -10,7 +10,6 @@ tied to this process's life get ``PR_SET_PDEATHSIG`` as well.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import hashlib
 import json
 import logging
@@ -24,7 +23,7 @@ import time
 import uuid
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +31,7 @@ import aiohttp
 import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
+from chaos.s3_server import die_with_parent_hook
 from collector.launch import CollectorProcess, LaunchError, start_collector
 from protocol.keys import BatchIdentity
 
@@ -39,7 +39,6 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 MiB = 1024 * 1024
 STOP_TIMEOUT_S = 20.0
-_PR_SET_PDEATHSIG = 1
 
 # --- /proc accounting ----------------------------------------------------------------------
 
@@ -202,19 +201,6 @@ class FrameSource:
 # --- child processes -----------------------------------------------------------------------
 
 
-def _die_with_parent() -> Callable[[], None] | None:
-    """A pre-exec hook asking Linux to SIGTERM the child when this process dies."""
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-    def hook() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-    return hook
-
-
 def stop_pid_process(process: subprocess.Popen[bytes], timeout_s: float = STOP_TIMEOUT_S) -> None:
     """SIGTERM ``process`` by its PID, wait, then SIGKILL. Idempotent."""
     if process.poll() is None:
@@ -290,7 +276,7 @@ def start_delay_proxy(
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=subprocess.STDOUT,
-        preexec_fn=_die_with_parent(),
+        preexec_fn=die_with_parent_hook(),
     )
     log.close()
     deadline = time.monotonic() + timeout_s

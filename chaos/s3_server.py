@@ -216,7 +216,7 @@ class RunningServer:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=self.work_dir,
-                preexec_fn=_die_with_parent_hook() if tie_to_parent else None,
+                preexec_fn=die_with_parent_hook() if tie_to_parent else None,
             )
         try:
             self._wait_ready(timeout_s)
@@ -368,8 +368,10 @@ def _free_port() -> int:
         return port
 
 
-def _die_with_parent_hook() -> Callable[[], None] | None:
-    """A pre-exec hook asking Linux to SIGTERM the child when its parent dies.
+def die_with_parent_hook() -> Callable[[], None] | None:
+    """A pre-exec hook asking Linux to SIGTERM the child when its parent dies, so a
+    crashed run leaves no server, collector or benchmark child behind. Linux ties it to
+    the parent *thread*: call it from the thread that outlives the child (the main one).
 
     The function is looked up here, in the parent, so the forked child only calls it.
     """

@@ -13,7 +13,6 @@ Helpers shared by the test modules (frames, HTTP answers, store listings) live h
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import json
 import os
 import signal
@@ -32,6 +31,7 @@ import aiohttp
 import pytest
 from multidict import CIMultiDict
 
+from chaos.s3_server import die_with_parent_hook
 from config import hash_token
 from protocol import keys
 from protocol.frame import encode_frame, points_table
@@ -235,19 +235,10 @@ def collector_env(extra: Mapping[str, str]) -> dict[str, str]:
 
 
 def _die_with_parent() -> Callable[[], None] | None:
-    """A pre-exec hook that has Linux SIGTERM the child if the test process dies, so a
-    crashed run leaves no collector behind (only meaningful from the main thread)."""
+    """`die_with_parent_hook`, only from the main thread (Linux ties it to the thread)."""
     if threading.current_thread() is not threading.main_thread():
         return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-    def hook() -> None:
-        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-    return hook
+    return die_with_parent_hook()
 
 
 @dataclass
