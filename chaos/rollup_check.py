@@ -1,7 +1,7 @@
 """The rollup-dependent invariants, and whether the rollup can run here at all.
 
 The rollup (``rollup/``, ``lm-rollup run``) needs PySpark and a Java runtime. When either
-is missing, or the package is incomplete, `rollup_unavailable` says why, and every
+is missing, `rollup_unavailable` says why, and every
 rollup check is reported ``skipped`` with that reason: never as passed.
 
 Checks, against the latest committed snapshot:
@@ -17,41 +17,23 @@ Checks, against the latest committed snapshot:
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import math
-import os
-import shutil
 from collections import defaultdict
 
 from chaos.auditor import CheckResult, StoreView
 from chaos.load import AckBook
 from protocol.setsum import Setsum
+from rollup.availability import why_job_unavailable
 from store.base import ObjectStore
 
 CHECK_NAMES = ("rollup_setsums", "rollup_totals", "rollup_verify")
-_MODULES = ("rollup.job", "rollup.commit", "rollup.reader", "rollup.storage", "rollup.verify")
 
 
 def rollup_unavailable() -> str | None:
-    """``None`` when ``lm-rollup run`` can work here, else why not."""
-    for name in (*_MODULES, "rollup.__main__"):
-        try:
-            if importlib.util.find_spec(name) is None:
-                return f"rollup not available: module {name} is missing"
-        except ImportError as exc:
-            return f"rollup not available: {exc}"
-    if importlib.util.find_spec("pyspark") is None:
-        return "rollup not available: pyspark is not installed"
-    java_home = os.environ.get("JAVA_HOME")
-    if shutil.which("java") is None and not (java_home and os.path.exists(f"{java_home}/bin/java")):
-        return "rollup not available: no Java runtime"
-    for name in _MODULES:
-        try:
-            importlib.import_module(name)
-        except Exception as exc:  # an incomplete package fails here in any way
-            return f"rollup not available: importing {name} failed: {exc!r}"
-    return None
+    """``None`` when ``lm-rollup run`` can work here, else why not
+    (`rollup.availability.why_job_unavailable`)."""
+    reason = why_job_unavailable()
+    return None if reason is None else f"rollup not available: {reason}"
 
 
 def skipped(reason: str) -> list[CheckResult]:
@@ -67,7 +49,7 @@ async def rollup_checks(
     endpoint_url: str,
 ) -> list[CheckResult]:
     from rollup.commit import load_latest
-    from rollup.reader import scan
+    from rollup.reader import rollup_1m_totals
     from rollup.storage import arrow_filesystem
     from rollup.verify import verify
 
@@ -114,11 +96,7 @@ async def rollup_checks(
         value_sum.append(facts.value_sum)
     truth_sum = math.fsum(value_sum)
     filesystem, root = arrow_filesystem(store_url, endpoint_url=endpoint_url)
-    table = await scan(
-        store, "rollup_1m", filesystem=filesystem, root=root, columns=["count", "sum"]
-    )
-    rolled_count = sum(v for v in table.column("count").to_pylist() if v is not None)
-    rolled_sum = math.fsum(v for v in table.column("sum").to_pylist() if v is not None)
+    rolled_count, rolled_sum = await rollup_1m_totals(store, filesystem=filesystem, root=root)
     if rolled_count != points:
         totals.fail(f"rollup_1m counts {rolled_count} points, the accepted frames hold {points}")
     if not math.isclose(rolled_sum, truth_sum, rel_tol=1e-9, abs_tol=1e-6):

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from agent.truth import Totals
 from rollup.availability import INSTALL_HINT, why_job_unavailable
-from rollup.reader import scan
+from rollup.reader import rollup_1m_totals
 from rollup.storage import arrow_filesystem
 from store.fs import FileSystemStore
 
@@ -109,15 +109,11 @@ async def _check_totals(
     store = FileSystemStore(store_dir)
     try:
         filesystem, root = arrow_filesystem(f"file://{store_dir}")
-        table = await scan(
-            store, "rollup_1m", filesystem=filesystem, root=root, columns=["count", "sum"]
-        )
+        rolled_points, rolled_sum = await rollup_1m_totals(store, filesystem=filesystem, root=root)
     finally:
         await store.close()
-    rolled_points = sum(v for v in table.column("count").to_pylist() if v is not None)
-    rolled_sum = math.fsum(v for v in table.column("sum").to_pylist() if v is not None)
     step(
-        f"rollup_1m: {table.num_rows} rows, {rolled_points} points, value sum {rolled_sum:.3f} "
+        f"rollup_1m: {rolled_points} points, value sum {rolled_sum:.3f} "
         f"(acknowledged: {acknowledged.points} points, value sum {acknowledged.value_sum:.3f})"
     )
     problems = []

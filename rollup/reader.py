@@ -23,6 +23,7 @@ dataset is damaged or was vacuumed under the reader: never silently skipped).
 from __future__ import annotations
 
 import asyncio
+import math
 import operator
 import re
 from collections.abc import Callable, Sequence
@@ -265,3 +266,21 @@ async def scan(
         end=end,
         stats=stats,
     )
+
+
+async def rollup_1m_totals(
+    store: ObjectStore, *, filesystem: pafs.FileSystem, root: str, version: int | None = None
+) -> tuple[int, float]:
+    """``(points, value sum)`` over all of ``rollup_1m`` as of ``version``: the sum of
+    ``count`` (every sample) and the exact sum of ``sum`` (finite values only)."""
+    table = await scan(
+        store,
+        "rollup_1m",
+        filesystem=filesystem,
+        root=root,
+        version=version,
+        columns=["count", "sum"],
+    )
+    points = sum(v for v in table.column("count").to_pylist() if v is not None)
+    value_sum = math.fsum(v for v in table.column("sum").to_pylist() if v is not None)
+    return points, value_sum
