@@ -24,6 +24,7 @@ Every store call runs under the remaining budget; a call cut short is treated as
 from __future__ import annotations
 
 import asyncio
+import enum
 import random
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -92,6 +93,15 @@ class _BudgetExhausted(Exception):
 
 
 StoreOpObserver = Callable[[str, str], None]
+
+
+class _Created(enum.Enum):
+    """What an idempotent create found: it created the key, an earlier attempt whose
+    answer was lost may have (then 412), or the key was already there."""
+
+    YES = "created"
+    MAYBE = "maybe"
+    EXISTED = "existed"
 
 
 def _result_name(exc: BaseException | None) -> str:
@@ -194,31 +204,11 @@ class BatchAcceptor:
 
     async def _store_raw_blob(self, request: _Request, frame: bytes, sha: str) -> None:
         key = keys.raw_blob_key(sha)
-        delays = self._backoff.delays(self._rng)
-        maybe_ours = False
-        while True:
-            try:
-                await self._call(
-                    request,
-                    "put_raw_blob",
-                    key,
-                    lambda: self._store.put(key, frame, if_none_match=True),
-                )
-            except PreconditionFailed:
-                if maybe_ours:  # an earlier attempt may have created it: index it (idempotent)
-                    self._index_raw_blob(sha)
-                await self._veto_gc_if_marked(request, frame, sha)
-                return
-            except OutcomeUnknown:
-                maybe_ours = True
-            except (ConditionConflict, Unavailable):
-                pass
-            else:
-                self._index_raw_blob(sha)
-                return
-            # Safe to repeat: the key is content-addressed, so every writer writes the same
-            # bytes, and If-None-Match turns a repeat into a 412 we handle above.
-            await self._pause(request, delays)
+        created = await self._create_idempotent(request, "put_raw_blob", key, frame)
+        if created is not _Created.EXISTED:  # ours, or maybe ours: index it (idempotent)
+            self._index_raw_blob(sha)
+        if created is not _Created.YES:  # it was (or may have been) there already
+            await self._veto_gc_if_marked(request, frame, sha)
 
     def _index_raw_blob(self, sha: str) -> None:
         entry = derived.raw_blob_by_time_entry(sha, self._clock.now_ns())
@@ -250,7 +240,11 @@ class BatchAcceptor:
             delays = self._backoff.delays(self._rng)
             while await self._read_mark(request, mark_key) is not None:
                 await self._pause(request, delays)
-        if await self._create_idempotent(request, "put_raw_blob", keys.raw_blob_key(sha), frame):
+        key = keys.raw_blob_key(sha)
+        if (
+            await self._create_idempotent(request, "put_raw_blob", key, frame)
+            is not _Created.EXISTED
+        ):
             log.warning("raw_blob_recreated", frame_sha256=sha)
             self._index_raw_blob(sha)
 
@@ -277,10 +271,12 @@ class BatchAcceptor:
                 )
             await self._pause(request, delays)
 
-    async def _create_idempotent(self, request: _Request, op: str, key: str, body: bytes) -> bool:
-        """Create ``key`` if absent; 412 is success. Retried: If-None-Match makes it idempotent.
-
-        True when this call created it (or may have: an earlier attempt's answer was lost)."""
+    async def _create_idempotent(
+        self, request: _Request, op: str, key: str, body: bytes
+    ) -> _Created:
+        """Create ``key`` if absent; 412 is success. Retried: If-None-Match makes it
+        idempotent (every writer of a key writes the same bytes, and a repeat of our own
+        create is answered 412)."""
         delays = self._backoff.delays(self._rng)
         maybe_ours = False
         while True:
@@ -288,9 +284,9 @@ class BatchAcceptor:
                 await self._call(
                     request, op, key, lambda: self._store.put(key, body, if_none_match=True)
                 )
-                return True
+                return _Created.YES
             except PreconditionFailed:
-                return maybe_ours
+                return _Created.MAYBE if maybe_ours else _Created.EXISTED
             except OutcomeUnknown:
                 maybe_ours = True
             except (ConditionConflict, Unavailable):
