@@ -49,22 +49,22 @@ from botocore.exceptions import BotoCoreError, ClientError
 from agent.load import LoadSpec, SyntheticLoad
 from agent.uploader import Outcome, Uploader, UploadPolicy
 from bench import _common as c
-from config import LoggingSettings, configure_logging
-from protocol import keys, records
-from protocol.frame import decode_frame
-from store.errors import StoreError
-from store.fs import FileSystemStore
-from store.retry import Backoff
-from tests.s3_servers import (
+from chaos.s3_server import (
     AWS_ENV_TO_REMOVE,
-    TEST_CREDENTIALS,
-    TEST_REGION,
+    CREDENTIALS,
+    REGION,
     RunningServer,
     create_bucket,
     dummy_aws_env,
     start_ministack,
     unique_bucket_name,
 )
+from config import LoggingSettings, configure_logging
+from protocol import keys, records
+from protocol.frame import decode_frame
+from store.errors import StoreError
+from store.fs import FileSystemStore
+from store.retry import Backoff
 
 RSS_LIMIT_BYTES = 150 * c.MiB
 THROUGHPUT_TARGET = 0.8
@@ -293,7 +293,7 @@ async def s3_baseline(bench: Bench, latency_ms: float, concurrency: int) -> Phas
     bucket = unique_bucket_name("lm-bench-base")
     create_bucket(bench.ministack.endpoint_url, bucket)
     config = AioConfig(
-        region_name=TEST_REGION,
+        region_name=REGION,
         max_pool_connections=max(concurrency, 64),  # as many as the collector's store pool
         connect_timeout=5.0,
         read_timeout=30.0,
@@ -303,9 +303,9 @@ async def s3_baseline(bench: Bench, latency_ms: float, concurrency: int) -> Phas
     async with AioSession().create_client(
         "s3",
         endpoint_url=bench.endpoint(latency_ms),
-        region_name=TEST_REGION,
-        aws_access_key_id=TEST_CREDENTIALS[0],
-        aws_secret_access_key=TEST_CREDENTIALS[1],
+        region_name=REGION,
+        aws_access_key_id=CREDENTIALS[0],
+        aws_secret_access_key=CREDENTIALS[1],
         config=config,
     ) as s3:
 
@@ -345,9 +345,9 @@ async def expect_continue_cost(bench: Bench, latency_ms: float, puts: int = 30) 
         async with AioSession().create_client(
             "s3",
             endpoint_url=bench.endpoint(latency_ms),
-            region_name=TEST_REGION,
-            aws_access_key_id=TEST_CREDENTIALS[0],
-            aws_secret_access_key=TEST_CREDENTIALS[1],
+            region_name=REGION,
+            aws_access_key_id=CREDENTIALS[0],
+            aws_secret_access_key=CREDENTIALS[1],
             config=AioConfig(s3={"addressing_style": "path"}, retries={"total_max_attempts": 1}),
         ) as s3:
             if not expect:

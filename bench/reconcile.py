@@ -71,6 +71,16 @@ from typing import Any
 import uvloop
 
 from bench import _common as c
+from chaos.s3_server import (
+    AWS_ENV_TO_REMOVE,
+    CREDENTIALS,
+    REGION,
+    RunningServer,
+    create_bucket,
+    dummy_aws_env,
+    start_ministack,
+    unique_bucket_name,
+)
 from config import (
     GcSettings,
     LoggingSettings,
@@ -86,16 +96,6 @@ from reconciler.context import ReconcilerContext, open_context
 from reconciler.metrics import ReconcilerMetrics
 from store.errors import PreconditionFailed
 from store.s3 import S3Store
-from tests.s3_servers import (
-    AWS_ENV_TO_REMOVE,
-    TEST_CREDENTIALS,
-    TEST_REGION,
-    RunningServer,
-    create_bucket,
-    dummy_aws_env,
-    start_ministack,
-    unique_bucket_name,
-)
 
 TARGET = 0.7
 FULL_MANIFESTS = 100_000
@@ -258,8 +258,8 @@ async def seed_by_put(endpoint_url: str, bucket: str, fleet: Fleet, result: Seed
     store = S3Store(
         bucket=bucket,
         endpoint_url=endpoint_url,
-        region=TEST_REGION,
-        credentials=TEST_CREDENTIALS,
+        region=REGION,
+        credentials=CREDENTIALS,
         max_pool_connections=PUT_SEED_CONCURRENCY,
     )
     queue: asyncio.Queue[tuple[str, bytes] | None] = asyncio.Queue(maxsize=4 * PUT_SEED_CONCURRENCY)
@@ -362,8 +362,8 @@ async def instrumented_store(
     store = S3Store(
         bucket=bucket,
         endpoint_url=endpoint_url,
-        region=TEST_REGION,
-        credentials=TEST_CREDENTIALS,
+        region=REGION,
+        credentials=CREDENTIALS,
         max_pool_connections=pool,
     )
     await store.open()
