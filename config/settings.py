@@ -171,20 +171,20 @@ class ReconcilerSettings(_Section):
 
     lease_ttl_s: Seconds = 30.0
     loop_interval_s: Seconds = 10.0
-    lookback_s: Seconds = 2 * 3600.0
-    """How far behind the checkpoint the repair loop re-reads the by-time indexes, to
-    catch entries written late."""
-    audit_interval_s: Seconds = 24 * 3600.0
-    """Time between full audits of ``accepted/v1/`` and ``quarantine/v1/``."""
+    lookback_s: Seconds = 300.0
+    """How far behind its position the steady pass lists the index log again, for
+    segments that appear late (PROTOCOL §3.7): at least the collectors' clock skew plus
+    their flush age plus a PUT's latency and retries."""
+    max_audit_interval_s: Seconds = 24 * 3600.0
+    """A full (listing) audit completes at least this often (PROTOCOL §3.7): the backstop
+    for log rows lost in a crash, and what the GC's deletions wait for."""
+    catalog_grace_s: Seconds = 600.0
+    """How long after compacting an hour's catalog files their inputs are deleted; longer
+    than any reader's listing-to-read time (`reconciler.compaction`)."""
     verify_rate_per_s: float = Field(default=200.0, gt=0)
     """Raw blobs per second read back and SHA-256-checked while a full audit runs (bounds
     store load). Verification walks ``raw-blobs/v1/`` with a cursor kept in the audit
     records, so a round over every blob spans audits (`reconciler.verify`)."""
-    audit_listed_keys_max: int = Field(default=1_000_000, ge=0)
-    """Keys a full audit lists up front (derived index entries, raw blobs) and remembers, as
-    128-bit digests (~80 bytes each), to skip writes and blob checks it knows are not
-    needed. Past this many it stops remembering and falls back to If-None-Match creates
-    and HEADs (same result, more requests); 0 turns the listing off (`reconciler.listed`)."""
     concurrency: int = Field(default=16, ge=1)
     """Store requests in flight at once."""
     inventory_url: str | None = Field(default=None, pattern=r"^(s3|file)://.+")

@@ -262,8 +262,11 @@ class AuditRecord(Record):
     Written when the audit starts (``status = running``), updated with ``cursors`` as it
     goes (so a crashed audit resumes after the last key it finished), and finally with
     ``status = completed``. GC trusts only completed audits (PROTOCOL §3.5 rule 5): every
-    manifest that existed when the audit started was seen, and its derived entries
-    (including ``accepted-by-blob``/``quarantine-by-blob``) exist once it completes.
+    record that existed when the audit started is in the catalog (PROTOCOL §3.7).
+    ``catalog = true`` marks audits of the index era (this version): only those listed
+    ``raw-blobs/v1/`` and wrote ``orphans`` (the count of the orphan file,
+    `keys.audit_orphans_key`), so only those qualify for GC deletions; ``cataloged`` counts
+    the records the anti-join found missing and cataloged, ``blobs_listed`` the listing.
     """
 
     schema_: Literal["lightmetrics.audit.v1"] = Field(
@@ -280,6 +283,10 @@ class AuditRecord(Record):
     quarantines_seen: int = Field(default=0, ge=0)
     repaired: dict[str, int] = Field(default_factory=dict)
     problems: int = Field(default=0, ge=0)
+    catalog: bool = False
+    cataloged: int = Field(default=0, ge=0)
+    blobs_listed: int = Field(default=0, ge=0)
+    orphans: int | None = Field(default=None, ge=0)
 
 
 class ProblemRecord(Record):
@@ -312,3 +319,36 @@ class GcRunRecord(Record):
     # Candidates or marks left for the next run because a store request failed.
     skipped_on_error: int = Field(default=0, ge=0)
     refused: str | None = None
+
+
+class IndexCheckpoint(Record):
+    """``reconciler/v1/index-checkpoint.json`` (CAS-updated): how far the steady pass read
+    the index log (PROTOCOL §3.7). ``log_through_ns`` is the first time of the newest
+    consumed segment; ``log_seen`` the consumed segment keys whose first time lies within
+    the lookback before it (the pass lists from ``log_through_ns - lookback`` and skips
+    these)."""
+
+    schema_: Literal["lightmetrics.reconciler_index_checkpoint.v1"] = Field(
+        default="lightmetrics.reconciler_index_checkpoint.v1", alias="schema"
+    )
+    log_through_ns: int = NonNegative
+    log_seen: list[str] = Field(default_factory=list)
+    updated_at_unix_ns: int = NonNegative
+    owner_epoch: int = Field(ge=0)
+    totals: dict[str, int] = Field(default_factory=dict)
+    """Cumulative counts of the steady passes (``segments``, ``accepted_rows``,
+    ``records_read``, ``catalog_files``, ``markers``, ``checkpoints``): what
+    ``lm-reconciler status`` turns into index requests per accepted batch."""
+
+
+class RollupWorkMarker(Record):
+    """``work/v1/rollup-dirty/catalog/<hour>/<name>.json``: the catalog file of the same
+    name gained rows the rollup may not have (PROTOCOL §3.7, rollup work markers)."""
+
+    schema_: Literal["lightmetrics.rollup_work.v1"] = Field(
+        default="lightmetrics.rollup_work.v1", alias="schema"
+    )
+    catalog_key: str = Field(min_length=1)
+    hour: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}T\d{2}$")
+    rows: int = NonNegative
+    written_at_unix_ns: int = NonNegative

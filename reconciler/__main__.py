@@ -8,7 +8,8 @@ Commands (each takes ``--config PATH``; settings also come from ``LM_*`` variabl
 - ``audit [--inventory URL]``: a full audit with repair now (resumes an interrupted one).
 - ``gc [--dry-run]``: one GC run (``reconciler.gc``).
 - ``problems [--kind K] [--json]``: the problem records.
-- ``status [--json] [--check]``: checkpoint, lag, lease, last audit, last GC, problems.
+- ``status [--json] [--check]``: log position and segments waiting, catalog, index
+  requests per batch, lease, last audit, last GC, problems.
 
 Long work shows progress on standard error when it is a terminal.
 
@@ -105,7 +106,7 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
     store = open_store_from_settings(settings.store)
     try:
         if args.command == "status":
-            return await _status(store, args)
+            return await _status(store, args, settings)
         if args.command == "problems":
             return await _problems(store, args)
         return await _leased_command(store, settings, args)
@@ -197,13 +198,12 @@ def _print_pass(report: PassReport) -> int:
         steady = report.steady
         doc["steady"] = {
             "complete": steady.complete,
-            "hours": steady.hours_scanned,
-            "entries": steady.entries_seen,
-            "checked": steady.entries_checked,
-            "repaired": dict(steady.outcome.created),
-            "problems": dict(steady.outcome.problems),
-            "next_hour": steady.checkpoint.next_hour if steady.checkpoint else None,
-            "lag_hours": steady.lag_hours,
+            "segments": steady.segments_read,
+            "records_read": steady.records_read,
+            "rows_cataloged": steady.rows_cataloged,
+            "catalog_files": steady.catalog_files,
+            "problems": steady.problems,
+            "failed": steady.failed,
         }
     if report.audit is not None:
         doc["audit"] = report.audit.model_dump(mode="json", by_alias=True)
@@ -269,8 +269,8 @@ class _Progress:
 # --- read-only commands ------------------------------------------------------------------
 
 
-async def _status(store: ObjectStore, args: argparse.Namespace) -> int:
-    status = await gather_status(store, SystemClock())
+async def _status(store: ObjectStore, args: argparse.Namespace, settings: Settings) -> int:
+    status = await gather_status(store, SystemClock(), lookback_s=settings.reconciler.lookback_s)
     print(_json(status.to_json()) if args.json else status.render())
     return EXIT_FAILED if args.check and not status.healthy else EXIT_OK
 

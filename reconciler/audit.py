@@ -1,40 +1,34 @@
-"""Full audit of ``accepted/v1/`` and ``quarantine/v1/``: every record repaired and its blob
-checked; resumable after a crash from its `AuditRecord`.
+"""Full audit of ``accepted/v1/`` and ``quarantine/v1/`` against the catalog: an anti-join,
+then the blob join; resumable after a crash from its `AuditRecord` (PROTOCOL §3.7).
 
-Input is a listing of the store, or an S3 Inventory report (`reconciler.inventory`).
+1. `CatalogScan.load` (`reconciler.audit_join`): every catalog file's key digests and
+   referenced hashes, in compact sorted arrays.
+2. The walk (`reconciler.audit_walks`: a listing, or an S3 Inventory report's data files)
+   hands chunks of record keys to `process`: the keys the catalog lacks are read once,
+   verified and cataloged (`reconciler.cataloger`, with their rollup work markers) before
+   the chunk's cursor moves. A store with no catalog yet (a version-1 store written with
+   per-object derived entries) is migrated this way: every record is missing once.
+3. `join_blobs`: one listing of ``raw-blobs/v1/`` joined with the references: orphans
+   older than the retry horizon go to the audit's orphan file
+   (``reconciler/v1/audit-orphans/...``) for the GC; referenced blobs neither listed nor
+   found by a HEAD become ``missing-blob`` problems (resolved when seen again).
+SHA-256 verification of blobs (`reconciler.verify`) runs alongside in rate-limited rounds.
 
-**What a completed audit promises** (what the GC's rule 5 relies on, PROTOCOL §3.5):
-every accepted manifest and quarantine record that existed when the audit started
-(``started_at_unix_ns``, the original start if it was resumed) was read, and every
-derived entry `reconciler.repair` keeps for it (``accepted-by-blob``, ``accepted-by-time``,
-``quarantine-by-blob``, ``raw-blobs-by-time`` for records younger than
-``gc.retry_horizon_s``) existed at some point after that start: either a listing taken
-after the start returned its key (such entries are never deleted; see
-`reconciler.listed`) or the audit created it, or its If-None-Match create was answered 412.
-Each record's raw blob was seen to exist (for manifests: with the manifest's size) by the
-listing or a HEAD, or a ``missing-blob``/``corrupt-blob`` problem was recorded, or the
-check met a store error (logged and counted; as before, that does not keep the audit from
-completing: the steady state and the next audit look again). It does **not** promise that
-every blob's SHA-256 was checked in this audit: verification (`reconciler.verify`) runs
-alongside the walk, at most ``verify_rate_per_s``, from a cursor carried from audit to
-audit, so a full round over ``raw-blobs/v1/`` may span several audits. Corrupt blobs are
-recorded as ``corrupt-blob`` problems when the round reaches them.
+**What a completed audit promises** (what the GC's rules 1, 2 and 5 rely on, PROTOCOL
+§3.5): every accepted manifest and quarantine record that existed when the audit started
+(``started_at_unix_ns``, the original start if it was resumed) is in the catalog — it was
+there when the scan read it, or this audit cataloged it; every blob the listing showed
+unreferenced and older than the horizon is in its orphan file; the listing was taken
+after the start. A listed record that is unreadable or not well-formed is a problem
+record, and the GC deletes nothing while such problems exist.
 
-**Cost per record** (listing audits): the record's GET, its share of the listings, and
-only the writes and HEADs the up-front listing (`reconciler.listed.ListedKeys`) could not
-rule out. With a complete listing and nothing to repair that is one GET per record.
+**Cost**: the catalog's files (one GET each), the listings (one LIST per 1,000 keys), and
+one GET per record the catalog lacks: known records cost nothing more.
 
-How records are visited is `reconciler.audit_walks`: a listing (agent groups found by
-one skip-listing of ``accepted/v1/``, ``concurrency`` at a time, each in chunks) or an
-inventory's data files. Blob verification has an eighth of ``concurrency`` to itself.
-
-**Progress** lives in ``AuditRecord.cursors`` (saved at the start, every
-`PROGRESS_INTERVAL_S`, and at the end):
-- ``cursors["accepted/v1/"]``: the frontier: every agent group up to and including it is
-  done. Discovery after a crash restarts past it, so finished groups are not re-listed.
-- ``cursors[<group>]``: for groups past the frontier, the last key whose repairs all
-  succeeded, or ``"done"``. A chunk's cursor moves only when every write of every record in
-  it succeeded; a group that hits a failure stops there.
+Cursors (in the record, saved every `PROGRESS_INTERVAL_S`):
+- listing audits: per agent group ``accepted/v1/agent=<hex>/`` the last key audited, or
+  ``"done"``; the quarantine group likewise; the discovery frontier. A chunk's cursor
+  moves only when its records were read and cataloged.
 - inventory audits: ``cursors["inventory:manifest"]`` names the report, and
   ``cursors["file:<data file key>"]`` holds the next row to read, or ``"done"``.
 - ``cursors[VERIFY_CURSOR]``: where blob verification stands (`reconciler.verify`); the
@@ -42,11 +36,10 @@ inventory's data files. Blob verification has an eighth of ``concurrency`` to it
 
 `run_full_audit` resumes the newest audit if it is still ``running`` and of the same
 source (and, for inventories, the same report): same ``audit_id``, same original
-``started_at_unix_ns`` (what the GC relies on: "an audit that started after X" saw every
-record that existed at X), counts carried on. It is marked ``completed`` only if every
-record was seen and every repair write succeeded; otherwise it stays ``running`` and the
-next call resumes it. Problems (missing or corrupt blobs, unparseable records) do not
-keep it from completing: they are recorded.
+``started_at_unix_ns``, counts carried on. It is marked ``completed`` only if every record
+was seen and cataloged and the blob join finished; otherwise it stays ``running`` and the
+next call resumes it (a resumed audit scans the catalog again: rows cataloged before the
+crash are then known).
 """
 
 from __future__ import annotations
@@ -57,10 +50,12 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+from index.catalog import CatalogWriter
 from protocol import keys
 from protocol.records import AuditRecord
 from store.errors import StoreError
 
+from .audit_join import BlobJoin, CatalogScan, encode_orphans, join_blobs
 from .audit_records import (
     create_audit,
     latest_audit,
@@ -68,11 +63,10 @@ from .audit_records import (
     save_audit,
 )
 from .audit_walks import DONE, FRONTIER, INVENTORY_CURSOR, InventoryWalk, ListingWalk, WalkState
+from .cataloger import Cataloger
 from .context import ReconcilerContext
 from .inventory import InventorySource
-from .listed import ListedKeys
 from .problems import ProblemBook
-from .repair import BlobCheck, Repairer, RepairOutcome
 from .verify import VERIFY_CURSOR, BlobVerifier
 
 __all__ = [
@@ -122,12 +116,14 @@ async def run_full_audit(
     ctx.metrics.audit_running.set(1)
     try:
         await run.problems.load()
-        await run.load_listed()
+        await run.scan_catalog()
         async with run.verifying():
             if inventory is not None:
                 await InventoryWalk(ctx, run.state, run.process, run.checkpoint, inventory).run()
             else:
                 await ListingWalk(ctx, run.state, run.process, run.checkpoint).run()
+        if not run.state.failed and not run.state.stopped and not ctx.stopping.is_set():
+            await run.join_blobs()
         return await run.finish()
     finally:
         ctx.metrics.audit_running.set(0)
@@ -198,8 +194,14 @@ class _AuditRun:
         self._saving = asyncio.Lock()
         self._limit, verify_limit = _split_concurrency(ctx.reconciler_settings.concurrency)
         self.problems = ProblemBook(ctx)
-        self.listed = ListedKeys(cap=0)
-        self._repairer = Repairer(ctx, self.problems)
+        self.scan = CatalogScan()
+        self._blobs: BlobJoin | None = None
+        self._cataloged = record.cataloged
+        self._cataloger = Cataloger(
+            ctx,
+            self.problems,
+            CatalogWriter(store=ctx.store, clock=ctx.clock, rng=ctx.rng, epoch=ctx.epoch),
+        )
         self._verifier = BlobVerifier(
             ctx,
             self.problems,
@@ -209,35 +211,19 @@ class _AuditRun:
 
     # --- before the walk ----------------------------------------------------------------
 
-    async def load_listed(self) -> None:
-        """List what the records' repairs would otherwise probe one by one (see
-        `reconciler.listed`). Without it (cap 0, store errors) every create is attempted."""
+    async def scan_catalog(self) -> None:
+        """Read the catalog's digests and references (`CatalogScan`)."""
         ctx = self._ctx
-        cap = ctx.reconciler_settings.audit_listed_keys_max
-        if cap <= 0:
-            return
-        horizon_ns = int(ctx.settings.gc.retry_horizon_s * 1e9)
         started = ctx.clock.monotonic()
-        try:
-            self.listed = await ListedKeys.load(
-                ctx.store,
-                cap=cap,
-                raw_blobs_by_time_from=keys.UtcHour.from_unix_ns(ctx.clock.now_ns() - horizon_ns),
-                parallel=ctx.reconciler_settings.concurrency,
-            )
-        except StoreError as exc:
-            ctx.metrics.store_failures.labels("audit_listed").inc()
-            ctx.log.warning("audit_listing_failed", error=str(exc))
-            self.listed = ListedKeys(cap=0)
-        stats = self.listed.stats
-        (ctx.log.warning if stats.capped_at else ctx.log.info)(
-            "audit_listed",
-            keys=stats.keys,
-            prefixes_complete=stats.prefixes_complete,
-            capped_at=stats.capped_at,
+        self.scan = await CatalogScan.load(ctx, self.problems)
+        ctx.log.info(
+            "audit_catalog_scanned",
+            files=self.scan.files,
+            rows=self.scan.rows,
+            moved_aside=self.scan.moved_aside,
+            memory_bytes=self.scan.record_digests.nbytes + self.scan.referenced.nbytes,
             seconds=round(ctx.clock.monotonic() - started, 3),
         )
-        self._repairer = Repairer(ctx, self.problems, listed=self.listed)
 
     @contextlib.asynccontextmanager
     async def verifying(self) -> AsyncIterator[None]:
@@ -261,29 +247,60 @@ class _AuditRun:
     # --- records ------------------------------------------------------------------------
 
     async def process(self, record_keys: list[str], quarantine: bool) -> bool:
-        """Repair every record in ``record_keys`` concurrently; True if all succeeded."""
-
-        async def one(key: str) -> RepairOutcome:
-            async with self._limit:
-                if quarantine:
-                    return await self._repairer.quarantine_at(key, blob_check=BlobCheck.LISTED)
-                return await self._repairer.manifest_at(key, blob_check=BlobCheck.LISTED)
-
-        total = RepairOutcome()
-        for outcome in await asyncio.gather(*(one(key) for key in record_keys)):
-            total.add(outcome)
-        seen = len(record_keys) - total.missing_source
+        """Catalog the records of ``record_keys`` the catalog lacks; True if all went well."""
+        missing = self.scan.missing(record_keys)
+        async with self._limit:
+            batch = await self._cataloger.read(missing)
+            try:
+                await self._cataloger.commit(batch.rows)
+            except StoreError as exc:
+                self._ctx.metrics.store_failures.labels("catalog_write").inc()
+                self._ctx.log.warning("audit_catalog_write_failed", error=str(exc))
+                self.state.failed = True
+                return False
+        self.scan.cataloged(batch.rows)
         if quarantine:
-            self._quarantines += seen
+            self._quarantines += len(record_keys) - batch.missing
         else:
-            self._manifests += seen
-        self._repaired.update(total.created)
-        self._problem_count += sum(total.problems.values())
+            self._manifests += len(record_keys) - batch.missing
+        self._cataloged += len(batch.rows)
+        self._problem_count += batch.problems
         self._report()
-        if total.failed:
+        if batch.failed:
             self.state.failed = True
             return False
         return True
+
+    async def join_blobs(self) -> None:
+        """List the raw blobs, write the orphan file, record missing blobs."""
+        ctx = self._ctx
+        try:
+            joined = await join_blobs(ctx, self.scan, store_now_ns=ctx.clock.now_ns())
+            await ctx.check_fence()
+            await ctx.store.put(
+                keys.audit_orphans_key(self._record.started_at_unix_ns, self._record.audit_id),
+                encode_orphans(joined.orphans),
+            )
+        except StoreError as exc:
+            ctx.metrics.store_failures.labels("audit_blobs").inc()
+            ctx.log.warning("audit_blob_join_failed", error=str(exc))
+            self.state.failed = True
+            return
+        await self._record_missing(joined)
+        self._blobs = joined
+
+    async def _record_missing(self, joined: BlobJoin) -> None:
+        missing = set(joined.missing)
+        for sha in sorted(missing):
+            await self.problems.record(
+                "missing-blob",
+                keys.raw_blob_key(sha),
+                "raw blob does not exist; referenced by the catalog",
+            )
+        self._problem_count += len(missing)
+        async for subject in self.problems.subjects("missing-blob"):
+            if keys.parse_raw_blob_key(subject) not in missing:
+                await self.problems.resolve("missing-blob", subject)
 
     # --- saving -------------------------------------------------------------------------
 
@@ -297,6 +314,8 @@ class _AuditRun:
                 "quarantines_seen": self._quarantines,
                 "repaired": dict(self._repaired),
                 "problems": self._problem_count + self._verifier.problems,
+                "catalog": True,
+                "cataloged": self._cataloged,
                 **changes,
             }
         )
@@ -316,12 +335,15 @@ class _AuditRun:
             self._last_save = self._ctx.clock.monotonic()
 
     async def finish(self) -> AuditRecord:
-        complete = not self.state.failed and not self.state.stopped
+        complete = not self.state.failed and not self.state.stopped and self._blobs is not None
         if complete:
+            assert self._blobs is not None
             record = self._current(
                 status="completed",
                 completed_at_unix_ns=self._ctx.clock.now_ns(),
                 cursors={VERIFY_CURSOR: self._verifier.cursor},
+                blobs_listed=self._blobs.listed,
+                orphans=len(self._blobs.orphans),
             )
         else:
             record = self._current()
@@ -360,7 +382,7 @@ class _AuditRun:
                     manifests_seen=self._manifests,
                     quarantines_seen=self._quarantines,
                     groups_done=self.state.groups_done,
-                    repaired=sum(self._repaired.values()),
+                    repaired=self._cataloged,
                     problems=self._problem_count + self._verifier.problems,
                     blobs_verified=self._verifier.verified,
                 )

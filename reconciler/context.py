@@ -26,12 +26,14 @@ import os
 import random
 import secrets
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
 from config import ReconcilerSettings, Settings
+from protocol import keys
 from protocol.clock import Clock
 from protocol.keys import RECONCILER_LEASE_KEY
 from store import lease as leases
@@ -166,6 +168,8 @@ class ReconcilerContext:
     inventory: InventorySource | None = None
     """The configured S3 Inventory report, if any (the GC may read ``raw-blobs/v1/`` from
     it instead of listing)."""
+    on_catalog_written: Callable[[keys.UtcHour], None] = field(default=lambda _hour: None)
+    """Told the hour of every catalog file written (the daemon's compactor listens)."""
 
     @property
     def epoch(self) -> int:

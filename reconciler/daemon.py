@@ -5,11 +5,12 @@ One instance is active per acceptance authority: the holder of the lease at
 expires and try again, so a standby takes over within about one TTL of the active one
 dying. The active instance loops, every ``loop_interval_s``:
 
-1. a steady-state pass (`reconciler.steady`);
+1. a steady pass over the index log (`reconciler.steady`);
 2. a full audit (`reconciler.audit`) when one is due: none has completed within
-   ``audit_interval_s`` (so the first run ever always audits), or one is still running
+   ``max_audit_interval_s`` (so the first run ever always audits), or one is still running
    (it is resumed);
-3. the GC (``reconciler.gc.run_gc``) when ``gc.enabled``, at most once per
+3. catalog compaction (`reconciler.compaction`) of the hours written to;
+4. the GC (``reconciler.gc.run_gc``) when ``gc.enabled``, at most once per
    ``max(loop_interval_s, gc.mark_grace_s)``, if that module is installed.
 
 Between passes it sleeps in slices of a third of the TTL, checking the fence (which
@@ -42,11 +43,12 @@ from store.lease import LeaseHeld, LeaseLost
 
 from .audit import ProgressCallback, run_full_audit
 from .audit_records import latest_audit, latest_completed_audit
+from .compaction import CatalogCompactor, CompactionResult
 from .context import Fence, ReconcilerContext, default_owner_id
 from .gc import run_gc
 from .inventory import InventorySource
 from .metrics import ReconcilerMetrics
-from .steady import SteadyResult, SteadyScanner
+from .steady import OrphanSuspects, SteadyResult, SteadyScanner
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -63,6 +65,7 @@ class PassReport:
     epoch: int
     steady: SteadyResult | None = None
     audit: AuditRecord | None = None
+    compaction: CompactionResult | None = None
     gc: Any = None
 
     @property
@@ -99,6 +102,8 @@ class Reconciler:
         self._task: asyncio.Task[Any] | None = None
         self._fence: Fence | None = None
         self._last_gc: float | None = None
+        self.compactor = CatalogCompactor()
+        self.suspects = OrphanSuspects()
 
     @property
     def active(self) -> bool:
@@ -120,7 +125,7 @@ class Reconciler:
                 if fence is None:
                     return
                 ctx = self._context(fence)
-                scanner = SteadyScanner(ctx)
+                scanner = SteadyScanner(ctx, self.suspects)
                 try:
                     while not self._stopping.is_set():
                         started = self._clock.monotonic()
@@ -154,7 +159,8 @@ class Reconciler:
         """One pass of everything due. Raises `LeaseHeld` if another instance stays active
         for ``lease_wait_s`` (default 1.5 TTL: a crashed holder's lease runs out in one)."""
         return await self._one_shot(
-            lambda ctx: self._pass(ctx, SteadyScanner(ctx), isolate_errors=False), lease_wait_s
+            lambda ctx: self._pass(ctx, SteadyScanner(ctx, self.suspects), isolate_errors=False),
+            lease_wait_s,
         )
 
     async def audit_once(self, *, lease_wait_s: float | None = None) -> AuditRecord:
@@ -193,6 +199,10 @@ class Reconciler:
             report.audit = await self._stage(
                 "audit", lambda: self._audit_if_due(ctx), isolate_errors
             )
+        if not self._stopping.is_set():
+            report.compaction = await self._stage(
+                "compaction", lambda: self.compactor.run(ctx), isolate_errors
+            )
         if self._settings.gc.enabled and not self._stopping.is_set() and self._gc_due():
             self._last_gc = self._clock.monotonic()
             report.gc = await self._stage(
@@ -226,7 +236,7 @@ class Reconciler:
         completed = await latest_completed_audit(ctx.store)
         if completed is None or completed.completed_at_unix_ns is None:
             return True
-        interval_ns = int(self._settings.reconciler.audit_interval_s * 1e9)
+        interval_ns = int(self._settings.reconciler.max_audit_interval_s * 1e9)
         return completed.completed_at_unix_ns <= ctx.clock.now_ns() - interval_ns
 
     def _gc_due(self) -> bool:
@@ -299,6 +309,7 @@ class Reconciler:
             log=structlog.get_logger("reconciler").bind(epoch=fence.epoch),
             stopping=self._stopping,
             inventory=self._inventory,
+            on_catalog_written=self.compactor.touched,
         )
 
     # --- waiting ------------------------------------------------------------------------

@@ -86,6 +86,15 @@ class ProblemBook:
         ctx.metrics.problems_resolved.labels(kind).inc()
         ctx.log.info("reconciler_problem_resolved", kind=kind, subject=subject_key)
 
+    async def subjects(self, kind: str) -> AsyncIterator[str]:
+        """The subjects of the open problems of ``kind`` (reads only when any exist)."""
+        prefix = f"{keys.RECONCILER_PROBLEMS_PREFIX}{kind}/"
+        if not any(key.startswith(prefix) for key in self._known):
+            return
+        async for _key, record in list_problems(self._ctx.store, kind):
+            if record is not None:
+                yield record.subject_key
+
     async def _touch(self, key: str, detail: str, now: int) -> None:
         # One attempt: a lost race means another sighting just updated it.
         store = self._ctx.store

@@ -1,9 +1,16 @@
 """``lm-reconciler status``: what the reconciler has done, read from the store (no lease).
 
-Lag is defined in `reconciler.steady`: the hours of ``accepted-by-time/v1/`` data (up to
-the current hour) that the checkpoint does not cover; ``lag_seconds`` is the same at hour
-granularity. 0 means every existing hour has been scanned by a pass, the current hour as
-of ``checkpoint.updated_at``.
+- **log**: the steady pass's position (`IndexCheckpoint`) and how many log segments
+  are waiting behind it (one listing from the position: never all of history);
+- **catalog**: catalog hours and files (one listing of ``index/v1/catalog/``: files are
+  few per hour once compacted) and the rollup work markers waiting;
+- **cost**: index requests per accepted batch from the checkpoint's cumulative totals —
+  (segments + catalog files + markers + checkpoint writes) / accepted rows — the figure
+  PROTOCOL §3.7 asks to stay at or below 0.05;
+- the lease, the last audit and the last completed one, the last GC run, problems.
+
+``healthy`` (``status --check``): no segment waiting longer than the lookback, and no
+problem records.
 """
 
 from __future__ import annotations
@@ -13,32 +20,37 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from index.log_reader import LogPosition, new_segments
 from protocol import keys
 from protocol.clock import Clock
 from protocol.records import (
     AuditRecord,
     GcRunRecord,
+    IndexCheckpoint,
     LeaseRecord,
-    ReconcilerCheckpoint,
     RecordError,
 )
 from store.base import ObjectStore
 from store.errors import NotFound
 
 from .audit_records import latest_audit, latest_completed_audit
-from .listing import hours_with_entries
 from .problems import count_problems
-from .steady import lag_hours, read_checkpoint
+from .steady import read_checkpoint
+
+INDEX_PUT_TOTALS = ("segments", "catalog_files", "markers", "checkpoints")
 
 
 @dataclass(frozen=True)
 class ReconcilerStatus:
     store_url: str
     now_unix_ns: int
-    checkpoint: ReconcilerCheckpoint | None
-    oldest_hour: keys.UtcHour | None
-    newest_hour: keys.UtcHour | None
-    lag_hours: int
+    checkpoint: IndexCheckpoint | None
+    segments_behind: int
+    oldest_waiting_ns: int | None
+    catalog_hours: int
+    catalog_files: int
+    work_markers: int
+    lookback_s: float
     lease: LeaseRecord | None
     last_audit: AuditRecord | None
     last_completed_audit: AuditRecord | None
@@ -50,28 +62,46 @@ class ReconcilerStatus:
         return self.lease is not None and self.lease.expires_at_unix_ns > self.now_unix_ns
 
     @property
+    def lag_seconds(self) -> float:
+        """How long the oldest waiting segment has waited (0: nothing waits)."""
+        if self.oldest_waiting_ns is None:
+            return 0.0
+        return max(0.0, (self.now_unix_ns - self.oldest_waiting_ns) / 1e9)
+
+    @property
+    def index_requests_per_batch(self) -> float | None:
+        totals = self.checkpoint.totals if self.checkpoint else {}
+        accepted = totals.get("accepted_rows", 0)
+        if not accepted:
+            return None
+        return sum(totals.get(name, 0) for name in INDEX_PUT_TOTALS) / accepted
+
+    @property
     def healthy(self) -> bool:
-        """Zero lag and zero problems: the condition ``status --check`` tests."""
-        return self.lag_hours == 0 and not sum(self.problems.values())
+        """Nothing waits longer than the lookback and no problems: ``status --check``."""
+        return self.lag_seconds <= self.lookback_s and not sum(self.problems.values())
 
     def to_json(self) -> dict[str, Any]:
         checkpoint = self.checkpoint
         return {
             "store": self.store_url,
             "now": _iso(self.now_unix_ns),
-            "checkpoint": None
-            if checkpoint is None
-            else {
-                "next_hour": checkpoint.next_hour,
-                "updated_at": _iso(checkpoint.updated_at_unix_ns),
-                "owner_epoch": checkpoint.owner_epoch,
+            "log": {
+                "through": _iso(checkpoint.log_through_ns) if checkpoint else None,
+                "updated_at": _iso(checkpoint.updated_at_unix_ns) if checkpoint else None,
+                "owner_epoch": checkpoint.owner_epoch if checkpoint else None,
+                "segments_behind": self.segments_behind,
+                "lag_seconds": round(self.lag_seconds, 3),
+                "totals": dict(checkpoint.totals) if checkpoint else {},
             },
-            "checkpoint_age_seconds": None
-            if checkpoint is None
-            else round((self.now_unix_ns - checkpoint.updated_at_unix_ns) / 1e9, 3),
-            "newest_hour": self.newest_hour.iso if self.newest_hour else None,
-            "lag_hours": self.lag_hours,
-            "lag_seconds": self.lag_hours * 3600,
+            "catalog": {
+                "hours": self.catalog_hours,
+                "files": self.catalog_files,
+                "rollup_work_markers": self.work_markers,
+            },
+            "index_requests_per_batch": None
+            if self.index_requests_per_batch is None
+            else round(self.index_requests_per_batch, 4),
             "lease": None
             if self.lease is None
             else {
@@ -93,18 +123,22 @@ class ReconcilerStatus:
 
     def render(self) -> str:
         doc = self.to_json()
-        checkpoint = doc["checkpoint"]
+        log, cat = doc["log"], doc["catalog"]
         lines = [f"store           {self.store_url}"]
-        if checkpoint is None:
-            lines.append("checkpoint      none (no steady-state pass yet)")
-        else:
-            lines.append(
-                f"checkpoint      next hour {checkpoint['next_hour']}, updated "
-                f"{checkpoint['updated_at']} ({doc['checkpoint_age_seconds']}s ago)"
-            )
         lines.append(
-            f"lag             {self.lag_hours} h ({doc['lag_seconds']} s); newest hour "
-            f"{doc['newest_hour'] or 'none'}"
+            "log             no steady pass yet"
+            if log["through"] is None
+            else f"log             through {log['through']} (updated {log['updated_at']}); "
+            f"{log['segments_behind']} segments waiting, lag {log['lag_seconds']} s"
+        )
+        lines.append(
+            f"catalog         {cat['hours']} hours in {cat['files']} files; "
+            f"{cat['rollup_work_markers']} rollup work markers waiting"
+        )
+        cost = doc["index_requests_per_batch"]
+        lines.append(
+            "index cost      "
+            + ("n/a (no batches yet)" if cost is None else f"{cost} requests per accepted batch")
         )
         lease = doc["lease"]
         lines.append(
@@ -130,29 +164,39 @@ class ReconcilerStatus:
         return "\n".join(lines)
 
 
-async def gather_status(store: ObjectStore, clock: Clock) -> ReconcilerStatus:
+async def gather_status(store: ObjectStore, clock: Clock, *, lookback_s: float) -> ReconcilerStatus:
     """Read everything `ReconcilerStatus` shows. Raises store errors."""
-    now = clock.now_ns()
-    now_hour = keys.UtcHour.from_unix_ns(now)
     try:
         checkpoint = await read_checkpoint(store)
     except RecordError:
         checkpoint = None
-    first = keys.UtcHour.parse_iso(checkpoint.next_hour) if checkpoint else None
-    oldest: keys.UtcHour | None = None
-    newest: keys.UtcHour | None = None
-    async for hour in hours_with_entries(
-        store, keys.ACCEPTED_BY_TIME_PREFIX, first=first, last=now_hour
-    ):
-        oldest = oldest or hour
-        newest = hour
+    position = (
+        LogPosition(checkpoint.log_through_ns, set(checkpoint.log_seen))
+        if checkpoint
+        else LogPosition()
+    )
+    behind, oldest = 0, None
+    async for _info, name in new_segments(store, position, lookback_s=lookback_s):
+        behind += 1
+        oldest = name.first_time_ns if oldest is None else min(oldest, name.first_time_ns)
+    hours: set[str] = set()
+    files = 0
+    async for info in store.list(keys.INDEX_CATALOG_PREFIX):
+        files += 1
+        hours.add(info.key.rsplit("/", 1)[0])
+    markers = 0
+    async for _marker in store.list(keys.ROLLUP_WORK_PREFIX):
+        markers += 1
     return ReconcilerStatus(
         store_url=store.url,
-        now_unix_ns=now,
+        now_unix_ns=clock.now_ns(),
         checkpoint=checkpoint,
-        oldest_hour=oldest,
-        newest_hour=newest,
-        lag_hours=lag_hours(first, oldest, newest),
+        segments_behind=behind,
+        oldest_waiting_ns=oldest,
+        catalog_hours=len(hours),
+        catalog_files=files,
+        work_markers=markers,
+        lookback_s=lookback_s,
         lease=await _read_lease(store),
         last_audit=await latest_audit(store),
         last_completed_audit=await latest_completed_audit(store),
@@ -195,7 +239,9 @@ def _audit_json(record: AuditRecord | None) -> dict[str, Any] | None:
         else None,
         "manifests_seen": record.manifests_seen,
         "quarantines_seen": record.quarantines_seen,
-        "repaired": record.repaired,
+        "cataloged": record.cataloged,
+        "blobs_listed": record.blobs_listed,
+        "orphans": record.orphans,
         "problems": record.problems,
     }
 
@@ -207,7 +253,9 @@ def _audit_line(audit: dict[str, Any] | None) -> str:
     return (
         f"{audit['audit_id']} {audit['status']} ({audit['source']}) {when}: "
         f"{audit['manifests_seen']} manifests, {audit['quarantines_seen']} quarantined, "
-        f"{sum(audit['repaired'].values())} repaired, {audit['problems']} problems"
+        f"{audit['cataloged']} cataloged, {audit['blobs_listed']} blobs listed, "
+        f"{audit['orphans'] if audit['orphans'] is not None else '-'} orphans, "
+        f"{audit['problems']} problems"
     )
 
 

@@ -1,274 +1,275 @@
-"""Steady-state discovery: accepted-by-time hours from a durable, CAS-updated checkpoint.
+"""The steady pass: catalog what the collectors' log segments name (PROTOCOL §3.7).
 
-Each pass scans every ``accepted-by-time/v1/`` hour from ``checkpoint.next_hour -
-lookback`` on (future hours included: collector clocks may run ahead), and for each entry
-reads its manifest, backfills the manifest's other derived entries and HEADs its raw
-blob (`reconciler.repair`). The lookback (``reconciler.lookback_s``, rounded up to whole
-hours) re-scans hours already passed, to catch entries written late: skewed collector
-clocks, retried background writes, slow queues. Entries older than the lookback that are
-missing altogether are the full audit's job.
+Each pass lists the log from its durable position (`index.log_reader`: from the newest
+consumed segment's time minus ``reconciler.lookback_s``, skipping consumed names), reads
+each new segment once, GETs each record its ``accepted``/``quarantine`` rows name once
+(a key already cataloged by this process within the lookback is not read again), and
+writes what it verified as catalog files with their rollup work markers
+(`reconciler.cataloger`). Only then does the checkpoint (`IndexCheckpoint`, CAS under the
+lease epoch) move past those segments, so a crash re-reads at most one chunk.
 
-Checkpoint (`ReconcilerCheckpoint`, ``reconciler/v1/checkpoint.json``): ``next_hour`` is
-the first hour not known to be complete. A pass that finished without failures moves it
-to the current hour (which stays open, so it is re-scanned next time), never backwards,
-and never past now (a far-future hour from a broken clock must not hide the present).
-A pass with failures leaves it where it was. The first pass ever starts at ``now -
-lookback``: everything older is covered by the first full audit, which the daemon runs
-on its first pass too.
+``blob`` rows feed `OrphanSuspects`: a blob whose hash no ``accepted``/``quarantine`` row
+has named is a GC candidate once it is older than the retry horizon (the GC marks it;
+only an audit's listing can prove it unreferenced, PROTOCOL §3.5). Suspects live in
+memory, bounded: a restart or an overflow loses some, and the audit's listing merge
+finds those orphans instead.
 
-Lag (status and ``lm_reconciler_lag_hours``): the number of hours from
-``checkpoint.next_hour`` to the newest accepted-by-time hour not after now; 0 when the
-checkpoint covers every existing hour. Without a checkpoint, every existing hour counts.
+Requests per pass grow with the new segments and records, never with history: one LIST
+from the position, one GET per segment, one GET per new record, one catalog file and
+one marker per hour touched per chunk, one checkpoint write per chunk.
 
-Entries examined by this process are remembered (a 64-bit digest per key, per hour, for
-the hours inside the lookback window) so the re-scan lists them again but does not redo
-their reads and writes; a restarted process re-checks its lookback window once. Closed
-hours (before the current one) that a pass scanned completely are listed again only every
-`CLOSED_HOUR_RESCAN_PASSES` passes; the current hour and later ones, every pass.
+The position never moves past the store's present (a collector whose clock runs ahead
+must not make the pass skip other collectors' segments); a segment from the future is
+remembered by name instead.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import math
+from collections import Counter
 from dataclasses import dataclass, field
 
+from index.catalog import CatalogWriter
+from index.log_reader import LogPosition, new_segments, read_segment
+from index.rows import IndexFileError
 from protocol import keys
-from protocol.records import ReconcilerCheckpoint, RecordError
+from protocol.records import IndexCheckpoint, RecordError
 from store.base import ObjectStore
 from store.cas import update_object
 from store.errors import NotFound, StoreError
 from store.lease import LeaseLost
 
+from .cataloger import CatalogBatch, Cataloger
 from .context import ReconcilerContext
-from .listing import hours_with_entries
 from .problems import ProblemBook
-from .repair import BlobCheck, Repairer, RepairOutcome
 
-CHUNK = 64  # entries read and repaired concurrently (bounded by `concurrency` as well)
-# A closed hour (before the current one) that a pass scanned completely is listed again
-# only every this many passes: late entries are rare, and listing every lookback hour on
-# every pass would cost more LIST requests than everything else the reconciler does.
-CLOSED_HOUR_RESCAN_PASSES = 6
-MAX_REMEMBERED = 2_000_000  # beyond this, forget everything (costs a re-check, no harm)
+CHUNK_RECORDS = 2_000  # records read and cataloged before the checkpoint moves
+MAX_SUSPECTS = 1_000_000
+NS_PER_S = 1_000_000_000
 
 
 @dataclass
 class SteadyResult:
-    hours_scanned: int = 0
-    hours_skipped: int = 0
-    """Closed hours scanned completely by a recent pass and left alone this time."""
-    entries_seen: int = 0
-    entries_checked: int = 0
-    outcome: RepairOutcome = field(default_factory=RepairOutcome)
+    accepted_rows: int = 0
+    segments_read: int = 0
+    records_read: int = 0
+    rows_cataloged: int = 0
+    catalog_files: int = 0
+    missing: int = 0
+    problems: int = 0
+    failed: int = 0
     complete: bool = True
-    checkpoint: ReconcilerCheckpoint | None = None
-    lag_hours: int = 0
+    checkpoint: IndexCheckpoint | None = None
+    segments_behind: int = 0
 
 
-async def read_checkpoint(store: ObjectStore) -> ReconcilerCheckpoint | None:
+class OrphanSuspects:
+    """Blob hashes from ``blob`` rows that no record row has referenced yet (bounded)."""
+
+    def __init__(self, max_entries: int = MAX_SUSPECTS) -> None:
+        self._max = max_entries
+        self._created: dict[str, int] = {}
+        self._recent_refs: dict[str, int] = {}
+        self.dropped = 0
+
+    def __len__(self) -> int:
+        return len(self._created)
+
+    def blob(self, sha: str, created_ns: int) -> None:
+        if sha in self._recent_refs or sha in self._created:
+            return
+        if len(self._created) >= self._max:
+            self.dropped += 1
+            return
+        self._created[sha] = created_ns
+
+    def referenced(self, sha: str, at_ns: int) -> None:
+        self._created.pop(sha, None)
+        if len(self._recent_refs) < self._max:
+            self._recent_refs[sha] = at_ns
+
+    def forget_refs_before(self, horizon_ns: int) -> None:
+        self._recent_refs = {s: t for s, t in self._recent_refs.items() if t >= horizon_ns}
+
+    def older_than(self, horizon_ns: int) -> list[tuple[str, int]]:
+        return sorted((s, t) for s, t in self._created.items() if t < horizon_ns)
+
+    def discard(self, sha: str) -> None:
+        self._created.pop(sha, None)
+
+
+@dataclass
+class _Chunk:
+    record_keys: list[str] = field(default_factory=list)
+    segments: list[tuple[str, int]] = field(default_factory=list)
+    accepted_rows: int = 0
+
+
+async def read_checkpoint(store: ObjectStore) -> IndexCheckpoint | None:
     """The stored checkpoint, ``None`` when there is none. Raises `RecordError`."""
     try:
-        body, _etag = await store.get(keys.RECONCILER_CHECKPOINT_KEY)
+        body, _etag = await store.get(keys.RECONCILER_INDEX_CHECKPOINT_KEY)
     except NotFound:
         return None
-    return ReconcilerCheckpoint.from_json(body)
-
-
-def lag_hours(
-    next_hour: keys.UtcHour | None, oldest: keys.UtcHour | None, newest: keys.UtcHour | None
-) -> int:
-    """Hours of accepted-by-time data the checkpoint does not cover (see the module doc)."""
-    if newest is None:
-        return 0
-    if next_hour is None:
-        assert oldest is not None
-        return _hours(oldest, newest) + 1
-    return max(0, _hours(next_hour, newest))
-
-
-def _hours(first: keys.UtcHour, last: keys.UtcHour) -> int:
-    return (last.start_ns - first.start_ns) // (3600 * keys.NS_PER_S)
+    return IndexCheckpoint.from_json(body)
 
 
 class SteadyScanner:
-    """Runs steady-state passes; keep one per daemon so it remembers what it checked."""
-
-    def __init__(self, ctx: ReconcilerContext) -> None:
+    def __init__(self, ctx: ReconcilerContext, suspects: OrphanSuspects | None = None) -> None:
         self._ctx = ctx
-        self._seen: dict[keys.UtcHour, set[int]] = {}
-        self._remembered = 0
-        self._passes = 0
-        self._closed_scanned_at: dict[keys.UtcHour, int] = {}  # hour -> pass number
+        self.suspects = suspects or OrphanSuspects()
+        self._recent_keys: dict[int, int] = {}  # digest of a cataloged key -> its row time
+
+    @property
+    def _lookback_ns(self) -> int:
+        return int(self._ctx.settings.reconciler.lookback_s * NS_PER_S)
 
     async def run_pass(self) -> SteadyResult:
-        """One pass. Raises `LeaseLost` (stop: not the leader) and `RecordError` (the
-        checkpoint is unreadable: an operator must look); store errors end it incomplete."""
         ctx = self._ctx
-        await ctx.check_fence()
         result = SteadyResult()
-        self._passes += 1
-        try:
-            checkpoint = await read_checkpoint(ctx.store)
-        except StoreError as exc:
-            ctx.metrics.store_failures.labels("checkpoint").inc()
-            ctx.log.warning("checkpoint_read_failed", error=str(exc))
-            result.complete = False
-            return result
-        now_hour = keys.UtcHour.from_unix_ns(ctx.clock.now_ns())
-        base = keys.UtcHour.parse_iso(checkpoint.next_hour) if checkpoint else now_hour
-        start = base.shifted(-math.ceil(ctx.reconciler_settings.lookback_s / 3600))
-        self._forget_before(start)
-        problems = ProblemBook(ctx)
-        repairer = Repairer(ctx, problems)
-        oldest: keys.UtcHour | None = None
-        newest: keys.UtcHour | None = None
-        try:
-            await problems.load()
-            async for hour in hours_with_entries(
-                ctx.store, keys.ACCEPTED_BY_TIME_PREFIX, first=start
-            ):
-                if ctx.stopping.is_set():
-                    result.complete = False
-                    break
-                if hour <= now_hour:
-                    oldest = oldest or hour
-                    newest = hour
-                if hour < now_hour and self._recently_scanned(hour):
-                    result.hours_skipped += 1
-                    continue
-                result.hours_scanned += 1
-                if await self._scan_hour(hour, repairer, result) and hour < now_hour:
-                    self._closed_scanned_at[hour] = self._passes
-        except StoreError as exc:
-            ctx.metrics.store_failures.labels("steady_list").inc()
-            ctx.log.warning("steady_listing_failed", error=str(exc))
-            result.complete = False
-        result.checkpoint = checkpoint
-        if result.complete:
-            advanced = await self._advance(max(base, now_hour))
-            if advanced is None:
-                result.complete = False
-            else:
-                result.checkpoint = advanced
-        covered = keys.UtcHour.parse_iso(result.checkpoint.next_hour) if result.checkpoint else None
-        result.lag_hours = lag_hours(covered, oldest, newest)
-        ctx.metrics.lag_hours.set(result.lag_hours)
-        ctx.metrics.steady_passes.labels("complete" if result.complete else "incomplete").inc()
-        eventful = result.entries_checked or result.outcome.problems or not result.complete
-        (ctx.log.info if eventful else ctx.log.debug)(
-            "steady_pass_done",
-            hours=result.hours_scanned,
-            entries=result.entries_seen,
-            checked=result.entries_checked,
-            repaired=dict(result.outcome.created),
-            problems=dict(result.outcome.problems),
-            failed=result.outcome.failed,
-            complete=result.complete,
-            next_hour=result.checkpoint.next_hour if result.checkpoint else None,
+        stored = await read_checkpoint(ctx.store)
+        position = (
+            LogPosition(stored.log_through_ns, set(stored.log_seen)) if stored else LogPosition()
         )
+        problems = ProblemBook(ctx)
+        await problems.load()
+        cataloger = Cataloger(
+            ctx,
+            problems,
+            CatalogWriter(store=ctx.store, clock=ctx.clock, rng=ctx.rng, epoch=ctx.epoch),
+        )
+        chunk = _Chunk()
+        now_ns = ctx.clock.now_ns()
+        async for info, name in new_segments(
+            ctx.store, position, lookback_s=ctx.settings.reconciler.lookback_s
+        ):
+            if ctx.stopping.is_set():
+                result.complete = False
+                break
+            if not await self._read_into(chunk, info.key, problems, result):
+                result.complete = False
+                break
+            chunk.segments.append((info.key, name.first_time_ns))
+            if len(chunk.record_keys) >= CHUNK_RECORDS:
+                committed = await self._commit(chunk, position, cataloger, result, now_ns)
+                chunk = _Chunk()
+                if not committed:
+                    break
+        await self._commit(chunk, position, cataloger, result, now_ns)
+        self.suspects.forget_refs_before(now_ns - self._lookback_ns)
+        self._forget_keys_before(now_ns - self._lookback_ns)
+        ctx.metrics.steady_passes.labels("complete" if result.complete else "incomplete").inc()
         return result
 
-    def _recently_scanned(self, hour: keys.UtcHour) -> bool:
-        last = self._closed_scanned_at.get(hour)
-        return last is not None and self._passes - last < CLOSED_HOUR_RESCAN_PASSES
-
-    async def _scan_hour(
-        self, hour: keys.UtcHour, repairer: Repairer, result: SteadyResult
+    async def _read_into(
+        self, chunk: _Chunk, key: str, problems: ProblemBook, result: SteadyResult
     ) -> bool:
-        """Check every entry of ``hour`` not checked before; True if all went well."""
-        ctx = self._ctx
-        seen = self._seen.setdefault(hour, set())
-        failed_before = result.outcome.failed
-        chunk: list[tuple[str, int]] = []
-        async for info in ctx.store.list(keys.accepted_by_time_hour_prefix(hour)):
-            result.entries_seen += 1
-            ctx.metrics.entries_scanned.inc()
-            digest = _digest(info.key)
-            if digest not in seen:
-                chunk.append((info.key, digest))
-            if len(chunk) >= CHUNK:
-                await self._check_chunk(hour, chunk, seen, repairer, result)
-                chunk = []
-                if ctx.stopping.is_set():
-                    result.complete = False
-                    return False
-        if chunk:
-            await self._check_chunk(hour, chunk, seen, repairer, result)
-        return result.outcome.failed == failed_before
-
-    async def _check_chunk(
-        self,
-        hour: keys.UtcHour,
-        chunk: list[tuple[str, int]],
-        seen: set[int],
-        repairer: Repairer,
-        result: SteadyResult,
-    ) -> None:
-        limit = asyncio.Semaphore(self._ctx.reconciler_settings.concurrency)
-
-        async def one(key: str) -> RepairOutcome:
-            async with limit:
-                return await self._check_entry(hour, key, repairer)
-
-        outcomes = await asyncio.gather(*(one(key) for key, _ in chunk))
-        for (_key, digest), outcome in zip(chunk, outcomes, strict=True):
-            result.outcome.add(outcome)
-            result.entries_checked += 1
-            if outcome.failed:
-                result.complete = False
-            else:
-                seen.add(digest)
-                self._remembered += 1
-        if self._remembered > MAX_REMEMBERED:
-            self._seen.clear()
-            self._remembered = 0
-
-    async def _check_entry(self, hour: keys.UtcHour, key: str, repairer: Repairer) -> RepairOutcome:
-        ctx = self._ctx
         try:
-            _hour, identity = keys.parse_accepted_by_time_key(key)
-        except keys.KeyFormatError:
-            ctx.metrics.dangling_entries.inc()
-            ctx.log.warning("index_entry_malformed", key=key)
-            return RepairOutcome()
-        manifest_key = keys.accepted_manifest_key(identity)
-        outcome = await repairer.manifest_at(
-            manifest_key, blob_check=BlobCheck.HEAD, listed_in_hour=hour
-        )
-        if outcome.missing_source:
-            ctx.metrics.dangling_entries.inc()
-            ctx.log.warning("index_entry_dangling", key=key, manifest_key=manifest_key)
-        return outcome
+            rows = await read_segment(self._ctx.store, key)
+        except NotFound:
+            return True  # deleted after its consumption by an earlier leader: nothing new
+        except IndexFileError as exc:
+            await problems.record("unreadable-index-file", key, str(exc))
+            result.problems += 1
+            return True  # its records are the audit's to find; never block the log on it
+        except StoreError as exc:
+            self._ctx.log.warning("log_segment_read_failed", key=key, error=str(exc))
+            self._ctx.metrics.store_failures.labels("log_segment").inc()
+            result.failed += 1
+            return False
+        result.segments_read += 1
+        accepted = sum(row.kind == "accepted" for row in rows)
+        result.accepted_rows += accepted
+        chunk.accepted_rows += accepted
+        for row in rows:
+            if row.kind == "blob":
+                self.suspects.blob(row.frame_sha256, row.time_unix_ns)
+                continue
+            for sha in row.referenced_shas:
+                self.suspects.referenced(sha, row.time_unix_ns)
+            digest = _digest(row.key)
+            if digest not in self._recent_keys:
+                self._recent_keys[digest] = row.time_unix_ns
+                chunk.record_keys.append(row.key)
+        return True
 
-    async def _advance(self, next_hour: keys.UtcHour) -> ReconcilerCheckpoint | None:
-        """CAS the checkpoint forward to ``next_hour``; ``None`` if the store did not settle."""
+    async def _commit(
+        self,
+        chunk: _Chunk,
+        position: LogPosition,
+        cataloger: Cataloger,
+        result: SteadyResult,
+        now_ns: int,
+    ) -> bool:
+        if not chunk.segments:
+            return True
+        batch: CatalogBatch = await cataloger.read(chunk.record_keys)
+        result.records_read += len(chunk.record_keys)
+        result.missing += batch.missing
+        result.problems += batch.problems
+        if batch.failed:
+            for key in batch.failed:  # read again next pass
+                self._recent_keys.pop(_digest(key), None)
+            result.failed += len(batch.failed)
+            result.complete = False
+        try:
+            written = await cataloger.commit(batch.rows)
+        except StoreError as exc:
+            self._ctx.log.warning("catalog_write_failed", error=str(exc))
+            self._ctx.metrics.store_failures.labels("catalog_write").inc()
+            for key in chunk.record_keys:
+                self._recent_keys.pop(_digest(key), None)
+            result.failed += 1
+            result.complete = False
+            return False
+        result.rows_cataloged += len(batch.rows)
+        result.catalog_files += len(written)
+        if batch.failed:
+            return False  # the position stays before these segments: read them again
+        lookback = self._lookback_ns
+        for key, first_ns in chunk.segments:
+            position.consumed(key, min(first_ns, now_ns), lookback)
+        totals = {
+            "segments": len(chunk.segments),
+            "accepted_rows": chunk.accepted_rows,
+            "records_read": len(chunk.record_keys),
+            "catalog_files": len(written),
+            "markers": len(written),
+            "checkpoints": 1,
+        }
+        result.checkpoint = await self._save(position, totals)
+        return result.checkpoint is not None
+
+    async def _save(self, position: LogPosition, added: dict[str, int]) -> IndexCheckpoint | None:
         ctx = self._ctx
         epoch = ctx.epoch
         now = ctx.clock.now_ns()
 
         def mutate(body: bytes | None) -> bytes:
-            target = next_hour
+            through, seen = position.through_ns, set(position.seen)
+            totals = Counter(added)
             if body is not None:
-                current = ReconcilerCheckpoint.from_json(body)
+                current = IndexCheckpoint.from_json(body)
                 if current.owner_epoch > epoch:
                     # A newer leader wrote it: we are stale even if our clock disagrees.
                     raise LeaseLost(
                         keys.RECONCILER_LEASE_KEY,
                         epoch,
-                        f"checkpoint written under epoch {current.owner_epoch}",
+                        f"checkpoint of epoch {current.owner_epoch}",
                     )
-                target = max(target, keys.UtcHour.parse_iso(current.next_hour))
-            return ReconcilerCheckpoint(
-                next_hour=target.iso, updated_at_unix_ns=now, owner_epoch=epoch
+            return IndexCheckpoint(
+                log_through_ns=through,
+                log_seen=sorted(seen),
+                updated_at_unix_ns=now,
+                owner_epoch=epoch,
+                totals=dict(totals),
             ).to_json()
 
         await ctx.check_fence()
         try:
             stored = await update_object(
                 ctx.store,
-                keys.RECONCILER_CHECKPOINT_KEY,
+                keys.RECONCILER_INDEX_CHECKPOINT_KEY,
                 mutate,
                 backoff=ctx.backoff,
                 rng=ctx.rng,
@@ -282,15 +283,12 @@ class SteadyScanner:
             ctx.log.error("checkpoint_unreadable", error=str(exc))
             raise
         assert stored.body is not None
-        checkpoint = ReconcilerCheckpoint.from_json(stored.body)
+        checkpoint = IndexCheckpoint.from_json(stored.body)
         ctx.metrics.note_checkpoint(checkpoint.updated_at_unix_ns)
         return checkpoint
 
-    def _forget_before(self, start: keys.UtcHour) -> None:
-        for hour in [h for h in self._seen if h < start]:
-            self._remembered -= len(self._seen.pop(hour))
-        for hour in [h for h in self._closed_scanned_at if h < start]:
-            del self._closed_scanned_at[hour]
+    def _forget_keys_before(self, horizon_ns: int) -> None:
+        self._recent_keys = {d: t for d, t in self._recent_keys.items() if t >= horizon_ns}
 
 
 def _digest(key: str) -> int:

@@ -123,11 +123,11 @@ def run_command(spark: SparkSession, settings: Settings, *, progress: bool) -> i
         )
         return EXIT_STOPPED
     print(json.dumps(summary.to_dict(), indent=1))
-    if summary.problems or summary.skipped:
+    if summary.problems:
         print(
-            f"{len(summary.problems)} bad frame(s) and {len(summary.skipped)} unusable "
-            "manifest(s) were left out (recorded under reconciler/v1/problems/; they stay "
-            "pending and `lm-rollup verify` shows them missing)",
+            f"{len(summary.problems)} bad frame(s) were left out (recorded under "
+            "reconciler/v1/problems/; they stay pending and `lm-rollup verify` shows them "
+            "missing)",
             file=sys.stderr,
         )
         return EXIT_PROBLEMS

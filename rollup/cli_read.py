@@ -165,7 +165,11 @@ def run_verify(args: argparse.Namespace, settings: Settings) -> int:
 
     async def work(store: ObjectStore) -> int:
         report = await verify_mod.verify(
-            store, version=args.version, first_hour=getattr(args, "from"), last_hour=args.to
+            store,
+            version=args.version,
+            first_hour=getattr(args, "from"),
+            last_hour=args.to,
+            from_manifests=args.from_manifests,
         )
         rows = [
             {
@@ -182,7 +186,7 @@ def run_verify(args: argparse.Namespace, settings: Settings) -> int:
         columns = ["hour", "result"] if args.format == "table" else list(rows[0] if rows else {})
         render(rows, columns or ["hour", "result"], args.format, sys.stdout)
         if report.unparseable_keys:
-            print(f"{report.unparseable_keys} unparseable accepted-by-time keys", file=sys.stderr)
+            print(f"{report.unparseable_keys} unreadable accepted manifests", file=sys.stderr)
         summary = "complete" if report.ok else "MISMATCH"
         print(f"version {report.version}: {len(report.hours)} hours, {summary}", file=sys.stderr)
         return 0 if report.ok else 1
@@ -262,6 +266,11 @@ def add_read_commands(subparsers: Any) -> None:
     check.add_argument("--from", type=_hour, metavar="YYYY-MM-DDTHH", help="first hour")
     check.add_argument("--to", type=_hour, metavar="YYYY-MM-DDTHH", help="last hour (included)")
     check.add_argument("--format", choices=FORMATS, default="table")
+    check.add_argument(
+        "--from-manifests",
+        action="store_true",
+        help="recompute from accepted/v1/ itself (one GET per manifest) instead of the catalog",
+    )
     check.set_defaults(handler=run_verify)
 
     clean = subparsers.add_parser("vacuum", help="delete unreachable rollup files")

@@ -84,7 +84,6 @@ class RunSummary:
     attempts: int = 0
     commit_conflicts: int = 0
     problems: list[dict[str, Any]] = field(default_factory=list)
-    skipped: list[dict[str, str]] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -185,7 +184,7 @@ class _Run:
                 raise
             summary.seconds["commit"] = round(time.monotonic() - started, 3)
             self._note_commit(committed, changes, records)
-            await self._consume_markers(plan)
+            await self._consume_markers_after(committed.snapshot.version, plan)
             return summary
         raise CommitRetriesExhausted(
             f"{summary.commit_conflicts} commit attempts lost the pointer race; run again"
@@ -195,9 +194,6 @@ class _Run:
         summary = self.summary
         summary.base_version = plan.base.snapshot.version if plan.base else None
         summary.hours_checked = len(plan.hours_checked)
-        summary.skipped = [
-            {"manifest_key": s.manifest_key, "reason": s.reason} for s in plan.skipped
-        ]
         summary.seconds["plan"] = round(time.monotonic() - started, 3)
         log.info(
             "rollup_planned",
@@ -290,6 +286,15 @@ class _Run:
                 continue
             seen.add((kind, subject))
             await _record_problem(self.store, self.clock, kind, subject, problem["detail"])
+
+    async def _consume_markers_after(self, version: int, plan: Plan) -> None:
+        """Delete the plan's work markers once the pointer read back shows ``version`` (or
+        a later one) committed: only then is the markers' work durably in the ledger."""
+        latest = await load_latest(self.store)
+        if latest is None or latest.snapshot.version < version:
+            log.warning("rollup_work_markers_kept", committed_version=version)
+            return
+        await self._consume_markers(plan)
 
     async def _consume_markers(self, plan: Plan) -> None:
         for key in plan.dirty_markers:

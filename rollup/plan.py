@@ -1,41 +1,37 @@
-"""What a rollup run must include: accepted batches not yet in the snapshot's ledger.
+"""What a rollup run must include: cataloged batches not yet in the snapshot's ledger.
 
-`make_plan` lists ``accepted-by-time/v1/`` (every accepted batch, by accepted hour) and
-``work/v1/rollup-dirty/`` (hours the reconciler says gained batches late), then:
+Planning reads only what changed (PROTOCOL §4, §3.7): the rollup work markers
+(``work/v1/rollup-dirty/catalog/…``, one per catalog file the reconciler wrote) name the
+hours that gained rows; for each such hour (and, with ``lookback_hours``, the hours just
+before ``now``) the planner reads the hour's catalog (`index.catalog.read_hour`: a few
+files per hour once compacted) and subtracts the snapshot's ledger for that hour. Catalog
+rows are verified records (the reconciler read each manifest itself), so no manifest is
+read again: a run's requests grow with the dirty hours, never with the history.
 
-1. skips an hour whose entry count equals the snapshot's ledger ``batches`` for it and
-   which no dirty marker names (every accepted batch of the hour is included: the ledger
-   holds each batch once, and only batches that were listed here);
-2. reads the ledger files of the remaining hours and subtracts their manifest_ids;
-3. reads each remaining batch's accepted manifest (the authority: hash, blob key, record
-   count) and returns them as `WorkItem`\\ s.
+A batch's ``accepted_hour`` is its catalog hour (the UTC hour of ``accepted_at``), which
+``verify`` recomputes the ledger's setsums from; `index.catalog.read_file` refuses a file
+holding a row of another hour. Markers are returned, not deleted: the job deletes them
+after it has read back a committed pointer whose ledger includes their rows (or when the
+plan needed nothing from their hours).
 
-A batch's ``accepted_hour`` is the hour of its ``accepted-by-time`` entry, which is what
-``verify`` recomputes the ledger's setsums from. Dirty markers are returned, not
-deleted: the caller deletes them once the plan's work is committed (or needed none).
-Counting catches late entries even without a marker, so a marker lost to a race
-between the reconciler's create and our delete costs nothing.
+An unreadable catalog file stops the plan (`IndexFileError`): its hour must not be
+planned as if its rows did not exist. The reconciler moves such a file aside and the
+next audit catalogs its records again.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections import defaultdict
 from dataclasses import dataclass, field
 
 import structlog
-from tqdm import tqdm  # type: ignore[import-untyped]  # no stubs installed
 
+from index.catalog import read_hour
 from protocol import keys
-from protocol.records import AcceptedManifest, RecordError
 from rollup.commit import LoadedSnapshot
 from rollup.ledger import included_manifest_ids
 from store.base import ObjectStore
-from store.errors import NotFound
 
 log = structlog.get_logger(__name__)
-
-_READ_SLICE = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,22 +55,13 @@ class WorkItem:
 
 
 @dataclass(frozen=True, slots=True)
-class SkippedBatch:
-    """An accepted-by-time entry whose manifest could not be used (the reconciler owns
-    these: it reports and repairs manifests and indexes)."""
-
-    manifest_key: str
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
 class Plan:
     base: LoadedSnapshot | None
     items: tuple[WorkItem, ...]
     hours_listed: int
     hours_checked: tuple[str, ...]
     dirty_markers: tuple[str, ...] = ()
-    skipped: tuple[SkippedBatch, ...] = field(default_factory=tuple)
+    skipped: tuple[str, ...] = field(default_factory=tuple)
 
     @property
     def records(self) -> int:
@@ -85,115 +72,65 @@ async def make_plan(
     store: ObjectStore,
     base: LoadedSnapshot | None,
     *,
-    concurrency: int = 32,
+    lookback_hours: int = 0,
+    now_ns: int | None = None,
     progress: bool = False,
 ) -> Plan:
     """The plan against ``base`` (None: nothing included yet). Store errors propagate
-    (nothing has been changed); `RollupManifestError` if a ledger file is unreadable."""
-    dirty_keys, dirty_hours = await _dirty_markers(store)
-    by_hour = await _accepted_by_hour(store)
-    ledger_hours = base.snapshot.ledger_hours if base is not None else {}
-    checked = sorted(
-        hour
-        for hour, entries in by_hour.items()
-        if hour in dirty_hours
-        or (ledger := ledger_hours.get(hour)) is None
-        or ledger.batches != len(entries)
-    )
+    (nothing has been changed); `RollupManifestError` if a ledger file is unreadable,
+    `IndexFileError` if a catalog file is."""
+    markers, hours = await _work_markers(store)
+    if lookback_hours and now_ns is not None:
+        current = keys.UtcHour.from_unix_ns(now_ns)
+        hours.update(current.shifted(-back) for back in range(lookback_hours + 1))
+    checked = sorted(hours)
     included: dict[str, set[str]] = {}
     if base is not None and checked:
-        included = await included_manifest_ids(store, base.snapshot, set(checked))
-    pending = [
-        (hour, identity)
-        for hour in checked
-        for identity in by_hour[hour]
-        if identity.manifest_id not in included.get(hour, set())
-    ]
+        included = await included_manifest_ids(store, base.snapshot, {h.iso for h in checked})
+    items: list[WorkItem] = []
+    for hour in checked:
+        done = included.get(hour.iso, set())
+        catalog = await read_hour(store, hour)
+        for row in sorted(catalog.accepted(), key=lambda r: r.key):
+            manifest_id = row.manifest_id
+            if manifest_id in done:
+                continue
+            assert row.raw_blob_key is not None and row.record_count is not None
+            items.append(
+                WorkItem(
+                    manifest_id=manifest_id,
+                    frame_sha256=row.frame_sha256,
+                    raw_blob_key=row.raw_blob_key,
+                    accepted_hour=hour.iso,
+                    record_count=row.record_count,
+                )
+            )
     log.info(
-        "rollup_plan_listed",
-        hours=len(by_hour),
+        "rollup_plan_read",
         hours_checked=len(checked),
-        pending_batches=len(pending),
-        dirty_markers=len(dirty_keys),
+        pending_batches=len(items),
+        work_markers=len(markers),
     )
-    items, skipped = await _read_manifests(store, pending, concurrency, progress)
     return Plan(
         base=base,
         items=tuple(items),
-        hours_listed=len(by_hour),
-        hours_checked=tuple(checked),
-        dirty_markers=tuple(dirty_keys),
-        skipped=tuple(skipped),
+        hours_listed=len(checked),
+        hours_checked=tuple(h.iso for h in checked),
+        dirty_markers=tuple(markers),
     )
 
 
-async def _dirty_markers(store: ObjectStore) -> tuple[list[str], set[str]]:
+async def _work_markers(store: ObjectStore) -> tuple[list[str], set[keys.UtcHour]]:
+    """The work markers and the hours they name."""
     marker_keys: list[str] = []
-    hours: set[str] = set()
-    async for info in store.list(keys.ROLLUP_DIRTY_PREFIX):
-        partition = info.key.removeprefix(keys.ROLLUP_DIRTY_PREFIX).removesuffix(".json")
+    hours: set[keys.UtcHour] = set()
+    async for info in store.list(keys.ROLLUP_WORK_PREFIX):
         try:
-            hours.add(keys.UtcHour.parse_partition(partition).iso)
+            catalog_key = keys.parse_rollup_work_marker_key(info.key)
+            hour, _epoch, _sequence = keys.parse_index_catalog_key(catalog_key)
         except keys.KeyFormatError:
-            log.warning("rollup_dirty_marker_ignored", key=info.key)
+            log.warning("rollup_work_marker_ignored", key=info.key)
             continue
+        hours.add(hour)
         marker_keys.append(info.key)
     return marker_keys, hours
-
-
-async def _accepted_by_hour(store: ObjectStore) -> dict[str, list[keys.BatchIdentity]]:
-    by_hour: dict[str, list[keys.BatchIdentity]] = defaultdict(list)
-    async for info in store.list(keys.ACCEPTED_BY_TIME_PREFIX):
-        try:
-            hour, identity = keys.parse_accepted_by_time_key(info.key)
-        except keys.KeyFormatError:
-            log.warning("rollup_by_time_entry_ignored", key=info.key)
-            continue
-        by_hour[hour.iso].append(identity)
-    return dict(by_hour)
-
-
-async def _read_manifests(
-    store: ObjectStore,
-    pending: list[tuple[str, keys.BatchIdentity]],
-    concurrency: int,
-    progress: bool,
-) -> tuple[list[WorkItem], list[SkippedBatch]]:
-    limit = asyncio.Semaphore(concurrency)
-    bar = tqdm(total=len(pending), desc="reading manifests", unit="batch", disable=not progress)
-
-    async def read(hour: str, identity: keys.BatchIdentity) -> WorkItem | SkippedBatch:
-        key = keys.accepted_manifest_key(identity)
-        try:
-            async with limit:
-                body, _ = await store.get(key)
-            manifest = AcceptedManifest.from_json(body)
-        except NotFound:
-            return SkippedBatch(key, "indexed in accepted-by-time, but the manifest is missing")
-        except RecordError as exc:
-            return SkippedBatch(key, f"unparseable: {exc}")
-        finally:
-            bar.update(1)
-        if manifest.identity != identity:
-            return SkippedBatch(key, f"the manifest names batch {manifest.identity}")
-        return WorkItem(
-            manifest_id=identity.manifest_id,
-            frame_sha256=manifest.frame_sha256,
-            raw_blob_key=manifest.raw_blob_key,
-            accepted_hour=hour,
-            record_count=manifest.record_count,
-        )
-
-    results: list[WorkItem | SkippedBatch] = []
-    try:
-        # In slices, so a backlog of a million batches is not a million coroutines at once.
-        for start in range(0, len(pending), _READ_SLICE):
-            part = pending[start : start + _READ_SLICE]
-            results += await asyncio.gather(*(read(hour, identity) for hour, identity in part))
-    finally:
-        bar.close()
-    items = [r for r in results if isinstance(r, WorkItem)]
-    skipped = [r for r in results if isinstance(r, SkippedBatch)]
-    for skip in skipped:
-        log.warning("rollup_batch_skipped", manifest_key=skip.manifest_key, reason=skip.reason)
-    return items, skipped

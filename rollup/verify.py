@@ -1,27 +1,26 @@
 """``lm-rollup verify``: prove the rollup includes every accepted batch exactly once.
 
 For every accepted hour, the setsum of ``sha256(manifest_id + "\\n" + frame_sha256)``
-over the batches listed under ``accepted-by-time/v1/<hour>/`` is recomputed and compared,
-with the batch and record counts, against the snapshot's ``ledger.hours`` (PROTOCOL §4).
-An hour is *complete* when all three agree. For an hour that does not, the snapshot's
-ledger files of that hour are read and compared batch by batch: *missing N* accepted
-batches are not in the ledger, *extra N* ledger rows are not accepted batches (or are
-there twice). A ledger whose files agree with the accepted batches but whose header
-totals do not is reported too (``detail``).
+over the hour's accepted batches is recomputed and compared, with the batch and record
+counts, against the snapshot's ``ledger.hours`` (PROTOCOL §4). An hour is *complete* when
+all three agree. For an hour that does not, the snapshot's ledger files of that hour are
+read and compared batch by batch: *missing N* accepted batches are not in the ledger,
+*extra N* ledger rows are not accepted batches (or are there twice). A ledger whose files
+agree with the accepted batches but whose header totals do not is reported too
+(``detail``).
 
-Where the inputs come from (decision):
-- ``manifest_id`` and the record count come from the accepted-by-time *key* (identity
-  and ``seq_start..seq_end``);
-- ``frame_sha256`` comes from the entry's body (`IndexEntry.frame_sha256`), as PROTOCOL
-  §4 says anyone can recompute from ``accepted-by-time/v1/``; when a body is missing or
-  unreadable, from the accepted manifest it names (``accepted/v1/...``, the authority).
-  Keys that are not accepted-by-time keys are counted in ``unparseable_keys``.
+Where the accepted batches come from:
+- by default the catalog (PROTOCOL §3.7): each hour's files, a key counted once — what
+  the rollup planned from, so this proves the rollup matches the index;
+- with ``from_manifests`` (``lm-rollup verify --from-manifests``), ``accepted/v1/``
+  itself: one listing and one GET per manifest, independent of the index (a manifest
+  that is unreadable or names another key is counted in ``unparseable_keys``).
 - Hours with accepted batches but no ledger yet are *missing* (the rollup is behind):
   limit the check with ``first_hour``/``last_hour`` to the hours the rollup has done.
 
-Cost: one listing of the index and one GET per accepted batch (bounded concurrency);
-ledger files only for mismatching hours. Memory: per-hour totals, plus the batches of
-mismatching hours. Store errors propagate (a verification that could not read
+Cost: the catalog's files (or one GET per manifest); ledger files only for mismatching
+hours, whose batches are read a second time. Memory: per-hour totals, plus the batches
+of mismatching hours. Store errors propagate (a verification that could not read
 everything has proved nothing).
 """
 
@@ -29,11 +28,12 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+from index.catalog import list_all_files, read_hour
 from protocol import keys
-from protocol.records import AcceptedManifest, IndexEntry, RecordError
+from protocol.records import AcceptedManifest, RecordError
 from protocol.setsum import Setsum
 from rollup.commit import load_latest, load_version
 from rollup.ledger import ledger_rows, read_ledger
@@ -87,56 +87,65 @@ class _HourTotals:
         return LedgerHour(self.batches, self.records, self.setsum.hex)
 
 
-async def _frame_sha256(store: ObjectStore, key: str, identity: keys.BatchIdentity) -> str:
-    try:
-        body, _ = await store.get(key)
-        return IndexEntry.from_json(body).frame_sha256
-    except (NotFound, RecordError):
-        body, _ = await store.get(keys.accepted_manifest_key(identity))
-        return AcceptedManifest.from_json(body).frame_sha256
+AcceptedRow = tuple[str, str, str, int]
+"""``(accepted hour, manifest_id, frame_sha256, record_count)`` of one accepted batch."""
 
 
-async def _accepted(
-    store: ObjectStore, prefix: str, hours: set[str] | None, concurrency: int, bad: list[str]
-) -> AsyncIterator[tuple[str, str, str, int]]:
-    """``(hour, manifest_id, frame_sha256, record_count)`` of each accepted batch under
-    ``prefix`` whose hour is in ``hours`` (None: all), fetched in bounded chunks."""
+async def _from_catalog(
+    store: ObjectStore,
+    first: keys.UtcHour | None,
+    last: keys.UtcHour | None,
+    hours: set[str] | None,
+) -> AsyncIterator[AcceptedRow]:
+    """The accepted rows of every catalog hour in range (one listing, the hours' files)."""
+    seen: set[keys.UtcHour] = set()
+    async for info in list_all_files(store):
+        hour, _epoch, _sequence = keys.parse_index_catalog_key(info.key)
+        if hour in seen or not _in_range(hour.iso, first, last):
+            continue
+        if hours is not None and hour.iso not in hours:
+            continue
+        seen.add(hour)
+        for row in (await read_hour(store, hour)).accepted():
+            assert row.record_count is not None
+            yield hour.iso, row.manifest_id, row.frame_sha256, row.record_count
+
+
+async def _from_manifests(
+    store: ObjectStore, concurrency: int, hours: set[str] | None, bad: list[str]
+) -> AsyncIterator[AcceptedRow]:
+    """Every accepted manifest under ``accepted/v1/``, read one by one (bounded
+    concurrency): independent of the index, the authority itself."""
     limit = asyncio.Semaphore(concurrency)
 
-    async def one(key: str, identity: keys.BatchIdentity) -> str:
+    async def one(key: str) -> AcceptedRow | None:
         async with limit:
-            return await _frame_sha256(store, key, identity)
+            try:
+                body, _ = await store.get(key)
+                manifest = AcceptedManifest.from_json(body)
+            except (NotFound, RecordError):
+                bad.append(key)
+                return None
+        if manifest.manifest_key != key:
+            bad.append(key)
+            return None
+        hour = manifest.accepted_hour.iso
+        return hour, manifest.identity.manifest_id, manifest.frame_sha256, manifest.record_count
 
-    chunk: list[tuple[str, str, keys.BatchIdentity]] = []
+    chunk: list[str] = []
 
-    async def flush() -> list[tuple[str, str, str, int]]:
-        shas = await asyncio.gather(*(one(key, ident) for key, _, ident in chunk))
-        rows = [
-            (hour, ident.manifest_id, sha, ident.seq_end - ident.seq_start + 1)
-            for (_, hour, ident), sha in zip(chunk, shas, strict=True)
-        ]
+    async def flush() -> list[AcceptedRow]:
+        rows = [r for r in await asyncio.gather(*(one(k) for k in chunk)) if r is not None]
         chunk.clear()
-        return rows
+        return [r for r in rows if hours is None or r[0] in hours]
 
-    async for info in store.list(prefix):
-        try:
-            hour, identity = keys.parse_accepted_by_time_key(info.key)
-        except keys.KeyFormatError:
-            bad.append(info.key)
-            continue
-        if hours is None or hour.iso in hours:
-            chunk.append((info.key, hour.iso, identity))
+    async for info in store.list(keys.ACCEPTED_PREFIX):
+        chunk.append(info.key)
         if len(chunk) >= 1000:
             for row in await flush():
                 yield row
     for row in await flush():
         yield row
-
-
-def _prefix_for(first: keys.UtcHour | None, last: keys.UtcHour | None) -> list[str]:
-    if first is None or last is None:
-        return [keys.ACCEPTED_BY_TIME_PREFIX]
-    return [keys.accepted_by_time_hour_prefix(h) for h in keys.hours_between(first, last)]
 
 
 def _in_range(hour: str, first: keys.UtcHour | None, last: keys.UtcHour | None) -> bool:
@@ -151,24 +160,29 @@ async def verify(
     first_hour: keys.UtcHour | None = None,
     last_hour: keys.UtcHour | None = None,
     concurrency: int = 32,
+    from_manifests: bool = False,
 ) -> VerifyReport:
     """Check every accepted hour in ``[first_hour, last_hour]`` (default: all) against
     the latest snapshot (or ``version``). Before the first commit every accepted hour is
-    missing everything."""
+    missing everything. ``from_manifests``: the accepted batches come from
+    ``accepted/v1/`` itself instead of the catalog."""
     loaded = await (load_latest(store) if version is None else load_version(store, version))
     snapshot = loaded.snapshot if loaded is not None else None
     bad: list[str] = []
     totals: dict[str, _HourTotals] = {}
-    for prefix in _prefix_for(first_hour, last_hour):
-        async for hour, manifest_id, sha, records in _accepted(
-            store, prefix, None, concurrency, bad
-        ):
-            if not _in_range(hour, first_hour, last_hour):
-                continue
-            hour_totals = totals.setdefault(hour, _HourTotals())
-            hour_totals.batches += 1
-            hour_totals.records += records
-            hour_totals.setsum = hour_totals.setsum.add(manifest_id, sha)
+
+    def source(hours: set[str] | None) -> AsyncIterator[AcceptedRow]:
+        if from_manifests:
+            return _from_manifests(store, concurrency, hours, bad)
+        return _from_catalog(store, first_hour, last_hour, hours)
+
+    async for hour, manifest_id, sha, records in source(None):
+        if not _in_range(hour, first_hour, last_hour):
+            continue
+        hour_totals = totals.setdefault(hour, _HourTotals())
+        hour_totals.batches += 1
+        hour_totals.records += records
+        hour_totals.setsum = hour_totals.setsum.add(manifest_id, sha)
     ledger_hours = snapshot.ledger_hours if snapshot is not None else {}
     checked = sorted(
         h for h in set(totals) | set(ledger_hours) if _in_range(h, first_hour, last_hour)
@@ -179,7 +193,7 @@ async def verify(
         reports[hour] = HourReport(hour, accepted, ledger_hours.get(hour, EMPTY_LEDGER_HOUR))
     wrong = {h for h, r in reports.items() if not r.complete}
     if wrong:
-        reports.update(await _explain(store, snapshot, reports, wrong, concurrency))
+        reports.update(await _explain(store, snapshot, reports, wrong, source))
     return VerifyReport(
         version=snapshot.version if snapshot is not None else None,
         hours=[reports[h] for h in checked],
@@ -192,16 +206,12 @@ async def _explain(
     snapshot: Snapshot | None,
     reports: dict[str, HourReport],
     wrong: set[str],
-    concurrency: int,
+    source: Callable[[set[str] | None], AsyncIterator[AcceptedRow]],
 ) -> dict[str, HourReport]:
-    """Batch-by-batch comparison of the mismatching hours."""
+    """Batch-by-batch comparison of the mismatching hours (their batches read again)."""
     accepted: dict[str, Counter[tuple[str, str]]] = {h: Counter() for h in wrong}
-    for hour in sorted(wrong):
-        prefix = keys.accepted_by_time_hour_prefix(keys.UtcHour.parse_iso(hour))
-        async for row_hour, manifest_id, sha, _ in _accepted(
-            store, prefix, {hour}, concurrency, []
-        ):
-            accepted[row_hour][(manifest_id, sha)] += 1
+    async for row_hour, manifest_id, sha, _ in source(wrong):
+        accepted[row_hour][(manifest_id, sha)] += 1
     included: dict[str, Counter[tuple[str, str]]] = {h: Counter() for h in wrong}
     file_totals: dict[str, _HourTotals] = {h: _HourTotals() for h in wrong}
     if snapshot is not None:

@@ -1,0 +1,257 @@
+"""The reconciler's catalog (PROTOCOL §3.7): verified rows, one set of Parquet files per hour.
+
+Reading: an hour's catalog is the union of its files, a key counted once
+(`read_hour`). A listed file that is gone when read (compaction deleted it after its
+grace) makes the reader list the hour again, a bounded number of times; a file that does
+not decode raises `IndexFileError`: nobody may take an unreadable catalog for "no rows".
+
+Writing (the lease holder only): `CatalogWriter.write` creates
+``<epoch:010d>-<sequence:010d>.parquet`` with If-None-Match. The sequence starts at the
+store-clock second the writer was made and counts up, so names are unique per epoch
+even across restarts; a 412 proves nothing about who wrote the file (unless our own
+earlier attempt's answer was lost and the body read back is ours), so the writer moves
+on to the next sequence.
+
+Compaction (`compact_hour`): reads the hour's files, writes one merged file whose
+Parquet metadata names its inputs, reads it back, and returns. The inputs are deleted
+later by `delete_compacted_inputs`, once the merged file is older than ``grace_s`` in
+store time (longer than any reader's listing-to-read time), exactly by the names the
+merged file records: never a file written after the compaction listed the hour.
+"""
+
+from __future__ import annotations
+
+import io
+import random
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+
+import pyarrow.parquet as pq
+import structlog
+
+from protocol import keys
+from protocol.clock import Clock
+from store.base import ObjectInfo, ObjectStore
+from store.errors import (
+    ConditionConflict,
+    NotFound,
+    OutcomeUnknown,
+    PreconditionFailed,
+    Unavailable,
+)
+from store.retry import Backoff
+
+from .rows import IndexFileError, IndexRow, decode, encode
+
+log = structlog.get_logger(__name__)
+DEFAULT_BACKOFF = Backoff(attempts=5, base_s=0.05, cap_s=1.0)
+RELIST_ATTEMPTS = 3
+COMPACTED_FROM = b"lightmetrics.compacted_from"
+
+
+@dataclass
+class CatalogHour:
+    hour: keys.UtcHour
+    rows: dict[str, IndexRow] = field(default_factory=dict)
+    files: list[ObjectInfo] = field(default_factory=list)
+
+    def accepted(self) -> list[IndexRow]:
+        return [row for row in self.rows.values() if row.kind == "accepted"]
+
+
+async def list_hour_files(store: ObjectStore, hour: keys.UtcHour) -> list[ObjectInfo]:
+    prefix = keys.index_catalog_hour_prefix(hour)
+    return [info async for info in store.list(prefix) if _is_catalog_file(info.key)]
+
+
+async def list_all_files(store: ObjectStore) -> AsyncIterator[ObjectInfo]:
+    """Every catalog file of every hour, in key order (hour by hour)."""
+    async for info in store.list(keys.INDEX_CATALOG_PREFIX):
+        if _is_catalog_file(info.key):
+            yield info
+
+
+async def read_file(store: ObjectStore, key: str) -> list[IndexRow]:
+    """One catalog file's rows. `NotFound` when gone, `IndexFileError` when unreadable or
+    when a row's hour (of its ``time_unix_ns``: a manifest's accepted hour) is not the
+    file's hour."""
+    hour, _epoch, _sequence = keys.parse_index_catalog_key(key)
+    body, _etag = await store.get(key)
+    rows = decode(body, source=key)
+    for row in rows:
+        if row.hour != hour:
+            raise IndexFileError(f"{key}: row {row.key!r} belongs to hour {row.hour}, not {hour}")
+    return rows
+
+
+async def read_hour(store: ObjectStore, hour: keys.UtcHour) -> CatalogHour:
+    """The hour's catalog: every file's rows, a key counted once."""
+    for _attempt in range(RELIST_ATTEMPTS):
+        files = await list_hour_files(store, hour)
+        result = CatalogHour(hour, files=files)
+        try:
+            for info in files:
+                for row in await read_file(store, info.key):
+                    result.rows.setdefault(row.key, row)
+        except NotFound:
+            continue  # compaction removed a file after we listed it: list again
+        return result
+    raise IndexFileError(f"catalog hour {hour} kept changing while it was read; try again")
+
+
+class CatalogWriter:
+    """Creates catalog files for one lease epoch."""
+
+    def __init__(
+        self,
+        *,
+        store: ObjectStore,
+        clock: Clock,
+        rng: random.Random,
+        epoch: int,
+        backoff: Backoff = DEFAULT_BACKOFF,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._rng = rng
+        self._epoch = epoch
+        self._sequence = (clock.now_ns() // 1_000_000_000) % 10**10
+        self._backoff = backoff
+        self.files_written = 0
+
+    async def write(
+        self,
+        hour: keys.UtcHour,
+        rows: Iterable[IndexRow],
+        *,
+        metadata: dict[bytes, bytes] | None = None,
+    ) -> str:
+        """Create one catalog file for ``hour`` holding ``rows``; returns its key.
+
+        Raises the store's error when bounded retries did not settle the create; then no
+        file was written, or one whose rows are all true (a later read counts them once).
+        """
+        ordered = sorted(rows, key=lambda row: row.key)
+        for row in ordered:
+            if row.kind == "blob":
+                raise ValueError(f"blob rows are never cataloged: {row.key}")
+            if row.hour != hour:
+                raise ValueError(f"row {row.key} belongs to {row.hour}, not {hour}")
+        body = _encode_with_metadata(ordered, metadata)
+        delays = self._backoff.delays(self._rng)
+        key = self._next_key(hour)
+        maybe_ours = False
+        while True:
+            try:
+                await self._store.put(key, body, if_none_match=True)
+                break
+            except PreconditionFailed:
+                if maybe_ours and await self._holds(key, body):
+                    break
+                key, maybe_ours = self._next_key(hour), False
+                continue  # a name in use is not ours: the next sequence (bounded: unique soon)
+            except (OutcomeUnknown, Unavailable, ConditionConflict) as exc:
+                # Safe to repeat: If-None-Match; a 412 afterwards is checked by reading back.
+                maybe_ours = maybe_ours or isinstance(exc, OutcomeUnknown)
+                delay = next(delays, None)
+                if delay is None:
+                    raise
+                await self._clock.sleep(delay)
+        self.files_written += 1
+        return key
+
+    def _next_key(self, hour: keys.UtcHour) -> str:
+        self._sequence = (self._sequence + 1) % 10**10
+        return keys.index_catalog_key(hour, self._epoch, self._sequence)
+
+    async def _holds(self, key: str, body: bytes) -> bool:
+        try:
+            stored, _etag = await self._store.get(key)
+        except NotFound:
+            return False
+        return stored == body
+
+
+@dataclass(frozen=True, slots=True)
+class Compaction:
+    merged_key: str
+    inputs: tuple[str, ...]
+    rows: int
+
+
+async def compact_hour(
+    store: ObjectStore, writer: CatalogWriter, hour: keys.UtcHour
+) -> Compaction | None:
+    """Merge the hour's files into one (None when it has fewer than two)."""
+    current = await read_hour(store, hour)
+    if len(current.files) < 2:
+        return None
+    inputs = tuple(info.key for info in current.files)
+    merged = await writer.write(
+        hour, current.rows.values(), metadata={COMPACTED_FROM: "\n".join(inputs).encode()}
+    )
+    readback = await read_file(store, merged)  # IndexFileError/NotFound propagate: inputs stay
+    if {row.key for row in readback} != set(current.rows):
+        raise IndexFileError(f"{merged}: compacted file does not hold its inputs' rows")
+    return Compaction(merged, inputs, len(readback))
+
+
+async def delete_compacted_inputs(
+    store: ObjectStore, hour: keys.UtcHour, *, store_now_ns: int, grace_s: float
+) -> int:
+    """Delete the inputs that the hour's merged files name, once those are older than
+    ``grace_s`` (store time). Returns how many files were deleted."""
+    deleted = 0
+    files = {info.key: info for info in await list_hour_files(store, hour)}
+    for info in list(files.values()):
+        if store_now_ns - info.last_modified_ns < grace_s * 1_000_000_000:
+            continue
+        try:
+            inputs = await _compacted_from(store, info.key)
+        except NotFound:
+            continue
+        for name in inputs:
+            if name in files and name != info.key:
+                await store.delete(name)
+                files.pop(name)
+                deleted += 1
+    return deleted
+
+
+async def _compacted_from(store: ObjectStore, key: str) -> list[str]:
+    body, _etag = await store.get(key)
+    try:
+        meta = pq.read_metadata(io.BytesIO(body)).metadata or {}
+    except Exception as exc:
+        raise IndexFileError(f"{key}: unreadable catalog file: {exc}") from None
+    names = meta.get(COMPACTED_FROM, b"").decode()
+    return [name for name in names.split("\n") if name]
+
+
+def _encode_with_metadata(rows: list[IndexRow], metadata: dict[bytes, bytes] | None) -> bytes:
+    if not metadata:
+        return encode(rows)
+    table = pq.read_table(io.BytesIO(encode(rows)))
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression="zstd")
+    return sink.getvalue()
+
+
+def _is_catalog_file(key: str) -> bool:
+    try:
+        keys.parse_index_catalog_key(key)
+    except keys.KeyFormatError:
+        return False
+    return True
+
+
+async def move_aside(store: ObjectStore, key: str) -> str:
+    """Move an unreadable index file to ``index/v1/unreadable/...`` (copy, then delete),
+    so that it no longer blocks the GC; its records are cataloged again by the next
+    audit, which no longer finds their rows. Returns the new key."""
+    body, _etag = await store.get(key)
+    aside = keys.INDEX_UNREADABLE_PREFIX + key.removeprefix("index/v1/")
+    await store.put(aside, body)
+    await store.delete(key)
+    return aside

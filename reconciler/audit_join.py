@@ -1,0 +1,192 @@
+"""The full audit's two joins, in memory-bounded form (PROTOCOL §3.7, §3.5).
+
+1. **Records ↔ catalog** (anti-join): `CatalogScan.load` reads every catalog file's
+   ``key_digest``, ``frame_sha256`` and ``accepted_frame_sha256`` columns into a
+   `KeyDigestSet` (16 bytes a row) and a `ShaPrefixSet` of referenced blob hashes
+   (8 bytes a hash). The audit walk asks `missing` of each listed chunk of record keys and
+   reads only those.
+2. **Blobs ↔ references**: `join_blobs` lists ``raw-blobs/v1/`` once; a blob whose hash the
+   catalog does not reference and whose LastModified is older than the retry horizon (in
+   store time) is an *orphan* (written to the audit's orphan file for the GC); the listed
+   hashes form a `ShaPrefixSet`, and the referenced hashes it lacks are the candidates
+   for ``missing-blob`` problems (confirmed by a HEAD: a blob created after the listing
+   passed its key is not missing).
+
+Memory at 10M manifests: ~160 MB of key digests, ~80 MB of referenced prefixes, ~80 MB of
+listed prefixes; orphans are held as they are found (normally few). The same joins run on
+Spark beyond one machine: an S3 Inventory of the bucket (Parquet) and the catalog files
+are two DataFrames; ``left_anti`` join on ``key`` gives the records to read, and
+``left_anti`` of the inventory's raw-blob rows against the exploded referenced hashes
+gives the orphans (see README "The index").
+
+An unreadable catalog file is moved aside and reported (``unreadable-index-file``): its
+rows then count as missing, so this audit catalogs its records again. A file that is
+gone when read was compacted away after the listing; its rows are in the merged file,
+which the same listing returned (compaction deletes inputs only after a grace far
+longer than a listing-to-read).
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from index import catalog
+from index.digests import KeyDigestSet, ShaPrefixSet, digests_from_arrow, digests_of, sha_prefixes
+from index.rows import IndexRow
+from protocol import keys
+from store.errors import NotFound, StoreError
+
+from .context import ReconcilerContext
+from .problems import ProblemBook
+
+JOIN_COLUMNS = ["key", "key_digest", "frame_sha256", "accepted_frame_sha256"]
+ORPHAN_SCHEMA = pa.schema(
+    [("frame_sha256", pa.string()), ("size", pa.int64()), ("last_modified_ns", pa.int64())]
+)
+LIST_CHUNK = 5_000
+
+
+@dataclass
+class CatalogScan:
+    record_digests: KeyDigestSet = field(default_factory=KeyDigestSet)
+    referenced: ShaPrefixSet = field(default_factory=ShaPrefixSet)
+    files: int = 0
+    rows: int = 0
+    moved_aside: int = 0
+
+    @classmethod
+    async def load(cls, ctx: ReconcilerContext, problems: ProblemBook) -> CatalogScan:
+        scan = cls()
+        async for info in catalog.list_all_files(ctx.store):
+            try:
+                body, _etag = await ctx.store.get(info.key)
+            except NotFound:
+                continue  # compacted away after the listing: the merged file holds its rows
+            try:
+                table = pq.read_table(io.BytesIO(body), columns=JOIN_COLUMNS)
+                digests = digests_from_arrow(table.column("key_digest"))
+                refs = [sha_prefixes(table.column(name)) for name in JOIN_COLUMNS[2:]]
+            except (pa.ArrowException, OSError, KeyError, ValueError) as exc:
+                await problems.record("unreadable-index-file", info.key, str(exc))
+                await _move_aside(ctx, info.key)
+                scan.moved_aside += 1
+                continue
+            scan.record_digests.add(digests)
+            for prefixes in refs:
+                scan.referenced.add(prefixes)
+            scan.files += 1
+            scan.rows += table.num_rows
+        return scan
+
+    def missing(self, record_keys: list[str]) -> list[str]:
+        """The keys of ``record_keys`` the catalog does not hold."""
+        present = self.record_digests.contains(digests_of(record_keys))
+        return [key for key, known in zip(record_keys, present, strict=True) if not known]
+
+    def cataloged(self, rows: list[IndexRow]) -> None:
+        """Rows this audit cataloged count as references for the blob join."""
+        for row in rows:
+            self.referenced.add(sha_prefixes(list(row.referenced_shas)))
+
+
+async def _move_aside(ctx: ReconcilerContext, key: str) -> None:
+    try:
+        aside = await catalog.move_aside(ctx.store, key)
+        ctx.log.error("catalog_file_moved_aside", key=key, to=aside)
+    except StoreError as exc:
+        ctx.log.warning("catalog_move_aside_failed", key=key, error=str(exc))
+        raise
+
+
+@dataclass
+class BlobJoin:
+    listed: int = 0
+    orphans: list[tuple[str, int, int]] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    """Referenced hashes whose blob neither the listing nor a HEAD found."""
+
+
+async def join_blobs(ctx: ReconcilerContext, scan: CatalogScan, *, store_now_ns: int) -> BlobJoin:
+    """List ``raw-blobs/v1/`` and join it with the references. Raises `StoreError`."""
+    horizon_ns = store_now_ns - int(ctx.settings.gc.retry_horizon_s * 1e9)
+    result = BlobJoin()
+    listed = ShaPrefixSet()
+    page: list[tuple[str, int, int]] = []
+
+    def take(page: list[tuple[str, int, int]]) -> None:
+        prefixes = sha_prefixes([sha for sha, _size, _lm in page])
+        listed.add(prefixes)
+        unreferenced = ~scan.referenced.contains(prefixes)
+        for (sha, size, modified), orphan in zip(page, unreferenced, strict=True):
+            if orphan and modified < horizon_ns:
+                result.orphans.append((sha, size, modified))
+
+    async for info in ctx.store.list(keys.RAW_BLOBS_PREFIX):
+        try:
+            sha = keys.parse_raw_blob_key(info.key)
+        except keys.KeyFormatError:
+            continue
+        page.append((sha, info.size, info.last_modified_ns))
+        result.listed += 1
+        if len(page) >= LIST_CHUNK:
+            take(page)
+            page = []
+    if page:
+        take(page)
+    absent = scan.referenced.missing_from(listed)
+    if len(absent):
+        result.missing = await _confirm_missing(ctx, absent)
+    return result
+
+
+async def _confirm_missing(ctx: ReconcilerContext, absent: npt.NDArray[np.generic]) -> list[str]:
+    """The full hashes behind referenced prefixes the listing lacked, HEADed: only those
+    still absent are missing (rare: this re-reads the catalog's hash columns)."""
+    wanted = set(int(value) for value in absent)
+    shas: set[str] = set()
+    async for info in catalog.list_all_files(ctx.store):
+        try:
+            rows = await catalog.read_file(ctx.store, info.key)
+        except (NotFound, ValueError):
+            continue
+        for row in rows:
+            shas.update(sha for sha in row.referenced_shas if int(sha[:16], 16) in wanted)
+    missing = []
+    for sha in sorted(shas):
+        try:
+            await ctx.store.head(keys.raw_blob_key(sha))
+        except NotFound:
+            missing.append(sha)
+    return missing
+
+
+def encode_orphans(orphans: list[tuple[str, int, int]]) -> bytes:
+    table = pa.Table.from_pydict(
+        {
+            "frame_sha256": [sha for sha, _size, _modified in orphans],
+            "size": [size for _sha, size, _modified in orphans],
+            "last_modified_ns": [modified for _sha, _size, modified in orphans],
+        },
+        schema=ORPHAN_SCHEMA,
+    )
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression="zstd")
+    return sink.getvalue()
+
+
+def decode_orphans(body: bytes) -> dict[str, tuple[int, int]]:
+    """Orphan file → ``{sha: (size, last_modified_ns)}``."""
+    table = pq.read_table(io.BytesIO(body), columns=ORPHAN_SCHEMA.names)
+    data = table.to_pydict()
+    return {
+        sha: (size, modified)
+        for sha, size, modified in zip(
+            data["frame_sha256"], data["size"], data["last_modified_ns"], strict=True
+        )
+    }

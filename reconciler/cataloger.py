@@ -1,0 +1,152 @@
+"""Cataloging records: read each once, keep only what is well-formed, write catalog files.
+
+Used by the steady pass (keys named by log rows), the full audit (keys the anti-join found
+missing) and therefore the migration of a version-1 store (the first audit finds every
+key missing). PROTOCOL §3.7: a catalog row exists only for a record the reconciler read
+from the store itself and found well-formed — a valid schema, an identity equal to its
+key, and ``raw_blob_key`` equal to the key of its ``frame_sha256``
+(`protocol.records` validates the last one).
+
+`Cataloger.read` GETs records, ``concurrency`` at a time. A record that does not parse,
+or names another key, becomes an ``unparseable-manifest``/``unparseable-quarantine``
+problem (resolved when a later read finds it well-formed); a record that is gone is
+counted (``missing``; records are never deleted, so only a log row's claim can name one);
+a store error, or any other error reading one record, fails that record only (counted;
+the caller keeps its cursor before it).
+
+`Cataloger.commit` writes one catalog file per hour present, then one rollup work marker
+per file (PROTOCOL §3.7: the caller advances its checkpoint or cursor only after both).
+The fence is checked before the writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from index.catalog import CatalogWriter
+from index.rows import IndexFileError, IndexRow, accepted_row, check_row, quarantine_row
+from protocol import keys
+from protocol.records import AcceptedManifest, IdentityConflict, RecordError, RollupWorkMarker
+
+from . import store_calls
+from .context import ReconcilerContext
+from .problems import ProblemBook
+
+
+@dataclass
+class CatalogBatch:
+    rows: list[IndexRow] = field(default_factory=list)
+    missing: int = 0
+    problems: int = 0
+    failed: list[str] = field(default_factory=list)
+
+    def add(self, other: CatalogBatch) -> None:
+        self.rows.extend(other.rows)
+        self.missing += other.missing
+        self.problems += other.problems
+        self.failed.extend(other.failed)
+
+
+def is_quarantine_key(key: str) -> bool:
+    return key.startswith(keys.QUARANTINE_PREFIX)
+
+
+class Cataloger:
+    def __init__(
+        self, ctx: ReconcilerContext, problems: ProblemBook, writer: CatalogWriter
+    ) -> None:
+        self._ctx = ctx
+        self._problems = problems
+        self._writer = writer
+        self.files_written = 0
+        self.rows_written = 0
+
+    async def read(self, record_keys: Iterable[str]) -> CatalogBatch:
+        """Read and verify each record (GET once each, bounded concurrency)."""
+        limit = asyncio.Semaphore(self._ctx.settings.reconciler.concurrency)
+        batch = CatalogBatch()
+
+        async def one(key: str) -> None:
+            async with limit:
+                batch.add(await self._read_one(key))
+
+        async with asyncio.TaskGroup() as group:
+            for key in dict.fromkeys(record_keys):
+                group.create_task(one(key))
+        return batch
+
+    async def _read_one(self, key: str) -> CatalogBatch:
+        result = CatalogBatch()
+        quarantine = is_quarantine_key(key)
+        try:
+            body = await store_calls.read(self._ctx, key)
+        except Exception as exc:
+            self._ctx.metrics.store_failures.labels("catalog_read").inc()
+            self._ctx.log.warning("catalog_read_failed", key=key, error=repr(exc))
+            result.failed.append(key)
+            return result
+        if body is None:
+            result.missing += 1
+            return result
+        kind = "unparseable-quarantine" if quarantine else "unparseable-manifest"
+        try:
+            row = _verified_row(key, body, quarantine)
+        except RecordError as exc:
+            result.problems += 1
+            await self._problems.record(kind, key, str(exc))
+            return result
+        await self._problems.resolve(kind, key)
+        result.rows.append(row)
+        return result
+
+    async def commit(self, rows: Iterable[IndexRow]) -> list[str]:
+        """Write the rows' catalog files (one per hour) and their work markers."""
+        by_hour: dict[keys.UtcHour, list[IndexRow]] = defaultdict(list)
+        for row in rows:
+            by_hour[row.hour].append(row)
+        if not by_hour:
+            return []
+        await self._ctx.check_fence()
+        written: list[str] = []
+        for hour, hour_rows in sorted(by_hour.items()):
+            catalog_key = await self._writer.write(hour, hour_rows)
+            await self.mark_work(catalog_key, hour, len(hour_rows))
+            self._ctx.on_catalog_written(hour)
+            written.append(catalog_key)
+            self.files_written += 1
+            self.rows_written += len(hour_rows)
+            self._ctx.metrics.repairs.labels("catalog-row").inc(len(hour_rows))
+        return written
+
+    async def mark_work(self, catalog_key: str, hour: keys.UtcHour, rows: int) -> None:
+        marker = RollupWorkMarker(
+            catalog_key=catalog_key,
+            hour=hour.iso,
+            rows=rows,
+            written_at_unix_ns=self._ctx.clock.now_ns(),
+        )
+        await store_calls.create_if_absent(
+            self._ctx, keys.rollup_work_marker_key(catalog_key), marker.to_json()
+        )
+
+
+def _verified_row(key: str, body: bytes, quarantine: bool) -> IndexRow:
+    """The catalog row of a well-formed record at ``key``; `RecordError` otherwise."""
+    if quarantine:
+        conflict = IdentityConflict.from_json(body)
+        if conflict.quarantine_key != key:
+            raise RecordError(f"content names {conflict.quarantine_key!r}, not its own key")
+        row = quarantine_row(conflict)
+    else:
+        manifest = AcceptedManifest.from_json(body)
+        if manifest.manifest_key != key:
+            raise RecordError(f"content names {manifest.manifest_key!r}, not its own key")
+        row = accepted_row(manifest)
+    try:
+        check_row(row, source=key)
+    except IndexFileError as exc:
+        raise RecordError(str(exc)) from None
+    return row

@@ -1,0 +1,209 @@
+"""The index's files: rows, log segments, catalog files, compaction, digests (memory store)."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import uuid
+
+import numpy as np
+import pytest
+
+from index import catalog, log_reader
+from index.digests import KeyDigestSet, ShaPrefixSet, digests_of, sha_prefixes
+from index.log_writer import IndexLogWriter
+from index.rows import (
+    IndexFileError,
+    IndexRow,
+    accepted_row,
+    blob_row,
+    decode,
+    encode,
+    quarantine_row,
+)
+from protocol import keys
+from protocol.clock import ManualClock
+from protocol.records import AcceptedManifest, IdentityConflict
+from store.errors import Unavailable
+from store.memory import MemoryStore
+
+T0 = 1_760_000_000_000_000_000  # 2025-10-09T08:53:20Z
+HOUR_NS = 3600 * 10**9
+
+
+def manifest(seq: int, at_ns: int = T0, agent: str = "agent-a") -> AcceptedManifest:
+    frame = f"frame {agent} {seq}".encode()
+    sha = hashlib.sha256(frame).hexdigest()
+    return AcceptedManifest(
+        agent_id=agent,
+        boot_id=str(uuid.UUID(int=7)),
+        seq_start=seq,
+        seq_end=seq,
+        record_count=1,
+        frame_sha256=sha,
+        frame_bytes=100,
+        raw_blob_key=keys.raw_blob_key(sha),
+        accepted_at_unix_ns=at_ns,
+        collector_id="c1",
+    )
+
+
+def conflict(seq: int) -> IdentityConflict:
+    accepted = manifest(seq)
+    other = hashlib.sha256(b"other").hexdigest()
+    return IdentityConflict(
+        agent_id=accepted.agent_id,
+        boot_id=accepted.boot_id,
+        seq_start=seq,
+        seq_end=seq,
+        accepted_manifest_key=accepted.manifest_key,
+        accepted_raw_blob_key=accepted.raw_blob_key,
+        accepted_frame_sha256=accepted.frame_sha256,
+        submitted_raw_blob_key=keys.raw_blob_key(other),
+        submitted_frame_sha256=other,
+        observed_at_unix_ns=T0 + 5,
+        collector_id="c1",
+    )
+
+
+def test_rows_round_trip_through_parquet() -> None:
+    rows = [accepted_row(manifest(1)), quarantine_row(conflict(1)), blob_row("ab" * 32, T0)]
+    assert decode(encode(rows), source="t") == rows
+    assert rows[1].referenced_shas == (conflict(1).submitted_frame_sha256, manifest(1).frame_sha256)
+
+
+def test_a_row_whose_blob_key_does_not_match_its_hash_is_refused() -> None:
+    bad = IndexRow(
+        kind="accepted",
+        key=manifest(1).manifest_key,
+        frame_sha256="ab" * 32,
+        time_unix_ns=T0,
+        raw_blob_key=keys.raw_blob_key("cd" * 32),
+        agent_id="a",
+        boot_id=str(uuid.UUID(int=7)),
+        seq_start=1,
+        seq_end=1,
+    )
+    with pytest.raises(IndexFileError, match="raw_blob_key"):
+        decode(encode([bad]), source="seg")
+    with pytest.raises(IndexFileError, match="seg: not an index file"):
+        decode(b"not parquet", source="seg")
+
+
+def test_segment_names_sort_by_first_time_across_hours() -> None:
+    early = keys.index_log_segment_key(T0 + HOUR_NS - 1, "c-1", 5)
+    late = keys.index_log_segment_key(T0 + HOUR_NS + 1, "a", 1)
+    assert early < late
+    assert keys.index_log_start_after(T0 + HOUR_NS) < late
+    assert keys.index_log_start_after(T0 + HOUR_NS) > early
+    assert keys.index_log_start_after(T0 + HOUR_NS + 2) > late
+    name = keys.parse_index_log_segment_key(late)
+    assert (name.first_time_ns, name.writer_id, name.random) == (T0 + HOUR_NS + 1, "a", 1)
+    assert keys.index_writer_id("host:1/x") == "host_1_x"
+
+
+async def test_log_writer_writes_one_segment_per_hour_and_a_reader_resumes() -> None:
+    clock = ManualClock(T0)
+    store = MemoryStore(clock=clock)
+    writer = IndexLogWriter(store=store, clock=clock, rng=random.Random(1), writer_id="c1")
+    for seq, at in enumerate([T0, T0 + 1, T0 + HOUR_NS]):
+        assert writer.append(accepted_row(manifest(seq, at)))
+    await writer.flush()
+    assert writer.stats.segments_written == 2 and writer.buffered == 0
+    position = log_reader.LogPosition()
+    seen = [info.key async for info, _ in log_reader.new_segments(store, position, lookback_s=60)]
+    assert len(seen) == 2
+    rows = [row for key in seen for row in await log_reader.read_segment(store, key)]
+    assert [row.seq_start for row in rows] == [0, 1, 2]
+    for key in seen:
+        position.consumed(key, keys.parse_index_log_segment_key(key).first_time_ns, 60 * 10**9)
+    writer.append(accepted_row(manifest(9, T0 + HOUR_NS + 10)))
+    await writer.flush()
+    fresh = [info.key async for info, _ in log_reader.new_segments(store, position, lookback_s=60)]
+    assert len(fresh) == 1 and fresh[0] not in seen
+
+
+async def test_log_writer_bounds_its_buffer_and_keeps_rows_through_a_failed_flush() -> None:
+    clock = ManualClock(T0)
+    store = MemoryStore(clock=clock)
+    writer = IndexLogWriter(
+        store=store,
+        clock=clock,
+        rng=random.Random(1),
+        writer_id="c1",
+        flush_rows=2,
+        max_buffered_rows=3,
+    )
+    assert all(writer.append(accepted_row(manifest(i))) for i in range(3))
+    assert not writer.append(accepted_row(manifest(3)))
+    assert writer.stats.dropped_full == 1
+
+    async def refuse(*_args: object, **_kwargs: object) -> str:
+        raise Unavailable("put", "k", "down")
+
+    real_put = store.put
+    store.put = refuse  # type: ignore[method-assign]
+    await writer.flush()
+    assert writer.buffered == 3 and writer.stats.flush_failures == 1
+    store.put = real_put  # type: ignore[method-assign]
+    await writer.flush()
+    assert writer.buffered == 0 and writer.stats.rows_written == 3
+
+
+async def test_catalog_hour_is_the_union_of_its_files_and_compaction_keeps_every_row() -> None:
+    clock = ManualClock(T0)
+    store = MemoryStore(clock=clock)
+    writer = catalog.CatalogWriter(store=store, clock=clock, rng=random.Random(1), epoch=3)
+    hour = keys.UtcHour.from_unix_ns(T0)
+    first = await writer.write(hour, [accepted_row(manifest(1)), accepted_row(manifest(2))])
+    second = await writer.write(hour, [accepted_row(manifest(2)), quarantine_row(conflict(1))])
+    assert first != second
+    read = await catalog.read_hour(store, hour)
+    assert len(read.rows) == 3 and len(read.files) == 2
+    with pytest.raises(ValueError, match="belongs to"):
+        await writer.write(hour.next(), [accepted_row(manifest(1))])
+
+    compaction = await catalog.compact_hour(store, writer, hour)
+    assert (
+        compaction is not None
+        and compaction.rows == 3
+        and set(compaction.inputs) == {first, second}
+    )
+    assert (
+        await catalog.delete_compacted_inputs(store, hour, store_now_ns=clock.now_ns(), grace_s=60)
+        == 0
+    )
+    clock.advance(61)
+    assert (
+        await catalog.delete_compacted_inputs(store, hour, store_now_ns=clock.now_ns(), grace_s=60)
+        == 2
+    )
+    after = await catalog.read_hour(store, hour)
+    assert [info.key for info in after.files] == [compaction.merged_key] and len(after.rows) == 3
+
+
+async def test_an_unreadable_catalog_file_is_never_read_as_no_rows() -> None:
+    clock = ManualClock(T0)
+    store = MemoryStore(clock=clock)
+    hour = keys.UtcHour.from_unix_ns(T0)
+    await store.put(keys.index_catalog_key(hour, 1, 1), b"garbage")
+    with pytest.raises(IndexFileError):
+        await catalog.read_hour(store, hour)
+
+
+def test_digest_sets_answer_membership_in_bulk() -> None:
+    present = [f"accepted/v1/k{i}" for i in range(1000)]
+    digests = KeyDigestSet()
+    digests.add_keys(present[:600])
+    digests.add_keys(present[400:900])
+    assert len(digests) == 900
+    mask = digests.contains(digests_of(present))
+    assert mask[:900].all() and not mask[900:].any()
+    shas = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(50)]
+    prefixes = sha_prefixes(shas)
+    assert prefixes[0] == np.uint64(int(shas[0][:16], 16))
+    refs = ShaPrefixSet()
+    refs.add(prefixes[:25])
+    assert refs.contains(prefixes).tolist() == [True] * 25 + [False] * 25
+    with pytest.raises(ValueError):
+        sha_prefixes(["Z" * 64])
