@@ -2,20 +2,22 @@
 
 `BatchAcceptor.accept()` decides, once for the whole cluster, what happens to one frame:
 
-1. Create the raw blob at its content-addressed key with If-None-Match. Created: queue its
-   ``raw-blobs-by-time`` entry. Already there (412): if a GC mark exists for the hash,
+1. Create the raw blob at its content-addressed key with If-None-Match. Created: append a
+   ``blob`` row to the index log buffer (`index.log_writer`, PROTOCOL §3.7). Already there (412): if a GC mark exists for the hash,
    write the veto (and, if a deletion may be under way, wait and re-create the blob)
    before going on (PROTOCOL §3.5, with the mark ``state`` of `protocol.records.GcMark`).
-2. Create the accepted manifest with If-None-Match. Created: accepted; queue the
-   ``accepted-by-time`` and ``accepted-by-blob`` entries. 412: read the manifest; the same
-   hash is a duplicate, another hash an identity conflict (quarantine record written best
-   effort).
+2. Create the accepted manifest with If-None-Match. Created: accepted. 412: read the
+   manifest; the same hash is a duplicate, another hash an identity conflict (quarantine
+   record written best effort, then a ``quarantine`` row). Every ``Accepted`` — new or
+   duplicate — appends an ``accepted`` row: a batch whose first answer was lost must not
+   wait for a full audit to be indexed.
 
 Outcomes are `Accepted` (new or duplicate), `IdentityConflictFound`, or the exception
 `AcceptanceUnavailable` when the store did not settle the outcome within the request's
 time budget: the caller answers 503 and the agent retries. The invariant: **no `Accepted`
 without a manifest this call created or read.** Nothing that must happen once per accepted
-batch happens before the manifest create succeeds; derived entries are best effort.
+batch happens before the manifest create succeeds; index log rows are best effort (the
+reconciler's audit is their backstop) and never delay the answer.
 
 Every store call runs under the remaining budget; a call cut short is treated as
 "outcome unknown" (the request may have been applied).
@@ -32,7 +34,9 @@ from typing import Protocol, TypeVar
 
 import structlog
 
-from protocol import derived, keys, records
+from index.log_writer import IndexLogWriter
+from index.rows import accepted_row, blob_row, quarantine_row
+from protocol import keys, records
 from protocol.clock import Clock
 from store.base import ObjectStore
 from store.errors import (
@@ -44,8 +48,6 @@ from store.errors import (
     Unavailable,
 )
 from store.retry import Backoff
-
-from .derived import DerivedWriter
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -133,7 +135,7 @@ class BatchAcceptor:
         collector_id: str,
         clock: Clock,
         rng: random.Random,
-        derived: DerivedWriter,
+        index_log: IndexLogWriter,
         budget_s: float = 10.0,
         backoff: Backoff = DEFAULT_BACKOFF,
         observe_store_op: StoreOpObserver | None = None,
@@ -142,14 +144,14 @@ class BatchAcceptor:
         self._collector_id = collector_id
         self._clock = clock
         self._rng = rng
-        self._derived = derived
+        self._index_log = index_log
         self._budget_s = budget_s
         self._backoff = backoff
         self._observe = observe_store_op or (lambda _op, _result: None)
 
     @property
-    def derived_depth(self) -> int:
-        return self._derived.depth
+    def index_buffered(self) -> int:
+        return self._index_log.buffered
 
     async def accept(
         self, header: FrameIdentity, frame: bytes, frame_sha256: str
@@ -211,8 +213,7 @@ class BatchAcceptor:
             await self._veto_gc_if_marked(request, frame, sha)
 
     def _index_raw_blob(self, sha: str) -> None:
-        entry = derived.raw_blob_by_time_entry(sha, self._clock.now_ns())
-        self._derived.offer(entry.key, entry.body)
+        self._index_log.append(blob_row(sha, self._clock.now_ns()))
 
     async def _veto_gc_if_marked(self, request: _Request, frame: bytes, sha: str) -> None:
         """The blob already existed. Make sure it survives GC (PROTOCOL §3.5).
@@ -336,6 +337,7 @@ class BatchAcceptor:
                     self._index_manifest(manifest)
                     return Accepted(manifest, duplicate=False, store_ops=request.ops)
                 if stored.frame_sha256 == sha:
+                    self._index_manifest(stored)  # its first answer may have been lost
                     return Accepted(stored, duplicate=True, store_ops=request.ops)
                 return await self._quarantine(request, stored, sha)
             except (OutcomeUnknown, ConditionConflict, Unavailable) as exc:
@@ -369,8 +371,7 @@ class BatchAcceptor:
                 raise _BudgetExhausted from None
 
     def _index_manifest(self, manifest: records.AcceptedManifest) -> None:
-        for entry in derived.accepted_entries(manifest):
-            self._derived.offer(entry.key, entry.body)
+        self._index_log.append(accepted_row(manifest))
 
     async def _quarantine(
         self, request: _Request, accepted: records.AcceptedManifest, submitted_sha: str
@@ -389,15 +390,12 @@ class BatchAcceptor:
             collector_id=self._collector_id,
         )
         quarantine_key = conflict.quarantine_key
-        # Best effort (PROTOCOL §3.2): the 409 is the answer whether or not these land.
-        writes = [("put_quarantine", quarantine_key, conflict.to_json())]
-        writes += [
-            ("put_quarantine_by_blob", e.key, e.body) for e in derived.quarantine_entries(conflict)
-        ]
-        for op, key, body in writes:
-            try:
-                await self._create_idempotent(request, op, key, body)
-            except (_BudgetExhausted, StoreError) as exc:
-                log.warning("quarantine_write_failed", key=key, error=repr(exc))
-                break
+        # Best effort (PROTOCOL §3.2): the 409 is the answer whether or not it lands.
+        try:
+            await self._create_idempotent(
+                request, "put_quarantine", quarantine_key, conflict.to_json()
+            )
+            self._index_log.append(quarantine_row(conflict))
+        except (_BudgetExhausted, StoreError) as exc:
+            log.warning("quarantine_write_failed", key=quarantine_key, error=repr(exc))
         return IdentityConflictFound(accepted, submitted_sha, quarantine_key, store_ops=request.ops)

@@ -413,7 +413,7 @@ class CollectorApp:
         return web.json_response(state, status=200 if state["ready"] else 503)
 
     async def metrics_text(self, _request: web.Request) -> web.Response:
-        self.metrics.derived_queue_depth.set(self.acceptor.derived_depth)
+        self.metrics.index_buffered.set(self.acceptor.index_buffered)
         body = generate_latest(self.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

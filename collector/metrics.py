@@ -73,12 +73,14 @@ class CollectorMetrics:
         self.conflicts = Counter(
             "lm_collector_identity_conflicts", "Identity conflicts answered 409", registry=r
         )
-        self.derived_queue_depth = Gauge(
-            "lm_collector_derived_queue_depth", "Derived index entries waiting", registry=r
+        self.index_buffered = Gauge(
+            "lm_collector_index_log_buffered_rows",
+            "Index log rows waiting to be flushed",
+            registry=r,
         )
-        self.derived_events = Counter(
-            "lm_collector_derived_entries",
-            "Derived index entries by fate (written, dropped_full, dropped_failed)",
+        self.index_rows = Counter(
+            "lm_collector_index_log_rows",
+            "Index log rows by fate (written, dropped_full, dropped_failed)",
             ["fate"],
             registry=r,
         )

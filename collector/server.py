@@ -4,7 +4,7 @@
 acceptance mode; the conditional-write probe), then runs one worker in this process or
 starts N worker processes and supervises them. A worker stops on SIGTERM/SIGINT: it
 closes its listening socket, lets in-flight requests finish within ``http.shutdown_grace_s``,
-flushes the derived-entry queue, and exits 0. The supervisor forwards the signal to each
+flushes the index log buffer, and exits 0. The supervisor forwards the signal to each
 worker by PID and, past the grace, kills what is left.
 """
 
@@ -27,6 +27,7 @@ import structlog
 from aiohttp import web
 
 from config import Settings, load_tokens
+from index.log_writer import IndexLogWriter
 from protocol.clock import SystemClock
 from store.base import ObjectStore
 from store.open import open_store_from_settings
@@ -34,7 +35,6 @@ from store.open import open_store_from_settings
 from .accept import BatchAcceptor
 from .app import CollectorApp, HttpLimits
 from .auth import Authenticator
-from .derived import DerivedWriter
 from .metrics import CollectorMetrics
 from .probe import probe_conditional_writes
 from .readiness import Readiness
@@ -91,20 +91,22 @@ class Worker:
         rng = random.Random()
         self.store: ObjectStore = open_store_from_settings(s.store, clock=clock)
         self.metrics = CollectorMetrics()
-        self.derived = DerivedWriter(
+        self.index_log = IndexLogWriter(
             store=self.store,
             clock=clock,
             rng=rng,
-            max_queued=s.ingest.derived_queue_size,
-            workers=s.ingest.derived_writers,
-            on_event=lambda fate: self.metrics.derived_events.labels(fate=fate).inc(),
+            writer_id=s.ingest.collector_id,
+            flush_rows=min(s.ingest.index_flush_rows, s.ingest.index_buffer_rows),
+            flush_max_age_s=s.ingest.index_flush_max_age_ms / 1000,
+            max_buffered_rows=s.ingest.index_buffer_rows,
+            on_event=lambda fate, rows: self.metrics.index_rows.labels(fate=fate).inc(rows),
         )
         self.acceptor = BatchAcceptor(
             store=self.store,
             collector_id=s.ingest.collector_id,
             clock=clock,
             rng=rng,
-            derived=self.derived,
+            index_log=self.index_log,
             budget_s=s.ingest.request_budget_s,
             observe_store_op=self.metrics.observe_store_op,
         )
@@ -151,7 +153,7 @@ class Worker:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        self.derived.start()
+        self.index_log.start()
         readiness_task = asyncio.create_task(self.readiness.run(), name="readiness")
         lander_task = asyncio.create_task(self.lander.run(), name="lander") if self.lander else None
         runner = web.AppRunner(
@@ -202,13 +204,15 @@ class Worker:
             with contextlib.suppress(asyncio.CancelledError):
                 await lander_task  # an interrupted landing is repeated: the protocol is idempotent
             await self.lander.drain(max(1.0, deadline - time.monotonic()))
-        await self.derived.stop(max(1.0, deadline - time.monotonic()))
+        await self.index_log.stop(max(1.0, deadline - time.monotonic()))
         await self.store.close()
+        stats = self.index_log.stats
         log.info(
             "collector_stopped",
             worker=self.index,
-            derived_written=self.derived.written,
-            derived_dropped=self.derived.dropped_full + self.derived.dropped_failed,
+            index_rows_written=stats.rows_written,
+            index_segments_written=stats.segments_written,
+            index_rows_dropped=stats.dropped_full + stats.dropped_failed,
         )
 
 

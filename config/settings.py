@@ -150,12 +150,14 @@ class IngestSettings(_Section):
     """Cap on a frame's decompressed payload (``payload_raw_len``); larger is 400."""
     request_budget_s: Seconds = 10.0
     """Time the store protocol may take for one request before answering 503."""
-    derived_writers: int = Field(default=16, ge=1, le=256)
-    """Concurrent writers draining the derived-entry queue; with store latency L each
-    writes about 1/L entries per second, and a batch makes three."""
-    derived_queue_size: int = Field(default=10_000, ge=1)
-    """Background queue of derived index writes; when full, entries are dropped and
-    counted (the reconciler repairs them)."""
+    index_flush_rows: int = Field(default=5_000, ge=1)
+    """Write the index log buffer as segments once it holds this many rows (PROTOCOL §3.7)."""
+    index_flush_max_age_ms: int = Field(default=1000, ge=1)
+    """... or once its oldest row is this old. Segments per hour ≈ writers × flushes:
+    choose it so that (segments + catalog files + markers) ÷ batches stays ≤ 0.05."""
+    index_buffer_rows: int = Field(default=100_000, ge=1)
+    """Rows the index log buffer holds at most; further rows are dropped and counted (the
+    reconciler's full audit finds their records)."""
     spool_dir: AbsolutePath = Path("./lm-spool")
     """``local_spool`` mode: where acknowledged frames are fsync'd before landing."""
     object_landing_interval_ms: int = Field(default=1000, ge=1)
