@@ -153,7 +153,7 @@ class IngestSettings(_Section):
     index_flush_rows: int = Field(default=5_000, ge=1)
     """Write the index log buffer as segments once it holds this many rows (PROTOCOL §3.7)."""
     index_flush_max_age_ms: int = Field(default=1000, ge=1)
-    """... or once its oldest row is this old. Segments per hour ≈ writers × flushes:
+    """... or once its oldest row is this old. Segments per hour ≈ writers x flushes:
     choose it so that (segments + catalog files + markers) ÷ batches stays ≤ 0.05."""
     index_buffer_rows: int = Field(default=100_000, ge=1)
     """Rows the index log buffer holds at most; further rows are dropped and counted (the
