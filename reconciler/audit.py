@@ -55,17 +55,19 @@ from protocol import keys
 from protocol.records import AuditRecord
 from store.errors import StoreError
 
-from .audit_join import BlobJoin, CatalogScan, encode_orphans, join_blobs
+from .audit_join import BlobJoin, CatalogScan, join_blobs
 from .audit_records import (
     create_audit,
     latest_audit,
     latest_completed_audit,
     save_audit,
+    trim_old_audits,
 )
 from .audit_walks import DONE, FRONTIER, INVENTORY_CURSOR, InventoryWalk, ListingWalk, WalkState
 from .cataloger import Cataloger
 from .context import ReconcilerContext
 from .inventory import InventorySource
+from .orphans import encode_orphans
 from .problems import ProblemBook
 from .verify import VERIFY_CURSOR, BlobVerifier
 
@@ -355,6 +357,11 @@ class _AuditRun:
             record = self._current()
             complete = False
         self._ctx.metrics.audits.labels("completed" if complete else "incomplete").inc()
+        if complete:
+            try:
+                await trim_old_audits(self._ctx)
+            except StoreError as exc:  # old records only cost a longer listing: next time
+                self._ctx.log.warning("audit_trim_failed", error=str(exc))
         if complete:
             self._ctx.metrics.last_audit_completed.set(self._ctx.clock.now_ns() / 1e9)
         self._ctx.log.info(

@@ -43,12 +43,10 @@ from protocol import keys
 from store.errors import NotFound, StoreError
 
 from .context import ReconcilerContext
+from .orphans import Orphan
 from .problems import ProblemBook
 
 JOIN_COLUMNS = ["key", "key_digest", "frame_sha256", "accepted_frame_sha256"]
-ORPHAN_SCHEMA = pa.schema(
-    [("frame_sha256", pa.string()), ("size", pa.int64()), ("last_modified_ns", pa.int64())]
-)
 LIST_CHUNK = 5_000
 
 
@@ -107,7 +105,7 @@ async def _move_aside(ctx: ReconcilerContext, key: str) -> None:
 @dataclass
 class BlobJoin:
     listed: int = 0
-    orphans: list[tuple[str, int, int]] = field(default_factory=list)
+    orphans: list[Orphan] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     """Referenced hashes whose blob neither the listing nor a HEAD found."""
 
@@ -164,29 +162,3 @@ async def _confirm_missing(ctx: ReconcilerContext, absent: npt.NDArray[np.generi
         except NotFound:
             missing.append(sha)
     return missing
-
-
-def encode_orphans(orphans: list[tuple[str, int, int]]) -> bytes:
-    table = pa.Table.from_pydict(
-        {
-            "frame_sha256": [sha for sha, _size, _modified in orphans],
-            "size": [size for _sha, size, _modified in orphans],
-            "last_modified_ns": [modified for _sha, _size, modified in orphans],
-        },
-        schema=ORPHAN_SCHEMA,
-    )
-    sink = io.BytesIO()
-    pq.write_table(table, sink, compression="zstd")
-    return sink.getvalue()
-
-
-def decode_orphans(body: bytes) -> dict[str, tuple[int, int]]:
-    """Orphan file → ``{sha: (size, last_modified_ns)}``."""
-    table = pq.read_table(io.BytesIO(body), columns=ORPHAN_SCHEMA.names)
-    data = table.to_pydict()
-    return {
-        sha: (size, modified)
-        for sha, size, modified in zip(
-            data["frame_sha256"], data["size"], data["last_modified_ns"], strict=True
-        )
-    }

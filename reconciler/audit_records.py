@@ -97,3 +97,30 @@ async def save_audit(ctx: ReconcilerContext, record: AuditRecord) -> None:
 
     await ctx.check_fence()
     await update_object(ctx.store, key, mutate, backoff=ctx.backoff, rng=ctx.rng, clock=ctx.clock)
+
+
+KEEP_AUDITS = 4
+"""Audit records (and their orphan files) kept: finding the newest one is then one short
+listing, however long the store has run (nothing re-lists history)."""
+
+
+async def trim_old_audits(ctx: ReconcilerContext) -> int:
+    """Delete all but the newest `KEEP_AUDITS` audit records and their orphan files, oldest
+    first; never the newest completed one. Returns how many records were deleted."""
+    record_keys = await audit_keys(ctx.store)
+    doomed = record_keys[: max(0, len(record_keys) - KEEP_AUDITS)]
+    if not doomed:
+        return 0
+    newest_completed = await latest_completed_audit(ctx.store)
+    keep = record_key(newest_completed) if newest_completed is not None else None
+    await ctx.check_fence()
+    deleted = 0
+    for key in doomed:
+        if key == keep:
+            continue
+        name = key.removeprefix(keys.RECONCILER_AUDITS_PREFIX).removesuffix(".json")
+        started, audit_id = name.split("-", 1)
+        await ctx.store.delete(keys.audit_orphans_key(int(started), audit_id))
+        await ctx.store.delete(key)
+        deleted += 1
+    return deleted

@@ -151,6 +151,14 @@ class Fence:
             log.warning("reconciler_lease_renewal_failed", epoch=self.epoch, error=str(exc))
 
 
+@dataclass
+class GcMemory:
+    """``audits_marked``: audits whose orphans a GC run of this process already marked
+    (each audit's orphans are marked once; a restart marks the latest one's again)."""
+
+    audits_marked: set[str] = field(default_factory=set)
+
+
 @dataclass(frozen=True, kw_only=True)
 class ReconcilerContext:
     """Dependencies of every reconciler stage (steady pass, audit, GC)."""
@@ -170,6 +178,12 @@ class ReconcilerContext:
     it instead of listing)."""
     on_catalog_written: Callable[[keys.UtcHour], None] = field(default=lambda _hour: None)
     """Told the hour of every catalog file written (the daemon's compactor listens)."""
+    gc_suspects: Callable[[int], list[tuple[str, int]]] = field(default=lambda _before: [])
+    """GC candidates from the log, handed over once (`OrphanSuspects.take_older_than`)."""
+    gc_memory: GcMemory = field(default_factory=lambda: GcMemory())
+    """What GC runs of this process remember between runs."""
+    recently_referenced: Callable[[str], bool] = field(default=lambda _sha: False)
+    """Whether a record row named this blob hash lately (`OrphanSuspects.recently_referenced`)."""
 
     @property
     def epoch(self) -> int:

@@ -44,7 +44,7 @@ from store.lease import LeaseHeld, LeaseLost
 from .audit import ProgressCallback, run_full_audit
 from .audit_records import latest_audit, latest_completed_audit
 from .compaction import CatalogCompactor, CompactionResult
-from .context import Fence, ReconcilerContext, default_owner_id
+from .context import Fence, GcMemory, ReconcilerContext, default_owner_id
 from .gc import run_gc
 from .inventory import InventorySource
 from .metrics import ReconcilerMetrics
@@ -104,6 +104,7 @@ class Reconciler:
         self._last_gc: float | None = None
         self.compactor = CatalogCompactor()
         self.suspects = OrphanSuspects()
+        self.gc_memory = GcMemory()
 
     @property
     def active(self) -> bool:
@@ -310,6 +311,9 @@ class Reconciler:
             stopping=self._stopping,
             inventory=self._inventory,
             on_catalog_written=self.compactor.touched,
+            gc_suspects=self.suspects.take_older_than,
+            gc_memory=self.gc_memory,
+            recently_referenced=self.suspects.recently_referenced,
         )
 
     # --- waiting ------------------------------------------------------------------------

@@ -1,25 +1,35 @@
 """Garbage collection of orphan raw blobs: mark, wait, veto, prove, delete (PROTOCOL §3.5).
 
-Only raw blobs are ever deleted; manifests and quarantine records never are. One run:
+Only raw blobs are ever deleted; manifests and quarantine records never are. The proof
+comes from the index (PROTOCOL §3.7): a completed *catalog* audit lists ``raw-blobs/v1/``
+and joins it with every reference in the catalog; its orphan file
+(``reconciler/v1/audit-orphans/…``) names each blob that was present in that listing,
+older than the retry horizon in store time, and referenced by no catalog row — which,
+since the audit completed, means by no record that existed when it started. One run:
 
 1. **Finish stale deletions.** A mark left in ``deleting`` by a crashed run (or a delete
    whose answer was lost) is resolved once ``settle_s`` has passed: if the blob is gone the
    deletion is logged; either way the mark is removed. The blob is never deleted again
    here: a collector may have re-created it after the first delete.
-2. **Mark.** Candidates come from ``raw-blobs-by-time/v1/`` hours older than the retry
-   horizon, and, with ``full_listing``, from a listing of ``raw-blobs/v1/`` (finds blobs
-   whose index entry was lost). A candidate older than ``retry_horizon`` (rule 1), with no
-   ``accepted-by-blob``/``quarantine-by-blob`` entry (rule 2) and no veto (rule 4) gets a
-   mark (If-None-Match) recording when (rule 3). Referenced candidates lose their
-   ``raw-blobs-by-time`` entry: a referenced blob can never become an orphan again.
-3. **Prove and delete.** A mark older than ``mark_grace`` is eligible once a full audit
-   that *started after* ``marked_at + mark_grace`` has completed (rule 5); the run performs
-   that audit itself when none exists. Completed audits have restored every manifest's
-   ``accepted-by-blob`` entry, so an empty by-blob prefix proves no reference. The
-   deletion guard refuses the whole run when it would delete more than
-   ``max_delete_fraction`` of all raw blobs. For each blob: the mark goes ``marked`` →
-   ``deleting`` with If-Match, then vetoes and references are checked once more, then the
-   blob is deleted, the deletion logged under ``gc/v1/log/``, and the mark removed.
+2. **Mark.** Candidates: the steady pass's `OrphanSuspects` (``blob`` log rows no record
+   row named) older than the horizon, and the orphans of the latest completed catalog
+   audit (so orphans whose log row was lost are found too). A candidate with no mark and
+   no veto (both known from one listing of ``gc/v1/marks/`` and ``gc/v1/vetoes/``) gets a
+   mark (If-None-Match, rule 3). No per-blob HEAD or LIST: a run's requests grow with the
+   candidates and the marks, never with the store.
+3. **Prove and delete.** A mark older than ``mark_grace`` is eligible once a completed
+   catalog audit *started after* ``marked_at + mark_grace`` (rule 5); the run performs
+   that audit itself when none exists. The mark is proven when that audit's orphan file
+   names the blob (rules 1 and 2) and no veto exists (rule 4); otherwise it is withdrawn
+   (the blob is referenced, gone, or young). The deletion guard refuses the whole run when
+   it would delete more than ``max_delete_fraction`` of the blobs that audit listed. For
+   each blob: the mark goes ``marked`` → ``deleting`` with If-Match, then the veto and
+   the references the steady pass has seen since are checked once more, then the blob is
+   deleted, the deletion logged under ``gc/v1/log/``, and the mark removed.
+4. **Vetoes.** A veto older than the grace whose blob the latest qualifying audit does
+   not list as an orphan (referenced, gone or young) is removed with its mark; a veto on a
+   blob still orphaned after an audit that started after the veto plus the grace is
+   removed with its mark too, so the blob is re-marked from scratch.
 
 A store failure on one candidate or mark (503, a lost answer, a 409) skips that one and
 the run goes on: skipping never deletes, and the next run starts over from the store.
@@ -55,6 +65,8 @@ from store.errors import (
 )
 from store.open import open_store
 
+from .orphans import decode_orphans
+
 if TYPE_CHECKING:
     from config import StoreSettings
     from reconciler.context import ReconcilerContext
@@ -62,6 +74,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("reconciler.gc")
 T = TypeVar("T")
 NS = 1_000_000_000
+KEEP_GC_RUNS = 50
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +83,6 @@ class GcPolicy:
     mark_grace_s: float
     max_delete_fraction: float = 0.1
     settle_s: float = 120.0
-    full_listing: bool = True
     max_item_errors: int = 100
 
     def __post_init__(self) -> None:
@@ -98,6 +110,17 @@ class GcOutcome:
 AuditRunner = Callable[[], Awaitable[records.AuditRecord]]
 LatestAudit = Callable[[], Awaitable[records.AuditRecord | None]]
 Fence = Callable[[], Awaitable[None]]
+Suspects = Callable[[int], list[tuple[str, int]]]
+"""Blob hashes (and creation times) a log says nobody referenced, created before the
+given time (`reconciler.steady.OrphanSuspects.older_than`)."""
+
+
+@dataclass
+class _Listed:
+    """One listing each of the marks and the vetoes, taken at the start of a run."""
+
+    marks: set[str] = field(default_factory=set)
+    vetoes: set[str] = field(default_factory=set)
 
 
 class GarbageCollector:
@@ -113,6 +136,9 @@ class GarbageCollector:
         delete_store: ObjectStore | None = None,
         observe: Callable[[str, int], None] | None = None,
         deletion_blocker: Callable[[], Awaitable[str | None]] | None = None,
+        suspects: Suspects | None = None,
+        recently_referenced: Callable[[str], bool] | None = None,
+        audits_marked: set[str] | None = None,
     ) -> None:
         self._store = store
         self._delete_store = delete_store or store
@@ -123,8 +149,13 @@ class GarbageCollector:
         self._fence = fence
         self._observe = observe or (lambda _event, _count: None)
         self._deletion_blocker = deletion_blocker
+        self._suspects = suspects or (lambda _before_ns: [])
+        self._recently_referenced = recently_referenced or (lambda _sha: False)
+        self._audits_marked = audits_marked if audits_marked is not None else set()
         self._run_id = "unstarted"
         self._item_errors = 0
+        self._listed = _Listed()
+        self._orphans_of: dict[str, dict[str, tuple[int, int]]] = {}
 
     async def _per_item(self, what: str, key: str, work: Awaitable[T]) -> T | None:
         """``work`` for one candidate or mark; on a store failure, skip it (``None``).
@@ -152,9 +183,12 @@ class GarbageCollector:
             await self._fence()
             await self._store.put(run_key, run.to_json())
             await self._finish_stale_deletions()
+        self._listed = await self._list_marks_and_vetoes()
         counts = await self._mark_candidates(dry_run)
         try:
             await self._delete_proven(dry_run, outcome)
+            if not dry_run:
+                await self._retire_vetoes()
         except GcRefused as exc:
             outcome.record = run.model_copy(
                 update={
@@ -177,12 +211,20 @@ class GarbageCollector:
         )
         if not dry_run:
             await self._store.put(run_key, outcome.record.to_json())
+            await self._per_item("trim", keys.RECONCILER_GC_RUNS_PREFIX, self._trim_runs())
         log.info(
             "gc_run_finished",
             **outcome.record.model_dump(exclude={"schema_"}),
             would_delete=len(outcome.would_delete),
         )
         return outcome
+
+    async def _trim_runs(self) -> None:
+        """Keep the newest `KEEP_GC_RUNS` run records, so finding the last one (status)
+        stays one short listing however long the store has run."""
+        run_keys = [info.key async for info in self._store.list(keys.RECONCILER_GC_RUNS_PREFIX)]
+        for key in run_keys[: max(0, len(run_keys) - KEEP_GC_RUNS)]:
+            await self._store.delete(key)
 
     # --- 1. stale deletions ------------------------------------------------------------------
 
@@ -205,54 +247,38 @@ class GarbageCollector:
 
     # --- 2. mark ------------------------------------------------------------------------------
 
+    async def _list_marks_and_vetoes(self) -> _Listed:
+        listed = _Listed()
+        async for info in self._store.list(keys.GC_MARKS_PREFIX):
+            listed.marks.add(info.key.removeprefix(keys.GC_MARKS_PREFIX).removesuffix(".json"))
+        async for info in self._store.list(keys.GC_VETOES_PREFIX):
+            listed.vetoes.add(info.key.removeprefix(keys.GC_VETOES_PREFIX).removesuffix(".json"))
+        return listed
+
     async def _mark_candidates(self, dry_run: bool) -> dict[str, int]:
         horizon_ns = self._clock.now_ns() - int(self._policy.retry_horizon_s * NS)
-        seen: set[str] = set()
+        # A dry run leaves the suspects for the next real run (taking them hands them over).
+        candidates = set() if dry_run else {sha for sha, _ in self._suspects(horizon_ns)}
+        audit = await self._latest_audit()
+        if audit is not None and audit.audit_id not in self._audits_marked:
+            candidates.update(await self._orphans(audit))
+            if not dry_run:
+                self._audits_marked.add(audit.audit_id)
         counts = {"candidates": 0, "marked": 0, "vetoed": 0}
-        async for info in self._store.list(keys.RAW_BLOBS_BY_TIME_PREFIX):
-            hour, sha = keys.parse_raw_blob_by_time_key(info.key)
-            if hour.next().start_ns > horizon_ns:
-                break  # keys sort by hour: everything after is younger still
-            if sha not in seen:
-                seen.add(sha)
-                await self._per_item(
-                    "mark", info.key, self._consider(sha, horizon_ns, info.key, dry_run, counts)
-                )
-        if self._policy.full_listing:
-            async for info in self._store.list(keys.RAW_BLOBS_PREFIX):
-                sha = keys.parse_raw_blob_key(info.key)
-                if sha not in seen and info.last_modified_ns <= horizon_ns:
-                    seen.add(sha)
-                    await self._per_item(
-                        "mark", info.key, self._consider(sha, horizon_ns, None, dry_run, counts)
-                    )
+        for sha in sorted(candidates):
+            counts["candidates"] += 1
+            if sha in self._listed.vetoes:
+                counts["vetoed"] += 1
+                continue
+            if sha in self._listed.marks or dry_run:
+                continue
+            await self._per_item("mark", sha, self._mark(sha, counts))
         self._observe("candidates", counts["candidates"])
         self._observe("marks", counts["marked"])
         self._observe("vetoes", counts["vetoed"])
         return counts
 
-    async def _consider(
-        self,
-        sha: str,
-        horizon_ns: int,
-        index_key: str | None,
-        dry_run: bool,
-        counts: dict[str, int],
-    ) -> None:
-        blob = await self._head(keys.raw_blob_key(sha))
-        if blob is None or await self._referenced(sha):
-            if index_key is not None and not dry_run:
-                await self._fence()
-                await self._store.delete(index_key)  # resolved: gone, or referenced for good
-            return
-        if blob.last_modified_ns > horizon_ns:
-            return
-        counts["candidates"] += 1
-        if await self._exists(keys.gc_veto_key(sha)):
-            counts["vetoed"] += 1
-            return
-        if await self._exists(keys.gc_mark_key(sha)) or dry_run:
-            return
+    async def _mark(self, sha: str, counts: dict[str, int]) -> None:
         mark = records.GcMark(
             frame_sha256=sha,
             raw_blob_key=keys.raw_blob_key(sha),
@@ -263,8 +289,17 @@ class GarbageCollector:
         try:
             await self._store.put(keys.gc_mark_key(sha), mark.to_json(), if_none_match=True)
             counts["marked"] += 1
+            self._listed.marks.add(sha)
         except PreconditionFailed:
             pass
+
+    async def _orphans(self, audit: records.AuditRecord) -> dict[str, tuple[int, int]]:
+        """The audit's orphan file (read once per run and audit)."""
+        key = keys.audit_orphans_key(audit.started_at_unix_ns, audit.audit_id)
+        if key not in self._orphans_of:
+            body, _etag = await self._store.get(key)
+            self._orphans_of[key] = decode_orphans(body)
+        return self._orphans_of[key]
 
     # --- 3. prove and delete -------------------------------------------------------------------
 
@@ -293,18 +328,21 @@ class GarbageCollector:
             audit = await self._run_audit()
         if audit is None or audit.status != "completed":
             return
+        orphans = await self._orphans(audit)
         proven: list[tuple[str, records.GcMark, int]] = []
         for mark_key, mark in eligible:
             if audit.started_at_unix_ns <= mark.marked_at_unix_ns + grace_ns:
                 continue  # rule 5: the audit must have started after mark + grace
-            last_modified = await self._per_item(
-                "prove", mark_key, self._prove(mark_key, mark, dry_run)
-            )
-            if last_modified is not None:
-                proven.append((mark_key, mark, last_modified))
+            found = orphans.get(mark.frame_sha256)
+            if found is None or mark.frame_sha256 in self._listed.vetoes:
+                # Referenced, gone, young (rules 1, 2) or vetoed (rule 4): withdraw.
+                if not dry_run:
+                    await self._per_item("withdraw", mark_key, self._withdraw(mark_key))
+                continue
+            proven.append((mark_key, mark, found[1]))
         outcome.would_delete = [m.frame_sha256 for _, m, _ in proven]
         if proven:
-            await self._guard(len(proven))
+            await self._guard(len(proven), audit.blobs_listed)
         if dry_run:
             return
         for mark_key, mark, last_modified_ns in proven:
@@ -316,10 +354,8 @@ class GarbageCollector:
                 outcome.deleted.append(mark.frame_sha256)
         self._observe("deletions", len(outcome.deleted))
 
-    async def _guard(self, planned: int) -> None:
-        total = 0
-        async for _ in self._store.list(keys.RAW_BLOBS_PREFIX):
-            total += 1
+    async def _guard(self, planned: int, total: int) -> None:
+        """Refuse deleting more than the allowed fraction of the blobs the audit listed."""
         if planned > self._policy.max_delete_fraction * total:
             detail = (
                 f"would delete {planned} of {total} raw blobs, more than gc.max_delete_fraction = "
@@ -339,19 +375,41 @@ class GarbageCollector:
             self._observe("guard_refusals", 1)
             raise GcRefused(detail)
 
-    async def _prove(self, mark_key: str, mark: records.GcMark, dry_run: bool) -> int | None:
-        """The blob's last-modified time when nothing keeps it; else withdraw the mark."""
-        blob = await self._head(mark.raw_blob_key)
-        if (
-            blob is None
-            or await self._referenced(mark.frame_sha256)
-            or await self._exists(keys.gc_veto_key(mark.frame_sha256))
-        ):
-            if not dry_run:
-                await self._fence()
-                await self._store.delete(mark_key)  # withdrawn: gone, referenced or vetoed
-            return None
-        return blob.last_modified_ns
+    async def _withdraw(self, mark_key: str) -> None:
+        await self._fence()
+        await self._store.delete(mark_key)
+
+    # --- 4. vetoes -----------------------------------------------------------------------
+
+    async def _retire_vetoes(self) -> None:
+        """Remove, with their marks, the vetoes a completed audit has settled: one that
+        started after the veto plus the grace saw every record the vetoing request could
+        have created, so its orphan file decides afresh (PROTOCOL §3.5, vetoes)."""
+        if not self._listed.vetoes:
+            return
+        audit = await self._latest_audit()
+        if audit is None:
+            return
+        grace_ns = int(self._policy.mark_grace_s * NS)
+        for sha in sorted(self._listed.vetoes):
+            await self._per_item("veto", sha, self._retire_veto(sha, audit, grace_ns))
+
+    async def _retire_veto(self, sha: str, audit: records.AuditRecord, grace_ns: int) -> None:
+        veto_key = keys.gc_veto_key(sha)
+        try:
+            body, _etag = await self._store.get(veto_key)
+            vetoed_at = records.GcVeto.from_json(body).vetoed_at_unix_ns
+        except NotFound:
+            return
+        except records.RecordError:
+            vetoed_at = 0  # unreadable: settled like any other once an audit followed
+        if audit.started_at_unix_ns <= vetoed_at + grace_ns:
+            return
+        await self._fence()
+        await self._store.delete(keys.gc_mark_key(sha))  # the mark first: never a mark alone
+        await self._store.delete(veto_key)
+        self._listed.vetoes.discard(sha)
+        self._observe("vetoes_retired", 1)
 
     async def _delete_one(
         self, mark_key: str, mark: records.GcMark, last_modified_ns: int, audit_started: int
@@ -369,7 +427,7 @@ class GarbageCollector:
             return False  # changed under us, or unknown: the stale-deletion pass resolves it
         sha = mark.frame_sha256
         # The last checks come after "deleting" is visible: see the module docstring.
-        if await self._exists(keys.gc_veto_key(sha)) or await self._referenced(sha):
+        if await self._exists(keys.gc_veto_key(sha)) or self._recently_referenced(sha):
             self._observe("vetoes", 1)
             await self._store.delete(mark_key)
             return False
@@ -433,12 +491,6 @@ class GarbageCollector:
     async def _exists(self, key: str) -> bool:
         return await self._head(key) is not None
 
-    async def _referenced(self, sha: str) -> bool:
-        for prefix in (keys.accepted_by_blob_prefix(sha), keys.quarantine_by_blob_prefix(sha)):
-            async for _ in self._store.list(prefix):
-                return True
-        return False
-
 
 # --- the reconciler's entry point -------------------------------------------------------
 
@@ -477,6 +529,9 @@ async def run_gc(ctx: ReconcilerContext, *, dry_run: bool) -> GcOutcome:
         delete_store=delete_store,
         observe=observe,
         deletion_blocker=lambda: unresolved_manifest_problems(ctx.store),
+        suspects=ctx.gc_suspects,
+        recently_referenced=ctx.recently_referenced,
+        audits_marked=ctx.gc_memory.audits_marked,
     )
     try:
         return await collector.run(dry_run=dry_run)
@@ -502,13 +557,14 @@ def _gc_role_store(store_settings: StoreSettings) -> ObjectStore | None:
 
 
 async def latest_listing_audit(store: ObjectStore) -> records.AuditRecord | None:
-    """The newest completed audit that *listed* the store. An S3 Inventory report is not an
-    exact snapshot (objects written shortly before it may be missing), so it proves nothing
-    about references for GC."""
+    """The newest completed catalog audit that *listed* the store. An S3 Inventory report
+    is not an exact snapshot (objects written shortly before it may be missing), so it
+    proves nothing about references for GC; an audit of the previous version (no
+    ``catalog``) wrote no orphan file."""
     from reconciler.audit_records import iter_audits_newest_first
 
     async for audit in iter_audits_newest_first(store):
-        if audit.status == "completed" and audit.source == "listing":
+        if audit.status == "completed" and audit.source == "listing" and audit.catalog:
             return audit
     return None
 

@@ -91,11 +91,15 @@ class OrphanSuspects:
     def forget_refs_before(self, horizon_ns: int) -> None:
         self._recent_refs = {s: t for s, t in self._recent_refs.items() if t >= horizon_ns}
 
-    def older_than(self, horizon_ns: int) -> list[tuple[str, int]]:
-        return sorted((s, t) for s, t in self._created.items() if t < horizon_ns)
+    def recently_referenced(self, sha: str) -> bool:
+        return sha in self._recent_refs
 
-    def discard(self, sha: str) -> None:
-        self._created.pop(sha, None)
+    def take_older_than(self, horizon_ns: int) -> list[tuple[str, int]]:
+        """Hand over (and forget) the suspects created before ``horizon_ns``."""
+        taken = sorted((s, t) for s, t in self._created.items() if t < horizon_ns)
+        for sha, _created in taken:
+            del self._created[sha]
+        return taken
 
 
 @dataclass
@@ -117,7 +121,7 @@ async def read_checkpoint(store: ObjectStore) -> IndexCheckpoint | None:
 class SteadyScanner:
     def __init__(self, ctx: ReconcilerContext, suspects: OrphanSuspects | None = None) -> None:
         self._ctx = ctx
-        self.suspects = suspects or OrphanSuspects()
+        self.suspects = suspects if suspects is not None else OrphanSuspects()
         self._recent_keys: dict[int, int] = {}  # digest of a cataloged key -> its row time
 
     @property

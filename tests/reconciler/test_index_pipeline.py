@@ -16,7 +16,7 @@ from index.rows import accepted_row, blob_row, quarantine_row
 from protocol import keys
 from protocol.clock import ManualClock
 from reconciler.audit import run_full_audit
-from reconciler.audit_join import decode_orphans
+from reconciler.orphans import decode_orphans
 from reconciler.compaction import CatalogCompactor
 from reconciler.steady import SteadyScanner, read_checkpoint
 from rollup.plan import make_plan
