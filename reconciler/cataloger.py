@@ -88,8 +88,10 @@ class Cataloger:
             self._ctx.log.warning("catalog_read_failed", key=key, error=repr(exc))
             result.failed.append(key)
             return result
+        self._ctx.metrics.records_read.inc()
         if body is None:
             result.missing += 1
+            self._ctx.metrics.dangling_rows.inc()
             return result
         kind = "unparseable-quarantine" if quarantine else "unparseable-manifest"
         try:
@@ -118,7 +120,8 @@ class Cataloger:
             written.append(catalog_key)
             self.files_written += 1
             self.rows_written += len(hour_rows)
-            self._ctx.metrics.repairs.labels("catalog-row").inc(len(hour_rows))
+            self._ctx.metrics.catalog_rows.inc(len(hour_rows))
+            self._ctx.metrics.catalog_files.labels("write").inc()
         return written
 
     async def mark_work(self, catalog_key: str, hour: keys.UtcHour, rows: int) -> None:

@@ -89,6 +89,7 @@ class CatalogCompactor:
                 compaction = await compact_hour(ctx.store, writer, hour)
                 if compaction is not None:
                     await cataloger.mark_work(compaction.merged_key, hour, compaction.rows)
+                    ctx.metrics.catalog_files.labels("compaction").inc()
                     self._merged_at[hour] = now
                     result.hours_compacted += 1
                     result.files_merged += len(compaction.inputs)

@@ -25,15 +25,15 @@ class ReconcilerMetrics:
         self.lease_epoch = Gauge(
             "lm_reconciler_lease_epoch", "Epoch of the lease this process holds", registry=r
         )
-        self.lag_hours = Gauge(
-            "lm_reconciler_lag_hours",
-            "accepted-by-time hours (up to now) past the checkpoint, as of the last pass; "
-            "0 when the checkpoint covers every existing hour",
+        self.log_lag = Gauge(
+            "lm_reconciler_log_lag_seconds",
+            "Store time minus the first time of the newest index log segment consumed, as of "
+            "the last steady pass (grows when the pass falls behind or nothing is written)",
             registry=r,
         )
         self.checkpoint_age = Gauge(
             "lm_reconciler_checkpoint_age_seconds",
-            "Seconds since the steady-state checkpoint was last confirmed (-1: none yet)",
+            "Seconds since the index log checkpoint was last confirmed (-1: none yet)",
             registry=r,
         )
         self.checkpoint_age.set_function(self._checkpoint_age_s)
@@ -43,17 +43,23 @@ class ReconcilerMetrics:
             ["result"],
             registry=r,
         )
-        self.entries_scanned = Counter(
-            "lm_reconciler_index_entries_scanned",
-            "accepted-by-time entries examined by steady-state passes",
+        self.log_segments = Counter(
+            "lm_reconciler_log_segments_read",
+            "Index log segments read by steady passes",
             registry=r,
         )
-        self.repairs = Counter(
-            "lm_reconciler_repairs",
-            "Objects the reconciler created because they were missing, by kind "
-            "(accepted-by-time, accepted-by-blob, raw-blobs-by-time, quarantine-by-blob, "
-            "rollup-dirty)",
-            ["kind"],
+        self.records_read = Counter(
+            "lm_reconciler_records_read",
+            "Accepted and quarantine records read to be cataloged (steady passes and audits)",
+            registry=r,
+        )
+        self.catalog_rows = Counter(
+            "lm_reconciler_catalog_rows", "Rows written to catalog files", registry=r
+        )
+        self.catalog_files = Counter(
+            "lm_reconciler_catalog_files",
+            "Catalog files written, by origin (write, compaction)",
+            ["origin"],
             registry=r,
         )
         self.problems = Counter(
@@ -68,9 +74,9 @@ class ReconcilerMetrics:
             ["kind"],
             registry=r,
         )
-        self.dangling_entries = Counter(
-            "lm_reconciler_dangling_index_entries",
-            "accepted-by-time entries whose manifest does not exist, or whose key is malformed",
+        self.dangling_rows = Counter(
+            "lm_reconciler_dangling_log_rows",
+            "Index log rows naming a record that does not exist",
             registry=r,
         )
         self.store_failures = Counter(

@@ -163,6 +163,8 @@ class SteadyScanner:
         self.suspects.forget_refs_before(now_ns - self._lookback_ns)
         self._forget_keys_before(now_ns - self._lookback_ns)
         ctx.metrics.steady_passes.labels("complete" if result.complete else "incomplete").inc()
+        if position.through_ns:
+            ctx.metrics.log_lag.set(max(0.0, (now_ns - position.through_ns) / 1e9))
         return result
 
     async def _read_into(
@@ -182,6 +184,7 @@ class SteadyScanner:
             result.failed += 1
             return False
         result.segments_read += 1
+        self._ctx.metrics.log_segments.inc()
         accepted = sum(row.kind == "accepted" for row in rows)
         result.accepted_rows += accepted
         chunk.accepted_rows += accepted
