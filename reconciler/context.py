@@ -40,6 +40,7 @@ from store.errors import StoreError
 from store.lease import Lease, LeaseLost
 from store.retry import Backoff
 
+from .gc_delete import LeaseTerm
 from .inventory import InventorySource
 from .metrics import ReconcilerMetrics
 
@@ -69,6 +70,8 @@ class Fence:
         self.margin_s = ttl_s / 6
         self._lost: LeaseLost | None = None
         self._renewing = asyncio.Lock()
+        # When we took the lease, on the clock that wrote its expiry.
+        self._started_at_unix_ns = lease.record.expires_at_unix_ns - int(ttl_s * 1e9)
 
     @classmethod
     async def acquire(
@@ -102,6 +105,14 @@ class Fence:
     @property
     def lost(self) -> bool:
         return self._lost is not None
+
+    def term(self) -> LeaseTerm:
+        """Our epoch, the lease's current expiry and when we took it (for the GC)."""
+        return LeaseTerm(
+            epoch=self.epoch,
+            expires_at_unix_ns=self._lease.record.expires_at_unix_ns,
+            started_at_unix_ns=self._started_at_unix_ns,
+        )
 
     async def check(self) -> None:
         """Return only while our lease is valid with margin (renewing it past half its TTL).

@@ -10,7 +10,8 @@ dying. The active instance loops, every ``loop_interval_s``:
    ``audit_interval_s`` (so the first run ever always audits), or one is still running
    (it is resumed);
 3. the GC (``reconciler.gc.run_gc``) when ``gc.enabled``, at most once per
-   ``max(loop_interval_s, gc.mark_grace_s)``, if that module is installed.
+   ``max(loop_interval_s, gc.mark_grace_s)``; with the GC disabled, only its resolution
+   of stale ``deleting`` marks (which would otherwise keep collectors waiting).
 
 Between passes it sleeps in slices of a third of the TTL, checking the fence (which
 renews the lease) after each. Losing the lease (`LeaseLost`) ends the active term at the
@@ -43,7 +44,7 @@ from store.lease import LeaseHeld, LeaseLost
 from .audit import ProgressCallback, run_full_audit
 from .audit_records import latest_audit, latest_completed_audit
 from .context import Fence, ReconcilerContext, default_owner_id
-from .gc import run_gc
+from .gc import run_gc, settle_stale_deletions
 from .inventory import InventorySource
 from .metrics import ReconcilerMetrics
 from .steady import SteadyResult, SteadyScanner
@@ -193,11 +194,14 @@ class Reconciler:
             report.audit = await self._stage(
                 "audit", lambda: self._audit_if_due(ctx), isolate_errors
             )
-        if self._settings.gc.enabled and not self._stopping.is_set() and self._gc_due():
+        if not self._stopping.is_set() and self._gc_due():
             self._last_gc = self._clock.monotonic()
-            report.gc = await self._stage(
-                "gc", lambda: run_gc(ctx, dry_run=self._settings.gc.dry_run), isolate_errors
-            )
+            if self._settings.gc.enabled:
+                report.gc = await self._stage(
+                    "gc", lambda: run_gc(ctx, dry_run=self._settings.gc.dry_run), isolate_errors
+                )
+            else:
+                await self._stage("gc", lambda: settle_stale_deletions(ctx), isolate_errors)
         return report
 
     async def _stage(
