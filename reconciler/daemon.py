@@ -13,9 +13,11 @@ dying. The active instance loops, every ``loop_interval_s``:
    ``max(loop_interval_s, gc.mark_grace_s)``; with the GC disabled, only its resolution
    of stale ``deleting`` marks (which would otherwise keep collectors waiting).
 
-Between passes it sleeps in slices of a third of the TTL, checking the fence (which
-renews the lease) after each. Losing the lease (`LeaseLost`) ends the active term at the
-next fence check and the instance becomes a standby again. In ``run()`` an error in one
+While active, the lease is renewed in the background every third of its TTL
+(`Fence.start_renewing`), however long a stage runs without writing. Between passes it
+sleeps in slices of a third of the TTL, checking the fence after each. Losing the lease
+(`LeaseLost`) ends the active term at the next fence check and the instance becomes a
+standby again. In ``run()`` an error in one
 stage is logged and counted and the loop goes on; ``run_once()`` lets it propagate.
 
 `stop(grace_s)` stops intake: long stages finish the item in hand and return (an audit
@@ -273,6 +275,7 @@ class Reconciler:
                 pause = self._rng.uniform(0.5, 1.0) * min(self._ttl_s / 3, 5.0)
                 log.warning("reconciler_lease_unavailable", error=str(exc))
             else:
+                fence.start_renewing(self._rng)
                 self._fence = fence
                 self.metrics.active.set(1)
                 self.metrics.lease_epoch.set(fence.epoch)
@@ -289,6 +292,7 @@ class Reconciler:
     async def _end_term(self, fence: Fence) -> None:
         self._fence = None
         self.metrics.active.set(0)
+        await fence.stop_renewing()
         if not fence.lost:
             await fence.release()
 
