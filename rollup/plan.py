@@ -11,7 +11,10 @@
    count) and returns them as `WorkItem`\\ s.
 
 A batch's ``accepted_hour`` is the hour of its ``accepted-by-time`` entry, which is what
-``verify`` recomputes the ledger's setsums from. Dirty markers are returned, not
+``verify`` recomputes the ledger's setsums from. It must equal the UTC hour of the
+manifest's ``accepted_at`` (PROTOCOL §3.7): an entry under any other hour is reported as a
+`SkippedBatch`, not counted, so a misfiled entry can neither put a batch in the wrong
+hour nor include it twice (the reconciler files it under the right hour). Dirty markers are returned, not
 deleted: the caller deletes them once the plan's work is committed (or needed none).
 Counting catches late entries even without a marker, so a marker lost to a race
 between the reconciler's create and our delete costs nothing.
@@ -176,6 +179,11 @@ async def _read_manifests(
             bar.update(1)
         if manifest.identity != identity:
             return SkippedBatch(key, f"the manifest names batch {manifest.identity}")
+        accepted_hour = keys.UtcHour.from_unix_ns(manifest.accepted_at_unix_ns).iso
+        if accepted_hour != hour:
+            return SkippedBatch(
+                key, f"indexed under hour {hour}, but the manifest was accepted in {accepted_hour}"
+            )
         return WorkItem(
             manifest_id=identity.manifest_id,
             frame_sha256=manifest.frame_sha256,
