@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 
 from protocol import derived, keys, records
-from store.base import ObjectInfo, ObjectStore
+from store.base import ObjectInfo, ObjectStore, SignedDelete
 from store.errors import NotFound
 from store.memory import MemoryStore
 
@@ -64,6 +64,17 @@ class WatchedStore:
         return self.inner.list(prefix, start_after)
 
     async def delete(self, key: str) -> None:
+        self._check_delete(key)
+        await self.inner.delete(key)
+
+    async def sign_delete(self, key: str, *, expires_in_s: int) -> SignedDelete:
+        return await self.inner.sign_delete(key, expires_in_s=expires_in_s)
+
+    async def send_signed_delete(self, request: SignedDelete) -> None:
+        await self.inner.send_signed_delete(request)  # raises when refused: nothing deleted
+        self._check_delete(request.key)
+
+    def _check_delete(self, key: str) -> None:
         if key.startswith(keys.RAW_BLOBS_PREFIX):
             sha = keys.parse_raw_blob_key(key)
             if sha in self._referenced:
@@ -72,7 +83,6 @@ class WatchedStore:
                 )
             self._stats["blobs_deleted"] += 1
             self._deleted.add(sha)
-        await self.inner.delete(key)
 
     async def close(self) -> None:
         await self.inner.close()

@@ -209,6 +209,11 @@ class GcSettings(_Section):
     max_delete_fraction: float = Field(default=0.1, gt=0, le=1)
     """A GC run that would delete more than this fraction of the blobs it saw stops and
     reports instead (a safety valve against a broken index or audit)."""
+    delete_expiry_s: int = Field(default=5, ge=1, le=7 * 24 * 3600)
+    """Lifetime of each pre-signed blob DELETE (``X-Amz-Expires``, PROTOCOL §3.5 rule 6).
+    It is sent only while the reconciler lease outlives it (plus the clock skew), and the
+    store refuses it once expired, so a stalled former leader cannot delete late. Long
+    enough for the request to reach the store; at most ``reconciler.lease_ttl_s / 3``."""
 
 
 class RollupSettings(_Section):
@@ -277,6 +282,8 @@ class Settings(BaseModel):
         # manifest a collector was about to create when the mark appeared. A request's
         # last store call can start just before its budget ends and then take a connect
         # plus a read timeout, so the grace has to outlast all three.
+        # These are the *collectors'* settings: a reconciler configured by its own file
+        # must carry the collectors' [ingest] request_budget_s and [store] timeouts.
         longest = (
             self.ingest.request_budget_s + self.store.connect_timeout_s + self.store.read_timeout_s
         )
@@ -284,11 +291,28 @@ class Settings(BaseModel):
             raise CrossFieldError(
                 "gc.mark_grace_s",
                 f"must be > ingest.request_budget_s + store.connect_timeout_s + "
-                f"store.read_timeout_s = {longest:g}, got {self.gc.mark_grace_s:g}",
+                f"store.read_timeout_s = {longest:g} (the longest a collector request can "
+                f"take to land; when collectors have their own settings file, copy those "
+                f"three values from it), got {self.gc.mark_grace_s:g}",
                 related=(
                     "ingest.request_budget_s",
                     "store.connect_timeout_s",
                     "store.read_timeout_s",
                 ),
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _signed_delete_fits_the_lease(self) -> Settings:
+        # PROTOCOL §3.5 rule 6: a signed DELETE is sent only while the lease has more than
+        # its expiry left. The lease is renewed every third of its TTL, so an expiry of at
+        # most a third leaves the other third for the last checks and the clock skew.
+        if self.gc.enabled and self.gc.delete_expiry_s > self.reconciler.lease_ttl_s / 3:
+            raise CrossFieldError(
+                "gc.delete_expiry_s",
+                f"must be <= reconciler.lease_ttl_s / 3 = {self.reconciler.lease_ttl_s / 3:g} "
+                f"(a signed delete must expire well within the lease), "
+                f"got {self.gc.delete_expiry_s}",
+                related=("reconciler.lease_ttl_s",),
             )
         return self

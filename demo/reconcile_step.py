@@ -37,6 +37,7 @@ DEMO_GC_ENV = {
     "LM_STORE__CONNECT_TIMEOUT_S": "1",
     "LM_STORE__READ_TIMEOUT_S": "1",
     "LM_RECONCILER__LEASE_TTL_S": "10",
+    "LM_GC__DELETE_EXPIRY_S": "2",  # a signed delete expires within a third of the lease
 }
 
 

@@ -299,6 +299,14 @@ def gc_veto_key(sha: str) -> str:
     return f"{GC_VETOES_PREFIX}{check_sha256(sha)}.json"
 
 
+def parse_gc_veto_key(key: str) -> str:
+    """Return the sha256 named by a GC veto key."""
+    match = re.fullmatch(r"gc/v1/vetoes/([0-9a-f]{64})\.json", key)
+    if not match:
+        raise KeyFormatError(f"not a GC veto key: {key!r}")
+    return match.group(1)
+
+
 def gc_log_key(hour: UtcHour, sha: str) -> str:
     return f"{GC_LOG_PREFIX}{hour.partition}/{check_sha256(sha)}.json"
 

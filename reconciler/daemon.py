@@ -11,11 +11,14 @@ dying. The active instance loops, every ``loop_interval_s``:
    (it is resumed);
 3. catalog compaction (`reconciler.compaction`) of the hours written to;
 4. the GC (``reconciler.gc.run_gc``) when ``gc.enabled``, at most once per
-   ``max(loop_interval_s, gc.mark_grace_s)``, if that module is installed.
+   ``max(loop_interval_s, gc.mark_grace_s)``; with the GC disabled, only its resolution
+   of stale ``deleting`` marks (which would otherwise keep collectors waiting).
 
-Between passes it sleeps in slices of a third of the TTL, checking the fence (which
-renews the lease) after each. Losing the lease (`LeaseLost`) ends the active term at the
-next fence check and the instance becomes a standby again. In ``run()`` an error in one
+While active, the lease is renewed in the background every third of its TTL
+(`Fence.start_renewing`), however long a stage runs without writing. Between passes it
+sleeps in slices of a third of the TTL, checking the fence after each. Losing the lease
+(`LeaseLost`) ends the active term at the next fence check and the instance becomes a
+standby again. In ``run()`` an error in one
 stage is logged and counted and the loop goes on; ``run_once()`` lets it propagate.
 
 `stop(grace_s)` stops intake: long stages finish the item in hand and return (an audit
@@ -45,7 +48,7 @@ from .audit import ProgressCallback, run_full_audit
 from .audit_records import latest_audit, latest_completed_audit
 from .compaction import CatalogCompactor, CompactionResult
 from .context import Fence, GcMemory, ReconcilerContext, default_owner_id
-from .gc import run_gc
+from .gc import run_gc, settle_stale_deletions
 from .inventory import InventorySource
 from .metrics import ReconcilerMetrics
 from .steady import OrphanSuspects, SteadyResult, SteadyScanner
@@ -204,11 +207,14 @@ class Reconciler:
             report.compaction = await self._stage(
                 "compaction", lambda: self.compactor.run(ctx), isolate_errors
             )
-        if self._settings.gc.enabled and not self._stopping.is_set() and self._gc_due():
+        if not self._stopping.is_set() and self._gc_due():
             self._last_gc = self._clock.monotonic()
-            report.gc = await self._stage(
-                "gc", lambda: run_gc(ctx, dry_run=self._settings.gc.dry_run), isolate_errors
-            )
+            if self._settings.gc.enabled:
+                report.gc = await self._stage(
+                    "gc", lambda: run_gc(ctx, dry_run=self._settings.gc.dry_run), isolate_errors
+                )
+            else:
+                await self._stage("gc", lambda: settle_stale_deletions(ctx), isolate_errors)
         return report
 
     async def _stage(
@@ -280,6 +286,7 @@ class Reconciler:
                 pause = self._rng.uniform(0.5, 1.0) * min(self._ttl_s / 3, 5.0)
                 log.warning("reconciler_lease_unavailable", error=str(exc))
             else:
+                fence.start_renewing(self._rng)
                 self._fence = fence
                 self.metrics.active.set(1)
                 self.metrics.lease_epoch.set(fence.epoch)
@@ -296,6 +303,7 @@ class Reconciler:
     async def _end_term(self, fence: Fence) -> None:
         self._fence = None
         self.metrics.active.set(0)
+        await fence.stop_renewing()
         if not fence.lost:
             await fence.release()
 

@@ -20,7 +20,9 @@ ETags are the quoted MD5 of the content (what S3 gives for single-part uploads),
 on read. Content hashes stay correct however inodes and timestamps are reused; the cost
 is that `head` and `list` read every object they report.
 
-``last_modified_ns`` is the file's mtime, set from the injected clock when written.
+``last_modified_ns`` is the file's mtime, set from the injected clock when written. That
+clock is also the store's clock for signed deletes: one sent after its expiry is refused
+(`RequestExpired`).
 
 Limitation: a path cannot be a file and a directory at once, so the keys ``a`` and
 ``a/b`` cannot coexist; the second put raises `KeyPathConflict`. PROTOCOL's key layout
@@ -42,8 +44,21 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from protocol.clock import Clock, SystemClock
-from store.base import ObjectInfo, check_key, check_put_conditions
-from store.errors import NotFound, OutcomeUnknown, PreconditionFailed, StoreError, Unavailable
+from store.base import (
+    ObjectInfo,
+    SignedDelete,
+    check_key,
+    check_put_conditions,
+    check_signed_expiry,
+)
+from store.errors import (
+    NotFound,
+    OutcomeUnknown,
+    PreconditionFailed,
+    RequestExpired,
+    StoreError,
+    Unavailable,
+)
 from store.memory import body_etag
 
 _RESERVED = ".lm-store"
@@ -235,9 +250,13 @@ class FileSystemStore:
         path = self._path("delete", key)
         await asyncio.to_thread(self._delete_sync, key, path)
 
-    def _delete_sync(self, key: str, path: str) -> None:
+    def _delete_sync(
+        self, key: str, path: str, expired: Callable[[], bool] = lambda: False
+    ) -> None:
         parent = os.path.dirname(path)
         with self._key_lock(key):
+            if expired():
+                raise RequestExpired("delete", key, "the signed request has expired")
             try:
                 os.unlink(path)
             except _GONE:
@@ -259,6 +278,21 @@ class FileSystemStore:
             except OSError:
                 break
             parent = os.path.dirname(parent)
+
+    async def sign_delete(self, key: str, *, expires_in_s: int) -> SignedDelete:
+        self._path("sign_delete", key)
+        check_signed_expiry(key, expires_in_s)
+        return SignedDelete(key, expires_in_s, self._clock.now_ns())
+
+    async def send_signed_delete(self, request: SignedDelete) -> None:
+        """`delete`, refused once the store's clock is past the request's expiry (checked
+        under the key's lock, so the check and the unlink are one step)."""
+        path = self._path("delete", request.key)
+
+        def expired() -> bool:
+            return self._clock.now_ns() > request.expires_at_unix_ns
+
+        await asyncio.to_thread(self._delete_sync, request.key, path, expired)
 
     async def list(self, prefix: str, start_after: str | None = None) -> AsyncIterator[ObjectInfo]:
         files = self._walk_prefix(prefix, start_after)

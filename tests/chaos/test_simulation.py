@@ -32,6 +32,8 @@ from collector.derived import DerivedWriter
 from protocol import derived, keys, records
 from protocol.clock import ManualClock
 from reconciler.gc import GarbageCollector, GcPolicy
+from reconciler.gc_delete import LeaseTerm
+from store.base import SignedDelete
 from store.errors import NotFound, OutcomeUnknown, PreconditionFailed
 from store.memory import MemoryStore
 from store.retry import Backoff
@@ -165,26 +167,28 @@ async def test_bug_1_blob_deleted_between_the_412_and_the_mark_read() -> None:
 
 
 class LostDeleteAnswer:
-    """A delete store whose first blob DELETE loses its answer (the caller gets
-    `OutcomeUnknown`, as from `S3Store.delete`) while the request is still in flight."""
+    """A delete store whose first signed blob DELETE loses its answer (the caller gets
+    `OutcomeUnknown`, as from `S3Store.send_signed_delete`) while it is still in flight."""
 
     def __init__(self, inner: MemoryStore) -> None:
         self.inner = inner
         self.url = inner.url
-        self.in_flight: list[str] = []
+        self.in_flight: list[SignedDelete] = []
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)
 
-    async def delete(self, key: str) -> None:
+    async def send_signed_delete(self, request: SignedDelete) -> None:
         if not self.in_flight:
-            self.in_flight.append(key)
-            raise OutcomeUnknown("delete", key, "read timeout; the request is still in flight")
-        await self.inner.delete(key)
+            self.in_flight.append(request)
+            raise OutcomeUnknown(
+                "delete", request.key, "read timeout; the request is still in flight"
+            )
+        await self.inner.send_signed_delete(request)
 
     async def land_late_attempts(self) -> None:
-        for key in self.in_flight:
-            await self.inner.delete(key)
+        for request in self.in_flight:
+            await self.inner.send_signed_delete(request)
 
 
 async def test_bug_2_a_delete_with_a_lost_answer_keeps_the_mark_until_it_settles() -> None:
@@ -199,6 +203,9 @@ async def test_bug_2_a_delete_with_a_lost_answer_keeps_the_mark_until_it_settles
     async def fence() -> None:
         return None
 
+    def lease() -> LeaseTerm:  # kept renewed: 30 s left whenever asked
+        return LeaseTerm(1, clock.now_ns() + 30 * 1_000_000_000, 0)
+
     gc = GarbageCollector(
         store=store,
         clock=clock,
@@ -206,6 +213,7 @@ async def test_bug_2_a_delete_with_a_lost_answer_keeps_the_mark_until_it_settles
         run_audit=audits.run,
         latest_audit=audits.newest,
         fence=fence,
+        lease=lease,
         delete_store=deletes,  # type: ignore[arg-type]
     )
     await store.put(keys.raw_blob_key(SHA), FRAME, if_none_match=True)
@@ -217,8 +225,8 @@ async def test_bug_2_a_delete_with_a_lost_answer_keeps_the_mark_until_it_settles
     assert (await gc.run()).deleted == []  # the answer was lost: nothing claimed
     mark = records.GcMark.from_json((await store.get(keys.gc_mark_key(SHA)))[0])
     assert mark.state == "deleting"  # ... and collectors keep waiting for it
-    await deletes.land_late_attempts()  # the first attempt lands late
-    clock.advance(policy.settle_s + 1)
+    await deletes.land_late_attempts()  # the first attempt lands late (before its expiry)
+    clock.advance(30 + policy.settle_s + 1)  # past the lease recorded in the mark + settle
     await gc.run()  # the stale-deletion pass settles it: logged, mark removed
     with pytest.raises(NotFound):
         await store.get(keys.gc_mark_key(SHA))

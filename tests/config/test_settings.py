@@ -276,7 +276,24 @@ def test_mark_grace_must_outlast_a_collector_request(tmp_path: Path) -> None:
     assert problem.key == "gc.mark_grace_s"
     assert problem.source == f"{path}, environment variable LM_INGEST__REQUEST_BUDGET_S"
     assert "must be > ingest.request_budget_s" in problem.problem
-    assert "= 55, got 30" in problem.problem
+    assert "= 55 (the longest a collector request can take to land" in problem.problem
+    assert "when collectors have their own settings file, copy those" in problem.problem
+    assert problem.problem.endswith("got 30")
+
+
+def test_signed_delete_expiry_must_fit_well_within_the_lease(tmp_path: Path) -> None:
+    path = write(tmp_path, "[reconciler]\nlease_ttl_s = 6\n")
+    with pytest.raises(SettingsError) as exc:
+        load_settings(path, environ={})
+    [problem] = exc.value.problems
+    assert problem.key == "gc.delete_expiry_s"
+    assert problem.source == str(path)  # the TTL's source; the expiry is a default
+    assert problem.problem == (
+        "must be <= reconciler.lease_ttl_s / 3 = 2 (a signed delete must expire well "
+        "within the lease), got 5"
+    )
+    assert load_settings(path, environ={"LM_GC__DELETE_EXPIRY_S": "2"}).gc.delete_expiry_s == 2
+    assert not load_settings(path, environ={"LM_GC__ENABLED": "false"}).gc.enabled
 
 
 def test_malformed_toml_names_file_and_line(tmp_path: Path) -> None:

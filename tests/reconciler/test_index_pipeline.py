@@ -16,8 +16,8 @@ from index.rows import accepted_row, blob_row, quarantine_row
 from protocol import keys
 from protocol.clock import ManualClock
 from reconciler.audit import run_full_audit
-from reconciler.orphans import decode_orphans
 from reconciler.compaction import CatalogCompactor
+from reconciler.orphans import decode_orphans
 from reconciler.steady import SteadyScanner, read_checkpoint
 from rollup.plan import make_plan
 from store.base import ObjectInfo
@@ -106,7 +106,9 @@ async def test_an_audit_catalogs_only_what_the_log_lost_and_lists_orphans(
     orphan_sha = hashlib.sha256(orphan).hexdigest()
     await store.put(keys.raw_blob_key(orphan_sha), orphan)
     base = make_settings()
-    settings = base.model_copy(update={"gc": base.gc.model_copy(update={"retry_horizon_s": 3600.0})})
+    settings = base.model_copy(
+        update={"gc": base.gc.model_copy(update={"retry_horizon_s": 3600.0})}
+    )
     ctx = await context(store, clock, settings=settings)
     await SteadyScanner(ctx).run_pass()
     clock.advance(2 * 3600)
