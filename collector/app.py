@@ -30,6 +30,7 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from config.settings import ReceiverSettings
 from config.tokens import Principal
 from protocol import keys, records
 from protocol.frame import FrameError, FrameHeader, decode_frame, decode_header
@@ -40,6 +41,7 @@ from .accept import AcceptanceUnavailable, Accepted, BatchAcceptor
 from .auth import Authenticator
 from .metrics import CollectorMetrics
 from .readiness import Readiness
+from .receivers import add_receiver_routes
 from .spool import LocalSpool, SpoolFull
 
 log = structlog.get_logger("collector.http")
@@ -86,6 +88,7 @@ class CollectorApp:
         collector_id: str,
         worker_name: str = "0",
         spool: LocalSpool | None = None,
+        receivers: ReceiverSettings | None = None,
     ) -> None:
         self.acceptor = acceptor
         self.authenticator = authenticator
@@ -96,6 +99,7 @@ class CollectorApp:
         self.collector_id = collector_id
         self.worker_name = worker_name
         self.spool = spool
+        self.receivers = receivers if receivers is not None else ReceiverSettings()
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -110,6 +114,7 @@ class CollectorApp:
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.metrics_text)
+        add_receiver_routes(app, self, self.receivers)
         return app
 
     # --- middleware -----------------------------------------------------------------------
@@ -190,6 +195,29 @@ class CollectorApp:
         except TimeoutError:
             return False
         return True
+
+    def admit(self, body_bytes: int) -> bool:
+        """Count one more request holding ``body_bytes`` under the in-flight caps, or refuse
+        it (False). The receivers (`collector.receivers`) share the caps with batches."""
+        if (
+            self._in_flight >= self.limits.max_in_flight_requests
+            or self._in_flight_bytes + body_bytes > self.limits.max_in_flight_bytes
+        ):
+            return False
+        self._reserve(1, body_bytes)
+        return True
+
+    def admit_bytes(self, size: int) -> bool:
+        """Reserve ``size`` more bytes (a payload being decompressed) for an admitted
+        request, or refuse (False). A request alone in flight is always admitted."""
+        if self._in_flight > 1 and self._in_flight_bytes + size > self.limits.max_in_flight_bytes:
+            return False
+        self._reserve(0, size)
+        return True
+
+    def release(self, requests: int, size: int) -> None:
+        """Give back what `admit` / `admit_bytes` reserved."""
+        self._reserve(-requests, -size)
 
     def _reserve(self, requests: int, size: int) -> None:
         self._in_flight += requests
