@@ -9,6 +9,9 @@ Bad input changes nothing: nothing is written before the frame is valid and auth
 In ``local_spool`` mode (`collector.spool`) the last step is "fsync into the local spool"
 instead, and 200 bodies carry ``"spooled": true``.
 
+The receivers (`collector.receivers`: ``POST /api/v1/write``, ``POST /v1/metrics``) are
+registered on the same application and share the in-flight caps (`CollectorApp.admit`).
+
 Every response, errors included, carries ``X-Request-Id`` and a JSON body.
 Addition to PROTOCOL §2: a body that does not arrive within ``http.read_timeout_s`` is
 answered ``408 {"error": "request_timeout"}`` (agents retry it like a network error).

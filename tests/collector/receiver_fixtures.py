@@ -22,6 +22,7 @@ from collector.auth import Authenticator
 from collector.derived import DerivedWriter
 from collector.metrics import CollectorMetrics
 from collector.readiness import Readiness
+from collector.spool import LocalSpool
 from config import Principal, ReceiverSettings, TokenTable, hash_token
 from protocol import keys, records
 from protocol.clock import SystemClock
@@ -66,8 +67,10 @@ async def in_process_collector(
     limits: HttpLimits = LIMITS,
     receivers: ReceiverSettings | None = None,
     budget_s: float = 2.0,
+    spool_dir: Path | None = None,
 ) -> AsyncIterator[InProcess]:
-    """The collector's app over a memory store behind a `FaultyStore`, on 127.0.0.1."""
+    """The collector's app over a memory store behind a `FaultyStore`, on 127.0.0.1
+    (``spool_dir``: in ``local_spool`` mode, acknowledging from a `LocalSpool` there)."""
     memory = MemoryStore()
     store = FaultyStore(memory, seed=1)
     clock = SystemClock()
@@ -94,6 +97,7 @@ async def in_process_collector(
         limits=limits,
         collector_id="inproc",
         receivers=receivers,
+        spool=LocalSpool(spool_dir, max_pending_bytes=1 << 30) if spool_dir else None,
     )
     derived.start()
     # As collector.server.Worker.run builds it: aiohttp must not inflate bodies itself.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import struct
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -22,10 +23,12 @@ from prometheus_remote_writer import RemoteWriter  # type: ignore[import-untyped
 
 from chaos.faulty_store import Fault
 from collector.app import HttpLimits
+from collector.receivers.frames import PointRows, content_boot_id
 from collector.receivers.proto.wire_pb2 import WriteRequest
 from config import ReceiverSettings
 from protocol import keys
-from tests.collector.conftest import CollectorLauncher, metric_value
+from protocol.frame import encode_frame, points_table
+from tests.collector.conftest import CollectorLauncher, metric_value, post_frame, store_keys
 from tests.collector.receiver_fixtures import (
     LIMITS,
     OTHER_TOKEN,
@@ -164,6 +167,46 @@ async def test_a_reencoded_resend_is_a_duplicate_and_other_points_are_a_new_batc
     assert answers[0][1]["frame_sha256"] == answers[1][1]["frame_sha256"]
     assert answers[2][1]["boot_id"] != answers[0][1]["boot_id"]
     assert len(await accepted_batches(collector.memory)) == 2
+
+
+async def test_the_same_points_in_other_frame_bytes_are_answered_as_a_duplicate(
+    collector: InProcess, session: aiohttp.ClientSession
+) -> None:
+    """Another library version may encode the same points into other bytes under the same
+    (content-derived) identity: the points are stored, so the answer is a duplicate; the
+    acceptor's quarantine record shows the pair to operators."""
+    rows = PointRows()
+    rows.append(MS0 * 10**6, "temp", 21.5, {"room": "a"})
+    table = points_table(rows.ts_ns, rows.metrics, rows.values, rows.labels)
+    other_bytes = encode_frame(
+        agent_id="prom-1", boot_id=content_boot_id(rows), seq_start=0, points=table, compress=False
+    )
+    earlier = await post_frame(session, collector.base_url, other_bytes, token=WRITER_TOKEN)
+    assert earlier.status == 200, earlier
+
+    status, answer, _ = await post(
+        session,
+        collector.base_url,
+        write_body([([("__name__", "temp"), ("room", "a")], [(21.5, MS0)])]),
+    )
+
+    assert status == 200, answer
+    assert answer["duplicate"] is True and answer["encoding_differs"] is True
+    assert answer["manifest_key"] == earlier.json["manifest_key"]
+    assert len(await store_keys(collector.memory, keys.QUARANTINE_PREFIX)) == 1
+    assert len(await accepted_batches(collector.memory)) == 1
+
+
+async def test_local_spool_mode_acknowledges_from_the_spool(
+    session: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    async with in_process_collector(spool_dir=tmp_path / "spool") as running:
+        body = write_body([([("__name__", "x")], [(1.0, MS0)])])
+        first = await post(session, running.base_url, body)
+        again = await post(session, running.base_url, body)
+    assert first[0] == 200 and first[1]["spooled"] is True and first[1]["duplicate"] is False
+    assert again[0] == 200 and again[1]["duplicate"] is True
+    assert len(list((tmp_path / "spool" / "pending").glob("*.lmbatch"))) == 1
 
 
 # --- identity and authorization -----------------------------------------------------------
