@@ -66,8 +66,8 @@ class PointRows:
     metrics: list[str] = field(default_factory=list)
     values: list[float] = field(default_factory=list)
     labels: list[dict[str, str] | None] = field(default_factory=list)
-    _last_given: dict[str, str] | None = None
-    _last_sorted: dict[str, str] | None = None
+    _last_given: dict[str, str] | None = field(default=None, init=False, repr=False)
+    _last_sorted: dict[str, str] | None = field(default=None, init=False, repr=False)
 
     def __len__(self) -> int:
         return len(self.ts_ns)
