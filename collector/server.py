@@ -141,6 +141,7 @@ class Worker:
             collector_id=s.ingest.collector_id,
             worker_name=str(self.index),
             spool=self.spool,
+            receivers=s.receivers,
         )
 
     async def run(
