@@ -15,6 +15,7 @@ from pathlib import Path
 from config import Settings, SettingsError, configure_logging, generate_token, load_settings
 from protocol import keys, records
 from protocol.clock import SystemClock
+from store.base import list_prefixes
 from store.errors import StoreConfigError, StoreError
 from store.open import open_store_from_settings
 
@@ -106,12 +107,14 @@ async def _probe(settings: Settings) -> int:
 
 async def _conflicts(settings: Settings, agent_id: str | None, limit: int) -> int:
     store = open_store_from_settings(settings.store)
-    prefix = keys.QUARANTINE_PREFIX
-    if agent_id is not None:
-        prefix += f"agent={agent_id.encode('utf-8').hex()}/"
+    prefixes = (
+        keys.quarantine_agent_prefixes(agent_id)
+        if agent_id is not None
+        else [keys.QUARANTINE_PREFIX]
+    )
     shown = 0
     try:
-        async for info in store.list(prefix):
+        async for info in list_prefixes(store, prefixes):
             if shown == limit:
                 print("... more (raise --limit to see them)", file=sys.stderr)
                 break

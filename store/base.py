@@ -24,7 +24,7 @@ ETags are opaque strings: compare them only for equality, and only from the same
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -63,6 +63,13 @@ class ObjectStore(Protocol):
     async def delete(self, key: str) -> None: ...
 
     async def close(self) -> None: ...
+
+
+async def list_prefixes(store: ObjectStore, prefixes: Iterable[str]) -> AsyncIterator[ObjectInfo]:
+    """Every object under each of ``prefixes`` in turn (prefixes that do not overlap)."""
+    for prefix in prefixes:
+        async for info in store.list(prefix):
+            yield info
 
 
 def check_key(op: str, key: str) -> None:
