@@ -35,7 +35,8 @@ from agent.spool import SpoolError
 from agent.summary import DeliveryRecord
 from agent.truth import BatchKind
 from agent.uploader import UploadPolicy
-from config import LoggingSettings, configure_logging, load_settings
+from config import configure_logging
+from config.cli import add_settings_flags, settings_from_flags
 from store.retry import Backoff
 
 EXIT_USAGE = 2
@@ -80,28 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("--progress", action="store_true", help="progress bar even without a TTY")
     send.add_argument("--json", action="store_true", help="print the summary as JSON")
     send.add_argument("--truth-out", type=Path, help="write the ground truth JSON here")
-    send.add_argument("--config", type=Path, help="settings file (the agent uses [logging])")
-    send.add_argument(
-        "--log-level",
-        choices=["debug", "info", "warning", "error", "critical"],
-        help="overrides [logging] level",
-    )
-    send.add_argument(
-        "--log-format", choices=["json", "console", "auto"], help="overrides [logging] format"
-    )
+    add_settings_flags(parser, config_help="settings file (the agent uses [logging])")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        log_settings = load_settings(args.config).logging
-        configure_logging(
-            LoggingSettings(
-                level=args.log_level or log_settings.level,
-                format=args.log_format or log_settings.format,
-            )
-        )
+        configure_logging(settings_from_flags(args).logging)
         urls = _urls(args.url)
         token = _token(args)
         return _send(args, urls, token)
