@@ -20,7 +20,9 @@ Consequences, all handled here:
   record, PROTOCOL §3.7, has an identity equal to its key in either form).
 - Stores written before the rule may hold the long form where the rule now says ``h-``
   (S3 has no segment limit): readers accept both forms; `legacy_accepted_manifest_key`
-  and `legacy_quarantine_key` name the long form a writer must look for first.
+  and `legacy_quarantine_key` name the long form a writer must look for first. That
+  read covers records already written, not a collector of before the rule still
+  running: with agent_ids over 124 bytes, replace all collectors of one store at once.
 - ``manifest_id`` (the rollup ledger's batch name and the setsum's input, PROTOCOL §4) is
   not a key segment and always spells the agent in hex: ledgers written before the rule
   stay valid, and it can be recomputed from any record body. `parse_manifest_id` turns it
