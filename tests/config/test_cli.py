@@ -82,7 +82,8 @@ def test_logging_flags_override_the_file_and_reach_child_processes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for variable in ("LM_LOGGING__LEVEL", "LM_LOGGING__FORMAT"):
-        monkeypatch.delenv(variable, raising=False)  # restored after the test
+        monkeypatch.setenv(variable, "unset")  # so that monkeypatch restores it afterwards
+        monkeypatch.delenv(variable)
     config = tmp_path / "x.toml"
     config.write_text('[logging]\nlevel = "warning"\nformat = "console"\n')
     from_file = settings_from_flags(
