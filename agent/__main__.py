@@ -48,7 +48,8 @@ from agent.spool import SpoolError
 from agent.summary import DeliveryRecord
 from agent.truth import BatchKind
 from agent.uploader import UploadPolicy
-from config import LoggingSettings, ScrapeSettings, configure_logging, load_settings
+from config import ScrapeSettings, configure_logging
+from config.cli import add_settings_flags, settings_from_flags
 from store.retry import Backoff
 
 EXIT_USAGE = 2
@@ -93,16 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("--progress", action="store_true", help="progress bar even without a TTY")
     send.add_argument("--json", action="store_true", help="print the summary as JSON")
     send.add_argument("--truth-out", type=Path, help="write the ground truth JSON here")
-    send.add_argument("--config", type=Path, help="settings file (the agent uses [logging])")
-    send.add_argument(
-        "--log-level",
-        choices=["debug", "info", "warning", "error", "critical"],
-        help="overrides [logging] level",
-    )
-    send.add_argument(
-        "--log-format", choices=["json", "console", "auto"], help="overrides [logging] format"
-    )
     _add_scrape_parser(commands)
+    add_settings_flags(parser, config_help="settings file (the agent uses [logging], [scrape])")
     return parser
 
 
@@ -111,7 +104,6 @@ def _add_scrape_parser(commands: Any) -> None:
         "scrape",
         help="scrape Prometheus text endpoints and deliver the samples (runs until stopped)",
     )
-    scrape.add_argument("--config", type=Path, help="settings file ([scrape], [logging])")
     scrape.add_argument(
         "--target", action="append", help="endpoint to scrape; repeat (replaces scrape.targets)"
     )
@@ -123,14 +115,6 @@ def _add_scrape_parser(commands: Any) -> None:
     scrape.add_argument("--spool-dir", type=Path, help="durable spool directory")
     scrape.add_argument("--interval", type=float, help="seconds between scrapes")
     scrape.add_argument("--flush-interval", type=float, help="seconds between frames at most")
-    scrape.add_argument(
-        "--log-level",
-        choices=["debug", "info", "warning", "error", "critical"],
-        help="overrides [logging] level",
-    )
-    scrape.add_argument(
-        "--log-format", choices=["json", "console", "auto"], help="overrides [logging] format"
-    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,13 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "scrape":
         return _scrape(args)
     try:
-        log_settings = load_settings(args.config).logging
-        configure_logging(
-            LoggingSettings(
-                level=args.log_level or log_settings.level,
-                format=args.log_format or log_settings.format,
-            )
-        )
+        configure_logging(settings_from_flags(args).logging)
         urls = _urls(args.url)
         token = _token(args)
         return _send(args, urls, token)
@@ -226,13 +204,8 @@ def _send(args: argparse.Namespace, urls: list[str], token: str | None) -> int:
 
 def _scrape(args: argparse.Namespace) -> int:
     try:
-        settings = load_settings(args.config)
-        configure_logging(
-            LoggingSettings(
-                level=args.log_level or settings.logging.level,
-                format=args.log_format or settings.logging.format,
-            )
-        )
+        settings = settings_from_flags(args)
+        configure_logging(settings.logging)
         scrape = _scrape_settings(settings.scrape, args)
         token = _token_from(scrape.token_file)
         if not scrape.targets:

@@ -9,7 +9,9 @@
 2. Create the accepted manifest with If-None-Match. Created: accepted; queue the
    ``accepted-by-time`` and ``accepted-by-blob`` entries. 412: read the manifest; the same
    hash is a duplicate, another hash an identity conflict (quarantine record written best
-   effort).
+   effort). Where the manifest key spells the agent as ``h-<sha256>`` (agent_ids over 124
+   bytes, PROTOCOL §3), the long form a store written before that rule may hold is read
+   first, and finding it there counts as that 412 (one more GET for such agents).
 
 Outcomes are `Accepted` (new or duplicate), `IdentityConflictFound`, or the exception
 `AcceptanceUnavailable` when the store did not settle the outcome within the request's
@@ -318,6 +320,16 @@ class BatchAcceptor:
         body = manifest.to_json()
         key = manifest.manifest_key
         delays = self._backoff.delays(self._rng)
+        legacy_key = keys.legacy_accepted_manifest_key(identity)
+        if legacy_key is not None:
+            # PROTOCOL §3: a store written before the segment rule may hold this batch
+            # under the long form; finding it there counts as a 412 on the h- key.
+            legacy = await self._read_manifest(request, legacy_key, delays, absent_ok=True)
+            if legacy is not None:
+                stored = legacy[1]
+                if stored.frame_sha256 == sha:
+                    return Accepted(stored, duplicate=True, store_ops=request.ops)
+                return await self._quarantine(request, stored, sha, accepted_key=legacy_key)
         maybe_ours = False  # an earlier attempt's outcome is unknown: it may have landed
         while True:
             try:
@@ -348,15 +360,18 @@ class BatchAcceptor:
             return Accepted(manifest, duplicate=False, store_ops=request.ops)
 
     async def _read_manifest(
-        self, request: _Request, key: str, delays: Iterator[float]
+        self, request: _Request, key: str, delays: Iterator[float], *, absent_ok: bool = False
     ) -> tuple[bytes, records.AcceptedManifest] | None:
+        """The manifest at ``key``; ``None`` when absent (after a pause unless
+        ``absent_ok``: a 412 then 404 is worth a moment before asking again)."""
         while True:
             try:
                 body, _etag = await self._call(
                     request, "get_manifest", key, lambda: self._store.get(key)
                 )
             except NotFound:
-                await self._pause(request, delays)
+                if not absent_ok:
+                    await self._pause(request, delays)
                 return None
             except (Unavailable, ConditionConflict):
                 await self._pause(request, delays)  # safe to repeat: a read
@@ -373,14 +388,19 @@ class BatchAcceptor:
             self._derived.offer(entry.key, entry.body)
 
     async def _quarantine(
-        self, request: _Request, accepted: records.AcceptedManifest, submitted_sha: str
+        self,
+        request: _Request,
+        accepted: records.AcceptedManifest,
+        submitted_sha: str,
+        *,
+        accepted_key: str | None = None,
     ) -> IdentityConflictFound:
         conflict = records.IdentityConflict(
             agent_id=accepted.agent_id,
             boot_id=accepted.boot_id,
             seq_start=accepted.seq_start,
             seq_end=accepted.seq_end,
-            accepted_manifest_key=accepted.manifest_key,
+            accepted_manifest_key=accepted_key or accepted.manifest_key,
             accepted_raw_blob_key=accepted.raw_blob_key,
             accepted_frame_sha256=accepted.frame_sha256,
             submitted_raw_blob_key=keys.raw_blob_key(submitted_sha),

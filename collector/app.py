@@ -37,7 +37,7 @@ from config.settings import ReceiverSettings
 from config.tokens import Principal
 from protocol import keys, records
 from protocol.frame import FrameError, FrameHeader, decode_frame, decode_header
-from store.base import ObjectStore
+from store.base import ObjectStore, list_prefixes
 from store.errors import StoreConfigError, StoreError
 
 from .accept import AcceptanceUnavailable, Accepted, BatchAcceptor
@@ -406,13 +406,15 @@ class CollectorApp:
             agent_id, since_ns, limit = _conflict_filters(request.query)
         except ValueError as exc:
             return error_response(400, "invalid_query", detail=str(exc))
-        prefix = keys.QUARANTINE_PREFIX
-        if agent_id is not None:
-            prefix += f"agent={agent_id.encode('utf-8').hex()}/"
+        prefixes = (
+            keys.quarantine_agent_prefixes(agent_id)
+            if agent_id is not None
+            else [keys.QUARANTINE_PREFIX]
+        )
         conflicts: list[dict[str, Any]] = []
         truncated = False
         try:
-            async for info in self.store.list(prefix):
+            async for info in list_prefixes(self.store, prefixes):
                 body, _ = await self.store.get(info.key)
                 try:
                     conflict = records.IdentityConflict.from_json(body)

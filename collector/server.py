@@ -121,6 +121,7 @@ class Worker:
             self.lander = SpoolLander(
                 spool=self.spool,
                 acceptor=self.acceptor,
+                store=self.store,
                 clock=clock,
                 interval_s=s.ingest.object_landing_interval_ms / 1000,
             )

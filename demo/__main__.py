@@ -34,6 +34,8 @@ import aiohttp
 from agent.fleet import FleetResult, RunOptions, SpoolSettings, run_fleet
 from agent.load import LoadSpec
 from collector.launch import start_collector
+from config import SettingsError, configure_logging
+from config.cli import add_settings_flags, settings_flags_given, settings_from_flags
 from demo import receivers_step, reconcile_step, rollup_step
 from protocol import keys, records
 from protocol.frame import encode_frame, points_table
@@ -60,11 +62,20 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also ingest Prometheus remote_write requests (POST /api/v1/write)",
     )
+    add_settings_flags(
+        parser, config_help="settings file (the demo and its processes use [logging])"
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        if settings_flags_given(args):  # else as before: structlog's defaults
+            configure_logging(settings_from_flags(args).logging)
+    except SettingsError as exc:
+        print(f"lm-demo: configuration error:\n{exc}", file=sys.stderr)
+        return 2
     work_dir = args.dir or Path.cwd() / time.strftime("lm-demo-%Y%m%d-%H%M%S")
     if work_dir.exists() and any(work_dir.iterdir()):
         print(f"lm-demo: {work_dir} is not empty; pass a new --dir", file=sys.stderr)

@@ -3,7 +3,10 @@
 Each pass scans every ``accepted-by-time/v1/`` hour from ``checkpoint.next_hour -
 lookback`` on (future hours included: collector clocks may run ahead), and for each entry
 reads its manifest, backfills the manifest's other derived entries and HEADs its raw
-blob (`reconciler.repair`). The lookback (``reconciler.lookback_s``, rounded up to whole
+blob (`reconciler.repair`). An entry whose key spells the agent as ``h-<sha256>``
+(agent_ids over 82 bytes, PROTOCOL §3), or the long form where the rule says ``h-``
+(written before the rule), does not name the manifest key by itself: its body's
+``source_key`` does (one more GET; `protocol.derived.manifest_key_of_by_time_key`). The lookback (``reconciler.lookback_s``, rounded up to whole
 hours) re-scans hours already passed, to catch entries written late: skewed collector
 clocks, retried background writes, slow queues. Entries older than the lookback that are
 missing altogether are the full audit's job.
@@ -34,13 +37,14 @@ import hashlib
 import math
 from dataclasses import dataclass, field
 
-from protocol import keys
+from protocol import derived, keys
 from protocol.records import ReconcilerCheckpoint, RecordError
 from store.base import ObjectStore
 from store.cas import update_object
 from store.errors import NotFound, StoreError
 from store.lease import LeaseLost
 
+from . import store_calls
 from .context import ReconcilerContext
 from .listing import hours_with_entries
 from .problems import ProblemBook
@@ -228,12 +232,26 @@ class SteadyScanner:
     async def _check_entry(self, hour: keys.UtcHour, key: str, repairer: Repairer) -> RepairOutcome:
         ctx = self._ctx
         try:
-            _hour, identity = keys.parse_accepted_by_time_key(key)
+            _hour, named = keys.parse_accepted_by_time_key(key)
         except keys.KeyFormatError:
             ctx.metrics.dangling_entries.inc()
             ctx.log.warning("index_entry_malformed", key=key)
             return RepairOutcome()
-        manifest_key = keys.accepted_manifest_key(identity)
+        manifest_key = derived.manifest_key_of_by_time_key(hour, named, key)
+        if manifest_key is None:  # an h- entry, or a long one of before the segment rule
+            try:
+                body = await store_calls.read(ctx, key)
+                if body is None:
+                    return RepairOutcome()  # gone since the listing: nothing to check
+                manifest_key = derived.by_time_source(named, body)
+            except StoreError as exc:
+                ctx.metrics.store_failures.labels("read_index_entry").inc()
+                ctx.log.warning("index_entry_read_failed", key=key, error=str(exc))
+                return RepairOutcome(failed=1)
+            except RecordError as exc:
+                ctx.metrics.dangling_entries.inc()
+                ctx.log.warning("index_entry_malformed", key=key, error=str(exc))
+                return RepairOutcome()
         outcome = await repairer.manifest_at(
             manifest_key, blob_check=BlobCheck.HEAD, listed_in_hour=hour
         )

@@ -10,6 +10,14 @@
 3. reads each remaining batch's accepted manifest (the authority: hash, blob key, record
    count) and returns them as `WorkItem`\\ s.
 
+Entries and ledger rows are matched as `keys.KeyIdentity` values, so an entry key in
+either agent form of PROTOCOL §3's segment rule (``agent=<hex>`` or ``agent=h-<sha256>``,
+for agent_ids over 82 bytes) matches the ledger's ``manifest_id`` (always hex), and two
+entries of one batch in both forms (a store written before the rule, then backfilled)
+count as one batch. The manifest key of an entry whose key does not lead to it by itself
+(`protocol.derived.manifest_key_of_by_time_key`) comes from the entry's body (one more
+GET, for pending batches of agent_ids over 82 bytes only).
+
 A batch's ``accepted_hour`` is the hour of its ``accepted-by-time`` entry, which is what
 ``verify`` recomputes the ledger's setsums from. It must equal the UTC hour of the
 manifest's ``accepted_at`` (PROTOCOL §3.7): an entry under any other hour is reported as a
@@ -29,7 +37,7 @@ from dataclasses import dataclass, field
 import structlog
 from tqdm import tqdm  # type: ignore[import-untyped]  # no stubs installed
 
-from protocol import keys
+from protocol import derived, keys
 from protocol.records import AcceptedManifest, RecordError
 from rollup.commit import LoadedSnapshot
 from rollup.ledger import included_manifest_ids
@@ -103,14 +111,15 @@ async def make_plan(
         or (ledger := ledger_hours.get(hour)) is None
         or ledger.batches != len(entries)
     )
-    included: dict[str, set[str]] = {}
+    included: dict[str, set[keys.KeyIdentity]] = {}
     if base is not None and checked:
-        included = await included_manifest_ids(store, base.snapshot, set(checked))
+        ids = await included_manifest_ids(store, base.snapshot, set(checked))
+        included = {hour: _key_identities(names) for hour, names in ids.items()}
     pending = [
-        (hour, identity)
+        (hour, named, entry_key)
         for hour in checked
-        for identity in by_hour[hour]
-        if identity.manifest_id not in included.get(hour, set())
+        for named, entry_key in by_hour[hour].items()
+        if named not in included.get(hour, set())
     ]
     log.info(
         "rollup_plan_listed",
@@ -144,31 +153,51 @@ async def _dirty_markers(store: ObjectStore) -> tuple[list[str], set[str]]:
     return marker_keys, hours
 
 
-async def _accepted_by_hour(store: ObjectStore) -> dict[str, list[keys.BatchIdentity]]:
-    by_hour: dict[str, list[keys.BatchIdentity]] = defaultdict(list)
+def _key_identities(manifest_ids: set[str]) -> set[keys.KeyIdentity]:
+    """The ledger's manifest_ids as the identities entry keys are compared with."""
+    named: set[keys.KeyIdentity] = set()
+    for manifest_id in manifest_ids:
+        try:
+            named.add(keys.parse_manifest_id(manifest_id))
+        except keys.KeyFormatError:  # matches no entry: nothing to subtract
+            log.warning("rollup_ledger_manifest_id_unparseable", manifest_id=manifest_id)
+    return named
+
+
+async def _accepted_by_hour(store: ObjectStore) -> dict[str, dict[keys.KeyIdentity, str]]:
+    """Per hour: each batch's identity and one of its entry keys."""
+    by_hour: dict[str, dict[keys.KeyIdentity, str]] = defaultdict(dict)
     async for info in store.list(keys.ACCEPTED_BY_TIME_PREFIX):
         try:
-            hour, identity = keys.parse_accepted_by_time_key(info.key)
+            hour, named = keys.parse_accepted_by_time_key(info.key)
         except keys.KeyFormatError:
             log.warning("rollup_by_time_entry_ignored", key=info.key)
             continue
-        by_hour[hour.iso].append(identity)
+        by_hour[hour.iso].setdefault(named, info.key)
     return dict(by_hour)
 
 
 async def _read_manifests(
     store: ObjectStore,
-    pending: list[tuple[str, keys.BatchIdentity]],
+    pending: list[tuple[str, keys.KeyIdentity, str]],
     concurrency: int,
     progress: bool,
 ) -> tuple[list[WorkItem], list[SkippedBatch]]:
     limit = asyncio.Semaphore(concurrency)
     bar = tqdm(total=len(pending), desc="reading manifests", unit="batch", disable=not progress)
 
-    async def read(hour: str, identity: keys.BatchIdentity) -> WorkItem | SkippedBatch:
-        key = keys.accepted_manifest_key(identity)
+    async def manifest_key(hour: str, named: keys.KeyIdentity, entry_key: str) -> str:
+        direct = derived.manifest_key_of_by_time_key(keys.UtcHour.parse_iso(hour), named, entry_key)
+        if direct is not None:
+            return direct
+        body, _ = await store.get(entry_key)  # its body names the manifest
+        return derived.by_time_source(named, body)
+
+    async def read(hour: str, named: keys.KeyIdentity, entry_key: str) -> WorkItem | SkippedBatch:
+        key = entry_key
         try:
             async with limit:
+                key = await manifest_key(hour, named, entry_key)
                 body, _ = await store.get(key)
             manifest = AcceptedManifest.from_json(body)
         except NotFound:
@@ -177,7 +206,7 @@ async def _read_manifests(
             return SkippedBatch(key, f"unparseable: {exc}")
         finally:
             bar.update(1)
-        if manifest.identity != identity:
+        if not keys.identity_matches_key(manifest.identity, named):
             return SkippedBatch(key, f"the manifest names batch {manifest.identity}")
         accepted_hour = keys.UtcHour.from_unix_ns(manifest.accepted_at_unix_ns).iso
         if accepted_hour != hour:
@@ -185,7 +214,7 @@ async def _read_manifests(
                 key, f"indexed under hour {hour}, but the manifest was accepted in {accepted_hour}"
             )
         return WorkItem(
-            manifest_id=identity.manifest_id,
+            manifest_id=manifest.identity.manifest_id,
             frame_sha256=manifest.frame_sha256,
             raw_blob_key=manifest.raw_blob_key,
             accepted_hour=hour,
@@ -197,7 +226,7 @@ async def _read_manifests(
         # In slices, so a backlog of a million batches is not a million coroutines at once.
         for start in range(0, len(pending), _READ_SLICE):
             part = pending[start : start + _READ_SLICE]
-            results += await asyncio.gather(*(read(hour, identity) for hour, identity in part))
+            results += await asyncio.gather(*(read(*item) for item in part))
     finally:
         bar.close()
     items = [r for r in results if isinstance(r, WorkItem)]

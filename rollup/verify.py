@@ -11,7 +11,10 @@ totals do not is reported too (``detail``).
 
 Where the inputs come from (decision):
 - ``manifest_id`` and the record count come from the accepted-by-time *key* (identity
-  and ``seq_start..seq_end``);
+  and ``seq_start..seq_end``); where the key spells the agent as ``h-<sha256>``
+  (agent_ids over 82 bytes, PROTOCOL §3), the agent comes from the manifest key the
+  entry's body names, or from that manifest; an entry whose batch cannot be known that
+  way is counted in ``unparseable_keys``;
 - ``frame_sha256`` comes from the entry's body (`IndexEntry.frame_sha256`), as PROTOCOL
   §4 says anyone can recompute from ``accepted-by-time/v1/``; when a body is missing or
   unreadable, from the accepted manifest it names (``accepted/v1/...``, the authority).
@@ -32,7 +35,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from protocol import keys
+from protocol import derived, keys
 from protocol.records import AcceptedManifest, IndexEntry, RecordError
 from protocol.setsum import Setsum
 from rollup.commit import load_latest, load_version
@@ -87,45 +90,91 @@ class _HourTotals:
         return LedgerHour(self.batches, self.records, self.setsum.hex)
 
 
-async def _frame_sha256(store: ObjectStore, key: str, identity: keys.BatchIdentity) -> str:
+async def _batch(store: ObjectStore, key: str, named: keys.KeyIdentity) -> tuple[str, str] | None:
+    """``(manifest_id, frame_sha256)`` of the batch the accepted-by-time entry ``key``
+    names; ``None`` when that cannot be known (an ``h-`` entry whose body is unreadable or
+    names another batch)."""
     try:
         body, _ = await store.get(key)
-        return IndexEntry.from_json(body).frame_sha256
+        entry: IndexEntry | None = IndexEntry.from_json(body)
     except (NotFound, RecordError):
-        body, _ = await store.get(keys.accepted_manifest_key(identity))
-        return AcceptedManifest.from_json(body).frame_sha256
+        entry = None
+    identity = named.identity
+    if identity is not None and entry is not None:
+        return identity.manifest_id, entry.frame_sha256
+    candidates: list[str | None]
+    if identity is not None:  # the body is lost: the manifest, in either agent form
+        candidates = [
+            keys.accepted_manifest_key(identity),
+            keys.legacy_accepted_manifest_key(identity),
+        ]
+    elif entry is not None:  # an h- key (PROTOCOL §3): the body names the manifest
+        try:
+            manifest_key = derived.by_time_source(named, body)
+        except RecordError:
+            return None
+        source = keys.parse_accepted_manifest_key(manifest_key).identity
+        if source is not None:  # a manifest key that spells the agent
+            return source.manifest_id, entry.frame_sha256
+        candidates = [manifest_key]
+    else:
+        return None
+    for candidate in filter(None, candidates):
+        try:
+            manifest = AcceptedManifest.from_json((await store.get(candidate))[0])
+        except NotFound:
+            continue
+        if not keys.identity_matches_key(manifest.identity, named):
+            return None
+        return manifest.identity.manifest_id, (entry or manifest).frame_sha256
+    raise NotFound("get", str(candidates[0]))
 
 
 async def _accepted(
     store: ObjectStore, prefix: str, hours: set[str] | None, concurrency: int, bad: list[str]
 ) -> AsyncIterator[tuple[str, str, str, int]]:
     """``(hour, manifest_id, frame_sha256, record_count)`` of each accepted batch under
-    ``prefix`` whose hour is in ``hours`` (None: all), fetched in bounded chunks."""
+    ``prefix`` whose hour is in ``hours`` (None: all), fetched in bounded chunks.
+
+    A batch is counted once even when its entry exists in both agent forms of PROTOCOL
+    §3 (a store written before the segment rule, then backfilled): entries whose key is
+    not the form the rule gives (``h-``, or hex where the rule says ``h-``) are remembered
+    per hour, and a second one of the same batch is skipped."""
     limit = asyncio.Semaphore(concurrency)
+    long_agents: dict[str, set[keys.KeyIdentity]] = {}
 
-    async def one(key: str, identity: keys.BatchIdentity) -> str:
+    async def one(key: str, named: keys.KeyIdentity) -> tuple[str, str] | None:
         async with limit:
-            return await _frame_sha256(store, key, identity)
+            return await _batch(store, key, named)
 
-    chunk: list[tuple[str, str, keys.BatchIdentity]] = []
+    chunk: list[tuple[str, str, keys.KeyIdentity]] = []
 
     async def flush() -> list[tuple[str, str, str, int]]:
-        shas = await asyncio.gather(*(one(key, ident) for key, _, ident in chunk))
-        rows = [
-            (hour, ident.manifest_id, sha, ident.seq_end - ident.seq_start + 1)
-            for (_, hour, ident), sha in zip(chunk, shas, strict=True)
-        ]
+        found = await asyncio.gather(*(one(key, named) for key, _, named in chunk))
+        rows = []
+        for (key, hour, named), batch in zip(chunk, found, strict=True):
+            if batch is None:
+                bad.append(key)
+                continue
+            rows.append((hour, batch[0], batch[1], named.seq_end - named.seq_start + 1))
         chunk.clear()
         return rows
 
     async for info in store.list(prefix):
         try:
-            hour, identity = keys.parse_accepted_by_time_key(info.key)
+            hour, named = keys.parse_accepted_by_time_key(info.key)
         except keys.KeyFormatError:
             bad.append(info.key)
             continue
-        if hours is None or hour.iso in hours:
-            chunk.append((info.key, hour.iso, identity))
+        if hours is not None and hour.iso not in hours:
+            continue
+        identity = named.identity
+        if identity is None or keys.accepted_by_time_key(hour, identity) != info.key:
+            seen = long_agents.setdefault(hour.iso, set())
+            if named in seen:
+                continue  # the same batch's entry in the other form
+            seen.add(named)
+        chunk.append((info.key, hour.iso, named))
         if len(chunk) >= 1000:
             for row in await flush():
                 yield row
