@@ -15,7 +15,9 @@
 
 Outcomes are `Accepted` (new or duplicate), `IdentityConflictFound`, or the exception
 `AcceptanceUnavailable` when the store did not settle the outcome within the request's
-time budget: the caller answers 503 and the agent retries. The invariant: **no `Accepted`
+time budget, or when this host's clock is off the store's by more than
+``max_clock_skew_s`` (PROTOCOL §3.8: checked before the first write and again before
+``accepted_at`` is stamped): the caller answers 503 and the agent retries. The invariant: **no `Accepted`
 without a manifest this call created or read.** Nothing that must happen once per accepted
 batch happens before the manifest create succeeds; derived entries are best effort.
 
@@ -46,6 +48,7 @@ from store.errors import (
     Unavailable,
 )
 from store.retry import Backoff
+from store.time import StoreClock
 
 from .derived import DerivedWriter
 
@@ -139,8 +142,10 @@ class BatchAcceptor:
         budget_s: float = 10.0,
         backoff: Backoff = DEFAULT_BACKOFF,
         observe_store_op: StoreOpObserver | None = None,
+        store_clock: StoreClock | None = None,
     ) -> None:
         self._store = store
+        self._store_clock = store_clock
         self._collector_id = collector_id
         self._clock = clock
         self._rng = rng
@@ -157,6 +162,7 @@ class BatchAcceptor:
         self, header: FrameIdentity, frame: bytes, frame_sha256: str
     ) -> Accepted | IdentityConflictFound:
         """Run the protocol for one validated frame. Raises `AcceptanceUnavailable`."""
+        self._refuse_if_clock_skewed()
         request = _Request(self._clock.monotonic() + self._budget_s)
         identity = keys.BatchIdentity(
             header.agent_id,
@@ -171,6 +177,15 @@ class BatchAcceptor:
             raise AcceptanceUnavailable(
                 f"store did not settle {identity} within {self._budget_s}s"
             ) from None
+
+    def _refuse_if_clock_skewed(self) -> None:
+        """Never stamp ``accepted_at`` (an hour every index and rollup trusts) with a clock
+        the store disagrees with; the agent retries, maybe on another collector."""
+        if self._store_clock is not None and self._store_clock.skewed:
+            raise AcceptanceUnavailable(
+                f"this host's clock is {self._store_clock.skew_s or 0.0:+.1f}s off the "
+                "store's, beyond store.max_clock_skew_s"
+            )
 
     # --- store calls under the budget -----------------------------------------------------
 
@@ -305,6 +320,7 @@ class BatchAcceptor:
         frame: bytes,
         sha: str,
     ) -> Accepted | IdentityConflictFound:
+        self._refuse_if_clock_skewed()
         manifest = records.AcceptedManifest(
             agent_id=identity.agent_id,
             boot_id=str(identity.boot_id),

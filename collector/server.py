@@ -30,6 +30,7 @@ from config import Settings, load_tokens
 from protocol.clock import SystemClock
 from store.base import ObjectStore
 from store.open import open_store_from_settings
+from store.time import store_clock
 
 from .accept import BatchAcceptor
 from .app import CollectorApp, HttpLimits
@@ -90,7 +91,9 @@ class Worker:
         clock = SystemClock()
         rng = random.Random()
         self.store: ObjectStore = open_store_from_settings(s.store, clock=clock)
+        store_time = store_clock(self.store, clock)  # skew against the store (§3.8)
         self.metrics = CollectorMetrics()
+        self.metrics.watch_store_clock(store_time)
         self.derived = DerivedWriter(
             store=self.store,
             clock=clock,
@@ -107,11 +110,13 @@ class Worker:
             derived=self.derived,
             budget_s=s.ingest.request_budget_s,
             observe_store_op=self.metrics.observe_store_op,
+            store_clock=store_time,
         )
         self.readiness = Readiness(
             store=self.store,
             clock=clock,
             on_answer=lambda: self.metrics.store_last_ok.set(time.time()),
+            store_clock=store_time,
         )
         self.readiness.probe_passed = self.probe_passed
         self.spool: LocalSpool | None = None

@@ -75,6 +75,11 @@ class StoreSettings(_Section):
     gc_credentials_profile: str | None = Field(default=None, min_length=1)
     """AWS profile for the GC's deletes, so only the GC holds delete permission;
     ``None`` = the same credentials as everything else."""
+    max_clock_skew_s: Seconds = 30.0
+    """Largest tolerated difference between this host's clock and the store's (measured
+    from the ``Date`` header of its answers; PROTOCOL.md §3.8). Beyond it the process logs
+    it, and a collector answers 503 rather than stamp ``accepted_at`` with a wrong time.
+    Object ages and lease expiries are judged in store time whatever this is."""
 
     @field_validator("url")
     @classmethod

@@ -63,6 +63,7 @@ from store.errors import (
     Unavailable,
 )
 from store.open import open_store
+from store.time import store_clock
 
 if TYPE_CHECKING:
     from config import StoreSettings
@@ -141,7 +142,9 @@ class GarbageCollector:
         clock, i.e. no offset between the clock and the store's)."""
         self._store = store
         self._delete_store = delete_store or store
-        self._clock = clock
+        # Horizon, grace and settle times compare LastModified and the marks' times with
+        # "now" in store time (PROTOCOL §3.8), never the local clock alone.
+        self._clock = store_clock(store, clock)
         self._policy = policy
         self._run_audit = run_audit
         self._latest_audit = latest_audit
