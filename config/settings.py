@@ -75,7 +75,7 @@ class StoreSettings(_Section):
     gc_credentials_profile: str | None = Field(default=None, min_length=1)
     """AWS profile for the GC's deletes, so only the GC holds delete permission;
     ``None`` = the same credentials as everything else."""
-    max_clock_skew_s: Seconds = 30.0
+    max_clock_skew_s: Seconds = 10.0
     """Largest tolerated difference between this host's clock and the store's (measured
     from the ``Date`` header of its answers; PROTOCOL.md §3.8). Beyond it the process logs
     it, and a collector answers 503 rather than stamp ``accepted_at`` with a wrong time.
@@ -387,15 +387,17 @@ class Settings(BaseModel):
 
     @model_validator(mode="after")
     def _signed_delete_fits_the_lease(self) -> Settings:
-        # PROTOCOL §3.5 rule 6: a signed DELETE is sent only while the lease has more than
-        # its expiry left. The lease is renewed every third of its TTL, so an expiry of at
-        # most a third leaves the other third for the last checks and the clock skew.
-        if self.gc.enabled and self.gc.delete_expiry_s > self.reconciler.lease_ttl_s / 3:
+        # PROTOCOL §3.5 rule 6: a signed DELETE is sent only while the lease has at least its
+        # expiry plus the clock skew left. The lease is renewed every third of its TTL, so
+        # at least two thirds are left whenever the check runs.
+        needed = self.gc.delete_expiry_s + self.store.max_clock_skew_s
+        if self.gc.enabled and needed > self.reconciler.lease_ttl_s * 2 / 3:
             raise CrossFieldError(
                 "gc.delete_expiry_s",
-                f"must be <= reconciler.lease_ttl_s / 3 = {self.reconciler.lease_ttl_s / 3:g} "
-                f"(a signed delete must expire well within the lease), "
-                f"got {self.gc.delete_expiry_s}",
-                related=("reconciler.lease_ttl_s",),
+                f"gc.delete_expiry_s + store.max_clock_skew_s = {needed:g} must be <= "
+                f"2/3 of reconciler.lease_ttl_s = {self.reconciler.lease_ttl_s * 2 / 3:g}: the "
+                "lease must outlive a signed delete plus the skew whenever it is sent (raise "
+                "the lease TTL or lower the expiry or the skew limit)",
+                related=("reconciler.lease_ttl_s", "store.max_clock_skew_s"),
             )
         return self

@@ -139,7 +139,8 @@ class GarbageCollector:
     ) -> None:
         """``lease`` describes the lease ``fence`` guards (`reconciler.gc_delete`);
         ``store_now_ns`` is store time for the signed DELETE's deadline (default: the
-        clock, i.e. no offset between the clock and the store's)."""
+        store clock's estimate; the check adds ``max_clock_skew_s``, more than the
+        estimate's uncertainty, before it sends)."""
         self._store = store
         self._delete_store = delete_store or store
         # Horizon, grace and settle times compare LastModified and the marks' times with
@@ -150,7 +151,7 @@ class GarbageCollector:
         self._latest_audit = latest_audit
         self._fence = fence
         self._lease = lease
-        self._store_now_ns = store_now_ns or clock.now_ns
+        self._store_now_ns = store_now_ns or self._clock.now_ns
         self._observe = observe or (lambda _event, _count: None)
         self._deletion_blocker = deletion_blocker
         self._run_id = "unstarted"
@@ -611,8 +612,9 @@ def _collector(ctx: ReconcilerContext, delete_store: ObjectStore | None) -> Garb
             max_delete_fraction=settings.gc.max_delete_fraction,
             # A signed DELETE lands within its expiry (plus skew) of being signed, and the
             # answer may take a connect plus a read timeout: twice, for margin.
-            settle_s=settings.gc.delete_expiry_s + 2 * network_s,
+            settle_s=settings.gc.delete_expiry_s + settings.store.max_clock_skew_s + 2 * network_s,
             delete_expiry_s=settings.gc.delete_expiry_s,
+            max_clock_skew_s=settings.store.max_clock_skew_s,
         ),
         run_audit=lambda: run_full_audit(ctx),
         latest_audit=lambda: latest_listing_audit(ctx.store),

@@ -53,7 +53,7 @@ log = structlog.get_logger(__name__)
 NS = 1_000_000_000
 DATE_RESOLUTION_NS = NS
 """The HTTP ``Date`` header counts whole seconds."""
-DEFAULT_MAX_CLOCK_SKEW_S = 30.0
+DEFAULT_MAX_CLOCK_SKEW_S = 10.0
 MAX_DRIFT = 1e-3
 """How far two clocks may drift apart, per unit of time: 1000 ppm, ten times what a
 quartz clock drifts and twice the fastest NTP slew."""
