@@ -208,10 +208,11 @@ def check_derived(view: StoreView) -> CheckResult:
     for key in view.under(keys.ACCEPTED_BY_TIME_PREFIX):
         if key not in expected:
             result.fail(f"accepted-by-time entry {key} names no manifest of that hour")
+    by_key_identity = {m.identity.key_identity: m for m, _ in view.manifests.values()}
     for key in view.under(keys.ACCEPTED_BY_BLOB_PREFIX):
-        sha, identity = keys.parse_accepted_by_blob_key(key)
-        held = view.manifests.get(identity)
-        if held is None or held[0].frame_sha256 != sha:
+        sha, named = keys.parse_accepted_by_blob_key(key)
+        held = by_key_identity.get(named)
+        if held is None or held.frame_sha256 != sha:
             result.fail(
                 f"accepted-by-blob entry {key} names a manifest that does not hold {sha[:16]}"
             )

@@ -10,11 +10,16 @@
    manifest; the same hash is a duplicate, another hash an identity conflict (quarantine
    record written best effort, then a ``quarantine`` row). Every ``Accepted`` — new or
    duplicate — appends an ``accepted`` row: a batch whose first answer was lost must not
-   wait for a full audit to be indexed.
+   wait for a full audit to be indexed. Where the manifest key spells the agent as
+   ``h-<sha256>`` (agent_ids over 124 bytes, PROTOCOL §3), the long form a store written
+   before that rule may hold is read first, and finding it there counts as that 412 (one
+   more GET for such agents).
 
 Outcomes are `Accepted` (new or duplicate), `IdentityConflictFound`, or the exception
 `AcceptanceUnavailable` when the store did not settle the outcome within the request's
-time budget: the caller answers 503 and the agent retries. The invariant: **no `Accepted`
+time budget, or when this host's clock is off the store's by more than
+``max_clock_skew_s`` (PROTOCOL §3.8: checked before the first write and again before
+``accepted_at`` is stamped): the caller answers 503 and the agent retries. The invariant: **no `Accepted`
 without a manifest this call created or read.** Nothing that must happen once per accepted
 batch happens before the manifest create succeeds; index log rows are best effort (the
 reconciler's audit is their backstop) and never delay the answer.
@@ -48,6 +53,7 @@ from store.errors import (
     Unavailable,
 )
 from store.retry import Backoff
+from store.time import StoreClock
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -139,8 +145,10 @@ class BatchAcceptor:
         budget_s: float = 10.0,
         backoff: Backoff = DEFAULT_BACKOFF,
         observe_store_op: StoreOpObserver | None = None,
+        store_clock: StoreClock | None = None,
     ) -> None:
         self._store = store
+        self._store_clock = store_clock
         self._collector_id = collector_id
         self._clock = clock
         self._rng = rng
@@ -157,6 +165,7 @@ class BatchAcceptor:
         self, header: FrameIdentity, frame: bytes, frame_sha256: str
     ) -> Accepted | IdentityConflictFound:
         """Run the protocol for one validated frame. Raises `AcceptanceUnavailable`."""
+        self._refuse_if_clock_skewed()
         request = _Request(self._clock.monotonic() + self._budget_s)
         identity = keys.BatchIdentity(
             header.agent_id,
@@ -171,6 +180,15 @@ class BatchAcceptor:
             raise AcceptanceUnavailable(
                 f"store did not settle {identity} within {self._budget_s}s"
             ) from None
+
+    def _refuse_if_clock_skewed(self) -> None:
+        """Never stamp ``accepted_at`` (an hour every index and rollup trusts) with a clock
+        the store disagrees with; the agent retries, maybe on another collector."""
+        if self._store_clock is not None and self._store_clock.skewed:
+            raise AcceptanceUnavailable(
+                f"this host's clock is {self._store_clock.skew_s or 0.0:+.1f}s off the "
+                "store's, beyond store.max_clock_skew_s"
+            )
 
     # --- store calls under the budget -----------------------------------------------------
 
@@ -304,6 +322,7 @@ class BatchAcceptor:
         frame: bytes,
         sha: str,
     ) -> Accepted | IdentityConflictFound:
+        self._refuse_if_clock_skewed()
         manifest = records.AcceptedManifest(
             agent_id=identity.agent_id,
             boot_id=str(identity.boot_id),
@@ -319,6 +338,16 @@ class BatchAcceptor:
         body = manifest.to_json()
         key = manifest.manifest_key
         delays = self._backoff.delays(self._rng)
+        legacy_key = keys.legacy_accepted_manifest_key(identity)
+        if legacy_key is not None:
+            # PROTOCOL §3: a store written before the segment rule may hold this batch
+            # under the long form; finding it there counts as a 412 on the h- key.
+            legacy = await self._read_manifest(request, legacy_key, delays, absent_ok=True)
+            if legacy is not None:
+                stored = legacy[1]
+                if stored.frame_sha256 == sha:
+                    return Accepted(stored, duplicate=True, store_ops=request.ops)
+                return await self._quarantine(request, stored, sha, accepted_key=legacy_key)
         maybe_ours = False  # an earlier attempt's outcome is unknown: it may have landed
         while True:
             try:
@@ -350,15 +379,18 @@ class BatchAcceptor:
             return Accepted(manifest, duplicate=False, store_ops=request.ops)
 
     async def _read_manifest(
-        self, request: _Request, key: str, delays: Iterator[float]
+        self, request: _Request, key: str, delays: Iterator[float], *, absent_ok: bool = False
     ) -> tuple[bytes, records.AcceptedManifest] | None:
+        """The manifest at ``key``; ``None`` when absent (after a pause unless
+        ``absent_ok``: a 412 then 404 is worth a moment before asking again)."""
         while True:
             try:
                 body, _etag = await self._call(
                     request, "get_manifest", key, lambda: self._store.get(key)
                 )
             except NotFound:
-                await self._pause(request, delays)
+                if not absent_ok:
+                    await self._pause(request, delays)
                 return None
             except (Unavailable, ConditionConflict):
                 await self._pause(request, delays)  # safe to repeat: a read
@@ -374,14 +406,19 @@ class BatchAcceptor:
         self._index_log.append(accepted_row(manifest))
 
     async def _quarantine(
-        self, request: _Request, accepted: records.AcceptedManifest, submitted_sha: str
+        self,
+        request: _Request,
+        accepted: records.AcceptedManifest,
+        submitted_sha: str,
+        *,
+        accepted_key: str | None = None,
     ) -> IdentityConflictFound:
         conflict = records.IdentityConflict(
             agent_id=accepted.agent_id,
             boot_id=accepted.boot_id,
             seq_start=accepted.seq_start,
             seq_end=accepted.seq_end,
-            accepted_manifest_key=accepted.manifest_key,
+            accepted_manifest_key=accepted_key or accepted.manifest_key,
             accepted_raw_blob_key=accepted.raw_blob_key,
             accepted_frame_sha256=accepted.frame_sha256,
             submitted_raw_blob_key=keys.raw_blob_key(submitted_sha),

@@ -9,6 +9,9 @@ Bad input changes nothing: nothing is written before the frame is valid and auth
 In ``local_spool`` mode (`collector.spool`) the last step is "fsync into the local spool"
 instead, and 200 bodies carry ``"spooled": true``.
 
+The receivers (`collector.receivers`: ``POST /api/v1/write``, ``POST /v1/metrics``) are
+registered on the same application and share the in-flight caps (`CollectorApp.admit`).
+
 Every response, errors included, carries ``X-Request-Id`` and a JSON body.
 Addition to PROTOCOL §2: a body that does not arrive within ``http.read_timeout_s`` is
 answered ``408 {"error": "request_timeout"}`` (agents retry it like a network error).
@@ -30,16 +33,18 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from config.settings import ReceiverSettings
 from config.tokens import Principal
 from protocol import keys, records
 from protocol.frame import FrameError, FrameHeader, decode_frame, decode_header
-from store.base import ObjectStore
+from store.base import ObjectStore, list_prefixes
 from store.errors import StoreConfigError, StoreError
 
 from .accept import AcceptanceUnavailable, Accepted, BatchAcceptor
 from .auth import Authenticator
 from .metrics import CollectorMetrics
 from .readiness import Readiness
+from .receivers import add_receiver_routes
 from .spool import LocalSpool, SpoolFull
 
 log = structlog.get_logger("collector.http")
@@ -86,6 +91,7 @@ class CollectorApp:
         collector_id: str,
         worker_name: str = "0",
         spool: LocalSpool | None = None,
+        receivers: ReceiverSettings | None = None,
     ) -> None:
         self.acceptor = acceptor
         self.authenticator = authenticator
@@ -96,6 +102,7 @@ class CollectorApp:
         self.collector_id = collector_id
         self.worker_name = worker_name
         self.spool = spool
+        self.receivers = receivers if receivers is not None else ReceiverSettings()
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -110,6 +117,7 @@ class CollectorApp:
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.metrics_text)
+        add_receiver_routes(app, self, self.receivers)
         return app
 
     # --- middleware -----------------------------------------------------------------------
@@ -190,6 +198,29 @@ class CollectorApp:
         except TimeoutError:
             return False
         return True
+
+    def admit(self, body_bytes: int) -> bool:
+        """Count one more request holding ``body_bytes`` under the in-flight caps, or refuse
+        it (False). The receivers (`collector.receivers`) share the caps with batches."""
+        if (
+            self._in_flight >= self.limits.max_in_flight_requests
+            or self._in_flight_bytes + body_bytes > self.limits.max_in_flight_bytes
+        ):
+            return False
+        self._reserve(1, body_bytes)
+        return True
+
+    def admit_bytes(self, size: int) -> bool:
+        """Reserve ``size`` more bytes (a payload being decompressed) for an admitted
+        request, or refuse (False). A request alone in flight is always admitted."""
+        if self._in_flight > 1 and self._in_flight_bytes + size > self.limits.max_in_flight_bytes:
+            return False
+        self._reserve(0, size)
+        return True
+
+    def release(self, requests: int, size: int) -> None:
+        """Give back what `admit` / `admit_bytes` reserved."""
+        self._reserve(-requests, -size)
 
     def _reserve(self, requests: int, size: int) -> None:
         self._in_flight += requests
@@ -375,13 +406,15 @@ class CollectorApp:
             agent_id, since_ns, limit = _conflict_filters(request.query)
         except ValueError as exc:
             return error_response(400, "invalid_query", detail=str(exc))
-        prefix = keys.QUARANTINE_PREFIX
-        if agent_id is not None:
-            prefix += f"agent={agent_id.encode('utf-8').hex()}/"
+        prefixes = (
+            keys.quarantine_agent_prefixes(agent_id)
+            if agent_id is not None
+            else [keys.QUARANTINE_PREFIX]
+        )
         conflicts: list[dict[str, Any]] = []
         truncated = False
         try:
-            async for info in self.store.list(prefix):
+            async for info in list_prefixes(self.store, prefixes):
                 body, _ = await self.store.get(info.key)
                 try:
                     conflict = records.IdentityConflict.from_json(body)

@@ -31,6 +31,7 @@ from index.log_writer import IndexLogWriter
 from protocol.clock import SystemClock
 from store.base import ObjectStore
 from store.open import open_store_from_settings
+from store.time import store_clock
 
 from .accept import BatchAcceptor
 from .app import CollectorApp, HttpLimits
@@ -90,7 +91,9 @@ class Worker:
         clock = SystemClock()
         rng = random.Random()
         self.store: ObjectStore = open_store_from_settings(s.store, clock=clock)
+        store_time = store_clock(self.store, clock)  # skew against the store (§3.8)
         self.metrics = CollectorMetrics()
+        self.metrics.watch_store_clock(store_time)
         self.index_log = IndexLogWriter(
             store=self.store,
             clock=clock,
@@ -109,11 +112,13 @@ class Worker:
             index_log=self.index_log,
             budget_s=s.ingest.request_budget_s,
             observe_store_op=self.metrics.observe_store_op,
+            store_clock=store_time,
         )
         self.readiness = Readiness(
             store=self.store,
             clock=clock,
             on_answer=lambda: self.metrics.store_last_ok.set(time.time()),
+            store_clock=store_time,
         )
         self.readiness.probe_passed = self.probe_passed
         self.spool: LocalSpool | None = None
@@ -123,6 +128,7 @@ class Worker:
             self.lander = SpoolLander(
                 spool=self.spool,
                 acceptor=self.acceptor,
+                store=self.store,
                 clock=clock,
                 interval_s=s.ingest.object_landing_interval_ms / 1000,
             )
@@ -143,6 +149,7 @@ class Worker:
             collector_id=s.ingest.collector_id,
             worker_name=str(self.index),
             spool=self.spool,
+            receivers=s.receivers,
         )
 
     async def run(

@@ -75,6 +75,11 @@ class StoreSettings(_Section):
     gc_credentials_profile: str | None = Field(default=None, min_length=1)
     """AWS profile for the GC's deletes, so only the GC holds delete permission;
     ``None`` = the same credentials as everything else."""
+    max_clock_skew_s: Seconds = 10.0
+    """Largest tolerated difference between this host's clock and the store's (measured
+    from the ``Date`` header of its answers; PROTOCOL.md §3.8). Beyond it the process logs
+    it, and a collector answers 503 rather than stamp ``accepted_at`` with a wrong time.
+    Object ages and lease expiries are judged in store time whatever this is."""
 
     @field_validator("url")
     @classmethod
@@ -166,6 +171,21 @@ class IngestSettings(_Section):
     """``local_spool`` mode: past this many spooled bytes, answer 503 until landing catches up."""
     probe_on_start: bool = True
     """Run the conditional-write probe (PROTOCOL.md §3.6) before serving."""
+
+
+HeaderName = Annotated[str, Field(pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$")]
+
+
+class ReceiverSettings(_Section):
+    """``[receivers]``: Prometheus remote_write (``POST /api/v1/write``) and OTLP/HTTP
+    metrics (``POST /v1/metrics``) on the collector's port (`collector.receivers`)."""
+
+    enabled: bool = True
+    agent_id_header: HeaderName = "X-Lightmetrics-Agent-Id"
+    """Request header naming the agent_id a request is stored under (authorized like any
+    agent_id); without it, the agent_id is the principal's name."""
+    max_points_per_request: int = Field(default=200_000, ge=1, le=2**32 - 1)
+    """A request carrying more points (after mapping) is refused with 413."""
 
 
 class ReconcilerSettings(_Section):
@@ -261,6 +281,69 @@ class MetricsSettings(_Section):
     port: Port = 9108
 
 
+def _default_agent_id() -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", socket.gethostname()).strip("-.")[:128] or "lm-agent"
+
+
+AgentId = Annotated[str, Field(pattern=r"^[^\x00-\x1f\x7f]+$")]
+
+
+class ScrapeTarget(_Section):
+    """One ``[[scrape.targets]]`` entry: a Prometheus text endpoint and the labels added
+    to every sample scraped from it (as Prometheus target labels: they win over scraped
+    labels of the same name, which are kept as ``exported_<name>``)."""
+
+    url: str = Field(pattern=r"^https?://[^/?#\s]+")
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class ScrapeSettings(_Section):
+    """``[scrape]``: ``lm-agent scrape`` (`agent.scrape`), a long-running agent that scrapes
+    Prometheus text endpoints and delivers the samples as frames through its spool."""
+
+    agent_id: AgentId = Field(default_factory=_default_agent_id, max_length=128)
+    """The agent_id of every frame (default: the host name)."""
+    collector_urls: list[Annotated[str, Field(pattern=r"^https?://[^/?#\s]+")]] = Field(
+        default_factory=lambda: ["http://127.0.0.1:8080"], min_length=1
+    )
+    """Collectors to deliver to, round-robin (a retry goes to the next one)."""
+    token_file: AbsolutePath | None = None
+    """File holding the bearer token; ``None`` = no Authorization header."""
+    spool_dir: AbsolutePath = Path("./lm-agent-spool")
+    """Durable spool; frames wait here until a collector answers 200 (survives restarts)."""
+    targets: list[ScrapeTarget] = Field(default_factory=list)
+    interval_s: Seconds = 15.0
+    """Time between scrape starts (a slow scrape delays the next one, never overlaps it)."""
+    timeout_s: Seconds = 10.0
+    """Longest one scrape of one target may take; must be <= interval_s."""
+    max_target_bytes: int = Field(default=16 * MiB, ge=1)
+    """A target answering more than this is a failed scrape (up = 0)."""
+    flush_interval_s: Seconds = 60.0
+    """Scraped points are framed and spooled at least this often (and on stop): fewer,
+    larger frames cost fewer store requests; what is not yet spooled is lost on kill -9."""
+    max_batch_points: int = Field(default=50_000, ge=1)
+    """A frame is spooled as soon as this many points are waiting."""
+    max_buffered_points: int = Field(default=500_000, ge=1)
+    """Points held in memory while the spool is full; scrapes beyond it are dropped (logged)."""
+    max_pending_frames: int = Field(default=10_000, ge=1)
+    max_pending_bytes: int = Field(default=1024 * MiB, ge=1)
+    upload_concurrency: int = Field(default=4, ge=1)
+    request_timeout_s: Seconds = 30.0
+    shutdown_grace_s: Seconds = 10.0
+    """On SIGTERM: finish the scrape under way, spool what was scraped, then try this long
+    to deliver what is pending (the rest stays in the spool for the next start)."""
+
+    @model_validator(mode="after")
+    def _timeout_fits_interval(self) -> ScrapeSettings:
+        if self.timeout_s > self.interval_s:
+            raise CrossFieldError(
+                "scrape.timeout_s",
+                f"must be <= scrape.interval_s = {self.interval_s:g}, got {self.timeout_s:g}",
+                related=("scrape.interval_s",),
+            )
+        return self
+
+
 class Settings(BaseModel):
     """Every section; each process reads the ones it uses."""
 
@@ -270,11 +353,13 @@ class Settings(BaseModel):
     http: HttpSettings = Field(default_factory=HttpSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     ingest: IngestSettings = Field(default_factory=IngestSettings)
+    receivers: ReceiverSettings = Field(default_factory=ReceiverSettings)
     reconciler: ReconcilerSettings = Field(default_factory=ReconcilerSettings)
     gc: GcSettings = Field(default_factory=GcSettings)
     rollup: RollupSettings = Field(default_factory=RollupSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    scrape: ScrapeSettings = Field(default_factory=ScrapeSettings)
 
     @model_validator(mode="after")
     def _grace_outlasts_requests(self) -> Settings:
@@ -304,15 +389,17 @@ class Settings(BaseModel):
 
     @model_validator(mode="after")
     def _signed_delete_fits_the_lease(self) -> Settings:
-        # PROTOCOL §3.5 rule 6: a signed DELETE is sent only while the lease has more than
-        # its expiry left. The lease is renewed every third of its TTL, so an expiry of at
-        # most a third leaves the other third for the last checks and the clock skew.
-        if self.gc.enabled and self.gc.delete_expiry_s > self.reconciler.lease_ttl_s / 3:
+        # PROTOCOL §3.5 rule 6: a signed DELETE is sent only while the lease has at least its
+        # expiry plus the clock skew left. The lease is renewed every third of its TTL, so
+        # at least two thirds are left whenever the check runs.
+        needed = self.gc.delete_expiry_s + self.store.max_clock_skew_s
+        if self.gc.enabled and needed > self.reconciler.lease_ttl_s * 2 / 3:
             raise CrossFieldError(
                 "gc.delete_expiry_s",
-                f"must be <= reconciler.lease_ttl_s / 3 = {self.reconciler.lease_ttl_s / 3:g} "
-                f"(a signed delete must expire well within the lease), "
-                f"got {self.gc.delete_expiry_s}",
-                related=("reconciler.lease_ttl_s",),
+                f"gc.delete_expiry_s + store.max_clock_skew_s = {needed:g} must be <= "
+                f"2/3 of reconciler.lease_ttl_s = {self.reconciler.lease_ttl_s * 2 / 3:g}: the "
+                "lease must outlive a signed delete plus the skew whenever it is sent (raise "
+                "the lease TTL or lower the expiry or the skew limit)",
+                related=("reconciler.lease_ttl_s", "store.max_clock_skew_s"),
             )
         return self

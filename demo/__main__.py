@@ -3,6 +3,8 @@
 1. starts two collector processes over one ``file://`` store (active-active);
 2. runs a synthetic fleet through both (round-robin), with injected duplicates;
 3. sends one deliberate identity conflict (same identity, different points) → 409;
+   with ``--receivers``, also Prometheus remote_write requests to one collector and
+   their re-sends to the other (`demo.receivers_step`): accepted once, then duplicates;
 4. stops the collectors (SIGTERM: derived entries are flushed) and checks the store:
    exactly one accepted manifest per identity acknowledged, each with its raw blob;
 5. breaks what a crash would break and runs the reconciler (`demo.reconcile_step`):
@@ -32,7 +34,9 @@ import aiohttp
 from agent.fleet import FleetResult, RunOptions, SpoolSettings, run_fleet
 from agent.load import LoadSpec
 from collector.launch import start_collector
-from demo import reconcile_step, rollup_step
+from config import SettingsError, configure_logging
+from config.cli import add_settings_flags, settings_flags_given, settings_from_flags
+from demo import receivers_step, reconcile_step, rollup_step
 from protocol import keys, records
 from protocol.frame import encode_frame, points_table
 from store.fs import FileSystemStore
@@ -53,11 +57,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-rollup", action="store_true", help="skip the rollup step (no Spark, no Java)"
     )
+    parser.add_argument(
+        "--receivers",
+        action="store_true",
+        help="also ingest Prometheus remote_write requests (POST /api/v1/write)",
+    )
+    add_settings_flags(
+        parser, config_help="settings file (the demo and its processes use [logging])"
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        if settings_flags_given(args):  # else as before: structlog's defaults
+            configure_logging(settings_from_flags(args).logging)
+    except SettingsError as exc:
+        print(f"lm-demo: configuration error:\n{exc}", file=sys.stderr)
+        return 2
     work_dir = args.dir or Path.cwd() / time.strftime("lm-demo-%Y%m%d-%H%M%S")
     if work_dir.exists() and any(work_dir.iterdir()):
         print(f"lm-demo: {work_dir} is not empty; pass a new --dir", file=sys.stderr)
@@ -89,10 +107,19 @@ def main(argv: list[str] | None = None) -> int:
         for collector in collectors:
             step(f"collector pid {collector.pid} listening on {collector.url}")
         result, conflict = asyncio.run(_drive(work_dir, [c.url for c in collectors], spec))
+        receiver_problems = (
+            asyncio.run(
+                receivers_step.send(
+                    [c.url for c in collectors], result.truth, step, start_ns=spec.start_ns
+                )
+            )
+            if args.receivers
+            else []
+        )
     finally:
         codes = [c.stop() for c in collectors]
     step(f"collectors stopped with exit codes {codes}")
-    problems = asyncio.run(_report(store_dir, result, conflict))
+    problems = receiver_problems + asyncio.run(_report(store_dir, result, conflict))
     problems += reconcile_step.run(store_dir, step)
     if not args.no_rollup:
         problems += rollup_step.run(store_dir, work_dir / "logs", result.truth.totals(), step)

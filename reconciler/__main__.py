@@ -31,14 +31,14 @@ import random
 import signal
 import sys
 from collections.abc import Callable, Coroutine
-from pathlib import Path
 from typing import Any
 
 from prometheus_client import start_http_server
 from pydantic import BaseModel
 from tqdm import tqdm  # type: ignore[import-untyped]  # no stubs installed
 
-from config import S3Location, Settings, SettingsError, configure_logging, load_settings
+from config import S3Location, Settings, SettingsError, configure_logging
+from config.cli import add_settings_flags, settings_from_flags
 from protocol.clock import SystemClock
 from protocol.records import RecordError
 from store.base import ObjectStore
@@ -62,9 +62,6 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--config", type=Path, help="TOML settings file (default: built-in defaults + LM_* env)"
-    )
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="the reconciler daemon (one active per store)")
     run.add_argument("--once", action="store_true", help="one pass of everything due, then exit")
@@ -82,13 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument(
         "--check", action="store_true", help="exit 1 unless lag and problems are both zero"
     )
+    add_settings_flags(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        settings = load_settings(args.config)
+        settings = settings_from_flags(args)
     except SettingsError as exc:
         print(f"lm-reconciler: configuration error:\n{exc}", file=sys.stderr)
         return EXIT_USAGE

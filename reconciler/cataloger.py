@@ -137,17 +137,27 @@ class Cataloger:
 
 
 def _verified_row(key: str, body: bytes, quarantine: bool) -> IndexRow:
-    """The catalog row of a well-formed record at ``key``; `RecordError` otherwise."""
-    if quarantine:
-        conflict = IdentityConflict.from_json(body)
-        if conflict.quarantine_key != key:
-            raise RecordError(f"content names {conflict.quarantine_key!r}, not its own key")
-        row = quarantine_row(conflict)
-    else:
-        manifest = AcceptedManifest.from_json(body)
-        if manifest.manifest_key != key:
-            raise RecordError(f"content names {manifest.manifest_key!r}, not its own key")
-        row = accepted_row(manifest)
+    """The catalog row of a well-formed record at ``key``; `RecordError` otherwise. The
+    record's identity must be the one its key names, in either agent form (PROTOCOL §3:
+    a store written before the segment rule may hold the long form)."""
+    try:
+        if quarantine:
+            conflict = IdentityConflict.from_json(body)
+            named, sha = keys.parse_quarantine_key(key)
+            if not keys.identity_matches_key(conflict.identity, named) or (
+                sha != conflict.submitted_frame_sha256
+            ):
+                raise RecordError(f"content names {conflict.quarantine_key!r}, not its own key")
+            row = quarantine_row(conflict, key=key)
+        else:
+            manifest = AcceptedManifest.from_json(body)
+            if not keys.identity_matches_key(
+                manifest.identity, keys.parse_accepted_manifest_key(key)
+            ):
+                raise RecordError(f"content names {manifest.manifest_key!r}, not its own key")
+            row = accepted_row(manifest, key=key)
+    except keys.KeyFormatError as exc:
+        raise RecordError(f"not a record key: {exc}") from None
     try:
         check_row(row, source=key)
     except IndexFileError as exc:

@@ -51,6 +51,7 @@ from store.base import ObjectStore
 from store.errors import StoreError
 from store.lease import Lease, LeaseLost
 from store.retry import Backoff
+from store.time import store_clock
 
 from .gc_delete import LeaseTerm
 from .inventory import InventorySource
@@ -284,6 +285,7 @@ async def open_context(
     owner: str | None = None,
 ) -> ReconcilerContext:
     """Acquire the lease and build a context (tests, one-shot tools). Raises `LeaseHeld`."""
+    clock = store_clock(store, clock)  # leases, audits, GC: store time (PROTOCOL §3.8)
     fence = await Fence.acquire(
         store,
         owner=owner or default_owner_id(),

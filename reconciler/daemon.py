@@ -43,6 +43,7 @@ from store.base import ObjectStore
 from store.cas import CasExhausted
 from store.errors import StoreError
 from store.lease import LeaseHeld, LeaseLost
+from store.time import store_clock
 
 from .audit import ProgressCallback, run_full_audit
 from .audit_records import latest_audit, latest_completed_audit
@@ -94,9 +95,10 @@ class Reconciler:
     ) -> None:
         self._store = store
         self._settings = settings
-        self._clock = clock
+        self._clock = store_clock(store, clock)  # leases, audits, GC: store time (§3.8)
         self._rng = rng
-        self.metrics = metrics or ReconcilerMetrics(clock=clock)
+        self.metrics = metrics or ReconcilerMetrics(clock=self._clock)
+        self.metrics.watch_store_clock(self._clock)
         self.owner = owner or default_owner_id()
         self._inventory = inventory
         self._audit_progress = audit_progress

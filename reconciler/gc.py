@@ -70,6 +70,7 @@ from store.errors import (
     Unavailable,
 )
 from store.open import open_store
+from store.time import store_clock
 
 from .orphans import decode_orphans
 
@@ -161,16 +162,19 @@ class GarbageCollector:
     ) -> None:
         """``lease`` describes the lease ``fence`` guards (`reconciler.gc_delete`);
         ``store_now_ns`` is store time for the signed DELETE's deadline (default: the
-        clock, i.e. no offset between the clock and the store's)."""
+        store clock's estimate; the check adds ``max_clock_skew_s``, more than the
+        estimate's uncertainty, before it sends)."""
         self._store = store
         self._delete_store = delete_store or store
-        self._clock = clock
+        # Horizon, grace and settle times compare LastModified and the marks' times with
+        # "now" in store time (PROTOCOL §3.8), never the local clock alone.
+        self._clock = store_clock(store, clock)
         self._policy = policy
         self._run_audit = run_audit
         self._latest_audit = latest_audit
         self._fence = fence
         self._lease = lease
-        self._store_now_ns = store_now_ns or clock.now_ns
+        self._store_now_ns = store_now_ns or self._clock.now_ns
         self._observe = observe or (lambda _event, _count: None)
         self._deletion_blocker = deletion_blocker
         self._suspects = suspects or (lambda _before_ns: [])
@@ -622,8 +626,9 @@ def _collector(ctx: ReconcilerContext, delete_store: ObjectStore | None) -> Garb
             max_delete_fraction=settings.gc.max_delete_fraction,
             # A signed DELETE lands within its expiry (plus skew) of being signed, and the
             # answer may take a connect plus a read timeout: twice, for margin.
-            settle_s=settings.gc.delete_expiry_s + 2 * network_s,
+            settle_s=settings.gc.delete_expiry_s + settings.store.max_clock_skew_s + 2 * network_s,
             delete_expiry_s=settings.gc.delete_expiry_s,
+            max_clock_skew_s=settings.store.max_clock_skew_s,
         ),
         run_audit=lambda: run_full_audit(ctx),
         latest_audit=lambda: latest_listing_audit(ctx.store),

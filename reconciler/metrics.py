@@ -1,7 +1,8 @@
 """Prometheus metrics of one reconciler process, on a registry of its own (no globals).
 
 ``lm-reconciler run`` serves them on ``[metrics] host:port``. The GC (``reconciler.gc``)
-reports through `ReconcilerMetrics.record_gc`.
+reports through `ReconcilerMetrics.record_gc`; the clock skew against the store comes from
+the reconciler's store clock (`watch_store_clock`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from protocol.clock import Clock, SystemClock
+from store.time import StoreClock
 
 
 class ReconcilerMetrics:
@@ -124,6 +126,13 @@ class ReconcilerMetrics:
         self.gc_deletions = Counter(
             "lm_reconciler_gc_deletions", "Raw blobs deleted by the GC", registry=r
         )
+        self.store_clock_skew = Gauge(
+            "lm_reconciler_store_clock_skew_seconds",
+            "This host's clock minus the object store's, from the Date header of its answers "
+            "(positive: ahead; 0 until measured). Beyond [store] max_clock_skew_s it is logged; "
+            "ages and leases use store time regardless",
+            registry=r,
+        )
         self.stage_errors = Counter(
             "lm_reconciler_stage_errors",
             "Daemon stages (steady, audit, gc) that ended with an error",
@@ -145,6 +154,10 @@ class ReconcilerMetrics:
                 raise ValueError(f"GC counts only grow, got {amount}")
             if amount:
                 counter.inc(amount)
+
+    def watch_store_clock(self, clock: StoreClock) -> None:
+        """Export ``clock``'s measured skew (read at each scrape)."""
+        self.store_clock_skew.set_function(lambda: clock.skew_s or 0.0)
 
     def note_checkpoint(self, updated_at_unix_ns: int) -> None:
         self._checkpoint_updated_ns = updated_at_unix_ns

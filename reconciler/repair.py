@@ -99,7 +99,9 @@ class Repairer:
             return outcome
         try:
             manifest = AcceptedManifest.from_json(body)
-            if manifest.manifest_key != key:
+            # Either form of PROTOCOL §3's segment rule is the record's own key.
+            own = (manifest.manifest_key, keys.legacy_accepted_manifest_key(manifest.identity))
+            if key not in own:
                 raise RecordError(f"content names {manifest.manifest_key!r}, not its own key")
         except RecordError as exc:
             await self._problem(outcome, "unparseable-manifest", key, str(exc))
@@ -110,7 +112,7 @@ class Repairer:
             if listed_in_hour is not None and manifest.accepted_hour == listed_in_hour
             else frozenset()
         )
-        outcome.add(await self.manifest(manifest, blob_check=blob_check, present=present))
+        outcome.add(await self.manifest(manifest, blob_check=blob_check, present=present, key=key))
         return outcome
 
     async def manifest(
@@ -119,11 +121,14 @@ class Repairer:
         *,
         blob_check: BlobCheck,
         present: frozenset[str] = frozenset(),
+        key: str | None = None,
     ) -> RepairOutcome:
+        """Repair ``manifest``, stored at ``key`` (default: its key under the segment rule)."""
         outcome = RepairOutcome()
+        key = key or manifest.manifest_key
         entries = [
             e
-            for e in derived.manifest_backfill(manifest)
+            for e in derived.manifest_backfill(manifest, key)
             if e.kind not in present
             and self._wanted(e, manifest.accepted_at_unix_ns)
             and not self._was_listed(e)
@@ -132,7 +137,7 @@ class Repairer:
         await self._check_blob(
             outcome,
             manifest.frame_sha256,
-            referenced_by=manifest.manifest_key,
+            referenced_by=key,
             expected_size=manifest.frame_bytes,
             check=blob_check,
         )
@@ -151,7 +156,9 @@ class Repairer:
             return outcome
         try:
             conflict = IdentityConflict.from_json(body)
-            if conflict.quarantine_key != key:
+            sha = conflict.submitted_frame_sha256
+            own = (conflict.quarantine_key, keys.legacy_quarantine_key(conflict.identity, sha))
+            if key not in own:
                 raise RecordError(f"content names {conflict.quarantine_key!r}, not its own key")
         except RecordError as exc:
             await self._problem(outcome, "unparseable-quarantine", key, str(exc))
@@ -159,7 +166,7 @@ class Repairer:
         await self._problems.resolve("unparseable-quarantine", key)
         entries = [
             e
-            for e in derived.quarantine_backfill(conflict)
+            for e in derived.quarantine_backfill(conflict, key)
             if self._wanted(e, conflict.observed_at_unix_ns) and not self._was_listed(e)
         ]
         await self._create_entries(outcome, entries)

@@ -155,8 +155,10 @@ class BlobVerifier:
             async with self._limit, closing(self._ctx.store.list(prefix)) as listing:
                 async for info in listing:
                     try:
-                        _sha, identity = keys.parse_accepted_by_blob_key(info.key)
+                        _sha, named = keys.parse_accepted_by_blob_key(info.key)
                     except keys.KeyFormatError:
                         return f"the record of index entry {info.key}"
-                    return keys.accepted_manifest_key(identity)
+                    if named.identity is None:  # an h- key (PROTOCOL §3) names no agent_id
+                        return f"the accepted manifest of index entry {info.key}"
+                    return keys.accepted_manifest_key(named.identity)
         return "no record (no accepted-by-blob or quarantine-by-blob entry)"

@@ -34,7 +34,7 @@ ETags are opaque strings: compare them only for equality, and only from the same
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -100,6 +100,13 @@ class ObjectStore(Protocol):
     async def send_signed_delete(self, request: SignedDelete) -> None: ...
 
     async def close(self) -> None: ...
+
+
+async def list_prefixes(store: ObjectStore, prefixes: Iterable[str]) -> AsyncIterator[ObjectInfo]:
+    """Every object under each of ``prefixes`` in turn (prefixes that do not overlap)."""
+    for prefix in prefixes:
+        async for info in store.list(prefix):
+            yield info
 
 
 def check_key(op: str, key: str) -> None:

@@ -24,9 +24,17 @@ is that `head` and `list` read every object they report.
 clock is also the store's clock for signed deletes: one sent after its expiry is refused
 (`RequestExpired`).
 
-Limitation: a path cannot be a file and a directory at once, so the keys ``a`` and
-``a/b`` cannot coexist; the second put raises `KeyPathConflict`. PROTOCOL's key layout
-never needs both. Segments longer than 255 UTF-8 bytes are refused with `ValueError`.
+Limitations of a directory tree, each a `KeyNotStorable` (a `StoreError`: final, the key
+layout must change) on put:
+
+- a path cannot be a file and a directory at once, so the keys ``a`` and ``a/b`` cannot
+  coexist; the second put raises `KeyPathConflict`. PROTOCOL's key layout never needs both.
+- a segment longer than 255 UTF-8 bytes (NAME_MAX) cannot be a file name: `KeySegmentTooLong`.
+  PROTOCOL §3's segment rule keeps every key within it. No object can exist at such a key,
+  so reads answer `NotFound`, deletes do nothing, and listings under it are empty (as S3
+  answers for any key nobody wrote): a reader looking for the long form a store written
+  before the rule may hold (`protocol.keys.legacy_accepted_manifest_key`) needs no case
+  of its own.
 Temporary files of a process killed mid-write stay in ``.lm-store/tmp``; they are never
 visible as objects and can be removed by hand.
 """
@@ -73,17 +81,25 @@ _NAME_MAX = 255
 _GONE = (FileNotFoundError, NotADirectoryError, IsADirectoryError)
 
 
-class KeyPathConflict(StoreError, ValueError):
-    """The filesystem store cannot hold this key: one path would have to be both a file and
-    a directory (keys ``a`` and ``a/b``). Final: the key layout must change."""
+class KeyNotStorable(StoreError, ValueError):
+    """The filesystem store cannot hold this key. Final: the key layout must change."""
+
+
+class KeyPathConflict(KeyNotStorable):
+    """One path would have to be both a file and a directory (keys ``a`` and ``a/b``)."""
+
+
+class KeySegmentTooLong(KeyNotStorable):
+    """A segment of the key is longer than a file name may be (255 UTF-8 bytes)."""
 
 
 class FileSystemStore:
     """The `ObjectStore` protocol over a directory tree.
 
-    Errors: `NotFound`, `PreconditionFailed`, `KeyPathConflict`, `ValueError` for invalid
-    keys; `Unavailable` when the filesystem fails before a write is applied (full disk,
-    permissions), `OutcomeUnknown` when it fails after (a directory fsync).
+    Errors: `NotFound`, `PreconditionFailed`, `KeyNotStorable` (`KeyPathConflict`,
+    `KeySegmentTooLong`) on put, `ValueError` for invalid keys; `Unavailable` when the
+    filesystem fails before a write is applied (full disk, permissions), `OutcomeUnknown`
+    when it fails after (a directory fsync).
     """
 
     def __init__(self, root: Path, *, clock: Clock | None = None) -> None:
@@ -100,21 +116,30 @@ class FileSystemStore:
         return Path(self._root)
 
     def _path(self, op: str, key: str) -> str:
+        """The file of ``key``. Raises `ValueError` for an invalid or reserved key and
+        `KeySegmentTooLong` for one no file can have."""
         check_key(op, key)
         segments = key.split("/")
         if segments[0] == _RESERVED:
             raise ValueError(f"{op} {key!r}: {_RESERVED!r} is reserved by the filesystem store")
         if any(len(segment.encode("utf-8")) > _NAME_MAX for segment in segments):
-            raise ValueError(f"{op} {key!r}: a path segment is longer than {_NAME_MAX} bytes")
+            detail = f"a path segment is longer than {_NAME_MAX} bytes"
+            raise KeySegmentTooLong(op, key, detail)
         return os.path.join(self._root, key)
 
     async def get(self, key: str) -> tuple[bytes, str]:
-        path = self._path("get", key)
+        try:
+            path = self._path("get", key)
+        except KeySegmentTooLong:
+            raise NotFound("get", key) from None  # no object can be there
         body, info = await asyncio.to_thread(_read, "get", key, path)
         return body, info.etag
 
     async def head(self, key: str) -> ObjectInfo:
-        path = self._path("head", key)
+        try:
+            path = self._path("head", key)
+        except KeySegmentTooLong:
+            raise NotFound("head", key) from None  # no object can be there
         _, info = await asyncio.to_thread(_read, "head", key, path)
         return info
 
@@ -247,7 +272,10 @@ class FileSystemStore:
             os.close(fd)  # closing the only descriptor releases the lock
 
     async def delete(self, key: str) -> None:
-        path = self._path("delete", key)
+        try:
+            path = self._path("delete", key)
+        except KeySegmentTooLong:
+            return  # no object can be there: deleting an absent key is not an error
         await asyncio.to_thread(self._delete_sync, key, path)
 
     def _delete_sync(
@@ -311,6 +339,8 @@ class FileSystemStore:
             return iter(())  # no valid key starts with this prefix
         if segments and segments[0] == _RESERVED:
             return iter(())
+        if any(len(s.encode("utf-8")) > _NAME_MAX for s in segments):
+            return iter(())  # no directory can have this name: no key starts with it
         dir_key = (dir_part + "/").encode("utf-8") if dir_part else b""
         after = start_after.encode("utf-8") if start_after is not None else None
         directory = os.path.join(self._root, dir_part)

@@ -77,6 +77,7 @@ from store.errors import (
     Unavailable,
 )
 from store.retry import Backoff, repeat_while_unavailable
+from store.time import DEFAULT_MAX_CLOCK_SKEW_S, ClockOffset
 
 if TYPE_CHECKING:
     from types_aiobotocore_s3.client import S3Client
@@ -146,6 +147,7 @@ class S3Store:
         backoff: Backoff | None = None,
         rng: random.Random | None = None,
         clock: Clock | None = None,
+        max_clock_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S,
     ) -> None:
         check_bucket_name(bucket)
         prefix = _normalize_prefix(prefix)
@@ -178,6 +180,7 @@ class S3Store:
         self._backoff = backoff if backoff is not None else Backoff()
         self._rng = rng if rng is not None else random.Random()
         self._clock: Clock = clock if clock is not None else SystemClock()
+        self.clock_offset = ClockOffset(max_skew_s=max_clock_skew_s)
         self._client: S3Client | None = None
         self._signed_http: aiohttp.ClientSession | None = None
         self._signed_timeout = aiohttp.ClientTimeout(
@@ -257,8 +260,22 @@ class S3Store:
                 self._client.meta.events.unregister(
                     "before-call.s3", botohandlers.add_expect_header
                 )
+                self._client.meta.events.register("before-call.s3", self._note_sent)
+                self._client.meta.events.register("after-call.s3", self._note_date)
                 self._exit_stack = stack
             return self._client
+
+    # -- store time: the Date header of every answer (store.time) --------------------
+
+    def _note_sent(self, context: dict[str, Any], **_: Any) -> None:
+        context["lightmetrics_sent_ns"] = self._clock.now_ns()
+
+    def _note_date(self, parsed: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
+        """botocore's ``after-call`` comes for error answers (4xx/5xx) too."""
+        date = parsed.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+        sent_ns = context.get("lightmetrics_sent_ns")
+        if isinstance(date, str) and isinstance(sent_ns, int):
+            self.clock_offset.observe(date, sent_ns=sent_ns, answered_ns=self._clock.now_ns())
 
     # -- the ObjectStore operations ----------------------------------------------------
 

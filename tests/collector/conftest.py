@@ -32,6 +32,7 @@ import pytest
 from multidict import CIMultiDict
 
 from chaos.s3_server import die_with_parent_hook
+from chaos.skewed_collector import SKEW_ENV
 from config import hash_token
 from protocol import keys
 from protocol.frame import encode_frame, points_table
@@ -249,6 +250,7 @@ class CollectorProcess:
     env: dict[str, str]
     work_dir: Path
     workers: int = 1
+    command: list[str] = field(default_factory=lambda: collector_command())
     proc: subprocess.Popen[bytes] | None = None
     port: int = 0
     worker_pids: list[int] = field(default_factory=list)
@@ -276,7 +278,7 @@ class CollectorProcess:
         assert not self.running, f"{self.name} is already running"
         self.starts += 1
         ready = self.work_dir / f"{self.name}.ready.{self.starts}"
-        argv = [*collector_command(), "serve", "--ready-file", str(ready)]
+        argv = [*self.command, "serve", "--ready-file", str(ready)]
         if self.workers > 1:
             argv += ["--workers", str(self.workers)]
         self.work_dir.mkdir(parents=True, exist_ok=True)
@@ -397,8 +399,10 @@ class CollectorLauncher:
         tokens: Tokens | None = None,
         workers: int = 1,
         port: int = 0,
+        clock_skew_s: float = 0.0,
     ) -> CollectorProcess:
-        """Start a collector over ``store_url`` on 127.0.0.1; ``env`` adds ``LM_*`` settings."""
+        """Start a collector over ``store_url`` on 127.0.0.1; ``env`` adds ``LM_*`` settings.
+        With ``clock_skew_s`` its wall clock is that far off (`chaos.skewed_collector`)."""
         name = name or f"collector-{len(self.started) + 1}"
         settings = {
             "LM_STORE__URL": store_url,
@@ -413,8 +417,16 @@ class CollectorLauncher:
         if tokens is not None:
             settings["LM_AUTH__TOKENS_FILE"] = str(tokens.path)
         settings.update(env or {})
+        command = collector_command()
+        if clock_skew_s:
+            command = [sys.executable, "-m", "chaos.skewed_collector"]
+            settings[SKEW_ENV] = str(clock_skew_s)
         process = CollectorProcess(
-            name=name, env=collector_env(settings), work_dir=self.work_dir, workers=workers
+            name=name,
+            env=collector_env(settings),
+            work_dir=self.work_dir,
+            workers=workers,
+            command=command,
         )
         self.started.append(process)
         return process.start()

@@ -258,6 +258,37 @@ async def test_identity_conflict_is_409_quarantined_and_listed(
     assert_error(unknown, 401, "unauthenticated")
 
 
+async def test_a_128_byte_agent_id_is_accepted_and_its_conflict_listed(
+    api_collector: CollectorProcess,
+    api_tokens: Tokens,
+    session: aiohttp.ClientSession,
+) -> None:
+    """PROTOCOL §1 allows 128-byte agent_ids; on the fs store they were a 500 forever
+    (a 256-hex-digit key segment). Keys now hold ``agent=h-<sha256>`` (PROTOCOL §3), and
+    the agent_id filter of /v1/conflicts finds records under that form."""
+    url = api_collector.base_url
+    agent = "agent-".ljust(128, "l")
+    identity = keys.BatchIdentity(agent, BOOT, 3, 5)
+    first_frame = make_frame(agent, seq_start=3, value=1.0)
+    second_frame = make_frame(agent, seq_start=3, value=2.0)
+    first = await post_frame(session, url, first_frame, token=api_tokens.writer)
+    assert first.status == 200 and first.json["duplicate"] is False, first
+    assert first.json["manifest_key"] == keys.accepted_manifest_key(identity)
+    assert f"agent=h-{identity.agent_sha256}/" in first.json["manifest_key"]
+    again = await post_frame(session, url, first_frame, token=api_tokens.writer)
+    assert again.status == 200 and again.json["duplicate"] is True, again
+    conflict = await post_frame(session, url, second_frame, token=api_tokens.writer)
+    assert_error(conflict, 409, "identity_conflict")
+
+    listed = await get(
+        session, f"{url}/v1/conflicts", token=api_tokens.admin, params={"agent_id": agent}
+    )
+    assert listed.status == 200, listed
+    assert [c["quarantine_key"] for c in listed.json["conflicts"]] == [
+        conflict.json["quarantine_key"]
+    ]
+
+
 # --- 400 ----------------------------------------------------------------------------------
 
 VALID = make_frame("agent-bad", seq_start=100)

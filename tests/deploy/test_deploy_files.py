@@ -327,7 +327,7 @@ def test_container_commands_are_project_scripts_with_valid_arguments() -> None:
                     argv = ["lm-rollup", *argv[argv.index(entry) + 1 :]]
                 check_command(argv, path.name, path.read_text(encoding="utf-8"))
                 checked += 1
-    assert checked == 3
+    assert checked == 4  # collector, reconciler, rollup, scrape agent
 
 
 def test_the_spark_submit_entry_file_calls_the_lm_rollup_main() -> None:
@@ -354,7 +354,8 @@ def test_units_are_hardened_and_stop_with_sigterm(path: Path) -> None:
     }.items():
         assert unit.value("Service", key) == value, f"{path.name}: {key}"
     assert int(unit.value("Service", "LimitNOFILE")) >= 65536
-    assert "-/etc/lightmetrics/aws.env" in unit.values("Service", "EnvironmentFile")
+    if path.name != "lightmetrics-agent.service":  # the scrape agent never talks to the store
+        assert "-/etc/lightmetrics/aws.env" in unit.values("Service", "EnvironmentFile")
     if unit.value("Service", "Type") != "oneshot":
         assert unit.value("Service", "Restart") == "on-failure"
         assert unit.value("Service", "RestartPreventExitStatus") == "2"  # bad configuration

@@ -98,3 +98,30 @@ async def test_only_the_orphan_is_deleted_after_the_whole_proof(
     )
     assert [info.key async for info in store.list(keys.GC_MARKS_PREFIX)] == []
     assert len([info.key async for info in store.list(keys.GC_LOG_PREFIX)]) == 1
+
+
+@pytest.mark.s3
+async def test_a_host_whose_clock_runs_ahead_does_not_mark_a_young_orphan(
+    ministack_server: RunningServer,
+) -> None:
+    # The retry horizon is judged in MiniStack's time (PROTOCOL §3.8): a blob written a
+    # moment ago is not past a one-hour horizon on a host whose clock runs two hours ahead.
+    ahead = ManualClock(time.time_ns() + 2 * 3600 * 10**9)
+    async with S3Store(
+        bucket=fresh_bucket(ministack_server),
+        prefix="gc",
+        endpoint_url=ministack_server.endpoint_url,
+        clock=ahead,
+    ) as store:
+        orphan = make_batch(agent=2, seq=1, accepted_at_ns=ahead.now_ns())
+        await store.put(keys.raw_blob_key(orphan.sha), orphan.frame)  # manifest never came
+        short = Settings(
+            reconciler=ReconcilerSettings(lease_ttl_s=30.0),
+            gc=GcSettings(enabled=True, retry_horizon_s=3600.0, mark_grace_s=GRACE_S),
+        )
+        ctx = await open_context(store, settings=short, clock=ahead, rng=random.Random(1))
+
+        outcome = await run_gc(ctx, dry_run=False)
+
+        assert (outcome.record.candidates, outcome.record.marked) == (0, 0)
+        assert [info.key async for info in store.list(keys.GC_MARKS_PREFIX)] == []
