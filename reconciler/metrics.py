@@ -25,35 +25,47 @@ class ReconcilerMetrics:
         self.lease_epoch = Gauge(
             "lm_reconciler_lease_epoch", "Epoch of the lease this process holds", registry=r
         )
-        self.lag_hours = Gauge(
-            "lm_reconciler_lag_hours",
-            "accepted-by-time hours (up to now) past the checkpoint, as of the last pass; "
-            "0 when the checkpoint covers every existing hour",
-            registry=r,
-        )
         self.checkpoint_age = Gauge(
             "lm_reconciler_checkpoint_age_seconds",
-            "Seconds since the steady-state checkpoint was last confirmed (-1: none yet)",
+            "Seconds since the steady pass last saved its index checkpoint (-1: none yet)",
             registry=r,
         )
         self.checkpoint_age.set_function(self._checkpoint_age_s)
         self.steady_passes = Counter(
             "lm_reconciler_steady_passes",
-            "Steady-state passes by result (complete, incomplete)",
+            "Steady passes by result (complete, incomplete)",
             ["result"],
             registry=r,
         )
-        self.entries_scanned = Counter(
-            "lm_reconciler_index_entries_scanned",
-            "accepted-by-time entries examined by steady-state passes",
+        self.log_segments = Counter(
+            "lm_reconciler_log_segments_read",
+            "Index log segments the steady pass read (each once)",
             registry=r,
         )
-        self.repairs = Counter(
-            "lm_reconciler_repairs",
-            "Objects the reconciler created because they were missing, by kind "
-            "(accepted-by-time, accepted-by-blob, raw-blobs-by-time, quarantine-by-blob, "
-            "rollup-dirty)",
+        self.records_read = Counter(
+            "lm_reconciler_records_read",
+            "Accepted manifests and quarantine records read to catalog them (steady pass "
+            "and audit)",
+            registry=r,
+        )
+        self.cataloged_rows = Counter(
+            "lm_reconciler_cataloged_rows",
+            "Verified rows written to new catalog files, by kind (accepted, quarantine); "
+            "compaction's merged files not counted",
             ["kind"],
+            registry=r,
+        )
+        self.catalog_files = Counter(
+            "lm_reconciler_catalog_files",
+            "Catalog files written (each with its rollup work marker), by origin "
+            "(cataloged, compacted)",
+            ["origin"],
+            registry=r,
+        )
+        self.missing_records = Counter(
+            "lm_reconciler_missing_records",
+            "Records a log row named that do not exist (a collector's claim the store "
+            "does not back)",
             registry=r,
         )
         self.problems = Counter(
@@ -66,11 +78,6 @@ class ReconcilerMetrics:
             "lm_reconciler_problems_resolved",
             "Problem records removed because their subject checked out fine",
             ["kind"],
-            registry=r,
-        )
-        self.dangling_entries = Counter(
-            "lm_reconciler_dangling_index_entries",
-            "accepted-by-time entries whose manifest does not exist, or whose key is malformed",
             registry=r,
         )
         self.store_failures = Counter(
@@ -120,7 +127,7 @@ class ReconcilerMetrics:
         )
         self.stage_errors = Counter(
             "lm_reconciler_stage_errors",
-            "Daemon stages (steady, audit, gc) that ended with an error",
+            "Daemon stages (steady, audit, compaction, gc) that ended with an error",
             ["stage"],
             registry=r,
         )

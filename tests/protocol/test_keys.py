@@ -77,10 +77,6 @@ def test_parsers_invert_builders() -> None:
     assert keys.parse_raw_blob_key(keys.raw_blob_key(SHA)) == SHA
     assert keys.parse_raw_blob_by_time_key(keys.raw_blob_by_time_key(HOUR, SHA)) == (HOUR, SHA)
     assert keys.parse_accepted_manifest_key(keys.accepted_manifest_key(IDENTITY)) == IDENTITY
-    assert keys.parse_accepted_by_time_key(keys.accepted_by_time_key(HOUR, IDENTITY)) == (
-        HOUR,
-        IDENTITY,
-    )
     assert keys.parse_accepted_by_blob_key(keys.accepted_by_blob_key(SHA, IDENTITY)) == (
         SHA,
         IDENTITY,
