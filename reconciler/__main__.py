@@ -288,7 +288,9 @@ class _Progress:
             verb = "resuming audit" if progress.resumed else "auditing"
             self._bar = tqdm(desc=f"{verb} {progress.audit_id}", unit=" records", file=sys.stderr)
         self._bar.n = progress.manifests_seen + progress.quarantines_seen
-        self._bar.set_postfix(repaired=progress.repaired, problems=progress.problems, refresh=False)
+        self._bar.set_postfix(
+            cataloged=progress.repaired, problems=progress.problems, refresh=False
+        )
         self._bar.refresh()
 
     def close(self) -> None:

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -93,6 +92,7 @@ class AuditProgress:
     quarantines_seen: int
     groups_done: int
     repaired: int
+    """Records this audit cataloged (the name predates the index)."""
     problems: int
     blobs_verified: int = 0
 
@@ -109,7 +109,7 @@ async def run_full_audit(
 ) -> AuditRecord:
     """Run (or resume) a full audit and return its final record.
 
-    ``status == "completed"`` only when it finished with every repair written; otherwise
+    ``status == "completed"`` only when it finished with every catalog write done; otherwise
     ``running`` (call again to resume). Raises `LeaseLost` (stop: no longer the leader),
     `InventoryError`, and store errors met while creating the record."""
     record, resumed = await _resume_or_start(ctx, inventory)
@@ -190,7 +190,6 @@ class _AuditRun:
         self.state = WalkState(cursors=dict(record.cursors))
         self._manifests = record.manifests_seen
         self._quarantines = record.quarantines_seen
-        self._repaired: Counter[str] = Counter(record.repaired)
         self._problem_count = record.problems
         self._last_save = ctx.clock.monotonic()
         self._saving = asyncio.Lock()
@@ -311,7 +310,6 @@ class _AuditRun:
                 "cursors": {**self.state.cursors, VERIFY_CURSOR: self._verifier.cursor},
                 "manifests_seen": self._manifests,
                 "quarantines_seen": self._quarantines,
-                "repaired": dict(self._repaired),
                 "problems": self._problem_count + self._verifier.problems,
                 "catalog": True,
                 "cataloged": self._cataloged,
@@ -362,7 +360,7 @@ class _AuditRun:
             status=record.status,
             manifests=record.manifests_seen,
             quarantines=record.quarantines_seen,
-            repaired=record.repaired,
+            cataloged=record.cataloged,
             problems=record.problems,
             stopped=self.state.stopped,
         )
