@@ -6,8 +6,9 @@ expires and try again, so a standby takes over within about one TTL of the activ
 dying. The active instance loops, every ``loop_interval_s``:
 
 1. a steady pass over the index log (`reconciler.steady`);
-2. a full audit (`reconciler.audit`) when one is due: none has completed within
-   ``max_audit_interval_s`` (so the first run ever always audits), or one is still running
+2. a full audit (`reconciler.audit`) when one is due: no audit of the index has completed
+   within ``max_audit_interval_s`` (so the first run ever always audits, and so does the
+   first run on a version-1 store: that audit is its migration), or one is still running
    (it is resumed);
 3. catalog compaction (`reconciler.compaction`) of the hours written to;
 4. the GC (``reconciler.gc.run_gc``) when ``gc.enabled``, at most once per
