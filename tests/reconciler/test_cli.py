@@ -14,7 +14,7 @@ from pathlib import Path
 
 from protocol import keys
 from protocol.clock import SystemClock
-from protocol.records import AuditRecord, LeaseRecord
+from protocol.records import AuditRecord, GcRunRecord, LeaseRecord
 from reconciler.audit import DONE, FRONTIER
 from reconciler.daemon import Reconciler
 from store.fs import FileSystemStore
@@ -95,15 +95,22 @@ def test_run_once_and_status_show_the_log_the_catalog_and_the_cost(tmp_path: Pat
     assert doc["last_completed_audit"]["manifests_seen"] == 12
     assert doc["last_completed_audit"]["cataloged"] == 4
     assert doc["last_gc"] is None and doc["problems"] == {"total": 0, "by_kind": {}}
+    assert "last GC         none" in run_cli("status", env=env).stdout
     assert doc["lease"]["active"] is False  # released on exit
     assert run_cli("status", "--check", env=env).returncode == 0
+    gc_run = GcRunRecord(run_id="00c0ffee", started_at_unix_ns=time.time_ns(), candidates=3)
+    gc_run = gc_run.model_copy(update={"marked": 2, "deleted": 1})
+    gc_key = store_dir / keys.gc_run_key(gc_run.started_at_unix_ns, gc_run.run_id)
+    gc_key.parent.mkdir(parents=True, exist_ok=True)
+    gc_key.write_bytes(gc_run.to_json())
     text = run_cli("status", env=env).stdout
     for line in (
         "0 segments waiting, lag 0.0 s",
         "catalog         1 hours in 2 files; 2 rollup work markers waiting",
         "index cost      0.5 requests per accepted batch",
         "4 cataloged",
-        "last GC         none",
+        "last GC         00c0ffee started",
+        "3 candidates, 2 marked, 0 vetoed, 1 deleted",
         "problems        0",
     ):
         assert line in text, text
