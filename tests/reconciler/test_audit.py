@@ -161,6 +161,29 @@ async def test_an_interrupted_audit_resumes_where_it_stopped_with_its_start(
     assert await latest_completed_audit(memory_store) == resumed
 
 
+async def test_an_audit_that_crashed_before_its_first_progress_save_is_resumed(
+    memory_store: MemoryStore, clock: ManualClock
+) -> None:
+    """Its record is the one written when it started: that record must already say it is an
+    audit of the index, or the next run would take it for a version-1 audit."""
+    await write_batches(memory_store, agents=2, per_agent=2)
+    faulty = FaultyStore(memory_store)
+    faulty.script("put_if_match", keys.RECONCILER_AUDITS_PREFIX, *[Fault.UNAVAILABLE] * 100)
+    crashed = await context(faulty, clock)
+    crashed.stopping.set()  # stops before its walk; every later save of its record fails
+    first = await run_full_audit(crashed, progress_interval_s=0)
+    assert first.status == "running"
+    stored = await latest_audit(memory_store)
+    assert stored is not None and stored.manifests_seen == 0  # only the created record
+    await crashed.fence.release()
+    clock.advance(5)
+
+    successor = await context(memory_store, clock, owner="reconciler-b", seed=2)
+    resumed = await run_full_audit(successor)
+
+    assert resumed.status == "completed" and resumed.audit_id == first.audit_id
+
+
 async def test_a_failed_catalog_write_leaves_the_audit_running_and_the_rerun_completes_it(
     memory_store: MemoryStore, clock: ManualClock
 ) -> None:
