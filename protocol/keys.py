@@ -142,10 +142,6 @@ def parse_raw_blob_key(key: str) -> str:
     return match.group(3)
 
 
-def raw_blobs_by_time_hour_prefix(hour: UtcHour) -> str:
-    return f"{RAW_BLOBS_BY_TIME_PREFIX}{hour.partition}/"
-
-
 def raw_blob_by_time_key(hour: UtcHour, sha: str) -> str:
     return f"{RAW_BLOBS_BY_TIME_PREFIX}{hour.partition}/sha256={check_sha256(sha)}.json"
 
@@ -185,22 +181,6 @@ def parse_accepted_manifest_key(key: str) -> KeyIdentity:
 
 def accepted_by_time_key(hour: UtcHour, identity: BatchIdentity) -> str:
     return f"{ACCEPTED_BY_TIME_PREFIX}{hour.partition}/{identity_name(identity, '.json')}"
-
-
-def accepted_by_time_hour_prefix(hour: UtcHour) -> str:
-    return f"{ACCEPTED_BY_TIME_PREFIX}{hour.partition}/"
-
-
-def parse_accepted_by_time_key(key: str) -> tuple[UtcHour, KeyIdentity]:
-    match = re.fullmatch(r"accepted-by-time/v1/(date=\d{4}-\d{2}-\d{2}/hour=\d{2})/(.+)", key)
-    if not match:
-        raise KeyFormatError(f"not an accepted-by-time key: {key!r}")
-    hour = UtcHour.parse_partition(match.group(1))
-    try:
-        named, _ = parse_identity_name(match.group(2), r"\.json")
-    except KeyFormatError:
-        raise KeyFormatError(f"not an accepted-by-time key: {key!r}") from None
-    return hour, named
 
 
 def accepted_by_blob_key(sha: str, identity: BatchIdentity) -> str:
@@ -285,7 +265,6 @@ def gc_log_key(hour: UtcHour, sha: str) -> str:
 # --- reconciler ------------------------------------------------------------------------
 
 RECONCILER_LEASE_KEY = f"{RECONCILER_PREFIX}lease.json"
-RECONCILER_CHECKPOINT_KEY = f"{RECONCILER_PREFIX}checkpoint.json"
 RECONCILER_INDEX_CHECKPOINT_KEY = f"{RECONCILER_PREFIX}index-checkpoint.json"
 RECONCILER_AUDITS_PREFIX = f"{RECONCILER_PREFIX}audits/"
 RECONCILER_PROBLEMS_PREFIX = f"{RECONCILER_PREFIX}problems/"
@@ -332,6 +311,8 @@ def gc_run_key(started_at_unix_ns: int, run_id: str) -> str:
 
 
 def rollup_dirty_key(hour: UtcHour) -> str:
+    """A version-1 rollup dirty marker (one per hour; replaced by the work markers of the
+    index, `rollup_work_marker_key`)."""
     return f"{ROLLUP_DIRTY_PREFIX}{hour.partition}.json"
 
 
@@ -473,3 +454,25 @@ def parse_rollup_work_marker_key(key: str) -> str:
     if not match:
         raise KeyFormatError(f"not a rollup work marker key: {key!r}")
     return f"{INDEX_CATALOG_PREFIX}{match.group(1)}/{match.group(2)}-{match.group(3)}.parquet"
+
+
+# --- version 1 before the index (PROTOCOL §3, §3.7) ----------------------------------------
+# Stores written before the index hold per-object derived entries, a steady checkpoint of
+# their own and one dirty marker per hour. The first completed audit of the index migrates
+# such a store (it catalogs every record); after that nothing reads these, and
+# ``lm-reconciler drop-v1-index`` deletes them.
+
+V1_INDEX_PREFIXES = (
+    "accepted-by-time/v1/",
+    "accepted-by-blob/v1/",
+    "raw-blobs-by-time/v1/",
+    "quarantine-by-blob/v1/",
+)
+RECONCILER_V1_CHECKPOINT_KEY = f"{RECONCILER_PREFIX}checkpoint.json"
+_V1_ROLLUP_DIRTY_RE = re.compile(r"work/v1/rollup-dirty/date=\d{4}-\d{2}-\d{2}/hour=\d{2}\.json")
+
+
+def is_v1_rollup_dirty_key(key: str) -> bool:
+    """Whether ``key`` is a version-1 hour dirty marker (`rollup_dirty_key`), not a work
+    marker of the index (those live under `ROLLUP_WORK_PREFIX`)."""
+    return _V1_ROLLUP_DIRTY_RE.fullmatch(key) is not None

@@ -249,21 +249,6 @@ class RollupPointer(Record):
     manifest_key: str
 
 
-class ReconcilerCheckpoint(Record):
-    """``reconciler/v1/checkpoint.json`` (CAS-updated): how far steady-state discovery got.
-
-    ``next_hour`` is the first ``accepted-by-time`` hour not yet fully scanned; each pass
-    re-scans ``lookback`` before it, so late index writes and skewed clocks are caught.
-    """
-
-    schema_: Literal["lightmetrics.reconciler_checkpoint.v1"] = Field(
-        default="lightmetrics.reconciler_checkpoint.v1", alias="schema"
-    )
-    next_hour: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}T\d{2}$")
-    updated_at_unix_ns: int = NonNegative
-    owner_epoch: int = Field(ge=0)
-
-
 class AuditRecord(Record):
     """``reconciler/v1/audits/<start>-<id>.json``: one full audit of accepted/ and quarantine/.
 

@@ -7,7 +7,8 @@ from the store itself and found well-formed — a valid schema, an identity equa
 key, and ``raw_blob_key`` equal to the key of its ``frame_sha256``
 (`protocol.records` validates the last one).
 
-`Cataloger.read` GETs records, ``concurrency`` at a time. A record that does not parse,
+`Cataloger.read` GETs records, ``concurrency`` at a time (or as many as the caller's
+``limit`` lets it: the audit shares its slots between its walk workers). A record that does not parse,
 or names another key, becomes an ``unparseable-manifest``/``unparseable-quarantine``
 problem (resolved when a later read finds it well-formed); a record that is gone is
 counted (``missing``; records are never deleted, so only a log row's claim can name one);
@@ -26,7 +27,6 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from index.catalog import CatalogWriter
 from index.rows import IndexFileError, IndexRow, accepted_row, check_row, quarantine_row
 from protocol import keys
 from protocol.records import AcceptedManifest, IdentityConflict, RecordError, RollupWorkMarker
@@ -56,17 +56,22 @@ def is_quarantine_key(key: str) -> bool:
 
 class Cataloger:
     def __init__(
-        self, ctx: ReconcilerContext, problems: ProblemBook, writer: CatalogWriter
+        self,
+        ctx: ReconcilerContext,
+        problems: ProblemBook,
+        *,
+        limit: asyncio.Semaphore | None = None,
     ) -> None:
         self._ctx = ctx
         self._problems = problems
-        self._writer = writer
+        self._writer = ctx.catalog_writer
+        self._limit = limit
         self.files_written = 0
         self.rows_written = 0
 
     async def read(self, record_keys: Iterable[str]) -> CatalogBatch:
         """Read and verify each record (GET once each, bounded concurrency)."""
-        limit = asyncio.Semaphore(self._ctx.settings.reconciler.concurrency)
+        limit = self._limit or asyncio.Semaphore(self._ctx.settings.reconciler.concurrency)
         batch = CatalogBatch()
 
         async def one(key: str) -> None:
@@ -88,11 +93,11 @@ class Cataloger:
             self._ctx.log.warning("catalog_read_failed", key=key, error=repr(exc))
             result.failed.append(key)
             return result
-        self._ctx.metrics.records_read.inc()
         if body is None:
             result.missing += 1
-            self._ctx.metrics.dangling_rows.inc()
+            self._ctx.metrics.missing_records.inc()
             return result
+        self._ctx.metrics.records_read.inc()
         kind = "unparseable-quarantine" if quarantine else "unparseable-manifest"
         try:
             row = _verified_row(key, body, quarantine)
@@ -120,8 +125,10 @@ class Cataloger:
             written.append(catalog_key)
             self.files_written += 1
             self.rows_written += len(hour_rows)
-            self._ctx.metrics.catalog_rows.inc(len(hour_rows))
-            self._ctx.metrics.catalog_files.labels("write").inc()
+            metrics = self._ctx.metrics
+            metrics.catalog_files.labels("cataloged").inc()
+            for row in hour_rows:
+                metrics.cataloged_rows.labels(row.kind).inc()
         return written
 
     async def mark_work(self, catalog_key: str, hour: keys.UtcHour, rows: int) -> None:

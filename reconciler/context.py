@@ -23,9 +23,12 @@ Its writes are fenced twice:
    a stored epoch newer than ours. That holds even if a pause falls between the fence
    check and the write.
 
-Everything else the reconciler writes is an If-None-Match create of a body that is a pure
-function of immutable records (derived entries, dirty markers) or a problem report, so a
-stale write that slips through both checks changes nothing a newer leader relies on.
+Everything else the reconciler writes is an If-None-Match create under a name unique to
+its epoch (catalog files: verified rows of immutable records, and their rollup work
+markers), a problem report, or an orphan file named after its own audit, so a stale write
+that slips through both checks adds only true rows and changes nothing a newer leader
+relies on. Its deletes (compacted catalog inputs, unreadable catalog files moved aside,
+the version-1 index after a migration) follow a fence check too.
 """
 
 from __future__ import annotations
@@ -38,11 +41,13 @@ import secrets
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import structlog
 
 from config import ReconcilerSettings, Settings
+from index.catalog import CatalogWriter
 from protocol import keys
 from protocol.clock import Clock
 from protocol.keys import RECONCILER_LEASE_KEY
@@ -265,6 +270,14 @@ class ReconcilerContext:
     @property
     def epoch(self) -> int:
         return self.fence.epoch
+
+    @cached_property
+    def catalog_writer(self) -> CatalogWriter:
+        """The one catalog writer of this term: every stage writes through it, so its
+        sequence never repeats a name within the epoch — not even the name of a file that
+        was moved aside or compacted away (a repeated name could make the compaction's
+        "delete my inputs by name" delete new rows)."""
+        return CatalogWriter(store=self.store, clock=self.clock, rng=self.rng, epoch=self.epoch)
 
     @property
     def reconciler_settings(self) -> ReconcilerSettings:

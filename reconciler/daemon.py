@@ -6,8 +6,9 @@ expires and try again, so a standby takes over within about one TTL of the activ
 dying. The active instance loops, every ``loop_interval_s``:
 
 1. a steady pass over the index log (`reconciler.steady`);
-2. a full audit (`reconciler.audit`) when one is due: none has completed within
-   ``max_audit_interval_s`` (so the first run ever always audits), or one is still running
+2. a full audit (`reconciler.audit`) when one is due: no audit of the index has completed
+   within ``max_audit_interval_s`` (so the first run ever always audits, and so does the
+   first run on a version-1 store: that audit is its migration), or one is still running
    (it is resumed);
 3. catalog compaction (`reconciler.compaction`) of the hours written to;
 4. the GC (``reconciler.gc.run_gc``) when ``gc.enabled``, at most once per
@@ -53,6 +54,7 @@ from .gc import run_gc, settle_stale_deletions
 from .inventory import InventorySource
 from .metrics import ReconcilerMetrics
 from .steady import OrphanSuspects, SteadyResult, SteadyScanner
+from .v1_index import V1DropResult, drop_v1_index
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -182,6 +184,13 @@ class Reconciler:
         """One GC run (`reconciler.gc.run_gc`). Raises `GcRefused` when the guard trips."""
         return await self._one_shot(lambda ctx: run_gc(ctx, dry_run=dry_run), lease_wait_s)
 
+    async def drop_v1_index_once(
+        self, *, dry_run: bool, lease_wait_s: float | None = None
+    ) -> V1DropResult:
+        """Delete a migrated version-1 store's old index (`reconciler.v1_index`). Raises
+        `V1DropRefused` before a completed audit of the index, `LeaseHeld` like `run_once`."""
+        return await self._one_shot(lambda ctx: drop_v1_index(ctx, dry_run=dry_run), lease_wait_s)
+
     async def _one_shot(
         self, work: Callable[[ReconcilerContext], Awaitable[T]], lease_wait_s: float | None
     ) -> T:
@@ -239,9 +248,9 @@ class Reconciler:
         return await run_full_audit(ctx, progress=self._audit_progress, inventory=self._inventory)
 
     async def _audit_due(self, ctx: ReconcilerContext) -> bool:
-        latest = await latest_audit(ctx.store)
+        latest = await latest_audit(ctx.store, catalog_only=True)
         if latest is None or latest.status == "running":
-            return True  # the first audit ever, or one to resume
+            return True  # the first audit ever (or of the index: a migration), or one to resume
         completed = await latest_completed_audit(ctx.store)
         if completed is None or completed.completed_at_unix_ns is None:
             return True

@@ -27,41 +27,53 @@ class ReconcilerMetrics:
         self.lease_epoch = Gauge(
             "lm_reconciler_lease_epoch", "Epoch of the lease this process holds", registry=r
         )
-        self.log_lag = Gauge(
-            "lm_reconciler_log_lag_seconds",
-            "Store time minus the first time of the newest index log segment consumed, as of "
-            "the last steady pass (grows when the pass falls behind or nothing is written)",
-            registry=r,
-        )
         self.checkpoint_age = Gauge(
             "lm_reconciler_checkpoint_age_seconds",
-            "Seconds since the index log checkpoint was last confirmed (-1: none yet)",
+            "Seconds since the steady pass last saved its index checkpoint (-1: none yet)",
             registry=r,
         )
         self.checkpoint_age.set_function(self._checkpoint_age_s)
         self.steady_passes = Counter(
             "lm_reconciler_steady_passes",
-            "Steady-state passes by result (complete, incomplete)",
+            "Steady passes by result (complete, incomplete)",
             ["result"],
+            registry=r,
+        )
+        self.log_lag = Gauge(
+            "lm_reconciler_log_lag_seconds",
+            "Store time minus the first time of the newest index log segment consumed, as "
+            "of the last steady pass",
             registry=r,
         )
         self.log_segments = Counter(
             "lm_reconciler_log_segments_read",
-            "Index log segments read by steady passes",
+            "Index log segments the steady pass read (each once)",
             registry=r,
         )
         self.records_read = Counter(
             "lm_reconciler_records_read",
-            "Accepted and quarantine records read to be cataloged (steady passes and audits)",
+            "Accepted manifests and quarantine records read to catalog them (steady pass "
+            "and audit)",
             registry=r,
         )
-        self.catalog_rows = Counter(
-            "lm_reconciler_catalog_rows", "Rows written to catalog files", registry=r
+        self.cataloged_rows = Counter(
+            "lm_reconciler_cataloged_rows",
+            "Verified rows written to new catalog files, by kind (accepted, quarantine); "
+            "compaction's merged files not counted",
+            ["kind"],
+            registry=r,
         )
         self.catalog_files = Counter(
             "lm_reconciler_catalog_files",
-            "Catalog files written, by origin (write, compaction)",
+            "Catalog files written (each with its rollup work marker), by origin "
+            "(cataloged, compacted)",
             ["origin"],
+            registry=r,
+        )
+        self.missing_records = Counter(
+            "lm_reconciler_missing_records",
+            "Records a log row named that do not exist (a collector's claim the store "
+            "does not back)",
             registry=r,
         )
         self.problems = Counter(
@@ -74,11 +86,6 @@ class ReconcilerMetrics:
             "lm_reconciler_problems_resolved",
             "Problem records removed because their subject checked out fine",
             ["kind"],
-            registry=r,
-        )
-        self.dangling_rows = Counter(
-            "lm_reconciler_dangling_log_rows",
-            "Index log rows naming a record that does not exist",
             registry=r,
         )
         self.store_failures = Counter(
@@ -135,7 +142,7 @@ class ReconcilerMetrics:
         )
         self.stage_errors = Counter(
             "lm_reconciler_stage_errors",
-            "Daemon stages (steady, audit, gc) that ended with an error",
+            "Daemon stages (steady, audit, compaction, gc) that ended with an error",
             ["stage"],
             registry=r,
         )

@@ -16,7 +16,6 @@ import enum
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from store.base import ObjectInfo
 from store.errors import (
     ConditionConflict,
     NotFound,
@@ -37,12 +36,7 @@ class Created(enum.Enum):
     CREATED = "created"
     EXISTED = "existed"
     MAYBE = "maybe"
-    """412 after an attempt whose answer was lost: ours may have landed. Treat as created
-    where missing a consequence (a dirty marker) would be worse than doing it twice."""
-
-    @property
-    def possibly_ours(self) -> bool:
-        return self is not Created.EXISTED
+    """412 after an attempt whose answer was lost: ours may have landed."""
 
 
 class StoreCallFailed(StoreError):
@@ -79,18 +73,6 @@ async def read(ctx: ReconcilerContext, key: str) -> bytes | None:
         return body
 
     return await _retrying(ctx, "get", key, call)  # safe to repeat: a read
-
-
-async def head(ctx: ReconcilerContext, key: str) -> ObjectInfo | None:
-    """The object's metadata, or ``None`` when absent."""
-
-    async def call() -> ObjectInfo | None:
-        try:
-            return await ctx.store.head(key)
-        except NotFound:
-            return None
-
-    return await _retrying(ctx, "head", key, call)  # safe to repeat: a read
 
 
 async def create_if_absent(ctx: ReconcilerContext, key: str, body: bytes) -> Created:
