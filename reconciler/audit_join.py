@@ -110,7 +110,7 @@ async def _move_aside(ctx: ReconcilerContext, key: str) -> None:
 @dataclass
 class BlobJoin:
     listed: int = 0
-    orphans: list[tuple[str, int, int]] = field(default_factory=list)
+    orphans: list[Orphan] = field(default_factory=list)
     missing: dict[str, str] = field(default_factory=dict)
     """Referenced hashes whose blob neither the listing nor a HEAD found, each with the key
     of a record that references it."""
