@@ -15,7 +15,10 @@ session they own. Under the owner lease (taken here unless one is passed in):
    re-plan against the new latest snapshot and retry, at most ``max_commit_retries``
    times. Because every attempt re-plans from the ledger of the snapshot it commits on,
    a batch is never included twice;
-6. after a commit (or a plan with nothing left to do) delete the dirty markers read.
+6. after a commit, once the pointer read back shows it, delete the work markers read,
+   except those of hours with batches the commit left out (bad frames: they stay
+   pending, and the marker makes the next run try them again); a plan with nothing
+   left to do deletes its markers at once.
 
 A crash anywhere before the pointer swap leaves only orphan files; the next run plans
 the same batches again and produces exact totals.
@@ -184,7 +187,9 @@ class _Run:
                 raise
             summary.seconds["commit"] = round(time.monotonic() - started, 3)
             self._note_commit(committed, changes, records)
-            await self._consume_markers_after(committed.snapshot.version, plan)
+            await self._consume_markers_after(
+                committed.snapshot.version, plan, _hours_left_pending(plan, changes)
+            )
             return summary
         raise CommitRetriesExhausted(
             f"{summary.commit_conflicts} commit attempts lost the pointer race; run again"
@@ -287,21 +292,43 @@ class _Run:
             seen.add((kind, subject))
             await _record_problem(self.store, self.clock, kind, subject, problem["detail"])
 
-    async def _consume_markers_after(self, version: int, plan: Plan) -> None:
+    async def _consume_markers_after(self, version: int, plan: Plan, pending: set[str]) -> None:
         """Delete the plan's work markers once the pointer read back shows ``version`` (or
-        a later one) committed: only then is the markers' work durably in the ledger."""
+        a later one) committed: only then is the markers' work durably in the ledger.
+        Markers of the ``pending`` hours (batches planned but not included) stay."""
         latest = await load_latest(self.store)
         if latest is None or latest.snapshot.version < version:
             log.warning("rollup_work_markers_kept", committed_version=version)
             return
-        await self._consume_markers(plan)
+        await self._consume_markers(plan, keep_hours=pending)
 
-    async def _consume_markers(self, plan: Plan) -> None:
+    async def _consume_markers(self, plan: Plan, *, keep_hours: set[str] | None = None) -> None:
         for key in plan.dirty_markers:
+            if keep_hours and _marker_hour(key) in keep_hours:
+                continue
             try:
                 await self.store.delete(key)
             except StoreError as exc:  # harmless: the next run re-checks the hour once more
                 log.warning("rollup_dirty_marker_delete_failed", key=key, error=str(exc))
+
+
+def _hours_left_pending(plan: Plan, changes: Changes) -> set[str]:
+    """Hours with planned batches that the commit's ledger does not include."""
+    planned: dict[str, int] = {}
+    for item in plan.items:
+        planned[item.accepted_hour] = planned.get(item.accepted_hour, 0) + 1
+    return {
+        hour
+        for hour, count in planned.items()
+        if (delta := changes.ledger_delta.get(hour)) is None or delta.batches < count
+    }
+
+
+def _marker_hour(marker_key: str) -> str:
+    hour, _epoch, _sequence = keys.parse_index_catalog_key(
+        keys.parse_rollup_work_marker_key(marker_key)
+    )
+    return hour.iso
 
 
 def _data_file(body: dict[str, Any], version: int) -> DataFile:

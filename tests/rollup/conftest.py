@@ -1,5 +1,6 @@
 """Rollup job fixtures: ONE Spark session for the whole test session, accepted batches
-written as the collector writes them, and an independent expected rollup.
+written as the collector writes them and cataloged as the reconciler does (catalog files
+and rollup work markers, PROTOCOL §3.7), and an independent expected rollup.
 
 `expected_rollup` recomputes ``rollup_1m`` from the frames sent with nothing from the job:
 `protocol.frame.decode_frame`, `rollup.series.canonical_series` (the reference, not the
@@ -23,7 +24,7 @@ import pyarrow.compute as pc
 import pytest
 
 from config.settings import RollupSettings
-from protocol import derived, keys
+from protocol import keys
 from protocol.frame import decode_frame, encode_frame, points_table
 from protocol.records import AcceptedManifest
 from rollup.job import RunHooks, RunSummary, run_rollup
@@ -33,6 +34,7 @@ from rollup.series import canonical_series
 from rollup.storage import StoreAccess
 from store.base import ObjectStore
 from store.fs import FileSystemStore
+from tests.rollup.dataset_builder import catalog_manifests
 
 if False:  # pragma: no cover - typing only, pyspark is imported lazily
     from pyspark.sql import SparkSession
@@ -132,14 +134,16 @@ def make_frame(
     return SentFrame(frame, manifest)
 
 
-async def accept(store: ObjectStore, frames: Sequence[SentFrame]) -> None:
-    """Store each frame as the collector does: raw blob, accepted manifest, and its
-    accepted-by-time / accepted-by-blob entries."""
+async def accept(
+    store: ObjectStore, frames: Sequence[SentFrame], *, markers: bool = True
+) -> list[str]:
+    """Store each frame as the collector does (raw blob, accepted manifest), then catalog
+    the manifests as the reconciler does (`dataset_builder.catalog_manifests`: catalog
+    files and, unless ``markers`` is False, their work markers). Returns the catalog keys."""
     for sent in frames:
         await store.put(sent.manifest.raw_blob_key, sent.frame)
         await store.put(sent.manifest.manifest_key, sent.manifest.to_json())
-        for entry in derived.accepted_entries(sent.manifest):
-            await store.put(entry.key, entry.body)
+    return await catalog_manifests(store, [sent.manifest for sent in frames], markers=markers)
 
 
 # --- expected results ----------------------------------------------------------------------

@@ -1,27 +1,32 @@
 """Building rollup datasets in tests without Spark: Parquet written with pyarrow, accepted
-batches written as the collector would, commits through `rollup.commit`."""
+batches written as the collector would and cataloged as the reconciler would (PROTOCOL
+§3.7: catalog files plus their rollup work markers), commits through `rollup.commit`."""
 
 from __future__ import annotations
 
 import io
+import random
 import uuid
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from protocol import derived, keys
-from protocol.clock import Clock
-from protocol.records import AcceptedManifest
+from index.catalog import CatalogWriter
+from index.rows import accepted_row
+from protocol import keys
+from protocol.clock import Clock, SystemClock
+from protocol.records import AcceptedManifest, RollupWorkMarker
 from rollup.commit import LoadedSnapshot, commit, load_latest
 from rollup.ledger import LedgerRow, encode_ledger, ledger_table, ledger_totals
 from rollup.manifest import Changes, DataFile, describe_file
 from rollup.owner import OwnerLease
 from rollup.schemas import POINTS_SCHEMA
 from rollup.series import canonical_series
-from store.base import ObjectStore
+from store.base import ObjectInfo, ObjectStore
 
 BASE_HOUR = keys.UtcHour(date(2026, 11, 21), 10)
 BOOT = uuid.UUID("5f0c6a2e-0000-4000-8000-000000000001")
@@ -109,11 +114,57 @@ def make_batch(hour: keys.UtcHour, n: int, *, agent: str = "agent-a", records: i
 
 
 async def accept(store: ObjectStore, batches: Sequence[Batch]) -> None:
-    """Write each batch's accepted manifest and derived entries, as the collector does."""
+    """Write each batch's accepted manifest (as the collector does) and catalog it (as the
+    reconciler does)."""
     for batch in batches:
         await store.put(batch.manifest.manifest_key, batch.manifest.to_json())
-        for entry in derived.accepted_entries(batch.manifest):
-            await store.put(entry.key, entry.body)
+    await catalog_manifests(store, [batch.manifest for batch in batches])
+
+
+async def catalog_manifests(
+    store: ObjectStore,
+    manifests: Sequence[AcceptedManifest],
+    *,
+    clock: Clock | None = None,
+    epoch: int = 1,
+    markers: bool = True,
+) -> list[str]:
+    """Catalog ``manifests`` as `reconciler.cataloger.Cataloger.commit` does: one catalog
+    file per accepted hour (`index.catalog.CatalogWriter`), then, unless ``markers`` is
+    False (history the rollup already consumed), one rollup work marker per file. Returns
+    the catalog file keys."""
+    clock = clock or SystemClock()
+    writer = CatalogWriter(store=store, clock=clock, rng=random.Random(epoch), epoch=epoch)
+    by_hour: dict[keys.UtcHour, list[AcceptedManifest]] = defaultdict(list)
+    for manifest in manifests:
+        by_hour[manifest.accepted_hour].append(manifest)
+    written = []
+    for hour, hour_manifests in sorted(by_hour.items()):
+        catalog_key = await writer.write(hour, [accepted_row(m) for m in hour_manifests])
+        if markers:
+            await put_work_marker(store, catalog_key, rows=len(hour_manifests), clock=clock)
+        written.append(catalog_key)
+    return written
+
+
+async def put_work_marker(
+    store: ObjectStore, catalog_key: str, *, rows: int, clock: Clock | None = None
+) -> str:
+    """The rollup work marker naming ``catalog_key``; returns the marker's key."""
+    hour, _epoch, _sequence = keys.parse_index_catalog_key(catalog_key)
+    marker = RollupWorkMarker(
+        catalog_key=catalog_key,
+        hour=hour.iso,
+        rows=rows,
+        written_at_unix_ns=(clock or SystemClock()).now_ns(),
+    )
+    key = keys.rollup_work_marker_key(catalog_key)
+    await store.put(key, marker.to_json(), if_none_match=True)
+    return key
+
+
+async def work_markers(store: ObjectStore) -> list[str]:
+    return [info.key async for info in store.list(keys.ROLLUP_WORK_PREFIX)]
 
 
 async def ledger_changes(store: ObjectStore, rows: Sequence[LedgerRow]) -> Changes:
@@ -151,3 +202,54 @@ async def commit_rows(
         ledger_delta=ledger_part.ledger_delta,
     )
     return await commit(store, base=base, changes=changes, owner=owner, clock=clock)
+
+
+class CountingStore:
+    """Wraps a store and records every request (``op``, key) in order: a LIST counts one
+    request per 1,000 keys it returns (an S3 page), at least one; ``listed`` counts keys."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self.requests: list[tuple[str, str]] = []
+        self.listed = 0
+
+    def clear(self) -> None:
+        self.requests.clear()
+        self.listed = 0
+
+    def count(self, op: str, prefix: str = "") -> int:
+        return sum(1 for o, k in self.requests if o == op and k.startswith(prefix))
+
+    async def get(self, key: str) -> tuple[bytes, str]:
+        self.requests.append(("get", key))
+        return await self.inner.get(key)
+
+    async def head(self, key: str) -> ObjectInfo:
+        self.requests.append(("head", key))
+        return await self.inner.head(key)
+
+    async def put(
+        self, key: str, body: bytes, *, if_none_match: bool = False, if_match: str | None = None
+    ) -> str:
+        self.requests.append(("put", key))
+        return await self.inner.put(key, body, if_none_match=if_none_match, if_match=if_match)
+
+    async def list(self, prefix: str, start_after: str | None = None) -> AsyncIterator[ObjectInfo]:
+        self.requests.append(("list", prefix))
+        returned = 0
+        try:
+            async for info in self.inner.list(prefix, start_after):
+                returned += 1
+                if returned % 1000 == 1 and returned > 1:
+                    self.requests.append(("list", prefix))  # the next page
+                yield info
+        finally:
+            self.listed += returned
+
+    async def delete(self, key: str) -> None:
+        self.requests.append(("delete", key))
+        await self.inner.delete(key)
+
+    async def close(self) -> None:
+        await self.inner.close()

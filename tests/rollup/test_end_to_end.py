@@ -1,7 +1,9 @@
 """Real collectors accept a synthetic fleet (duplicates, identity conflicts) into an fs
-store; ``lm-rollup run`` (the CLI's run path, on the shared Spark session) includes it;
-the rollup_1m totals equal what the agents' ground truth says was accepted, and
-``lm-rollup verify`` passes."""
+store and log it to the index; ``lm-reconciler run --once`` catalogs it (steady pass
+over the log; the first run's full audit finds nothing missing); ``lm-rollup run`` (the
+CLI's run path, on the shared Spark session) includes it; the rollup_1m totals equal
+what the agents' ground truth says was accepted, and ``lm-rollup verify`` passes, from
+the catalog and from the manifests."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from agent.fleet import RunOptions, SpoolSettings, run_fleet
 from agent.load import LoadSpec
 from collector.launch import CollectorProcess, start_collector
 from config import load_settings
+from reconciler.__main__ import main as reconciler_main
 from rollup.__main__ import main, run_command
 from store.fs import FileSystemStore
 from tests.rollup.conftest import read_table
@@ -68,12 +71,18 @@ def test_rollup_totals_equal_what_the_fleet_got_accepted(
     )
     result = asyncio.run(fleet)  # sync test: the CLI paths below run their own event loops
     for process in collectors:
-        assert process.stop() == 0  # SIGTERM flushes the accepted-by-time queue
+        assert process.stop() == 0  # SIGTERM flushes the index log buffer
     truth = result.truth.totals()
     assert truth.batches == spec.total_batches and result.truth.conflicts_sent
 
     monkeypatch.setenv("LM_STORE__URL", f"file://{tmp_path / 'store'}")
     monkeypatch.setenv("LM_LOGGING__FORMAT", "json")
+    capsys.readouterr()
+    assert reconciler_main(["run", "--once"]) == 0
+    reconciled = _pass_report(capsys.readouterr().out)
+    assert reconciled["steady"]["rows_cataloged"] >= truth.batches  # and the quarantines
+    assert reconciled["audit"]["status"] == "completed"
+    assert reconciled["audit"]["cataloged"] == 0  # the log named every record
     settings = load_settings(None)
     assert run_command(spark, settings, progress=False) == 0
     summary = _summary(capsys.readouterr().out)
@@ -88,11 +97,21 @@ def test_rollup_totals_equal_what_the_fleet_got_accepted(
         rel_tol=1e-12,
     )
     assert main(["verify"]) == 0
+    assert main(["verify", "--from-manifests"]) == 0
     assert "missing" not in capsys.readouterr().out
 
     # Once more: nothing left to do.
     assert run_command(spark, settings, progress=False) == 0
     assert _summary(capsys.readouterr().out)["outcome"] == "up-to-date"
+
+
+def _pass_report(stdout: str) -> dict[str, Any]:
+    """``lm-reconciler run --once``'s JSON document (the last line that holds one)."""
+    for line in reversed(stdout.strip().splitlines()):
+        if line.startswith("{") and '"epoch"' in line:
+            document: dict[str, Any] = json.loads(line)
+            return document
+    raise AssertionError(f"no pass report in {stdout[-2000:]!r}")
 
 
 def _summary(stdout: str) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The rollup job on accepted batches in an fs store: aggregates against an independent
 computation (NaN/Inf, first/last ties, late data merged into committed rows), the points
-table, dirty markers, and frames that fail their hash, decode or fetch."""
+table, rollup work markers, and frames that fail their hash, decode or fetch."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from protocol import keys
-from protocol.records import ProblemRecord, RollupDirty
+from protocol.records import ProblemRecord
 from rollup.commit import load_latest
 from rollup.job import run_rollup
 from rollup.ledger import read_ledger
@@ -32,6 +32,7 @@ from tests.rollup.conftest import (
     run,
     settings,
 )
+from tests.rollup.dataset_builder import catalog_manifests, work_markers
 from tests.s3_servers import RunningServer
 
 S = 1_000_000_000
@@ -141,20 +142,20 @@ async def test_late_batches_merge_into_committed_rows(
     assert (await verify(fs_store)).ok
 
 
-async def test_rerun_changes_nothing_and_dirty_markers_are_consumed(
+async def test_rerun_changes_nothing_and_work_markers_are_consumed(
     spark: SparkSession, fs_store: FileSystemStore
 ) -> None:
     frame = make_frame([(DATA_START_NS + i * S, "up", 1.0, None) for i in range(10)])
     await accept(fs_store, [frame])
-    hour = frame.manifest.accepted_hour
-    marker = RollupDirty(hour=hour.iso, marked_at_unix_ns=1).to_json()
-    await fs_store.put(keys.rollup_dirty_key(hour), marker)
+    assert len(await work_markers(fs_store)) == 1
     first = await run(spark, fs_store)
     assert first.version == 1
-    assert [i.key async for i in fs_store.list(keys.ROLLUP_DIRTY_PREFIX)] == []
+    assert await work_markers(fs_store) == []
     objects = {i.key: i.etag async for i in fs_store.list(keys.ROLLUP_PREFIX)}
 
-    await fs_store.put(keys.rollup_dirty_key(hour), marker)  # says "re-check", finds nothing
+    # The same record cataloged again (an audit after a crash writes its own file and
+    # marker): the marker says "re-check the hour", the hour has nothing new.
+    await catalog_manifests(fs_store, [frame.manifest], epoch=2)
     again = await run(spark, fs_store)
 
     assert again.outcome == "up-to-date" and again.version is None and again.base_version == 1
@@ -165,7 +166,7 @@ async def test_rerun_changes_nothing_and_dirty_markers_are_consumed(
     assert {k: v for k, v in now.items() if k != owner} == {
         k: v for k, v in objects.items() if k != owner
     }
-    assert [i.key async for i in fs_store.list(keys.ROLLUP_DIRTY_PREFIX)] == []
+    assert await work_markers(fs_store) == []
 
 
 async def test_bad_frames_are_reported_recorded_and_left_pending(

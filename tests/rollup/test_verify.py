@@ -1,4 +1,5 @@
-"""`verify`: per-hour setsums from accepted-by-time against the ledger; CLI exit codes."""
+"""`verify`: per-hour setsums from the catalog (or, ``from_manifests``, from accepted/v1/
+itself) against the ledger; CLI exit codes."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from config.settings import Settings, StoreSettings
+from index.rows import IndexFileError
 from protocol import keys
 from protocol.clock import ManualClock
 from rollup.cli_read import add_read_commands
@@ -92,16 +94,44 @@ async def test_a_ledger_header_that_disagrees_with_its_files_is_reported() -> No
     assert "ledger totals disagree" in hour.describe()
 
 
-async def test_frame_sha_falls_back_to_the_accepted_manifest_and_junk_is_counted() -> None:
+async def test_from_manifests_checks_the_authority_where_the_catalog_lacks_a_record() -> None:
     store = MemoryStore()
     owner, clock, batches = await setup(store)
     await commit_rows(store, owner, clock, ledger=[b.row for b in batches])
-    entry = keys.accepted_by_time_key(hour_at(0), batches[0].manifest.identity)
-    await store.put(entry, b"not json")
-    assert (await verify(store)).ok
-    await store.put(f"{keys.ACCEPTED_BY_TIME_PREFIX}junk.json", b"{}")
-    report = await verify(store)
-    assert report.unparseable_keys == 1 and not report.ok
+    assert (await verify(store, from_manifests=True)).ok
+    # A manifest the index never cataloged (its log row was lost, no audit since).
+    uncataloged = make_batch(hour_at(0), 7)
+    await store.put(uncataloged.manifest.manifest_key, uncataloged.manifest.to_json())
+
+    assert (await verify(store)).ok  # the rollup holds everything the index knows ...
+    report = await verify(store, from_manifests=True)  # ... but not everything accepted
+    by_hour = {h.hour: h for h in report.hours}
+    assert (by_hour[H0].missing, by_hour[H0].extra) == (1, 0) and by_hour[H1].complete
+    assert by_hour[H0].accepted.batches == 4
+
+
+async def test_from_manifests_counts_unreadable_and_misplaced_manifests() -> None:
+    store = MemoryStore()
+    owner, clock, batches = await setup(store)
+    await commit_rows(store, owner, clock, ledger=[b.row for b in batches])
+    await store.put(f"{keys.ACCEPTED_PREFIX}junk.json", b"{}")
+    misplaced = make_batch(hour_at(0), 8).manifest.manifest_key
+    await store.put(misplaced, batches[0].manifest.to_json())  # names another key
+
+    report = await verify(store, from_manifests=True)
+
+    assert report.unparseable_keys == 2 and not report.ok
+    assert all(h.complete for h in report.hours)  # neither is counted as a batch
+    assert (await verify(store)).ok  # the catalog never held either
+
+
+async def test_an_unreadable_catalog_file_is_an_error_not_an_empty_hour() -> None:
+    store = MemoryStore()
+    owner, clock, batches = await setup(store)
+    await commit_rows(store, owner, clock, ledger=[b.row for b in batches])
+    await store.put(keys.index_catalog_key(hour_at(0), 9, 1), b"not parquet")
+    with pytest.raises(IndexFileError):
+        await verify(store)
 
 
 async def test_hours_without_a_rollup_are_missing_everything() -> None:
