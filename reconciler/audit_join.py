@@ -43,6 +43,7 @@ from protocol import keys
 from store.errors import NotFound, StoreError
 
 from .context import ReconcilerContext
+from .orphans import Orphan
 from .problems import ProblemBook
 
 JOIN_COLUMNS = ["key", "key_digest", "frame_sha256", "accepted_frame_sha256"]
