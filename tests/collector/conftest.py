@@ -34,9 +34,11 @@ from multidict import CIMultiDict
 from chaos.s3_server import die_with_parent_hook
 from chaos.skewed_collector import SKEW_ENV
 from config import hash_token
+from index.log_reader import read_segment
 from protocol import keys
 from protocol.frame import encode_frame, points_table
 from store.base import ObjectStore
+from store.errors import NotFound
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 20.0
@@ -201,16 +203,32 @@ async def wait_for_keys(
         await asyncio.sleep(0.05)  # polling with a deadline, not a sleep to pass
 
 
-def derived_keys_present(found: list[str], accepted: Mapping[str, Any]) -> bool:
-    """Whether the three derived entries of an accepted 200 body are in ``found``."""
-    sha = accepted["frame_sha256"]
-    manifest_id = accepted["manifest_key"].removeprefix(keys.ACCEPTED_PREFIX)
-    manifest_id = manifest_id.removesuffix(".json").replace("/", ".")
-    return (
-        any(k.startswith(keys.ACCEPTED_BY_BLOB_PREFIX) and f"/{sha}/" in k for k in found)
-        and any(k.startswith(keys.ACCEPTED_BY_TIME_PREFIX) and manifest_id in k for k in found)
-        and any(k.startswith(keys.RAW_BLOBS_BY_TIME_PREFIX) and sha in k for k in found)
-    )
+async def logged_keys(store: ObjectStore) -> set[str]:
+    """The keys the index log's rows name so far (PROTOCOL §3.7)."""
+    found: set[str] = set()
+    async for info in store.list(keys.INDEX_LOG_PREFIX):
+        try:
+            rows = await read_segment(store, info.key)
+        except NotFound:
+            continue
+        found.update(row.key for row in rows)
+    return found
+
+
+async def wait_for_log_rows(
+    store: ObjectStore, *accepted: Mapping[str, Any], timeout_s: float = 15.0
+) -> set[str]:
+    """Poll until the index log holds an ``accepted`` row for each accepted 200 body (the
+    collectors flush their buffers about once a second); fail after ``timeout_s``."""
+    wanted = {body["manifest_key"] for body in accepted}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = await logged_keys(store)
+        if wanted <= found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the index log never named {sorted(wanted - found)}")
+        await asyncio.sleep(0.05)  # polling with a deadline, not a sleep to pass
 
 
 # --- collector processes -----------------------------------------------------------------

@@ -19,11 +19,11 @@ from chaos.faulty_store import FaultyStore
 from collector.accept import BatchAcceptor
 from collector.app import CollectorApp, HttpLimits
 from collector.auth import Authenticator
-from collector.derived import DerivedWriter
 from collector.metrics import CollectorMetrics
 from collector.readiness import Readiness
 from collector.spool import LocalSpool
 from config import Principal, ReceiverSettings, TokenTable, hash_token
+from index.log_writer import IndexLogWriter
 from protocol import keys, records
 from protocol.clock import SystemClock
 from protocol.frame import decode_frame
@@ -74,14 +74,14 @@ async def in_process_collector(
     memory = MemoryStore()
     store = FaultyStore(memory, seed=1)
     clock = SystemClock()
-    derived = DerivedWriter(store=store, clock=clock, rng=random.Random(2))
+    index_log = IndexLogWriter(store=store, clock=clock, rng=random.Random(2), writer_id="inproc")
     metrics = CollectorMetrics()
     acceptor = BatchAcceptor(
         store=store,
         collector_id="inproc",
         clock=clock,
         rng=random.Random(3),
-        derived=derived,
+        index_log=index_log,
         budget_s=budget_s,
         backoff=Backoff(attempts=50, base_s=0.01, cap_s=0.05),
         observe_store_op=metrics.observe_store_op,
@@ -99,7 +99,7 @@ async def in_process_collector(
         receivers=receivers,
         spool=LocalSpool(spool_dir, max_pending_bytes=1 << 30) if spool_dir else None,
     )
-    derived.start()
+    index_log.start()
     # As collector.server.Worker.run builds it: aiohttp must not inflate bodies itself.
     runner = web.AppRunner(
         app.build(), access_log=None, handle_signals=False, auto_decompress=False
@@ -111,7 +111,7 @@ async def in_process_collector(
         yield InProcess(memory, store, app, f"http://127.0.0.1:{port}")
     finally:
         await runner.cleanup()
-        await derived.stop(5.0)
+        await index_log.stop(5.0)
 
 
 # --- stores for collector processes ---------------------------------------------------------

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from collector.accept import Accepted, BatchAcceptor, IdentityConflictFound
-from collector.derived import DerivedWriter
-from protocol import derived, keys, records
+from index.log_writer import IndexLogWriter
+from protocol import keys, records
 from protocol.clock import ManualClock
 from reconciler.audit import run_full_audit
 from reconciler.steady import SteadyScanner
@@ -33,7 +33,7 @@ from store.fs import FileSystemStore
 from store.memory import MemoryStore
 from store.retry import Backoff
 from store.s3 import S3Store
-from tests.reconciler.conftest import context
+from tests.reconciler.conftest import catalog_keys, context
 from tests.s3_servers import RunningServer, fresh_bucket
 
 BOOT = uuid.UUID("5f0c7a3e-1d2b-4c3a-9e8f-0123456789ab")
@@ -102,13 +102,15 @@ async def unlimited_store(
 
 class Collector:
     def __init__(self, store: ObjectStore, clock: ManualClock) -> None:
-        self.derived = DerivedWriter(store=store, clock=clock, rng=random.Random(1))
+        self.index_log = IndexLogWriter(
+            store=store, clock=clock, rng=random.Random(1), writer_id="collector-long"
+        )
         self.acceptor = BatchAcceptor(
             store=store,
             collector_id="collector-long",
             clock=clock,
             rng=random.Random(2),
-            derived=self.derived,
+            index_log=self.index_log,
             budget_s=10.0,
             backoff=Backoff(attempts=4, base_s=0.001, cap_s=0.01),
         )
@@ -117,10 +119,8 @@ class Collector:
         return await self.acceptor.accept(header, frame, hashlib.sha256(frame).hexdigest())
 
     async def flush(self) -> None:
-        self.derived.start()
-        assert await self.derived.flush(10.0)
-        await self.derived.stop(1.0)
-        assert self.derived.dropped_failed == 0
+        await self.index_log.flush()
+        assert self.index_log.buffered == 0 and self.index_log.stats.dropped_failed == 0
 
 
 async def exists(store: ObjectStore, key: str) -> bool:
@@ -146,22 +146,14 @@ async def test_long_agent_ids_are_accepted_indexed_audited_and_planned(
         assert isinstance(conflict, IdentityConflictFound)
         assert await exists(store, conflict.quarantine_key)
         manifests.append(first.manifest)
-    await collector.flush()
-    for manifest in manifests:  # indexed: every derived entry landed
-        for entry in derived.accepted_entries(manifest):
-            assert await exists(store, entry.key), entry.key
+    await collector.flush()  # indexed: every row is in the log
 
-    # The steady pass follows every accepted-by-time entry (h- ones by their body) to its
-    # manifest and restores what is missing.
-    by_blob = [derived.accepted_entries(m)[1].key for m in manifests]
-    for key in by_blob:
-        await store.delete(key)
+    # The steady pass follows every log row (h- keys included) to its record and catalogs it.
     ctx = await context(store, clock)
     steady = await SteadyScanner(ctx).run_pass()
-    assert steady.complete and steady.outcome.failed == 0
-    assert (steady.entries_checked, steady.outcome.missing_source) == (len(LENGTHS), 0)
-    assert steady.outcome.created["accepted-by-blob"] == len(LENGTHS)
-    assert not steady.outcome.problems
+    assert steady.complete and steady.failed == 0 and steady.problems == 0
+    assert steady.rows_cataloged == 2 * len(LENGTHS)  # the manifests and the quarantines
+    assert {m.manifest_key for m in manifests} <= await catalog_keys(store)
 
     audit = await run_full_audit(ctx)
     assert audit.status == "completed"
@@ -171,7 +163,6 @@ async def test_long_agent_ids_are_accepted_indexed_audited_and_planned(
     assert sorted(item.manifest_id for item in plan.items) == sorted(
         h.identity.manifest_id for h in headers
     )
-    assert plan.skipped == ()
     report = await verify(store)
     assert report.unparseable_keys == 0
     assert sum(hour.accepted.batches for hour in report.hours) == len(LENGTHS)
@@ -204,11 +195,6 @@ async def test_a_manifest_under_the_long_form_counts_as_already_accepted(
     )
     await store.put(keys.raw_blob_key(sha), frame, if_none_match=True)
     await store.put(legacy_key, manifest.to_json(), if_none_match=True)
-    # The accepted-by-time name before the rule: the manifest_id, agent in hex.
-    hour_prefix = keys.accepted_by_time_hour_prefix(manifest.accepted_hour)
-    long_by_time = f"{hour_prefix}{identity.manifest_id}.json"
-    entry = derived.accepted_entries(manifest, legacy_key)[0]
-    await store.put(long_by_time, entry.body, if_none_match=True)
 
     collector = Collector(store, clock)
     again = await collector.accept(header, frame)
@@ -221,12 +207,13 @@ async def test_a_manifest_under_the_long_form_counts_as_already_accepted(
     assert recorded.accepted_manifest_key == legacy_key
 
     ctx = await context(store, clock)
-    audit = await run_full_audit(ctx)  # backfills the h- accepted-by-time entry too
+    await SteadyScanner(ctx).run_pass()  # the duplicate's row names the long form
+    audit = await run_full_audit(ctx)
     assert audit.status == "completed"
     assert (audit.manifests_seen, audit.problems) == (1, 0)
-    assert await exists(store, keys.accepted_by_time_key(manifest.accepted_hour, identity))
+    assert legacy_key in await catalog_keys(store)  # cataloged under the key it is stored at
 
-    plan = await make_plan(store, None)  # both entries, one batch
+    plan = await make_plan(store, None)  # one batch
     assert [item.manifest_id for item in plan.items] == [identity.manifest_id]
     report = await verify(store)
     assert [hour.accepted.batches for hour in report.hours] == [1]

@@ -36,9 +36,9 @@ from tests.collector.conftest import (
     Answer,
     CollectorLauncher,
     CollectorProcess,
-    derived_keys_present,
     free_port,
     get,
+    logged_keys,
     make_frame,
     manifest_key_of,
     metric_value,
@@ -260,13 +260,14 @@ async def wait_for_event(collector: CollectorProcess, name: str) -> None:
         await asyncio.sleep(0.02)  # polling the log with a deadline
 
 
-def assert_derived_entries_present(found: list[str], batches: Sequence[Batch]) -> None:
+def assert_logged(logged: set[str], batches: Sequence[Batch]) -> None:
+    """Each batch's accepted row and its blob's row are in the index log."""
     for batch in batches:
-        body = {"frame_sha256": batch.sha, "manifest_key": batch.manifest_key}
-        assert derived_keys_present(found, body), f"derived entries of {batch} missing"
+        assert batch.manifest_key in logged, f"no accepted row for {batch}"
+        assert keys.raw_blob_key(batch.sha) in logged, f"no blob row for {batch}"
 
 
-async def test_sigterm_exits_0_with_every_queued_derived_entry_written(
+async def test_sigterm_exits_0_with_every_buffered_index_row_written(
     collectors: CollectorLauncher, tmp_path: Path
 ) -> None:
     store_dir = tmp_path / "store"
@@ -277,15 +278,15 @@ async def test_sigterm_exits_0_with_every_queued_derived_entry_written(
         answers = await asyncio.gather(
             *(post_frame(session, collector.base_url, b.frame) for b in batches)
         )
-    collector.terminate()  # right after the last answer: derived entries may be queued
+    collector.terminate()  # right after the last answer: index rows may be buffered
     assert [a.status for a in answers] == [200] * len(batches)
 
     assert await asyncio.to_thread(collector.wait) == 0
     async with opened(FileSystemStore(store_dir)) as store:
-        assert_derived_entries_present(await store_keys(store), batches)  # no waiting
+        assert_logged(await logged_keys(store), batches)  # no waiting
     (stopped,) = [e for e in collector.events() if e.get("event") == "collector_stopped"]
-    assert stopped["derived_dropped"] == 0
-    assert stopped["derived_written"] == 3 * len(batches)
+    assert stopped["index_rows_dropped"] == 0
+    assert stopped["index_rows_written"] == 2 * len(batches)  # a blob and an accepted row
 
 
 async def test_sigterm_answers_the_upload_still_in_flight(
@@ -326,7 +327,7 @@ async def test_sigterm_answers_the_upload_still_in_flight(
     assert answer.status == 200 and answer.json["duplicate"] is False, answer
     assert await asyncio.to_thread(collector.wait) == 0
     async with opened(FileSystemStore(store_dir)) as store:
-        assert_derived_entries_present(await store_keys(store), [slow])  # right after exit
+        assert_logged(await logged_keys(store), [slow])  # right after exit
 
 
 # --- races between collector processes over one store -------------------------------------

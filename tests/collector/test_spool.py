@@ -18,9 +18,9 @@ import pytest
 
 from chaos.faulty_store import Fault, FaultyStore
 from collector.accept import BatchAcceptor
-from collector.derived import DerivedWriter
 from collector.launch import start_collector
 from collector.spool import LocalSpool, SpoolFull, SpoolLander
+from index.log_writer import IndexLogWriter
 from protocol import keys, records
 from protocol.clock import ManualClock
 from protocol.frame import encode_frame, points_table
@@ -52,7 +52,7 @@ def lander_for(spool: LocalSpool, store: object) -> SpoolLander:
         collector_id="spool-test",
         clock=clock,
         rng=random.Random(1),
-        derived=DerivedWriter(store=store, clock=clock, rng=random.Random(2)),  # type: ignore[arg-type]
+        index_log=IndexLogWriter(store=store, clock=clock, rng=random.Random(2), writer_id="s"),  # type: ignore[arg-type]
         budget_s=1.0,
         backoff=Backoff(attempts=2, base_s=0.001, cap_s=0.002),
     )
