@@ -77,7 +77,7 @@ def test_parsers_invert_builders() -> None:
     named = IDENTITY.key_identity
     assert keys.parse_raw_blob_key(keys.raw_blob_key(SHA)) == SHA
     assert keys.parse_raw_blob_by_time_key(keys.raw_blob_by_time_key(HOUR, SHA)) == (HOUR, SHA)
-    assert keys.parse_accepted_manifest_key(keys.accepted_manifest_key(IDENTITY)) == IDENTITY
+    assert keys.parse_accepted_manifest_key(keys.accepted_manifest_key(IDENTITY)) == named
     assert keys.parse_accepted_by_blob_key(keys.accepted_by_blob_key(SHA, IDENTITY)) == (
         SHA,
         named,
@@ -157,7 +157,7 @@ def test_the_agent_is_hashed_only_where_its_hex_would_not_fit(
     assert identity.manifest_id.startswith(long_form + ".")
 
 
-@pytest.mark.parametrize("length", [83, 125, 128])
+@pytest.mark.parametrize("length", [125, 128])
 def test_a_hashed_key_names_the_identity_without_spelling_it(length: int) -> None:
     identity = keys.BatchIdentity(_agent(length), IDENTITY.boot_id, 1, 2)
     other = keys.BatchIdentity(_agent(length - 1) + "b", IDENTITY.boot_id, 1, 2)
