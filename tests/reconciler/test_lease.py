@@ -21,7 +21,14 @@ from reconciler.steady import SteadyScanner, read_checkpoint
 from store.base import ObjectInfo
 from store.lease import LeaseHeld, LeaseLost
 from store.memory import MemoryStore
-from tests.reconciler.conftest import context, derived_keys_in, make_settings, write_batches
+from tests.reconciler.conftest import (
+    catalog_keys,
+    context,
+    keys_under,
+    log_rows,
+    make_settings,
+    write_batches,
+)
 
 TTL_S = 30.0
 NS = 1_000_000_000
@@ -52,26 +59,33 @@ async def test_standby_takes_over_after_expiry_and_the_former_leader_cannot_writ
     memory_store: MemoryStore, clock: ManualClock
 ) -> None:
     batches = await write_batches(memory_store, agents=1, per_agent=3)
+    await log_rows(memory_store, clock, batches)
     leader = await context(memory_store, clock, owner="reconciler-a")
     await SteadyScanner(leader).run_pass()
+    assert {b.key for b in batches} <= await catalog_keys(memory_store)
     clock.advance(TTL_S + 1)  # the leader is paused past its expiry
 
     successor = await context(memory_store, clock, owner="reconciler-b")
     assert successor.epoch == leader.epoch + 1
 
-    missing = batches[0].entry_key("accepted-by-blob")
-    await memory_store.delete(missing)
-    before = await derived_keys_in(memory_store)
+    # New work for a steady pass: batches whose log rows arrive after the takeover.
+    later = await write_batches(memory_store, agents=1, per_agent=2, first_agent=5)
+    await log_rows(memory_store, clock, later, seed=4)
+    before = await keys_under(memory_store)
     checkpoint = await read_checkpoint(memory_store)
+    assert checkpoint is not None and checkpoint.owner_epoch == leader.epoch
     with pytest.raises(LeaseLost):
         await leader.check_fence()
     with pytest.raises(LeaseLost):
         await SteadyScanner(leader).run_pass()
-    assert await derived_keys_in(memory_store) == before  # it wrote nothing
+    assert await keys_under(memory_store) == before  # it wrote no catalog file, no marker
     assert await read_checkpoint(memory_store) == checkpoint
+    assert not {b.key for b in later} & await catalog_keys(memory_store)
 
     await SteadyScanner(successor).run_pass()
-    assert missing in await derived_keys_in(memory_store)
+    assert {b.key for b in later} <= await catalog_keys(memory_store)
+    moved = await read_checkpoint(memory_store)
+    assert moved is not None and moved.owner_epoch == successor.epoch
 
 
 async def test_fence_renews_past_half_ttl_and_stays_valid(
@@ -92,7 +106,7 @@ async def test_fence_renews_past_half_ttl_and_stays_valid(
 async def test_daemon_waits_as_standby_then_takes_over(
     memory_store: MemoryStore, clock: ManualClock
 ) -> None:
-    await write_batches(memory_store, agents=1, per_agent=2)
+    await log_rows(memory_store, clock, await write_batches(memory_store, agents=1, per_agent=2))
     holder = await context(memory_store, clock, owner="reconciler-a")  # never renews
     standby = Reconciler(
         store=memory_store,

@@ -8,7 +8,7 @@ from protocol.clock import ManualClock
 from reconciler.audit import latest_completed_audit, run_full_audit
 from reconciler.steady import SteadyScanner
 from store.memory import MemoryStore
-from tests.reconciler.conftest import context, derived_keys_in, write_batches
+from tests.reconciler.conftest import catalog_keys, context, log_rows, write_batches
 
 
 class ExplodingStore(MemoryStore):
@@ -38,24 +38,26 @@ class ExplodingStore(MemoryStore):
 async def test_an_audit_fails_only_the_record_whose_store_call_raised(clock: ManualClock) -> None:
     store = ExplodingStore("", clock)
     store.armed = False
-    batches = await write_batches(store, agents=3, per_agent=4, derived_entries=False)
-    store.victim, store.armed = batches[5].key, True
+    batches = await write_batches(store, agents=3, per_agent=4)  # no log rows: the audit finds them
+    victim = batches[5]
+    store.victim, store.armed = victim.key, True
     ctx = await context(store, clock)
 
     failed = await run_full_audit(ctx, progress_interval_s=0)
 
     assert failed.status == "running"  # not done: the next audit redoes the record
     assert failed.manifests_seen == len(batches)
-    assert ctx.metrics.store_failures.labels("read_manifest")._value.get() == 1
-    others = set().union(*(b.derived_keys for i, b in enumerate(batches) if i != 5))
-    assert others <= await derived_keys_in(store)
-    assert not batches[5].derived_keys & await derived_keys_in(store)
+    assert ctx.metrics.store_failures.labels("catalog_read")._value.get() == 1
+    cataloged = await catalog_keys(store)
+    assert {b.key for b in batches if b is not victim} <= cataloged
+    assert victim.key not in cataloged
     assert await latest_completed_audit(store) is None
 
     store.armed = False
     again = await run_full_audit(ctx, progress_interval_s=0)
     assert again.status == "completed"
-    assert batches[5].derived_keys <= await derived_keys_in(store)
+    assert victim.key in await catalog_keys(store)
+    assert await latest_completed_audit(store) == again
 
 
 async def test_a_steady_pass_fails_only_the_record_whose_store_call_raised(
@@ -64,18 +66,18 @@ async def test_a_steady_pass_fails_only_the_record_whose_store_call_raised(
     store = ExplodingStore("", clock)
     store.armed = False
     batches = await write_batches(store, agents=2, per_agent=3)
-    victim = batches[1].entry_key("accepted-by-blob")
-    others = [b.entry_key("accepted-by-blob") for b in batches if b is not batches[1]]
-    for key in [victim, *others]:
-        await store.delete(key)
-    store.victim, store.armed = victim, True
+    await log_rows(store, clock, batches)
+    victim = batches[1]
+    store.victim, store.armed = victim.key, True
     scanner = SteadyScanner(await context(store, clock))
 
     result = await scanner.run_pass()
 
-    assert not result.complete and result.outcome.failed == 1
-    assert result.entries_checked == len(batches)
-    assert set(others) <= await derived_keys_in(store)
+    assert not result.complete and result.failed == 1
+    assert result.records_read == len(batches)
+    cataloged = await catalog_keys(store)
+    assert {b.key for b in batches if b is not victim} <= cataloged
+    assert victim.key not in cataloged
     store.armed = False
     assert (await scanner.run_pass()).complete
-    assert victim in await derived_keys_in(store)
+    assert victim.key in await catalog_keys(store)
