@@ -130,7 +130,7 @@ LatestAudit = Callable[[], Awaitable[records.AuditRecord | None]]
 Fence = Callable[[], Awaitable[None]]
 Suspects = Callable[[int], list[tuple[str, int]]]
 """Blob hashes (and creation times) a log says nobody referenced, created before the
-given time (`reconciler.steady.OrphanSuspects.older_than`)."""
+given time, handed over once (`reconciler.steady.OrphanSuspects.take_older_than`)."""
 
 
 @dataclass
