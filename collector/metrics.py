@@ -63,7 +63,19 @@ class CollectorMetrics:
         )
         self.in_flight_bytes = Gauge(
             "lm_collector_in_flight_bytes",
-            "Body bytes reserved by requests in progress",
+            "Bytes charged to requests in progress: bodies, and payload checks while they run",
+            registry=r,
+        )
+        self.open_connections = Gauge(
+            "lm_collector_open_connections",
+            "Client connections open on this worker (updated when /metrics is read)",
+            registry=r,
+        )
+        self.connections_refused = Counter(
+            "lm_collector_connections_refused",
+            "Connections closed by the worker: over_connection_cap (429) or "
+            "request_head_timeout (408, headers slower than http.read_timeout_s)",
+            ["reason"],
             registry=r,
         )
         self.bytes_accepted = Counter(

@@ -36,6 +36,7 @@ from store.time import store_clock
 from .accept import BatchAcceptor
 from .app import CollectorApp, HttpLimits
 from .auth import Authenticator
+from .connections import GuardedTCPSite
 from .metrics import CollectorMetrics
 from .probe import probe_conditional_writes
 from .readiness import Readiness
@@ -145,6 +146,8 @@ class Worker:
                 max_in_flight_requests=s.http.max_in_flight_requests,
                 max_in_flight_bytes=s.http.max_in_flight_bytes,
                 read_timeout_s=s.http.read_timeout_s,
+                max_connections=s.http.max_connections,
+                decode_threads=s.http.decode_threads,
             ),
             collector_id=s.ingest.collector_id,
             worker_name=str(self.index),
@@ -176,7 +179,14 @@ class Worker:
         await runner.setup()
         # The accept backlog must hold a burst of new connections up to the in-flight cap.
         backlog = max(128, s.http.max_in_flight_requests)
-        site = web.TCPSite(runner, s.http.host, s.http.port, reuse_port=reuse_port, backlog=backlog)
+        site = GuardedTCPSite(
+            runner,
+            s.http.host,
+            s.http.port,
+            guard=self.app.connection_guard,
+            reuse_port=reuse_port,
+            backlog=backlog,
+        )
         await site.start()
         port = _bound_port(runner)
         metrics_runner = (

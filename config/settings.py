@@ -109,11 +109,31 @@ class HttpSettings(_Section):
     max_in_flight_bytes: int = Field(default=64 * MiB, ge=1)
     """Bound on request bodies held in memory at once; beyond it, 429."""
     read_timeout_s: Seconds = 30.0
-    """Longest a client may take to send one request (headers and body)."""
+    """Longest a client may take to send one request, headers and body, from its first
+    byte: slower request headers are answered 408 and the connection is closed; a
+    slower body is answered 408."""
     keepalive_timeout_s: Seconds = 75.0
-    """Idle keep-alive connections are closed after this."""
+    """Idle keep-alive connections (no request started) are closed after this."""
+    max_connections: int = Field(default=512, ge=1)
+    """Open client connections per worker process; a connection beyond it is answered
+    429 and closed at once. At least ``max_in_flight_requests`` (each request needs
+    one), and below the process's open-file limit."""
+    decode_threads: int = Field(default=4, ge=1, le=64)
+    """Threads per worker that check frames (CRC, decompression, Arrow payload) off the
+    event loop; more requests than this wait for one, within the in-flight caps."""
     shutdown_grace_s: Seconds = 10.0
     """On SIGTERM: stop accepting, wait this long for in-flight requests, then cancel."""
+
+    @model_validator(mode="after")
+    def _connections_hold_the_requests(self) -> HttpSettings:
+        if self.max_connections < self.max_in_flight_requests:
+            raise CrossFieldError(
+                "http.max_connections",
+                f"must be >= http.max_in_flight_requests = {self.max_in_flight_requests} "
+                f"(every request in flight holds a connection), got {self.max_connections}",
+                related=("http.max_in_flight_requests",),
+            )
+        return self
 
     @property
     def binds_loopback_only(self) -> bool:

@@ -4,10 +4,11 @@ hypothesis over many seeds and shapes, and the regression tests of the bugs it f
 The simulation found two ways a referenced raw blob could be deleted (PROTOCOL §3.5
 safety); both are fixed, and each has its simulation seed and a scripted regression:
 
-- BUG-1 (collector/accept.py, ``BatchAcceptor._veto_gc_if_marked``): after its blob PUT
-  got 412, the collector read the GC mark once and took "no mark" as "the blob stays".
-  The GC may have finished deleting the blob (and removed the mark) between the 412 and
-  that read. Fixed: once no mark is left, the blob is created again (If-None-Match).
+- BUG-1 (collector/blob_survival.py ``keep_existing_blob``, then in accept.py): after its
+  blob PUT got 412, the collector read the GC mark once and took "no mark" as "the blob
+  stays". The GC may have finished deleting the blob (and removed the mark) between the
+  412 and that read. Fixed: once no mark is left, the blob is proved by a HEAD, or
+  created again (If-None-Match) when the HEAD finds nothing.
 - BUG-2 (reconciler/gc.py ``_delete_one`` with ``store/s3.py`` retrying deletes): a blob
   DELETE whose first attempt timed out was retried; the GC then removed the mark while
   the first attempt could still land after a collector re-created the blob. Fixed:

@@ -40,7 +40,12 @@ from protocol.frame import encode_frame, points_table
 from store.base import ObjectStore
 from store.errors import NotFound
 
-START_TIMEOUT_S = 30.0
+# A hang detector, not a performance bound: the wait ends as soon as every ready file
+# exists, and a child that exits is reported at once. `--workers 2` starts three
+# interpreters that each import aiohttp, pyarrow and botocore (~1.5 s of CPU each); on a
+# 2-core machine shared with other jobs one such import was measured at 19 s of wall
+# time, and a 30 s deadline failed test_request_logs_of_workers_name_the_worker.
+START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 20.0
 FRAME_TYPE = "application/x-lmbatch"
 BOOT = uuid.UUID("5f0c7a3e-1d2b-4c3a-9e8f-0123456789ab")

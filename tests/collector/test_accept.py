@@ -60,8 +60,11 @@ class Harness:
             observe_store_op=lambda op, result: self.ops.append((op, result)),
         )
 
-    async def accept(self, frame: bytes = FRAME) -> Accepted | IdentityConflictFound:
-        return await self.acceptor.accept(HEADER, frame, hashlib.sha256(frame).hexdigest())
+    async def accept(
+        self, frame: bytes = FRAME, *, resend: bool = False
+    ) -> Accepted | IdentityConflictFound:
+        sha = hashlib.sha256(frame).hexdigest()
+        return await self.acceptor.accept(HEADER, frame, sha, resend=resend)
 
     async def settle(self) -> None:
         self.derived.start()
@@ -214,6 +217,9 @@ async def test_marked_blob_gets_a_veto_before_the_manifest() -> None:
     assert veto.frame_sha256 == SHA and veto.collector_id == "collector-t"
     names = [op for op, _ in harness.ops]
     assert names.index("put_gc_veto") < names.index("put_manifest")
+    # Still marked after the veto: proved by a HEAD, the frame is not uploaded again.
+    assert names.index("put_gc_veto") < names.index("head_raw_blob") < names.index("put_manifest")
+    assert names.count("put_raw_blob") == 1
 
 
 class DeletingGc(MemoryStore):
@@ -279,3 +285,127 @@ async def test_racing_acceptors_under_random_faults_agree_on_one_manifest(seed: 
             assert isinstance(outcome, AcceptanceUnavailable)
     new = [o for o in outcomes if isinstance(o, Accepted) and not o.duplicate]
     assert len(new) <= 1
+
+
+# --- a duplicate's cost and the re-send order (PROTOCOL §3.2, §3.5 collector side) ----------
+
+PUT_CLASS = ("put_raw_blob", "put_manifest", "put_gc_veto", "put_quarantine")
+
+
+async def test_a_duplicate_proves_its_blob_with_a_head_not_a_second_upload() -> None:
+    store = MemoryStore()
+    await Harness(store).accept()
+    harness = Harness(store)
+
+    result = await harness.accept()
+
+    assert isinstance(result, Accepted) and result.duplicate
+    assert harness.ops == [
+        ("put_raw_blob", "precondition_failed"),
+        ("get_gc_mark", "not_found"),
+        ("head_raw_blob", "ok"),
+        ("put_manifest", "precondition_failed"),
+        ("get_manifest", "ok"),
+    ]
+    assert sum(op in PUT_CLASS for op, _ in harness.ops) == 2
+
+
+class VanishingBlob(MemoryStore):
+    """A GC run that finishes between our 412 and the mark read: blob and mark are gone."""
+
+    async def get(self, key: str) -> tuple[bytes, str]:
+        if key == keys.gc_mark_key(SHA):
+            await self.delete(keys.raw_blob_key(SHA))
+        return await super().get(key)
+
+
+async def test_a_blob_deleted_after_the_412_is_created_again_when_the_head_finds_nothing() -> None:
+    store = VanishingBlob()
+    await store.put(keys.raw_blob_key(SHA), FRAME)  # an orphan the GC is about to delete
+    harness = Harness(store)
+
+    result = await harness.accept()
+
+    assert isinstance(result, Accepted) and not result.duplicate
+    assert (await store.get(keys.raw_blob_key(SHA)))[0] == FRAME
+    assert [op for op in harness.ops if op[0] != "put_manifest"] == [
+        ("put_raw_blob", "precondition_failed"),
+        ("get_gc_mark", "not_found"),
+        ("head_raw_blob", "not_found"),
+        ("put_raw_blob", "ok"),
+    ]
+
+
+async def test_a_resend_of_an_accepted_frame_is_one_get_and_writes_nothing() -> None:
+    store = MemoryStore()
+    first = await Harness(store).accept()
+    stored = [info.key async for info in store.list("")]
+    harness = Harness(store)
+
+    result = await harness.accept(resend=True)
+
+    assert isinstance(result, Accepted) and result.duplicate and result.store_ops == 1
+    assert isinstance(first, Accepted) and result.manifest == first.manifest
+    assert harness.ops == [("get_manifest", "ok")]
+    assert [info.key async for info in store.list("")] == stored
+
+
+async def test_a_resend_with_no_manifest_takes_steps_one_and_two() -> None:
+    harness = Harness(MemoryStore())
+
+    result = await harness.accept(resend=True)
+
+    assert isinstance(result, Accepted) and not result.duplicate
+    assert harness.ops == [
+        ("get_manifest", "not_found"),
+        ("put_raw_blob", "ok"),
+        ("put_manifest", "ok"),
+    ]
+
+
+async def test_a_resend_whose_manifest_read_fails_falls_back_to_the_normal_steps() -> None:
+    inner = MemoryStore()
+    await Harness(inner).accept()
+    store = FaultyStore(inner, seed=8)
+    store.script("get", keys.ACCEPTED_PREFIX, Fault.UNAVAILABLE)
+    harness = Harness(store)
+
+    result = await harness.accept(resend=True)
+
+    assert isinstance(result, Accepted) and result.duplicate
+    assert harness.ops[0] == ("get_manifest", "unavailable")
+    assert ("put_manifest", "precondition_failed") in harness.ops
+
+
+async def test_a_resend_of_another_frame_is_the_conflict_path_with_its_blob_kept() -> None:
+    store = MemoryStore()
+    await Harness(store).accept(FRAME)
+    harness = Harness(store)
+
+    result = await harness.accept(OTHER, resend=True)
+
+    assert isinstance(result, IdentityConflictFound)
+    assert result.accepted.frame_sha256 == SHA and result.submitted_frame_sha256 == OTHER_SHA
+    assert harness.ops[:3] == [
+        ("get_manifest", "ok"),
+        ("put_raw_blob", "ok"),
+        ("put_quarantine", "ok"),
+    ]
+    assert (await store.get(keys.raw_blob_key(OTHER_SHA)))[0] == OTHER
+    await store.head(result.quarantine_key)
+
+
+@pytest.mark.parametrize("resend", [False, True])
+async def test_a_conflict_whose_quarantine_record_cannot_be_written_is_unavailable(
+    resend: bool,
+) -> None:
+    inner = MemoryStore()
+    await Harness(inner).accept(FRAME)
+    store = FaultyStore(inner, seed=9)
+    store.script("put_if_none_match", keys.QUARANTINE_PREFIX, *([Fault.UNAVAILABLE] * 50))
+
+    with pytest.raises(AcceptanceUnavailable):
+        await Harness(store).accept(OTHER, resend=resend)
+
+    assert [info.key async for info in inner.list(keys.QUARANTINE_PREFIX)] == []
+    assert (await manifest_in(inner)).frame_sha256 == SHA

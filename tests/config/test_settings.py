@@ -296,6 +296,17 @@ def test_signed_delete_expiry_must_fit_well_within_the_lease(tmp_path: Path) -> 
     assert not load_settings(path, environ={"LM_GC__ENABLED": "false"}).gc.enabled
 
 
+def test_connection_cap_must_hold_the_requests_in_flight(tmp_path: Path) -> None:
+    path = write(tmp_path, "[http]\nmax_in_flight_requests = 100\n")
+    with pytest.raises(SettingsError) as exc:
+        load_settings(path, environ={"LM_HTTP__MAX_CONNECTIONS": "99"})
+    [problem] = exc.value.problems
+    assert problem.key == "http.max_connections"
+    assert problem.source == f"environment variable LM_HTTP__MAX_CONNECTIONS, {path}"
+    assert "must be >= http.max_in_flight_requests = 100" in problem.problem
+    assert load_settings(path, environ={"LM_HTTP__MAX_CONNECTIONS": "100"}).http.max_connections
+
+
 def test_malformed_toml_names_file_and_line(tmp_path: Path) -> None:
     path = write(tmp_path, '[http]\nhost = "x"\nport = \n')
     with pytest.raises(SettingsError) as exc:
