@@ -225,7 +225,16 @@ async def wait_for_log_rows(
 ) -> set[str]:
     """Poll until the index log holds an ``accepted`` row for each accepted 200 body (the
     collectors flush their buffers about once a second); fail after ``timeout_s``."""
-    wanted = {body["manifest_key"] for body in accepted}
+    return await wait_for_log_rows_named(
+        store, *(body["manifest_key"] for body in accepted), timeout_s=timeout_s
+    )
+
+
+async def wait_for_log_rows_named(
+    store: ObjectStore, *row_keys: str, timeout_s: float = 15.0
+) -> set[str]:
+    """Poll until the index log has rows naming each of ``row_keys``."""
+    wanted = set(row_keys)
     deadline = time.monotonic() + timeout_s
     while True:
         found = await logged_keys(store)

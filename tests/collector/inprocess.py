@@ -20,10 +20,10 @@ from collector.accept import BatchAcceptor
 from collector.app import CollectorApp, HttpLimits
 from collector.auth import Authenticator
 from collector.connections import GuardedTCPSite
-from collector.derived import DerivedWriter
 from collector.metrics import CollectorMetrics
 from collector.readiness import Readiness
 from config import Principal, TokenTable, hash_token
+from index.log_writer import IndexLogWriter
 from protocol.clock import Clock, SystemClock
 from store.memory import MemoryStore
 from store.retry import Backoff
@@ -67,14 +67,14 @@ async def in_process_collector(
     memory = MemoryStore()
     store = FaultyStore(memory, seed=1)
     clock = SystemClock()
-    derived = DerivedWriter(store=store, clock=clock, rng=random.Random(2))
+    index_log = IndexLogWriter(store=store, clock=clock, rng=random.Random(2), writer_id="inproc")
     metrics = CollectorMetrics()
     acceptor = BatchAcceptor(
         store=store,
         collector_id="inproc",
         clock=clock,
         rng=random.Random(3),
-        derived=derived,
+        index_log=index_log,
         budget_s=budget_s,
         backoff=Backoff(attempts=50, base_s=0.01, cap_s=0.05),
         observe_store_op=metrics.observe_store_op,
@@ -90,7 +90,7 @@ async def in_process_collector(
         limits=limits,
         collector_id="inproc",
     )
-    derived.start()
+    index_log.start()
     # As collector.server.Worker.run builds it.
     runner = web.AppRunner(
         app.build(), access_log=None, handle_signals=False, auto_decompress=False
@@ -102,4 +102,4 @@ async def in_process_collector(
         yield InProcessCollector(memory, store, app, readiness, f"http://127.0.0.1:{port}", port)
     finally:
         await runner.cleanup()
-        await derived.stop(5.0)
+        await index_log.stop(5.0)

@@ -12,13 +12,14 @@ import pytest
 
 from chaos.faulty_store import Fault, FaultyStore
 from collector.accept import AcceptanceUnavailable, Accepted, BatchAcceptor, IdentityConflictFound
-from collector.derived import DerivedWriter
+from index.log_writer import IndexLogWriter
 from protocol import keys, records
 from protocol.clock import ManualClock, SystemClock
 from store.base import ObjectStore
 from store.errors import NotFound
 from store.memory import MemoryStore
 from store.retry import Backoff
+from tests.collector.conftest import logged_keys
 
 BOOT = uuid.UUID("5f0c7a3e-1d2b-4c3a-9e8f-0123456789ab")
 
@@ -45,16 +46,21 @@ class Harness:
         self, store: ObjectStore, *, clock: object = None, budget_s: float = 5.0, queue: int = 100
     ) -> None:
         self.clock = clock or ManualClock()
-        self.derived = DerivedWriter(
-            store=store, clock=self.clock, rng=random.Random(1), max_queued=queue
-        )  # type: ignore[arg-type]
+        self.index_log = IndexLogWriter(
+            store=store,  # type: ignore[arg-type]
+            clock=self.clock,  # type: ignore[arg-type]
+            rng=random.Random(1),
+            writer_id="collector-t",
+            flush_rows=queue,
+            max_buffered_rows=queue,
+        )
         self.ops: list[tuple[str, str]] = []
         self.acceptor = BatchAcceptor(
             store=store,
             collector_id="collector-t",
             clock=self.clock,  # type: ignore[arg-type]
             rng=random.Random(2),
-            derived=self.derived,
+            index_log=self.index_log,
             budget_s=budget_s,
             backoff=Backoff(attempts=6, base_s=0.001, cap_s=0.01),
             observe_store_op=lambda op, result: self.ops.append((op, result)),
@@ -66,10 +72,11 @@ class Harness:
         sha = hashlib.sha256(frame).hexdigest()
         return await self.acceptor.accept(HEADER, frame, sha, resend=resend)
 
-    async def settle(self) -> None:
-        self.derived.start()
-        assert await self.derived.flush(5.0)
-        await self.derived.stop(1.0)
+    async def settle(self) -> set[str]:
+        """Flush the index log; the keys its rows name so far."""
+        await self.index_log.flush()
+        assert self.index_log.buffered == 0
+        return await logged_keys(self.index_log._store)
 
 
 async def manifest_in(store: ObjectStore) -> records.AcceptedManifest:
@@ -89,18 +96,9 @@ async def test_new_batch_takes_exactly_two_store_ops_and_indexes_later() -> None
     assert (
         manifest == result.manifest and manifest.frame_sha256 == SHA and manifest.record_count == 3
     )
-    # derived entries are queued, not written on the acknowledgement path
-    with pytest.raises(NotFound):
-        await store.head(keys.accepted_by_blob_key(SHA, IDENTITY))
-    await harness.settle()
-    hour = manifest.accepted_hour
-    for key in (
-        keys.accepted_by_time_key(hour, IDENTITY),
-        keys.accepted_by_blob_key(SHA, IDENTITY),
-        keys.raw_blob_by_time_key(hour, SHA),
-    ):
-        entry = records.IndexEntry.from_json((await store.get(key))[0])
-        assert entry.frame_sha256 == SHA
+    # index log rows are buffered, not written on the acknowledgement path
+    assert [info.key async for info in store.list(keys.INDEX_LOG_PREFIX)] == []
+    assert await harness.settle() == {keys.raw_blob_key(SHA), manifest.manifest_key}
 
 
 async def test_same_frame_again_is_a_duplicate_and_changes_nothing() -> None:
@@ -123,8 +121,8 @@ async def test_different_frame_same_identity_is_a_conflict_with_quarantine_recor
     conflict = records.IdentityConflict.from_json((await store.get(result.quarantine_key))[0])
     assert conflict.accepted_frame_sha256 == SHA and conflict.submitted_frame_sha256 == OTHER_SHA
     assert conflict.submitted_raw_blob_key == keys.raw_blob_key(OTHER_SHA)
-    await store.head(keys.quarantine_by_blob_key(OTHER_SHA, IDENTITY))
     await store.head(keys.raw_blob_key(OTHER_SHA))  # the submitted bytes are kept for inspection
+    assert result.quarantine_key in await harness.settle()  # its quarantine row
 
 
 @pytest.mark.parametrize(
@@ -149,8 +147,7 @@ async def test_transient_faults_on_either_create_end_in_one_new_acceptance(
     assert result.duplicate is False
     assert sum(store.injected.values()) == len(faults)
     assert (await manifest_in(store.inner)).frame_sha256 == SHA
-    await harness.settle()
-    await store.inner.head(keys.raw_blob_by_time_key(result.manifest.accepted_hour, SHA))
+    assert keys.raw_blob_key(SHA) in await harness.settle()  # its blob row, whatever the faults
 
 
 async def test_lost_reply_then_read_faults_still_settle_by_reading() -> None:
@@ -195,12 +192,12 @@ async def test_hanging_store_is_cut_off_by_the_request_budget() -> None:
     assert ("put_manifest", "outcome_unknown") in harness.ops
 
 
-async def test_full_derived_queue_drops_and_counts_but_still_accepts() -> None:
+async def test_a_full_index_log_buffer_drops_and_counts_but_still_accepts() -> None:
     store = MemoryStore()
     harness = Harness(store, queue=1)
     result = await harness.accept()
     assert isinstance(result, Accepted)
-    assert harness.derived.dropped_full == 2  # raw-by-time fit; by-time and by-blob did not
+    assert harness.index_log.stats.dropped_full == 1  # the blob row fit; the accepted did not
 
 
 async def test_marked_blob_gets_a_veto_before_the_manifest() -> None:

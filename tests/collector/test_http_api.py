@@ -37,6 +37,7 @@ from tests.collector.conftest import (
     post_frame,
     store_keys,
     wait_for_log_rows,
+    wait_for_log_rows_named,
     write_tokens_file,
 )
 
@@ -202,7 +203,9 @@ async def test_identity_conflict_is_409_quarantined_and_listed(
         (await store.get(keys.quarantine_key(identity, submitted_sha)))[0]
     )
     assert conflict.submitted_frame_sha256 == submitted_sha
-    await store.head(keys.quarantine_by_blob_key(submitted_sha, identity))
+    assert keys.quarantine_key(identity, submitted_sha) in await wait_for_log_rows_named(
+        store, keys.quarantine_key(identity, submitted_sha)
+    )
 
     # Another agent's conflict, to see the agent_id filter work.
     other_first = make_frame("agent-conflict-b", seq_start=1, value=1.0)

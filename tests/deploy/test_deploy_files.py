@@ -586,14 +586,27 @@ SAMPLE_KEYS = {
     "rollup_pointer": keys.ROLLUP_POINTER_KEY,
     "rollup_data": keys.rollup_data_key("points", HOUR, "f"),
     "probe": keys.probe_key("collector-1-1-x"),
+    "index_log": keys.index_log_segment_key(1_760_000_000 * 10**9, "collector-1", 7),
+    "index_catalog": keys.index_catalog_key(HOUR, 3, 9),
+    "rollup_work": keys.rollup_work_marker_key(keys.index_catalog_key(HOUR, 3, 9)),
 }
 ROLLUP_KINDS = {"rollup_pointer", "rollup_data"}
 NEVER_DELETED = {"accepted", "quarantine"}
 MAY_DELETE = {
     "collector": {"probe"},
-    "reconciler": set(),
+    # The reconciler compacts its catalog, trims its records and, after migration, drops
+    # the version-1 per-object index (lm-reconciler drop-v1-index).
+    "reconciler": {
+        "index_log",
+        "index_catalog",
+        "reconciler_state",
+        "raw_blob_by_time",
+        "accepted_by_time",
+        "accepted_by_blob",
+        "quarantine_by_blob",
+    },
     "gc": {"raw_blob", "gc_mark"},
-    "rollup": ROLLUP_KINDS,
+    "rollup": ROLLUP_KINDS | {"rollup_dirty", "rollup_work"},
 }
 POLICY_FILES = {
     "collector": "collector-policy.json",
