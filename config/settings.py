@@ -407,19 +407,18 @@ class Settings(BaseModel):
             )
         return self
 
-    @model_validator(mode="after")
-    def _signed_delete_fits_the_lease(self) -> Settings:
-        # PROTOCOL §3.5 rule 6: a signed DELETE is sent only while the lease has at least its
-        # expiry plus the clock skew left. The lease is renewed every third of its TTL, so
-        # at least two thirds are left whenever the check runs.
+    def gc_lease_problem(self) -> str | None:
+        """Why the GC could never delete under these settings, or None (PROTOCOL §3.5 rule
+        6: a signed DELETE is sent only while the lease has at least its expiry plus the
+        clock skew left; renewed every third of its TTL, at least two thirds are left when
+        the check runs). Checked by the reconciler, not at load: a collector's file need
+        not fit the reconciler's lease."""
         needed = self.gc.delete_expiry_s + self.store.max_clock_skew_s
-        if self.gc.enabled and needed > self.reconciler.lease_ttl_s * 2 / 3:
-            raise CrossFieldError(
-                "gc.delete_expiry_s",
-                f"gc.delete_expiry_s + store.max_clock_skew_s = {needed:g} must be <= "
-                f"2/3 of reconciler.lease_ttl_s = {self.reconciler.lease_ttl_s * 2 / 3:g}: the "
-                "lease must outlive a signed delete plus the skew whenever it is sent (raise "
-                "the lease TTL or lower the expiry or the skew limit)",
-                related=("reconciler.lease_ttl_s", "store.max_clock_skew_s"),
-            )
-        return self
+        if not self.gc.enabled or needed <= self.reconciler.lease_ttl_s * 2 / 3:
+            return None
+        return (
+            f"gc.delete_expiry_s + store.max_clock_skew_s = {needed:g} must be <= 2/3 of "
+            f"reconciler.lease_ttl_s = {self.reconciler.lease_ttl_s * 2 / 3:g}: the lease "
+            "must outlive a signed delete plus the skew whenever it is sent (raise the lease "
+            "TTL or lower the expiry or the skew limit)"
+        )

@@ -101,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"lm-reconciler: configuration error:\n{exc}", file=sys.stderr)
         return EXIT_USAGE
+    if args.command in ("run", "gc") and (problem := settings.gc_lease_problem()):
+        print(f"lm-reconciler: configuration error:\n{problem}", file=sys.stderr)
+        return EXIT_USAGE
     configure_logging(settings.logging)
     import uvloop
 

@@ -616,6 +616,8 @@ def _collector(ctx: ReconcilerContext, delete_store: ObjectStore | None) -> Garb
         if event in names:
             ctx.metrics.record_gc(**{names[event]: count})
 
+    if problem := settings.gc_lease_problem():
+        raise GcRefused(problem)  # no deletion could ever be sent: say so, delete nothing
     network_s = settings.store.connect_timeout_s + settings.store.read_timeout_s
     return GarbageCollector(
         store=ctx.store,

@@ -283,17 +283,15 @@ def test_mark_grace_must_outlast_a_collector_request(tmp_path: Path) -> None:
 
 def test_signed_delete_expiry_must_fit_well_within_the_lease(tmp_path: Path) -> None:
     path = write(tmp_path, "[reconciler]\nlease_ttl_s = 6\n")
-    with pytest.raises(SettingsError) as exc:
-        load_settings(path, environ={})
-    [problem] = exc.value.problems
-    assert problem.key == "gc.delete_expiry_s"
-    assert problem.source == str(path)  # the TTL's source; the expiry is a default
-    assert problem.problem == (
-        "must be <= reconciler.lease_ttl_s / 3 = 2 (a signed delete must expire well "
-        "within the lease), got 5"
+    settings = load_settings(path, environ={})  # a collector may load this file
+    assert settings.gc_lease_problem() == (
+        "gc.delete_expiry_s + store.max_clock_skew_s = 15 must be <= 2/3 of "
+        "reconciler.lease_ttl_s = 4: the lease must outlive a signed delete plus the skew "
+        "whenever it is sent (raise the lease TTL or lower the expiry or the skew limit)"
     )
-    assert load_settings(path, environ={"LM_GC__DELETE_EXPIRY_S": "2"}).gc.delete_expiry_s == 2
-    assert not load_settings(path, environ={"LM_GC__ENABLED": "false"}).gc.enabled
+    fits = {"LM_GC__DELETE_EXPIRY_S": "1", "LM_STORE__MAX_CLOCK_SKEW_S": "3"}
+    assert load_settings(path, environ=fits).gc_lease_problem() is None
+    assert load_settings(path, environ={"LM_GC__ENABLED": "false"}).gc_lease_problem() is None
 
 
 def test_connection_cap_must_hold_the_requests_in_flight(tmp_path: Path) -> None:
