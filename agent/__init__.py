@@ -17,7 +17,8 @@ Programmatic use (demo, benchmarks, collector tests)::
     result.truth.totals()      # Totals(batches, points, value_sum) the collectors now hold
 
 Lower levels: `Spool`, `BatchProducer`, `Uploader` (``send`` posts bytes without a spool),
-`SyntheticLoad` (frames of a `LoadSpec` without sending them), `read_points`.
+`SyntheticLoad` (frames of a `LoadSpec` without sending them), `read_points`. The
+long-running scraping agent (``lm-agent scrape``) is `agent.scrape.ScrapeAgent`.
 """
 
 from agent.fleet import FleetResult, RunOptions, SpoolSettings, run_fleet, send_points

@@ -1,4 +1,5 @@
-"""``lm-agent send``: deliver points from a file, or a synthetic fleet, to collectors.
+"""``lm-agent send``: deliver points from a file, or a synthetic fleet, to collectors;
+``lm-agent scrape``: scrape Prometheus text endpoints for as long as it runs (`agent.scrape`).
 
     lm-agent send --url http://127.0.0.1:8080 --token-file tok --spool-dir ./spool \\
         --agents 4 --batches 100 --points-per-batch 500 --duplicate-rate 0.05 \\
@@ -11,14 +12,25 @@ standard error. Exit codes: 0 all delivered as expected; 1 something was parked 
 answered unexpectedly; 3 frames left undelivered (still pending in the spool: re-run);
 2 usage or input errors (bad flags or settings, unreadable points file, spool in use).
 See `agent.summary`. ``--config`` reads the shared settings file (and ``LM_*``
-variables); only its ``[logging]`` section applies to the agent.
+variables); ``send`` uses its ``[logging]`` section.
+
+    lm-agent scrape --config agent.toml            # [scrape] and [logging]
+    lm-agent scrape --target http://127.0.0.1:9100/metrics --url http://c:8080 \
+        --token-file tok --agent-id node-1 --spool-dir /var/lib/lm-agent --interval 15
+
+``scrape`` flags override the ``[scrape]`` settings (``--target`` and ``--url`` replace
+the configured lists). It runs until SIGTERM/SIGINT, then spools what it scraped and
+delivers for up to ``scrape.shutdown_grace_s``; exit 0, or 2 for bad settings or a spool
+in use by another process.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import random
+import signal
 import sys
 import time
 from collections.abc import Coroutine
@@ -31,11 +43,13 @@ from tqdm import tqdm  # type: ignore[import-untyped]  # no stubs installed
 from agent.fleet import FleetResult, RunOptions, SpoolSettings, run_fleet, send_points
 from agent.load import LoadSpec
 from agent.points_file import PointsFileError, batches_of, read_points
+from agent.scrape import ScrapeAgent
 from agent.spool import SpoolError
 from agent.summary import DeliveryRecord
 from agent.truth import BatchKind
 from agent.uploader import UploadPolicy
-from config import LoggingSettings, configure_logging, load_settings
+from config import ScrapeSettings, configure_logging
+from config.cli import add_settings_flags, settings_from_flags
 from store.retry import Backoff
 
 EXIT_USAGE = 2
@@ -80,28 +94,35 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("--progress", action="store_true", help="progress bar even without a TTY")
     send.add_argument("--json", action="store_true", help="print the summary as JSON")
     send.add_argument("--truth-out", type=Path, help="write the ground truth JSON here")
-    send.add_argument("--config", type=Path, help="settings file (the agent uses [logging])")
-    send.add_argument(
-        "--log-level",
-        choices=["debug", "info", "warning", "error", "critical"],
-        help="overrides [logging] level",
-    )
-    send.add_argument(
-        "--log-format", choices=["json", "console", "auto"], help="overrides [logging] format"
-    )
+    _add_scrape_parser(commands)
+    add_settings_flags(parser, config_help="settings file (the agent uses [logging], [scrape])")
     return parser
+
+
+def _add_scrape_parser(commands: Any) -> None:
+    scrape = commands.add_parser(
+        "scrape",
+        help="scrape Prometheus text endpoints and deliver the samples (runs until stopped)",
+    )
+    scrape.add_argument(
+        "--target", action="append", help="endpoint to scrape; repeat (replaces scrape.targets)"
+    )
+    scrape.add_argument(
+        "--url", action="append", help="collector base URL; repeat (replaces scrape.collector_urls)"
+    )
+    scrape.add_argument("--token-file", type=Path, help="file holding the bearer token")
+    scrape.add_argument("--agent-id", help="agent_id of every frame (default: the host name)")
+    scrape.add_argument("--spool-dir", type=Path, help="durable spool directory")
+    scrape.add_argument("--interval", type=float, help="seconds between scrapes")
+    scrape.add_argument("--flush-interval", type=float, help="seconds between frames at most")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "scrape":
+        return _scrape(args)
     try:
-        log_settings = load_settings(args.config).logging
-        configure_logging(
-            LoggingSettings(
-                level=args.log_level or log_settings.level,
-                format=args.log_format or log_settings.format,
-            )
-        )
+        configure_logging(settings_from_flags(args).logging)
         urls = _urls(args.url)
         token = _token(args)
         return _send(args, urls, token)
@@ -181,6 +202,56 @@ def _send(args: argparse.Namespace, urls: list[str], token: str | None) -> int:
     return result.summary.exit_code
 
 
+def _scrape(args: argparse.Namespace) -> int:
+    try:
+        settings = settings_from_flags(args)
+        configure_logging(settings.logging)
+        scrape = _scrape_settings(settings.scrape, args)
+        token = _token_from(scrape.token_file)
+        if not scrape.targets:
+            raise ValueError("nothing to scrape: give --target or [scrape] targets")
+        uvloop.run(_run_scrape(scrape, token))
+    except (SpoolError, ValueError, OSError) as exc:
+        print(f"lm-agent scrape: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return 0
+
+
+def _scrape_settings(configured: ScrapeSettings, args: argparse.Namespace) -> ScrapeSettings:
+    """``[scrape]`` with the given flags applied, validated again as a whole."""
+    overrides: dict[str, Any] = {
+        "collector_urls": _urls(args.url) if args.url else None,
+        "token_file": args.token_file,
+        "agent_id": args.agent_id,
+        "spool_dir": args.spool_dir,
+        "interval_s": args.interval,
+        "flush_interval_s": args.flush_interval,
+    }
+    if args.target:
+        overrides["targets"] = [{"url": url} for url in args.target]
+    given = {key: value for key, value in overrides.items() if value is not None}
+    if args.interval is not None and configured.timeout_s > args.interval:
+        given.setdefault("timeout_s", args.interval)
+    return ScrapeSettings.model_validate({**configured.model_dump(), **given})
+
+
+async def _run_scrape(settings: ScrapeSettings, token: str | None) -> None:
+    agent = ScrapeAgent(settings=settings, token=token)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, agent.stop)
+    await agent.run()
+
+
+def _token_from(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    token = path.read_text(encoding="utf-8").strip()
+    if not token:
+        raise ValueError(f"token file {path} is empty")
+    return token
+
+
 def _run(coro: Coroutine[Any, Any, FleetResult]) -> FleetResult:
     return uvloop.run(coro)
 
@@ -215,10 +286,7 @@ def _urls(given: list[str] | None) -> list[str]:
 
 def _token(args: argparse.Namespace) -> str | None:
     if args.token_file is not None:
-        token = str(args.token_file.read_text(encoding="utf-8")).strip()
-        if not token:
-            raise ValueError(f"token file {args.token_file} is empty")
-        return token
+        return _token_from(args.token_file)
     return str(args.token) if args.token else None
 
 

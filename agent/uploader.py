@@ -14,6 +14,15 @@ that exhausts them stays pending (`Outcome.DEFERRED`) for the caller's next roun
 ``Retry-After`` is honoured, capped at `UploadPolicy.max_retry_after_s`. Attempts rotate
 round-robin over the configured collector URLs, so a retry goes to the next collector.
 Requests in flight are limited by one semaphore per `Uploader`.
+
+Every re-send of a frame this `Uploader` sent before (a retry within a round, or the
+same frame in a later round) carries ``X-Lightmetrics-Resend: 1``: the collector then
+reads the accepted manifest first and answers a duplicate with one GET instead of
+uploading the frame again (PROTOCOL §3.2; the header changes the order of the
+collector's checks, never its answer). The frames sent and not yet settled are
+remembered in memory, at most `UploadPolicy.remembered_frames` (the oldest are
+forgotten: their next re-send merely goes without the header); frames recovered from the
+spool after a restart are sent once without it.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import hashlib
 import itertools
 import json
 import random
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Self
 
@@ -39,6 +49,7 @@ from store.retry import Backoff
 
 CONTENT_TYPE = "application/x-lmbatch"
 BATCHES_PATH = "/v1/batches"
+RESEND_HEADER = "X-Lightmetrics-Resend"
 _POISON_STATUSES = frozenset({400, 413, 415})
 
 log = structlog.get_logger("agent.uploader")
@@ -64,10 +75,14 @@ class UploadPolicy:
     request_timeout_s: float = 30.0
     backoff: Backoff = field(default_factory=lambda: Backoff(attempts=6, base_s=0.1, cap_s=5.0))
     max_retry_after_s: float = 10.0
+    remembered_frames: int = 65_536
+    """Frames sent and not yet settled whose re-sends carry the resend header."""
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+        if self.remembered_frames < 0:
+            raise ValueError(f"remembered_frames must be >= 0, got {self.remembered_frames}")
         if self.request_timeout_s <= 0 or self.max_retry_after_s < 0:
             raise ValueError("request_timeout_s must be > 0 and max_retry_after_s >= 0")
 
@@ -122,6 +137,7 @@ class Uploader:
         if token is not None:
             self._headers["Authorization"] = f"Bearer {token}"
         self._next_url = itertools.cycle(self.urls)
+        self._sent: OrderedDict[str, None] = OrderedDict()  # sha256 of frames sent, unsettled
         self._semaphore = asyncio.Semaphore(self.policy.concurrency)
         self._session = session
         self._owns_session = session is None
@@ -208,9 +224,13 @@ class Uploader:
         while True:
             attempts += 1
             url = next(self._next_url)
-            status, response, error, retry_after, latency = await self._attempt(url, frame)
+            resend = self._note_sent(frame_sha256)
+            status, response, error, retry_after, latency = await self._attempt(
+                url, frame, resend=resend
+            )
             outcome = _classify(status, response)
             if outcome is not None:
+                self._sent.pop(frame_sha256, None)  # settled: never sent again
                 return BatchResult(
                     identity,
                     frame_sha256,
@@ -248,18 +268,30 @@ class Uploader:
             self._clock.monotonic() - started,
         )
 
+    def _note_sent(self, frame_sha256: str) -> bool:
+        """Remember that the frame is being sent; True if it was sent before."""
+        resend = frame_sha256 in self._sent
+        if resend:
+            self._sent.move_to_end(frame_sha256)
+        elif self.policy.remembered_frames:
+            self._sent[frame_sha256] = None
+            while len(self._sent) > self.policy.remembered_frames:
+                self._sent.popitem(last=False)
+        return resend
+
     async def _attempt(
-        self, url: str, frame: bytes
+        self, url: str, frame: bytes, *, resend: bool
     ) -> tuple[int | None, Any, str | None, float | None, float]:
         """One POST: ``(status, response JSON, network error, Retry-After s, latency s)``."""
         if self._session is None:
             raise RuntimeError("Uploader used outside 'async with' and without a session")
         timeout = aiohttp.ClientTimeout(total=self.policy.request_timeout_s)
+        headers = {**self._headers, RESEND_HEADER: "1"} if resend else self._headers
         async with self._semaphore:
             sent_at = self._clock.monotonic()
             try:
                 async with self._session.post(
-                    url + BATCHES_PATH, data=frame, headers=self._headers, timeout=timeout
+                    url + BATCHES_PATH, data=frame, headers=headers, timeout=timeout
                 ) as answer:
                     body = await answer.read()
                     latency = self._clock.monotonic() - sent_at

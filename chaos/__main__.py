@@ -30,6 +30,8 @@ from typing import Any, TypeVar
 
 from chaos.s3_server import dummy_aws_env
 from chaos.scenarios import SCENARIOS
+from config import LoggingSettings, SettingsError, configure_logging
+from config.cli import add_settings_flags, settings_flags_given, settings_from_flags
 
 T = TypeVar("T")
 
@@ -64,11 +66,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--connect-timeout", type=float, default=None, help="how late they may land (s)"
     )
     commands.add_parser("list", help="list the scenarios")
+    add_settings_flags(
+        parser, config_help="settings file (lm-chaos uses [logging]; default: console, errors)"
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        _configure_logging(args)
+    except SettingsError as exc:
+        print(f"lm-chaos: configuration error:\n{exc}", file=sys.stderr)
+        return 2
     if args.command == "list":
         for scenario in SCENARIOS.values():
             print(f"{scenario.name:12} {scenario.description}")
@@ -82,12 +92,19 @@ def main(argv: list[str] | None = None) -> int:
     return _run(args, duration)
 
 
+def _configure_logging(args: argparse.Namespace) -> None:
+    """Console, errors only (the run's own progress lines are the output), unless the
+    settings flags say otherwise."""
+    if settings_flags_given(args):
+        configure_logging(settings_from_flags(args).logging)
+    else:
+        configure_logging(LoggingSettings(format="console", level="error"))
+
+
 def _run(args: argparse.Namespace, duration: float) -> int:
     from chaos.runner import ChaosOptions, run_scenario
-    from config import LoggingSettings, configure_logging
 
     os.environ.update(dummy_aws_env())  # dummy credentials: never a real account
-    configure_logging(LoggingSettings(format="console", level="error"))
     temporary = args.work_dir is None
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix=f"lm-chaos-{args.scenario}-"))
     options = ChaosOptions(
@@ -128,9 +145,7 @@ def _simulate(seed: int, count: int, late_rate: float | None, connect_s: float |
     import dataclasses
 
     from chaos.simulation import SimConfig, simulate
-    from config import LoggingSettings, configure_logging
 
-    configure_logging(LoggingSettings(format="console", level="error"))
     base = SimConfig(seed=seed)
     if late_rate is not None:
         base = dataclasses.replace(base, late_rate=late_rate)

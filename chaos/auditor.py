@@ -220,11 +220,9 @@ def check_identities(view: StoreView, book: AckBook, unexpected: list[str]) -> C
 
 def check_catalog(view: StoreView) -> CheckResult:
     result = CheckResult("catalog_complete")
-    facts = {
-        manifest.manifest_key: RecordFacts(
-            "accepted", manifest.frame_sha256, manifest.identity.manifest_id
-        )
-        for manifest, _ in view.manifests.values()
+    facts = {  # by the key read (a manifest of a long agent_id may sit at its older form)
+        info.key: RecordFacts("accepted", manifest.frame_sha256, manifest.identity.manifest_id)
+        for manifest, info in view.manifests.values()
     }
     for key, conflict in view.quarantines.items():
         facts[key] = RecordFacts("quarantine", conflict.submitted_frame_sha256)

@@ -47,6 +47,7 @@ class Timing:
     grace_margin_s: float = 1.0
     retry_horizon_s: float = 4.0
     lease_ttl_s: float = 6.0
+    delete_expiry_s: int = 1  # at most a third of the lease (config validation)
     loop_interval_s: float = 1.0
     rollup_lease_ttl_s: float = 10.0
     max_audit_interval_s: float = 60.0
@@ -148,6 +149,7 @@ class Cluster:
             "LM_GC__MARK_GRACE_S": str(t.mark_grace_s),
             "LM_GC__RETRY_HORIZON_S": str(t.retry_horizon_s),
             "LM_GC__MAX_DELETE_FRACTION": "1.0",
+            "LM_GC__DELETE_EXPIRY_S": str(t.delete_expiry_s),
             "LM_RECONCILER__LEASE_TTL_S": str(t.lease_ttl_s),
             "LM_RECONCILER__LOOP_INTERVAL_S": str(t.loop_interval_s),
             "LM_RECONCILER__VERIFY_RATE_PER_S": "5000",

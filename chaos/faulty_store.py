@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from store.base import ObjectInfo, ObjectStore
+from store.base import ObjectInfo, ObjectStore, SignedDelete
 from store.errors import ConditionConflict, OutcomeUnknown, Unavailable
 
 T = TypeVar("T")
@@ -132,6 +132,13 @@ class FaultyStore:
 
     async def delete(self, key: str) -> None:
         await self._run("delete", key, lambda: self.inner.delete(key))
+
+    async def sign_delete(self, key: str, *, expires_in_s: int) -> SignedDelete:
+        return await self.inner.sign_delete(key, expires_in_s=expires_in_s)  # local: no faults
+
+    async def send_signed_delete(self, request: SignedDelete) -> None:
+        # Faulted as a "delete": a lost reply here leaves a request that may still land.
+        await self._run("delete", request.key, lambda: self.inner.send_signed_delete(request))
 
     async def close(self) -> None:
         await self.inner.close()

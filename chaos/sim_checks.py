@@ -1,11 +1,8 @@
 """What the simulation checks: live, as each store operation is applied (`WatchedStore`),
 and at the end over the settled store, after a completed full audit (`check_store`).
 
-`WatchedStore` also counts, for the tests that keep the two GC regression seeds
-meaningful, the interleavings those bugs needed: ``deleted_after_412`` (a blob the GC
-deleted after a create of it was answered 412, and a record naming it created later:
-BUG-1's window) and ``late_blob_deletes`` (a raw-blob DELETE that lands
-after its caller gave up on it: BUG-2's; counted by `chaos.sim_runtime.DelayedStore`)."""
+`WatchedStore` also counts what the tests check the worlds exercise: GC marks, vetoes,
+blob deletions and re-creations, index files written, catalog files deleted."""
 
 from __future__ import annotations
 
@@ -15,8 +12,8 @@ from collections.abc import AsyncIterator, Callable
 
 from chaos.index_checks import RecordFacts, catalog_problems, read_catalog
 from protocol import keys, records
-from store.base import ObjectInfo, ObjectStore
-from store.errors import NotFound, PreconditionFailed
+from store.base import ObjectInfo, ObjectStore, SignedDelete
+from store.errors import NotFound
 from store.memory import MemoryStore
 
 
@@ -39,8 +36,6 @@ class WatchedStore:
         self._now_s = now_s
         self._referenced: dict[str, str] = {}  # sha -> a record key naming it
         self._deleted: set[str] = set()
-        self._refused: set[str] = set()  # blobs whose create was answered 412, not yet named
-        self._deleted_after_refusal: set[str] = set()
 
     async def get(self, key: str) -> tuple[bytes, str]:
         return await self.inner.get(key)
@@ -51,12 +46,7 @@ class WatchedStore:
     async def put(
         self, key: str, body: bytes, *, if_none_match: bool = False, if_match: str | None = None
     ) -> str:
-        try:
-            etag = await self.inner.put(key, body, if_none_match=if_none_match, if_match=if_match)
-        except PreconditionFailed:
-            if key.startswith(keys.RAW_BLOBS_PREFIX):
-                self._refused.add(keys.parse_raw_blob_key(key))
-            raise
+        etag = await self.inner.put(key, body, if_none_match=if_none_match, if_match=if_match)
         self._count_put(key, if_none_match)
         if key.startswith(keys.RAW_BLOBS_PREFIX) and keys.parse_raw_blob_key(key) in self._deleted:
             self._stats["blobs_recreated"] += 1
@@ -67,10 +57,6 @@ class WatchedStore:
             sha = records.IdentityConflict.from_json(body).submitted_frame_sha256
         if sha is not None:
             self._referenced.setdefault(sha, key)
-            self._refused.discard(sha)
-            if sha in self._deleted_after_refusal:
-                self._deleted_after_refusal.discard(sha)
-                self._stats["deleted_after_412"] += 1
             try:
                 await self.inner.head(keys.raw_blob_key(sha))
             except NotFound:
@@ -81,6 +67,17 @@ class WatchedStore:
         return self.inner.list(prefix, start_after)
 
     async def delete(self, key: str) -> None:
+        self._check_delete(key)
+        await self.inner.delete(key)
+
+    async def sign_delete(self, key: str, *, expires_in_s: int) -> SignedDelete:
+        return await self.inner.sign_delete(key, expires_in_s=expires_in_s)
+
+    async def send_signed_delete(self, request: SignedDelete) -> None:
+        await self.inner.send_signed_delete(request)  # raises when refused: nothing deleted
+        self._check_delete(request.key)
+
+    def _check_delete(self, key: str) -> None:
         if key.startswith(keys.RAW_BLOBS_PREFIX):
             sha = keys.parse_raw_blob_key(key)
             if sha in self._referenced:
@@ -88,12 +85,9 @@ class WatchedStore:
                     f"GC deleted raw blob {sha[:12]} referenced by {self._referenced[sha]}"
                 )
             self._stats["blobs_deleted"] += 1
-            if sha in self._refused:
-                self._deleted_after_refusal.add(sha)
             self._deleted.add(sha)
         elif key.startswith(keys.INDEX_CATALOG_PREFIX):
             self._stats["catalog_files_deleted"] += 1
-        await self.inner.delete(key)
 
     def _count_put(self, key: str, if_none_match: bool) -> None:
         for prefix, name in (

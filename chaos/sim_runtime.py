@@ -18,7 +18,7 @@ within ``late_extra_s`` after that: the "applied after the client gave up" of a 
 store, inside the bound the configuration assumes (connect plus read timeout).
 
 `S3LikeRetries` repeats what `store.s3.S3Store` repeats (reads, unconditional puts and
-deletes, on `Unavailable`, bounded) and sends conditional puts once, so code under
+deletes, on `Unavailable`, bounded) and sends conditional puts and signed deletes once, so code under
 simulation sees the same error surface as against S3.
 
 A deadlock (every task waiting on something no timer will ever deliver) raises
@@ -42,7 +42,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextvars import Context
 from typing import Any, TypeVar, TypeVarTuple, Unpack
 
-from store.base import ObjectInfo, ObjectStore
+from store.base import ObjectInfo, ObjectStore, SignedDelete
 from store.errors import OutcomeUnknown
 from store.retry import Backoff, repeat_while_unavailable
 
@@ -242,6 +242,15 @@ class DelayedStore:
     async def delete(self, key: str) -> None:
         await self._landing(lambda: self.inner.delete(key), op="delete", key=key)
 
+    async def sign_delete(self, key: str, *, expires_in_s: int) -> SignedDelete:
+        return await self.inner.sign_delete(key, expires_in_s=expires_in_s)  # local: no latency
+
+    async def send_signed_delete(self, request: SignedDelete) -> None:
+        # A late landing meets the store's expiry check when it lands, as on S3.
+        await self._landing(
+            lambda: self.inner.send_signed_delete(request), op="delete", key=request.key
+        )
+
     async def close(self) -> None:
         await self.drain()
 
@@ -289,6 +298,12 @@ class S3LikeRetries:
 
     async def delete(self, key: str) -> None:
         await self._retrying(lambda: self.inner.delete(key), repeat_unknown=False)
+
+    async def sign_delete(self, key: str, *, expires_in_s: int) -> SignedDelete:
+        return await self.inner.sign_delete(key, expires_in_s=expires_in_s)
+
+    async def send_signed_delete(self, request: SignedDelete) -> None:
+        await self.inner.send_signed_delete(request)  # sent once, as `S3Store` does
 
     async def close(self) -> None:
         await self.inner.close()

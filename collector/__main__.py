@@ -12,9 +12,11 @@ import json
 import sys
 from pathlib import Path
 
-from config import Settings, SettingsError, configure_logging, generate_token, load_settings
+from config import Settings, SettingsError, configure_logging, generate_token
+from config.cli import add_settings_flags, settings_from_flags
 from protocol import keys, records
 from protocol.clock import SystemClock
+from store.base import list_prefixes
 from store.errors import StoreConfigError, StoreError
 from store.open import open_store_from_settings
 
@@ -24,9 +26,6 @@ from .server import StartupError, serve
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lm-collector", description=__doc__)
-    parser.add_argument(
-        "--config", type=Path, help="TOML settings file (default: built-in defaults + LM_* env)"
-    )
     commands = parser.add_subparsers(dest="command", required=True)
     serve_cmd = commands.add_parser("serve", help="accept batches over HTTP")
     serve_cmd.add_argument(
@@ -47,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--agents", nargs="*", default=["*"], help="glob patterns of agent_id it may write"
     )
     token.add_argument("--admin", action="store_true")
+    add_settings_flags(parser)
     return parser
 
 
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         print(generated.toml)
         return 0
     try:
-        settings = load_settings(args.config)
+        settings = settings_from_flags(args)
     except SettingsError as exc:
         print(f"lm-collector: configuration error:\n{exc}", file=sys.stderr)
         return 2
@@ -106,12 +106,14 @@ async def _probe(settings: Settings) -> int:
 
 async def _conflicts(settings: Settings, agent_id: str | None, limit: int) -> int:
     store = open_store_from_settings(settings.store)
-    prefix = keys.QUARANTINE_PREFIX
-    if agent_id is not None:
-        prefix += f"agent={agent_id.encode('utf-8').hex()}/"
+    prefixes = (
+        keys.quarantine_agent_prefixes(agent_id)
+        if agent_id is not None
+        else [keys.QUARANTINE_PREFIX]
+    )
     shown = 0
     try:
-        async for info in store.list(prefix):
+        async for info in list_prefixes(store, prefixes):
             if shown == limit:
                 print("... more (raise --limit to see them)", file=sys.stderr)
                 break

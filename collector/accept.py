@@ -3,18 +3,32 @@
 `BatchAcceptor.accept()` decides, once for the whole cluster, what happens to one frame:
 
 1. Create the raw blob at its content-addressed key with If-None-Match. Created: append a
-   ``blob`` row to the index log buffer (`index.log_writer`, PROTOCOL §3.7). Already there (412): if a GC mark exists for the hash,
-   write the veto (and, if a deletion may be under way, wait and re-create the blob)
-   before going on (PROTOCOL §3.5, with the mark ``state`` of `protocol.records.GcMark`).
+   ``blob`` row to the index log buffer (`index.log_writer`, PROTOCOL §3.7). Already there
+   (412): make sure it survives GC by the collector-side rules of PROTOCOL §3.5
+   (`_keep_existing_blob`: read the mark, veto a marked blob, wait out a deletion, then
+   prove the blob exists with a HEAD, or create it again when the HEAD finds nothing), so
+   a duplicate never uploads the frame twice.
 2. Create the accepted manifest with If-None-Match. Created: accepted. 412: read the
-   manifest; the same hash is a duplicate, another hash an identity conflict (quarantine
-   record written best effort, then a ``quarantine`` row). Every ``Accepted`` — new or
-   duplicate — appends an ``accepted`` row: a batch whose first answer was lost must not
-   wait for a full audit to be indexed.
+   manifest; the same hash is a duplicate, another hash an identity conflict, answered
+   only once its quarantine record exists (else `AcceptanceUnavailable`: 503), then a
+   ``quarantine`` row. Every ``Accepted`` — new or duplicate — appends an ``accepted`` row:
+   a batch whose first answer was lost must not wait for a full audit to be indexed.
+   Where the manifest key spells the agent as ``h-<sha256>`` (agent_ids over 124 bytes,
+   PROTOCOL §3), the long form a store written before that rule may hold is read first,
+   and finding it there counts as that 412 (one more GET for such agents).
+
+A re-send (``resend=True``: the agent sent ``X-Lightmetrics-Resend: 1``) reads the
+accepted manifest first: the same hash is answered as a duplicate with that one read and
+nothing written (its ``accepted`` row still appended); another hash takes the conflict
+path (the submitted blob is stored first, by step 1, since the quarantine record names
+it); no manifest (or no answer) runs steps 1-2. The order of checks changes, never an
+outcome.
 
 Outcomes are `Accepted` (new or duplicate), `IdentityConflictFound`, or the exception
 `AcceptanceUnavailable` when the store did not settle the outcome within the request's
-time budget: the caller answers 503 and the agent retries. The invariant: **no `Accepted`
+time budget, or when this host's clock is off the store's by more than
+``max_clock_skew_s`` (PROTOCOL §3.8: checked before the first write and again before
+``accepted_at`` is stamped): the caller answers 503 and the agent retries. The invariant: **no `Accepted`
 without a manifest this call created or read.** Nothing that must happen once per accepted
 batch happens before the manifest create succeeds; index log rows are best effort (the
 reconciler's audit is their backstop) and never delay the answer.
@@ -25,12 +39,10 @@ Every store call runs under the remaining budget; a call cut short is treated as
 
 from __future__ import annotations
 
-import asyncio
-import enum
 import random
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 import structlog
 
@@ -44,13 +56,15 @@ from store.errors import (
     NotFound,
     OutcomeUnknown,
     PreconditionFailed,
-    StoreError,
     Unavailable,
 )
 from store.retry import Backoff
+from store.time import StoreClock
+
+from .blob_survival import keep_existing_blob
+from .store_calls import BudgetedRequest, BudgetExhausted, Created, StoreOpObserver
 
 log = structlog.get_logger(__name__)
-T = TypeVar("T")
 
 WIRE_VERSION = 1
 DEFAULT_BACKOFF = Backoff(attempts=10, base_s=0.02, cap_s=1.0)
@@ -90,43 +104,6 @@ class AcceptanceUnavailable(Exception):
     """The store did not settle the outcome within the budget. Answer 503; nothing is known."""
 
 
-class _BudgetExhausted(Exception):
-    pass
-
-
-StoreOpObserver = Callable[[str, str], None]
-
-
-class _Created(enum.Enum):
-    """What an idempotent create found: it created the key, an earlier attempt whose
-    answer was lost may have (then 412), or the key was already there."""
-
-    YES = "created"
-    MAYBE = "maybe"
-    EXISTED = "existed"
-
-
-def _result_name(exc: BaseException | None) -> str:
-    if exc is None:
-        return "ok"
-    names: dict[type[BaseException], str] = {
-        PreconditionFailed: "precondition_failed",
-        ConditionConflict: "conflict",
-        NotFound: "not_found",
-        OutcomeUnknown: "outcome_unknown",
-        Unavailable: "unavailable",
-    }
-    return names.get(type(exc), "error")
-
-
-class _Request:
-    """Per-call state: the deadline and the store operations spent."""
-
-    def __init__(self, deadline: float) -> None:
-        self.deadline = deadline
-        self.ops = 0
-
-
 class BatchAcceptor:
     def __init__(
         self,
@@ -139,8 +116,10 @@ class BatchAcceptor:
         budget_s: float = 10.0,
         backoff: Backoff = DEFAULT_BACKOFF,
         observe_store_op: StoreOpObserver | None = None,
+        store_clock: StoreClock | None = None,
     ) -> None:
         self._store = store
+        self._store_clock = store_clock
         self._collector_id = collector_id
         self._clock = clock
         self._rng = rng
@@ -154,10 +133,21 @@ class BatchAcceptor:
         return self._index_log.buffered
 
     async def accept(
-        self, header: FrameIdentity, frame: bytes, frame_sha256: str
+        self, header: FrameIdentity, frame: bytes, frame_sha256: str, *, resend: bool = False
     ) -> Accepted | IdentityConflictFound:
-        """Run the protocol for one validated frame. Raises `AcceptanceUnavailable`."""
-        request = _Request(self._clock.monotonic() + self._budget_s)
+        """Run the protocol for one validated frame. Raises `AcceptanceUnavailable`.
+
+        ``resend``: the sender says it sent this frame before; the accepted manifest is
+        read first (one GET answers a duplicate)."""
+        self._refuse_if_clock_skewed()
+        request = BudgetedRequest(
+            store=self._store,
+            clock=self._clock,
+            rng=self._rng,
+            backoff=self._backoff,
+            observe=self._observe,
+            budget_s=self._budget_s,
+        )
         identity = keys.BatchIdentity(
             header.agent_id,
             header.boot_id,  # type: ignore[arg-type]  # a uuid.UUID from FrameHeader
@@ -165,145 +155,78 @@ class BatchAcceptor:
             header.seq_end,
         )
         try:
+            if resend:
+                settled = await self._answer_from_manifest(request, identity, frame, frame_sha256)
+                if settled is not None:
+                    return settled
             await self._store_raw_blob(request, frame, frame_sha256)
             return await self._create_manifest(request, identity, header, frame, frame_sha256)
-        except _BudgetExhausted:
+        except BudgetExhausted:
             raise AcceptanceUnavailable(
                 f"store did not settle {identity} within {self._budget_s}s"
             ) from None
 
-    # --- store calls under the budget -----------------------------------------------------
+    def _refuse_if_clock_skewed(self) -> None:
+        """Never stamp ``accepted_at`` (an hour every index and rollup trusts) with a clock
+        the store disagrees with; the agent retries, maybe on another collector."""
+        if self._store_clock is not None and self._store_clock.skewed:
+            raise AcceptanceUnavailable(
+                f"this host's clock is {self._store_clock.skew_s or 0.0:+.1f}s off the "
+                "store's, beyond store.max_clock_skew_s"
+            )
 
-    async def _call(
-        self, request: _Request, op: str, key: str, call: Callable[[], Awaitable[T]]
-    ) -> T:
-        remaining = request.deadline - self._clock.monotonic()
-        if remaining <= 0:
-            raise _BudgetExhausted
-        request.ops += 1
-        error: BaseException | None = None
+    # --- a re-send: the manifest first -----------------------------------------------------
+
+    async def _answer_from_manifest(
+        self, request: BudgetedRequest, identity: keys.BatchIdentity, frame: bytes, sha: str
+    ) -> Accepted | IdentityConflictFound | None:
+        """One GET of the accepted manifest: a duplicate or a conflict, or None (absent or
+        no answer: run the normal steps, which decide the same way)."""
+        key = keys.accepted_manifest_key(identity)
         try:
-            async with asyncio.timeout(remaining):
-                return await call()
-        except TimeoutError:
-            error = OutcomeUnknown(op, key, "request budget ran out during the call")
-            raise error from None
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            self._observe(op, _result_name(error))
-
-    async def _pause(self, request: _Request, delays: Iterator[float]) -> None:
-        """Sleep the next jittered delay, or give up when retries or the budget run out."""
-        delay = next(delays, None)
-        remaining = request.deadline - self._clock.monotonic()
-        if delay is None or remaining <= 0:
-            raise _BudgetExhausted
-        await self._clock.sleep(min(float(delay), remaining))
+            body, _etag = await request.call("get_manifest", key, lambda: self._store.get(key))
+        except (NotFound, Unavailable, ConditionConflict):
+            return None
+        try:
+            stored = records.AcceptedManifest.from_json(body)
+        except records.RecordError as exc:
+            log.error("accepted_manifest_unreadable", key=key, error=str(exc))
+            raise BudgetExhausted from None
+        if stored.frame_sha256 == sha:
+            self._index_manifest(stored)  # every 200 appends its row (PROTOCOL §3.2)
+            return Accepted(stored, duplicate=True, store_ops=request.ops)
+        # The quarantine record names the submitted blob: store it (step 1) first.
+        await self._store_raw_blob(request, frame, sha)
+        return await self._quarantine(request, stored, sha)
 
     # --- step 1: the raw blob ---------------------------------------------------------------
 
-    async def _store_raw_blob(self, request: _Request, frame: bytes, sha: str) -> None:
+    async def _store_raw_blob(self, request: BudgetedRequest, frame: bytes, sha: str) -> None:
         key = keys.raw_blob_key(sha)
-        created = await self._create_idempotent(request, "put_raw_blob", key, frame)
-        if created is not _Created.EXISTED:  # ours, or maybe ours: index it (idempotent)
+        created = await request.create_idempotent("put_raw_blob", key, frame)
+        if created is not Created.EXISTED:  # ours, or maybe ours: index it (idempotent)
             self._index_raw_blob(sha)
-        if created is not _Created.YES:  # it was (or may have been) there already
-            await self._veto_gc_if_marked(request, frame, sha)
+        if created is not Created.YES:  # it was (or may have been) there already
+            recreated = await keep_existing_blob(
+                request, frame=frame, sha=sha, collector_id=self._collector_id
+            )
+            if recreated:
+                self._index_raw_blob(sha)
 
     def _index_raw_blob(self, sha: str) -> None:
         self._index_log.append(blob_row(sha, self._clock.now_ns()))
-
-    async def _veto_gc_if_marked(self, request: _Request, frame: bytes, sha: str) -> None:
-        """The blob already existed. Make sure it survives GC (PROTOCOL §3.5).
-
-        With a mark in ``marked`` state after our veto is written, the GC's last veto
-        check (which follows its If-Match to ``deleting``) sees the veto: the blob stays.
-        Otherwise the GC may have deleted the blob after our 412, so once no mark is left
-        the blob is created again (If-None-Match; 412 proves it is there). From then on
-        a deletion needs a new mark and a grace far longer than this request.
-        """
-        mark_key = keys.gc_mark_key(sha)
-        if await self._read_mark(request, mark_key) is not None:
-            veto = records.GcVeto(
-                frame_sha256=sha,
-                vetoed_at_unix_ns=self._clock.now_ns(),
-                collector_id=self._collector_id,
-            )
-            await self._create_idempotent(
-                request, "put_gc_veto", keys.gc_veto_key(sha), veto.to_json()
-            )
-            mark = await self._read_mark(request, mark_key)
-            if mark is not None and mark.state == "marked":
-                return  # the GC's last veto check comes after it sets "deleting"
-            log.warning("gc_deletion_in_progress", frame_sha256=sha)
-            delays = self._backoff.delays(self._rng)
-            while await self._read_mark(request, mark_key) is not None:
-                await self._pause(request, delays)
-        key = keys.raw_blob_key(sha)
-        if (
-            await self._create_idempotent(request, "put_raw_blob", key, frame)
-            is not _Created.EXISTED
-        ):
-            log.warning("raw_blob_recreated", frame_sha256=sha)
-            self._index_raw_blob(sha)
-
-    async def _read_mark(self, request: _Request, mark_key: str) -> records.GcMark | None:
-        delays = self._backoff.delays(self._rng)
-        while True:
-            try:
-                body, _etag = await self._call(
-                    request, "get_gc_mark", mark_key, lambda: self._store.get(mark_key)
-                )
-                return records.GcMark.from_json(body)
-            except NotFound:
-                return None
-            except (Unavailable, ConditionConflict):
-                pass  # safe to repeat: a read
-            except records.RecordError:
-                # An unreadable mark is treated as "deletion may be under way": the safe side.
-                return records.GcMark(
-                    frame_sha256="0" * 64,
-                    raw_blob_key="?",
-                    marked_at_unix_ns=0,
-                    gc_run_id="?",
-                    state="deleting",
-                )
-            await self._pause(request, delays)
-
-    async def _create_idempotent(
-        self, request: _Request, op: str, key: str, body: bytes
-    ) -> _Created:
-        """Create ``key`` if absent; 412 is success. Retried: If-None-Match makes it
-        idempotent (every writer of a key writes the same bytes, and a repeat of our own
-        create is answered 412)."""
-        delays = self._backoff.delays(self._rng)
-        maybe_ours = False
-        while True:
-            try:
-                await self._call(
-                    request, op, key, lambda: self._store.put(key, body, if_none_match=True)
-                )
-                return _Created.YES
-            except PreconditionFailed:
-                return _Created.MAYBE if maybe_ours else _Created.EXISTED
-            except OutcomeUnknown:
-                maybe_ours = True
-            except (ConditionConflict, Unavailable):
-                pass
-            await self._pause(request, delays)
 
     # --- step 2: the accepted manifest -----------------------------------------------------
 
     async def _create_manifest(
         self,
-        request: _Request,
+        request: BudgetedRequest,
         identity: keys.BatchIdentity,
         header: FrameIdentity,
         frame: bytes,
         sha: str,
     ) -> Accepted | IdentityConflictFound:
+        self._refuse_if_clock_skewed()
         manifest = records.AcceptedManifest(
             agent_id=identity.agent_id,
             boot_id=str(identity.boot_id),
@@ -318,15 +241,23 @@ class BatchAcceptor:
         )
         body = manifest.to_json()
         key = manifest.manifest_key
-        delays = self._backoff.delays(self._rng)
+        delays = request.delays()
+        legacy_key = keys.legacy_accepted_manifest_key(identity)
+        if legacy_key is not None:
+            # PROTOCOL §3: a store written before the segment rule may hold this batch
+            # under the long form; finding it there counts as a 412 on the h- key.
+            legacy = await self._read_manifest(request, legacy_key, delays, absent_ok=True)
+            if legacy is not None:
+                stored = legacy[1]
+                if stored.frame_sha256 == sha:
+                    self._index_manifest(stored, key=legacy_key)
+                    return Accepted(stored, duplicate=True, store_ops=request.ops)
+                return await self._quarantine(request, stored, sha, accepted_key=legacy_key)
         maybe_ours = False  # an earlier attempt's outcome is unknown: it may have landed
         while True:
             try:
-                await self._call(
-                    request,
-                    "put_manifest",
-                    key,
-                    lambda: self._store.put(key, body, if_none_match=True),
+                await request.call(
+                    "put_manifest", key, lambda: self._store.put(key, body, if_none_match=True)
                 )
             except PreconditionFailed:
                 existing = await self._read_manifest(request, key, delays)
@@ -344,44 +275,58 @@ class BatchAcceptor:
                 # Safe to repeat: If-None-Match means a repeat either creates the manifest or
                 # gets 412, and then only the manifest we read decides.
                 maybe_ours = maybe_ours or isinstance(exc, OutcomeUnknown)
-                await self._pause(request, delays)
+                await request.pause(delays)
                 continue
             self._index_manifest(manifest)
             return Accepted(manifest, duplicate=False, store_ops=request.ops)
 
     async def _read_manifest(
-        self, request: _Request, key: str, delays: Iterator[float]
+        self,
+        request: BudgetedRequest,
+        key: str,
+        delays: Iterator[float],
+        *,
+        absent_ok: bool = False,
     ) -> tuple[bytes, records.AcceptedManifest] | None:
+        """The manifest at ``key``; ``None`` when absent (after a pause unless
+        ``absent_ok``: a 412 then 404 is worth a moment before asking again)."""
         while True:
             try:
-                body, _etag = await self._call(
-                    request, "get_manifest", key, lambda: self._store.get(key)
-                )
+                body, _etag = await request.call("get_manifest", key, lambda: self._store.get(key))
             except NotFound:
-                await self._pause(request, delays)
+                if not absent_ok:
+                    await request.pause(delays)
                 return None
             except (Unavailable, ConditionConflict):
-                await self._pause(request, delays)  # safe to repeat: a read
+                await request.pause(delays)  # safe to repeat: a read
                 continue
             try:
                 return body, records.AcceptedManifest.from_json(body)
             except records.RecordError as exc:
                 # A corrupt acceptance record must not be answered as anything: alert and 503.
                 log.error("accepted_manifest_unreadable", key=key, error=str(exc))
-                raise _BudgetExhausted from None
+                raise BudgetExhausted from None
 
-    def _index_manifest(self, manifest: records.AcceptedManifest) -> None:
-        self._index_log.append(accepted_row(manifest))
+    def _index_manifest(
+        self, manifest: records.AcceptedManifest, *, key: str | None = None
+    ) -> None:
+        """An ``accepted`` row (``key``: where the manifest is stored, if not its own key)."""
+        self._index_log.append(accepted_row(manifest, key=key))
 
     async def _quarantine(
-        self, request: _Request, accepted: records.AcceptedManifest, submitted_sha: str
+        self,
+        request: BudgetedRequest,
+        accepted: records.AcceptedManifest,
+        submitted_sha: str,
+        *,
+        accepted_key: str | None = None,
     ) -> IdentityConflictFound:
         conflict = records.IdentityConflict(
             agent_id=accepted.agent_id,
             boot_id=accepted.boot_id,
             seq_start=accepted.seq_start,
             seq_end=accepted.seq_end,
-            accepted_manifest_key=accepted.manifest_key,
+            accepted_manifest_key=accepted_key or accepted.manifest_key,
             accepted_raw_blob_key=accepted.raw_blob_key,
             accepted_frame_sha256=accepted.frame_sha256,
             submitted_raw_blob_key=keys.raw_blob_key(submitted_sha),
@@ -390,12 +335,9 @@ class BatchAcceptor:
             collector_id=self._collector_id,
         )
         quarantine_key = conflict.quarantine_key
-        # Best effort (PROTOCOL §3.2): the 409 is the answer whether or not it lands.
-        try:
-            await self._create_idempotent(
-                request, "put_quarantine", quarantine_key, conflict.to_json()
-            )
-            self._index_log.append(quarantine_row(conflict))
-        except (_BudgetExhausted, StoreError) as exc:
-            log.warning("quarantine_write_failed", key=quarantine_key, error=repr(exc))
+        # The 409 is answered only once the record exists (PROTOCOL §3.2): a create that
+        # does not settle within the budget raises BudgetExhausted (503; the agent
+        # retries and the conflict is found again).
+        await request.create_idempotent("put_quarantine", quarantine_key, conflict.to_json())
+        self._index_log.append(quarantine_row(conflict))
         return IdentityConflictFound(accepted, submitted_sha, quarantine_key, store_ops=request.ops)

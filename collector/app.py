@@ -1,53 +1,60 @@
 """The collector's HTTP API (PROTOCOL §2) on aiohttp.
 
-``POST /v1/batches`` checks, in this order: authenticate (401) → media type (415) →
-overload caps (429) → body size, before reading past the limit, also for chunked bodies
-(413) → read within the read timeout (408) → decode and validate (400) → authorize the
-principal for the frame's agent_id (403) → hash → acceptance protocol (200 / 409 / 503).
-Bad input changes nothing: nothing is written before the frame is valid and authorized.
+``POST /v1/batches``: `collector.intake` admits the request up to a checked frame (the
+order of checks of §2: authenticate, size, read within the read timeout, header and CRC,
+authorize for the header's agent_id, payload, hash); then the acceptance protocol
+(`collector.accept`) answers 200 / 409 / 503. Bad input changes nothing: nothing is
+written before the frame is valid and authorized. A request carrying
+``X-Lightmetrics-Resend: 1`` is checked against the accepted manifest first (§3.2).
 
 In ``local_spool`` mode (`collector.spool`) the last step is "fsync into the local spool"
 instead, and 200 bodies carry ``"spooled": true``.
 
-Every response, errors included, carries ``X-Request-Id`` and a JSON body.
-Addition to PROTOCOL §2: a body that does not arrive within ``http.read_timeout_s`` is
-answered ``408 {"error": "request_timeout"}`` (agents retry it like a network error).
+The receivers (`collector.receivers`: ``POST /api/v1/write``, ``POST /v1/metrics``) are
+registered on the same application and share the in-flight caps (`CollectorApp.admit`).
+
+Every response, errors included, carries ``X-Request-Id`` and a JSON body. Connections
+are capped per worker and a request's head must arrive within the read timeout
+(`collector.connections`; the middleware tells the guard when a request starts).
 """
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from config.tokens import Principal
-from protocol import keys, records
-from protocol.frame import FrameError, FrameHeader, decode_frame, decode_header
+from config.settings import ReceiverSettings
+from protocol import keys
+from protocol.frame import FrameHeader
 from store.base import ObjectStore
-from store.errors import StoreConfigError, StoreError
+from store.errors import StoreConfigError
 
 from .accept import AcceptanceUnavailable, Accepted, BatchAcceptor
 from .auth import Authenticator
+from .conflicts_api import ConflictsEndpoint
+from .connections import ConnectionGuard
+from .frame_checks import FrameChecker
+from .in_flight import InFlight
+from .intake import BatchIntake, CheckedFrame, IntakeLimits, Refusal, error_response
 from .metrics import CollectorMetrics
 from .readiness import Readiness
+from .receivers import add_receiver_routes
 from .spool import LocalSpool, SpoolFull
 
 log = structlog.get_logger("collector.http")
 
-FRAME_MEDIA_TYPES = frozenset({"application/x-lmbatch", "application/octet-stream"})
-OFFLOAD_DECODE_BYTES = 256 * 1024  # larger frames are decoded off the event loop
 REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-MAX_CONFLICTS_LIMIT = 10_000
+RESEND_HEADER = "X-Lightmetrics-Resend"
+# Monotonic time of the request's first byte (its head may have trickled in).
+STARTED_AT = web.RequestKey("lm_started_at", float)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -59,16 +66,18 @@ class HttpLimits:
     max_in_flight_bytes: int = 64 * 1024 * 1024
     read_timeout_s: float = 30.0
     retry_after_s: int = 1
+    max_connections: int = 512
+    decode_threads: int = 4
 
-
-class _TooLarge(Exception):
-    pass
-
-
-def error_response(
-    status: int, error: str, headers: dict[str, str] | None = None, **fields: Any
-) -> web.Response:
-    return web.json_response({"error": error, **fields}, status=status, headers=headers)
+    def intake(self) -> IntakeLimits:
+        return IntakeLimits(
+            max_frame_bytes=self.max_frame_bytes,
+            max_raw_bytes=self.max_raw_bytes,
+            max_in_flight_requests=self.max_in_flight_requests,
+            max_in_flight_bytes=self.max_in_flight_bytes,
+            read_timeout_s=self.read_timeout_s,
+            retry_after_s=self.retry_after_s,
+        )
 
 
 class CollectorApp:
@@ -86,6 +95,7 @@ class CollectorApp:
         collector_id: str,
         worker_name: str = "0",
         spool: LocalSpool | None = None,
+        receivers: ReceiverSettings | None = None,
     ) -> None:
         self.acceptor = acceptor
         self.authenticator = authenticator
@@ -96,26 +106,48 @@ class CollectorApp:
         self.collector_id = collector_id
         self.worker_name = worker_name
         self.spool = spool
-        self._in_flight = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._in_flight_bytes = 0
+        self.receivers = receivers if receivers is not None else ReceiverSettings()
+        self.frame_checker = FrameChecker(threads=limits.decode_threads)
+        self.in_flight_account = InFlight(
+            requests_gauge=metrics.in_flight_requests, bytes_gauge=metrics.in_flight_bytes
+        )
+        self.intake = BatchIntake(
+            authenticator=authenticator,
+            checker=self.frame_checker,
+            in_flight=self.in_flight_account,
+            limits=limits.intake(),
+        )
+        self.connection_guard = ConnectionGuard(
+            max_connections=limits.max_connections,
+            read_timeout_s=limits.read_timeout_s,
+            retry_after_s=limits.retry_after_s,
+            on_event=lambda reason: metrics.connections_refused.labels(reason=reason).inc(),
+        )
+        self.conflicts = ConflictsEndpoint(
+            authenticator=authenticator, store=store, retry_after_s=limits.retry_after_s
+        )
 
     def build(self) -> web.Application:
         app = web.Application(
             middlewares=[self._request_context], client_max_size=self.limits.max_frame_bytes
         )
         app.router.add_post("/v1/batches", self.post_batch)
-        app.router.add_get("/v1/conflicts", self.get_conflicts)
+        app.router.add_get("/v1/conflicts", self.conflicts.get_conflicts)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.metrics_text)
+        add_receiver_routes(app, self, self.receivers)
+        app.on_cleanup.append(self._close)
         return app
+
+    async def _close(self, _app: web.Application) -> None:
+        self.frame_checker.close()
 
     # --- middleware -----------------------------------------------------------------------
 
     @web.middleware
     async def _request_context(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        request[STARTED_AT] = self.connection_guard.request_started(request.protocol)
         offered = request.headers.get("X-Request-Id", "")
         request_id = offered if REQUEST_ID_RE.fullmatch(offered) else uuid.uuid4().hex
         structlog.contextvars.clear_contextvars()
@@ -127,6 +159,8 @@ class CollectorApp:
         except Exception:
             log.exception("unhandled_error", path=request.path)
             response = error_response(500, "internal")
+        finally:
+            self.connection_guard.request_finished(request.protocol)
         response.headers["X-Request-Id"] = request_id
         response.headers["X-Lightmetrics-Worker"] = self.worker_name
         return response
@@ -152,120 +186,62 @@ class CollectorApp:
         return response
 
     async def _post_batch(self, request: web.Request) -> tuple[web.Response, str, dict[str, Any]]:
-        principal = self.authenticator.authenticate(request.headers.get("Authorization"))
-        if principal is None:
-            return (
-                error_response(401, "unauthenticated", {"WWW-Authenticate": "Bearer"}),
-                "unauthenticated",
-                {},
-            )
-        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
-        if encoding not in ("", "identity") or request.content_type not in FRAME_MEDIA_TYPES:
-            return error_response(415, "unsupported_media"), "unsupported_media", {}
-        declared = request.content_length
-        if declared is not None and declared > self.limits.max_frame_bytes:
-            return self._too_large(), "frame_too_large", {}
-        reserve = declared if declared is not None else self.limits.max_frame_bytes
-        if (
-            self._in_flight >= self.limits.max_in_flight_requests
-            or self._in_flight_bytes + reserve > self.limits.max_in_flight_bytes
-        ):
-            return self._overloaded(), "overloaded", {}
-        self._reserve(1, reserve)
+        slot = self.intake.request_slot(request)
+        if isinstance(slot, Refusal):
+            return slot.response, slot.outcome, slot.context
+        principal, reserved = slot
         try:
-            return await self._receive_and_accept(request, principal)
+            checked = await self.intake.check(request, principal, request[STARTED_AT])
+            if isinstance(checked, Refusal):
+                return checked.response, checked.outcome, checked.context
+            if self.spool is not None:
+                return await self._spool_batch(
+                    checked.header, checked.body, checked.sha256, checked.context
+                )
+            resend = request.headers.get(RESEND_HEADER, "").strip() == "1"
+            return await self._accept(checked, resend=resend)
         finally:
-            self._reserve(-1, -reserve)
+            self.in_flight_account.release(1, reserved)
 
     @property
     def in_flight(self) -> int:
         """Batch POSTs being handled now (the graceful stop waits for them)."""
-        return self._in_flight
+        return self.in_flight_account.requests
 
     async def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no batch POST is in flight; False if ``timeout_s`` passed first."""
-        try:
-            async with asyncio.timeout(timeout_s):
-                await self._idle.wait()
-        except TimeoutError:
-            return False
-        return True
+        return await self.in_flight_account.wait_idle(timeout_s)
 
-    def _reserve(self, requests: int, size: int) -> None:
-        self._in_flight += requests
-        self._in_flight_bytes += size
-        if self._in_flight:
-            self._idle.clear()
-        else:
-            self._idle.set()
-        self.metrics.in_flight_requests.set(self._in_flight)
-        self.metrics.in_flight_bytes.set(self._in_flight_bytes)
+    def admit(self, body_bytes: int) -> bool:
+        """Count one more request holding ``body_bytes`` under the in-flight caps, or refuse
+        it (False). The receivers (`collector.receivers`) share the caps with batches."""
+        return self.in_flight_account.try_reserve(
+            1, body_bytes, self.limits.intake(), always_if_alone=False
+        )
 
-    async def _receive_and_accept(
-        self, request: web.Request, principal: Principal
+    def admit_bytes(self, size: int) -> bool:
+        """Reserve ``size`` more bytes (a payload being decompressed) for an admitted
+        request, or refuse (False). A request alone in flight is always admitted."""
+        return self.in_flight_account.try_reserve(
+            0, size, self.limits.intake(), always_if_alone=True
+        )
+
+    def release(self, requests: int, size: int) -> None:
+        """Give back what `admit` / `admit_bytes` reserved."""
+        self.in_flight_account.release(requests, size)
+
+    async def _accept(
+        self, checked: CheckedFrame, *, resend: bool
     ) -> tuple[web.Response, str, dict[str, Any]]:
+        frame, body, sha, context = checked.header, checked.body, checked.sha256, checked.context
         try:
-            async with asyncio.timeout(self.limits.read_timeout_s):
-                body = await self._read_body(request)
-        except _TooLarge:
-            return self._too_large(), "frame_too_large", {}
-        except TimeoutError:
-            return error_response(408, "request_timeout"), "request_timeout", {}
-        try:
-            header = decode_header(body)
-        except FrameError as exc:
-            return error_response(400, "invalid_frame", detail=str(exc)), "invalid_frame", {}
-        # Decompressed payloads count against the in-flight cap too: memory stays bounded.
-        if header.payload_raw_len > self.limits.max_raw_bytes:  # poison, not load: 400, never 429
-            detail = f"payload_raw_len {header.payload_raw_len} > max_raw_bytes {self.limits.max_raw_bytes}"
-            return error_response(400, "invalid_frame", detail=detail), "invalid_frame", {}
-        inflated = header.payload_raw_len if header.compressed else 0
-        # A request alone in flight is always admitted: the cap bounds concurrency, and a
-        # frame within every per-frame limit must never be refused forever.
-        if (
-            self._in_flight > 1
-            and self._in_flight_bytes + inflated > self.limits.max_in_flight_bytes
-        ):
-            return self._overloaded(), "overloaded", {}
-        self._reserve(0, inflated)
-        try:
-            return await self._decode_and_accept(body, header, principal)
-        finally:
-            self._reserve(0, -inflated)
-
-    async def _decode_and_accept(
-        self, body: bytes, frame: FrameHeader, principal: Principal
-    ) -> tuple[web.Response, str, dict[str, Any]]:
-        # The whole frame is decoded to validate it; the points are not kept, so they do
-        # not stay in memory across the store calls (only the header is needed there).
-        try:
-            if len(body) > OFFLOAD_DECODE_BYTES:
-                await asyncio.to_thread(decode_frame, body, max_raw_bytes=self.limits.max_raw_bytes)
-            else:
-                decode_frame(body, max_raw_bytes=self.limits.max_raw_bytes)
-        except FrameError as exc:
-            return error_response(400, "invalid_frame", detail=str(exc)), "invalid_frame", {}
-        context = {
-            "agent_id": frame.agent_id,
-            "boot_id": str(frame.boot_id),
-            "seq": f"{frame.seq_start}-{frame.seq_end}",
-        }
-        if not principal.may_write(frame.agent_id):
-            detail = f"principal {principal.name!r} may not write agent_id {frame.agent_id!r}"
-            return error_response(403, "forbidden", detail=detail), "forbidden", context
-        sha = hashlib.sha256(body).hexdigest()
-        context["frame_sha256"] = sha
-        if self.spool is not None:
-            return await self._spool_batch(frame, body, sha, context)
-        try:
-            result = await self.acceptor.accept(frame, body, sha)
+            result = await self.acceptor.accept(frame, body, sha, resend=resend)
         except (AcceptanceUnavailable, StoreConfigError) as exc:
             if isinstance(exc, StoreConfigError):  # e.g. 403: credentials or bucket policy
                 log.error("store_refuses_access", error=str(exc), **context)
             else:
                 log.warning("store_unavailable", error=str(exc), **context)
-            headers = {"Retry-After": str(self.limits.retry_after_s)}
-            return error_response(503, "store_unavailable", headers), "store_unavailable", context
+            return self._store_unavailable(), "store_unavailable", context
         self.readiness.store_answered()
         if isinstance(result, Accepted):
             outcome = "duplicate" if result.duplicate else "accepted"
@@ -284,6 +260,10 @@ class CollectorApp:
         }
         return error_response(409, "identity_conflict", None, **body_409), "conflict", context
 
+    def _store_unavailable(self) -> web.Response:
+        headers = {"Retry-After": str(self.limits.retry_after_s)}
+        return error_response(503, "store_unavailable", headers)
+
     async def _spool_batch(
         self, frame: FrameHeader, body: bytes, sha: str, context: dict[str, Any]
     ) -> tuple[web.Response, str, dict[str, Any]]:
@@ -294,8 +274,7 @@ class CollectorApp:
             answer = await self.spool.add(identity, sha, body)
         except SpoolFull as exc:
             log.warning("spool_full", error=str(exc), **context)
-            headers = {"Retry-After": str(self.limits.retry_after_s)}
-            return error_response(503, "store_unavailable", headers), "store_unavailable", context
+            return self._store_unavailable(), "store_unavailable", context
         manifest_key = keys.accepted_manifest_key(identity)
         if answer.conflict_sha256 is not None:
             self.metrics.conflicts.inc()
@@ -329,18 +308,6 @@ class CollectorApp:
             context,
         )
 
-    async def _read_body(self, request: web.Request) -> bytes:
-        """Read at most ``max_frame_bytes``; raise `_TooLarge` as soon as the body exceeds it."""
-        limit = self.limits.max_frame_bytes
-        chunks: list[bytes] = []
-        size = 0
-        while chunk := await request.content.readany():
-            size += len(chunk)
-            if size > limit:
-                raise _TooLarge
-            chunks.append(chunk)
-        return b"".join(chunks)
-
     def _accepted_body(self, result: Accepted, sha: str) -> dict[str, Any]:
         manifest = result.manifest
         return {
@@ -355,54 +322,6 @@ class CollectorApp:
             "collector_id": self.collector_id,
         }
 
-    def _too_large(self) -> web.Response:
-        return error_response(413, "frame_too_large", limit_bytes=self.limits.max_frame_bytes)
-
-    def _overloaded(self) -> web.Response:
-        return error_response(429, "overloaded", {"Retry-After": str(self.limits.retry_after_s)})
-
-    # --- GET /v1/conflicts ---------------------------------------------------------------
-
-    async def get_conflicts(self, request: web.Request) -> web.Response:
-        principal = self.authenticator.authenticate(request.headers.get("Authorization"))
-        if principal is None:
-            return error_response(401, "unauthenticated", {"WWW-Authenticate": "Bearer"})
-        if not principal.admin:
-            return error_response(
-                403, "forbidden", detail=f"principal {principal.name!r} is not an admin"
-            )
-        try:
-            agent_id, since_ns, limit = _conflict_filters(request.query)
-        except ValueError as exc:
-            return error_response(400, "invalid_query", detail=str(exc))
-        prefix = keys.QUARANTINE_PREFIX
-        if agent_id is not None:
-            prefix += f"agent={agent_id.encode('utf-8').hex()}/"
-        conflicts: list[dict[str, Any]] = []
-        truncated = False
-        try:
-            async for info in self.store.list(prefix):
-                body, _ = await self.store.get(info.key)
-                try:
-                    conflict = records.IdentityConflict.from_json(body)
-                except records.RecordError as exc:
-                    log.warning("quarantine_record_unreadable", key=info.key, error=str(exc))
-                    continue
-                if since_ns is not None and conflict.observed_at_unix_ns < since_ns:
-                    continue
-                if len(conflicts) == limit:
-                    truncated = True
-                    break
-                conflicts.append(
-                    {**conflict.model_dump(mode="json", by_alias=True), "quarantine_key": info.key}
-                )
-        except (StoreError, StoreConfigError) as exc:
-            log.warning("conflicts_listing_failed", error=str(exc))
-            return error_response(
-                503, "store_unavailable", {"Retry-After": str(self.limits.retry_after_s)}
-            )
-        return web.json_response({"conflicts": conflicts, "truncated": truncated})
-
     # --- health, readiness, metrics --------------------------------------------------------
 
     async def healthz(self, _request: web.Request) -> web.Response:
@@ -414,30 +333,6 @@ class CollectorApp:
 
     async def metrics_text(self, _request: web.Request) -> web.Response:
         self.metrics.index_buffered.set(self.acceptor.index_buffered)
+        self.metrics.open_connections.set(self.connection_guard.open_connections)
         body = generate_latest(self.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-
-def _conflict_filters(query: Any) -> tuple[str | None, int | None, int]:
-    agent_id = query.get("agent_id")
-    if agent_id is not None and not 1 <= len(agent_id.encode("utf-8")) <= 128:
-        raise ValueError("agent_id must be 1..128 UTF-8 bytes")
-    since_ns: int | None = None
-    since = query.get("since")
-    if since is not None:
-        if since.isdigit():
-            since_ns = int(since)
-        else:
-            try:
-                moment = datetime.fromisoformat(since.replace("Z", "+00:00"))
-            except ValueError:
-                raise ValueError(
-                    f"since must be unix nanoseconds or RFC 3339, got {since!r}"
-                ) from None
-            if moment.tzinfo is None:
-                raise ValueError(f"since needs a timezone (e.g. Z), got {since!r}")
-            since_ns = int(moment.timestamp() * 1_000_000_000)
-    limit_text = query.get("limit", "1000")
-    if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_CONFLICTS_LIMIT:
-        raise ValueError(f"limit must be 1..{MAX_CONFLICTS_LIMIT}, got {limit_text!r}")
-    return agent_id, since_ns, int(limit_text)

@@ -3,6 +3,9 @@
 With no tokens file the collector runs *open*: every request acts as the ``anonymous``
 principal that may write every agent_id and read conflicts. The server only allows that
 on a loopback address (see `collector.server`).
+
+An ``Authorization`` header that is not valid UTF-8 (aiohttp hands its bytes over as
+lone surrogates) names no token: 401, like any unknown token.
 """
 
 from __future__ import annotations
@@ -30,5 +33,9 @@ class Authenticator:
             return None
         scheme, _, token = authorization.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
+            return None
+        try:
+            token.encode("utf-8")
+        except UnicodeEncodeError:  # undecodable bytes, kept by aiohttp as surrogates
             return None
         return self.tokens.principal_for_token(token.strip())

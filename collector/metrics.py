@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from store.time import StoreClock
+
 LATENCY_BUCKETS = (
     0.001,
     0.0025,
@@ -61,7 +63,19 @@ class CollectorMetrics:
         )
         self.in_flight_bytes = Gauge(
             "lm_collector_in_flight_bytes",
-            "Body bytes reserved by requests in progress",
+            "Bytes charged to requests in progress: bodies, and payload checks while they run",
+            registry=r,
+        )
+        self.open_connections = Gauge(
+            "lm_collector_open_connections",
+            "Client connections open on this worker (updated when /metrics is read)",
+            registry=r,
+        )
+        self.connections_refused = Counter(
+            "lm_collector_connections_refused",
+            "Connections closed by the worker: over_connection_cap (429) or "
+            "request_head_timeout (408, headers slower than http.read_timeout_s)",
+            ["reason"],
             registry=r,
         )
         self.bytes_accepted = Counter(
@@ -89,6 +103,18 @@ class CollectorMetrics:
             "When the object store last answered",
             registry=r,
         )
+
+        self.store_clock_skew = Gauge(
+            "lm_collector_store_clock_skew_seconds",
+            "This host's clock minus the object store's, from the Date header of its answers "
+            "(positive: ahead; 0 until measured, and always for file:// stores). Beyond "
+            "[store] max_clock_skew_s batches are answered 503 and /readyz fails",
+            registry=r,
+        )
+
+    def watch_store_clock(self, clock: StoreClock) -> None:
+        """Export ``clock``'s measured skew (read at each scrape)."""
+        self.store_clock_skew.set_function(lambda: clock.skew_s or 0.0)
 
     def observe_store_op(self, op: str, result: str) -> None:
         self.store_ops.labels(op=op, result=result).inc()

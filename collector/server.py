@@ -31,10 +31,12 @@ from index.log_writer import IndexLogWriter
 from protocol.clock import SystemClock
 from store.base import ObjectStore
 from store.open import open_store_from_settings
+from store.time import store_clock
 
 from .accept import BatchAcceptor
 from .app import CollectorApp, HttpLimits
 from .auth import Authenticator
+from .connections import GuardedTCPSite
 from .metrics import CollectorMetrics
 from .probe import probe_conditional_writes
 from .readiness import Readiness
@@ -90,7 +92,9 @@ class Worker:
         clock = SystemClock()
         rng = random.Random()
         self.store: ObjectStore = open_store_from_settings(s.store, clock=clock)
+        store_time = store_clock(self.store, clock)  # skew against the store (§3.8)
         self.metrics = CollectorMetrics()
+        self.metrics.watch_store_clock(store_time)
         self.index_log = IndexLogWriter(
             store=self.store,
             clock=clock,
@@ -109,11 +113,13 @@ class Worker:
             index_log=self.index_log,
             budget_s=s.ingest.request_budget_s,
             observe_store_op=self.metrics.observe_store_op,
+            store_clock=store_time,
         )
         self.readiness = Readiness(
             store=self.store,
             clock=clock,
             on_answer=lambda: self.metrics.store_last_ok.set(time.time()),
+            store_clock=store_time,
         )
         self.readiness.probe_passed = self.probe_passed
         self.spool: LocalSpool | None = None
@@ -123,6 +129,7 @@ class Worker:
             self.lander = SpoolLander(
                 spool=self.spool,
                 acceptor=self.acceptor,
+                store=self.store,
                 clock=clock,
                 interval_s=s.ingest.object_landing_interval_ms / 1000,
             )
@@ -139,10 +146,13 @@ class Worker:
                 max_in_flight_requests=s.http.max_in_flight_requests,
                 max_in_flight_bytes=s.http.max_in_flight_bytes,
                 read_timeout_s=s.http.read_timeout_s,
+                max_connections=s.http.max_connections,
+                decode_threads=s.http.decode_threads,
             ),
             collector_id=s.ingest.collector_id,
             worker_name=str(self.index),
             spool=self.spool,
+            receivers=s.receivers,
         )
 
     async def run(
@@ -169,7 +179,14 @@ class Worker:
         await runner.setup()
         # The accept backlog must hold a burst of new connections up to the in-flight cap.
         backlog = max(128, s.http.max_in_flight_requests)
-        site = web.TCPSite(runner, s.http.host, s.http.port, reuse_port=reuse_port, backlog=backlog)
+        site = GuardedTCPSite(
+            runner,
+            s.http.host,
+            s.http.port,
+            guard=self.app.connection_guard,
+            reuse_port=reuse_port,
+            backlog=backlog,
+        )
         await site.start()
         port = _bound_port(runner)
         metrics_runner = (

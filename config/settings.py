@@ -75,6 +75,11 @@ class StoreSettings(_Section):
     gc_credentials_profile: str | None = Field(default=None, min_length=1)
     """AWS profile for the GC's deletes, so only the GC holds delete permission;
     ``None`` = the same credentials as everything else."""
+    max_clock_skew_s: Seconds = 10.0
+    """Largest tolerated difference between this host's clock and the store's (measured
+    from the ``Date`` header of its answers; PROTOCOL.md §3.8). Beyond it the process logs
+    it, and a collector answers 503 rather than stamp ``accepted_at`` with a wrong time.
+    Object ages and lease expiries are judged in store time whatever this is."""
 
     @field_validator("url")
     @classmethod
@@ -104,11 +109,31 @@ class HttpSettings(_Section):
     max_in_flight_bytes: int = Field(default=64 * MiB, ge=1)
     """Bound on request bodies held in memory at once; beyond it, 429."""
     read_timeout_s: Seconds = 30.0
-    """Longest a client may take to send one request (headers and body)."""
+    """Longest a client may take to send one request, headers and body, from its first
+    byte: slower request headers are answered 408 and the connection is closed; a
+    slower body is answered 408."""
     keepalive_timeout_s: Seconds = 75.0
-    """Idle keep-alive connections are closed after this."""
+    """Idle keep-alive connections (no request started) are closed after this."""
+    max_connections: int = Field(default=512, ge=1)
+    """Open client connections per worker process; a connection beyond it is answered
+    429 and closed at once. At least ``max_in_flight_requests`` (each request needs
+    one), and below the process's open-file limit."""
+    decode_threads: int = Field(default=4, ge=1, le=64)
+    """Threads per worker that check frames (CRC, decompression, Arrow payload) off the
+    event loop; more requests than this wait for one, within the in-flight caps."""
     shutdown_grace_s: Seconds = 10.0
     """On SIGTERM: stop accepting, wait this long for in-flight requests, then cancel."""
+
+    @model_validator(mode="after")
+    def _connections_hold_the_requests(self) -> HttpSettings:
+        if self.max_connections < self.max_in_flight_requests:
+            raise CrossFieldError(
+                "http.max_connections",
+                f"must be >= http.max_in_flight_requests = {self.max_in_flight_requests} "
+                f"(every request in flight holds a connection), got {self.max_connections}",
+                related=("http.max_in_flight_requests",),
+            )
+        return self
 
     @property
     def binds_loopback_only(self) -> bool:
@@ -168,6 +193,21 @@ class IngestSettings(_Section):
     """Run the conditional-write probe (PROTOCOL.md §3.6) before serving."""
 
 
+HeaderName = Annotated[str, Field(pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$")]
+
+
+class ReceiverSettings(_Section):
+    """``[receivers]``: Prometheus remote_write (``POST /api/v1/write``) and OTLP/HTTP
+    metrics (``POST /v1/metrics``) on the collector's port (`collector.receivers`)."""
+
+    enabled: bool = True
+    agent_id_header: HeaderName = "X-Lightmetrics-Agent-Id"
+    """Request header naming the agent_id a request is stored under (authorized like any
+    agent_id); without it, the agent_id is the principal's name."""
+    max_points_per_request: int = Field(default=200_000, ge=1, le=2**32 - 1)
+    """A request carrying more points (after mapping) is refused with 413."""
+
+
 class ReconcilerSettings(_Section):
     """``[reconciler]``: repair loop, audits and the active/standby lease."""
 
@@ -209,6 +249,11 @@ class GcSettings(_Section):
     max_delete_fraction: float = Field(default=0.1, gt=0, le=1)
     """A GC run that would delete more than this fraction of the blobs it saw stops and
     reports instead (a safety valve against a broken index or audit)."""
+    delete_expiry_s: int = Field(default=5, ge=1, le=7 * 24 * 3600)
+    """Lifetime of each pre-signed blob DELETE (``X-Amz-Expires``, PROTOCOL §3.5 rule 6).
+    It is sent only while the reconciler lease outlives it (plus the clock skew), and the
+    store refuses it once expired, so a stalled former leader cannot delete late. Long
+    enough for the request to reach the store; at most ``reconciler.lease_ttl_s / 3``."""
 
 
 class RollupSettings(_Section):
@@ -256,6 +301,69 @@ class MetricsSettings(_Section):
     port: Port = 9108
 
 
+def _default_agent_id() -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", socket.gethostname()).strip("-.")[:128] or "lm-agent"
+
+
+AgentId = Annotated[str, Field(pattern=r"^[^\x00-\x1f\x7f]+$")]
+
+
+class ScrapeTarget(_Section):
+    """One ``[[scrape.targets]]`` entry: a Prometheus text endpoint and the labels added
+    to every sample scraped from it (as Prometheus target labels: they win over scraped
+    labels of the same name, which are kept as ``exported_<name>``)."""
+
+    url: str = Field(pattern=r"^https?://[^/?#\s]+")
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class ScrapeSettings(_Section):
+    """``[scrape]``: ``lm-agent scrape`` (`agent.scrape`), a long-running agent that scrapes
+    Prometheus text endpoints and delivers the samples as frames through its spool."""
+
+    agent_id: AgentId = Field(default_factory=_default_agent_id, max_length=128)
+    """The agent_id of every frame (default: the host name)."""
+    collector_urls: list[Annotated[str, Field(pattern=r"^https?://[^/?#\s]+")]] = Field(
+        default_factory=lambda: ["http://127.0.0.1:8080"], min_length=1
+    )
+    """Collectors to deliver to, round-robin (a retry goes to the next one)."""
+    token_file: AbsolutePath | None = None
+    """File holding the bearer token; ``None`` = no Authorization header."""
+    spool_dir: AbsolutePath = Path("./lm-agent-spool")
+    """Durable spool; frames wait here until a collector answers 200 (survives restarts)."""
+    targets: list[ScrapeTarget] = Field(default_factory=list)
+    interval_s: Seconds = 15.0
+    """Time between scrape starts (a slow scrape delays the next one, never overlaps it)."""
+    timeout_s: Seconds = 10.0
+    """Longest one scrape of one target may take; must be <= interval_s."""
+    max_target_bytes: int = Field(default=16 * MiB, ge=1)
+    """A target answering more than this is a failed scrape (up = 0)."""
+    flush_interval_s: Seconds = 60.0
+    """Scraped points are framed and spooled at least this often (and on stop): fewer,
+    larger frames cost fewer store requests; what is not yet spooled is lost on kill -9."""
+    max_batch_points: int = Field(default=50_000, ge=1)
+    """A frame is spooled as soon as this many points are waiting."""
+    max_buffered_points: int = Field(default=500_000, ge=1)
+    """Points held in memory while the spool is full; scrapes beyond it are dropped (logged)."""
+    max_pending_frames: int = Field(default=10_000, ge=1)
+    max_pending_bytes: int = Field(default=1024 * MiB, ge=1)
+    upload_concurrency: int = Field(default=4, ge=1)
+    request_timeout_s: Seconds = 30.0
+    shutdown_grace_s: Seconds = 10.0
+    """On SIGTERM: finish the scrape under way, spool what was scraped, then try this long
+    to deliver what is pending (the rest stays in the spool for the next start)."""
+
+    @model_validator(mode="after")
+    def _timeout_fits_interval(self) -> ScrapeSettings:
+        if self.timeout_s > self.interval_s:
+            raise CrossFieldError(
+                "scrape.timeout_s",
+                f"must be <= scrape.interval_s = {self.interval_s:g}, got {self.timeout_s:g}",
+                related=("scrape.interval_s",),
+            )
+        return self
+
+
 class Settings(BaseModel):
     """Every section; each process reads the ones it uses."""
 
@@ -265,11 +373,13 @@ class Settings(BaseModel):
     http: HttpSettings = Field(default_factory=HttpSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     ingest: IngestSettings = Field(default_factory=IngestSettings)
+    receivers: ReceiverSettings = Field(default_factory=ReceiverSettings)
     reconciler: ReconcilerSettings = Field(default_factory=ReconcilerSettings)
     gc: GcSettings = Field(default_factory=GcSettings)
     rollup: RollupSettings = Field(default_factory=RollupSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    scrape: ScrapeSettings = Field(default_factory=ScrapeSettings)
 
     @model_validator(mode="after")
     def _grace_outlasts_requests(self) -> Settings:
@@ -277,6 +387,8 @@ class Settings(BaseModel):
         # manifest a collector was about to create when the mark appeared. A request's
         # last store call can start just before its budget ends and then take a connect
         # plus a read timeout, so the grace has to outlast all three.
+        # These are the *collectors'* settings: a reconciler configured by its own file
+        # must carry the collectors' [ingest] request_budget_s and [store] timeouts.
         longest = (
             self.ingest.request_budget_s + self.store.connect_timeout_s + self.store.read_timeout_s
         )
@@ -284,7 +396,9 @@ class Settings(BaseModel):
             raise CrossFieldError(
                 "gc.mark_grace_s",
                 f"must be > ingest.request_budget_s + store.connect_timeout_s + "
-                f"store.read_timeout_s = {longest:g}, got {self.gc.mark_grace_s:g}",
+                f"store.read_timeout_s = {longest:g} (the longest a collector request can "
+                f"take to land; when collectors have their own settings file, copy those "
+                f"three values from it), got {self.gc.mark_grace_s:g}",
                 related=(
                     "ingest.request_budget_s",
                     "store.connect_timeout_s",
@@ -292,3 +406,19 @@ class Settings(BaseModel):
                 ),
             )
         return self
+
+    def gc_lease_problem(self) -> str | None:
+        """Why the GC could never delete under these settings, or None (PROTOCOL §3.5 rule
+        6: a signed DELETE is sent only while the lease has at least its expiry plus the
+        clock skew left; renewed every third of its TTL, at least two thirds are left when
+        the check runs). Checked by the reconciler, not at load: a collector's file need
+        not fit the reconciler's lease."""
+        needed = self.gc.delete_expiry_s + self.store.max_clock_skew_s
+        if not self.gc.enabled or needed <= self.reconciler.lease_ttl_s * 2 / 3:
+            return None
+        return (
+            f"gc.delete_expiry_s + store.max_clock_skew_s = {needed:g} must be <= 2/3 of "
+            f"reconciler.lease_ttl_s = {self.reconciler.lease_ttl_s * 2 / 3:g}: the lease "
+            "must outlive a signed delete plus the skew whenever it is sent (raise the lease "
+            "TTL or lower the expiry or the skew limit)"
+        )

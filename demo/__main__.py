@@ -3,10 +3,15 @@
 1. starts two collector processes over one ``file://`` store (active-active);
 2. runs a synthetic fleet through both (round-robin), with injected duplicates;
 3. sends one deliberate identity conflict (same identity, different points) → 409;
-4. stops the collectors (SIGTERM: derived entries are flushed) and checks the store:
-   exactly one accepted manifest per identity acknowledged, each with its raw blob;
-5. breaks what a crash would break and runs the reconciler (`demo.reconcile_step`):
-   index entries restored, the orphan blob collected, zero lag and zero problems;
+   with ``--receivers``, also Prometheus remote_write requests to one collector and
+   their re-sends to the other (`demo.receivers_step`): accepted once, then duplicates;
+4. stops the collectors (SIGTERM: their index log buffers are flushed) and checks the
+   store: exactly one accepted manifest per identity acknowledged, each with its raw
+   blob; prints the layout (acceptance records, blobs, index log segments);
+5. loses what a crash would lose and runs the reconciler (`demo.reconcile_step`): the
+   audit catalogs exactly the records a deleted log segment named, the orphan blob is
+   collected, no log segment waits, zero problems; prints the layout again (now with
+   the catalog files and the rollup's work markers);
 6. runs the rollup (`demo.rollup_step`, a local Spark session): the ``rollup_1m`` totals
    must equal what the agents were acknowledged for, ``lm-rollup verify`` must pass, and
    a query prints some rows (``--no-rollup`` skips this step; it needs the ``rollup``
@@ -32,12 +37,24 @@ import aiohttp
 from agent.fleet import FleetResult, RunOptions, SpoolSettings, run_fleet
 from agent.load import LoadSpec
 from collector.launch import start_collector
-from demo import reconcile_step, rollup_step
+from config import SettingsError, configure_logging
+from config.cli import add_settings_flags, settings_flags_given, settings_from_flags
+from demo import receivers_step, reconcile_step, rollup_step
 from protocol import keys, records
 from protocol.frame import encode_frame, points_table
 from store.fs import FileSystemStore
 
-PREFIX_DEPTH = 2  # "accepted/v1", "raw-blobs/v1", ...
+LAYOUT = (
+    (keys.ACCEPTED_PREFIX, "accepted manifests (acceptance records)"),
+    (keys.QUARANTINE_PREFIX, "quarantine records (identity conflicts)"),
+    (keys.RAW_BLOBS_PREFIX, "raw blobs (the frames)"),
+    (keys.INDEX_LOG_PREFIX, "index log segments (written by the collectors)"),
+    (keys.INDEX_CATALOG_PREFIX, "catalog files (written by the reconciler)"),
+    (keys.ROLLUP_WORK_PREFIX, "rollup work markers (one per catalog file)"),
+    (keys.RECONCILER_PREFIX, "reconciler state (lease, checkpoint, audits, orphan lists)"),
+    ("gc/v1/", "GC marks, vetoes and deletion log"),
+    (keys.ROLLUP_PREFIX, "rollup dataset (tables, ledger, snapshots)"),
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,11 +70,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-rollup", action="store_true", help="skip the rollup step (no Spark, no Java)"
     )
+    parser.add_argument(
+        "--receivers",
+        action="store_true",
+        help="also ingest Prometheus remote_write requests (POST /api/v1/write)",
+    )
+    add_settings_flags(
+        parser, config_help="settings file (the demo and its processes use [logging])"
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        if settings_flags_given(args):  # else as before: structlog's defaults
+            configure_logging(settings_from_flags(args).logging)
+    except SettingsError as exc:
+        print(f"lm-demo: configuration error:\n{exc}", file=sys.stderr)
+        return 2
     work_dir = args.dir or Path.cwd() / time.strftime("lm-demo-%Y%m%d-%H%M%S")
     if work_dir.exists() and any(work_dir.iterdir()):
         print(f"lm-demo: {work_dir} is not empty; pass a new --dir", file=sys.stderr)
@@ -89,11 +120,21 @@ def main(argv: list[str] | None = None) -> int:
         for collector in collectors:
             step(f"collector pid {collector.pid} listening on {collector.url}")
         result, conflict = asyncio.run(_drive(work_dir, [c.url for c in collectors], spec))
+        receiver_problems = (
+            asyncio.run(
+                receivers_step.send(
+                    [c.url for c in collectors], result.truth, step, start_ns=spec.start_ns
+                )
+            )
+            if args.receivers
+            else []
+        )
     finally:
         codes = [c.stop() for c in collectors]
     step(f"collectors stopped with exit codes {codes}")
-    problems = asyncio.run(_report(store_dir, result, conflict))
+    problems = receiver_problems + asyncio.run(_report(store_dir, result, conflict))
     problems += reconcile_step.run(store_dir, step)
+    asyncio.run(_print_layout(store_dir))
     if not args.no_rollup:
         problems += rollup_step.run(store_dir, work_dir / "logs", result.truth.totals(), step)
     if any(codes):
@@ -105,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(
         "All checks passed: every acknowledged batch has exactly one accepted manifest and its "
-        "raw blob; the reconciler restored the indexes and collected only the orphan"
+        "raw blob; the reconciler cataloged every record and collected only the orphan"
         + (
             "."
             if args.no_rollup
@@ -164,16 +205,11 @@ async def _send_conflict(url: str, result: FleetResult) -> dict[str, Any]:
 async def _report(store_dir: Path, result: FleetResult, conflict: dict[str, Any]) -> list[str]:
     store = FileSystemStore(store_dir)
     problems: list[str] = []
-    per_prefix: Counter[str] = Counter()
     manifests: dict[keys.BatchIdentity, records.AcceptedManifest] = {}
-    async for info in store.list(""):
-        per_prefix["/".join(info.key.split("/")[:PREFIX_DEPTH])] += 1
-        if info.key.startswith(keys.ACCEPTED_PREFIX):
-            manifest = records.AcceptedManifest.from_json((await store.get(info.key))[0])
-            manifests[manifest.identity] = manifest
-    step("objects in the store, by prefix")
-    for prefix, count in sorted(per_prefix.items()):
-        print(f"    {count:6d}  {store_dir}/{prefix}/")
+    async for info in store.list(keys.ACCEPTED_PREFIX):
+        manifest = records.AcceptedManifest.from_json((await store.get(info.key))[0])
+        manifests[manifest.identity] = manifest
+    per_prefix = await _print_layout(store_dir)
     by_collector = Counter(m.collector_id for m in manifests.values())
     step(f"accepted manifests by collector: {dict(sorted(by_collector.items()))}")
     acknowledged = result.truth.accepted
@@ -196,7 +232,7 @@ async def _report(store_dir: Path, result: FleetResult, conflict: dict[str, Any]
         )
     if conflict["status"] != 409:
         problems.append(f"the deliberate conflict was answered {conflict['status']}, not 409")
-    quarantined = per_prefix.get("quarantine/v1", 0)
+    quarantined = per_prefix.get(keys.QUARANTINE_PREFIX, 0)
     if quarantined < 1:
         problems.append("no quarantine record for the deliberate conflict")
     totals = result.truth.totals()
@@ -204,11 +240,26 @@ async def _report(store_dir: Path, result: FleetResult, conflict: dict[str, Any]
         f"acknowledged: {totals.batches} batches, {totals.points} points (value sum {totals.value_sum:.3f}); "
         f"{result.summary.duplicates} duplicates answered; {quarantined} identity conflict(s) quarantined"
     )
-    step(
-        f"data lies in {store_dir}: accepted/v1/ (acceptance records), raw-blobs/v1/ (frames), *-by-*/ (indexes)"
-    )
     await store.close()
     return problems
+
+
+async def _print_layout(store_dir: Path) -> Counter[str]:
+    """Print how many objects lie under each part of the layout (PROTOCOL §3); return the
+    counts by prefix."""
+    store = FileSystemStore(store_dir)
+    per_prefix: Counter[str] = Counter()
+    try:
+        async for info in store.list(""):
+            prefix = next((p for p, _label in LAYOUT if info.key.startswith(p)), None)
+            per_prefix[prefix or "/".join(info.key.split("/")[:2]) + "/"] += 1
+    finally:
+        await store.close()
+    step(f"objects in {store_dir}, by part of the layout")
+    labels = dict(LAYOUT)
+    for prefix, count in sorted(per_prefix.items()):
+        print(f"    {count:6d}  {prefix:34s} {labels.get(prefix, '')}".rstrip())
+    return per_prefix
 
 
 if __name__ == "__main__":

@@ -5,8 +5,8 @@
 2. The ``rollup_1m`` totals (read back with `rollup.reader`, no Spark) must equal what
    the agents were acknowledged for: the number of points and the sum of their finite
    values. The deliberate conflict was quarantined, so it counts nowhere.
-3. ``lm-rollup verify`` recomputes every hour's setsum from ``accepted-by-time/v1/`` and
-   must find every hour complete.
+3. ``lm-rollup verify`` recomputes every hour's setsum from the reconciler's catalog
+   (``index/v1/catalog/``) and must find every hour complete.
 4. ``lm-rollup query rollup_1m`` prints a few rows: what a user of the data sees.
 """
 
@@ -56,7 +56,7 @@ def run(
     print(f"    {_describe_run(done.stdout)}")
 
     problems = asyncio.run(_check_totals(store_dir, acknowledged, step))
-    step("lm-rollup verify (every hour's ledger setsum against accepted-by-time/v1/)")
+    step("lm-rollup verify (every hour's ledger setsum against the catalog)")
     verified = _cli(env, "verify")
     print("\n".join(f"    {line}" for line in verified.stdout.strip().splitlines()[-6:]))
     if verified.returncode != 0:

@@ -107,10 +107,12 @@ class IndexRow:
         )
 
 
-def accepted_row(manifest: AcceptedManifest) -> IndexRow:
+def accepted_row(manifest: AcceptedManifest, *, key: str | None = None) -> IndexRow:
+    """``key``: where the manifest is stored, when not at `manifest_key` (the long form of a
+    store written before PROTOCOL §3's segment rule)."""
     return IndexRow(
         kind="accepted",
-        key=manifest.manifest_key,
+        key=key or manifest.manifest_key,
         frame_sha256=manifest.frame_sha256,
         time_unix_ns=manifest.accepted_at_unix_ns,
         raw_blob_key=manifest.raw_blob_key,
@@ -123,10 +125,10 @@ def accepted_row(manifest: AcceptedManifest) -> IndexRow:
     )
 
 
-def quarantine_row(conflict: IdentityConflict) -> IndexRow:
+def quarantine_row(conflict: IdentityConflict, *, key: str | None = None) -> IndexRow:
     return IndexRow(
         kind="quarantine",
-        key=conflict.quarantine_key,
+        key=key or conflict.quarantine_key,
         frame_sha256=conflict.submitted_frame_sha256,
         accepted_frame_sha256=conflict.accepted_frame_sha256,
         time_unix_ns=conflict.observed_at_unix_ns,

@@ -4,6 +4,13 @@ Reading refuses IPC *body compression* (LZ4/ZSTD buffers inside record batches):
 frame's own zstd flag is where compression lives, and `payload_raw_len` only bounds
 memory if nothing inside the stream can expand again. Detecting it needs one field of
 the message metadata, so a minimal FlatBuffers walk lives here.
+
+Reading also refuses a stream of more than `MAX_PAYLOAD_MESSAGES` messages (the schema,
+record batches, dictionary batches). §1 allows "one or more record batches" without a
+number; each message costs the reader a few KB and tens of microseconds however small
+it is, so without a cap a 64 MiB payload of empty batches would cost a reader gigabytes
+and a minute, not a small multiple of `payload_raw_len`. Writers put one batch per chunk
+of rows (`encode_frame` writes one), so the cap only refuses hostile streams.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ _HEADER_DICTIONARY_BATCH = 2
 _HEADER_RECORD_BATCH = 3
 _DICTIONARY_BATCH_DATA = 1
 _RECORD_BATCH_COMPRESSION = 3
+
+MAX_PAYLOAD_MESSAGES = 1024
 
 
 def _fb_field(buf: memoryview, table: int, index: int) -> int | None:
@@ -71,26 +80,32 @@ def read_ipc_stream(raw: Any) -> pa.Table:
     """Decode `raw` (bytes-like) as exactly one Arrow IPC stream, nothing after it.
 
     Two passes: the first walks message metadata only (bodies are zero-copy slices) and
-    refuses body compression before anything is decompressed; the second decodes.
+    refuses body compression and streams of more than `MAX_PAYLOAD_MESSAGES` messages
+    before anything is decoded; the second decodes.
     Arrow's own exceptions propagate; callers convert them to FrameError.
     """
     buf = pa.py_buffer(raw)
     for index, message in enumerate(pa.ipc.MessageReader.open_stream(pa.BufferReader(buf))):
+        if index == MAX_PAYLOAD_MESSAGES:
+            raise FrameError(
+                f"payload: Arrow IPC stream has more than {MAX_PAYLOAD_MESSAGES} messages "
+                "(write record batches of many rows)"
+            )
         if _has_body_compression(message.metadata):
             raise FrameError(
                 f"payload: Arrow IPC message {index} ({message.type}) uses body compression, "
                 "which v1 refuses (compress the whole payload with frame flag 0x01)"
             )
     source = pa.BufferReader(buf)
-    reader = pa.ipc.open_stream(source)
-    batches = list(reader)
+    # read_all builds the table in C++: no Python object per record batch.
+    table = pa.ipc.open_stream(source).read_all()
     consumed = source.tell()
     if consumed != buf.size:
         raise FrameError(
             f"payload: {buf.size - consumed} bytes after the end of the Arrow IPC stream "
             f"(stream ends at byte {consumed} of {buf.size})"
         )
-    return pa.Table.from_batches(batches, schema=reader.schema)
+    return table
 
 
 def write_ipc_stream(table: pa.Table) -> bytes:

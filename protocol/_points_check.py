@@ -7,7 +7,8 @@ not per row, so a 100k-row frame costs milliseconds. Messages name the column, t
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NoReturn
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -90,23 +91,62 @@ def _first_outside(lengths: Any, low: int, high: int) -> int | None:
     return _first(pc.or_(pc.less(lengths, low), pc.greater(lengths, high)))
 
 
+def _check_metric(array: Any) -> None:
+    """The metric rules, without materializing a dictionary's values per row.
+
+    A dictionary column is checked on its dictionary (nulls and lengths of the distinct
+    values) and mapped to rows only through bit masks, so a tiny frame of many rows that
+    all point at one 256-byte value costs a few bits per row here, not 256 bytes.
+    Unreferenced dictionary values are not rows: they are not checked.
+    """
+    if not pa.types.is_dictionary(array.type):
+        _check_no_nulls("metric", array)
+        lengths = pc.binary_length(array)
+        row = _first_outside(lengths, 1, MAX_METRIC_BYTES)
+        if row is not None:
+            _metric_size_error(row, lengths[row].as_py())
+        return
+    indices, values = array.indices, array.dictionary
+    if indices.null_count or values.null_count:
+        value_is_null = pc.take(values.is_null(), indices)  # null where the index is null
+        row = _first(pc.fill_null(value_is_null, True))
+        if row is not None:
+            raise FrameError(f"metric: row {row} is null")
+    lengths = pc.binary_length(values)  # one per distinct value
+    outside = pc.fill_null(
+        pc.or_(pc.less(lengths, 1), pc.greater(lengths, MAX_METRIC_BYTES)), False
+    )
+    if pc.any(outside).as_py():
+        row = _first(pc.take(outside, indices))
+        if row is not None:
+            _metric_size_error(row, lengths[indices[row].as_py()].as_py())
+
+
+def _metric_size_error(row: int, size: int) -> NoReturn:
+    raise FrameError(f"metric: row {row} is {size} bytes (must be 1..{MAX_METRIC_BYTES})")
+
+
 def _canonical_metric(array: Any) -> Any:
+    """The metric column as plain utf8 (dictionaries decoded), after its checks."""
+    _check_metric(array)
     if pa.types.is_dictionary(array.type):
         array = pc.cast(array, array.type.value_type)
     if array.type != pa.string():
         array = pc.cast(array, pa.string())
-    _check_no_nulls("metric", array)
-    lengths = pc.binary_length(array)
-    row = _first_outside(lengths, 1, MAX_METRIC_BYTES)
-    if row is not None:
-        raise FrameError(
-            f"metric: row {row} is {lengths[row].as_py()} bytes (must be 1..{MAX_METRIC_BYTES})"
-        )
     return array
 
 
-def _canonical_labels(array: Any) -> Any:
-    """Check every label rule and rebuild the column with the canonical map type.
+@dataclass(frozen=True, slots=True)
+class _CheckedLabels:
+    """A labels column whose rules hold: the live entries and the entry count per row."""
+
+    keys: Any
+    items: Any
+    counts: Any
+
+
+def _check_labels(array: Any) -> _CheckedLabels:
+    """Check every label rule; return what the canonical column is rebuilt from.
 
     A null row's entries are ignored and dropped (Arrow lets a null list slot cover a
     non-empty child segment). Parent indices come from a ListArray over the map's
@@ -129,11 +169,19 @@ def _canonical_labels(array: Any) -> Any:
         )
     if len(keys):
         _check_label_entries(keys, items, parents)
+    return _CheckedLabels(keys, items, counts)
+
+
+def _canonical_labels(array: Any) -> Any:
+    """The labels column rebuilt with the canonical map type, after its checks."""
+    checked = _check_labels(array)
     new_offsets = pa.concat_arrays(
-        [pa.array([0], pa.int32()), pc.cumulative_sum(counts).cast(pa.int32())]
+        [pa.array([0], pa.int32()), pc.cumulative_sum(checked.counts).cast(pa.int32())]
     )
-    mask = pc.invert(valid) if array.null_count else None
-    return pa.MapArray.from_arrays(new_offsets, keys, items, type=LABELS_TYPE, mask=mask)
+    mask = pc.invert(array.is_valid()) if array.null_count else None
+    return pa.MapArray.from_arrays(
+        new_offsets, checked.keys, checked.items, type=LABELS_TYPE, mask=mask
+    )
 
 
 def _check_label_entries(keys: Any, items: Any, parents: Any) -> None:
@@ -183,14 +231,8 @@ def _check_unique_keys(keys: Any, parents: Any) -> None:
     )
 
 
-def canonical_points(table: pa.Table, *, expected_rows: int | None = None) -> pa.Table:
-    """Check `table` against the points rules and return it in `POINTS_SCHEMA` shape.
-
-    Extra columns are dropped; metric dictionaries are decoded to plain utf8; every
-    column is one chunk. `expected_rows` (the frame's record_count) is checked first.
-    Raises FrameError for any rule broken; Arrow errors (e.g. invalid buffers found
-    by full validation) propagate for the caller to convert.
-    """
+def _checked_columns(table: pa.Table, expected_rows: int | None) -> dict[str, Any]:
+    """Schema, row count and full buffer validation; the four columns, one chunk each."""
     check_points_schema(table.schema)
     rows = table.num_rows
     if expected_rows is not None and rows != expected_rows:
@@ -207,6 +249,30 @@ def canonical_points(table: pa.Table, *, expected_rows: int | None = None) -> pa
             chunk.validate(full=True)
         columns[name] = column.combine_chunks()
     _check_no_nulls("ts", columns["ts"])
+    return columns
+
+
+def check_points(table: pa.Table, *, expected_rows: int | None = None) -> None:
+    """Check `table` against every points rule, as `canonical_points` does, without
+    building the canonical table: a metric dictionary is never expanded per row, so the
+    memory used stays proportional to the table's own buffers (see `protocol.frame`'s
+    `payload_check_memory_bound`). Raises what `canonical_points` raises."""
+    columns = _checked_columns(table, expected_rows)
+    _check_metric(columns["metric"])
+    _check_no_nulls("value", columns["value"])
+    _check_labels(columns["labels"])
+
+
+def canonical_points(table: pa.Table, *, expected_rows: int | None = None) -> pa.Table:
+    """Check `table` against the points rules and return it in `POINTS_SCHEMA` shape.
+
+    Extra columns are dropped; metric dictionaries are decoded to plain utf8 (up to
+    `MAX_METRIC_BYTES` per row, whatever the dictionary's own size); every column is
+    one chunk. `expected_rows` (the frame's record_count) is checked first.
+    Raises FrameError for any rule broken; Arrow errors (e.g. invalid buffers found
+    by full validation) propagate for the caller to convert.
+    """
+    columns = _checked_columns(table, expected_rows)
     metric = _canonical_metric(columns["metric"])
     _check_no_nulls("value", columns["value"])
     labels = _canonical_labels(columns["labels"])

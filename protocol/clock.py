@@ -3,6 +3,9 @@
 Production uses `SystemClock`; tests and seeded simulations use `ManualClock`, whose time
 moves only when the test says so, so time-dependent protocol steps (GC grace, lease
 expiry, retry horizons) are driven without real sleeps.
+
+Object ages and lease expiries are judged in the *store's* time: `store.time.store_clock`
+turns a clock into a `store.time.StoreClock` (PROTOCOL §3.8).
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ import pyarrow as pa
 import zstandard
 
 from protocol._frame_error import FrameError, decoder_errors_as_frame_errors
-from protocol._ipc_stream import read_ipc_stream, write_ipc_stream
+from protocol._ipc_stream import MAX_PAYLOAD_MESSAGES, read_ipc_stream, write_ipc_stream
 from protocol._points_check import (
     LABELS_TYPE,
     MAX_LABEL_KEY_BYTES,
@@ -59,6 +59,7 @@ from protocol._points_check import (
     POINTS_SCHEMA,
     TS_TYPE,
     canonical_points,
+    check_points,
 )
 
 __all__ = [
@@ -68,6 +69,7 @@ __all__ = [
     "FRAME_VERSION",
     "HEADER_LEN",
     "MAX_AGENT_ID_BYTES",
+    "MAX_PAYLOAD_MESSAGES",
     "MAX_LABELS_PER_ROW",
     "MAX_LABEL_KEY_BYTES",
     "MAX_LABEL_VALUE_BYTES",
@@ -76,9 +78,11 @@ __all__ = [
     "Frame",
     "FrameError",
     "FrameHeader",
+    "check_payload",
     "decode_frame",
     "decode_header",
     "encode_frame",
+    "payload_check_memory_bound",
     "points_table",
 ]
 
@@ -100,6 +104,13 @@ _CONTROL = re.compile(rb"[\x00-\x1f\x7f]")
 # zstd at levels <= 19 declares at most an 8 MiB window when streaming.
 _MIN_ZSTD_WINDOW = 8 * 1024 * 1024
 assert _HEADER.size == HEADER_LEN
+# `payload_check_memory_bound`: bytes allocated per byte of decompressed payload (the
+# stream included) and per IPC message, worst case over the shapes measured by
+# tests/protocol/test_frame_memory.py (about 7 and 4 KiB), with headroom.
+CHECK_MEMORY_PER_RAW_BYTE = 8
+CHECK_MEMORY_PER_MESSAGE = 8 * 1024
+CHECK_MEMORY_OVERHEAD = 256 * 1024
+_MIN_MESSAGE_BYTES = 64  # no IPC message is smaller (8-byte prefix, padded flatbuffer)
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,15 +240,8 @@ def _decompress(payload: memoryview, raw_len: int) -> bytes:
     return raw
 
 
-def decode_frame(data: bytes, *, max_raw_bytes: int = 64 * 1024 * 1024) -> Frame:
-    """Fully validate `data` as one frame and return it with canonical points.
-
-    `max_raw_bytes` caps `payload_raw_len` (the memory a payload may take once
-    decompressed); frames above it are refused before decompression. Dictionary
-    decoding of `metric` may grow the returned table to at most 256 bytes per row.
-    Raises FrameError, and nothing else, for any invalid input.
-    """
-    header = decode_header(data)
+def _payload_table(data: bytes, header: FrameHeader, max_raw_bytes: int) -> pa.Table:
+    """The payload of `data` (whose header is `header`) read as one Arrow table."""
     raw_len = header.payload_raw_len
     if raw_len > max_raw_bytes:
         raise FrameError(f"payload_raw_len {raw_len} > max_raw_bytes {max_raw_bytes}")
@@ -253,7 +257,22 @@ def decode_frame(data: bytes, *, max_raw_bytes: int = 64 * 1024 * 1024) -> Frame
         # Arrow misaligned buffers, and the points would pin the caller's frame bytes.
         raw = bytes(payload)
     with decoder_errors_as_frame_errors("payload: Arrow IPC stream"):
-        table = read_ipc_stream(raw)
+        return read_ipc_stream(raw)
+
+
+def decode_frame(data: bytes, *, max_raw_bytes: int = 64 * 1024 * 1024) -> Frame:
+    """Fully validate `data` as one frame and return it with canonical points.
+
+    `max_raw_bytes` caps `payload_raw_len` (the memory a payload may take once
+    decompressed); frames above it are refused before decompression. Dictionary
+    decoding of `metric` may grow the returned table to `MAX_METRIC_BYTES` per row
+    whatever the frame's size: a reader that only needs to know the frame is valid
+    calls `check_payload` instead. Raises FrameError, and nothing else, for any
+    invalid input.
+    """
+    header = decode_header(data)
+    table = _payload_table(data, header, max_raw_bytes)
+    with decoder_errors_as_frame_errors("payload: Arrow IPC stream"):
         points = canonical_points(table, expected_rows=header.record_count)
     return Frame(
         agent_id=header.agent_id,
@@ -264,6 +283,58 @@ def decode_frame(data: bytes, *, max_raw_bytes: int = 64 * 1024 * 1024) -> Frame
         flags=header.flags,
         points=points,
     )
+
+
+def check_payload(data: bytes, header: FrameHeader, *, max_raw_bytes: int) -> None:
+    """Validate the payload of `data`, whose header `decode_header(data)` returned as
+    `header`, by exactly the rules of `decode_frame`, without building the points.
+
+    What it allocates is bounded by `payload_check_memory_bound(data, header)` (a metric
+    dictionary is checked on its distinct values, never expanded per row) and its time
+    grows with `payload_raw_len` and `record_count`. Raises FrameError, and nothing
+    else, for any invalid payload.
+    """
+    table = _payload_table(data, header, max_raw_bytes)
+    with decoder_errors_as_frame_errors("payload: Arrow IPC stream"):
+        check_points(table, expected_rows=header.record_count)
+
+
+def payload_check_memory_bound(data: bytes, header: FrameHeader) -> int:
+    """Upper bound of the bytes `check_payload(data, header)` allocates.
+
+    Read from the header alone (and, for a compressed payload, the few bytes of the zstd
+    frame header that say whether a window buffer is needed), before anything is
+    decompressed. The terms: the stream itself and the per-entry work of the column
+    checks, a small multiple of `payload_raw_len` since every row and label entry takes
+    bytes of its own in the stream (a metric dictionary is never expanded); Arrow's
+    per-message structures, at most `MAX_PAYLOAD_MESSAGES`; the zstd window of a frame
+    without a content size; a fixed overhead. tests/protocol/test_frame_memory.py
+    measures the adversarial shapes against it.
+    """
+    raw_len = header.payload_raw_len
+    messages = min(MAX_PAYLOAD_MESSAGES, raw_len // _MIN_MESSAGE_BYTES + 1)
+    return (
+        CHECK_MEMORY_PER_RAW_BYTE * raw_len
+        + CHECK_MEMORY_PER_MESSAGE * messages
+        + _zstd_window_bytes(data, header)
+        + CHECK_MEMORY_OVERHEAD
+    )
+
+
+def _zstd_window_bytes(data: bytes, header: FrameHeader) -> int:
+    """The window buffer `_decompress` may allocate: none when the zstd frame states
+    its content size (one-shot into the output), else at most its allowed window."""
+    if not header.compressed:
+        return 0
+    allowed = max(_MIN_ZSTD_WINDOW, header.payload_raw_len)
+    end = len(data) - CRC_LEN
+    try:
+        params = zstandard.get_frame_parameters(memoryview(data)[end - header.payload_len : end])
+    except zstandard.ZstdError:
+        return allowed  # `check_payload` refuses it; the bound still holds
+    if params.content_size != zstandard.CONTENTSIZE_UNKNOWN:
+        return 0
+    return min(int(params.window_size), allowed)
 
 
 def points_table(

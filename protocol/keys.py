@@ -5,18 +5,39 @@ hex of the 16 boot_id bytes; sequence numbers are 20-digit zero-padded decimal; 
 are the first and second byte of the sha256 in hex; hours are UTC, written
 ``date=YYYY-MM-DD/hour=HH``. Builders validate their inputs; parsers raise `KeyFormatError`
 naming the key and what is wrong with it.
+
+Identities in keys, PROTOCOL §3's segment rule (``agent=h-<sha256>`` where an agent_id in
+hex would make a segment longer than 255 bytes) and the `KeyIdentity` parsers return are
+in ``_identity_keys.py``; the names imported ``as`` themselves below are part of this
+module's API (``keys.BatchIdentity``, ``keys.KeyFormatError``, ...).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-import uuid
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 
+from protocol._identity_keys import AGENT_DIGEST_MARK as AGENT_DIGEST_MARK
+from protocol._identity_keys import (
+    IDENTITY_RE,
+    agent_segment,
+    key_identity_from_groups,
+    long_agent_segment,
+)
+from protocol._identity_keys import MAX_U64 as MAX_U64
+from protocol._identity_keys import SEGMENT_MAX_BYTES as SEGMENT_MAX_BYTES
+from protocol._identity_keys import BatchIdentity as BatchIdentity
+from protocol._identity_keys import KeyFormatError as KeyFormatError
+from protocol._identity_keys import KeyIdentity as KeyIdentity
+from protocol._identity_keys import check_sha256 as check_sha256
+from protocol._identity_keys import identity_matches_key as identity_matches_key
+from protocol._identity_keys import identity_name as identity_name
+from protocol._identity_keys import parse_identity_name as parse_identity_name
+from protocol._identity_keys import parse_manifest_id as parse_manifest_id
+
 NS_PER_S = 1_000_000_000
-MAX_U64 = 2**64 - 1
 
 RAW_BLOBS_PREFIX = "raw-blobs/v1/sha256/"
 RAW_BLOBS_BY_TIME_PREFIX = "raw-blobs-by-time/v1/"
@@ -33,20 +54,7 @@ ROLLUP_DIRTY_PREFIX = "work/v1/rollup-dirty/"
 ROLLUP_PREFIX = "rollup/v1/"
 PROBE_PREFIX = "probe/v1/"
 
-_SHA_RE = re.compile(r"[0-9a-f]{64}")
 _HOUR_RE = r"date=(\d{4}-\d{2}-\d{2})/hour=(\d{2})"
-_IDENTITY_RE = r"agent=((?:[0-9a-f]{2})+)/boot=([0-9a-f]{32})/(\d{20})-(\d{20})"
-
-
-class KeyFormatError(ValueError):
-    """A key (or a part of one) does not follow PROTOCOL §3."""
-
-
-def check_sha256(sha: str) -> str:
-    """Return ``sha`` if it is 64 lowercase hex digits, else raise `KeyFormatError`."""
-    if not _SHA_RE.fullmatch(sha):
-        raise KeyFormatError(f"frame_sha256 must be 64 lowercase hex digits, got {sha!r}")
-    return sha
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -112,63 +120,6 @@ class UtcHour:
         return self.iso
 
 
-@dataclass(frozen=True, slots=True)
-class BatchIdentity:
-    """``(agent_id, boot_id, seq_start, seq_end)``: what a batch is, across retries."""
-
-    agent_id: str
-    boot_id: uuid.UUID
-    seq_start: int
-    seq_end: int
-
-    def __post_init__(self) -> None:
-        agent_bytes = self.agent_id.encode("utf-8")
-        if not 1 <= len(agent_bytes) <= 128:
-            raise KeyFormatError(f"agent_id must be 1..128 UTF-8 bytes, got {len(agent_bytes)}")
-        if self.boot_id.int == 0:
-            raise KeyFormatError("boot_id must not be all zero")
-        if not 0 <= self.seq_start <= self.seq_end <= MAX_U64:
-            raise KeyFormatError(
-                f"need 0 <= seq_start <= seq_end <= 2^64-1, got {self.seq_start}..{self.seq_end}"
-            )
-
-    @property
-    def agent_hex(self) -> str:
-        return self.agent_id.encode("utf-8").hex()
-
-    @property
-    def boot_hex(self) -> str:
-        return self.boot_id.bytes.hex()
-
-    @property
-    def seq_range(self) -> str:
-        return f"{self.seq_start:020d}-{self.seq_end:020d}"
-
-    @property
-    def path(self) -> str:
-        """``agent=<agent-hex>/boot=<boot-hex>/<seq-start>-<seq-end>``: the shared key tail."""
-        return f"agent={self.agent_hex}/boot={self.boot_hex}/{self.seq_range}"
-
-    @property
-    def manifest_id(self) -> str:
-        """``agent=<agent-hex>.boot=<boot-hex>.<seq-start>-<seq-end>`` (PROTOCOL §3)."""
-        return f"agent={self.agent_hex}.boot={self.boot_hex}.{self.seq_range}"
-
-    def __str__(self) -> str:
-        return f"{self.agent_id}/{self.boot_id}/{self.seq_start}-{self.seq_end}"
-
-
-def _identity_from_match(groups: tuple[str, ...], key: str) -> BatchIdentity:
-    agent_hex, boot_hex, start, end = groups
-    try:
-        agent_id = bytes.fromhex(agent_hex).decode("utf-8")
-        return BatchIdentity(
-            agent_id, uuid.UUID(bytes=bytes.fromhex(boot_hex)), int(start), int(end)
-        )
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise KeyFormatError(f"bad identity in key {key!r}: {exc}") from None
-
-
 def _sha_dirs(sha: str) -> str:
     check_sha256(sha)
     return f"{sha[0:2]}/{sha[2:4]}/{sha}"
@@ -189,10 +140,6 @@ def parse_raw_blob_key(key: str) -> str:
     if not match or match.group(3)[:4] != match.group(1) + match.group(2):
         raise KeyFormatError(f"not a raw-blob key: {key!r}")
     return match.group(3)
-
-
-def raw_blobs_by_time_hour_prefix(hour: UtcHour) -> str:
-    return f"{RAW_BLOBS_BY_TIME_PREFIX}{hour.partition}/"
 
 
 def raw_blob_by_time_key(hour: UtcHour, sha: str) -> str:
@@ -216,31 +163,24 @@ def accepted_manifest_key(identity: BatchIdentity) -> str:
     return f"{ACCEPTED_PREFIX}{identity.path}.json"
 
 
-def parse_accepted_manifest_key(key: str) -> BatchIdentity:
-    match = re.fullmatch(rf"accepted/v1/{_IDENTITY_RE}\.json", key)
+def legacy_accepted_manifest_key(identity: BatchIdentity) -> str | None:
+    """The long-form key a store written before the segment rule may hold this batch's
+    manifest at, where `accepted_manifest_key` uses ``h-``; else ``None``. A collector
+    creating the ``h-`` key reads this first (found: as a 412), so no batch is accepted
+    twice (PROTOCOL §3)."""
+    legacy = identity.legacy_path
+    return f"{ACCEPTED_PREFIX}{legacy}.json" if legacy is not None else None
+
+
+def parse_accepted_manifest_key(key: str) -> KeyIdentity:
+    match = re.fullmatch(rf"accepted/v1/{IDENTITY_RE}\.json", key)
     if not match:
         raise KeyFormatError(f"not an accepted-manifest key: {key!r}")
-    return _identity_from_match(match.groups(), key)
+    return key_identity_from_groups(match.groups(), key)
 
 
 def accepted_by_time_key(hour: UtcHour, identity: BatchIdentity) -> str:
-    return f"{ACCEPTED_BY_TIME_PREFIX}{hour.partition}/{identity.manifest_id}.json"
-
-
-def accepted_by_time_hour_prefix(hour: UtcHour) -> str:
-    return f"{ACCEPTED_BY_TIME_PREFIX}{hour.partition}/"
-
-
-def parse_accepted_by_time_key(key: str) -> tuple[UtcHour, BatchIdentity]:
-    pattern = (
-        r"accepted-by-time/v1/(date=\d{4}-\d{2}-\d{2}/hour=\d{2})/"
-        r"agent=((?:[0-9a-f]{2})+)\.boot=([0-9a-f]{32})\.(\d{20})-(\d{20})\.json"
-    )
-    match = re.fullmatch(pattern, key)
-    if not match:
-        raise KeyFormatError(f"not an accepted-by-time key: {key!r}")
-    hour = UtcHour.parse_partition(match.group(1))
-    return hour, _identity_from_match(match.groups()[1:], key)
+    return f"{ACCEPTED_BY_TIME_PREFIX}{hour.partition}/{identity_name(identity, '.json')}"
 
 
 def accepted_by_blob_key(sha: str, identity: BatchIdentity) -> str:
@@ -252,16 +192,14 @@ def accepted_by_blob_prefix(sha: str) -> str:
     return f"{ACCEPTED_BY_BLOB_PREFIX}{_sha_dirs(sha)}/"
 
 
-def parse_accepted_by_blob_key(key: str) -> tuple[str, BatchIdentity]:
+def parse_accepted_by_blob_key(key: str) -> tuple[str, KeyIdentity]:
     match = re.fullmatch(
-        rf"accepted-by-blob/v1/sha256/[0-9a-f]{{2}}/[0-9a-f]{{2}}/([0-9a-f]{{64}})/{_IDENTITY_RE}\.json",
+        rf"accepted-by-blob/v1/sha256/([0-9a-f]{{2}})/([0-9a-f]{{2}})/([0-9a-f]{{64}})/{IDENTITY_RE}\.json",
         key,
     )
-    if not match or key != accepted_by_blob_key(
-        match.group(1), _identity_from_match(match.groups()[1:], key)
-    ):
+    if not match or match.group(3)[:4] != match.group(1) + match.group(2):
         raise KeyFormatError(f"not an accepted-by-blob key: {key!r}")
-    return match.group(1), _identity_from_match(match.groups()[1:], key)
+    return match.group(3), key_identity_from_groups(match.groups()[3:], key)
 
 
 # --- quarantine ----------------------------------------------------------------------------
@@ -271,13 +209,26 @@ def quarantine_key(identity: BatchIdentity, sha: str) -> str:
     return f"{QUARANTINE_PREFIX}{identity.path}/{check_sha256(sha)}.json"
 
 
-def parse_quarantine_key(key: str) -> tuple[BatchIdentity, str]:
+def legacy_quarantine_key(identity: BatchIdentity, sha: str) -> str | None:
+    """As `legacy_accepted_manifest_key`, for a quarantine record."""
+    legacy = identity.legacy_path
+    return f"{QUARANTINE_PREFIX}{legacy}/{check_sha256(sha)}.json" if legacy is not None else None
+
+
+def quarantine_agent_prefixes(agent_id: str) -> list[str]:
+    """The prefixes holding one agent's quarantine records: its key's form, then the long
+    form where that is ``h-`` (written before the segment rule)."""
+    current, long_form = agent_segment(agent_id, 0), long_agent_segment(agent_id)
+    return [f"{QUARANTINE_PREFIX}{s}/" for s in dict.fromkeys([current, long_form])]
+
+
+def parse_quarantine_key(key: str) -> tuple[KeyIdentity, str]:
     match = re.fullmatch(
-        rf"quarantine/v1/identity-conflict/{_IDENTITY_RE}/([0-9a-f]{{64}})\.json", key
+        rf"quarantine/v1/identity-conflict/{IDENTITY_RE}/([0-9a-f]{{64}})\.json", key
     )
     if not match:
         raise KeyFormatError(f"not a quarantine key: {key!r}")
-    return _identity_from_match(match.groups()[:4], key), match.group(5)
+    return key_identity_from_groups(match.groups()[:4], key), match.group(5)
 
 
 def quarantine_by_blob_key(sha: str, identity: BatchIdentity) -> str:
@@ -299,6 +250,14 @@ def gc_veto_key(sha: str) -> str:
     return f"{GC_VETOES_PREFIX}{check_sha256(sha)}.json"
 
 
+def parse_gc_veto_key(key: str) -> str:
+    """Return the sha256 named by a GC veto key."""
+    match = re.fullmatch(r"gc/v1/vetoes/([0-9a-f]{64})\.json", key)
+    if not match:
+        raise KeyFormatError(f"not a GC veto key: {key!r}")
+    return match.group(1)
+
+
 def gc_log_key(hour: UtcHour, sha: str) -> str:
     return f"{GC_LOG_PREFIX}{hour.partition}/{check_sha256(sha)}.json"
 
@@ -306,7 +265,6 @@ def gc_log_key(hour: UtcHour, sha: str) -> str:
 # --- reconciler ------------------------------------------------------------------------
 
 RECONCILER_LEASE_KEY = f"{RECONCILER_PREFIX}lease.json"
-RECONCILER_CHECKPOINT_KEY = f"{RECONCILER_PREFIX}checkpoint.json"
 RECONCILER_INDEX_CHECKPOINT_KEY = f"{RECONCILER_PREFIX}index-checkpoint.json"
 RECONCILER_AUDITS_PREFIX = f"{RECONCILER_PREFIX}audits/"
 RECONCILER_PROBLEMS_PREFIX = f"{RECONCILER_PREFIX}problems/"
@@ -353,6 +311,8 @@ def gc_run_key(started_at_unix_ns: int, run_id: str) -> str:
 
 
 def rollup_dirty_key(hour: UtcHour) -> str:
+    """A version-1 rollup dirty marker (one per hour; replaced by the work markers of the
+    index, `rollup_work_marker_key`)."""
     return f"{ROLLUP_DIRTY_PREFIX}{hour.partition}.json"
 
 
@@ -494,3 +454,25 @@ def parse_rollup_work_marker_key(key: str) -> str:
     if not match:
         raise KeyFormatError(f"not a rollup work marker key: {key!r}")
     return f"{INDEX_CATALOG_PREFIX}{match.group(1)}/{match.group(2)}-{match.group(3)}.parquet"
+
+
+# --- version 1 before the index (PROTOCOL §3, §3.7) ----------------------------------------
+# Stores written before the index hold per-object derived entries, a steady checkpoint of
+# their own and one dirty marker per hour. The first completed audit of the index migrates
+# such a store (it catalogs every record); after that nothing reads these, and
+# ``lm-reconciler drop-v1-index`` deletes them.
+
+V1_INDEX_PREFIXES = (
+    "accepted-by-time/v1/",
+    "accepted-by-blob/v1/",
+    "raw-blobs-by-time/v1/",
+    "quarantine-by-blob/v1/",
+)
+RECONCILER_V1_CHECKPOINT_KEY = f"{RECONCILER_PREFIX}checkpoint.json"
+_V1_ROLLUP_DIRTY_RE = re.compile(r"work/v1/rollup-dirty/date=\d{4}-\d{2}-\d{2}/hour=\d{2}\.json")
+
+
+def is_v1_rollup_dirty_key(key: str) -> bool:
+    """Whether ``key`` is a version-1 hour dirty marker (`rollup_dirty_key`), not a work
+    marker of the index (those live under `ROLLUP_WORK_PREFIX`)."""
+    return _V1_ROLLUP_DIRTY_RE.fullmatch(key) is not None

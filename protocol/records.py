@@ -174,6 +174,12 @@ class GcMark(Record):
     veto and then re-reads the mark: still ``marked`` means the GC's last veto check is
     yet to come and will see the veto; ``deleting`` or gone means the blob may be deleted
     under it, so it waits for the mark to go and re-creates the blob (If-None-Match).
+
+    A ``deleting`` mark also records the reconciler lease it was written under:
+    ``lease_epoch`` and that lease's ``lease_expires_at_unix_ns`` (store time) as it stood
+    then. The deleter sends its signed DELETE only if the request expires before that
+    instant (PROTOCOL §3.5 rule 6), so nobody resolves the mark before it plus the settle
+    time (`reconciler.gc_delete`). Marks written before these fields existed lack them.
     """
 
     schema_: Literal["lightmetrics.gc_mark.v1"] = Field(
@@ -185,6 +191,8 @@ class GcMark(Record):
     gc_run_id: str = Field(min_length=1)
     state: Literal["marked", "deleting"] = "marked"
     deleting_since_unix_ns: int | None = None
+    lease_epoch: int | None = Field(default=None, ge=1)
+    lease_expires_at_unix_ns: int | None = Field(default=None, ge=0)
 
 
 class GcVeto(Record):
@@ -239,21 +247,6 @@ class RollupPointer(Record):
     )
     version: int = Field(ge=1)
     manifest_key: str
-
-
-class ReconcilerCheckpoint(Record):
-    """``reconciler/v1/checkpoint.json`` (CAS-updated): how far steady-state discovery got.
-
-    ``next_hour`` is the first ``accepted-by-time`` hour not yet fully scanned; each pass
-    re-scans ``lookback`` before it, so late index writes and skewed clocks are caught.
-    """
-
-    schema_: Literal["lightmetrics.reconciler_checkpoint.v1"] = Field(
-        default="lightmetrics.reconciler_checkpoint.v1", alias="schema"
-    )
-    next_hour: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}T\d{2}$")
-    updated_at_unix_ns: int = NonNegative
-    owner_epoch: int = Field(ge=0)
 
 
 class AuditRecord(Record):

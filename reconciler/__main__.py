@@ -1,12 +1,17 @@
-"""``lm-reconciler``: keep derived indexes whole, audit, collect garbage, report.
+"""``lm-reconciler``: keep the index (PROTOCOL §3.7) whole, audit, collect garbage, report.
 
 Commands (each takes ``--config PATH``; settings also come from ``LM_*`` variables):
 
 - ``run``: the daemon (active while it holds the lease, standby otherwise), serving
   Prometheus metrics on ``[metrics] host:port``; SIGTERM/SIGINT stop it gracefully.
-- ``run --once``: one pass of everything due (a first run ever includes a full audit).
-- ``audit [--inventory URL]``: a full audit with repair now (resumes an interrupted one).
+- ``run --once``: one pass of everything due: the steady pass over the index log, a full
+  audit when due (a first run ever, or the first on a version-1 store, includes one),
+  catalog compaction, GC.
+- ``audit [--inventory URL]``: a full audit now (resumes an interrupted one): catalogs
+  what the catalog lacks, writes the orphan file, records missing blobs.
 - ``gc [--dry-run]``: one GC run (``reconciler.gc``).
+- ``drop-v1-index [--dry-run]``: delete a migrated version-1 store's per-object index
+  (``reconciler.v1_index``); refused before a completed audit of the index.
 - ``problems [--kind K] [--json]``: the problem records.
 - ``status [--json] [--check]``: log position and segments waiting, catalog, index
   requests per batch, lease, last audit, last GC, problems.
@@ -31,14 +36,14 @@ import random
 import signal
 import sys
 from collections.abc import Callable, Coroutine
-from pathlib import Path
 from typing import Any
 
 from prometheus_client import start_http_server
 from pydantic import BaseModel
 from tqdm import tqdm  # type: ignore[import-untyped]  # no stubs installed
 
-from config import S3Location, Settings, SettingsError, configure_logging, load_settings
+from config import S3Location, Settings, SettingsError, configure_logging
+from config.cli import add_settings_flags, settings_from_flags
 from protocol.clock import SystemClock
 from protocol.records import RecordError
 from store.base import ObjectStore
@@ -52,6 +57,7 @@ from .gc import GcRefused
 from .inventory import InventoryError, InventorySource
 from .problems import list_problems
 from .status import gather_status
+from .v1_index import V1DropRefused
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_LEASE_HELD = 0, 1, 2, 3
 
@@ -62,9 +68,6 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--config", type=Path, help="TOML settings file (default: built-in defaults + LM_* env)"
-    )
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="the reconciler daemon (one active per store)")
     run.add_argument("--once", action="store_true", help="one pass of everything due, then exit")
@@ -74,6 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gc = commands.add_parser("gc", help="one garbage-collection run")
     gc.add_argument("--dry-run", action="store_true", help="decide, log, delete nothing")
+    drop = commands.add_parser(
+        "drop-v1-index",
+        help="delete a migrated version-1 store's per-object index (after a completed audit)",
+    )
+    drop.add_argument("--dry-run", action="store_true", help="count what would go, delete nothing")
     problems = commands.add_parser("problems", help="list problem records")
     problems.add_argument("--kind", help="only this kind (missing-blob, corrupt-blob, ...)")
     problems.add_argument("--json", action="store_true", help="one JSON object per line")
@@ -82,15 +90,19 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument(
         "--check", action="store_true", help="exit 1 unless lag and problems are both zero"
     )
+    add_settings_flags(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        settings = load_settings(args.config)
+        settings = settings_from_flags(args)
     except SettingsError as exc:
         print(f"lm-reconciler: configuration error:\n{exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.command in ("run", "gc") and (problem := settings.gc_lease_problem()):
+        print(f"lm-reconciler: configuration error:\n{problem}", file=sys.stderr)
         return EXIT_USAGE
     configure_logging(settings.logging)
     import uvloop
@@ -129,6 +141,7 @@ async def _leased_command(store: ObjectStore, settings: Settings, args: argparse
     except InventoryError as exc:
         print(f"lm-reconciler: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    _load_arrow_lazy_imports()
     progress = _Progress()
     reconciler = Reconciler(
         store=store,
@@ -150,6 +163,10 @@ async def _leased_command(store: ObjectStore, settings: Settings, args: argparse
             progress.close()
             print(_json(record.model_dump(mode="json", by_alias=True)))
             return EXIT_OK if record.status == "completed" else EXIT_FAILED
+        if args.command == "drop-v1-index":
+            dropped = await reconciler.drop_v1_index_once(dry_run=args.dry_run)
+            print(_json({**_plain(dropped), "total": dropped.total}))
+            return EXIT_OK
         result = await reconciler.gc_once(dry_run=args.dry_run or settings.gc.dry_run)
         print(_json(_plain(result)))
         return EXIT_OK
@@ -158,6 +175,9 @@ async def _leased_command(store: ObjectStore, settings: Settings, args: argparse
         return EXIT_LEASE_HELD
     except GcRefused as exc:
         print(f"lm-reconciler: GC refused to delete: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except V1DropRefused as exc:
+        print(f"lm-reconciler: drop-v1-index refused: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except InventoryError as exc:
         print(f"lm-reconciler: {exc}", file=sys.stderr)
@@ -168,6 +188,15 @@ async def _leased_command(store: ObjectStore, settings: Settings, args: argparse
         progress.close()
         if inventory is not None:
             await inventory.close()
+
+
+def _load_arrow_lazy_imports() -> None:
+    """pyarrow imports pandas on the first array it builds from Python values: seconds on a
+    busy host. Pay that before the lease is taken, not inside a term's first catalog write,
+    where it would stall fence renewals and could outlast a short lease TTL."""
+    import pyarrow as pa
+
+    pa.array([0])
 
 
 async def _daemon(reconciler: Reconciler, settings: Settings) -> int:
@@ -202,11 +231,14 @@ def _print_pass(report: PassReport) -> int:
             "records_read": steady.records_read,
             "rows_cataloged": steady.rows_cataloged,
             "catalog_files": steady.catalog_files,
+            "missing": steady.missing,
             "problems": steady.problems,
             "failed": steady.failed,
         }
     if report.audit is not None:
         doc["audit"] = report.audit.model_dump(mode="json", by_alias=True)
+    if report.compaction is not None:
+        doc["compaction"] = _plain(report.compaction)
     if report.gc is not None:
         doc["gc"] = _plain(report.gc)
     print(_json(doc))
@@ -257,7 +289,9 @@ class _Progress:
             verb = "resuming audit" if progress.resumed else "auditing"
             self._bar = tqdm(desc=f"{verb} {progress.audit_id}", unit=" records", file=sys.stderr)
         self._bar.n = progress.manifests_seen + progress.quarantines_seen
-        self._bar.set_postfix(repaired=progress.repaired, problems=progress.problems, refresh=False)
+        self._bar.set_postfix(
+            cataloged=progress.repaired, problems=progress.problems, refresh=False
+        )
         self._bar.refresh()
 
     def close(self) -> None:

@@ -34,8 +34,10 @@ Cursors (in the record, saved every `PROGRESS_INTERVAL_S`):
 - ``cursors[VERIFY_CURSOR]``: where blob verification stands (`reconciler.verify`); the
   only cursor a completed record keeps, and the one a new audit's record starts with.
 
-`run_full_audit` resumes the newest audit if it is still ``running`` and of the same
-source (and, for inventories, the same report): same ``audit_id``, same original
+`run_full_audit` resumes the newest audit of the index (``catalog = true``: never one a
+version-1 reconciler left running, whose finished groups were never cataloged) if it is
+still ``running`` and of the same source (and, for inventories, the same report): same
+``audit_id``, same original
 ``started_at_unix_ns``, counts carried on. It is marked ``completed`` only if every record
 was seen and cataloged and the blob join finished; otherwise it stays ``running`` and the
 next call resumes it (a resumed audit scans the catalog again: rows cataloged before the
@@ -46,11 +48,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from index.catalog import CatalogWriter
 from protocol import keys
 from protocol.records import AuditRecord
 from store.errors import StoreError
@@ -94,6 +94,7 @@ class AuditProgress:
     quarantines_seen: int
     groups_done: int
     repaired: int
+    """Records this audit cataloged (the name predates the index)."""
     problems: int
     blobs_verified: int = 0
 
@@ -110,7 +111,7 @@ async def run_full_audit(
 ) -> AuditRecord:
     """Run (or resume) a full audit and return its final record.
 
-    ``status == "completed"`` only when it finished with every repair written; otherwise
+    ``status == "completed"`` only when it finished with every catalog write done; otherwise
     ``running`` (call again to resume). Raises `LeaseLost` (stop: no longer the leader),
     `InventoryError`, and store errors met while creating the record."""
     record, resumed = await _resume_or_start(ctx, inventory)
@@ -137,7 +138,7 @@ async def _resume_or_start(
     await ctx.check_fence()
     source = "listing" if inventory is None else "inventory"
     report = await inventory.report() if inventory is not None else None
-    latest = await latest_audit(ctx.store)
+    latest = await latest_audit(ctx.store, catalog_only=True)
     if (
         latest is not None
         and latest.status == "running"
@@ -156,6 +157,7 @@ async def _resume_or_start(
         source=source,
         owner_epoch=ctx.epoch,
         cursors=cursors,
+        catalog=True,
     )
     await create_audit(ctx, record)
     ctx.log.info("audit_started", audit_id=record.audit_id, source=source)
@@ -190,7 +192,6 @@ class _AuditRun:
         self.state = WalkState(cursors=dict(record.cursors))
         self._manifests = record.manifests_seen
         self._quarantines = record.quarantines_seen
-        self._repaired: Counter[str] = Counter(record.repaired)
         self._problem_count = record.problems
         self._last_save = ctx.clock.monotonic()
         self._saving = asyncio.Lock()
@@ -199,16 +200,13 @@ class _AuditRun:
         self.scan = CatalogScan()
         self._blobs: BlobJoin | None = None
         self._cataloged = record.cataloged
-        self._cataloger = Cataloger(
-            ctx,
-            self.problems,
-            CatalogWriter(store=ctx.store, clock=ctx.clock, rng=ctx.rng, epoch=ctx.epoch),
-        )
+        self._cataloger = Cataloger(ctx, self.problems, limit=self._limit)
         self._verifier = BlobVerifier(
             ctx,
             self.problems,
             cursor=self.state.cursors.get(VERIFY_CURSOR, ""),
             limit=verify_limit,
+            is_referenced=lambda sha: self.scan.references(sha),
         )
 
     # --- before the walk ----------------------------------------------------------------
@@ -251,15 +249,15 @@ class _AuditRun:
     async def process(self, record_keys: list[str], quarantine: bool) -> bool:
         """Catalog the records of ``record_keys`` the catalog lacks; True if all went well."""
         missing = self.scan.missing(record_keys)
-        async with self._limit:
-            batch = await self._cataloger.read(missing)
-            try:
+        batch = await self._cataloger.read(missing)  # each GET takes one of our slots
+        try:
+            async with self._limit:
                 await self._cataloger.commit(batch.rows)
-            except StoreError as exc:
-                self._ctx.metrics.store_failures.labels("catalog_write").inc()
-                self._ctx.log.warning("audit_catalog_write_failed", error=str(exc))
-                self.state.failed = True
-                return False
+        except StoreError as exc:
+            self._ctx.metrics.store_failures.labels("catalog_write").inc()
+            self._ctx.log.warning("audit_catalog_write_failed", error=str(exc))
+            self.state.failed = True
+            return False
         self.scan.cataloged(batch.rows)
         if quarantine:
             self._quarantines += len(record_keys) - batch.missing
@@ -292,12 +290,12 @@ class _AuditRun:
         self._blobs = joined
 
     async def _record_missing(self, joined: BlobJoin) -> None:
-        missing = set(joined.missing)
-        for sha in sorted(missing):
+        missing = joined.missing
+        for sha, record_key in sorted(missing.items()):
             await self.problems.record(
                 "missing-blob",
                 keys.raw_blob_key(sha),
-                "raw blob does not exist; referenced by the catalog",
+                f"raw blob does not exist; referenced by {record_key}",
             )
         self._problem_count += len(missing)
         async for subject in self.problems.subjects("missing-blob"):
@@ -314,7 +312,6 @@ class _AuditRun:
                 "cursors": {**self.state.cursors, VERIFY_CURSOR: self._verifier.cursor},
                 "manifests_seen": self._manifests,
                 "quarantines_seen": self._quarantines,
-                "repaired": dict(self._repaired),
                 "problems": self._problem_count + self._verifier.problems,
                 "catalog": True,
                 "cataloged": self._cataloged,
@@ -370,7 +367,7 @@ class _AuditRun:
             status=record.status,
             manifests=record.manifests_seen,
             quarantines=record.quarantines_seen,
-            repaired=record.repaired,
+            cataloged=record.cataloged,
             problems=record.problems,
             stopped=self.state.stopped,
         )

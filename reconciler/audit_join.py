@@ -87,6 +87,11 @@ class CatalogScan:
         present = self.record_digests.contains(digests_of(record_keys))
         return [key for key, known in zip(record_keys, present, strict=True) if not known]
 
+    def references(self, sha: str) -> bool:
+        """Whether a catalog row references the blob ``sha`` (by its 64-bit prefix: a false
+        match only ever keeps a blob, see `index.digests`)."""
+        return bool(self.referenced.contains(sha_prefixes([sha]))[0])
+
     def cataloged(self, rows: list[IndexRow]) -> None:
         """Rows this audit cataloged count as references for the blob join."""
         for row in rows:
@@ -94,6 +99,7 @@ class CatalogScan:
 
 
 async def _move_aside(ctx: ReconcilerContext, key: str) -> None:
+    await ctx.check_fence()
     try:
         aside = await catalog.move_aside(ctx.store, key)
         ctx.log.error("catalog_file_moved_aside", key=key, to=aside)
@@ -106,8 +112,9 @@ async def _move_aside(ctx: ReconcilerContext, key: str) -> None:
 class BlobJoin:
     listed: int = 0
     orphans: list[Orphan] = field(default_factory=list)
-    missing: list[str] = field(default_factory=list)
-    """Referenced hashes whose blob neither the listing nor a HEAD found."""
+    missing: dict[str, str] = field(default_factory=dict)
+    """Referenced hashes whose blob neither the listing nor a HEAD found, each with the key
+    of a record that references it."""
 
 
 async def join_blobs(ctx: ReconcilerContext, scan: CatalogScan, *, store_now_ns: int) -> BlobJoin:
@@ -143,22 +150,27 @@ async def join_blobs(ctx: ReconcilerContext, scan: CatalogScan, *, store_now_ns:
     return result
 
 
-async def _confirm_missing(ctx: ReconcilerContext, absent: npt.NDArray[np.generic]) -> list[str]:
+async def _confirm_missing(
+    ctx: ReconcilerContext, absent: npt.NDArray[np.generic]
+) -> dict[str, str]:
     """The full hashes behind referenced prefixes the listing lacked, HEADed: only those
-    still absent are missing (rare: this re-reads the catalog's hash columns)."""
+    still absent are missing, each with a record referencing it (rare: this re-reads the
+    catalog's files)."""
     wanted = set(int(value) for value in absent)
-    shas: set[str] = set()
+    referenced_by: dict[str, str] = {}
     async for info in catalog.list_all_files(ctx.store):
         try:
             rows = await catalog.read_file(ctx.store, info.key)
         except (NotFound, ValueError):
             continue
         for row in rows:
-            shas.update(sha for sha in row.referenced_shas if int(sha[:16], 16) in wanted)
-    missing = []
-    for sha in sorted(shas):
+            for sha in row.referenced_shas:
+                if int(sha[:16], 16) in wanted:
+                    referenced_by.setdefault(sha, row.key)
+    missing = {}
+    for sha, record_key in sorted(referenced_by.items()):
         try:
             await ctx.store.head(keys.raw_blob_key(sha))
         except NotFound:
-            missing.append(sha)
+            missing[sha] = record_key
     return missing

@@ -1,6 +1,8 @@
 """Audit records (``reconciler/v1/audits/<start>-<id>.json``): reading, creating, saving.
 
-Keys sort by ``started_at_unix_ns``, so the newest audit is the last key. A record is
+Keys sort by ``started_at_unix_ns``, so the newest audit is the last key. Records written
+by the version before the index (``catalog = false``: audits of per-object derived
+entries) are read but never resumed or trusted (`latest_completed_audit`). A record is
 created (If-None-Match) when an audit starts and replaced by compare-and-swap as it goes;
 the swap refuses a record whose ``owner_epoch`` is newer than ours (a newer leader took
 the audit over: we are stale) or that is already ``completed`` (completed is final).
@@ -47,18 +49,23 @@ async def iter_audits_newest_first(store: ObjectStore) -> AsyncIterator[AuditRec
             yield record
 
 
-async def latest_audit(store: ObjectStore) -> AuditRecord | None:
-    """The most recently started audit, in whatever state."""
+async def latest_audit(store: ObjectStore, *, catalog_only: bool = False) -> AuditRecord | None:
+    """The most recently started audit, in whatever state; with ``catalog_only``, the most
+    recent audit of the index (``catalog = true``)."""
     async for record in iter_audits_newest_first(store):
-        return record
+        if record.catalog or not catalog_only:
+            return record
     return None
 
 
 async def latest_completed_audit(store: ObjectStore) -> AuditRecord | None:
-    """The completed audit that started last (PROTOCOL §3.5 rule 5 asks for "an audit that
-    started after X"), or ``None``. A resumed audit keeps its original start."""
+    """The completed audit of the index (``catalog = true``) that started last (PROTOCOL
+    §3.5 rule 5 asks for "an audit that started after X"), or ``None``. A resumed audit
+    keeps its original start. Audits written before the index never count: they did not
+    catalog anything, list the raw blobs or write an orphan file, so a version-1 store's
+    first audit under this version is due at once (it is the migration, PROTOCOL §3)."""
     async for record in iter_audits_newest_first(store):
-        if record.status == "completed":
+        if record.status == "completed" and record.catalog:
             return record
     return None
 

@@ -1,7 +1,7 @@
 """How a full audit visits every record, and the cursors that make it resumable.
 
 Two walks, one per input; both hand chunks of record keys to the audit (``process``:
-repair them, True when every write succeeded) and keep `WalkState.cursors`, which the
+catalog the ones the catalog lacks, True when every write succeeded) and keep `WalkState.cursors`, which the
 audit saves in its `AuditRecord` (see `reconciler.audit` for their meaning).
 
 - `ListingWalk`: agent groups (``accepted/v1/agent=<hex>/``) discovered in key order by
@@ -47,7 +47,8 @@ FILE_CURSOR = "file:"
 """Prefix of the cursor keys of inventory data files."""
 
 Process = Callable[[list[str], bool], Awaitable[bool]]
-"""Repair these record keys (quarantine records when the flag is set); True if all went well."""
+"""Catalog what the catalog lacks of these record keys (quarantine records when the flag is
+set); True if all went well."""
 Checkpoint = Callable[[], Awaitable[None]]
 """Called after a cursor moved: saves progress now and then."""
 Work = tuple[str, str | None, list[str] | None]

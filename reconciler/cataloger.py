@@ -7,7 +7,8 @@ from the store itself and found well-formed — a valid schema, an identity equa
 key, and ``raw_blob_key`` equal to the key of its ``frame_sha256``
 (`protocol.records` validates the last one).
 
-`Cataloger.read` GETs records, ``concurrency`` at a time. A record that does not parse,
+`Cataloger.read` GETs records, ``concurrency`` at a time (or as many as the caller's
+``limit`` lets it: the audit shares its slots between its walk workers). A record that does not parse,
 or names another key, becomes an ``unparseable-manifest``/``unparseable-quarantine``
 problem (resolved when a later read finds it well-formed); a record that is gone is
 counted (``missing``; records are never deleted, so only a log row's claim can name one);
@@ -26,7 +27,6 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from index.catalog import CatalogWriter
 from index.rows import IndexFileError, IndexRow, accepted_row, check_row, quarantine_row
 from protocol import keys
 from protocol.records import AcceptedManifest, IdentityConflict, RecordError, RollupWorkMarker
@@ -56,17 +56,22 @@ def is_quarantine_key(key: str) -> bool:
 
 class Cataloger:
     def __init__(
-        self, ctx: ReconcilerContext, problems: ProblemBook, writer: CatalogWriter
+        self,
+        ctx: ReconcilerContext,
+        problems: ProblemBook,
+        *,
+        limit: asyncio.Semaphore | None = None,
     ) -> None:
         self._ctx = ctx
         self._problems = problems
-        self._writer = writer
+        self._writer = ctx.catalog_writer
+        self._limit = limit
         self.files_written = 0
         self.rows_written = 0
 
     async def read(self, record_keys: Iterable[str]) -> CatalogBatch:
         """Read and verify each record (GET once each, bounded concurrency)."""
-        limit = asyncio.Semaphore(self._ctx.settings.reconciler.concurrency)
+        limit = self._limit or asyncio.Semaphore(self._ctx.settings.reconciler.concurrency)
         batch = CatalogBatch()
 
         async def one(key: str) -> None:
@@ -88,11 +93,11 @@ class Cataloger:
             self._ctx.log.warning("catalog_read_failed", key=key, error=repr(exc))
             result.failed.append(key)
             return result
-        self._ctx.metrics.records_read.inc()
         if body is None:
             result.missing += 1
-            self._ctx.metrics.dangling_rows.inc()
+            self._ctx.metrics.missing_records.inc()
             return result
+        self._ctx.metrics.records_read.inc()
         kind = "unparseable-quarantine" if quarantine else "unparseable-manifest"
         try:
             row = _verified_row(key, body, quarantine)
@@ -120,8 +125,10 @@ class Cataloger:
             written.append(catalog_key)
             self.files_written += 1
             self.rows_written += len(hour_rows)
-            self._ctx.metrics.catalog_rows.inc(len(hour_rows))
-            self._ctx.metrics.catalog_files.labels("write").inc()
+            metrics = self._ctx.metrics
+            metrics.catalog_files.labels("cataloged").inc()
+            for row in hour_rows:
+                metrics.cataloged_rows.labels(row.kind).inc()
         return written
 
     async def mark_work(self, catalog_key: str, hour: keys.UtcHour, rows: int) -> None:
@@ -137,17 +144,27 @@ class Cataloger:
 
 
 def _verified_row(key: str, body: bytes, quarantine: bool) -> IndexRow:
-    """The catalog row of a well-formed record at ``key``; `RecordError` otherwise."""
-    if quarantine:
-        conflict = IdentityConflict.from_json(body)
-        if conflict.quarantine_key != key:
-            raise RecordError(f"content names {conflict.quarantine_key!r}, not its own key")
-        row = quarantine_row(conflict)
-    else:
-        manifest = AcceptedManifest.from_json(body)
-        if manifest.manifest_key != key:
-            raise RecordError(f"content names {manifest.manifest_key!r}, not its own key")
-        row = accepted_row(manifest)
+    """The catalog row of a well-formed record at ``key``; `RecordError` otherwise. The
+    record's identity must be the one its key names, in either agent form (PROTOCOL §3:
+    a store written before the segment rule may hold the long form)."""
+    try:
+        if quarantine:
+            conflict = IdentityConflict.from_json(body)
+            named, sha = keys.parse_quarantine_key(key)
+            if not keys.identity_matches_key(conflict.identity, named) or (
+                sha != conflict.submitted_frame_sha256
+            ):
+                raise RecordError(f"content names {conflict.quarantine_key!r}, not its own key")
+            row = quarantine_row(conflict, key=key)
+        else:
+            manifest = AcceptedManifest.from_json(body)
+            if not keys.identity_matches_key(
+                manifest.identity, keys.parse_accepted_manifest_key(key)
+            ):
+                raise RecordError(f"content names {manifest.manifest_key!r}, not its own key")
+            row = accepted_row(manifest, key=key)
+    except keys.KeyFormatError as exc:
+        raise RecordError(f"not a record key: {exc}") from None
     try:
         check_row(row, source=key)
     except IndexFileError as exc:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from index.catalog import CatalogWriter, compact_hour, delete_compacted_inputs, list_hour_files
+from index.catalog import compact_hour, delete_compacted_inputs, list_hour_files
 from index.rows import IndexFileError
 from protocol import keys
 from store.errors import NotFound, StoreError
@@ -73,8 +73,7 @@ class CatalogCompactor:
                 result.failed += 1
                 ctx.log.warning("catalog_input_delete_failed", hour=hour.iso, error=str(exc))
         problems = ProblemBook(ctx)
-        writer = CatalogWriter(store=ctx.store, clock=ctx.clock, rng=ctx.rng, epoch=ctx.epoch)
-        cataloger = Cataloger(ctx, problems, writer)
+        cataloger = Cataloger(ctx, problems)
         for hour in sorted(self._touched):
             settled = hour.next().start_ns + lookback_ns <= now
             if not (settled or force) and self._touched[hour] < MAX_FILES_PER_HOUR:
@@ -86,10 +85,10 @@ class CatalogCompactor:
                 ):
                     continue
                 await ctx.check_fence()
-                compaction = await compact_hour(ctx.store, writer, hour)
+                compaction = await compact_hour(ctx.store, ctx.catalog_writer, hour)
                 if compaction is not None:
                     await cataloger.mark_work(compaction.merged_key, hour, compaction.rows)
-                    ctx.metrics.catalog_files.labels("compaction").inc()
+                    ctx.metrics.catalog_files.labels("compacted").inc()
                     self._merged_at[hour] = now
                     result.hours_compacted += 1
                     result.files_merged += len(compaction.inputs)

@@ -6,16 +6,20 @@ expires and try again, so a standby takes over within about one TTL of the activ
 dying. The active instance loops, every ``loop_interval_s``:
 
 1. a steady pass over the index log (`reconciler.steady`);
-2. a full audit (`reconciler.audit`) when one is due: none has completed within
-   ``max_audit_interval_s`` (so the first run ever always audits), or one is still running
+2. a full audit (`reconciler.audit`) when one is due: no audit of the index has completed
+   within ``max_audit_interval_s`` (so the first run ever always audits, and so does the
+   first run on a version-1 store: that audit is its migration), or one is still running
    (it is resumed);
 3. catalog compaction (`reconciler.compaction`) of the hours written to;
 4. the GC (``reconciler.gc.run_gc``) when ``gc.enabled``, at most once per
-   ``max(loop_interval_s, gc.mark_grace_s)``, if that module is installed.
+   ``max(loop_interval_s, gc.mark_grace_s)``; with the GC disabled, only its resolution
+   of stale ``deleting`` marks (which would otherwise keep collectors waiting).
 
-Between passes it sleeps in slices of a third of the TTL, checking the fence (which
-renews the lease) after each. Losing the lease (`LeaseLost`) ends the active term at the
-next fence check and the instance becomes a standby again. In ``run()`` an error in one
+While active, the lease is renewed in the background every third of its TTL
+(`Fence.start_renewing`), however long a stage runs without writing. Between passes it
+sleeps in slices of a third of the TTL, checking the fence after each. Losing the lease
+(`LeaseLost`) ends the active term at the next fence check and the instance becomes a
+standby again. In ``run()`` an error in one
 stage is logged and counted and the loop goes on; ``run_once()`` lets it propagate.
 
 `stop(grace_s)` stops intake: long stages finish the item in hand and return (an audit
@@ -40,15 +44,17 @@ from store.base import ObjectStore
 from store.cas import CasExhausted
 from store.errors import StoreError
 from store.lease import LeaseHeld, LeaseLost
+from store.time import store_clock
 
 from .audit import ProgressCallback, run_full_audit
 from .audit_records import latest_audit, latest_completed_audit
 from .compaction import CatalogCompactor, CompactionResult
 from .context import Fence, GcMemory, ReconcilerContext, default_owner_id
-from .gc import run_gc
+from .gc import run_gc, settle_stale_deletions
 from .inventory import InventorySource
 from .metrics import ReconcilerMetrics
 from .steady import OrphanSuspects, SteadyResult, SteadyScanner
+from .v1_index import V1DropResult, drop_v1_index
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -91,9 +97,10 @@ class Reconciler:
     ) -> None:
         self._store = store
         self._settings = settings
-        self._clock = clock
+        self._clock = store_clock(store, clock)  # leases, audits, GC: store time (§3.8)
         self._rng = rng
-        self.metrics = metrics or ReconcilerMetrics(clock=clock)
+        self.metrics = metrics or ReconcilerMetrics(clock=self._clock)
+        self.metrics.watch_store_clock(self._clock)
         self.owner = owner or default_owner_id()
         self._inventory = inventory
         self._audit_progress = audit_progress
@@ -177,6 +184,13 @@ class Reconciler:
         """One GC run (`reconciler.gc.run_gc`). Raises `GcRefused` when the guard trips."""
         return await self._one_shot(lambda ctx: run_gc(ctx, dry_run=dry_run), lease_wait_s)
 
+    async def drop_v1_index_once(
+        self, *, dry_run: bool, lease_wait_s: float | None = None
+    ) -> V1DropResult:
+        """Delete a migrated version-1 store's old index (`reconciler.v1_index`). Raises
+        `V1DropRefused` before a completed audit of the index, `LeaseHeld` like `run_once`."""
+        return await self._one_shot(lambda ctx: drop_v1_index(ctx, dry_run=dry_run), lease_wait_s)
+
     async def _one_shot(
         self, work: Callable[[ReconcilerContext], Awaitable[T]], lease_wait_s: float | None
     ) -> T:
@@ -204,11 +218,14 @@ class Reconciler:
             report.compaction = await self._stage(
                 "compaction", lambda: self.compactor.run(ctx), isolate_errors
             )
-        if self._settings.gc.enabled and not self._stopping.is_set() and self._gc_due():
+        if not self._stopping.is_set() and self._gc_due():
             self._last_gc = self._clock.monotonic()
-            report.gc = await self._stage(
-                "gc", lambda: run_gc(ctx, dry_run=self._settings.gc.dry_run), isolate_errors
-            )
+            if self._settings.gc.enabled:
+                report.gc = await self._stage(
+                    "gc", lambda: run_gc(ctx, dry_run=self._settings.gc.dry_run), isolate_errors
+                )
+            else:
+                await self._stage("gc", lambda: settle_stale_deletions(ctx), isolate_errors)
         return report
 
     async def _stage(
@@ -231,9 +248,9 @@ class Reconciler:
         return await run_full_audit(ctx, progress=self._audit_progress, inventory=self._inventory)
 
     async def _audit_due(self, ctx: ReconcilerContext) -> bool:
-        latest = await latest_audit(ctx.store)
+        latest = await latest_audit(ctx.store, catalog_only=True)
         if latest is None or latest.status == "running":
-            return True  # the first audit ever, or one to resume
+            return True  # the first audit ever (or of the index: a migration), or one to resume
         completed = await latest_completed_audit(ctx.store)
         if completed is None or completed.completed_at_unix_ns is None:
             return True
@@ -280,6 +297,7 @@ class Reconciler:
                 pause = self._rng.uniform(0.5, 1.0) * min(self._ttl_s / 3, 5.0)
                 log.warning("reconciler_lease_unavailable", error=str(exc))
             else:
+                fence.start_renewing(self._rng)
                 self._fence = fence
                 self.metrics.active.set(1)
                 self.metrics.lease_epoch.set(fence.epoch)
@@ -296,6 +314,7 @@ class Reconciler:
     async def _end_term(self, fence: Fence) -> None:
         self._fence = None
         self.metrics.active.set(0)
+        await fence.stop_renewing()
         if not fence.lost:
             await fence.release()
 

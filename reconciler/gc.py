@@ -8,9 +8,11 @@ older than the retry horizon in store time, and referenced by no catalog row —
 since the audit completed, means by no record that existed when it started. One run:
 
 1. **Finish stale deletions.** A mark left in ``deleting`` by a crashed run (or a delete
-   whose answer was lost) is resolved once ``settle_s`` has passed: if the blob is gone the
-   deletion is logged; either way the mark is removed. The blob is never deleted again
-   here: a collector may have re-created it after the first delete.
+   whose answer was lost, or a stalled former leader) is resolved once the lease it
+   recorded has expired and ``settle_s`` has passed (`reconciler.gc_delete`): if the blob
+   is gone the deletion is logged; either way the mark is removed. The blob is never
+   deleted again here: a collector may have re-created it after the first delete. A
+   disabled GC still does this (`settle_stale_deletions`).
 2. **Mark.** Candidates: the steady pass's `OrphanSuspects` (``blob`` log rows no record
    row named) older than the horizon, and the orphans of the latest completed catalog
    audit (so orphans whose log row was lost are found too). A candidate with no mark and
@@ -23,13 +25,16 @@ since the audit completed, means by no record that existed when it started. One 
    names the blob (rules 1 and 2) and no veto exists (rule 4); otherwise it is withdrawn
    (the blob is referenced, gone, or young). The deletion guard refuses the whole run when
    it would delete more than ``max_delete_fraction`` of the blobs that audit listed. For
-   each blob: the mark goes ``marked`` → ``deleting`` with If-Match, then the veto and
-   the references the steady pass has seen since are checked once more, then the blob is
-   deleted, the deletion logged under ``gc/v1/log/``, and the mark removed.
-4. **Vetoes.** A veto older than the grace whose blob the latest qualifying audit does
-   not list as an orphan (referenced, gone or young) is removed with its mark; a veto on a
-   blob still orphaned after an audit that started after the veto plus the grace is
-   removed with its mark too, so the blob is re-marked from scratch.
+   each blob: the mark goes ``marked`` → ``deleting`` with If-Match (recording our lease;
+   an unknown outcome is read back), then the veto and the references the steady pass has
+   seen since are checked once more, then the blob is deleted by one signed request that
+   cannot land after that lease (PROTOCOL §3.5 rule 6, `reconciler.gc_delete`), the
+   deletion logged under ``gc/v1/log/``, and the mark removed. A request discarded unsent
+   or refused by the store deleted nothing: its mark is removed at once.
+4. **Vetoes.** A veto older than the grace is removed with its mark once a completed
+   catalog audit started after the veto plus the grace: that audit decides afresh whether
+   the blob is an orphan (referenced, gone or young: never marked again; still orphaned:
+   re-marked from scratch).
 
 A store failure on one candidate or mark (503, a lost answer, a 409) skips that one and
 the run goes on: skipping never deletes, and the next run starts over from the store.
@@ -55,6 +60,7 @@ import structlog
 
 from protocol import keys, records
 from protocol.clock import Clock
+from reconciler.gc_delete import DeleteOutcome, LeaseTerm, delete_within_lease, resolvable_at_ns
 from store.base import ObjectInfo, ObjectStore
 from store.errors import (
     ConditionConflict,
@@ -64,6 +70,7 @@ from store.errors import (
     Unavailable,
 )
 from store.open import open_store
+from store.time import store_clock
 
 from .orphans import decode_orphans
 
@@ -84,6 +91,10 @@ class GcPolicy:
     max_delete_fraction: float = 0.1
     settle_s: float = 120.0
     max_item_errors: int = 100
+    delete_expiry_s: int = 5
+    """Lifetime of each signed blob DELETE (`reconciler.gc_delete`)."""
+    max_clock_skew_s: float = 0.0
+    """Bound on the distance between the deleter's clock and store time."""
 
     def __post_init__(self) -> None:
         if not 0 < self.max_delete_fraction <= 1:
@@ -94,6 +105,13 @@ class GcPolicy:
             raise ValueError("retry_horizon_s and mark_grace_s must be > 0, settle_s >= 0")
         if self.max_item_errors < 0:
             raise ValueError(f"max_item_errors must be >= 0, got {self.max_item_errors}")
+        if self.delete_expiry_s < 1 or self.max_clock_skew_s < 0:
+            raise ValueError("delete_expiry_s must be >= 1 and max_clock_skew_s >= 0")
+        if self.settle_s < self.delete_expiry_s + self.max_clock_skew_s:
+            raise ValueError(
+                f"settle_s must cover delete_expiry_s + max_clock_skew_s = "
+                f"{self.delete_expiry_s + self.max_clock_skew_s:g}, got {self.settle_s:g}"
+            )
 
 
 class GcRefused(Exception):
@@ -112,7 +130,7 @@ LatestAudit = Callable[[], Awaitable[records.AuditRecord | None]]
 Fence = Callable[[], Awaitable[None]]
 Suspects = Callable[[int], list[tuple[str, int]]]
 """Blob hashes (and creation times) a log says nobody referenced, created before the
-given time (`reconciler.steady.OrphanSuspects.older_than`)."""
+given time, handed over once (`reconciler.steady.OrphanSuspects.take_older_than`)."""
 
 
 @dataclass
@@ -133,20 +151,30 @@ class GarbageCollector:
         run_audit: AuditRunner,
         latest_audit: LatestAudit,
         fence: Fence,
+        lease: Callable[[], LeaseTerm],
         delete_store: ObjectStore | None = None,
         observe: Callable[[str, int], None] | None = None,
         deletion_blocker: Callable[[], Awaitable[str | None]] | None = None,
+        store_now_ns: Callable[[], int] | None = None,
         suspects: Suspects | None = None,
         recently_referenced: Callable[[str], bool] | None = None,
         audits_marked: set[str] | None = None,
     ) -> None:
+        """``lease`` describes the lease ``fence`` guards (`reconciler.gc_delete`);
+        ``store_now_ns`` is store time for the signed DELETE's deadline (default: the
+        store clock's estimate; the check adds ``max_clock_skew_s``, more than the
+        estimate's uncertainty, before it sends)."""
         self._store = store
         self._delete_store = delete_store or store
-        self._clock = clock
+        # Horizon, grace and settle times compare LastModified and the marks' times with
+        # "now" in store time (PROTOCOL §3.8), never the local clock alone.
+        self._clock = store_clock(store, clock)
         self._policy = policy
         self._run_audit = run_audit
         self._latest_audit = latest_audit
         self._fence = fence
+        self._lease = lease
+        self._store_now_ns = store_now_ns or self._clock.now_ns
         self._observe = observe or (lambda _event, _count: None)
         self._deletion_blocker = deletion_blocker
         self._suspects = suspects or (lambda _before_ns: [])
@@ -187,8 +215,6 @@ class GarbageCollector:
         counts = await self._mark_candidates(dry_run)
         try:
             await self._delete_proven(dry_run, outcome)
-            if not dry_run:
-                await self._retire_vetoes()
         except GcRefused as exc:
             outcome.record = run.model_copy(
                 update={
@@ -201,6 +227,8 @@ class GarbageCollector:
             if not dry_run:
                 await self._store.put(run_key, outcome.record.to_json())
             raise
+        if not dry_run:
+            await self._clear_settled_vetoes()
         outcome.record = run.model_copy(
             update={
                 **counts,
@@ -228,6 +256,13 @@ class GarbageCollector:
 
     # --- 1. stale deletions ------------------------------------------------------------------
 
+    async def settle_stale_deletions(self) -> None:
+        """Only step 1: what a disabled GC still does, so that no ``deleting`` mark keeps
+        collectors waiting (PROTOCOL §3.5)."""
+        self._item_errors = 0
+        await self._fence()
+        await self._finish_stale_deletions()
+
     async def _finish_stale_deletions(self) -> None:
         now = self._clock.now_ns()
         async for info in self._store.list(keys.GC_MARKS_PREFIX):
@@ -237,9 +272,12 @@ class GarbageCollector:
         mark, etag = await self._read_mark(mark_key)
         if mark is None or mark.state != "deleting":
             return
-        since = mark.deleting_since_unix_ns or mark.marked_at_unix_ns
-        if since + int(self._policy.settle_s * NS) > now:
-            return
+        started = self._lease().started_at_unix_ns
+        if (
+            resolvable_at_ns(mark, settle_s=self._policy.settle_s, term_started_at_unix_ns=started)
+            > now
+        ):
+            return  # its DELETE may still land: see reconciler.gc_delete
         if not await self._exists(mark.raw_blob_key):
             await self._log_deletion(mark, blob_last_modified_ns=0, audit_started=0)
         await self._fence()
@@ -379,38 +417,6 @@ class GarbageCollector:
         await self._fence()
         await self._store.delete(mark_key)
 
-    # --- 4. vetoes -----------------------------------------------------------------------
-
-    async def _retire_vetoes(self) -> None:
-        """Remove, with their marks, the vetoes a completed audit has settled: one that
-        started after the veto plus the grace saw every record the vetoing request could
-        have created, so its orphan file decides afresh (PROTOCOL §3.5, vetoes)."""
-        if not self._listed.vetoes:
-            return
-        audit = await self._latest_audit()
-        if audit is None:
-            return
-        grace_ns = int(self._policy.mark_grace_s * NS)
-        for sha in sorted(self._listed.vetoes):
-            await self._per_item("veto", sha, self._retire_veto(sha, audit, grace_ns))
-
-    async def _retire_veto(self, sha: str, audit: records.AuditRecord, grace_ns: int) -> None:
-        veto_key = keys.gc_veto_key(sha)
-        try:
-            body, _etag = await self._store.get(veto_key)
-            vetoed_at = records.GcVeto.from_json(body).vetoed_at_unix_ns
-        except NotFound:
-            return
-        except records.RecordError:
-            vetoed_at = 0  # unreadable: settled like any other once an audit followed
-        if audit.started_at_unix_ns <= vetoed_at + grace_ns:
-            return
-        await self._fence()
-        await self._store.delete(keys.gc_mark_key(sha))  # the mark first: never a mark alone
-        await self._store.delete(veto_key)
-        self._listed.vetoes.discard(sha)
-        self._observe("vetoes_retired", 1)
-
     async def _delete_one(
         self, mark_key: str, mark: records.GcMark, last_modified_ns: int, audit_started: int
     ) -> bool:
@@ -418,12 +424,17 @@ class GarbageCollector:
         current, etag = await self._read_mark(mark_key)
         if current is None or current.state != "marked" or etag is None:
             return False
+        lease = self._lease()
         deleting = current.model_copy(
-            update={"state": "deleting", "deleting_since_unix_ns": self._clock.now_ns()}
+            update={
+                "state": "deleting",
+                "deleting_since_unix_ns": self._clock.now_ns(),
+                "lease_epoch": lease.epoch,
+                "lease_expires_at_unix_ns": lease.expires_at_unix_ns,
+            }
         )
-        try:
-            await self._store.put(mark_key, deleting.to_json(), if_match=etag)
-        except (PreconditionFailed, OutcomeUnknown):
+        deleting_etag = await self._write_deleting(mark_key, deleting, etag)
+        if deleting_etag is None:
             return False  # changed under us, or unknown: the stale-deletion pass resolves it
         sha = mark.frame_sha256
         # The last checks come after "deleting" is visible: see the module docstring.
@@ -431,15 +442,93 @@ class GarbageCollector:
             self._observe("vetoes", 1)
             await self._store.delete(mark_key)
             return False
-        try:
-            await self._delete_store.delete(mark.raw_blob_key)
-        except Unavailable as exc:
-            log.warning("gc_delete_unsettled", key=mark.raw_blob_key, error=str(exc))
+        await self._fence()
+        deleted = await delete_within_lease(
+            self._delete_store,
+            mark.raw_blob_key,
+            expires_in_s=self._policy.delete_expiry_s,
+            lease_expires_at_unix_ns=lease.expires_at_unix_ns,
+            now_ns=self._store_now_ns,
+            max_clock_skew_s=self._policy.max_clock_skew_s,
+        )
+        if deleted is DeleteOutcome.UNKNOWN:
+            log.warning("gc_delete_unsettled", key=mark.raw_blob_key)
             return False  # the mark stays "deleting"; the stale-deletion pass settles it
+        if deleted is not DeleteOutcome.DELETED:
+            # Nothing was (or can be) applied: withdraw the mark so collectors stop waiting.
+            log.warning("gc_delete_not_applied", key=mark.raw_blob_key, outcome=deleted.value)
+            await self._fence()
+            await self._delete_mark_if_unchanged(mark_key, deleting_etag)
+            return False
         await self._log_deletion(
             deleting, blob_last_modified_ns=last_modified_ns, audit_started=audit_started
         )
         await self._store.delete(mark_key)
+        return True
+
+    async def _write_deleting(
+        self, mark_key: str, deleting: records.GcMark, etag: str
+    ) -> str | None:
+        """Swap the mark to ``deleting``; its new ETag, or None when it did not (or may
+        not) land. An unknown outcome is read back before it counts (PROTOCOL §3.5)."""
+        body = deleting.to_json()
+        try:
+            return await self._store.put(mark_key, body, if_match=etag)
+        except PreconditionFailed:
+            return None
+        except OutcomeUnknown:
+            try:
+                stored, stored_etag = await self._store.get(mark_key)
+            except NotFound:
+                return None
+            return stored_etag if stored == body else None
+
+    # --- 4. vetoes that have done their work ---------------------------------------------
+
+    async def _clear_settled_vetoes(self) -> None:
+        """Remove each veto older than the grace, together with its mark, once a qualifying
+        audit started after veto + grace (PROTOCOL §3.5). A veto protects a collector
+        request that found the blob; after the grace that request has landed its manifest
+        or never will, and that audit cataloged it: its orphan file decides afresh whether
+        the blob is referenced, gone (never marked again) or still an orphan (marked from
+        scratch)."""
+        if not self._listed.vetoes:
+            return  # the run's listing found none: nothing to read
+        grace_ns = int(self._policy.mark_grace_s * NS)
+        now = self._store_now_ns()
+        audit = await self._latest_audit()
+        audit_started = audit.started_at_unix_ns if audit is not None else None
+        cleared = 0
+        async for info in self._store.list(keys.GC_VETOES_PREFIX):
+            if info.last_modified_ns + grace_ns > now:
+                continue
+            try:
+                sha = keys.parse_gc_veto_key(info.key)
+            except keys.KeyFormatError:
+                log.warning("gc_veto_key_ignored", key=info.key)
+                continue
+            done = await self._per_item(
+                "veto", info.key, self._clear_veto(sha, info, grace_ns, audit_started)
+            )
+            cleared += bool(done)
+        if cleared:
+            log.info("gc_vetoes_cleared", count=cleared)
+
+    async def _clear_veto(
+        self, sha: str, veto: ObjectInfo, grace_ns: int, audit_started: int | None
+    ) -> bool:
+        if audit_started is None or audit_started <= veto.last_modified_ns + grace_ns:
+            return False  # the request it protects may not be cataloged yet
+        mark_key = keys.gc_mark_key(sha)
+        mark, mark_etag = await self._read_mark(mark_key)
+        if mark is not None and mark.state == "deleting":
+            return False  # the stale-deletion pass resolves it first
+        await self._fence()
+        if mark is not None:
+            await self._delete_mark_if_unchanged(mark_key, mark_etag)
+        # The veto goes last: a crash in between leaves a veto without a mark (cleared
+        # next time), never a mark whose veto is gone.
+        await self._store.delete(veto.key)
         return True
 
     # --- small reads and writes ------------------------------------------------------------
@@ -497,6 +586,20 @@ class GarbageCollector:
 
 async def run_gc(ctx: ReconcilerContext, *, dry_run: bool) -> GcOutcome:
     """One GC run with the reconciler's store, clock, lease fence, audits and metrics."""
+    delete_store = _gc_role_store(ctx.settings.store)
+    try:
+        return await _collector(ctx, delete_store).run(dry_run=dry_run)
+    finally:
+        if delete_store is not None:
+            await delete_store.close()
+
+
+async def settle_stale_deletions(ctx: ReconcilerContext) -> None:
+    """What a disabled GC still does: resolve stale ``deleting`` marks (deletes no blob)."""
+    await _collector(ctx, None).settle_stale_deletions()
+
+
+def _collector(ctx: ReconcilerContext, delete_store: ObjectStore | None) -> GarbageCollector:
     from reconciler.audit import (
         run_full_audit,
     )  # the audit imports the context; keep GC importable alone
@@ -513,19 +616,26 @@ async def run_gc(ctx: ReconcilerContext, *, dry_run: bool) -> GcOutcome:
         if event in names:
             ctx.metrics.record_gc(**{names[event]: count})
 
-    delete_store = _gc_role_store(settings.store)
-    collector = GarbageCollector(
+    if problem := settings.gc_lease_problem():
+        raise GcRefused(problem)  # no deletion could ever be sent: say so, delete nothing
+    network_s = settings.store.connect_timeout_s + settings.store.read_timeout_s
+    return GarbageCollector(
         store=ctx.store,
         clock=ctx.clock,
         policy=GcPolicy(
             retry_horizon_s=settings.gc.retry_horizon_s,
             mark_grace_s=settings.gc.mark_grace_s,
             max_delete_fraction=settings.gc.max_delete_fraction,
-            settle_s=2 * (settings.store.connect_timeout_s + settings.store.read_timeout_s),
+            # A signed DELETE lands within its expiry (plus skew) of being signed, and the
+            # answer may take a connect plus a read timeout: twice, for margin.
+            settle_s=settings.gc.delete_expiry_s + settings.store.max_clock_skew_s + 2 * network_s,
+            delete_expiry_s=settings.gc.delete_expiry_s,
+            max_clock_skew_s=settings.store.max_clock_skew_s,
         ),
         run_audit=lambda: run_full_audit(ctx),
         latest_audit=lambda: latest_listing_audit(ctx.store),
         fence=ctx.check_fence,
+        lease=ctx.fence.term,
         delete_store=delete_store,
         observe=observe,
         deletion_blocker=lambda: unresolved_manifest_problems(ctx.store),
@@ -533,11 +643,6 @@ async def run_gc(ctx: ReconcilerContext, *, dry_run: bool) -> GcOutcome:
         recently_referenced=ctx.recently_referenced,
         audits_marked=ctx.gc_memory.audits_marked,
     )
-    try:
-        return await collector.run(dry_run=dry_run)
-    finally:
-        if delete_store is not None:
-            await delete_store.close()
 
 
 def _gc_role_store(store_settings: StoreSettings) -> ObjectStore | None:

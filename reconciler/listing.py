@@ -1,4 +1,4 @@
-"""Finding partitions (hours, agent prefixes) without reading every key under them.
+"""Finding partitions (agent prefixes) without reading every key under them.
 
 `ObjectStore.list` has no delimiter, so the partitions under a prefix are found by
 reading one listing and skipping: keys are read in order and grouped by partition; once a
@@ -15,7 +15,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
-from protocol import keys
 from store.base import ObjectStore
 
 T = TypeVar("T")
@@ -111,50 +110,3 @@ async def groups(
         skipped = Group(restart, None)
         yield skipped
         after = skipped.past
-
-
-async def partitions(
-    store: ObjectStore, prefix: str, *, depth: int, start_after: str | None = None
-) -> AsyncIterator[str]:
-    """Each distinct ``prefix + <depth segments> + "/"`` that holds a key, in order (see
-    `groups`)."""
-    async with closing(groups(store, prefix, depth=depth, start_after=start_after)) as found:
-        async for group in found:
-            yield group.prefix
-
-
-async def hours_with_entries(
-    store: ObjectStore,
-    prefix: str,
-    *,
-    first: keys.UtcHour | None = None,
-    last: keys.UtcHour | None = None,
-) -> AsyncIterator[keys.UtcHour]:
-    """Hours ``first..last`` (inclusive, either open) under a by-time ``prefix`` such as
-    ``accepted-by-time/v1/`` that hold at least one key, ascending. Keys that are not in
-    a ``date=YYYY-MM-DD/hour=HH/`` partition are skipped."""
-    # Keys of hour H all start with "<prefix><H.partition>/", which sorts after the bare
-    # "<prefix><H.partition>": starting after that includes H itself.
-    start_after = prefix + first.partition if first is not None else None
-    async for group in partitions(store, prefix, depth=2, start_after=start_after):
-        try:
-            hour = keys.UtcHour.parse_partition(group[len(prefix) :].rstrip("/"))
-        except keys.KeyFormatError:
-            continue
-        if last is not None and hour > last:
-            return
-        yield hour
-
-
-async def newest_hour(
-    store: ObjectStore,
-    prefix: str,
-    *,
-    first: keys.UtcHour | None = None,
-    last: keys.UtcHour | None = None,
-) -> keys.UtcHour | None:
-    """The newest hour in ``first..last`` holding a key under ``prefix``, or ``None``."""
-    newest: keys.UtcHour | None = None
-    async for hour in hours_with_entries(store, prefix, first=first, last=last):
-        newest = hour
-    return newest

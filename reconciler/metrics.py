@@ -1,7 +1,8 @@
 """Prometheus metrics of one reconciler process, on a registry of its own (no globals).
 
 ``lm-reconciler run`` serves them on ``[metrics] host:port``. The GC (``reconciler.gc``)
-reports through `ReconcilerMetrics.record_gc`.
+reports through `ReconcilerMetrics.record_gc`; the clock skew against the store comes from
+the reconciler's store clock (`watch_store_clock`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from protocol.clock import Clock, SystemClock
+from store.time import StoreClock
 
 
 class ReconcilerMetrics:
@@ -25,41 +27,53 @@ class ReconcilerMetrics:
         self.lease_epoch = Gauge(
             "lm_reconciler_lease_epoch", "Epoch of the lease this process holds", registry=r
         )
-        self.log_lag = Gauge(
-            "lm_reconciler_log_lag_seconds",
-            "Store time minus the first time of the newest index log segment consumed, as of "
-            "the last steady pass (grows when the pass falls behind or nothing is written)",
-            registry=r,
-        )
         self.checkpoint_age = Gauge(
             "lm_reconciler_checkpoint_age_seconds",
-            "Seconds since the index log checkpoint was last confirmed (-1: none yet)",
+            "Seconds since the steady pass last saved its index checkpoint (-1: none yet)",
             registry=r,
         )
         self.checkpoint_age.set_function(self._checkpoint_age_s)
         self.steady_passes = Counter(
             "lm_reconciler_steady_passes",
-            "Steady-state passes by result (complete, incomplete)",
+            "Steady passes by result (complete, incomplete)",
             ["result"],
+            registry=r,
+        )
+        self.log_lag = Gauge(
+            "lm_reconciler_log_lag_seconds",
+            "Store time minus the first time of the newest index log segment consumed, as "
+            "of the last steady pass",
             registry=r,
         )
         self.log_segments = Counter(
             "lm_reconciler_log_segments_read",
-            "Index log segments read by steady passes",
+            "Index log segments the steady pass read (each once)",
             registry=r,
         )
         self.records_read = Counter(
             "lm_reconciler_records_read",
-            "Accepted and quarantine records read to be cataloged (steady passes and audits)",
+            "Accepted manifests and quarantine records read to catalog them (steady pass "
+            "and audit)",
             registry=r,
         )
-        self.catalog_rows = Counter(
-            "lm_reconciler_catalog_rows", "Rows written to catalog files", registry=r
+        self.cataloged_rows = Counter(
+            "lm_reconciler_cataloged_rows",
+            "Verified rows written to new catalog files, by kind (accepted, quarantine); "
+            "compaction's merged files not counted",
+            ["kind"],
+            registry=r,
         )
         self.catalog_files = Counter(
             "lm_reconciler_catalog_files",
-            "Catalog files written, by origin (write, compaction)",
+            "Catalog files written (each with its rollup work marker), by origin "
+            "(cataloged, compacted)",
             ["origin"],
+            registry=r,
+        )
+        self.missing_records = Counter(
+            "lm_reconciler_missing_records",
+            "Records a log row named that do not exist (a collector's claim the store "
+            "does not back)",
             registry=r,
         )
         self.problems = Counter(
@@ -72,11 +86,6 @@ class ReconcilerMetrics:
             "lm_reconciler_problems_resolved",
             "Problem records removed because their subject checked out fine",
             ["kind"],
-            registry=r,
-        )
-        self.dangling_rows = Counter(
-            "lm_reconciler_dangling_log_rows",
-            "Index log rows naming a record that does not exist",
             registry=r,
         )
         self.store_failures = Counter(
@@ -124,9 +133,16 @@ class ReconcilerMetrics:
         self.gc_deletions = Counter(
             "lm_reconciler_gc_deletions", "Raw blobs deleted by the GC", registry=r
         )
+        self.store_clock_skew = Gauge(
+            "lm_reconciler_store_clock_skew_seconds",
+            "This host's clock minus the object store's, from the Date header of its answers "
+            "(positive: ahead; 0 until measured). Beyond [store] max_clock_skew_s it is logged; "
+            "ages and leases use store time regardless",
+            registry=r,
+        )
         self.stage_errors = Counter(
             "lm_reconciler_stage_errors",
-            "Daemon stages (steady, audit, gc) that ended with an error",
+            "Daemon stages (steady, audit, compaction, gc) that ended with an error",
             ["stage"],
             registry=r,
         )
@@ -145,6 +161,10 @@ class ReconcilerMetrics:
                 raise ValueError(f"GC counts only grow, got {amount}")
             if amount:
                 counter.inc(amount)
+
+    def watch_store_clock(self, clock: StoreClock) -> None:
+        """Export ``clock``'s measured skew (read at each scrape)."""
+        self.store_clock_skew.set_function(lambda: clock.skew_s or 0.0)
 
     def note_checkpoint(self, updated_at_unix_ns: int) -> None:
         self._checkpoint_updated_ns = updated_at_unix_ns

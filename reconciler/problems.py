@@ -6,9 +6,11 @@ created with If-None-Match on first sight; later sightings move ``last_seen`` fo
 manifest parses), its record is removed, so the set of records is the set of problems
 as of each subject's latest check.
 
-Kinds (``PROBLEM_KINDS``): ``missing-blob`` and ``corrupt-blob`` (subject: the raw-blob
-key; the detail names the record that references it), ``unparseable-manifest`` and
-``unparseable-quarantine`` (subject: the record's key). ``gc-guard`` belongs to the GC.
+Kinds (``PROBLEM_KINDS``): ``missing-blob`` (subject: the raw-blob key; the detail names
+a record that references it) and ``corrupt-blob`` (the detail says whether the catalog
+references it), ``unparseable-manifest`` and ``unparseable-quarantine`` (subject: the
+record's key), ``unreadable-index-file`` (subject: a log segment that does not decode, or
+a catalog file, which is then moved aside). ``gc-guard`` belongs to the GC.
 """
 
 from __future__ import annotations

@@ -29,7 +29,6 @@ import hashlib
 from collections import Counter
 from dataclasses import dataclass, field
 
-from index.catalog import CatalogWriter
 from index.log_reader import LogPosition, new_segments, read_segment
 from index.rows import IndexFileError
 from protocol import keys
@@ -60,7 +59,6 @@ class SteadyResult:
     failed: int = 0
     complete: bool = True
     checkpoint: IndexCheckpoint | None = None
-    segments_behind: int = 0
 
 
 class OrphanSuspects:
@@ -137,11 +135,7 @@ class SteadyScanner:
         )
         problems = ProblemBook(ctx)
         await problems.load()
-        cataloger = Cataloger(
-            ctx,
-            problems,
-            CatalogWriter(store=ctx.store, clock=ctx.clock, rng=ctx.rng, epoch=ctx.epoch),
-        )
+        cataloger = Cataloger(ctx, problems)
         chunk = _Chunk()
         now_ns = ctx.clock.now_ns()
         async for info, name in new_segments(

@@ -3,6 +3,11 @@
 Only calls that are safe to repeat are retried here: reads, and If-None-Match creates
 (a repeat either creates the object or finds it: 412). Errors left after the retries
 propagate as the store raised them; callers count them and leave the work for next time.
+
+An exception from the store that is not a `StoreError` (a key an implementation cannot
+take, a bug in a store or a wrapper) becomes `StoreCallFailed`, a `StoreError`: the
+caller's handling of store errors then fails the one record whose call it was (counted,
+logged, redone later), instead of the exception ending the whole steady pass or audit.
 """
 
 from __future__ import annotations
@@ -11,12 +16,12 @@ import enum
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from store.base import ObjectInfo
 from store.errors import (
     ConditionConflict,
     NotFound,
     OutcomeUnknown,
     PreconditionFailed,
+    StoreError,
     Unavailable,
 )
 
@@ -31,15 +36,17 @@ class Created(enum.Enum):
     CREATED = "created"
     EXISTED = "existed"
     MAYBE = "maybe"
-    """412 after an attempt whose answer was lost: ours may have landed. Treat as created
-    where missing a consequence (a dirty marker) would be worse than doing it twice."""
-
-    @property
-    def possibly_ours(self) -> bool:
-        return self is not Created.EXISTED
+    """412 after an attempt whose answer was lost: ours may have landed."""
 
 
-async def _retrying(ctx: ReconcilerContext, call: Callable[[], Awaitable[T]]) -> T:
+class StoreCallFailed(StoreError):
+    """The store raised something other than a `StoreError` for this call (in ``detail``).
+    Not retried: nothing says a repeat would go differently."""
+
+
+async def _retrying(
+    ctx: ReconcilerContext, op: str, key: str, call: Callable[[], Awaitable[T]]
+) -> T:
     delays = ctx.backoff.delays(ctx.rng)
     while True:
         try:
@@ -49,6 +56,10 @@ async def _retrying(ctx: ReconcilerContext, call: Callable[[], Awaitable[T]]) ->
             if delay is None:
                 raise
             await ctx.clock.sleep(delay)
+        except StoreError:
+            raise
+        except Exception as exc:
+            raise StoreCallFailed(op, key, repr(exc)) from exc
 
 
 async def read(ctx: ReconcilerContext, key: str) -> bytes | None:
@@ -61,19 +72,7 @@ async def read(ctx: ReconcilerContext, key: str) -> bytes | None:
             return None
         return body
 
-    return await _retrying(ctx, call)  # safe to repeat: a read
-
-
-async def head(ctx: ReconcilerContext, key: str) -> ObjectInfo | None:
-    """The object's metadata, or ``None`` when absent."""
-
-    async def call() -> ObjectInfo | None:
-        try:
-            return await ctx.store.head(key)
-        except NotFound:
-            return None
-
-    return await _retrying(ctx, call)  # safe to repeat: a read
+    return await _retrying(ctx, "get", key, call)  # safe to repeat: a read
 
 
 async def create_if_absent(ctx: ReconcilerContext, key: str, body: bytes) -> Created:
@@ -92,4 +91,4 @@ async def create_if_absent(ctx: ReconcilerContext, key: str, body: bytes) -> Cre
         return Created.CREATED
 
     # Safe to repeat: If-None-Match turns a repeat of a create that landed into a 412.
-    return await _retrying(ctx, call)
+    return await _retrying(ctx, "put", key, call)

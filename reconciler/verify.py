@@ -20,18 +20,20 @@ Every blob that exists for a whole round is verified in that round; a round take
 audits.
 
 **Problems**: a blob whose SHA-256 differs from its key becomes a ``corrupt-blob`` problem
-(subject: the blob key; the detail names a record that references it, from the blob's
-``accepted-by-blob``/``quarantine-by-blob`` entries, or says none does). A blob that
-verifies resolves an open ``corrupt-blob`` problem. Missing blobs are the audit's and the
-steady state's business (`reconciler.repair`): a blob deleted between listing and reading
-is skipped. A store error stops verification for this audit (logged and counted); it
-never keeps the audit from completing.
+(subject: the blob key; the detail says whether the catalog references it, from the
+audit's in-memory set of referenced hashes — naming the referencing record would mean
+reading catalog files per corrupt blob, so ``lm-reconciler problems`` leaves that to the
+operator). A blob that verifies resolves an open ``corrupt-blob`` problem. Missing blobs
+are the audit's blob join's business (`reconciler.audit_join`): a blob deleted between
+listing and reading is skipped. A store error stops verification for this audit (logged
+and counted); it never keeps the audit from completing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import Callable
 
 from protocol import keys
 from store.errors import StoreError
@@ -58,10 +60,12 @@ class BlobVerifier:
         *,
         cursor: str,
         limit: asyncio.Semaphore,
+        is_referenced: Callable[[str], bool],
     ) -> None:
         self._ctx = ctx
         self._problems = problems
         self._limit = limit
+        self._is_referenced = is_referenced
         self._bucket = TokenBucket(
             rate_per_s=ctx.reconciler_settings.verify_rate_per_s, clock=ctx.clock
         )
@@ -141,22 +145,13 @@ class BlobVerifier:
             await self._problems.resolve("corrupt-blob", blob_key)
             return
         self.problems += 1
-        referenced_by = await self._referenced_by(sha)
+        referenced = (
+            "referenced by the catalog"
+            if self._is_referenced(sha)
+            else "no catalog row references it"
+        )
         await self._problems.record(
             "corrupt-blob",
             blob_key,
-            f"raw blob ({len(body)} bytes) hashes to {actual}; referenced by {referenced_by}",
+            f"raw blob ({len(body)} bytes) hashes to {actual}; {referenced}",
         )
-
-    async def _referenced_by(self, sha: str) -> str:
-        """A record referencing ``sha``, per its by-blob index entries (corrupt blobs only:
-        rare)."""
-        for prefix in (keys.accepted_by_blob_prefix(sha), keys.quarantine_by_blob_prefix(sha)):
-            async with self._limit, closing(self._ctx.store.list(prefix)) as listing:
-                async for info in listing:
-                    try:
-                        _sha, identity = keys.parse_accepted_by_blob_key(info.key)
-                    except keys.KeyFormatError:
-                        return f"the record of index entry {info.key}"
-                    return keys.accepted_manifest_key(identity)
-        return "no record (no accepted-by-blob or quarantine-by-blob entry)"

@@ -21,12 +21,12 @@ import asyncio
 import json
 import logging
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import structlog
 
-from config import Settings, SettingsError, configure_logging, load_settings
+from config import Settings, SettingsError, configure_logging
+from config.cli import add_settings_flags, settings_from_flags
 from protocol.clock import SystemClock
 from rollup.cli_read import add_read_commands
 from rollup.commit import CommitConflict
@@ -54,13 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lm-rollup", description="Run the rollup job, and read what it wrote."
     )
-    parser.add_argument(
-        "--config", type=Path, help="TOML settings file (default: built-in defaults + LM_* env)"
-    )
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="include every pending accepted batch, then commit")
     add_run_arguments(run)
     add_read_commands(commands)
+    add_settings_flags(parser)
     return parser
 
 
@@ -77,7 +75,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        settings = load_settings(args.config)
+        settings = settings_from_flags(args)
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

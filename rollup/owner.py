@@ -6,9 +6,10 @@ the record with If-Match and epoch + 1; renewed with If-Match. The epoch is the
 (`rollup.commit.commit` does) and between long steps: it renews once half the TTL has
 passed and raises `OwnerLost` when the lease is gone or too close to expiry to act.
 
-Why a margin: expiry is judged by each reader's clock, and a commit's last request can
-take a while to land. An owner therefore stops acting ``margin_s`` before its expiry, so
-a successor (who waits for the expiry itself) never overlaps with it. The pointer CAS
+Expiry is written and judged in store time (PROTOCOL §3.8, `store.time`), so owners whose
+clocks disagree still agree on it. Why a margin: a commit's last request can take a while
+to land. An owner therefore stops acting ``margin_s`` before its expiry, so a successor
+(who waits for the expiry itself) never overlaps with it. The pointer CAS
 keeps even overlapping owners from double counting; the lease keeps them from wasting
 work and fences stale ones by epoch.
 """
@@ -25,6 +26,7 @@ from protocol.keys import ROLLUP_OWNER_KEY
 from store import lease as leases
 from store.base import ObjectStore
 from store.errors import ConditionConflict, Unavailable
+from store.time import store_clock
 
 log = structlog.get_logger(__name__)
 
@@ -49,7 +51,7 @@ class OwnerLease:
         self._store = store
         self._lease = lease
         self._ttl_s = ttl_s
-        self._clock = clock
+        self._clock = store_clock(store, clock)  # expiries are in store time
         self._margin_s = margin_s
         self._lost: str | None = None
 

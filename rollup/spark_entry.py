@@ -36,7 +36,8 @@ _REPO_ROOT = str(Path(__file__).resolve().parents[1])
 if _REPO_ROOT not in sys.path:
     sys.path.insert(0, _REPO_ROOT)
 
-from config import SettingsError, configure_logging, load_settings  # noqa: E402
+from config import SettingsError, configure_logging  # noqa: E402
+from config.cli import add_settings_flags, settings_from_flags  # noqa: E402
 from rollup.__main__ import EXIT_USAGE, quiet_spark_loggers, run_command  # noqa: E402
 from rollup.spark_session import submitted_spark  # noqa: E402
 
@@ -45,11 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="spark_entry.py", description="lm-rollup run under spark-submit"
     )
-    parser.add_argument("--config", type=Path, help="TOML settings file")
     parser.add_argument("--progress", action="store_true", help="progress bars on stderr")
+    add_settings_flags(parser)
     args = parser.parse_args(argv)
     try:
-        settings = load_settings(args.config)
+        settings = settings_from_flags(args)
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

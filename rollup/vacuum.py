@@ -18,7 +18,10 @@ Safety:
 - Nothing reachable from the current snapshot is ever deleted: the keep set always
   includes it, and the pointer is re-read before deleting (a moved pointer aborts).
 - An unreachable object younger than ``min_age_s`` is kept: a commit in flight may be
-  about to reference it (its files are written before its snapshot and pointer).
+  about to reference it (its files are written before its snapshot and pointer). Ages
+  (and the retention cutoff) are judged in store time (PROTOCOL §3.8, `store.time`):
+  LastModified is the store's clock, so a host whose clock runs ahead must not see a
+  file of a commit in flight as old.
 - Vacuum holds the rollup owner lease while it works (``hold_lease``), so no job commits
   meanwhile; `store.lease.LeaseHeld` when a job holds it: run vacuum later.
 """
@@ -37,6 +40,7 @@ from rollup.commit import load_latest, walk_snapshots
 from rollup.manifest import Snapshot, parse_created_at
 from rollup.owner import OwnerLease
 from store.base import ObjectInfo, ObjectStore
+from store.time import store_clock
 
 log = structlog.get_logger(__name__)
 
@@ -133,7 +137,7 @@ async def _vacuum(
 ) -> VacuumReport:
     latest = await load_latest(store)
     chain = [s async for s in walk_snapshots(store, latest)] if latest is not None else []
-    now_ns = clock.now_ns()
+    now_ns = store_clock(store, clock).now_ns()
     kept_snapshots = retained(
         chain, now_ns=now_ns, retain_versions=retain_versions, retain_s=retain_s
     )

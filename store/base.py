@@ -17,6 +17,16 @@ Contract, shared by every implementation and checked by ``tests/store/test_contr
   starts with ``prefix`` and sorts after ``start_after``, in S3 order (bytewise order of
   the UTF-8 encoding of the whole key). Pages are fetched lazily; memory stays bounded.
 - ``delete(key)``: removes the object; deleting an absent key is not an error (as in S3).
+- ``sign_delete(key, *, expires_in_s) -> SignedDelete`` and
+  ``send_signed_delete(request)``: a DELETE that cannot land late (PROTOCOL §3.5 rule 6).
+  Signing sends nothing. The signed request is sent once, never repeated by the store
+  (and never re-sent or re-signed by the caller); the store refuses it with
+  `RequestExpired` when it arrives more than ``expires_in_s`` after it was signed, judged
+  by the store's own clock (S3: ``X-Amz-Date`` + ``X-Amz-Expires``; the memory and
+  filesystem stores emulate that with their injected clock). Other failures say whether it
+  may have been applied: `Unavailable` (refused or not sent: nothing applied) or
+  `OutcomeUnknown` (it may still land, but never after its expiry). Deleting an absent key
+  succeeds, as ``delete`` does.
 - ``close()``: release connections and files.
 
 ETags are opaque strings: compare them only for equality, and only from the same store.
@@ -24,8 +34,8 @@ ETags are opaque strings: compare them only for equality, and only from the same
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 
@@ -37,6 +47,29 @@ class ObjectInfo:
     size: int
     etag: str
     last_modified_ns: int
+
+
+MAX_SIGNED_EXPIRY_S = 7 * 24 * 3600
+"""S3's longest pre-signed URL lifetime (``X-Amz-Expires``): one week."""
+
+
+@dataclass(frozen=True, slots=True)
+class SignedDelete:
+    """A DELETE of ``key`` signed once, valid for ``expires_in_s`` from its signing.
+
+    ``signed_at_unix_ns`` is the signer's clock (S3 truncates it to whole seconds in
+    ``X-Amz-Date``, so the request expires no later than this plus ``expires_in_s``).
+    ``url`` is the pre-signed request for S3, empty for stores that check expiry
+    themselves. Only the store that signed it can send it."""
+
+    key: str
+    expires_in_s: int
+    signed_at_unix_ns: int
+    url: str = field(default="", repr=False)  # carries a signature: keep it out of logs
+
+    @property
+    def expires_at_unix_ns(self) -> int:
+        return self.signed_at_unix_ns + self.expires_in_s * 1_000_000_000
 
 
 @runtime_checkable
@@ -62,7 +95,18 @@ class ObjectStore(Protocol):
 
     async def delete(self, key: str) -> None: ...
 
+    async def sign_delete(self, key: str, *, expires_in_s: int) -> SignedDelete: ...
+
+    async def send_signed_delete(self, request: SignedDelete) -> None: ...
+
     async def close(self) -> None: ...
+
+
+async def list_prefixes(store: ObjectStore, prefixes: Iterable[str]) -> AsyncIterator[ObjectInfo]:
+    """Every object under each of ``prefixes`` in turn (prefixes that do not overlap)."""
+    for prefix in prefixes:
+        async for info in store.list(prefix):
+            yield info
 
 
 def check_key(op: str, key: str) -> None:
@@ -82,3 +126,14 @@ def check_put_conditions(key: str, if_none_match: bool, if_match: str | None) ->
     """Refuse a put that asks for both conditions at once (a caller bug)."""
     if if_none_match and if_match is not None:
         raise ValueError(f"put {key!r}: if_none_match and if_match are exclusive")
+
+
+def check_signed_expiry(key: str, expires_in_s: int) -> None:
+    """Refuse an expiry S3 would refuse: whole seconds in ``[1, MAX_SIGNED_EXPIRY_S]``."""
+    if isinstance(expires_in_s, bool) or not isinstance(expires_in_s, int):
+        raise ValueError(f"sign_delete {key!r}: expires_in_s must be whole seconds")
+    if not 1 <= expires_in_s <= MAX_SIGNED_EXPIRY_S:
+        raise ValueError(
+            f"sign_delete {key!r}: expires_in_s must be in [1, {MAX_SIGNED_EXPIRY_S}], "
+            f"got {expires_in_s}"
+        )

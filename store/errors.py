@@ -14,6 +14,8 @@ What to do with each:
   could have been applied. Back off and retry, or answer 503.
 - `OutcomeUnknown` (a kind of `Unavailable`): the request may or may not have been
   applied (the answer was lost). For a conditional create, only a later read decides.
+- `RequestExpired`: a signed request (`store.base.SignedDelete`) reached the store after
+  its expiry and was refused; nothing was applied. Final: never send it again.
 - `StoreConfigError`: the store URL or options are wrong. Fix the configuration.
 """
 
@@ -51,6 +53,11 @@ class Unavailable(StoreError):
 
 class OutcomeUnknown(Unavailable):
     """The request may have been applied; only a later read tells."""
+
+
+class RequestExpired(StoreError):
+    """A signed request arrived after its expiry and was refused: nothing was applied.
+    Never re-send or re-sign it blindly; whoever signed it decides afresh."""
 
 
 class StoreConfigError(ValueError):

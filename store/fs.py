@@ -20,11 +20,21 @@ ETags are the quoted MD5 of the content (what S3 gives for single-part uploads),
 on read. Content hashes stay correct however inodes and timestamps are reused; the cost
 is that `head` and `list` read every object they report.
 
-``last_modified_ns`` is the file's mtime, set from the injected clock when written.
+``last_modified_ns`` is the file's mtime, set from the injected clock when written. That
+clock is also the store's clock for signed deletes: one sent after its expiry is refused
+(`RequestExpired`).
 
-Limitation: a path cannot be a file and a directory at once, so the keys ``a`` and
-``a/b`` cannot coexist; the second put raises `KeyPathConflict`. PROTOCOL's key layout
-never needs both. Segments longer than 255 UTF-8 bytes are refused with `ValueError`.
+Limitations of a directory tree, each a `KeyNotStorable` (a `StoreError`: final, the key
+layout must change) on put:
+
+- a path cannot be a file and a directory at once, so the keys ``a`` and ``a/b`` cannot
+  coexist; the second put raises `KeyPathConflict`. PROTOCOL's key layout never needs both.
+- a segment longer than 255 UTF-8 bytes (NAME_MAX) cannot be a file name: `KeySegmentTooLong`.
+  PROTOCOL §3's segment rule keeps every key within it. No object can exist at such a key,
+  so reads answer `NotFound`, deletes do nothing, and listings under it are empty (as S3
+  answers for any key nobody wrote): a reader looking for the long form a store written
+  before the rule may hold (`protocol.keys.legacy_accepted_manifest_key`) needs no case
+  of its own.
 Temporary files of a process killed mid-write stay in ``.lm-store/tmp``; they are never
 visible as objects and can be removed by hand.
 """
@@ -42,8 +52,21 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from protocol.clock import Clock, SystemClock
-from store.base import ObjectInfo, check_key, check_put_conditions
-from store.errors import NotFound, OutcomeUnknown, PreconditionFailed, StoreError, Unavailable
+from store.base import (
+    ObjectInfo,
+    SignedDelete,
+    check_key,
+    check_put_conditions,
+    check_signed_expiry,
+)
+from store.errors import (
+    NotFound,
+    OutcomeUnknown,
+    PreconditionFailed,
+    RequestExpired,
+    StoreError,
+    Unavailable,
+)
 from store.memory import body_etag
 
 _RESERVED = ".lm-store"
@@ -58,17 +81,25 @@ _NAME_MAX = 255
 _GONE = (FileNotFoundError, NotADirectoryError, IsADirectoryError)
 
 
-class KeyPathConflict(StoreError, ValueError):
-    """The filesystem store cannot hold this key: one path would have to be both a file and
-    a directory (keys ``a`` and ``a/b``). Final: the key layout must change."""
+class KeyNotStorable(StoreError, ValueError):
+    """The filesystem store cannot hold this key. Final: the key layout must change."""
+
+
+class KeyPathConflict(KeyNotStorable):
+    """One path would have to be both a file and a directory (keys ``a`` and ``a/b``)."""
+
+
+class KeySegmentTooLong(KeyNotStorable):
+    """A segment of the key is longer than a file name may be (255 UTF-8 bytes)."""
 
 
 class FileSystemStore:
     """The `ObjectStore` protocol over a directory tree.
 
-    Errors: `NotFound`, `PreconditionFailed`, `KeyPathConflict`, `ValueError` for invalid
-    keys; `Unavailable` when the filesystem fails before a write is applied (full disk,
-    permissions), `OutcomeUnknown` when it fails after (a directory fsync).
+    Errors: `NotFound`, `PreconditionFailed`, `KeyNotStorable` (`KeyPathConflict`,
+    `KeySegmentTooLong`) on put, `ValueError` for invalid keys; `Unavailable` when the
+    filesystem fails before a write is applied (full disk, permissions), `OutcomeUnknown`
+    when it fails after (a directory fsync).
     """
 
     def __init__(self, root: Path, *, clock: Clock | None = None) -> None:
@@ -85,21 +116,30 @@ class FileSystemStore:
         return Path(self._root)
 
     def _path(self, op: str, key: str) -> str:
+        """The file of ``key``. Raises `ValueError` for an invalid or reserved key and
+        `KeySegmentTooLong` for one no file can have."""
         check_key(op, key)
         segments = key.split("/")
         if segments[0] == _RESERVED:
             raise ValueError(f"{op} {key!r}: {_RESERVED!r} is reserved by the filesystem store")
         if any(len(segment.encode("utf-8")) > _NAME_MAX for segment in segments):
-            raise ValueError(f"{op} {key!r}: a path segment is longer than {_NAME_MAX} bytes")
+            detail = f"a path segment is longer than {_NAME_MAX} bytes"
+            raise KeySegmentTooLong(op, key, detail)
         return os.path.join(self._root, key)
 
     async def get(self, key: str) -> tuple[bytes, str]:
-        path = self._path("get", key)
+        try:
+            path = self._path("get", key)
+        except KeySegmentTooLong:
+            raise NotFound("get", key) from None  # no object can be there
         body, info = await asyncio.to_thread(_read, "get", key, path)
         return body, info.etag
 
     async def head(self, key: str) -> ObjectInfo:
-        path = self._path("head", key)
+        try:
+            path = self._path("head", key)
+        except KeySegmentTooLong:
+            raise NotFound("head", key) from None  # no object can be there
         _, info = await asyncio.to_thread(_read, "head", key, path)
         return info
 
@@ -232,12 +272,19 @@ class FileSystemStore:
             os.close(fd)  # closing the only descriptor releases the lock
 
     async def delete(self, key: str) -> None:
-        path = self._path("delete", key)
+        try:
+            path = self._path("delete", key)
+        except KeySegmentTooLong:
+            return  # no object can be there: deleting an absent key is not an error
         await asyncio.to_thread(self._delete_sync, key, path)
 
-    def _delete_sync(self, key: str, path: str) -> None:
+    def _delete_sync(
+        self, key: str, path: str, expired: Callable[[], bool] = lambda: False
+    ) -> None:
         parent = os.path.dirname(path)
         with self._key_lock(key):
+            if expired():
+                raise RequestExpired("delete", key, "the signed request has expired")
             try:
                 os.unlink(path)
             except _GONE:
@@ -260,6 +307,21 @@ class FileSystemStore:
                 break
             parent = os.path.dirname(parent)
 
+    async def sign_delete(self, key: str, *, expires_in_s: int) -> SignedDelete:
+        self._path("sign_delete", key)
+        check_signed_expiry(key, expires_in_s)
+        return SignedDelete(key, expires_in_s, self._clock.now_ns())
+
+    async def send_signed_delete(self, request: SignedDelete) -> None:
+        """`delete`, refused once the store's clock is past the request's expiry (checked
+        under the key's lock, so the check and the unlink are one step)."""
+        path = self._path("delete", request.key)
+
+        def expired() -> bool:
+            return self._clock.now_ns() > request.expires_at_unix_ns
+
+        await asyncio.to_thread(self._delete_sync, request.key, path, expired)
+
     async def list(self, prefix: str, start_after: str | None = None) -> AsyncIterator[ObjectInfo]:
         files = self._walk_prefix(prefix, start_after)
         while True:
@@ -277,6 +339,8 @@ class FileSystemStore:
             return iter(())  # no valid key starts with this prefix
         if segments and segments[0] == _RESERVED:
             return iter(())
+        if any(len(s.encode("utf-8")) > _NAME_MAX for s in segments):
+            return iter(())  # no directory can have this name: no key starts with it
         dir_key = (dir_part + "/").encode("utf-8") if dir_part else b""
         after = start_after.encode("utf-8") if start_after is not None else None
         directory = os.path.join(self._root, dir_part)

@@ -8,8 +8,13 @@ exact record it replaces, two owners can never both believe a write of theirs su
 
 The epoch fences: work an owner commits carries its epoch, so a holder that was paused
 past its expiry and taken over is recognisably stale even if it acts before it notices.
-Expiry is judged by the injected clock of whoever reads the record; owners should stop
-acting a safety margin before ``expires_at`` (see `Lease.is_valid`) to absorb clock skew.
+
+Expiries are written and compared in store time (PROTOCOL §3.8, `store.time`): `acquire`,
+`renew` and `release` turn the clock they are given into the store's with
+`store.time.store_clock`, so two hosts whose clocks disagree still agree on when a lease
+ends. `Lease.is_valid` must be given a store clock too (`OwnerLease` and the reconciler's
+`Fence` hold one). A holder should still stop acting a safety margin before
+``expires_at`` (see `Lease.is_valid`): its last request may take a while to land.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from store.base import ObjectStore
 from store.cas import update_object
 from store.errors import NotFound, OutcomeUnknown, PreconditionFailed, StoreError, Unavailable
 from store.retry import Backoff
+from store.time import StoreClock, store_clock
 
 # Losing a takeover race means someone else now holds a fresh lease, so the next read
 # settles it: a few attempts are plenty.
@@ -65,8 +71,13 @@ class Lease:
     etag: str
 
     def is_valid(self, clock: Clock, margin_s: float = 0.0) -> bool:
-        """True while ``now + margin_s`` is before the expiry: act only while this holds."""
-        return clock.now_ns() + int(margin_s * 1e9) < self.record.expires_at_unix_ns
+        """True while ``now + margin_s`` is before the expiry: act only while this holds.
+
+        ``clock`` should be a `StoreClock` (`store.time.store_clock`); "now" is then the
+        latest the store's clock may read, so an imprecise measurement shortens our lease
+        rather than stretching it past the expiry a successor waits for."""
+        now_ns = clock.latest_ns() if isinstance(clock, StoreClock) else clock.now_ns()
+        return now_ns + int(margin_s * 1e9) < self.record.expires_at_unix_ns
 
 
 async def acquire(
@@ -89,6 +100,7 @@ async def acquire(
     lease (an operator must look); store errors (`Unavailable`, ...) as they come.
     """
     ttl_ns = _ttl_ns(ttl_s)
+    clock = store_clock(store, clock)
 
     def take(body: bytes | None) -> bytes:
         now_ns = clock.now_ns()
@@ -115,7 +127,7 @@ async def renew(store: ObjectStore, key: str, lease: Lease, *, ttl_s: float, clo
     while ``lease.is_valid``); `OutcomeUnknown` only if even the follow-up read failed.
     """
     _check_key(key, lease)
-    record = _expiring(lease.record, clock.now_ns() + _ttl_ns(ttl_s))
+    record = _expiring(lease.record, store_clock(store, clock).now_ns() + _ttl_ns(ttl_s))
     body = record.to_json()
     try:
         etag = await store.put(key, body, if_match=lease.etag)
@@ -144,7 +156,7 @@ async def release(store: ObjectStore, key: str, lease: Lease, *, clock: Clock) -
     Never raises store errors.
     """
     _check_key(key, lease)
-    record = _expiring(lease.record, clock.now_ns())
+    record = _expiring(lease.record, store_clock(store, clock).now_ns())
     try:
         await store.put(key, record.to_json(), if_match=lease.etag)
     except StoreError:

@@ -6,7 +6,8 @@ winner, as on S3. Nothing survives the process.
 
 ETags are the quoted MD5 hex of the body, as S3 gives for single-part uploads: a
 rewrite with identical bytes keeps its ETag (as on S3), any other rewrite changes it.
-``last_modified_ns`` comes from the injected clock.
+``last_modified_ns`` comes from the injected clock, which is also the store's clock for
+signed deletes: one is refused (`RequestExpired`) when sent after its expiry.
 """
 
 from __future__ import annotations
@@ -20,8 +21,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from protocol.clock import Clock, SystemClock
-from store.base import ObjectInfo, check_key, check_put_conditions
-from store.errors import NotFound, PreconditionFailed
+from store.base import (
+    ObjectInfo,
+    SignedDelete,
+    check_key,
+    check_put_conditions,
+    check_signed_expiry,
+)
+from store.errors import NotFound, PreconditionFailed, RequestExpired
 
 # S3's ListObjectsV2 page size; paging the same way keeps listings lazy and lets a
 # concurrent writer's changes show up (or not) exactly as they would on S3.
@@ -125,6 +132,17 @@ class MemoryStore:
             if self._objects.pop(key, None) is not None:
                 raw = key.encode("utf-8")
                 del self._order[bisect.bisect_left(self._order, raw)]
+
+    async def sign_delete(self, key: str, *, expires_in_s: int) -> SignedDelete:
+        check_key("sign_delete", key)
+        check_signed_expiry(key, expires_in_s)
+        return SignedDelete(key, expires_in_s, self._clock.now_ns())
+
+    async def send_signed_delete(self, request: SignedDelete) -> None:
+        """`delete`, refused once the store's clock is past the request's expiry."""
+        if self._clock.now_ns() > request.expires_at_unix_ns:
+            raise RequestExpired("delete", request.key, "the signed request has expired")
+        await self.delete(request.key)
 
     async def close(self) -> None:
         """Nothing to release; the objects stay readable (tests inspect them afterwards)."""

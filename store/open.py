@@ -37,6 +37,8 @@ class StoreOptions(Protocol):
     def connect_timeout_s(self) -> float: ...
     @property
     def read_timeout_s(self) -> float: ...
+    @property
+    def max_clock_skew_s(self) -> float: ...
 
 
 def open_store(url: str, *, clock: Clock | None = None, **s3_options: Any) -> ObjectStore:
@@ -70,4 +72,5 @@ def open_store_from_settings(settings: StoreOptions, *, clock: Clock | None = No
         max_pool_connections=settings.max_pool_connections,
         connect_timeout_s=settings.connect_timeout_s,
         read_timeout_s=settings.read_timeout_s,
+        max_clock_skew_s=settings.max_clock_skew_s,
     )

@@ -29,6 +29,12 @@ Below botocore, aiohttp also resends a PUT or DELETE once, silently, when the co
 drops before the answer (its RFC 9112 "idempotent method" retry), with the same effect
 on a conditional create; `_SendOnceHTTPSession` switches that off too.
 
+Signed deletes (PROTOCOL §3.5 rule 6): `sign_delete` makes a pre-signed DELETE URL
+(``X-Amz-Expires``) with the client's credentials, and `send_signed_delete` sends it once
+with aiohttp on a fresh connection. S3 refuses it with 403 "Request has expired" once its
+clock is past ``X-Amz-Date`` + ``X-Amz-Expires`` (`RequestExpired`); other answers and
+transport failures are mapped as above (a DELETE is mutating).
+
 Only this module imports aiobotocore/botocore.
 """
 
@@ -51,18 +57,27 @@ from aiobotocore.httpsession import AIOHTTPSession
 from aiobotocore.session import AioSession
 from botocore import exceptions as botoexc
 from botocore import handlers as botohandlers
+from yarl import URL
 
 from protocol.clock import Clock, SystemClock
-from store.base import ObjectInfo, check_key, check_put_conditions
+from store.base import (
+    ObjectInfo,
+    SignedDelete,
+    check_key,
+    check_put_conditions,
+    check_signed_expiry,
+)
 from store.errors import (
     ConditionConflict,
     NotFound,
     OutcomeUnknown,
     PreconditionFailed,
+    RequestExpired,
     StoreConfigError,
     Unavailable,
 )
 from store.retry import Backoff, repeat_while_unavailable
+from store.time import DEFAULT_MAX_CLOCK_SKEW_S, ClockOffset
 
 if TYPE_CHECKING:
     from types_aiobotocore_s3.client import S3Client
@@ -132,6 +147,7 @@ class S3Store:
         backoff: Backoff | None = None,
         rng: random.Random | None = None,
         clock: Clock | None = None,
+        max_clock_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S,
     ) -> None:
         check_bucket_name(bucket)
         prefix = _normalize_prefix(prefix)
@@ -157,12 +173,21 @@ class S3Store:
             # S3-compatible servers on an IP or localhost have no per-bucket hostnames.
             s3={"addressing_style": "path" if endpoint_url else "auto"},
             user_agent_extra="lightmetrics-ingest",
+            # SigV4 everywhere; botocore would pre-sign with SigV2 (no X-Amz-Expires) else.
+            signature_version="s3v4",
             http_session_cls=_SendOnceHTTPSession,
         )
         self._backoff = backoff if backoff is not None else Backoff()
         self._rng = rng if rng is not None else random.Random()
         self._clock: Clock = clock if clock is not None else SystemClock()
+        self.clock_offset = ClockOffset(max_skew_s=max_clock_skew_s)
         self._client: S3Client | None = None
+        self._signed_http: aiohttp.ClientSession | None = None
+        self._signed_timeout = aiohttp.ClientTimeout(
+            total=connect_timeout_s + read_timeout_s,
+            sock_connect=connect_timeout_s,
+            sock_read=read_timeout_s,
+        )
         self._exit_stack: AsyncExitStack | None = None
         self._open_lock = asyncio.Lock()
         self._closed = False
@@ -186,6 +211,9 @@ class S3Store:
         """Release the client and its connections; the store cannot be used afterwards."""
         self._closed = True
         stack, self._exit_stack, self._client = self._exit_stack, None, None
+        signed_http, self._signed_http = self._signed_http, None
+        if signed_http is not None:
+            await signed_http.close()
         if stack is not None:
             await stack.aclose()
 
@@ -232,8 +260,22 @@ class S3Store:
                 self._client.meta.events.unregister(
                     "before-call.s3", botohandlers.add_expect_header
                 )
+                self._client.meta.events.register("before-call.s3", self._note_sent)
+                self._client.meta.events.register("after-call.s3", self._note_date)
                 self._exit_stack = stack
             return self._client
+
+    # -- store time: the Date header of every answer (store.time) --------------------
+
+    def _note_sent(self, context: dict[str, Any], **_: Any) -> None:
+        context["lightmetrics_sent_ns"] = self._clock.now_ns()
+
+    def _note_date(self, parsed: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
+        """botocore's ``after-call`` comes for error answers (4xx/5xx) too."""
+        date = parsed.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+        sent_ns = context.get("lightmetrics_sent_ns")
+        if isinstance(date, str) and isinstance(sent_ns, int):
+            self.clock_offset.observe(date, sent_ns=sent_ns, answered_ns=self._clock.now_ns())
 
     # -- the ObjectStore operations ----------------------------------------------------
 
@@ -358,6 +400,60 @@ class S3Store:
         # decides (the GC leaves its mark "deleting" until a settle time has passed).
         await self._retrying("delete", key, attempt, mutating=True, repeat_unknown=False)
 
+    async def sign_delete(self, key: str, *, expires_in_s: int) -> SignedDelete:
+        """A pre-signed DELETE URL (``X-Amz-Expires`` = ``expires_in_s``); sends nothing."""
+        check_key("sign_delete", key)
+        check_signed_expiry(key, expires_in_s)
+        s3 = await self._s3()
+        try:
+            url = await s3.generate_presigned_url(
+                "delete_object",
+                Params={"Bucket": self.bucket, "Key": self._root + key},
+                ExpiresIn=expires_in_s,
+            )
+        except botoexc.BotoCoreError as exc:
+            raise map_s3_error("sign_delete", key, exc, mutating=False) from exc
+        return SignedDelete(key, expires_in_s, _signed_at_ns(key, url), url)
+
+    async def send_signed_delete(self, request: SignedDelete) -> None:
+        """Send ``request`` once, on its own connection, and map the answer as every other
+        call here is mapped. Never repeated: not by botocore (not involved), not by aiohttp
+        (its hidden resend is off and no connection is reused), not here."""
+        if not request.url:
+            raise ValueError(f"send_signed_delete {request.key!r}: not signed by an S3 store")
+        session = await self._signed_session()
+        try:
+            async with session.delete(URL(request.url, encoded=True)) as answer:
+                status = answer.status
+                body = await answer.content.read(_ERROR_BODY_MAX)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise map_s3_error("delete", request.key, exc, mutating=True) from exc
+        if status < 300:
+            return
+        code, message = _error_code_and_message(body)
+        if status == 403 and "expired" in message.lower():
+            raise RequestExpired("delete", request.key, f"{code} (HTTP 403): {message}")
+        error = _map_error_answer("delete", request.key, status, code, message, mutating=True)
+        if isinstance(error, NotFound):
+            return  # no such key: deleted already, as `delete` treats it
+        raise error
+
+    async def _signed_session(self) -> aiohttp.ClientSession:
+        async with self._open_lock:
+            if self._closed:
+                raise RuntimeError(f"{self!r} is closed")
+            if self._signed_http is None:
+                session = aiohttp.ClientSession(
+                    # A fresh connection per request: a signed DELETE is never resent on a
+                    # reused connection that turned out to be closed.
+                    connector=aiohttp.TCPConnector(force_close=True),
+                    timeout=self._signed_timeout,
+                    trust_env=True,  # HTTP(S)_PROXY / NO_PROXY, as botocore honours them
+                )
+                session._retry_connection = False  # see _SendOnceHTTPSession
+                self._signed_http = session
+            return self._signed_http
+
     # -- one request, mapped errors, bounded retries -----------------------------------
 
     async def _once(
@@ -458,7 +554,15 @@ def _map_client_error(op: str, key: str, exc: botoexc.ClientError, *, mutating: 
     error = exc.response.get("Error", {})
     code = str(error.get("Code", ""))
     status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
-    detail = f"{code or 'error'} (HTTP {status}): {error.get('Message', '')}".rstrip(": ")
+    message = str(error.get("Message", ""))
+    return _map_error_answer(op, key, status, code, message, mutating=mutating)
+
+
+def _map_error_answer(
+    op: str, key: str, status: int, code: str, message: str, *, mutating: bool
+) -> Exception:
+    """The `store.errors` exception for an S3 error answer (status, error code, message)."""
+    detail = f"{code or 'error'} (HTTP {status}): {message}".rstrip(": ")
     if status == 412 or code == "PreconditionFailed":
         return PreconditionFailed(op, key, detail)
     if status == 409 or code in _CONFLICT_CODES:
@@ -531,6 +635,29 @@ def _is_ip_address(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+_ERROR_BODY_MAX = 64 * 1024
+_ERROR_FIELD = re.compile(rb"<(Code|Message)>([^<]{0,1024})</\1>")
+
+
+def _error_code_and_message(body: bytes) -> tuple[str, str]:
+    """``Code`` and ``Message`` of an S3 XML error body (empty when absent or garbled)."""
+    found = {m.group(1): m.group(2) for m in _ERROR_FIELD.finditer(body)}
+    return (
+        found.get(b"Code", b"").decode("utf-8", "replace"),
+        found.get(b"Message", b"").decode("utf-8", "replace"),
+    )
+
+
+def _signed_at_ns(key: str, url: str) -> int:
+    """The ``X-Amz-Date`` of a pre-signed URL: when S3 starts counting its expiry."""
+    stamp = URL(url, encoded=True).query.get("X-Amz-Date", "")
+    try:
+        signed = datetime.strptime(stamp, "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        raise StoreConfigError(f"sign_delete {key!r}: no X-Amz-Date in the signed URL") from None
+    return (signed - _EPOCH) // timedelta(seconds=1) * 1_000_000_000
 
 
 def _etag(raw: str) -> str:

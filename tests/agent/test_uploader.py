@@ -168,3 +168,55 @@ async def test_send_without_spool(producer: BatchProducer):
     assert (first.outcome, again.outcome) == (Outcome.ACCEPTED, Outcome.DUPLICATE)
     assert first.identity == identity
     assert first.frame_sha256 == state.requests[0].sha256
+
+
+# --- the resend header (PROTOCOL §3.2) ------------------------------------------------
+
+
+async def test_a_retry_carries_the_resend_header_the_first_attempt_does_not(
+    spool: Spool, producer: BatchProducer
+):
+    _, result, state, _ = await deliver_one([Reply(503, {"error": "x"})], spool, producer)
+    assert result.outcome is Outcome.ACCEPTED and len(state.requests) == 2
+    first, retry = state.requests
+    assert "X-Lightmetrics-Resend" not in first.headers
+    assert retry.headers["X-Lightmetrics-Resend"] == "1"
+    assert retry.body == first.body
+
+
+async def test_a_deferred_frame_is_a_resend_from_the_first_attempt_of_its_next_round(
+    spool: Spool, producer: BatchProducer
+):
+    entry = producer.submit(make_points(5))
+    state = CollectorState([Reply(503, {"error": "store_unavailable"})] * POLICY.backoff.attempts)
+    async with FakeCollectors(state, 1) as collectors:
+        async with uploader_for(collectors.urls, ManualClock()) as uploader:
+            deferred = await uploader.deliver(spool, entry)
+            assert deferred.outcome is Outcome.DEFERRED
+            sent_in_round_one = len(state.requests)
+            delivered = await uploader.deliver(spool, entry)
+    assert delivered.outcome is Outcome.ACCEPTED
+    next_round = state.requests[sent_in_round_one]
+    assert next_round.headers["X-Lightmetrics-Resend"] == "1"
+    assert "X-Lightmetrics-Resend" not in state.requests[0].headers
+
+
+async def test_frames_remembered_for_the_header_are_bounded(producer: BatchProducer):
+    policy = UploadPolicy(
+        concurrency=1,
+        request_timeout_s=10.0,
+        backoff=Backoff(attempts=1, base_s=0.0, cap_s=0.0),
+        remembered_frames=2,
+    )
+    frames = [producer.submit(make_points(2)).read() for _ in range(3)]
+    state = CollectorState([Reply(503, {"error": "x"})] * 3)  # all deferred, all remembered
+    async with FakeCollectors(state, 1) as collectors:
+        async with uploader_for(collectors.urls, ManualClock(), policy) as uploader:
+            for frame in frames:
+                await uploader.send(frame)
+            # Remembered: frames 1 and 2. Re-sending 0 (forgotten) evicts 1, so only 2 is
+            # still remembered when its turn comes (0 and 1 are settled by their 200).
+            for frame in frames:
+                await uploader.send(frame)
+    again = [seen.headers.get("X-Lightmetrics-Resend") for seen in state.requests[3:]]
+    assert again == [None, None, "1"]

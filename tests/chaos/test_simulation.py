@@ -3,25 +3,25 @@ virtual time), run by hypothesis over many seeds and shapes, and the regression 
 the bugs it found.
 
 The simulation found two ways a referenced raw blob could be deleted (PROTOCOL §3.5
-safety); both are fixed, and each has a scripted regression and a simulation seed whose
-world provably contains the race's interleaving (counted by `chaos.sim_checks`):
+safety); both are fixed, and each has a scripted regression and a simulated world
+(`BUG_1_WORLD`, `BUG_2_WORLD`) that passes and ends in a violation with its bug put
+back (checked by hand, reintroducing each bug as their docstrings say):
 
-- BUG-1 (collector/accept.py, ``BatchAcceptor._veto_gc_if_marked``): after its blob PUT
-  got 412, the collector read the GC mark once and took "no mark" as "the blob stays".
-  The GC may have finished deleting the blob (and removed the mark) between the 412 and
-  that read. Fixed: once no mark is left, the blob is created again (If-None-Match).
-  Its seed's world has a blob deleted between a 412 on it and a record naming it.
+- BUG-1 (collector/blob_survival.py ``keep_existing_blob``, then in accept.py): after its
+  blob PUT got 412, the collector read the GC mark once and took "no mark" as "the blob
+  stays". The GC may have finished deleting the blob (and removed the mark) between the
+  412 and that read. Fixed: once no mark is left, the blob is proved by a HEAD, or
+  created again (If-None-Match) when the HEAD finds nothing.
 - BUG-2 (reconciler/gc.py deleting with ``store/s3.py`` retrying deletes): a blob DELETE
   whose first attempt timed out was retried; the GC then removed the mark while the
-  first attempt could still land after a collector re-created the blob. Fixed:
-  ``S3Store.delete`` never repeats after a lost answer (`OutcomeUnknown`), and the GC
-  leaves the mark ``deleting`` for the stale-deletion pass, which waits ``settle_s``.
-  Its seed's world has raw-blob DELETEs landing after their caller gave up, and blobs
-  re-created after a deletion.
+  first attempt could still land after a collector re-created the blob. Fixed: the
+  DELETE is one signed request, sent once (`reconciler.gc_delete`), and the GC leaves
+  the mark ``deleting`` for the stale-deletion pass, which waits ``settle_s`` past it.
 
 The worlds of the index era differ from those the bugs were found in (the collectors
 log rows instead of writing derived entries; the GC's candidates and proofs come from
-the index), so the seeds were chosen again for the interleavings they contain.
+the index), so the worlds were chosen again (the seeds of that era, 826 and 76, now
+describe other worlds).
 """
 
 from __future__ import annotations
@@ -42,12 +42,28 @@ from index.rows import blob_row
 from protocol import keys, records
 from protocol.clock import ManualClock
 from reconciler.daemon import Reconciler
+from store.base import SignedDelete
 from store.errors import NotFound, OutcomeUnknown, PreconditionFailed
 from store.memory import MemoryStore
 from store.retry import Backoff
 
-BUG_1_SEED = 22
-BUG_2_SEED = 71  # with connect_timeout_s=2.0, late_rate=0.1; with BUG-2 back, a violation
+# The regression worlds: each passes, and ends in a violation with its bug put back.
+BUG_1_WORLD = SimConfig(
+    seed=13,
+    agents=4,
+    batches_per_agent=6,
+    orphan_rate=0.9,
+    give_up_rate=0.0,
+    resend_rate=0.9,
+    fault_rate=0.2,
+    reconciler_interval_s=2.0,
+)
+"""With "no mark" taken as "the blob stays" (`collector.blob_survival.keep_existing_blob`
+returning at once when it reads no mark): t=22.06 s a manifest is created while its
+raw blob is missing."""
+BUG_2_WORLD = SimConfig(seed=164, connect_timeout_s=2.0, late_rate=0.1)
+"""With a DELETE of unknown outcome taken as done (the mark removed, the deletion logged)
+and repeated as the old `S3Store` did: t=24.91 s the GC deletes a referenced raw blob."""
 
 worlds = st.builds(
     SimConfig,
@@ -111,20 +127,17 @@ def test_the_simulation_exercises_the_races_and_the_gc_deletes_true_orphans() ->
 
 
 def test_bug_1_seed_from_the_simulation() -> None:
-    # A blob is deleted by the GC between a collector's 412 on it and the creation of a
-    # record naming it: the collector re-created it (else WatchedStore reports a manifest
-    # created without its blob).
-    report = simulate(SimConfig(seed=BUG_1_SEED))
-    assert report.stats["deleted_after_412"] > 0, report.stats
+    report = simulate(BUG_1_WORLD)
     assert report.ok, report.violations
+    assert report.stats["blobs_recreated"] > 0  # collectors re-created what the GC deleted
 
 
 def test_bug_2_seed_from_the_simulation() -> None:
     # Raw-blob DELETEs land after the GC gave up on them, and blobs are re-created after
     # a deletion: no referenced blob is deleted.
-    report = simulate(SimConfig(seed=BUG_2_SEED, connect_timeout_s=2.0, late_rate=0.1))
-    assert report.stats["late_blob_deletes"] > 0 and report.stats["blobs_recreated"] > 0
+    report = simulate(BUG_2_WORLD)
     assert report.ok, report.violations
+    assert report.stats["late_blob_deletes"] > 0 and report.stats["blobs_recreated"] > 0
 
 
 # --- scripted regressions -----------------------------------------------------------------
@@ -199,26 +212,28 @@ async def test_bug_1_blob_deleted_between_the_412_and_the_mark_read() -> None:
 
 
 class LostDeleteAnswer:
-    """A delete store whose first blob DELETE loses its answer (the caller gets
-    `OutcomeUnknown`, as from `S3Store.delete`) while the request is still in flight."""
+    """A delete store whose first signed blob DELETE loses its answer (the caller gets
+    `OutcomeUnknown`, as from `S3Store.send_signed_delete`) while it is still in flight."""
 
     def __init__(self, inner: MemoryStore) -> None:
         self.inner = inner
         self.url = inner.url
-        self.in_flight: list[str] = []
+        self.in_flight: list[SignedDelete] = []
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)
 
-    async def delete(self, key: str) -> None:
+    async def send_signed_delete(self, request: SignedDelete) -> None:
         if not self.in_flight:
-            self.in_flight.append(key)
-            raise OutcomeUnknown("delete", key, "read timeout; the request is still in flight")
-        await self.inner.delete(key)
+            self.in_flight.append(request)
+            raise OutcomeUnknown(
+                "delete", request.key, "read timeout; the request is still in flight"
+            )
+        await self.inner.send_signed_delete(request)
 
     async def land_late_attempts(self) -> None:
-        for key in self.in_flight:
-            await self.inner.delete(key)
+        for request in self.in_flight:
+            await self.inner.send_signed_delete(request)
 
 
 async def test_bug_2_a_delete_with_a_lost_answer_keeps_the_mark_until_it_settles() -> None:
@@ -230,7 +245,6 @@ async def test_bug_2_a_delete_with_a_lost_answer_keeps_the_mark_until_it_settles
         reconciler=ReconcilerSettings(lease_ttl_s=3600.0, verify_rate_per_s=1000.0),
         gc=GcSettings(retry_horizon_s=60.0, mark_grace_s=30.0, max_delete_fraction=1.0),
     )
-    settle_s = 2 * (2.0 + 3.0)  # `reconciler.gc.run_gc`: connect + read timeout, twice
     reconciler = Reconciler(
         store=deletes,  # type: ignore[arg-type]
         settings=settings,
@@ -242,15 +256,23 @@ async def test_bug_2_a_delete_with_a_lost_answer_keeps_the_mark_until_it_settles
     crashed = IndexLogWriter(store=store, clock=clock, rng=random.Random(4), writer_id="crashed")
     crashed.append(blob_row(SHA, clock.now_ns()))  # flushed before its collector crashed
     await crashed.flush()
-    await reconciler.run_once()  # the steady pass reads the blob row: an orphan suspect
-    clock.advance(2 * 3600.0)
-    assert (await reconciler.gc_once(dry_run=False)).record.marked == 1
-    clock.advance(settings.gc.mark_grace_s + 1)
-    assert (await reconciler.gc_once(dry_run=False)).deleted == []  # the answer was lost
+    clock.advance(2 * 3600.0)  # older than the retry horizon
+    await reconciler.run_once()  # the steady pass reads the blob row: the GC marks it
+    # (A `ManualClock` moves whenever anything sleeps on it, the lease renewal too: the
+    # deletion may come in any of these runs. What matters is how it ends.)
+    for _ in range(3):
+        if deletes.in_flight:
+            break
+        clock.advance(settings.gc.mark_grace_s + 1)
+        await reconciler.gc_once(dry_run=False)
+    assert len(deletes.in_flight) == 1  # the DELETE was sent once; its answer was lost
+    assert not [info.key async for info in store.list(keys.GC_LOG_PREFIX)]  # nothing claimed
     mark = records.GcMark.from_json((await store.get(keys.gc_mark_key(SHA)))[0])
     assert mark.state == "deleting"  # ... and collectors keep waiting for it
-    await deletes.land_late_attempts()  # the first attempt lands late
-    clock.advance(settle_s + 1)
+    await deletes.land_late_attempts()  # the first attempt lands late (before its expiry)
+    assert mark.lease_expires_at_unix_ns is not None
+    # Past the lease the mark recorded, plus any settle time (`reconciler.gc_delete`).
+    clock.advance((mark.lease_expires_at_unix_ns - clock.now_ns()) / 1e9 + 3600.0)
     await reconciler.gc_once(dry_run=False)  # the stale-deletion pass: logged, mark removed
     assert [info.key async for info in store.list(keys.GC_LOG_PREFIX)]
     try:  # the last audit's orphan file may nominate the blob again: a fresh mark at most

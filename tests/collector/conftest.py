@@ -32,12 +32,20 @@ import pytest
 from multidict import CIMultiDict
 
 from chaos.s3_server import die_with_parent_hook
+from chaos.skewed_collector import SKEW_ENV
 from config import hash_token
+from index.log_reader import read_segment
 from protocol import keys
 from protocol.frame import encode_frame, points_table
 from store.base import ObjectStore
+from store.errors import NotFound
 
-START_TIMEOUT_S = 30.0
+# A hang detector, not a performance bound: the wait ends as soon as every ready file
+# exists, and a child that exits is reported at once. `--workers 2` starts three
+# interpreters that each import aiohttp, pyarrow and botocore (~1.5 s of CPU each); on a
+# 2-core machine shared with other jobs one such import was measured at 19 s of wall
+# time, and a 30 s deadline failed test_request_logs_of_workers_name_the_worker.
+START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 20.0
 FRAME_TYPE = "application/x-lmbatch"
 BOOT = uuid.UUID("5f0c7a3e-1d2b-4c3a-9e8f-0123456789ab")
@@ -200,16 +208,41 @@ async def wait_for_keys(
         await asyncio.sleep(0.05)  # polling with a deadline, not a sleep to pass
 
 
-def derived_keys_present(found: list[str], accepted: Mapping[str, Any]) -> bool:
-    """Whether the three derived entries of an accepted 200 body are in ``found``."""
-    sha = accepted["frame_sha256"]
-    manifest_id = accepted["manifest_key"].removeprefix(keys.ACCEPTED_PREFIX)
-    manifest_id = manifest_id.removesuffix(".json").replace("/", ".")
-    return (
-        any(k.startswith(keys.ACCEPTED_BY_BLOB_PREFIX) and f"/{sha}/" in k for k in found)
-        and any(k.startswith(keys.ACCEPTED_BY_TIME_PREFIX) and manifest_id in k for k in found)
-        and any(k.startswith(keys.RAW_BLOBS_BY_TIME_PREFIX) and sha in k for k in found)
+async def logged_keys(store: ObjectStore) -> set[str]:
+    """The keys the index log's rows name so far (PROTOCOL §3.7)."""
+    found: set[str] = set()
+    async for info in store.list(keys.INDEX_LOG_PREFIX):
+        try:
+            rows = await read_segment(store, info.key)
+        except NotFound:
+            continue
+        found.update(row.key for row in rows)
+    return found
+
+
+async def wait_for_log_rows(
+    store: ObjectStore, *accepted: Mapping[str, Any], timeout_s: float = 15.0
+) -> set[str]:
+    """Poll until the index log holds an ``accepted`` row for each accepted 200 body (the
+    collectors flush their buffers about once a second); fail after ``timeout_s``."""
+    return await wait_for_log_rows_named(
+        store, *(body["manifest_key"] for body in accepted), timeout_s=timeout_s
     )
+
+
+async def wait_for_log_rows_named(
+    store: ObjectStore, *row_keys: str, timeout_s: float = 15.0
+) -> set[str]:
+    """Poll until the index log has rows naming each of ``row_keys``."""
+    wanted = set(row_keys)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = await logged_keys(store)
+        if wanted <= found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the index log never named {sorted(wanted - found)}")
+        await asyncio.sleep(0.05)  # polling with a deadline, not a sleep to pass
 
 
 # --- collector processes -----------------------------------------------------------------
@@ -249,6 +282,7 @@ class CollectorProcess:
     env: dict[str, str]
     work_dir: Path
     workers: int = 1
+    command: list[str] = field(default_factory=lambda: collector_command())
     proc: subprocess.Popen[bytes] | None = None
     port: int = 0
     worker_pids: list[int] = field(default_factory=list)
@@ -276,7 +310,7 @@ class CollectorProcess:
         assert not self.running, f"{self.name} is already running"
         self.starts += 1
         ready = self.work_dir / f"{self.name}.ready.{self.starts}"
-        argv = [*collector_command(), "serve", "--ready-file", str(ready)]
+        argv = [*self.command, "serve", "--ready-file", str(ready)]
         if self.workers > 1:
             argv += ["--workers", str(self.workers)]
         self.work_dir.mkdir(parents=True, exist_ok=True)
@@ -397,8 +431,10 @@ class CollectorLauncher:
         tokens: Tokens | None = None,
         workers: int = 1,
         port: int = 0,
+        clock_skew_s: float = 0.0,
     ) -> CollectorProcess:
-        """Start a collector over ``store_url`` on 127.0.0.1; ``env`` adds ``LM_*`` settings."""
+        """Start a collector over ``store_url`` on 127.0.0.1; ``env`` adds ``LM_*`` settings.
+        With ``clock_skew_s`` its wall clock is that far off (`chaos.skewed_collector`)."""
         name = name or f"collector-{len(self.started) + 1}"
         settings = {
             "LM_STORE__URL": store_url,
@@ -413,8 +449,16 @@ class CollectorLauncher:
         if tokens is not None:
             settings["LM_AUTH__TOKENS_FILE"] = str(tokens.path)
         settings.update(env or {})
+        command = collector_command()
+        if clock_skew_s:
+            command = [sys.executable, "-m", "chaos.skewed_collector"]
+            settings[SKEW_ENV] = str(clock_skew_s)
         process = CollectorProcess(
-            name=name, env=collector_env(settings), work_dir=self.work_dir, workers=workers
+            name=name,
+            env=collector_env(settings),
+            work_dir=self.work_dir,
+            workers=workers,
+            command=command,
         )
         self.started.append(process)
         return process.start()

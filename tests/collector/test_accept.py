@@ -12,13 +12,14 @@ import pytest
 
 from chaos.faulty_store import Fault, FaultyStore
 from collector.accept import AcceptanceUnavailable, Accepted, BatchAcceptor, IdentityConflictFound
-from collector.derived import DerivedWriter
+from index.log_writer import IndexLogWriter
 from protocol import keys, records
 from protocol.clock import ManualClock, SystemClock
 from store.base import ObjectStore
 from store.errors import NotFound
 from store.memory import MemoryStore
 from store.retry import Backoff
+from tests.collector.conftest import logged_keys
 
 BOOT = uuid.UUID("5f0c7a3e-1d2b-4c3a-9e8f-0123456789ab")
 
@@ -45,28 +46,37 @@ class Harness:
         self, store: ObjectStore, *, clock: object = None, budget_s: float = 5.0, queue: int = 100
     ) -> None:
         self.clock = clock or ManualClock()
-        self.derived = DerivedWriter(
-            store=store, clock=self.clock, rng=random.Random(1), max_queued=queue
-        )  # type: ignore[arg-type]
+        self.index_log = IndexLogWriter(
+            store=store,  # type: ignore[arg-type]
+            clock=self.clock,  # type: ignore[arg-type]
+            rng=random.Random(1),
+            writer_id="collector-t",
+            flush_rows=queue,
+            max_buffered_rows=queue,
+        )
         self.ops: list[tuple[str, str]] = []
         self.acceptor = BatchAcceptor(
             store=store,
             collector_id="collector-t",
             clock=self.clock,  # type: ignore[arg-type]
             rng=random.Random(2),
-            derived=self.derived,
+            index_log=self.index_log,
             budget_s=budget_s,
             backoff=Backoff(attempts=6, base_s=0.001, cap_s=0.01),
             observe_store_op=lambda op, result: self.ops.append((op, result)),
         )
 
-    async def accept(self, frame: bytes = FRAME) -> Accepted | IdentityConflictFound:
-        return await self.acceptor.accept(HEADER, frame, hashlib.sha256(frame).hexdigest())
+    async def accept(
+        self, frame: bytes = FRAME, *, resend: bool = False
+    ) -> Accepted | IdentityConflictFound:
+        sha = hashlib.sha256(frame).hexdigest()
+        return await self.acceptor.accept(HEADER, frame, sha, resend=resend)
 
-    async def settle(self) -> None:
-        self.derived.start()
-        assert await self.derived.flush(5.0)
-        await self.derived.stop(1.0)
+    async def settle(self) -> set[str]:
+        """Flush the index log; the keys its rows name so far."""
+        await self.index_log.flush()
+        assert self.index_log.buffered == 0
+        return await logged_keys(self.index_log._store)
 
 
 async def manifest_in(store: ObjectStore) -> records.AcceptedManifest:
@@ -86,18 +96,9 @@ async def test_new_batch_takes_exactly_two_store_ops_and_indexes_later() -> None
     assert (
         manifest == result.manifest and manifest.frame_sha256 == SHA and manifest.record_count == 3
     )
-    # derived entries are queued, not written on the acknowledgement path
-    with pytest.raises(NotFound):
-        await store.head(keys.accepted_by_blob_key(SHA, IDENTITY))
-    await harness.settle()
-    hour = manifest.accepted_hour
-    for key in (
-        keys.accepted_by_time_key(hour, IDENTITY),
-        keys.accepted_by_blob_key(SHA, IDENTITY),
-        keys.raw_blob_by_time_key(hour, SHA),
-    ):
-        entry = records.IndexEntry.from_json((await store.get(key))[0])
-        assert entry.frame_sha256 == SHA
+    # index log rows are buffered, not written on the acknowledgement path
+    assert [info.key async for info in store.list(keys.INDEX_LOG_PREFIX)] == []
+    assert await harness.settle() == {keys.raw_blob_key(SHA), manifest.manifest_key}
 
 
 async def test_same_frame_again_is_a_duplicate_and_changes_nothing() -> None:
@@ -120,8 +121,8 @@ async def test_different_frame_same_identity_is_a_conflict_with_quarantine_recor
     conflict = records.IdentityConflict.from_json((await store.get(result.quarantine_key))[0])
     assert conflict.accepted_frame_sha256 == SHA and conflict.submitted_frame_sha256 == OTHER_SHA
     assert conflict.submitted_raw_blob_key == keys.raw_blob_key(OTHER_SHA)
-    await store.head(keys.quarantine_by_blob_key(OTHER_SHA, IDENTITY))
     await store.head(keys.raw_blob_key(OTHER_SHA))  # the submitted bytes are kept for inspection
+    assert result.quarantine_key in await harness.settle()  # its quarantine row
 
 
 @pytest.mark.parametrize(
@@ -146,8 +147,7 @@ async def test_transient_faults_on_either_create_end_in_one_new_acceptance(
     assert result.duplicate is False
     assert sum(store.injected.values()) == len(faults)
     assert (await manifest_in(store.inner)).frame_sha256 == SHA
-    await harness.settle()
-    await store.inner.head(keys.raw_blob_by_time_key(result.manifest.accepted_hour, SHA))
+    assert keys.raw_blob_key(SHA) in await harness.settle()  # its blob row, whatever the faults
 
 
 async def test_lost_reply_then_read_faults_still_settle_by_reading() -> None:
@@ -192,12 +192,12 @@ async def test_hanging_store_is_cut_off_by_the_request_budget() -> None:
     assert ("put_manifest", "outcome_unknown") in harness.ops
 
 
-async def test_full_derived_queue_drops_and_counts_but_still_accepts() -> None:
+async def test_a_full_index_log_buffer_drops_and_counts_but_still_accepts() -> None:
     store = MemoryStore()
     harness = Harness(store, queue=1)
     result = await harness.accept()
     assert isinstance(result, Accepted)
-    assert harness.derived.dropped_full == 2  # raw-by-time fit; by-time and by-blob did not
+    assert harness.index_log.stats.dropped_full == 1  # the blob row fit; the accepted did not
 
 
 async def test_marked_blob_gets_a_veto_before_the_manifest() -> None:
@@ -214,6 +214,9 @@ async def test_marked_blob_gets_a_veto_before_the_manifest() -> None:
     assert veto.frame_sha256 == SHA and veto.collector_id == "collector-t"
     names = [op for op, _ in harness.ops]
     assert names.index("put_gc_veto") < names.index("put_manifest")
+    # Still marked after the veto: proved by a HEAD, the frame is not uploaded again.
+    assert names.index("put_gc_veto") < names.index("head_raw_blob") < names.index("put_manifest")
+    assert names.count("put_raw_blob") == 1
 
 
 class DeletingGc(MemoryStore):
@@ -279,3 +282,127 @@ async def test_racing_acceptors_under_random_faults_agree_on_one_manifest(seed: 
             assert isinstance(outcome, AcceptanceUnavailable)
     new = [o for o in outcomes if isinstance(o, Accepted) and not o.duplicate]
     assert len(new) <= 1
+
+
+# --- a duplicate's cost and the re-send order (PROTOCOL §3.2, §3.5 collector side) ----------
+
+PUT_CLASS = ("put_raw_blob", "put_manifest", "put_gc_veto", "put_quarantine")
+
+
+async def test_a_duplicate_proves_its_blob_with_a_head_not_a_second_upload() -> None:
+    store = MemoryStore()
+    await Harness(store).accept()
+    harness = Harness(store)
+
+    result = await harness.accept()
+
+    assert isinstance(result, Accepted) and result.duplicate
+    assert harness.ops == [
+        ("put_raw_blob", "precondition_failed"),
+        ("get_gc_mark", "not_found"),
+        ("head_raw_blob", "ok"),
+        ("put_manifest", "precondition_failed"),
+        ("get_manifest", "ok"),
+    ]
+    assert sum(op in PUT_CLASS for op, _ in harness.ops) == 2
+
+
+class VanishingBlob(MemoryStore):
+    """A GC run that finishes between our 412 and the mark read: blob and mark are gone."""
+
+    async def get(self, key: str) -> tuple[bytes, str]:
+        if key == keys.gc_mark_key(SHA):
+            await self.delete(keys.raw_blob_key(SHA))
+        return await super().get(key)
+
+
+async def test_a_blob_deleted_after_the_412_is_created_again_when_the_head_finds_nothing() -> None:
+    store = VanishingBlob()
+    await store.put(keys.raw_blob_key(SHA), FRAME)  # an orphan the GC is about to delete
+    harness = Harness(store)
+
+    result = await harness.accept()
+
+    assert isinstance(result, Accepted) and not result.duplicate
+    assert (await store.get(keys.raw_blob_key(SHA)))[0] == FRAME
+    assert [op for op in harness.ops if op[0] != "put_manifest"] == [
+        ("put_raw_blob", "precondition_failed"),
+        ("get_gc_mark", "not_found"),
+        ("head_raw_blob", "not_found"),
+        ("put_raw_blob", "ok"),
+    ]
+
+
+async def test_a_resend_of_an_accepted_frame_is_one_get_and_writes_nothing() -> None:
+    store = MemoryStore()
+    first = await Harness(store).accept()
+    stored = [info.key async for info in store.list("")]
+    harness = Harness(store)
+
+    result = await harness.accept(resend=True)
+
+    assert isinstance(result, Accepted) and result.duplicate and result.store_ops == 1
+    assert isinstance(first, Accepted) and result.manifest == first.manifest
+    assert harness.ops == [("get_manifest", "ok")]
+    assert [info.key async for info in store.list("")] == stored
+
+
+async def test_a_resend_with_no_manifest_takes_steps_one_and_two() -> None:
+    harness = Harness(MemoryStore())
+
+    result = await harness.accept(resend=True)
+
+    assert isinstance(result, Accepted) and not result.duplicate
+    assert harness.ops == [
+        ("get_manifest", "not_found"),
+        ("put_raw_blob", "ok"),
+        ("put_manifest", "ok"),
+    ]
+
+
+async def test_a_resend_whose_manifest_read_fails_falls_back_to_the_normal_steps() -> None:
+    inner = MemoryStore()
+    await Harness(inner).accept()
+    store = FaultyStore(inner, seed=8)
+    store.script("get", keys.ACCEPTED_PREFIX, Fault.UNAVAILABLE)
+    harness = Harness(store)
+
+    result = await harness.accept(resend=True)
+
+    assert isinstance(result, Accepted) and result.duplicate
+    assert harness.ops[0] == ("get_manifest", "unavailable")
+    assert ("put_manifest", "precondition_failed") in harness.ops
+
+
+async def test_a_resend_of_another_frame_is_the_conflict_path_with_its_blob_kept() -> None:
+    store = MemoryStore()
+    await Harness(store).accept(FRAME)
+    harness = Harness(store)
+
+    result = await harness.accept(OTHER, resend=True)
+
+    assert isinstance(result, IdentityConflictFound)
+    assert result.accepted.frame_sha256 == SHA and result.submitted_frame_sha256 == OTHER_SHA
+    assert harness.ops[:3] == [
+        ("get_manifest", "ok"),
+        ("put_raw_blob", "ok"),
+        ("put_quarantine", "ok"),
+    ]
+    assert (await store.get(keys.raw_blob_key(OTHER_SHA)))[0] == OTHER
+    await store.head(result.quarantine_key)
+
+
+@pytest.mark.parametrize("resend", [False, True])
+async def test_a_conflict_whose_quarantine_record_cannot_be_written_is_unavailable(
+    resend: bool,
+) -> None:
+    inner = MemoryStore()
+    await Harness(inner).accept(FRAME)
+    store = FaultyStore(inner, seed=9)
+    store.script("put_if_none_match", keys.QUARANTINE_PREFIX, *([Fault.UNAVAILABLE] * 50))
+
+    with pytest.raises(AcceptanceUnavailable):
+        await Harness(store).accept(OTHER, resend=resend)
+
+    assert [info.key async for info in inner.list(keys.QUARANTINE_PREFIX)] == []
+    assert (await manifest_in(inner)).frame_sha256 == SHA

@@ -11,35 +11,26 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import random
 import struct
 import time
 import uuid
 import zlib
 from collections.abc import AsyncIterator, Coroutine
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import aiohttp
 import pytest
-from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from chaos.faulty_store import Fault, FaultyStore
-from collector.accept import BatchAcceptor
-from collector.app import CollectorApp, HttpLimits
+from collector.app import HttpLimits
 from collector.auth import Authenticator
-from collector.derived import DerivedWriter
-from collector.metrics import CollectorMetrics
 from collector.readiness import Readiness
-from config import Principal, TokenTable, hash_token
 from protocol import keys, records
-from protocol.clock import Clock, ManualClock, SystemClock
+from protocol.clock import ManualClock
 from protocol.frame import FrameError, decode_frame, encode_frame, points_table
 from store.memory import MemoryStore
-from store.retry import Backoff
 from tests.collector.conftest import (
     FRAME_TYPE,
     Answer,
@@ -48,81 +39,16 @@ from tests.collector.conftest import (
     post_frame,
     store_keys,
 )
+from tests.collector.inprocess import (
+    ADMIN_TOKEN,
+    LIMITS,
+    TOKENS,
+    WRITER_TOKEN,
+    InProcessCollector,
+    in_process_collector,
+)
 
 T = TypeVar("T")
-WRITER_TOKEN = "inproc-writer-token"
-ADMIN_TOKEN = "inproc-admin-token"
-TOKENS = TokenTable(
-    [
-        Principal(name="writer", token_sha256=hash_token(WRITER_TOKEN), agents=("agent-*",)),
-        Principal(name="ops", token_sha256=hash_token(ADMIN_TOKEN), admin=True),
-    ]
-)
-# The in-flight byte cap is set above any payload_raw_len (u32) a fuzzed header can claim,
-# so the fuzz oracle stays strict; the cap itself has its own tests below.
-LIMITS = HttpLimits(
-    max_frame_bytes=64 * 1024,
-    max_raw_bytes=1024 * 1024,
-    max_in_flight_bytes=2**33,
-    read_timeout_s=5.0,
-)
-
-
-@dataclass
-class InProcessCollector:
-    memory: MemoryStore
-    store: FaultyStore
-    app: CollectorApp
-    readiness: Readiness
-    base_url: str
-    port: int
-
-
-@asynccontextmanager
-async def in_process_collector(
-    *,
-    tokens: TokenTable | None = TOKENS,
-    limits: HttpLimits = LIMITS,
-    budget_s: float = 2.0,
-    readiness_clock: Clock | None = None,
-) -> AsyncIterator[InProcessCollector]:
-    memory = MemoryStore()
-    store = FaultyStore(memory, seed=1)
-    clock = SystemClock()
-    derived = DerivedWriter(store=store, clock=clock, rng=random.Random(2))
-    metrics = CollectorMetrics()
-    acceptor = BatchAcceptor(
-        store=store,
-        collector_id="inproc",
-        clock=clock,
-        rng=random.Random(3),
-        derived=derived,
-        budget_s=budget_s,
-        backoff=Backoff(attempts=50, base_s=0.01, cap_s=0.05),
-        observe_store_op=metrics.observe_store_op,
-    )
-    readiness = Readiness(store=store, clock=readiness_clock or clock)
-    readiness.probe_passed = True
-    app = CollectorApp(
-        acceptor=acceptor,
-        authenticator=Authenticator(tokens),
-        store=store,
-        metrics=metrics,
-        readiness=readiness,
-        limits=limits,
-        collector_id="inproc",
-    )
-    derived.start()
-    # As collector.server.Worker.run builds it.
-    runner = web.AppRunner(app.build(), access_log=None, handle_signals=False)
-    try:
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        port = int(runner.addresses[0][1])
-        yield InProcessCollector(memory, store, app, readiness, f"http://127.0.0.1:{port}", port)
-    finally:
-        await runner.cleanup()
-        await derived.stop(5.0)
 
 
 @pytest.fixture

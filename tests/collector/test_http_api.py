@@ -2,7 +2,7 @@
 
 One collector process serves the whole module (with a tokens file and a 64 KiB frame
 limit); tests use agent_ids of their own so they do not see each other's batches, and
-every test that gets a new batch accepted waits for its derived entries, so that a later
+every test that gets a new batch accepted waits for its index log row, so that a later
 "the store did not change" check is not disturbed by a background write.
 """
 
@@ -30,14 +30,14 @@ from tests.collector.conftest import (
     CollectorLauncher,
     CollectorProcess,
     Tokens,
-    derived_keys_present,
     get,
     make_frame,
     manifest_key_of,
     metric_value,
     post_frame,
     store_keys,
-    wait_for_keys,
+    wait_for_log_rows,
+    wait_for_log_rows_named,
     write_tokens_file,
 )
 
@@ -135,7 +135,7 @@ async def test_new_batch_is_accepted_with_every_field(
         3,
     )
     assert (await store.get(keys.raw_blob_key(sha)))[0] == frame
-    await wait_for_keys(store, lambda found: derived_keys_present(found, answer.json))
+    await wait_for_log_rows(store, answer.json)
 
 
 async def test_resend_is_a_duplicate_and_writes_nothing(
@@ -147,14 +147,21 @@ async def test_resend_is_a_duplicate_and_writes_nothing(
     frame = make_frame("agent-dup", seq_start=0)
     first = await post_frame(session, api_collector.base_url, frame, token=api_tokens.writer)
     assert first.status == 200 and first.json["duplicate"] is False, first
-    before = await wait_for_keys(store, lambda found: derived_keys_present(found, first.json))
+    await wait_for_log_rows(store, first.json)
+    before = await store_keys(store)
 
     again = await post_frame(session, api_collector.base_url, frame, token=api_tokens.writer)
 
     assert again.status == 200, again
     assert again.json == {**first.json, "duplicate": True}
     assert again.request_id and again.request_id != first.request_id
-    assert await store_keys(store) == before
+    # Nothing written for the batch; only the index log gains its row (PROTOCOL §3.2: every
+    # 200 appends one, so a batch whose first answer was lost is still indexed).
+    after = await wait_for_log_rows(store, first.json)
+    assert [k for k in await store_keys(store) if not k.startswith(keys.INDEX_LOG_PREFIX)] == [
+        k for k in before if not k.startswith(keys.INDEX_LOG_PREFIX)
+    ]
+    assert first.json["manifest_key"] in after
 
 
 # --- 409 and GET /v1/conflicts ------------------------------------------------------------
@@ -174,7 +181,7 @@ async def test_identity_conflict_is_409_quarantined_and_listed(
     identity = keys.BatchIdentity("agent-conflict", BOOT, 5, 7)
     first = await post_frame(session, url, accepted_frame, token=api_tokens.writer)
     assert first.status == 200, first
-    await wait_for_keys(store, lambda found: derived_keys_present(found, first.json))
+    await wait_for_log_rows(store, first.json)
     started_ns = time.time_ns()
 
     answer = await post_frame(session, url, submitted_frame, token=api_tokens.writer)
@@ -196,13 +203,15 @@ async def test_identity_conflict_is_409_quarantined_and_listed(
         (await store.get(keys.quarantine_key(identity, submitted_sha)))[0]
     )
     assert conflict.submitted_frame_sha256 == submitted_sha
-    await store.head(keys.quarantine_by_blob_key(submitted_sha, identity))
+    assert keys.quarantine_key(identity, submitted_sha) in await wait_for_log_rows_named(
+        store, keys.quarantine_key(identity, submitted_sha)
+    )
 
     # Another agent's conflict, to see the agent_id filter work.
     other_first = make_frame("agent-conflict-b", seq_start=1, value=1.0)
     other_second = make_frame("agent-conflict-b", seq_start=1, value=3.0)
     other_answer = await post_frame(session, url, other_first, token=api_tokens.writer)
-    await wait_for_keys(store, lambda found: derived_keys_present(found, other_answer.json))
+    await wait_for_log_rows(store, other_answer.json)
     conflict_b = await post_frame(session, url, other_second, token=api_tokens.writer)
     assert conflict_b.status == 409, conflict_b
 
@@ -256,6 +265,37 @@ async def test_identity_conflict_is_409_quarantined_and_listed(
     assert_error(no_token, 401, "unauthenticated")
     unknown = await get(session, f"{url}/v1/conflicts", token="not-a-known-token")
     assert_error(unknown, 401, "unauthenticated")
+
+
+async def test_a_128_byte_agent_id_is_accepted_and_its_conflict_listed(
+    api_collector: CollectorProcess,
+    api_tokens: Tokens,
+    session: aiohttp.ClientSession,
+) -> None:
+    """PROTOCOL §1 allows 128-byte agent_ids; on the fs store they were a 500 forever
+    (a 256-hex-digit key segment). Keys now hold ``agent=h-<sha256>`` (PROTOCOL §3), and
+    the agent_id filter of /v1/conflicts finds records under that form."""
+    url = api_collector.base_url
+    agent = "agent-".ljust(128, "l")
+    identity = keys.BatchIdentity(agent, BOOT, 3, 5)
+    first_frame = make_frame(agent, seq_start=3, value=1.0)
+    second_frame = make_frame(agent, seq_start=3, value=2.0)
+    first = await post_frame(session, url, first_frame, token=api_tokens.writer)
+    assert first.status == 200 and first.json["duplicate"] is False, first
+    assert first.json["manifest_key"] == keys.accepted_manifest_key(identity)
+    assert f"agent=h-{identity.agent_sha256}/" in first.json["manifest_key"]
+    again = await post_frame(session, url, first_frame, token=api_tokens.writer)
+    assert again.status == 200 and again.json["duplicate"] is True, again
+    conflict = await post_frame(session, url, second_frame, token=api_tokens.writer)
+    assert_error(conflict, 409, "identity_conflict")
+
+    listed = await get(
+        session, f"{url}/v1/conflicts", token=api_tokens.admin, params={"agent_id": agent}
+    )
+    assert listed.status == 200, listed
+    assert [c["quarantine_key"] for c in listed.json["conflicts"]] == [
+        conflict.json["quarantine_key"]
+    ]
 
 
 # --- 400 ----------------------------------------------------------------------------------
@@ -373,7 +413,7 @@ async def test_principal_not_allowed_for_agent_id_is_403_and_changes_nothing(
     # The same principal may write its own agents.
     own = await post_frame(session, url, make_frame("other-1"), token=api_tokens.other)
     assert own.status == 200, own
-    await wait_for_keys(store, lambda found: derived_keys_present(found, own.json))
+    await wait_for_log_rows(store, own.json)
 
 
 # --- 413 ----------------------------------------------------------------------------------
@@ -495,7 +535,7 @@ async def test_identity_encoding_and_octet_stream_are_accepted(
             headers=headers,
         )
         assert answer.status == 200, answer
-        await wait_for_keys(store, lambda found, a=answer: derived_keys_present(found, a.json))
+        await wait_for_log_rows(store, answer.json)
 
 
 async def test_415_for_bad_gzip_body_keeps_the_connection_usable(
@@ -583,7 +623,7 @@ async def test_healthz_readyz_and_metrics(
     )
     assert accepted.status == 200
     await post_frame(session, url, b"junk", token=api_tokens.writer)
-    await wait_for_keys(store, lambda found: derived_keys_present(found, accepted.json))
+    await wait_for_log_rows(store, accepted.json)
     metrics = await get(session, f"{url}/metrics")
 
     assert metrics.status == 200
@@ -594,7 +634,7 @@ async def test_healthz_readyz_and_metrics(
         "lm_collector_store_operations_total",
         "lm_collector_in_flight_requests",
         "lm_collector_accepted_bytes_total",
-        "lm_collector_derived_queue_depth",
+        "lm_collector_index_log_buffered_rows",
     ):
         assert f"\n{name}" in metrics.text, name
 

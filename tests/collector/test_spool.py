@@ -12,18 +12,19 @@ import sys
 import urllib.request
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from chaos.faulty_store import Fault, FaultyStore
 from collector.accept import BatchAcceptor
-from collector.derived import DerivedWriter
 from collector.launch import start_collector
 from collector.spool import LocalSpool, SpoolFull, SpoolLander
+from index.log_writer import IndexLogWriter
 from protocol import keys, records
 from protocol.clock import ManualClock
 from protocol.frame import encode_frame, points_table
-from store.errors import NotFound
+from store.errors import NotFound, Unavailable
 from store.fs import FileSystemStore
 from store.memory import MemoryStore
 from store.retry import Backoff
@@ -51,11 +52,17 @@ def lander_for(spool: LocalSpool, store: object) -> SpoolLander:
         collector_id="spool-test",
         clock=clock,
         rng=random.Random(1),
-        derived=DerivedWriter(store=store, clock=clock, rng=random.Random(2)),  # type: ignore[arg-type]
+        index_log=IndexLogWriter(store=store, clock=clock, rng=random.Random(2), writer_id="s"),  # type: ignore[arg-type]
         budget_s=1.0,
         backoff=Backoff(attempts=2, base_s=0.001, cap_s=0.002),
     )
-    return SpoolLander(spool=spool, acceptor=acceptor, clock=clock, interval_s=1.0)
+    return SpoolLander(
+        spool=spool,
+        acceptor=acceptor,
+        store=store,  # type: ignore[arg-type]
+        clock=clock,
+        interval_s=1.0,
+    )
 
 
 async def test_spool_answers_new_duplicate_and_conflict_from_local_state(tmp_path: Path) -> None:
@@ -168,3 +175,102 @@ def test_local_spool_refuses_more_than_one_worker(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 2
     assert "local_spool" in done.stderr and "--workers 2" in done.stderr
+
+
+async def test_a_128_byte_agent_id_is_spooled_and_landed(tmp_path: Path) -> None:
+    """Spool file names keep PROTOCOL §3's segment rule (before: ENAMETOOLONG from ~44
+    bytes), and the frame lands under the h- manifest key."""
+    agent = "long-agent-".ljust(128, "z")
+    body = frame(1, agent=agent)
+    long_identity = keys.BatchIdentity(agent, BOOT, 1, 1)
+    spool = LocalSpool(tmp_path / "spool", max_pending_bytes=1 << 20)
+    assert not (await spool.add(long_identity, sha(body), body)).duplicate
+    assert (await spool.add(long_identity, sha(body), body)).duplicate
+    other = frame(1, value=5.0, agent=agent)
+    assert (await spool.add(long_identity, sha(other), other)).conflict_sha256 == sha(body)
+    assert all(len(p.name.encode()) <= 255 for p in spool.pending())
+    store = FileSystemStore(tmp_path / "store")
+    report = await lander_for(spool, store).land_once()
+    assert (report.landed, report.conflicts, report.deferred) == (1, 1, 0)
+    assert spool.pending() == [] and spool.frames == 0
+    manifest = records.AcceptedManifest.from_json(
+        (await store.get(keys.accepted_manifest_key(long_identity)))[0]
+    )
+    assert manifest.agent_id == agent
+
+
+class QuarantineRefusingStore(MemoryStore):
+    """Refuses every quarantine-record write while ``refusing`` (a store outage that hits
+    exactly the write that makes a landed conflict known)."""
+
+    refusing = True
+
+    async def put(
+        self, key: str, body: bytes, *, if_none_match: bool = False, if_match: str | None = None
+    ) -> str:
+        if self.refusing and key.startswith(keys.QUARANTINE_PREFIX):
+            raise Unavailable("put", key, "injected outage")
+        return await super().put(key, body, if_none_match=if_none_match, if_match=if_match)
+
+
+async def test_a_landed_conflict_keeps_its_frame_until_the_quarantine_record_exists(
+    tmp_path: Path,
+) -> None:
+    """PROTOCOL §3.4: the agent was told 200, so the spooled frame is the only trace of
+    the conflict; it is removed only once the quarantine record exists."""
+    store = QuarantineRefusingStore()
+    spool = LocalSpool(tmp_path, max_pending_bytes=1 << 20)
+    accepted, conflicting = frame(1), frame(1, value=7.0)
+    await spool.add(identity(1), sha(accepted), accepted)
+    assert (await lander_for(spool, store).land_once()).landed == 1
+    # The spool no longer knows the landed frame: the conflict is found when landing.
+    assert (await spool.add(identity(1), sha(conflicting), conflicting)).conflict_sha256 is None
+
+    report = await lander_for(spool, store).land_once()
+    assert (report.conflicts, report.deferred) == (0, 1)
+    assert [p.read_bytes() for p in spool.pending()] == [conflicting]
+    assert [i async for i in store.list(keys.QUARANTINE_PREFIX)] == []
+
+    store.refusing = False
+    report = await lander_for(spool, store).land_once()
+    assert (report.conflicts, report.deferred) == (1, 0)
+    assert spool.pending() == []
+    quarantined = [i.key async for i in store.list(keys.QUARANTINE_PREFIX)]
+    assert quarantined == [keys.quarantine_key(identity(1), sha(conflicting))]
+
+
+async def test_admission_reads_no_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PROTOCOL §3.4: admission cost does not grow with the spooled files. Before, every
+    add globbed the whole pending directory under the lock (104 ms at 50k files)."""
+    spool = LocalSpool(tmp_path, max_pending_bytes=1 << 30)
+    for seq in range(60):
+        await spool.add(identity(seq), sha(frame(seq)), frame(seq))
+    reopened = LocalSpool(tmp_path, max_pending_bytes=1 << 30)  # knows them after a restart
+    scans: list[str] = []
+    real_glob, real_iterdir, real_scandir, real_listdir = (
+        Path.glob,
+        Path.iterdir,
+        os.scandir,
+        os.listdir,
+    )
+
+    def counting(name: str, real: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            scans.append(name)
+            return real(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(Path, "glob", counting("glob", real_glob))
+    monkeypatch.setattr(Path, "iterdir", counting("iterdir", real_iterdir))
+    monkeypatch.setattr(os, "scandir", counting("scandir", real_scandir))
+    monkeypatch.setattr(os, "listdir", counting("listdir", real_listdir))
+
+    assert (await reopened.add(identity(7), sha(frame(7)), frame(7))).duplicate
+    other = frame(7, value=3.0)
+    assert (await reopened.add(identity(7), sha(other), other)).conflict_sha256 == sha(frame(7))
+    assert not (await reopened.add(identity(400), sha(frame(400)), frame(400))).duplicate
+    assert scans == []
+    assert reopened.frames == 62

@@ -15,7 +15,13 @@ SETTINGS_EXAMPLES = sorted(p for p in EXAMPLES.glob("*.toml") if p.name != "toke
 
 def test_examples_exist() -> None:
     names = {p.name for p in SETTINGS_EXAMPLES}
-    assert names == {"collector.toml", "collector-s3.toml", "reconciler.toml", "rollup.toml"}
+    assert names == {
+        "agent.toml",
+        "collector.toml",
+        "collector-s3.toml",
+        "reconciler.toml",
+        "rollup.toml",
+    }
 
 
 @pytest.mark.parametrize("path", SETTINGS_EXAMPLES, ids=lambda p: p.name)

@@ -276,7 +276,33 @@ def test_mark_grace_must_outlast_a_collector_request(tmp_path: Path) -> None:
     assert problem.key == "gc.mark_grace_s"
     assert problem.source == f"{path}, environment variable LM_INGEST__REQUEST_BUDGET_S"
     assert "must be > ingest.request_budget_s" in problem.problem
-    assert "= 55, got 30" in problem.problem
+    assert "= 55 (the longest a collector request can take to land" in problem.problem
+    assert "when collectors have their own settings file, copy those" in problem.problem
+    assert problem.problem.endswith("got 30")
+
+
+def test_signed_delete_expiry_must_fit_well_within_the_lease(tmp_path: Path) -> None:
+    path = write(tmp_path, "[reconciler]\nlease_ttl_s = 6\n")
+    settings = load_settings(path, environ={})  # a collector may load this file
+    assert settings.gc_lease_problem() == (
+        "gc.delete_expiry_s + store.max_clock_skew_s = 15 must be <= 2/3 of "
+        "reconciler.lease_ttl_s = 4: the lease must outlive a signed delete plus the skew "
+        "whenever it is sent (raise the lease TTL or lower the expiry or the skew limit)"
+    )
+    fits = {"LM_GC__DELETE_EXPIRY_S": "1", "LM_STORE__MAX_CLOCK_SKEW_S": "3"}
+    assert load_settings(path, environ=fits).gc_lease_problem() is None
+    assert load_settings(path, environ={"LM_GC__ENABLED": "false"}).gc_lease_problem() is None
+
+
+def test_connection_cap_must_hold_the_requests_in_flight(tmp_path: Path) -> None:
+    path = write(tmp_path, "[http]\nmax_in_flight_requests = 100\n")
+    with pytest.raises(SettingsError) as exc:
+        load_settings(path, environ={"LM_HTTP__MAX_CONNECTIONS": "99"})
+    [problem] = exc.value.problems
+    assert problem.key == "http.max_connections"
+    assert problem.source == f"environment variable LM_HTTP__MAX_CONNECTIONS, {path}"
+    assert "must be >= http.max_in_flight_requests = 100" in problem.problem
+    assert load_settings(path, environ={"LM_HTTP__MAX_CONNECTIONS": "100"}).http.max_connections
 
 
 def test_malformed_toml_names_file_and_line(tmp_path: Path) -> None:

@@ -36,7 +36,10 @@ def test_demo_runs_clean_in_a_fresh_directory(tmp_path: Path) -> None:
     assert "All checks passed" in done.stdout
     assert "answer: 409 identity_conflict" in done.stdout
     assert "1 deleted" in done.stdout  # the orphan was collected
-    assert "lag 0 h, 0 problems" in done.stdout
+    assert "records the log had lost" in done.stdout  # the audit mended the lost segment
+    assert "lm-reconciler status: 0 log segments waiting" in done.stdout
+    assert "; 0 problems" in done.stdout
+    assert "catalog files (written by the reconciler)" in done.stdout
     # The rollup step: committed, totals checked against the acknowledged points, verified.
     assert "committed version 1: 30 batches, 1500 points" in done.stdout
     assert "rollup_1m totals equal what the agents sent" in done.stdout

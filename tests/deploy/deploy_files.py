@@ -115,8 +115,8 @@ def k8s_bytes(quantity: str | int) -> int:
 
 
 def pod_specs(document: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
-    """The pod spec of a Deployment or CronJob (nothing for other kinds)."""
-    if document["kind"] == "Deployment":
+    """The pod spec of a Deployment, DaemonSet or CronJob (nothing for other kinds)."""
+    if document["kind"] in ("Deployment", "DaemonSet"):
         yield document["spec"]["template"]["spec"]
     elif document["kind"] == "CronJob":
         yield document["spec"]["jobTemplate"]["spec"]["template"]["spec"]

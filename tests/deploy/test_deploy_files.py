@@ -327,7 +327,7 @@ def test_container_commands_are_project_scripts_with_valid_arguments() -> None:
                     argv = ["lm-rollup", *argv[argv.index(entry) + 1 :]]
                 check_command(argv, path.name, path.read_text(encoding="utf-8"))
                 checked += 1
-    assert checked == 3
+    assert checked == 4  # collector, reconciler, rollup, scrape agent
 
 
 def test_the_spark_submit_entry_file_calls_the_lm_rollup_main() -> None:
@@ -354,7 +354,8 @@ def test_units_are_hardened_and_stop_with_sigterm(path: Path) -> None:
     }.items():
         assert unit.value("Service", key) == value, f"{path.name}: {key}"
     assert int(unit.value("Service", "LimitNOFILE")) >= 65536
-    assert "-/etc/lightmetrics/aws.env" in unit.values("Service", "EnvironmentFile")
+    if path.name != "lightmetrics-agent.service":  # the scrape agent never talks to the store
+        assert "-/etc/lightmetrics/aws.env" in unit.values("Service", "EnvironmentFile")
     if unit.value("Service", "Type") != "oneshot":
         assert unit.value("Service", "Restart") == "on-failure"
         assert unit.value("Service", "RestartPreventExitStatus") == "2"  # bad configuration
@@ -585,14 +586,27 @@ SAMPLE_KEYS = {
     "rollup_pointer": keys.ROLLUP_POINTER_KEY,
     "rollup_data": keys.rollup_data_key("points", HOUR, "f"),
     "probe": keys.probe_key("collector-1-1-x"),
+    "index_log": keys.index_log_segment_key(1_760_000_000 * 10**9, "collector-1", 7),
+    "index_catalog": keys.index_catalog_key(HOUR, 3, 9),
+    "rollup_work": keys.rollup_work_marker_key(keys.index_catalog_key(HOUR, 3, 9)),
 }
 ROLLUP_KINDS = {"rollup_pointer", "rollup_data"}
 NEVER_DELETED = {"accepted", "quarantine"}
 MAY_DELETE = {
     "collector": {"probe"},
-    "reconciler": set(),
+    # The reconciler compacts its catalog, trims its records and, after migration, drops
+    # the version-1 per-object index (lm-reconciler drop-v1-index).
+    "reconciler": {
+        "index_log",
+        "index_catalog",
+        "reconciler_state",
+        "raw_blob_by_time",
+        "accepted_by_time",
+        "accepted_by_blob",
+        "quarantine_by_blob",
+    },
     "gc": {"raw_blob", "gc_mark"},
-    "rollup": ROLLUP_KINDS,
+    "rollup": ROLLUP_KINDS | {"rollup_dirty", "rollup_work"},
 }
 POLICY_FILES = {
     "collector": "collector-policy.json",
@@ -797,8 +811,7 @@ def test_metric_names_in_deploy_docs_exist() -> None:
 
 def test_label_values_in_deploy_docs_are_ones_the_collector_uses() -> None:
     sources = "".join(
-        (ROOT / "collector" / name).read_text(encoding="utf-8")
-        for name in ("app.py", "accept.py", "derived.py")
+        path.read_text(encoding="utf-8") for path in sorted((ROOT / "collector").glob("*.py"))
     )
     for path in text_files():
         for label, value in re.findall(

@@ -57,9 +57,19 @@ def zstd_frame(raw: bytes, *, payload: bytes | None = None, raw_len: int | None 
 
 
 def rejects(data: bytes, fragment: str, **kwargs: int) -> fr.FrameError:
+    """``decode_frame`` refuses ``data`` naming ``fragment``, and the collector's
+    ``check_payload`` refuses it with the very same message."""
     with pytest.raises(fr.FrameError) as caught:
         fr.decode_frame(data, **kwargs)
     assert fragment in str(caught.value), str(caught.value)
+    try:
+        header = fr.decode_header(data)
+    except fr.FrameError as exc:
+        assert str(exc) == str(caught.value)
+        return caught.value
+    with pytest.raises(fr.FrameError) as checked:
+        fr.check_payload(data, header, max_raw_bytes=kwargs.get("max_raw_bytes", 64 * 1024 * 1024))
+    assert str(checked.value) == str(caught.value)
     return caught.value
 
 
@@ -325,6 +335,16 @@ INVALID_POINTS: list[tuple[str, pa.Table, str]] = [
     (
         "null_metric_in_dictionary",
         table(metric=pa.DictionaryArray.from_arrays([0, 1], pa.array(["a", None]))),
+        "metric: row 1 is null",
+    ),
+    (
+        "dictionary_metric_257_bytes",
+        table(metric=pa.DictionaryArray.from_arrays([0, 1, 0], pa.array(["a", "m" * 257]))),
+        "metric: row 1 is 257 bytes (must be 1..256)",
+    ),
+    (
+        "null_dictionary_index",
+        table(metric=pa.DictionaryArray.from_arrays(pa.array([0, None], pa.int8()), ["a"])),
         "metric: row 1 is null",
     ),
     (

@@ -74,25 +74,116 @@ def test_key_strings_are_pinned(built: str, expected: str) -> None:
 
 
 def test_parsers_invert_builders() -> None:
+    named = IDENTITY.key_identity
     assert keys.parse_raw_blob_key(keys.raw_blob_key(SHA)) == SHA
     assert keys.parse_raw_blob_by_time_key(keys.raw_blob_by_time_key(HOUR, SHA)) == (HOUR, SHA)
-    assert keys.parse_accepted_manifest_key(keys.accepted_manifest_key(IDENTITY)) == IDENTITY
-    assert keys.parse_accepted_by_time_key(keys.accepted_by_time_key(HOUR, IDENTITY)) == (
-        HOUR,
-        IDENTITY,
-    )
+    assert keys.parse_accepted_manifest_key(keys.accepted_manifest_key(IDENTITY)) == named
     assert keys.parse_accepted_by_blob_key(keys.accepted_by_blob_key(SHA, IDENTITY)) == (
         SHA,
-        IDENTITY,
+        named,
     )
-    assert keys.parse_quarantine_key(keys.quarantine_key(IDENTITY, SHA)) == (IDENTITY, SHA)
+    assert keys.parse_quarantine_key(keys.quarantine_key(IDENTITY, SHA)) == (named, SHA)
+    assert keys.parse_manifest_id(IDENTITY.manifest_id) == named
+    # A key that spells the agent in hex gives the whole identity back.
+    assert keys.parse_accepted_manifest_key(keys.accepted_manifest_key(IDENTITY)).identity == (
+        IDENTITY
+    )
 
 
 def test_unicode_agent_id_round_trips() -> None:
     identity = keys.BatchIdentity("höst/ünïcode", IDENTITY.boot_id, 0, 0)
     key = keys.accepted_manifest_key(identity)
     assert "/" not in identity.agent_hex
-    assert keys.parse_accepted_manifest_key(key) == identity
+    assert keys.parse_accepted_manifest_key(key).identity == identity
+
+
+def _agent(length: int) -> str:
+    return ("a" * length)[:length]
+
+
+def _segments_of(identity: keys.BatchIdentity) -> list[str]:
+    built = [
+        keys.accepted_manifest_key(identity),
+        keys.accepted_by_time_key(HOUR, identity),
+        keys.accepted_by_blob_key(SHA, identity),
+        keys.quarantine_key(identity, SHA),
+        keys.quarantine_by_blob_key(SHA, identity),
+        keys.identity_name(identity, f".{SHA}.lmbatch"),
+    ]
+    return [segment for key in built for segment in key.split("/")]
+
+
+@pytest.mark.parametrize("length", [1, 82, 83, 124, 125, 128])
+def test_no_segment_exceeds_255_bytes_for_any_agent_id(length: int) -> None:
+    """PROTOCOL §3's segment rule, for every key and name that embeds an identity."""
+    identity = keys.BatchIdentity(_agent(length), IDENTITY.boot_id, 0, keys.MAX_U64)
+    assert max(len(s.encode()) for s in _segments_of(identity)) <= keys.SEGMENT_MAX_BYTES
+    # ... with multi-byte characters too (128 bytes of "é" is 64 characters).
+    wide = keys.BatchIdentity("é" * (length // 2 or 1), IDENTITY.boot_id, 0, 0)
+    assert max(len(s.encode()) for s in _segments_of(wide)) <= keys.SEGMENT_MAX_BYTES
+
+
+@pytest.mark.parametrize(
+    ("length", "manifest_hashed", "by_time_hashed"),
+    [
+        (82, False, False),
+        (83, False, True),
+        (124, False, True),
+        (125, True, True),
+        (128, True, True),
+    ],
+)
+def test_the_agent_is_hashed_only_where_its_hex_would_not_fit(
+    length: int, manifest_hashed: bool, by_time_hashed: bool
+) -> None:
+    identity = keys.BatchIdentity(_agent(length), IDENTITY.boot_id, 1, 2)
+    digest = f"agent=h-{identity.agent_sha256}"
+    long_form = f"agent={identity.agent_hex}"
+    manifest_key = keys.accepted_manifest_key(identity)
+    by_time = keys.accepted_by_time_key(HOUR, identity)
+    assert (digest in manifest_key, long_form in manifest_key) == (
+        manifest_hashed,
+        not manifest_hashed,
+    )
+    assert (digest in by_time, long_form in by_time) == (by_time_hashed, not by_time_hashed)
+    # Where the key is hashed the long form is the legacy one to look for first.
+    legacy = keys.legacy_accepted_manifest_key(identity)
+    assert (legacy is not None) == manifest_hashed
+    if legacy is not None:
+        assert legacy == f"accepted/v1/{long_form}/boot={BOOT}/{identity.seq_range}.json"
+        assert keys.parse_accepted_manifest_key(legacy) == identity.key_identity
+    assert (keys.legacy_quarantine_key(identity, SHA) is not None) == manifest_hashed
+    # The ledger's manifest_id is never hashed: ledgers written before the rule stay valid.
+    assert identity.manifest_id.startswith(long_form + ".")
+
+
+@pytest.mark.parametrize("length", [125, 128])
+def test_a_hashed_key_names_the_identity_without_spelling_it(length: int) -> None:
+    identity = keys.BatchIdentity(_agent(length), IDENTITY.boot_id, 1, 2)
+    other = keys.BatchIdentity(_agent(length - 1) + "b", IDENTITY.boot_id, 1, 2)
+    named = keys.parse_accepted_manifest_key(keys.accepted_manifest_key(identity))
+    assert named.agent_id is None and named.identity is None
+    assert keys.identity_matches_key(identity, named)
+    assert not keys.identity_matches_key(other, named)
+    assert not keys.identity_matches_key(
+        keys.BatchIdentity(identity.agent_id, IDENTITY.boot_id, 1, 3), named
+    )
+    # Both forms of one batch are one KeyIdentity (sets and dicts merge them).
+    long_named = keys.parse_manifest_id(identity.manifest_id)
+    assert long_named == named and hash(long_named) == hash(named)
+    assert long_named.identity == identity
+
+
+def test_quarantine_prefixes_cover_both_forms_of_a_long_agent() -> None:
+    short = keys.BatchIdentity("agent-a", IDENTITY.boot_id, 1, 2)
+    assert keys.quarantine_agent_prefixes("agent-a") == [
+        f"{keys.QUARANTINE_PREFIX}agent={short.agent_hex}/"
+    ]
+    long_agent = keys.BatchIdentity(_agent(128), IDENTITY.boot_id, 1, 2)
+    prefixes = keys.quarantine_agent_prefixes(long_agent.agent_id)
+    assert keys.quarantine_key(long_agent, SHA).startswith(prefixes[0])
+    legacy = keys.legacy_quarantine_key(long_agent, SHA)
+    assert legacy is not None and legacy.startswith(prefixes[1])
 
 
 @pytest.mark.parametrize(
@@ -104,6 +195,8 @@ def test_unicode_agent_id_round_trips() -> None:
         f"accepted/v1/agent={AGENT}/boot={BOOT}/00000000000000000020-00000000000000000010.json",
         f"accepted/v1/agent={AGENT}/boot={'0' * 32}/{SEQ}.json",
         f"raw-blobs/v1/sha256/ab/ce/{SHA}.lmbatch",
+        f"accepted/v1/agent=h-{SHA[:-2]}/boot={BOOT}/{SEQ}.json",  # digest too short
+        f"accepted/v1/agent=h-{SHA.upper()}/boot={BOOT}/{SEQ}.json",
     ],
 )
 def test_malformed_keys_are_refused(bad: str) -> None:

@@ -1,33 +1,43 @@
-"""Reconciler test helpers: synthetic accepted batches written the way a collector writes
-them, settings, contexts on a `ManualClock`, and a store listing snapshot.
+"""Reconciler test helpers: synthetic batches written the way a collector writes them
+(raw blob + accepted manifest, and their rows in the index log through `IndexLogWriter`),
+settings, contexts on a `ManualClock`, a request-counting store wrapper, the catalog's
+contents, and ``lm-reconciler`` as a child process.
 
 A synthetic batch's "frame" is arbitrary bytes (the reconciler never decodes frames, only
-hashes them), so stores with thousands of batches are cheap to build.
+hashes them), so stores with thousands of batches are cheap to build. Nothing here writes
+a per-object derived entry: the index is the log and the catalog (PROTOCOL §3.7).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import random
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
 from config import GcSettings, ReconcilerSettings, Settings
-from protocol import derived, keys
-from protocol.clock import ManualClock
+from index import catalog
+from index.log_writer import IndexLogWriter
+from index.rows import IndexRow, accepted_row, blob_row, quarantine_row
+from protocol import keys
+from protocol.clock import Clock, ManualClock
 from protocol.records import AcceptedManifest, AuditRecord, IdentityConflict
 from reconciler.context import ReconcilerContext, open_context
 from reconciler.metrics import ReconcilerMetrics
-from store.base import ObjectStore
+from store.base import ObjectInfo, ObjectStore
 from store.memory import MemoryStore
 
+T = TypeVar("T")
 T0_NS = 1_760_000_000_000_000_000  # 2025-10-09T08:53:20Z
 HOUR_NS = 3600 * keys.NS_PER_S
 
@@ -44,13 +54,6 @@ class Batch:
     @property
     def sha(self) -> str:
         return self.manifest.frame_sha256
-
-    @property
-    def derived_keys(self) -> set[str]:
-        return {e.key for e in derived.manifest_backfill(self.manifest)}
-
-    def entry_key(self, kind: str) -> str:
-        return next(e.key for e in derived.manifest_backfill(self.manifest) if e.kind == kind)
 
 
 def make_batch(agent: int, seq: int, accepted_at_ns: int, *, boot: int = 1) -> Batch:
@@ -71,13 +74,10 @@ def make_batch(agent: int, seq: int, accepted_at_ns: int, *, boot: int = 1) -> B
     return Batch(manifest, frame)
 
 
-async def write_batch(store: ObjectStore, batch: Batch, *, derived_entries: bool = True) -> None:
-    """Blob, manifest and (unless told not to) every derived entry, as a collector would."""
+async def write_batch(store: ObjectStore, batch: Batch) -> None:
+    """The raw blob and the accepted manifest: the two PUTs of an acknowledged batch."""
     await store.put(keys.raw_blob_key(batch.sha), batch.frame, if_none_match=True)
     await store.put(batch.key, batch.manifest.to_json(), if_none_match=True)
-    if derived_entries:
-        for entry in derived.manifest_backfill(batch.manifest):
-            await store.put(entry.key, entry.body, if_none_match=True)
 
 
 async def write_batches(
@@ -87,13 +87,14 @@ async def write_batches(
     per_agent: int,
     start_ns: int = T0_NS,
     step_ns: int = keys.NS_PER_S,
-    derived_entries: bool = True,
+    first_agent: int = 0,
 ) -> list[Batch]:
     batches = []
-    for agent in range(agents):
+    for agent in range(first_agent, first_agent + agents):
         for seq in range(per_agent):
-            batch = make_batch(agent, seq, start_ns + (agent * per_agent + seq) * step_ns)
-            await write_batch(store, batch, derived_entries=derived_entries)
+            offset = (agent - first_agent) * per_agent + seq
+            batch = make_batch(agent, seq, start_ns + offset * step_ns)
+            await write_batch(store, batch)
             batches.append(batch)
     return batches
 
@@ -117,16 +118,62 @@ def make_conflict(batch: Batch, observed_at_ns: int) -> tuple[IdentityConflict, 
     return conflict, frame
 
 
-async def write_conflict(
-    store: ObjectStore, batch: Batch, observed_at_ns: int, *, derived_entries: bool = True
-) -> IdentityConflict:
+async def write_conflict(store: ObjectStore, batch: Batch, observed_at_ns: int) -> IdentityConflict:
+    """The submitted blob and the quarantine record of an identity conflict."""
     conflict, frame = make_conflict(batch, observed_at_ns)
     await store.put(conflict.submitted_raw_blob_key, frame, if_none_match=True)
     await store.put(conflict.quarantine_key, conflict.to_json(), if_none_match=True)
-    if derived_entries:
-        for entry in derived.quarantine_backfill(conflict):
-            await store.put(entry.key, entry.body, if_none_match=True)
     return conflict
+
+
+def log_rows_of(
+    batches: Iterable[Batch] = (), conflicts: Iterable[IdentityConflict] = ()
+) -> list[IndexRow]:
+    """The rows collectors append for these: ``blob`` + ``accepted`` per batch, ``blob`` +
+    ``quarantine`` per conflict."""
+    rows: list[IndexRow] = []
+    for batch in batches:
+        rows.append(blob_row(batch.sha, batch.manifest.accepted_at_unix_ns))
+        rows.append(accepted_row(batch.manifest))
+    for conflict in conflicts:
+        rows.append(blob_row(conflict.submitted_frame_sha256, conflict.observed_at_unix_ns))
+        rows.append(quarantine_row(conflict))
+    return rows
+
+
+async def log_rows(
+    store: ObjectStore,
+    clock: Clock,
+    batches: Iterable[Batch] = (),
+    conflicts: Iterable[IdentityConflict] = (),
+    *,
+    rows: Iterable[IndexRow] = (),
+    writer_id: str = "collector-test",
+    seed: int = 3,
+) -> list[str]:
+    """Append the batches' and conflicts' rows (and ``rows``) to an `IndexLogWriter` and
+    flush it, as a collector does: one segment per hour present. Returns the new segment
+    keys."""
+    before = await keys_under(store, keys.INDEX_LOG_PREFIX)
+    writer = IndexLogWriter(store=store, clock=clock, rng=random.Random(seed), writer_id=writer_id)
+    for row in [*log_rows_of(batches, conflicts), *rows]:
+        assert writer.append(row)
+    await writer.flush()
+    assert writer.stats.segments_written >= 1 and writer.buffered == 0
+    return sorted(await keys_under(store, keys.INDEX_LOG_PREFIX) - before)
+
+
+async def catalog_rows(store: ObjectStore) -> dict[str, IndexRow]:
+    """Every catalog row by key (the union of every file, a key counted once)."""
+    found: dict[str, IndexRow] = {}
+    async for info in catalog.list_all_files(store):
+        for row in await catalog.read_file(store, info.key):
+            found.setdefault(row.key, row)
+    return found
+
+
+async def catalog_keys(store: ObjectStore) -> set[str]:
+    return set(await catalog_rows(store))
 
 
 def make_settings(**reconciler: object) -> Settings:
@@ -140,6 +187,12 @@ def make_settings(**reconciler: object) -> Settings:
     return Settings(
         reconciler=ReconcilerSettings.model_validate({**defaults, **reconciler}),
         gc=GcSettings(enabled=False),
+    )
+
+
+def with_retry_horizon(settings: Settings, horizon_s: float) -> Settings:
+    return settings.model_copy(
+        update={"gc": settings.gc.model_copy(update={"retry_horizon_s": horizon_s})}
     )
 
 
@@ -183,21 +236,88 @@ async def keys_under(store: ObjectStore, prefix: str = "") -> set[str]:
     return {info.key async for info in store.list(prefix)}
 
 
-async def derived_keys_in(store: ObjectStore) -> set[str]:
-    found: set[str] = set()
-    for prefix in (
-        keys.ACCEPTED_BY_TIME_PREFIX,
-        keys.ACCEPTED_BY_BLOB_PREFIX,
-        keys.RAW_BLOBS_BY_TIME_PREFIX,
-        keys.QUARANTINE_BY_BLOB_PREFIX,
-    ):
-        found |= await keys_under(store, prefix)
-    return found
+def kind_of(key: str) -> str:
+    """What a request is about: ``log``/``catalog``/``unreadable`` under ``index/v1/``,
+    else the key's first segment (``accepted``, ``quarantine``, ``raw-blobs``, ``work``,
+    ``reconciler``, ...)."""
+    parts = key.split("/")
+    return parts[2] if parts[0] == "index" and len(parts) > 2 else parts[0]
+
+
+class CountingStore:
+    """Wraps any store: counts requests as ``"<op> <kind>"`` (`kind_of`; puts split into
+    ``put``/``create``), the keys each LIST returned, and every key read; with
+    ``overlap``, yields before each call so that concurrent calls really overlap (as on
+    S3) and records the most in flight at once."""
+
+    def __init__(self, inner: ObjectStore, *, overlap: bool = False) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self.calls: Counter[str] = Counter()
+        self.listed: Counter[str] = Counter()
+        self.gets: list[str] = []
+        self.heads: list[str] = []
+        self.lists: list[tuple[str, str | None]] = []
+        self._overlap = overlap
+        self.in_flight = 0
+        self.max_in_flight = 0
+
+    def clear(self) -> None:
+        self.calls.clear()
+        self.listed.clear()
+        self.gets.clear()
+        self.heads.clear()
+        self.lists.clear()
+
+    async def _counted(self, call: Callable[[], Awaitable[T]]) -> T:
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            if self._overlap:
+                await asyncio.sleep(0)  # let other tasks start theirs
+            return await call()
+        finally:
+            self.in_flight -= 1
+
+    async def get(self, key: str) -> tuple[bytes, str]:
+        self.calls[f"get {kind_of(key)}"] += 1
+        self.gets.append(key)
+        return await self._counted(lambda: self.inner.get(key))
+
+    async def head(self, key: str) -> ObjectInfo:
+        self.calls[f"head {kind_of(key)}"] += 1
+        self.heads.append(key)
+        return await self._counted(lambda: self.inner.head(key))
+
+    async def put(
+        self, key: str, body: bytes, *, if_none_match: bool = False, if_match: str | None = None
+    ) -> str:
+        self.calls[f"{'create' if if_none_match else 'put'} {kind_of(key)}"] += 1
+        return await self._counted(
+            lambda: self.inner.put(key, body, if_none_match=if_none_match, if_match=if_match)
+        )
+
+    async def list(self, prefix: str, start_after: str | None = None) -> AsyncIterator[ObjectInfo]:
+        self.calls[f"list {kind_of(prefix)}"] += 1
+        self.lists.append((prefix, start_after))
+        async for info in self.inner.list(prefix, start_after):
+            self.listed[kind_of(prefix)] += 1
+            yield info
+
+    async def delete(self, key: str) -> None:
+        self.calls[f"delete {kind_of(key)}"] += 1
+        await self.inner.delete(key)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def gets_under(self, prefix: str) -> list[str]:
+        return [key for key in self.gets if key.startswith(prefix)]
 
 
 @pytest.fixture
 def clock() -> ManualClock:
-    # Half past the hour of T0 plus a little: batches written from T0 land in this hour.
+    # A minute past T0: batches written from T0 on lie in this hour's past.
     return ManualClock(T0_NS + 60 * keys.NS_PER_S)
 
 
@@ -215,7 +335,7 @@ async def memory_store(clock: ManualClock) -> AsyncIterator[MemoryStore]:
 
 def cli_env(store_dir: Path, **settings: str) -> dict[str, str]:
     """Environment for ``lm-reconciler`` on the fs store at ``store_dir`` (GC off: it is
-    not what these tests are about, and it may not be installed)."""
+    not what these tests are about)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LM_")}
     env.update(
         {
@@ -252,11 +372,9 @@ def start_cli(*args: str, env: dict[str, str], log_path: Path) -> subprocess.Pop
         )
 
 
-def write_batch_files(root: Path, batch: Batch, *, derived_entries: bool = True) -> None:
+def write_batch_files(root: Path, batch: Batch) -> None:
     """Like `write_batch`, straight into an fs store's directory (fast: no fsync)."""
     objects = {keys.raw_blob_key(batch.sha): batch.frame, batch.key: batch.manifest.to_json()}
-    if derived_entries:
-        objects.update({e.key: e.body for e in derived.manifest_backfill(batch.manifest)})
     for key, body in objects.items():
         path = root / key
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,6 @@
-"""``lm-reconciler`` as real processes on the filesystem store: run --once and status, the
-problems command, kill -9 in the middle of an audit, two daemons with one active."""
+"""``lm-reconciler`` as real processes on the filesystem store: run --once and status (text,
+JSON, --check), the problems command, kill -9 in the middle of an audit, two daemons with
+one active, an audit from an inventory, the GC's dry run, exit codes."""
 
 from __future__ import annotations
 
@@ -13,60 +14,107 @@ from pathlib import Path
 
 from protocol import keys
 from protocol.clock import SystemClock
-from protocol.records import AuditRecord, LeaseRecord
+from protocol.records import AuditRecord, GcRunRecord, LeaseRecord
 from reconciler.audit import DONE, FRONTIER
 from reconciler.daemon import Reconciler
 from store.fs import FileSystemStore
 from tests.reconciler.conftest import (
+    Batch,
+    CountingStore,
+    catalog_keys,
     cli_env,
+    log_rows,
     make_batch,
     make_settings,
     run_cli,
     start_cli,
     write_batch_files,
 )
-from tests.reconciler.test_audit import RecordingStore
 from tests.reconciler.test_inventory import store_rows, write_csv_inventory
 
 DEADLINE_S = 30.0
 
 
-def now_batches(root: Path, agents: int, per_agent: int, *, derived: bool = True) -> list:  # type: ignore[type-arg]
+def now_batches(root: Path, agents: int, per_agent: int) -> list[Batch]:
+    """Batches accepted 10 s ago (all in one hour: they are nanoseconds apart)."""
     start = time.time_ns() - 10 * keys.NS_PER_S
     batches = []
     for agent in range(agents):
         for seq in range(per_agent):
             batch = make_batch(agent, seq, start + agent * per_agent + seq)
-            write_batch_files(root, batch, derived_entries=derived)
+            write_batch_files(root, batch)
             batches.append(batch)
     return batches
 
 
-def test_status_after_run_once_shows_zero_lag_and_zero_problems(tmp_path: Path) -> None:
+def log_files(root: Path, batches: list[Batch]) -> list[str]:
+    """The batches' index log rows, flushed by an `IndexLogWriter` into the fs store."""
+
+    async def write() -> list[str]:
+        store = FileSystemStore(root)
+        try:
+            return await log_rows(store, SystemClock(), batches)
+        finally:
+            await store.close()
+
+    return asyncio.run(write())
+
+
+def test_run_once_and_status_show_the_log_the_catalog_and_the_cost(tmp_path: Path) -> None:
     store_dir = tmp_path / "store"
-    now_batches(store_dir, agents=3, per_agent=4, derived=False)
+    batches = now_batches(store_dir, agents=3, per_agent=4)
+    assert len(log_files(store_dir, batches[:8])) == 1  # the last agent's rows were lost
     env = cli_env(store_dir)
 
     before = run_cli("status", "--json", env=env)
     assert before.returncode == 0, before.stderr
-    assert json.loads(before.stdout)["checkpoint"] is None
+    doc = json.loads(before.stdout)
+    assert doc["log"]["through"] is None and doc["log"]["segments_behind"] == 1
+    assert doc["catalog"] == {"hours": 0, "files": 0, "rollup_work_markers": 0}
+    assert doc["index_requests_per_batch"] is None and doc["last_audit"] is None
+    # Its segment has waited longer than a 1-second lookback: lag.
+    assert (
+        run_cli("status", "--check", env={**env, "LM_RECONCILER__LOOKBACK_S": "1"}).returncode == 1
+    )
 
     once = run_cli("run", "--once", env=env)
     assert once.returncode == 0, once.stderr
     report = json.loads(once.stdout)
-    assert report["complete"] and report["audit"]["status"] == "completed"
-    assert report["audit"]["repaired"]["accepted-by-time"] == 12
+    assert report["complete"] and report["steady"]["records_read"] == 8
+    assert report["audit"]["status"] == "completed" and report["audit"]["cataloged"] == 4
 
     status = run_cli("status", "--json", env=env)
     assert status.returncode == 0, status.stderr
     doc = json.loads(status.stdout)
-    assert doc["lag_hours"] == 0 and doc["lag_seconds"] == 0
-    assert doc["problems"] == {"total": 0, "by_kind": {}}
-    assert doc["checkpoint"]["next_hour"] == keys.UtcHour.from_unix_ns(time.time_ns()).iso
+    assert doc["log"]["segments_behind"] == 0 and doc["log"]["lag_seconds"] == 0
+    assert doc["log"]["totals"]["segments"] == 1 and doc["log"]["totals"]["accepted_rows"] == 8
+    assert doc["catalog"]["hours"] == 1
+    assert doc["catalog"]["files"] == doc["catalog"]["rollup_work_markers"] == 2  # pass + audit
+    # (1 segment + 1 catalog file + 1 marker + 1 checkpoint) / 8 accepted rows
+    assert doc["index_requests_per_batch"] == 0.5
     assert doc["last_completed_audit"]["manifests_seen"] == 12
+    assert doc["last_completed_audit"]["cataloged"] == 4
+    assert doc["last_gc"] is None and doc["problems"] == {"total": 0, "by_kind": {}}
+    assert "last GC         none" in run_cli("status", env=env).stdout
     assert doc["lease"]["active"] is False  # released on exit
     assert run_cli("status", "--check", env=env).returncode == 0
-    assert "lag             0 h" in run_cli("status", env=env).stdout
+    gc_run = GcRunRecord(run_id="00c0ffee", started_at_unix_ns=time.time_ns(), candidates=3)
+    gc_run = gc_run.model_copy(update={"marked": 2, "deleted": 1})
+    gc_key = store_dir / keys.gc_run_key(gc_run.started_at_unix_ns, gc_run.run_id)
+    gc_key.parent.mkdir(parents=True, exist_ok=True)
+    gc_key.write_bytes(gc_run.to_json())
+    text = run_cli("status", env=env).stdout
+    for line in (
+        "0 segments waiting, lag 0.0 s",
+        "catalog         1 hours in 2 files; 2 rollup work markers waiting",
+        "index cost      0.5 requests per accepted batch",
+        "4 cataloged",
+        "last GC         00c0ffee started",
+        "3 candidates, 2 marked, 0 vetoed, 1 deleted",
+        "problems        0",
+    ):
+        assert line in text, text
+    assert asyncio.run(catalog_keys(FileSystemStore(store_dir))) == {b.key for b in batches}
 
 
 def test_problems_are_listed_and_fail_the_status_check(tmp_path: Path) -> None:
@@ -82,6 +130,7 @@ def test_problems_are_listed_and_fail_the_status_check(tmp_path: Path) -> None:
     [problem] = [json.loads(line) for line in listed.stdout.splitlines()]
     assert problem["kind"] == "missing-blob"
     assert problem["subject_key"] == batches[1].manifest.raw_blob_key
+    assert batches[1].key in problem["detail"]
     check = run_cli("status", "--check", env=env)
     assert check.returncode == 1
     assert "problems        1 (missing-blob 1)" in run_cli("status", env=env).stdout
@@ -103,20 +152,17 @@ def read_audit_record(store_dir: Path) -> AuditRecord | None:
 
 async def test_kill_9_mid_audit_then_the_next_run_resumes(tmp_path: Path) -> None:
     store_dir = tmp_path / "store"
-    # Every record needs 3 creates and a dirty marker (fsync'd files), one at a time: the
-    # audit takes seconds, and its record is saved every 2 s: plenty of time to kill it.
-    now_batches(store_dir, agents=30, per_agent=50, derived=False)
-    env = cli_env(
-        store_dir,
-        LM_RECONCILER__CONCURRENCY="1",
-        LM_RECONCILER__LEASE_TTL_S="2",
-    )
+    # Every record is read and cataloged (fsync'd catalog files and markers), one request at
+    # a time: the audit takes several seconds, and its record is saved every 2 s while it
+    # runs: time to see it running and kill it.
+    now_batches(store_dir, agents=30, per_agent=150)
+    env = cli_env(store_dir, LM_RECONCILER__CONCURRENCY="1", LM_RECONCILER__LEASE_TTL_S="2")
     auditor = start_cli("audit", env=env, log_path=tmp_path / "audit.log")
     try:
         deadline = time.monotonic() + DEADLINE_S
         while True:
             record = read_audit_record(store_dir)
-            if record is not None and record.manifests_seen >= 40 and record.cursors:
+            if record is not None and record.status == "running" and record.manifests_seen >= 40:
                 break
             assert auditor.poll() is None, (tmp_path / "audit.log").read_text()
             assert time.monotonic() < deadline, "no audit progress recorded in time"
@@ -127,11 +173,13 @@ async def test_kill_9_mid_audit_then_the_next_run_resumes(tmp_path: Path) -> Non
         auditor.wait()
     interrupted = read_audit_record(store_dir)
     assert interrupted is not None and interrupted.status == "running"
-    assert interrupted.manifests_seen < 1500
+    assert interrupted.manifests_seen < 4500
     finished = {g for g, cursor in interrupted.cursors.items() if cursor == DONE}
     frontier = interrupted.cursors.get(FRONTIER)
+    cataloged_before = await catalog_keys(FileSystemStore(store_dir))
+    assert cataloged_before
 
-    store = RecordingStore(FileSystemStore(store_dir))
+    store = CountingStore(FileSystemStore(store_dir))
     reconciler = Reconciler(
         store=store,
         settings=make_settings(lease_ttl_s=2.0, verify_rate_per_s=100_000.0),
@@ -143,7 +191,7 @@ async def test_kill_9_mid_audit_then_the_next_run_resumes(tmp_path: Path) -> Non
     assert resumed.status == "completed"
     assert resumed.audit_id == interrupted.audit_id
     assert resumed.started_at_unix_ns == interrupted.started_at_unix_ns
-    assert resumed.manifests_seen >= 1500
+    assert resumed.manifests_seen >= 4500
     listed = {prefix for prefix, _after in store.lists}
     assert not listed & finished
     if frontier is not None:
@@ -151,7 +199,8 @@ async def test_kill_9_mid_audit_then_the_next_run_resumes(tmp_path: Path) -> Non
             not (p.startswith(keys.ACCEPTED_PREFIX) and p <= frontier)
             for p in listed - {keys.ACCEPTED_PREFIX}
         )
-    assert sum(1 for _ in (store_dir / keys.ACCEPTED_BY_TIME_PREFIX).rglob("*.json")) == 1500
+    assert not set(store.gets_under(keys.ACCEPTED_PREFIX)) & cataloged_before  # none re-read
+    assert len(await catalog_keys(FileSystemStore(store_dir))) == 4500
 
 
 def lease_on_disk(store_dir: Path) -> LeaseRecord | None:
@@ -214,7 +263,7 @@ def test_two_daemons_one_active_and_the_standby_takes_over_after_kill_9(tmp_path
 
 async def test_audit_command_reads_an_inventory(tmp_path: Path) -> None:
     store_dir = tmp_path / "store"
-    now_batches(store_dir, agents=2, per_agent=3, derived=False)
+    batches = now_batches(store_dir, agents=2, per_agent=3)
     store = FileSystemStore(store_dir)
     write_csv_inventory(tmp_path / "inventory", await store_rows(store, prefix=""), parts=1)
 
@@ -229,7 +278,8 @@ async def test_audit_command_reads_an_inventory(tmp_path: Path) -> None:
         "inventory",
         6,
     )
-    assert record["repaired"]["accepted-by-time"] == 6
+    assert record["cataloged"] == 6
+    assert await catalog_keys(store) == {b.key for b in batches}
 
 
 def test_gc_dry_run_command_reports_and_changes_nothing(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
 """Real collectors accept a real fleet (with duplicates and identity conflicts) into an fs
-store; derived entries are deleted by hand; ``lm-reconciler run --once`` restores them."""
+store and log what they did; a log segment is lost; ``lm-reconciler run --once`` catalogs
+what the log names and its audit catalogs exactly what the lost segment alone named."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ import pytest
 from agent.fleet import RunOptions, SpoolSettings, run_fleet
 from agent.load import LoadSpec
 from collector.launch import CollectorProcess, start_collector
+from index.log_reader import read_segment
 from protocol import keys
 from store.fs import FileSystemStore
-from tests.reconciler.conftest import cli_env, derived_keys_in, keys_under, run_cli
+from tests.reconciler.conftest import catalog_keys, cli_env, keys_under, run_cli
 
 
 @pytest.fixture
@@ -26,6 +28,7 @@ def collector(tmp_path: Path) -> Iterator[CollectorProcess]:
         env={
             "LM_STORE__URL": f"file://{tmp_path / 'store'}",
             "LM_INGEST__COLLECTOR_ID": "e2e-collector",
+            "LM_INGEST__INDEX_FLUSH_MAX_AGE_MS": "200",  # several segments in a short run
         },
     )
     try:
@@ -34,7 +37,7 @@ def collector(tmp_path: Path) -> Iterator[CollectorProcess]:
         process.stop()
 
 
-async def test_run_once_restores_what_was_deleted_from_a_real_ingest(
+async def test_run_once_catalogs_the_log_and_the_audit_what_a_lost_segment_named(
     tmp_path: Path, collector: CollectorProcess
 ) -> None:
     spec = LoadSpec(
@@ -53,34 +56,46 @@ async def test_run_once_restores_what_was_deleted_from_a_real_ingest(
         spec=spec,
         options=RunOptions(max_rounds=2, round_delay_s=0.1),
     )
-    assert collector.stop() == 0  # SIGTERM flushes the derived-entry queue
+    assert collector.stop() == 0  # SIGTERM flushes the index log buffer
     assert len(result.truth.accepted) == 24
 
     store = FileSystemStore(tmp_path / "store")
-    written = await derived_keys_in(store)
+    records = await keys_under(store, keys.ACCEPTED_PREFIX) | await keys_under(
+        store, keys.QUARANTINE_PREFIX
+    )
     quarantined = await keys_under(store, keys.QUARANTINE_PREFIX)
     assert quarantined, "the fleet's conflicts should have been quarantined"
-    deleted = sorted(written)[::3]  # every third entry, of every kind
-    for key in deleted:
-        await store.delete(key)
+    named: dict[str, set[str]] = {}
+    for segment in sorted(await keys_under(store, keys.INDEX_LOG_PREFIX)):
+        rows = await read_segment(store, segment)
+        named[segment] = {row.key for row in rows if row.kind != "blob"}
+    assert set().union(*named.values()) == records  # the collector logged every record
+    assert len(named) >= 2
+
+    # Lose the segment that alone named the most records, as if its rows had died with
+    # their collector: only the audit can find those records now.
+    def alone(segment: str) -> set[str]:
+        others = set().union(*(found for name, found in named.items() if name != segment))
+        return named[segment] - others
+
+    lost_segment = max(named, key=lambda segment: len(alone(segment)))
+    lost = alone(lost_segment)
+    assert lost
+    await store.delete(lost_segment)
 
     env = cli_env(tmp_path / "store")
     once = run_cli("run", "--once", env=env)
     assert once.returncode == 0, once.stderr
 
-    restored = await derived_keys_in(store)
-    assert written <= restored
-    # Only a raw-blobs-by-time entry may be new: the reconciler files a blob under its
-    # record's hour, the collector under the hour it created the blob (they differ only
-    # when an hour boundary fell in between).
-    assert all(k.startswith(keys.RAW_BLOBS_BY_TIME_PREFIX) for k in restored - written)
     report = json.loads(once.stdout)
-    assert sum(
-        report["audit"]["repaired"].get(k, 0)
-        for k in ("accepted-by-time", "accepted-by-blob", "raw-blobs-by-time", "quarantine-by-blob")
-    ) + sum(report["steady"]["repaired"].values()) >= len(deleted)
+    assert report["complete"]
+    assert report["steady"]["rows_cataloged"] == len(records - lost)
+    assert report["audit"]["status"] == "completed"
+    assert report["audit"]["cataloged"] == len(lost)  # exactly what the log lost
+    assert await catalog_keys(store) == records
     status = json.loads(run_cli("status", "--json", env=env).stdout)
-    assert status["lag_hours"] == 0 and status["problems"]["total"] == 0
+    assert status["log"]["segments_behind"] == 0 and status["problems"]["total"] == 0
     assert status["last_completed_audit"]["manifests_seen"] == 24
     assert status["last_completed_audit"]["quarantines_seen"] == len(quarantined)
+    assert status["index_requests_per_batch"] is not None
     await store.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import json
 import random
 import uuid
 from dataclasses import dataclass
@@ -20,14 +21,20 @@ from index.log_writer import IndexLogWriter
 from protocol import keys, records
 from protocol.clock import ManualClock, SystemClock
 from reconciler.audit import run_full_audit
-from reconciler.context import ReconcilerContext, open_context
+from reconciler.context import Fence, ReconcilerContext, open_context
+from reconciler.daemon import Reconciler
 from reconciler.gc import GarbageCollector, GcPolicy, GcRefused, latest_listing_audit
 from reconciler.metrics import ReconcilerMetrics
 from reconciler.steady import OrphanSuspects, SteadyScanner
+from store.base import SignedDelete
 from store.errors import NotFound, Unavailable
+from store.lease import LeaseLost
 from store.memory import MemoryStore
 from store.retry import Backoff
+from tests.reconciler.conftest import make_settings
 
+NS = 1_000_000_000
+LEASE_TTL_S = 30.0
 HOUR_S = 3600.0
 POLICY = GcPolicy(
     retry_horizon_s=2 * HOUR_S, mark_grace_s=600.0, max_delete_fraction=1.0, settle_s=60.0
@@ -119,27 +126,30 @@ class World:
         self.audits_run += 1
         return await run_full_audit(await self.ctx())
 
-    def collector(self) -> GarbageCollector:
-        async def fence() -> None:
-            await (await self.ctx()).check_fence()
-
+    async def collector(
+        self, fence: Fence | None = None, delete_store: Any = None
+    ) -> GarbageCollector:
+        """The GC under test, fenced by the world's lease (or ``fence``)."""
+        fence = fence or (await self.ctx()).fence
         return GarbageCollector(
             store=self.store,
             clock=self.clock,
             policy=self.policy,
             run_audit=self.audit,
             latest_audit=lambda: latest_listing_audit(self.store),
-            fence=fence,
+            fence=fence.check,
+            lease=fence.term,
+            delete_store=delete_store,
             observe=lambda e, n: self.events.__setitem__(e, self.events.get(e, 0) + n),
             suspects=self.suspects.take_older_than,
             recently_referenced=self.suspects.recently_referenced,
         )
 
-    async def gc(self, *, dry_run: bool = False) -> Any:
+    async def gc(self, *, dry_run: bool = False, delete_store: Any = None) -> Any:
         """Flush the collectors' log, run the steady pass, then one GC run."""
         await self.log.flush()
         await SteadyScanner(await self.ctx(), self.suspects).run_pass()
-        return await self.collector().run(dry_run=dry_run)
+        return await (await self.collector(delete_store=delete_store)).run(dry_run=dry_run)
 
     async def orphan(self, body: bytes, *, logged: bool = True) -> str:
         """A blob a collector created and then crashed before the manifest."""
@@ -367,7 +377,7 @@ async def test_dry_run_writes_nothing_and_reports() -> None:
     world.clock.advance(POLICY.mark_grace_s + 1)
     await world.audit()
     before = {i.key: i.etag for i in [info async for info in world.store.list("")]}
-    outcome = await world.collector().run(dry_run=True)
+    outcome = await (await world.collector()).run(dry_run=True)
     after = {i.key: i.etag for i in [info async for info in world.store.list("")]}
     assert before == after
     assert outcome.would_delete == [digest] and outcome.deleted == []
@@ -401,7 +411,7 @@ async def test_a_gc_run_makes_no_request_per_blob_beyond_its_candidates() -> Non
             return await _real(*args, **kw)
 
         setattr(world.store, name, counted)
-    outcome = await world.collector().run()
+    outcome = await (await world.collector()).run()
     assert outcome.record.candidates == 0
     assert not [c for c in calls if keys.RAW_BLOBS_PREFIX in c], calls
     assert len(calls) <= 4, calls  # the run record twice, the audit record, its orphan file
@@ -409,6 +419,7 @@ async def test_a_gc_run_makes_no_request_per_blob_beyond_its_candidates() -> Non
 
 async def test_stale_deleting_mark_is_settled_without_deleting_again() -> None:
     world = World()
+    await world.ctx()  # our lease term starts now: a mark with no lease waits a settle from it
     body = frame_bytes(50)
     digest = sha(body)
     await world.store.put(keys.raw_blob_key(digest), body)  # re-created by a collector
@@ -445,7 +456,7 @@ async def test_unparseable_manifest_problem_blocks_every_deletion() -> None:
         keys.problem_key("unparseable-manifest", "accepted/v1/x.json"), problem.to_json()
     )
     world.clock.advance(POLICY.mark_grace_s + 1)
-    collector = world.collector()
+    collector = await world.collector()
     collector._deletion_blocker = lambda: unresolved_manifest_problems(world.store)
     await world.log.flush()
     with pytest.raises(GcRefused, match="unparseable accepted manifests"):
@@ -491,3 +502,208 @@ async def test_too_many_failed_requests_stop_the_run() -> None:
     with pytest.raises(Unavailable):
         await world.gc()
     assert await world.keys_under(keys.GC_MARKS_PREFIX) == []
+
+
+# --- PROTOCOL §3.5 rule 6 and the epoch rule ---------------------------------------------
+
+
+class StallingSigner:
+    """The GC's delete store: its first ``sign_delete`` stalls (a credentials refresh, a
+    pause) until ``resume`` is set. The stall falls after the deleter's last fence check."""
+
+    def __init__(self, inner: MemoryStore) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self.stalled = asyncio.Event()
+        self.resume = asyncio.Event()
+        self.sent: list[str] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    async def sign_delete(self, key: str, *, expires_in_s: int) -> SignedDelete:
+        if not self.stalled.is_set():
+            self.stalled.set()
+            await self.resume.wait()
+        return await self.inner.sign_delete(key, expires_in_s=expires_in_s)
+
+    async def send_signed_delete(self, request: SignedDelete) -> None:
+        self.sent.append(request.key)
+        await self.inner.send_signed_delete(request)
+
+
+async def test_a_stalled_former_leader_cannot_delete_a_blob_a_resend_relies_on() -> None:
+    world = World()
+    body = frame_bytes(70)
+    digest = await world.orphan(body)
+    world.clock.advance(3 * HOUR_S)
+    await world.gc()  # marked
+    world.clock.advance(LEASE_TTL_S + POLICY.mark_grace_s + 1)  # the world's lease lapses too
+    await world.audit()  # proves it an orphan (the world's own lease, renewed)
+    world.clock.advance(LEASE_TTL_S + 1)
+    old_fence = await Fence.acquire(
+        world.store, owner="gc-old", ttl_s=LEASE_TTL_S, clock=world.clock, rng=random.Random(1)
+    )
+    signer = StallingSigner(world.store)
+    old = await world.collector(old_fence, signer)
+    old_leader = asyncio.create_task(old.run())
+    await signer.stalled.wait()  # the mark is "deleting"; the old leader hangs in signing
+    mark = records.GcMark.from_json((await world.store.get(keys.gc_mark_key(digest)))[0])
+    assert mark.state == "deleting" and mark.lease_epoch == old_fence.epoch
+
+    world.clock.advance(LEASE_TTL_S + POLICY.settle_s + 10)  # a takeover, and a settle time
+    new_fence = await Fence.acquire(
+        world.store, owner="gc-new", ttl_s=LEASE_TTL_S, clock=world.clock, rng=random.Random(2)
+    )
+    assert new_fence.epoch == old_fence.epoch + 1
+    await (await world.collector(new_fence)).run()  # resolves the stale mark: blob still there
+    assert not await world.exists(keys.gc_mark_key(digest)) or (
+        records.GcMark.from_json((await world.store.get(keys.gc_mark_key(digest)))[0]).state
+        == "marked"
+    )
+    accepted = await world.accept(body, seq=70)  # a re-send, acknowledged against that blob
+
+    signer.resume.set()
+    with pytest.raises(LeaseLost):  # ... at its next fence check, before writing anything
+        await old_leader  # wakes with a signed DELETE its recorded lease no longer covers
+    assert signer.sent == []  # discarded, never sent
+    assert (await world.store.get(accepted.manifest.raw_blob_key))[0] == body
+
+
+async def test_a_deleting_mark_of_an_older_epoch_waits_for_that_lease_to_expire() -> None:
+    world = World()
+    now = world.clock.now_ns()
+    bodies = [frame_bytes(80), frame_bytes(81)]
+    for body in bodies:
+        await world.store.put(keys.raw_blob_key(sha(body)), body)
+    recorded_expiry = now + int(300 * NS)  # an older leader's long lease
+    with_lease = records.GcMark(
+        frame_sha256=sha(bodies[0]),
+        raw_blob_key=keys.raw_blob_key(sha(bodies[0])),
+        marked_at_unix_ns=now,
+        gc_run_id="older",
+        state="deleting",
+        deleting_since_unix_ns=now,
+        lease_epoch=1,
+        lease_expires_at_unix_ns=recorded_expiry,
+    )
+    # Written before marks recorded their lease: its DELETE was unsigned.
+    legacy = json.loads(with_lease.to_json())
+    for field_name in ("lease_epoch", "lease_expires_at_unix_ns"):
+        del legacy[field_name]
+    legacy.update(frame_sha256=sha(bodies[1]), raw_blob_key=keys.raw_blob_key(sha(bodies[1])))
+    await world.store.put(keys.gc_mark_key(sha(bodies[0])), with_lease.to_json())
+    await world.store.put(keys.gc_mark_key(sha(bodies[1])), json.dumps(legacy).encode())
+    world.clock.advance(100)
+    await world.ctx()  # our term begins after the older lease
+
+    world.clock.advance(POLICY.settle_s + 1)  # settled since "deleting_since" ...
+    await world.gc()
+    assert await world.exists(keys.gc_mark_key(sha(bodies[0])))  # ... not since its lease
+    assert not await world.exists(keys.gc_mark_key(sha(bodies[1])))  # since our term began
+    world.clock.advance((recorded_expiry - world.clock.now_ns()) / NS + POLICY.settle_s + 1)
+    await world.gc()
+    assert not await world.exists(keys.gc_mark_key(sha(bodies[0])))
+    for body in bodies:
+        assert await world.exists(keys.raw_blob_key(sha(body)))  # never deleted again
+
+
+async def test_a_delete_the_store_refused_withdraws_its_mark() -> None:
+    world = World()
+    digest = await world.orphan(frame_bytes(90))
+    world.clock.advance(3 * HOUR_S)
+    await world.gc()
+    world.clock.advance(POLICY.mark_grace_s + 1)
+
+    class SlowNetwork(MemoryStore):
+        async def send_signed_delete(self, request: SignedDelete) -> None:
+            world.clock.advance(POLICY.delete_expiry_s + 1)  # it arrives after its expiry
+            await super().send_signed_delete(request)
+
+    slow = SlowNetwork(clock=world.clock)
+    slow._objects, slow._order = world.store._objects, world.store._order  # one store
+    assert (await world.gc(delete_store=slow)).deleted == []
+    assert await world.exists(keys.raw_blob_key(digest))  # refused: RequestExpired
+    assert not await world.exists(keys.gc_mark_key(digest))  # collectors need not wait
+
+
+# --- vetoes that have done their work ----------------------------------------------------
+
+
+async def veto(world: World, digest: str) -> None:
+    record = records.GcVeto(
+        frame_sha256=digest, vetoed_at_unix_ns=world.clock.now_ns(), collector_id="c"
+    )
+    await world.store.put(keys.gc_veto_key(digest), record.to_json(), if_none_match=True)
+
+
+async def test_vetoes_of_referenced_or_gone_blobs_are_removed_after_the_grace_and_an_audit() -> (
+    None
+):
+    world = World()
+    referenced = await world.accept(frame_bytes(100), seq=100)
+    gone = sha(frame_bytes(101))  # vetoed, then the blob went away
+    for digest in (referenced.manifest.frame_sha256, gone):
+        await veto(world, digest)
+    world.clock.advance(POLICY.mark_grace_s - 1)
+    await world.audit()
+    await world.gc()
+    assert len(await world.keys_under(keys.GC_VETOES_PREFIX)) == 2  # younger than the grace
+    world.clock.advance(2)
+    await world.gc()
+    assert len(await world.keys_under(keys.GC_VETOES_PREFIX)) == 2  # no audit after the grace
+    await world.audit()
+    await world.gc()
+    assert await world.keys_under(keys.GC_VETOES_PREFIX) == []
+    assert await world.exists(referenced.manifest.raw_blob_key)
+
+
+async def test_a_vetoed_orphan_is_marked_again_after_a_later_audit_and_deleted() -> None:
+    world = World()
+    body = frame_bytes(110)
+    digest = await world.orphan(body)
+    world.clock.advance(3 * HOUR_S)
+    await world.gc()  # marked
+    half = POLICY.mark_grace_s / 2
+    world.clock.advance(half)
+    await veto(world, digest)  # a collector saw it in use ... and its request failed
+    world.clock.advance(half + 1)
+    await world.gc()  # its audit proves the mark vetoed, withdrawn; the veto is young
+    assert not await world.exists(keys.gc_mark_key(digest))
+    world.clock.advance(half)
+    await world.gc()  # the veto is older than the grace, but no audit came after it
+    assert await world.exists(keys.gc_veto_key(digest))
+    await world.audit()  # one that started after veto + grace: still no reference
+    await world.gc()  # the veto goes, and the blob is marked from the new audit's orphans
+    assert not await world.exists(keys.gc_veto_key(digest))
+    await world.gc()
+    assert await world.exists(keys.gc_mark_key(digest))
+    world.clock.advance(POLICY.mark_grace_s + 1)
+    assert (await world.gc()).deleted == [digest]
+
+
+async def test_a_disabled_gc_still_resolves_stale_deleting_marks() -> None:
+    world = World()
+    body = frame_bytes(120)
+    await world.store.put(keys.raw_blob_key(sha(body)), body)
+    now = world.clock.now_ns()
+    stale = records.GcMark(
+        frame_sha256=sha(body),
+        raw_blob_key=keys.raw_blob_key(sha(body)),
+        marked_at_unix_ns=now,
+        gc_run_id="crashed",
+        state="deleting",
+        deleting_since_unix_ns=now,
+        lease_epoch=1,
+        lease_expires_at_unix_ns=now + int(LEASE_TTL_S * NS),
+    )
+    await world.store.put(keys.gc_mark_key(sha(body)), stale.to_json())
+    world.clock.advance(LEASE_TTL_S + 300)  # past its lease and any settle time
+    settings = make_settings()
+    assert not settings.gc.enabled
+    reconciler = Reconciler(
+        store=world.store, settings=settings, clock=world.clock, rng=random.Random(5)
+    )
+    await reconciler.run_once()
+    assert not await world.exists(keys.gc_mark_key(sha(body)))  # collectors stop waiting
+    assert await world.exists(keys.raw_blob_key(sha(body)))  # and nothing was deleted

@@ -1,4 +1,7 @@
-"""GC through the real reconciler context and the real full audit, on the fs store and MiniStack."""
+"""GC through the real reconciler context, the real steady pass and the real full audit, on
+the fs store and MiniStack. The GC's proof is the latest completed catalog audit's orphan
+file (`reconciler.gc`); on MiniStack every age is judged in MiniStack's time (store time,
+PROTOCOL §3.8)."""
 
 from __future__ import annotations
 
@@ -10,16 +13,18 @@ from pathlib import Path
 import pytest
 
 from config import GcSettings, ReconcilerSettings, Settings
-from protocol import keys
+from protocol import keys, records
 from protocol.clock import ManualClock
-from reconciler.context import open_context
+from reconciler.audit import run_full_audit
+from reconciler.context import ReconcilerContext, open_context
 from reconciler.gc import run_gc
 from reconciler.metrics import ReconcilerMetrics
+from reconciler.steady import SteadyScanner
 from store.base import ObjectStore
 from store.errors import NotFound
 from store.fs import FileSystemStore
 from store.s3 import S3Store
-from tests.reconciler.conftest import make_batch, write_batch
+from tests.reconciler.conftest import catalog_keys, log_rows, make_batch, write_batch
 from tests.s3_servers import RunningServer, fresh_bucket
 
 HORIZON_S, GRACE_S = 2 * 3600.0, 600.0
@@ -69,10 +74,11 @@ async def test_only_the_orphan_is_deleted_after_the_whole_proof(
 ) -> None:
     now = clock.now_ns()
     kept = make_batch(agent=1, seq=1, accepted_at_ns=now)
-    lost_index = make_batch(agent=1, seq=2, accepted_at_ns=now)
+    lost_log = make_batch(agent=1, seq=2, accepted_at_ns=now)
     orphan = make_batch(agent=2, seq=1, accepted_at_ns=now)
-    await write_batch(store, kept)
-    await write_batch(store, lost_index, derived_entries=False)  # collector died after the create
+    for batch in (kept, lost_log):
+        await write_batch(store, batch)
+    await log_rows(store, clock, [kept])  # lost_log's collector died before its flush
     await store.put(keys.raw_blob_key(orphan.sha), orphan.frame)  # blob written, manifest never
     ctx = await open_context(
         store,
@@ -81,20 +87,60 @@ async def test_only_the_orphan_is_deleted_after_the_whole_proof(
         rng=random.Random(1),
         metrics=ReconcilerMetrics(clock=clock),
     )
+    await SteadyScanner(ctx).run_pass()
+    assert await catalog_keys(store) == {kept.key}
+
     clock.advance(HORIZON_S + 3600)
+    audit = await completed_audit(ctx)
+    assert audit.orphans == 1  # the audit cataloged lost_log: only the orphan is unreferenced
+    assert await catalog_keys(store) == {kept.key, lost_log.key}
     first = await run_gc(ctx, dry_run=False)
-    assert (
-        first.deleted == [] and first.record.marked == 2
-    )  # the unindexed manifest looks orphaned too
+    assert first.deleted == [] and first.record.marked == 1
+    [mark] = [info.key async for info in store.list(keys.GC_MARKS_PREFIX)]
+    assert orphan.sha in mark
+
     clock.advance(GRACE_S + 1)
+    proving = await completed_audit(ctx)  # started after the mark plus the grace
     second = await run_gc(ctx, dry_run=False)
     assert second.deleted == [orphan.sha]
+    assert proving.started_at_unix_ns > audit.started_at_unix_ns + int(GRACE_S * 10**9)
     assert not await exists(store, keys.raw_blob_key(orphan.sha))
-    for batch in (kept, lost_index):
+    for batch in (kept, lost_log):
         assert (await store.get(keys.raw_blob_key(batch.sha)))[0] == batch.frame
-    # The audit that proved it restored the lost index entry, and the deletion is logged.
-    assert await exists(
-        store, keys.accepted_by_blob_key(lost_index.sha, lost_index.manifest.identity)
-    )
     assert [info.key async for info in store.list(keys.GC_MARKS_PREFIX)] == []
     assert len([info.key async for info in store.list(keys.GC_LOG_PREFIX)]) == 1
+
+
+async def completed_audit(ctx: ReconcilerContext) -> records.AuditRecord:
+    record = await run_full_audit(ctx)
+    assert record.status == "completed"
+    return record
+
+
+@pytest.mark.s3
+async def test_a_host_whose_clock_runs_ahead_does_not_mark_a_young_orphan(
+    ministack_server: RunningServer,
+) -> None:
+    # The retry horizon is judged in MiniStack's time (PROTOCOL §3.8): a blob written a
+    # moment ago is not past a one-hour horizon on a host whose clock runs two hours ahead.
+    ahead = ManualClock(time.time_ns() + 2 * 3600 * 10**9)
+    async with S3Store(
+        bucket=fresh_bucket(ministack_server),
+        prefix="gc",
+        endpoint_url=ministack_server.endpoint_url,
+        clock=ahead,
+    ) as store:
+        orphan = make_batch(agent=2, seq=1, accepted_at_ns=ahead.now_ns())
+        await store.put(keys.raw_blob_key(orphan.sha), orphan.frame)  # manifest never came
+        short = Settings(
+            reconciler=ReconcilerSettings(lease_ttl_s=30.0),
+            gc=GcSettings(enabled=True, retry_horizon_s=3600.0, mark_grace_s=GRACE_S),
+        )
+        ctx = await open_context(store, settings=short, clock=ahead, rng=random.Random(1))
+        audit = await completed_audit(ctx)  # the GC's candidates: this audit's orphan file
+        assert (audit.blobs_listed, audit.orphans) == (1, 0)
+
+        outcome = await run_gc(ctx, dry_run=False)
+
+        assert (outcome.record.candidates, outcome.record.marked) == (0, 0)
+        assert [info.key async for info in store.list(keys.GC_MARKS_PREFIX)] == []

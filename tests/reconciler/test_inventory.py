@@ -21,8 +21,8 @@ from reconciler.inventory import InventoryError, InventorySource
 from store.base import ObjectStore
 from store.fs import FileSystemStore
 from tests.reconciler.conftest import (
+    catalog_keys,
     context,
-    derived_keys_in,
     keys_under,
     write_batches,
     write_conflict,
@@ -106,8 +106,8 @@ async def test_audit_from_an_inventory_finds_what_a_listing_finds(
     file_format: str, tmp_path: Path, clock: ManualClock
 ) -> None:
     store = FileSystemStore(tmp_path / "store", clock=clock)
-    batches = await write_batches(store, agents=3, per_agent=7, derived_entries=False)
-    await write_conflict(store, batches[4], clock.now_ns(), derived_entries=False)
+    batches = await write_batches(store, agents=3, per_agent=7)
+    await write_conflict(store, batches[4], clock.now_ns())
     rows = await store_rows(store)
     rows.append(("elsewhere/accepted/v1/not-ours.json", 5, 0))  # outside the store's prefix
     inventory_root = tmp_path / "inventory"
@@ -127,14 +127,15 @@ async def test_audit_from_an_inventory_finds_what_a_listing_finds(
     assert record.started_at_unix_ns == CREATED_MS * 1_000_000  # as of the report
     assert (record.manifests_seen, record.quarantines_seen, record.problems) == (21, 1, 0)
     assert progress[-1].manifests_seen == 21
-    from_inventory = await derived_keys_in(store)
+    from_inventory = await catalog_keys(store)
+    assert len(from_inventory) == 22 and record.cataloged == 22
 
     listing_store = FileSystemStore(tmp_path / "copy", clock=clock)
-    await write_batches(listing_store, agents=3, per_agent=7, derived_entries=False)
-    await write_conflict(listing_store, batches[4], clock.now_ns(), derived_entries=False)
+    await write_batches(listing_store, agents=3, per_agent=7)
+    await write_conflict(listing_store, batches[4], clock.now_ns())
     listed = await run_full_audit(await context(listing_store, clock))
     assert (listed.manifests_seen, listed.quarantines_seen) == (21, 1)
-    assert await derived_keys_in(listing_store) == from_inventory
+    assert await catalog_keys(listing_store) == from_inventory
     await inventory.close()
 
 

@@ -36,12 +36,21 @@ from tests.rollup.dataset_builder import commit_rows, hour_at, make_batch, point
 from tests.s3_servers import RunningServer, fresh_bucket
 
 
+@pytest.fixture
+def clock() -> ManualClock:
+    """The process clock, shared with the store. On MiniStack store time is the server's
+    (`store.time`): whatever this reads, ages and leases there follow MiniStack's clock."""
+    return ManualClock(hour_at(2).start_ns)
+
+
 @pytest.fixture(params=["fs", pytest.param("ministack", marks=pytest.mark.s3)])
-async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[ObjectStore]:
+async def backend(
+    request: pytest.FixtureRequest, tmp_path: Path, clock: ManualClock
+) -> AsyncIterator[ObjectStore]:
     """A fresh store: the filesystem store, or a bucket on MiniStack (atomic If-Match)."""
     store: ObjectStore
     if request.param == "fs":
-        store = FileSystemStore(tmp_path / "store", clock=ManualClock())
+        store = FileSystemStore(tmp_path / "store", clock=clock)
     else:
         server: RunningServer = request.getfixturevalue("ministack_server")
         store = S3Store(
@@ -50,6 +59,7 @@ async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
             endpoint_url=server.endpoint_url,
             connect_timeout_s=2.0,
             read_timeout_s=30.0,
+            clock=clock,
         )
     try:
         yield store
@@ -57,9 +67,10 @@ async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
         await store.close()
 
 
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock(hour_at(2).start_ns)
+def clock_ahead(clock: ManualClock, seconds: float) -> ManualClock:
+    """A caller clock ``seconds`` ahead of the process clock: it sees store time that much
+    later (`store.time`), on MiniStack too, whose own clock no test can move."""
+    return ManualClock(clock.now_ns() + int(seconds * 1e9))
 
 
 async def keys_under(store: ObjectStore, prefix: str) -> list[str]:
@@ -263,13 +274,13 @@ async def test_a_crash_before_the_swap_leaves_only_orphans_that_vacuum_removes(
 
 
 async def test_a_taken_over_owner_cannot_commit(backend: ObjectStore, clock: ManualClock) -> None:
-    old_clock = ManualClock(clock.now_ns())
+    old_clock = clock_ahead(clock, 0)
     old = await OwnerLease.acquire(backend, "job-1", 60, old_clock)
     await one_commit(backend, old, old_clock, 0)
-    clock.advance(61)  # the next owner's clock sees the old lease expired
-    new = await OwnerLease.acquire(backend, "job-2", 60, clock)
+    new_clock = clock_ahead(clock, 61)  # the next owner sees the old lease expired
+    new = await OwnerLease.acquire(backend, "job-2", 60, new_clock)
     assert new.epoch == old.epoch + 1
-    latest = await one_commit(backend, new, clock, 1)
+    latest = await one_commit(backend, new, new_clock, 1)
     assert latest.snapshot.owner_epoch == 2
     # The old owner's clock has not moved, so its lease looks valid to it; the base's
     # newer epoch fences it out anyway.

@@ -23,8 +23,11 @@ from store.base import ObjectStore
 from store.fs import FileSystemStore
 from store.lease import LeaseHeld
 from store.memory import MemoryStore
+from store.s3 import S3Store
+from store.time import store_clock
 from tests.rollup.dataset_builder import commit_rows, hour_at, make_batch, parquet_bytes, points
 from tests.rollup.test_verify import run_cli
+from tests.s3_servers import RunningServer, fresh_bucket
 
 HOUR_NS = 3600 * 10**9
 
@@ -126,6 +129,32 @@ async def test_vacuum_deletes_superseded_files_orphans_and_old_manifests(tmp_pat
         await load_version(store, 1)
     again = await vacuum(store, clock=clock, retain_versions=2, min_age_s=300)
     assert again.deleted == []
+
+
+@pytest.mark.s3
+async def test_a_host_whose_clock_runs_ahead_keeps_a_young_orphan(
+    ministack_server: RunningServer,
+) -> None:
+    # LastModified is MiniStack's clock; vacuum judges ages in it (PROTOCOL §3.8), so a
+    # host two hours ahead must not take a running commit's fresh file for an old orphan.
+    ahead = ManualClock(time.time_ns() + 2 * HOUR_NS)
+    async with S3Store(
+        bucket=fresh_bucket(ministack_server),
+        prefix="vacuum",
+        endpoint_url=ministack_server.endpoint_url,
+        clock=ahead,
+    ) as store:
+        young = keys.rollup_data_key("points", hour_at(0), str(uuid.uuid4()))
+        await store.put(young, b"in flight")  # a running commit's file, just written
+
+        report = await vacuum(store, clock=ahead, retain_versions=1, min_age_s=3600)
+
+        assert report.too_young == 1 and report.deleted == []
+        assert (await store.get(young))[0] == b"in flight"
+        assert store_clock(store, ahead).skew_s == pytest.approx(7200, abs=5)
+        # Ages are right, not merely small: with no minimum age it is an orphan to delete.
+        again = await vacuum(store, clock=ahead, retain_versions=1, min_age_s=0)
+        assert again.deleted == [young]
 
 
 async def test_vacuum_waits_for_a_running_job() -> None:

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from protocol.clock import ManualClock
 from store.base import ObjectStore
-from store.errors import PreconditionFailed
-from store.fs import FileSystemStore, KeyPathConflict
+from store.errors import NotFound, PreconditionFailed, StoreError
+from store.fs import FileSystemStore, KeyPathConflict, KeySegmentTooLong
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -81,13 +81,32 @@ async def test_delete_prunes_empty_directories(tmp_path: Path) -> None:
     assert (tmp_path / "a" / "keep").exists()
 
 
-@pytest.mark.parametrize("key", [".lm-store/tmp/x", ".lm-store", "a/" + "x" * 256])
-async def test_reserved_and_overlong_keys_are_refused(tmp_path: Path, key: str) -> None:
+@pytest.mark.parametrize("key", [".lm-store/tmp/x", ".lm-store"])
+async def test_reserved_keys_are_refused(tmp_path: Path, key: str) -> None:
     store = FileSystemStore(tmp_path)
     with pytest.raises(ValueError):
         await store.put(key, b"x")
     with pytest.raises(ValueError):
         await store.get(key)
+
+
+async def test_an_overlong_segment_is_a_store_error_and_no_object_is_there(
+    tmp_path: Path,
+) -> None:
+    """A key no file can have: put says so with a `StoreError` (callers that count store
+    errors per record handle it); reads find nothing, as S3 would for a key never written."""
+    store = FileSystemStore(tmp_path)
+    key = "a/" + "x" * 256 + "/b"
+    with pytest.raises(KeySegmentTooLong) as refused:
+        await store.put(key, b"x", if_none_match=True)
+    assert isinstance(refused.value, StoreError) and refused.value.key == key
+    with pytest.raises(NotFound):
+        await store.get(key)
+    with pytest.raises(NotFound):
+        await store.head(key)
+    await store.delete(key)  # absent: not an error
+    assert await _keys(store, "a/" + "x" * 256 + "/") == []
+    await store.put("a/" + "x" * 255, b"ok", if_none_match=True)  # the longest name fits
 
 
 async def test_store_bookkeeping_is_never_listed(tmp_path: Path) -> None:
@@ -132,7 +151,7 @@ async def test_temporary_files_never_appear_in_listings(tmp_path: Path) -> None:
 _RACER = """
 import asyncio, json, sys
 from pathlib import Path
-from store.errors import PreconditionFailed
+from store.errors import NotFound, PreconditionFailed, StoreError
 from store.fs import FileSystemStore
 
 async def main(root, name, count):

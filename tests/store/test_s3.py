@@ -28,6 +28,7 @@ from store.errors import (
     NotFound,
     OutcomeUnknown,
     PreconditionFailed,
+    RequestExpired,
     StoreConfigError,
     Unavailable,
 )
@@ -303,7 +304,8 @@ async def test_nothing_listening_is_unavailable_without_sdk_retries() -> None:
 
 # -- a scripted server for the failures local servers never produce --------------------
 
-Behaviour = tuple[int, str] | str  # (status, S3 error code) or "hang" / "close" / "reset"
+# (status, S3 error code[, message]) or "hang" / "close" / "reset"
+Behaviour = tuple[int, str] | tuple[int, str, str] | str
 
 
 class ScriptedS3Server:
@@ -370,12 +372,12 @@ class ScriptedS3Server:
             writer.transport.abort()
             return False
         assert isinstance(behaviour, tuple)
-        status, code = behaviour
+        status, code, message = (*behaviour, "scripted")[:3]
         extra, body = "", b""
         if status < 300:
             extra = 'ETag: "0123456789abcdef0123456789abcdef"\r\n'
         elif method != "HEAD":  # an answer to HEAD has no body, errors included
-            body = f"<Error><Code>{code}</Code><Message>scripted</Message></Error>".encode()
+            body = f"<Error><Code>{code}</Code><Message>{message}</Message></Error>".encode()
         writer.write(
             f"HTTP/1.1 {status} Scripted\r\nContent-Type: application/xml\r\n{extra}"
             f"Content-Length: {len(body)}\r\n\r\n".encode()
@@ -383,6 +385,10 @@ class ScriptedS3Server:
         )
         await writer.drain()
         return True
+
+
+async def signed_delete(store: S3Store) -> None:
+    await store.send_signed_delete(await store.sign_delete("k", expires_in_s=60))
 
 
 Operation = Callable[[S3Store], Any]
@@ -394,14 +400,15 @@ OPERATIONS: dict[str, Operation] = {
     "head": lambda s: s.head("k"),
     "delete": lambda s: s.delete("k"),
     "list": lambda s: keys_of(s),
+    "signed_delete": signed_delete,
 }
 READS = ("get", "head", "list")
-CONDITIONAL = ("create", "swap")
+SENT_ONCE = ("create", "swap", "signed_delete")  # never repeated, whatever the answer
 
 
 def expected_outcome(behaviour: Behaviour, op: str) -> tuple[type[Exception], int]:
     """What the store must raise, and how many requests may reach the server."""
-    tries = 1 if op in CONDITIONAL else ATTEMPTS  # conditional puts are never repeated
+    tries = 1 if op in SENT_ONCE else ATTEMPTS
     if behaviour in ("hang", "close", "reset") or behaviour == (500, "InternalError"):
         # The request arrived; its answer was lost or says "maybe". A delete is not
         # repeated then: the first may still land after a repeat "succeeded" (GC race).
@@ -441,6 +448,35 @@ async def test_failure_mapping_and_retries(behaviour: Behaviour, op: str) -> Non
     # whose first answer was lost would report 412 for our own write.
     assert len(server.requests) == requests
     assert all(path.startswith("/lm-test-bucket") for _, path, _ in server.requests)
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "outcome"),
+    [
+        ((204, ""), None),
+        ((404, "NoSuchKey"), None),  # gone already: what `delete` promises too
+        ((403, "AccessDenied", "Request has expired"), RequestExpired),
+        ((403, "AccessDenied", "Access Denied"), StoreConfigError),
+    ],
+    ids=str,
+)
+async def test_a_signed_delete_is_sent_once_to_its_presigned_url(
+    behaviour: Behaviour, outcome: type[Exception] | None
+) -> None:
+    async with ScriptedS3Server(behaviour) as server:
+        async with make_store(server.endpoint_url, "lm-test-bucket", "p") as store:
+            signed = await store.sign_delete("a b/é", expires_in_s=7)
+            assert server.requests == []  # signing sends nothing
+            if outcome is None:
+                await store.send_signed_delete(signed)
+            else:
+                with pytest.raises(outcome):
+                    await store.send_signed_delete(signed)
+    [(method, path, _headers)] = server.requests
+    assert method == "DELETE"
+    assert path.startswith("/lm-test-bucket/p/a%20b/%C3%A9?")
+    assert "X-Amz-Expires=7" in path and "X-Amz-Signature=" in path
+    assert signed.signed_at_unix_ns % 1_000_000_000 == 0  # X-Amz-Date: whole seconds
 
 
 async def test_conditional_headers_are_sent() -> None:

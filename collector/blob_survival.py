@@ -1,0 +1,91 @@
+"""A raw blob that already existed must survive GC: PROTOCOL §3.5, collector side.
+
+A raw-blob create answered 412 (the blob was there, or our own earlier attempt landed)
+is followed by `keep_existing_blob`:
+
+- a GC mark for the hash → write the veto (a create answered 200 or 412: either way it
+  exists), then re-read the mark: still ``marked`` → the GC's last veto check, which
+  follows its If-Match to ``deleting``, will see the veto; ``deleting`` (or unreadable:
+  the safe side) → wait until the mark is gone;
+- then, in every case (with no mark too: reading "no mark" proves nothing, a deletion
+  may have just finished), prove the blob exists: a HEAD that finds it, or, when the
+  HEAD finds nothing, creating it again with If-None-Match (a 412 proves it is there).
+
+From then on a deletion needs a new mark and ``gc.mark_grace``, far longer than this
+request. A duplicate therefore costs one upload of the frame (the 412), never two.
+"""
+
+from __future__ import annotations
+
+import structlog
+
+from protocol import keys, records
+from store.errors import ConditionConflict, NotFound, Unavailable
+
+from .store_calls import BudgetedRequest, Created
+
+log = structlog.get_logger(__name__)
+
+
+async def keep_existing_blob(
+    request: BudgetedRequest, *, frame: bytes, sha: str, collector_id: str
+) -> bool:
+    """Make sure the blob of ``sha`` survives GC. True when the blob had to be created
+    again (the caller indexes it as a new blob). Raises `BudgetExhausted`."""
+    mark_key = keys.gc_mark_key(sha)
+    if await _read_mark(request, mark_key) is not None:
+        veto = records.GcVeto(
+            frame_sha256=sha,
+            vetoed_at_unix_ns=request.clock.now_ns(),
+            collector_id=collector_id,
+        )
+        await request.create_idempotent("put_gc_veto", keys.gc_veto_key(sha), veto.to_json())
+        mark = await _read_mark(request, mark_key)
+        if mark is not None and mark.state != "marked":
+            log.warning("gc_deletion_in_progress", frame_sha256=sha)
+            delays = request.delays()
+            while await _read_mark(request, mark_key) is not None:
+                await request.pause(delays)
+    return await _prove_blob(request, frame, sha)
+
+
+async def _prove_blob(request: BudgetedRequest, frame: bytes, sha: str) -> bool:
+    key = keys.raw_blob_key(sha)
+    delays = request.delays()
+    while True:
+        try:
+            await request.call("head_raw_blob", key, lambda: request.store.head(key))
+            return False
+        except NotFound:
+            break
+        except (Unavailable, ConditionConflict):
+            await request.pause(delays)  # safe to repeat: a read
+    created = await request.create_idempotent("put_raw_blob", key, frame)
+    if created is Created.EXISTED:
+        return False
+    log.warning("raw_blob_recreated", frame_sha256=sha)
+    return True
+
+
+async def _read_mark(request: BudgetedRequest, mark_key: str) -> records.GcMark | None:
+    delays = request.delays()
+    while True:
+        try:
+            body, _etag = await request.call(
+                "get_gc_mark", mark_key, lambda: request.store.get(mark_key)
+            )
+            return records.GcMark.from_json(body)
+        except NotFound:
+            return None
+        except (Unavailable, ConditionConflict):
+            pass  # safe to repeat: a read
+        except records.RecordError:
+            # An unreadable mark is treated as "deletion may be under way": the safe side.
+            return records.GcMark(
+                frame_sha256="0" * 64,
+                raw_blob_key="?",
+                marked_at_unix_ns=0,
+                gc_run_id="?",
+                state="deleting",
+            )
+        await request.pause(delays)

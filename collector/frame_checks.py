@@ -1,0 +1,46 @@
+"""Frame checks off the event loop (PROTOCOL §2: decoding never runs on the thread that
+answers other requests).
+
+`FrameChecker` runs the codec of `protocol.frame` on a small pool of threads of its
+own (``http.decode_threads``), so a slow check delays neither ``/healthz`` nor the
+store calls of other requests (which share the loop's default executor). Two steps, so
+the caller can authorize in between: `header` (CRC over the whole frame, then the fixed
+header) and `payload_sha256` (the payload checked by `protocol.frame.check_payload`,
+which never expands a metric dictionary, then the frame's SHA-256). Work waiting for a
+thread is bounded by the collector's in-flight caps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from protocol.frame import FrameHeader, check_payload, decode_header
+
+T = TypeVar("T")
+
+
+def _check_and_hash(body: bytes, header: FrameHeader, max_raw_bytes: int) -> str:
+    check_payload(body, header, max_raw_bytes=max_raw_bytes)
+    return hashlib.sha256(body).hexdigest()
+
+
+class FrameChecker:
+    def __init__(self, *, threads: int) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="lm-frame-check")
+
+    async def header(self, body: bytes) -> FrameHeader:
+        """`protocol.frame.decode_header`: raises FrameError."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, decode_header, body)
+
+    async def payload_sha256(self, body: bytes, header: FrameHeader, max_raw_bytes: int) -> str:
+        """Check the payload (raises FrameError), then return the frame's SHA-256."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self._pool, _check_and_hash, body, header, max_raw_bytes
+        )
+
+    def close(self) -> None:
+        """Stop the threads once the checks already queued are done."""
+        self._pool.shutdown(wait=False, cancel_futures=True)

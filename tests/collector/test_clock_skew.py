@@ -1,0 +1,64 @@
+"""PROTOCOL §3.8 in real collector processes on MiniStack: a collector whose clock is off
+the store's by more than ``store.max_clock_skew_s`` answers 503 instead of stamping
+``accepted_at`` with a wrong hour, fails ``/readyz`` and exports the skew; one within the
+limit serves as usual. Clocks are skewed by `chaos.skewed_collector`."""
+
+from __future__ import annotations
+
+import aiohttp
+import pytest
+
+from protocol import keys
+from store.open import open_store
+from tests.collector.conftest import (
+    CollectorLauncher,
+    get,
+    make_frame,
+    metric_value,
+    post_frame,
+    store_keys,
+)
+from tests.s3_servers import RunningServer, fresh_bucket
+
+SKEW_METRIC = "lm_collector_store_clock_skew_seconds"
+
+
+@pytest.mark.s3
+async def test_a_collector_whose_clock_is_off_the_stores_answers_503(
+    ministack_server: RunningServer, collectors: CollectorLauncher
+) -> None:
+    url = f"s3://{fresh_bucket(ministack_server)}/skew"
+    env = {
+        "LM_STORE__ENDPOINT_URL": ministack_server.endpoint_url,
+        "LM_STORE__MAX_CLOCK_SKEW_S": "30",
+    }
+    ahead = collectors.start(store_url=url, env=env, name="ahead", clock_skew_s=3600.0)
+    close = collectors.start(store_url=url, env=env, name="close", clock_skew_s=5.0)
+    frame = make_frame("agent-skew")
+
+    async with aiohttp.ClientSession() as session:
+        refused = await post_frame(session, ahead.base_url, frame)
+        assert refused.status == 503, refused
+        assert refused.json == {"error": "store_unavailable"}
+        ready = await get(session, f"{ahead.base_url}/readyz")
+        assert ready.status == 503 and ready.json["clock_skewed"] is True, ready
+        assert ready.json["store_clock_skew_seconds"] == pytest.approx(3600, abs=5)
+        metrics = (await get(session, f"{ahead.base_url}/metrics")).text
+        assert metric_value(metrics, SKEW_METRIC) == pytest.approx(3600, abs=5)
+        store = open_store(url, endpoint_url=ministack_server.endpoint_url)
+        try:
+            assert await store_keys(store, keys.ACCEPTED_PREFIX) == []
+        finally:
+            await store.close()
+
+        accepted = await post_frame(session, close.base_url, frame)
+        assert accepted.status == 200 and accepted.json["duplicate"] is False, accepted
+        ready = await get(session, f"{close.base_url}/readyz")
+        assert ready.status == 200 and ready.json["clock_skewed"] is False, ready
+        metrics = (await get(session, f"{close.base_url}/metrics")).text
+        assert metric_value(metrics, SKEW_METRIC) == pytest.approx(5, abs=2)
+
+    assert ahead.stop() == 0 and close.stop() == 0
+    skewed_events = [e for e in ahead.events() if e.get("event") == "store_clock_skewed"]
+    assert skewed_events and skewed_events[0]["skew_s"] == pytest.approx(3600, abs=5)
+    assert not [e for e in close.events() if e.get("event") == "store_clock_skewed"]

@@ -1,0 +1,112 @@
+"""Catalog compaction (PROTOCOL §3.7): a settled (or crowded) hour's files merged into one
+with its own work marker; the inputs deleted only after the grace and only by the names
+the merged file records, never a file written after the compaction listed the hour."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from index import catalog
+from protocol import keys
+from protocol.clock import ManualClock
+from reconciler.compaction import MAX_FILES_PER_HOUR, CatalogCompactor
+from reconciler.context import ReconcilerContext
+from reconciler.steady import SteadyScanner
+from rollup.plan import make_plan
+from store.memory import MemoryStore
+from tests.reconciler.conftest import (
+    T0_NS,
+    CountingStore,
+    catalog_keys,
+    context,
+    keys_under,
+    log_rows,
+    write_batches,
+)
+
+HOUR = keys.UtcHour.from_unix_ns(T0_NS)
+
+
+async def compacting_context(
+    store: MemoryStore | CountingStore, clock: ManualClock
+) -> tuple[ReconcilerContext, CatalogCompactor]:
+    compactor = CatalogCompactor()
+    ctx = await context(store, clock)
+    return dataclasses.replace(ctx, on_catalog_written=compactor.touched), compactor
+
+
+async def test_a_settled_hour_is_merged_its_inputs_deleted_after_the_grace(
+    clock: ManualClock,
+) -> None:
+    store = CountingStore(MemoryStore(clock=clock))
+    batches = await write_batches(store, agents=3, per_agent=4)
+    ctx, compactor = await compacting_context(store, clock)
+    scanner = SteadyScanner(ctx)
+    for part in (batches[:4], batches[4:8], batches[8:]):
+        await log_rows(store, clock, part)
+        await scanner.run_pass()
+    inputs = {info.key for info in await catalog.list_hour_files(store, HOUR)}
+    assert len(inputs) == 3
+    assert (await compactor.run(ctx)).hours_compacted == 0  # the hour is not settled yet
+
+    clock.advance(3 * 3600)  # the hour's end is older than the lookback: settled
+    result = await compactor.run(ctx)
+
+    assert (result.hours_compacted, result.files_merged, result.inputs_deleted) == (1, 3, 0)
+    files = {info.key for info in await catalog.list_hour_files(store, HOUR)}
+    [merged] = files - inputs
+    assert keys.rollup_work_marker_key(merged) in await keys_under(store, keys.ROLLUP_WORK_PREFIX)
+    clock.advance(ctx.settings.reconciler.catalog_grace_s - 1)
+    assert (await compactor.run(ctx)).inputs_deleted == 0  # within the grace: kept
+    clock.advance(2)
+    assert (await compactor.run(ctx)).inputs_deleted == 3
+    assert [info.key for info in await catalog.list_hour_files(store, HOUR)] == [merged]
+    assert await catalog_keys(store) == {b.key for b in batches}
+
+    store.clear()
+    plan = await make_plan(store, None)  # the rollup plans from the markers' hours only
+    assert sorted(item.manifest_id for item in plan.items) == sorted(
+        b.manifest.identity.manifest_id for b in batches
+    )
+    assert plan.hours_checked == (HOUR.iso,)
+    assert store.gets_under(keys.ACCEPTED_PREFIX) == []  # no manifest read to plan
+
+
+async def test_a_file_written_after_the_merge_is_never_deleted_with_the_inputs(
+    memory_store: MemoryStore, clock: ManualClock
+) -> None:
+    batches = await write_batches(memory_store, agents=2, per_agent=3)
+    ctx, compactor = await compacting_context(memory_store, clock)
+    scanner = SteadyScanner(ctx)
+    for part in (batches[:2], batches[2:4]):
+        await log_rows(memory_store, clock, part)
+        await scanner.run_pass()
+    clock.advance(3 * 3600)
+    assert (await compactor.run(ctx)).hours_compacted == 1
+    late = batches[4:]  # log rows of the settled hour that arrive after its merge
+    await log_rows(memory_store, clock, late, writer_id="late-collector")
+    await scanner.run_pass()
+    files_before = {info.key for info in await catalog.list_hour_files(memory_store, HOUR)}
+    assert len(files_before) == 4  # two inputs, the merged file, the late file
+
+    clock.advance(ctx.settings.reconciler.catalog_grace_s + 1)
+    assert (await compactor.run(ctx, force=True)).inputs_deleted == 2
+
+    assert await catalog_keys(memory_store) == {b.key for b in batches}
+
+
+async def test_a_crowded_hour_is_compacted_before_it_settles(
+    memory_store: MemoryStore, clock: ManualClock
+) -> None:
+    batches = await write_batches(memory_store, agents=1, per_agent=MAX_FILES_PER_HOUR + 1)
+    ctx, compactor = await compacting_context(memory_store, clock)
+    scanner = SteadyScanner(ctx)
+    for batch in batches:  # one catalog file per pass
+        await log_rows(memory_store, clock, [batch], writer_id=f"c{batch.manifest.seq_start}")
+        await scanner.run_pass()
+    assert len(await catalog.list_hour_files(memory_store, HOUR)) == MAX_FILES_PER_HOUR + 1
+
+    result = await compactor.run(ctx)
+
+    assert (result.hours_compacted, result.files_merged) == (1, MAX_FILES_PER_HOUR + 1)
+    assert await catalog_keys(memory_store) == {b.key for b in batches}
