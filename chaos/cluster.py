@@ -48,6 +48,10 @@ class Timing:
     retry_horizon_s: float = 4.0
     lease_ttl_s: float = 6.0
     delete_expiry_s: int = 1  # at most a third of the lease (config validation)
+    reconciler_max_clock_skew_s: float = 2.0
+    """The reconciler's ``store.max_clock_skew_s`` (every process shares this host's
+    clock): a signed delete plus this skew must fit in two thirds of the short lease, or
+    the reconciler refuses to run its GC at all."""
     loop_interval_s: float = 1.0
     rollup_lease_ttl_s: float = 10.0
     max_audit_interval_s: float = 60.0
@@ -224,8 +228,14 @@ class Cluster:
 
     # --- reconciler ---------------------------------------------------------------------
 
+    def _reconciler_env(self, **extra: str) -> dict[str, str]:
+        skew = str(self.timing.reconciler_max_clock_skew_s)
+        return self.env(LM_STORE__MAX_CLOCK_SKEW_S=skew, **extra)
+
     async def start_reconciler(self, *, gc: bool) -> None:
-        env = self.env(LM_GC__ENABLED="true" if gc else "false", LM_LOGGING__LEVEL="info")
+        env = self._reconciler_env(
+            LM_GC__ENABLED="true" if gc else "false", LM_LOGGING__LEVEL="info"
+        )
         self.reconciler = self._spawn("reconciler", ["-m", "reconciler", "run"], env)
         self.event("reconciler_started", pid=self.reconciler.pid, gc=gc)
 
@@ -235,11 +245,16 @@ class Cluster:
             await asyncio.to_thread(_kill, info.process)
             self.event("reconciler_killed", pid=info.pid)
 
-    async def stop_reconciler(self) -> None:
-        if self.reconciler is not None:
-            info, self.reconciler = self.reconciler, None
-            code = await asyncio.to_thread(self._terminate, info, 15.0)
-            self.event("reconciler_stopped", exit_code=code)
+    async def stop_reconciler(self) -> int | None:
+        """SIGTERM the daemon. Returns its exit code if it had already exited on its own
+        (it should run until told to stop), else None."""
+        if self.reconciler is None:
+            return None
+        info, self.reconciler = self.reconciler, None
+        died = info.process.poll()
+        code = await asyncio.to_thread(self._terminate, info, 15.0)
+        self.event("reconciler_stopped", exit_code=code, exited_on_its_own=died is not None)
+        return died
 
     async def reconciler_command(
         self, *args: str, direct: bool, timeout_s: float = 300.0
@@ -249,7 +264,8 @@ class Cluster:
         if direct:
             assert self.ministack is not None
             extra["LM_STORE__ENDPOINT_URL"] = self.ministack.endpoint_url
-        return await self._run_to_end(["-m", "reconciler", *args], self.env(**extra), timeout_s)
+        env = self._reconciler_env(**extra)
+        return await self._run_to_end(["-m", "reconciler", *args], env, timeout_s)
 
     # --- rollup ---------------------------------------------------------------------------
 

@@ -81,8 +81,8 @@ async def run_scenario(options: ChaosOptions) -> RunReport:
             ctx = await _run_round(cluster, scenario, options, book, index, length, rollup_reason)
             counts.update(ctx.counts)
             report.plan += ctx.plan
-            report.driver_errors += ctx.errors
             audited = await _converge_and_audit(cluster, ctx, book, rollup_reason, started)
+            report.driver_errors += ctx.errors
             report.rounds.append(audited)
             if options.progress is not None:
                 options.progress(
@@ -204,7 +204,11 @@ async def _converge_and_audit(
     run_started: float,
 ) -> AuditRound:
     await cluster.stop_collectors()
-    await cluster.stop_reconciler()
+    died = await cluster.stop_reconciler()
+    if died is not None:  # a daemon that cannot run (settings, crash) leaves GC untested
+        log_tail = cluster.work_dir / "logs" / "reconciler.log"
+        tail = log_tail.read_text(errors="replace")[-500:] if log_tail.exists() else ""
+        ctx.errors.append(f"round {ctx.round_index}: the reconciler exited ({died}): {tail}")
     convergence: dict[str, Any] = {}
     await _fresh_full_audit(cluster, convergence)
     if rollup_reason is None:
