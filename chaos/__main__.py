@@ -6,7 +6,8 @@
   report (``--json PATH``, default ``<work-dir>/report.json``). Scenarios: ``race``,
   ``faults``, ``kill``, ``outage``, ``clock-skew``, ``gc-race``, ``rollup-race``, ``all``.
 - ``lm-chaos simulate --seed S [--count N]``: the deterministic in-process simulation of
-  acceptance, audit and GC (`chaos.simulation`) for seeds S..S+N-1.
+  acceptance, the index, the reconciler and its GC (`chaos.simulation`) for seeds
+  S..S+N-1; prints the worlds with violations and the GC coverage of true orphans.
 - ``lm-chaos list``: the scenarios.
 
 Everything listens on 127.0.0.1 and uses dummy credentials. Exit codes: 0 every
@@ -150,13 +151,21 @@ def _simulate(seed: int, count: int, late_rate: float | None, connect_s: float |
         base = dataclasses.replace(base, late_rate=late_rate)
     if connect_s is not None:
         base = dataclasses.replace(base, connect_timeout_s=connect_s)
-    failed = 0
+    failed = orphans = deleted = 0
     for offset in range(count):
         report = simulate(dataclasses.replace(base, seed=seed + offset))
+        orphans += report.stats["orphans_true"]
+        deleted += report.stats["orphans_true_deleted"]
         if not report.ok:
             failed += 1
             print(json.dumps({"seed": seed + offset, "violations": report.violations}))
     print(f"{count} simulated worlds, {failed} with violations", file=sys.stderr)
+    if orphans:
+        print(
+            f"GC coverage: {deleted} of {orphans} true orphans deleted "
+            f"({100 * deleted / orphans:.1f}%)",
+            file=sys.stderr,
+        )
     return 1 if failed else 0
 
 

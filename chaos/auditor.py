@@ -8,16 +8,24 @@ with the reason):
   hash the agent sent and the 200 named, and a raw blob that hashes to it;
 - ``one_hash_per_identity``: no identity was acknowledged with two hashes; every 409 named
   the hash the store holds; the agents saw nothing their contract calls unexpected;
-- ``derived_indexes_complete``: every manifest has its ``accepted-by-time`` and
-  ``accepted-by-blob`` entries, every quarantine record its ``quarantine-by-blob`` entry,
-  and no by-time or by-blob entry names a manifest that is not there (or another hash);
+- ``catalog_complete`` (the index, PROTOCOL §3.7; run after a completed full audit): the
+  catalog holds every accepted manifest and quarantine record with its hash, no row
+  names a record the store lacks, every catalog file reads, and every cataloged batch
+  is in the committed rollup ledger or in a file a work marker names
+  (`chaos.index_checks`);
 - ``no_referenced_blob_deleted``: every manifest's and quarantine record's blob exists and
   hashes right, and no GC log entry deleted a blob that a manifest existing at the time
   (by the store's own LastModified) referenced;
 - ``nothing_acked_during_outage``: no 200 for a request sent and answered inside a window
   when the store was unreachable;
-- the rollup checks of `chaos.rollup_check` (setsums per hour, totals against the ground
-  truth, ``lm-rollup verify``), skipped when the rollup is not available.
+- the rollup checks of `chaos.rollup_check` (setsums per hour against the manifests and
+  against the catalog, totals against the ground truth, ``lm-rollup verify``), skipped
+  when the rollup is not available.
+
+Besides the checks, `gc_coverage` counts the planted orphans (`AckBook.planted`) that no
+record references and are older than the GC's retry horizon, and how many of them the
+GC has deleted: a figure, not a check (a short round ends before the GC's mark, grace
+and audit have run their course).
 """
 
 from __future__ import annotations
@@ -29,8 +37,9 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
+from chaos.index_checks import CatalogView, RecordFacts, catalog_problems, read_catalog
 from chaos.load import AckBook
-from protocol import derived, keys, records
+from protocol import keys, records
 from store.base import ObjectInfo, ObjectStore
 from store.errors import NotFound
 
@@ -77,6 +86,9 @@ class StoreView:
     blob_hashes: dict[str, str | None]  # sha -> sha256 of the stored body (None: absent)
     gc_log: list[records.GcLogEntry]
     unreadable: list[str]
+    catalog: CatalogView = field(default_factory=CatalogView)
+    rolled_up: set[str] = field(default_factory=set)
+    """manifest_ids the latest committed rollup ledger includes."""
 
     def under(self, prefix: str) -> Iterable[str]:
         return (k for k in self.objects if k.startswith(prefix))
@@ -134,7 +146,20 @@ async def read_store(store: ObjectStore) -> StoreView:
         view.blob_hashes[sha] = hashlib.sha256(body).hexdigest()
 
     await _bounded(sorted(shas), blob)
+    view.catalog = await read_catalog(store)
+    view.rolled_up = await _rolled_up(store)
     return view
+
+
+async def _rolled_up(store: ObjectStore) -> set[str]:
+    from rollup.commit import load_latest  # the rollup package is optional here
+    from rollup.ledger import read_ledger
+
+    latest = await load_latest(store)
+    if latest is None:
+        return set()
+    table = await read_ledger(store, latest.snapshot)
+    return set(table.column("manifest_id").to_pylist())
 
 
 def check_acks(view: StoreView, book: AckBook) -> CheckResult:
@@ -193,30 +218,23 @@ def check_identities(view: StoreView, book: AckBook, unexpected: list[str]) -> C
     return result
 
 
-def check_derived(view: StoreView) -> CheckResult:
-    result = CheckResult("derived_indexes_complete")
-    expected: set[str] = set()
-    for manifest, _ in view.manifests.values():
-        for entry in derived.accepted_entries(manifest):
-            expected.add(entry.key)
-            if entry.key not in view.objects:
-                result.fail(f"{entry.kind} entry missing for {manifest.manifest_key}")
+def check_catalog(view: StoreView) -> CheckResult:
+    result = CheckResult("catalog_complete")
+    facts = {
+        manifest.manifest_key: RecordFacts(
+            "accepted", manifest.frame_sha256, manifest.identity.manifest_id
+        )
+        for manifest, _ in view.manifests.values()
+    }
     for key, conflict in view.quarantines.items():
-        for entry in derived.quarantine_entries(conflict):
-            if entry.key not in view.objects:
-                result.fail(f"{entry.kind} entry missing for {key}")
-    for key in view.under(keys.ACCEPTED_BY_TIME_PREFIX):
-        if key not in expected:
-            result.fail(f"accepted-by-time entry {key} names no manifest of that hour")
-    by_key_identity = {m.identity.key_identity: m for m, _ in view.manifests.values()}
-    for key in view.under(keys.ACCEPTED_BY_BLOB_PREFIX):
-        sha, named = keys.parse_accepted_by_blob_key(key)
-        held = by_key_identity.get(named)
-        if held is None or held.frame_sha256 != sha:
-            result.fail(
-                f"accepted-by-blob entry {key} names a manifest that does not hold {sha[:16]}"
-            )
-    result.detail = f"{len(view.manifests)} manifests, {len(view.quarantines)} quarantine records"
+        facts[key] = RecordFacts("quarantine", conflict.submitted_frame_sha256)
+    for problem in catalog_problems(view.catalog, facts, rolled_up=view.rolled_up):
+        result.fail(problem)
+    catalog = view.catalog
+    result.detail = (
+        f"{len(catalog.rows)} catalog rows in {catalog.files} files, {len(view.manifests)} "
+        f"manifests, {len(view.quarantines)} quarantine records, {len(view.rolled_up)} rolled up"
+    )
     return result
 
 
@@ -272,10 +290,21 @@ async def audit(
     return view, [
         check_acks(view, book),
         check_identities(view, book, book.take_unexpected()),
-        check_derived(view),
+        check_catalog(view),
         check_blobs(view),
         check_outages(book, outage_windows),
     ]
+
+
+def gc_coverage(view: StoreView, book: AckBook, *, now_ns: int, horizon_s: float) -> dict[str, int]:
+    """Planted orphans that nothing references and are older than the horizon, and how
+    many of them are gone (the GC deleted them)."""
+    referenced = {m.frame_sha256 for m, _ in view.manifests.values()}
+    referenced |= {q.submitted_frame_sha256 for q in view.quarantines.values()}
+    cutoff_ns = now_ns - int(horizon_s * keys.NS_PER_S)
+    orphans = [sha for sha, at in book.planted.items() if sha not in referenced and at < cutoff_ns]
+    deleted = sum(1 for sha in orphans if keys.raw_blob_key(sha) not in view.objects)
+    return {"planted_orphans_past_horizon": len(orphans), "planted_orphans_deleted": deleted}
 
 
 def store_counts(view: StoreView) -> dict[str, int]:
@@ -286,5 +315,9 @@ def store_counts(view: StoreView) -> dict[str, int]:
         "gc_deletions_logged": len(view.gc_log),
         "gc_vetoes": sum(1 for _ in view.under(keys.GC_VETOES_PREFIX)),
         "gc_marks_left": sum(1 for _ in view.under(keys.GC_MARKS_PREFIX)),
+        "catalog_files": view.catalog.files,
+        "catalog_rows": len(view.catalog.rows),
+        "work_markers": sum(1 for _ in view.under(keys.ROLLUP_WORK_PREFIX)),
+        "log_segments": sum(1 for _ in view.under(keys.INDEX_LOG_PREFIX)),
         "objects": len(view.objects),
     }

@@ -50,6 +50,11 @@ class Timing:
     delete_expiry_s: int = 1  # at most a third of the lease (config validation)
     loop_interval_s: float = 1.0
     rollup_lease_ttl_s: float = 10.0
+    max_audit_interval_s: float = 60.0
+    """Listing audits at least this often, whether or not the GC asks for one."""
+    catalog_grace_s: float = 20.0
+    """Compacted catalog files are deleted this long after the merge (while rollups and
+    audits read the catalog)."""
 
     @property
     def mark_grace_s(self) -> float:
@@ -148,7 +153,8 @@ class Cluster:
             "LM_RECONCILER__LEASE_TTL_S": str(t.lease_ttl_s),
             "LM_RECONCILER__LOOP_INTERVAL_S": str(t.loop_interval_s),
             "LM_RECONCILER__VERIFY_RATE_PER_S": "5000",
-            "LM_RECONCILER__AUDIT_INTERVAL_S": "3600",  # the GC audits when it needs to
+            "LM_RECONCILER__MAX_AUDIT_INTERVAL_S": str(t.max_audit_interval_s),
+            "LM_RECONCILER__CATALOG_GRACE_S": str(t.catalog_grace_s),
             "LM_ROLLUP__OWNER_LEASE_TTL_S": str(t.rollup_lease_ttl_s),
             "LM_ROLLUP__SPARK_MASTER": "local[1,4]",  # failed tasks retried, as by default
             "LM_METRICS__ENABLED": "false",
@@ -208,7 +214,7 @@ class Cluster:
         self.event("collector_killed", name=name, pid=process.pid)
 
     async def stop_collectors(self) -> None:
-        """SIGTERM: each flushes its derived-entry queue, then exits."""
+        """SIGTERM: each flushes its index log buffer, then exits."""
         stopping = {name: self.collectors.pop(name) for name in sorted(self.collectors)}
         codes = await asyncio.gather(
             *(asyncio.to_thread(process.stop, 20.0) for process in stopping.values())

@@ -9,7 +9,8 @@ collectors. `LoadDriver.drain` finally re-sends whatever the spools still hold.
 
 `AckBook` keeps, per delivery, the agent's view: what it sent, the answer, when the
 attempt that got a 200 was sent and answered (for the outage check), and the value sums
-of every frame sent (the ground truth the rollup must reproduce).
+of every frame sent (the ground truth the rollup must reproduce); and the orphan blobs
+scenarios planted (for the GC coverage figure).
 """
 
 from __future__ import annotations
@@ -73,6 +74,9 @@ class AckBook:
     run ended comes back as "recovered", and its 409 is then just as expected."""
     waves: int = 0
     audited_unexpected: int = 0
+    planted: dict[str, int] = field(default_factory=dict)
+    """Orphan blobs a scenario planted (hash -> wall time ns): what the GC should delete
+    unless an agent sends the frame after all."""
 
     def record(self, record: DeliveryRecord) -> None:
         now = time.monotonic()

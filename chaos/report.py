@@ -4,7 +4,8 @@
 injected (the proxy's faults per kind, its schedule digest), what the agents sent and
 were told, what the store holds, and every invariant check per audit round. ``ok`` and
 the exit code follow the checks: any failed check is a violation (exit 1); skipped
-checks are listed as skipped, never counted as passed.
+checks are listed as skipped, never counted as passed. The GC coverage (planted orphans
+past the horizon that the GC deleted, as of the last round) is a figure, not a check.
 """
 
 from __future__ import annotations
@@ -74,6 +75,16 @@ class RunReport:
     def exit_code(self) -> int:
         return 0 if self.ok else 1
 
+    @property
+    def gc_coverage(self) -> tuple[int, int] | None:
+        """``(deleted, planted)`` orphans past the horizon at the last audit; None when
+        no scenario planted any."""
+        if not self.rounds:
+            return None
+        last = self.rounds[-1].store
+        planted = last.get("planted_orphans_past_horizon", 0)
+        return (last.get("planted_orphans_deleted", 0), planted) if planted else None
+
     def check_totals(self) -> dict[str, Counter[str]]:
         """Per check name: how many rounds passed, failed, were skipped."""
         totals: dict[str, Counter[str]] = {}
@@ -91,6 +102,7 @@ class RunReport:
             "ok": self.ok,
             "exit_code": self.exit_code,
             "violations": self.violations,
+            "gc_coverage": self.gc_coverage,
             "error": self.error,
             "driver_errors": self.driver_errors,
             "rollup": self.rollup,
@@ -148,6 +160,13 @@ class RunReport:
                 text += f"   ({skip})"
             rows.append((name, text))
         lines += _table(rows)
+        if (coverage := self.gc_coverage) is not None:
+            deleted, planted = coverage
+            lines += [
+                "",
+                f"GC coverage: {deleted} of {planted} planted orphans past the horizon "
+                f"deleted ({100 * deleted / planted:.0f}%)",
+            ]
         for audit_round in self.rounds:
             for check in audit_round.checks:
                 for example in check.violations[:5]:

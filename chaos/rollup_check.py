@@ -8,25 +8,33 @@ Checks, against the latest committed snapshot:
 - ``rollup_setsums``: per accepted hour, the ledger's batches, records and setsum equal
   those recomputed from the accepted manifests themselves (the authority, not the
   index); no ledger hour without accepted batches;
+- ``rollup_catalog_setsums``: the same against the catalog's accepted rows (what the
+  rollup planned from, `chaos.index_checks.catalog_setsums`);
 - ``rollup_totals``: the ``rollup_1m`` table's total ``count`` and ``sum`` equal the
   ground truth: the point counts and finite value sums of the frames the store accepted,
   as the agents built them (every accepted frame must be one an agent sent);
 - ``rollup_verify``: ``rollup.verify`` (what ``lm-rollup verify`` runs) finds every hour
-  complete.
+  complete, from the catalog and ``--from-manifests``.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from chaos.auditor import CheckResult, StoreView
+from chaos.index_checks import catalog_setsums
 from chaos.load import AckBook
 from protocol.setsum import Setsum
 from rollup.availability import why_job_unavailable
 from store.base import ObjectStore
 
-CHECK_NAMES = ("rollup_setsums", "rollup_totals", "rollup_verify")
+if TYPE_CHECKING:
+    from rollup.manifest import LedgerHour
+
+CHECK_NAMES = ("rollup_setsums", "rollup_catalog_setsums", "rollup_totals", "rollup_verify")
 
 
 def rollup_unavailable() -> str | None:
@@ -54,14 +62,16 @@ async def rollup_checks(
     from rollup.verify import verify
 
     setsums = CheckResult("rollup_setsums")
+    catalog = CheckResult("rollup_catalog_setsums")
     totals = CheckResult("rollup_totals")
     verified = CheckResult("rollup_verify")
+    checks = [setsums, catalog, totals, verified]
     loaded = await load_latest(store)
     if loaded is None:
         if view.manifests:
-            for check in (setsums, totals, verified):
+            for check in checks:
                 check.fail("no rollup snapshot was committed, but batches were accepted")
-        return [setsums, totals, verified]
+        return checks
     snapshot = loaded.snapshot
 
     expected: dict[str, tuple[int, int, Setsum]] = defaultdict(lambda: (0, 0, Setsum()))
@@ -73,17 +83,11 @@ async def rollup_checks(
             record_count + manifest.record_count,
             setsum.add(manifest.identity.manifest_id, manifest.frame_sha256),
         )
-    for hour in sorted(set(expected) | set(snapshot.ledger_hours)):
-        batches, record_count, setsum = expected.get(hour, (0, 0, Setsum()))
-        ledger = snapshot.ledger_hours.get(hour)
-        if ledger is None:
-            setsums.fail(f"hour {hour}: {batches} accepted batches, no ledger entry")
-        elif (ledger.batches, ledger.records, ledger.setsum) != (batches, record_count, setsum.hex):
-            setsums.fail(
-                f"hour {hour}: ledger has {ledger.batches} batches / {ledger.records} records / "
-                f"setsum {ledger.setsum[:16]}, accepted {batches} / {record_count} / {setsum.hex[:16]}"
-            )
+    _compare_ledger(setsums, expected, snapshot.ledger_hours, "accepted")
     setsums.detail = f"version {snapshot.version}, {len(expected)} accepted hours"
+    cataloged = catalog_setsums(view.catalog)
+    _compare_ledger(catalog, cataloged, snapshot.ledger_hours, "cataloged")
+    catalog.detail = f"version {snapshot.version}, {len(cataloged)} catalog hours"
 
     points = 0
     value_sum: list[float] = []
@@ -108,11 +112,31 @@ async def rollup_checks(
         f"({unacked} accepted without an acknowledgement the agents saw)"
     )
 
-    report = await verify(store)
-    for hour_report in report.hours:
-        if not hour_report.complete:
-            verified.fail(f"hour {hour_report.hour}: {hour_report.describe()}")
-    if report.unparseable_keys:
-        verified.fail(f"{report.unparseable_keys} unparseable accepted-by-time keys")
-    verified.detail = f"version {report.version}, {len(report.hours)} hours"
-    return [setsums, totals, verified]
+    for source, from_manifests in (("catalog", False), ("manifests", True)):
+        report = await verify(store, from_manifests=from_manifests)
+        for hour_report in report.hours:
+            if not hour_report.complete:
+                verified.fail(f"{source}: hour {hour_report.hour}: {hour_report.describe()}")
+        if report.unparseable_keys:
+            verified.fail(f"{source}: {report.unparseable_keys} unparseable accepted manifests")
+    verified.detail = f"version {report.version}, {len(report.hours)} hours, both sources"
+    return checks
+
+
+def _compare_ledger(
+    check: CheckResult,
+    expected: dict[str, tuple[int, int, Setsum]],
+    ledger_hours: Mapping[str, LedgerHour],
+    source: str,
+) -> None:
+    """Per hour: the ledger's batches, records and setsum against ``expected``."""
+    for hour in sorted(set(expected) | set(ledger_hours)):
+        batches, record_count, setsum = expected.get(hour, (0, 0, Setsum()))
+        ledger = ledger_hours.get(hour)
+        if ledger is None:
+            check.fail(f"hour {hour}: {batches} {source} batches, no ledger entry")
+        elif (ledger.batches, ledger.records, ledger.setsum) != (batches, record_count, setsum.hex):
+            check.fail(
+                f"hour {hour}: ledger has {ledger.batches} batches / {ledger.records} records / "
+                f"setsum {ledger.setsum[:16]}, {source} {batches} / {record_count} / {setsum.hex[:16]}"
+            )

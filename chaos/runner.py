@@ -6,11 +6,12 @@ A run is one or more rounds on one bucket (a long run is cut into rounds of abou
 1. start the scenario's collectors and the reconciler daemon (through the proxy);
 2. start the agents (`chaos.load`) and the scenario's driver, until the round's deadline;
 3. heal: calm proxy, every killed process back, agents stop and drain their spools;
-4. converge: collectors stopped with SIGTERM (derived queues flushed), the reconciler
-   stopped, then ``lm-reconciler audit`` (a full audit with repair) and, when the rollup
-   is enabled, ``lm-rollup run``, both straight to the store, repeated (bounded) until
-   they succeed;
-5. audit every invariant (`chaos.auditor`, `chaos.rollup_check`) against the store.
+4. converge: collectors stopped with SIGTERM (index log buffers flushed), the reconciler
+   stopped, then ``lm-reconciler audit`` (a full audit: whatever the log did not
+   deliver is cataloged) and, when the rollup is enabled, ``lm-rollup run``, both
+   straight to the store, repeated (bounded) until they succeed;
+5. audit every invariant (`chaos.auditor`, `chaos.rollup_check`) against the store, and
+   count the GC coverage of the planted orphans (`chaos.auditor.gc_coverage`).
 
 Failures of the machinery (a driver that raises, a convergence step that never
 succeeds) are reported as the run's ``error`` (exit 1), apart from invariant violations.
@@ -31,7 +32,7 @@ from typing import Any, Literal
 
 import structlog
 
-from chaos.auditor import audit, store_counts
+from chaos.auditor import audit, gc_coverage, store_counts
 from chaos.cluster import Cluster
 from chaos.load import AckBook, LoadDriver
 from chaos.proxy import CALM
@@ -240,6 +241,8 @@ async def _converge_and_audit(
     cluster.event(
         "round_audited", round=ctx.round_index, violations=sum(c.violation_count for c in checks)
     )
-    return AuditRound(
-        ctx.round_index, time.monotonic() - run_started, checks, store_counts(view), convergence
+    counts = store_counts(view)
+    counts.update(
+        gc_coverage(view, book, now_ns=time.time_ns(), horizon_s=cluster.timing.retry_horizon_s)
     )
+    return AuditRound(ctx.round_index, time.monotonic() - run_started, checks, counts, convergence)

@@ -1,5 +1,11 @@
 """What the simulation checks: live, as each store operation is applied (`WatchedStore`),
-and at the end over the settled store (`check_store`)."""
+and at the end over the settled store, after a completed full audit (`check_store`).
+
+`WatchedStore` also counts, for the tests that keep the two GC regression seeds
+meaningful, the interleavings those bugs needed: ``deleted_after_412`` (a blob the GC
+deleted after a create of it was answered 412, and a record naming it created later:
+BUG-1's window) and ``late_blob_deletes`` (a raw-blob DELETE that lands
+after its caller gave up on it: BUG-2's; counted by `chaos.sim_runtime.DelayedStore`)."""
 
 from __future__ import annotations
 
@@ -7,9 +13,10 @@ import hashlib
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 
-from protocol import derived, keys, records
+from chaos.index_checks import RecordFacts, catalog_problems, read_catalog
+from protocol import keys, records
 from store.base import ObjectInfo, ObjectStore, SignedDelete
-from store.errors import NotFound
+from store.errors import NotFound, PreconditionFailed
 from store.memory import MemoryStore
 
 
@@ -32,6 +39,8 @@ class WatchedStore:
         self._now_s = now_s
         self._referenced: dict[str, str] = {}  # sha -> a record key naming it
         self._deleted: set[str] = set()
+        self._refused: set[str] = set()  # blobs whose create was answered 412, not yet named
+        self._deleted_after_refusal: set[str] = set()
 
     async def get(self, key: str) -> tuple[bytes, str]:
         return await self.inner.get(key)
@@ -42,9 +51,13 @@ class WatchedStore:
     async def put(
         self, key: str, body: bytes, *, if_none_match: bool = False, if_match: str | None = None
     ) -> str:
-        etag = await self.inner.put(key, body, if_none_match=if_none_match, if_match=if_match)
-        if key.startswith(keys.GC_VETOES_PREFIX):
-            self._stats["vetoes_written"] += 1
+        try:
+            etag = await self.inner.put(key, body, if_none_match=if_none_match, if_match=if_match)
+        except PreconditionFailed:
+            if key.startswith(keys.RAW_BLOBS_PREFIX):
+                self._refused.add(keys.parse_raw_blob_key(key))
+            raise
+        self._count_put(key, if_none_match)
         if key.startswith(keys.RAW_BLOBS_PREFIX) and keys.parse_raw_blob_key(key) in self._deleted:
             self._stats["blobs_recreated"] += 1
         sha = None
@@ -54,6 +67,10 @@ class WatchedStore:
             sha = records.IdentityConflict.from_json(body).submitted_frame_sha256
         if sha is not None:
             self._referenced.setdefault(sha, key)
+            self._refused.discard(sha)
+            if sha in self._deleted_after_refusal:
+                self._deleted_after_refusal.discard(sha)
+                self._stats["deleted_after_412"] += 1
             try:
                 await self.inner.head(keys.raw_blob_key(sha))
             except NotFound:
@@ -82,7 +99,23 @@ class WatchedStore:
                     f"GC deleted raw blob {sha[:12]} referenced by {self._referenced[sha]}"
                 )
             self._stats["blobs_deleted"] += 1
+            if sha in self._refused:
+                self._deleted_after_refusal.add(sha)
             self._deleted.add(sha)
+        elif key.startswith(keys.INDEX_CATALOG_PREFIX):
+            self._stats["catalog_files_deleted"] += 1
+
+    def _count_put(self, key: str, if_none_match: bool) -> None:
+        for prefix, name in (
+            (keys.GC_VETOES_PREFIX, "vetoes_written"),
+            (keys.INDEX_LOG_PREFIX, "log_segments_written"),
+            (keys.INDEX_CATALOG_PREFIX, "catalog_files_written"),
+            (keys.ROLLUP_WORK_PREFIX, "work_markers_written"),
+        ):
+            if key.startswith(prefix):
+                self._stats[name] += 1
+        if if_none_match and key.startswith(keys.GC_MARKS_PREFIX):
+            self._stats["gc_marked"] += 1
 
     async def close(self) -> None:
         await self.inner.close()
@@ -100,19 +133,18 @@ async def check_store(
     problems: list[str] = []
     present = {info.key async for info in store.list("")}
     manifests: dict[keys.BatchIdentity, records.AcceptedManifest] = {}
+    facts: dict[str, RecordFacts] = {}
     for key in sorted(k for k in present if k.startswith(keys.ACCEPTED_PREFIX)):
         manifest = records.AcceptedManifest.from_json((await store.get(key))[0])
         manifests[manifest.identity] = manifest
+        facts[key] = RecordFacts("accepted", manifest.frame_sha256, manifest.identity.manifest_id)
         problems += await _blob_problems(store, present, key, manifest.frame_sha256)
-        for entry in derived.accepted_entries(manifest):
-            if entry.key not in present:
-                problems.append(f"derived entry {entry.key} of {key} is missing after the audit")
     for key in sorted(k for k in present if k.startswith(keys.QUARANTINE_PREFIX)):
         conflict = records.IdentityConflict.from_json((await store.get(key))[0])
+        facts[key] = RecordFacts("quarantine", conflict.submitted_frame_sha256)
         problems += await _blob_problems(store, present, key, conflict.submitted_frame_sha256)
-        for entry in derived.quarantine_entries(conflict):
-            if entry.key not in present:
-                problems.append(f"derived entry {entry.key} of {key} is missing after the audit")
+    # No rollup runs in the simulation: every cataloged batch must have its marker.
+    problems += catalog_problems(await read_catalog(store), facts)
     for identity, shas in acked.items():
         if len(shas) > 1:
             problems.append(f"{identity} was acknowledged with {len(shas)} different hashes")

@@ -23,21 +23,31 @@ simulation sees the same error surface as against S3.
 
 A deadlock (every task waiting on something no timer will ever deliver) raises
 `SimulationDeadlock` instead of hanging.
+
+Work handed to a thread (``asyncio.to_thread``: Parquet encoding of index files, hashing)
+runs inline on the loop's own thread instead (`InlineExecutor`): a real thread would
+finish at a real moment while the loop's clock jumps, so its result would land at a
+virtual time that depends on the machine's speed, and the same seed would not replay.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import selectors
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextvars import Context
+from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 from store.base import ObjectInfo, ObjectStore, SignedDelete
 from store.errors import OutcomeUnknown
 from store.retry import Backoff, repeat_while_unavailable
 
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 
 class SimulationDeadlock(RuntimeError):
@@ -59,6 +69,18 @@ class _VirtualSelector(selectors.DefaultSelector):
         return events
 
 
+class InlineExecutor(ThreadPoolExecutor):
+    """Runs each submitted call at once, on the caller's thread (see the module doc)."""
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        future: Future[T] = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # handed to the awaiting task, as a thread would
+            future.set_exception(exc)
+        return future
+
+
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
     """An event loop on virtual time (seconds from 0). Real I/O still works but never
     makes the loop wait; simulations should do none."""
@@ -68,12 +90,47 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         super().__init__(selector)
         selector.loop = self
         self._virtual_now = 0.0
+        self.set_default_executor(InlineExecutor(max_workers=1))
 
     def time(self) -> float:
         return self._virtual_now
 
     def advance(self, seconds: float) -> None:
         self._virtual_now += max(0.0, seconds)
+
+    def call_later(
+        self,
+        delay: float,
+        callback: Callable[[Unpack[Ts]], object],
+        *args: *Ts,
+        context: Context | None = None,
+    ) -> asyncio.TimerHandle:
+        # A positive delay below the float resolution of the clock (``now + delay == now``:
+        # a loop waiting for "the rest" of an interval, 1.0 - 0.9999999999999998 s) is due
+        # one representable instant later, so time moves when it fires (see `call_at`).
+        if delay > 0:
+            now = self.time()
+            when = max(now + delay, math.nextafter(now, math.inf))
+            return self.call_at(when, callback, *args, context=context)
+        return super().call_later(delay, callback, *args, context=context)
+
+    def call_at(
+        self,
+        when: float,
+        callback: Callable[[Unpack[Ts]], object],
+        *args: *Ts,
+        context: Context | None = None,
+    ) -> asyncio.TimerHandle:
+        return super().call_at(when, self._timer_due, when, callback, args, context=context)
+
+    def _timer_due(
+        self, when: float, callback: Callable[[Unpack[Ts]], object], args: tuple[*Ts]
+    ) -> None:
+        # asyncio runs a timer that is due within its clock resolution (~1 ns) early; on a
+        # real loop time then moves by itself, here it would not, and a waiter that loops
+        # until its interval has passed would spin forever. Time is the timer's when.
+        self._virtual_now = max(self._virtual_now, when)
+        callback(*args)
 
 
 def run_virtual(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
@@ -129,6 +186,8 @@ class DelayedStore:
         self._late_extra_s = late_extra_s
         self._in_flight: set[asyncio.Task[Any]] = set()
         self.late_landings = 0
+        self.late_by_kind: Counter[str] = Counter()
+        """Late landings by ``"<op> <first key segment>"``, e.g. ``"delete raw-blobs"``."""
 
     async def _landing(self, call: Callable[[], Awaitable[T]], *, op: str = "", key: str = "") -> T:
         late = op in ("put", "delete") and self._rng.random() < self._late_rate
@@ -146,6 +205,7 @@ class DelayedStore:
         task.add_done_callback(self._settled)
         if late:
             self.late_landings += 1
+            self.late_by_kind[f"{op} {key.split('/', 1)[0]}"] += 1
             await asyncio.sleep(self._timeout_s)
             raise OutcomeUnknown(op, key, "simulated read timeout; the request is still in flight")
         return await asyncio.shield(task)

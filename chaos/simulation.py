@@ -1,24 +1,32 @@
-"""Deterministic in-process simulation of acceptance, the reconciler's audit and GC.
+"""Deterministic in-process simulation of acceptance, the index, the reconciler and its GC.
 
 One call, `simulate(config)`, builds a world on virtual time (`chaos.sim_runtime`):
 
 - a `MemoryStore` (the bucket), watched by `WatchedStore`, which checks the GC's safety
   at the moment each operation is applied: no raw blob is deleted while an accepted
   manifest or quarantine record names it, and no manifest is created without its blob;
-- ``collectors`` `BatchAcceptor`s with their `DerivedWriter`s, each through a seeded
-  `DelayedStore` (latency; requests in flight land even if their caller gave up) and a
-  seeded `FaultyStore` (409, 503, lost answers, unknown outcomes, hangs);
+- ``collectors`` `BatchAcceptor`s, each with its `IndexLogWriter` (rows buffered and
+  flushed as log segments every ``flush_s``), each through a seeded `DelayedStore`
+  (latency; requests in flight land even if their caller gave up) and a seeded
+  `FaultyStore` (409, 503, lost answers, unknown outcomes, hangs);
 - agents: every batch is sent at a seeded moment to a random collector, retried after a
   503; some are re-sent much later (old content again: after GC may have marked it),
   some get a conflicting twin, some were "pre-landed" as orphan blobs (a collector that
-  crashed after the blob), some are never sent again (true orphans for the GC);
-- the GC (`reconciler.gc.run_gc` with the real full audit) every ``gc_interval_s``, with
-  short horizons, through its own faulty store.
+  crashed after the blob: half of them flushed its ``blob`` log row first, half did not,
+  so only an audit's listing finds those), some are never sent again (true orphans);
+- the reconciler daemon (`reconciler.daemon.Reconciler.run`, through its own faulty
+  store): steady passes over the log every ``reconciler_interval_s``, full audits when
+  due, catalog compaction (the world starts shortly before an hour ends, so the first
+  hour settles and is compacted), and the GC through `reconciler.gc.run_gc` with short
+  horizons, from the start until ``settle_s`` after the last agent is done.
 
-When everything has settled, a final fault-free audit runs and `SimReport.violations`
-lists every broken invariant: each acknowledgement has its manifest with the same hash
-and a blob that hashes right; no identity has two hashes; derived indexes are complete;
-no referenced blob was deleted (also checked live by `WatchedStore`).
+When everything has settled (collectors flushed, requests in flight landed), a final
+fault-free full audit runs and `SimReport.violations` lists every broken invariant:
+each acknowledgement has its manifest with the same hash and a blob that hashes right;
+no identity has two hashes; the catalog holds every record, each in a file a rollup work
+marker names (`chaos.index_checks`); no referenced blob was deleted (also checked live
+by `WatchedStore`). `SimReport.gc_coverage` is the fraction of true orphans (planted,
+never sent) the GC deleted by the end.
 
 Same config → same run, byte for byte (up to the random ids the GC and audit give
 their own records, which decide nothing).
@@ -27,7 +35,6 @@ their own records, which decide nothing).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hashlib
 import random
 import uuid
@@ -38,18 +45,25 @@ from chaos.faulty_store import Fault, FaultyStore
 from chaos.sim_checks import WatchedStore, check_store
 from chaos.sim_runtime import DelayedStore, S3LikeRetries, SimClock, run_virtual
 from collector.accept import AcceptanceUnavailable, Accepted, BatchAcceptor, IdentityConflictFound
-from collector.derived import DerivedWriter
 from config import GcSettings, IngestSettings, ReconcilerSettings, Settings, StoreSettings
-from protocol import derived, keys, records
+from index.log_writer import IndexLogWriter
+from index.rows import blob_row
+from protocol import keys
 from reconciler.audit import run_full_audit
-from reconciler.context import ReconcilerContext, open_context
-from reconciler.gc import GcRefused, run_gc
+from reconciler.context import open_context
+from reconciler.daemon import Reconciler
 from reconciler.metrics import ReconcilerMetrics
 from store.base import ObjectStore
 from store.errors import StoreError
-from store.lease import LeaseHeld, LeaseLost
+from store.lease import LeaseHeld
 from store.memory import MemoryStore
 from store.retry import Backoff
+
+FIRST_HOUR_LEFT_S = 40
+WORLD_START_NS = (1_760_000_000 // 3600 * 3600 + 3600 - FIRST_HOUR_LEFT_S) * keys.NS_PER_S
+"""The world starts 40 s before an hour ends: it spans two hours, and the first one
+settles (its end is older than the lookback), so the reconciler compacts it."""
+RECONCILER_OWNER = "sim-reconciler"
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,9 +79,14 @@ class SimConfig:
     orphan_rate: float = 0.35
     give_up_rate: float = 0.15
     fault_rate: float = 0.08
-    gc_fault_rate: float = 0.03
-    gc_runs: int = 5
-    gc_interval_s: float = 9.0
+    reconciler_fault_rate: float = 0.03
+    reconciler_interval_s: float = 4.0
+    settle_s: float = 30.0
+    """How long the reconciler keeps running after the last agent is done."""
+    audit_interval_s: float = 20.0
+    lookback_s: float = 30.0
+    catalog_grace_s: float = 5.0
+    flush_s: float = 1.0
     late_rate: float = 0.04
     budget_s: float = 2.0
     max_latency_s: float = 0.2
@@ -87,6 +106,12 @@ class SimReport:
     @property
     def ok(self) -> bool:
         return not self.violations
+
+    @property
+    def gc_coverage(self) -> float | None:
+        """Deleted true orphans ÷ true orphans (planted, never sent); None without any."""
+        planted = self.stats["orphans_true"]
+        return self.stats["orphans_true_deleted"] / planted if planted else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,15 +155,16 @@ def _collector_rates(rate: float) -> dict[str, dict[Fault, float]]:
     }
 
 
-def _gc_rates(rate: float) -> dict[str, dict[Fault, float]]:
-    # Mostly on writes: a real S3 client retries reads itself (`store.s3`), and the GC
-    # gives up a whole run on any read error, which would leave little GC to test.
+def _reconciler_rates(rate: float) -> dict[str, dict[Fault, float]]:
+    # Mostly on writes: a real S3 client retries reads itself (`store.s3`); a failed read
+    # only makes a steady pass, audit or GC run stop early and start over next time.
     return {
         "put_if_match": {Fault.LOST_REPLY: rate, Fault.CONFLICT: rate / 2},
         "put_if_none_match": {Fault.LOST_REPLY: rate, Fault.UNAVAILABLE: rate},
         "delete": {Fault.LOST_REPLY: rate, Fault.UNAVAILABLE: rate},
         "get": {Fault.UNAVAILABLE: rate / 20},
         "head": {Fault.UNAVAILABLE: rate / 20},
+        "list": {Fault.UNAVAILABLE: rate / 20},
     }
 
 
@@ -151,7 +177,13 @@ def _settings(config: SimConfig) -> Settings:
         ),
         ingest=IngestSettings(request_budget_s=config.budget_s, collector_id="sim"),
         reconciler=ReconcilerSettings(
-            lease_ttl_s=10 * 24 * 3600.0, verify_rate_per_s=10_000.0, concurrency=4
+            lease_ttl_s=10 * 24 * 3600.0,
+            loop_interval_s=config.reconciler_interval_s,
+            lookback_s=config.lookback_s,
+            max_audit_interval_s=config.audit_interval_s,
+            catalog_grace_s=config.catalog_grace_s,
+            verify_rate_per_s=10_000.0,
+            concurrency=4,
         ),
         gc=GcSettings(
             retry_horizon_s=config.retry_horizon_s,
@@ -168,8 +200,7 @@ class _World:
     def __init__(self, config: SimConfig, report: SimReport) -> None:
         self.config = config
         self.report = report
-        self.clock = SimClock()
-        self.rng = random.Random(f"{config.seed}/world")
+        self.clock = SimClock(WORLD_START_NS)
         self.memory = MemoryStore("memory://simulation", clock=self.clock)
         self.watched = WatchedStore(
             self.memory,
@@ -181,33 +212,43 @@ class _World:
         self.delayed: list[DelayedStore] = []
         self.faulty: list[FaultyStore] = []
         self.acceptors: list[BatchAcceptor] = []
-        self.writers: list[DerivedWriter] = []
+        self.logs: list[IndexLogWriter] = []
         for index in range(config.collectors):
             store = self._faulty(f"collector-{index}", _collector_rates(config.fault_rate))
-            writer = DerivedWriter(
+            log = IndexLogWriter(
                 store=store,
                 clock=self.clock,
-                rng=random.Random(f"{config.seed}/derived/{index}"),
-                max_queued=64,
-                workers=2,
+                rng=random.Random(f"{config.seed}/index-log/{index}"),
+                writer_id=f"sim-collector-{index}",
+                flush_rows=64,
+                flush_max_age_s=config.flush_s,
+                max_buffered_rows=1024,
                 backoff=Backoff(attempts=3, base_s=0.05, cap_s=0.5),
             )
-            self.writers.append(writer)
+            self.logs.append(log)
             self.acceptors.append(
                 BatchAcceptor(
                     store=store,
                     collector_id=f"sim-collector-{index}",
                     clock=self.clock,
                     rng=random.Random(f"{config.seed}/acceptor/{index}"),
-                    derived=writer,
+                    index_log=log,
                     budget_s=config.budget_s,
                     backoff=Backoff(attempts=8, base_s=0.05, cap_s=0.5),
                 )
             )
-        self.gc_store = self._faulty("gc", _gc_rates(config.gc_fault_rate))
+        self.reconciler = Reconciler(
+            store=self._faulty("reconciler", _reconciler_rates(config.reconciler_fault_rate)),
+            settings=self.settings,
+            clock=self.clock,
+            rng=random.Random(f"{config.seed}/reconciler"),
+            metrics=ReconcilerMetrics(clock=self.clock),
+            owner=RECONCILER_OWNER,
+        )
         # identity -> every hash acknowledged (200) for it, and the conflicts seen
         self.acked: dict[keys.BatchIdentity, set[str]] = {}
         self.conflict_views: list[tuple[keys.BatchIdentity, str]] = []
+        self.true_orphans: set[str] = set()
 
     def _faulty(self, name: str, rates: dict[str, dict[Fault, float]]) -> ObjectStore:
         """The store as ``name`` sees it: S3-like retries over seeded faults over latency."""
@@ -274,9 +315,12 @@ class _World:
         resend = rng.random() < config.resend_rate
         conflict = rng.random() < config.conflict_rate
         send_at = rng.uniform(0.0, config.send_window_s)
+        logged = rng.random() < 0.5
         if pre_orphan:  # an earlier attempt wrote the blob, then its collector crashed
-            await _land_orphan(self.watched, batch, self.clock.now_ns())
+            await self._land_orphan(batch, logged=logged)
             self.report.stats["orphans_planted"] += 1
+            if give_up:
+                self.true_orphans.add(batch.sha)
         if give_up:
             return
         await self.clock.sleep(send_at)
@@ -291,24 +335,48 @@ class _World:
             if await self.send(twin, rng) is not None:
                 self._violation(f"conflicting frame for {batch.identity} was acknowledged")
 
-    # --- GC -------------------------------------------------------------------------------
+    async def _land_orphan(self, batch: _Batch, *, logged: bool) -> None:
+        """The blob (no faults: the write landed); with ``logged``, its ``blob`` log row
+        too, flushed by the collector before it crashed."""
+        now = self.clock.now_ns()
+        await self.watched.put(keys.raw_blob_key(batch.sha), batch.frame, if_none_match=True)
+        if logged:
+            log = IndexLogWriter(
+                store=self.watched,
+                clock=self.clock,
+                rng=random.Random(f"{self.config.seed}/crashed/{batch.sha}"),
+                writer_id="sim-crashed-collector",
+            )
+            log.append(blob_row(batch.sha, now))
+            await log.flush()
+            self.report.stats["orphans_logged"] += 1
 
-    async def gc_loop(self, context: ReconcilerContext) -> None:
-        for _ in range(self.config.gc_runs):
-            await self.clock.sleep(self.config.gc_interval_s)
-            try:
-                outcome = await run_gc(context, dry_run=False)
-            except (StoreError, GcRefused, LeaseLost, records.RecordError) as exc:
-                self.report.stats[f"gc_failed_{type(exc).__name__}"] += 1
-                continue
-            record = outcome.record
-            self.report.stats["gc_runs"] += 1
-            self.report.stats["gc_marked"] += record.marked
-            self.report.stats["gc_vetoed"] += record.vetoed
-            self.report.stats["gc_deleted"] += record.deleted
+    # --- the reconciler -------------------------------------------------------------------
+
+    async def run_reconciler(self, agents_done: asyncio.Event) -> None:
+        """The daemon from the start until ``settle_s`` after the agents are done."""
+        task = asyncio.ensure_future(self.reconciler.run())
+        await agents_done.wait()
+        await self.clock.sleep(self.config.settle_s)
+        await self.reconciler.stop(grace_s=60.0)
+        try:
+            await task
+        except (StoreError, LeaseHeld) as exc:  # releasing the lease failed: harmless here
+            self.report.stats[f"reconciler_exit_{type(exc).__name__}"] += 1
+        for stage, count in _stage_errors(self.reconciler.metrics).items():
+            self.report.stats[f"reconciler_stage_errors_{stage}"] += count
 
     def _violation(self, text: str) -> None:
         self.report.violations.append(f"t={self.clock.monotonic():.3f}s: {text}")
+
+
+def _stage_errors(metrics: ReconcilerMetrics) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for metric in metrics.stage_errors.collect():
+        for sample in metric.samples:
+            if sample.name.endswith("_total") and sample.value:
+                counts[str(next(iter(sample.labels.values()), ""))] = int(sample.value)
+    return counts
 
 
 def hash_seed(text: str) -> int:
@@ -320,50 +388,50 @@ def _frame(seed: int, agent: int, batch: int, variant: str) -> bytes:
     return f"simulated frame seed={seed} agent={agent} batch={batch} {variant};".encode() * 3
 
 
-async def _land_orphan(store: ObjectStore, batch: _Batch, now_ns: int) -> None:
-    await store.put(keys.raw_blob_key(batch.sha), batch.frame, if_none_match=True)
-    entry = derived.raw_blob_by_time_entry(batch.sha, now_ns)
-    await store.put(entry.key, entry.body, if_none_match=True)
-
-
-async def _open_context(store: ObjectStore, world: _World, owner: str) -> ReconcilerContext:
-    for _ in range(20):  # the faulty store may refuse the lease a few times
-        try:
-            return await open_context(
-                store,
-                settings=world.settings,
-                clock=world.clock,
-                rng=random.Random(f"{world.config.seed}/{owner}"),
-                metrics=ReconcilerMetrics(clock=world.clock),
-                owner=owner,
-            )
-        except (StoreError, LeaseHeld):
-            await world.clock.sleep(0.5)
-    raise RuntimeError("the simulated reconciler never got its lease")
+async def _final_audit(world: _World) -> None:
+    """A fault-free full audit (the daemon's lease is re-taken by the same owner)."""
+    ctx = await open_context(
+        world.watched,
+        settings=world.settings,
+        clock=world.clock,
+        rng=random.Random(f"{world.config.seed}/final-audit"),
+        metrics=ReconcilerMetrics(clock=world.clock),
+        owner=RECONCILER_OWNER,
+    )
+    audit = await run_full_audit(ctx)
+    if audit.status != "completed":
+        world.report.violations.append(f"final audit did not complete: {audit}")
 
 
 async def _run(config: SimConfig) -> SimReport:
     report = SimReport(config)
     world = _World(config, report)
-    for writer in world.writers:
-        writer.start()
-    gc_context = await _open_context(world.gc_store, world, "sim-gc")
-    gc = asyncio.ensure_future(world.gc_loop(gc_context))
+    for log in world.logs:
+        log.start()
+    agents_done = asyncio.Event()
+    reconciler = asyncio.ensure_future(world.run_reconciler(agents_done))
     agents = [world.agent_batch(b, i) for i, b in enumerate(world.batches())]
     await asyncio.gather(*agents)
-    await gc
-    for writer in world.writers:
-        await writer.stop(grace_s=60.0)
+    agents_done.set()
+    await reconciler
+    for log in world.logs:
+        await log.stop(grace_s=60.0)
+        report.stats["index_rows_dropped"] += log.stats.dropped_full + log.stats.dropped_failed
     for delayed in world.delayed:
         await delayed.drain()
-    # The final audit reads the store without faults, under the GC's (long) lease.
-    audit = await run_full_audit(dataclasses.replace(gc_context, store=world.watched))
-    if audit.status != "completed":
-        report.violations.append(f"final audit did not complete: {audit}")
+    await _final_audit(world)
     report.stats["late_landings"] += sum(d.late_landings for d in world.delayed)
+    report.stats["late_blob_deletes"] += sum(
+        d.late_by_kind["delete raw-blobs"] for d in world.delayed
+    )
     for faulty in world.faulty:
         for (op, fault), count in faulty.injected.items():
             report.stats[f"fault_{op}_{fault.value}"] += count
+    present = {info.key async for info in world.memory.list(keys.RAW_BLOBS_PREFIX)}
+    report.stats["orphans_true"] = len(world.true_orphans)
+    report.stats["orphans_true_deleted"] = sum(
+        keys.raw_blob_key(sha) not in present for sha in world.true_orphans
+    )
     report.violations += await check_store(world.memory, world.acked, world.conflict_views)
     return report
 

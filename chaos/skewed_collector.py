@@ -2,7 +2,8 @@
 off by ``CHAOS_CLOCK_SKEW_S`` seconds (positive: ahead), for the clock-skew scenario.
 
 Only the collector's injected clock (`protocol.clock.SystemClock.now_ns`) is shifted:
-manifest ``accepted_at``, the hours of its derived entries and its vetoes carry the
+manifest ``accepted_at``, its index log rows and segment names (so the reconciler's
+lookback may miss them: the full audit catalogs their records) and its vetoes carry the
 skewed time, as they would on a host with a wrong clock. Request signing (botocore) and
 timeouts keep the real clock; the S3 servers we test against do not check signature
 times anyway.

@@ -1,7 +1,8 @@
 """gc-race: GC with short horizons while agents re-send old content.
 
-Some frames are planted as orphan blobs first (with their ``raw-blobs-by-time`` entry),
-as a collector that crashed after the blob would leave them; then, at seeded moments
+Some frames are planted as orphan blobs first, as a collector that crashed after the
+blob would leave them (half with their ``blob`` row in an index log segment, flushed
+before the crash; half without, for the audit's listing to find); then, at seeded moments
 spread over the GC's horizon, mark grace and deletion, agents send them (and send some
 again later). Others are never sent: true orphans the GC must delete. Meanwhile the
 proxy makes manifest creates fail now and then (more orphans, re-sent by the agents'
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import random
 import time
 
 from agent import DeliveryRecord, LoadSpec, SyntheticLoad, Uploader, UploadPolicy
@@ -22,7 +24,10 @@ from chaos.load import LoadShape
 from chaos.proxy import FaultRule, Phase
 from chaos.scenarios.base import Scenario, ScenarioContext
 from chaos.scenarios.phases import CONDITIONAL, STORMS, K
-from protocol import derived, keys
+from index.log_writer import IndexLogWriter
+from index.rows import blob_row
+from protocol import keys
+from protocol.clock import SystemClock
 from store.errors import PreconditionFailed, StoreError
 from store.retry import Backoff
 
@@ -83,21 +88,30 @@ async def drive_gc_race(ctx: ScenarioContext, *, phases: bool = True, frames: in
 
 async def _plant(ctx: ScenarioContext, frames: list[PlannedFrame]) -> None:
     store = ctx.cluster.direct_store()
+    log = IndexLogWriter(
+        store=store,
+        clock=SystemClock(),
+        rng=random.Random(ctx.rng.random()),
+        writer_id=f"chaos-crashed-r{ctx.round_index}",
+    )
     try:
         for frame in frames:
-            entry = derived.raw_blob_by_time_entry(frame.frame_sha256, time.time_ns())
+            created_ns = time.time_ns()
             try:
                 blob_key = keys.raw_blob_key(frame.frame_sha256)
                 await store.put(blob_key, frame.frame, if_none_match=True)
-                await store.put(entry.key, entry.body, if_none_match=True)
             except PreconditionFailed:
                 continue
             except StoreError:
-                # The store may be restarting (an outage of the "all" scenario): an orphan
-                # without its index entry is still an orphan the GC must find by listing.
+                # The store may be restarting (an outage of the "all" scenario).
                 ctx.counts["orphan_plant_failures"] += 1
                 continue
             ctx.counts["orphans_planted"] += 1
+            ctx.book.planted[frame.frame_sha256] = created_ns
+            if ctx.rng.random() < 0.5:  # the crashed collector had flushed its blob row
+                log.append(blob_row(frame.frame_sha256, created_ns))
+                ctx.counts["orphans_logged"] += 1
+        await log.flush()  # a failure leaves rows unwritten: those orphans need the listing
     finally:
         await store.close()
 

@@ -76,8 +76,8 @@ FAULTS = Scenario(
 )
 CLOCK_SKEW = Scenario(
     "clock-skew",
-    "collectors 90 minutes behind and 45 minutes ahead: manifests and derived entries in "
-    "other hours than the real one; GC with short horizons",
+    "collectors 90 minutes behind and 45 minutes ahead: manifests and index log segments "
+    "in other hours than the real one; GC with short horizons",
     drive_light,
     skews_s=(-5400.0, 0.0, 2700.0),
     load=LoadShape(lanes=3, twins=1, agents=4, batches=6),

@@ -33,13 +33,10 @@ STORMS: dict[str, tuple[FaultRule, ...]] = {
     "errors": (FaultRule({K.ERROR_500: 0.08, K.RESET: 0.04}, latency=QUICK),),
     "conflicts": (FaultRule({K.CONFLICT_409: 0.3}, ops=CONDITIONAL, latency=QUICK),),
     "latency": (FaultRule({}, latency=SLOW),),
-    "derived-lost": (
-        FaultRule(
-            {K.LOST_ANSWER: 0.3, K.SLOWDOWN_503: 0.3}, ops=CONDITIONAL, prefix="accepted-by-"
-        ),
-        FaultRule(
-            {K.LOST_ANSWER: 0.3, K.SLOWDOWN_503: 0.3}, ops=CONDITIONAL, prefix="raw-blobs-by-"
-        ),
+    "index-lost": (
+        # Collectors' log segments and the reconciler's catalog files and work markers.
+        FaultRule({K.LOST_ANSWER: 0.3, K.SLOWDOWN_503: 0.3}, ops=CONDITIONAL, prefix="index/"),
+        FaultRule({K.LOST_ANSWER: 0.3, K.SLOWDOWN_503: 0.3}, ops=CONDITIONAL, prefix="work/"),
     ),
     "gc-writes": (
         FaultRule(

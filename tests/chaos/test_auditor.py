@@ -1,20 +1,30 @@
-"""The auditor catches each kind of violation it exists for (and passes a sound store)."""
+"""The auditor catches each kind of violation it exists for (and passes a sound store,
+cataloged by the reconciler's own full audit)."""
 
 from __future__ import annotations
 
 import hashlib
+import random
 import time
 import uuid
 
 from agent import BatchResult, DeliveryRecord, Outcome
 from agent.truth import BatchKind, TruthRecord
-from chaos.auditor import CheckResult, audit
+from chaos.auditor import CheckResult, audit, gc_coverage
 from chaos.load import Ack, AckBook, FrameFacts
 from chaos.report import AuditRound, RunReport
 from chaos.rollup_check import skipped
-from protocol import derived, keys, records
+from config import GcSettings, ReconcilerSettings, Settings
+from index.catalog import CatalogWriter
+from index.rows import accepted_row
+from protocol import keys, records
 from protocol.clock import ManualClock
+from reconciler.audit import run_full_audit
+from reconciler.context import open_context
+from rollup.ledger import LedgerRow
+from rollup.owner import OwnerLease
 from store.memory import MemoryStore
+from tests.rollup.dataset_builder import commit_rows
 
 BOOT = uuid.UUID("11111111-2222-4333-8444-555555555555")
 
@@ -47,8 +57,6 @@ class World:
         manifest = manifest_for(frame, seq, self.clock.now_ns())
         await self.store.put(manifest.raw_blob_key, frame)
         await self.store.put(manifest.manifest_key, manifest.to_json())
-        for entry in derived.manifest_backfill(manifest):
-            await self.store.put(entry.key, entry.body)
         self.book.frames[manifest.frame_sha256] = FrameFacts(1, float(seq))
         if ack:
             self.ack(manifest.identity, manifest.frame_sha256)
@@ -60,9 +68,24 @@ class World:
     ) -> None:
         self.book.acks.append(Ack(identity, sha, sha, None, False, sent, answered))
 
+    async def reconcile(self) -> None:
+        """A completed full audit: the reconciler catalogs every record (with markers)."""
+        settings = Settings(
+            reconciler=ReconcilerSettings(lease_ttl_s=60.0, verify_rate_per_s=1000.0),
+            gc=GcSettings(enabled=False),
+        )
+        ctx = await open_context(
+            self.store, settings=settings, clock=self.clock, rng=random.Random(1), owner="r"
+        )
+        assert (await run_full_audit(ctx)).status == "completed"
+        await ctx.fence.release()
+        self.clock.advance(1.0)
+
     async def checks(
-        self, windows: list[tuple[float, float]] | None = None
+        self, windows: list[tuple[float, float]] | None = None, *, reconcile: bool = True
     ) -> dict[str, CheckResult]:
+        if reconcile:
+            await self.reconcile()
         _view, results = await audit(self.store, self.book, windows or [])
         return {c.name: c for c in results}
 
@@ -95,19 +118,66 @@ async def test_two_hashes_for_one_identity_are_violations() -> None:
     assert failed(await world.checks()) == {"acks_have_manifests", "one_hash_per_identity"}
 
 
-async def test_missing_and_dangling_derived_entries_are_violations() -> None:
+async def test_catalog_gaps_are_violations() -> None:
     world = World()
-    kept = await world.accepted(1)
-    await world.accepted(2)
-    by_blob = keys.accepted_by_blob_key(kept.frame_sha256, kept.identity)
-    await world.store.delete(by_blob)
-    stray = keys.accepted_by_time_key(
-        keys.UtcHour.from_unix_ns(0), keys.BatchIdentity("x", BOOT, 1, 1)
+    first, second = await world.accepted(1), await world.accepted(2)
+    await world.reconcile()
+    await world.accepted(3)  # after the audit: not cataloged
+    stranger = manifest_for(b"a frame nobody stored " * 3, 9, world.clock.now_ns())
+    writer = CatalogWriter(store=world.store, clock=world.clock, rng=random.Random(2), epoch=99)
+    await writer.write(
+        keys.UtcHour.from_unix_ns(stranger.accepted_at_unix_ns), [accepted_row(stranger)]
     )
-    await world.store.put(stray, b"{}")
-    results = await world.checks()
-    assert failed(results) == {"derived_indexes_complete"}
-    assert results["derived_indexes_complete"].violation_count == 2
+    hour = keys.UtcHour.from_unix_ns(world.clock.now_ns())
+    await world.store.put(keys.index_catalog_key(hour, 98, 1), b"not parquet")
+    for key in [i.key async for i in world.store.list(keys.ROLLUP_WORK_PREFIX)]:
+        await world.store.delete(key)  # consumed, but the rollup never included them
+
+    results = await world.checks(reconcile=False)
+
+    assert failed(results) == {"catalog_complete"}
+    examples = results["catalog_complete"].violations
+    assert results["catalog_complete"].violation_count == 5, examples
+    assert sum("not in the catalog" in e for e in examples) == 1
+    assert sum("names no record" in e for e in examples) == 1
+    assert sum("unreadable catalog file" in e for e in examples) == 1
+    unmarked = [e for e in examples if "neither rolled up nor" in e]
+    assert sorted(unmarked) == sorted(
+        f"{m.manifest_key} is neither rolled up nor in a file a work marker names"
+        for m in (first, second)
+    )
+
+
+async def test_markers_consumed_by_a_committed_rollup_are_not_violations() -> None:
+    world = World()
+    manifests = [await world.accepted(seq) for seq in range(3)]
+    await world.reconcile()
+    owner = await OwnerLease.acquire(world.store, "rollup", 60.0, world.clock)
+    rows = [
+        LedgerRow(m.identity.manifest_id, m.frame_sha256, m.record_count, m.accepted_hour.iso)
+        for m in manifests
+    ]
+    await commit_rows(world.store, owner, world.clock, ledger=rows)
+    for key in [i.key async for i in world.store.list(keys.ROLLUP_WORK_PREFIX)]:
+        await world.store.delete(key)  # what the rollup run does after its commit
+    assert failed(await world.checks(reconcile=False)) == set()
+
+
+async def test_gc_coverage_counts_unreferenced_planted_orphans_past_the_horizon() -> None:
+    world = World()
+    sent = await world.accepted(1)
+    now = world.clock.now_ns()
+    for frame in (b"old orphan, deleted", b"old orphan, still there", b"young orphan"):
+        sha = hashlib.sha256(frame).hexdigest()
+        world.book.planted[sha] = now - (10 if frame.startswith(b"young") else 3600) * 10**9
+        if b"deleted" not in frame:
+            await world.store.put(keys.raw_blob_key(sha), frame)
+    world.book.planted[sent.frame_sha256] = now - 3600 * 10**9  # sent after all
+    view, _ = await audit(world.store, world.book, [])
+    assert gc_coverage(view, world.book, now_ns=now, horizon_s=60.0) == {
+        "planted_orphans_past_horizon": 2,
+        "planted_orphans_deleted": 1,
+    }
 
 
 async def test_a_deleted_referenced_blob_is_a_violation() -> None:

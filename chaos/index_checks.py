@@ -1,0 +1,123 @@
+"""The index invariants chaos checks (PROTOCOL §3.7), for the simulation and the auditor.
+
+`read_catalog` reads every catalog file of a settled store (no reconciler running) and
+which files a rollup work marker names; `catalog_problems` compares it with the records
+themselves. After a completed full audit:
+
+- every accepted manifest and quarantine record is in the catalog, with its hash;
+- no catalog row names a record that does not exist, or with another hash (catalog
+  rows are verified: the reconciler read each record itself);
+- every catalog file reads (an unreadable one blocks the GC and the rollup planner);
+- every cataloged accepted batch is either in the rollup's committed ledger or in a
+  catalog file that a work marker names, so no batch waits for an unrelated change to
+  its hour before the rollup includes it.
+
+`catalog_setsums` gives the per-hour totals of the catalog's accepted rows, which the
+rollup's ledger must equal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from index.catalog import list_all_files, read_file
+from index.rows import IndexFileError, IndexRow
+from protocol import keys
+from protocol.setsum import Setsum
+from store.base import ObjectStore
+from store.errors import NotFound
+
+
+@dataclass
+class CatalogView:
+    """Every catalog row by key (the union of the files, a key counted once)."""
+
+    rows: dict[str, IndexRow] = field(default_factory=dict)
+    marked: set[str] = field(default_factory=set)
+    """Keys of rows held by a file that a rollup work marker names."""
+    files: int = 0
+    unreadable: list[str] = field(default_factory=list)
+    vanished: int = 0
+    """Files listed but gone when read: only in a store still being compacted."""
+
+
+async def read_catalog(store: ObjectStore) -> CatalogView:
+    view = CatalogView()
+    marked_files: set[str] = set()
+    async for info in store.list(keys.ROLLUP_WORK_PREFIX):
+        try:
+            marked_files.add(keys.parse_rollup_work_marker_key(info.key))
+        except keys.KeyFormatError:
+            continue
+    async for info in list_all_files(store):
+        view.files += 1
+        try:
+            rows = await read_file(store, info.key)
+        except NotFound:
+            view.vanished += 1
+            continue
+        except IndexFileError as exc:
+            view.unreadable.append(str(exc))
+            continue
+        for row in rows:
+            view.rows.setdefault(row.key, row)
+            if info.key in marked_files:
+                view.marked.add(row.key)
+    return view
+
+
+@dataclass(frozen=True, slots=True)
+class RecordFacts:
+    """What the store holds at a record key: its kind and the hash its row must carry
+    (a manifest's ``frame_sha256``, a quarantine record's submitted hash)."""
+
+    kind: str
+    frame_sha256: str
+    manifest_id: str | None = None
+
+
+def catalog_problems(
+    view: CatalogView,
+    records: Mapping[str, RecordFacts],
+    *,
+    rolled_up: Iterable[str] = (),
+) -> list[str]:
+    """Each broken invariant of the module doc, as a sentence. ``rolled_up``: the
+    manifest ids the latest committed ledger includes (their markers may be consumed)."""
+    problems = [f"unreadable catalog file: {text}" for text in view.unreadable]
+    included = set(rolled_up)
+    for key, facts in sorted(records.items()):
+        row = view.rows.get(key)
+        if row is None:
+            problems.append(f"{facts.kind} record {key} is not in the catalog")
+            continue
+        if row.kind != facts.kind or row.frame_sha256 != facts.frame_sha256:
+            problems.append(
+                f"catalog row {key} says {row.kind} {row.frame_sha256[:16]}, the store holds "
+                f"{facts.kind} {facts.frame_sha256[:16]}"
+            )
+        if (
+            facts.kind == "accepted"
+            and key not in view.marked
+            and facts.manifest_id not in included
+        ):
+            problems.append(f"{key} is neither rolled up nor in a file a work marker names")
+    for key in sorted(set(view.rows) - set(records)):
+        problems.append(f"catalog row {key} names no record in the store")
+    return problems
+
+
+def catalog_setsums(view: CatalogView) -> dict[str, tuple[int, int, Setsum]]:
+    """Per accepted hour: batches, records and setsum of the catalog's accepted rows."""
+    totals: dict[str, tuple[int, int, Setsum]] = {}
+    for row in view.rows.values():
+        if row.kind != "accepted":
+            continue
+        batches, records, setsum = totals.get(row.hour.iso, (0, 0, Setsum()))
+        totals[row.hour.iso] = (
+            batches + 1,
+            records + (row.record_count or 0),
+            setsum.add(row.manifest_id, row.frame_sha256),
+        )
+    return totals

@@ -1,0 +1,73 @@
+"""The virtual-time loop of the simulation (`chaos.sim_runtime`): timers jump time, work
+handed to a thread runs inline, and waiting for "the rest" of an interval whose rest is
+below the clock's float resolution still moves time (it used to spin forever)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from chaos.sim_runtime import run_virtual
+
+
+def test_sleeping_jumps_virtual_time() -> None:
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(3600.0)
+        return loop.time()
+
+    assert run_virtual(main) == 3600.0
+
+
+def test_thread_work_runs_inline_at_the_same_virtual_instant() -> None:
+    caller = threading.get_ident()
+
+    async def main() -> tuple[int, float, float]:
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(5.0)
+        before = loop.time()
+        ident = await asyncio.to_thread(threading.get_ident)
+        return ident, before, loop.time()
+
+    ident, before, after = run_virtual(main)
+    assert ident == caller  # a real thread would finish at a real, machine-dependent moment
+    assert before == after == 5.0
+
+
+def test_a_wait_below_the_clocks_resolution_still_moves_time() -> None:
+    async def main() -> tuple[float, float]:
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(2.550413483379516)
+        before = loop.time()
+        tiny = 2.220446049250313e-16
+        assert before + tiny == before  # the rest of an interval, lost in rounding
+        await asyncio.sleep(tiny)
+        return before, loop.time()
+
+    before, after = run_virtual(main)
+    assert after > before
+
+
+def test_a_writer_waiting_for_the_rest_of_its_flush_interval_gets_there() -> None:
+    """The shape of `index.log_writer.IndexLogWriter._run`: wait for the event or for
+    the rest of the interval, until the interval has passed (bounded here: it used to
+    loop without end at the same virtual instant)."""
+
+    async def main() -> int:
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(1.550413483379516)
+        oldest = loop.time()
+        await asyncio.sleep(0.9999999999999998)  # the clock lands just short of 1.0 s
+        wake = asyncio.Event()
+        for rounds in range(100):
+            rest = 1.0 - (loop.time() - oldest)
+            if rest <= 0:
+                return rounds
+            try:
+                await asyncio.wait_for(wake.wait(), rest)
+            except TimeoutError:
+                pass
+        return -1
+
+    rounds = run_virtual(main)
+    assert 0 <= rounds < 100
