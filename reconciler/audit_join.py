@@ -45,7 +45,10 @@ from store.errors import NotFound, StoreError
 from .context import ReconcilerContext
 from .problems import ProblemBook
 
-JOIN_COLUMNS = ["key", "key_digest", "frame_sha256", "accepted_frame_sha256"]
+JOIN_COLUMNS = ["key_digest", "frame_sha256", "accepted_frame_sha256"]
+"""What the scan reads of a catalog file: 16 bytes of digest and the referenced hashes a
+row, never the key strings (the listing side hashes its keys instead)."""
+SHA_COLUMNS = JOIN_COLUMNS[1:]
 ORPHAN_SCHEMA = pa.schema(
     [("frame_sha256", pa.string()), ("size", pa.int64()), ("last_modified_ns", pa.int64())]
 )
@@ -71,7 +74,7 @@ class CatalogScan:
             try:
                 table = pq.read_table(io.BytesIO(body), columns=JOIN_COLUMNS)
                 digests = digests_from_arrow(table.column("key_digest"))
-                refs = [sha_prefixes(table.column(name)) for name in JOIN_COLUMNS[2:]]
+                refs = [sha_prefixes(table.column(name)) for name in SHA_COLUMNS]
             except (pa.ArrowException, OSError, KeyError, ValueError) as exc:
                 await problems.record("unreadable-index-file", info.key, str(exc))
                 await _move_aside(ctx, info.key)
@@ -147,16 +150,20 @@ async def join_blobs(ctx: ReconcilerContext, scan: CatalogScan, *, store_now_ns:
 
 async def _confirm_missing(ctx: ReconcilerContext, absent: npt.NDArray[np.generic]) -> list[str]:
     """The full hashes behind referenced prefixes the listing lacked, HEADed: only those
-    still absent are missing (rare: this re-reads the catalog's hash columns)."""
-    wanted = set(int(value) for value in absent)
+    still absent are missing (rare: this re-reads the catalog's hash columns, vectorized,
+    keeping only the rows whose prefix is wanted)."""
+    wanted = np.asarray(absent, dtype=np.uint64)
     shas: set[str] = set()
     async for info in catalog.list_all_files(ctx.store):
         try:
-            rows = await catalog.read_file(ctx.store, info.key)
-        except (NotFound, ValueError):
-            continue
-        for row in rows:
-            shas.update(sha for sha in row.referenced_shas if int(sha[:16], 16) in wanted)
+            body, _etag = await ctx.store.get(info.key)
+            table = pq.read_table(io.BytesIO(body), columns=SHA_COLUMNS)
+            for name in SHA_COLUMNS:
+                column = table.column(name).combine_chunks().drop_null()
+                hits = np.flatnonzero(np.isin(sha_prefixes(column), wanted))
+                shas.update(column.take(pa.array(hits, pa.int64())).to_pylist())
+        except (NotFound, pa.ArrowException, OSError, ValueError):
+            continue  # compacted away, or unreadable (the scan moved it aside)
     missing = []
     for sha in sorted(shas):
         try:
