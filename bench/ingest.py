@@ -88,14 +88,14 @@ class PhaseResult:
     # Collector only:
     ops_per_batch: float | None = None  # ack-path store ops per accepted batch (histogram)
     ops_by_kind: dict[str, float] = field(default_factory=dict)
-    derived_backlog: float = 0.0  # derived entries still queued when the window closed
-    derived_drain_s: float = 0.0
-    derived_drain_estimated: bool = False  # drain time extrapolated past the bounded wait
-    derived: dict[str, float] = field(default_factory=dict)
+    index_backlog: float = 0.0  # index log rows still buffered when the window closed
+    index_drain_s: float = 0.0
+    index_drain_estimated: bool = False  # drain time extrapolated past the bounded wait
+    index_rows: dict[str, float] = field(default_factory=dict)
     peak_rss_mib: list[float] = field(default_factory=list)
     quiet_before: float = 0.0  # busy cores on the machine just before the window
     retry_reasons: dict[str, int] = field(default_factory=dict)
-    cpu_incl_drain_s: dict[str, float] = field(default_factory=dict)  # window + derived drain
+    cpu_incl_drain_s: dict[str, float] = field(default_factory=dict)  # window + index log flush
 
     @property
     def batches_per_s(self) -> float:
@@ -103,8 +103,8 @@ class PhaseResult:
 
     @property
     def sustained_per_s(self) -> float:
-        """Batches per second counting the time the derived writes needed to catch up."""
-        total = self.elapsed_s + self.derived_drain_s
+        """Batches per second counting the time the index log flushes needed to catch up."""
+        total = self.elapsed_s + self.index_drain_s
         return self.batches / total if total else 0.0
 
     def total_cpu_per_batch(self, *, incl_drain: bool = False) -> float | None:
@@ -153,7 +153,7 @@ class Scenario:
 
     @property
     def cpu_ratio(self) -> float | None:
-        """Baseline / collector CPU per batch (derived writes included): the throughput
+        """Baseline / collector CPU per batch (index log flushes included): the throughput
         ratio a CPU-bound machine gives when nothing else runs on it."""
         base = self.baseline.total_cpu_per_batch()
         col = self.collector.total_cpu_per_batch(incl_drain=True)
@@ -415,7 +415,7 @@ def collector_env(bench: Bench, store: str, latency_ms: float, in_flight: int) -
         "LM_LOGGING__LEVEL": "warning",
         "LM_HTTP__HOST": "127.0.0.1",
         "LM_HTTP__MAX_IN_FLIGHT_REQUESTS": str(in_flight),
-        # Stopping a collector waits this long for in-flight requests and the derived
+        # Stopping a collector waits this long for in-flight requests and the index log
         # queue; the benchmark has measured (or extrapolated) the drain already.
         "LM_HTTP__SHUTDOWN_GRACE_S": "3",
     }
@@ -455,16 +455,16 @@ def uploader_send(uploader: Uploader, retries: list[int]) -> Send:
     return send
 
 
-async def derived_drained(
+async def index_flushed(
     http: aiohttp.ClientSession, urls: list[str], max_s: float = DRAIN_TIMEOUT_S
 ) -> tuple[float, float, float]:
-    """Wait until no derived entry is queued, or ``max_s``; returns (seconds waited,
+    """Wait until no index log row is buffered, or ``max_s``; returns (seconds waited,
     queue depth at the start, queue depth at the end)."""
     started = time.monotonic()
-    first = depth = (await c.scrape(http, urls)).value("lm_collector_derived_queue_depth")
+    first = depth = (await c.scrape(http, urls)).value("lm_collector_index_log_buffered_rows")
     while depth and time.monotonic() - started < max_s:
         await asyncio.sleep(0.1)  # polling a gauge, bounded by max_s
-        depth = (await c.scrape(http, urls)).value("lm_collector_derived_queue_depth")
+        depth = (await c.scrape(http, urls)).value("lm_collector_index_log_buffered_rows")
     return time.monotonic() - started, first, depth
 
 
@@ -476,8 +476,8 @@ def extrapolate_drain(
     seconds, first, last = drain
     done = first - last
     scale = first / done if last and done > 0 else 1.0
-    result.derived_drain_s = seconds * scale if done > 0 or not last else math.inf
-    result.derived_drain_estimated = scale != 1.0
+    result.index_drain_s = seconds * scale if done > 0 or not last else math.inf
+    result.index_drain_estimated = scale != 1.0
     result.cpu_incl_drain_s = {
         role: result.cpu_s[role] + (used - result.cpu_s[role]) * scale
         for role, used in waited.items()
@@ -508,15 +508,15 @@ async def collector_phase(
             send = uploader_send(up, retries)
             before_warmup = await c.scrape(http, workers.metrics_urls)
             await warm_up(bench, send, concurrency)
-            # The warm-up's derived writes must not run into the window.
-            await derived_drained(http, workers.metrics_urls)
+            # The warm-up's index log flushes must not run into the window.
+            await index_flushed(http, workers.metrics_urls)
             retries[0] = 0
             before = await c.scrape(http, workers.metrics_urls)
             result, meter = await measure_window(bench, send, concurrency, pids)
             after = await c.scrape(http, workers.metrics_urls)
-            result.derived_backlog = after.value("lm_collector_derived_queue_depth")
+            result.index_backlog = after.value("lm_collector_index_log_buffered_rows")
             # Bounded: at high store latency the backlog takes minutes to write.
-            drain = await derived_drained(http, workers.metrics_urls, bench.args.phase_s)
+            drain = await index_flushed(http, workers.metrics_urls, bench.args.phase_s)
             extrapolate_drain(result, meter.stop(), drain)
             final = await c.scrape(http, workers.metrics_urls)
         result.retries = retries[0]
@@ -533,8 +533,8 @@ async def collector_phase(
             for k, v in in_window.by_label("lm_collector_store_operations_total", "*").items()
             if v
         }
-        result.derived = final.minus(before_warmup).by_label(
-            "lm_collector_derived_entries_total", "fate"
+        result.index_rows = final.minus(before_warmup).by_label(
+            "lm_collector_index_log_rows_total", "fate"
         )
         result.peak_rss_mib = [c.peak_rss_bytes(pid) / c.MiB for pid in workers.worker_pids]
     finally:
@@ -786,14 +786,14 @@ def render_report(scenarios: list[Scenario], rss: list[RssResult], notes: list[s
             f"{'':<20} {'ratio':<9} {s.throughput_ratio:>6.2f}x {'':>8} {s.p50_ratio:>6.2f}x"
             f"   CPU-bound estimate {_num(s.cpu_ratio)}x; "
             + (f"runs {s.baseline_runs} / {s.collector_runs}; " if len(s.baseline_runs) > 1 else "")
-            + f"sustained incl. derived drain {col.sustained_per_s:.1f}/s "
+            + f"sustained incl. index flush {col.sustained_per_s:.1f}/s "
             f"({col.sustained_per_s / s.baseline.batches_per_s:.2f}x); failures "
             f"{s.baseline.failures}/{col.failures}, retries {col.retries} {col.retry_reasons or ''}"
         )
         lines.append(
-            f"{'':<20} {'derived':<9} backlog {col.derived_backlog:.0f} at window end, drained "
-            f"in {col.derived_drain_s:.1f} s{' (extrapolated)' if col.derived_drain_estimated else ''}; "
-            f"{_derived_text(col.derived)}; cpu-s per 1000 "
+            f"{'':<20} {'index log':<9} backlog {col.index_backlog:.0f} at window end, drained "
+            f"in {col.index_drain_s:.1f} s{' (extrapolated)' if col.index_drain_estimated else ''}; "
+            f"{_index_text(col.index_rows)}; cpu-s per 1000 "
             f"batches incl. drain: collector {_num(col.cpu_per_1k('collector', incl_drain=True))}"
             f", store {_num(col.cpu_per_1k('store', incl_drain=True))}"
         )
@@ -820,8 +820,8 @@ def _mibs(values: list[float]) -> str:
     return "/".join(f"{v:.0f}" for v in values)
 
 
-def _derived_text(derived: dict[str, float]) -> str:
-    return ", ".join(f"{k.removeprefix('fate=')} {v:.0f}" for k, v in sorted(derived.items()))
+def _index_text(rows: dict[str, float]) -> str:
+    return ", ".join(f"{k.removeprefix('fate=')} {v:.0f}" for k, v in sorted(rows.items()))
 
 
 def _targets(scenarios: list[Scenario], rss: list[RssResult]) -> list[str]:
@@ -830,7 +830,7 @@ def _targets(scenarios: list[Scenario], rss: list[RssResult]) -> list[str]:
         lines.append(
             f"  [{_verdict(s.throughput_ratio >= THROUGHPUT_TARGET)}] throughput >= "
             f"{THROUGHPUT_TARGET}x baseline: {s.name} {s.throughput_ratio:.2f}x (CPU-bound "
-            f"estimate {_num(s.cpu_ratio)}x, sustained incl. derived "
+            f"estimate {_num(s.cpu_ratio)}x, sustained incl. index flush "
             f"{s.collector.sustained_per_s / s.baseline.batches_per_s:.2f}x)"
         )
     for s in scenarios:

@@ -46,7 +46,10 @@ from .context import ReconcilerContext
 from .orphans import Orphan
 from .problems import ProblemBook
 
-JOIN_COLUMNS = ["key", "key_digest", "frame_sha256", "accepted_frame_sha256"]
+JOIN_COLUMNS = ["key_digest", "frame_sha256", "accepted_frame_sha256"]
+"""What the scan reads of a catalog file: 16 bytes of digest and the referenced hashes a
+row, never the key strings (the listing side hashes its keys instead)."""
+SHA_COLUMNS = JOIN_COLUMNS[1:]
 LIST_CHUNK = 5_000
 
 
@@ -69,7 +72,7 @@ class CatalogScan:
             try:
                 table = pq.read_table(io.BytesIO(body), columns=JOIN_COLUMNS)
                 digests = digests_from_arrow(table.column("key_digest"))
-                refs = [sha_prefixes(table.column(name)) for name in JOIN_COLUMNS[2:]]
+                refs = [sha_prefixes(table.column(name)) for name in SHA_COLUMNS]
             except (pa.ArrowException, OSError, KeyError, ValueError) as exc:
                 await problems.record("unreadable-index-file", info.key, str(exc))
                 await _move_aside(ctx, info.key)

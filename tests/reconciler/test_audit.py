@@ -13,9 +13,9 @@ from protocol import keys
 from protocol.clock import ManualClock
 from protocol.records import AuditRecord, ProblemRecord
 from reconciler.audit import DONE, FRONTIER, VERIFY_CURSOR, AuditProgress, run_full_audit
-from reconciler.orphans import decode_orphans
 from reconciler.audit_records import create_audit, latest_audit, latest_completed_audit
 from reconciler.listing import groups
+from reconciler.orphans import decode_orphans
 from reconciler.problems import ProblemBook, count_problems
 from reconciler.steady import SteadyScanner
 from reconciler.verify import BlobVerifier

@@ -14,8 +14,8 @@ import pytest
 from protocol import keys
 from protocol.clock import ManualClock
 from reconciler.audit import run_full_audit
-from reconciler.orphans import decode_orphans
 from reconciler.compaction import CatalogCompactor
+from reconciler.orphans import decode_orphans
 from reconciler.problems import count_problems
 from reconciler.status import gather_status
 from reconciler.steady import SteadyScanner

@@ -1,0 +1,187 @@
+"""The system `bench.cost` measures: MiniStack, one counting proxy per process role, and
+our real processes (``lm-collector serve``, ``lm-reconciler run``/``audit``/``gc``,
+``lm-rollup run``) pointed at their role's proxy, all with the deployment's default
+settings except where `CostStack.env` says.
+
+Every child is stopped by its own PID (collectors, the reconciler) or its own process
+group (one-shot commands and ``lm-rollup run``, whose Spark JVM is its child): SIGTERM
+with a bounded wait, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench._common import REPO_ROOT
+from bench.counting import CountingProxy
+from chaos.s3_server import CREDENTIALS, RunningServer, child_env, start_ministack
+from collector.launch import CollectorProcess, start_collector
+from store.base import ObjectStore
+from store.open import open_store
+
+STORE_PREFIX = "lm"
+STOP_TIMEOUT_S = 30.0
+
+
+@dataclass
+class Child:
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
+        """SIGTERM our child's group, wait, then SIGKILL it."""
+        if self.process.poll() is None:
+            _signal_group(self.process, signal.SIGTERM)
+            try:
+                return self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                _signal_group(self.process, signal.SIGKILL)
+        return self.process.wait()
+
+    def tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+
+def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
+    try:
+        os.killpg(process.pid, signum)  # our child leads its own group (start_new_session)
+    except ProcessLookupError:
+        pass
+
+
+@dataclass
+class CostStack:
+    work_dir: Path
+    settings: dict[str, str] = field(default_factory=dict)
+    """``LM_*`` overrides given to every child (on top of the defaults)."""
+    ministack: RunningServer | None = None
+    proxies: dict[tuple[str, str], CountingProxy] = field(default_factory=dict)
+    buckets: list[str] = field(default_factory=list)
+    collectors: list[CollectorProcess] = field(default_factory=list)
+    children: list[Child] = field(default_factory=list)
+    stores: list[ObjectStore] = field(default_factory=list)
+
+    async def start(self) -> None:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.ministack = await asyncio.to_thread(start_ministack, self.work_dir / "ministack")
+
+    async def new_bucket(self, name: str) -> str:
+        assert self.ministack is not None
+        bucket = f"lm-cost-{name}-{os.getpid() % 100000:05d}"
+        await asyncio.to_thread(self.ministack.create_bucket, bucket)
+        self.buckets.append(bucket)
+        return bucket
+
+    async def proxy(self, bucket: str, role: str) -> CountingProxy:
+        """The counting proxy of ``role`` in front of ``bucket`` (started on first use)."""
+        assert self.ministack is not None
+        if (bucket, role) not in self.proxies:
+            proxy = CountingProxy(
+                upstream=self.ministack.endpoint_url, bucket=bucket, prefix=STORE_PREFIX
+            )
+            await proxy.start()
+            self.proxies[(bucket, role)] = proxy
+        return self.proxies[(bucket, role)]
+
+    def direct_store(self, bucket: str) -> ObjectStore:
+        """The bucket without a proxy: seeding and checks, never counted."""
+        assert self.ministack is not None
+        store = open_store(
+            f"s3://{bucket}/{STORE_PREFIX}",
+            endpoint_url=self.ministack.endpoint_url,
+            credentials=CREDENTIALS,
+            read_timeout_s=60.0,
+        )
+        self.stores.append(store)
+        return store
+
+    def env(self, bucket: str, endpoint_url: str, **extra: str) -> dict[str, str]:
+        return child_env(
+            {
+                "LM_STORE__URL": f"s3://{bucket}/{STORE_PREFIX}",
+                "LM_STORE__ENDPOINT_URL": endpoint_url,
+                "LM_METRICS__ENABLED": "false",
+                "LM_LOGGING__FORMAT": "json",
+                "LM_LOGGING__LEVEL": "warning",
+                **self.settings,
+                **extra,
+            }
+        )
+
+    def direct_env(self, bucket: str, **extra: str) -> dict[str, str]:
+        assert self.ministack is not None
+        return self.env(bucket, self.ministack.endpoint_url, **extra)
+
+    async def start_collector(self, name: str, env: dict[str, str]) -> CollectorProcess:
+        env = {**env, "LM_INGEST__COLLECTOR_ID": name}
+        process = await asyncio.to_thread(
+            start_collector, work_dir=self.work_dir / "logs", name=name, env=env, timeout_s=120.0
+        )
+        self.collectors.append(process)
+        return process
+
+    async def stop_collectors(self) -> None:
+        """SIGTERM: each flushes its index log buffer, then exits."""
+        stopping, self.collectors = self.collectors, []
+        await asyncio.gather(*(asyncio.to_thread(c.stop, STOP_TIMEOUT_S) for c in stopping))
+
+    def spawn(self, name: str, args: list[str], env: dict[str, str]) -> Child:
+        logs = self.work_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        log_path = logs / f"{name}.log"
+        with log_path.open("ab") as out:
+            process = subprocess.Popen(
+                [sys.executable, *args],
+                env=env,
+                cwd=REPO_ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own group: a Spark JVM goes with it
+            )
+        child = Child(name, process, log_path)
+        self.children.append(child)
+        return child
+
+    async def run_to_end(
+        self, name: str, args: list[str], env: dict[str, str], timeout_s: float
+    ) -> tuple[int, float]:
+        """Run a one-shot command; ``(exit code, seconds)``. Raises if it fails."""
+        if "rollup" in args:
+            tmp = self.work_dir / "spark-tmp" / name
+            tmp.mkdir(parents=True, exist_ok=True)
+            env = {**env, "TMPDIR": str(tmp)}
+        started = time.monotonic()
+        child = self.spawn(name, args, env)
+        try:
+            code = await asyncio.to_thread(child.process.wait, timeout_s)
+        except subprocess.TimeoutExpired:
+            code = await asyncio.to_thread(child.stop)
+        finally:
+            self.children.remove(child)
+            shutil.rmtree(self.work_dir / "spark-tmp" / name, ignore_errors=True)
+        if code != 0:
+            raise RuntimeError(f"{name} ({' '.join(args)}) exited with {code}:\n{child.tail()}")
+        return code, time.monotonic() - started
+
+    async def stop(self) -> None:
+        """Stop everything still running, by PID or own group, then the proxies."""
+        for child in list(self.children):
+            await asyncio.to_thread(child.stop)
+        self.children.clear()
+        await self.stop_collectors()
+        for store in self.stores:
+            await store.close()
+        for proxy in self.proxies.values():
+            await proxy.stop()
+        if self.ministack is not None:
+            await asyncio.to_thread(self.ministack.stop)
