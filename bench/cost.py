@@ -8,15 +8,16 @@ Real processes on MiniStack, each role behind its own counting proxy (`bench.cou
    start-up probe counted apart;
 3. ``--batches`` new batches (``--points`` points each) over the collectors at
    ``--concurrency`` (or paced at ``--rate`` batches/s): the **acknowledgement path** is
-   every collector request outside ``index/`` in that window, divided by the accepted
-   batches (target: exactly 2 PUT-class, 0 GET-class); then ``--resend-fraction`` of them
-   re-sent (duplicates); then the collectors stop (SIGTERM flushes); their ``index/v1/log``
-   requests are the **flushes**;
+   every collector request outside ``index/`` and the readiness probe in that window,
+   divided by the accepted batches (target: exactly 2 PUT-class, 0 GET-class); then
+   ``--resend-fraction`` of them sent again, as an agent does after a lost answer (with
+   ``X-Lightmetrics-Resend: 1``), ``--restart-resend-fraction`` of the batches of those
+   without it (an agent that restarted and recovered them from its spool); then the
+   collectors stop (SIGTERM flushes); their ``index/v1/log`` requests are the **flushes**;
 4. the reconciler runs until the catalog holds every accepted batch, then stops: its
    requests over the whole run are the **steady** phase;
-5. one ``lm-reconciler audit`` (a full audit of this store), one ``lm-reconciler gc`` (with
-   ``--gc``; the GC is being rewritten, so by default it is disabled and not measured), and
-   one ``lm-rollup run``;
+5. one ``lm-reconciler audit`` (a full audit of this store), one ``lm-reconciler gc``
+   (``--no-gc`` disables the GC everywhere) and one ``lm-rollup run``;
 6. the rollup's cost against history (`bench.cost_history`): 100 new batches on a store
    holding 1x and 10x history.
 
@@ -44,9 +45,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import aiohttp
+
 from agent.load import LoadSpec, SyntheticLoad
 from agent.truth import PlannedFrame
-from agent.uploader import Outcome, Uploader, UploadPolicy
+from agent.uploader import CONTENT_TYPE, RESEND_HEADER, Outcome, Uploader, UploadPolicy
 from bench.cost_history import HistoryRun, history_run
 from bench.cost_report import render
 from bench.cost_stack import CostStack
@@ -59,6 +62,8 @@ from store.base import ObjectStore
 from store.retry import Backoff
 
 WAIT_STEP_S = 0.5
+RESEND_LOST = "collectors: re-sends after a lost answer (resend header)"
+RESEND_RESTART = "collectors: re-sends after an agent restart (no header)"
 
 
 @dataclass
@@ -68,7 +73,7 @@ class Measured:
     phases: dict[str, Tally] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     accepted: int = 0
-    resent: int = 0
+    resent: dict[str, int] = field(default_factory=dict)
     outcomes: dict[str, int] = field(default_factory=dict)
     load_seconds: float = 0.0
     reconciler_seconds: float = 0.0
@@ -131,6 +136,28 @@ async def send_all(
             await slots.acquire()
             group.create_task(one(frame))
     return outcomes
+
+
+async def resend_all(
+    urls: list[str], frames: list[PlannedFrame], *, header: bool, concurrency: int
+) -> Counter[str]:
+    """POST each (already accepted) frame again, round robin over ``urls``, with or without
+    ``X-Lightmetrics-Resend: 1``: what an agent sends after a lost answer (it never saw the
+    200, so the frame is unsettled: header) or after a restart recovered it from its spool
+    (no header). Answers by kind."""
+    answers: Counter[str] = Counter()
+    slots = asyncio.Semaphore(concurrency)
+    headers = {"Content-Type": CONTENT_TYPE, **({RESEND_HEADER: "1"} if header else {})}
+
+    async def one(session: aiohttp.ClientSession, url: str, frame: PlannedFrame) -> None:
+        async with slots, session.post(f"{url}/v1/batches", data=frame.frame, headers=headers) as r:
+            body = await r.json() if r.status == 200 else {}
+            answers["duplicate" if body.get("duplicate") else f"HTTP {r.status}"] += 1
+
+    async with aiohttp.ClientSession() as session, asyncio.TaskGroup() as group:
+        for index, frame in enumerate(frames):
+            group.create_task(one(session, urls[index % len(urls)], frame))
+    return answers
 
 
 async def wait_until(check: object, timeout_s: float, what: str) -> float:
@@ -200,19 +227,20 @@ async def measure(args: argparse.Namespace, stack: CostStack) -> Measured:
         outcomes = await send_all(uploader, frames, concurrency=args.concurrency, rate=args.rate)
         result.load_seconds = time.monotonic() - started
         result.phases["collectors: new batches"] = since(proxies["collectors"].snapshot(), window)
-        resends = random.Random(5).sample(frames, int(len(frames) * args.resend_fraction))
-        window = proxies["collectors"].snapshot()
-        outcomes.update(
-            f"resend-{k}"
-            for k, n in (
-                await send_all(uploader, resends, concurrency=args.concurrency, rate=None)
-            ).items()
-            for _ in range(n)
-        )
-        result.phases["collectors: re-sends"] = since(proxies["collectors"].snapshot(), window)
+        chosen = random.Random(5).sample(frames, int(len(frames) * args.resend_fraction))
+        restarted = int(len(frames) * args.restart_resend_fraction)
+        urls = [c.url for c in collectors]
+        for label, header, group in (
+            (RESEND_LOST, True, chosen[restarted:]),
+            (RESEND_RESTART, False, chosen[:restarted]),
+        ):
+            window = proxies["collectors"].snapshot()
+            answers = await resend_all(urls, group, header=header, concurrency=args.concurrency)
+            outcomes.update({f"{label}: {k}": n for k, n in answers.items()})
+            result.phases[label] = since(proxies["collectors"].snapshot(), window)
+            result.resent[label] = len(group)
     result.outcomes = dict(outcomes)
     result.accepted = outcomes[Outcome.ACCEPTED.value]
-    result.resent = len(resends)
     window = proxies["collectors"].snapshot()
     await stack.stop_collectors()
     result.phases["collectors: shutdown"] = since(proxies["collectors"].snapshot(), window)
@@ -235,8 +263,7 @@ async def measure(args: argparse.Namespace, stack: CostStack) -> Measured:
     ):
         if "gc" in args_ and not args.gc:
             result.notes.append(
-                "GC not measured: the GC is being rewritten on the index branch "
-                "(run with --gc once it is); the reconciler ran with gc.enabled = false"
+                "GC not measured (--no-gc); the reconciler ran with gc.enabled = false"
             )
             continue
         proxy = await stack.proxy(bucket, name)
@@ -273,12 +300,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--agents", type=int, default=20)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--rate", type=float, default=None, help="pace new batches (per s)")
-    parser.add_argument("--resend-fraction", type=float, default=0.05)
+    parser.add_argument("--resend-fraction", type=float, default=0.05, help="of the batches")
+    parser.add_argument(
+        "--restart-resend-fraction",
+        type=float,
+        default=0.01,
+        help="of the batches: the part of the re-sends sent without the resend header",
+    )
     parser.add_argument(
         "--flush-max-age-ms", type=int, default=None, help="default: the setting's default"
     )
     parser.add_argument("--idle-s", type=float, default=30.0)
-    parser.add_argument("--gc", action="store_true", help="enable and measure the GC")
+    parser.add_argument(
+        "--no-gc", dest="gc", action="store_false", help="disable the GC (default: as deployed)"
+    )
     parser.add_argument("--history-base", type=int, default=2_000, help="1x history (0: skip)")
     parser.add_argument("--history-hours", type=int, default=20, help="hours of 1x history")
     parser.add_argument("--history-new", type=int, default=100)

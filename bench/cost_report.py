@@ -45,23 +45,22 @@ def _verdict(ok: bool) -> str:
 def render(m: Measured) -> tuple[str, dict[str, Any]]:
     n = max(1, m.accepted)
     p = m.phases
-    new, resent, shut = (
-        p["collectors: new batches"],
-        p["collectors: re-sends"],
-        p["collectors: shutdown"],
-    )
+    new, shut = p["collectors: new batches"], p["collectors: shutdown"]
+    resends = {label: p[label] for label in m.resent}
     ack_new = select(new, LOG + PROBES, exclude=True)
-    ack_resent = select(resent, LOG + PROBES, exclude=True)
-    flushes = _sum(select(new, LOG), select(resent, LOG), select(shut, LOG))
+    flushes = _sum(select(new, LOG), *(select(t, LOG) for t in resends.values()), select(shut, LOG))
     probes = _sum(
         p["collectors: start-up probe"],
         select(new, PROBES),
-        select(resent, PROBES),
+        *(select(t, PROBES) for t in resends.values()),
         select(shut, LOG, exclude=True),
     )
     parts: list[tuple[str, Tally]] = [
         ("collectors: acknowledgement path, new batches", ack_new),
-        (f"collectors: acknowledgement path, {m.resent} re-sends", ack_resent),
+        *(
+            (f"{label} x {m.resent[label]}", select(tally, LOG + PROBES, exclude=True))
+            for label, tally in resends.items()
+        ),
         ("collectors: index log flushes (incl. shutdown)", flushes),
         ("collectors: start-up probe and readiness checks", probes),
         (
@@ -82,7 +81,7 @@ def render(m: Measured) -> tuple[str, dict[str, Any]]:
     out.append(
         f"Accepted {m.accepted:,} new batches in {m.load_seconds:.1f} s ({rate:.1f}/s over "
         f"{m.args['collectors']} collectors, concurrency {m.args['concurrency']}), re-sent "
-        f"{m.resent}; outcomes {m.outcomes}. Catalog complete {m.catalog_wait_s:.1f} s after "
+        f"{sum(m.resent.values())}; outcomes {m.outcomes}. Catalog complete {m.catalog_wait_s:.1f} s after "
         "the collectors stopped."
     )
     out.append("")
@@ -113,8 +112,6 @@ def render(m: Measured) -> tuple[str, dict[str, Any]]:
 
     # Targets.
     ack = by_class(ack_new)
-    per_resend = by_class(ack_resent)
-    resends = max(1, m.resent)
     out.append("Targets:")
     out.append("")
     out.append(
@@ -122,11 +119,14 @@ def render(m: Measured) -> tuple[str, dict[str, Any]]:
         f"{ack['GET'] / n:.3f} GET-class (exactly 2 PUT): "
         f"{_verdict(ack['PUT'] == 2 * m.accepted and ack['GET'] == 0)}"
     )
-    out.append(
-        f"- a re-send (duplicate): {per_resend['PUT'] / resends:.2f} PUT-class + "
-        f"{per_resend['GET'] / resends:.2f} GET-class (<= 2 PUT-class): "
-        f"{_verdict(per_resend['PUT'] <= 2 * resends)}"
-    )
+    for label, tally in resends.items():
+        count = max(1, m.resent[label])
+        c = by_class(select(tally, LOG + PROBES, exclude=True))
+        out.append(
+            f"- {label.removeprefix('collectors: ')}: {c['PUT'] / count:.2f} PUT-class + "
+            f"{c['GET'] / count:.2f} GET-class each (<= 2 PUT-class): "
+            f"{_verdict(c['PUT'] <= 2 * count)}"
+        )
     out.append(
         f"- end to end: {data['put_per_batch']:.3f} PUT-class (<= {TARGET['PUT']}) "
         f"{_verdict(data['put_per_batch'] <= TARGET['PUT'])}, {data['get_per_batch']:.3f} "

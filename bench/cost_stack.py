@@ -72,7 +72,9 @@ class CostStack:
 
     async def start(self) -> None:
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        self.ministack = await asyncio.to_thread(start_ministack, self.work_dir / "ministack")
+        # From the main thread, blocking: MiniStack is told to stop when the thread that
+        # started it ends (PR_SET_PDEATHSIG), and an executor thread may end first.
+        self.ministack = start_ministack(self.work_dir / "ministack")
 
     async def new_bucket(self, name: str) -> str:
         assert self.ministack is not None

@@ -114,28 +114,31 @@ class KeyDigestSet:
     everything once (meant for: add everything, then query)."""
 
     def __init__(self) -> None:
-        self._chunks: list[tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]] = []
+        self._high_chunks: list[npt.NDArray[np.uint64]] = []
+        self._low_chunks: list[npt.NDArray[np.uint64]] = []
         self._high = np.empty(0, dtype=np.uint64)
         self._low = np.empty(0, dtype=np.uint64)
-        self._dirty = False
 
     def add(self, digests: npt.NDArray[np.void]) -> None:
         if len(digests):
             high, low = _halves(digests)
-            self._chunks.append((high.copy(), low.copy()))
-            self._dirty = True
+            self._high_chunks.append(high.copy())
+            self._low_chunks.append(low.copy())
 
     def add_keys(self, record_keys: Iterable[str]) -> None:
         self.add(digests_of(list(record_keys)))
 
     def _sorted(self) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
-        if self._dirty:
-            chunks = [(self._high, self._low), *self._chunks]
-            self._chunks, self._dirty = [], False
-            high = np.concatenate([h for h, _l in chunks])
-            low = np.concatenate([lo for _h, lo in chunks])
-            del chunks
-            self._high, self._low = _sort_pairs(high, low)
+        if self._high_chunks:
+            # One half at a time, each list emptied as soon as it is merged: at 10M digests
+            # this keeps the peak near 2.5x the final 160 MB instead of 4x.
+            self._high = _merged([self._high, *self._high_chunks])
+            self._high_chunks.clear()
+            self._low = _merged([self._low, *self._low_chunks])
+            self._low_chunks.clear()
+            halves = [self._high, self._low]
+            self._high = self._low = np.empty(0, dtype=np.uint64)
+            self._high, self._low = _sort_pairs(halves)
         return self._high, self._low
 
     def __len__(self) -> int:
@@ -166,6 +169,12 @@ class KeyDigestSet:
         return found
 
 
+def _merged(parts: list[npt.NDArray[np.uint64]]) -> npt.NDArray[np.uint64]:
+    merged: npt.NDArray[np.uint64] = np.concatenate(parts)
+    parts.clear()
+    return merged
+
+
 def _halves(digests: npt.NDArray[np.void]) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
     """The two 64-bit halves of each 16-byte digest (native byte order: any fixed
     order of the halves' values serves membership)."""
@@ -174,9 +183,12 @@ def _halves(digests: npt.NDArray[np.void]) -> tuple[npt.NDArray[np.uint64], npt.
 
 
 def _sort_pairs(
-    high: npt.NDArray[np.uint64], low: npt.NDArray[np.uint64]
+    halves: list[npt.NDArray[np.uint64]],
 ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
-    """``(high, low)`` sorted by high, then low, without duplicate pairs."""
+    """The pairs of ``halves = [high, low]`` sorted by high, then low, without duplicate
+    pairs. Takes the arrays out of the list, so each unsorted half is freed as soon as its
+    sorted copy exists."""
+    high, low = halves.pop(0), halves.pop(0)
     order = np.argsort(high)
     high = high[order]
     low = low[order]
@@ -232,15 +244,19 @@ class ShaPrefixSet:
         return int(self._sorted().nbytes)
 
     def contains(self, query: npt.NDArray[np.generic]) -> npt.NDArray[np.bool_]:
+        return np.asarray(self.find(query) >= 0, dtype=bool)
+
+    @property
+    def values(self) -> npt.NDArray[np.uint64]:
+        """The set, sorted (positions as `find` reports them)."""
+        return self._sorted()
+
+    def find(self, query: npt.NDArray[np.generic]) -> npt.NDArray[np.int64]:
+        """The position of each query value in `values`, -1 where it is absent."""
         values = self._sorted()
         if len(values) == 0 or len(query) == 0:
-            return np.zeros(len(query), dtype=bool)
+            return np.full(len(query), -1, dtype=np.int64)
         query = query.astype(np.uint64, copy=False)
-        at = np.minimum(np.searchsorted(values, query), len(values) - 1)
-        return np.asarray(values[at] == query, dtype=bool)
-
-    def missing_from(self, other: ShaPrefixSet) -> npt.NDArray[np.uint64]:
-        """Values of this set that ``other`` does not hold (sorted queries: a merge-like
-        pass over ``other``)."""
-        values = self._sorted()
-        return values[~other.contains(values)]
+        at = np.minimum(np.searchsorted(values, query), len(values) - 1).astype(np.int64)
+        at[values[at] != query] = -1
+        return at

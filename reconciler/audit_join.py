@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from index import catalog
@@ -121,18 +122,21 @@ class BlobJoin:
 
 
 async def join_blobs(ctx: ReconcilerContext, scan: CatalogScan, *, store_now_ns: int) -> BlobJoin:
-    """List ``raw-blobs/v1/`` and join it with the references. Raises `StoreError`."""
+    """List ``raw-blobs/v1/`` and join it with the references. Raises `StoreError`.
+
+    Memory: one flag per referenced hash (which ones the listing showed), not a set of the
+    listed ones; the listing streams past page by page."""
     horizon_ns = store_now_ns - int(ctx.settings.gc.retry_horizon_s * 1e9)
     result = BlobJoin()
-    listed = ShaPrefixSet()
+    referenced = scan.referenced
+    seen = np.zeros(len(referenced), dtype=bool)
     page: list[tuple[str, int, int]] = []
 
     def take(page: list[tuple[str, int, int]]) -> None:
-        prefixes = sha_prefixes([sha for sha, _size, _lm in page])
-        listed.add(prefixes)
-        unreferenced = ~scan.referenced.contains(prefixes)
-        for (sha, size, modified), orphan in zip(page, unreferenced, strict=True):
-            if orphan and modified < horizon_ns:
+        at = referenced.find(sha_prefixes([sha for sha, _size, _lm in page]))
+        seen[at[at >= 0]] = True
+        for (sha, size, modified), position in zip(page, at, strict=True):
+            if position < 0 and modified < horizon_ns:
                 result.orphans.append((sha, size, modified))
 
     async for info in ctx.store.list(keys.RAW_BLOBS_PREFIX):
@@ -147,7 +151,7 @@ async def join_blobs(ctx: ReconcilerContext, scan: CatalogScan, *, store_now_ns:
             page = []
     if page:
         take(page)
-    absent = scan.referenced.missing_from(listed)
+    absent = referenced.values[~seen]
     if len(absent):
         result.missing = await _confirm_missing(ctx, absent)
     return result
@@ -158,18 +162,21 @@ async def _confirm_missing(
 ) -> dict[str, str]:
     """The full hashes behind referenced prefixes the listing lacked, HEADed: only those
     still absent are missing, each with a record referencing it (rare: this re-reads the
-    catalog's files)."""
-    wanted = set(int(value) for value in absent)
+    catalog's key and hash columns, vectorized, keeping only rows whose prefix is wanted)."""
+    wanted = np.asarray(absent, dtype=np.uint64)
     referenced_by: dict[str, str] = {}
     async for info in catalog.list_all_files(ctx.store):
         try:
-            rows = await catalog.read_file(ctx.store, info.key)
-        except (NotFound, ValueError):
-            continue
-        for row in rows:
-            for sha in row.referenced_shas:
-                if int(sha[:16], 16) in wanted:
-                    referenced_by.setdefault(sha, row.key)
+            body, _etag = await ctx.store.get(info.key)
+            table = pq.read_table(io.BytesIO(body), columns=["key", *SHA_COLUMNS])
+            for name in SHA_COLUMNS:
+                rows = table.filter(pc.is_valid(table.column(name)))
+                hits = np.flatnonzero(np.isin(sha_prefixes(rows.column(name)), wanted))
+                found = rows.take(pa.array(hits, pa.int64()))
+                for sha, key in zip(found[name].to_pylist(), found["key"].to_pylist(), strict=True):
+                    referenced_by.setdefault(sha, key)
+        except (NotFound, pa.ArrowException, OSError, ValueError):
+            continue  # compacted away, or unreadable (the scan moved it aside)
     missing = {}
     for sha, record_key in sorted(referenced_by.items()):
         try:
