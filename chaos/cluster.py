@@ -48,6 +48,7 @@ class Timing:
     retry_horizon_s: float = 4.0
     lease_ttl_s: float = 6.0
     delete_expiry_s: int = 1  # at most a third of the lease (config validation)
+    max_clock_skew_s: float = 2.0  # one host: expiry + skew must fit in 2/3 of the lease
     loop_interval_s: float = 1.0
     rollup_lease_ttl_s: float = 10.0
 
@@ -145,6 +146,7 @@ class Cluster:
             "LM_GC__RETRY_HORIZON_S": str(t.retry_horizon_s),
             "LM_GC__MAX_DELETE_FRACTION": "1.0",
             "LM_GC__DELETE_EXPIRY_S": str(t.delete_expiry_s),
+            "LM_STORE__MAX_CLOCK_SKEW_S": str(t.max_clock_skew_s),
             "LM_RECONCILER__LEASE_TTL_S": str(t.lease_ttl_s),
             "LM_RECONCILER__LOOP_INTERVAL_S": str(t.loop_interval_s),
             "LM_RECONCILER__VERIFY_RATE_PER_S": "5000",
