@@ -48,10 +48,10 @@ class Timing:
     retry_horizon_s: float = 4.0
     lease_ttl_s: float = 6.0
     delete_expiry_s: int = 1  # at most a third of the lease (config validation)
-    reconciler_max_clock_skew_s: float = 2.0
-    """The reconciler's ``store.max_clock_skew_s`` (every process shares this host's
-    clock): a signed delete plus this skew must fit in two thirds of the short lease, or
-    the reconciler refuses to run its GC at all."""
+    max_clock_skew_s: float = 2.0
+    """``store.max_clock_skew_s`` of every process (all share this host's clock): a signed
+    delete plus this skew must fit in two thirds of the short lease, or the reconciler
+    refuses to run its GC at all."""
     loop_interval_s: float = 1.0
     rollup_lease_ttl_s: float = 10.0
     max_audit_interval_s: float = 60.0
@@ -154,6 +154,7 @@ class Cluster:
             "LM_GC__RETRY_HORIZON_S": str(t.retry_horizon_s),
             "LM_GC__MAX_DELETE_FRACTION": "1.0",
             "LM_GC__DELETE_EXPIRY_S": str(t.delete_expiry_s),
+            "LM_STORE__MAX_CLOCK_SKEW_S": str(t.max_clock_skew_s),
             "LM_RECONCILER__LEASE_TTL_S": str(t.lease_ttl_s),
             "LM_RECONCILER__LOOP_INTERVAL_S": str(t.loop_interval_s),
             "LM_RECONCILER__VERIFY_RATE_PER_S": "5000",
@@ -228,12 +229,8 @@ class Cluster:
 
     # --- reconciler ---------------------------------------------------------------------
 
-    def _reconciler_env(self, **extra: str) -> dict[str, str]:
-        skew = str(self.timing.reconciler_max_clock_skew_s)
-        return self.env(LM_STORE__MAX_CLOCK_SKEW_S=skew, **extra)
-
     async def start_reconciler(self, *, gc: bool) -> None:
-        env = self._reconciler_env(
+        env = self.env(
             LM_GC__ENABLED="true" if gc else "false", LM_LOGGING__LEVEL="info"
         )
         self.reconciler = self._spawn("reconciler", ["-m", "reconciler", "run"], env)
@@ -264,7 +261,7 @@ class Cluster:
         if direct:
             assert self.ministack is not None
             extra["LM_STORE__ENDPOINT_URL"] = self.ministack.endpoint_url
-        env = self._reconciler_env(**extra)
+        env = self.env(**extra)
         return await self._run_to_end(["-m", "reconciler", *args], env, timeout_s)
 
     # --- rollup ---------------------------------------------------------------------------

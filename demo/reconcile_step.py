@@ -41,6 +41,8 @@ DEMO_GC_ENV = {
     "LM_STORE__READ_TIMEOUT_S": "1",
     "LM_RECONCILER__LEASE_TTL_S": "10",
     "LM_GC__DELETE_EXPIRY_S": "2",  # a signed delete expires within a third of the lease
+    # One host, one clock: a tight skew limit, so expiry + skew fit in 2/3 of the lease.
+    "LM_STORE__MAX_CLOCK_SKEW_S": "2",
 }
 
 

@@ -3,16 +3,33 @@ steady pass and an audit count."""
 
 from __future__ import annotations
 
+import random
+from email.utils import formatdate
+
 import pytest
 from prometheus_client import generate_latest
 
 from protocol import keys
-from protocol.clock import ManualClock
+from protocol.clock import ManualClock, SystemClock
+from protocol.records import LeaseRecord
 from reconciler.audit import run_full_audit
+from reconciler.daemon import Reconciler
 from reconciler.metrics import ReconcilerMetrics
 from reconciler.steady import SteadyScanner
 from store.memory import MemoryStore
-from tests.reconciler.conftest import T0_NS, context, log_rows, write_batches, write_conflict
+from store.s3 import S3Store
+from store.time import ClockOffset, StoreClock
+from tests.reconciler.conftest import (
+    T0_NS,
+    context,
+    log_rows,
+    make_settings,
+    write_batches,
+    write_conflict,
+)
+from tests.s3_servers import RunningServer, fresh_bucket
+
+HOUR_NS = 3600 * 10**9
 
 
 def test_exposition_names_and_gc_counters() -> None:
@@ -61,3 +78,61 @@ async def test_a_pass_and_an_audit_count_what_they_read_and_cataloged(
         assert line in text
     files = len([k async for k in memory_store.list(keys.INDEX_CATALOG_PREFIX)])
     assert f'lm_reconciler_catalog_files_total{{origin="cataloged"}} {float(files)}' in text
+
+
+def test_store_clock_skew_is_exported_from_the_store_clock() -> None:
+    local = ManualClock(start_ns=1000 * 10**9)
+    offset = ClockOffset()
+    metrics = ReconcilerMetrics(clock=local)
+    metrics.watch_store_clock(StoreClock(local, offset))
+    assert (
+        "lm_reconciler_store_clock_skew_seconds 0.0" in generate_latest(metrics.registry).decode()
+    )
+    # The store's clock read 100.x s when ours read 1000 s: we run 899.5 s ahead.
+    offset.observe(formatdate(100, usegmt=True), sent_ns=1000 * 10**9, answered_ns=1000 * 10**9)
+    text = generate_latest(metrics.registry).decode()
+    assert "lm_reconciler_store_clock_skew_seconds 899.5" in text
+
+
+class ShiftedClock(SystemClock):
+    """The system clock, ``shift_ns`` off: a host whose clock is wrong by that much."""
+
+    def __init__(self, shift_ns: int) -> None:
+        self.shift_ns = shift_ns
+
+    def now_ns(self) -> int:
+        return super().now_ns() + self.shift_ns
+
+
+@pytest.mark.s3
+async def test_a_daemon_on_a_host_ahead_exports_its_skew_and_works_in_store_time(
+    ministack_server: RunningServer,
+) -> None:
+    # A real clock two hours ahead: it must keep running in real time (a ManualClock would
+    # race ahead as the background lease renewal sleeps on it, instantly, TTL/3 at a time).
+    ahead = ShiftedClock(2 * HOUR_NS)
+    async with S3Store(
+        bucket=fresh_bucket(ministack_server),
+        prefix="reconciler",
+        endpoint_url=ministack_server.endpoint_url,
+        clock=ahead,
+    ) as store:
+        reconciler = Reconciler(
+            store=store, settings=make_settings(), clock=ahead, rng=random.Random(1)
+        )
+        report = await reconciler.run_once()
+
+        text = generate_latest(reconciler.metrics.registry).decode()
+        skew = next(
+            float(line.split()[1])
+            for line in text.splitlines()
+            if line.startswith("lm_reconciler_store_clock_skew_seconds ")
+        )
+        assert skew == pytest.approx(7200, abs=5)
+        # The released lease expired at the store's "now", not two hours after it; the
+        # audit started in store time too (GC rule 5 compares it with its marks).
+        body, _ = await store.get(keys.RECONCILER_LEASE_KEY)
+        written_ns = (await store.head(keys.RECONCILER_LEASE_KEY)).last_modified_ns
+        assert abs(LeaseRecord.from_json(body).expires_at_unix_ns - written_ns) < 5 * 10**9
+        assert report.audit is not None
+        assert abs(report.audit.started_at_unix_ns - written_ns) < 60 * 10**9
