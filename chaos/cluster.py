@@ -230,9 +230,7 @@ class Cluster:
     # --- reconciler ---------------------------------------------------------------------
 
     async def start_reconciler(self, *, gc: bool) -> None:
-        env = self.env(
-            LM_GC__ENABLED="true" if gc else "false", LM_LOGGING__LEVEL="info"
-        )
+        env = self.env(LM_GC__ENABLED="true" if gc else "false", LM_LOGGING__LEVEL="info")
         self.reconciler = self._spawn("reconciler", ["-m", "reconciler", "run"], env)
         self.event("reconciler_started", pid=self.reconciler.pid, gc=gc)
 
