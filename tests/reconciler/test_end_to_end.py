@@ -17,6 +17,7 @@ from collector.launch import CollectorProcess, start_collector
 from index.log_reader import read_segment
 from protocol import keys
 from store.fs import FileSystemStore
+from tests.collector.conftest import wait_for_log_rows_named
 from tests.reconciler.conftest import catalog_keys, cli_env, keys_under, run_cli
 
 
@@ -40,6 +41,10 @@ def collector(tmp_path: Path) -> Iterator[CollectorProcess]:
 async def test_run_once_catalogs_the_log_and_the_audit_what_a_lost_segment_named(
     tmp_path: Path, collector: CollectorProcess
 ) -> None:
+    store = FileSystemStore(tmp_path / "store")
+    spool = SpoolSettings(directory=tmp_path / "spool", fsync=False)
+    options = RunOptions(max_rounds=2, round_delay_s=0.1)
+    start_ns = time.time_ns()
     spec = LoadSpec(
         agents=3,
         batches=8,
@@ -47,19 +52,26 @@ async def test_run_once_catalogs_the_log_and_the_audit_what_a_lost_segment_named
         duplicate_rate=0.2,
         conflict_rate=0.15,
         seed=11,
-        start_ns=time.time_ns(),
+        start_ns=start_ns,
     )
-    result = await run_fleet(
-        urls=[collector.url],
-        token=None,
-        spool=SpoolSettings(directory=tmp_path / "spool", fsync=False),
-        spec=spec,
-        options=RunOptions(max_rounds=2, round_delay_s=0.1),
+    first = await run_fleet(
+        urls=[collector.url], token=None, spool=spool, spec=spec, options=options
+    )
+    # The first fleet's rows are in the log before the second fleet sends: the records
+    # then span at least two segments, whatever the machine's speed.
+    first_records = await keys_under(store, keys.ACCEPTED_PREFIX) | await keys_under(
+        store, keys.QUARANTINE_PREFIX
+    )
+    await wait_for_log_rows_named(store, *first_records)
+    later = LoadSpec(
+        agents=1, batches=4, points_per_batch=20, seed=12, start_ns=start_ns, agent_prefix="later"
+    )
+    second = await run_fleet(
+        urls=[collector.url], token=None, spool=spool, spec=later, options=options
     )
     assert collector.stop() == 0  # SIGTERM flushes the index log buffer
-    assert len(result.truth.accepted) == 24
+    assert len(first.truth.accepted) == 24 and len(second.truth.accepted) == 4
 
-    store = FileSystemStore(tmp_path / "store")
     records = await keys_under(store, keys.ACCEPTED_PREFIX) | await keys_under(
         store, keys.QUARANTINE_PREFIX
     )
@@ -95,7 +107,7 @@ async def test_run_once_catalogs_the_log_and_the_audit_what_a_lost_segment_named
     assert await catalog_keys(store) == records
     status = json.loads(run_cli("status", "--json", env=env).stdout)
     assert status["log"]["segments_behind"] == 0 and status["problems"]["total"] == 0
-    assert status["last_completed_audit"]["manifests_seen"] == 24
+    assert status["last_completed_audit"]["manifests_seen"] == 28
     assert status["last_completed_audit"]["quarantines_seen"] == len(quarantined)
     assert status["index_requests_per_batch"] is not None
     await store.close()
