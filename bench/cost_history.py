@@ -24,7 +24,6 @@ from agent.truth import PlannedFrame
 from bench.cost_stack import CostStack
 from bench.counting import Tally, by_class
 from config import Settings
-from index.catalog import CatalogWriter
 from index.rows import accepted_row
 from protocol import keys
 from protocol.clock import SystemClock
@@ -107,8 +106,7 @@ async def catalog(store: ObjectStore, manifests: Sequence[AcceptedManifest]) -> 
     """Catalog files and work markers for ``manifests``, as the reconciler writes them."""
     ctx = await open_context(store, settings=Settings(), clock=SystemClock(), rng=random.Random(7))
     try:
-        writer = CatalogWriter(store=store, clock=ctx.clock, rng=ctx.rng, epoch=ctx.epoch)
-        await Cataloger(ctx, ProblemBook(ctx), writer).commit(accepted_row(m) for m in manifests)
+        await Cataloger(ctx, ProblemBook(ctx)).commit(accepted_row(m) for m in manifests)
     finally:
         await ctx.fence.release()
 

@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -230,7 +230,7 @@ async def run(
 
 
 def markdown(
-    phases: list[Phase], fleet: Fleet, seed: dict[str, Any], loads: list[tuple[float, ...]]
+    phases: list[Phase], fleet: Fleet, seed: dict[str, Any], loads: Sequence[tuple[float, ...]]
 ) -> str:
     baselines = [p.rate for p in phases if p.name.startswith("baseline")]
     base = sum(baselines) / len(baselines)
