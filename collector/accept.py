@@ -24,6 +24,15 @@ path (the submitted blob is stored first, by step 1, since the quarantine record
 it); no manifest (or no answer) runs steps 1-2. The order of checks changes, never an
 outcome.
 
+A blob create that finds the blob already there (a definite 412, no header) is most often
+a re-send from an agent that restarted and lost track of what it sent. The manifest is
+then read before the survival checks: the same hash is a duplicate answered with that
+read (2 requests, not 5: the blob is referenced by an accepted manifest, so no GC may
+delete it, PROTOCOL §3.5, exactly as on the header path); another hash keeps the blob
+and quarantines; no manifest runs the survival checks and step 2 as usual (one GET more,
+for the rare new batch whose content is already stored). This reorders checks as the
+header does, never changes an outcome; PROTOCOL §3.2 should say so.
+
 Outcomes are `Accepted` (new or duplicate), `IdentityConflictFound`, or the exception
 `AcceptanceUnavailable` when the store did not settle the outcome within the request's
 time budget, or when this host's clock is off the store's by more than
@@ -156,10 +165,17 @@ class BatchAcceptor:
         )
         try:
             if resend:
-                settled = await self._answer_from_manifest(request, identity, frame, frame_sha256)
-                if settled is not None:
-                    return settled
-            await self._store_raw_blob(request, frame, frame_sha256)
+                stored = await self._manifest_if_readable(request, identity)
+                if stored is not None:
+                    return await self._settle_from_manifest(request, stored, frame, frame_sha256)
+            created = await self._put_raw_blob(request, frame, frame_sha256)
+            if created is Created.EXISTED and not resend:
+                stored = await self._manifest_if_readable(request, identity)
+                if stored is not None:
+                    return await self._settle_from_manifest(
+                        request, stored, frame, frame_sha256, created=created
+                    )
+            await self._keep_raw_blob(request, frame, frame_sha256, created)
             return await self._create_manifest(request, identity, header, frame, frame_sha256)
         except BudgetExhausted:
             raise AcceptanceUnavailable(
@@ -175,38 +191,57 @@ class BatchAcceptor:
                 "store's, beyond store.max_clock_skew_s"
             )
 
-    # --- a re-send: the manifest first -----------------------------------------------------
+    # --- the manifest first (a re-send, or a blob that was already stored) ------------------
 
-    async def _answer_from_manifest(
-        self, request: BudgetedRequest, identity: keys.BatchIdentity, frame: bytes, sha: str
-    ) -> Accepted | IdentityConflictFound | None:
-        """One GET of the accepted manifest: a duplicate or a conflict, or None (absent or
-        no answer: run the normal steps, which decide the same way)."""
+    async def _manifest_if_readable(
+        self, request: BudgetedRequest, identity: keys.BatchIdentity
+    ) -> records.AcceptedManifest | None:
+        """One GET of the accepted manifest; None when absent or unanswered (the normal
+        steps then decide the same way)."""
         key = keys.accepted_manifest_key(identity)
         try:
             body, _etag = await request.call("get_manifest", key, lambda: self._store.get(key))
         except (NotFound, Unavailable, ConditionConflict):
             return None
         try:
-            stored = records.AcceptedManifest.from_json(body)
+            return records.AcceptedManifest.from_json(body)
         except records.RecordError as exc:
             log.error("accepted_manifest_unreadable", key=key, error=str(exc))
             raise BudgetExhausted from None
+
+    async def _settle_from_manifest(
+        self,
+        request: BudgetedRequest,
+        stored: records.AcceptedManifest,
+        frame: bytes,
+        sha: str,
+        *,
+        created: Created | None = None,
+    ) -> Accepted | IdentityConflictFound:
+        """A duplicate (nothing written), or a conflict: the quarantine record names the
+        submitted blob, so that blob is stored and kept first (``created``: step 1's result
+        when it already ran)."""
         if stored.frame_sha256 == sha:
             self._index_manifest(stored)  # every 200 appends its row (PROTOCOL §3.2)
             return Accepted(stored, duplicate=True, store_ops=request.ops)
-        # The quarantine record names the submitted blob: store it (step 1) first.
-        await self._store_raw_blob(request, frame, sha)
+        if created is None:
+            created = await self._put_raw_blob(request, frame, sha)
+        await self._keep_raw_blob(request, frame, sha, created)
         return await self._quarantine(request, stored, sha)
 
     # --- step 1: the raw blob ---------------------------------------------------------------
 
-    async def _store_raw_blob(self, request: BudgetedRequest, frame: bytes, sha: str) -> None:
-        key = keys.raw_blob_key(sha)
-        created = await request.create_idempotent("put_raw_blob", key, frame)
+    async def _put_raw_blob(self, request: BudgetedRequest, frame: bytes, sha: str) -> Created:
+        created = await request.create_idempotent("put_raw_blob", keys.raw_blob_key(sha), frame)
         if created is not Created.EXISTED:  # ours, or maybe ours: index it (idempotent)
             self._index_raw_blob(sha)
-        if created is not Created.YES:  # it was (or may have been) there already
+        return created
+
+    async def _keep_raw_blob(
+        self, request: BudgetedRequest, frame: bytes, sha: str, created: Created
+    ) -> None:
+        """A blob that was (or may have been) there already survives GC (PROTOCOL §3.5)."""
+        if created is not Created.YES:
             recreated = await keep_existing_blob(
                 request, frame=frame, sha=sha, collector_id=self._collector_id
             )

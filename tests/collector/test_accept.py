@@ -289,22 +289,62 @@ async def test_racing_acceptors_under_random_faults_agree_on_one_manifest(seed: 
 PUT_CLASS = ("put_raw_blob", "put_manifest", "put_gc_veto", "put_quarantine")
 
 
-async def test_a_duplicate_proves_its_blob_with_a_head_not_a_second_upload() -> None:
+async def test_a_duplicate_without_the_header_is_a_refused_upload_and_one_manifest_read() -> None:
+    # An agent that restarted re-sends without X-Lightmetrics-Resend: the blob's 412 sends
+    # the collector to the manifest first, which settles the duplicate (2 requests, not 5).
     store = MemoryStore()
     await Harness(store).accept()
+    stored = [info.key async for info in store.list("")]
     harness = Harness(store)
 
     result = await harness.accept()
 
     assert isinstance(result, Accepted) and result.duplicate
+    assert harness.ops == [("put_raw_blob", "precondition_failed"), ("get_manifest", "ok")]
+    assert [info.key async for info in store.list("")] == stored
+
+
+async def test_a_stored_blob_with_no_manifest_is_proven_with_a_head_not_a_second_upload() -> None:
+    store = MemoryStore()
+    await store.put(keys.raw_blob_key(SHA), FRAME)  # the same content, stored before
+    harness = Harness(store)
+
+    result = await harness.accept()
+
+    assert isinstance(result, Accepted) and not result.duplicate
     assert harness.ops == [
         ("put_raw_blob", "precondition_failed"),
+        ("get_manifest", "not_found"),
         ("get_gc_mark", "not_found"),
         ("head_raw_blob", "ok"),
-        ("put_manifest", "precondition_failed"),
-        ("get_manifest", "ok"),
+        ("put_manifest", "ok"),
     ]
     assert sum(op in PUT_CLASS for op, _ in harness.ops) == 2
+
+
+async def test_a_conflict_whose_blob_was_stored_keeps_that_blob_before_quarantining() -> None:
+    store = MemoryStore()
+    await Harness(store).accept(FRAME)
+    await store.put(keys.raw_blob_key(OTHER_SHA), OTHER)  # the submitted content exists
+    mark = records.GcMark(
+        frame_sha256=OTHER_SHA,
+        raw_blob_key=keys.raw_blob_key(OTHER_SHA),
+        marked_at_unix_ns=1,
+        gc_run_id="gc-1",
+    )
+    await store.put(keys.gc_mark_key(OTHER_SHA), mark.to_json())  # and the GC marked it
+    harness = Harness(store)
+
+    result = await harness.accept(OTHER)
+
+    assert isinstance(result, IdentityConflictFound)
+    ops = [op for op, _ in harness.ops]
+    assert ops[:3] == ["put_raw_blob", "get_manifest", "get_gc_mark"]
+    assert ops.index("put_gc_veto") < ops.index("put_quarantine")
+    assert "put_manifest" not in ops  # the manifest read already found the conflict
+    assert (await store.get(keys.raw_blob_key(OTHER_SHA)))[0] == OTHER
+    veto = records.GcVeto.from_json((await store.get(keys.gc_veto_key(OTHER_SHA)))[0])
+    assert veto.frame_sha256 == OTHER_SHA
 
 
 class VanishingBlob(MemoryStore):
@@ -327,6 +367,7 @@ async def test_a_blob_deleted_after_the_412_is_created_again_when_the_head_finds
     assert (await store.get(keys.raw_blob_key(SHA)))[0] == FRAME
     assert [op for op in harness.ops if op[0] != "put_manifest"] == [
         ("put_raw_blob", "precondition_failed"),
+        ("get_manifest", "not_found"),
         ("get_gc_mark", "not_found"),
         ("head_raw_blob", "not_found"),
         ("put_raw_blob", "ok"),
