@@ -14,12 +14,19 @@ is the file ``f"{root}/{K}"`` of that filesystem.
 
 Writes are not conditional: every Parquet file gets a fresh UUID name, is referenced only
 once a snapshot naming it is committed, and is otherwise an orphan that vacuum deletes.
+
+Requests per object (cost): `read_object` on S3 is one GET through a botocore client
+(pyarrow's S3 input streams HEAD every object for its size first, which doubled the
+rollup's GET-class requests per batch); pyarrow's S3 filesystem is opened with
+``allow_delayed_open``, so an output stream smaller than one part is written with a single
+PUT instead of a multipart upload's three requests.
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 import pyarrow as pa
@@ -58,7 +65,7 @@ def arrow_filesystem(
     if isinstance(location, FileLocation):
         return pafs.LocalFileSystem(), str(location.path)
     if isinstance(location, S3Location):
-        options: dict[str, object] = {"region": region}
+        options: dict[str, object] = {"region": region, "allow_delayed_open": True}
         if endpoint_url is not None:
             parts = urlsplit(endpoint_url)
             options["endpoint_override"] = parts.netloc
@@ -85,10 +92,39 @@ def object_path(root: str, key: str) -> str:
 
 def read_object(access: StoreAccess, key: str) -> bytes:
     """The whole body of ``key``. Raises `FileNotFoundError` when it does not exist and
-    `OSError` for other failures (retries are pyarrow's S3 client's, not ours)."""
+    `OSError` for other failures (retries are the S3 client's, bounded and jittered:
+    a GET is safe to repeat)."""
+    location = parse_store_url(access.url)
+    if isinstance(location, S3Location):
+        client = _s3_client(access.endpoint_url, access.region)
+        object_key = f"{location.prefix}/{key}" if location.prefix else key
+        try:
+            answer = client.get_object(Bucket=location.bucket, Key=object_key)
+            return bytes(answer["Body"].read())
+        except client.exceptions.NoSuchKey:
+            raise FileNotFoundError(key) from None
+        except Exception as exc:  # botocore's errors: one type for the caller
+            raise OSError(f"GET {key}: {exc}") from exc
     fs, root = access.filesystem()
     with fs.open_input_stream(object_path(root, key)) as stream:
         return bytes(stream.readall())
+
+
+@functools.lru_cache(maxsize=8)
+def _s3_client(endpoint_url: str | None, region: str) -> Any:
+    """A botocore S3 client per process (standard retry mode: at most 3 attempts, jittered
+    exponential backoff); credentials from the standard AWS chain, like pyarrow's."""
+    import botocore.config
+    import botocore.session
+
+    config = botocore.config.Config(
+        retries={"mode": "standard", "max_attempts": 3},
+        max_pool_connections=16,
+        s3={"addressing_style": "path" if endpoint_url else "auto"},  # as store.s3 does
+    )
+    return botocore.session.get_session().create_client(
+        "s3", endpoint_url=endpoint_url, region_name=region, config=config
+    )
 
 
 def open_parquet_writer(
