@@ -32,11 +32,13 @@ MAX_REMEMBERED = 100_000
 
 
 class ProblemBook:
-    """Records and resolves problems for one pass or audit. Call `load` first."""
+    """Records and resolves problems for one pass or audit. The existing records are
+    listed once, when first needed (`load`): a pass that reads no record lists nothing."""
 
     def __init__(self, ctx: ReconcilerContext) -> None:
         self._ctx = ctx
         self._known: set[str] = set()
+        self._loaded = False
         self.found: Counter[str] = Counter()
 
     async def load(self) -> None:
@@ -46,6 +48,11 @@ class ProblemBook:
             if len(self._known) >= MAX_REMEMBERED:
                 break
             self._known.add(info.key)
+        self._loaded = True
+
+    async def _load_once(self) -> None:
+        if not self._loaded:
+            await self.load()
 
     async def record(self, kind: str, subject_key: str, detail: str) -> None:
         """Report a problem (store errors are logged and swallowed: it is found again later)."""
@@ -75,6 +82,7 @@ class ProblemBook:
     async def resolve(self, kind: str, subject_key: str) -> None:
         """The subject checked out fine: remove its record of ``kind``, if there is one."""
         key = keys.problem_key(kind, subject_key)
+        await self._load_once()
         if key not in self._known:
             return
         ctx = self._ctx
@@ -91,6 +99,7 @@ class ProblemBook:
     async def subjects(self, kind: str) -> AsyncIterator[str]:
         """The subjects of the open problems of ``kind`` (reads only when any exist)."""
         prefix = f"{keys.RECONCILER_PROBLEMS_PREFIX}{kind}/"
+        await self._load_once()
         if not any(key.startswith(prefix) for key in self._known):
             return
         async for _key, record in list_problems(self._ctx.store, kind):

@@ -121,6 +121,7 @@ class SteadyScanner:
         self._ctx = ctx
         self.suspects = suspects if suspects is not None else OrphanSuspects()
         self._recent_keys: dict[int, int] = {}  # digest of a cataloged key -> its row time
+        self._position: LogPosition | None = None  # as last saved by this scanner
 
     @property
     def _lookback_ns(self) -> int:
@@ -129,12 +130,8 @@ class SteadyScanner:
     async def run_pass(self) -> SteadyResult:
         ctx = self._ctx
         result = SteadyResult()
-        stored = await read_checkpoint(ctx.store)
-        position = (
-            LogPosition(stored.log_through_ns, set(stored.log_seen)) if stored else LogPosition()
-        )
-        problems = ProblemBook(ctx)
-        await problems.load()
+        position = await self._position_at_start()
+        problems = ProblemBook(ctx)  # lists the problem records only if a record is read
         cataloger = Cataloger(ctx, problems)
         chunk = _Chunk()
         now_ns = ctx.clock.now_ns()
@@ -239,7 +236,21 @@ class SteadyScanner:
             "checkpoints": 1,
         }
         result.checkpoint = await self._save(position, totals)
+        # This term's leader is the checkpoint's only writer: keep the position for the
+        # next pass (no GET) unless the save failed, which leaves memory ahead of the store.
+        self._position = position if result.checkpoint is not None else None
         return result.checkpoint is not None
+
+    async def _position_at_start(self) -> LogPosition:
+        """Where the log was consumed through: the stored checkpoint, read once a term."""
+        if self._position is None:
+            stored = await read_checkpoint(self._ctx.store)
+            self._position = (
+                LogPosition(stored.log_through_ns, set(stored.log_seen))
+                if stored
+                else LogPosition()
+            )
+        return self._position
 
     async def _save(self, position: LogPosition, added: dict[str, int]) -> IndexCheckpoint | None:
         ctx = self._ctx
@@ -258,6 +269,7 @@ class SteadyScanner:
                         epoch,
                         f"checkpoint of epoch {current.owner_epoch}",
                     )
+                totals.update(current.totals)  # cumulative since the store began
             return IndexCheckpoint(
                 log_through_ns=through,
                 log_seen=sorted(seen),

@@ -245,3 +245,51 @@ def test_a_background_renewal_that_finds_the_lease_taken_makes_the_next_check_ra
         assert stored == taken
 
     run_virtual(main)
+
+
+class RecordedListings:
+    """A store that records the prefix of every listing."""
+
+    def __init__(self, inner: MemoryStore) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self.listed: list[str] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    async def list(self, prefix: str, start_after: str | None = None) -> AsyncIterator[ObjectInfo]:
+        self.listed.append(prefix)
+        async for info in self.inner.list(prefix, start_after):
+            yield info
+
+
+def test_the_leader_lists_the_audit_records_once_a_term_not_every_pass() -> None:
+    """Audits are written only under the lease: after the term's first look (and its own
+    audit), the leader knows when the next one is due without listing them again."""
+
+    async def main() -> tuple[int, int]:
+        clock = SimClock()
+        memory = MemoryStore(clock=clock)
+        await write_batches(memory, agents=1, per_agent=2, start_ns=clock.now_ns())
+        store = RecordedListings(memory)
+        reconciler = Reconciler(
+            store=store,  # type: ignore[arg-type]
+            settings=make_settings(),
+            clock=clock,
+            rng=random.Random(3),
+        )
+        task = asyncio.create_task(reconciler.run())
+        for _ in range(100):
+            if await latest_completed_audit(memory) is not None:
+                break
+            await asyncio.sleep(1.0)
+        after_audit = store.listed.count(keys.RECONCILER_AUDITS_PREFIX)
+        await asyncio.sleep(20 * 10.0)  # twenty more passes, 10 s apart
+        await reconciler.stop(grace_s=5.0)
+        await task
+        return after_audit, store.listed.count(keys.RECONCILER_AUDITS_PREFIX)
+
+    after_audit, at_the_end = run_virtual(main)
+    assert after_audit >= 1
+    assert at_the_end == after_audit  # twenty passes, no listing of the audit records

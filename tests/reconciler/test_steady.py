@@ -80,6 +80,32 @@ async def test_a_pass_catalogs_what_the_log_names_once_and_advances_the_checkpoi
     assert not [call for call in store.calls if call.startswith(("create", "put"))]
 
 
+async def test_an_idle_pass_of_the_same_term_is_one_log_listing(clock: ManualClock) -> None:
+    # The term's leader is the checkpoint's only writer and problems are listed only when
+    # a record is read: an idle pass costs one LIST, and the totals keep adding up.
+    store = CountingStore(MemoryStore(clock=clock))
+    batches = await write_batches(store, agents=1, per_agent=4)
+    ctx = await context(store, clock)
+    scanner = SteadyScanner(ctx)
+    await log_rows(store, clock, batches[:2], writer_id="c1")
+    await scanner.run_pass()
+    clock.advance(5)
+    store.clear()
+
+    idle = await scanner.run_pass()
+
+    assert idle.complete and idle.segments_read == 0
+    assert len(store.lists) == 1 and store.lists[0][0].startswith(keys.INDEX_LOG_PREFIX)
+    assert sum(store.calls.values()) == 1
+
+    await log_rows(store, clock, batches[2:], writer_id="c2")
+    await scanner.run_pass()
+    checkpoint = await read_checkpoint(store)
+    assert checkpoint is not None
+    assert (checkpoint.totals["segments"], checkpoint.totals["accepted_rows"]) == (2, 4)
+    assert checkpoint.totals["checkpoints"] == 2
+
+
 async def test_consumed_segments_are_never_read_again_and_late_ones_are_found(
     clock: ManualClock,
 ) -> None:
