@@ -34,9 +34,10 @@ from urllib.parse import urlsplit
 import duckdb
 import pyarrow as pa
 
-from config.store_url import FileLocation, S3Location, StoreLocation
+from config.store_url import StoreLocation
 from rollup import schemas
 from rollup.manifest import Snapshot
+from rollup.storage import engine_url
 
 EXTENSIONS = ("httpfs", "avro", "iceberg")
 
@@ -147,16 +148,6 @@ def add_s3_secret(connection: duckdb.DuckDBPyConnection, access: S3Access) -> No
     connection.execute(f"CREATE OR REPLACE SECRET lightmetrics_store ({', '.join(options)})")
 
 
-def object_url(location: StoreLocation, key: str) -> str:
-    """Where DuckDB reads object ``key`` of the store at ``location``."""
-    if isinstance(location, FileLocation):
-        return str(location.path / key)
-    if isinstance(location, S3Location):
-        prefix = f"{location.prefix}/" if location.prefix else ""
-        return f"s3://{location.bucket}/{prefix}{key}"
-    raise ValueError(f"DuckDB cannot read the in-process store {location.url}")
-
-
 def duckdb_type(data_type: pa.DataType) -> str:
     """The DuckDB type of a table column's Arrow type (the types `rollup.schemas` uses),
     spelled as DuckDB's ``DESCRIBE`` spells it."""
@@ -198,5 +189,5 @@ def register_snapshot(
     """One view per table over ``snapshot``'s data files (None: every table empty)."""
     for table, schema in schemas.TABLES.items():
         files = snapshot.data_files(table) if snapshot is not None else ()
-        urls = [object_url(location, f.path) for f in files]
+        urls = [engine_url(location.url, f.path) for f in files]
         connection.execute(view_sql(table, schema, urls))
