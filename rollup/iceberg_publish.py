@@ -36,10 +36,10 @@ from rollup import schemas
 from rollup.commit import LoadedSnapshot, load_latest, walk_snapshots
 from rollup.iceberg_metadata import new_table, parse_metadata, publish_version
 from rollup.manifest import Snapshot
-from rollup.owner import OwnerLease
+from rollup.owner import OwnerLease, OwnerLost
 from rollup.storage import engine_url
 from store.base import ObjectStore
-from store.errors import NotFound, PreconditionFailed
+from store.errors import NotFound, PreconditionFailed, StoreError
 
 log = structlog.get_logger(__name__)
 
@@ -119,6 +119,19 @@ async def publish(
     if done:
         log.info("rollup_iceberg_published", versions=sorted(done))
     return sorted(done)
+
+
+async def publish_or_log(
+    store: ObjectStore, *, store_url: str, retention_s: float, owner: OwnerLease
+) -> list[int]:
+    """`publish` for the end of a rollup run: the run's commit has landed whatever happens
+    here, so a failure is logged (``rollup_iceberg_publish_failed``) and the next run
+    repairs it. Returns the versions published (none on failure)."""
+    try:
+        return await publish(store, store_url=store_url, retention_s=retention_s, owner=owner)
+    except (StoreError, PublishConflict, OwnerLost, ValueError, OSError) as exc:
+        log.warning("rollup_iceberg_publish_failed", error=f"{type(exc).__name__}: {exc}")
+        return []
 
 
 async def _base(

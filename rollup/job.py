@@ -43,7 +43,7 @@ from protocol import keys
 from protocol.clock import Clock, SystemClock
 from protocol.records import ProblemRecord, RecordError
 from rollup.commit import CommitConflict, LoadedSnapshot, commit, delete_uncommitted, load_latest
-from rollup.iceberg_publish import PublishConflict, publish
+from rollup.iceberg_publish import publish_or_log
 from rollup.manifest import Changes, DataFile, LedgerHour
 from rollup.owner import OwnerLease, OwnerLost
 from rollup.plan import Plan, make_plan
@@ -121,27 +121,13 @@ async def run_rollup(
     )
     try:
         summary = await _Run(spark, store, access, settings, own, clock, hooks, progress).run()
-        summary.iceberg_published = await publish_iceberg(store, access, settings, own)
+        summary.iceberg_published = await publish_or_log(
+            store, store_url=access.url, retention_s=settings.retention_s, owner=own
+        )
         return summary
     finally:
         if owner is None:
             await own.release()
-
-
-async def publish_iceberg(
-    store: ObjectStore, access: StoreAccess, settings: RollupSettings, owner: OwnerLease
-) -> list[int]:
-    """Publish every committed version not yet published as Iceberg metadata (after a
-    commit, and at every run to repair a crash between a commit and its publish). The
-    commit has landed whatever happens here: a failure is logged and the next run
-    repairs it."""
-    try:
-        return await publish(
-            store, store_url=access.url, retention_s=settings.retention_s, owner=owner
-        )
-    except (StoreError, PublishConflict, OwnerLost, ValueError, OSError) as exc:
-        log.warning("rollup_iceberg_publish_failed", error=f"{type(exc).__name__}: {exc}")
-        return []
 
 
 class _Run:

@@ -13,13 +13,14 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 from pyiceberg.table import StaticTable
+from structlog.testing import capture_logs
 
 from protocol import keys
 from protocol.clock import ManualClock
 from protocol.setsum import Setsum
 from rollup import sql
 from rollup.commit import LoadedSnapshot
-from rollup.iceberg_publish import publish, published_versions, table_url
+from rollup.iceberg_publish import publish, publish_or_log, published_versions, table_url
 from rollup.owner import OwnerLease
 from rollup.reader import scan
 from rollup.schemas import POINTS_SCHEMA, ROLLUP_1M_SCHEMA
@@ -203,3 +204,21 @@ async def test_vacuum_keeps_the_files_of_published_snapshots(dataset: Dataset) -
     assert replaced not in report.deleted
     iceberg = StaticTable.from_metadata(dataset.metadata("points", 2))
     assert canonical(iceberg.scan(snapshot_id=1).to_arrow()) == await dataset.query("points", 1)
+
+
+async def test_a_failed_publish_is_logged_and_left_for_the_next_run(dataset: Dataset) -> None:
+    hint = keys.rollup_iceberg_version_hint_key("points")
+    await dataset.store.put(hint, b"not a version")
+    owner = await OwnerLease.acquire(dataset.store, "job", 600, dataset.clock)
+    with capture_logs() as logs:
+        published = await publish_or_log(
+            dataset.store, store_url=dataset.url, retention_s=RETENTION_S, owner=owner
+        )
+    assert published == []
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == [
+        "rollup_iceberg_publish_failed"
+    ]
+    await dataset.store.delete(hint)
+    assert await publish_or_log(
+        dataset.store, store_url=dataset.url, retention_s=RETENTION_S, owner=owner
+    ) == [2]
