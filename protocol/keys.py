@@ -346,6 +346,32 @@ def rollup_ledger_key(hour: UtcHour, file_id: str) -> str:
     return f"{ROLLUP_LEDGER_PREFIX}{hour.partition}/{file_id}.parquet"
 
 
+ROLLUP_ICEBERG_PREFIX = f"{ROLLUP_PREFIX}iceberg/"
+
+
+def rollup_iceberg_file_key(table: str, name: str) -> str:
+    """A file of ``table``'s published Iceberg metadata (PROTOCOL §4.1): Hadoop-table
+    layout, ``rollup/v1/iceberg/<table>/metadata/<name>``."""
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", table):
+        raise KeyFormatError(f"table name must be [a-z][a-z0-9_]*, got {table!r}")
+    if not re.fullmatch(r"[0-9A-Za-z._-]{1,128}", name):
+        raise KeyFormatError(f"iceberg file name must be 1..128 of [0-9A-Za-z._-], got {name!r}")
+    return f"{ROLLUP_ICEBERG_PREFIX}{table}/metadata/{name}"
+
+
+def rollup_iceberg_metadata_key(table: str, version: int) -> str:
+    """The Iceberg metadata of ``table`` at rollup ``version`` (``v<N>.metadata.json``,
+    unpadded, as engines reading ``version-hint.text`` expect)."""
+    if version < 1:
+        raise KeyFormatError(f"rollup version must be >= 1, got {version}")
+    return rollup_iceberg_file_key(table, f"v{version}.metadata.json")
+
+
+def rollup_iceberg_version_hint_key(table: str) -> str:
+    """The newest published version of ``table`` (text, the number alone)."""
+    return rollup_iceberg_file_key(table, "version-hint.text")
+
+
 def hours_between(first: UtcHour, last: UtcHour) -> list[UtcHour]:
     """Every hour from ``first`` to ``last`` inclusive (empty when last < first)."""
     hours: list[UtcHour] = []

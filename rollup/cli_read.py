@@ -3,7 +3,9 @@
 `add_read_commands(subparsers)` adds them to the CLI's argparse subparsers; each sets
 ``handler`` (also in `READ_HANDLERS`), called as ``handler(args, settings) -> exit code``.
 Results go to stdout (``--format table|csv|json``; ``json`` is one JSON array), problems
-to stderr.
+to stderr. ``query`` (and ``sql``, `rollup.cli_sql`) read the latest snapshot, or
+``--version N``, or ``--as-of TIME``: the newest version committed at or before TIME
+(`rollup.travel`).
 
 Exit codes: 0 done (verify: every hour complete); 1 verify found a mismatch; 2 the
 command could not run (bad arguments, unknown version, damaged dataset, store errors, or
@@ -82,7 +84,7 @@ def render(rows: Sequence[dict[str, Any]], columns: Sequence[str], fmt: str, out
         out.write("  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip() + "\n")
 
 
-def _run(settings: Settings, work: Callable[[ObjectStore], Awaitable[int]]) -> int:
+def run_with_store(settings: Settings, work: Callable[[ObjectStore], Awaitable[int]]) -> int:
     async def main() -> int:
         store = open_store_from_settings(settings.store, clock=SystemClock())
         try:
@@ -101,7 +103,7 @@ def _run(settings: Settings, work: Callable[[ObjectStore], Awaitable[int]]) -> i
     return 2
 
 
-def _time(text: str) -> datetime:
+def time_argument(text: str) -> datetime:
     try:
         return schemas.parse_timestamp(text)
     except ValueError as exc:
@@ -134,6 +136,7 @@ def run_query(args: argparse.Namespace, settings: Settings) -> int:
             filesystem=filesystem,
             root=root,
             version=args.version,
+            as_of=args.as_of,
             columns=columns,
             where=where,
             start=getattr(args, "from"),
@@ -144,7 +147,7 @@ def run_query(args: argparse.Namespace, settings: Settings) -> int:
         render(table.to_pylist(), columns, args.format, sys.stdout)
         return 0
 
-    return _run(settings, work)
+    return run_with_store(settings, work)
 
 
 def run_history(args: argparse.Namespace, settings: Settings) -> int:
@@ -157,7 +160,7 @@ def run_history(args: argparse.Namespace, settings: Settings) -> int:
         render(rows, columns, args.format, sys.stdout)
         return 0
 
-    return _run(settings, work)
+    return run_with_store(settings, work)
 
 
 def run_verify(args: argparse.Namespace, settings: Settings) -> int:
@@ -191,7 +194,7 @@ def run_verify(args: argparse.Namespace, settings: Settings) -> int:
         print(f"version {report.version}: {len(report.hours)} hours, {summary}", file=sys.stderr)
         return 0 if report.ok else 1
 
-    return _run(settings, work)
+    return run_with_store(settings, work)
 
 
 def run_vacuum(args: argparse.Namespace, settings: Settings) -> int:
@@ -224,7 +227,19 @@ def run_vacuum(args: argparse.Namespace, settings: Settings) -> int:
         )
         return 0
 
-    return _run(settings, work)
+    return run_with_store(settings, work)
+
+
+def add_snapshot_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--version N`` or ``--as-of TIME``: which committed snapshot a read sees."""
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--version", type=int, help="read this version (default: latest)")
+    which.add_argument(
+        "--as-of",
+        type=time_argument,
+        metavar="TIME",
+        help="read the newest version committed at or before TIME (RFC 3339, UTC by default)",
+    )
 
 
 READ_HANDLERS: dict[str, Handler] = {
@@ -247,11 +262,14 @@ def add_read_commands(subparsers: Any) -> None:
         help="filter (repeatable, all must hold); OP is = != < <= > >=",
     )
     query.add_argument(
-        "--from", type=_time, metavar="TIME", help="first time included (RFC 3339, UTC by default)"
+        "--from",
+        type=time_argument,
+        metavar="TIME",
+        help="first time included (RFC 3339, UTC by default)",
     )
-    query.add_argument("--to", type=_time, metavar="TIME", help="first time excluded")
+    query.add_argument("--to", type=time_argument, metavar="TIME", help="first time excluded")
     query.add_argument("--columns", help="comma-separated columns (default: all)")
-    query.add_argument("--version", type=int, help="read this version (default: latest)")
+    add_snapshot_arguments(query)
     query.add_argument("--limit", type=int, help="print at most this many rows")
     query.add_argument("--format", choices=FORMATS, default="table")
     query.set_defaults(handler=run_query)

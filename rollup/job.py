@@ -18,7 +18,10 @@ session they own. Under the owner lease (taken here unless one is passed in):
 6. after a commit, once the pointer read back shows it, delete the work markers read,
    except those of hours with batches the commit left out (bad frames: they stay
    pending, and the marker makes the next run try them again); a plan with nothing
-   left to do deletes its markers at once.
+   left to do deletes its markers at once;
+7. whatever the outcome, publish every committed version not yet published as Iceberg
+   metadata (`rollup.iceberg_publish`): this run's commit, and any a crashed run left
+   unpublished. A failed publish is logged; the commit stands and the next run repairs.
 
 A crash anywhere before the pointer swap leaves only orphan files; the next run plans
 the same batches again and produces exact totals.
@@ -40,6 +43,7 @@ from protocol import keys
 from protocol.clock import Clock, SystemClock
 from protocol.records import ProblemRecord, RecordError
 from rollup.commit import CommitConflict, LoadedSnapshot, commit, delete_uncommitted, load_latest
+from rollup.iceberg_publish import publish_or_log
 from rollup.manifest import Changes, DataFile, LedgerHour
 from rollup.owner import OwnerLease, OwnerLost
 from rollup.plan import Plan, make_plan
@@ -88,6 +92,8 @@ class RunSummary:
     commit_conflicts: int = 0
     problems: list[dict[str, Any]] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    iceberg_published: list[int] = field(default_factory=list)
+    """Versions published as Iceberg metadata by this run (`rollup.iceberg_publish`)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -114,7 +120,11 @@ async def run_rollup(
         store, job_id or f"lm-rollup-{uuid.uuid4()}", settings.owner_lease_ttl_s, clock
     )
     try:
-        return await _Run(spark, store, access, settings, own, clock, hooks, progress).run()
+        summary = await _Run(spark, store, access, settings, own, clock, hooks, progress).run()
+        summary.iceberg_published = await publish_or_log(
+            store, store_url=access.url, retention_s=settings.retention_s, owner=own
+        )
+        return summary
     finally:
         if owner is None:
             await own.release()

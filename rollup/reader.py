@@ -1,6 +1,7 @@
 """Reading rollup tables without Spark: a snapshot's files, pruned, projected and filtered.
 
-`scan` reads one table as of the latest snapshot or a given ``version``: it plans which
+`scan` reads one table as of the latest snapshot, a given ``version`` or the snapshot
+current at a time ``as_of`` (`rollup.travel`): it plans which
 data files can hold matching rows (`plan_files`: partition hour against the time range
 and against predicates on the partition column, then each file's min/max statistics
 against every predicate), reads only those with pyarrow (only the needed columns, with
@@ -37,8 +38,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from rollup import schemas
-from rollup.commit import load_latest, load_version
 from rollup.manifest import DataFile, Snapshot
+from rollup.travel import load_snapshot
 from store.base import ObjectStore
 
 _OPS: dict[str, Callable[[Any, Any], Any]] = {
@@ -235,20 +236,18 @@ async def scan(
     filesystem: pafs.FileSystem,
     root: str,
     version: int | None = None,
+    as_of: datetime | None = None,
     columns: Sequence[str] | None = None,
     where: Sequence[Predicate] = (),
     start: datetime | None = None,
     end: datetime | None = None,
     stats: ScanStats | None = None,
 ) -> pa.Table:
-    """``table`` as of ``version`` (default: the latest; an empty table before the first
-    commit), pruned, filtered and projected as the module doc says. ``stats``, when
-    given, is filled in. Errors as in the module doc."""
+    """``table`` as of ``version`` or the time ``as_of`` (default: the latest; an empty
+    table before the first commit), pruned, filtered and projected as the module doc
+    says. ``stats``, when given, is filled in. Errors as in the module doc."""
     schemas.table_schema(table)
-    if version is None:
-        loaded = await load_latest(store)
-    else:
-        loaded = await load_version(store, version)
+    loaded = await load_snapshot(store, version=version, as_of=as_of)
     snapshot = loaded.snapshot if loaded is not None else None
     files = plan_files(snapshot, table, where=where, start=start, end=end) if snapshot else []
     if stats is not None and snapshot is not None:

@@ -85,6 +85,18 @@ def _cached_filesystem(
     return arrow_filesystem(url, endpoint_url=endpoint_url, region=region)
 
 
+def engine_url(store_url: str, key: str) -> str:
+    """Where another engine (DuckDB, Spark, Iceberg readers) finds object ``key``: an
+    absolute path on a ``file://`` store, ``s3://BUCKET/PREFIX/KEY`` on S3."""
+    location = parse_store_url(store_url)
+    if isinstance(location, FileLocation):
+        return str(location.path / key)
+    if isinstance(location, S3Location):
+        prefix = f"{location.prefix}/" if location.prefix else ""
+        return f"s3://{location.bucket}/{prefix}{key}"
+    raise StoreConfigError(f"store url {store_url!r}: other processes cannot read memory://")
+
+
 def object_path(root: str, key: str) -> str:
     """The filesystem path of object ``key``."""
     return f"{root}/{key}"

@@ -5,8 +5,11 @@ Retention (decision): the *retained* snapshots are the current one, plus
 - with ``retain_s=S``: every snapshot created in the last S seconds *and* the one that
   was current S seconds ago (the newest created before then), so any state the dataset
   had within the last S seconds can still be read by version;
-both when both are given. Older snapshots' manifests are deleted too, which ends
-`history` and version travel there.
+both when both are given; and every snapshot that the current published Iceberg metadata
+of a table still lists (`rollup.iceberg_publish.published_versions`), so engines reading
+Iceberg never find a file gone. Older snapshots' manifests are deleted too, which ends
+`history` and version travel there. Published Iceberg metadata files themselves
+(``rollup/v1/iceberg/``) are not vacuumed yet.
 
 Everything under ``rollup/v1/manifests/``, ``tables/`` and ``ledger/`` that no retained
 snapshot reaches (their manifests, data files and ledger files) is deleted: files
@@ -37,6 +40,7 @@ import structlog
 from protocol import keys
 from protocol.clock import Clock
 from rollup.commit import load_latest, walk_snapshots
+from rollup.iceberg_publish import published_versions
 from rollup.manifest import Snapshot, parse_created_at
 from rollup.owner import OwnerLease
 from store.base import ObjectInfo, ObjectStore
@@ -141,6 +145,11 @@ async def _vacuum(
     kept_snapshots = retained(
         chain, now_ns=now_ns, retain_versions=retain_versions, retain_s=retain_s
     )
+    # Engines reading the published Iceberg metadata may time-travel to any snapshot it
+    # still lists: those versions' files stay live, whatever the retention says.
+    published = await published_versions(store)
+    kept_versions = {s.version for s in kept_snapshots}
+    kept_snapshots += [s for s in chain if s.version in published - kept_versions]
     keep: set[str] = set()
     for snapshot in kept_snapshots:
         keep |= snapshot.reachable_keys()

@@ -14,7 +14,9 @@ from pyspark.sql import SparkSession
 
 from protocol import keys
 from protocol.records import ProblemRecord
+from rollup import sql
 from rollup.commit import load_latest
+from rollup.iceberg_publish import table_url
 from rollup.job import run_rollup
 from rollup.ledger import read_ledger
 from rollup.storage import StoreAccess
@@ -131,6 +133,7 @@ async def test_late_batches_merge_into_committed_rows(
     summary = await run(spark, fs_store)
 
     assert summary.outcome == "committed" and summary.version == 2, summary
+    assert summary.iceberg_published == [2]  # the run publishes its commit
     assert_rollup_equal(await committed_rollup(fs_store), expected_rollup([early, late]))
     after = await load_latest(fs_store)
     assert after is not None
@@ -252,5 +255,16 @@ async def test_the_job_reads_frames_from_and_writes_parquet_to_s3(
         assert summary.outcome == "committed" and summary.points == 60, summary
         assert_rollup_equal(await committed_rollup(store, endpoint), expected_rollup(frames))
         assert (await verify(store)).ok
+        # The published Iceberg table, read by DuckDB through httpfs with the store's settings.
+        assert summary.iceberg_published == [1]
+        connection = sql.open_duckdb()
+        sql.add_s3_secret(
+            connection,
+            sql.S3Access(ministack_bucket, "us-east-1", endpoint, sql.resolve_credentials()),
+        )
+        counted = connection.sql(
+            f"SELECT count(*), sum(value) FROM iceberg_scan('{table_url(url, 'points')}')"
+        ).fetchall()
+        assert counted == [(60, float(sum(range(20)) * 3))]
     finally:
         await store.close()

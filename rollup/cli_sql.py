@@ -1,0 +1,96 @@
+"""``lm-rollup sql "SELECT ..."``: DuckDB over the latest (``--version N``, ``--as-of
+TIME``) committed snapshot, the tables registered by name (`rollup.sql`), offline.
+
+Rows go to stdout (``--format table|csv|json``, as ``query``); the snapshot read goes to
+stderr (``snapshot: version N committed <created_at>``). Several statements may be given;
+the last one's rows are printed. Exit codes: 0 done; 2 the query could not run (bad SQL,
+unknown version, a file the snapshot lists is unreadable, store errors), with one line on
+stderr saying why and no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from typing import Any
+
+from config.settings import Settings
+from config.store_url import S3Location
+from rollup import travel
+from rollup.cli_read import FORMATS, add_snapshot_arguments, render, run_with_store
+from rollup.manifest import Snapshot
+from store.base import ObjectStore
+
+
+def _unique(names: list[str]) -> list[str]:
+    """Column names made unique (``a``, ``a_2``), so rows can be keyed by them."""
+    seen: dict[str, int] = {}
+    result = []
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        result.append(name if seen[name] == 1 else f"{name}_{seen[name]}")
+    return result
+
+
+def run_sql(args: argparse.Namespace, settings: Settings) -> int:
+    """``sql QUERY``: see the module doc."""
+    import duckdb  # only `sql` needs DuckDB
+
+    from rollup import sql  # imports DuckDB
+
+    location = settings.store.location
+
+    def execute(snapshot: Snapshot | None) -> int:
+        try:
+            connection = sql.open_duckdb()
+        except (sql.ExtensionMissing, duckdb.Error) as exc:
+            print(f"error: DuckDB: {exc}", file=sys.stderr)
+            return 2
+        try:
+            if isinstance(location, S3Location):
+                access = sql.S3Access(
+                    bucket=location.bucket,
+                    region=settings.store.region,
+                    endpoint_url=settings.store.endpoint_url,
+                    credentials=sql.resolve_credentials(),
+                )
+                sql.add_s3_secret(connection, access)
+            sql.register_snapshot(connection, snapshot, location)
+            relation = connection.sql(args.query)
+            if relation is None:
+                return 0  # a statement without rows (SET, CREATE ...)
+            columns = _unique(list(relation.columns))
+            rows = [dict(zip(columns, row, strict=True)) for row in relation.fetchall()]
+        except duckdb.Error as exc:
+            print(f"error: SQL: {exc}", file=sys.stderr)
+            return 2
+        finally:
+            connection.close()
+        render(rows, columns, args.format, sys.stdout)
+        return 0
+
+    async def work(store: ObjectStore) -> int:
+        loaded = await travel.load_snapshot(store, version=args.version, as_of=args.as_of)
+        if loaded is None:
+            print("snapshot: none committed yet (every table is empty)", file=sys.stderr)
+        else:
+            snapshot = loaded.snapshot
+            print(
+                f"snapshot: version {snapshot.version} committed {snapshot.created_at}",
+                file=sys.stderr,
+            )
+        return await asyncio.to_thread(execute, loaded.snapshot if loaded else None)
+
+    return run_with_store(settings, work)
+
+
+def add_sql_command(subparsers: Any) -> None:
+    """Add ``sql`` to ``subparsers`` (from ``add_subparsers()``)."""
+    query = subparsers.add_parser(
+        "sql", help="run DuckDB SQL over a committed snapshot (tables: points, rollup_1m)"
+    )
+    query.add_argument("query", help='SQL, e.g. "SELECT metric, count(*) FROM points GROUP BY 1"')
+    add_snapshot_arguments(query)
+    query.add_argument("--format", choices=FORMATS, default="table")
+    query.set_defaults(handler=run_sql)
