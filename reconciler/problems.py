@@ -15,6 +15,7 @@ a catalog file, which is then moved aside). ``gc-guard`` belongs to the GC.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator
 
@@ -39,6 +40,7 @@ class ProblemBook:
         self._ctx = ctx
         self._known: set[str] = set()
         self._loaded = False
+        self._loading = asyncio.Lock()  # records are read concurrently: list them once
         self.found: Counter[str] = Counter()
 
     async def load(self) -> None:
@@ -51,8 +53,9 @@ class ProblemBook:
         self._loaded = True
 
     async def _load_once(self) -> None:
-        if not self._loaded:
-            await self.load()
+        async with self._loading:
+            if not self._loaded:
+                await self.load()
 
     async def record(self, kind: str, subject_key: str, detail: str) -> None:
         """Report a problem (store errors are logged and swallowed: it is found again later)."""

@@ -83,7 +83,7 @@ async def test_a_pass_catalogs_what_the_log_names_once_and_advances_the_checkpoi
 async def test_an_idle_pass_of_the_same_term_is_one_log_listing(clock: ManualClock) -> None:
     # The term's leader is the checkpoint's only writer and problems are listed only when
     # a record is read: an idle pass costs one LIST, and the totals keep adding up.
-    store = CountingStore(MemoryStore(clock=clock))
+    store = CountingStore(MemoryStore(clock=clock), overlap=True)
     batches = await write_batches(store, agents=1, per_agent=4)
     ctx = await context(store, clock)
     scanner = SteadyScanner(ctx)
@@ -99,7 +99,10 @@ async def test_an_idle_pass_of_the_same_term_is_one_log_listing(clock: ManualClo
     assert sum(store.calls.values()) == 1
 
     await log_rows(store, clock, batches[2:], writer_id="c2")
+    store.clear()
     await scanner.run_pass()
+    # Two records read at once: the problem records are listed once, not once per record.
+    assert [prefix for prefix, _ in store.lists].count(keys.RECONCILER_PROBLEMS_PREFIX) == 1
     checkpoint = await read_checkpoint(store)
     assert checkpoint is not None
     assert (checkpoint.totals["segments"], checkpoint.totals["accepted_rows"]) == (2, 4)
