@@ -354,26 +354,44 @@ class S3Store:
             raise ValueError(f"list {prefix!r}: prefix must not start with '/'")
         full_prefix = self._root + prefix
         after = self._root + start_after if start_after is not None else None
-        while True:
-            page = await self._list_page(prefix, full_prefix, after)
-            contents = page.get("Contents", [])
-            for entry in contents:
-                full_key = entry["Key"]
-                if not full_key.startswith(full_prefix):
-                    raise Unavailable("list", prefix, f"server returned foreign key {full_key!r}")
-                yield ObjectInfo(
-                    key=full_key[len(self._root) :],
-                    size=entry["Size"],
-                    etag=_etag(entry["ETag"]),
-                    last_modified_ns=_to_ns(entry["LastModified"]),
-                )
-            if not page.get("IsTruncated"):
-                return
-            if not contents:
-                raise Unavailable("list", prefix, "truncated page without keys")
-            # Each page resumes after the last key seen rather than from a continuation
-            # token, so a page retried against a restarted server needs no server state.
-            after = contents[-1]["Key"]
+        page = await self._list_page(prefix, full_prefix, after)
+        # One page ahead: the next page is asked for as soon as this one names its last
+        # key, so the server prepares it while the caller works through this one (a long
+        # listing's wall time is then about the larger of the two, not their sum). Bounded
+        # to one page; a caller that stops early costs at most one unread page.
+        ahead: asyncio.Task[ListObjectsV2OutputTypeDef] | None = None
+        try:
+            while True:
+                contents = page.get("Contents", [])
+                truncated = bool(page.get("IsTruncated"))
+                if truncated and not contents:
+                    raise Unavailable("list", prefix, "truncated page without keys")
+                if truncated:
+                    # Each page resumes after the last key seen rather than from a
+                    # continuation token, so a page retried against a restarted server
+                    # needs no server state.
+                    ahead = asyncio.ensure_future(
+                        self._list_page(prefix, full_prefix, contents[-1]["Key"])
+                    )
+                for entry in contents:
+                    full_key = entry["Key"]
+                    if not full_key.startswith(full_prefix):
+                        raise Unavailable(
+                            "list", prefix, f"server returned foreign key {full_key!r}"
+                        )
+                    yield ObjectInfo(
+                        key=full_key[len(self._root) :],
+                        size=entry["Size"],
+                        etag=_etag(entry["ETag"]),
+                        last_modified_ns=_to_ns(entry["LastModified"]),
+                    )
+                if ahead is None:
+                    return
+                page, ahead = await ahead, None
+        finally:
+            if ahead is not None:  # the caller stopped early, or this page failed
+                ahead.cancel()
+                await asyncio.gather(ahead, return_exceptions=True)
 
     async def _list_page(
         self, prefix: str, full_prefix: str, after: str | None

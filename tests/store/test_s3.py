@@ -178,6 +178,36 @@ async def test_list_pages_past_a_thousand_keys_in_order(s3_store: S3Store) -> No
 
 
 @pytest.mark.s3
+async def test_a_listing_asks_for_the_next_page_while_the_caller_reads_this_one(
+    s3_store: S3Store,
+) -> None:
+    limit = asyncio.Semaphore(32)
+
+    async def put(key: str) -> None:
+        async with limit:
+            await s3_store.put(key, b"")
+
+    await asyncio.gather(*(put(f"many/{i:05d}") for i in range(1100)))
+    asked: list[str | None] = []
+    list_page = s3_store._list_page
+
+    async def recording(prefix: str, full_prefix: str, after: str | None) -> Any:
+        asked.append(after)
+        return await list_page(prefix, full_prefix, after)
+
+    s3_store._list_page = recording  # type: ignore[method-assign]
+    listing = s3_store.list("many/")
+    first = await anext(listing)
+    await asyncio.sleep(0)  # one turn of the loop: the look-ahead task takes its first step
+    assert first.key == "many/00000"
+    assert asked[0] is None and asked[1] is not None and asked[1].endswith("many/00999")
+    # page 2 was requested before page 1 was read
+    await listing.aclose()  # stopping early cancels the page ahead: nothing left running
+    assert len(asked) == 2
+    assert len([info async for info in s3_store.list("many/")]) == 1100
+
+
+@pytest.mark.s3
 async def test_start_after_is_relative_to_the_prefix(s3_store: S3Store) -> None:
     keys = ["a/1", "a/2", "b/1", "b/2", "c"]
     for key in keys:
