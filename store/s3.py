@@ -77,6 +77,7 @@ from store.errors import (
     Unavailable,
 )
 from store.retry import Backoff, repeat_while_unavailable
+from store.s3_timestamps import use_fast_timestamps
 from store.time import DEFAULT_MAX_CLOCK_SKEW_S, ClockOffset
 
 if TYPE_CHECKING:
@@ -240,6 +241,7 @@ class S3Store:
                 creds = self._credentials
                 try:
                     session = AioSession(profile=self._profile)
+                    use_fast_timestamps(session)  # listings: ~70 µs a key saved
                     self._client = await stack.enter_async_context(
                         session.create_client(
                             "s3",
