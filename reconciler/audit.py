@@ -82,6 +82,9 @@ __all__ = [
 ]
 
 PROGRESS_INTERVAL_S = 2.0
+PROGRESS_RECORDS = 1000
+"""Progress is saved every `PROGRESS_INTERVAL_S` or once this many records were cataloged
+since the last save, whichever comes first: a crash re-reads at most that much."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +197,7 @@ class _AuditRun:
         self._quarantines = record.quarantines_seen
         self._problem_count = record.problems
         self._last_save = ctx.clock.monotonic()
+        self._cataloged_at_save = record.cataloged
         self._saving = asyncio.Lock()
         self._limit, verify_limit = _split_concurrency(ctx.reconciler_settings.concurrency)
         self.problems = ProblemBook(ctx)
@@ -319,19 +323,28 @@ class _AuditRun:
             }
         )
 
+    def _save_due(self) -> bool:
+        return (
+            self._ctx.clock.monotonic() - self._last_save >= self._interval
+            or self._cataloged - self._cataloged_at_save >= PROGRESS_RECORDS
+        )
+
     async def checkpoint(self) -> None:
-        """Save progress if the last save is `PROGRESS_INTERVAL_S` old."""
-        if self._ctx.clock.monotonic() - self._last_save < self._interval:
+        """Save progress if the last save is `PROGRESS_INTERVAL_S` old or `PROGRESS_RECORDS`
+        records were cataloged since."""
+        if not self._save_due():
             return
         async with self._saving:
-            if self._ctx.clock.monotonic() - self._last_save < self._interval:
+            if not self._save_due():
                 return
+            cataloged = self._cataloged
             try:
                 await save_audit(self._ctx, self._current())
             except StoreError as exc:
                 # Progress only: a crash now resumes from the previous save.
                 self._ctx.log.warning("audit_progress_save_failed", error=str(exc))
             self._last_save = self._ctx.clock.monotonic()
+            self._cataloged_at_save = cataloged
 
     async def finish(self) -> AuditRecord:
         complete = not self.state.failed and not self.state.stopped and self._blobs is not None

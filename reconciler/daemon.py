@@ -109,9 +109,6 @@ class Reconciler:
         self._task: asyncio.Task[Any] | None = None
         self._fence: Fence | None = None
         self._last_gc: float | None = None
-        self._audit_completed: tuple[int, int] | None = None
-        """(lease epoch, completed_at) of the newest completed audit, as known this term:
-        audits are written only under the lease, so its holder need not list them again."""
         self.compactor = CatalogCompactor()
         self.suspects = OrphanSuspects()
         self.gc_memory = GcMemory()
@@ -248,33 +245,17 @@ class Reconciler:
     async def _audit_if_due(self, ctx: ReconcilerContext) -> AuditRecord | None:
         if not await self._audit_due(ctx):
             return None
-        record = await run_full_audit(ctx, progress=self._audit_progress, inventory=self._inventory)
-        if record.status == "completed" and record.completed_at_unix_ns is not None:
-            self._audit_completed = (ctx.epoch, record.completed_at_unix_ns)
-        return record
+        return await run_full_audit(ctx, progress=self._audit_progress, inventory=self._inventory)
 
     async def _audit_due(self, ctx: ReconcilerContext) -> bool:
-        completed_at = await self._last_audit_completed_at(ctx)
-        if completed_at is None:
-            return True  # the first audit ever (or of the index: a migration), or one to resume
-        interval_ns = int(self._settings.reconciler.max_audit_interval_s * 1e9)
-        return completed_at <= ctx.clock.now_ns() - interval_ns
-
-    async def _last_audit_completed_at(self, ctx: ReconcilerContext) -> int | None:
-        """When the newest audit of the index completed; None when one is running (to
-        resume) or none ever completed. Listed once a term (then known: see
-        ``_audit_completed``), not on every pass."""
-        known = self._audit_completed
-        if known is not None and known[0] == ctx.epoch:
-            return known[1]
         latest = await latest_audit(ctx.store, catalog_only=True)
         if latest is None or latest.status == "running":
-            return None
+            return True  # the first audit ever (or of the index: a migration), or one to resume
         completed = await latest_completed_audit(ctx.store)
         if completed is None or completed.completed_at_unix_ns is None:
-            return None
-        self._audit_completed = (ctx.epoch, completed.completed_at_unix_ns)
-        return completed.completed_at_unix_ns
+            return True
+        interval_ns = int(self._settings.reconciler.max_audit_interval_s * 1e9)
+        return completed.completed_at_unix_ns <= ctx.clock.now_ns() - interval_ns
 
     def _gc_due(self) -> bool:
         if self._last_gc is None:

@@ -52,10 +52,19 @@ class ProblemBook:
             self._known.add(info.key)
         self._loaded = True
 
-    async def _load_once(self) -> None:
+    async def _load_once(self) -> bool:
+        """Whether the records are known (listed now or before). A listing that fails is
+        logged and tried again at the next need: resolving is cleanup, and must never fail
+        the check of a record (the record is cataloged all the same)."""
         async with self._loading:
             if not self._loaded:
-                await self.load()
+                try:
+                    await self.load()
+                except StoreError as exc:
+                    self._ctx.metrics.store_failures.labels("problem").inc()
+                    self._ctx.log.warning("problem_list_failed", error=str(exc))
+                    return False
+        return True
 
     async def record(self, kind: str, subject_key: str, detail: str) -> None:
         """Report a problem (store errors are logged and swallowed: it is found again later)."""
@@ -85,8 +94,7 @@ class ProblemBook:
     async def resolve(self, kind: str, subject_key: str) -> None:
         """The subject checked out fine: remove its record of ``kind``, if there is one."""
         key = keys.problem_key(kind, subject_key)
-        await self._load_once()
-        if key not in self._known:
+        if not await self._load_once() or key not in self._known:
             return
         ctx = self._ctx
         await ctx.check_fence()
@@ -102,8 +110,7 @@ class ProblemBook:
     async def subjects(self, kind: str) -> AsyncIterator[str]:
         """The subjects of the open problems of ``kind`` (reads only when any exist)."""
         prefix = f"{keys.RECONCILER_PROBLEMS_PREFIX}{kind}/"
-        await self._load_once()
-        if not any(key.startswith(prefix) for key in self._known):
+        if not await self._load_once() or not any(key.startswith(prefix) for key in self._known):
             return
         async for _key, record in list_problems(self._ctx.store, kind):
             if record is not None:

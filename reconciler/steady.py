@@ -201,7 +201,12 @@ class SteadyScanner:
     ) -> bool:
         if not chunk.segments:
             return True
-        batch: CatalogBatch = await cataloger.read(chunk.record_keys)
+        try:
+            batch: CatalogBatch = await cataloger.read(chunk.record_keys)
+        except BaseException:
+            for key in chunk.record_keys:  # not cataloged: read them again next pass
+                self._recent_keys.pop(_digest(key), None)
+            raise
         result.records_read += len(chunk.record_keys)
         result.missing += batch.missing
         result.problems += batch.problems

@@ -154,7 +154,7 @@ async def test_kill_9_mid_audit_then_the_next_run_resumes(tmp_path: Path) -> Non
     store_dir = tmp_path / "store"
     # Every record is read and cataloged (fsync'd catalog files and markers), one request at
     # a time: the audit takes several seconds, and its record is saved every 2 s while it
-    # runs: time to see it running and kill it.
+    # runs (or every 1,000 records cataloged): time to see it running and kill it.
     now_batches(store_dir, agents=30, per_agent=150)
     env = cli_env(store_dir, LM_RECONCILER__CONCURRENCY="1", LM_RECONCILER__LEASE_TTL_S="2")
     auditor = start_cli("audit", env=env, log_path=tmp_path / "audit.log")

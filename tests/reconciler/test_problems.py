@@ -10,6 +10,7 @@ from protocol import keys
 from protocol.clock import ManualClock
 from reconciler.problems import ProblemBook
 from store.base import ObjectInfo
+from store.errors import Unavailable
 from store.memory import MemoryStore
 from tests.reconciler.conftest import context
 
@@ -41,3 +42,34 @@ async def test_concurrent_checks_list_the_problem_records_once(clock: ManualCloc
 
     assert store.listings == 1
     assert [key async for key in problems.subjects("unparseable-manifest")] == []
+
+
+class FailingListings(MemoryStore):
+    """The problem records cannot be listed until ``healed``."""
+
+    healed = False
+
+    async def list(self, prefix: str, start_after: str | None = None) -> AsyncIterator[ObjectInfo]:
+        if prefix == keys.RECONCILER_PROBLEMS_PREFIX and not self.healed:
+            raise Unavailable("list", prefix, "injected")
+        async for info in super().list(prefix, start_after):
+            yield info
+
+    def inner_list(self) -> AsyncIterator[ObjectInfo]:
+        return super().list(keys.RECONCILER_PROBLEMS_PREFIX)
+
+
+async def test_a_failed_listing_never_fails_a_check_and_is_tried_again(
+    clock: ManualClock,
+) -> None:
+    store = FailingListings(clock=clock)
+    ctx = await context(store, clock)
+    await ProblemBook(ctx).record("unparseable-manifest", "accepted/v1/a.json", "not JSON")
+    problems = ProblemBook(ctx)
+
+    await problems.resolve("unparseable-manifest", "accepted/v1/a.json")  # does not raise
+    assert [info.key async for info in store.inner_list()] != []  # still recorded
+
+    store.healed = True
+    await problems.resolve("unparseable-manifest", "accepted/v1/a.json")
+    assert [info.key async for info in store.inner_list()] == []
