@@ -11,6 +11,10 @@ with the ``hour`` that routes it to stage 2:
   labels of their series, as Arrow IPC blobs;
 - ``points_file``, ``ledger`` (one per included batch, routed by its accepted hour) and
   ``problem`` (a frame that is missing, fails its hash, decode or identity check): JSON.
+
+Rows that the base snapshot's tombstones mask (`rollup.tombstones`) are dropped from the
+points written and from the partials (each table by its own tombstones); the batch is
+still included in the ledger with all its records.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from rollup.tasks import (
     to_ipc,
     utc_hour,
 )
+from rollup.tombstones import Tombstone, drop_from_points
 
 # Partials per IPC blob (~15 MB): with `spark_session.JOB_CONF`'s Arrow batch cap, one
 # Arrow batch of blobs stays far below the 2 GiB of a binary column's int32 offsets.
@@ -53,10 +58,11 @@ class FrameStage:
     """Stage 1 as a picklable callable for ``mapInArrow`` (`run`)."""
 
     options: WriteOptions
+    tombstones: tuple[Tombstone, ...] = ()
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """Stage 1 over the work items in ``batches`` (`WORK_SCHEMA`); see the module doc."""
-        task = _FrameTask(self.options)
+        task = _FrameTask(self.options, self.tombstones)
         for batch in batches:
             for item in batch.to_pylist():
                 task.add(item)
@@ -69,8 +75,9 @@ class _FrameTask:
     Points are buffered up to `WriteOptions.chunk_rows`, then pre-aggregated together
     and appended to the task's points file of each hour they fall in."""
 
-    def __init__(self, options: WriteOptions) -> None:
+    def __init__(self, options: WriteOptions, tombstones: tuple[Tombstone, ...] = ()) -> None:
         self._options = options
+        self._tombstones = tombstones
         self._buffered: list[pa.Table] = []
         self._sources: list[tuple[str, str, int]] = []  # (agent_id, boot_id, rows) per frame
         self._by_hour: dict[int, list[pa.Table]] = {}
@@ -98,10 +105,13 @@ class _FrameTask:
                 },
             )
         )
-        self._buffered.append(points)
-        self._sources.append((frame.agent_id, str(frame.boot_id), points.num_rows))
+        # The batch is included (ledger) with all its records; rows the base snapshot's
+        # deletes mask are left out of the tables, so a late batch cannot bring them back.
+        for_points, for_rollup = drop_from_points(self._tombstones, points)
+        self._buffered.append(for_rollup)
+        self._sources.append((frame.agent_id, str(frame.boot_id), for_rollup.num_rows))
         # Split per frame: a frame rarely spans an hour, so this seldom filters anything.
-        for hour, rows in split_by_hour(points).items():
+        for hour, rows in split_by_hour(for_points).items():
             self._by_hour.setdefault(hour, []).append(rows)
         self._buffered_rows += points.num_rows
         if self._buffered_rows >= self._options.chunk_rows:

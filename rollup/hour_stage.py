@@ -37,6 +37,7 @@ from rollup.tasks import (
     records_table,
     write_parquet,
 )
+from rollup.tombstones import drop_masked, for_table
 
 
 def hour_stage(options: WriteOptions, inputs: HourInputs) -> HourFunction:
@@ -76,6 +77,9 @@ def _write_rollup_hour(
     committed = read_parquet(
         options.access, list(inputs.rollup_files.get(hour, ())), ROLLUP_1M_SCHEMA
     )
+    # The rewritten file replaces the committed ones: it must not bring back rows the
+    # base snapshot's deletes mask in them (applying all of them again is harmless).
+    committed, _ = drop_masked(for_table(inputs.tombstones, "rollup_1m"), "rollup_1m", committed)
     if committed.num_rows:
         existing = aggregate.partials_of_rollup(committed)
         existing = resolve_committed_ties(

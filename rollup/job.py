@@ -365,6 +365,7 @@ def _hour_inputs(base: LoadedSnapshot | None) -> HourInputs:
     return HourInputs(
         rollup_files={h: tuple(p) for h, p in rollup.items()},
         points_files={h: tuple(p) for h, p in points.items()},
+        tombstones=base.snapshot.tombstones,
     )
 
 

@@ -8,9 +8,12 @@ the next snapshot from the current one and checks every invariant against the ba
 raising `RollupInvariantError` ("expected version 6, found 7") before anything is written.
 
 Meanings decided here (PROTOCOL §4 shows the fields, not all of their semantics):
-- ``tombstones``: the data-file paths *this* snapshot removed (reachable from the
+- ``removed_files``: the data-file paths *this* snapshot removed (reachable from the
   previous snapshot, not from this one): a record of what became unreachable when, for
-  history and vacuum. They are not carried forward.
+  history and vacuum. They are not carried forward. (Snapshots written before deletes
+  existed kept this list under ``tombstones``; `rollup.manifest_codec` reads both.)
+- ``tombstones``: every delete committed so far (`rollup.tombstones`), cumulative, each
+  with the version that added it; readers mask the rows they match.
 - ``ledger.files``: every ledger file of the snapshot (cumulative). ``ledger.hours``: per
   accepted hour, the total batches, records and setsum over all of them (cumulative).
 - A data file's ``min``/``max`` hold JSON statistics per column (see `rollup.schemas`);
@@ -31,6 +34,7 @@ from typing import Any
 from protocol import keys
 from protocol.setsum import Setsum
 from rollup import schemas
+from rollup.tombstones import Tombstone
 
 MANIFEST_SCHEMA = "lightmetrics.rollup_manifest.v1"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -109,7 +113,8 @@ class Snapshot:
     owner_epoch: int
     commit_id: str
     tables: Mapping[str, TableState]
-    tombstones: tuple[str, ...] = ()
+    tombstones: tuple[Tombstone, ...] = ()
+    removed_files: tuple[str, ...] = ()
     ledger_files: tuple[str, ...] = ()
     ledger_hours: Mapping[str, LedgerHour] = field(default_factory=dict)
 
@@ -123,8 +128,8 @@ class Snapshot:
         return state.data_files if state is not None else ()
 
     def reachable_keys(self) -> set[str]:
-        """Every object this snapshot needs: its manifest, data files and ledger files."""
-        paths = {self.manifest_key, *self.ledger_files}
+        """Every object this snapshot needs: its manifest, data, ledger and tombstone files."""
+        paths = {self.manifest_key, *self.ledger_files, *(t.key for t in self.tombstones)}
         for state in self.tables.values():
             paths.update(f.path for f in state.data_files)
         return paths
@@ -145,7 +150,8 @@ class Snapshot:
                 }
                 for name, state in self.tables.items()
             },
-            "tombstones": list(self.tombstones),
+            "tombstones": [t.to_dict() for t in self.tombstones],
+            "removed_files": list(self.removed_files),
             "ledger": {
                 "files": list(self.ledger_files),
                 "hours": {hour: totals.to_dict() for hour, totals in self.ledger_hours.items()},
@@ -173,13 +179,15 @@ class Changes:
     ``removed_files`` are paths of the base's data files this commit supersedes (e.g.
     ``rollup_1m`` files rewritten with late data); ``ledger_delta`` holds, per accepted
     hour, the totals of only the batches newly included by this commit, which must be in
-    ``added_ledger_files``.
+    ``added_ledger_files``. ``added_tombstones`` are deletes this commit adds (their
+    files already written); the commit sets their ``added_version``.
     """
 
     added_files: tuple[DataFile, ...] = ()
     removed_files: tuple[str, ...] = ()
     added_ledger_files: tuple[str, ...] = ()
     ledger_delta: Mapping[str, LedgerHour] = field(default_factory=dict)
+    added_tombstones: tuple[Tombstone, ...] = ()
 
 
 def format_created_at(unix_ns: int) -> str:
@@ -212,7 +220,8 @@ def apply(
     """The snapshot that results from applying ``changes`` to ``base`` (None: empty dataset).
 
     Pure. Every invariant is checked against the base; the first violation raises
-    `RollupInvariantError` naming it. The new snapshot's tombstones are the removed paths.
+    `RollupInvariantError` naming it. The new snapshot's ``removed_files`` are the removed
+    paths; its tombstones are the base's plus the added ones.
     """
     _check_header(base, version, commit_id, owner_epoch, created_at, manifest_key_of_base)
     base_tables: Mapping[str, TableState] = base.tables if base is not None else {}
@@ -251,7 +260,8 @@ def apply(
         owner_epoch=owner_epoch,
         commit_id=commit_id,
         tables=tables,
-        tombstones=tuple(changes.removed_files),
+        tombstones=_next_tombstones(base, changes, version),
+        removed_files=tuple(changes.removed_files),
         ledger_files=ledger_files,
         ledger_hours=ledger_hours,
     )
@@ -314,6 +324,15 @@ def _check_added_file(added: DataFile, version: int, live: Mapping[str, DataFile
         )
     if added.row_count < 0 or added.size_bytes < 0:
         raise RollupInvariantError(f"added file {added.path!r}: negative row_count or size")
+
+
+def _next_tombstones(
+    base: Snapshot | None, changes: Changes, version: int
+) -> tuple[Tombstone, ...]:
+    existing = base.tombstones if base is not None else ()
+    # A tombstone id committed twice would be a retried delete counted as two requests.
+    _no_duplicates("tombstones", [t.id for t in (*existing, *changes.added_tombstones)])
+    return existing + tuple(t.committed_at(version) for t in changes.added_tombstones)
 
 
 def _next_ledger(

@@ -24,6 +24,7 @@ from rollup.manifest import (
     check_ledger_hour,
     parse_created_at,
 )
+from rollup.tombstones import Tombstone, TombstoneError
 
 
 def _need(document: Mapping[str, Any], name: str, kind: type | tuple[type, ...], where: str) -> Any:
@@ -33,6 +34,25 @@ def _need(document: Mapping[str, Any], name: str, kind: type | tuple[type, ...],
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
         raise RollupManifestError(f"{where}.{name}: unexpected {type(value).__name__} {value!r}")
     return value
+
+
+def _parse_tombstones(document: Mapping[str, Any]) -> tuple[tuple[Tombstone, ...], list[Any]]:
+    """``(tombstones, removed_files)``. Snapshots written before deletes existed listed
+    the removed data-file paths under ``tombstones`` (strings) and had no
+    ``removed_files``: read them as removed files and no deletes."""
+    entries = _need(document, "tombstones", list, "snapshot")
+    if "removed_files" not in document and all(isinstance(e, str) for e in entries):
+        return (), entries
+    removed = _need(document, "removed_files", list, "snapshot")
+    parsed: list[Tombstone] = []
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise RollupManifestError(f"tombstones[{index}]: must be an object")
+        try:
+            parsed.append(Tombstone.from_dict(entry))
+        except TombstoneError as exc:
+            raise RollupManifestError(f"tombstones[{index}]: {exc}") from None
+    return tuple(parsed), removed
 
 
 def parse_snapshot(document: Any) -> Snapshot:
@@ -66,12 +86,12 @@ def parse_snapshot(document: Any) -> Snapshot:
         name: _parse_table(name, state)
         for name, state in _need(document, "tables", dict, "snapshot").items()
     }
-    tombstones = _need(document, "tombstones", list, "snapshot")
+    tombstones, removed = _parse_tombstones(document)
     ledger = _need(document, "ledger", dict, "snapshot")
     files = _need(ledger, "files", list, "ledger")
     hours = _need(ledger, "hours", dict, "ledger")
-    if not all(isinstance(p, str) for p in [*tombstones, *files]):
-        raise RollupManifestError("tombstones and ledger.files must be lists of keys")
+    if not all(isinstance(p, str) for p in [*removed, *files]):
+        raise RollupManifestError("removed_files and ledger.files must be lists of keys")
     ledger_hours: dict[str, LedgerHour] = {}
     for hour, totals in hours.items():
         where = f"ledger.hours.{hour}"
@@ -92,7 +112,8 @@ def parse_snapshot(document: Any) -> Snapshot:
         owner_epoch=owner_epoch,
         commit_id=commit_id,
         tables=tables,
-        tombstones=tuple(tombstones),
+        tombstones=tombstones,
+        removed_files=tuple(removed),
         ledger_files=tuple(files),
         ledger_hours=ledger_hours,
     )

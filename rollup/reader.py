@@ -6,7 +6,8 @@ data files can hold matching rows (`plan_files`: partition hour against the time
 and against predicates on the partition column, then each file's min/max statistics
 against every predicate), reads only those with pyarrow (only the needed columns, with
 row-group filtering), filters the rows exactly, and returns the projected columns cast
-to the table's schema (`rollup.schemas`).
+to the table's schema (`rollup.schemas`). Rows the snapshot's tombstones (deletes,
+`rollup.tombstones`) match are masked: a deleted row is never returned.
 
 Predicates (`Predicate`, parsed by `parse_predicate` from ``"column op value"``) compare
 one scalar column with a constant: ``= == != < <= > >=``. Values are parsed by the
@@ -38,7 +39,9 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from rollup import schemas
+from rollup import tombstones as tombstones_mod
 from rollup.manifest import DataFile, Snapshot
+from rollup.tombstones import Tombstone
 from rollup.travel import load_snapshot
 from store.base import ObjectStore
 
@@ -75,6 +78,7 @@ class ScanStats:
     files_pruned: int = 0
     files_read: int = 0
     rows_read: int = 0
+    rows_masked: int = 0
 
 
 def parse_value(data_type: pa.DataType, text: str) -> Any:
@@ -191,9 +195,11 @@ def read_files(
     start: datetime | None = None,
     end: datetime | None = None,
     stats: ScanStats | None = None,
+    tombstones: Sequence[Tombstone] = (),
 ) -> pa.Table:
     """Rows of ``files`` matching ``where`` and ``[start, end)``, projected to ``columns``
-    (default: all, in schema order) and cast to the table's schema. Blocking I/O."""
+    (default: all, in schema order) and cast to the table's schema, without the rows
+    ``tombstones`` (the snapshot's deletes) mask in each file. Blocking I/O."""
     schema = schemas.table_schema(table)
     wanted = list(columns) if columns is not None else list(schema.names)
     for name in wanted:
@@ -205,7 +211,16 @@ def read_files(
         bounds.append(Predicate(partition_column, ">=", start))
     if end is not None:
         bounds.append(Predicate(partition_column, "<", end))
-    needed = list(dict.fromkeys([*wanted, *(p.column for p in bounds)]))
+    masking = tombstones_mod.for_table(tombstones, table)
+    needed = list(
+        dict.fromkeys(
+            [
+                *wanted,
+                *(p.column for p in bounds),
+                *tombstones_mod.needed_columns(table, masking),
+            ]
+        )
+    )
     target = pa.schema([schema.field(name) for name in needed])
     expression: pc.Expression | None = None
     for predicate in bounds:
@@ -221,10 +236,21 @@ def read_files(
             filters=expression,
             partitioning=None,
         )
-        parts.append(part.select(needed).cast(target))
+        part = part.select(needed).cast(target)
+        pending = tombstones_mod.pending_for(
+            masking,
+            table,
+            added_version=data_file.added_version,
+            hour=data_file.partition,
+            metric_min=data_file.min.get("metric"),
+            metric_max=data_file.max.get("metric"),
+        )
+        part, masked = tombstones_mod.drop_masked(pending, table, part)
+        parts.append(part)
         if stats is not None:
             stats.files_read += 1
-            stats.rows_read += part.num_rows
+            stats.rows_read += part.num_rows + masked
+            stats.rows_masked += masked
     result = pa.concat_tables(parts) if parts else target.empty_table()
     return result.select(wanted)
 
@@ -264,6 +290,7 @@ async def scan(
         start=start,
         end=end,
         stats=stats,
+        tombstones=snapshot.tombstones if snapshot is not None else (),
     )
 
 

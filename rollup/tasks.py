@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 
 from protocol import keys
 from rollup.storage import StoreAccess, open_parquet_writer
+from rollup.tombstones import Tombstone
 
 WORK_SCHEMA = pa.schema(
     [
@@ -90,6 +91,8 @@ class HourInputs:
 
     rollup_files: dict[str, tuple[str, ...]] = field(default_factory=dict)
     points_files: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    tombstones: tuple[Tombstone, ...] = ()
+    """The base snapshot's deletes: both stages apply them to what they write."""
 
 
 # --- shared by both stages -----------------------------------------------------------
