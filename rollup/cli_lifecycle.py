@@ -1,4 +1,4 @@
-"""The ``lm-rollup`` subcommands that change the dataset's data without a run: ``delete``.
+"""The ``lm-rollup`` subcommands that change the dataset without a run: ``delete``, ``compact``.
 
 ``delete --metric M [--label k=v ...] [--agent A] [--from T] [--to T] [--table T ...]
 --reason "..." [--by WHO] [--dry-run]`` commits a tombstone (`rollup.delete`): every
@@ -6,6 +6,11 @@ reader masks the matching rows from then on. ``--to`` defaults to now (store tim
 the series keeps being collected; ``--table`` defaults to both tables (``points`` only
 with ``--agent``: ``rollup_1m`` has no agent). ``--dry-run`` commits nothing and prints,
 per table, how many rows the delete would mask and the first ``--limit`` of them.
+
+``compact [--hour YYYY-MM-DDTHH ...] [--table T ...] [--target-bytes N]`` rewrites hours
+with many small files or with deleted rows into files of about ``[rollup]
+compact_target_bytes`` in one commit (`rollup.compaction`), printing one progress line
+per hour on stderr and the report as JSON.
 
 Exit codes: 0 done; 2 the command could not run (bad arguments, no snapshot yet, store
 errors, every commit attempt lost the pointer race).
@@ -18,13 +23,14 @@ import getpass
 import json
 import socket
 import sys
+from dataclasses import asdict
 from typing import Any
 
 from config.settings import Settings
 from protocol.clock import SystemClock
+from rollup import compaction, schemas
 from rollup import delete as delete_mod
-from rollup import schemas
-from rollup.cli_read import FORMATS, render, run_with_store, time_argument
+from rollup.cli_read import FORMATS, hour_argument, render, run_with_store, time_argument
 from rollup.commit import CommitConflict
 from rollup.tombstones import TombstoneError
 from store.base import ObjectStore
@@ -108,8 +114,40 @@ async def _dry_run(
     return 0
 
 
+def run_compact(args: argparse.Namespace, settings: Settings) -> int:
+    """``compact``: rewrite small files and apply deletes, in one commit."""
+    from rollup.storage import StoreAccess  # pyarrow's S3 client only when rewriting
+
+    access = StoreAccess(
+        settings.store.url, endpoint_url=settings.store.endpoint_url, region=settings.store.region
+    )
+
+    async def work(store: ObjectStore) -> int:
+        try:
+            report = await compaction.compact(
+                store,
+                access=access,
+                clock=SystemClock(),
+                hours=args.hour or None,
+                tables=args.table or None,
+                target_bytes=args.target_bytes or settings.rollup.compact_target_bytes,
+                min_files=settings.rollup.compact_min_files,
+                compression=settings.rollup.compression,
+                progress=lambda line: print(line, file=sys.stderr, flush=True),
+            )
+        except CommitConflict as exc:
+            print(f"error: every commit attempt lost the pointer race: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps(asdict(report), indent=1))
+        if not report.hours:
+            print("nothing to compact", file=sys.stderr)
+        return 0
+
+    return run_with_store(settings, work)
+
+
 def add_lifecycle_commands(subparsers: Any) -> None:
-    """Add ``delete`` to ``subparsers`` (from ``add_subparsers()``)."""
+    """Add ``delete`` and ``compact`` to ``subparsers`` (from ``add_subparsers()``)."""
     remove = subparsers.add_parser(
         "delete", help="delete a series' rows (a tombstone: every reader masks them)"
     )
@@ -142,3 +180,24 @@ def add_lifecycle_commands(subparsers: Any) -> None:
     )
     remove.add_argument("--format", choices=FORMATS, default="table")
     remove.set_defaults(handler=run_delete)
+
+    squash = subparsers.add_parser(
+        "compact", help="rewrite small files (and deleted rows) into large files, one commit"
+    )
+    squash.add_argument(
+        "--hour",
+        action="append",
+        type=hour_argument,
+        metavar="YYYY-MM-DDTHH",
+        help="rewrite this hour (repeatable; default: every hour with many files or deletes)",
+    )
+    squash.add_argument(
+        "--table", action="append", choices=sorted(schemas.TABLES), help="only this table"
+    )
+    squash.add_argument(
+        "--target-bytes",
+        type=int,
+        metavar="N",
+        help="size of the files written (default: [rollup] compact_target_bytes)",
+    )
+    squash.set_defaults(handler=run_compact)

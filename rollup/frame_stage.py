@@ -33,7 +33,7 @@ from protocol import keys
 from protocol.frame import Frame, FrameError, decode_frame
 from rollup import aggregate
 from rollup.points import PointsError, hour_index, points_rows, split_by_hour
-from rollup.schemas import POINTS_SCHEMA, file_stats
+from rollup.schemas import POINTS_SCHEMA, file_stats, merged_stats
 from rollup.storage import open_parquet_writer, read_object
 from rollup.tasks import (
     STAGE1_SCHEMA,
@@ -186,7 +186,7 @@ class _PointsFile:
         self._writer.close()
         size = self._stream.tell()
         self._stream.close()
-        low, high = _merged_stats(self._stats)
+        low, high = merged_stats(self._stats)
         return record(
             "points_file",
             self.hour.iso,
@@ -234,16 +234,3 @@ def _blob_rows(merged: pa.Table, info: pa.Table) -> pa.Table:
         [pa.array(kinds), pa.array(names), pa.nulls(count, pa.string()), pa.array(blobs)],
         schema=STAGE1_SCHEMA,
     )
-
-
-def _merged_stats(
-    parts: list[tuple[dict[str, Any], dict[str, Any]]],
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Statistics of a file written in chunks: a column keeps them only if every chunk
-    had them (missing statistics never prune, so dropping is always safe)."""
-    if not parts:
-        return {}, {}
-    names = set.intersection(*(set(low) for low, _ in parts))
-    low = {name: min(p[0][name] for p in parts) for name in sorted(names)}
-    high = {name: max(p[1][name] for p in parts) for name in sorted(names)}
-    return low, high

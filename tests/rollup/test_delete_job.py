@@ -11,10 +11,12 @@ from datetime import UTC, datetime, timedelta
 from pyspark.sql import SparkSession
 
 from protocol.clock import ManualClock
+from rollup import compaction
 from rollup import delete as delete_mod
 from rollup.commit import load_latest
 from rollup.job import RunHooks
 from rollup.manifest import Changes
+from rollup.storage import StoreAccess
 from rollup.verify import verify
 from store.fs import FileSystemStore
 from tests.rollup.conftest import (
@@ -108,4 +110,38 @@ async def test_a_delete_committed_during_a_run_makes_it_replan(
     assert summary.version == 3 and summary.batches == 1  # planned again on version 2
     assert _hosts(await read_table(fs_store, "points")) == {"a": 90}
     assert_rollup_equal(await committed_rollup(fs_store), expected_rollup([a]))
+    assert (await verify(fs_store)).ok
+
+
+async def test_compaction_racing_a_run_never_loses_or_doubles_a_point(
+    spark: SparkSession, fs_store: FileSystemStore
+) -> None:
+    """Three runs leave hour 0 with three points files; compaction (which also applies a
+    delete) commits while a fourth run is between writing and committing: the run
+    re-plans on the compacted snapshot, and totals are exact."""
+    frames = [_frame("b", range(i * 100, i * 100 + 50), seq_start=i * 50) for i in range(4)]
+    doomed = _frame("a", range(0, 30), seq_start=0, agent="agent-z")
+    for frame in frames[:3]:
+        await accept(fs_store, [frame] + ([doomed] if frame is frames[0] else []))
+        await run(spark, fs_store)
+    clock = ManualClock(DATA_START_NS + 3 * 3600 * S)
+    await delete_mod.delete(fs_store, _request("a"), clock=clock)
+    await accept(fs_store, [frames[3]])
+    reports: list[object] = []
+
+    async def compact_meanwhile(attempt: int, changes: Changes) -> None:
+        if attempt == 0:
+            reports.append(
+                await compaction.compact(fs_store, access=StoreAccess(fs_store.url), clock=clock)
+            )
+
+    summary = await run(spark, fs_store, hooks=RunHooks(before_commit=compact_meanwhile))
+
+    (report,) = reports
+    masked = {h["table"]: h["rows_masked"] for h in report.hours}  # type: ignore[attr-defined]
+    assert masked == {"points": 30, "rollup_1m": 1}  # host a's 30 points: one minute window
+    assert report.rows_before - 31 == report.rows_after  # type: ignore[attr-defined]
+    assert summary.commit_conflicts == 1 and summary.batches == 1
+    assert _hosts(await read_table(fs_store, "points")) == {"b": 200}
+    assert_rollup_equal(await committed_rollup(fs_store), expected_rollup(frames))
     assert (await verify(fs_store)).ok
