@@ -12,6 +12,9 @@ with many small files or with deleted rows into files of about ``[rollup]
 compact_target_bytes`` in one commit (`rollup.compaction`), printing one progress line
 per hour on stderr and the report as JSON.
 
+Both publish the version they commit as Iceberg metadata right away
+(`rollup.iceberg_publish`; deleted rows become position deletes).
+
 Exit codes: 0 done; 2 the command could not run (bad arguments, no snapshot yet, store
 errors, every commit attempt lost the pointer race).
 """
@@ -32,6 +35,7 @@ from rollup import compaction, schemas
 from rollup import delete as delete_mod
 from rollup.cli_read import FORMATS, hour_argument, render, run_with_store, time_argument
 from rollup.commit import CommitConflict
+from rollup.iceberg_publish import publish_or_log
 from rollup.tombstones import TombstoneError
 from store.base import ObjectStore
 from store.time import store_clock
@@ -83,6 +87,7 @@ def run_delete(args: argparse.Namespace, settings: Settings) -> int:
             "matches": tombstone.describe(),
             "requested_by": tombstone.requested_by,
             "reason": tombstone.reason,
+            "iceberg_published": await _publish(store, settings),
         }
         print(json.dumps(summary, ensure_ascii=False, indent=1))
         return 0
@@ -138,12 +143,22 @@ def run_compact(args: argparse.Namespace, settings: Settings) -> int:
         except CommitConflict as exc:
             print(f"error: every commit attempt lost the pointer race: {exc}", file=sys.stderr)
             return 2
-        print(json.dumps(asdict(report), indent=1))
+        published = await _publish(store, settings) if report.hours else []
+        print(json.dumps({**asdict(report), "iceberg_published": published}, indent=1))
         if not report.hours:
             print("nothing to compact", file=sys.stderr)
         return 0
 
     return run_with_store(settings, work)
+
+
+async def _publish(store: ObjectStore, settings: Settings) -> list[int]:
+    """Publish the new version as Iceberg metadata now, so engines reading Iceberg stop
+    seeing deleted rows without waiting for the next run (a failure is logged; the next
+    run repairs it)."""
+    return await publish_or_log(
+        store, store_url=settings.store.url, retention_s=settings.rollup.retention_s
+    )
 
 
 def add_lifecycle_commands(subparsers: Any) -> None:

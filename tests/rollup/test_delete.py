@@ -252,6 +252,7 @@ async def test_cli_dry_run_then_delete_then_history(
     assert await _cli([*flags, *args, "--by", "dpo@example"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["version"] == 2 and summary["requested_by"] == "dpo@example"
+    assert summary["iceberg_published"] == [2]  # Iceberg readers see the delete at once
     assert (await _scan(dataset)).num_rows == 15
 
     assert await _cli([*flags, "history", "--format", "json"]) == 0
