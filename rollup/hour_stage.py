@@ -108,6 +108,7 @@ def _write_ledger_hour(options: WriteOptions, hour: str, rows: pa.Table) -> dict
     path = keys.rollup_ledger_key(keys.UtcHour.parse_iso(hour), str(uuid.uuid4()))
     write_parquet(options, path, table, LEDGER_SCHEMA)
     totals = ledger_totals(table)[hour]
+    late = ledger_totals(table.filter(pa.array([bool(b.get("late_excluded")) for b in bodies])))
     return record(
         "ledger_file",
         hour,
@@ -116,6 +117,7 @@ def _write_ledger_hour(options: WriteOptions, hour: str, rows: pa.Table) -> dict
             "batches": totals.batches,
             "records": totals.records,
             "setsum": totals.setsum,
+            "late_excluded": late[hour].to_dict() if hour in late else None,
         },
     )
 

@@ -12,6 +12,12 @@ Meanings decided here (PROTOCOL §4 shows the fields, not all of their semantics
   previous snapshot, not from this one): a record of what became unreachable when, for
   history and vacuum. They are not carried forward. (Snapshots written before deletes
   existed kept this list under ``tombstones``; `rollup.manifest_codec` reads both.)
+- ``retention``: per table, the first hour (``YYYY-MM-DDTHH``) the table still keeps:
+  its files of earlier hours were dropped by retention, and writers drop rows before it.
+  Only ever moves forward. Absent for a table without retention.
+- ``ledger.late_excluded``: per accepted hour, the batches that arrived after retention
+  had dropped every hour their points fall in: in the ledger (so planned once, and
+  counted by ``verify``), in ``ledger.hours`` totals, but with no row in any table.
 - ``tombstones``: every delete committed so far (`rollup.tombstones`), cumulative, each
   with the version that added it; readers mask the rows they match.
 - ``ledger.files``: every ledger file of the snapshot (cumulative). ``ledger.hours``: per
@@ -117,6 +123,8 @@ class Snapshot:
     removed_files: tuple[str, ...] = ()
     ledger_files: tuple[str, ...] = ()
     ledger_hours: Mapping[str, LedgerHour] = field(default_factory=dict)
+    retention: Mapping[str, str] = field(default_factory=dict)
+    ledger_late: Mapping[str, LedgerHour] = field(default_factory=dict)
 
     @property
     def manifest_key(self) -> str:
@@ -136,7 +144,7 @@ class Snapshot:
 
     def to_json(self) -> bytes:
         """UTF-8 JSON in exactly the PROTOCOL §4 shape and key order."""
-        document = {
+        document: dict[str, Any] = {
             "schema": MANIFEST_SCHEMA,
             "version": self.version,
             "previous_manifest_key": self.previous_manifest_key,
@@ -157,6 +165,12 @@ class Snapshot:
                 "hours": {hour: totals.to_dict() for hour, totals in self.ledger_hours.items()},
             },
         }
+        if self.retention:
+            document["retention"] = dict(self.retention)
+        if self.ledger_late:
+            document["ledger"]["late_excluded"] = {
+                hour: totals.to_dict() for hour, totals in self.ledger_late.items()
+            }
         return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
 
     @classmethod
@@ -188,6 +202,10 @@ class Changes:
     added_ledger_files: tuple[str, ...] = ()
     ledger_delta: Mapping[str, LedgerHour] = field(default_factory=dict)
     added_tombstones: tuple[Tombstone, ...] = ()
+    retention: Mapping[str, str] = field(default_factory=dict)
+    """New retention cutoffs (table → first hour kept); files before them must be removed."""
+    late_delta: Mapping[str, LedgerHour] = field(default_factory=dict)
+    """Per accepted hour, the part of ``ledger_delta`` that is late and excluded."""
 
 
 def format_created_at(unix_ns: int) -> str:
@@ -253,6 +271,7 @@ def apply(
         tables[name] = TableState(columns, kept + new)
 
     ledger_files, ledger_hours = _next_ledger(base, changes)
+    retention = _next_retention(base, changes, tables)
     return Snapshot(
         version=version,
         previous_manifest_key=manifest_key_of_base,
@@ -264,7 +283,45 @@ def apply(
         removed_files=tuple(changes.removed_files),
         ledger_files=ledger_files,
         ledger_hours=ledger_hours,
+        retention=retention,
+        ledger_late=_next_late(base, changes),
     )
+
+
+def _next_retention(
+    base: Snapshot | None, changes: Changes, tables: Mapping[str, TableState]
+) -> dict[str, str]:
+    retention = dict(base.retention) if base is not None else {}
+    for table, first_kept in changes.retention.items():
+        if table not in schemas.TABLES:
+            raise RollupInvariantError(f"retention for unknown table {table!r}")
+        keys.UtcHour.parse_iso(first_kept)
+        # Moving back would make hours whose files are gone look kept (and empty).
+        if table in retention and first_kept < retention[table]:
+            raise RollupInvariantError(
+                f"retention of {table} moves back from {retention[table]} to {first_kept}"
+            )
+        retention[table] = first_kept
+    # Every file of an hour before its table's cutoff must be gone: retention is exact.
+    for table, first_kept in retention.items():
+        for kept in tables[table].data_files if table in tables else ():
+            if kept.partition.iso < first_kept:
+                raise RollupInvariantError(
+                    f"{kept.path!r} is before {table}'s retention cutoff {first_kept}"
+                )
+    return dict(sorted(retention.items()))
+
+
+def _next_late(base: Snapshot | None, changes: Changes) -> dict[str, LedgerHour]:
+    late = dict(base.ledger_late) if base is not None else {}
+    for hour, delta in changes.late_delta.items():
+        check_ledger_hour(hour, delta)
+        included = changes.ledger_delta.get(hour, EMPTY_LEDGER_HOUR)
+        # Late batches are ledger rows too: a part of this commit's delta, never more.
+        if delta.batches > included.batches or delta.records > included.records:
+            raise RollupInvariantError(f"ledger hour {hour}: more late batches than new ones")
+        late[hour] = late.get(hour, EMPTY_LEDGER_HOUR) + delta
+    return dict(sorted(late.items()))
 
 
 def _v(base: Snapshot | None) -> int:

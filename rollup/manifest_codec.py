@@ -94,17 +94,15 @@ def parse_snapshot(document: Any) -> Snapshot:
         raise RollupManifestError("removed_files and ledger.files must be lists of keys")
     ledger_hours: dict[str, LedgerHour] = {}
     for hour, totals in hours.items():
-        where = f"ledger.hours.{hour}"
-        parsed = LedgerHour(
-            _need(totals, "batches", int, where),
-            _need(totals, "records", int, where),
-            _need(totals, "setsum", str, where),
-        )
-        try:
-            check_ledger_hour(hour, parsed)
-        except RollupInvariantError as exc:
-            raise RollupManifestError(str(exc)) from None
-        ledger_hours[hour] = parsed
+        ledger_hours[hour] = _ledger_hour(hour, totals, "ledger.hours")
+    retention = document.get("retention", {})
+    if not isinstance(retention, dict) or not all(
+        isinstance(v, str) and _is_hour(v) for v in retention.values()
+    ):
+        raise RollupManifestError(f"retention must map tables to YYYY-MM-DDTHH, got {retention!r}")
+    late = ledger.get("late_excluded", {})
+    if not isinstance(late, dict):
+        raise RollupManifestError("ledger.late_excluded must be an object")
     return Snapshot(
         version=version,
         previous_manifest_key=previous,
@@ -116,7 +114,35 @@ def parse_snapshot(document: Any) -> Snapshot:
         removed_files=tuple(removed),
         ledger_files=tuple(files),
         ledger_hours=ledger_hours,
+        retention=dict(retention),
+        ledger_late={
+            hour: _ledger_hour(hour, totals, "ledger.late_excluded")
+            for hour, totals in late.items()
+        },
     )
+
+
+def _is_hour(text: str) -> bool:
+    try:
+        keys.UtcHour.parse_iso(text)
+    except keys.KeyFormatError:
+        return False
+    return True
+
+
+def _ledger_hour(hour: str, totals: Any, where: str) -> LedgerHour:
+    if not isinstance(totals, dict):
+        raise RollupManifestError(f"{where}.{hour}: must be an object")
+    parsed = LedgerHour(
+        _need(totals, "batches", int, f"{where}.{hour}"),
+        _need(totals, "records", int, f"{where}.{hour}"),
+        _need(totals, "setsum", str, f"{where}.{hour}"),
+    )
+    try:
+        check_ledger_hour(hour, parsed)
+    except RollupInvariantError as exc:
+        raise RollupManifestError(str(exc)) from None
+    return parsed
 
 
 def _parse_table(name: str, state: Any) -> TableState:

@@ -258,16 +258,16 @@ def matches(
 
 
 def drop_from_points(
-    tombstones: Sequence[Tombstone], points: pa.Table
+    tombstones: Sequence[Tombstone], for_points: pa.Table, for_rollup: pa.Table
 ) -> tuple[pa.Table, pa.Table]:
-    """New ``points`` rows as each table will hold them: ``(for points, for rollup_1m)``.
-    For ``rollup_1m`` a point is masked when its minute window is (`matches`)."""
-    kept_points, _ = drop_masked(for_table(tombstones, "points"), "points", points)
-    for_rollup = for_table(tombstones, "rollup_1m")
-    if not for_rollup:
-        return kept_points, points
-    windows = pc.floor_temporal(points.column("ts"), unit="minute")
-    kept_rollup, _ = drop_masked(for_rollup, "rollup_1m", points, time_column=windows)
+    """New ``points`` rows without what each table's tombstones mask: ``(for points, for
+    rollup_1m)``. For ``rollup_1m`` a point is masked when its minute window is."""
+    kept_points, _ = drop_masked(for_table(tombstones, "points"), "points", for_points)
+    rollup_tombstones = for_table(tombstones, "rollup_1m")
+    if not rollup_tombstones:
+        return kept_points, for_rollup
+    windows = pc.floor_temporal(for_rollup.column("ts"), unit="minute")
+    kept_rollup, _ = drop_masked(rollup_tombstones, "rollup_1m", for_rollup, time_column=windows)
     return kept_points, kept_rollup
 
 
