@@ -247,7 +247,7 @@ async def test_deleted_rows_are_position_deletes_until_compaction_rewrites_them(
             end=start + timedelta(hours=1),
             reason="r2",
             requested_by="t",
-        ),  # fmt: skip
+        ),
     ):
         await delete_mod.delete(dataset.store, request, clock=dataset.clock)
     assert await dataset.publish() == [4]
