@@ -30,8 +30,8 @@ from rollup import history as history_mod
 from rollup import reader, schemas
 from rollup import verify as verify_mod
 from rollup.commit import VersionNotFound
-from rollup.manifest import RollupManifestError
-from rollup.vacuum import VacuumAborted, vacuum
+from rollup.manifest import RollupManifestError, format_created_at
+from rollup.vacuum import VacuumAborted, VacuumReport, vacuum
 from store.base import ObjectStore
 from store.errors import StoreError
 from store.lease import LeaseHeld
@@ -219,6 +219,8 @@ def run_vacuum(args: argparse.Namespace, settings: Settings) -> int:
         verb = "would delete" if report.dry_run else "deleted"
         for key in report.deleted:
             print(f"{verb} {key}")
+        for line in describe_leases(report):
+            print(line)
         print(
             f"current version {report.current_version}; retained versions "
             f"{report.retained_versions}; kept {report.kept}; too young {report.too_young}; "
@@ -228,6 +230,32 @@ def run_vacuum(args: argparse.Namespace, settings: Settings) -> int:
         return 0
 
     return run_with_store(settings, work)
+
+
+def describe_leases(report: VacuumReport) -> list[str]:
+    """One line per reader lease vacuum met: what it kept for whom, or that it expired."""
+    verb = "would delete" if report.dry_run else "deleted"
+    lines = []
+    for pin in report.pinned:
+        lease = pin.lease
+        what = (
+            "its snapshot was already vacuumed, kept nothing"
+            if pin.snapshot_gone
+            else f"kept {pin.files_kept} file(s) of version {lease.version}"
+        )
+        lines.append(
+            f"reader lease {lease.reader} ({lease.purpose or 'no purpose given'}, expires "
+            f"{format_created_at(lease.expires_at_unix_ns)}): {what}"
+        )
+    for lease in report.expired_leases:
+        lines.append(
+            f"{verb} expired reader lease {lease.reader} (version {lease.version}, "
+            f"expired {format_created_at(lease.expires_at_unix_ns)})"
+        )
+    lines += [
+        f"unreadable reader lease {key}: left for an operator" for key in report.unreadable_leases
+    ]
+    return lines
 
 
 def add_snapshot_arguments(parser: argparse.ArgumentParser) -> None:
