@@ -21,7 +21,7 @@ import json
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 from config.settings import Settings
 from protocol.clock import SystemClock
@@ -31,6 +31,7 @@ from rollup import reader, schemas
 from rollup import verify as verify_mod
 from rollup.commit import VersionNotFound
 from rollup.manifest import RollupManifestError, format_created_at
+from rollup.reader_lease import ReadGuard, SnapshotFilesGone
 from rollup.vacuum import VacuumAborted, VacuumReport, vacuum
 from store.base import ObjectStore
 from store.errors import StoreError
@@ -96,7 +97,14 @@ def run_with_store(settings: Settings, work: Callable[[ObjectStore], Awaitable[i
         return asyncio.run(main())
     except LeaseHeld as exc:
         print(f"error: the rollup job holds the owner lease ({exc}); try later", file=sys.stderr)
-    except (ValueError, KeyError, VersionNotFound, VacuumAborted, OSError) as exc:
+    except (
+        ValueError,
+        KeyError,
+        VersionNotFound,
+        VacuumAborted,
+        OSError,
+        SnapshotFilesGone,
+    ) as exc:
         print(f"error: {exc}", file=sys.stderr)
     except (StoreError, RollupManifestError) as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -141,6 +149,7 @@ def run_query(args: argparse.Namespace, settings: Settings) -> int:
             where=where,
             start=getattr(args, "from"),
             end=args.to,
+            guard=read_guard(settings, args.lease, purpose=f"lm-rollup query {args.table}"),
         )
         if args.limit is not None:
             table = table.slice(0, args.limit)
@@ -148,6 +157,22 @@ def run_query(args: argparse.Namespace, settings: Settings) -> int:
         return 0
 
     return run_with_store(settings, work)
+
+
+def read_guard(settings: Settings, lease: bool | None, *, purpose: str) -> ReadGuard:
+    """How a CLI read pins its snapshot: ``--lease`` always, ``--no-lease`` never, else
+    past ``[rollup] reader_lease_min_files`` files; retries are announced on stderr."""
+    mode: Literal["auto", "always", "never"] = (
+        "auto" if lease is None else "always" if lease else "never"
+    )
+    return ReadGuard(
+        mode=mode,
+        min_files=settings.rollup.reader_lease_min_files,
+        ttl_s=settings.rollup.reader_lease_ttl_s,
+        max_hold_s=settings.rollup.reader_lease_max_hold_s,
+        purpose=purpose,
+        notify=lambda message: print(f"warning: {message}", file=sys.stderr, flush=True),
+    )
 
 
 def run_history(args: argparse.Namespace, settings: Settings) -> int:
@@ -298,6 +323,13 @@ def add_read_commands(subparsers: Any) -> None:
     query.add_argument("--to", type=time_argument, metavar="TIME", help="first time excluded")
     query.add_argument("--columns", help="comma-separated columns (default: all)")
     add_snapshot_arguments(query)
+    query.add_argument(
+        "--lease",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="pin the snapshot with a reader lease so vacuum keeps its files (default: "
+        "when reading more than [rollup] reader_lease_min_files files)",
+    )
     query.add_argument("--limit", type=int, help="print at most this many rows")
     query.add_argument("--format", choices=FORMATS, default="table")
     query.set_defaults(handler=run_query)

@@ -168,7 +168,6 @@ class ReaderLease:
                 if delay is None:
                     raise
                 await clock.sleep(delay)
-        log.info("rollup_reader_lease_taken", reader=record.reader, version=record.version)
         return cls(store, record, etag, ttl_s=ttl_s, clock=clock)
 
     def is_valid(self, margin_s: float = 0.0) -> bool:
@@ -350,8 +349,8 @@ async def read_consistently(
                 ) from exc
             if version is not None or as_of is not None:
                 raise SnapshotFilesGone(
-                    f"{where}: the version was vacuumed while it was read; read a newer "
-                    f"version (vacuum keeps snapshots pinned by a reader lease: --lease)",
+                    f"{where}: vacuum removed them (the version is past the retention, "
+                    f"or was not pinned yet); read a newer version",
                     version=current,
                     missing=gone,
                 ) from exc
