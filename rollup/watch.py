@@ -5,7 +5,8 @@
 polls it every ``S`` seconds with ``If-None-Match: <etag>`` (PROTOCOL §4.1): a 304 —
 nothing committed — costs that one GET and carries no body. When the pointer changed,
 every version since the last one printed is read back along the snapshot chain (one GET
-per version, at most `MAX_BACKLOG` per poll) and printed oldest first, one line each:
+per version, at most `MAX_BACKLOG` per poll; the first change also reads the version
+before it, to tell what it added) and printed oldest first, one line each:
 version, created_at, data files added/removed, batches (and rows) newly included; with
 ``--json`` one JSON object per line (`rollup.history.VersionInfo.as_row`). Versions
 vacuumed before they could be read are reported on stderr, never invented.
@@ -67,26 +68,43 @@ def _pointer(body: bytes) -> RollupPointer:
 
 
 async def new_versions(
-    store: ObjectStore, pointer: RollupPointer, etag: str, after: int, note: Callable[[str], None]
-) -> list[VersionInfo]:
-    """The versions after ``after`` up to ``pointer``'s, oldest first."""
+    store: ObjectStore,
+    pointer: RollupPointer,
+    etag: str,
+    after: int,
+    note: Callable[[str], None],
+) -> list[Snapshot]:
+    """The snapshots after version ``after`` up to ``pointer``'s, newest first (at most
+    `MAX_BACKLOG`): one GET each."""
     latest = LoadedSnapshot(
         await read_snapshot(store, pointer.manifest_key), pointer.manifest_key, etag
     )
-    chain: list[Snapshot] = []
+    fresh: list[Snapshot] = []
     async for snapshot in walk_snapshots(store, latest):
-        chain.append(snapshot)  # one beyond ``after``, for what the oldest new one added
-        if snapshot.version <= after or len(chain) > MAX_BACKLOG:
+        fresh.append(snapshot)
+        # Stop before reading version ``after`` again (or past the backlog).
+        if snapshot.version <= after + 1 or len(fresh) >= MAX_BACKLOG:
             break
-    fresh = [s for s in chain if s.version > after][:MAX_BACKLOG]
     oldest = fresh[-1].version
     if oldest > after + 1:
         note(f"versions {after + 1}..{oldest - 1} were vacuumed or skipped before they were read")
-    infos = [
-        describe_version(s, chain[i + 1] if i + 1 < len(chain) else None)
-        for i, s in enumerate(fresh)
-    ]
-    return infos[::-1]
+    return fresh
+
+
+async def _describe(
+    store: ObjectStore, fresh: list[Snapshot], known: Snapshot | None
+) -> list[VersionInfo]:
+    """``fresh`` (newest first) described oldest first; the oldest one's predecessor is
+    ``known`` when it is that version, else read (one GET; None if vacuumed)."""
+    oldest = fresh[-1]
+    previous = known if known is not None and known.version == oldest.version - 1 else None
+    if previous is None and oldest.previous_manifest_key is not None:
+        try:
+            previous = await read_snapshot(store, oldest.previous_manifest_key)
+        except NotFound:
+            previous = None
+    chain = [*fresh, previous]
+    return [describe_version(s, chain[i + 1]) for i, s in enumerate(fresh)][::-1]
 
 
 async def watch(
@@ -116,6 +134,7 @@ async def watch(
         stats.start_version = 0
     note(f"watching {ROLLUP_POINTER_KEY} from version {stats.start_version}")
     last = stats.start_version
+    known: Snapshot | None = None  # version ``last``, once read
     while count is None or stats.printed < count:
         if max_polls is not None and stats.polls >= max_polls:
             break
@@ -138,12 +157,13 @@ async def watch(
         pointer = _pointer(body)
         if pointer.version <= last:
             continue
-        for info in await new_versions(store, pointer, etag, last, note):
+        fresh = await new_versions(store, pointer, etag, last, note)
+        for info in await _describe(store, fresh, known):
             if count is not None and stats.printed >= count:
                 break
             emit(info)
             stats.printed += 1
-        last = pointer.version
+        last, known = pointer.version, fresh[0]
     return stats
 
 
