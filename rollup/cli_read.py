@@ -5,7 +5,10 @@
 Results go to stdout (``--format table|csv|json``; ``json`` is one JSON array), problems
 to stderr. ``query`` (and ``sql``, `rollup.cli_sql`) read the latest snapshot, or
 ``--version N``, or ``--as-of TIME``: the newest version committed at or before TIME
-(`rollup.travel`).
+(`rollup.travel`). ``query`` pins its snapshot with a reader lease past ``[rollup]
+reader_lease_min_files`` files (``--lease``/``--no-lease`` decide instead) and says on
+stderr when a vanished file made it retry (`rollup.reader_lease`); ``vacuum`` prints
+what each reader lease kept and the expired leases it deleted.
 
 Exit codes: 0 done (verify: every hour complete); 1 verify found a mismatch; 2 the
 command could not run (bad arguments, unknown version, damaged dataset, store errors, or
