@@ -17,7 +17,8 @@ retention. ``"always"`` (``lm-rollup sql``, which reads whatever the SQL touches
 
 Bounds: renewals stop after ``max_hold_s`` (a hung reader cannot hold vacuum back for
 ever) and when a renewal finds the lease changed or gone; a failed renewal is retried
-after a short jittered delay while the lease is still valid, then the lease lapses.
+after a short jittered delay while the lease has more than a sixth of its TTL left (a
+renewal must land well before the expiry vacuum judges by), then the lease lapses.
 Either way the read goes on, guarded as below.
 
 A file gone mid-read (`read_consistently`): the reader never returns fewer rows. It
@@ -222,6 +223,11 @@ class ReaderLease:
             await self.clock.sleep(delay)
             if self.clock.monotonic() - started >= max_hold_s:
                 log.warning("rollup_reader_lease_max_hold", key=self.key, max_hold_s=max_hold_s)
+                return
+            if not self.is_valid(margin_s=self.ttl_s / 6):
+                # Too close to the expiry: a renewal landing after it could be one that
+                # vacuum, having judged the lease expired, never sees. Let it lapse.
+                log.warning("rollup_reader_lease_lapsed", key=self.key)
                 return
             try:
                 await self.renew()

@@ -117,7 +117,7 @@ async def test_reader_lease_is_released_and_renewed_in_the_background(tmp_path: 
     loaded = await commit_rows(
         store, owner, clock, data=[("points", hour_at(0), points(hour_at(0), 3))]
     )
-    lease = await pin(store, loaded, clock, ttl_s=0.3)
+    lease = await pin(store, loaded, clock, ttl_s=1.0)
     first = lease.record.expires_at_unix_ns
     renewing = asyncio.create_task(lease.keep_renewed(max_hold_s=60))
     deadline = time.monotonic() + 10
@@ -127,7 +127,8 @@ async def test_reader_lease_is_released_and_renewed_in_the_background(tmp_path: 
             break
         assert time.monotonic() < deadline, "never renewed"
         await asyncio.sleep(0.02)
-    assert stored == lease.record and not renewing.done()
+    assert lease.record.expires_at_unix_ns >= stored.expires_at_unix_ns and not renewing.done()
+    assert (stored.reader, stored.version) == (lease.record.reader, loaded.snapshot.version)
     renewing.cancel()
     await lease.release()
     assert [i.key async for i in store.list(keys.ROLLUP_READERS_PREFIX)] == []
@@ -142,6 +143,20 @@ async def test_renewals_stop_after_the_longest_hold(tmp_path: Path) -> None:
     await asyncio.wait_for(lease.keep_renewed(max_hold_s=45), timeout=10)
     stored = RollupReaderLease.from_json((await store.get(lease.key))[0])
     assert stored.expires_at_unix_ns == hour_at(1).start_ns + (3 * 3600 + 40 + 30) * 10**9
+
+
+async def test_a_lease_too_close_to_its_expiry_lapses_instead_of_renewing(
+    tmp_path: Path,
+) -> None:
+    clock = ManualClock(hour_at(1).start_ns)
+    store = FileSystemStore(tmp_path, clock=clock)
+    await build_history(store, clock)
+    lease = await pin(store, await load_version(store, 3), clock, ttl_s=30)
+    taken = lease.record.expires_at_unix_ns
+    clock.advance(16)  # a stalled reader: the first renewal (10 s later) would leave 4 s
+    await asyncio.wait_for(lease.keep_renewed(max_hold_s=3600), timeout=10)
+    assert RollupReaderLease.from_json((await store.get(lease.key))[0]).expires_at_unix_ns == taken
+    assert not lease.is_valid()
 
 
 class VacuumOnOpen(CountingHandler):
