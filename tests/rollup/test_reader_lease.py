@@ -121,13 +121,12 @@ async def test_reader_lease_is_released_and_renewed_in_the_background(tmp_path: 
     first = lease.record.expires_at_unix_ns
     renewing = asyncio.create_task(lease.keep_renewed(max_hold_s=60))
     deadline = time.monotonic() + 10
-    while True:
-        stored = RollupReaderLease.from_json((await store.get(lease.key))[0])
-        if stored.expires_at_unix_ns > first:
-            break
+    while lease.record.expires_at_unix_ns == first:
         assert time.monotonic() < deadline, "never renewed"
         await asyncio.sleep(0.02)
-    assert lease.record.expires_at_unix_ns >= stored.expires_at_unix_ns and not renewing.done()
+    renewed = lease.record.expires_at_unix_ns
+    stored = RollupReaderLease.from_json((await store.get(lease.key))[0])
+    assert stored.expires_at_unix_ns >= renewed > first and not renewing.done()
     assert (stored.reader, stored.version) == (lease.record.reader, loaded.snapshot.version)
     renewing.cancel()
     await lease.release()
