@@ -20,6 +20,8 @@ Files are opened through a ``pyarrow.fs`` filesystem and a root: object ``K`` is
 Errors: `ValueError` for a bad table, column or predicate; `VersionNotFound`;
 ``FileNotFoundError``/``OSError`` when a file the snapshot lists cannot be read (the
 dataset is damaged or was vacuumed under the reader: never silently skipped).
+Long reads pin their snapshot with a reader lease, and a file gone mid-read is retried
+once against the newer snapshot or raises `rollup.reader_lease.SnapshotFilesGone`.
 """
 
 from __future__ import annotations
@@ -40,9 +42,10 @@ import pyarrow.parquet as pq
 
 from rollup import schemas
 from rollup import tombstones as tombstones_mod
+from rollup.commit import LoadedSnapshot
 from rollup.manifest import DataFile, Snapshot
+from rollup.reader_lease import ReadGuard, read_consistently
 from rollup.tombstones import Tombstone
-from rollup.travel import load_snapshot
 from store.base import ObjectStore
 
 _OPS: dict[str, Callable[[Any, Any], Any]] = {
@@ -268,17 +271,62 @@ async def scan(
     start: datetime | None = None,
     end: datetime | None = None,
     stats: ScanStats | None = None,
+    guard: ReadGuard | None = None,
 ) -> pa.Table:
     """``table`` as of ``version`` or the time ``as_of`` (default: the latest; an empty
     table before the first commit), pruned, filtered and projected as the module doc
-    says. ``stats``, when given, is filled in. Errors as in the module doc."""
+    says. ``stats``, when given, is filled in. A long read pins its snapshot with a
+    reader lease, and a file vanished mid-read is retried once or reported, never
+    skipped (`rollup.reader_lease`, ``guard``). Errors as in the module doc, and
+    `SnapshotFilesGone`."""
     schemas.table_schema(table)
-    loaded = await load_snapshot(store, version=version, as_of=as_of)
+
+    def files_of(snapshot: Snapshot) -> list[str]:
+        return [f.path for f in plan_files(snapshot, table, where=where, start=start, end=end)]
+
+    async def read(loaded: LoadedSnapshot | None) -> pa.Table:
+        return await scan_snapshot(
+            loaded,
+            table,
+            filesystem=filesystem,
+            root=root,
+            columns=columns,
+            where=where,
+            start=start,
+            end=end,
+            stats=stats,
+        )
+
+    return await read_consistently(
+        store,
+        version=version,
+        as_of=as_of,
+        files_of=files_of,
+        read=read,
+        guard=guard if guard is not None else ReadGuard(purpose=f"scan {table}"),
+    )
+
+
+async def scan_snapshot(
+    loaded: LoadedSnapshot | None,
+    table: str,
+    *,
+    filesystem: pafs.FileSystem,
+    root: str,
+    columns: Sequence[str] | None = None,
+    where: Sequence[Predicate] = (),
+    start: datetime | None = None,
+    end: datetime | None = None,
+    stats: ScanStats | None = None,
+) -> pa.Table:
+    """``table`` as of the snapshot ``loaded`` (None: nothing committed), read once."""
     snapshot = loaded.snapshot if loaded is not None else None
     files = plan_files(snapshot, table, where=where, start=start, end=end) if snapshot else []
-    if stats is not None and snapshot is not None:
-        stats.files_total = len(snapshot.data_files(table))
-        stats.files_pruned = stats.files_total - len(files)
+    if stats is not None:
+        stats.files_read = stats.rows_read = stats.rows_masked = 0  # a retry starts over
+        if snapshot is not None:
+            stats.files_total = len(snapshot.data_files(table))
+            stats.files_pruned = stats.files_total - len(files)
     return await asyncio.to_thread(
         read_files,
         files,
