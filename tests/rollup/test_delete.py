@@ -292,3 +292,24 @@ def test_tombstone_sql_agrees_with_the_arrow_predicate() -> None:
         f"SELECT coalesce({sql.tombstone_sql('points', wanted)}, false) FROM rows_"
     ).fetchall()
     assert [g for (g,) in got] == expected and sum(expected) == 2
+
+
+@pytest.mark.parametrize("files", [1, 40])
+async def test_a_delete_costs_the_same_few_requests_whatever_the_data_size(
+    tmp_path: Path, files: int
+) -> None:
+    from tests.rollup.dataset_builder import CountingStore
+
+    inner = FileSystemStore(tmp_path / "store")
+    clock = ManualClock(hour_at(3).start_ns)
+    owner = await OwnerLease.acquire(inner, "job", 600, clock)
+    data = [("points", hour_at(0), points(hour_at(0), 50, seq_start=i * 50)) for i in range(files)]
+    await commit_rows(inner, owner, clock, data=data)
+    await owner.release()
+    store = CountingStore(inner)
+
+    await delete_mod.commit_delete(store, tombstone(), clock=clock)  # type: ignore[arg-type]
+
+    # The request record, the snapshot, the pointer; the latest snapshot read twice.
+    assert [op for op, _ in store.requests if op == "put"] == ["put"] * 3
+    assert store.count("get") == 4 and store.count("list") == 0 and store.count("delete") == 0
