@@ -14,24 +14,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-TIMEOUT_S = 300.0
-
-
-def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rollup", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        check=False,
-    )
+from demo.rollup_step import rollup_cli
 
 
 def _json(done: subprocess.CompletedProcess[str], what: str, problems: list[str]) -> Any:
@@ -52,14 +40,14 @@ def run(store_dir: Path, start_ns: int, step: Callable[[str], None]) -> list[str
     per_metric = "SELECT metric, count(*) AS rows, sum(count) AS points FROM rollup_1m "
     per_metric += "GROUP BY metric ORDER BY metric"
     step(f'lm-rollup sql "{per_metric}"')
-    done = _cli(env, "sql", per_metric)
+    done = rollup_cli(env, "sql", per_metric)
     print(_indent(done.stdout))
     if done.returncode != 0:
         return [f"lm-rollup sql exited with {done.returncode}: {done.stderr.strip()}"]
 
     pick = "SELECT series, metric, labels, sum(count) AS points FROM rollup_1m "
     pick += "GROUP BY ALL ORDER BY series LIMIT 1"
-    chosen = _json(_cli(env, "sql", pick, "--format", "json"), "lm-rollup sql", problems)
+    chosen = _json(rollup_cli(env, "sql", pick, "--format", "json"), "lm-rollup sql", problems)
     if not chosen:
         return problems or ["the rollup has no series to delete"]
     series, metric, points = chosen[0]["series"], chosen[0]["metric"], chosen[0]["points"]
@@ -73,12 +61,12 @@ def run(store_dir: Path, start_ns: int, step: Callable[[str], None]) -> list[str
     flags += ["--to", to.isoformat().replace("+00:00", "Z")]
     flags += ["--reason", "lm-demo: delete one series"]
     step(f"lm-rollup delete {' '.join(flags[:-2])} --reason ... --dry-run  ({series})")
-    dry = _cli(env, "delete", *flags, "--dry-run", "--limit", "0")
+    dry = rollup_cli(env, "delete", *flags, "--dry-run", "--limit", "0")
     print(_indent(dry.stderr))
     if dry.returncode != 0:
         problems.append(f"lm-rollup delete --dry-run exited with {dry.returncode}")
     step("lm-rollup delete (commits a tombstone; every reader masks the rows)")
-    deleted = _json(_cli(env, "delete", *flags), "lm-rollup delete", problems)
+    deleted = _json(rollup_cli(env, "delete", *flags), "lm-rollup delete", problems)
     if deleted is None:
         return problems
     print(f"    tombstone {deleted['tombstone']} committed as version {deleted['version']}")
@@ -86,7 +74,7 @@ def run(store_dir: Path, start_ns: int, step: Callable[[str], None]) -> list[str
     where = f"series = '{series}'"
     step(f"lm-rollup query rollup_1m --where '{where}'")
     rows = _json(
-        _cli(env, "query", "rollup_1m", "--where", where, "--format", "json"),
+        rollup_cli(env, "query", "rollup_1m", "--where", where, "--format", "json"),
         "lm-rollup query",
         problems,
     )
@@ -97,7 +85,7 @@ def run(store_dir: Path, start_ns: int, step: Callable[[str], None]) -> list[str
     print(f"    rollup_1m points: {before} before, {after} after, {points} deleted")
     if before is not None and after is not None and before - after != points:
         problems.append(f"rollup_1m lost {before - after} points; the series had {points}")
-    verified = _cli(env, "verify")
+    verified = rollup_cli(env, "verify")
     print(_indent(verified.stderr))
     if verified.returncode != 0:
         problems.append(f"lm-rollup verify after the delete exited with {verified.returncode}")
@@ -106,7 +94,7 @@ def run(store_dir: Path, start_ns: int, step: Callable[[str], None]) -> list[str
 
 def _total(env: dict[str, str], problems: list[str]) -> int | None:
     rows = _json(
-        _cli(env, "sql", "SELECT sum(count) AS points FROM rollup_1m", "--format", "json"),
+        rollup_cli(env, "sql", "SELECT sum(count) AS points FROM rollup_1m", "--format", "json"),
         "lm-rollup sql",
         problems,
     )

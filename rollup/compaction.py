@@ -7,7 +7,7 @@ bytes per row), and commits all of it in one pointer CAS: the new files added, t
 ones removed (PROTOCOL §4.1). Readers of older snapshots keep working until vacuum.
 
 Which hours (no ``hours`` given): those where a table has at least ``min_files`` files,
-or a file with rows that a delete still masks (`rollup.tombstones.pending_for`): the
+or a file with rows that a delete still masks (`rollup.tombstones.pending_on`): the
 snapshot alone tells, no listing.
 
 Like ``delete``, compaction commits without the owner lease (`rollup.commit.commit`):
@@ -40,7 +40,7 @@ from rollup import reader, schemas
 from rollup.commit import CommitConflict, LoadedSnapshot, commit, delete_uncommitted, load_latest
 from rollup.manifest import Changes, DataFile, Snapshot
 from rollup.storage import StoreAccess, open_parquet_writer
-from rollup.tombstones import pending_for
+from rollup.tombstones import pending_on
 from store.base import ObjectStore
 from store.retry import Backoff
 
@@ -88,17 +88,7 @@ def choose(
         for hour, files in sorted(by_hour.items()):
             if wanted is not None and hour not in wanted:
                 continue
-            masked = any(
-                pending_for(
-                    snapshot.tombstones,
-                    table,
-                    added_version=f.added_version,
-                    hour=hour,
-                    metric_min=f.min.get("metric"),
-                    metric_max=f.max.get("metric"),
-                )
-                for f in files
-            )
+            masked = any(pending_on(snapshot.tombstones, f) for f in files)
             if wanted is None and len(files) < min_files and not masked:
                 continue
             work.append(HourWork(table, hour, tuple(sorted(files, key=lambda f: f.path))))

@@ -32,7 +32,7 @@ from protocol import keys
 from rollup import schemas
 from rollup.manifest import DataFile
 from rollup.manifest import Snapshot as RollupSnapshot
-from rollup.tombstones import Tombstone, matches, needed_columns, pending_for
+from rollup.tombstones import Tombstone, matches, needed_columns, pending_on
 from store.base import ObjectStore
 from store.errors import NotFound, PreconditionFailed
 
@@ -99,14 +99,7 @@ async def position_deletes(
     """The position-delete files ``table`` needs at ``snapshot``, written if missing."""
     result: list[PositionDeletes] = []
     for data_file in sorted(snapshot.data_files(table), key=lambda f: f.path):
-        pending = pending_for(
-            snapshot.tombstones,
-            table,
-            added_version=data_file.added_version,
-            hour=data_file.partition,
-            metric_min=data_file.min.get("metric"),
-            metric_max=data_file.max.get("metric"),
-        )
+        pending = pending_on(snapshot.tombstones, data_file)
         if not pending:
             continue
         key = delete_file_key(table, data_file.path, pending)

@@ -240,14 +240,7 @@ def read_files(
             partitioning=None,
         )
         part = part.select(needed).cast(target)
-        pending = tombstones_mod.pending_for(
-            masking,
-            table,
-            added_version=data_file.added_version,
-            hour=data_file.partition,
-            metric_min=data_file.min.get("metric"),
-            metric_max=data_file.max.get("metric"),
-        )
+        pending = tombstones_mod.pending_on(masking, data_file)
         part, masked = tombstones_mod.drop_masked(pending, table, part)
         parts.append(part)
         if stats is not None:

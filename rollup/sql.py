@@ -15,7 +15,7 @@ would also read orphans of failed runs and files compaction replaced), with
 ``union_by_name=true`` (files written by different writers may order columns
 differently) and every column cast to the table's type. A table without files is a view
 with the same columns and types and no rows. Files with deletes still pending on them
-(`rollup.tombstones.pending_for`) are read with ``WHERE NOT`` the tombstones' predicates
+(`rollup.tombstones.pending_on`) are read with ``WHERE NOT`` the tombstones' predicates
 (`tombstone_sql`), so SQL never sees a deleted row.
 
 S3 (`S3Access`): a temporary DuckDB secret scoped to the bucket, from the ``[store]``
@@ -41,7 +41,7 @@ from config.store_url import StoreLocation
 from rollup import schemas
 from rollup.manifest import Snapshot
 from rollup.storage import engine_url
-from rollup.tombstones import Tombstone, pending_for
+from rollup.tombstones import Tombstone, pending_on
 
 EXTENSIONS = ("httpfs", "avro", "iceberg")
 
@@ -233,14 +233,7 @@ def register_snapshot(
         groups: dict[tuple[str, ...], tuple[list[str], tuple[Tombstone, ...]]] = {}
         for data_file in files:
             url = engine_url(location.url, data_file.path)
-            pending = pending_for(
-                snapshot.tombstones if snapshot is not None else (),
-                table,
-                added_version=data_file.added_version,
-                hour=data_file.partition,
-                metric_min=data_file.min.get("metric"),
-                metric_max=data_file.max.get("metric"),
-            )
+            pending = pending_on(snapshot.tombstones if snapshot is not None else (), data_file)
             if not pending:
                 clean.append(url)
                 continue

@@ -31,7 +31,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -39,6 +39,9 @@ import pyarrow.compute as pc
 
 from protocol import keys
 from rollup import schemas
+
+if TYPE_CHECKING:
+    from rollup.manifest import DataFile  # the manifest imports this module
 
 TOMBSTONE_SCHEMA = "lightmetrics.rollup_tombstone.v1"
 _MAX_TEXT = 1024
@@ -207,6 +210,18 @@ def pending_for(
         and (t.start is None or t.start < hour_end)
         and (metric_min is None or metric_min <= t.metric)
         and (metric_max is None or t.metric <= metric_max)
+    )
+
+
+def pending_on(tombstones: Iterable[Tombstone], data_file: DataFile) -> tuple[Tombstone, ...]:
+    """`pending_for` a data file of a snapshot (its table, version, hour and statistics)."""
+    return pending_for(
+        tombstones,
+        data_file.table,
+        added_version=data_file.added_version,
+        hour=data_file.partition,
+        metric_min=data_file.min.get("metric"),
+        metric_max=data_file.max.get("metric"),
     )
 
 
