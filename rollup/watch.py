@@ -209,14 +209,31 @@ def run_watch(args: argparse.Namespace, settings: Settings) -> int:
     return code
 
 
+def _positive(kind: type[int] | type[float]) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+
+    return parse
+
+
 def add_watch_command(subparsers: Any) -> None:
     """Add ``watch`` to ``subparsers`` (from ``add_subparsers()``)."""
     parser = subparsers.add_parser(
         "watch", help="print each newly committed version (polls with If-None-Match)"
     )
     parser.add_argument(
-        "--interval", type=float, default=5.0, metavar="S", help="seconds between polls (5)"
+        "--interval",
+        type=_positive(float),
+        default=5.0,
+        metavar="S",
+        help="seconds between polls (5)",
     )
-    parser.add_argument("--count", type=int, metavar="N", help="stop after N versions")
+    parser.add_argument("--count", type=_positive(int), metavar="N", help="stop after N versions")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.set_defaults(handler=run_watch)
