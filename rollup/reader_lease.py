@@ -28,9 +28,13 @@ and ``ReadGuard.notify``, which the CLI prints on stderr); a second failure, a r
 an explicit ``--version``/``--as-of`` (retrying would answer a different question), or
 a current snapshot that lists a missing file raise `SnapshotFilesGone`.
 
-Known window: vacuum reads the leases after listing what it could delete, then deletes;
-a lease written after that read (a reader that loaded its snapshot just before) does not
-protect that run's deletions. The retry above covers it for latest reads.
+A vacuum already running: vacuum reads the leases once, after taking the owner lease
+and listing what it could delete, so a lease written later does not protect that run's
+deletions. So after writing its lease a reader reads the owner lease (one GET): while a
+vacuum (`rollup.owner.VACUUM_OWNER_PREFIX`) holds it unexpired, the reader waits, polling
+with jittered delays, for at most ``max_hold_s``; every vacuum that takes the owner lease
+afterwards reads the leases after that and sees ours. (Vacuum checks its owner lease just
+before deleting, so one whose lease ran out deletes nothing.)
 """
 
 from __future__ import annotations
@@ -48,9 +52,10 @@ import structlog
 
 from protocol import keys
 from protocol.clock import Clock, SystemClock
-from protocol.records import RecordError, RollupReaderLease
+from protocol.records import LeaseRecord, RecordError, RollupReaderLease
 from rollup.commit import LoadedSnapshot, load_latest
 from rollup.manifest import Snapshot
+from rollup.owner import VACUUM_OWNER_PREFIX
 from rollup.travel import load_snapshot
 from store.base import ObjectInfo, ObjectStore
 from store.errors import (
@@ -255,12 +260,42 @@ async def pinned(
     )
     renewing = asyncio.create_task(lease.keep_renewed(max_hold_s=guard.max_hold_s))
     try:
+        await wait_out_running_vacuum(store, guard.clock, max_wait_s=guard.max_hold_s)
         yield lease
     finally:
         renewing.cancel()
         with suppress(asyncio.CancelledError):
             await renewing
         await lease.release()
+
+
+async def wait_out_running_vacuum(
+    store: ObjectStore, clock: Clock, *, max_wait_s: float, rng: random.Random | None = None
+) -> float:
+    """Wait while a vacuum holds the owner lease unexpired (see the module doc); the
+    seconds waited. Gives up after ``max_wait_s`` (the read then relies on the retry)."""
+    clock = store_clock(store, clock)
+    rng = rng or random.Random()
+    started = clock.monotonic()
+    while True:
+        try:
+            body, _ = await store.get(keys.ROLLUP_OWNER_KEY)
+            holder = LeaseRecord.from_json(body)
+        except (NotFound, RecordError):
+            break  # no owner, or a record vacuum could not hold either
+        if not holder.owner.startswith(VACUUM_OWNER_PREFIX):
+            break
+        if holder.expires_at_unix_ns <= clock.now_ns():
+            break
+        waited = clock.monotonic() - started
+        if waited >= max_wait_s:
+            log.warning("rollup_reader_vacuum_wait_gave_up", vacuum=holder.owner, waited_s=waited)
+            break
+        if waited == 0:
+            log.info("rollup_reader_waits_for_vacuum", vacuum=holder.owner)
+        # Safe to repeat: a read. Bounded by the vacuum's expiry and ``max_wait_s``.
+        await clock.sleep(rng.uniform(0.5, 2.0))
+    return clock.monotonic() - started
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,13 +18,14 @@ from protocol import keys
 from protocol.clock import ManualClock, SystemClock
 from protocol.records import RollupReaderLease
 from rollup.commit import LoadedSnapshot, load_latest, load_version
-from rollup.owner import OwnerLease
+from rollup.owner import VACUUM_OWNER_PREFIX, OwnerLease
 from rollup.reader import scan, scan_snapshot
 from rollup.reader_lease import (
     ReaderLease,
     ReaderLeaseLost,
     ReadGuard,
     SnapshotFilesGone,
+    wait_out_running_vacuum,
 )
 from rollup.vacuum import vacuum
 from store.base import ObjectStore
@@ -158,6 +159,27 @@ async def test_a_lease_too_close_to_its_expiry_lapses_instead_of_renewing(
     assert lease.is_valid() and not lease.is_valid(margin_s=5)  # 4 s left, not renewed
 
 
+async def test_a_new_reader_lease_waits_out_a_vacuum_already_running(tmp_path: Path) -> None:
+    # That vacuum read the leases before ours existed: its deletions are not ours to
+    # trust until it is done (or its owner lease ran out).
+    clock = ManualClock(hour_at(1).start_ns)
+    store = FileSystemStore(tmp_path, clock=clock)
+    running = await OwnerLease.acquire(store, f"{VACUUM_OWNER_PREFIX}test", 60, clock)
+    waited = await wait_out_running_vacuum(store, clock, max_wait_s=3600)
+    assert 60 <= waited <= 62  # until its expiry, in jittered polls of at most 2 s
+
+    await running.release()
+    clock.advance(1)
+    vacuuming = await OwnerLease.acquire(store, f"{VACUUM_OWNER_PREFIX}next", 600, clock)
+    assert 10 <= await wait_out_running_vacuum(store, clock, max_wait_s=10) <= 12  # bounded
+    await vacuuming.release()
+    assert await wait_out_running_vacuum(store, clock, max_wait_s=3600) == 0  # released
+
+    job = await OwnerLease.acquire(store, "rollup-job", 600, clock)
+    assert await wait_out_running_vacuum(store, clock, max_wait_s=3600) == 0  # not a vacuum
+    await job.release()
+
+
 class VacuumOnOpen(CountingHandler):
     """A local filesystem that, the first time a file in ``trigger`` is opened, runs
     ``action`` on the event loop first (a commit and a vacuum racing the read)."""
@@ -261,7 +283,9 @@ async def test_a_pinned_read_keeps_its_files_through_a_racing_vacuum(tmp_path: P
         "points",
         filesystem=pafs.PyFileSystem(handler),
         root=str(store.root),
-        guard=ReadGuard(mode="always", clock=clock, notify=messages.append),
+        # The real clock: renewals wait for real time (a ManualClock's sleep would spin
+        # them), and its "now" is days past the store's manual one, so the lease is live.
+        guard=ReadGuard(mode="always", clock=SystemClock(), notify=messages.append),
     )
     assert sorted(table.column("seq").to_pylist()) == [0, 1, 2] and messages == []
     # The read is over: its lease is gone, and the next vacuum removes version 1's file.
