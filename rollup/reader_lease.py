@@ -31,7 +31,8 @@ a current snapshot that lists a missing file raise `SnapshotFilesGone`.
 A vacuum already running: vacuum reads the leases once, after taking the owner lease
 and listing what it could delete, so a lease written later does not protect that run's
 deletions. So after writing its lease a reader reads the owner lease (one GET): while a
-vacuum (`rollup.owner.VACUUM_OWNER_PREFIX`) holds it unexpired, the reader waits, polling
+vacuum (`rollup.owner.VACUUM_OWNER_PREFIX`) holds it unexpired and the pinned snapshot is
+not the current one (one more GET tells), the reader waits, polling
 with jittered delays, for at most ``max_hold_s``; every vacuum that takes the owner lease
 afterwards reads the leases after that and sees ours. (Vacuum checks its owner lease just
 before deleting, so one whose lease ran out deletes nothing.)
@@ -260,7 +261,12 @@ async def pinned(
     )
     renewing = asyncio.create_task(lease.keep_renewed(max_hold_s=guard.max_hold_s))
     try:
-        await wait_out_running_vacuum(store, guard.clock, max_wait_s=guard.max_hold_s)
+        await wait_out_running_vacuum(
+            store,
+            guard.clock,
+            max_wait_s=guard.max_hold_s,
+            pinned_manifest_key=loaded.manifest_key,
+        )
         yield lease
     finally:
         renewing.cancel()
@@ -270,10 +276,19 @@ async def pinned(
 
 
 async def wait_out_running_vacuum(
-    store: ObjectStore, clock: Clock, *, max_wait_s: float, rng: random.Random | None = None
+    store: ObjectStore,
+    clock: Clock,
+    *,
+    max_wait_s: float,
+    pinned_manifest_key: str | None = None,
+    rng: random.Random | None = None,
 ) -> float:
     """Wait while a vacuum holds the owner lease unexpired (see the module doc); the
-    seconds waited. Gives up after ``max_wait_s`` (the read then relies on the retry)."""
+    seconds waited. Gives up after ``max_wait_s`` (the read then relies on the retry).
+
+    No wait when the pinned snapshot is the current one: no commit lands while vacuum
+    holds the owner lease, so it was current when that vacuum planned, and vacuum never
+    deletes the current snapshot's files."""
     clock = store_clock(store, clock)
     rng = rng or random.Random()
     started = clock.monotonic()
@@ -287,6 +302,11 @@ async def wait_out_running_vacuum(
             break
         if holder.expires_at_unix_ns <= clock.now_ns():
             break
+        if pinned_manifest_key is not None:
+            latest = await load_latest(store)
+            if latest is not None and latest.manifest_key == pinned_manifest_key:
+                break
+            pinned_manifest_key = None  # not current now: no commit can make it so
         waited = clock.monotonic() - started
         if waited >= max_wait_s:
             log.warning("rollup_reader_vacuum_wait_gave_up", vacuum=holder.owner, waited_s=waited)

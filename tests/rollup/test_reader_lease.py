@@ -175,6 +175,24 @@ async def test_a_new_reader_lease_waits_out_a_vacuum_already_running(tmp_path: P
     await vacuuming.release()
     assert await wait_out_running_vacuum(store, clock, max_wait_s=3600) == 0  # released
 
+    # A reader of the current snapshot never waits: that vacuum keeps it.
+    owner = await OwnerLease.acquire(store, "job", 600, clock)
+    current = await commit_rows(
+        store, owner, clock, data=[("points", hour_at(0), points(hour_at(0), 1))]
+    )
+    await owner.release()
+    vacuuming = await OwnerLease.acquire(store, f"{VACUUM_OWNER_PREFIX}third", 600, clock)
+    assert (
+        await wait_out_running_vacuum(
+            store, clock, max_wait_s=3600, pinned_manifest_key=current.manifest_key
+        )
+        == 0
+    )
+    assert 5 <= await wait_out_running_vacuum(
+        store, clock, max_wait_s=5, pinned_manifest_key="rollup/v1/manifests/old.json"
+    )
+    await vacuuming.release()
+
     job = await OwnerLease.acquire(store, "rollup-job", 600, clock)
     assert await wait_out_running_vacuum(store, clock, max_wait_s=3600) == 0  # not a vacuum
     await job.release()
