@@ -19,14 +19,9 @@ from protocol.clock import ManualClock, SystemClock
 from protocol.records import RollupReaderLease
 from rollup.commit import LoadedSnapshot, load_latest, load_version
 from rollup.owner import VACUUM_OWNER_PREFIX, OwnerLease
+from rollup.read_guard import ReadGuard, SnapshotFilesGone
 from rollup.reader import scan, scan_snapshot
-from rollup.reader_lease import (
-    ReaderLease,
-    ReaderLeaseLost,
-    ReadGuard,
-    SnapshotFilesGone,
-    wait_out_running_vacuum,
-)
+from rollup.reader_lease import ReaderLease, ReaderLeaseLost, wait_out_running_vacuum
 from rollup.vacuum import vacuum
 from store.base import ObjectStore
 from store.fs import FileSystemStore
