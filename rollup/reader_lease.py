@@ -17,12 +17,16 @@ Either way the read goes on, guarded by `rollup.read_guard`.
 
 A vacuum already running: vacuum reads the leases once, after taking the owner lease
 and listing what it could delete, so a lease written later does not protect that run's
-deletions. So after writing its lease a reader reads the owner lease (one GET): while a
+deletions. A lease therefore protects a read from the moment no vacuum that missed it
+is running: after writing it a reader reads the owner lease (one GET), and while a
 vacuum (`rollup.owner.VACUUM_OWNER_PREFIX`) holds it unexpired and the pinned snapshot is
-not the current one (one more GET tells), the reader waits, polling with jittered
-delays, for at most ``max_hold_s``; every vacuum that takes the owner lease afterwards
-reads the leases after that and sees ours. (Vacuum checks its owner lease just before
-deleting, so one whose lease ran out deletes nothing.)
+not the current one (one more GET tells: vacuum keeps the current snapshot, and no
+commit lands while it holds the owner lease), the reader waits, polling with jittered
+delays, for at most ``max_hold_s``. Every vacuum that takes the owner lease afterwards
+reads the leases after that and sees ours, so from then on no file of the snapshot
+goes; one that vacuum removed before is found missing by the read, which retries or
+fails clearly (`rollup.read_guard`), never returning fewer rows. (Vacuum checks its
+owner lease just before deleting, so one whose lease ran out deletes nothing.)
 """
 
 from __future__ import annotations
