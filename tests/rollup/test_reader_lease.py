@@ -26,7 +26,7 @@ from rollup.vacuum import vacuum
 from store.base import ObjectStore
 from store.fs import FileSystemStore
 from store.s3 import S3Store
-from tests.rollup.dataset_builder import commit_rows, hour_at, make_batch, points
+from tests.rollup.dataset_builder import CountingStore, commit_rows, hour_at, make_batch, points
 from tests.rollup.test_reader import CountingHandler
 from tests.rollup.test_vacuum import build_history
 from tests.s3_servers import RunningServer, fresh_bucket
@@ -470,3 +470,75 @@ def test_vacuum_and_query_clis_with_reader_leases(
         return [i.key async for i in store.list(keys.ROLLUP_READERS_PREFIX)]
 
     assert asyncio.run(leases_left()) == [keys.rollup_reader_key(reader)]  # the CLI's is gone
+
+
+class DeleteGate(CountingStore):
+    """Holds every delete until ``gate`` opens; ``reached`` is set at the first one."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        super().__init__(inner)
+        self.gate = asyncio.Event()
+        self.reached = asyncio.Event()
+
+    async def delete(self, key: str) -> None:
+        self.reached.set()
+        await self.gate.wait()
+        await super().delete(key)
+
+
+@pytest.mark.s3
+async def test_a_pinned_read_waits_out_a_vacuum_that_missed_its_lease(
+    ministack_server: RunningServer,
+) -> None:
+    from rollup.storage import arrow_filesystem
+
+    async with S3Store(
+        bucket=fresh_bucket(ministack_server),
+        prefix="wait",
+        endpoint_url=ministack_server.endpoint_url,
+    ) as store:
+        clock = SystemClock()
+        owner = await OwnerLease.acquire(store, "job", 600, clock)
+        first = await commit_rows(
+            store, owner, clock, data=[("points", hour_at(0), points(hour_at(0), 2))]
+        )
+        old_file = first.snapshot.data_files("points")[0].path
+        await commit_rows(
+            store,
+            owner,
+            clock,
+            data=[("points", hour_at(0), points(hour_at(0), 3))],
+            remove=[old_file],
+        )
+        await owner.release()
+        gated = DeleteGate(store)
+        vacuuming = asyncio.create_task(vacuum(gated, clock=clock, retain_versions=1, min_age_s=0))
+        await asyncio.wait_for(gated.reached.wait(), 30)  # leases read; deletes about to go
+
+        reader_store = CountingStore(store)
+        s3, root = arrow_filesystem(store.url, endpoint_url=ministack_server.endpoint_url)
+        reading = asyncio.create_task(
+            scan(
+                reader_store,
+                "points",
+                filesystem=s3,
+                root=root,
+                version=1,
+                guard=ReadGuard(mode="always"),
+            )
+        )
+        # The reader polls the owner lease while that vacuum holds it (no sleeps here:
+        # its second look at owner.json proves it waited instead of reading).
+        deadline = time.monotonic() + 30
+        while reader_store.count("get", keys.ROLLUP_OWNER_KEY) < 2:
+            assert time.monotonic() < deadline and not reading.done(), reading
+            await asyncio.sleep(0.01)
+        assert not reading.done()
+        gated.gate.set()
+        report = await asyncio.wait_for(vacuuming, 30)
+        assert old_file in report.deleted and report.pinned == []  # it never saw the lease
+        # The read starts once that vacuum is done: the file it removed is reported, not
+        # skipped, and no row of a half-read snapshot is returned.
+        with pytest.raises(SnapshotFilesGone, match="version 1 are gone"):
+            await asyncio.wait_for(reading, 30)
+        assert [i.key async for i in store.list(keys.ROLLUP_READERS_PREFIX)] == []
