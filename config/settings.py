@@ -286,6 +286,18 @@ class RollupSettings(_Section):
     vacuum_min_age_s: float = Field(default=3600.0, ge=0)
     """``lm-rollup vacuum`` never deletes an unreachable object younger than this: a
     commit in flight may be about to reference it."""
+    retention_points_days: float | None = Field(default=None, gt=0)
+    """Keep ``points`` rows for this many days (by the hour of ``ts``); older hours are
+    dropped from the snapshot by the next run's commit (vacuum deletes their files
+    later). None (default): keep forever."""
+    retention_rollup_1m_days: float | None = Field(default=None, gt=0)
+    """As ``retention_points_days``, for ``rollup_1m`` (by the hour of ``window_start``)."""
+    compact_target_bytes: int = Field(default=128 * 1024 * 1024, ge=1024)
+    """``lm-rollup compact`` writes files of about this size (an hour smaller than this
+    becomes one file)."""
+    compact_min_files: int = Field(default=2, ge=2)
+    """``lm-rollup compact`` without ``--hour`` rewrites a table's hour when it has at least
+    this many files, or rows that deletes still mask."""
 
 
 def _lowercase(value: Any) -> Any:

@@ -355,6 +355,17 @@ def rollup_ledger_key(hour: UtcHour, file_id: str) -> str:
     return f"{ROLLUP_LEDGER_PREFIX}{hour.partition}/{file_id}.parquet"
 
 
+ROLLUP_TOMBSTONES_PREFIX = f"{ROLLUP_PREFIX}tombstones/"
+TOMBSTONE_ID_PATTERN = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def rollup_tombstone_key(tombstone_id: str) -> str:
+    """A delete request's record (PROTOCOL §4.1): ``rollup/v1/tombstones/<uuid>.json``."""
+    if not TOMBSTONE_ID_PATTERN.fullmatch(tombstone_id):
+        raise KeyFormatError(f"tombstone id must be a lowercase uuid, got {tombstone_id!r}")
+    return f"{ROLLUP_TOMBSTONES_PREFIX}{tombstone_id}.json"
+
+
 ROLLUP_ICEBERG_PREFIX = f"{ROLLUP_PREFIX}iceberg/"
 
 

@@ -121,7 +121,7 @@ def time_argument(text: str) -> datetime:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _hour(text: str) -> UtcHour:
+def hour_argument(text: str) -> UtcHour:
     try:
         return UtcHour.parse_iso(text)
     except KeyFormatError as exc:
@@ -344,8 +344,10 @@ def add_read_commands(subparsers: Any) -> None:
 
     check = subparsers.add_parser("verify", help="check the ledger against accepted batches")
     check.add_argument("--version", type=int, help="verify this version (default: latest)")
-    check.add_argument("--from", type=_hour, metavar="YYYY-MM-DDTHH", help="first hour")
-    check.add_argument("--to", type=_hour, metavar="YYYY-MM-DDTHH", help="last hour (included)")
+    check.add_argument("--from", type=hour_argument, metavar="YYYY-MM-DDTHH", help="first hour")
+    check.add_argument(
+        "--to", type=hour_argument, metavar="YYYY-MM-DDTHH", help="last hour (included)"
+    )
     check.add_argument("--format", choices=FORMATS, default="table")
     check.add_argument(
         "--from-manifests",

@@ -6,7 +6,8 @@ data files can hold matching rows (`plan_files`: partition hour against the time
 and against predicates on the partition column, then each file's min/max statistics
 against every predicate), reads only those with pyarrow (only the needed columns, with
 row-group filtering), filters the rows exactly, and returns the projected columns cast
-to the table's schema (`rollup.schemas`).
+to the table's schema (`rollup.schemas`). Rows the snapshot's tombstones (deletes,
+`rollup.tombstones`) match are masked: a deleted row is never returned.
 
 Predicates (`Predicate`, parsed by `parse_predicate` from ``"column op value"``) compare
 one scalar column with a constant: ``= == != < <= > >=``. Values are parsed by the
@@ -40,9 +41,11 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from rollup import schemas
+from rollup import tombstones as tombstones_mod
 from rollup.commit import LoadedSnapshot
 from rollup.manifest import DataFile, Snapshot
 from rollup.read_guard import ReadGuard, read_consistently
+from rollup.tombstones import Tombstone
 from store.base import ObjectStore
 
 _OPS: dict[str, Callable[[Any, Any], Any]] = {
@@ -78,6 +81,7 @@ class ScanStats:
     files_pruned: int = 0
     files_read: int = 0
     rows_read: int = 0
+    rows_masked: int = 0
 
 
 def parse_value(data_type: pa.DataType, text: str) -> Any:
@@ -194,9 +198,11 @@ def read_files(
     start: datetime | None = None,
     end: datetime | None = None,
     stats: ScanStats | None = None,
+    tombstones: Sequence[Tombstone] = (),
 ) -> pa.Table:
     """Rows of ``files`` matching ``where`` and ``[start, end)``, projected to ``columns``
-    (default: all, in schema order) and cast to the table's schema. Blocking I/O."""
+    (default: all, in schema order) and cast to the table's schema, without the rows
+    ``tombstones`` (the snapshot's deletes) mask in each file. Blocking I/O."""
     schema = schemas.table_schema(table)
     wanted = list(columns) if columns is not None else list(schema.names)
     for name in wanted:
@@ -208,7 +214,16 @@ def read_files(
         bounds.append(Predicate(partition_column, ">=", start))
     if end is not None:
         bounds.append(Predicate(partition_column, "<", end))
-    needed = list(dict.fromkeys([*wanted, *(p.column for p in bounds)]))
+    masking = tombstones_mod.for_table(tombstones, table)
+    needed = list(
+        dict.fromkeys(
+            [
+                *wanted,
+                *(p.column for p in bounds),
+                *tombstones_mod.needed_columns(table, masking),
+            ]
+        )
+    )
     target = pa.schema([schema.field(name) for name in needed])
     expression: pc.Expression | None = None
     for predicate in bounds:
@@ -224,10 +239,14 @@ def read_files(
             filters=expression,
             partitioning=None,
         )
-        parts.append(part.select(needed).cast(target))
+        part = part.select(needed).cast(target)
+        pending = tombstones_mod.pending_on(masking, data_file)
+        part, masked = tombstones_mod.drop_masked(pending, table, part)
+        parts.append(part)
         if stats is not None:
             stats.files_read += 1
-            stats.rows_read += part.num_rows
+            stats.rows_read += part.num_rows + masked
+            stats.rows_masked += masked
     result = pa.concat_tables(parts) if parts else target.empty_table()
     return result.select(wanted)
 
@@ -297,7 +316,7 @@ async def scan_snapshot(
     snapshot = loaded.snapshot if loaded is not None else None
     files = plan_files(snapshot, table, where=where, start=start, end=end) if snapshot else []
     if stats is not None:
-        stats.files_read = stats.rows_read = 0  # a retry starts over
+        stats.files_read = stats.rows_read = stats.rows_masked = 0  # a retry starts over
         if snapshot is not None:
             stats.files_total = len(snapshot.data_files(table))
             stats.files_pruned = stats.files_total - len(files)
@@ -312,6 +331,7 @@ async def scan_snapshot(
         start=start,
         end=end,
         stats=stats,
+        tombstones=snapshot.tombstones if snapshot is not None else (),
     )
 
 

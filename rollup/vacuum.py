@@ -11,10 +11,10 @@ Iceberg never find a file gone. Older snapshots' manifests are deleted too, whic
 `history` and version travel there. Published Iceberg metadata files themselves
 (``rollup/v1/iceberg/``) are not vacuumed yet.
 
-Everything under ``rollup/v1/manifests/``, ``tables/`` and ``ledger/`` that no retained
-snapshot reaches (their manifests, data files and ledger files) is deleted: files
-superseded long enough ago (their removal is recorded in the superseding snapshot's
-``tombstones``), orphans of commits that crashed or lost, and old manifests. The pointer
+Everything under ``rollup/v1/manifests/``, ``tables/``, ``ledger/`` and ``tombstones/``
+that no retained snapshot reaches (their manifests, data, ledger and tombstone files) is
+deleted: files superseded long enough ago (their removal is recorded in the superseding
+snapshot's ``removed_files``), tombstone records of deletes whose commit failed, orphans of commits that crashed or lost, and old manifests. The pointer
 and the owner lease are never touched.
 
 Safety:
@@ -61,6 +61,7 @@ VACUUMED_PREFIXES = (
     keys.ROLLUP_MANIFESTS_PREFIX,
     keys.ROLLUP_TABLES_PREFIX,
     keys.ROLLUP_LEDGER_PREFIX,
+    keys.ROLLUP_TOMBSTONES_PREFIX,
 )
 
 
