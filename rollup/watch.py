@@ -7,7 +7,8 @@ nothing committed — costs that one GET and carries no body. When the pointer c
 every version since the last one printed is read back along the snapshot chain (one GET
 per version, at most `MAX_BACKLOG` per poll; the first change also reads the version
 before it, to tell what it added) and printed oldest first, one line each:
-version, created_at, data files added/removed, batches (and rows) newly included; with
+version, created_at, data files added/removed, batches (and rows) newly included, and
+the deletes it committed (who and why, as ``history`` shows them); with
 ``--json`` one JSON object per line (`rollup.history.VersionInfo.as_row`). Versions
 vacuumed before they could be read are reported on stderr, never invented.
 
@@ -172,11 +173,12 @@ def version_line(info: VersionInfo, as_json: bool) -> str:
     if as_json:
         return json.dumps(info.as_row(), separators=(",", ":"))
     batches = "?" if info.batches_added is None else f"+{info.batches_added}"
-    return (
+    line = (
         f"version {info.version} created_at {info.created_at} files "
         f"+{info.files_added} -{info.files_removed} batches {batches} "
         f"rows +{sum(info.rows_added.values())}"
     )
+    return f"{line} deletes: {'; '.join(info.deletes)}" if info.deletes else line
 
 
 def run_watch(args: argparse.Namespace, settings: Settings) -> int:
