@@ -20,8 +20,8 @@ and listing what it could delete, so a lease written later does not protect that
 deletions. A lease therefore protects a read from the moment no vacuum that missed it
 is running: after writing it a reader reads the owner lease (one GET), and while a
 vacuum (`rollup.owner.VACUUM_OWNER_PREFIX`) holds it unexpired and the pinned snapshot is
-not the current one (one more GET tells: vacuum keeps the current snapshot, and no
-commit lands while it holds the owner lease), the reader waits, polling with jittered
+not the current one (one more GET tells; see `wait_out_running_vacuum` for why the
+current one is safe), the reader waits, polling with jittered
 delays, for at most ``max_hold_s``. Every vacuum that takes the owner lease afterwards
 reads the leases after that and sees ours, so from then on no file of the snapshot
 goes; one that vacuum removed before is found missing by the read, which retries or
@@ -243,9 +243,12 @@ async def wait_out_running_vacuum(
     """Wait while a vacuum holds the owner lease unexpired (see the module doc); the
     seconds waited. Gives up after ``max_wait_s`` (the read then relies on the retry).
 
-    No wait when the pinned snapshot is the current one: no commit lands while vacuum
-    holds the owner lease, so it was current when that vacuum planned, and vacuum never
-    deletes the current snapshot's files."""
+    No wait when the pinned snapshot is the current one. Either it was current when
+    that vacuum planned, and vacuum keeps that snapshot; or it was committed since
+    (deletes and compaction commit without the owner lease): then vacuum either finds
+    the pointer moved at its check before deleting and deletes nothing, or is past that
+    check: the new snapshot's files are then the planned snapshot's (kept) or files of
+    a commit in flight, which vacuum's minimum age protects as it always does."""
     clock = store_clock(store, clock)
     rng = rng or random.Random()
     started = clock.monotonic()
