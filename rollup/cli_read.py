@@ -7,7 +7,7 @@ to stderr. ``query`` (and ``sql``, `rollup.cli_sql`) read the latest snapshot, o
 ``--version N``, or ``--as-of TIME``: the newest version committed at or before TIME
 (`rollup.travel`). ``query`` pins its snapshot with a reader lease past ``[rollup]
 reader_lease_min_files`` files (``--lease``/``--no-lease`` decide instead) and says on
-stderr when a vanished file made it retry (`rollup.reader_lease`); ``vacuum`` prints
+stderr when a vanished file made it retry (`rollup.read_guard`); ``vacuum`` prints
 what each reader lease kept and the expired leases it deleted.
 
 Exit codes: 0 done (verify: every hour complete); 1 verify found a mismatch; 2 the
@@ -34,7 +34,7 @@ from rollup import reader, schemas
 from rollup import verify as verify_mod
 from rollup.commit import VersionNotFound
 from rollup.manifest import RollupManifestError, format_created_at
-from rollup.reader_lease import ReadGuard, SnapshotFilesGone
+from rollup.read_guard import ReadGuard, SnapshotFilesGone
 from rollup.vacuum import VacuumAborted, VacuumReport, vacuum
 from store.base import ObjectStore
 from store.errors import StoreError

@@ -1,7 +1,7 @@
 """``lm-rollup sql "SELECT ..."``: DuckDB over the latest (``--version N``, ``--as-of
 TIME``) committed snapshot, the tables registered by name (`rollup.sql`), offline.
 The snapshot is pinned by a reader lease while the SQL runs, and a file vanished
-mid-read is retried once against the newer snapshot (`rollup.reader_lease`).
+mid-read is retried once against the newer snapshot (`rollup.read_guard`).
 
 Rows go to stdout (``--format table|csv|json``, as ``query``); the snapshot read goes to
 stderr (``snapshot: version N committed <created_at>``). Several statements may be given;
@@ -22,7 +22,7 @@ from config.store_url import S3Location
 from rollup.cli_read import FORMATS, add_snapshot_arguments, read_guard, render, run_with_store
 from rollup.commit import LoadedSnapshot
 from rollup.manifest import Snapshot
-from rollup.reader_lease import read_consistently
+from rollup.read_guard import read_consistently
 from store.base import ObjectStore
 
 

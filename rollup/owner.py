@@ -30,6 +30,10 @@ from store.time import store_clock
 
 log = structlog.get_logger(__name__)
 
+VACUUM_OWNER_PREFIX = "vacuum-"
+"""`rollup.vacuum` holds the owner lease as ``vacuum-<uuid>``: a reader that sees such an
+unexpired holder waits for it before trusting its reader lease (`rollup.reader_lease`)."""
+
 
 class OwnerLost(Exception):
     """The owner lease is lost or expired: stop before the next commit, commit nothing

@@ -21,7 +21,7 @@ Errors: `ValueError` for a bad table, column or predicate; `VersionNotFound`;
 ``FileNotFoundError``/``OSError`` when a file the snapshot lists cannot be read (the
 dataset is damaged or was vacuumed under the reader: never silently skipped).
 Long reads pin their snapshot with a reader lease, and a file gone mid-read is retried
-once against the newer snapshot or raises `rollup.reader_lease.SnapshotFilesGone`.
+once against the newer snapshot or raises `rollup.read_guard.SnapshotFilesGone`.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from rollup import schemas
 from rollup import tombstones as tombstones_mod
 from rollup.commit import LoadedSnapshot
 from rollup.manifest import DataFile, Snapshot
-from rollup.reader_lease import ReadGuard, read_consistently
+from rollup.read_guard import ReadGuard, read_consistently
 from rollup.tombstones import Tombstone
 from store.base import ObjectStore
 
@@ -270,7 +270,7 @@ async def scan(
     table before the first commit), pruned, filtered and projected as the module doc
     says. ``stats``, when given, is filled in. A long read pins its snapshot with a
     reader lease, and a file vanished mid-read is retried once or reported, never
-    skipped (`rollup.reader_lease`, ``guard``). Errors as in the module doc, and
+    skipped (`rollup.read_guard`, ``guard``). Errors as in the module doc, and
     `SnapshotFilesGone`."""
     schemas.table_schema(table)
 

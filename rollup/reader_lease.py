@@ -6,31 +6,27 @@ snapshot's version and manifest key, an expiry in store time (`store.time`, PROT
 renewed with If-Match by a background task every third of its TTL while the read runs,
 and deleted when the read ends. `rollup.vacuum` keeps every file of a snapshot an
 unexpired lease pins, and deletes leases that have expired (a reader that crashed).
-
-Which reads take one (decision): `ReadGuard.mode` ``"auto"`` (the default of
-`rollup.reader.scan` and ``lm-rollup query``) when the read plans more than
-``min_files`` data files (``[rollup] reader_lease_min_files``, 32): a lease costs a PUT
-and a DELETE (plus a PUT per renewal), noise next to that many GETs, and a read of a few
-files ends in seconds, well inside vacuum's minimum age of a superseded file's snapshot
-retention. ``"always"`` (``lm-rollup sql``, which reads whatever the SQL touches, and
-``query --lease``) and ``"never"`` (``--no-lease``) decide instead.
+Which reads take one, and what a read does when a file vanishes anyway:
+`rollup.read_guard`.
 
 Bounds: renewals stop after ``max_hold_s`` (a hung reader cannot hold vacuum back for
 ever) and when a renewal finds the lease changed or gone; a failed renewal is retried
 after a short jittered delay while the lease has more than a sixth of its TTL left (a
 renewal must land well before the expiry vacuum judges by), then the lease lapses.
-Either way the read goes on, guarded as below.
+Either way the read goes on, guarded by `rollup.read_guard`.
 
-A file gone mid-read (`read_consistently`): the reader never returns fewer rows. It
-checks which listed files are gone (HEAD), and when reading the latest snapshot
-re-reads the pointer and retries once against the newer snapshot, with a warning (log,
-and ``ReadGuard.notify``, which the CLI prints on stderr); a second failure, a read of
-an explicit ``--version``/``--as-of`` (retrying would answer a different question), or
-a current snapshot that lists a missing file raise `SnapshotFilesGone`.
-
-Known window: vacuum reads the leases after listing what it could delete, then deletes;
-a lease written after that read (a reader that loaded its snapshot just before) does not
-protect that run's deletions. The retry above covers it for latest reads.
+A vacuum already running: vacuum reads the leases once, after taking the owner lease
+and listing what it could delete, so a lease written later does not protect that run's
+deletions. A lease therefore protects a read from the moment no vacuum that missed it
+is running: after writing it a reader reads the owner lease (one GET), and while a
+vacuum (`rollup.owner.VACUUM_OWNER_PREFIX`) holds it unexpired and the pinned snapshot is
+not the current one (one more GET tells; see `wait_out_running_vacuum` for why the
+current one is safe), the reader waits, polling with jittered
+delays, for at most ``max_hold_s``. Every vacuum that takes the owner lease afterwards
+reads the leases after that and sees ours, so from then on no file of the snapshot
+goes; one that vacuum removed before is found missing by the read, which retries or
+fails clearly (`rollup.read_guard`), never returning fewer rows. (Vacuum checks its
+owner lease just before deleting, so one whose lease ran out deletes nothing.)
 """
 
 from __future__ import annotations
@@ -38,20 +34,17 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Literal, TypeVar
+from dataclasses import dataclass
 
 import structlog
 
 from protocol import keys
-from protocol.clock import Clock, SystemClock
-from protocol.records import RecordError, RollupReaderLease
+from protocol.clock import Clock
+from protocol.records import LeaseRecord, RecordError, RollupReaderLease
 from rollup.commit import LoadedSnapshot, load_latest
-from rollup.manifest import Snapshot
-from rollup.travel import load_snapshot
+from rollup.owner import VACUUM_OWNER_PREFIX
 from store.base import ObjectInfo, ObjectStore
 from store.errors import (
     ConditionConflict,
@@ -66,44 +59,12 @@ from store.time import store_clock
 
 log = structlog.get_logger(__name__)
 
-T = TypeVar("T")
 _TAKE_BACKOFF = Backoff(attempts=4, base_s=0.05, cap_s=1.0)
-_HEAD_CONCURRENCY = 16
 
 
 class ReaderLeaseLost(Exception):
     """Our lease record changed or is gone (vacuum deleted it as expired): it no longer
     pins anything. The read goes on; a vanished file is then retried or reported."""
-
-
-class SnapshotFilesGone(Exception):
-    """Data files a snapshot lists are gone and the read cannot be completed: the
-    version was vacuumed under the reader, or the dataset is damaged. Nothing partial is
-    returned. ``missing`` names (some of) the files, ``version`` the snapshot."""
-
-    def __init__(self, message: str, *, version: int, missing: Sequence[str]) -> None:
-        super().__init__(message)
-        self.version = version
-        self.missing = list(missing)
-
-
-@dataclass(frozen=True, slots=True)
-class ReadGuard:
-    """When a read pins its snapshot, and how (see the module doc)."""
-
-    mode: Literal["auto", "always", "never"] = "auto"
-    min_files: int = 32
-    ttl_s: float = 120.0
-    max_hold_s: float = 6 * 3600.0
-    purpose: str = "read"
-    clock: Clock = field(default_factory=SystemClock)
-    notify: Callable[[str], None] | None = None
-    """Called with the retry message when a vanished file makes the read start over."""
-
-    def wants_lease(self, files: int) -> bool:
-        if self.mode == "auto":
-            return files > self.min_files
-        return self.mode == "always"
 
 
 class ReaderLease:
@@ -247,20 +208,74 @@ class ReaderLease:
 
 @asynccontextmanager
 async def pinned(
-    store: ObjectStore, loaded: LoadedSnapshot, guard: ReadGuard
+    store: ObjectStore,
+    loaded: LoadedSnapshot,
+    *,
+    purpose: str,
+    ttl_s: float,
+    max_hold_s: float,
+    clock: Clock,
 ) -> AsyncIterator[ReaderLease]:
-    """Hold a lease on ``loaded`` (renewed in the background) for the ``with`` body."""
-    lease = await ReaderLease.take(
-        store, loaded, purpose=guard.purpose, ttl_s=guard.ttl_s, clock=guard.clock
-    )
-    renewing = asyncio.create_task(lease.keep_renewed(max_hold_s=guard.max_hold_s))
+    """Hold a lease on ``loaded`` (renewed in the background) for the ``with`` body,
+    once no vacuum that missed it is running."""
+    lease = await ReaderLease.take(store, loaded, purpose=purpose, ttl_s=ttl_s, clock=clock)
+    renewing = asyncio.create_task(lease.keep_renewed(max_hold_s=max_hold_s))
     try:
+        await wait_out_running_vacuum(
+            store, clock, max_wait_s=max_hold_s, pinned_manifest_key=loaded.manifest_key
+        )
         yield lease
     finally:
         renewing.cancel()
         with suppress(asyncio.CancelledError):
             await renewing
         await lease.release()
+
+
+async def wait_out_running_vacuum(
+    store: ObjectStore,
+    clock: Clock,
+    *,
+    max_wait_s: float,
+    pinned_manifest_key: str | None = None,
+    rng: random.Random | None = None,
+) -> float:
+    """Wait while a vacuum holds the owner lease unexpired (see the module doc); the
+    seconds waited. Gives up after ``max_wait_s`` (the read then relies on the retry).
+
+    No wait when the pinned snapshot is the current one. Either it was current when
+    that vacuum planned, and vacuum keeps that snapshot; or it was committed since
+    (deletes and compaction commit without the owner lease): then vacuum either finds
+    the pointer moved at its check before deleting and deletes nothing, or is past that
+    check: the new snapshot's files are then the planned snapshot's (kept) or files of
+    a commit in flight, which vacuum's minimum age protects as it always does."""
+    clock = store_clock(store, clock)
+    rng = rng or random.Random()
+    started = clock.monotonic()
+    while True:
+        try:
+            body, _ = await store.get(keys.ROLLUP_OWNER_KEY)
+            holder = LeaseRecord.from_json(body)
+        except (NotFound, RecordError):
+            break  # no owner, or a record vacuum could not hold either
+        if not holder.owner.startswith(VACUUM_OWNER_PREFIX):
+            break
+        if holder.expires_at_unix_ns <= clock.now_ns():
+            break
+        if pinned_manifest_key is not None:
+            latest = await load_latest(store)
+            if latest is not None and latest.manifest_key == pinned_manifest_key:
+                break
+            pinned_manifest_key = None  # not current now: no commit can make it so
+        waited = clock.monotonic() - started
+        if waited >= max_wait_s:
+            log.warning("rollup_reader_vacuum_wait_gave_up", vacuum=holder.owner, waited_s=waited)
+            break
+        if waited == 0:
+            log.info("rollup_reader_waits_for_vacuum", vacuum=holder.owner)
+        # Safe to repeat: a read. Bounded by the vacuum's expiry and ``max_wait_s``.
+        await clock.sleep(rng.uniform(0.5, 2.0))
+    return clock.monotonic() - started
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,84 +312,3 @@ async def list_reader_leases(store: ObjectStore, *, now_ns: int) -> LeaseListing
             continue
         (live if record.expires_at_unix_ns > now_ns else expired).append(record)
     return LeaseListing(live, expired, unreadable)
-
-
-async def missing_files(store: ObjectStore, paths: Sequence[str]) -> list[str]:
-    """Those of ``paths`` that are gone (HEAD answers NotFound), looked at in groups of
-    16 and stopping after the first group with any gone: enough to tell why a read failed."""
-    gone: list[str] = []
-
-    async def check(path: str) -> None:
-        try:
-            await store.head(path)
-        except NotFound:
-            gone.append(path)
-
-    for start in range(0, len(paths), _HEAD_CONCURRENCY):
-        await asyncio.gather(*(check(p) for p in paths[start : start + _HEAD_CONCURRENCY]))
-        if gone:
-            break
-    return sorted(gone)
-
-
-async def read_consistently(
-    store: ObjectStore,
-    *,
-    version: int | None,
-    as_of: datetime | None,
-    files_of: Callable[[Snapshot], Sequence[str]],
-    read: Callable[[LoadedSnapshot | None], Awaitable[T]],
-    guard: ReadGuard,
-    missing_errors: tuple[type[BaseException], ...] = (OSError, NotFound),
-) -> T:
-    """``read`` the snapshot asked for (latest, ``version`` or ``as_of``), pinned by a
-    lease when ``guard`` wants one for ``files_of(snapshot)``; a file gone mid-read is
-    handled as the module doc says. ``read`` must start afresh on each call."""
-    loaded = await load_snapshot(store, version=version, as_of=as_of)
-    for attempt in (1, 2):
-        if loaded is None:
-            return await read(None)
-        files = list(files_of(loaded.snapshot))
-        try:
-            if guard.wants_lease(len(files)):
-                async with pinned(store, loaded, guard):
-                    return await read(loaded)
-            return await read(loaded)
-        except missing_errors as exc:
-            gone = await missing_files(store, files)
-            if not gone:
-                raise
-            current = loaded.snapshot.version
-            where = f"{len(gone)} data file(s) of version {current} are gone (first: {gone[0]})"
-            if attempt == 2:
-                raise SnapshotFilesGone(
-                    f"{where}, again after a retry: vacuum keeps removing files under "
-                    f"this reader; run the read again",
-                    version=current,
-                    missing=gone,
-                ) from exc
-            if version is not None or as_of is not None:
-                raise SnapshotFilesGone(
-                    f"{where}: vacuum removed them (the version is past the retention, "
-                    f"or was not pinned yet); read a newer version",
-                    version=current,
-                    missing=gone,
-                ) from exc
-            newer = await load_latest(store)
-            if newer is None or newer.manifest_key == loaded.manifest_key:
-                raise SnapshotFilesGone(
-                    f"{where}, and it is the current snapshot: the dataset is damaged "
-                    f"(an operator must look)",
-                    version=current,
-                    missing=gone,
-                ) from exc
-            message = (
-                f"{where}: vacuum removed them after version {newer.snapshot.version} "
-                f"superseded it; re-read the pointer, retrying once against version "
-                f"{newer.snapshot.version}"
-            )
-            log.warning("rollup_read_retry", version=current, retry_version=newer.snapshot.version)
-            if guard.notify is not None:
-                guard.notify(message)
-            loaded = newer
-    raise AssertionError("unreachable: the second attempt returns or raises")

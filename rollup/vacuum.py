@@ -49,7 +49,7 @@ from protocol.records import RollupReaderLease
 from rollup.commit import load_latest, read_snapshot, walk_snapshots
 from rollup.iceberg_publish import published_versions
 from rollup.manifest import Snapshot, parse_created_at
-from rollup.owner import OwnerLease
+from rollup.owner import VACUUM_OWNER_PREFIX, OwnerLease
 from rollup.reader_lease import list_reader_leases
 from store.base import ObjectInfo, ObjectStore
 from store.errors import NotFound
@@ -143,7 +143,8 @@ async def vacuum(
     delete stops the run; what was deleted before is reported in the log)."""
     owner = None
     if hold_lease:
-        owner = await OwnerLease.acquire(store, f"vacuum-{uuid.uuid4()}", lease_ttl_s, clock)
+        owner_id = f"{VACUUM_OWNER_PREFIX}{uuid.uuid4()}"
+        owner = await OwnerLease.acquire(store, owner_id, lease_ttl_s, clock)
     try:
         return await _vacuum(
             store, clock, retain_versions, retain_s, min_age_s, dry_run, owner, concurrency

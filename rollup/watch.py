@@ -7,7 +7,8 @@ nothing committed — costs that one GET and carries no body. When the pointer c
 every version since the last one printed is read back along the snapshot chain (one GET
 per version, at most `MAX_BACKLOG` per poll; the first change also reads the version
 before it, to tell what it added) and printed oldest first, one line each:
-version, created_at, data files added/removed, batches (and rows) newly included; with
+version, created_at, data files added/removed, batches (and rows) newly included, and
+the deletes it committed (who and why, as ``history`` shows them); with
 ``--json`` one JSON object per line (`rollup.history.VersionInfo.as_row`). Versions
 vacuumed before they could be read are reported on stderr, never invented.
 
@@ -172,11 +173,12 @@ def version_line(info: VersionInfo, as_json: bool) -> str:
     if as_json:
         return json.dumps(info.as_row(), separators=(",", ":"))
     batches = "?" if info.batches_added is None else f"+{info.batches_added}"
-    return (
+    line = (
         f"version {info.version} created_at {info.created_at} files "
         f"+{info.files_added} -{info.files_removed} batches {batches} "
         f"rows +{sum(info.rows_added.values())}"
     )
+    return f"{line} deletes: {'; '.join(info.deletes)}" if info.deletes else line
 
 
 def run_watch(args: argparse.Namespace, settings: Settings) -> int:
@@ -209,14 +211,31 @@ def run_watch(args: argparse.Namespace, settings: Settings) -> int:
     return code
 
 
+def _positive(kind: type[int] | type[float]) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+
+    return parse
+
+
 def add_watch_command(subparsers: Any) -> None:
     """Add ``watch`` to ``subparsers`` (from ``add_subparsers()``)."""
     parser = subparsers.add_parser(
         "watch", help="print each newly committed version (polls with If-None-Match)"
     )
     parser.add_argument(
-        "--interval", type=float, default=5.0, metavar="S", help="seconds between polls (5)"
+        "--interval",
+        type=_positive(float),
+        default=5.0,
+        metavar="S",
+        help="seconds between polls (5)",
     )
-    parser.add_argument("--count", type=int, metavar="N", help="stop after N versions")
+    parser.add_argument("--count", type=_positive(int), metavar="N", help="stop after N versions")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.set_defaults(handler=run_watch)

@@ -18,19 +18,15 @@ from protocol import keys
 from protocol.clock import ManualClock, SystemClock
 from protocol.records import RollupReaderLease
 from rollup.commit import LoadedSnapshot, load_latest, load_version
-from rollup.owner import OwnerLease
+from rollup.owner import VACUUM_OWNER_PREFIX, OwnerLease
+from rollup.read_guard import ReadGuard, SnapshotFilesGone
 from rollup.reader import scan, scan_snapshot
-from rollup.reader_lease import (
-    ReaderLease,
-    ReaderLeaseLost,
-    ReadGuard,
-    SnapshotFilesGone,
-)
+from rollup.reader_lease import ReaderLease, ReaderLeaseLost, wait_out_running_vacuum
 from rollup.vacuum import vacuum
 from store.base import ObjectStore
 from store.fs import FileSystemStore
 from store.s3 import S3Store
-from tests.rollup.dataset_builder import commit_rows, hour_at, make_batch, points
+from tests.rollup.dataset_builder import CountingStore, commit_rows, hour_at, make_batch, points
 from tests.rollup.test_reader import CountingHandler
 from tests.rollup.test_vacuum import build_history
 from tests.s3_servers import RunningServer, fresh_bucket
@@ -158,6 +154,45 @@ async def test_a_lease_too_close_to_its_expiry_lapses_instead_of_renewing(
     assert lease.is_valid() and not lease.is_valid(margin_s=5)  # 4 s left, not renewed
 
 
+async def test_a_new_reader_lease_waits_out_a_vacuum_already_running(tmp_path: Path) -> None:
+    # That vacuum read the leases before ours existed: its deletions are not ours to
+    # trust until it is done (or its owner lease ran out).
+    clock = ManualClock(hour_at(1).start_ns)
+    store = FileSystemStore(tmp_path, clock=clock)
+    running = await OwnerLease.acquire(store, f"{VACUUM_OWNER_PREFIX}test", 60, clock)
+    waited = await wait_out_running_vacuum(store, clock, max_wait_s=3600)
+    assert 60 <= waited <= 62  # until its expiry, in jittered polls of at most 2 s
+
+    await running.release()
+    clock.advance(1)
+    vacuuming = await OwnerLease.acquire(store, f"{VACUUM_OWNER_PREFIX}next", 600, clock)
+    assert 10 <= await wait_out_running_vacuum(store, clock, max_wait_s=10) <= 12  # bounded
+    await vacuuming.release()
+    assert await wait_out_running_vacuum(store, clock, max_wait_s=3600) == 0  # released
+
+    # A reader of the current snapshot never waits: that vacuum keeps it.
+    owner = await OwnerLease.acquire(store, "job", 600, clock)
+    current = await commit_rows(
+        store, owner, clock, data=[("points", hour_at(0), points(hour_at(0), 1))]
+    )
+    await owner.release()
+    vacuuming = await OwnerLease.acquire(store, f"{VACUUM_OWNER_PREFIX}third", 600, clock)
+    assert (
+        await wait_out_running_vacuum(
+            store, clock, max_wait_s=3600, pinned_manifest_key=current.manifest_key
+        )
+        == 0
+    )
+    assert 5 <= await wait_out_running_vacuum(
+        store, clock, max_wait_s=5, pinned_manifest_key="rollup/v1/manifests/old.json"
+    )
+    await vacuuming.release()
+
+    job = await OwnerLease.acquire(store, "rollup-job", 600, clock)
+    assert await wait_out_running_vacuum(store, clock, max_wait_s=3600) == 0  # not a vacuum
+    await job.release()
+
+
 class VacuumOnOpen(CountingHandler):
     """A local filesystem that, the first time a file in ``trigger`` is opened, runs
     ``action`` on the event loop first (a commit and a vacuum racing the read)."""
@@ -261,7 +296,9 @@ async def test_a_pinned_read_keeps_its_files_through_a_racing_vacuum(tmp_path: P
         "points",
         filesystem=pafs.PyFileSystem(handler),
         root=str(store.root),
-        guard=ReadGuard(mode="always", clock=clock, notify=messages.append),
+        # The real clock: renewals wait for real time (a ManualClock's sleep would spin
+        # them), and its "now" is days past the store's manual one, so the lease is live.
+        guard=ReadGuard(mode="always", clock=SystemClock(), notify=messages.append),
     )
     assert sorted(table.column("seq").to_pylist()) == [0, 1, 2] and messages == []
     # The read is over: its lease is gone, and the next vacuum removes version 1's file.
@@ -433,3 +470,75 @@ def test_vacuum_and_query_clis_with_reader_leases(
         return [i.key async for i in store.list(keys.ROLLUP_READERS_PREFIX)]
 
     assert asyncio.run(leases_left()) == [keys.rollup_reader_key(reader)]  # the CLI's is gone
+
+
+class DeleteGate(CountingStore):
+    """Holds every delete until ``gate`` opens; ``reached`` is set at the first one."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        super().__init__(inner)
+        self.gate = asyncio.Event()
+        self.reached = asyncio.Event()
+
+    async def delete(self, key: str) -> None:
+        self.reached.set()
+        await self.gate.wait()
+        await super().delete(key)
+
+
+@pytest.mark.s3
+async def test_a_pinned_read_waits_out_a_vacuum_that_missed_its_lease(
+    ministack_server: RunningServer,
+) -> None:
+    from rollup.storage import arrow_filesystem
+
+    async with S3Store(
+        bucket=fresh_bucket(ministack_server),
+        prefix="wait",
+        endpoint_url=ministack_server.endpoint_url,
+    ) as store:
+        clock = SystemClock()
+        owner = await OwnerLease.acquire(store, "job", 600, clock)
+        first = await commit_rows(
+            store, owner, clock, data=[("points", hour_at(0), points(hour_at(0), 2))]
+        )
+        old_file = first.snapshot.data_files("points")[0].path
+        await commit_rows(
+            store,
+            owner,
+            clock,
+            data=[("points", hour_at(0), points(hour_at(0), 3))],
+            remove=[old_file],
+        )
+        await owner.release()
+        gated = DeleteGate(store)
+        vacuuming = asyncio.create_task(vacuum(gated, clock=clock, retain_versions=1, min_age_s=0))
+        await asyncio.wait_for(gated.reached.wait(), 30)  # leases read; deletes about to go
+
+        reader_store = CountingStore(store)
+        s3, root = arrow_filesystem(store.url, endpoint_url=ministack_server.endpoint_url)
+        reading = asyncio.create_task(
+            scan(
+                reader_store,
+                "points",
+                filesystem=s3,
+                root=root,
+                version=1,
+                guard=ReadGuard(mode="always"),
+            )
+        )
+        # The reader polls the owner lease while that vacuum holds it (no sleeps here:
+        # its second look at owner.json proves it waited instead of reading).
+        deadline = time.monotonic() + 30
+        while reader_store.count("get", keys.ROLLUP_OWNER_KEY) < 2:
+            assert time.monotonic() < deadline and not reading.done(), reading
+            await asyncio.sleep(0.01)
+        assert not reading.done()
+        gated.gate.set()
+        report = await asyncio.wait_for(vacuuming, 30)
+        assert old_file in report.deleted and report.pinned == []  # it never saw the lease
+        # The read starts once that vacuum is done: the file it removed is reported, not
+        # skipped, and no row of a half-read snapshot is returned.
+        with pytest.raises(SnapshotFilesGone, match="version 1 are gone"):
+            await asyncio.wait_for(reading, 30)
+        assert [i.key async for i in store.list(keys.ROLLUP_READERS_PREFIX)] == []

@@ -4,6 +4,7 @@ nothing new is one conditional GET answered 304; Ctrl-C ends it with exit code 0
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import queue
 import re
@@ -112,6 +113,8 @@ async def test_watch_prints_each_version_once_and_a_304_costs_one_get(tmp_path: 
     line = version_line(printed[0], as_json=False)
     assert line.startswith("version 2 created_at ") and "files +1 -0 batches +1 rows +2" in line
     assert json.loads(version_line(printed[0], as_json=True))["version"] == 2
+    deleting = dataclasses.replace(printed[0], deletes=("cpu by ops: leaked label",))
+    assert version_line(deleting, as_json=False).endswith(" deletes: cpu by ops: leaked label")
 
 
 async def test_watch_reports_versions_vacuumed_before_it_read_them(tmp_path: Path) -> None:
