@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--agents", nargs="*", default=["*"], help="glob patterns of agent_id it may write"
     )
     token.add_argument("--admin", action="store_true")
+    token.add_argument(
+        "--read", action="store_true", help="may read points (GET /v1/query, lm-collector query)"
+    )
     add_settings_flags(parser)
     return parser
 
@@ -53,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "token":
-        generated = generate_token(args.name, args.agents, admin=args.admin)
+        generated = generate_token(args.name, args.agents, admin=args.admin, read=args.read)
         print("# bearer token (give it to the agent; it is not stored anywhere):")
         print(f"# {generated.token}")
         print(generated.toml)
