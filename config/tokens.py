@@ -21,8 +21,9 @@ import base64
 import hashlib
 import hmac
 import json
+import os
 import secrets
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -146,6 +147,27 @@ def load_tokens(path: Path) -> TokenTable:
     if problems:
         raise SettingsError(problems)
     return TokenTable(principals, source=source)
+
+
+TOKEN_ENV = "LM_TOKEN"
+
+
+def client_token(token_file: Path | None, environ: Mapping[str, str] | None = None) -> str | None:
+    """The bearer token a client command sends: the contents of ``token_file`` when given,
+    else the ``LM_TOKEN`` environment variable (kept off the command line and out of
+    ``ps``), else None. `SettingsError` for an unreadable or empty file."""
+    if token_file is not None:
+        try:
+            token = token_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SettingsError(
+                [SettingsProblem("--token-file", str(token_file), str(exc))]
+            ) from None
+        if not token:
+            raise SettingsError([SettingsProblem("--token-file", str(token_file), "is empty")])
+        return token
+    value = (os.environ if environ is None else environ).get(TOKEN_ENV, "").strip()
+    return value or None
 
 
 def _where(index: int, name: str | None) -> str:
