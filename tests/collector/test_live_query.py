@@ -405,3 +405,81 @@ async def test_auth_before_any_work(world: World) -> None:
     assert ok.status == 200 and json.loads(ok.body)["snapshot_version"] == 1
     world.endpoint._running = world.endpoint.settings.max_concurrent_queries
     assert (await world.endpoint.get_query(request(READ_TOKEN))).status == 429
+
+
+# --- the designated follower and start-up ----------------------------------------------
+
+
+async def test_follower_rebuilds_from_the_log_checks_blobs_and_bounds_pending(
+    tmp_path: Path,
+) -> None:
+    import random
+
+    from collector.live_sources import LogFollower
+    from index.log_writer import IndexLogWriter
+    from index.rows import accepted_row
+
+    clock = ManualClock(H1.start_ns + 30 * NS)
+    store = FileSystemStore(tmp_path / "store", clock=clock)
+    writer = IndexLogWriter(store=store, clock=clock, rng=random.Random(1), writer_id="c1")
+    for b in ALL:
+        writer.append(accepted_row(b.manifest))
+        await writer.flush()  # one segment each
+        clock.advance(1)
+    for b in (B1, B2, B4):  # B3's blob is missing; B4's holds other bytes
+        await store.put(b.manifest.raw_blob_key, B1.body if b is B4 else b.body)
+
+    def follower(window: LiveWindow, max_pending: int) -> LogFollower:
+        return LogFollower(
+            store, window, clock=clock, poll_interval_s=1, lookback_s=5,
+            max_pending=max_pending, max_raw_bytes=1 << 20,
+        )  # fmt: skip
+
+    window = LiveWindow(window_s=7200, max_points=1000)
+    small = follower(window, max_pending=1)
+    await small.poll_once()  # one segment's batch fits; the next would pass the bound
+    assert (
+        small.behind
+        and not small.ready
+        and [b.manifest_id for b in window.batches()] == [B1.manifest_id]
+    )
+    for _ in range(3):
+        await small.poll_once()
+    assert small.ready and not small.behind
+    assert small.followed_through_ns == clock.now_ns() - 5 * NS
+    assert [b.manifest_id for b in window.batches()] == [B1.manifest_id, B2.manifest_id]
+    assert {d.manifest_id for d in window.dropped()} == {B3.manifest_id, B4.manifest_id}
+
+    # A fresh follower (a restarted collector) starts window_s back and finds them again.
+    rebuilt = LiveWindow(window_s=7200, max_points=1000)
+    await follower(rebuilt, max_pending=100).poll_once()
+    assert [b.manifest_id for b in rebuilt.batches()] == [B1.manifest_id, B2.manifest_id]
+    # ...but not batches accepted before the window.
+    short = LiveWindow(window_s=3000, max_points=1000)  # from H0 + 634 s
+    await follower(short, max_pending=100).poll_once()
+    assert short.batches() == [] and [d.manifest_id for d in short.dropped()] == [B3.manifest_id]
+
+
+async def test_designated_answers_503_until_the_window_is_rebuilt(world: World) -> None:
+    class NotReady:
+        ready = False
+        behind = False
+        followed_through_ns = 0
+
+    world.endpoint.follower = NotReady()  # type: ignore[assignment]
+    request = make_mocked_request(
+        "GET", "/v1/query?metric=cpu", headers={"Authorization": f"Bearer {READ_TOKEN}"}
+    )
+    answer = await world.endpoint.get_query(request)
+    assert answer.status == 503 and json.loads(answer.body)["error"] == "window_not_ready"
+    assert answer.headers["Retry-After"] == "1"
+
+
+def test_designated_refuses_more_than_one_worker() -> None:
+    from collector.server import StartupError, check_startup
+    from config import Settings
+
+    settings = Settings.model_validate({"query": {"designated": True}})
+    with pytest.raises(StartupError, match=r"query\.designated"):
+        check_startup(settings, workers=2)
+    check_startup(settings, workers=1)
