@@ -44,6 +44,10 @@ def test_demo_runs_clean_in_a_fresh_directory(tmp_path: Path) -> None:
     assert "committed version 1: 30 batches, 1500 points" in done.stdout
     assert "rollup_1m totals equal what the agents sent" in done.stdout
     assert "complete (30 batches, 1500 records)" in done.stdout
+    # The live query step: one /v1/query answer, snapshot 1 plus the new batch, with its flag.
+    assert "GET /v1/query?metric=memory_used_bytes" in done.stdout
+    assert "complete: false  snapshot_version: 1" in done.stdout
+    assert "live points from 1 batch(es) not yet in it" in done.stdout
     assert (work / "store" / "accepted" / "v1").is_dir()
     # The totals check is real: one point fewer acknowledged would be reported.
     problems = asyncio.run(
