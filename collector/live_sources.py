@@ -160,26 +160,31 @@ class LogFollower:
         return wanted
 
     async def _fetch_all(self, rows: list[IndexRow]) -> None:
+        """Fetch concurrently; add to the window in accepted-time order, so eviction
+        drops the oldest first."""
         limit = asyncio.Semaphore(FETCH_CONCURRENCY)
 
-        async def fetch(row: IndexRow) -> None:
+        async def fetch(row: IndexRow) -> Frame | bool | None:
             async with limit:
                 try:
-                    frame = await self._fetch(row)
+                    return await self._fetch(row)
                 except (StoreError, OSError) as exc:
                     # Safe to repeat: a GET. Asked again at the next poll (bounded by
                     # max_pending_batches with the new rows; polls are jittered).
                     log.warning("live_blob_unavailable", key=row.raw_blob_key, error=str(exc))
                     self._retry[row.manifest_id] = row
-                    return
+                    return False
+
+        ordered = sorted(rows, key=lambda row: (row.time_unix_ns, row.key))
+        frames = await asyncio.gather(*(fetch(row) for row in ordered))
+        for row, frame in zip(ordered, frames, strict=True):
             if frame is None:
                 self._window.lost(row.manifest_id, row.time_unix_ns)
-            else:
+            elif frame is not False:
+                assert isinstance(frame, Frame)
                 self._window.add(
                     row.manifest_id, row.time_unix_ns, frame, now_ns=self._clock.now_ns()
                 )
-
-        await asyncio.gather(*(fetch(row) for row in rows))
 
     async def _fetch(self, row: IndexRow) -> Frame | None:
         key = row.raw_blob_key or ""
