@@ -85,7 +85,7 @@ class LiveWindow:
         self._dropped.pop(manifest_id, None)
         self._batches[manifest_id] = WindowBatch(manifest_id, accepted_ns, frame, low, high)
         self._points += frame.points.num_rows
-        self.expire(now_ns)
+        self.expire(now_ns, full=False)
         while self._points > self.max_points and len(self._batches) > 1:
             self._drop(next(iter(self._batches)))
         return True
@@ -95,9 +95,18 @@ class LiveWindow:
         if manifest_id not in self._batches:
             self._remember(DroppedBatch(manifest_id, accepted_ns, *UNKNOWN_RANGE))
 
-    def expire(self, now_ns: int) -> None:
-        """Drop batches accepted before ``now - window_s``."""
+    def expire(self, now_ns: int, *, full: bool = True) -> None:
+        """Drop batches accepted before ``now - window_s``. ``full=False`` looks only at
+        the oldest end (batches arrive in about accepted order): cheap enough per add;
+        the follower's polls and the queries run the full pass."""
         horizon = now_ns - self.window_ns
+        if not full:
+            while self._batches:
+                oldest = next(iter(self._batches.values()))
+                if oldest.accepted_ns >= horizon:
+                    return
+                self._drop(oldest.manifest_id)
+            return
         stale = [m for m, b in self._batches.items() if b.accepted_ns < horizon]
         for manifest_id in stale:
             self._drop(manifest_id)

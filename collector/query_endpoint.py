@@ -42,6 +42,7 @@ import structlog
 from aiohttp import web
 
 from config.settings import QuerySettings
+from index.rows import IndexFileError
 from rollup.commit import VersionNotFound
 from rollup.manifest import RollupManifestError, Snapshot
 from store.errors import StoreConfigError, StoreError
@@ -140,7 +141,7 @@ class QueryEndpoint:
             return web.json_response(exc.body(), status=exc.status, headers=retry)
         except VersionNotFound as exc:
             return error_response(404, "version_not_found", detail=str(exc))
-        except (StoreError, StoreConfigError, RollupManifestError, OSError) as exc:
+        except (StoreError, StoreConfigError, RollupManifestError, IndexFileError, OSError) as exc:
             log.warning("query_store_unavailable", error=str(exc))
             headers = {"Retry-After": str(self.retry_after_s)}
             return error_response(503, "store_unavailable", headers, detail=str(exc))
@@ -154,6 +155,7 @@ class QueryEndpoint:
         window = None if travel else self.window
         frames, window_batches, missing = [], 0, 0
         if window is not None:
+            window.expire(self.now_ns())
             window.forget_committed(sealed)
             held = window.batches()
             dropped = window.dropped()
