@@ -21,8 +21,9 @@ accepted before ``sealed_through_ns`` is missing.
 
 Cost: the audit records are listed at most every ``refresh_interval_s`` (few: the
 reconciler trims them). A sealed hour's catalog never changes, so each is read once per
-process (its totals kept: a few dozen bytes an hour of history); the catalog is listed
-only from the first hour not yet read.
+process (its totals kept: a few dozen bytes an hour of history), at most
+`MAX_HOURS_PER_CALL` per query (until all are read, ``sealed_through_ns`` stops at the
+first unread one); the catalog is listed only from the first hour not yet read.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from rollup.manifest import LedgerHour, Snapshot
 from store.base import ObjectStore
 
 NS_PER_S = 1_000_000_000
+MAX_HOURS_PER_CALL = 256
 
 
 def sealed_limit_ns(audit_started_ns: int | None, margin_ns: int) -> int:
@@ -95,6 +97,9 @@ class Coverage:
         return self._audit_started
 
     async def _read_sealed_catalog(self, limit_ns: int) -> None:
+        """Read sealed catalog hours not read yet, oldest first, at most
+        `MAX_HOURS_PER_CALL` per call (a first query on a long history stays quick; its
+        answer is conservative until the hours are read)."""
         if limit_ns <= self._read_through_ns:
             return
         start_after = None
@@ -103,6 +108,7 @@ class Coverage:
                 keys.UtcHour.from_unix_ns(self._read_through_ns)
             )
         hours: list[keys.UtcHour] = []
+        read_through = limit_ns
         async for info in self._store.list(keys.INDEX_CATALOG_PREFIX, start_after=start_after):
             try:
                 hour = keys.parse_index_catalog_key(info.key)[0]
@@ -110,8 +116,12 @@ class Coverage:
                 continue
             if hour.start_ns >= limit_ns:
                 break
-            if not hours or hours[-1] != hour:
-                hours.append(hour)
+            if hours and hours[-1] == hour:
+                continue
+            if len(hours) == MAX_HOURS_PER_CALL:
+                read_through = hour.start_ns  # the rest next time
+                break
+            hours.append(hour)
         for hour in hours:
             totals = Setsum()
             rows = (await read_hour(self._store, hour)).accepted()
@@ -119,9 +129,9 @@ class Coverage:
                 totals = totals.add(row.manifest_id, row.frame_sha256)
             records = sum(row.record_count or 0 for row in rows)
             self._catalog[hour.iso] = LedgerHour(len(rows), records, totals.hex)
-        self._read_through_ns = limit_ns
+        self._read_through_ns = read_through
 
     async def sealed_through_ns(self, snapshot: Snapshot | None) -> int:
         limit = sealed_limit_ns(await self._audit_started_ns(), self.margin_ns)
         await self._read_sealed_catalog(limit)
-        return first_uncovered_ns(snapshot, self._catalog, limit)
+        return first_uncovered_ns(snapshot, self._catalog, min(limit, self._read_through_ns))

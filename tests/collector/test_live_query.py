@@ -483,3 +483,17 @@ def test_designated_refuses_more_than_one_worker() -> None:
     with pytest.raises(StartupError, match=r"query\.designated"):
         check_startup(settings, workers=2)
     check_startup(settings, workers=1)
+
+
+async def test_coverage_reads_a_long_history_a_bounded_number_of_hours_per_query(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import collector.live_coverage as coverage_module
+
+    monkeypatch.setattr(coverage_module, "MAX_HOURS_PER_CALL", 1)
+    await completed_audit(world.store, H1.next().start_ns + 60 * NS)
+    await commit(world.store, world.clock, [B3, B4])
+    first = await world.endpoint.answer(query_ns())
+    assert first["sealed_through_ns"] == H1.start_ns and first["complete"]  # H0 read so far
+    later = await world.endpoint.answer(query_ns(to=str(H1.next().start_ns)))
+    assert later["sealed_through_ns"] == H1.next().start_ns and later["complete"]
