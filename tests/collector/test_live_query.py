@@ -497,3 +497,25 @@ async def test_coverage_reads_a_long_history_a_bounded_number_of_hours_per_query
     assert first["sealed_through_ns"] == H1.start_ns and first["complete"]  # H0 read so far
     later = await world.endpoint.answer(query_ns(to=str(H1.next().start_ns)))
     assert later["sealed_through_ns"] == H1.next().start_ns and later["complete"]
+
+
+async def test_cli_url_and_table(world: World) -> None:
+    import io
+
+    from collector.__main__ import build_parser
+    from collector.query_cli import print_answer, query_url
+
+    args = build_parser().parse_args(
+        ["query", "--url", "http://127.0.0.1:9/", "--metric", "cpu", "--label", "host=a",
+         "--from", "2026-11-21T10:00:00Z", "--step", "1m", "--version", "1"]
+    )  # fmt: skip
+    assert query_url(args) == (
+        "http://127.0.0.1:9/v1/query?metric=cpu&label=host%3Da"
+        "&from=2026-11-21T10%3A00%3A00Z&step=1m&version=1"
+    )
+    out = io.StringIO()
+    print_answer(await world.endpoint.answer(query_ns(step="1m")), "table", out)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("complete=false snapshot_version=1 ")
+    assert lines[1].split()[:3] == ["window_start", "series", "metric"]
+    assert len(lines) == 2 + 2  # cpu{host="a"} in minute 0, cpu{host="b"} in minute 1
