@@ -264,6 +264,11 @@ class Cluster:
 
     # --- rollup ---------------------------------------------------------------------------
 
+    async def rollup_command(self, *args: str, timeout_s: float = 120.0) -> tuple[int, str]:
+        """A one-shot ``lm-rollup`` command (``delete``, ``compact``) through the proxy."""
+        self.event("rollup_command", command=args[0])
+        return await self._run_to_end(["-m", "rollup", *args], self.env(), timeout_s)
+
     async def private_proxy(self) -> FaultProxy:
         """Another proxy to the same store, with the main proxy's seed and phase, for one
         process (so a trigger on it concerns that process alone). Stopped with the run."""

@@ -12,7 +12,8 @@ Checks, against the latest committed snapshot:
   rollup planned from, `chaos.index_checks.catalog_setsums`);
 - ``rollup_totals``: the ``rollup_1m`` table's total ``count`` and ``sum`` equal the
   ground truth: the point counts and finite value sums of the frames the store accepted,
-  as the agents built them (every accepted frame must be one an agent sent);
+  as the agents built them (every accepted frame must be one an agent sent), minus the
+  points the snapshot's committed deletes mask (recomputed from the raw blobs);
 - ``rollup_verify``: ``rollup.verify`` (what ``lm-rollup verify`` runs) finds every hour
   complete, from the catalog and ``--from-manifests``.
 """
@@ -32,7 +33,7 @@ from rollup.availability import why_job_unavailable
 from store.base import ObjectStore
 
 if TYPE_CHECKING:
-    from rollup.manifest import LedgerHour
+    from rollup.manifest import LedgerHour, Snapshot
 
 CHECK_NAMES = ("rollup_setsums", "rollup_catalog_setsums", "rollup_totals", "rollup_verify")
 
@@ -98,6 +99,9 @@ async def rollup_checks(
             continue
         points += facts.point_count
         value_sum.append(facts.value_sum)
+    masked_points, masked_sum = await _masked_by_deletes(store, view, snapshot)
+    points -= masked_points
+    value_sum.append(-masked_sum)
     truth_sum = math.fsum(value_sum)
     filesystem, root = arrow_filesystem(store_url, endpoint_url=endpoint_url)
     rolled_count, rolled_sum = await rollup_1m_totals(store, filesystem=filesystem, root=root)
@@ -109,7 +113,8 @@ async def rollup_checks(
     unacked = sum(1 for identity in view.manifests if identity not in acked)
     totals.detail = (
         f"{points} points in {len(view.manifests)} accepted batches "
-        f"({unacked} accepted without an acknowledgement the agents saw)"
+        f"({unacked} accepted without an acknowledgement the agents saw; "
+        f"{masked_points} masked by {len(snapshot.tombstones)} committed deletes)"
     )
 
     for source, from_manifests in (("catalog", False), ("manifests", True)):
@@ -140,3 +145,30 @@ def _compare_ledger(
                 f"hour {hour}: ledger has {ledger.batches} batches / {ledger.records} records / "
                 f"setsum {ledger.setsum[:16]}, {source} {batches} / {record_count} / {setsum.hex[:16]}"
             )
+
+
+async def _masked_by_deletes(
+    store: ObjectStore, view: StoreView, snapshot: Snapshot
+) -> tuple[int, float]:
+    """Points (and their finite value sum) of the accepted frames that the snapshot's
+    deletes mask in ``rollup_1m``, recomputed from the raw blobs themselves: the truth the
+    table must equal is the frames' points minus these."""
+    import pyarrow.compute as pc
+
+    from protocol.frame import decode_frame
+    from rollup.points import points_rows
+    from rollup.tombstones import for_table, matches
+
+    deletes = for_table(snapshot.tombstones, "rollup_1m")
+    if not deletes:
+        return 0, 0.0
+    count = 0
+    sums: list[float] = []
+    for manifest, _ in view.manifests.values():
+        body, _ = await store.get(manifest.raw_blob_key)
+        rows = points_rows(decode_frame(body))
+        windows = pc.floor_temporal(rows.column("ts"), unit="minute")
+        masked = rows.filter(matches(deletes, "rollup_1m", rows, time_column=windows))
+        count += masked.num_rows
+        sums += [v for v in masked.column("value").to_pylist() if math.isfinite(v)]
+    return count, math.fsum(sums)

@@ -8,7 +8,8 @@ cached per (version, hour): the live part leaves out exactly those ``manifest_id
 
 `read_committed` reads one table of a snapshot with the query's filters (metric, agent
 on ``points``, the time range; labels after reading) through `rollup.reader`, file by
-file, refusing past ``max_rows``. Blocking: run it in a thread.
+file, refusing past ``max_rows``, with the snapshot's deletes masked (tombstones,
+PROTOCOL §4.1). Blocking: run it in a thread.
 """
 
 from __future__ import annotations
@@ -115,9 +116,11 @@ def read_committed(
     max_rows: int,
     range_ns: tuple[int, int] | None = None,
     series: Sequence[str] | None = None,
+    masked: bool = True,
 ) -> pa.Table:
     """Rows of ``table`` in ``snapshot`` matching ``query`` (``range_ns``: another range
-    on the table's time column; ``series``: only these). `TooManyRows` past ``max_rows``."""
+    on the table's time column; ``series``: only these; ``masked=False``: deleted rows
+    too). `TooManyRows` past ``max_rows``."""
     schema = schemas.table_schema(table)
     if snapshot is None:
         return schema.empty_table()
@@ -131,7 +134,15 @@ def read_committed(
     total = 0
     for data_file in files:
         part = reader.read_files(
-            [data_file], table, filesystem, root, where=where, start=start, end=end
+            [data_file],
+            table,
+            filesystem,
+            root,
+            where=where,
+            start=start,
+            end=end,
+            # Deleted rows never come back (PROTOCOL §4.1).
+            tombstones=snapshot.tombstones if masked else (),
         )
         part = filter_labels(part, query.labels)
         if series is not None:

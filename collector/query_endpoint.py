@@ -45,6 +45,7 @@ from config.settings import QuerySettings
 from index.rows import IndexFileError
 from rollup.commit import VersionNotFound
 from rollup.manifest import RollupManifestError, Snapshot
+from rollup.tombstones import drop_from_points
 from store.errors import StoreConfigError, StoreError
 
 from .auth import Authenticator
@@ -209,11 +210,14 @@ class QueryEndpoint:
             # Live points feed minutes in the rollup shape: bounded by the window itself.
             live_limit = limit if query.table == "points" else LIVE_POINTS_FACTOR * limit
             live, live_batches = live_points(frames, query, live_limit)
+            # The snapshot's deletes mask live rows as they mask rows of a later run.
+            deletes = snapshot.tombstones if snapshot is not None else ()
+            live_for_points, live_for_rollup = drop_from_points(deletes, live, live)
             if query.table == "points":
                 committed = read_committed(
                     snapshot, "points", query, filesystem, root, max_rows=limit
                 )
-                table = merge_points(committed, live)
+                table = merge_points(committed, live_for_points)
             elif query.agent is not None:  # rollup_1m has no agent column: aggregate points
                 committed = read_committed(
                     snapshot,
@@ -224,7 +228,9 @@ class QueryEndpoint:
                     max_rows=LIVE_POINTS_FACTOR * limit,
                     range_ns=query.points_range_ns,
                 )
-                table = rollup_of_points(merge_points(committed, live))
+                merged = merge_points(committed, live_for_points)
+                _, merged = drop_from_points(deletes, merged.slice(0, 0), merged)
+                table = rollup_of_points(merged)
             else:
                 committed = read_committed(
                     snapshot, "rollup_1m", query, filesystem, root, max_rows=limit
@@ -240,9 +246,10 @@ class QueryEndpoint:
                         max_rows=LIVE_POINTS_FACTOR * limit,
                         range_ns=query.points_range_ns,
                         series=series,
+                        masked=False,  # the samples rollup_1m was built from
                     )
 
-                table = merge_rollup(committed, live, committed_points)
+                table = merge_rollup(committed, live_for_rollup, committed_points)
         except TooManyRows as exc:
             raise QueryError(
                 400, "too_many_rows", f"{exc}; narrow the query", limit=limit

@@ -266,6 +266,16 @@ class RollupSettings(_Section):
     Retrying is safe: a task's files are uniquely named, so a failed attempt leaves only
     orphans for ``lm-rollup vacuum``."""
     owner_lease_ttl_s: Seconds = 300.0
+    reader_lease_ttl_s: Seconds = 120.0
+    """A reader lease (``rollup/v1/readers/``) pins a snapshot against vacuum for this
+    long past its last renewal; a reader renews it every third of it."""
+    reader_lease_min_files: int = Field(default=32, ge=0)
+    """``lm-rollup query`` (and `rollup.reader.scan`) pins its snapshot with a reader
+    lease when it reads more data files than this (``--lease``/``--no-lease`` decide
+    instead); ``lm-rollup sql`` always does."""
+    reader_lease_max_hold_s: Seconds = 6 * 3600.0
+    """A reader stops renewing its lease after this long, so a hung reader cannot hold
+    vacuum back for ever (its read then gets the retry-once of a vanished file)."""
     max_commit_retries: int = Field(default=5, ge=0)
     parquet_row_group_size: int = Field(default=1_000_000, ge=1)
     """Rows per Parquet row group."""
@@ -276,6 +286,18 @@ class RollupSettings(_Section):
     vacuum_min_age_s: float = Field(default=3600.0, ge=0)
     """``lm-rollup vacuum`` never deletes an unreachable object younger than this: a
     commit in flight may be about to reference it."""
+    retention_points_days: float | None = Field(default=None, gt=0)
+    """Keep ``points`` rows for this many days (by the hour of ``ts``); older hours are
+    dropped from the snapshot by the next run's commit (vacuum deletes their files
+    later). None (default): keep forever."""
+    retention_rollup_1m_days: float | None = Field(default=None, gt=0)
+    """As ``retention_points_days``, for ``rollup_1m`` (by the hour of ``window_start``)."""
+    compact_target_bytes: int = Field(default=128 * 1024 * 1024, ge=1024)
+    """``lm-rollup compact`` writes files of about this size (an hour smaller than this
+    becomes one file)."""
+    compact_min_files: int = Field(default=2, ge=2)
+    """``lm-rollup compact`` without ``--hour`` rewrites a table's hour when it has at least
+    this many files, or rows that deletes still mask."""
 
 
 class QuerySettings(_Section):

@@ -57,14 +57,14 @@ def run(
 
     problems = asyncio.run(_check_totals(store_dir, acknowledged, step))
     step("lm-rollup verify (every hour's ledger setsum against the catalog)")
-    verified = _cli(env, "verify")
+    verified = rollup_cli(env, "verify")
     print("\n".join(f"    {line}" for line in verified.stdout.strip().splitlines()[-6:]))
     if verified.returncode != 0:
         problems.append(
             f"lm-rollup verify exited with {verified.returncode}: {verified.stderr.strip()}"
         )
     step(f"lm-rollup query rollup_1m --limit {QUERY_ROWS}")
-    query = _cli(
+    query = rollup_cli(
         env,
         "query",
         "rollup_1m",
@@ -92,7 +92,7 @@ def _describe_run(stdout: str) -> str:
         return stdout.strip()
 
 
-def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+def rollup_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "rollup", *args],
         env=env,

@@ -328,12 +328,21 @@ ROLLUP_OWNER_KEY = f"{ROLLUP_PREFIX}owner.json"
 ROLLUP_MANIFESTS_PREFIX = f"{ROLLUP_PREFIX}manifests/"
 ROLLUP_TABLES_PREFIX = f"{ROLLUP_PREFIX}tables/"
 ROLLUP_LEDGER_PREFIX = f"{ROLLUP_PREFIX}ledger/"
+ROLLUP_READERS_PREFIX = f"{ROLLUP_PREFIX}readers/"
 
 
 def rollup_manifest_key(version: int, commit_id: str) -> str:
     if version < 1:
         raise KeyFormatError(f"rollup version must be >= 1, got {version}")
     return f"{ROLLUP_MANIFESTS_PREFIX}v{version:020d}-{commit_id}.json"
+
+
+def rollup_reader_key(reader_id: str) -> str:
+    """A reader lease pinning one snapshot for a long read (PROTOCOL §4.1, readers and
+    vacuum): ``rollup/v1/readers/<id>.json``."""
+    if not re.fullmatch(r"[0-9A-Za-z._-]{1,128}", reader_id) or reader_id.startswith("."):
+        raise KeyFormatError(f"reader id must be 1..128 of [0-9A-Za-z._-], got {reader_id!r}")
+    return f"{ROLLUP_READERS_PREFIX}{reader_id}.json"
 
 
 def rollup_data_key(table: str, hour: UtcHour, file_id: str) -> str:
@@ -344,6 +353,17 @@ def rollup_data_key(table: str, hour: UtcHour, file_id: str) -> str:
 
 def rollup_ledger_key(hour: UtcHour, file_id: str) -> str:
     return f"{ROLLUP_LEDGER_PREFIX}{hour.partition}/{file_id}.parquet"
+
+
+ROLLUP_TOMBSTONES_PREFIX = f"{ROLLUP_PREFIX}tombstones/"
+TOMBSTONE_ID_PATTERN = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def rollup_tombstone_key(tombstone_id: str) -> str:
+    """A delete request's record (PROTOCOL §4.1): ``rollup/v1/tombstones/<uuid>.json``."""
+    if not TOMBSTONE_ID_PATTERN.fullmatch(tombstone_id):
+        raise KeyFormatError(f"tombstone id must be a lowercase uuid, got {tombstone_id!r}")
+    return f"{ROLLUP_TOMBSTONES_PREFIX}{tombstone_id}.json"
 
 
 ROLLUP_ICEBERG_PREFIX = f"{ROLLUP_PREFIX}iceberg/"

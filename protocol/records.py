@@ -249,6 +249,31 @@ class RollupPointer(Record):
     manifest_key: str
 
 
+class RollupReaderLease(Record):
+    """``rollup/v1/readers/<id>.json`` (PROTOCOL §4.1): a long reader pins the snapshot at
+    ``manifest_key`` (``version``) until ``expires_at_unix_ns``, in store time. Created
+    with If-None-Match, renewed with If-Match, deleted when the read ends; vacuum keeps
+    every file of a snapshot an unexpired lease pins, and deletes expired leases."""
+
+    schema_: Literal["lightmetrics.rollup_reader.v1"] = Field(
+        default="lightmetrics.rollup_reader.v1", alias="schema"
+    )
+    reader: str = Field(pattern=r"^[0-9A-Za-z_-][0-9A-Za-z._-]{0,127}$")
+    version: int = Field(ge=1)
+    manifest_key: str = Field(min_length=1)
+    expires_at_unix_ns: int = NonNegative
+    purpose: str = Field(default="", max_length=200)
+
+    @model_validator(mode="after")
+    def _manifest_key_is_a_snapshot(self) -> RollupReaderLease:
+        if not self.manifest_key.startswith(keys.ROLLUP_MANIFESTS_PREFIX):
+            raise ValueError(
+                f"manifest_key must be under {keys.ROLLUP_MANIFESTS_PREFIX}, "
+                f"got {self.manifest_key!r}"
+            )
+        return self
+
+
 class AuditRecord(Record):
     """``reconciler/v1/audits/<start>-<id>.json``: one full audit of accepted/ and quarantine/.
 

@@ -4,7 +4,9 @@
 (``[rollup] spark_master``, default ``local[*,4]``: every core, failed tasks retried; quiet logs, workers on this
 interpreter, temporary directories removed afterwards), runs the job once, and prints
 the run summary as JSON on stdout. ``query``, ``history``, ``verify`` and ``vacuum`` are
-`rollup.cli_read`'s, ``sql`` is `rollup.cli_sql`'s. Under ``spark-submit`` use ``rollup/spark_entry.py`` instead.
+`rollup.cli_read`'s, ``delete`` and ``compact`` are `rollup.cli_lifecycle`'s, ``sql`` is
+`rollup.cli_sql`'s, ``watch`` is `rollup.watch`'s. Under ``spark-submit`` use
+``rollup/spark_entry.py`` instead.
 
 Exit codes of ``run``: 0 committed or up to date; 1 the run finished but some accepted
 batches could not be included (bad or missing frames, recorded as problems; they stay
@@ -28,6 +30,7 @@ import structlog
 from config import Settings, SettingsError, configure_logging
 from config.cli import add_settings_flags, settings_from_flags
 from protocol.clock import SystemClock
+from rollup.cli_lifecycle import add_lifecycle_commands
 from rollup.cli_read import add_read_commands
 from rollup.cli_sql import add_sql_command
 from rollup.commit import CommitConflict
@@ -35,6 +38,7 @@ from rollup.job import CommitRetriesExhausted, RunSummary, run_rollup
 from rollup.manifest import RollupInvariantError, RollupManifestError
 from rollup.owner import OwnerLost
 from rollup.storage import StoreAccess
+from rollup.watch import add_watch_command
 from store.errors import StoreConfigError, StoreError
 from store.lease import LeaseHeld
 from store.open import open_store_from_settings
@@ -59,7 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="include every pending accepted batch, then commit")
     add_run_arguments(run)
     add_read_commands(commands)
+    add_lifecycle_commands(commands)
     add_sql_command(commands)
+    add_watch_command(commands)
     add_settings_flags(parser)
     return parser
 

@@ -5,7 +5,10 @@
 Results go to stdout (``--format table|csv|json``; ``json`` is one JSON array), problems
 to stderr. ``query`` (and ``sql``, `rollup.cli_sql`) read the latest snapshot, or
 ``--version N``, or ``--as-of TIME``: the newest version committed at or before TIME
-(`rollup.travel`).
+(`rollup.travel`). ``query`` pins its snapshot with a reader lease past ``[rollup]
+reader_lease_min_files`` files (``--lease``/``--no-lease`` decide instead) and says on
+stderr when a vanished file made it retry (`rollup.reader_lease`); ``vacuum`` prints
+what each reader lease kept and the expired leases it deleted.
 
 Exit codes: 0 done (verify: every hour complete); 1 verify found a mismatch; 2 the
 command could not run (bad arguments, unknown version, damaged dataset, store errors, or
@@ -21,7 +24,7 @@ import json
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 from config.settings import Settings
 from protocol.clock import SystemClock
@@ -30,8 +33,9 @@ from rollup import history as history_mod
 from rollup import reader, schemas
 from rollup import verify as verify_mod
 from rollup.commit import VersionNotFound
-from rollup.manifest import RollupManifestError
-from rollup.vacuum import VacuumAborted, vacuum
+from rollup.manifest import RollupManifestError, format_created_at
+from rollup.reader_lease import ReadGuard, SnapshotFilesGone
+from rollup.vacuum import VacuumAborted, VacuumReport, vacuum
 from store.base import ObjectStore
 from store.errors import StoreError
 from store.lease import LeaseHeld
@@ -96,7 +100,14 @@ def run_with_store(settings: Settings, work: Callable[[ObjectStore], Awaitable[i
         return asyncio.run(main())
     except LeaseHeld as exc:
         print(f"error: the rollup job holds the owner lease ({exc}); try later", file=sys.stderr)
-    except (ValueError, KeyError, VersionNotFound, VacuumAborted, OSError) as exc:
+    except (
+        ValueError,
+        KeyError,
+        VersionNotFound,
+        VacuumAborted,
+        OSError,
+        SnapshotFilesGone,
+    ) as exc:
         print(f"error: {exc}", file=sys.stderr)
     except (StoreError, RollupManifestError) as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -110,7 +121,7 @@ def time_argument(text: str) -> datetime:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _hour(text: str) -> UtcHour:
+def hour_argument(text: str) -> UtcHour:
     try:
         return UtcHour.parse_iso(text)
     except KeyFormatError as exc:
@@ -141,6 +152,7 @@ def run_query(args: argparse.Namespace, settings: Settings) -> int:
             where=where,
             start=getattr(args, "from"),
             end=args.to,
+            guard=read_guard(settings, args.lease, purpose=f"lm-rollup query {args.table}"),
         )
         if args.limit is not None:
             table = table.slice(0, args.limit)
@@ -148,6 +160,22 @@ def run_query(args: argparse.Namespace, settings: Settings) -> int:
         return 0
 
     return run_with_store(settings, work)
+
+
+def read_guard(settings: Settings, lease: bool | None, *, purpose: str) -> ReadGuard:
+    """How a CLI read pins its snapshot: ``--lease`` always, ``--no-lease`` never, else
+    past ``[rollup] reader_lease_min_files`` files; retries are announced on stderr."""
+    mode: Literal["auto", "always", "never"] = (
+        "auto" if lease is None else "always" if lease else "never"
+    )
+    return ReadGuard(
+        mode=mode,
+        min_files=settings.rollup.reader_lease_min_files,
+        ttl_s=settings.rollup.reader_lease_ttl_s,
+        max_hold_s=settings.rollup.reader_lease_max_hold_s,
+        purpose=purpose,
+        notify=lambda message: print(f"warning: {message}", file=sys.stderr, flush=True),
+    )
 
 
 def run_history(args: argparse.Namespace, settings: Settings) -> int:
@@ -219,6 +247,8 @@ def run_vacuum(args: argparse.Namespace, settings: Settings) -> int:
         verb = "would delete" if report.dry_run else "deleted"
         for key in report.deleted:
             print(f"{verb} {key}")
+        for line in describe_leases(report):
+            print(line)
         print(
             f"current version {report.current_version}; retained versions "
             f"{report.retained_versions}; kept {report.kept}; too young {report.too_young}; "
@@ -228,6 +258,32 @@ def run_vacuum(args: argparse.Namespace, settings: Settings) -> int:
         return 0
 
     return run_with_store(settings, work)
+
+
+def describe_leases(report: VacuumReport) -> list[str]:
+    """One line per reader lease vacuum met: what it kept for whom, or that it expired."""
+    verb = "would delete" if report.dry_run else "deleted"
+    lines = []
+    for pin in report.pinned:
+        lease = pin.lease
+        what = (
+            "its snapshot was already vacuumed, kept nothing"
+            if pin.snapshot_gone
+            else f"kept {pin.files_kept} file(s) of version {lease.version}"
+        )
+        lines.append(
+            f"reader lease {lease.reader} ({lease.purpose or 'no purpose given'}, expires "
+            f"{format_created_at(lease.expires_at_unix_ns)}): {what}"
+        )
+    for lease in report.expired_leases:
+        lines.append(
+            f"{verb} expired reader lease {lease.reader} (version {lease.version}, "
+            f"expired {format_created_at(lease.expires_at_unix_ns)})"
+        )
+    lines += [
+        f"unreadable reader lease {key}: left for an operator" for key in report.unreadable_leases
+    ]
+    return lines
 
 
 def add_snapshot_arguments(parser: argparse.ArgumentParser) -> None:
@@ -270,6 +326,13 @@ def add_read_commands(subparsers: Any) -> None:
     query.add_argument("--to", type=time_argument, metavar="TIME", help="first time excluded")
     query.add_argument("--columns", help="comma-separated columns (default: all)")
     add_snapshot_arguments(query)
+    query.add_argument(
+        "--lease",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="pin the snapshot with a reader lease so vacuum keeps its files (default: "
+        "when reading more than [rollup] reader_lease_min_files files)",
+    )
     query.add_argument("--limit", type=int, help="print at most this many rows")
     query.add_argument("--format", choices=FORMATS, default="table")
     query.set_defaults(handler=run_query)
@@ -281,8 +344,10 @@ def add_read_commands(subparsers: Any) -> None:
 
     check = subparsers.add_parser("verify", help="check the ledger against accepted batches")
     check.add_argument("--version", type=int, help="verify this version (default: latest)")
-    check.add_argument("--from", type=_hour, metavar="YYYY-MM-DDTHH", help="first hour")
-    check.add_argument("--to", type=_hour, metavar="YYYY-MM-DDTHH", help="last hour (included)")
+    check.add_argument("--from", type=hour_argument, metavar="YYYY-MM-DDTHH", help="first hour")
+    check.add_argument(
+        "--to", type=hour_argument, metavar="YYYY-MM-DDTHH", help="last hour (included)"
+    )
     check.add_argument("--format", choices=FORMATS, default="table")
     check.add_argument(
         "--from-manifests",

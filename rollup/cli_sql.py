@@ -1,5 +1,7 @@
 """``lm-rollup sql "SELECT ..."``: DuckDB over the latest (``--version N``, ``--as-of
 TIME``) committed snapshot, the tables registered by name (`rollup.sql`), offline.
+The snapshot is pinned by a reader lease while the SQL runs, and a file vanished
+mid-read is retried once against the newer snapshot (`rollup.reader_lease`).
 
 Rows go to stdout (``--format table|csv|json``, as ``query``); the snapshot read goes to
 stderr (``snapshot: version N committed <created_at>``). Several statements may be given;
@@ -17,9 +19,10 @@ from typing import Any
 
 from config.settings import Settings
 from config.store_url import S3Location
-from rollup import travel
-from rollup.cli_read import FORMATS, add_snapshot_arguments, render, run_with_store
+from rollup.cli_read import FORMATS, add_snapshot_arguments, read_guard, render, run_with_store
+from rollup.commit import LoadedSnapshot
 from rollup.manifest import Snapshot
+from rollup.reader_lease import read_consistently
 from store.base import ObjectStore
 
 
@@ -62,6 +65,9 @@ def run_sql(args: argparse.Namespace, settings: Settings) -> int:
                 return 0  # a statement without rows (SET, CREATE ...)
             columns = _unique(list(relation.columns))
             rows = [dict(zip(columns, row, strict=True)) for row in relation.fetchall()]
+        except duckdb.IOException as exc:
+            # Perhaps a file vacuumed under the read: `read_consistently` looks.
+            raise OSError(f"SQL: {exc}") from exc
         except duckdb.Error as exc:
             print(f"error: SQL: {exc}", file=sys.stderr)
             return 2
@@ -70,8 +76,7 @@ def run_sql(args: argparse.Namespace, settings: Settings) -> int:
         render(rows, columns, args.format, sys.stdout)
         return 0
 
-    async def work(store: ObjectStore) -> int:
-        loaded = await travel.load_snapshot(store, version=args.version, as_of=args.as_of)
+    async def read(loaded: LoadedSnapshot | None) -> int:
         if loaded is None:
             print("snapshot: none committed yet (every table is empty)", file=sys.stderr)
         else:
@@ -81,6 +86,19 @@ def run_sql(args: argparse.Namespace, settings: Settings) -> int:
                 file=sys.stderr,
             )
         return await asyncio.to_thread(execute, loaded.snapshot if loaded else None)
+
+    async def work(store: ObjectStore) -> int:
+        # SQL may read any file of the snapshot, for as long as it takes: always pinned.
+        return await read_consistently(
+            store,
+            version=args.version,
+            as_of=args.as_of,
+            files_of=lambda snapshot: sorted(
+                f.path for table in snapshot.tables for f in snapshot.data_files(table)
+            ),
+            read=read,
+            guard=read_guard(settings, True, purpose="lm-rollup sql"),
+        )
 
     return run_with_store(settings, work)
 

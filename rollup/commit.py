@@ -32,6 +32,7 @@ from protocol.keys import ROLLUP_POINTER_KEY
 from protocol.records import RecordError, RollupPointer
 from rollup.manifest import (
     Changes,
+    RollupInvariantError,
     RollupManifestError,
     Snapshot,
     apply,
@@ -188,16 +189,27 @@ async def commit(
     *,
     base: LoadedSnapshot | None,
     changes: Changes,
-    owner: OwnerLease,
+    owner: OwnerLease | None,
     clock: Clock,
     backoff: Backoff = _COMMIT_BACKOFF,
     rng: random.Random | None = None,
 ) -> LoadedSnapshot:
     """Commit ``changes`` on top of ``base`` (None: the first commit). See the module doc
-    for every outcome. The caller has written every added data and ledger file."""
+    for every outcome. The caller has written every added data and ledger file.
+
+    ``owner=None`` is a commit without the owner lease (deletes, compaction): it keeps
+    the base's owner epoch and needs a base. That is safe because the pointer swap is
+    conditional on the base's ETag: a job's commit planned on the older pointer fails
+    its CAS and re-plans on the snapshot this one made, never the other way round."""
     rng = rng or random.Random()
-    await owner.check()
-    if base is not None and base.snapshot.owner_epoch > owner.epoch:
+    if owner is None:
+        if base is None:
+            raise RollupInvariantError("a commit without the owner lease needs a base snapshot")
+        epoch = base.snapshot.owner_epoch
+    else:
+        await owner.check()
+        epoch = owner.epoch
+    if owner is not None and base is not None and base.snapshot.owner_epoch > owner.epoch:
         # A newer owner has committed: we were taken over, whatever our lease says.
         raise OwnerLost(
             f"version {base.snapshot.version} was written by owner epoch "
@@ -208,14 +220,15 @@ async def commit(
         changes,
         version=(base.snapshot.version if base is not None else 0) + 1,
         commit_id=str(uuid.uuid4()),
-        owner_epoch=owner.epoch,
+        owner_epoch=epoch,
         created_at=format_created_at(clock.now_ns()),
         manifest_key_of_base=base.manifest_key if base is not None else None,
     )
     key = snapshot.manifest_key
     await _create_snapshot(store, key, snapshot.to_json(), backoff, rng, clock)
     # The lease may have run out while the snapshot was written; the swap is the commit.
-    await owner.check()
+    if owner is not None:
+        await owner.check()
     etag = await _swap_pointer(store, base, snapshot, backoff, rng, clock)
     log.info("rollup_committed", version=snapshot.version, manifest_key=key)
     return LoadedSnapshot(snapshot, key, etag)

@@ -11,6 +11,11 @@ with the ``hour`` that routes it to stage 2:
   labels of their series, as Arrow IPC blobs;
 - ``points_file``, ``ledger`` (one per included batch, routed by its accepted hour) and
   ``problem`` (a frame that is missing, fails its hash, decode or identity check): JSON.
+
+Rows in hours a table's retention dropped, and rows that the base snapshot's tombstones
+mask (`rollup.tombstones`), are dropped from the points written and from the partials
+(each table by its own cutoff and tombstones); the batch is still included in the
+ledger with all its records (``late_excluded`` when retention left none of its rows).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -29,10 +34,11 @@ from protocol import keys
 from protocol.frame import Frame, FrameError, decode_frame
 from rollup import aggregate
 from rollup.points import PointsError, hour_index, points_rows, split_by_hour
-from rollup.schemas import POINTS_SCHEMA, file_stats
+from rollup.schemas import POINTS_SCHEMA, file_stats, merged_stats
 from rollup.storage import open_parquet_writer, read_object
 from rollup.tasks import (
     STAGE1_SCHEMA,
+    HourInputs,
     WriteOptions,
     distinct_series_info,
     file_body,
@@ -42,6 +48,7 @@ from rollup.tasks import (
     to_ipc,
     utc_hour,
 )
+from rollup.tombstones import drop_from_points
 
 # Partials per IPC blob (~15 MB): with `spark_session.JOB_CONF`'s Arrow batch cap, one
 # Arrow batch of blobs stays far below the 2 GiB of a binary column's int32 offsets.
@@ -53,10 +60,11 @@ class FrameStage:
     """Stage 1 as a picklable callable for ``mapInArrow`` (`run`)."""
 
     options: WriteOptions
+    inputs: HourInputs = field(default_factory=HourInputs)
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """Stage 1 over the work items in ``batches`` (`WORK_SCHEMA`); see the module doc."""
-        task = _FrameTask(self.options)
+        task = _FrameTask(self.options, self.inputs)
         for batch in batches:
             for item in batch.to_pylist():
                 task.add(item)
@@ -69,8 +77,9 @@ class _FrameTask:
     Points are buffered up to `WriteOptions.chunk_rows`, then pre-aggregated together
     and appended to the task's points file of each hour they fall in."""
 
-    def __init__(self, options: WriteOptions) -> None:
+    def __init__(self, options: WriteOptions, inputs: HourInputs) -> None:
         self._options = options
+        self._inputs = inputs
         self._buffered: list[pa.Table] = []
         self._sources: list[tuple[str, str, int]] = []  # (agent_id, boot_id, rows) per frame
         self._by_hour: dict[int, list[pa.Table]] = {}
@@ -86,6 +95,7 @@ class _FrameTask:
         except _BadFrame as bad:
             self._records.append(record("problem", item["accepted_hour"], bad.as_dict(item)))
             return
+        for_points, for_rollup, late = table_rows(self._inputs, points)
         self._records.append(
             record(
                 "ledger",
@@ -95,13 +105,14 @@ class _FrameTask:
                     "frame_sha256": item["frame_sha256"],
                     "record_count": points.num_rows,
                     "accepted_hour": item["accepted_hour"],
+                    "late_excluded": late,
                 },
             )
         )
-        self._buffered.append(points)
-        self._sources.append((frame.agent_id, str(frame.boot_id), points.num_rows))
+        self._buffered.append(for_rollup)
+        self._sources.append((frame.agent_id, str(frame.boot_id), for_rollup.num_rows))
         # Split per frame: a frame rarely spans an hour, so this seldom filters anything.
-        for hour, rows in split_by_hour(points).items():
+        for hour, rows in split_by_hour(for_points).items():
             self._by_hour.setdefault(hour, []).append(rows)
         self._buffered_rows += points.num_rows
         if self._buffered_rows >= self._options.chunk_rows:
@@ -176,7 +187,7 @@ class _PointsFile:
         self._writer.close()
         size = self._stream.tell()
         self._stream.close()
-        low, high = _merged_stats(self._stats)
+        low, high = merged_stats(self._stats)
         return record(
             "points_file",
             self.hour.iso,
@@ -199,6 +210,24 @@ class _BadFrame(Exception):
             "manifest_id": item["manifest_id"],
             "accepted_hour": item["accepted_hour"],
         }
+
+
+def table_rows(inputs: HourInputs, points: pa.Table) -> tuple[pa.Table, pa.Table, bool]:
+    """One batch's rows as each table will hold them, ``(points, rows for rollup_1m,
+    late)``: without rows in hours retention dropped, nor rows the base snapshot's deletes
+    mask (so a late batch can bring back neither). ``late``: retention dropped every row
+    from every table; the batch is still in the ledger with all its records."""
+    kept: list[pa.Table] = []
+    for table in ("points", "rollup_1m"):
+        first_kept = inputs.first_kept.get(table)
+        if first_kept is None:
+            kept.append(points)
+            continue
+        cutoff = pa.scalar(first_kept, type=points.schema.field("ts").type)
+        kept.append(points.filter(pc.greater_equal(points.column("ts"), cutoff)))
+    late = points.num_rows > 0 and all(rows.num_rows == 0 for rows in kept)
+    for_points, for_rollup = drop_from_points(inputs.tombstones, kept[0], kept[1])
+    return for_points, for_rollup, late
 
 
 def _blob_rows(merged: pa.Table, info: pa.Table) -> pa.Table:
@@ -224,16 +253,3 @@ def _blob_rows(merged: pa.Table, info: pa.Table) -> pa.Table:
         [pa.array(kinds), pa.array(names), pa.nulls(count, pa.string()), pa.array(blobs)],
         schema=STAGE1_SCHEMA,
     )
-
-
-def _merged_stats(
-    parts: list[tuple[dict[str, Any], dict[str, Any]]],
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Statistics of a file written in chunks: a column keeps them only if every chunk
-    had them (missing statistics never prune, so dropping is always safe)."""
-    if not parts:
-        return {}, {}
-    names = set.intersection(*(set(low) for low, _ in parts))
-    low = {name: min(p[0][name] for p in parts) for name in sorted(names)}
-    high = {name: max(p[1][name] for p in parts) for name in sorted(names)}
-    return low, high

@@ -3,9 +3,10 @@
 Walks the snapshot chain from the pointer (`rollup.commit.walk_snapshots`); versions
 removed by vacuum end the walk. For each version: when and by which owner epoch it was
 committed, and what it changed: rows and files added per table (files whose
-``added_version`` is this version), files removed (its tombstones), and batches and
+``added_version`` is this version), files removed (its ``removed_files``), batches and
 records newly included in the ledger (the difference from the previous version, unknown
-when that one was vacuumed).
+when that one was vacuumed), and the deletes it committed: who asked, why, and what
+they match (`rollup.tombstones`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class VersionInfo:
     files_removed: int
     batches_added: int | None
     records_added: int | None
+    deletes: tuple[str, ...] = ()
 
     def as_row(self) -> dict[str, object]:
         """A flat row for table/CSV/JSON output."""
@@ -44,6 +46,7 @@ class VersionInfo:
             "files_removed": self.files_removed,
             "batches_added": self.batches_added,
             "records_added": self.records_added,
+            "deletes": "; ".join(self.deletes),
             "commit_id": self.commit_id,
         }
 
@@ -74,9 +77,14 @@ def describe_version(snapshot: Snapshot, previous: Snapshot | None) -> VersionIn
         manifest_key=snapshot.manifest_key,
         rows_added=rows_added,
         files_added=files_added,
-        files_removed=len(snapshot.tombstones),
+        files_removed=len(snapshot.removed_files),
         batches_added=batches,
         records_added=records,
+        deletes=tuple(
+            f"{t.id} by {t.requested_by} ({t.reason}): {t.describe()}"
+            for t in snapshot.tombstones
+            if t.added_version == snapshot.version
+        ),
     )
 
 

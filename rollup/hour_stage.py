@@ -37,6 +37,7 @@ from rollup.tasks import (
     records_table,
     write_parquet,
 )
+from rollup.tombstones import drop_masked, for_table
 
 
 def hour_stage(options: WriteOptions, inputs: HourInputs) -> HourFunction:
@@ -76,6 +77,9 @@ def _write_rollup_hour(
     committed = read_parquet(
         options.access, list(inputs.rollup_files.get(hour, ())), ROLLUP_1M_SCHEMA
     )
+    # The rewritten file replaces the committed ones: it must not bring back rows the
+    # base snapshot's deletes mask in them (applying all of them again is harmless).
+    committed, _ = drop_masked(for_table(inputs.tombstones, "rollup_1m"), "rollup_1m", committed)
     if committed.num_rows:
         existing = aggregate.partials_of_rollup(committed)
         existing = resolve_committed_ties(
@@ -104,6 +108,7 @@ def _write_ledger_hour(options: WriteOptions, hour: str, rows: pa.Table) -> dict
     path = keys.rollup_ledger_key(keys.UtcHour.parse_iso(hour), str(uuid.uuid4()))
     write_parquet(options, path, table, LEDGER_SCHEMA)
     totals = ledger_totals(table)[hour]
+    late = ledger_totals(table.filter(pa.array([bool(b.get("late_excluded")) for b in bodies])))
     return record(
         "ledger_file",
         hour,
@@ -112,6 +117,7 @@ def _write_ledger_hour(options: WriteOptions, hour: str, rows: pa.Table) -> dict
             "batches": totals.batches,
             "records": totals.records,
             "setsum": totals.setsum,
+            "late_excluded": late[hour].to_dict() if hour in late else None,
         },
     )
 

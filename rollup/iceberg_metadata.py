@@ -21,18 +21,17 @@ Mapping (format version 2, one Iceberg table per rollup table):
 - Expiry: the new metadata keeps the snapshots created within ``retention_s`` of the new
   one, plus the newest older one (it was current at the cutoff) — vacuum's time rule.
 
-Deletes (tombstones, PROTOCOL §4.1; not on this branch yet): `table_files` is the seam.
-Masked rows are to be published as Iceberg position-delete files: for each data file a
-tombstone matches and compaction has not yet rewritten, a Parquet file of
-``(file_path, pos)`` for the masked rows, listed in a second manifest of content
-``deletes`` in the same manifest list, and carried (EXISTING) until the file is rewritten.
+Deletes (tombstones, PROTOCOL §4.1): rows a delete masks in a data file not yet rewritten
+by compaction are published as Iceberg position-delete files (`rollup.iceberg_deletes`),
+listed in a second manifest of content ``deletes`` in the same manifest list, each with
+the sequence number of the newest tombstone it applies (never below its data file's).
 """
 
 from __future__ import annotations
 
 import io
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -42,9 +41,11 @@ from pyiceberg.manifest import (
     DataFile,
     DataFileContent,
     FileFormat,
+    ManifestContent,
     ManifestEntry,
     ManifestEntryStatus,
     ManifestFile,
+    ManifestWriterV2,
     write_manifest,
     write_manifest_list,
 )
@@ -78,6 +79,7 @@ from pyiceberg.types import (
 
 from protocol.setsum import Setsum
 from rollup import schemas
+from rollup.iceberg_deletes import PositionDeletes
 from rollup.manifest import Snapshot as RollupSnapshot
 from rollup.manifest import parse_created_at
 
@@ -247,6 +249,50 @@ def table_files(
     return entries
 
 
+class _DeleteManifestWriter(ManifestWriterV2):
+    """A v2 manifest of content ``deletes`` (pyiceberg 0.12 writes data manifests only)."""
+
+    def content(self) -> ManifestContent:
+        return ManifestContent.DELETES
+
+    @property
+    def _meta(self) -> dict[str, str]:
+        return {**super()._meta, "content": "deletes"}
+
+
+def _delete_entries(
+    deletes: Sequence[PositionDeletes], version: int, spec_id: int, url_of: Callable[[str], str]
+) -> list[ManifestEntry]:
+    entries = []
+    for deleted in deletes:
+        target = deleted.data_file
+        delete_file = DataFile.from_args(
+            _table_format_version=FORMAT_VERSION,
+            content=DataFileContent.POSITION_DELETES,
+            file_path=url_of(deleted.key),
+            file_format=FileFormat.PARQUET,
+            partition=Record(target.partition.start_ns // _NS_PER_HOUR),
+            record_count=deleted.record_count,
+            file_size_in_bytes=deleted.size_bytes,
+            sort_order_id=None,
+            spec_id=spec_id,
+            equality_ids=None,
+            key_metadata=None,
+        )
+        added = deleted.sequence_number == version
+        entries.append(
+            ManifestEntry.from_args(
+                _table_format_version=FORMAT_VERSION,
+                status=ManifestEntryStatus.ADDED if added else ManifestEntryStatus.EXISTING,
+                snapshot_id=version if added else deleted.sequence_number,
+                sequence_number=None if added else deleted.sequence_number,
+                file_sequence_number=None if added else deleted.sequence_number,
+                data_file=delete_file,
+            )
+        )
+    return entries
+
+
 def _expired(metadata: TableMetadata, newest_ms: int, retention_s: float) -> list[int]:
     cutoff = newest_ms - int(retention_s * 1000)
     older = sorted(metadata.snapshots, key=lambda s: s.snapshot_id, reverse=True)
@@ -271,11 +317,13 @@ def publish_version(
     url_of: Callable[[str], str],
     data_url_of: Callable[[str], str],
     retention_s: float,
+    deletes: Sequence[PositionDeletes] = (),
 ) -> PublishedVersion:
     """The metadata of ``table`` at ``snapshot``, on top of ``base`` (the previous
     published metadata, or `new_table`). ``key_of(name)`` is the object key of a file
     named ``name`` in the table's metadata directory, ``url_of(key)`` its absolute
-    location; ``data_url_of(path)`` the absolute location of a data file."""
+    location; ``data_url_of(path)`` the absolute location of a data file; ``deletes``
+    the position-delete files in effect (`rollup.iceberg_deletes.position_deletes`)."""
     version = snapshot.version
     spec = base.spec()
     schema = base.schema()
@@ -288,6 +336,17 @@ def publish_version(
         output = _BytesOutput(url_of(manifest_key))
         with write_manifest(FORMAT_VERSION, spec, schema, output, version, "deflate") as writer:
             for entry in entries:
+                if entry.status == ManifestEntryStatus.ADDED:
+                    writer.add(entry)
+                else:
+                    writer.existing(entry)
+        manifests.append(writer.to_manifest_file())
+        written.append(WrittenFile(manifest_key, output.body))
+    if deletes:
+        manifest_key = key_of(f"{version}-{attempt}-d0.avro")
+        output = _BytesOutput(url_of(manifest_key))
+        with _DeleteManifestWriter(spec, schema, output, version, "deflate") as writer:
+            for entry in _delete_entries(deletes, version, spec.spec_id, url_of):
                 if entry.status == ManifestEntryStatus.ADDED:
                     writer.add(entry)
                 else:

@@ -34,6 +34,7 @@ from pyiceberg.table.metadata import TableMetadata
 from protocol import keys
 from rollup import schemas
 from rollup.commit import LoadedSnapshot, load_latest, walk_snapshots
+from rollup.iceberg_deletes import position_deletes
 from rollup.iceberg_metadata import new_table, parse_metadata, publish_version
 from rollup.manifest import Snapshot
 from rollup.owner import OwnerLease, OwnerLost
@@ -122,7 +123,7 @@ async def publish(
 
 
 async def publish_or_log(
-    store: ObjectStore, *, store_url: str, retention_s: float, owner: OwnerLease
+    store: ObjectStore, *, store_url: str, retention_s: float, owner: OwnerLease | None = None
 ) -> list[int]:
     """`publish` for the end of a rollup run: the run's commit has landed whatever happens
     here, so a failure is logged (``rollup_iceberg_publish_failed``) and the next run
@@ -151,14 +152,16 @@ async def _publish_one(
     snapshot: Snapshot,
     retention_s: float,
 ) -> TableMetadata:
+    data_url_of = lambda path: engine_url(store_url, path)  # noqa: E731
     published = publish_version(
         base,
         snapshot,
         table,
         key_of=lambda name: keys.rollup_iceberg_file_key(table, name),
         url_of=lambda key: engine_url(store_url, key),
-        data_url_of=lambda path: engine_url(store_url, path),
+        data_url_of=data_url_of,
         retention_s=retention_s,
+        deletes=await position_deletes(store, snapshot, table, data_url_of),
     )
     for written in published.avro_files:
         await store.put(written.key, written.body, if_none_match=True)

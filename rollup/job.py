@@ -34,6 +34,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -52,6 +53,7 @@ from rollup.storage import StoreAccess
 from rollup.tasks import HourInputs, WriteOptions
 from store.base import ObjectStore
 from store.errors import PreconditionFailed, StoreError
+from store.time import store_clock
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -92,6 +94,8 @@ class RunSummary:
     commit_conflicts: int = 0
     problems: list[dict[str, Any]] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    late_excluded: int = 0
+    """Batches included in the ledger with no rows: retention had dropped their hours."""
     iceberg_published: list[int] = field(default_factory=list)
     """Versions published as Iceberg metadata by this run (`rollup.iceberg_publish`)."""
 
@@ -163,16 +167,20 @@ class _Run:
             await self.owner.check()
             started = time.monotonic()
             base = await load_latest(self.store)
+            retention = self._retention(base)
             plan = await make_plan(self.store, base, progress=self.progress)
             self._note_plan(plan, started)
-            if not plan.items:
+            if not plan.items and not _retention_moves(base, retention):
                 await self._consume_markers(plan)
                 summary.outcome = "up-to-date"
                 return summary
-            records = await self._stages(plan)
-            changes = self._changes(base, records)
+            if not plan.items:
+                records = []  # nothing new, but retention drops hours: commit that alone
+            else:
+                records = await self._stages(plan, retention)
+            changes = self._changes(base, records, retention)
             await self._record_problems([r.body for r in records if r.kind == "problem"])
-            if not changes.added_files and not changes.added_ledger_files:
+            if not (changes.added_files or changes.added_ledger_files or changes.removed_files):
                 summary.outcome = "nothing-included"
                 return summary
             if self.hooks.before_commit is not None:
@@ -218,13 +226,29 @@ class _Run:
             hours_checked=len(plan.hours_checked),
         )
 
-    async def _stages(self, plan: Plan) -> list[StageRecord]:
+    def _retention(self, base: LoadedSnapshot | None) -> dict[str, str]:
+        """Per table with retention: the first hour it keeps, as of store time now (never
+        before the base's: retention only moves forward)."""
+        days = {
+            "points": self.settings.retention_points_days,
+            "rollup_1m": self.settings.retention_rollup_1m_days,
+        }
+        now_ns = store_clock(self.store, self.clock).now_ns()
+        cutoffs: dict[str, str] = {}
+        for table, keep_days in days.items():
+            if keep_days is None:
+                continue
+            first_kept = keys.UtcHour.from_unix_ns(now_ns - int(keep_days * 86400e9)).iso
+            before = base.snapshot.retention.get(table) if base is not None else None
+            cutoffs[table] = max(first_kept, before) if before is not None else first_kept
+        return cutoffs
+
+    async def _stages(self, plan: Plan, retention: dict[str, str]) -> list[StageRecord]:
         started = time.monotonic()
         log.info("rollup_stages_started", batches=len(plan.items), records=plan.records)
+        inputs = _hour_inputs(plan.base, retention)
         work = asyncio.create_task(
-            asyncio.to_thread(
-                run_stages, self.spark, list(plan.items), self.options, _hour_inputs(plan.base)
-            )
+            asyncio.to_thread(run_stages, self.spark, list(plan.items), self.options, inputs)
         )
         # Keep the lease while Spark works; if it is lost, the commit refuses anyway.
         renew_every = self.settings.owner_lease_ttl_s / 4
@@ -242,12 +266,15 @@ class _Run:
         log.info("rollup_stages_done", seconds=self.summary.seconds["stages"], records=len(records))
         return records
 
-    def _changes(self, base: LoadedSnapshot | None, records: list[StageRecord]) -> Changes:
+    def _changes(
+        self, base: LoadedSnapshot | None, records: list[StageRecord], retention: dict[str, str]
+    ) -> Changes:
         version = (base.snapshot.version if base is not None else 0) + 1
         added: list[DataFile] = []
         rewritten: set[str] = set()
         ledger_files: list[str] = []
         delta: dict[str, LedgerHour] = {}
+        late: dict[str, LedgerHour] = {}
         for record in records:
             body = record.body
             if record.kind in ("points_file", "rollup_file"):
@@ -257,16 +284,28 @@ class _Run:
             elif record.kind == "ledger_file":
                 ledger_files.append(body["path"])
                 delta[record.hour] = LedgerHour(body["batches"], body["records"], body["setsum"])
-        removed = [
+                if body.get("late_excluded"):
+                    part = body["late_excluded"]
+                    late[record.hour] = LedgerHour(part["batches"], part["records"], part["setsum"])
+        removed = {
             f.path
             for f in (base.snapshot.data_files("rollup_1m") if base is not None else ())
             if f.partition.iso in rewritten
-        ]
+        }
+        # Retention: every file of an hour before its table's first kept hour leaves.
+        for table, first_kept in retention.items():
+            for data_file in base.snapshot.data_files(table) if base is not None else ():
+                if data_file.partition.iso < first_kept:
+                    removed.add(data_file.path)
+        if late:
+            self.summary.late_excluded = sum(h.batches for h in late.values())
         return Changes(
             added_files=tuple(sorted(added, key=lambda f: f.path)),
             removed_files=tuple(sorted(removed)),
             added_ledger_files=tuple(sorted(ledger_files)),
             ledger_delta=dict(sorted(delta.items())),
+            retention=retention,
+            late_delta=dict(sorted(late.items())),
         )
 
     def _note_commit(
@@ -354,9 +393,25 @@ def _data_file(body: dict[str, Any], version: int) -> DataFile:
     )
 
 
-def _hour_inputs(base: LoadedSnapshot | None) -> HourInputs:
+def _retention_moves(base: LoadedSnapshot | None, retention: dict[str, str]) -> bool:
+    """Whether ``retention`` drops files of ``base`` or moves a cutoff."""
     if base is None:
-        return HourInputs()
+        return False
+    snapshot = base.snapshot
+    return any(
+        snapshot.retention.get(table) != first_kept
+        or any(f.partition.iso < first_kept for f in snapshot.data_files(table))
+        for table, first_kept in retention.items()
+    )
+
+
+def _hour_inputs(base: LoadedSnapshot | None, retention: dict[str, str]) -> HourInputs:
+    first_kept = {
+        table: datetime.fromtimestamp(keys.UtcHour.parse_iso(hour).start_ns / 1e9, tz=UTC)
+        for table, hour in retention.items()
+    }
+    if base is None:
+        return HourInputs(first_kept=first_kept)
     rollup: dict[str, list[str]] = {}
     points: dict[str, list[str]] = {}
     for target, table in ((rollup, "rollup_1m"), (points, "points")):
@@ -365,6 +420,8 @@ def _hour_inputs(base: LoadedSnapshot | None) -> HourInputs:
     return HourInputs(
         rollup_files={h: tuple(p) for h, p in rollup.items()},
         points_files={h: tuple(p) for h, p in points.items()},
+        tombstones=base.snapshot.tombstones,
+        first_kept=first_kept,
     )
 
 

@@ -8,9 +8,18 @@ the next snapshot from the current one and checks every invariant against the ba
 raising `RollupInvariantError` ("expected version 6, found 7") before anything is written.
 
 Meanings decided here (PROTOCOL §4 shows the fields, not all of their semantics):
-- ``tombstones``: the data-file paths *this* snapshot removed (reachable from the
+- ``removed_files``: the data-file paths *this* snapshot removed (reachable from the
   previous snapshot, not from this one): a record of what became unreachable when, for
-  history and vacuum. They are not carried forward.
+  history and vacuum. They are not carried forward. (Snapshots written before deletes
+  existed kept this list under ``tombstones``; `rollup.manifest_codec` reads both.)
+- ``retention``: per table, the first hour (``YYYY-MM-DDTHH``) the table still keeps:
+  its files of earlier hours were dropped by retention, and writers drop rows before it.
+  Only ever moves forward. Absent for a table without retention.
+- ``ledger.late_excluded``: per accepted hour, the batches that arrived after retention
+  had dropped every hour their points fall in: in the ledger (so planned once, and
+  counted by ``verify``), in ``ledger.hours`` totals, but with no row in any table.
+- ``tombstones``: every delete committed so far (`rollup.tombstones`), cumulative, each
+  with the version that added it; readers mask the rows they match.
 - ``ledger.files``: every ledger file of the snapshot (cumulative). ``ledger.hours``: per
   accepted hour, the total batches, records and setsum over all of them (cumulative).
 - A data file's ``min``/``max`` hold JSON statistics per column (see `rollup.schemas`);
@@ -31,6 +40,7 @@ from typing import Any
 from protocol import keys
 from protocol.setsum import Setsum
 from rollup import schemas
+from rollup.tombstones import Tombstone
 
 MANIFEST_SCHEMA = "lightmetrics.rollup_manifest.v1"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -109,9 +119,12 @@ class Snapshot:
     owner_epoch: int
     commit_id: str
     tables: Mapping[str, TableState]
-    tombstones: tuple[str, ...] = ()
+    tombstones: tuple[Tombstone, ...] = ()
+    removed_files: tuple[str, ...] = ()
     ledger_files: tuple[str, ...] = ()
     ledger_hours: Mapping[str, LedgerHour] = field(default_factory=dict)
+    retention: Mapping[str, str] = field(default_factory=dict)
+    ledger_late: Mapping[str, LedgerHour] = field(default_factory=dict)
 
     @property
     def manifest_key(self) -> str:
@@ -123,15 +136,15 @@ class Snapshot:
         return state.data_files if state is not None else ()
 
     def reachable_keys(self) -> set[str]:
-        """Every object this snapshot needs: its manifest, data files and ledger files."""
-        paths = {self.manifest_key, *self.ledger_files}
+        """Every object this snapshot needs: its manifest, data, ledger and tombstone files."""
+        paths = {self.manifest_key, *self.ledger_files, *(t.key for t in self.tombstones)}
         for state in self.tables.values():
             paths.update(f.path for f in state.data_files)
         return paths
 
     def to_json(self) -> bytes:
         """UTF-8 JSON in exactly the PROTOCOL §4 shape and key order."""
-        document = {
+        document: dict[str, Any] = {
             "schema": MANIFEST_SCHEMA,
             "version": self.version,
             "previous_manifest_key": self.previous_manifest_key,
@@ -145,12 +158,19 @@ class Snapshot:
                 }
                 for name, state in self.tables.items()
             },
-            "tombstones": list(self.tombstones),
+            "tombstones": [t.to_dict() for t in self.tombstones],
+            "removed_files": list(self.removed_files),
             "ledger": {
                 "files": list(self.ledger_files),
                 "hours": {hour: totals.to_dict() for hour, totals in self.ledger_hours.items()},
             },
         }
+        if self.retention:
+            document["retention"] = dict(self.retention)
+        if self.ledger_late:
+            document["ledger"]["late_excluded"] = {
+                hour: totals.to_dict() for hour, totals in self.ledger_late.items()
+            }
         return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
 
     @classmethod
@@ -173,13 +193,19 @@ class Changes:
     ``removed_files`` are paths of the base's data files this commit supersedes (e.g.
     ``rollup_1m`` files rewritten with late data); ``ledger_delta`` holds, per accepted
     hour, the totals of only the batches newly included by this commit, which must be in
-    ``added_ledger_files``.
+    ``added_ledger_files``. ``added_tombstones`` are deletes this commit adds (their
+    files already written); the commit sets their ``added_version``.
     """
 
     added_files: tuple[DataFile, ...] = ()
     removed_files: tuple[str, ...] = ()
     added_ledger_files: tuple[str, ...] = ()
     ledger_delta: Mapping[str, LedgerHour] = field(default_factory=dict)
+    added_tombstones: tuple[Tombstone, ...] = ()
+    retention: Mapping[str, str] = field(default_factory=dict)
+    """New retention cutoffs (table → first hour kept); files before them must be removed."""
+    late_delta: Mapping[str, LedgerHour] = field(default_factory=dict)
+    """Per accepted hour, the part of ``ledger_delta`` that is late and excluded."""
 
 
 def format_created_at(unix_ns: int) -> str:
@@ -212,7 +238,8 @@ def apply(
     """The snapshot that results from applying ``changes`` to ``base`` (None: empty dataset).
 
     Pure. Every invariant is checked against the base; the first violation raises
-    `RollupInvariantError` naming it. The new snapshot's tombstones are the removed paths.
+    `RollupInvariantError` naming it. The new snapshot's ``removed_files`` are the removed
+    paths; its tombstones are the base's plus the added ones.
     """
     _check_header(base, version, commit_id, owner_epoch, created_at, manifest_key_of_base)
     base_tables: Mapping[str, TableState] = base.tables if base is not None else {}
@@ -244,6 +271,7 @@ def apply(
         tables[name] = TableState(columns, kept + new)
 
     ledger_files, ledger_hours = _next_ledger(base, changes)
+    retention = _next_retention(base, changes, tables)
     return Snapshot(
         version=version,
         previous_manifest_key=manifest_key_of_base,
@@ -251,10 +279,49 @@ def apply(
         owner_epoch=owner_epoch,
         commit_id=commit_id,
         tables=tables,
-        tombstones=tuple(changes.removed_files),
+        tombstones=_next_tombstones(base, changes, version),
+        removed_files=tuple(changes.removed_files),
         ledger_files=ledger_files,
         ledger_hours=ledger_hours,
+        retention=retention,
+        ledger_late=_next_late(base, changes),
     )
+
+
+def _next_retention(
+    base: Snapshot | None, changes: Changes, tables: Mapping[str, TableState]
+) -> dict[str, str]:
+    retention = dict(base.retention) if base is not None else {}
+    for table, first_kept in changes.retention.items():
+        if table not in schemas.TABLES:
+            raise RollupInvariantError(f"retention for unknown table {table!r}")
+        keys.UtcHour.parse_iso(first_kept)
+        # Moving back would make hours whose files are gone look kept (and empty).
+        if table in retention and first_kept < retention[table]:
+            raise RollupInvariantError(
+                f"retention of {table} moves back from {retention[table]} to {first_kept}"
+            )
+        retention[table] = first_kept
+    # Every file of an hour before its table's cutoff must be gone: retention is exact.
+    for table, first_kept in retention.items():
+        for kept in tables[table].data_files if table in tables else ():
+            if kept.partition.iso < first_kept:
+                raise RollupInvariantError(
+                    f"{kept.path!r} is before {table}'s retention cutoff {first_kept}"
+                )
+    return dict(sorted(retention.items()))
+
+
+def _next_late(base: Snapshot | None, changes: Changes) -> dict[str, LedgerHour]:
+    late = dict(base.ledger_late) if base is not None else {}
+    for hour, delta in changes.late_delta.items():
+        check_ledger_hour(hour, delta)
+        included = changes.ledger_delta.get(hour, EMPTY_LEDGER_HOUR)
+        # Late batches are ledger rows too: a part of this commit's delta, never more.
+        if delta.batches > included.batches or delta.records > included.records:
+            raise RollupInvariantError(f"ledger hour {hour}: more late batches than new ones")
+        late[hour] = late.get(hour, EMPTY_LEDGER_HOUR) + delta
+    return dict(sorted(late.items()))
 
 
 def _v(base: Snapshot | None) -> int:
@@ -314,6 +381,15 @@ def _check_added_file(added: DataFile, version: int, live: Mapping[str, DataFile
         )
     if added.row_count < 0 or added.size_bytes < 0:
         raise RollupInvariantError(f"added file {added.path!r}: negative row_count or size")
+
+
+def _next_tombstones(
+    base: Snapshot | None, changes: Changes, version: int
+) -> tuple[Tombstone, ...]:
+    existing = base.tombstones if base is not None else ()
+    # A tombstone id committed twice would be a retried delete counted as two requests.
+    _no_duplicates("tombstones", [t.id for t in (*existing, *changes.added_tombstones)])
+    return existing + tuple(t.committed_at(version) for t in changes.added_tombstones)
 
 
 def _next_ledger(

@@ -24,6 +24,7 @@ from rollup.manifest import (
     check_ledger_hour,
     parse_created_at,
 )
+from rollup.tombstones import Tombstone, TombstoneError
 
 
 def _need(document: Mapping[str, Any], name: str, kind: type | tuple[type, ...], where: str) -> Any:
@@ -33,6 +34,25 @@ def _need(document: Mapping[str, Any], name: str, kind: type | tuple[type, ...],
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
         raise RollupManifestError(f"{where}.{name}: unexpected {type(value).__name__} {value!r}")
     return value
+
+
+def _parse_tombstones(document: Mapping[str, Any]) -> tuple[tuple[Tombstone, ...], list[Any]]:
+    """``(tombstones, removed_files)``. Snapshots written before deletes existed listed
+    the removed data-file paths under ``tombstones`` (strings) and had no
+    ``removed_files``: read them as removed files and no deletes."""
+    entries = _need(document, "tombstones", list, "snapshot")
+    if "removed_files" not in document and all(isinstance(e, str) for e in entries):
+        return (), entries
+    removed = _need(document, "removed_files", list, "snapshot")
+    parsed: list[Tombstone] = []
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise RollupManifestError(f"tombstones[{index}]: must be an object")
+        try:
+            parsed.append(Tombstone.from_dict(entry))
+        except TombstoneError as exc:
+            raise RollupManifestError(f"tombstones[{index}]: {exc}") from None
+    return tuple(parsed), removed
 
 
 def parse_snapshot(document: Any) -> Snapshot:
@@ -66,25 +86,23 @@ def parse_snapshot(document: Any) -> Snapshot:
         name: _parse_table(name, state)
         for name, state in _need(document, "tables", dict, "snapshot").items()
     }
-    tombstones = _need(document, "tombstones", list, "snapshot")
+    tombstones, removed = _parse_tombstones(document)
     ledger = _need(document, "ledger", dict, "snapshot")
     files = _need(ledger, "files", list, "ledger")
     hours = _need(ledger, "hours", dict, "ledger")
-    if not all(isinstance(p, str) for p in [*tombstones, *files]):
-        raise RollupManifestError("tombstones and ledger.files must be lists of keys")
+    if not all(isinstance(p, str) for p in [*removed, *files]):
+        raise RollupManifestError("removed_files and ledger.files must be lists of keys")
     ledger_hours: dict[str, LedgerHour] = {}
     for hour, totals in hours.items():
-        where = f"ledger.hours.{hour}"
-        parsed = LedgerHour(
-            _need(totals, "batches", int, where),
-            _need(totals, "records", int, where),
-            _need(totals, "setsum", str, where),
-        )
-        try:
-            check_ledger_hour(hour, parsed)
-        except RollupInvariantError as exc:
-            raise RollupManifestError(str(exc)) from None
-        ledger_hours[hour] = parsed
+        ledger_hours[hour] = _ledger_hour(hour, totals, "ledger.hours")
+    retention = document.get("retention", {})
+    if not isinstance(retention, dict) or not all(
+        isinstance(v, str) and _is_hour(v) for v in retention.values()
+    ):
+        raise RollupManifestError(f"retention must map tables to YYYY-MM-DDTHH, got {retention!r}")
+    late = ledger.get("late_excluded", {})
+    if not isinstance(late, dict):
+        raise RollupManifestError("ledger.late_excluded must be an object")
     return Snapshot(
         version=version,
         previous_manifest_key=previous,
@@ -92,10 +110,39 @@ def parse_snapshot(document: Any) -> Snapshot:
         owner_epoch=owner_epoch,
         commit_id=commit_id,
         tables=tables,
-        tombstones=tuple(tombstones),
+        tombstones=tombstones,
+        removed_files=tuple(removed),
         ledger_files=tuple(files),
         ledger_hours=ledger_hours,
+        retention=dict(retention),
+        ledger_late={
+            hour: _ledger_hour(hour, totals, "ledger.late_excluded")
+            for hour, totals in late.items()
+        },
     )
+
+
+def _is_hour(text: str) -> bool:
+    try:
+        keys.UtcHour.parse_iso(text)
+    except keys.KeyFormatError:
+        return False
+    return True
+
+
+def _ledger_hour(hour: str, totals: Any, where: str) -> LedgerHour:
+    if not isinstance(totals, dict):
+        raise RollupManifestError(f"{where}.{hour}: must be an object")
+    parsed = LedgerHour(
+        _need(totals, "batches", int, f"{where}.{hour}"),
+        _need(totals, "records", int, f"{where}.{hour}"),
+        _need(totals, "setsum", str, f"{where}.{hour}"),
+    )
+    try:
+        check_ledger_hour(hour, parsed)
+    except RollupInvariantError as exc:
+        raise RollupManifestError(str(exc)) from None
+    return parsed
 
 
 def _parse_table(name: str, state: Any) -> TableState:

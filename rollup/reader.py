@@ -6,7 +6,8 @@ data files can hold matching rows (`plan_files`: partition hour against the time
 and against predicates on the partition column, then each file's min/max statistics
 against every predicate), reads only those with pyarrow (only the needed columns, with
 row-group filtering), filters the rows exactly, and returns the projected columns cast
-to the table's schema (`rollup.schemas`).
+to the table's schema (`rollup.schemas`). Rows the snapshot's tombstones (deletes,
+`rollup.tombstones`) match are masked: a deleted row is never returned.
 
 Predicates (`Predicate`, parsed by `parse_predicate` from ``"column op value"``) compare
 one scalar column with a constant: ``= == != < <= > >=``. Values are parsed by the
@@ -19,6 +20,8 @@ Files are opened through a ``pyarrow.fs`` filesystem and a root: object ``K`` is
 Errors: `ValueError` for a bad table, column or predicate; `VersionNotFound`;
 ``FileNotFoundError``/``OSError`` when a file the snapshot lists cannot be read (the
 dataset is damaged or was vacuumed under the reader: never silently skipped).
+Long reads pin their snapshot with a reader lease, and a file gone mid-read is retried
+once against the newer snapshot or raises `rollup.reader_lease.SnapshotFilesGone`.
 """
 
 from __future__ import annotations
@@ -38,8 +41,11 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from rollup import schemas
+from rollup import tombstones as tombstones_mod
+from rollup.commit import LoadedSnapshot
 from rollup.manifest import DataFile, Snapshot
-from rollup.travel import load_snapshot
+from rollup.reader_lease import ReadGuard, read_consistently
+from rollup.tombstones import Tombstone
 from store.base import ObjectStore
 
 _OPS: dict[str, Callable[[Any, Any], Any]] = {
@@ -75,6 +81,7 @@ class ScanStats:
     files_pruned: int = 0
     files_read: int = 0
     rows_read: int = 0
+    rows_masked: int = 0
 
 
 def parse_value(data_type: pa.DataType, text: str) -> Any:
@@ -191,9 +198,11 @@ def read_files(
     start: datetime | None = None,
     end: datetime | None = None,
     stats: ScanStats | None = None,
+    tombstones: Sequence[Tombstone] = (),
 ) -> pa.Table:
     """Rows of ``files`` matching ``where`` and ``[start, end)``, projected to ``columns``
-    (default: all, in schema order) and cast to the table's schema. Blocking I/O."""
+    (default: all, in schema order) and cast to the table's schema, without the rows
+    ``tombstones`` (the snapshot's deletes) mask in each file. Blocking I/O."""
     schema = schemas.table_schema(table)
     wanted = list(columns) if columns is not None else list(schema.names)
     for name in wanted:
@@ -205,7 +214,16 @@ def read_files(
         bounds.append(Predicate(partition_column, ">=", start))
     if end is not None:
         bounds.append(Predicate(partition_column, "<", end))
-    needed = list(dict.fromkeys([*wanted, *(p.column for p in bounds)]))
+    masking = tombstones_mod.for_table(tombstones, table)
+    needed = list(
+        dict.fromkeys(
+            [
+                *wanted,
+                *(p.column for p in bounds),
+                *tombstones_mod.needed_columns(table, masking),
+            ]
+        )
+    )
     target = pa.schema([schema.field(name) for name in needed])
     expression: pc.Expression | None = None
     for predicate in bounds:
@@ -221,10 +239,14 @@ def read_files(
             filters=expression,
             partitioning=None,
         )
-        parts.append(part.select(needed).cast(target))
+        part = part.select(needed).cast(target)
+        pending = tombstones_mod.pending_on(masking, data_file)
+        part, masked = tombstones_mod.drop_masked(pending, table, part)
+        parts.append(part)
         if stats is not None:
             stats.files_read += 1
-            stats.rows_read += part.num_rows
+            stats.rows_read += part.num_rows + masked
+            stats.rows_masked += masked
     result = pa.concat_tables(parts) if parts else target.empty_table()
     return result.select(wanted)
 
@@ -242,17 +264,62 @@ async def scan(
     start: datetime | None = None,
     end: datetime | None = None,
     stats: ScanStats | None = None,
+    guard: ReadGuard | None = None,
 ) -> pa.Table:
     """``table`` as of ``version`` or the time ``as_of`` (default: the latest; an empty
     table before the first commit), pruned, filtered and projected as the module doc
-    says. ``stats``, when given, is filled in. Errors as in the module doc."""
+    says. ``stats``, when given, is filled in. A long read pins its snapshot with a
+    reader lease, and a file vanished mid-read is retried once or reported, never
+    skipped (`rollup.reader_lease`, ``guard``). Errors as in the module doc, and
+    `SnapshotFilesGone`."""
     schemas.table_schema(table)
-    loaded = await load_snapshot(store, version=version, as_of=as_of)
+
+    def files_of(snapshot: Snapshot) -> list[str]:
+        return [f.path for f in plan_files(snapshot, table, where=where, start=start, end=end)]
+
+    async def read(loaded: LoadedSnapshot | None) -> pa.Table:
+        return await scan_snapshot(
+            loaded,
+            table,
+            filesystem=filesystem,
+            root=root,
+            columns=columns,
+            where=where,
+            start=start,
+            end=end,
+            stats=stats,
+        )
+
+    return await read_consistently(
+        store,
+        version=version,
+        as_of=as_of,
+        files_of=files_of,
+        read=read,
+        guard=guard if guard is not None else ReadGuard(purpose=f"scan {table}"),
+    )
+
+
+async def scan_snapshot(
+    loaded: LoadedSnapshot | None,
+    table: str,
+    *,
+    filesystem: pafs.FileSystem,
+    root: str,
+    columns: Sequence[str] | None = None,
+    where: Sequence[Predicate] = (),
+    start: datetime | None = None,
+    end: datetime | None = None,
+    stats: ScanStats | None = None,
+) -> pa.Table:
+    """``table`` as of the snapshot ``loaded`` (None: nothing committed), read once."""
     snapshot = loaded.snapshot if loaded is not None else None
     files = plan_files(snapshot, table, where=where, start=start, end=end) if snapshot else []
-    if stats is not None and snapshot is not None:
-        stats.files_total = len(snapshot.data_files(table))
-        stats.files_pruned = stats.files_total - len(files)
+    if stats is not None:
+        stats.files_read = stats.rows_read = stats.rows_masked = 0  # a retry starts over
+        if snapshot is not None:
+            stats.files_total = len(snapshot.data_files(table))
+            stats.files_pruned = stats.files_total - len(files)
     return await asyncio.to_thread(
         read_files,
         files,
@@ -264,6 +331,7 @@ async def scan(
         start=start,
         end=end,
         stats=stats,
+        tombstones=snapshot.tombstones if snapshot is not None else (),
     )
 
 

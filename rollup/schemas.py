@@ -169,3 +169,16 @@ def file_stats(table: pa.Table) -> tuple[dict[str, Any], dict[str, Any]]:
         mins[field.name] = stat_to_json(low)
         maxs[field.name] = stat_to_json(high)
     return mins, maxs
+
+
+def merged_stats(
+    parts: list[tuple[dict[str, Any], dict[str, Any]]],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Statistics of a file written in chunks: a column keeps them only if every chunk
+    had them (missing statistics never prune, so dropping is always safe)."""
+    if not parts:
+        return {}, {}
+    names = set.intersection(*(set(low) for low, _ in parts))
+    low = {name: min(p[0][name] for p in parts) for name in sorted(names)}
+    high = {name: max(p[1][name] for p in parts) for name in sorted(names)}
+    return low, high

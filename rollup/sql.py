@@ -14,7 +14,9 @@ would also read orphans of failed runs and files compaction replaced), with
 ``hive_partitioning=false`` (the ``date=``/``hour=`` directories add no columns),
 ``union_by_name=true`` (files written by different writers may order columns
 differently) and every column cast to the table's type. A table without files is a view
-with the same columns and types and no rows.
+with the same columns and types and no rows. Files with deletes still pending on them
+(`rollup.tombstones.pending_on`) are read with ``WHERE NOT`` the tombstones' predicates
+(`tombstone_sql`), so SQL never sees a deleted row.
 
 S3 (`S3Access`): a temporary DuckDB secret scoped to the bucket, from the ``[store]``
 settings: the endpoint's host and port, ``use_ssl`` from its scheme, ``url_style`` path
@@ -28,6 +30,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -38,6 +41,7 @@ from config.store_url import StoreLocation
 from rollup import schemas
 from rollup.manifest import Snapshot
 from rollup.storage import engine_url
+from rollup.tombstones import Tombstone, pending_on
 
 EXTENSIONS = ("httpfs", "avro", "iceberg")
 
@@ -167,27 +171,72 @@ def duckdb_type(data_type: pa.DataType) -> str:
     raise ValueError(f"no DuckDB type for {data_type}")
 
 
-def view_sql(table: str, schema: pa.Schema, urls: Sequence[str]) -> str:
-    """``CREATE VIEW`` of ``table`` over exactly ``urls`` (no rows when empty)."""
+def view_sql(
+    table: str,
+    schema: pa.Schema,
+    urls: Sequence[str],
+    masked: Sequence[tuple[Sequence[str], Sequence[Tombstone]]] = (),
+) -> str:
+    """``CREATE VIEW`` of ``table`` over exactly ``urls`` and, for each ``(urls,
+    tombstones)`` of ``masked``, those files without the rows the tombstones match (no
+    rows when there are no files)."""
     casts = ", ".join(
-        f"CAST({'NULL' if not urls else _identifier(f.name)} AS {duckdb_type(f.type)}) "
-        f"AS {_identifier(f.name)}"
+        f"CAST({_identifier(f.name)} AS {duckdb_type(f.type)}) AS {_identifier(f.name)}"
         for f in schema
     )
-    if not urls:
-        return f"CREATE OR REPLACE VIEW {_identifier(table)} AS SELECT {casts} WHERE false"
+    selects = [_select(casts, urls, "")] if urls else []
+    for group_urls, tombstones in masked:
+        where = " OR ".join(f"coalesce({tombstone_sql(table, t)}, false)" for t in tombstones)
+        selects.append(_select(casts, group_urls, f" WHERE NOT ({where})"))
+    if not selects:
+        empty = ", ".join(
+            f"CAST(NULL AS {duckdb_type(f.type)}) AS {_identifier(f.name)}" for f in schema
+        )
+        return f"CREATE OR REPLACE VIEW {_identifier(table)} AS SELECT {empty} WHERE false"
+    return f"CREATE OR REPLACE VIEW {_identifier(table)} AS " + " UNION ALL ".join(selects)
+
+
+def _select(casts: str, urls: Sequence[str], where: str) -> str:
     files = ", ".join(_literal(url) for url in urls)
     return (
-        f"CREATE OR REPLACE VIEW {_identifier(table)} AS SELECT {casts} FROM read_parquet("
-        f"[{files}], hive_partitioning = false, union_by_name = true)"
+        f"SELECT {casts} FROM read_parquet("
+        f"[{files}], hive_partitioning = false, union_by_name = true){where}"
     )
+
+
+def _time_literal(moment: datetime) -> str:
+    return "TIMESTAMPTZ " + _literal(moment.astimezone(UTC).isoformat())
+
+
+def tombstone_sql(table: str, tombstone: Tombstone) -> str:
+    """A DuckDB condition true on the rows of ``table`` that ``tombstone`` masks (the same
+    predicate as `rollup.tombstones.matches`; null where a label is missing)."""
+    terms = [f"metric = {_literal(tombstone.metric)}"]
+    terms += [f"labels[{_literal(k)}] = {_literal(v)}" for k, v in tombstone.labels]
+    if tombstone.agent_id is not None:
+        terms.append(f"agent_id = {_literal(tombstone.agent_id)}")
+    column = _identifier(schemas.PARTITION_COLUMN[table])
+    if tombstone.start is not None:
+        terms.append(f"{column} >= {_time_literal(tombstone.start)}")
+    terms.append(f"{column} < {_time_literal(tombstone.end)}")
+    return "(" + " AND ".join(terms) + ")"
 
 
 def register_snapshot(
     connection: duckdb.DuckDBPyConnection, snapshot: Snapshot | None, location: StoreLocation
 ) -> None:
-    """One view per table over ``snapshot``'s data files (None: every table empty)."""
+    """One view per table over ``snapshot``'s data files (None: every table empty), with
+    the rows of its deletes masked (files grouped by the tombstones still pending on them)."""
     for table, schema in schemas.TABLES.items():
         files = snapshot.data_files(table) if snapshot is not None else ()
-        urls = [engine_url(location.url, f.path) for f in files]
-        connection.execute(view_sql(table, schema, urls))
+        clean: list[str] = []
+        groups: dict[tuple[str, ...], tuple[list[str], tuple[Tombstone, ...]]] = {}
+        for data_file in files:
+            url = engine_url(location.url, data_file.path)
+            pending = pending_on(snapshot.tombstones if snapshot is not None else (), data_file)
+            if not pending:
+                clean.append(url)
+                continue
+            group = groups.setdefault(tuple(t.id for t in pending), ([], pending))
+            group[0].append(url)
+        connection.execute(view_sql(table, schema, clean, list(groups.values())))

@@ -64,7 +64,7 @@ def run_stages(
         schema=from_arrow_schema(WORK_SCHEMA),
     )
     spark.conf.set("spark.sql.shuffle.partitions", str(max(1, context.defaultParallelism)))
-    stage1 = work.mapInArrow(FrameStage(options).run, from_arrow_schema(STAGE1_SCHEMA))
+    stage1 = work.mapInArrow(FrameStage(options, inputs).run, from_arrow_schema(STAGE1_SCHEMA))
     stage2 = stage1.groupBy("hour").applyInArrow(
         hour_stage(options, inputs), from_arrow_schema(RESULT_SCHEMA)
     )

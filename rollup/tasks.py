@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,7 @@ import pyarrow.compute as pc
 
 from protocol import keys
 from rollup.storage import StoreAccess, open_parquet_writer
+from rollup.tombstones import Tombstone
 
 WORK_SCHEMA = pa.schema(
     [
@@ -90,6 +92,11 @@ class HourInputs:
 
     rollup_files: dict[str, tuple[str, ...]] = field(default_factory=dict)
     points_files: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    tombstones: tuple[Tombstone, ...] = ()
+    """The base snapshot's deletes: both stages apply them to what they write."""
+    first_kept: dict[str, datetime] = field(default_factory=dict)
+    """Per table with retention, the start of the first hour kept: rows before it are
+    not written (this run's cutoffs, committed with its files)."""
 
 
 # --- shared by both stages -----------------------------------------------------------

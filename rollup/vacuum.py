@@ -11,10 +11,10 @@ Iceberg never find a file gone. Older snapshots' manifests are deleted too, whic
 `history` and version travel there. Published Iceberg metadata files themselves
 (``rollup/v1/iceberg/``) are not vacuumed yet.
 
-Everything under ``rollup/v1/manifests/``, ``tables/`` and ``ledger/`` that no retained
-snapshot reaches (their manifests, data files and ledger files) is deleted: files
-superseded long enough ago (their removal is recorded in the superseding snapshot's
-``tombstones``), orphans of commits that crashed or lost, and old manifests. The pointer
+Everything under ``rollup/v1/manifests/``, ``tables/``, ``ledger/`` and ``tombstones/``
+that no retained snapshot reaches (their manifests, data, ledger and tombstone files) is
+deleted: files superseded long enough ago (their removal is recorded in the superseding
+snapshot's ``removed_files``), tombstone records of deletes whose commit failed, orphans of commits that crashed or lost, and old manifests. The pointer
 and the owner lease are never touched.
 
 Safety:
@@ -25,6 +25,12 @@ Safety:
   (and the retention cutoff) are judged in store time (PROTOCOL §3.8, `store.time`):
   LastModified is the store's clock, so a host whose clock runs ahead must not see a
   file of a commit in flight as old.
+- A snapshot pinned by an unexpired reader lease (``rollup/v1/readers/``,
+  `rollup.reader_lease`) keeps every file it reaches, whatever the retention says;
+  leases are read after the candidates are listed, as late as possible, and judged
+  against store time taken at the start (a renewal landing meanwhile is seen). Expired
+  leases (readers that died) are deleted and reported; unreadable ones are reported and
+  left for an operator. `VacuumReport.pinned` says what each lease kept.
 - Vacuum holds the rollup owner lease while it works (``hold_lease``), so no job commits
   meanwhile; `store.lease.LeaseHeld` when a job holds it: run vacuum later.
 """
@@ -39,11 +45,14 @@ import structlog
 
 from protocol import keys
 from protocol.clock import Clock
-from rollup.commit import load_latest, walk_snapshots
+from protocol.records import RollupReaderLease
+from rollup.commit import load_latest, read_snapshot, walk_snapshots
 from rollup.iceberg_publish import published_versions
 from rollup.manifest import Snapshot, parse_created_at
 from rollup.owner import OwnerLease
+from rollup.reader_lease import list_reader_leases
 from store.base import ObjectInfo, ObjectStore
+from store.errors import NotFound
 from store.time import store_clock
 
 log = structlog.get_logger(__name__)
@@ -52,12 +61,24 @@ VACUUMED_PREFIXES = (
     keys.ROLLUP_MANIFESTS_PREFIX,
     keys.ROLLUP_TABLES_PREFIX,
     keys.ROLLUP_LEDGER_PREFIX,
+    keys.ROLLUP_TOMBSTONES_PREFIX,
 )
 
 
 class VacuumAborted(Exception):
     """The pointer moved while vacuum planned (a commit ran without the lease): nothing
     was deleted; run vacuum again."""
+
+
+@dataclass(slots=True)
+class PinnedSnapshot:
+    """A snapshot an unexpired reader lease pins, and how many files vacuum kept only
+    because of it (0 when the retention keeps them anyway). ``snapshot_gone``: its
+    manifest was already vacuumed, so the lease pins nothing."""
+
+    lease: RollupReaderLease
+    files_kept: int = 0
+    snapshot_gone: bool = False
 
 
 @dataclass(slots=True)
@@ -68,6 +89,9 @@ class VacuumReport:
     too_young: int = 0
     deleted: list[str] = field(default_factory=list)
     dry_run: bool = False
+    pinned: list[PinnedSnapshot] = field(default_factory=list)
+    expired_leases: list[RollupReaderLease] = field(default_factory=list)
+    unreadable_leases: list[str] = field(default_factory=list)
 
 
 def retained(
@@ -158,19 +182,40 @@ async def _vacuum(
         retained_versions=[s.version for s in kept_snapshots],
         dry_run=dry_run,
     )
-    candidates: list[ObjectInfo] = []
+    listed: list[ObjectInfo] = []
     for prefix in VACUUMED_PREFIXES:
         async for info in store.list(prefix):
             if info.key in keep:
                 report.kept += 1
-            elif now_ns - info.last_modified_ns < min_age_s * 1e9:
-                report.too_young += 1
             else:
-                candidates.append(info)
+                listed.append(info)
+    # Leases are read after the listing, so a lease written before this point is seen.
+    leases = await list_reader_leases(store, now_ns=now_ns)
+    report.expired_leases, report.unreadable_leases = leases.expired, leases.unreadable
+    pinned_by: dict[str, PinnedSnapshot] = {}
+    for lease in sorted(leases.live, key=lambda r: (r.version, r.reader)):
+        pin = PinnedSnapshot(lease)
+        report.pinned.append(pin)
+        try:
+            pinned = await read_snapshot(store, lease.manifest_key)
+        except NotFound:
+            pin.snapshot_gone = True
+            continue
+        for key in pinned.reachable_keys():
+            pinned_by.setdefault(key, pin)
+    candidates: list[ObjectInfo] = []
+    for info in listed:
+        if info.key in pinned_by:
+            pinned_by[info.key].files_kept += 1
+            report.kept += 1
+        elif now_ns - info.last_modified_ns < min_age_s * 1e9:
+            report.too_young += 1
+        else:
+            candidates.append(info)
     # Manifests last: a run cut short keeps the chain's older links as long as possible.
     candidates.sort(key=lambda i: i.key.startswith(keys.ROLLUP_MANIFESTS_PREFIX))
     report.deleted = [c.key for c in candidates]
-    if dry_run or not candidates:
+    if dry_run or not (candidates or report.expired_leases):
         return report
     if owner is not None:
         await owner.check()
@@ -184,5 +229,13 @@ async def _vacuum(
             await store.delete(key)
 
     await asyncio.gather(*(delete(c.key) for c in candidates))
-    log.info("rollup_vacuumed", deleted=len(candidates), kept=report.kept)
+    # Expired leases last: they pinned nothing this run kept (judged at the start).
+    await asyncio.gather(*(delete(keys.rollup_reader_key(r.reader)) for r in report.expired_leases))
+    log.info(
+        "rollup_vacuumed",
+        deleted=len(candidates),
+        kept=report.kept,
+        pinned=len(report.pinned),
+        expired_leases=len(report.expired_leases),
+    )
     return report

@@ -7,7 +7,9 @@ all three agree. For an hour that does not, the snapshot's ledger files of that 
 read and compared batch by batch: *missing N* accepted batches are not in the ledger,
 *extra N* ledger rows are not accepted batches (or are there twice). A ledger whose files
 agree with the accepted batches but whose header totals do not is reported too
-(``detail``).
+(``detail``). Batches that arrived after retention dropped their hours are counted like
+any other (they are in the ledger) and reported as late and excluded; hours before every
+table's retention cutoff are reported as *retired* once proved complete.
 
 Where the accepted batches come from:
 - by default the catalog (PROTOCOL §3.7): each hour's files, a key counted once — what
@@ -29,12 +31,13 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from index.catalog import list_all_files, read_hour
 from protocol import keys
 from protocol.records import AcceptedManifest, RecordError
 from protocol.setsum import Setsum
+from rollup import schemas
 from rollup.commit import load_latest, load_version
 from rollup.ledger import ledger_rows, read_ledger
 from rollup.manifest import EMPTY_LEDGER_HOUR, LedgerHour, Snapshot
@@ -52,6 +55,10 @@ class HourReport:
     missing: int | None = None
     extra: int | None = None
     detail: str = ""
+    late: LedgerHour = EMPTY_LEDGER_HOUR
+    """The part of ``ledger`` that arrived after retention dropped its hours."""
+    retired: bool = False
+    """Retention dropped this hour's data from every table; its ledger still proves it."""
 
     @property
     def complete(self) -> bool:
@@ -59,7 +66,12 @@ class HourReport:
 
     def describe(self) -> str:
         if self.complete:
-            return f"complete ({self.accepted.batches} batches, {self.accepted.records} records)"
+            if self.retired:
+                text = f"retired ({self.accepted.batches} batches)"
+            else:
+                text = f"complete ({self.accepted.batches} batches, {self.accepted.records} records"
+                text += ")" if not self.late.batches else f"; {self.late.batches} late, excluded)"
+            return text
         text = f"missing {self.missing} / extra {self.extra}"
         return f"{text} ({self.detail})" if self.detail else text
 
@@ -188,9 +200,17 @@ async def verify(
         h for h in set(totals) | set(ledger_hours) if _in_range(h, first_hour, last_hour)
     )
     reports: dict[str, HourReport] = {}
+    late = snapshot.ledger_late if snapshot is not None else {}
+    retired_before = _retired_before(snapshot)
     for hour in checked:
         accepted = totals[hour].frozen() if hour in totals else EMPTY_LEDGER_HOUR
-        reports[hour] = HourReport(hour, accepted, ledger_hours.get(hour, EMPTY_LEDGER_HOUR))
+        reports[hour] = HourReport(
+            hour,
+            accepted,
+            ledger_hours.get(hour, EMPTY_LEDGER_HOUR),
+            late=late.get(hour, EMPTY_LEDGER_HOUR),
+            retired=retired_before is not None and hour < retired_before,
+        )
     wrong = {h for h, r in reports.items() if not r.complete}
     if wrong:
         reports.update(await _explain(store, snapshot, reports, wrong, source))
@@ -229,5 +249,13 @@ async def _explain(
         detail = ""
         if file_totals[hour].frozen() != report.ledger:
             detail = "ledger totals disagree with the ledger files"
-        explained[hour] = HourReport(hour, report.accepted, report.ledger, missing, extra, detail)
+        explained[hour] = replace(report, missing=missing, extra=extra, detail=detail)
     return explained
+
+
+def _retired_before(snapshot: Snapshot | None) -> str | None:
+    """The first accepted hour not retired: hours before it are before every table's
+    retention cutoff (None: some table keeps everything)."""
+    if snapshot is None or set(snapshot.retention) != set(schemas.TABLES):
+        return None
+    return min(snapshot.retention.values())

@@ -7,6 +7,10 @@ empty, ``.`` or ``..``, and never start with ``/``.
 Contract, shared by every implementation and checked by ``tests/store/test_contract.py``:
 
 - ``get(key) -> (body, etag)``; `NotFound` when absent.
+- ``get_if_none_match(key, etag) -> (body, etag) | None`` (optional, `ConditionalGet`):
+  a GET with ``If-None-Match: etag``. ``None`` when the object's ETag still equals
+  ``etag`` (HTTP 304: no body sent, one request); else as ``get``. Use it through
+  `get_if_changed`, which falls back to a plain ``get`` for stores without it.
 - ``head(key) -> ObjectInfo``; `NotFound` when absent.
 - ``put(key, body, *, if_none_match=False, if_match=None) -> etag``:
   unconditional by default; ``if_none_match=True`` creates only if absent (else
@@ -100,6 +104,30 @@ class ObjectStore(Protocol):
     async def send_signed_delete(self, request: SignedDelete) -> None: ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class ConditionalGet(Protocol):
+    """A store that can answer a GET with 304 Not Modified (memory, fs, S3).
+
+    Kept apart from `ObjectStore` so wrappers (fault injection, counting stores in
+    tests) need not implement it: `get_if_changed` works with either."""
+
+    async def get_if_none_match(self, key: str, etag: str) -> tuple[bytes, str] | None: ...
+
+
+async def get_if_changed(
+    store: ObjectStore, key: str, etag: str | None
+) -> tuple[bytes, str] | None:
+    """``(body, etag)`` of ``key`` unless its ETag is still ``etag`` (then ``None``).
+
+    ``etag=None`` is a plain ``get``. One conditional GET where the store has one (a 304
+    carries no body); otherwise a plain ``get`` whose ETag is compared here (same answer,
+    full cost). `NotFound` when absent."""
+    if etag is not None and isinstance(store, ConditionalGet):
+        return await store.get_if_none_match(key, etag)
+    body, current = await store.get(key)
+    return None if current == etag else (body, current)
 
 
 async def list_prefixes(store: ObjectStore, prefixes: Iterable[str]) -> AsyncIterator[ObjectInfo]:

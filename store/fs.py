@@ -135,6 +135,12 @@ class FileSystemStore:
         body, info = await asyncio.to_thread(_read, "get", key, path)
         return body, info.etag
 
+    async def get_if_none_match(self, key: str, etag: str) -> tuple[bytes, str] | None:
+        """`get`, or ``None`` when the ETag is still ``etag`` (304). The file is read
+        either way (its ETag is its content's hash), but nothing is returned."""
+        body, current = await self.get(key)
+        return None if current == etag else (body, current)
+
     async def head(self, key: str) -> ObjectInfo:
         try:
             path = self._path("head", key)

@@ -69,6 +69,11 @@ class MemoryStore:
             raise NotFound("get", key)
         return obj.body, obj.info.etag
 
+    async def get_if_none_match(self, key: str, etag: str) -> tuple[bytes, str] | None:
+        """`get`, or ``None`` when the ETag is still ``etag`` (304)."""
+        body, current = await self.get(key)
+        return None if current == etag else (body, current)
+
     async def head(self, key: str) -> ObjectInfo:
         check_key("head", key)
         with self._lock:

@@ -293,6 +293,27 @@ class S3Store:
         # A read changes nothing, so repeating it is always safe.
         return await self._retrying("get", key, attempt)
 
+    async def get_if_none_match(self, key: str, etag: str) -> tuple[bytes, str] | None:
+        """`get` with ``If-None-Match: etag``: ``None`` on 304 Not Modified (one request,
+        no body)."""
+        check_key("get", key)
+
+        async def attempt(s3: S3Client) -> tuple[bytes, str] | None:
+            try:
+                answer = await s3.get_object(
+                    Bucket=self.bucket, Key=self._root + key, IfNoneMatch=etag
+                )
+            except botoexc.ClientError as exc:
+                if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 304:
+                    return None
+                raise
+            async with answer["Body"] as stream:
+                body = await stream.read()
+            return body, _etag(answer["ETag"])
+
+        # A read changes nothing, so repeating it is always safe.
+        return await self._retrying("get", key, attempt)
+
     async def head(self, key: str) -> ObjectInfo:
         check_key("head", key)
 

@@ -1,4 +1,5 @@
-"""rollup-race: two rollup runs at once, faults on the commit, and a crash mid-commit.
+"""rollup-race: two rollup runs at once, faults on the commit, a crash mid-commit, then a
+delete and a compaction.
 
 Run A starts, and at a seeded moment is paused (SIGSTOP of its process group: a stopped
 VM, a long GC pause) for longer than its owner lease. Run B takes the lease over
@@ -7,7 +8,10 @@ snapshot write, just before its pointer swap, or just after it (through a proxy 
 own that fires on that request). A then resumes as a stale owner and must stop without
 committing anything. All the while the proxy loses answers to pointer and snapshot
 writes, answers some 409, and refuses half of the lease renewals. The convergence run
-then has to settle what the crash left, with exact totals. Without a
+then has to settle what the crash left, with exact totals. After the race, still under
+the faults, one committed series is deleted (``lm-rollup delete``) and the dataset
+compacted (``lm-rollup compact``): the totals then exclude exactly what the committed
+deletes mask, and no later run brings a masked row back. Without a
 rollup the scenario still drives ingest under the same faults, and its rollup checks
 are reported skipped.
 """
@@ -61,9 +65,54 @@ async def drive_rollup_race(ctx: ScenarioContext, *, phases: bool = True) -> Non
             ctx.cluster.signal_rollup(a_name, signal.SIGCONT)
     a_code = await a
     ctx.cluster.event("rollup_race_done", exit_codes=[a_code, b_code])
+    await _delete_and_compact(ctx, tag)
     if phases:
         ctx.set_phase(CALM)
     await ctx.until(ctx.length_s)
+
+
+async def _delete_and_compact(ctx: ScenarioContext, tag: str) -> None:
+    """Still under the commit faults: delete one committed series (``lm-rollup delete``),
+    then compact (``lm-rollup compact``). Either may fail on the faults (exit 2, nothing
+    or everything committed); the auditor checks the tables against the truth minus what
+    the committed deletes mask, and the convergence run must never bring rows back."""
+    chosen = await _a_committed_series(ctx)
+    if chosen is None:
+        return
+    metric, labels = chosen
+    flags = ["--metric", metric]
+    for name, value in sorted(labels.items()):
+        flags += ["--label", f"{name}={value}"]
+    ctx.counts["rollup_deletes_tried"] += 1
+    code, _ = await ctx.cluster.rollup_command("delete", *flags, "--reason", f"chaos {tag}")
+    ctx.counts["rollup_deletes_committed"] += code == 0
+    ctx.counts["rollup_compactions_tried"] += 1
+    code, _ = await ctx.cluster.rollup_command("compact")
+    ctx.counts["rollup_compactions_committed"] += code == 0
+
+
+async def _a_committed_series(ctx: ScenarioContext) -> tuple[str, dict[str, str]] | None:
+    """The metric and labels of the first ``rollup_1m`` row committed, if any."""
+    from rollup.reader import scan
+    from rollup.storage import arrow_filesystem
+
+    store = ctx.cluster.direct_store()
+    assert ctx.cluster.ministack is not None
+    try:
+        filesystem, root = arrow_filesystem(
+            ctx.cluster.store_url, endpoint_url=ctx.cluster.ministack.endpoint_url
+        )
+        rows = await scan(
+            store, "rollup_1m", filesystem=filesystem, root=root, columns=["metric", "labels"]
+        )
+    except (StoreError, OSError):
+        return None
+    finally:
+        await store.close()
+    if not rows.num_rows:
+        return None
+    first = rows.slice(0, 1).to_pylist()[0]
+    return first["metric"], dict(first["labels"] or [])
 
 
 async def _until_owned(ctx: ScenarioContext, name: str, *, timeout_s: float) -> None:

@@ -97,6 +97,10 @@ async def test_rollup_race(tmp_path: Path) -> None:
         return
     assert all(c.status == "passed" for c in rollup_checks), report.render()
     assert events(report).get("rollup_runs", 0) >= 2
+    # A delete and a compaction ran under the commit faults; the totals above account
+    # for whatever the committed deletes mask.
+    assert events(report).get("rollup_deletes_tried", 0) >= 1
+    assert events(report).get("rollup_compactions_tried", 0) >= 1
 
 
 def test_race_through_the_cli(tmp_path: Path) -> None:

@@ -519,3 +519,43 @@ async def test_cli_url_and_table(world: World) -> None:
     assert lines[0].startswith("complete=false snapshot_version=1 ")
     assert lines[1].split()[:3] == ["window_start", "series", "metric"]
     assert len(lines) == 2 + 2  # cpu{host="a"} in minute 0, cpu{host="b"} in minute 1
+
+
+async def test_deletes_mask_committed_and_live_rows(world: World) -> None:
+    from datetime import UTC, datetime
+
+    from rollup.commit import commit as commit_snapshot
+    from rollup.commit import load_latest
+    from rollup.manifest import Changes
+    from rollup.tombstones import Tombstone
+
+    delete = Tombstone(
+        id=str(uuid.UUID(int=7)),
+        metric="cpu",
+        labels=(("host", "b"),),
+        end=datetime(2030, 1, 1, tzinfo=UTC),
+        tables=("points", "rollup_1m"),
+        requested_by="test",
+        reason="a bad sensor",
+        created_at="2026-11-21T11:00:00Z",
+    )
+    owner = await OwnerLease.acquire(world.store, "job", 600, world.clock)
+    base = await load_latest(world.store)
+    await commit_snapshot(
+        world.store,
+        base=base,
+        changes=Changes(added_tombstones=(delete,)),
+        owner=owner,
+        clock=world.clock,
+    )
+    await owner.release()
+    kept = oracle_points(ALL).filter(
+        pa.compute.equal(oracle_points(ALL)["series"], 'cpu{host="a"}')
+    )
+    answer = await world.endpoint.answer(query_ns())
+    assert answer["snapshot_version"] == 2 and answer["rows"] == json_rows(kept)
+    minutes = await world.endpoint.answer(query_ns(step="1m"))
+    assert minutes["rows"] == json_rows(rollup_of_points(kept))
+    # Version 1 has no delete yet: time travel still shows the committed rows.
+    before = await world.endpoint.answer(query_ns(version="1"))
+    assert before["rows"] == json_rows(oracle_points([B1, B2]))

@@ -44,9 +44,15 @@ def test_demo_runs_clean_in_a_fresh_directory(tmp_path: Path) -> None:
     assert "committed version 1: 30 batches, 1500 points" in done.stdout
     assert "rollup_1m totals equal what the agents sent" in done.stdout
     assert "complete (30 batches, 1500 records)" in done.stdout
-    # The live query step: one /v1/query answer, snapshot 1 plus the new batch, with its flag.
+    # Reading with SQL, then deleting one series: gone from the query, verify still passes.
+    assert "lm-rollup sql" in done.stdout and "GROUP BY metric" in done.stdout
+    assert "rows would be masked" in done.stdout
+    assert "0 rows: the series is gone" in done.stdout
+    assert "deleted" in done.stdout and "committed as version 2" in done.stdout
+    assert "version 2:" in done.stdout and "complete" in done.stdout
+    # The live query step: one /v1/query answer, the latest snapshot (2, after the delete) plus the new batch, with its flag.
     assert "GET /v1/query?metric=memory_used_bytes" in done.stdout
-    assert "complete: false  snapshot_version: 1" in done.stdout
+    assert "complete: false  snapshot_version: 2" in done.stdout
     assert "live points from 1 batch(es) not yet in it" in done.stdout
     assert (work / "store" / "accepted" / "v1").is_dir()
     # The totals check is real: one point fewer acknowledged would be reported.

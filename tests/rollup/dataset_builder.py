@@ -26,7 +26,7 @@ from rollup.manifest import Changes, DataFile, describe_file
 from rollup.owner import OwnerLease
 from rollup.schemas import POINTS_SCHEMA
 from rollup.series import canonical_series
-from store.base import ObjectInfo, ObjectStore
+from store.base import ConditionalGet, ObjectInfo, ObjectStore
 
 BASE_HOUR = keys.UtcHour(date(2026, 11, 21), 10)
 BOOT = uuid.UUID("5f0c6a2e-0000-4000-8000-000000000001")
@@ -224,6 +224,11 @@ class CountingStore:
     async def get(self, key: str) -> tuple[bytes, str]:
         self.requests.append(("get", key))
         return await self.inner.get(key)
+
+    async def get_if_none_match(self, key: str, etag: str) -> tuple[bytes, str] | None:
+        self.requests.append(("get", key))  # one GET, answered 304 or 200
+        assert isinstance(self.inner, ConditionalGet)
+        return await self.inner.get_if_none_match(key, etag)
 
     async def head(self, key: str) -> ObjectInfo:
         self.requests.append(("head", key))

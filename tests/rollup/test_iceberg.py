@@ -222,3 +222,57 @@ async def test_a_failed_publish_is_logged_and_left_for_the_next_run(dataset: Dat
     assert await publish_or_log(
         dataset.store, store_url=dataset.url, retention_s=RETENTION_S, owner=owner
     ) == [2]
+
+
+async def test_deleted_rows_are_position_deletes_until_compaction_rewrites_them(
+    dataset: Dataset,
+) -> None:
+    from rollup import compaction
+    from rollup import delete as delete_mod
+    from rollup.storage import StoreAccess
+
+    start = hour_start(hour_at(0))
+    for request in (
+        delete_mod.DeleteRequest(  # 3 of the 5 cpu points of hour 0 (points only)
+            metric="cpu",
+            start=start + timedelta(seconds=2),
+            end=start + timedelta(hours=1),
+            tables=("points",),
+            reason="r1",
+            requested_by="t",
+        ),
+        delete_mod.DeleteRequest(  # the one rollup_1m row
+            metric="cpu",
+            labels=(("host", "a"),),
+            end=start + timedelta(hours=1),
+            reason="r2",
+            requested_by="t",
+        ),
+    ):
+        await delete_mod.delete(dataset.store, request, clock=dataset.clock)
+    assert await dataset.publish() == [4]
+    connection = sql.open_duckdb()
+
+    async def same_rows_everywhere(version: int, counts: dict[str, int]) -> None:
+        for table, expected in counts.items():
+            ours = await dataset.query(table, version)
+            assert len(ours) == expected, table
+            location = dataset.metadata(table, version)
+            theirs = connection.sql(f"SELECT * FROM iceberg_scan('{location}')").to_arrow_table()
+            assert canonical(theirs) == ours, (table, version)
+            iceberg = StaticTable.from_metadata(location)
+            assert canonical(iceberg.scan().to_arrow()) == ours, (table, version)
+
+    await same_rows_everywhere(4, {"points": 12, "rollup_1m": 0})
+    deletes = [
+        i.key async for i in dataset.store.list(keys.ROLLUP_ICEBERG_PREFIX) if "/del-" in i.key
+    ]
+    assert len(deletes) == 2  # one per (data file, pending deletes)
+
+    await compaction.compact(dataset.store, access=StoreAccess(dataset.url), clock=dataset.clock)
+    assert await dataset.publish() == [5]
+    await same_rows_everywhere(5, {"points": 12, "rollup_1m": 0})
+    stored, _ = await dataset.store.get(keys.rollup_iceberg_metadata_key("points", 5))
+    (summary,) = [s["summary"] for s in json.loads(stored)["snapshots"] if s["snapshot-id"] == 5]
+    assert summary["total-records"] == "12"  # the rows left the files
+    await same_rows_everywhere(4, {"points": 12, "rollup_1m": 0})  # older metadata still reads

@@ -137,7 +137,7 @@ async def test_late_batches_merge_into_committed_rows(
     assert_rollup_equal(await committed_rollup(fs_store), expected_rollup([early, late]))
     after = await load_latest(fs_store)
     assert after is not None
-    assert set(after.snapshot.tombstones) == old_rollup  # superseded, not added to
+    assert set(after.snapshot.removed_files) == old_rollup  # superseded, not added to
     assert not old_rollup & {f.path for f in after.snapshot.data_files("rollup_1m")}
     minute0 = (await committed_rollup(fs_store))[(DATA_START_NS // 1000, 'cpu{host="h1"}')]
     assert minute0["first"] == -5.0 and minute0["last"] == 57.0

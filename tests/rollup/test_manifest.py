@@ -99,6 +99,7 @@ def test_json_is_exactly_the_protocol_shape() -> None:
             "rollup_1m": {"columns": columns_json(ROLLUP_1M_SCHEMA), "data_files": []},
         },
         "tombstones": [],
+        "removed_files": [],
         "ledger": {
             "files": [LEDGER_1],
             "hours": {"2026-11-21T10": {"batches": 1, "records": 10, "setsum": SUM_1}},
@@ -113,6 +114,7 @@ def test_json_is_exactly_the_protocol_shape() -> None:
         "commit_id",
         "tables",
         "tombstones",
+        "removed_files",
         "ledger",
     ]
     assert columns_json(POINTS_SCHEMA)[0] == {"name": "ts", "type": "timestamp[us, tz=UTC]"}
@@ -189,7 +191,7 @@ def test_apply_adds_removes_and_accumulates_the_ledger() -> None:
     )
     assert [f.path.rsplit("/", 1)[1] for f in two.data_files("points")] == ["y.parquet"]
     assert len(two.data_files("rollup_1m")) == 1
-    assert two.tombstones == (removed,)
+    assert two.removed_files == (removed,)
     assert two.previous_manifest_key == one.manifest_key
     assert two.ledger_files == (LEDGER_1, "rollup/v1/ledger/date=2026-11-21/hour=10/l2.parquet")
     expected = Setsum.of([("m1", "a" * 64), ("m2", "b" * 64), ("m3", "c" * 64)]).hex
@@ -200,7 +202,7 @@ def test_apply_adds_removes_and_accumulates_the_ledger() -> None:
     three = second(
         two, Changes(), version=3, commit_id="c-3", manifest_key_of_base=two.manifest_key
     )
-    assert three.tombstones == ()  # tombstones are per commit, not carried forward
+    assert three.removed_files == ()  # removed files are per commit, not carried forward
 
 
 @pytest.mark.parametrize(

@@ -210,7 +210,9 @@ def test_bad_sql_is_a_clear_error_and_exit_2(
     code, out, err = run(
         capsys, "--config", config, "sql", "SELECT count(*) FROM points", "--version", "1"
     )
-    assert code == 2 and "error: SQL: IO Error" in err and "Traceback" not in err
+    assert code == 2 and "Traceback" not in err
+    assert "error: 1 data file(s) of version 1 are gone (first: rollup/v1/tables/" in err
+    assert "read a newer version" in err
 
 
 NETWORKLESS = ["unshare", "--net", "--"]

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from store.base import ObjectInfo, ObjectStore
+from store.base import ConditionalGet, ObjectInfo, ObjectStore, get_if_changed
 from store.errors import NotFound, PreconditionFailed, RequestExpired
 
 
@@ -304,3 +304,34 @@ async def test_sign_delete_refuses_an_expiry_s3_would_refuse(
 ) -> None:
     with pytest.raises(ValueError, match="expires_in_s"):
         await store.sign_delete("sd/k", expires_in_s=expires_in_s)
+
+
+async def test_conditional_get_answers_not_modified_until_the_object_changes(
+    store: ObjectStore,
+) -> None:
+    assert isinstance(store, ConditionalGet)  # every backend answers 304 itself
+    etag = await store.put("pointer", b"v1")
+    assert await store.get_if_none_match("pointer", etag) is None
+    assert await get_if_changed(store, "pointer", etag) is None
+    assert await store.get_if_none_match("pointer", '"some-other-etag"') == (b"v1", etag)
+    second = await store.put("pointer", b"v2")
+    assert await store.get_if_none_match("pointer", etag) == (b"v2", second)
+    assert await get_if_changed(store, "pointer", None) == (b"v2", second)
+    await store.delete("pointer")
+    with pytest.raises(NotFound):
+        await store.get_if_none_match("pointer", second)
+
+
+async def test_get_if_changed_falls_back_to_a_plain_get(store: ObjectStore) -> None:
+    class PlainStore:  # a wrapper that only has the ObjectStore methods
+        def __init__(self, inner: ObjectStore) -> None:
+            self.inner = inner
+
+        async def get(self, key: str) -> tuple[bytes, str]:
+            return await self.inner.get(key)
+
+    plain = PlainStore(store)
+    assert not isinstance(plain, ConditionalGet)
+    etag = await store.put("k", b"body")
+    assert await get_if_changed(plain, "k", etag) is None  # type: ignore[arg-type]
+    assert await get_if_changed(plain, "k", '"x"') == (b"body", etag)  # type: ignore[arg-type]
