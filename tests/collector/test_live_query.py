@@ -559,3 +559,18 @@ async def test_deletes_mask_committed_and_live_rows(world: World) -> None:
     # Version 1 has no delete yet: time travel still shows the committed rows.
     before = await world.endpoint.answer(query_ns(version="1"))
     assert before["rows"] == json_rows(oracle_points([B1, B2]))
+
+
+async def test_a_designated_collector_behind_the_log_is_never_complete(world: World) -> None:
+    class Behind:
+        ready = True
+        behind = True
+        followed_through_ns = H1.start_ns + 3 * NS
+
+    await completed_audit(world.store, H1.next().start_ns + 60 * NS)
+    await commit(world.store, world.clock, [B3, B4])
+    assert (await world.endpoint.answer(query_ns()))["complete"]
+    world.endpoint.follower = Behind()  # type: ignore[assignment]
+    answer = await world.endpoint.answer(query_ns())
+    assert not answer["complete"] and answer["live_through_ns"] == H1.start_ns + 3 * NS
+    assert answer["sources"]["following"] == "designated"
