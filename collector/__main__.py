@@ -1,4 +1,4 @@
-"""``lm-collector``: serve, probe the store, list conflicts, make tokens.
+"""``lm-collector``: serve, probe the store, list conflicts, make tokens, query points.
 
 Exit codes: 0 success, 1 runtime failure (store unreachable, probe failed), 2 bad
 configuration or arguments.
@@ -21,6 +21,7 @@ from store.errors import StoreConfigError, StoreError
 from store.open import open_store_from_settings
 
 from .probe import ProbeFailed, probe_conditional_writes
+from .query_cli import add_query_command, run_query
 from .server import StartupError, serve
 
 
@@ -46,14 +47,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--agents", nargs="*", default=["*"], help="glob patterns of agent_id it may write"
     )
     token.add_argument("--admin", action="store_true")
+    token.add_argument(
+        "--read", action="store_true", help="may read points (GET /v1/query, lm-collector query)"
+    )
+    add_query_command(commands)
     add_settings_flags(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "query":  # a client: needs no settings
+        return run_query(args)
     if args.command == "token":
-        generated = generate_token(args.name, args.agents, admin=args.admin)
+        generated = generate_token(args.name, args.agents, admin=args.admin, read=args.read)
         print("# bearer token (give it to the agent; it is not stored anywhere):")
         print(f"# {generated.token}")
         print(generated.toml)

@@ -49,7 +49,7 @@ Every store call runs under the remaining budget; a call cut short is treated as
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -113,6 +113,11 @@ class AcceptanceUnavailable(Exception):
     """The store did not settle the outcome within the budget. Answer 503; nothing is known."""
 
 
+AcceptedHook = Callable[[records.AcceptedManifest, bytes], None]
+"""Called with the manifest and the frame for every `Accepted` (new or duplicate): the
+live query window (`collector.live_sources.OwnBatches`). Must not block."""
+
+
 class BatchAcceptor:
     def __init__(
         self,
@@ -126,8 +131,10 @@ class BatchAcceptor:
         backoff: Backoff = DEFAULT_BACKOFF,
         observe_store_op: StoreOpObserver | None = None,
         store_clock: StoreClock | None = None,
+        on_accepted: AcceptedHook | None = None,
     ) -> None:
         self._store = store
+        self._on_accepted = on_accepted
         self._store_clock = store_clock
         self._collector_id = collector_id
         self._clock = clock
@@ -148,6 +155,14 @@ class BatchAcceptor:
 
         ``resend``: the sender says it sent this frame before; the accepted manifest is
         read first (one GET answers a duplicate)."""
+        result = await self._accept(header, frame, frame_sha256, resend=resend)
+        if isinstance(result, Accepted) and self._on_accepted is not None:
+            self._on_accepted(result.manifest, frame)
+        return result
+
+    async def _accept(
+        self, header: FrameIdentity, frame: bytes, frame_sha256: str, *, resend: bool
+    ) -> Accepted | IdentityConflictFound:
         self._refuse_if_clock_skewed()
         request = BudgetedRequest(
             store=self._store,

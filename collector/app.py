@@ -45,6 +45,7 @@ from .frame_checks import FrameChecker
 from .in_flight import InFlight
 from .intake import BatchIntake, CheckedFrame, IntakeLimits, Refusal, error_response
 from .metrics import CollectorMetrics
+from .query_endpoint import QueryEndpoint
 from .readiness import Readiness
 from .receivers import add_receiver_routes
 from .spool import LocalSpool, SpoolFull
@@ -96,7 +97,9 @@ class CollectorApp:
         worker_name: str = "0",
         spool: LocalSpool | None = None,
         receivers: ReceiverSettings | None = None,
+        query: QueryEndpoint | None = None,
     ) -> None:
+        self.query = query
         self.acceptor = acceptor
         self.authenticator = authenticator
         self.store = store
@@ -133,6 +136,8 @@ class CollectorApp:
         )
         app.router.add_post("/v1/batches", self.post_batch)
         app.router.add_get("/v1/conflicts", self.conflicts.get_conflicts)
+        if self.query is not None:
+            app.router.add_get("/v1/query", self.query.get_query)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.metrics_text)
@@ -334,5 +339,9 @@ class CollectorApp:
     async def metrics_text(self, _request: web.Request) -> web.Response:
         self.metrics.index_buffered.set(self.acceptor.index_buffered)
         self.metrics.open_connections.set(self.connection_guard.open_connections)
+        window = self.query.window if self.query is not None else None
+        if window is not None:
+            self.metrics.live_window.labels(what="batches").set(window.batch_count)
+            self.metrics.live_window.labels(what="points").set(window.point_count)
         body = generate_latest(self.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

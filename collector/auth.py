@@ -1,7 +1,7 @@
 """Bearer-token authentication and per-agent authorization (PROTOCOL §2, DESIGN tokens file).
 
 With no tokens file the collector runs *open*: every request acts as the ``anonymous``
-principal that may write every agent_id and read conflicts. The server only allows that
+principal that may write every agent_id, read conflicts and query points. The server only allows that
 on a loopback address (see `collector.server`).
 
 An ``Authorization`` header that is not valid UTF-8 (aiohttp hands its bytes over as
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from config.tokens import Principal, TokenTable
 
-ANONYMOUS = Principal(name="anonymous", token_sha256="0" * 64, agents=("*",), admin=True)
+ANONYMOUS = Principal(name="anonymous", token_sha256="0" * 64, agents=("*",), admin=True, read=True)
 
 
 @dataclass(frozen=True, slots=True)

@@ -111,6 +111,18 @@ class CollectorMetrics:
             "[store] max_clock_skew_s batches are answered 503 and /readyz fails",
             registry=r,
         )
+        self.queries = Counter(
+            "lm_collector_queries",
+            "GET /v1/query answers by status (ok, or the HTTP status)",
+            ["status"],
+            registry=r,
+        )
+        self.live_window = Gauge(
+            "lm_collector_live_window",
+            "What the live query window holds (what = batches | points)",
+            ["what"],
+            registry=r,
+        )
 
     def watch_store_clock(self, clock: StoreClock) -> None:
         """Export ``clock``'s measured skew (read at each scrape)."""

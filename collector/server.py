@@ -39,6 +39,7 @@ from .auth import Authenticator
 from .connections import GuardedTCPSite
 from .metrics import CollectorMetrics
 from .probe import probe_conditional_writes
+from .query_setup import build_query
 from .readiness import Readiness
 from .spool import LocalSpool, SpoolLander
 
@@ -61,6 +62,12 @@ def check_startup(settings: Settings, workers: int) -> None:
         )
     if settings.auth.tokens_file is not None:
         load_tokens(settings.auth.tokens_file)  # a bad tokens file stops start-up here, exit 2
+    if settings.query.designated and workers > 1:
+        raise StartupError(
+            f"query.designated = true allows one collector process, got --workers {workers}: "
+            "the live query window is per process (run the designated query collector "
+            "with --workers 1, or on its own host)"
+        )
     if settings.ingest.acceptance == "local_spool" and workers > 1:
         raise StartupError(
             f"ingest.acceptance = 'local_spool' allows one collector process, got --workers {workers}: "
@@ -105,6 +112,11 @@ class Worker:
             max_buffered_rows=s.ingest.index_buffer_rows,
             on_event=lambda fate, rows: self.metrics.index_rows.labels(fate=fate).inc(rows),
         )
+        tokens = load_tokens(s.auth.tokens_file) if s.auth.tokens_file else None
+        authenticator = Authenticator(tokens)
+        self.query = build_query(
+            s, store=self.store, clock=store_time, metrics=self.metrics, authenticator=authenticator
+        )
         self.acceptor = BatchAcceptor(
             store=self.store,
             collector_id=s.ingest.collector_id,
@@ -114,6 +126,7 @@ class Worker:
             budget_s=s.ingest.request_budget_s,
             observe_store_op=self.metrics.observe_store_op,
             store_clock=store_time,
+            on_accepted=self.query.own.on_accepted if self.query.own is not None else None,
         )
         self.readiness = Readiness(
             store=self.store,
@@ -133,10 +146,9 @@ class Worker:
                 clock=clock,
                 interval_s=s.ingest.object_landing_interval_ms / 1000,
             )
-        tokens = load_tokens(s.auth.tokens_file) if s.auth.tokens_file else None
         self.app = CollectorApp(
             acceptor=self.acceptor,
-            authenticator=Authenticator(tokens),
+            authenticator=authenticator,
             store=self.store,
             metrics=self.metrics,
             readiness=self.readiness,
@@ -153,6 +165,7 @@ class Worker:
             worker_name=str(self.index),
             spool=self.spool,
             receivers=s.receivers,
+            query=self.query.endpoint,
         )
 
     async def run(
@@ -166,6 +179,8 @@ class Worker:
         self.index_log.start()
         readiness_task = asyncio.create_task(self.readiness.run(), name="readiness")
         lander_task = asyncio.create_task(self.lander.run(), name="lander") if self.lander else None
+        follower = self.query.follower
+        follow_task = asyncio.create_task(follower.run(), name="live-follow") if follower else None
         runner = web.AppRunner(
             self.app.build(),
             access_log=None,
@@ -216,6 +231,8 @@ class Worker:
         if metrics_runner is not None:
             await metrics_runner.cleanup()
         readiness_task.cancel()
+        if follow_task is not None:
+            follow_task.cancel()
         if lander_task is not None and self.lander is not None:
             lander_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

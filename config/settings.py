@@ -300,6 +300,36 @@ class RollupSettings(_Section):
     this many files, or rows that deletes still mask."""
 
 
+class QuerySettings(_Section):
+    """``[query]``: ``GET /v1/query`` (`collector.query_endpoint`): the latest committed
+    rollup snapshot plus accepted batches not yet in it (PROTOCOL §2)."""
+
+    designated: bool = False
+    """Follow the whole authority through the index log (PROTOCOL §3.7) and keep its
+    recent batches in memory: the designated query collector. One process only
+    (``--workers 1``): the window is per process."""
+    own_batches: bool = False
+    """Keep the batches this collector accepts itself in the window (any collector).
+    With neither this nor ``designated``, answers hold the committed snapshot only."""
+    window_s: Seconds = 3600.0
+    """How far back (by accepted time) the window keeps batches."""
+    max_window_points: int = Field(default=2_000_000, ge=1)
+    """Points the window holds at most; the oldest batches are evicted beyond it (an
+    answer that needs an evicted batch says ``complete: false``)."""
+    max_pending_batches: int = Field(default=1000, ge=1)
+    """Designated: batches named by the log and waiting for their blob; beyond it the
+    collector stops following (answers say ``complete: false``) until it catches up."""
+    poll_interval_s: Seconds = 2.0
+    """Designated: how often the index log is listed for new segments."""
+    refresh_interval_s: Seconds = 10.0
+    """The rollup pointer is read again at most this often (the snapshot is cached per
+    version)."""
+    max_result_rows: int = Field(default=100_000, ge=1)
+    """An answer with more rows is refused (400 ``too_many_rows``): narrow the query."""
+    max_concurrent_queries: int = Field(default=4, ge=1)
+    """More queries in flight at once (per process) are answered 429."""
+
+
 def _lowercase(value: Any) -> Any:
     return value.lower() if isinstance(value, str) else value
 
@@ -399,6 +429,7 @@ class Settings(BaseModel):
     reconciler: ReconcilerSettings = Field(default_factory=ReconcilerSettings)
     gc: GcSettings = Field(default_factory=GcSettings)
     rollup: RollupSettings = Field(default_factory=RollupSettings)
+    query: QuerySettings = Field(default_factory=QuerySettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     scrape: ScrapeSettings = Field(default_factory=ScrapeSettings)

@@ -7,9 +7,12 @@ One ``[[principal]]`` table per principal::
     token_sha256 = "<64 hex digits: sha256 of the bearer token>"
     agents = ["eu-*", "canary-1"]     # fnmatch globs of agent_id it may write
     admin = false                      # admin endpoints (GET /v1/conflicts)
+    read = false                       # GET /v1/query (live queries)
 
 Plaintext tokens are never stored; `generate_token` makes a token and its entry.
 ``admin`` does not widen ``agents``: an admin that also writes lists ``agents = ["*"]``.
+``read`` (``GET /v1/query``) is a permission of its own: neither ``admin`` nor ``agents``
+implies it, and a read-only principal has ``agents = []``.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ import base64
 import hashlib
 import hmac
 import json
+import os
 import secrets
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -50,6 +54,12 @@ class Principal(BaseModel):
     agents: tuple[Annotated[str, Field(min_length=1, pattern=_PRINTABLE)], ...] = ()
     """Glob patterns (`fnmatch.fnmatchcase`) of the agent_ids it may write."""
     admin: bool = False
+    read: bool = False
+    """May read points (``GET /v1/query``)."""
+
+    @property
+    def may_read(self) -> bool:
+        return self.read
 
     def may_write(self, agent_id: str) -> bool:
         """True when ``agent_id`` matches one of `agents` (case-sensitive)."""
@@ -139,6 +149,27 @@ def load_tokens(path: Path) -> TokenTable:
     return TokenTable(principals, source=source)
 
 
+TOKEN_ENV = "LM_TOKEN"
+
+
+def client_token(token_file: Path | None, environ: Mapping[str, str] | None = None) -> str | None:
+    """The bearer token a client command sends: the contents of ``token_file`` when given,
+    else the ``LM_TOKEN`` environment variable (kept off the command line and out of
+    ``ps``), else None. `SettingsError` for an unreadable or empty file."""
+    if token_file is not None:
+        try:
+            token = token_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SettingsError(
+                [SettingsProblem("--token-file", str(token_file), str(exc))]
+            ) from None
+        if not token:
+            raise SettingsError([SettingsProblem("--token-file", str(token_file), "is empty")])
+        return token
+    value = (os.environ if environ is None else environ).get(TOKEN_ENV, "").strip()
+    return value or None
+
+
 def _where(index: int, name: str | None) -> str:
     return f"principal[{index}] ({name!r})" if name else f"principal[{index}]"
 
@@ -158,13 +189,14 @@ def generate_token(
     agents: Sequence[str],
     *,
     admin: bool = False,
+    read: bool = False,
     token_bytes: Callable[[int], bytes] = secrets.token_bytes,
 ) -> GeneratedToken:
     """A fresh ``lm_``-prefixed token of 256 random bits and its ``[[principal]]`` entry.
     Raises `pydantic.ValidationError` for an invalid name or pattern."""
     token = "lm_" + base64.urlsafe_b64encode(token_bytes(32)).decode("ascii").rstrip("=")
     principal = Principal(
-        name=name, token_sha256=hash_token(token), agents=tuple(agents), admin=admin
+        name=name, token_sha256=hash_token(token), agents=tuple(agents), admin=admin, read=read
     )
     return GeneratedToken(token=token, principal=principal, toml=principal_toml(principal))
 
@@ -184,4 +216,5 @@ def principal_toml(principal: Principal) -> str:
         f'token_sha256 = "{principal.token_sha256}"\n'
         f"agents = [{agents}]\n"
         f"admin = {'true' if principal.admin else 'false'}\n"
+        f"read = {'true' if principal.read else 'false'}\n"
     )

@@ -19,7 +19,10 @@
 7. reads with SQL and deletes one series (`demo.lifecycle_step`): ``lm-rollup sql``
    prints points per metric, ``lm-rollup delete`` commits a tombstone, the query no
    longer returns the series, totals drop by exactly its points, verify still passes;
-8. prints what happened and where the data lies.
+8. starts a designated query collector (`demo.query_step`), sends it one new batch and
+   prints one ``GET /v1/query`` answer — the latest snapshot merged with that batch —
+   with its ``complete`` flag (skipped with ``--no-rollup``);
+9. prints what happened and where the data lies.
 
 Exit code 0 when every check holds, 1 otherwise.
 """
@@ -42,7 +45,7 @@ from agent.load import LoadSpec
 from collector.launch import start_collector
 from config import SettingsError, configure_logging
 from config.cli import add_settings_flags, settings_flags_given, settings_from_flags
-from demo import lifecycle_step, receivers_step, reconcile_step, rollup_step
+from demo import lifecycle_step, query_step, receivers_step, reconcile_step, rollup_step
 from protocol import keys, records
 from protocol.frame import encode_frame, points_table
 from store.fs import FileSystemStore
@@ -141,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_rollup:
         rolled = rollup_step.run(store_dir, work_dir / "logs", result.truth.totals(), step)
         problems += rolled or lifecycle_step.run(store_dir, spec.start_ns, step)
+        if not problems:
+            problems += query_step.run(store_dir, work_dir / "logs", spec.start_ns, step)
     if any(codes):
         problems.append(f"a collector exited with {codes}")
     print()

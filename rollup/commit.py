@@ -118,6 +118,12 @@ async def _read_pointer(store: ObjectStore) -> tuple[RollupPointer, str] | None:
         raise RollupManifestError(f"{ROLLUP_POINTER_KEY}: {exc}") from None
 
 
+async def read_pointer(store: ObjectStore) -> tuple[RollupPointer, str] | None:
+    """The pointer and its ETag (one GET), or None before the first commit; a reader
+    that caches snapshots by version reads only this to learn whether one is new."""
+    return await _read_pointer(store)
+
+
 async def load_latest(store: ObjectStore) -> LoadedSnapshot | None:
     """The snapshot the pointer names, or None before the first commit.
 

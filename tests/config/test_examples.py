@@ -40,4 +40,6 @@ def test_tokens_example_loads_and_admits_its_example_tokens() -> None:
     fleet = table.principal_for_token("example-token-DO-NOT-USE-0001")
     ops = table.principal_for_token("example-admin-token-DO-NOT-USE-0002")
     assert fleet is not None and fleet.may_write("example-42") and not fleet.admin
-    assert ops is not None and ops.admin
+    assert ops is not None and ops.admin and not ops.may_read
+    reader = table.principal_for_token("example-read-token-DO-NOT-USE-0003")
+    assert reader is not None and reader.may_read and not reader.may_write("example-42")

@@ -107,6 +107,30 @@ def test_generate_token_round_trips_through_the_file(tmp_path: Path) -> None:
     assert generated.principal.admin
 
 
+def test_read_permission_is_its_own(tmp_path: Path) -> None:
+    reader = generate_token("dashboards", [], read=True)
+    writer = generate_token("fleet", ["*"], admin=True)
+    table = load_tokens(write(tmp_path, reader.toml + "\n" + writer.toml))
+    found_reader = table.principal_for_token(reader.token)
+    found_writer = table.principal_for_token(writer.token)
+    assert found_reader is not None and found_reader.may_read
+    assert not found_reader.may_write("anything")
+    assert found_writer is not None and not found_writer.may_read  # admin does not imply it
+
+
+def test_client_token_from_file_or_environment(tmp_path: Path) -> None:
+    from config.errors import SettingsError
+    from config.tokens import client_token
+
+    (tmp_path / "t").write_text("  secret\n")
+    assert client_token(tmp_path / "t", {"LM_TOKEN": "env"}) == "secret"
+    assert client_token(None, {"LM_TOKEN": " env "}) == "env"
+    assert client_token(None, {}) is None
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(SettingsError, match="empty"):
+        client_token(tmp_path / "empty", {})
+
+
 def test_generated_tokens_differ() -> None:
     assert generate_token("a", []).token != generate_token("a", []).token
 

@@ -50,6 +50,10 @@ def test_demo_runs_clean_in_a_fresh_directory(tmp_path: Path) -> None:
     assert "0 rows: the series is gone" in done.stdout
     assert "deleted" in done.stdout and "committed as version 2" in done.stdout
     assert "version 2:" in done.stdout and "complete" in done.stdout
+    # The live query step: one /v1/query answer, the latest snapshot (2, after the delete) plus the new batch, with its flag.
+    assert "GET /v1/query?metric=memory_used_bytes" in done.stdout
+    assert "complete: false  snapshot_version: 2" in done.stdout
+    assert "live points from 1 batch(es) not yet in it" in done.stdout
     assert (work / "store" / "accepted" / "v1").is_dir()
     # The totals check is real: one point fewer acknowledged would be reported.
     problems = asyncio.run(

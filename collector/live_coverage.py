@@ -1,0 +1,137 @@
+"""What a committed snapshot provably covers: ``sealed_through_ns`` (PROTOCOL §2).
+
+**Meaning (decision; PROTOCOL §2 is loose here)**: every batch *accepted* (its manifest's
+``accepted_at``) before ``sealed_through_ns`` is in the snapshot. It is the start of the
+earliest accepted hour that is not both
+
+(a) **sealed** by a completed listing audit of the index (`reconciler.audit_records`:
+    ``status = completed``, ``catalog = true``, ``source = listing``): the audit started
+    at least a *settle margin* after the hour ended — the margin is the longest a batch
+    stamped in the hour can still be landing (``ingest.request_budget_s`` + the store's
+    connect and read timeouts) plus ``store.max_clock_skew_s`` — so, by what a completed
+    audit promises (PROTOCOL §3.7), the hour's catalog holds every batch accepted in it.
+    A running audit, or one that worked from an S3 Inventory report (which may lag the
+    bucket), seals nothing; log rows alone never do (a crash can lose them);
+(b) **included** in the snapshot: its ledger hour has the catalog hour's batch count and
+    setsum (PROTOCOL §4).
+
+A batch accepted later can still carry older points, so a query over old times may get
+more rows later even when ``complete``; what ``complete`` promises is that no batch
+accepted before ``sealed_through_ns`` is missing.
+
+Cost: the audit records are listed at most every ``refresh_interval_s`` (few: the
+reconciler trims them). A sealed hour's catalog never changes, so each is read once per
+process (its totals kept: a few dozen bytes an hour of history), at most
+`MAX_HOURS_PER_CALL` per query (until all are read, ``sealed_through_ns`` stops at the
+first unread one); the catalog is listed only from the first hour not yet read.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from index.catalog import read_hour
+from protocol import keys
+from protocol.setsum import Setsum
+from reconciler.audit_records import iter_audits_newest_first
+from rollup.manifest import LedgerHour, Snapshot
+from store.base import ObjectStore
+
+NS_PER_S = 1_000_000_000
+MAX_HOURS_PER_CALL = 256
+
+
+def sealed_limit_ns(audit_started_ns: int | None, margin_ns: int) -> int:
+    """Start of the first hour a completed audit that started at ``audit_started_ns``
+    does not seal (0 without one)."""
+    if audit_started_ns is None:
+        return 0
+    return keys.UtcHour.from_unix_ns(max(0, audit_started_ns - margin_ns)).start_ns
+
+
+def first_uncovered_ns(
+    snapshot: Snapshot | None, catalog: dict[str, LedgerHour], limit_ns: int
+) -> int:
+    """``sealed_through_ns``: the first sealed catalog hour the snapshot's ledger does not
+    match, else ``limit_ns``. ``catalog``: totals of sealed catalog hours."""
+    ledger = snapshot.ledger_hours if snapshot is not None else {}
+    for hour in sorted(catalog):
+        start = keys.UtcHour.parse_iso(hour).start_ns
+        if start >= limit_ns:
+            break
+        wanted, have = catalog[hour], ledger.get(hour)
+        if wanted.batches == 0:
+            continue
+        if have is None or (have.batches, have.setsum) != (wanted.batches, wanted.setsum):
+            return start
+    return limit_ns
+
+
+class Coverage:
+    def __init__(
+        self,
+        store: ObjectStore,
+        *,
+        settle_margin_s: float,
+        refresh_interval_s: float,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._store = store
+        self.margin_ns = int(settle_margin_s * NS_PER_S)
+        self._refresh_s = refresh_interval_s
+        self._monotonic = monotonic
+        self._audit_started: int | None = None
+        self._checked_at: float | None = None
+        self._catalog: dict[str, LedgerHour] = {}
+        self._read_through_ns = 0  # sealed catalog hours before this are in _catalog
+
+    async def _audit_started_ns(self) -> int | None:
+        now = self._monotonic()
+        if self._checked_at is None or now - self._checked_at >= self._refresh_s:
+            async for record in iter_audits_newest_first(self._store):
+                if record.status == "completed" and record.catalog and record.source == "listing":
+                    self._audit_started = record.started_at_unix_ns
+                    break
+            self._checked_at = now
+        return self._audit_started
+
+    async def _read_sealed_catalog(self, limit_ns: int) -> None:
+        """Read sealed catalog hours not read yet, oldest first, at most
+        `MAX_HOURS_PER_CALL` per call (a first query on a long history stays quick; its
+        answer is conservative until the hours are read)."""
+        if limit_ns <= self._read_through_ns:
+            return
+        start_after = None
+        if self._read_through_ns:
+            start_after = keys.index_catalog_hour_prefix(
+                keys.UtcHour.from_unix_ns(self._read_through_ns)
+            )
+        hours: list[keys.UtcHour] = []
+        read_through = limit_ns
+        async for info in self._store.list(keys.INDEX_CATALOG_PREFIX, start_after=start_after):
+            try:
+                hour = keys.parse_index_catalog_key(info.key)[0]
+            except keys.KeyFormatError:
+                continue
+            if hour.start_ns >= limit_ns:
+                break
+            if hours and hours[-1] == hour:
+                continue
+            if len(hours) == MAX_HOURS_PER_CALL:
+                read_through = hour.start_ns  # the rest next time
+                break
+            hours.append(hour)
+        for hour in hours:
+            totals = Setsum()
+            rows = (await read_hour(self._store, hour)).accepted()
+            for row in rows:
+                totals = totals.add(row.manifest_id, row.frame_sha256)
+            records = sum(row.record_count or 0 for row in rows)
+            self._catalog[hour.iso] = LedgerHour(len(rows), records, totals.hex)
+        self._read_through_ns = read_through
+
+    async def sealed_through_ns(self, snapshot: Snapshot | None) -> int:
+        limit = sealed_limit_ns(await self._audit_started_ns(), self.margin_ns)
+        await self._read_sealed_catalog(limit)
+        return first_uncovered_ns(snapshot, self._catalog, min(limit, self._read_through_ns))

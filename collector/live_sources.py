@@ -1,0 +1,212 @@
+"""What fills the live window (`collector.live_window`).
+
+- `OwnBatches` (``[query] own_batches = true``, any collector): `BatchAcceptor` calls it
+  for every batch it answers 200 (``on_accepted``); the frame is decoded on a thread,
+  never on the event loop, and kept. Decodes in progress are bounded: a batch beyond the
+  bound is recorded as lost (answers that may need it are not ``complete``).
+- `LogFollower` (``[query] designated = true``): follows the whole authority through the
+  index log (PROTOCOL §3.7, `index.log_reader`): every ``poll_interval_s`` it lists new
+  segments, and for each ``accepted`` row of a batch accepted within the window it GETs
+  the raw blob, checks its SHA-256 against the row (log rows are unverified claims) and
+  decodes it. At start it begins ``window_s`` back, so a restarted collector rebuilds the
+  window from the segments and blobs of the last ``window_s``. At most
+  ``max_pending_batches`` batches wait for their blob: a poll that finds more stops
+  listing there (those segments are not consumed), fetches what it has, and the follower
+  reports itself ``behind`` (answers are not ``complete``) until a poll reaches the end of
+  the log again. ``followed_through_ns`` (an answer's ``live_through_ns``) is the store
+  time of the last poll that reached the end, minus the log lookback: every segment with
+  rows before it has been listed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+from collections.abc import Callable
+
+import structlog
+
+from index.log_reader import LogPosition, new_segments, read_segment
+from index.rows import IndexFileError, IndexRow
+from protocol.clock import Clock
+from protocol.frame import Frame, FrameError, decode_frame
+from protocol.records import AcceptedManifest
+from store.base import ObjectStore
+from store.errors import NotFound, StoreError
+
+from .live_window import LiveWindow
+
+log = structlog.get_logger("collector.live")
+NS_PER_S = 1_000_000_000
+FETCH_CONCURRENCY = 8
+MAX_DECODING = 64
+
+
+class OwnBatches:
+    def __init__(self, window: LiveWindow, *, clock: Clock, max_raw_bytes: int) -> None:
+        self._window = window
+        self._clock = clock
+        self._max_raw_bytes = max_raw_bytes
+        self._decoding = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def on_accepted(self, manifest: AcceptedManifest, frame: bytes) -> None:
+        manifest_id = manifest.identity.manifest_id
+        if manifest_id in self._window:
+            return
+        if self._decoding >= MAX_DECODING:
+            self._window.lost(manifest_id, manifest.accepted_at_unix_ns)
+            return
+        self._decoding += 1
+        task = asyncio.get_running_loop().create_task(
+            self._keep(manifest_id, manifest.accepted_at_unix_ns, frame)
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _keep(self, manifest_id: str, accepted_ns: int, body: bytes) -> None:
+        try:
+            frame = await asyncio.to_thread(decode_frame, body, max_raw_bytes=self._max_raw_bytes)
+            self._window.add(manifest_id, accepted_ns, frame, now_ns=self._clock.now_ns())
+        except FrameError as exc:  # validated at intake: cannot happen for a sound frame
+            log.error("own_batch_undecodable", manifest_id=manifest_id, error=str(exc))
+            self._window.lost(manifest_id, accepted_ns)
+        finally:
+            self._decoding -= 1
+
+
+class LogFollower:
+    def __init__(
+        self,
+        store: ObjectStore,
+        window: LiveWindow,
+        *,
+        clock: Clock,
+        poll_interval_s: float,
+        lookback_s: float,
+        max_pending: int,
+        max_raw_bytes: int,
+        rng: random.Random | None = None,
+        on_poll: Callable[[], None] | None = None,
+    ) -> None:
+        self._store = store
+        self._window = window
+        self._clock = clock
+        self._poll_s = poll_interval_s
+        self._lookback_ns = int(lookback_s * NS_PER_S)
+        self._lookback_s = lookback_s
+        self._max_pending = max_pending
+        self._max_raw_bytes = max_raw_bytes
+        self._rng = rng or random.Random()
+        self._on_poll = on_poll or (lambda: None)
+        start = max(0, clock.now_ns() - window.window_ns)
+        self._position = LogPosition(through_ns=start)
+        self._retry: dict[str, IndexRow] = {}  # blobs whose GET failed: asked again next poll
+        self.ready = False
+        """True once a poll has reached the end of the log (the window is rebuilt)."""
+        self.behind = False
+        self.followed_through_ns = 0
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.poll_once()
+            except (StoreError, OSError) as exc:
+                log.warning("live_follow_failed", error=str(exc))
+            self._on_poll()
+            # Jittered so designated collectors restarted together do not list in step.
+            await asyncio.sleep(self._poll_s * (0.8 + 0.4 * self._rng.random()))
+
+    async def poll_once(self) -> None:
+        listed_at = self._clock.now_ns()
+        pending: dict[str, IndexRow] = dict(self._retry)
+        self._retry = {}
+        reached_end = True
+        async for info, name in new_segments(
+            self._store, self._position, lookback_s=self._lookback_s
+        ):
+            try:
+                rows = await read_segment(self._store, info.key)
+            except NotFound:
+                rows = []  # deleted after a completed audit: its batches are old
+            except IndexFileError as exc:
+                log.warning("live_segment_unreadable", key=info.key, error=str(exc))
+                rows = []
+            wanted = self._wanted(rows, pending, listed_at)
+            if len(pending) + len(wanted) > self._max_pending and pending:
+                reached_end = False
+                break
+            pending.update(wanted)
+            self._position.consumed(info.key, name.first_time_ns, self._lookback_ns)
+        await self._fetch_all(list(pending.values()))
+        self._window.expire(self._clock.now_ns())
+        self.behind = not reached_end or bool(self._retry)
+        if reached_end and not self._retry:
+            self.followed_through_ns = max(self.followed_through_ns, listed_at - self._lookback_ns)
+            self.ready = True
+
+    def _wanted(
+        self, rows: list[IndexRow], pending: dict[str, IndexRow], now_ns: int
+    ) -> dict[str, IndexRow]:
+        horizon = now_ns - self._window.window_ns
+        wanted: dict[str, IndexRow] = {}
+        for row in rows:
+            if row.kind != "accepted" or row.time_unix_ns < horizon:
+                continue
+            manifest_id = row.manifest_id
+            if manifest_id not in self._window and manifest_id not in pending:
+                wanted[manifest_id] = row
+        return wanted
+
+    async def _fetch_all(self, rows: list[IndexRow]) -> None:
+        """Fetch concurrently; add to the window in accepted-time order, so eviction
+        drops the oldest first."""
+        limit = asyncio.Semaphore(FETCH_CONCURRENCY)
+
+        async def fetch(row: IndexRow) -> Frame | bool | None:
+            async with limit:
+                try:
+                    return await self._fetch(row)
+                except (StoreError, OSError) as exc:
+                    # Safe to repeat: a GET. Asked again at the next poll (bounded by
+                    # max_pending_batches with the new rows; polls are jittered).
+                    log.warning("live_blob_unavailable", key=row.raw_blob_key, error=str(exc))
+                    self._retry[row.manifest_id] = row
+                    return False
+
+        ordered = sorted(rows, key=lambda row: (row.time_unix_ns, row.key))
+        frames = await asyncio.gather(*(fetch(row) for row in ordered))
+        for row, frame in zip(ordered, frames, strict=True):
+            if frame is None:
+                self._window.lost(row.manifest_id, row.time_unix_ns)
+            elif frame is not False:
+                assert isinstance(frame, Frame)
+                self._window.add(
+                    row.manifest_id, row.time_unix_ns, frame, now_ns=self._clock.now_ns()
+                )
+
+    async def _fetch(self, row: IndexRow) -> Frame | None:
+        key = row.raw_blob_key or ""
+        try:
+            body, _etag = await self._store.get(key)
+        except NotFound:
+            log.warning("live_blob_missing", key=key, manifest_id=row.manifest_id)
+            return None
+        if hashlib.sha256(body).hexdigest() != row.frame_sha256:
+            log.warning("live_blob_mismatch", key=key, manifest_id=row.manifest_id)
+            return None
+        try:
+            frame = await asyncio.to_thread(decode_frame, body, max_raw_bytes=self._max_raw_bytes)
+        except FrameError as exc:
+            log.warning("live_blob_undecodable", key=key, error=str(exc))
+            return None
+        identity = row.identity
+        if (frame.agent_id, frame.boot_id, frame.seq_start) != (
+            identity.agent_id,
+            identity.boot_id,
+            identity.seq_start,
+        ):
+            log.warning("live_blob_other_identity", key=key, manifest_id=row.manifest_id)
+            return None
+        return frame

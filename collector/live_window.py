@@ -1,0 +1,184 @@
+"""The live window: decoded frames of recently accepted batches, bounded in memory.
+
+`LiveWindow` keeps `protocol.frame.Frame` objects (their Arrow points, decoded once) keyed
+by ``manifest_id``, with the batch's accepted time and hour, for batches accepted within
+``window_s`` of now and at most ``max_points`` points in all: beyond it the oldest batches
+(first added) are evicted. ``points`` rows (`rollup.points`) are built only at query
+time, only for the rows a query matches (`collector.query_live`).
+
+A batch that leaves the window (evicted, expired, or never fetched: its blob could not be
+read) is *dropped*: its ``manifest_id``, accepted time and ``ts`` range are remembered
+(at most ``max_dropped``; past that, only the newest accepted time of the forgotten ones)
+until the committed snapshot is known to hold it. An answer that may need a dropped batch
+the snapshot lacks is never ``complete`` (`missing_dropped`).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from protocol import keys
+from protocol.frame import Frame
+from rollup.aggregate import int64_column
+
+NS_PER_S = 1_000_000_000
+UNKNOWN_RANGE = (-(2**63), 2**63 - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowBatch:
+    manifest_id: str
+    accepted_ns: int
+    frame: Frame
+    min_ts_ns: int
+    max_ts_ns: int
+
+    @property
+    def accepted_hour(self) -> str:
+        return keys.UtcHour.from_unix_ns(self.accepted_ns).iso
+
+    @property
+    def points(self) -> int:
+        return int(self.frame.points.num_rows)
+
+
+@dataclass(frozen=True, slots=True)
+class DroppedBatch:
+    manifest_id: str
+    accepted_ns: int
+    min_ts_ns: int
+    max_ts_ns: int
+
+    @property
+    def accepted_hour(self) -> str:
+        return keys.UtcHour.from_unix_ns(self.accepted_ns).iso
+
+
+def ts_range(frame: Frame) -> tuple[int, int]:
+    ts = int64_column(frame.points.column("ts"))
+    if len(ts) == 0:
+        return UNKNOWN_RANGE
+    return int(np.min(ts)), int(np.max(ts))
+
+
+class LiveWindow:
+    def __init__(self, *, window_s: float, max_points: int, max_dropped: int = 100_000) -> None:
+        self.window_ns = int(window_s * NS_PER_S)
+        self.max_points = max_points
+        self.max_dropped = max_dropped
+        self._batches: OrderedDict[str, WindowBatch] = OrderedDict()
+        self._dropped: OrderedDict[str, DroppedBatch] = OrderedDict()
+        self._points = 0
+        self.forgotten_through_ns: int | None = None
+        """Newest accepted time of dropped batches no longer remembered one by one."""
+
+    # --- filling -----------------------------------------------------------------------
+
+    def add(self, manifest_id: str, accepted_ns: int, frame: Frame, *, now_ns: int) -> bool:
+        """Keep one accepted batch; False when it is already held or too old."""
+        if manifest_id in self._batches or accepted_ns < now_ns - self.window_ns:
+            return False
+        low, high = ts_range(frame)
+        self._dropped.pop(manifest_id, None)
+        self._batches[manifest_id] = WindowBatch(manifest_id, accepted_ns, frame, low, high)
+        self._points += frame.points.num_rows
+        self.expire(now_ns, full=False)
+        while self._points > self.max_points and len(self._batches) > 1:
+            self._drop(next(iter(self._batches)))
+        return True
+
+    def lost(self, manifest_id: str, accepted_ns: int) -> None:
+        """A batch the window should hold but cannot (its blob was unreadable)."""
+        if manifest_id not in self._batches:
+            self._remember(DroppedBatch(manifest_id, accepted_ns, *UNKNOWN_RANGE))
+
+    def expire(self, now_ns: int, *, full: bool = True) -> None:
+        """Drop batches accepted before ``now - window_s``. ``full=False`` looks only at
+        the oldest end (batches arrive in about accepted order): cheap enough per add;
+        the follower's polls and the queries run the full pass."""
+        horizon = now_ns - self.window_ns
+        if not full:
+            while self._batches:
+                oldest = next(iter(self._batches.values()))
+                if oldest.accepted_ns >= horizon:
+                    return
+                self._drop(oldest.manifest_id)
+            return
+        stale = [m for m, b in self._batches.items() if b.accepted_ns < horizon]
+        for manifest_id in stale:
+            self._drop(manifest_id)
+
+    def _drop(self, manifest_id: str) -> None:
+        batch = self._batches.pop(manifest_id)
+        self._points -= batch.points
+        self._remember(
+            DroppedBatch(manifest_id, batch.accepted_ns, batch.min_ts_ns, batch.max_ts_ns)
+        )
+
+    def _remember(self, dropped: DroppedBatch) -> None:
+        self._dropped[dropped.manifest_id] = dropped
+        while len(self._dropped) > self.max_dropped:
+            _, forgotten = self._dropped.popitem(last=False)
+            self.forgotten_through_ns = max(self.forgotten_through_ns or 0, forgotten.accepted_ns)
+
+    # --- reading -----------------------------------------------------------------------
+
+    def __contains__(self, manifest_id: object) -> bool:
+        return manifest_id in self._batches
+
+    @property
+    def batch_count(self) -> int:
+        return len(self._batches)
+
+    @property
+    def point_count(self) -> int:
+        return self._points
+
+    def batches(self) -> list[WindowBatch]:
+        """The batches held now (a copy: safe to use from another thread)."""
+        return list(self._batches.values())
+
+    def dropped(self) -> list[DroppedBatch]:
+        return list(self._dropped.values())
+
+    def forget_committed(self, sealed_through_ns: int) -> None:
+        """Dropped batches accepted before ``sealed_through_ns`` are in the snapshot."""
+        for manifest_id in [
+            m for m, d in self._dropped.items() if d.accepted_ns < sealed_through_ns
+        ]:
+            del self._dropped[manifest_id]
+        if self.forgotten_through_ns is not None and self.forgotten_through_ns < sealed_through_ns:
+            self.forgotten_through_ns = None
+
+    def hours(self) -> set[str]:
+        """Accepted hours of held and dropped batches (whose ledgers a query reads)."""
+        return {b.accepted_hour for b in self._batches.values()} | {
+            d.accepted_hour for d in self._dropped.values()
+        }
+
+
+def missing_dropped(
+    dropped: list[DroppedBatch],
+    forgotten_through_ns: int | None,
+    committed: set[str],
+    *,
+    sealed_through_ns: int,
+    range_ns: tuple[int, int],
+) -> int:
+    """How many dropped batches an answer over ``range_ns`` (``ts``, half-open) may need
+    and the snapshot lacks; forgotten ones count as one when they may not be committed."""
+    low, high = range_ns
+    missing = sum(
+        1
+        for d in dropped
+        if d.accepted_ns >= sealed_through_ns
+        and d.manifest_id not in committed
+        and d.min_ts_ns < high
+        and d.max_ts_ns >= low
+    )
+    if forgotten_through_ns is not None and forgotten_through_ns >= sealed_through_ns:
+        missing += 1
+    return missing

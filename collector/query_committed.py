@@ -1,0 +1,158 @@
+"""The committed part of a live query: a rollup snapshot read like ``lm-rollup query``.
+
+`SnapshotSource` answers "which snapshot": the latest (the pointer is read again at most
+every ``refresh_interval_s``; a snapshot manifest is read once per version and cached),
+or a ``version`` / ``as_of`` time (`rollup.travel`, a few versions cached). It also says
+which batches a snapshot includes, per accepted hour (its ledger, `rollup.ledger`),
+cached per (version, hour): the live part leaves out exactly those ``manifest_id``\\s.
+
+`read_committed` reads one table of a snapshot with the query's filters (metric, agent
+on ``points``, the time range; labels after reading) through `rollup.reader`, file by
+file, refusing past ``max_rows``, with the snapshot's deletes masked (tombstones,
+PROTOCOL §4.1). Blocking: run it in a thread.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+
+from protocol import keys
+from rollup import reader, schemas
+from rollup.commit import read_pointer, read_snapshot
+from rollup.ledger import included_manifest_ids
+from rollup.manifest import Snapshot
+from rollup.travel import load_snapshot
+from store.base import ObjectStore
+
+from .query_api import LiveQuery, ns_to_datetime
+from .query_rows import TooManyRows, filter_labels
+
+MAX_CACHED_SNAPSHOTS = 8
+MAX_CACHED_LEDGER_HOURS = 512
+
+
+class SnapshotSource:
+    def __init__(
+        self,
+        store: ObjectStore,
+        *,
+        refresh_interval_s: float,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._store = store
+        self._refresh_s = refresh_interval_s
+        self._monotonic = monotonic
+        self._latest: Snapshot | None = None
+        self._checked_at: float | None = None
+        self._by_version: OrderedDict[int, Snapshot] = OrderedDict()
+        self._ledger: OrderedDict[tuple[int, str], frozenset[str]] = OrderedDict()
+
+    async def latest(self) -> Snapshot | None:
+        """The latest committed snapshot, at most ``refresh_interval_s`` old."""
+        now = self._monotonic()
+        if self._checked_at is not None and now - self._checked_at < self._refresh_s:
+            return self._latest
+        pointer = await read_pointer(self._store)
+        if pointer is None:
+            self._latest = None
+        elif self._latest is None or self._latest.version != pointer[0].version:
+            cached = self._by_version.get(pointer[0].version)
+            self._latest = cached or await read_snapshot(self._store, pointer[0].manifest_key)
+            self._keep(self._latest)
+        self._checked_at = now
+        return self._latest
+
+    async def for_query(self, query: LiveQuery) -> Snapshot | None:
+        """The snapshot a query's committed part reads. `VersionNotFound` for a version
+        or time with no snapshot."""
+        if query.version is None and query.as_of is None:
+            return await self.latest()
+        if query.version is not None and query.version in self._by_version:
+            return self._by_version[query.version]
+        loaded = await load_snapshot(self._store, version=query.version, as_of=query.as_of)
+        if loaded is None:
+            return None
+        self._keep(loaded.snapshot)
+        return loaded.snapshot
+
+    def _keep(self, snapshot: Snapshot) -> None:
+        self._by_version[snapshot.version] = snapshot
+        self._by_version.move_to_end(snapshot.version)
+        while len(self._by_version) > MAX_CACHED_SNAPSHOTS:
+            self._by_version.popitem(last=False)
+
+    async def included(self, snapshot: Snapshot | None, hours: set[str]) -> set[str]:
+        """The ``manifest_id``\\s the snapshot includes whose accepted hour is in ``hours``."""
+        if snapshot is None:
+            return set()
+        wanted = {h for h in hours if h in snapshot.ledger_hours}
+        missing = {h for h in wanted if (snapshot.version, h) not in self._ledger}
+        if missing:
+            read = await included_manifest_ids(self._store, snapshot, missing)
+            for hour, ids in read.items():
+                self._ledger[(snapshot.version, hour)] = frozenset(ids)
+        result: set[str] = set()
+        for hour in wanted:
+            self._ledger.move_to_end((snapshot.version, hour))
+            result |= self._ledger[(snapshot.version, hour)]
+        while len(self._ledger) > MAX_CACHED_LEDGER_HOURS:
+            self._ledger.popitem(last=False)
+        return result
+
+
+def read_committed(
+    snapshot: Snapshot | None,
+    table: str,
+    query: LiveQuery,
+    filesystem: pafs.FileSystem,
+    root: str,
+    *,
+    max_rows: int,
+    range_ns: tuple[int, int] | None = None,
+    series: Sequence[str] | None = None,
+    masked: bool = True,
+) -> pa.Table:
+    """Rows of ``table`` in ``snapshot`` matching ``query`` (``range_ns``: another range
+    on the table's time column; ``series``: only these; ``masked=False``: deleted rows
+    too). `TooManyRows` past ``max_rows``."""
+    schema = schemas.table_schema(table)
+    if snapshot is None:
+        return schema.empty_table()
+    low, high = range_ns if range_ns is not None else (query.from_ns, query.to_ns)
+    start, end = ns_to_datetime(-((-low) // 1000) * 1000), ns_to_datetime(-((-high) // 1000) * 1000)
+    where = [reader.Predicate("metric", "=", query.metric)]
+    if query.agent is not None and "agent_id" in schema.names:
+        where.append(reader.Predicate("agent_id", "=", query.agent))
+    files = reader.plan_files(snapshot, table, where=where, start=start, end=end)
+    parts: list[pa.Table] = []
+    total = 0
+    for data_file in files:
+        part = reader.read_files(
+            [data_file],
+            table,
+            filesystem,
+            root,
+            where=where,
+            start=start,
+            end=end,
+            # Deleted rows never come back (PROTOCOL §4.1).
+            tombstones=snapshot.tombstones if masked else (),
+        )
+        part = filter_labels(part, query.labels)
+        if series is not None:
+            part = part.filter(pc.is_in(part.column("series"), pa.array(list(series), pa.string())))
+        total += part.num_rows
+        if total > max_rows:
+            raise TooManyRows(total)
+        parts.append(part)
+    return pa.concat_tables(parts) if parts else schema.empty_table()
+
+
+def accepted_hour(accepted_ns: int) -> str:
+    return keys.UtcHour.from_unix_ns(accepted_ns).iso

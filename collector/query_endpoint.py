@@ -1,0 +1,261 @@
+"""``GET /v1/query`` (read token): committed snapshot + accepted batches not yet in it.
+
+Order: authenticate (401) → read permission (403) → concurrency cap (429) → parameters
+(400 `collector.query_api`) → window ready (503 while a designated collector rebuilds
+it) → the answer. Nothing is read for a caller that may not read.
+
+The answer (PROTOCOL §2)::
+
+    {"complete": bool, "snapshot_version": int | null, "sealed_through_ns": int,
+     "live_through_ns": int,
+     "sources": {"snapshot_rows", "live_rows", "live_batches", "window_batches",
+                 "dropped_missing", "following": "designated" | "own_batches" | "none"},
+     "columns": [...], "rows": [[...], ...]}
+
+- committed part: the latest snapshot (or ``version`` / ``as_of``) read with the query's
+  filters (`collector.query_committed`);
+- live part (latest snapshot only; a time-travel answer is the committed part alone):
+  the window's batches whose ``manifest_id`` the snapshot's ledger lacks — excluded by
+  id, never by hour, so a batch accepted in a new hour while a snapshot lands is counted
+  once (`collector.query_rows`);
+- ``sealed_through_ns`` (`collector.live_coverage`): every batch accepted before it is in
+  the snapshot. ``complete`` is true only when ``to <= sealed_through_ns``, the window
+  dropped nothing the range may need that the snapshot lacks, and a designated
+  collector is not behind the log.
+- ``live_through_ns``: designated, the store time through which the log has been
+  followed; own batches, now; neither, ``sealed_through_ns`` (nothing live is held).
+
+Errors: 400 ``invalid_query`` / ``too_many_rows`` (over ``max_result_rows``), 404
+``version_not_found``, 429 ``overloaded``, 503 ``window_not_ready`` / ``store_unavailable``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import structlog
+from aiohttp import web
+
+from config.settings import QuerySettings
+from index.rows import IndexFileError
+from rollup.commit import VersionNotFound
+from rollup.manifest import RollupManifestError, Snapshot
+from rollup.tombstones import drop_from_points
+from store.errors import StoreConfigError, StoreError
+
+from .auth import Authenticator
+from .intake import error_response, unauthenticated
+from .live_coverage import Coverage
+from .live_sources import LogFollower
+from .live_window import LiveWindow, missing_dropped
+from .metrics import CollectorMetrics
+from .query_api import LiveQuery, QueryError, parse_query
+from .query_committed import SnapshotSource, read_committed
+from .query_rows import (
+    TooManyRows,
+    json_rows,
+    live_points,
+    merge_points,
+    merge_rollup,
+    rollup_of_points,
+)
+
+log = structlog.get_logger("collector.query")
+LIVE_POINTS_FACTOR = 10
+"""Points read to build a rollup-shaped answer, at most this many per answer row allowed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rows:
+    table: pa.Table
+    snapshot_rows: int
+    live_rows: int
+    live_batches: int
+
+
+class QueryEndpoint:
+    def __init__(
+        self,
+        *,
+        authenticator: Authenticator,
+        settings: QuerySettings,
+        snapshots: SnapshotSource,
+        coverage: Coverage,
+        filesystem: Callable[[], tuple[pafs.FileSystem, str]],
+        metrics: CollectorMetrics,
+        now_ns: Callable[[], int],
+        window: LiveWindow | None = None,
+        follower: LogFollower | None = None,
+        retry_after_s: int = 1,
+    ) -> None:
+        self.authenticator = authenticator
+        self.settings = settings
+        self.snapshots = snapshots
+        self.coverage = coverage
+        self._filesystem_factory = filesystem
+        self._filesystem: tuple[pafs.FileSystem, str] | None = None
+        self.metrics = metrics
+        self.now_ns = now_ns
+        self.window = window
+        self.follower = follower
+        self.retry_after_s = retry_after_s
+        self._running = 0
+
+    @property
+    def following(self) -> str:
+        if self.follower is not None:
+            return "designated"
+        return "own_batches" if self.window is not None else "none"
+
+    async def get_query(self, request: web.Request) -> web.Response:
+        response = await self._get_query(request)
+        status = "ok" if response.status == 200 else str(response.status)
+        self.metrics.queries.labels(status=status).inc()
+        return response
+
+    async def _get_query(self, request: web.Request) -> web.Response:
+        principal = self.authenticator.authenticate(request.headers.get("Authorization"))
+        if principal is None:
+            return unauthenticated()
+        if not principal.may_read:
+            return error_response(
+                403, "forbidden", detail=f"principal {principal.name!r} may not read (read = true)"
+            )
+        if self._running >= self.settings.max_concurrent_queries:
+            headers = {"Retry-After": str(self.retry_after_s)}
+            return error_response(429, "overloaded", headers)
+        self._running += 1
+        try:
+            query = parse_query(
+                {k: request.query.getall(k) for k in request.query}, now_ns=self.now_ns()
+            )
+            if self.follower is not None and not self.follower.ready:
+                raise QueryError(503, "window_not_ready", "the live window is being rebuilt")
+            return web.json_response(await self.answer(query))
+        except QueryError as exc:
+            retry = {"Retry-After": str(self.retry_after_s)} if exc.status == 503 else None
+            return web.json_response(exc.body(), status=exc.status, headers=retry)
+        except VersionNotFound as exc:
+            return error_response(404, "version_not_found", detail=str(exc))
+        except (StoreError, StoreConfigError, RollupManifestError, IndexFileError, OSError) as exc:
+            log.warning("query_store_unavailable", error=str(exc))
+            headers = {"Retry-After": str(self.retry_after_s)}
+            return error_response(503, "store_unavailable", headers, detail=str(exc))
+        finally:
+            self._running -= 1
+
+    async def answer(self, query: LiveQuery) -> dict[str, Any]:
+        snapshot = await self.snapshots.for_query(query)
+        sealed = await self.coverage.sealed_through_ns(snapshot)
+        travel = query.version is not None or query.as_of is not None
+        window = None if travel else self.window
+        frames, window_batches, missing = [], 0, 0
+        if window is not None:
+            window.expire(self.now_ns())
+            window.forget_committed(sealed)
+            held = window.batches()
+            dropped = window.dropped()
+            committed_ids = await self.snapshots.included(snapshot, window.hours())
+            frames = [b.frame for b in held if b.manifest_id not in committed_ids]
+            window_batches = len(held)
+            missing = missing_dropped(
+                dropped,
+                window.forgotten_through_ns,
+                committed_ids,
+                sealed_through_ns=sealed,
+                range_ns=query.points_range_ns,
+            )
+        rows = await asyncio.to_thread(self._rows, query, snapshot, frames)
+        behind = self.follower is not None and self.follower.behind and not travel
+        complete = query.to_ns <= sealed and missing == 0 and not behind
+        return {
+            "complete": complete,
+            "snapshot_version": snapshot.version if snapshot is not None else None,
+            "sealed_through_ns": sealed,
+            "live_through_ns": self._live_through(sealed, travel),
+            "sources": {
+                "snapshot_rows": rows.snapshot_rows,
+                "live_rows": rows.live_rows,
+                "live_batches": rows.live_batches,
+                "window_batches": window_batches,
+                "dropped_missing": missing,
+                "following": "none" if travel else self.following,
+            },
+            "columns": rows.table.column_names,
+            "rows": json_rows(rows.table),
+        }
+
+    def _live_through(self, sealed: int, travel: bool) -> int:
+        if travel or self.window is None:
+            return sealed
+        if self.follower is not None:
+            return self.follower.followed_through_ns
+        return self.now_ns()
+
+    def _arrow(self) -> tuple[pafs.FileSystem, str]:
+        if self._filesystem is None:
+            self._filesystem = self._filesystem_factory()
+        return self._filesystem
+
+    def _rows(self, query: LiveQuery, snapshot: Snapshot | None, frames: list[Any]) -> Rows:
+        """Blocking: reads Parquet and builds rows (runs on a thread)."""
+        limit = self.settings.max_result_rows
+        filesystem, root = self._arrow()
+        try:
+            # Live points feed minutes in the rollup shape: bounded by the window itself.
+            live_limit = limit if query.table == "points" else LIVE_POINTS_FACTOR * limit
+            live, live_batches = live_points(frames, query, live_limit)
+            # The snapshot's deletes mask live rows as they mask rows of a later run.
+            deletes = snapshot.tombstones if snapshot is not None else ()
+            live_for_points, live_for_rollup = drop_from_points(deletes, live, live)
+            if query.table == "points":
+                committed = read_committed(
+                    snapshot, "points", query, filesystem, root, max_rows=limit
+                )
+                table = merge_points(committed, live_for_points)
+            elif query.agent is not None:  # rollup_1m has no agent column: aggregate points
+                committed = read_committed(
+                    snapshot,
+                    "points",
+                    query,
+                    filesystem,
+                    root,
+                    max_rows=LIVE_POINTS_FACTOR * limit,
+                    range_ns=query.points_range_ns,
+                )
+                merged = merge_points(committed, live_for_points)
+                _, merged = drop_from_points(deletes, merged.slice(0, 0), merged)
+                table = rollup_of_points(merged)
+            else:
+                committed = read_committed(
+                    snapshot, "rollup_1m", query, filesystem, root, max_rows=limit
+                )
+
+                def committed_points(series: list[str]) -> pa.Table:
+                    return read_committed(
+                        snapshot,
+                        "points",
+                        query,
+                        filesystem,
+                        root,
+                        max_rows=LIVE_POINTS_FACTOR * limit,
+                        range_ns=query.points_range_ns,
+                        series=series,
+                        masked=False,  # the samples rollup_1m was built from
+                    )
+
+                table = merge_rollup(committed, live_for_rollup, committed_points)
+        except TooManyRows as exc:
+            raise QueryError(
+                400, "too_many_rows", f"{exc}; narrow the query", limit=limit
+            ) from None
+        if table.num_rows > limit:
+            raise QueryError(
+                400, "too_many_rows", f"{table.num_rows} rows; narrow the query", limit=limit
+            )
+        return Rows(table, committed.num_rows, live.num_rows, live_batches)

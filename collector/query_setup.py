@@ -1,0 +1,104 @@
+"""Assembling ``GET /v1/query`` from settings (`collector.server.Worker` calls it).
+
+``[query]`` (`config.settings.QuerySettings`): ``designated`` follows the index log
+(`collector.live_sources.LogFollower`), ``own_batches`` keeps this collector's own
+accepted batches (`OwnBatches`, hooked into `BatchAcceptor`); with neither there is no
+window and answers are the committed part only.
+
+The settle margin of `collector.live_coverage` is the longest a batch stamped with an
+``accepted_at`` can still be landing — ``ingest.request_budget_s`` plus the store's
+connect and read timeouts — plus ``store.max_clock_skew_s``. The log lookback of the
+follower is the flush age plus the same margin (a segment's name carries its first row's
+time; it appears at most that much later).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow.fs as pafs
+
+from config import Settings
+from protocol.clock import Clock
+from rollup.storage import arrow_filesystem
+from store.base import ObjectStore
+
+from .auth import Authenticator
+from .live_coverage import Coverage
+from .live_sources import LogFollower, OwnBatches
+from .live_window import LiveWindow
+from .metrics import CollectorMetrics
+from .query_committed import SnapshotSource
+from .query_endpoint import QueryEndpoint
+
+
+@dataclass
+class QueryParts:
+    endpoint: QueryEndpoint
+    own: OwnBatches | None = None
+    follower: LogFollower | None = None
+
+
+def settle_margin_s(settings: Settings) -> float:
+    s = settings
+    return (
+        s.ingest.request_budget_s
+        + s.store.connect_timeout_s
+        + s.store.read_timeout_s
+        + s.store.max_clock_skew_s
+    )
+
+
+def build_query(
+    settings: Settings,
+    *,
+    store: ObjectStore,
+    clock: Clock,
+    metrics: CollectorMetrics,
+    authenticator: Authenticator,
+) -> QueryParts:
+    q = settings.query
+    margin = settle_margin_s(settings)
+    window = (
+        LiveWindow(window_s=q.window_s, max_points=q.max_window_points)
+        if q.designated or q.own_batches
+        else None
+    )
+    own = (
+        OwnBatches(window, clock=clock, max_raw_bytes=settings.ingest.max_raw_bytes)
+        if window is not None and q.own_batches
+        else None
+    )
+    follower = (
+        LogFollower(
+            store,
+            window,
+            clock=clock,
+            poll_interval_s=q.poll_interval_s,
+            lookback_s=settings.ingest.index_flush_max_age_ms / 1000 + margin,
+            max_pending=q.max_pending_batches,
+            max_raw_bytes=settings.ingest.max_raw_bytes,
+        )
+        if window is not None and q.designated
+        else None
+    )
+
+    def filesystem() -> tuple[pafs.FileSystem, str]:
+        return arrow_filesystem(
+            settings.store.url,
+            endpoint_url=settings.store.endpoint_url,
+            region=settings.store.region,
+        )
+
+    endpoint = QueryEndpoint(
+        authenticator=authenticator,
+        settings=q,
+        snapshots=SnapshotSource(store, refresh_interval_s=q.refresh_interval_s),
+        coverage=Coverage(store, settle_margin_s=margin, refresh_interval_s=q.refresh_interval_s),
+        filesystem=filesystem,
+        metrics=metrics,
+        now_ns=clock.now_ns,
+        window=window,
+        follower=follower,
+    )
+    return QueryParts(endpoint, own, follower)
