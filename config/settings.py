@@ -295,6 +295,8 @@ class RollupSettings(_Section):
     compact_target_bytes: int = Field(default=128 * 1024 * 1024, ge=1024)
     """``lm-rollup compact`` writes files of about this size (an hour smaller than this
     becomes one file)."""
+    compact_after_run: bool = False
+    """``lm-rollup run`` compacts (as ``lm-rollup compact``) after each run that committed."""
     compact_min_files: int = Field(default=2, ge=2)
     """``lm-rollup compact`` without ``--hour`` rewrites a table's hour when it has at least
     this many files, or rows that deletes still mask."""

@@ -19,7 +19,9 @@ session they own. Under the owner lease (taken here unless one is passed in):
    except those of hours with batches the commit left out (bad frames: they stay
    pending, and the marker makes the next run try them again); a plan with nothing
    left to do deletes its markers at once;
-7. whatever the outcome, publish every committed version not yet published as Iceberg
+7. with ``[rollup] compact_after_run``, compact what the commit left (`rollup.compaction`:
+   its own commit, without changing what the tables hold);
+8. whatever the outcome, publish every committed version not yet published as Iceberg
    metadata (`rollup.iceberg_publish`): this run's commit, and any a crashed run left
    unpublished. A failed publish is logged; the commit stands and the next run repairs.
 
@@ -43,6 +45,7 @@ from config.settings import RollupSettings
 from protocol import keys
 from protocol.clock import Clock, SystemClock
 from protocol.records import ProblemRecord, RecordError
+from rollup import compaction
 from rollup.commit import CommitConflict, LoadedSnapshot, commit, delete_uncommitted, load_latest
 from rollup.iceberg_publish import publish_or_log
 from rollup.manifest import Changes, DataFile, LedgerHour
@@ -94,6 +97,8 @@ class RunSummary:
     commit_conflicts: int = 0
     problems: list[dict[str, Any]] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    compaction: dict[str, Any] | None = None
+    """What ``[rollup] compact_after_run`` compacted after the commit (None: not run)."""
     late_excluded: int = 0
     """Batches included in the ledger with no rows: retention had dropped their hours."""
     iceberg_published: list[int] = field(default_factory=list)
@@ -125,6 +130,8 @@ async def run_rollup(
     )
     try:
         summary = await _Run(spark, store, access, settings, own, clock, hooks, progress).run()
+        if settings.compact_after_run and summary.outcome == "committed":
+            summary.compaction = await _compact_after(store, access, settings, clock)
         summary.iceberg_published = await publish_or_log(
             store, store_url=access.url, retention_s=settings.retention_s, owner=own
         )
@@ -132,6 +139,33 @@ async def run_rollup(
     finally:
         if owner is None:
             await own.release()
+
+
+async def _compact_after(
+    store: ObjectStore, access: StoreAccess, settings: RollupSettings, clock: Clock
+) -> dict[str, Any]:
+    """``[rollup] compact_after_run``: compact what the commit left (`rollup.compaction`).
+    The run's commit stands whatever happens here: a failure is logged, and the next run
+    or ``lm-rollup compact`` does it."""
+    try:
+        report = await compaction.compact(
+            store,
+            access=access,
+            clock=clock,
+            target_bytes=settings.compact_target_bytes,
+            min_files=settings.compact_min_files,
+            compression=settings.compression,
+        )
+    except (CommitConflict, StoreError, OSError) as exc:
+        log.warning("rollup_compaction_after_run_failed", error=f"{type(exc).__name__}: {exc}")
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {
+        "version": report.version,
+        "hours": len(report.hours),
+        "files_before": report.files_before,
+        "files_after": report.files_after,
+        "rows_masked": report.rows_masked,
+    }
 
 
 class _Run:

@@ -145,3 +145,21 @@ async def test_compaction_racing_a_run_never_loses_or_doubles_a_point(
     assert _hosts(await read_table(fs_store, "points")) == {"b": 200}
     assert_rollup_equal(await committed_rollup(fs_store), expected_rollup(frames))
     assert (await verify(fs_store)).ok
+
+
+async def test_compact_after_run_leaves_one_file_per_table_hour(
+    spark: SparkSession, fs_store: FileSystemStore
+) -> None:
+    frames = [_frame("b", range(i * 100, i * 100 + 40), seq_start=i * 40) for i in range(3)]
+    for frame in frames:
+        await accept(fs_store, [frame])
+        summary = await run(spark, fs_store, compact_after_run=True)
+        assert summary.compaction is not None
+    assert summary.compaction == {
+        "version": 5, "hours": 1, "files_before": 2, "files_after": 1, "rows_masked": 0,
+    }  # fmt: skip  (runs v1, v2, v4; compactions v3, v5: hour 0's 2 points files -> 1)
+    latest = await load_latest(fs_store)
+    assert latest is not None and len(latest.snapshot.data_files("points")) == 1
+    assert _hosts(await read_table(fs_store, "points")) == {"b": 120}
+    assert_rollup_equal(await committed_rollup(fs_store), expected_rollup(frames))
+    assert (await verify(fs_store)).ok
