@@ -155,13 +155,14 @@ async def test_compact_after_run_leaves_one_file_per_table_hour(
         await accept(fs_store, [frame])
         summary = await run(spark, fs_store, compact_after_run=True)
         assert summary.compaction is not None
+    # Runs commit v1, v2 and v4; compactions v3 and v5 (hour 0's 2 points files -> 1).
     assert summary.compaction == {
         "version": 5,
         "hours": 1,
         "files_before": 2,
         "files_after": 1,
         "rows_masked": 0,
-    }  # fmt: skip  (runs v1, v2, v4; compactions v3, v5: hour 0's 2 points files -> 1)
+    }
     latest = await load_latest(fs_store)
     assert latest is not None and len(latest.snapshot.data_files("points")) == 1
     assert _hosts(await read_table(fs_store, "points")) == {"b": 120}
