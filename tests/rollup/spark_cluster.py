@@ -28,6 +28,8 @@ import os
 import signal
 import socket
 import subprocess
+import sys
+import sysconfig
 import time
 import urllib.error
 import urllib.request
@@ -161,6 +163,25 @@ def start_cluster(
         cluster.stop()
         raise
     return cluster
+
+
+def python_without_the_project(directory: Path) -> Path:
+    """An executable that runs this interpreter as an executor host's Python would be:
+    the third-party dependencies installed, this project not. The venv has the project
+    installed in editable mode (a ``.pth`` file adds a finder that imports every package
+    from the source tree, after ``sys.path``): a package missing from a shipped zip would
+    be imported from there unnoticed. ``-S`` skips ``site`` and so every ``.pth`` file,
+    and the venv's site-packages is put on ``PYTHONPATH`` instead (nothing in it shadows
+    the standard library). Give it as ``PYSPARK_PYTHON`` and ``PYSPARK_DRIVER_PYTHON``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    site_packages = sysconfig.get_paths()["purelib"]
+    wrapper = directory / "python-without-the-project"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{site_packages}" exec {sys.executable} -S "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    return wrapper
 
 
 def _spawn(

@@ -5,9 +5,41 @@ driver)."""
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import json
 import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
 
-from tests.rollup.spark_cluster import WORKER_CORES, StandaloneCluster
+import pytest
+
+from chaos.s3_server import child_env
+from rollup.__main__ import main as rollup_main
+from rollup.pyfiles import build_pyfiles
+from store.open import open_store
+from tests.rollup.conftest import (
+    DATA_START_NS,
+    SentFrame,
+    accept,
+    assert_rollup_equal,
+    committed_rollup,
+    expected_rollup,
+    make_frame,
+)
+from tests.rollup.spark_cluster import (
+    SPARK_HOME,
+    WORKER_CORES,
+    StandaloneCluster,
+    python_without_the_project,
+)
+from tests.s3_servers import TEST_REGION, RunningServer
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+FRAMES_PER_AGENT = 4
+POINTS_PER_FRAME = 300
 
 
 def test_the_cluster_registers_two_workers(spark_cluster: StandaloneCluster) -> None:
@@ -22,3 +54,172 @@ def test_the_cluster_registers_two_workers(spark_cluster: StandaloneCluster) -> 
     pids = [d.process.pid for d in [spark_cluster.master, *spark_cluster.workers]]
     assert len(set(pids)) == 3
     assert all(os.getpgid(pid) == pid for pid in pids)
+
+
+@pytest.mark.s3
+@pytest.mark.slow  # ~30 s (CI deselects no marker: it runs in every full run)
+def test_the_rollup_runs_on_the_cluster_from_the_built_zip(
+    spark_cluster: StandaloneCluster,
+    ministack_server: RunningServer,
+    ministack_bucket: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    url = f"s3://{ministack_bucket}/lm"
+    endpoint = ministack_server.endpoint_url
+    frames = [
+        make_frame(
+            [
+                (DATA_START_NS + (i * 7 + b) * 10**9 * 3, metric, float(i * b), {"host": agent})
+                for i in range(POINTS_PER_FRAME)
+                for metric in ("cpu", "mem")
+            ][:POINTS_PER_FRAME],
+            agent_id=agent,
+            seq_start=b * POINTS_PER_FRAME,
+        )
+        for agent in ("agent-a", "agent-b", "agent-c")
+        for b in range(FRAMES_PER_AGENT)
+    ]
+    asyncio.run(_accept_on_s3(url, endpoint, frames))
+    accepted_points = sum(sent.manifest.record_count for sent in frames)
+
+    dist = tmp_path / "dist"
+    built = build_pyfiles(dist)
+    config = tmp_path / "rollup.toml"
+    config.write_text(
+        f'[store]\nurl = "{url}"\nendpoint_url = "{endpoint}"\nregion = "{TEST_REGION}"\n\n'
+        '[rollup]\nowner_lease_ttl_s = 60.0\n\n[logging]\nformat = "json"\n'
+    )
+    entry = dist / "cluster_probe_entry.py"  # outside the repository, like the zip
+    shutil.copyfile(Path(__file__).with_name("cluster_probe_entry.py"), entry)
+    report_path = tmp_path / "probe.json"
+
+    completed = _spark_submit(
+        spark_cluster,
+        tmp_path,
+        [
+            *("--py-files", str(built.zip_path)),
+            *(str(entry), str(report_path), "--config", str(config), "run"),
+        ],
+    )
+
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    summary = _summary(completed.stdout)
+    assert summary["outcome"] == "committed", summary
+    assert summary["batches"] == len(frames) and summary["points"] == accepted_points
+
+    # Exact totals: the committed rollup_1m is the one computed from the frames alone.
+    got = asyncio.run(_committed_rollup_on_s3(url, endpoint))
+    assert sum(row["count"] for row in got.values()) == accepted_points
+    assert_rollup_equal(got, expected_rollup(frames))
+    capsys.readouterr()
+    assert rollup_main(["--config", str(config), "verify"]) == 0
+    assert rollup_main(["--config", str(config), "verify", "--from-manifests"]) == 0
+    assert "missing" not in capsys.readouterr().out
+
+    # It ran on the cluster: one application, on both workers' executors...
+    state = spark_cluster.state()
+    assert [app["name"] for app in state["completedapps"]] == ["lm-rollup"]
+    report = json.loads(report_path.read_text())
+    executor_dirs = {Path(probe["cwd"]) for probe in report["executors"]}
+    assert {_worker_of(d, spark_cluster) for d in executor_dirs} == set(spark_cluster.worker_dirs())
+    # ...and every process imported the project from the zip it was shipped, nothing else.
+    for probe in report["executors"]:
+        shipped = Path(probe["cwd"]) / built.zip_path.name  # fetched from the driver
+        assert all(f.startswith(f"{shipped}/") for f in probe["files"].values()), probe
+        assert hashlib.sha256(shipped.read_bytes()).hexdigest() == built.sha256
+        _assert_sees_no_source_tree(probe)
+    driver = report["driver"]  # spark-submit's copy of the zip, in its userFiles directory
+    assert all(f"/{built.zip_path.name}/" in f for f in driver["files"].values()), driver
+    _assert_sees_no_source_tree(driver)
+
+
+async def _accept_on_s3(url: str, endpoint: str, frames: list[SentFrame]) -> None:
+    store = open_store(url, endpoint_url=endpoint)
+    try:
+        await accept(store, frames)
+    finally:
+        await store.close()
+
+
+async def _committed_rollup_on_s3(url: str, endpoint: str) -> dict[Any, dict[str, Any]]:
+    store = open_store(url, endpoint_url=endpoint)
+    try:
+        return await committed_rollup(store, endpoint)
+    finally:
+        await store.close()
+
+
+def _spark_submit(
+    cluster: StandaloneCluster, tmp_path: Path, arguments: list[str]
+) -> subprocess.CompletedProcess[str]:
+    """``spark-submit --master spark://...`` (client mode), from a directory outside the
+    repository, with no PYTHONPATH and the executors' Python unable to see the project
+    unless it is shipped (`python_without_the_project`)."""
+    scratch = tmp_path / "submit"
+    (scratch / "local").mkdir(parents=True)
+    (scratch / "java-tmp").mkdir()
+    python = python_without_the_project(tmp_path / "bin")
+    java_options = (
+        f"-Dlog4j2.configurationFile=file:{cluster.root / 'log4j2.properties'} "
+        f"-Djava.io.tmpdir={scratch / 'java-tmp'} -XX:-UsePerfData -XX:TieredStopAtLevel=1"
+    )
+    env = child_env(
+        {
+            "SPARK_HOME": str(SPARK_HOME),
+            "PYSPARK_PYTHON": str(python),
+            "PYSPARK_DRIVER_PYTHON": str(python),
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "SPARK_LOCAL_DIRS": str(scratch / "local"),
+        }
+    )
+    env.pop("PYTHONPATH", None)
+    return subprocess.run(
+        [
+            str(SPARK_HOME / "bin" / "spark-submit"),
+            *("--master", cluster.master_url, "--deploy-mode", "client"),
+            *("--name", "lm-rollup"),
+            *("--conf", "spark.ui.enabled=false"),
+            *("--conf", "spark.driver.host=127.0.0.1"),
+            *("--conf", "spark.driver.bindAddress=127.0.0.1"),
+            # Schedule nothing until both executors are up, so both get tasks.
+            *("--conf", "spark.scheduler.minRegisteredResourcesRatio=1.0"),
+            *("--conf", "spark.scheduler.maxRegisteredResourcesWaitingTime=60s"),
+            *("--conf", f"spark.executor.extraJavaOptions={java_options}"),
+            *("--driver-java-options", java_options),
+            *arguments,
+        ],
+        cwd=scratch,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+
+
+def _summary(stdout: str) -> dict[str, Any]:
+    """The run summary: the last indented JSON document (``{`` to ``}`` on lines of their
+    own). spark-submit's Python runner merges the driver's stderr, log lines included,
+    into its stdout."""
+    lines = stdout.splitlines()
+    start = max(i for i, line in enumerate(lines) if line == "{")
+    end = lines.index("}", start)
+    document: dict[str, Any] = json.loads("\n".join(lines[start : end + 1]))
+    return document
+
+
+def _worker_of(executor_dir: Path, cluster: StandaloneCluster) -> Path:
+    """The worker work dir an executor ran in (``<work-dir>/<app-id>/<executor-id>``)."""
+    work_dir = executor_dir.parents[1]
+    assert work_dir in cluster.worker_dirs(), executor_dir
+    return work_dir
+
+
+def _assert_sees_no_source_tree(probe: dict[str, Any]) -> None:
+    """No directory on the path holds the project's packages, no PYTHONPATH names the
+    repository, and the editable install's finder is not loaded."""
+    for entry in probe["sys_path"]:
+        assert not (Path(entry) / "rollup" / "__init__.py").is_file(), (entry, probe)
+    assert str(REPO_ROOT) not in probe["pythonpath"], probe
+    assert not [f for f in probe["meta_path"] if "Editable" in f], probe
