@@ -39,7 +39,7 @@ from typing import Any
 
 import pyspark
 
-from chaos.s3_server import die_with_parent_hook, dummy_aws_env
+from chaos.s3_server import child_env, die_with_parent_hook, dummy_aws_env
 from rollup.spark_session import QUIET_LOG4J2
 
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
@@ -182,6 +182,68 @@ def python_without_the_project(directory: Path) -> Path:
     )
     wrapper.chmod(0o755)
     return wrapper
+
+
+def spark_submit(
+    master_url: str,
+    work_dir: Path,
+    arguments: list[str],
+    *,
+    extra_conf: dict[str, str] | None = None,
+    timeout_s: float = 240.0,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``spark-submit --master MASTER_URL [conf] ARGUMENTS`` (client mode) and wait.
+
+    It runs from ``work_dir/submit`` (outside the repository), with no ``PYTHONPATH``, and
+    the driver's and executors' Python is `python_without_the_project`: the project is
+    importable only from what ``ARGUMENTS`` ship (``--py-files``). Spark scratch, JVM
+    temp files and the log config live under ``work_dir``. The driver waits for every
+    executor of the cluster before it schedules anything, so all of them get tasks.
+    The Python driver's stderr reaches the returned stdout (spark-submit merges them)."""
+    scratch = work_dir / "submit"
+    (scratch / "local").mkdir(parents=True, exist_ok=True)
+    (scratch / "java-tmp").mkdir(exist_ok=True)
+    log_config = scratch / "log4j2.properties"
+    log_config.write_text(QUIET_LOG4J2)
+    python = python_without_the_project(work_dir / "bin")
+    java_options = (
+        f"-Dlog4j2.configurationFile=file:{log_config} -Djava.io.tmpdir={scratch / 'java-tmp'} "
+        "-XX:-UsePerfData -XX:TieredStopAtLevel=1"
+    )
+    env = child_env(
+        {
+            "SPARK_HOME": str(SPARK_HOME),
+            "PYSPARK_PYTHON": str(python),
+            "PYSPARK_DRIVER_PYTHON": str(python),
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "SPARK_LOCAL_DIRS": str(scratch / "local"),
+        }
+    )
+    env.pop("PYTHONPATH", None)
+    conf = {
+        "spark.ui.enabled": "false",
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+        "spark.scheduler.maxRegisteredResourcesWaitingTime": "60s",
+        "spark.executor.extraJavaOptions": java_options,
+        **(extra_conf or {}),
+    }
+    return subprocess.run(
+        [
+            str(SPARK_HOME / "bin" / "spark-submit"),
+            *("--master", master_url, "--deploy-mode", "client", "--name", "lm-rollup"),
+            *(item for key, value in conf.items() for item in ("--conf", f"{key}={value}")),
+            *("--driver-java-options", java_options),
+            *arguments,
+        ],
+        cwd=scratch,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
 
 
 def _spawn(

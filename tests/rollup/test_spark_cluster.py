@@ -10,13 +10,11 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from chaos.s3_server import child_env
 from rollup.__main__ import main as rollup_main
 from rollup.pyfiles import build_pyfiles
 from store.open import open_store
@@ -29,12 +27,7 @@ from tests.rollup.conftest import (
     expected_rollup,
     make_frame,
 )
-from tests.rollup.spark_cluster import (
-    SPARK_HOME,
-    WORKER_CORES,
-    StandaloneCluster,
-    python_without_the_project,
-)
+from tests.rollup.spark_cluster import WORKER_CORES, StandaloneCluster, spark_submit
 from tests.s3_servers import TEST_REGION, RunningServer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -94,8 +87,8 @@ def test_the_rollup_runs_on_the_cluster_from_the_built_zip(
     shutil.copyfile(Path(__file__).with_name("cluster_probe_entry.py"), entry)
     report_path = tmp_path / "probe.json"
 
-    completed = _spark_submit(
-        spark_cluster,
+    completed = spark_submit(
+        spark_cluster.master_url,
         tmp_path,
         [
             *("--py-files", str(built.zip_path)),
@@ -148,54 +141,6 @@ async def _committed_rollup_on_s3(url: str, endpoint: str) -> dict[Any, dict[str
         return await committed_rollup(store, endpoint)
     finally:
         await store.close()
-
-
-def _spark_submit(
-    cluster: StandaloneCluster, tmp_path: Path, arguments: list[str]
-) -> subprocess.CompletedProcess[str]:
-    """``spark-submit --master spark://...`` (client mode), from a directory outside the
-    repository, with no PYTHONPATH and the executors' Python unable to see the project
-    unless it is shipped (`python_without_the_project`)."""
-    scratch = tmp_path / "submit"
-    (scratch / "local").mkdir(parents=True)
-    (scratch / "java-tmp").mkdir()
-    python = python_without_the_project(tmp_path / "bin")
-    java_options = (
-        f"-Dlog4j2.configurationFile=file:{cluster.root / 'log4j2.properties'} "
-        f"-Djava.io.tmpdir={scratch / 'java-tmp'} -XX:-UsePerfData -XX:TieredStopAtLevel=1"
-    )
-    env = child_env(
-        {
-            "SPARK_HOME": str(SPARK_HOME),
-            "PYSPARK_PYTHON": str(python),
-            "PYSPARK_DRIVER_PYTHON": str(python),
-            "SPARK_LOCAL_IP": "127.0.0.1",
-            "SPARK_LOCAL_DIRS": str(scratch / "local"),
-        }
-    )
-    env.pop("PYTHONPATH", None)
-    return subprocess.run(
-        [
-            str(SPARK_HOME / "bin" / "spark-submit"),
-            *("--master", cluster.master_url, "--deploy-mode", "client"),
-            *("--name", "lm-rollup"),
-            *("--conf", "spark.ui.enabled=false"),
-            *("--conf", "spark.driver.host=127.0.0.1"),
-            *("--conf", "spark.driver.bindAddress=127.0.0.1"),
-            # Schedule nothing until both executors are up, so both get tasks.
-            *("--conf", "spark.scheduler.minRegisteredResourcesRatio=1.0"),
-            *("--conf", "spark.scheduler.maxRegisteredResourcesWaitingTime=60s"),
-            *("--conf", f"spark.executor.extraJavaOptions={java_options}"),
-            *("--driver-java-options", java_options),
-            *arguments,
-        ],
-        cwd=scratch,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
 
 
 def _summary(stdout: str) -> dict[str, Any]:
