@@ -28,16 +28,19 @@ import asyncio
 import hashlib
 import json
 import os
+import resource
 import statistics
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from bench._common import CLOCK_TICKS, busy_cpu_seconds
 from protocol import keys
 from protocol.frame import encode_frame
 from protocol.records import AcceptedManifest
@@ -139,9 +142,15 @@ async def make_pending(store: ObjectStore, markers: list[tuple[str, bytes]]) -> 
 
 
 def run_once(
-    master: str, work_dir: Path, zip_path: Path, entry: Path, config: Path
+    master: str,
+    work_dir: Path,
+    zip_path: Path,
+    entry: Path,
+    config: Path,
+    ours: Callable[[], float],
 ) -> dict[str, Any]:
     load_before = os.getloadavg()
+    busy_before, ours_before = busy_cpu_seconds(), ours()
     started = time.monotonic()
     completed = spark_submit(
         master,
@@ -150,6 +159,8 @@ def run_once(
         timeout_s=1800,
     )
     wall = time.monotonic() - started
+    ours_cpu = ours() - ours_before
+    others_cores = max(0.0, busy_cpu_seconds() - busy_before - ours_cpu) / wall
     if completed.returncode != 0:
         raise RuntimeError(f"{master}: exit {completed.returncode}\n{completed.stdout[-3000:]}")
     lines = completed.stdout.splitlines()
@@ -163,9 +174,33 @@ def run_once(
         "job_s": round(job, 2),
         "seconds": summary["seconds"],
         "points_per_s": round(summary["points"] / job),
+        "cpu_s": round(ours_cpu, 1),
+        "others_cores": round(others_cores, 2),
         "load_before": [round(x, 2) for x in load_before],
         "load_after": [round(x, 2) for x in os.getloadavg()],
     }
+
+
+def _cpu_with_children(pid: int) -> float:
+    """utime + stime of ``pid`` and of its children it has waited for, in seconds."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()  # comm may hold spaces: after its ')'
+    return sum(int(v) for v in fields[11:15]) / CLOCK_TICKS  # stat fields 14-17
+
+
+def our_cpu_meter(daemon_pids: list[int]) -> Callable[[], float]:
+    """CPU seconds of everything this benchmark runs: itself, its finished children
+    (each spark-submit: driver JVM and Python driver), and the long-lived daemons (the
+    cluster's master and workers, whose finished executors they have waited for, and
+    MiniStack). Approximate: a Python worker an executor did not wait for is missed."""
+
+    def measure() -> float:
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        total = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+        return total + sum(_cpu_with_children(pid) for pid in daemon_pids)
+
+    return measure
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -211,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"seeded {points} points in {time.monotonic() - seeding:.1f}s", flush=True)
             built = build_pyfiles(root / "dist")
             cluster = start_cluster(root / "cluster")
+            daemons = [cluster.master, *cluster.workers]
+            ours = our_cpu_meter([d.process.pid for d in daemons] + [server.pid or 0])
             results: list[dict[str, Any]] = []
             for round_ in range(args.rounds):
                 for master in (cluster.master_url, "local[2]"):
@@ -225,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
                     asyncio.run(reset())
                     result = run_once(
                         master, root / f"run-{round_}-{len(results)}", built.zip_path,
-                        built.entry_path, config,
+                        built.entry_path, config, ours,
                     )  # fmt: skip
                     results.append(result)
                     print(json.dumps(result), flush=True)
