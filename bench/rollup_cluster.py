@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import hashlib
 import json
 import os
@@ -53,6 +54,7 @@ from tests.rollup.spark_cluster import spark_submit, start_cluster
 from tests.s3_servers import AWS_ENV_TO_REMOVE, dummy_aws_env, fresh_bucket, start_ministack
 
 NS_PER_S = 1_000_000_000
+_PR_SET_CHILD_SUBREAPER = 36
 _FRAME_SCHEMA = pa.schema(
     [
         pa.field("ts", pa.timestamp("ns", tz="UTC")),
@@ -148,6 +150,8 @@ def run_once(
     entry: Path,
     config: Path,
     ours: Callable[[], float],
+    worker_pids: list[int],
+    daemon_pids: list[int],
 ) -> dict[str, Any]:
     load_before = os.getloadavg()
     busy_before, ours_before = busy_cpu_seconds(), ours()
@@ -159,8 +163,14 @@ def run_once(
         timeout_s=1800,
     )
     wall = time.monotonic() - started
+    # The workers stop and reap their executors after the application ends: only then
+    # is the executors' CPU in the workers' cutime. Python workers a JVM left behind are
+    # re-parented to this process (a subreaper), which reaps them for their CPU.
+    _wait_until_childless(worker_pids, timeout_s=60.0)
+    _reap_orphans(keep=set(daemon_pids), timeout_s=30.0)
+    window = time.monotonic() - started
     ours_cpu = ours() - ours_before
-    others_cores = max(0.0, busy_cpu_seconds() - busy_before - ours_cpu) / wall
+    others_cores = max(0.0, busy_cpu_seconds() - busy_before - ours_cpu) / window
     if completed.returncode != 0:
         raise RuntimeError(f"{master}: exit {completed.returncode}\n{completed.stdout[-3000:]}")
     lines = completed.stdout.splitlines()
@@ -179,6 +189,54 @@ def run_once(
         "load_before": [round(x, 2) for x in load_before],
         "load_after": [round(x, 2) for x in os.getloadavg()],
     }
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):  # a JVM forks from many threads
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return found
+
+
+def _reap_orphans(*, keep: set[int], timeout_s: float) -> None:
+    """Wait (bounded) for this process's children other than ``keep`` (the long-lived
+    daemons) to exit, and reap them so their CPU joins ``RUSAGE_CHILDREN``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for pid in set(_children(os.getpid())) - keep:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+        if not set(_children(os.getpid())) - keep:
+            return
+        time.sleep(0.1)
+    for pid in set(_children(os.getpid())) - keep:
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:200]
+        except OSError:
+            continue
+        print(f"still running after {timeout_s:.0f}s: {pid} {command.decode(errors='replace')}")
+
+
+def _become_subreaper() -> None:
+    """Orphaned descendants (a Python worker whose JVM exited first) become this
+    process's children instead of init's, so their CPU can be counted."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def _wait_until_childless(pids: list[int], *, timeout_s: float) -> None:
+    """Poll (bounded) until none of ``pids`` has a child process left."""
+    deadline = time.monotonic() + timeout_s
+    while any(_children(pid) for pid in pids):
+        if time.monotonic() >= deadline:
+            print(f"executors still running after {timeout_s:.0f}s: their CPU is missed")
+            return
+        time.sleep(0.1)
 
 
 def _cpu_with_children(pid: int) -> float:
@@ -211,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
+    _become_subreaper()
     for name in AWS_ENV_TO_REMOVE:  # the dummy credentials only, never a real account
         os.environ.pop(name, None)
     os.environ.update(dummy_aws_env())
@@ -247,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
             built = build_pyfiles(root / "dist")
             cluster = start_cluster(root / "cluster")
             daemons = [cluster.master, *cluster.workers]
-            ours = our_cpu_meter([d.process.pid for d in daemons] + [server.pid or 0])
+            daemon_pids = [d.process.pid for d in daemons] + [server.pid or 0]
+            ours = our_cpu_meter(daemon_pids)
             results: list[dict[str, Any]] = []
             for round_ in range(args.rounds):
                 for master in (cluster.master_url, "local[2]"):
@@ -262,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
                     asyncio.run(reset())
                     result = run_once(
                         master, root / f"run-{round_}-{len(results)}", built.zip_path,
-                        built.entry_path, config, ours,
+                        built.entry_path, config, ours, [w.process.pid for w in cluster.workers],
+                        daemon_pids,
                     )  # fmt: skip
                     results.append(result)
                     print(json.dumps(result), flush=True)
