@@ -42,6 +42,7 @@ import numpy as np
 import pyarrow as pa
 
 from bench._common import CLOCK_TICKS, busy_cpu_seconds
+from bench.cpu_by_role import CpuByRole
 from protocol import keys
 from protocol.frame import encode_frame
 from protocol.records import AcceptedManifest
@@ -154,6 +155,7 @@ def run_once(
     daemon_pids: list[int],
 ) -> dict[str, Any]:
     load_before = os.getloadavg()
+    by_role = CpuByRole(os.getpid()).start()
     busy_before, ours_before = busy_cpu_seconds(), ours()
     started = time.monotonic()
     completed = spark_submit(
@@ -171,6 +173,7 @@ def run_once(
     window = time.monotonic() - started
     ours_cpu = ours() - ours_before
     others_cores = max(0.0, busy_cpu_seconds() - busy_before - ours_cpu) / window
+    cpu_by_role = by_role.stop()
     if completed.returncode != 0:
         raise RuntimeError(f"{master}: exit {completed.returncode}\n{completed.stdout[-3000:]}")
     lines = completed.stdout.splitlines()
@@ -185,6 +188,7 @@ def run_once(
         "seconds": summary["seconds"],
         "points_per_s": round(summary["points"] / job),
         "cpu_s": round(ours_cpu, 1),
+        "cpu_s_by_role": cpu_by_role,
         "others_cores": round(others_cores, 2),
         "load_before": [round(x, 2) for x in load_before],
         "load_after": [round(x, 2) for x in os.getloadavg()],
@@ -229,10 +233,24 @@ def _become_subreaper() -> None:
     prctl(_PR_SET_CHILD_SUBREAPER, 1)
 
 
+def _live_children(pid: int) -> list[int]:
+    """Children that are not zombies (spark-class leaves its launcher's shell as one under
+    the daemon it execs into, never reaped)."""
+    live = []
+    for child in _children(pid):
+        try:
+            stat = Path(f"/proc/{child}/stat").read_text()
+        except OSError:
+            continue
+        if stat[stat.rindex(")") + 2] != "Z":
+            live.append(child)
+    return live
+
+
 def _wait_until_childless(pids: list[int], *, timeout_s: float) -> None:
-    """Poll (bounded) until none of ``pids`` has a child process left."""
+    """Poll (bounded) until none of ``pids`` has a live child process left."""
     deadline = time.monotonic() + timeout_s
-    while any(_children(pid) for pid in pids):
+    while any(_live_children(pid) for pid in pids):
         if time.monotonic() >= deadline:
             print(f"executors still running after {timeout_s:.0f}s: their CPU is missed")
             return
