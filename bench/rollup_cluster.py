@@ -6,56 +6,63 @@
 One MiniStack holds the store (S3 is all a cluster's executors share with the driver).
 It is seeded once with ``--points`` points in accepted batches of ``--points-per-frame``
 from ``--agents`` agents (15 series each, timestamps over two hours), stored as the
-collector stores them and cataloged as the reconciler does (catalog files and rollup
-work markers). Then, alternating, ``--rounds`` times each:
+collector stores them (raw blob, manifest) and cataloged by ``lm-reconciler run --once``
+(its first pass audits the bucket: catalog files and rollup work markers). Then,
+alternating, ``--rounds`` times each:
 
 - **cluster**: ``spark-submit --master spark://127.0.0.1:P`` to a master and two 1-core,
-  1 GiB workers (`tests.rollup.spark_cluster`, separate JVMs), the project shipped as the
+  1 GiB workers (`chaos.spark_standalone`, separate JVMs), the project shipped as the
   `rollup.pyfiles` zip;
 - **local**: the same ``spark-submit`` command with ``--master local[2]`` (one JVM).
 
 Before each run the dataset is made pending again (``rollup/v1/`` deleted, the work
 markers put back). Reported per run: wall seconds of the whole ``spark-submit`` (JVM,
 executors, Python workers, job), the job's own seconds from its run summary (plan +
-stages + commit) and points/s over those, with the machine's load average. Benchmarks
-are not tests: nothing in ``tests/`` imports this.
+stages + commit) and points/s over those, CPU seconds (in all, and by role:
+`bench.cpu_by_role`) and the cores other users took meanwhile. Benchmarks are not
+tests: nothing in ``tests/`` imports this.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import hashlib
 import json
 import os
-import resource
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
 
-from bench._common import CLOCK_TICKS, busy_cpu_seconds
+from bench._common import busy_cpu_seconds
 from bench.cpu_by_role import CpuByRole
+from chaos.s3_server import (
+    AWS_ENV_TO_REMOVE,
+    child_env,
+    dummy_aws_env,
+    fresh_bucket,
+    start_ministack,
+)
+from chaos.spark_standalone import spark_submit, start_cluster
 from protocol import keys
 from protocol.frame import encode_frame
 from protocol.records import AcceptedManifest
 from rollup.pyfiles import build_pyfiles
 from store.base import ObjectStore
 from store.open import open_store
-from tests.rollup.conftest import DATA_START_NS
-from tests.rollup.dataset_builder import catalog_manifests
-from tests.rollup.spark_cluster import spark_submit, start_cluster
-from tests.s3_servers import AWS_ENV_TO_REMOVE, dummy_aws_env, fresh_bucket, start_ministack
 
+T = TypeVar("T")
 NS_PER_S = 1_000_000_000
-_PR_SET_CHILD_SUBREAPER = 36
+DATA_START_NS = keys.UtcHour.parse_iso("2026-11-21T10").start_ns
 _FRAME_SCHEMA = pa.schema(
     [
         pa.field("ts", pa.timestamp("ns", tz="UTC")),
@@ -89,7 +96,8 @@ def _frame(agent: int, first: int, count: int, per_agent: int, rng: Any) -> byte
 
 
 async def seed(store: ObjectStore, *, points: int, agents: int, per_frame: int) -> int:
-    """Accepted batches, cataloged; returns the points stored."""
+    """Accepted batches as the collector stores them (raw blob, then manifest); returns
+    the points stored. `catalog` makes them the rollup's work."""
     rng = np.random.default_rng(1)
     per_agent = points // agents
     manifests = []
@@ -123,8 +131,19 @@ async def seed(store: ObjectStore, *, points: int, agents: int, per_frame: int) 
                 put(manifest.manifest_key, manifest.to_json()),
             ]
         await asyncio.gather(*tasks)
-    await catalog_manifests(store, manifests)
     return sum(m.record_count for m in manifests)
+
+
+def catalog(config: Path) -> None:
+    """``lm-reconciler run --once``: its first pass audits the bucket and catalogs every
+    accepted batch, writing the catalog files and the rollup work markers."""
+    subprocess.run(
+        [sys.executable, "-m", "reconciler", "--config", str(config), "run", "--once"],
+        env=child_env(),
+        stdout=subprocess.DEVNULL,
+        check=True,
+        timeout=600,
+    )
 
 
 async def _list(store: ObjectStore, prefix: str) -> list[str]:
@@ -145,18 +164,11 @@ async def make_pending(store: ObjectStore, markers: list[tuple[str, bytes]]) -> 
 
 
 def run_once(
-    master: str,
-    work_dir: Path,
-    zip_path: Path,
-    entry: Path,
-    config: Path,
-    ours: Callable[[], float],
-    worker_pids: list[int],
-    daemon_pids: list[int],
+    master: str, work_dir: Path, zip_path: Path, entry: Path, config: Path
 ) -> dict[str, Any]:
     load_before = os.getloadavg()
     by_role = CpuByRole(os.getpid()).start()
-    busy_before, ours_before = busy_cpu_seconds(), ours()
+    busy_before = busy_cpu_seconds()
     started = time.monotonic()
     completed = spark_submit(
         master,
@@ -165,15 +177,9 @@ def run_once(
         timeout_s=1800,
     )
     wall = time.monotonic() - started
-    # The workers stop and reap their executors after the application ends: only then
-    # is the executors' CPU in the workers' cutime. Python workers a JVM left behind are
-    # re-parented to this process (a subreaper), which reaps them for their CPU.
-    _wait_until_childless(worker_pids, timeout_s=60.0)
-    _reap_orphans(keep=set(daemon_pids), timeout_s=30.0)
-    window = time.monotonic() - started
-    ours_cpu = ours() - ours_before
-    others_cores = max(0.0, busy_cpu_seconds() - busy_before - ours_cpu) / window
     cpu_by_role = by_role.stop()
+    ours = sum(cpu_by_role.values())
+    others_cores = max(0.0, busy_cpu_seconds() - busy_before - ours) / wall
     if completed.returncode != 0:
         raise RuntimeError(f"{master}: exit {completed.returncode}\n{completed.stdout[-3000:]}")
     lines = completed.stdout.splitlines()
@@ -187,96 +193,12 @@ def run_once(
         "job_s": round(job, 2),
         "seconds": summary["seconds"],
         "points_per_s": round(summary["points"] / job),
-        "cpu_s": round(ours_cpu, 1),
+        "cpu_s": round(ours, 1),
         "cpu_s_by_role": cpu_by_role,
         "others_cores": round(others_cores, 2),
         "load_before": [round(x, 2) for x in load_before],
         "load_after": [round(x, 2) for x in os.getloadavg()],
     }
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):  # a JVM forks from many threads
-        try:
-            found += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return found
-
-
-def _reap_orphans(*, keep: set[int], timeout_s: float) -> None:
-    """Wait (bounded) for this process's children other than ``keep`` (the long-lived
-    daemons) to exit, and reap them so their CPU joins ``RUSAGE_CHILDREN``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for pid in set(_children(os.getpid())) - keep:
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
-        if not set(_children(os.getpid())) - keep:
-            return
-        time.sleep(0.1)
-    for pid in set(_children(os.getpid())) - keep:
-        try:
-            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:200]
-        except OSError:
-            continue
-        print(f"still running after {timeout_s:.0f}s: {pid} {command.decode(errors='replace')}")
-
-
-def _become_subreaper() -> None:
-    """Orphaned descendants (a Python worker whose JVM exited first) become this
-    process's children instead of init's, so their CPU can be counted."""
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    prctl(_PR_SET_CHILD_SUBREAPER, 1)
-
-
-def _live_children(pid: int) -> list[int]:
-    """Children that are not zombies (spark-class leaves its launcher's shell as one under
-    the daemon it execs into, never reaped)."""
-    live = []
-    for child in _children(pid):
-        try:
-            stat = Path(f"/proc/{child}/stat").read_text()
-        except OSError:
-            continue
-        if stat[stat.rindex(")") + 2] != "Z":
-            live.append(child)
-    return live
-
-
-def _wait_until_childless(pids: list[int], *, timeout_s: float) -> None:
-    """Poll (bounded) until none of ``pids`` has a live child process left."""
-    deadline = time.monotonic() + timeout_s
-    while any(_live_children(pid) for pid in pids):
-        if time.monotonic() >= deadline:
-            print(f"executors still running after {timeout_s:.0f}s: their CPU is missed")
-            return
-        time.sleep(0.1)
-
-
-def _cpu_with_children(pid: int) -> float:
-    """utime + stime of ``pid`` and of its children it has waited for, in seconds."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()  # comm may hold spaces: after its ')'
-    return sum(int(v) for v in fields[11:15]) / CLOCK_TICKS  # stat fields 14-17
-
-
-def our_cpu_meter(daemon_pids: list[int]) -> Callable[[], float]:
-    """CPU seconds of everything this benchmark runs: itself, its finished children
-    (each spark-submit: driver JVM and Python driver), and the long-lived daemons (the
-    cluster's master and workers, whose finished executors they have waited for, and
-    MiniStack). Approximate: a Python worker an executor did not wait for is missed."""
-
-    def measure() -> float:
-        own = resource.getrusage(resource.RUSAGE_SELF)
-        children = resource.getrusage(resource.RUSAGE_CHILDREN)
-        total = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-        return total + sum(_cpu_with_children(pid) for pid in daemon_pids)
-
-    return measure
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -287,7 +209,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
-    _become_subreaper()
     for name in AWS_ENV_TO_REMOVE:  # the dummy credentials only, never a real account
         os.environ.pop(name, None)
     os.environ.update(dummy_aws_env())
@@ -305,43 +226,40 @@ def main(argv: list[str] | None = None) -> int:
                 '[rollup]\nowner_lease_ttl_s = 120.0\n\n[logging]\nformat = "json"\n'
             )
 
-            async def prepare() -> tuple[int, list[tuple[str, bytes]]]:
+            async def with_store(action: Callable[[ObjectStore], Awaitable[T]]) -> T:
                 store = open_store(url, endpoint_url=server.endpoint_url)
                 try:
-                    stored = await seed(
+                    return await action(store)
+                finally:
+                    await store.close()
+
+            seeding = time.monotonic()
+            points = asyncio.run(
+                with_store(
+                    lambda store: seed(
                         store,
                         points=args.points,
                         agents=args.agents,
                         per_frame=args.points_per_frame,
                     )
-                    return stored, await saved_markers(store)
-                finally:
-                    await store.close()
-
-            seeding = time.monotonic()
-            points, markers = asyncio.run(prepare())
-            print(f"seeded {points} points in {time.monotonic() - seeding:.1f}s", flush=True)
+                )
+            )
+            catalog(config)
+            markers = asyncio.run(with_store(saved_markers))
+            print(
+                f"seeded and cataloged {points} points in {time.monotonic() - seeding:.1f}s "
+                f"({len(markers)} work markers)",
+                flush=True,
+            )
             built = build_pyfiles(root / "dist")
             cluster = start_cluster(root / "cluster")
-            daemons = [cluster.master, *cluster.workers]
-            daemon_pids = [d.process.pid for d in daemons] + [server.pid or 0]
-            ours = our_cpu_meter(daemon_pids)
             results: list[dict[str, Any]] = []
             for round_ in range(args.rounds):
                 for master in (cluster.master_url, "local[2]"):
-
-                    async def reset() -> None:
-                        store = open_store(url, endpoint_url=server.endpoint_url)
-                        try:
-                            await make_pending(store, markers)
-                        finally:
-                            await store.close()
-
-                    asyncio.run(reset())
+                    asyncio.run(with_store(lambda store: make_pending(store, markers)))
                     result = run_once(
                         master, root / f"run-{round_}-{len(results)}", built.zip_path,
-                        built.entry_path, config, ours, [w.process.pid for w in cluster.workers],
-                        daemon_pids,
+                        built.entry_path, config,
                     )  # fmt: skip
                     results.append(result)
                     print(json.dumps(result), flush=True)
