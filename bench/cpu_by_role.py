@@ -2,8 +2,9 @@
 worker, the driver, ...), for telling where a Spark run's CPU went.
 
 `CpuByRole` samples every ``interval_s``: it walks the descendants of a root PID and
-keeps, per PID, the last utime+stime it read. At `stop` the per-PID values are summed by
-role (from the command line, `role_of`). A process's CPU after its last sample is missed
+keeps, per PID, the last utime+stime and role it read. At `stop` the per-PID values are
+summed by role (from the command line, `role_of`; read at every sample, since a process
+may exec into another). A process's CPU after its last sample is missed
 (at most ``interval_s`` of it), as is a process that lived less than one interval.
 """
 
@@ -69,7 +70,7 @@ class CpuByRole:
         self._thread.join()
         totals: dict[str, float] = defaultdict(float)
         for pid, last in self._last.items():
-            totals[self._roles[pid]] += last - self._first.get(pid, 0.0)
+            totals[self._roles.get(pid, "gone")] += last - self._first.get(pid, 0.0)
         return {role: round(seconds, 1) for role, seconds in sorted(totals.items())}
 
     def _run(self) -> None:
@@ -83,8 +84,9 @@ class CpuByRole:
             seconds = cpu_seconds(pid)
         except (OSError, ValueError, IndexError):
             return
-        if pid not in self._roles:
-            self._roles[pid] = role_of(pid)
+        role = role_of(pid)  # every time: spark-submit is a shell script until it execs Java
+        if role != "gone":
+            self._roles[pid] = role
         if first:
             self._first[pid] = seconds
         self._last[pid] = seconds
