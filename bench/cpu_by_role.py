@@ -34,6 +34,8 @@ def role_of(pid: int) -> str:
         command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return "gone"
+    if not command.strip():  # a zombie has no command line left
+        return "gone"
     return next((role for needle, role in _ROLES if needle in command), "other")
 
 
