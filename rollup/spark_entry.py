@@ -14,11 +14,15 @@ From the repository root, on this machine::
   importable by the driver; local-mode workers inherit it.
 
 On a cluster, ship the packages with the job instead (workers need the third-party
-dependencies installed, or a packed environment via ``--archives``)::
+dependencies installed, or a packed environment via ``--archives``): `rollup.pyfiles`
+builds the zip and puts a copy of this file beside it (deploy/spark/README.md)::
 
-    zip -qr lightmetrics.zip protocol store config rollup
-    spark-submit --master yarn --py-files lightmetrics.zip \\
-        rollup/spark_entry.py --config rollup.toml
+    python -m rollup.pyfiles --out dist/
+    spark-submit --master spark://HOST:7077 --py-files dist/lightmetrics-rollup.zip \\
+        dist/spark_entry.py --config rollup.toml
+
+A ``run`` argument is accepted and ignored (``spark_entry.py --config X run`` reads like
+``lm-rollup --config X run``).
 
 ``[rollup] spark_master`` is ignored here (``--master`` decides). The store must be one
 every executor reaches: ``s3://`` (or ``file://`` on a shared filesystem).
@@ -30,11 +34,12 @@ import argparse
 import sys
 from pathlib import Path
 
-# spark-submit runs this file as a script: make the repository importable when it was
-# not put on PYTHONPATH (the packages sit next to this file's directory).
-_REPO_ROOT = str(Path(__file__).resolve().parents[1])
-if _REPO_ROOT not in sys.path:
-    sys.path.insert(0, _REPO_ROOT)
+# spark-submit runs this file as a script: run from a checkout (rollup/spark_entry.py),
+# make the repository importable when it was not put on PYTHONPATH. A copy beside a
+# built zip (`rollup.pyfiles`) takes the packages from ``--py-files`` instead.
+_REPO_ROOT = Path(__file__).resolve().parents[1]
+if (_REPO_ROOT / "rollup" / "spark_entry.py").is_file() and str(_REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(_REPO_ROOT))
 
 from config import SettingsError, configure_logging  # noqa: E402
 from config.cli import add_settings_flags, settings_from_flags  # noqa: E402
@@ -47,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="spark_entry.py", description="lm-rollup run under spark-submit"
     )
     parser.add_argument("--progress", action="store_true", help="progress bars on stderr")
+    parser.add_argument(
+        "command", nargs="?", choices=["run"], help="optional, as in `lm-rollup run`"
+    )
     add_settings_flags(parser)
     args = parser.parse_args(argv)
     try:

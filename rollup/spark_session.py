@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-_LOG4J2 = """\
+# log4j2 at warn, to stderr: the log config of every Spark JVM we start.
+QUIET_LOG4J2 = """\
 status = error
 rootLogger.level = warn
 rootLogger.appenderRef.stderr.ref = console
@@ -86,7 +87,7 @@ def local_spark(
         local_dirs.mkdir()
         java_tmp.mkdir()
         log_config = scratch / "log4j2.properties"
-        log_config.write_text(_LOG4J2)
+        log_config.write_text(QUIET_LOG4J2)
         java_options = (
             f"-Dlog4j2.configurationFile=file:{log_config} -Djava.io.tmpdir={java_tmp} "
             "-XX:-UsePerfData "  # no /tmp/hsperfdata_<user> left behind

@@ -1,17 +1,15 @@
-"""spark-submit entry file for the rollup job.
+"""spark-submit entry file for the rollup job in the image.
 
-``spark-submit [spark options] /opt/lightmetrics/rollup_entry.py --config PATH run`` runs
-the same ``main`` as the ``lm-rollup`` console script (``rollup.__main__:main`` in
-pyproject.toml); spark-submit needs a ``.py`` file rather than a console script.
-
-LATER ISSUE: ``rollup.__main__`` is built in a later issue; until then this fails with
-ModuleNotFoundError. When the rollup package ships its own entry file, point
-deploy/kubernetes/rollup-cronjob.yaml and the Dockerfile at it and delete this one.
+``spark-submit [spark options] /opt/lightmetrics/rollup_entry.py --config PATH [run]``
+runs `rollup.spark_entry.main`: the job of ``lm-rollup run`` on the session spark-submit
+configured, so ``--master`` decides where it runs (``local[*]`` in the CronJob, a cluster
+with ``--master k8s://...``: deploy/spark/README.md). spark-submit needs a ``.py`` file
+rather than a console script; the project itself is installed in the image's venv.
 """
 
 import sys
 
-from rollup.__main__ import main
+from rollup.spark_entry import main
 
 if __name__ == "__main__":
     sys.exit(main())

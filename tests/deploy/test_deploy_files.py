@@ -12,12 +12,14 @@ import configparser
 import importlib
 import importlib.util
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tomllib
 import uuid
+import zipfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -330,11 +332,11 @@ def test_container_commands_are_project_scripts_with_valid_arguments() -> None:
     assert checked == 4  # collector, reconciler, rollup, scrape agent
 
 
-def test_the_spark_submit_entry_file_calls_the_lm_rollup_main() -> None:
+def test_the_spark_submit_entry_file_runs_the_job_on_the_submitted_session() -> None:
+    # rollup.spark_entry, not lm-rollup's main: that one starts a local session of its
+    # own and would ignore spark-submit's --master.
     text = (CONTAINER / "rollup_entry.py").read_text(encoding="utf-8")
-    module, _, function = SCRIPTS["lm-rollup"].partition(":")
-    assert f"from {module} import {function}" in text
-    assert LATER_MARK in text
+    assert "from rollup.spark_entry import main" in text
 
 
 # --- systemd ------------------------------------------------------------------------------
@@ -818,3 +820,24 @@ def test_label_values_in_deploy_docs_are_ones_the_collector_uses() -> None:
             r'\b(outcome|fate|result)="([a-z_]+)"', path.read_text("utf-8")
         ):
             assert f'"{value}"' in sources, f"{path.name}: {label}={value!r}"
+
+
+# --- Spark on Kubernetes ----------------------------------------------------------------------
+
+
+def test_the_k8s_entrypoint_reads_only_variables_spark_sets() -> None:
+    """deploy/spark/k8s-entrypoint.sh is the driver/executor pods' entrypoint (not run in
+    CI): it must parse, and every SPARK_* variable it reads must be one the installed
+    Spark names (org.apache.spark.deploy.k8s.Constants), or SPARK_HOME from the image."""
+    import pyspark
+
+    script = DEPLOY / "spark" / "k8s-entrypoint.sh"
+    assert os.access(script, os.X_OK)  # the image's COPY keeps the mode
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    used = set(re.findall(r"\$\{!?(SPARK_[A-Z_]+)", script.read_text(encoding="utf-8")))
+    jar = next((Path(pyspark.__file__).parent / "jars").glob("spark-kubernetes_*.jar"))
+    with zipfile.ZipFile(jar) as archive:
+        constants = archive.read("org/apache/spark/deploy/k8s/Constants$.class")
+    known = set(re.findall(rb"SPARK_[A-Z_]+", constants))
+    unknown = {name for name in used if name.encode() not in known} - {"SPARK_HOME"}
+    assert used and not unknown, unknown

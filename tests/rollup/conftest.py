@@ -35,6 +35,7 @@ from rollup.storage import StoreAccess
 from store.base import ObjectStore
 from store.fs import FileSystemStore
 from tests.rollup.dataset_builder import catalog_manifests
+from tests.rollup.spark_cluster import StandaloneCluster, start_cluster
 
 if False:  # pragma: no cover - typing only, pyspark is imported lazily
     from pyspark.sql import SparkSession
@@ -54,6 +55,17 @@ def spark() -> Iterator[SparkSession]:
     logging.getLogger("py4j").setLevel(logging.WARNING)
     with local_spark(master="local[2]", app_name="lm-rollup-tests") as session:
         yield session
+
+
+@pytest.fixture(scope="module")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
+    """A Spark standalone master and two 1-core workers, separate JVMs on 127.0.0.1, for
+    the tests of one module (`tests.rollup.spark_cluster`); stopped by process group."""
+    cluster = start_cluster(tmp_path_factory.mktemp("spark-cluster"))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture
