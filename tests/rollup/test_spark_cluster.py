@@ -175,5 +175,11 @@ def _assert_sees_no_source_tree(probe: dict[str, Any]) -> None:
     repository, and the editable install's finder is not loaded."""
     for entry in probe["sys_path"]:
         assert not (Path(entry) / "rollup" / "__init__.py").is_file(), (entry, probe)
-    assert str(REPO_ROOT) not in probe["pythonpath"], probe
+    # The venv may live inside the checkout (a fresh clone's .venv): only entries that
+    # are the repository itself or one of its package directories count.
+    for entry in str(probe["pythonpath"]).split(":"):
+        path = Path(entry) if entry else None
+        if path is None or REPO_ROOT not in (path, *path.parents):
+            continue
+        assert (REPO_ROOT / ".venv") in (path, *path.parents), (entry, probe)
     assert not [f for f in probe["meta_path"] if "Editable" in f], probe
