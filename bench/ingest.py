@@ -49,8 +49,9 @@ from bench.ingest_baselines import (
     s3_baseline,
     validation_cpu,
 )
-from bench.ingest_collector import collector_phase, profile_collector, rss_check
+from bench.ingest_collector import collector_phase, rss_check
 from bench.ingest_phases import Bench, PhaseResult, RssResult, Scenario
+from bench.ingest_profile import profile_collector
 from bench.ingest_report import header, render_report
 from chaos.s3_server import (
     AWS_ENV_TO_REMOVE,
@@ -130,6 +131,8 @@ async def run(
     notes: list[str] = [validation_cpu(frames)]
     profile: str | None = None
     stores = ["ministack", "fs"] if args.store == "both" else [args.store]
+    if args.only_profile:
+        args.no_rss = True
     if args.only_rss:
         args.latency_ms, args.concurrency = args.latency_ms[-1:], []
     try:
@@ -143,9 +146,9 @@ async def run(
             for latency in args.latency_ms:
                 if latency and not args.only_rss:
                     notes.append(await expect_continue_cost(bench, latency))
-                for concurrency in args.concurrency:
+                for concurrency in [] if args.only_profile else args.concurrency:
                     scenarios.append(await run_scenario(bench, "ministack", latency, concurrency))
-            for in_flight in rss_limits(args):
+            for in_flight in [] if args.no_rss else rss_limits(args):
                 rss.append(await rss_check(bench, "ministack", max(args.latency_ms), in_flight))
             if args.profile and args.concurrency:
                 profile = await profile_collector(
@@ -153,11 +156,16 @@ async def run(
                     "ministack",
                     0.0 if 0 in args.latency_ms else args.latency_ms[0],
                     max(args.concurrency),
+                    args.profile,
                 )
         if "fs" in stores:
-            for concurrency in args.concurrency:
+            for concurrency in [] if args.only_profile else args.concurrency:
                 scenarios.append(await run_scenario(bench, "fs", 0.0, concurrency))
-            for in_flight in rss_limits(args) if not rss or not args.quick else []:
+            if args.profile and args.concurrency and "ministack" not in stores:
+                profile = await profile_collector(
+                    bench, "fs", 0.0, max(args.concurrency), args.profile
+                )
+            for in_flight in [] if args.no_rss or (rss and args.quick) else rss_limits(args):
                 rss.append(await rss_check(bench, "fs", 0.0, in_flight))
     finally:
         for proxy in bench.proxies.values():
@@ -188,7 +196,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=256,
         help="collector http.max_in_flight_requests (the RSS check raises it to 2x its load)",
     )
-    parser.add_argument("--profile", action="store_true", help="add a cProfile'd collector run")
+    parser.add_argument(
+        "--profile",
+        nargs="?",
+        const="py-spy",
+        choices=("py-spy", "cprofile"),
+        help="add a profiled collector run (default py-spy; pip install py-spy)",
+    )
     parser.add_argument(
         "--quiet-wait-s",
         type=float,
@@ -198,6 +212,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--repeats", type=int, default=1, help="run each scenario N times, keep the fastest"
     )
     parser.add_argument("--only-rss", action="store_true", help="only the RSS checks")
+    parser.add_argument("--no-rss", action="store_true", help="skip the RSS checks")
+    parser.add_argument(
+        "--only-profile", action="store_true", help="only the profiled run (with --profile)"
+    )
     parser.add_argument(
         "--hide-pandas",
         action="store_true",

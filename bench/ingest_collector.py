@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-import pstats
-import sys
 import tempfile
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
 import aiohttp
 
@@ -120,7 +120,10 @@ async def collector_phase(
     concurrency: int,
     *,
     command_prefix: tuple[str, ...] = (),
+    around_window: Callable[[list[int]], AbstractContextManager[object]] | None = None,
 ) -> PhaseResult:
+    """``around_window``: entered with the worker PIDs just before the measured window
+    and left right after it (a profiler attached to the workers)."""
     env = collector_env(bench, store, latency_ms, bench.args.max_in_flight)
     name = f"collector-{store}-{latency_ms:g}-{concurrency}"
     workers = c.start_collector_workers(
@@ -141,7 +144,8 @@ async def collector_phase(
             await index_flushed(http, workers.metrics_urls)
             retries[0] = 0
             before = await c.scrape(http, workers.metrics_urls)
-            result, meter = await measure_window(bench, send, concurrency, pids)
+            with around_window(workers.worker_pids) if around_window else nullcontext():
+                result, meter = await measure_window(bench, send, concurrency, pids)
             after = await c.scrape(http, workers.metrics_urls)
             result.index_backlog = after.value("lm_collector_index_log_buffered_rows")
             # Bounded: at high store latency the backlog takes minutes to write.
@@ -238,37 +242,3 @@ async def rss_check(bench: Bench, store: str, latency_ms: float, in_flight: int)
         retry_reasons=dict(bench.retry_tally.snapshot() - reasons),
         listen_overflows=c.listen_overflows() - overflows,
     )
-
-
-# --- profile -------------------------------------------------------------------------------
-
-
-async def profile_collector(bench: Bench, store: str, latency_ms: float, concurrency: int) -> str:
-    """One collector phase under cProfile (1 worker); returns the top functions."""
-    out = bench.work_dir / "collector.prof"
-    prefix = (sys.executable, "-m", "cProfile", "-o", str(out))
-    phase = await collector_phase(bench, store, latency_ms, concurrency, command_prefix=prefix)
-    stats = pstats.Stats(str(out))
-    lines = [
-        f"cProfile of one collector worker, {store}/{latency_ms:g}ms/c{concurrency}: "
-        f"{phase.batches} batches at {phase.batches_per_s:.0f}/s under the profiler "
-        f"(profile file: {out})"
-    ]
-    for sort in ("tottime", "cumulative"):
-        stream = _StringStream()
-        stats.stream = stream  # type: ignore[attr-defined]
-        stats.sort_stats(sort).print_stats(25)
-        lines.append(stream.text())
-    return "\n".join(lines)
-
-
-class _StringStream:
-    def __init__(self) -> None:
-        self._parts: list[str] = []
-
-    def write(self, text: str) -> int:
-        self._parts.append(text)
-        return len(text)
-
-    def text(self) -> str:
-        return "".join(self._parts)
