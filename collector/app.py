@@ -20,6 +20,7 @@ are capped per worker and a request's head must arrive within the read timeout
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
 import uuid
@@ -108,6 +109,8 @@ class CollectorApp:
         self.spool = spool
         self.receivers = receivers if receivers is not None else ReceiverSettings()
         self.frame_checker = FrameChecker(threads=limits.decode_threads)
+        self._request_id_prefix = uuid.uuid4().hex[:16] + "-"
+        self._request_counter = itertools.count(1)
         self.in_flight_account = InFlight(
             requests_gauge=metrics.in_flight_requests, bytes_gauge=metrics.in_flight_bytes
         )
@@ -145,11 +148,16 @@ class CollectorApp:
 
     # --- middleware -----------------------------------------------------------------------
 
+    def _new_request_id(self) -> str:
+        """This process's random prefix and a counter: unique per worker, and ~1/10 of
+        the CPU of a uuid4 (an os.urandom call and a UUID object per request)."""
+        return f"{self._request_id_prefix}{next(self._request_counter):x}"
+
     @web.middleware
     async def _request_context(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         request[STARTED_AT] = self.connection_guard.request_started(request.protocol)
         offered = request.headers.get("X-Request-Id", "")
-        request_id = offered if REQUEST_ID_RE.fullmatch(offered) else uuid.uuid4().hex
+        request_id = offered if REQUEST_ID_RE.fullmatch(offered) else self._new_request_id()
         structlog.contextvars.clear_contextvars()
         structlog.contextvars.bind_contextvars(request_id=request_id, worker=self.worker_name)
         try:
