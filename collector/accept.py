@@ -48,6 +48,7 @@ Every store call runs under the remaining budget; a call cut short is treated as
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -126,7 +127,13 @@ class BatchAcceptor:
         backoff: Backoff = DEFAULT_BACKOFF,
         observe_store_op: StoreOpObserver | None = None,
         store_clock: StoreClock | None = None,
+        max_concurrent: int | None = None,
     ) -> None:
+        """``max_concurrent``: at most this many acceptances talk to the store at once
+        (the store's connection pool); the others wait before their first call holding
+        only their checked body, not the client's buffers of a request that cannot be
+        sent yet. ``None``: no limit."""
+        self._slots = asyncio.Semaphore(max_concurrent) if max_concurrent else None
         self._store = store
         self._store_clock = store_clock
         self._collector_id = collector_id
@@ -148,6 +155,14 @@ class BatchAcceptor:
 
         ``resend``: the sender says it sent this frame before; the accepted manifest is
         read first (one GET answers a duplicate)."""
+        if self._slots is None:
+            return await self._accept(header, frame, frame_sha256, resend=resend)
+        async with self._slots:
+            return await self._accept(header, frame, frame_sha256, resend=resend)
+
+    async def _accept(
+        self, header: FrameIdentity, frame: bytes, frame_sha256: str, *, resend: bool
+    ) -> Accepted | IdentityConflictFound:
         self._refuse_if_clock_skewed()
         request = BudgetedRequest(
             store=self._store,

@@ -20,6 +20,7 @@ are capped per worker and a request's head must arrive within the read timeout
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import re
 import time
@@ -69,6 +70,9 @@ class HttpLimits:
     retry_after_s: int = 1
     max_connections: int = 512
     decode_threads: int = 4
+    # Batch bodies read and held at once (None: up to max_in_flight_requests). The
+    # server sets the store's pool + decode_threads: more could only wait in memory.
+    max_bodies_held: int | None = None
 
     def intake(self) -> IntakeLimits:
         return IntakeLimits(
@@ -109,6 +113,7 @@ class CollectorApp:
         self.spool = spool
         self.receivers = receivers if receivers is not None else ReceiverSettings()
         self.frame_checker = FrameChecker(threads=limits.decode_threads)
+        self._bodies = asyncio.Semaphore(limits.max_bodies_held or limits.max_in_flight_requests)
         self._request_id_prefix = uuid.uuid4().hex[:16] + "-"
         self._request_counter = itertools.count(1)
         self.in_flight_account = InFlight(
@@ -199,15 +204,21 @@ class CollectorApp:
             return slot.response, slot.outcome, slot.context
         principal, reserved = slot
         try:
-            checked = await self.intake.check(request, principal, request[STARTED_AT])
-            if isinstance(checked, Refusal):
-                return checked.response, checked.outcome, checked.context
-            if self.spool is not None:
-                return await self._spool_batch(
-                    checked.header, checked.body, checked.sha256, checked.context
-                )
-            resend = request.headers.get(RESEND_HEADER, "").strip() == "1"
-            return await self._accept(checked, resend=resend)
+            # Admitted requests beyond what the store can serve wait here, before reading
+            # their body (aiohttp then buffers at most 2 x read_bufsize of it; the kernel
+            # the rest); the wait does not count against their read timeout.
+            waited_from = time.monotonic()
+            async with self._bodies:
+                started_at = request[STARTED_AT] + (time.monotonic() - waited_from)
+                checked = await self.intake.check(request, principal, started_at)
+                if isinstance(checked, Refusal):
+                    return checked.response, checked.outcome, checked.context
+                if self.spool is not None:
+                    return await self._spool_batch(
+                        checked.header, checked.body, checked.sha256, checked.context
+                    )
+                resend = request.headers.get(RESEND_HEADER, "").strip() == "1"
+                return await self._accept(checked, resend=resend)
         finally:
             self.in_flight_account.release(1, reserved)
 
