@@ -215,6 +215,7 @@ def _start_server(
     command: list[str], log_path: Path, ready: Path
 ) -> tuple[subprocess.Popen[bytes], int]:
     """Start the HTTP baseline server; wait (bounded) for its ready file; (process, port)."""
+    ready.unlink(missing_ok=True)  # a repeat of the scenario reuses the name
     with log_path.open("ab") as log:
         process = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **dummy_aws_env()}
