@@ -13,6 +13,11 @@ instead, and 200 bodies carry ``"spooled": true``.
 The receivers (`collector.receivers`: ``POST /api/v1/write``, ``POST /v1/metrics``) are
 registered on the same application and share the in-flight caps (`CollectorApp.admit`).
 
+Memory: an admitted batch POST reads its body only when one of ``max_bodies_held`` slots
+is free (the server sets the store's connection pool + ``decode_threads``: more bodies
+could only wait in memory for the store); the others wait unread, their wait not charged
+to their read timeout.
+
 Every response, errors included, carries ``X-Request-Id`` and a JSON body. Connections
 are capped per worker and a request's head must arrive within the read timeout
 (`collector.connections`; the middleware tells the guard when a request starts).
