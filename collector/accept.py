@@ -48,6 +48,7 @@ Every store call runs under the remaining budget; a call cut short is treated as
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -132,7 +133,13 @@ class BatchAcceptor:
         observe_store_op: StoreOpObserver | None = None,
         store_clock: StoreClock | None = None,
         on_accepted: AcceptedHook | None = None,
+        max_concurrent: int | None = None,
     ) -> None:
+        """``max_concurrent``: at most this many acceptances talk to the store at once
+        (the store's connection pool); the others wait before their first call holding
+        only their checked body, not the client's buffers of a request that cannot be
+        sent yet. ``None``: no limit."""
+        self._slots = asyncio.Semaphore(max_concurrent) if max_concurrent else None
         self._store = store
         self._on_accepted = on_accepted
         self._store_clock = store_clock
@@ -155,7 +162,11 @@ class BatchAcceptor:
 
         ``resend``: the sender says it sent this frame before; the accepted manifest is
         read first (one GET answers a duplicate)."""
-        result = await self._accept(header, frame, frame_sha256, resend=resend)
+        if self._slots is None:
+            result = await self._accept(header, frame, frame_sha256, resend=resend)
+        else:
+            async with self._slots:
+                result = await self._accept(header, frame, frame_sha256, resend=resend)
         if isinstance(result, Accepted) and self._on_accepted is not None:
             self._on_accepted(result.manifest, frame)
         return result

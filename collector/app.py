@@ -13,6 +13,11 @@ instead, and 200 bodies carry ``"spooled": true``.
 The receivers (`collector.receivers`: ``POST /api/v1/write``, ``POST /v1/metrics``) are
 registered on the same application and share the in-flight caps (`CollectorApp.admit`).
 
+Memory: an admitted batch POST reads its body only when one of ``max_bodies_held`` slots
+is free (the server sets the store's connection pool + ``decode_threads``: more bodies
+could only wait in memory for the store); the others wait unread, their wait not charged
+to their read timeout.
+
 Every response, errors included, carries ``X-Request-Id`` and a JSON body. Connections
 are capped per worker and a request's head must arrive within the read timeout
 (`collector.connections`; the middleware tells the guard when a request starts).
@@ -20,6 +25,8 @@ are capped per worker and a request's head must arrive within the read timeout
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import re
 import time
 import uuid
@@ -69,6 +76,9 @@ class HttpLimits:
     retry_after_s: int = 1
     max_connections: int = 512
     decode_threads: int = 4
+    # Batch bodies read and held at once (None: up to max_in_flight_requests). The
+    # server sets the store's pool + decode_threads: more could only wait in memory.
+    max_bodies_held: int | None = None
 
     def intake(self) -> IntakeLimits:
         return IntakeLimits(
@@ -111,6 +121,9 @@ class CollectorApp:
         self.spool = spool
         self.receivers = receivers if receivers is not None else ReceiverSettings()
         self.frame_checker = FrameChecker(threads=limits.decode_threads)
+        self._bodies = asyncio.Semaphore(limits.max_bodies_held or limits.max_in_flight_requests)
+        self._request_id_prefix = uuid.uuid4().hex[:16] + "-"
+        self._request_counter = itertools.count(1)
         self.in_flight_account = InFlight(
             requests_gauge=metrics.in_flight_requests, bytes_gauge=metrics.in_flight_bytes
         )
@@ -150,11 +163,16 @@ class CollectorApp:
 
     # --- middleware -----------------------------------------------------------------------
 
+    def _new_request_id(self) -> str:
+        """This process's random prefix and a counter: unique per worker, and ~1/10 of
+        the CPU of a uuid4 (an os.urandom call and a UUID object per request)."""
+        return f"{self._request_id_prefix}{next(self._request_counter):x}"
+
     @web.middleware
     async def _request_context(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         request[STARTED_AT] = self.connection_guard.request_started(request.protocol)
         offered = request.headers.get("X-Request-Id", "")
-        request_id = offered if REQUEST_ID_RE.fullmatch(offered) else uuid.uuid4().hex
+        request_id = offered if REQUEST_ID_RE.fullmatch(offered) else self._new_request_id()
         structlog.contextvars.clear_contextvars()
         structlog.contextvars.bind_contextvars(request_id=request_id, worker=self.worker_name)
         try:
@@ -196,15 +214,21 @@ class CollectorApp:
             return slot.response, slot.outcome, slot.context
         principal, reserved = slot
         try:
-            checked = await self.intake.check(request, principal, request[STARTED_AT])
-            if isinstance(checked, Refusal):
-                return checked.response, checked.outcome, checked.context
-            if self.spool is not None:
-                return await self._spool_batch(
-                    checked.header, checked.body, checked.sha256, checked.context
-                )
-            resend = request.headers.get(RESEND_HEADER, "").strip() == "1"
-            return await self._accept(checked, resend=resend)
+            # Admitted requests beyond what the store can serve wait here, before reading
+            # their body (aiohttp then buffers at most 2 x read_bufsize of it; the kernel
+            # the rest); the wait does not count against their read timeout.
+            waited_from = time.monotonic()
+            async with self._bodies:
+                started_at = request[STARTED_AT] + (time.monotonic() - waited_from)
+                checked = await self.intake.check(request, principal, started_at)
+                if isinstance(checked, Refusal):
+                    return checked.response, checked.outcome, checked.context
+                if self.spool is not None:
+                    return await self._spool_batch(
+                        checked.header, checked.body, checked.sha256, checked.context
+                    )
+                resend = request.headers.get(RESEND_HEADER, "").strip() == "1"
+                return await self._accept(checked, resend=resend)
         finally:
             self.in_flight_account.release(1, reserved)
 

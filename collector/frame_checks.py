@@ -8,6 +8,11 @@ the caller can authorize in between: `header` (CRC over the whole frame, then th
 header) and `payload_sha256` (the payload checked by `protocol.frame.check_payload`,
 which never expands a metric dictionary, then the frame's SHA-256). Work waiting for a
 thread is bounded by the collector's in-flight caps.
+
+`payload_slot` admits as many payload checks as there are threads: a request charges
+the memory its check may allocate (`protocol.frame.payload_check_memory_bound`) only
+once it holds a slot, so requests queued behind busy threads hold their body but no check
+charge (~9 MiB for a 64 KiB frame) and do not turn each other away with 429s.
 """
 
 from __future__ import annotations
@@ -30,6 +35,11 @@ def _check_and_hash(body: bytes, header: FrameHeader, max_raw_bytes: int) -> str
 class FrameChecker:
     def __init__(self, *, threads: int) -> None:
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="lm-frame-check")
+        self._slots = asyncio.Semaphore(threads)
+
+    def payload_slot(self) -> asyncio.Semaphore:
+        """Hold (``async with``) while charging for and running one `payload_sha256`."""
+        return self._slots
 
     async def header(self, body: bytes) -> FrameHeader:
         """`protocol.frame.decode_header`: raises FrameError."""

@@ -14,9 +14,10 @@ Memory: body bytes are charged when admitted (the declared length, or
 ``max_frame_bytes`` for a chunked body) until the request ends; the payload check is
 charged `protocol.frame.payload_check_memory_bound` (a small multiple of
 ``payload_raw_len``, whatever ``record_count`` a dictionary-encoded metric claims) while
-it runs. Beyond ``max_in_flight_bytes`` the answer is 429 — except for a request alone
-in flight, so a frame within every per-frame limit is never refused forever: a worker's
-peak is the larger of the cap and one frame's bound.
+it runs, from when one of the checker's threads is free for it
+(`FrameChecker.payload_slot`). Beyond ``max_in_flight_bytes`` the answer is 429 — except
+for a request alone in flight, so a frame within every per-frame limit is never refused
+forever: a worker's peak is the larger of the cap and one frame's bound.
 """
 
 from __future__ import annotations
@@ -152,14 +153,15 @@ class BatchIntake:
                 context,
             )
         charge = payload_check_memory_bound(body, header)
-        if not self._in_flight.try_reserve(0, charge, self._limits, always_if_alone=True):
-            return Refusal(self.overloaded().response, "overloaded", context)
-        try:
-            sha = await self._checker.payload_sha256(body, header, self._limits.max_raw_bytes)
-        except FrameError as exc:
-            return _invalid(str(exc), context)
-        finally:
-            self._in_flight.release(0, charge)
+        async with self._checker.payload_slot():  # charged only while a thread checks it
+            if not self._in_flight.try_reserve(0, charge, self._limits, always_if_alone=True):
+                return Refusal(self.overloaded().response, "overloaded", context)
+            try:
+                sha = await self._checker.payload_sha256(body, header, self._limits.max_raw_bytes)
+            except FrameError as exc:
+                return _invalid(str(exc), context)
+            finally:
+                self._in_flight.release(0, charge)
         context["frame_sha256"] = sha
         return CheckedFrame(header, body, sha, context)
 

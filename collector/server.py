@@ -39,11 +39,13 @@ from .auth import Authenticator
 from .connections import GuardedTCPSite
 from .metrics import CollectorMetrics
 from .probe import probe_conditional_writes
+from .process_memory import prepare_worker_process
 from .query_setup import build_query
 from .readiness import Readiness
 from .spool import LocalSpool, SpoolLander
 
 log = structlog.get_logger("collector.server")
+READ_BUFSIZE = 8 * 1024
 
 
 class StartupError(Exception):
@@ -127,6 +129,7 @@ class Worker:
             observe_store_op=self.metrics.observe_store_op,
             store_clock=store_time,
             on_accepted=self.query.own.on_accepted if self.query.own is not None else None,
+            max_concurrent=s.store.max_pool_connections,
         )
         self.readiness = Readiness(
             store=self.store,
@@ -160,6 +163,7 @@ class Worker:
                 read_timeout_s=s.http.read_timeout_s,
                 max_connections=s.http.max_connections,
                 decode_threads=s.http.decode_threads,
+                max_bodies_held=s.store.max_pool_connections + s.http.decode_threads,
             ),
             collector_id=s.ingest.collector_id,
             worker_name=str(self.index),
@@ -190,6 +194,10 @@ class Worker:
             # Compression lives inside the frame; a Content-Encoding is answered 415 by the
             # app, so aiohttp must not try to decode bodies itself.
             auto_decompress=False,
+            # aiohttp buffers up to twice this much of a body before it stops reading the
+            # socket; the kernel holds the rest. With its default (64 KiB) a worker holds
+            # every 64 KiB upload on its open connections whether it is admitted or not.
+            read_bufsize=READ_BUFSIZE,
         )
         await runner.setup()
         # The accept backlog must hold a burst of new connections up to the in-flight cap.
@@ -275,6 +283,7 @@ def worker_main(config_path: str | None, index: int, ready_file: str | None, wor
     """Entry point of a worker process (spawned by the supervisor)."""
     from config import configure_logging, load_settings
 
+    prepare_worker_process()
     settings = load_settings(Path(config_path) if config_path else None)
     configure_logging(settings.logging)
     structlog.contextvars.bind_contextvars(worker=index)
@@ -300,6 +309,7 @@ def serve(
 ) -> int:
     """Run the collector until stopped; returns the process exit code."""
     check_startup(settings, workers)
+    prepare_worker_process()  # the supervisor serves itself with one worker
     if settings.ingest.probe_on_start:
         _run_event_loop(run_probe(settings))
     else:

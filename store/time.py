@@ -59,6 +59,18 @@ MAX_DRIFT = 1e-3
 quartz clock drifts and twice the fastest NTP slew."""
 
 
+def _date_ns(date_header: str) -> int | None:
+    """An HTTP ``Date`` as ns since the epoch; None when unreadable or without a zone."""
+    try:
+        stamped = parsedate_to_datetime(date_header)
+    except (TypeError, ValueError):
+        log.debug("store_date_unreadable", date=date_header)
+        return None
+    if stamped.tzinfo is None:  # "-0000": RFC 5322 for "UTC, origin unknown"
+        return None
+    return int(stamped.timestamp()) * NS
+
+
 class ClockOffset:
     """Bounds on the offset ``store clock - local clock`` from the store's answers.
 
@@ -72,18 +84,19 @@ class ClockOffset:
         self._low_ns = self._high_ns = 0
         self._at_ns: int | None = None  # local time of the newest answer
         self._skewed = False
+        self._last_date_header: str | None = None  # the last Date parsed, and its value
+        self._last_date_ns: int | None = None
 
     def observe(self, date_header: str, *, sent_ns: int, answered_ns: int) -> None:
         """Take the ``Date`` header of an answer to a request sent at ``sent_ns`` and
         answered at ``answered_ns`` (local clock). An unreadable header is ignored."""
-        try:
-            stamped = parsedate_to_datetime(date_header)
-        except (TypeError, ValueError):
-            log.debug("store_date_unreadable", date=date_header)
+        if date_header == self._last_date_header:  # 1-s resolution: answers repeat it
+            date_ns = self._last_date_ns
+        else:
+            date_ns = _date_ns(date_header)
+            self._last_date_header, self._last_date_ns = date_header, date_ns
+        if date_ns is None:
             return
-        if stamped.tzinfo is None:  # "-0000": RFC 5322 for "UTC, origin unknown"
-            return
-        date_ns = int(stamped.timestamp()) * NS
         low, high = date_ns - answered_ns, date_ns + DATE_RESOLUTION_NS - sent_ns
         kept = self.bounds_at(answered_ns)
         if kept is not None and low <= kept[1] and kept[0] <= high:
