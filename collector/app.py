@@ -75,7 +75,7 @@ class HttpLimits:
     read_timeout_s: float = 30.0
     retry_after_s: int = 1
     max_connections: int = 512
-    decode_threads: int = 4
+    decode_threads: int = 2
     # Batch bodies read and held at once (None: up to max_in_flight_requests). The
     # server sets the store's pool + decode_threads: more could only wait in memory.
     max_bodies_held: int | None = None

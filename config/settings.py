@@ -118,9 +118,13 @@ class HttpSettings(_Section):
     """Open client connections per worker process; a connection beyond it is answered
     429 and closed at once. At least ``max_in_flight_requests`` (each request needs
     one), and below the process's open-file limit."""
-    decode_threads: int = Field(default=4, ge=1, le=64)
+    decode_threads: int = Field(default=2, ge=1, le=64)
     """Threads per worker that check frames (CRC, decompression, Arrow payload) off the
-    event loop; more requests than this wait for one, within the in-flight caps."""
+    event loop; more requests than this wait for one, within the in-flight caps. Each
+    thread contends with the event loop for the GIL (a 64 KiB frame's check releases
+    and retakes it ~20 times): at c32 on MiniStack the worker spent 4.2 ms of CPU per
+    batch with 4 threads, 3.4 with 2, 3.05 with 1 (bench/RESULTS.md). More threads only
+    help frames whose checks are long."""
     shutdown_grace_s: Seconds = 10.0
     """On SIGTERM: stop accepting, wait this long for in-flight requests, then cancel."""
 
