@@ -45,6 +45,7 @@ from pyiceberg.manifest import (
     ManifestEntry,
     ManifestEntryStatus,
     ManifestFile,
+    ManifestWriter,
     ManifestWriterV2,
     write_manifest,
     write_manifest_list,
@@ -77,6 +78,7 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
+from protocol.keys import UtcHour
 from protocol.setsum import Setsum
 from rollup import schemas
 from rollup.iceberg_deletes import PositionDeletes
@@ -216,37 +218,61 @@ def _created_ms(snapshot: RollupSnapshot) -> int:
     return int(parse_created_at(snapshot.created_at).timestamp() * 1000)
 
 
+def _entry(
+    content: DataFileContent,
+    location: str,
+    partition: UtcHour,
+    record_count: int,
+    size_bytes: int,
+    *,
+    spec_id: int,
+    version: int,
+    first_version: int,
+) -> ManifestEntry:
+    """The manifest entry of one Parquet file of ``partition``: ADDED when
+    ``first_version`` is the snapshot's ``version``, else EXISTING with that version as its
+    snapshot id and sequence number."""
+    data_file = DataFile.from_args(
+        _table_format_version=FORMAT_VERSION,
+        content=content,
+        file_path=location,
+        file_format=FileFormat.PARQUET,
+        partition=Record(partition.start_ns // _NS_PER_HOUR),  # hour(): hours since epoch
+        record_count=record_count,
+        file_size_in_bytes=size_bytes,
+        sort_order_id=None,
+        spec_id=spec_id,
+        equality_ids=None,
+        key_metadata=None,
+    )
+    added = first_version == version
+    return ManifestEntry.from_args(
+        _table_format_version=FORMAT_VERSION,
+        status=ManifestEntryStatus.ADDED if added else ManifestEntryStatus.EXISTING,
+        snapshot_id=version if added else first_version,
+        sequence_number=None if added else first_version,
+        file_sequence_number=None if added else first_version,
+        data_file=data_file,
+    )
+
+
 def table_files(
     snapshot: RollupSnapshot, table: str, spec_id: int, data_url_of: Callable[[str], str]
 ) -> list[ManifestEntry]:
     """The manifest entries of ``table``'s live data files at ``snapshot``."""
-    entries = []
-    for f in sorted(snapshot.data_files(table), key=lambda f: f.path):
-        data_file = DataFile.from_args(
-            _table_format_version=FORMAT_VERSION,
-            content=DataFileContent.DATA,
-            file_path=data_url_of(f.path),
-            file_format=FileFormat.PARQUET,
-            partition=Record(f.partition.start_ns // _NS_PER_HOUR),  # hour(): hours since epoch
-            record_count=f.row_count,
-            file_size_in_bytes=f.size_bytes,
-            sort_order_id=None,
+    return [
+        _entry(
+            DataFileContent.DATA,
+            data_url_of(f.path),
+            f.partition,
+            f.row_count,
+            f.size_bytes,
             spec_id=spec_id,
-            equality_ids=None,
-            key_metadata=None,
+            version=snapshot.version,
+            first_version=f.added_version,
         )
-        added = f.added_version == snapshot.version
-        entries.append(
-            ManifestEntry.from_args(
-                _table_format_version=FORMAT_VERSION,
-                status=ManifestEntryStatus.ADDED if added else ManifestEntryStatus.EXISTING,
-                snapshot_id=snapshot.version if added else f.added_version,
-                sequence_number=None if added else f.added_version,
-                file_sequence_number=None if added else f.added_version,
-                data_file=data_file,
-            )
-        )
-    return entries
+        for f in sorted(snapshot.data_files(table), key=lambda f: f.path)
+    ]
 
 
 class _DeleteManifestWriter(ManifestWriterV2):
@@ -263,34 +289,30 @@ class _DeleteManifestWriter(ManifestWriterV2):
 def _delete_entries(
     deletes: Sequence[PositionDeletes], version: int, spec_id: int, url_of: Callable[[str], str]
 ) -> list[ManifestEntry]:
-    entries = []
-    for deleted in deletes:
-        target = deleted.data_file
-        delete_file = DataFile.from_args(
-            _table_format_version=FORMAT_VERSION,
-            content=DataFileContent.POSITION_DELETES,
-            file_path=url_of(deleted.key),
-            file_format=FileFormat.PARQUET,
-            partition=Record(target.partition.start_ns // _NS_PER_HOUR),
-            record_count=deleted.record_count,
-            file_size_in_bytes=deleted.size_bytes,
-            sort_order_id=None,
+    return [
+        _entry(
+            DataFileContent.POSITION_DELETES,
+            url_of(deleted.key),
+            deleted.data_file.partition,
+            deleted.record_count,
+            deleted.size_bytes,
             spec_id=spec_id,
-            equality_ids=None,
-            key_metadata=None,
+            version=version,
+            first_version=deleted.sequence_number,
         )
-        added = deleted.sequence_number == version
-        entries.append(
-            ManifestEntry.from_args(
-                _table_format_version=FORMAT_VERSION,
-                status=ManifestEntryStatus.ADDED if added else ManifestEntryStatus.EXISTING,
-                snapshot_id=version if added else deleted.sequence_number,
-                sequence_number=None if added else deleted.sequence_number,
-                file_sequence_number=None if added else deleted.sequence_number,
-                data_file=delete_file,
-            )
-        )
-    return entries
+        for deleted in deletes
+    ]
+
+
+def _manifest(writer: ManifestWriter, entries: list[ManifestEntry]) -> ManifestFile:
+    """Write ``entries`` (ADDED or EXISTING) with ``writer``; its manifest-list record."""
+    with writer:
+        for entry in entries:
+            if entry.status == ManifestEntryStatus.ADDED:
+                writer.add(entry)
+            else:
+                writer.existing(entry)
+    return writer.to_manifest_file()
 
 
 def _expired(metadata: TableMetadata, newest_ms: int, retention_s: float) -> list[int]:
@@ -334,24 +356,14 @@ def publish_version(
     if entries:
         manifest_key = key_of(f"{version}-{attempt}-m0.avro")
         output = _BytesOutput(url_of(manifest_key))
-        with write_manifest(FORMAT_VERSION, spec, schema, output, version, "deflate") as writer:
-            for entry in entries:
-                if entry.status == ManifestEntryStatus.ADDED:
-                    writer.add(entry)
-                else:
-                    writer.existing(entry)
-        manifests.append(writer.to_manifest_file())
+        writer = write_manifest(FORMAT_VERSION, spec, schema, output, version, "deflate")
+        manifests.append(_manifest(writer, entries))
         written.append(WrittenFile(manifest_key, output.body))
     if deletes:
         manifest_key = key_of(f"{version}-{attempt}-d0.avro")
         output = _BytesOutput(url_of(manifest_key))
-        with _DeleteManifestWriter(spec, schema, output, version, "deflate") as writer:
-            for entry in _delete_entries(deletes, version, spec.spec_id, url_of):
-                if entry.status == ManifestEntryStatus.ADDED:
-                    writer.add(entry)
-                else:
-                    writer.existing(entry)
-        manifests.append(writer.to_manifest_file())
+        writer = _DeleteManifestWriter(spec, schema, output, version, "deflate")
+        manifests.append(_manifest(writer, _delete_entries(deletes, version, spec.spec_id, url_of)))
         written.append(WrittenFile(manifest_key, output.body))
     parent = base.current_snapshot_id
     list_key = key_of(f"snap-{version}-{attempt}.avro")
