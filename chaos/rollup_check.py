@@ -153,22 +153,18 @@ async def _masked_by_deletes(
     """Points (and their finite value sum) of the accepted frames that the snapshot's
     deletes mask in ``rollup_1m``, recomputed from the raw blobs themselves: the truth the
     table must equal is the frames' points minus these."""
-    import pyarrow.compute as pc
-
     from protocol.frame import decode_frame
     from rollup.points import points_rows
-    from rollup.tombstones import for_table, matches
+    from rollup.tombstones import for_table, masked_in_rollup
 
-    deletes = for_table(snapshot.tombstones, "rollup_1m")
-    if not deletes:
+    if not for_table(snapshot.tombstones, "rollup_1m"):
         return 0, 0.0
     count = 0
     sums: list[float] = []
     for manifest, _ in view.manifests.values():
         body, _ = await store.get(manifest.raw_blob_key)
         rows = points_rows(decode_frame(body))
-        windows = pc.floor_temporal(rows.column("ts"), unit="minute")
-        masked = rows.filter(matches(deletes, "rollup_1m", rows, time_column=windows))
+        masked = rows.filter(masked_in_rollup(snapshot.tombstones, rows))
         count += masked.num_rows
         sums += [v for v in masked.column("value").to_pylist() if math.isfinite(v)]
     return count, math.fsum(sums)

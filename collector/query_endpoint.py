@@ -45,7 +45,7 @@ from config.settings import QuerySettings
 from index.rows import IndexFileError
 from rollup.commit import VersionNotFound
 from rollup.manifest import RollupManifestError, Snapshot
-from rollup.tombstones import drop_from_points
+from rollup.tombstones import drop_from_points, drop_from_rollup
 from store.errors import StoreConfigError, StoreError
 
 from .auth import Authenticator
@@ -229,7 +229,7 @@ class QueryEndpoint:
                     range_ns=query.points_range_ns,
                 )
                 merged = merge_points(committed, live_for_points)
-                _, merged = drop_from_points(deletes, merged.slice(0, 0), merged)
+                merged = drop_from_rollup(deletes, merged)
                 table = rollup_of_points(merged)
             else:
                 committed = read_committed(

@@ -272,18 +272,27 @@ def matches(
     return hit
 
 
+def masked_in_rollup(tombstones: Sequence[Tombstone], points: pa.Table) -> pa.ChunkedArray:
+    """True for the ``points`` rows whose minute window ``rollup_1m``'s tombstones mask:
+    what those rows contribute to that table is deleted (`matches` on the windows)."""
+    windows = pc.floor_temporal(points.column("ts"), unit="minute")
+    return matches(for_table(tombstones, "rollup_1m"), "rollup_1m", points, time_column=windows)
+
+
+def drop_from_rollup(tombstones: Sequence[Tombstone], points: pa.Table) -> pa.Table:
+    """``points`` rows without those whose ``rollup_1m`` window is deleted."""
+    if not for_table(tombstones, "rollup_1m") or not points.num_rows:
+        return points
+    return points.filter(pc.invert(masked_in_rollup(tombstones, points)))
+
+
 def drop_from_points(
     tombstones: Sequence[Tombstone], for_points: pa.Table, for_rollup: pa.Table
 ) -> tuple[pa.Table, pa.Table]:
     """New ``points`` rows without what each table's tombstones mask: ``(for points, for
-    rollup_1m)``. For ``rollup_1m`` a point is masked when its minute window is."""
+    rollup_1m)`` (`drop_from_rollup`)."""
     kept_points, _ = drop_masked(for_table(tombstones, "points"), "points", for_points)
-    rollup_tombstones = for_table(tombstones, "rollup_1m")
-    if not rollup_tombstones:
-        return kept_points, for_rollup
-    windows = pc.floor_temporal(for_rollup.column("ts"), unit="minute")
-    kept_rollup, _ = drop_masked(rollup_tombstones, "rollup_1m", for_rollup, time_column=windows)
-    return kept_points, kept_rollup
+    return kept_points, drop_from_rollup(tombstones, for_rollup)
 
 
 def drop_masked(
