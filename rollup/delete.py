@@ -3,9 +3,10 @@
 `commit_delete`:
 1. the request record: ``rollup/v1/tombstones/<id>.json`` created with If-None-Match
    (one PUT; found with the same bytes, it is this request retried);
-2. load the latest snapshot (2 GETs) and commit a snapshot that adds the tombstone (one
-   PUT of the manifest, one conditional PUT of the pointer: `rollup.commit.commit`, here
-   without the owner lease, see there why that is safe). A rollup run in flight then
+2. on the latest snapshot (2 GETs, read once before step 1 to check there is one),
+   commit a snapshot that adds the tombstone (one PUT of the manifest, one conditional
+   PUT of the pointer: `rollup.commit.commit`, here without the owner lease, see there
+   why that is safe). A rollup run in flight then
    loses its pointer CAS and re-plans on the snapshot with the tombstone, so its rows are
    masked and its rewritten hours drop them;
 3. on `CommitConflict` (another commit moved the pointer), repeat 2 on the new latest.
@@ -13,7 +14,7 @@
    commit whose answer was lost is found rather than made twice. At most `MAX_ATTEMPTS`,
    with jittered delays.
 
-The cost does not depend on the data size: 1 + 4 requests (plus 3 per lost race). No
+The cost does not depend on the data size: 2 GETs and 3 PUTs (and a few more per lost race). No
 data file is touched; rows leave the files when compaction rewrites them.
 
 `preview` (``--dry-run``) reads what the tombstone would mask in each table, as the
@@ -96,7 +97,8 @@ async def commit_delete(
     """Write ``tombstone``'s record and commit it; the committed snapshot. Raises
     `NothingToDelete` before the first rollup commit, `CommitConflict` when every attempt
     lost the pointer race, store errors."""
-    if await load_latest(store) is None:
+    base = await load_latest(store)
+    if base is None:
         raise NothingToDelete("no rollup snapshot is committed yet: there is nothing to delete")
     body = json.dumps(tombstone.file_json(), separators=(",", ":"), ensure_ascii=False).encode()
     try:
@@ -108,8 +110,6 @@ async def commit_delete(
         # else: this request was written before (a retried command): go on
     delays = _BACKOFF.delays(rng or random.Random())
     while True:
-        base = await load_latest(store)
-        assert base is not None  # the pointer is never removed once created
         if any(t.id == tombstone.id for t in base.snapshot.tombstones):
             return base  # an earlier attempt whose answer was lost did land
         try:
@@ -125,6 +125,8 @@ async def commit_delete(
             if delay is None:
                 raise
             await clock.sleep(delay)
+            base = await load_latest(store)  # the newer snapshot that won
+            assert base is not None  # the pointer is never removed once created
             continue
         log.info(
             "rollup_delete_committed",
