@@ -208,10 +208,8 @@ class _Run:
                 await self._consume_markers(plan)
                 summary.outcome = "up-to-date"
                 return summary
-            if not plan.items:
-                records = []  # nothing new, but retention drops hours: commit that alone
-            else:
-                records = await self._stages(plan, retention)
+            # Nothing new but retention drops hours: commit that alone.
+            records = await self._stages(plan, retention) if plan.items else []
             changes = self._changes(base, records, retention)
             await self._record_problems([r.body for r in records if r.kind == "problem"])
             if not (changes.added_files or changes.added_ledger_files or changes.removed_files):
@@ -326,11 +324,7 @@ class _Run:
             for f in (base.snapshot.data_files("rollup_1m") if base is not None else ())
             if f.partition.iso in rewritten
         }
-        # Retention: every file of an hour before its table's first kept hour leaves.
-        for table, first_kept in retention.items():
-            for data_file in base.snapshot.data_files(table) if base is not None else ():
-                if data_file.partition.iso < first_kept:
-                    removed.add(data_file.path)
+        removed |= _expired_files(base, retention)
         if late:
             self.summary.late_excluded = sum(h.batches for h in late.values())
         return Changes(
@@ -427,16 +421,24 @@ def _data_file(body: dict[str, Any], version: int) -> DataFile:
     )
 
 
+def _expired_files(base: LoadedSnapshot | None, retention: dict[str, str]) -> set[str]:
+    """Retention: every file of ``base`` of an hour before its table's first kept hour."""
+    if base is None:
+        return set()
+    return {
+        f.path
+        for table, first_kept in retention.items()
+        for f in base.snapshot.data_files(table)
+        if f.partition.iso < first_kept
+    }
+
+
 def _retention_moves(base: LoadedSnapshot | None, retention: dict[str, str]) -> bool:
     """Whether ``retention`` drops files of ``base`` or moves a cutoff."""
     if base is None:
         return False
-    snapshot = base.snapshot
-    return any(
-        snapshot.retention.get(table) != first_kept
-        or any(f.partition.iso < first_kept for f in snapshot.data_files(table))
-        for table, first_kept in retention.items()
-    )
+    moved = any(base.snapshot.retention.get(t) != first for t, first in retention.items())
+    return moved or bool(_expired_files(base, retention))
 
 
 def _hour_inputs(base: LoadedSnapshot | None, retention: dict[str, str]) -> HourInputs:
