@@ -172,10 +172,9 @@ def rewrite_hour(
     in_rows = max(1, sum(f.row_count for f in work.files))
     rows_per_file = max(1, int(target_bytes / max(1.0, in_bytes / in_rows)))
     output = _Output(access, work, version, rows_per_file, compression)
-    masked = 0
+    stats = reader.ScanStats()  # counts over every input file
     try:
         for data_file in work.files:  # one input file in memory at a time
-            stats = reader.ScanStats()
             rows = reader.read_files(
                 [data_file],
                 work.table,
@@ -184,11 +183,10 @@ def rewrite_hour(
                 stats=stats,
                 tombstones=snapshot.tombstones,
             )
-            masked += stats.rows_masked
             output.write(rows)
     finally:
         output.close()
-    return output.files, masked
+    return output.files, stats.rows_masked
 
 
 async def compact(
