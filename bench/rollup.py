@@ -56,6 +56,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from bench._common import CLOCK_TICKS, busy_cpu_seconds, rss_bytes, wait_for_quiet
+from bench.rollup_cluster import catalog
 from protocol import keys
 from protocol.frame import encode_frame
 from protocol.records import AcceptedManifest
@@ -163,14 +164,10 @@ def _catalog(root: Path) -> None:
     pass audits the store: catalog files and the rollup's work markers), then keep a copy
     of the markers, which every timed run consumes (`restore_markers`)."""
     config = root.parent / f"{root.name}-reconciler.toml"
-    config.write_text(f'[store]\nurl = "file://{root}"\n[gc]\nenabled = false\n')
-    subprocess.run(
-        [sys.executable, "-m", "reconciler", "--config", str(config), "run", "--once"],
-        env={**os.environ, "LM_LOGGING__LEVEL": "warning"},
-        stdout=subprocess.DEVNULL,
-        check=True,
-        timeout=1800,
+    config.write_text(
+        f'[store]\nurl = "file://{root}"\n[gc]\nenabled = false\n[logging]\nlevel = "warning"\n'
     )
+    catalog(config)
     saved = root.parent / f"{root.name}-markers"
     shutil.copytree(root / keys.ROLLUP_WORK_PREFIX, saved / keys.ROLLUP_WORK_PREFIX)
 
