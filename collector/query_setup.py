@@ -20,7 +20,7 @@ import pyarrow.fs as pafs
 
 from config import Settings
 from protocol.clock import Clock
-from rollup.storage import arrow_filesystem
+from rollup.storage import StoreAccess
 from store.base import ObjectStore
 
 from .auth import Authenticator
@@ -84,11 +84,7 @@ def build_query(
     )
 
     def filesystem() -> tuple[pafs.FileSystem, str]:
-        return arrow_filesystem(
-            settings.store.url,
-            endpoint_url=settings.store.endpoint_url,
-            region=settings.store.region,
-        )
+        return StoreAccess.of(settings.store).filesystem()
 
     endpoint = QueryEndpoint(
         authenticator=authenticator,

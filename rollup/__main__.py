@@ -141,9 +141,7 @@ def run_command(spark: SparkSession, settings: Settings, *, progress: bool) -> i
 
 
 async def _run(spark: SparkSession, settings: Settings, progress: bool) -> RunSummary:
-    access = StoreAccess(
-        settings.store.url, endpoint_url=settings.store.endpoint_url, region=settings.store.region
-    )
+    access = StoreAccess.of(settings.store)
     access.filesystem()  # a memory:// store or a bad URL fails here, before any work
     clock = SystemClock()
     store = open_store_from_settings(settings.store, clock=clock)

@@ -101,13 +101,11 @@ async def _dry_run(
     args: argparse.Namespace,
     settings: Settings,
 ) -> int:
-    from rollup.storage import arrow_filesystem  # pyarrow's S3 client only when reading
+    from rollup.storage import StoreAccess  # pyarrow's S3 client only when reading
 
     now_ns = store_clock(store, SystemClock()).now_ns()
     tombstone = request.tombstone(now_ns=now_ns)
-    filesystem, root = arrow_filesystem(
-        settings.store.url, endpoint_url=settings.store.endpoint_url, region=settings.store.region
-    )
+    filesystem, root = StoreAccess.of(settings.store).filesystem()
     masked = await delete_mod.preview(store, tombstone, filesystem=filesystem, root=root)
     print(f"dry run: would delete {tombstone.describe()}", file=sys.stderr)
     for table, rows in masked.items():
@@ -123,9 +121,7 @@ def run_compact(args: argparse.Namespace, settings: Settings) -> int:
     """``compact``: rewrite small files and apply deletes, in one commit."""
     from rollup.storage import StoreAccess  # pyarrow's S3 client only when rewriting
 
-    access = StoreAccess(
-        settings.store.url, endpoint_url=settings.store.endpoint_url, region=settings.store.region
-    )
+    access = StoreAccess.of(settings.store)
 
     async def work(store: ObjectStore) -> int:
         try:

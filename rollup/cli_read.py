@@ -130,17 +130,13 @@ def hour_argument(text: str) -> UtcHour:
 
 def run_query(args: argparse.Namespace, settings: Settings) -> int:
     """``query TABLE``: rows of a table as of the latest (or ``--version``) snapshot."""
-    from rollup.storage import arrow_filesystem  # pyarrow's S3 client only when querying
+    from rollup.storage import StoreAccess  # pyarrow's S3 client only when querying
 
     async def work(store: ObjectStore) -> int:
         schema = schemas.table_schema(args.table)
         where = [reader.parse_predicate(text, schema) for text in args.where]
         columns = args.columns.split(",") if args.columns else list(schema.names)
-        filesystem, root = arrow_filesystem(
-            settings.store.url,
-            endpoint_url=settings.store.endpoint_url,
-            region=settings.store.region,
-        )
+        filesystem, root = StoreAccess.of(settings.store).filesystem()
         table = await reader.scan(
             store,
             args.table,

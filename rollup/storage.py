@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import pyarrow as pa
@@ -36,6 +36,9 @@ import pyarrow.parquet as pq
 from config.store_url import FileLocation, S3Location, parse_store_url
 from store.errors import StoreConfigError
 
+if TYPE_CHECKING:
+    from config.settings import StoreSettings
+
 
 @dataclass(frozen=True, slots=True)
 class StoreAccess:
@@ -44,6 +47,11 @@ class StoreAccess:
     url: str
     endpoint_url: str | None = None
     region: str = "us-east-1"
+
+    @classmethod
+    def of(cls, store: StoreSettings) -> StoreAccess:
+        """The access the ``[store]`` settings describe."""
+        return cls(store.url, endpoint_url=store.endpoint_url, region=store.region)
 
     def filesystem(self) -> tuple[pafs.FileSystem, str]:
         """``(filesystem, root)``; cached per process, so a Python worker that runs many
