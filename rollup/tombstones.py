@@ -199,7 +199,7 @@ def pending_for(
     needs masked: those for the table, committed at that version or later (older ones were
     applied when the file was written), whose range meets the hour and whose metric can
     be in the file (its statistics, when known)."""
-    hour_start = datetime(hour.day.year, hour.day.month, hour.day.day, hour.hour, tzinfo=UTC)
+    hour_start = datetime.fromtimestamp(hour.start_ns // 1_000_000_000, tz=UTC)
     hour_end = hour_start + timedelta(hours=1)
     return tuple(
         t
@@ -296,16 +296,12 @@ def drop_from_points(
 
 
 def drop_masked(
-    tombstones: Sequence[Tombstone],
-    table: str,
-    rows: pa.Table,
-    *,
-    time_column: pa.ChunkedArray | pa.Array | None = None,
+    tombstones: Sequence[Tombstone], table: str, rows: pa.Table
 ) -> tuple[pa.Table, int]:
-    """``rows`` without the ones ``tombstones`` mask, and how many were dropped."""
+    """``rows`` of ``table`` without the ones ``tombstones`` mask, and how many were dropped."""
     if not tombstones or not rows.num_rows:
         return rows, 0
-    hit = matches(tombstones, table, rows, time_column=time_column)
+    hit = matches(tombstones, table, rows)
     dropped = pc.sum(hit).as_py() or 0
     if not dropped:
         return rows, 0
