@@ -39,16 +39,6 @@ class QueryParts:
     follower: LogFollower | None = None
 
 
-def settle_margin_s(settings: Settings) -> float:
-    s = settings
-    return (
-        s.ingest.request_budget_s
-        + s.store.connect_timeout_s
-        + s.store.read_timeout_s
-        + s.store.max_clock_skew_s
-    )
-
-
 def build_query(
     settings: Settings,
     *,
@@ -58,7 +48,7 @@ def build_query(
     authenticator: Authenticator,
 ) -> QueryParts:
     q = settings.query
-    margin = settle_margin_s(settings)
+    margin = settings.settle_margin_s()
     window = (
         LiveWindow(window_s=q.window_s, max_points=q.max_window_points)
         if q.designated or q.own_batches

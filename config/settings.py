@@ -260,6 +260,19 @@ class GcSettings(_Section):
     enough for the request to reach the store; at most ``reconciler.lease_ttl_s / 3``."""
 
 
+class RetentionSettings(_Section):
+    """``[retention]``: raw retention (PROTOCOL §4.1). Table retention is
+    ``[rollup] retention_points_days`` / ``retention_rollup_1m_days``."""
+
+    raw_days: float | None = Field(default=None, gt=0)
+    """Delete the raw blob of an accepted batch once its accepted hour ended more than
+    this many days ago *and* the rollup's ledger includes every batch of that hour; the
+    GC deletes it by its mark/grace/veto procedure (`reconciler.raw_retention`). The
+    manifest stays, so a re-send is still answered as a duplicate. None (default): keep
+    raw blobs for ever. Off also means a reconciler never retires more hours; hours it
+    retired before stay retired."""
+
+
 class RollupSettings(_Section):
     """``[rollup]``: the Spark job and its dataset commit."""
 
@@ -436,6 +449,7 @@ class Settings(BaseModel):
     gc: GcSettings = Field(default_factory=GcSettings)
     rollup: RollupSettings = Field(default_factory=RollupSettings)
     query: QuerySettings = Field(default_factory=QuerySettings)
+    retention: RetentionSettings = Field(default_factory=RetentionSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     scrape: ScrapeSettings = Field(default_factory=ScrapeSettings)
@@ -465,6 +479,18 @@ class Settings(BaseModel):
                 ),
             )
         return self
+
+    def settle_margin_s(self) -> float:
+        """The longest a batch stamped ``accepted_at = t`` can still be landing after
+        ``t`` (PROTOCOL §2, §3.8): a collector's request budget, a connect and a read
+        timeout, and the clock skew allowed. An accepted hour is *sealed* once a completed
+        listing audit started this long after it ended."""
+        return (
+            self.ingest.request_budget_s
+            + self.store.connect_timeout_s
+            + self.store.read_timeout_s
+            + self.store.max_clock_skew_s
+        )
 
     def gc_lease_problem(self) -> str | None:
         """Why the GC could never delete under these settings, or None (PROTOCOL §3.5 rule

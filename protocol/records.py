@@ -165,6 +165,9 @@ class IndexEntry(Record):
     indexed_time_unix_ns: int = NonNegative
 
 
+GcReason = Literal["orphan", "raw-retention"]
+
+
 class GcMark(Record):
     """``gc/v1/marks/<sha>.json``: a GC run's intent to delete an orphan blob.
 
@@ -190,6 +193,10 @@ class GcMark(Record):
     marked_at_unix_ns: int = NonNegative
     gc_run_id: str = Field(min_length=1)
     state: Literal["marked", "deleting"] = "marked"
+    reason: GcReason = "orphan"
+    """Which proof replaces rule 2 of PROTOCOL §3.5: ``orphan`` (no catalog row references
+    the blob) or ``raw-retention`` (only accepted rows of retired hours do, PROTOCOL §4.1).
+    Informational: the deletion is proven afresh by a later audit either way."""
     deleting_since_unix_ns: int | None = None
     lease_epoch: int | None = Field(default=None, ge=1)
     lease_expires_at_unix_ns: int | None = Field(default=None, ge=0)
@@ -219,6 +226,7 @@ class GcLogEntry(Record):
     audit_started_at_unix_ns: int = NonNegative
     deleted_at_unix_ns: int = NonNegative
     gc_run_id: str = Field(min_length=1)
+    reason: GcReason = "orphan"
 
 
 class RollupDirty(Record):
@@ -334,9 +342,34 @@ class GcRunRecord(Record):
     marked: int = Field(default=0, ge=0)
     vetoed: int = Field(default=0, ge=0)
     deleted: int = Field(default=0, ge=0)
+    deleted_raw_retention: int = Field(default=0, ge=0)
+    """Of ``deleted``, blobs deleted by raw retention (the rest were orphans)."""
     # Candidates or marks left for the next run because a store request failed.
     skipped_on_error: int = Field(default=0, ge=0)
     refused: str | None = None
+
+
+class RawRetention(Record):
+    """``gc/v1/raw-retention.json``: raw retention's progress (PROTOCOL §4.1).
+
+    Every accepted hour before ``retired_before`` is *retired*: it ended more than
+    ``retention.raw_days`` before it was retired, a completed listing audit sealed it
+    (its catalog holds every batch accepted in it), and the rollup ledger included every
+    one of its batches (same count and setsum). A retired hour's accepted rows no longer
+    keep their raw blobs alive; quarantine rows still do. It only ever moves forward
+    (`reconciler.raw_retention`), and the audit re-checks each retired hour against the
+    ledger before it lets go of a blob."""
+
+    schema_: Literal["lightmetrics.raw_retention.v1"] = Field(
+        default="lightmetrics.raw_retention.v1", alias="schema"
+    )
+    retired_before: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}T\d{2}$")
+    """An accepted hour ``YYYY-MM-DDTHH``: every hour before it is retired."""
+    retired_batches: int = Field(default=0, ge=0)
+    """Accepted batches in the retired hours (for reports)."""
+    updated_at_unix_ns: int = NonNegative
+    raw_days: float = Field(gt=0)
+    """``retention.raw_days`` when it last moved."""
 
 
 class IndexCheckpoint(Record):

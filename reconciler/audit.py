@@ -11,7 +11,9 @@ then the blob join; resumable after a crash from its `AuditRecord` (PROTOCOL §3
 3. `join_blobs`: one listing of ``raw-blobs/v1/`` joined with the references: orphans
    older than the retry horizon go to the audit's orphan file
    (``reconciler/v1/audit-orphans/...``) for the GC; referenced blobs neither listed nor
-   found by a HEAD become ``missing-blob`` problems (resolved when seen again).
+   found by a HEAD become ``missing-blob`` problems (resolved when seen again). Accepted
+   rows of hours raw retention retired (`reconciler.raw_retention`) keep no blob alive:
+   their blobs are orphans flagged ``raw_retention``, never missing.
 SHA-256 verification of blobs (`reconciler.verify`) runs alongside in rate-limited rounds.
 
 **What a completed audit promises** (what the GC's rules 1, 2 and 5 rely on, PROTOCOL
@@ -69,6 +71,7 @@ from .context import ReconcilerContext
 from .inventory import InventorySource
 from .orphans import encode_orphans
 from .problems import ProblemBook
+from .raw_retention import retired_for_audit
 from .verify import VERIFY_CURSOR, BlobVerifier
 
 __all__ = [
@@ -219,12 +222,13 @@ class _AuditRun:
         """Read the catalog's digests and references (`CatalogScan`)."""
         ctx = self._ctx
         started = ctx.clock.monotonic()
-        self.scan = await CatalogScan.load(ctx, self.problems)
+        self.scan = await CatalogScan.load(ctx, self.problems, await retired_for_audit(ctx.store))
         ctx.log.info(
             "audit_catalog_scanned",
             files=self.scan.files,
             rows=self.scan.rows,
             moved_aside=self.scan.moved_aside,
+            retired_batches=self.scan.retired_batches,
             memory_bytes=self.scan.record_digests.nbytes + self.scan.referenced.nbytes,
             seconds=round(ctx.clock.monotonic() - started, 3),
         )

@@ -10,7 +10,9 @@
    store time) is an *orphan* (written to the audit's orphan file for the GC); the listed
    hashes form a `ShaPrefixSet`, and the referenced hashes it lacks are the candidates
    for ``missing-blob`` problems (confirmed by a HEAD: a blob created after the listing
-   passed its key is not missing).
+   passed its key is not missing). With raw retention (`reconciler.raw_retention`), the
+   accepted rows of retired hours go to a set of their own, `CatalogScan.retired`: a blob
+   only they reference is an orphan flagged ``raw_retention``, and is never missing.
 
 Memory at 10M manifests: ~160 MB of key digests, ~80 MB of referenced prefixes, ~80 MB of
 listed prefixes; orphans are held as they are found (normally few). The same joins run on
@@ -46,6 +48,7 @@ from store.errors import NotFound, StoreError
 from .context import ReconcilerContext
 from .orphans import Orphan
 from .problems import ProblemBook
+from .raw_retention import NOTHING_RETIRED, Retired
 
 JOIN_COLUMNS = ["key_digest", "frame_sha256", "accepted_frame_sha256"]
 """What the scan reads of a catalog file: 16 bytes of digest and the referenced hashes a
@@ -55,36 +58,96 @@ LIST_CHUNK = 5_000
 
 
 @dataclass
+class _RetiredHour:
+    """A retired hour's accepted rows, gathered over its files (listed hour by hour)."""
+
+    hour: keys.UtcHour
+    keys: KeyDigestSet = field(default_factory=KeyDigestSet)
+    prefixes: list[npt.NDArray[np.uint64]] = field(default_factory=list)
+    moved_aside: bool = False
+
+
+@dataclass
 class CatalogScan:
     record_digests: KeyDigestSet = field(default_factory=KeyDigestSet)
     referenced: ShaPrefixSet = field(default_factory=ShaPrefixSet)
+    retired: ShaPrefixSet = field(default_factory=ShaPrefixSet)
+    """Blobs referenced by accepted rows of retired hours (`reconciler.raw_retention`):
+    they do not keep a blob alive, and a blob they alone reference is never missing."""
+    retired_batches: int = 0
     files: int = 0
     rows: int = 0
     moved_aside: int = 0
 
     @classmethod
-    async def load(cls, ctx: ReconcilerContext, problems: ProblemBook) -> CatalogScan:
+    async def load(
+        cls, ctx: ReconcilerContext, problems: ProblemBook, retired: Retired = NOTHING_RETIRED
+    ) -> CatalogScan:
+        """``retired``: raw retention's retired hours (`reconciler.raw_retention`); an
+        accepted row of such an hour references its blob only as `retired` does."""
         scan = cls()
+        pending: _RetiredHour | None = None
         async for info in catalog.list_all_files(ctx.store):
+            hour = keys.parse_index_catalog_key(info.key)[0]
+            if pending is not None and pending.hour != hour:
+                await scan._settle(pending, retired, problems)
+                pending = None
+            if retired.covers(hour) and pending is None:
+                pending = _RetiredHour(hour)
             try:
                 body, _etag = await ctx.store.get(info.key)
             except NotFound:
                 continue  # compacted away after the listing: the merged file holds its rows
             try:
-                table = pq.read_table(io.BytesIO(body), columns=JOIN_COLUMNS)
+                columns = [*JOIN_COLUMNS, "kind"] if pending is not None else JOIN_COLUMNS
+                table = pq.read_table(io.BytesIO(body), columns=columns)
                 digests = digests_from_arrow(table.column("key_digest"))
-                refs = [sha_prefixes(table.column(name)) for name in SHA_COLUMNS]
+                if pending is not None:
+                    accepted = pc.fill_null(pc.equal(table.column("kind"), "accepted"), False)
+                    kept = table.filter(pc.invert(accepted))
+                    retiring = table.filter(accepted)
+                    pending.keys.add(digests_from_arrow(retiring.column("key_digest")))
+                    pending.prefixes.append(sha_prefixes(retiring.column("frame_sha256")))
+                else:
+                    kept = table
+                refs = [sha_prefixes(kept.column(name)) for name in SHA_COLUMNS]
             except (pa.ArrowException, OSError, KeyError, ValueError) as exc:
                 await problems.record("unreadable-index-file", info.key, str(exc))
                 await _move_aside(ctx, info.key)
                 scan.moved_aside += 1
+                if pending is not None:
+                    pending.moved_aside = True
                 continue
             scan.record_digests.add(digests)
             for prefixes in refs:
                 scan.referenced.add(prefixes)
             scan.files += 1
             scan.rows += table.num_rows
+        if pending is not None:
+            await scan._settle(pending, retired, problems)
         return scan
+
+    async def _settle(self, hour: _RetiredHour, retired: Retired, problems: ProblemBook) -> None:
+        """A retired hour, all files read: its accepted rows' blobs are `retired` only if
+        the hour still holds (`Retired.holds`), else they stay referenced."""
+        subject = keys.index_catalog_hour_prefix(hour.hour)
+        prefixes = np.concatenate(hour.prefixes) if hour.prefixes else np.empty(0, np.uint64)
+        batches = len(hour.keys)
+        if not hour.moved_aside and retired.holds(hour.hour, batches):
+            self.retired.add(prefixes)
+            self.retired_batches += batches
+            await problems.resolve("raw-retention-mismatch", subject)
+            return
+        self.referenced.add(prefixes)
+        ledger = retired.ledger.get(hour.hour.iso)
+        await problems.record(
+            "raw-retention-mismatch",
+            subject,
+            f"accepted hour {hour.hour.iso} is retired, but its catalog holds {batches} "
+            f"accepted batches and the rollup ledger {ledger.batches if ledger else 0}"
+            f"{' (a catalog file was moved aside)' if hour.moved_aside else ''}: its raw "
+            f"blobs are kept until they agree",
+        )
 
     def missing(self, record_keys: list[str]) -> list[str]:
         """The keys of ``record_keys`` the catalog does not hold."""
@@ -135,9 +198,13 @@ async def join_blobs(ctx: ReconcilerContext, scan: CatalogScan, *, store_now_ns:
     def take(page: list[tuple[str, int, int]]) -> None:
         at = referenced.find(sha_prefixes([sha for sha, _size, _lm in page]))
         seen[at[at >= 0]] = True
-        for (sha, size, modified), position in zip(page, at, strict=True):
-            if position < 0 and modified < horizon_ns:
-                result.orphans.append((sha, size, modified))
+        unreferenced = [entry for entry, position in zip(page, at, strict=True) if position < 0]
+        if not unreferenced:
+            return
+        by_retention = scan.retired.contains(sha_prefixes([sha for sha, _s, _m in unreferenced]))
+        for (sha, size, modified), retired in zip(unreferenced, by_retention, strict=True):
+            if modified < horizon_ns:
+                result.orphans.append((sha, size, modified, bool(retired)))
 
     async for info in ctx.store.list(keys.RAW_BLOBS_PREFIX):
         try:
@@ -152,6 +219,9 @@ async def join_blobs(ctx: ReconcilerContext, scan: CatalogScan, *, store_now_ns:
     if page:
         take(page)
     absent = referenced.values[~seen]
+    # A hash a retired hour's accepted row also references (a quarantine row of a re-send
+    # that conflicted with a retired batch) may be gone by raw retention: not missing.
+    absent = absent[~scan.retired.contains(absent)]
     if len(absent):
         result.missing = await _confirm_missing(ctx, absent)
     return result

@@ -42,7 +42,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -61,6 +61,9 @@ from store.time import store_clock
 from .gc_delete import LeaseTerm
 from .inventory import InventorySource
 from .metrics import ReconcilerMetrics
+
+if TYPE_CHECKING:
+    from .raw_retention import RawRetentionAdvance
 
 log = structlog.get_logger(__name__)
 
@@ -239,6 +242,9 @@ class GcMemory:
     (each audit's orphans are marked once; a restart marks the latest one's again)."""
 
     audits_marked: set[str] = field(default_factory=set)
+    raw_retention: RawRetentionAdvance | None = None
+    """Raw retention's progress step (`reconciler.raw_retention`), made at the first GC
+    run that has ``retention.raw_days``."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -58,21 +58,25 @@ from typing import TYPE_CHECKING, TypeVar
 
 import structlog
 
+from index.rows import IndexFileError
 from protocol import keys, records
 from protocol.clock import Clock
 from reconciler.gc_delete import DeleteOutcome, LeaseTerm, delete_within_lease, resolvable_at_ns
+from rollup.manifest import RollupManifestError
 from store.base import ObjectInfo, ObjectStore
 from store.errors import (
     ConditionConflict,
     NotFound,
     OutcomeUnknown,
     PreconditionFailed,
+    StoreError,
     Unavailable,
 )
 from store.open import open_store
 from store.time import store_clock
 
 from .orphans import decode_orphans
+from .raw_retention import RawRetentionAdvance
 
 if TYPE_CHECKING:
     from config import StoreSettings
@@ -123,6 +127,7 @@ class GcOutcome:
     record: records.GcRunRecord
     would_delete: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
+    deleted_raw_retention: int = 0
 
 
 AuditRunner = Callable[[], Awaitable[records.AuditRecord]]
@@ -183,7 +188,7 @@ class GarbageCollector:
         self._run_id = "unstarted"
         self._item_errors = 0
         self._listed = _Listed()
-        self._orphans_of: dict[str, dict[str, tuple[int, int]]] = {}
+        self._orphans_of: dict[str, dict[str, tuple[int, int, bool]]] = {}
 
     async def _per_item(self, what: str, key: str, work: Awaitable[T]) -> T | None:
         """``work`` for one candidate or mark; on a store failure, skip it (``None``).
@@ -233,6 +238,7 @@ class GarbageCollector:
             update={
                 **counts,
                 "deleted": len(outcome.deleted),
+                "deleted_raw_retention": outcome.deleted_raw_retention,
                 "skipped_on_error": self._item_errors,
                 "completed_at_unix_ns": self._clock.now_ns(),
             }
@@ -296,32 +302,36 @@ class GarbageCollector:
     async def _mark_candidates(self, dry_run: bool) -> dict[str, int]:
         horizon_ns = self._clock.now_ns() - int(self._policy.retry_horizon_s * NS)
         # A dry run leaves the suspects for the next real run (taking them hands them over).
-        candidates = set() if dry_run else {sha for sha, _ in self._suspects(horizon_ns)}
+        candidates: dict[str, records.GcReason] = (
+            {} if dry_run else {sha: "orphan" for sha, _ in self._suspects(horizon_ns)}
+        )
         audit = await self._latest_audit()
         if audit is not None and audit.audit_id not in self._audits_marked:
-            candidates.update(await self._orphans(audit))
+            for sha, (_size, _modified, by_retention) in (await self._orphans(audit)).items():
+                candidates[sha] = "raw-retention" if by_retention else "orphan"
             if not dry_run:
                 self._audits_marked.add(audit.audit_id)
         counts = {"candidates": 0, "marked": 0, "vetoed": 0}
-        for sha in sorted(candidates):
+        for sha, reason in sorted(candidates.items()):
             counts["candidates"] += 1
             if sha in self._listed.vetoes:
                 counts["vetoed"] += 1
                 continue
             if sha in self._listed.marks or dry_run:
                 continue
-            await self._per_item("mark", sha, self._mark(sha, counts))
+            await self._per_item("mark", sha, self._mark(sha, reason, counts))
         self._observe("candidates", counts["candidates"])
         self._observe("marks", counts["marked"])
         self._observe("vetoes", counts["vetoed"])
         return counts
 
-    async def _mark(self, sha: str, counts: dict[str, int]) -> None:
+    async def _mark(self, sha: str, reason: records.GcReason, counts: dict[str, int]) -> None:
         mark = records.GcMark(
             frame_sha256=sha,
             raw_blob_key=keys.raw_blob_key(sha),
             marked_at_unix_ns=self._clock.now_ns(),
             gc_run_id=self._run_id,
+            reason=reason,
         )
         await self._fence()
         try:
@@ -331,7 +341,7 @@ class GarbageCollector:
         except PreconditionFailed:
             pass
 
-    async def _orphans(self, audit: records.AuditRecord) -> dict[str, tuple[int, int]]:
+    async def _orphans(self, audit: records.AuditRecord) -> dict[str, tuple[int, int, bool]]:
         """The audit's orphan file (read once per run and audit)."""
         key = keys.audit_orphans_key(audit.started_at_unix_ns, audit.audit_id)
         if key not in self._orphans_of:
@@ -367,7 +377,7 @@ class GarbageCollector:
         if audit is None or audit.status != "completed":
             return
         orphans = await self._orphans(audit)
-        proven: list[tuple[str, records.GcMark, int]] = []
+        proven: list[tuple[str, records.GcMark, int, bool]] = []
         for mark_key, mark in eligible:
             if audit.started_at_unix_ns <= mark.marked_at_unix_ns + grace_ns:
                 continue  # rule 5: the audit must have started after mark + grace
@@ -377,19 +387,27 @@ class GarbageCollector:
                 if not dry_run:
                     await self._per_item("withdraw", mark_key, self._withdraw(mark_key))
                 continue
-            proven.append((mark_key, mark, found[1]))
-        outcome.would_delete = [m.frame_sha256 for _, m, _ in proven]
-        if proven:
-            await self._guard(len(proven), audit.blobs_listed)
+            proven.append((mark_key, mark, found[1], found[2]))
+        outcome.would_delete = [m.frame_sha256 for _, m, _, _ in proven]
+        # The guard is against a broken index taking live blobs for orphans; blobs raw
+        # retention lets go of are expected in bulk, each proven by the audit against the
+        # rollup ledger (`reconciler.raw_retention`), so they do not count against it.
+        if orphans_proven := sum(not by_retention for *_, by_retention in proven):
+            await self._guard(orphans_proven, audit.blobs_listed)
         if dry_run:
             return
-        for mark_key, mark, last_modified_ns in proven:
+        for done, (mark_key, mark, last_modified_ns, by_retention) in enumerate(proven, 1):
             if await self._per_item(
                 "delete",
                 mark_key,
-                self._delete_one(mark_key, mark, last_modified_ns, audit.started_at_unix_ns),
+                self._delete_one(
+                    mark_key, mark, last_modified_ns, audit.started_at_unix_ns, by_retention
+                ),
             ):
                 outcome.deleted.append(mark.frame_sha256)
+                outcome.deleted_raw_retention += by_retention
+            if done % 1000 == 0:
+                log.info("gc_deleting", done=done, of=len(proven), deleted=len(outcome.deleted))
         self._observe("deletions", len(outcome.deleted))
 
     async def _guard(self, planned: int, total: int) -> None:
@@ -418,7 +436,12 @@ class GarbageCollector:
         await self._store.delete(mark_key)
 
     async def _delete_one(
-        self, mark_key: str, mark: records.GcMark, last_modified_ns: int, audit_started: int
+        self,
+        mark_key: str,
+        mark: records.GcMark,
+        last_modified_ns: int,
+        audit_started: int,
+        by_retention: bool,
     ) -> bool:
         await self._fence()
         current, etag = await self._read_mark(mark_key)
@@ -431,6 +454,8 @@ class GarbageCollector:
                 "deleting_since_unix_ns": self._clock.now_ns(),
                 "lease_epoch": lease.epoch,
                 "lease_expires_at_unix_ns": lease.expires_at_unix_ns,
+                # What the proving audit says now (a mark of either reason is proven afresh).
+                "reason": "raw-retention" if by_retention else "orphan",
             }
         )
         deleting_etag = await self._write_deleting(mark_key, deleting, etag)
@@ -545,6 +570,7 @@ class GarbageCollector:
             audit_started_at_unix_ns=audit_started,
             deleted_at_unix_ns=now,
             gc_run_id=mark.gc_run_id,
+            reason=mark.reason,
         )
         try:
             await self._store.put(
@@ -585,13 +611,39 @@ class GarbageCollector:
 
 
 async def run_gc(ctx: ReconcilerContext, *, dry_run: bool) -> GcOutcome:
-    """One GC run with the reconciler's store, clock, lease fence, audits and metrics."""
+    """One GC run with the reconciler's store, clock, lease fence, audits and metrics;
+    with ``retention.raw_days``, raw retention retires what it can first."""
+    await advance_raw_retention(ctx, dry_run=dry_run)
     delete_store = _gc_role_store(ctx.settings.store)
     try:
         return await _collector(ctx, delete_store).run(dry_run=dry_run)
     finally:
         if delete_store is not None:
             await delete_store.close()
+
+
+async def advance_raw_retention(ctx: ReconcilerContext, *, dry_run: bool) -> None:
+    """Retire the accepted hours raw retention may (`reconciler.raw_retention`). A failure
+    is logged and the GC goes on: retiring later only keeps blobs longer."""
+    raw_days = ctx.settings.retention.raw_days
+    if raw_days is None:
+        return
+    memory = ctx.gc_memory
+    if memory.raw_retention is None or memory.raw_retention.raw_days != raw_days:
+        memory.raw_retention = RawRetentionAdvance(
+            raw_days=raw_days, settle_margin_s=ctx.settings.settle_margin_s()
+        )
+    try:
+        audit = await latest_listing_audit(ctx.store)
+        await memory.raw_retention.run(
+            ctx.store,
+            now_ns=store_clock(ctx.store, ctx.clock).now_ns(),
+            audit_started_ns=audit.started_at_unix_ns if audit is not None else None,
+            fence=ctx.check_fence,
+            dry_run=dry_run,
+        )
+    except (StoreError, records.RecordError, RollupManifestError, IndexFileError) as exc:
+        log.warning("raw_retention_failed", error=str(exc))
 
 
 async def settle_stale_deletions(ctx: ReconcilerContext) -> None:

@@ -2,7 +2,9 @@
 
 One Parquet row per raw blob the audit's listing showed older than the retry horizon and
 referenced by no catalog row: ``frame_sha256``, ``size``, ``last_modified_ns`` (the
-listing's LastModified, store time). The GC proves rules 1 and 2 of PROTOCOL §3.5 from it.
+listing's LastModified, store time), ``raw_retention`` (true when only accepted rows of
+retired hours reference it, `reconciler.raw_retention`; files written before that column
+existed read as false). The GC proves rules 1 and 2 of PROTOCOL §3.5 from it.
 """
 
 from __future__ import annotations
@@ -13,18 +15,24 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 ORPHAN_SCHEMA = pa.schema(
-    [("frame_sha256", pa.string()), ("size", pa.int64()), ("last_modified_ns", pa.int64())]
+    [
+        ("frame_sha256", pa.string()),
+        ("size", pa.int64()),
+        ("last_modified_ns", pa.int64()),
+        ("raw_retention", pa.bool_()),
+    ]
 )
-Orphan = tuple[str, int, int]
-"""``(frame_sha256, size, last_modified_ns)``."""
+Orphan = tuple[str, int, int, bool]
+"""``(frame_sha256, size, last_modified_ns, raw_retention)``."""
 
 
 def encode_orphans(orphans: list[Orphan]) -> bytes:
     table = pa.Table.from_pydict(
         {
-            "frame_sha256": [sha for sha, _size, _modified in orphans],
-            "size": [size for _sha, size, _modified in orphans],
-            "last_modified_ns": [modified for _sha, _size, modified in orphans],
+            "frame_sha256": [sha for sha, _size, _modified, _r in orphans],
+            "size": [size for _sha, size, _modified, _r in orphans],
+            "last_modified_ns": [modified for _sha, _size, modified, _r in orphans],
+            "raw_retention": [retired for _sha, _size, _modified, retired in orphans],
         },
         schema=ORPHAN_SCHEMA,
     )
@@ -33,16 +41,22 @@ def encode_orphans(orphans: list[Orphan]) -> bytes:
     return sink.getvalue()
 
 
-def decode_orphans(body: bytes) -> dict[str, tuple[int, int]]:
-    """Orphan file → ``{sha: (size, last_modified_ns)}``. Raises `ValueError` when unreadable."""
+def decode_orphans(body: bytes) -> dict[str, tuple[int, int, bool]]:
+    """Orphan file → ``{sha: (size, last_modified_ns, raw_retention)}``. Raises
+    `ValueError` when unreadable."""
     try:
-        table = pq.read_table(io.BytesIO(body), columns=ORPHAN_SCHEMA.names)
+        table = pq.read_table(io.BytesIO(body))
+        data = table.select(ORPHAN_SCHEMA.names[:3]).to_pydict()
     except (pa.ArrowException, OSError, KeyError) as exc:
         raise ValueError(f"unreadable orphan file: {exc}") from None
-    data = table.to_pydict()
+    retired = (
+        table.column("raw_retention").fill_null(False).to_pylist()
+        if "raw_retention" in table.column_names
+        else [False] * table.num_rows
+    )
     return {
-        sha: (size, modified)
-        for sha, size, modified in zip(
-            data["frame_sha256"], data["size"], data["last_modified_ns"], strict=True
+        sha: (size, modified, bool(by_retention))
+        for sha, size, modified, by_retention in zip(
+            data["frame_sha256"], data["size"], data["last_modified_ns"], retired, strict=True
         )
     }
