@@ -10,7 +10,9 @@ Kinds (``PROBLEM_KINDS``): ``missing-blob`` (subject: the raw-blob key; the deta
 a record that references it) and ``corrupt-blob`` (the detail says whether the catalog
 references it), ``unparseable-manifest`` and ``unparseable-quarantine`` (subject: the
 record's key), ``unreadable-index-file`` (subject: a log segment that does not decode, or
-a catalog file, which is then moved aside). ``gc-guard`` belongs to the GC.
+a catalog file, which is then moved aside), ``raw-retention-mismatch`` (subject: a
+retired accepted hour's catalog prefix whose batches no longer match the rollup ledger,
+so its raw blobs are kept: `reconciler.raw_retention`). ``gc-guard`` belongs to the GC.
 """
 
 from __future__ import annotations

@@ -181,8 +181,8 @@ class RawRetentionAdvance:
         before, retired = await self._walk(
             store, snapshot.version, snapshot.ledger_hours, start_ns, limit_ns
         )
-        if before.start_ns <= start_ns:
-            return state
+        if before.start_ns <= start_ns or retired == 0:
+            return state  # only empty hours passed: nothing to write (they cost one LIST)
         new = records.RawRetention(
             retired_before=before.iso,
             retired_batches=(state.retired_batches if state else 0) + retired,
