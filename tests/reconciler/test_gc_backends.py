@@ -144,3 +144,57 @@ async def test_a_host_whose_clock_runs_ahead_does_not_mark_a_young_orphan(
 
         assert (outcome.record.candidates, outcome.record.marked) == (0, 0)
         assert [info.key async for info in store.list(keys.GC_MARKS_PREFIX)] == []
+
+
+async def test_raw_retention_deletes_rolled_up_blobs_and_the_audit_finds_nothing_missing(
+    store: ObjectStore, clock: ManualClock
+) -> None:
+    from config import RetentionSettings
+    from reconciler.raw_retention import read_state
+    from rollup.owner import OwnerLease
+    from tests.reconciler.conftest import write_conflict
+    from tests.reconciler.test_raw_retention import ledger_row
+    from tests.rollup.dataset_builder import commit_rows
+
+    now = clock.now_ns()
+    rolled = [make_batch(agent=1, seq=seq, accepted_at_ns=now) for seq in (1, 2, 3)]
+    for batch in rolled:
+        await write_batch(store, batch)
+    conflict = await write_conflict(store, rolled[2], now)  # keeps rolled[2]'s blob
+    owner = await OwnerLease.acquire(store, "job", 600, clock)
+    await commit_rows(store, owner, clock, ledger=[ledger_row(b.manifest) for b in rolled])
+    await owner.release()
+    retention = settings().model_copy(update={"retention": RetentionSettings(raw_days=0.1)})
+    ctx = await open_context(
+        store,
+        settings=retention,
+        clock=clock,
+        rng=random.Random(1),
+        metrics=ReconcilerMetrics(clock=clock),
+    )
+    clock.advance(HORIZON_S + 3600)
+    young = make_batch(agent=2, seq=1, accepted_at_ns=clock.now_ns())  # not rolled up, young
+    await write_batch(store, young)
+    await completed_audit(ctx)  # seals the first hour
+    await run_gc(ctx, dry_run=False)  # retires it
+    state, _etag = await read_state(store)
+    assert state is not None and state.retired_batches == 3
+    clock.advance(1)
+    audit = await completed_audit(ctx)
+    assert audit.orphans == 2  # rolled[0] and rolled[1]: flagged raw_retention
+    assert (await run_gc(ctx, dry_run=False)).record.marked == 2
+    clock.advance(GRACE_S + 1)
+    await completed_audit(ctx)  # started after the marks plus the grace
+    deleting = await run_gc(ctx, dry_run=False)  # 2 of 5 blobs: past max_delete_fraction
+    assert sorted(deleting.deleted) == sorted(b.sha for b in rolled[:2])
+    assert deleting.record.deleted_raw_retention == 2
+    for batch in rolled[:2]:
+        assert not await exists(store, keys.raw_blob_key(batch.sha))
+    for key in [*(b.key for b in rolled), young.key, conflict.submitted_raw_blob_key]:
+        assert await exists(store, key)
+    for batch in (rolled[2], young):
+        assert await exists(store, keys.raw_blob_key(batch.sha))
+    clock.advance(1)
+    await completed_audit(ctx)
+    problems = [info.key async for info in store.list(keys.RECONCILER_PROBLEMS_PREFIX)]
+    assert problems == []
