@@ -28,6 +28,7 @@ from protocol.records import (
     GcRunRecord,
     IndexCheckpoint,
     LeaseRecord,
+    RawRetention,
     RecordError,
 )
 from store.base import ObjectStore
@@ -35,6 +36,7 @@ from store.errors import NotFound
 
 from .audit_records import latest_audit, latest_completed_audit
 from .problems import count_problems
+from .raw_retention import read_state
 from .steady import read_checkpoint
 
 INDEX_PUT_TOTALS = ("segments", "catalog_files", "markers", "checkpoints")
@@ -56,6 +58,7 @@ class ReconcilerStatus:
     last_completed_audit: AuditRecord | None
     last_gc: GcRunRecord | None
     problems: Counter[str]
+    raw_retention: RawRetention | None = None
 
     @property
     def lease_active(self) -> bool:
@@ -119,6 +122,9 @@ class ReconcilerStatus:
                 "started_at": _iso(self.last_gc.started_at_unix_ns),
             },
             "problems": {"total": sum(self.problems.values()), "by_kind": dict(self.problems)},
+            "raw_retention": None
+            if self.raw_retention is None
+            else self.raw_retention.model_dump(mode="json", exclude={"schema_"}),
         }
 
     def render(self) -> str:
@@ -156,7 +162,19 @@ class ReconcilerStatus:
             else f"last GC         {gc['run_id']} started {gc['started_at']}: "
             f"{gc['candidates']} candidates, {gc['marked']} marked, {gc['vetoed']} vetoed, "
             f"{gc['deleted']} deleted{' (dry run)' if gc['dry_run'] else ''}"
+            + (
+                f" ({gc['deleted_raw_retention']} by raw retention)"
+                if gc.get("deleted_raw_retention")
+                else ""
+            )
             + (f", refused: {gc['refused']}" if gc.get("refused") else "")
+        )
+        raw = doc["raw_retention"]
+        lines.append(
+            "raw retention   nothing retired"
+            if raw is None
+            else f"raw retention   accepted hours before {raw['retired_before']} retired "
+            f"({raw['retired_batches']} batches; raw_days {raw['raw_days']:g})"
         )
         problems = doc["problems"]
         detail = ", ".join(f"{k} {v}" for k, v in sorted(problems["by_kind"].items()))
@@ -202,7 +220,15 @@ async def gather_status(store: ObjectStore, clock: Clock, *, lookback_s: float) 
         last_completed_audit=await latest_completed_audit(store),
         last_gc=await _latest_gc_run(store),
         problems=await count_problems(store),
+        raw_retention=await _raw_retention(store),
     )
+
+
+async def _raw_retention(store: ObjectStore) -> RawRetention | None:
+    try:
+        return (await read_state(store))[0]
+    except RecordError:
+        return None
 
 
 async def _read_lease(store: ObjectStore) -> LeaseRecord | None:

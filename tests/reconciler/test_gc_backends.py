@@ -198,3 +198,10 @@ async def test_raw_retention_deletes_rolled_up_blobs_and_the_audit_finds_nothing
     await completed_audit(ctx)
     problems = [info.key async for info in store.list(keys.RECONCILER_PROBLEMS_PREFIX)]
     assert problems == []
+    from reconciler.status import gather_status
+
+    shown = (await gather_status(store, clock, lookback_s=60.0)).render()
+    assert "2 deleted (2 by raw retention)" in shown
+    assert (
+        f"raw retention   accepted hours before {state.retired_before} retired (3 batches" in shown
+    )
