@@ -95,6 +95,8 @@ class SimConfig:
     retry_horizon_s: float = 4.0
     grace_margin_s: float = 1.0
     send_window_s: float = 50.0
+    gc_concurrency: int = 1
+    """``gc.concurrency``: 1 keeps the worlds chosen for the regressions as they were."""
 
 
 @dataclass
@@ -192,6 +194,7 @@ def _settings(config: SimConfig) -> Settings:
             + config.read_timeout_s
             + config.grace_margin_s,
             max_delete_fraction=1.0,
+            concurrency=config.gc_concurrency,
         ),
     )
 

@@ -71,7 +71,7 @@ from store.errors import (
 from store.retry import Backoff
 from store.time import StoreClock
 
-from .blob_survival import keep_existing_blob
+from .blob_survival import hold_off_deletion, keep_existing_blob
 from .store_calls import BudgetedRequest, BudgetExhausted, Created, StoreOpObserver
 
 log = structlog.get_logger(__name__)
@@ -396,6 +396,10 @@ class BatchAcceptor:
             collector_id=self._collector_id,
         )
         quarantine_key = conflict.quarantine_key
+        # The record will keep the accepted blob alive (PROTOCOL §4.1), but raw retention
+        # may have marked that blob already (its batch is rolled up): veto it, or wait
+        # out a deletion under way, before the record exists. One GET (404) otherwise.
+        await hold_off_deletion(request, sha=accepted.frame_sha256, collector_id=self._collector_id)
         # The 409 is answered only once the record exists (PROTOCOL §3.2): a create that
         # does not settle within the budget raises BudgetExhausted (503; the agent
         # retries and the conflict is found again).

@@ -32,21 +32,32 @@ async def keep_existing_blob(
 ) -> bool:
     """Make sure the blob of ``sha`` survives GC. True when the blob had to be created
     again (the caller indexes it as a new blob). Raises `BudgetExhausted`."""
-    mark_key = keys.gc_mark_key(sha)
-    if await _read_mark(request, mark_key) is not None:
-        veto = records.GcVeto(
-            frame_sha256=sha,
-            vetoed_at_unix_ns=request.clock.now_ns(),
-            collector_id=collector_id,
-        )
-        await request.create_idempotent("put_gc_veto", keys.gc_veto_key(sha), veto.to_json())
-        mark = await _read_mark(request, mark_key)
-        if mark is not None and mark.state != "marked":
-            log.warning("gc_deletion_in_progress", frame_sha256=sha)
-            delays = request.delays()
-            while await _read_mark(request, mark_key) is not None:
-                await request.pause(delays)
+    await hold_off_deletion(request, sha=sha, collector_id=collector_id)
     return await _prove_blob(request, frame, sha)
+
+
+async def hold_off_deletion(request: BudgetedRequest, *, sha: str, collector_id: str) -> None:
+    """The first half of `keep_existing_blob`: veto a marked blob, and wait out a deletion
+    under way, so that no deletion of ``sha``'s blob is in flight when this returns and
+    none can start before a new mark and its grace. Alone (without the proof) it serves a
+    blob this request only names: the *accepted* blob of an identity conflict, which a
+    quarantine record keeps alive (PROTOCOL §4.1: with raw retention, an accepted blob
+    may be marked). Raises `BudgetExhausted`."""
+    mark_key = keys.gc_mark_key(sha)
+    if await _read_mark(request, mark_key) is None:
+        return
+    veto = records.GcVeto(
+        frame_sha256=sha,
+        vetoed_at_unix_ns=request.clock.now_ns(),
+        collector_id=collector_id,
+    )
+    await request.create_idempotent("put_gc_veto", keys.gc_veto_key(sha), veto.to_json())
+    mark = await _read_mark(request, mark_key)
+    if mark is not None and mark.state != "marked":
+        log.warning("gc_deletion_in_progress", frame_sha256=sha)
+        delays = request.delays()
+        while await _read_mark(request, mark_key) is not None:
+            await request.pause(delays)
 
 
 async def _prove_blob(request: BudgetedRequest, frame: bytes, sha: str) -> bool:

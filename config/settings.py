@@ -253,6 +253,10 @@ class GcSettings(_Section):
     max_delete_fraction: float = Field(default=0.1, gt=0, le=1)
     """A GC run that would delete more than this fraction of the blobs it saw stops and
     reports instead (a safety valve against a broken index or audit)."""
+    concurrency: int = Field(default=8, ge=1)
+    """Blobs a GC run works on at once (marking, reading marks, deleting): each blob's
+    steps are a few small requests, independent of every other blob's, so a run over many
+    (raw retention retires every rolled-up batch) is bound by latency, not the store."""
     delete_expiry_s: int = Field(default=5, ge=1, le=7 * 24 * 3600)
     """Lifetime of each pre-signed blob DELETE (``X-Amz-Expires``, PROTOCOL §3.5 rule 6).
     It is sent only while the reconciler lease outlives it (plus the clock skew), and the

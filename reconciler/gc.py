@@ -75,6 +75,7 @@ from store.errors import (
 from store.open import open_store
 from store.time import store_clock
 
+from .bounded import for_each_bounded
 from .orphans import decode_orphans
 from .raw_retention import RawRetentionAdvance
 
@@ -99,6 +100,11 @@ class GcPolicy:
     """Lifetime of each signed blob DELETE (`reconciler.gc_delete`)."""
     max_clock_skew_s: float = 0.0
     """Bound on the distance between the deleter's clock and store time."""
+    concurrency: int = 1
+    """Marks, mark reads and deletions in flight at once (``gc.concurrency``): each
+    blob's steps are independent of every other blob's, and `for_each_bounded` cancels
+    the rest on an error that ends the run (every step leaves a state a later run
+    resolves, see the module docstring)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.max_delete_fraction <= 1:
@@ -107,6 +113,8 @@ class GcPolicy:
             )
         if self.retry_horizon_s <= 0 or self.mark_grace_s <= 0 or self.settle_s < 0:
             raise ValueError("retry_horizon_s and mark_grace_s must be > 0, settle_s >= 0")
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
         if self.max_item_errors < 0:
             raise ValueError(f"max_item_errors must be >= 0, got {self.max_item_errors}")
         if self.delete_expiry_s < 1 or self.max_clock_skew_s < 0:
@@ -271,8 +279,11 @@ class GarbageCollector:
 
     async def _finish_stale_deletions(self) -> None:
         now = self._clock.now_ns()
-        async for info in self._store.list(keys.GC_MARKS_PREFIX):
-            await self._per_item("settle", info.key, self._settle_one(info.key, now))
+        await for_each_bounded(
+            self._store.list(keys.GC_MARKS_PREFIX),
+            lambda info: self._per_item("settle", info.key, self._settle_one(info.key, now)),
+            self._policy.concurrency,
+        )
 
     async def _settle_one(self, mark_key: str, now: int) -> None:
         mark, etag = await self._read_mark(mark_key)
@@ -311,15 +322,18 @@ class GarbageCollector:
                 candidates[sha] = "raw-retention" if by_retention else "orphan"
             if not dry_run:
                 self._audits_marked.add(audit.audit_id)
-        counts = {"candidates": 0, "marked": 0, "vetoed": 0}
+        counts = {"candidates": len(candidates), "marked": 0, "vetoed": 0}
+        to_mark: list[tuple[str, records.GcReason]] = []
         for sha, reason in sorted(candidates.items()):
-            counts["candidates"] += 1
             if sha in self._listed.vetoes:
                 counts["vetoed"] += 1
-                continue
-            if sha in self._listed.marks or dry_run:
-                continue
-            await self._per_item("mark", sha, self._mark(sha, reason, counts))
+            elif sha not in self._listed.marks and not dry_run:
+                to_mark.append((sha, reason))
+        await for_each_bounded(
+            to_mark,
+            lambda item: self._per_item("mark", item[0], self._mark(*item, counts)),
+            self._policy.concurrency,
+        )
         self._observe("candidates", counts["candidates"])
         self._observe("marks", counts["marked"])
         self._observe("vetoes", counts["vetoed"])
@@ -355,7 +369,8 @@ class GarbageCollector:
         now = self._clock.now_ns()
         grace_ns = int(self._policy.mark_grace_s * NS)
         eligible: list[tuple[str, records.GcMark]] = []
-        async for info in self._store.list(keys.GC_MARKS_PREFIX):
+
+        async def read_one(info: ObjectInfo) -> None:
             read = await self._per_item("read-mark", info.key, self._read_mark(info.key))
             mark = read[0] if read is not None else None
             if (
@@ -364,6 +379,11 @@ class GarbageCollector:
                 and mark.marked_at_unix_ns + grace_ns <= now
             ):
                 eligible.append((info.key, mark))
+
+        await for_each_bounded(
+            self._store.list(keys.GC_MARKS_PREFIX), read_one, self._policy.concurrency
+        )
+        eligible.sort(key=lambda pair: pair[0])  # in key order, however the reads finished
         if not eligible:
             return
         if self._deletion_blocker is not None and (reason := await self._deletion_blocker()):
@@ -396,7 +416,11 @@ class GarbageCollector:
             await self._guard(orphans_proven, audit.blobs_listed)
         if dry_run:
             return
-        for done, (mark_key, mark, last_modified_ns, by_retention) in enumerate(proven, 1):
+        done = 0
+
+        async def delete(item: tuple[str, records.GcMark, int, bool]) -> None:
+            nonlocal done
+            mark_key, mark, last_modified_ns, by_retention = item
             if await self._per_item(
                 "delete",
                 mark_key,
@@ -406,8 +430,11 @@ class GarbageCollector:
             ):
                 outcome.deleted.append(mark.frame_sha256)
                 outcome.deleted_raw_retention += by_retention
+            done += 1
             if done % 1000 == 0:
                 log.info("gc_deleting", done=done, of=len(proven), deleted=len(outcome.deleted))
+
+        await for_each_bounded(proven, delete, self._policy.concurrency)
         self._observe("deletions", len(outcome.deleted))
 
     async def _guard(self, planned: int, total: int) -> None:
@@ -683,6 +710,7 @@ def _collector(ctx: ReconcilerContext, delete_store: ObjectStore | None) -> Garb
             settle_s=settings.gc.delete_expiry_s + settings.store.max_clock_skew_s + 2 * network_s,
             delete_expiry_s=settings.gc.delete_expiry_s,
             max_clock_skew_s=settings.store.max_clock_skew_s,
+            concurrency=settings.gc.concurrency,
         ),
         run_audit=lambda: run_full_audit(ctx),
         latest_audit=lambda: latest_listing_audit(ctx.store),

@@ -79,6 +79,7 @@ worlds = st.builds(
     connect_timeout_s=st.sampled_from([0.3, 2.0]),
     reconciler_interval_s=st.sampled_from([2.0, 4.0, 9.0]),
     flush_s=st.sampled_from([0.5, 1.0, 3.0]),
+    gc_concurrency=st.sampled_from([1, 4]),
 )
 
 
@@ -246,7 +247,12 @@ async def test_bug_2_a_delete_with_a_lost_answer_keeps_the_mark_until_it_settles
     settings = Settings(
         store=StoreSettings(url="memory://bug-2", connect_timeout_s=2.0, read_timeout_s=3.0),
         reconciler=ReconcilerSettings(lease_ttl_s=3600.0, verify_rate_per_s=1000.0),
-        gc=GcSettings(retry_horizon_s=60.0, mark_grace_s=30.0, max_delete_fraction=1.0),
+        # One deletion at a time: the manual clock moves whenever anything sleeps on it,
+        # and the lease renewal's sleeps between concurrent steps would expire the
+        # signed DELETE before this test lands it late.
+        gc=GcSettings(
+            retry_horizon_s=60.0, mark_grace_s=30.0, max_delete_fraction=1.0, concurrency=1
+        ),
     )
     reconciler = Reconciler(
         store=deletes,  # type: ignore[arg-type]

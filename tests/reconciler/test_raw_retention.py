@@ -319,3 +319,25 @@ def test_an_orphan_file_without_the_retention_column_reads_as_orphans() -> None:
     sink = io.BytesIO()
     pq.write_table(old, sink)
     assert decode_orphans(sink.getvalue()) == {digest: (5, 7, False)}
+
+
+async def test_a_conflicting_resend_of_a_marked_retired_batch_vetoes_its_blob() -> None:
+    world, (a, b, _c), _conflict = await accepted_world()
+    world.clock.advance(3 * HOUR_S)
+    await audit_now(world)
+    await include(world, *(r.manifest for r in (a, b, _c)))
+    assert await retire(world) is not None
+    await audit_now(world)
+    assert (await world.gc()).record.marked == 2
+    # Another frame under a's identity: its quarantine record will name a's blob, which
+    # raw retention has marked. The collector vetoes it before the record exists.
+    other = frame_bytes(300)
+    late = await world.acceptor(1).accept(Header("agent-a", BOOT, 1, 1, 1), other, sha(other))
+    assert isinstance(late, IdentityConflictFound)
+    assert await world.exists(keys.gc_veto_key(a.manifest.frame_sha256))
+    world.clock.advance(GUARDED.mark_grace_s + 1)
+    outcome = await world.gc()
+    assert outcome.deleted == [b.manifest.frame_sha256]
+    assert await world.exists(a.manifest.raw_blob_key)
+    await audit_now(world)  # from now on the quarantine row keeps it: never marked again
+    assert a.manifest.frame_sha256 not in await latest_orphans(world)
