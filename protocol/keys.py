@@ -279,6 +279,7 @@ PROBLEM_KINDS = (
     "unparseable-quarantine",
     "gc-guard",
     "unreadable-index-file",
+    "raw-retention-mismatch",
 )
 
 
