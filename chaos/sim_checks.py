@@ -20,7 +20,8 @@ from store.memory import MemoryStore
 
 class WatchedStore:
     """`MemoryStore` that checks, as each operation is applied, that the GC never deletes
-    a referenced blob and no manifest is created while its blob is missing."""
+    a referenced blob (with raw retention: one that `RetentionRule` does not let go) and
+    no manifest is created while its blob is missing."""
 
     def __init__(
         self,
@@ -52,6 +53,9 @@ class WatchedStore:
     ) -> str:
         etag = await self.inner.put(key, body, if_none_match=if_none_match, if_match=if_match)
         self._count_put(key, if_none_match)
+        if key == keys.RAW_RETENTION_KEY and self.retention is not None:
+            if (why := self.retention.why_not_retire(body)) is not None:
+                self._violation(why)
         if key.startswith(keys.RAW_BLOBS_PREFIX) and keys.parse_raw_blob_key(key) in self._deleted:
             self._stats["blobs_recreated"] += 1
         sha = None

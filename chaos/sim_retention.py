@@ -7,11 +7,13 @@ least their seeded lag (``U(0, lag_s)`` from when it first saw them). A seeded s
 batches (``withhold_rate``) is never included: their hour's ledger never matches its
 catalog, so raw retention must never retire it.
 
-`RetentionRule` is the deletion check `chaos.sim_checks.WatchedStore` applies, at the
-moment a raw blob is deleted, to the records that exist then: a blob may be deleted only
-when no quarantine record names it (submitted or accepted hash) and every accepted
-manifest naming it has its batch in the ledger of the latest rollup snapshot and an
-accepted hour that ended at least ``raw_s`` earlier (sim clock).
+`RetentionRule` holds the checks `chaos.sim_checks.WatchedStore` applies as operations
+land: at the moment a raw blob is deleted, to the records that exist then, a blob may be
+deleted only when no quarantine record names it (submitted or accepted hash) and every
+accepted manifest naming it has its batch in the ledger of the latest rollup snapshot
+and an accepted hour that ended at least ``raw_s`` earlier (sim clock); and each write of
+``gc/v1/raw-retention.json`` retires only hours that ended at least ``raw_s`` earlier
+(the deletion procedure alone takes long enough that the first check would miss that).
 
 `retention_problems` checks the settled store: no open ``missing-blob`` or
 ``raw-retention-mismatch`` problem, and each accepted manifest whose blob is gone is
@@ -189,6 +191,19 @@ class RetentionRule:
                     f"{manifest.manifest_key}'s hour {manifest.accepted_hour.iso} ended only "
                     f"{(now_ns - ended_ns) / 1e9:.3f}s ago (raw retention {self._raw_ns / 1e9}s)"
                 )
+        return None
+
+    def why_not_retire(self, body: bytes) -> str | None:
+        """Why the raw-retention state ``body``, written now, retires an hour too early
+        (one that did not end ``raw_s`` ago), or None."""
+        state = records.RawRetention.from_json(body)
+        last_end_ns = keys.UtcHour.parse_iso(state.retired_before).start_ns
+        if self._now_ns() - last_end_ns < self._raw_ns - 1_000:
+            return (
+                f"raw retention retired hours before {state.retired_before}, which ended "
+                f"{(self._now_ns() - last_end_ns) / 1e9:.3f}s ago (raw retention "
+                f"{self._raw_ns / 1e9}s)"
+            )
         return None
 
 

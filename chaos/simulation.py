@@ -20,6 +20,14 @@ One call, `simulate(config)`, builds a world on virtual time (`chaos.sim_runtime
   hour settles and is compacted), and the GC through `reconciler.gc.run_gc` with short
   horizons, from the start until ``settle_s`` after the last agent is done.
 
+With ``raw_retention_s`` (PROTOCOL §4.1; `chaos.sim_retention`): a simulated rollup
+commits ledgers of the cataloged batches (with a seeded lag; a few batches never, so
+their hour can never retire), and the world runs until the first hour's blobs can have
+been retired and deleted; around then some acknowledged batches are re-sent (a
+duplicate, whether the blob is still there or not) or get a conflicting twin (a 409,
+whose quarantine record must then keep the accepted blob). `WatchedStore` checks each
+deletion against raw retention's rule, and the end state for retired blobs only.
+
 When everything has settled (collectors flushed, requests in flight landed), a final
 fault-free full audit runs and `SimReport.violations` lists every broken invariant:
 each acknowledgement has its manifest with the same hash and a blob that hashes right;
@@ -113,7 +121,7 @@ class SimConfig:
     """Raw retention (``[retention] raw_days``, as seconds); None: off, and no rollup."""
     rollup_interval_s: float = 5.0
     rollup_lag_s: float = 10.0
-    rollup_withhold_rate: float = 0.05
+    rollup_withhold_rate: float = 0.04
     """Of the batches the simulated rollup sees, the share it never includes."""
     late_resend_rate: float = 0.5
     """With raw retention: acknowledged batches re-sent once their blobs may be gone."""
@@ -448,8 +456,10 @@ class _World:
         task = asyncio.ensure_future(self.reconciler.run())
         await agents_done.wait()
         await self.clock.sleep(self.config.settle_s)
-        # With raw retention, at least until the first hour's blobs can be deleted.
-        await self.clock.sleep(self.retention_due_s + self.config.settle_s - self.clock.monotonic())
+        if self.rollup is not None:  # at least until the first hour's blobs can be gone
+            await self.clock.sleep(
+                self.retention_due_s + self.config.settle_s - self.clock.monotonic()
+            )
         await self.reconciler.stop(grace_s=60.0)
         try:
             await task
