@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 
 from chaos.index_checks import RecordFacts, catalog_problems, read_catalog
+from chaos.sim_retention import RetentionRule
 from protocol import keys, records
 from store.base import ObjectInfo, ObjectStore, SignedDelete
 from store.errors import NotFound
@@ -19,7 +20,8 @@ from store.memory import MemoryStore
 
 class WatchedStore:
     """`MemoryStore` that checks, as each operation is applied, that the GC never deletes
-    a referenced blob and no manifest is created while its blob is missing."""
+    a referenced blob (with raw retention: one that `RetentionRule` does not let go) and
+    no manifest is created while its blob is missing."""
 
     def __init__(
         self,
@@ -34,8 +36,11 @@ class WatchedStore:
         self._violations = violations
         self._stats = stats
         self._now_s = now_s
-        self._referenced: dict[str, str] = {}  # sha -> a record key naming it
+        self._accepted: dict[str, dict[str, records.AcceptedManifest]] = {}  # sha -> by key
+        self._quarantined: dict[str, str] = {}  # sha (submitted or accepted) -> a record key
         self._deleted: set[str] = set()
+        self.retention: RetentionRule | None = None
+        """With raw retention: when a blob accepted manifests name may still be deleted."""
 
     async def get(self, key: str) -> tuple[bytes, str]:
         return await self.inner.get(key)
@@ -48,15 +53,22 @@ class WatchedStore:
     ) -> str:
         etag = await self.inner.put(key, body, if_none_match=if_none_match, if_match=if_match)
         self._count_put(key, if_none_match)
+        if key == keys.RAW_RETENTION_KEY and self.retention is not None:
+            if (why := self.retention.why_not_retire(body)) is not None:
+                self._violation(why)
         if key.startswith(keys.RAW_BLOBS_PREFIX) and keys.parse_raw_blob_key(key) in self._deleted:
             self._stats["blobs_recreated"] += 1
         sha = None
         if key.startswith(keys.ACCEPTED_PREFIX):
-            sha = records.AcceptedManifest.from_json(body).frame_sha256
+            manifest = records.AcceptedManifest.from_json(body)
+            sha = manifest.frame_sha256
+            self._accepted.setdefault(sha, {})[key] = manifest
         elif key.startswith(keys.QUARANTINE_PREFIX):
-            sha = records.IdentityConflict.from_json(body).submitted_frame_sha256
+            conflict = records.IdentityConflict.from_json(body)
+            sha = conflict.submitted_frame_sha256
+            self._quarantined.setdefault(sha, key)
+            self._quarantined.setdefault(conflict.accepted_frame_sha256, key)
         if sha is not None:
-            self._referenced.setdefault(sha, key)
             try:
                 await self.inner.head(keys.raw_blob_key(sha))
             except NotFound:
@@ -67,7 +79,7 @@ class WatchedStore:
         return self.inner.list(prefix, start_after)
 
     async def delete(self, key: str) -> None:
-        self._check_delete(key)
+        await self._check_delete(key)
         await self.inner.delete(key)
 
     async def sign_delete(self, key: str, *, expires_in_s: int) -> SignedDelete:
@@ -75,15 +87,27 @@ class WatchedStore:
 
     async def send_signed_delete(self, request: SignedDelete) -> None:
         await self.inner.send_signed_delete(request)  # raises when refused: nothing deleted
-        self._check_delete(request.key)
+        await self._check_delete(request.key)
 
-    def _check_delete(self, key: str) -> None:
+    async def _check_delete(self, key: str) -> None:
+        """Only orphans are deleted (PROTOCOL §3.5); with raw retention also blobs that
+        only accepted manifests of rolled-up, expired batches name (§4.1), never one a
+        quarantine record names. Records are those that exist as the delete applies."""
         if key.startswith(keys.RAW_BLOBS_PREFIX):
             sha = keys.parse_raw_blob_key(key)
-            if sha in self._referenced:
+            if sha in self._quarantined:
                 self._violation(
-                    f"GC deleted raw blob {sha[:12]} referenced by {self._referenced[sha]}"
+                    f"GC deleted raw blob {sha[:12]} referenced by {self._quarantined[sha]}"
                 )
+            elif accepted := self._accepted.get(sha):
+                why = (
+                    await self.retention.why_not(sha, accepted.values())
+                    if self.retention is not None
+                    else f"referenced by {next(iter(accepted))}"
+                )
+                if why is not None:
+                    self._violation(f"GC deleted raw blob {sha[:12]}: {why}")
+                self._stats["blobs_deleted_accepted"] += 1
             self._stats["blobs_deleted"] += 1
             self._deleted.add(sha)
         elif key.startswith(keys.INDEX_CATALOG_PREFIX):
@@ -112,8 +136,13 @@ async def check_store(
     store: ObjectStore,
     acked: dict[keys.BatchIdentity, set[str]],
     conflict_views: list[tuple[keys.BatchIdentity, str]],
+    *,
+    retired: set[str] | frozenset[str] = frozenset(),
 ) -> list[str]:
-    """The end-state invariants over a settled store (after a completed audit)."""
+    """The end-state invariants over a settled store (after a completed audit).
+
+    ``retired``: manifest_ids whose blobs raw retention may have deleted (in the rollup
+    ledger, in a retired hour); every other accepted manifest's blob must exist."""
     problems: list[str] = []
     present = {info.key async for info in store.list("")}
     manifests: dict[keys.BatchIdentity, records.AcceptedManifest] = {}
@@ -122,12 +151,17 @@ async def check_store(
         manifest = records.AcceptedManifest.from_json((await store.get(key))[0])
         manifests[manifest.identity] = manifest
         facts[key] = RecordFacts("accepted", manifest.frame_sha256, manifest.identity.manifest_id)
+        if manifest.identity.manifest_id in retired and (
+            keys.raw_blob_key(manifest.frame_sha256) not in present
+        ):
+            continue
         problems += await _blob_problems(store, present, key, manifest.frame_sha256)
     for key in sorted(k for k in present if k.startswith(keys.QUARANTINE_PREFIX)):
         conflict = records.IdentityConflict.from_json((await store.get(key))[0])
         facts[key] = RecordFacts("quarantine", conflict.submitted_frame_sha256)
         problems += await _blob_problems(store, present, key, conflict.submitted_frame_sha256)
-    # No rollup runs in the simulation: every cataloged batch must have its marker.
+    # The rollup consumes no work marker in the simulation: every cataloged batch must
+    # have its marker.
     problems += catalog_problems(await read_catalog(store), facts)
     for identity, shas in acked.items():
         if len(shas) > 1:

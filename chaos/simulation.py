@@ -20,6 +20,14 @@ One call, `simulate(config)`, builds a world on virtual time (`chaos.sim_runtime
   hour settles and is compacted), and the GC through `reconciler.gc.run_gc` with short
   horizons, from the start until ``settle_s`` after the last agent is done.
 
+With ``raw_retention_s`` (PROTOCOL §4.1; `chaos.sim_retention`): a simulated rollup
+commits ledgers of the cataloged batches (with a seeded lag; a few batches never, so
+their hour can never retire), and the world runs until the first hour's blobs can have
+been retired and deleted; around then some acknowledged batches are re-sent (a
+duplicate, whether the blob is still there or not) or get a conflicting twin (a 409,
+whose quarantine record must then keep the accepted blob). `WatchedStore` checks each
+deletion against raw retention's rule, and the end state for retired blobs only.
+
 When everything has settled (collectors flushed, requests in flight landed), a final
 fault-free full audit runs and `SimReport.violations` lists every broken invariant:
 each acknowledgement has its manifest with the same hash and a blob that hashes right;
@@ -43,9 +51,23 @@ from dataclasses import dataclass, field
 
 from chaos.faulty_store import Fault, FaultyStore
 from chaos.sim_checks import WatchedStore, check_store
+from chaos.sim_retention import (
+    RetentionRule,
+    SimRollup,
+    gc_deletions_by_reason,
+    retention_problems,
+    retired_manifest_ids,
+)
 from chaos.sim_runtime import DelayedStore, S3LikeRetries, SimClock, run_virtual
 from collector.accept import AcceptanceUnavailable, Accepted, BatchAcceptor, IdentityConflictFound
-from config import GcSettings, IngestSettings, ReconcilerSettings, Settings, StoreSettings
+from config import (
+    GcSettings,
+    IngestSettings,
+    ReconcilerSettings,
+    RetentionSettings,
+    Settings,
+    StoreSettings,
+)
 from index.log_writer import IndexLogWriter
 from index.rows import blob_row
 from protocol import keys
@@ -97,6 +119,16 @@ class SimConfig:
     send_window_s: float = 50.0
     gc_concurrency: int = 1
     """``gc.concurrency``: 1 keeps the worlds chosen for the regressions as they were."""
+    raw_retention_s: float | None = None
+    """Raw retention (``[retention] raw_days``, as seconds); None: off, and no rollup."""
+    rollup_interval_s: float = 5.0
+    rollup_lag_s: float = 10.0
+    rollup_withhold_rate: float = 0.04
+    """Of the batches the simulated rollup sees, the share it never includes."""
+    late_resend_rate: float = 0.5
+    """With raw retention: acknowledged batches re-sent once their blobs may be gone."""
+    late_conflict_rate: float = 0.2
+    """With raw retention: acknowledged batches that get a conflicting twin around then."""
 
 
 @dataclass
@@ -196,6 +228,9 @@ def _settings(config: SimConfig) -> Settings:
             max_delete_fraction=1.0,
             concurrency=config.gc_concurrency,
         ),
+        retention=RetentionSettings(
+            raw_days=None if config.raw_retention_s is None else config.raw_retention_s / 86_400
+        ),
     )
 
 
@@ -252,6 +287,39 @@ class _World:
         self.acked: dict[keys.BatchIdentity, set[str]] = {}
         self.conflict_views: list[tuple[keys.BatchIdentity, str]] = []
         self.true_orphans: set[str] = set()
+        self.rollup: SimRollup | None = None
+        self.retention_due_s = 0.0
+        if config.raw_retention_s is not None:
+            self._enable_raw_retention(config.raw_retention_s)
+
+    def _enable_raw_retention(self, raw_s: float) -> None:
+        """The rollup, the deletion rule, and when the first hour's blobs should be gone:
+        the hour ends, is past raw retention, sealed by an audit started the settle margin
+        later and rolled up; the GC retires it, an audit flags its blobs, the GC marks
+        them, and an audit started past the grace proves them for the GC to delete."""
+        config = self.config
+        self.watched.retention = RetentionRule(self.memory, raw_s=raw_s, now_ns=self.clock.now_ns)
+        self.rollup = SimRollup(
+            self._faulty("rollup", {}),
+            clock=self.clock,
+            rng=random.Random(f"{config.seed}/rollup"),
+            interval_s=config.rollup_interval_s,
+            lag_s=config.rollup_lag_s,
+            withhold_rate=config.rollup_withhold_rate,
+            stats=self.report.stats,
+        )
+        retirable_s = max(
+            raw_s,
+            self.settings.settle_margin_s() + config.audit_interval_s,
+            config.rollup_lag_s + config.rollup_interval_s,
+        )
+        self.retention_due_s = (
+            FIRST_HOUR_LEFT_S
+            + retirable_s
+            + 3 * config.audit_interval_s
+            + 2 * config.reconciler_interval_s
+            + self.settings.gc.mark_grace_s
+        )
 
     def _faulty(self, name: str, rates: dict[str, dict[Fault, float]]) -> ObjectStore:
         """The store as ``name`` sees it: S3-like retries over seeded faults over latency."""
@@ -284,8 +352,10 @@ class _World:
                 made.append(_Batch(header, _frame(self.config.seed, agent, b, "original")))
         return made
 
-    async def send(self, batch: _Batch, rng: random.Random, *, attempts: int = 6) -> str | None:
-        """Send until an answer (or ``attempts`` 503s); returns the acknowledged hash."""
+    async def send(
+        self, batch: _Batch, rng: random.Random, *, attempts: int = 6
+    ) -> Accepted | None:
+        """Send until an answer (or ``attempts`` 503s); returns the acknowledgement."""
         for _ in range(attempts):
             acceptor = self.acceptors[rng.randrange(len(self.acceptors))]
             try:
@@ -303,7 +373,7 @@ class _World:
                         f"200 for {batch.identity} names hash {outcome.manifest.frame_sha256[:12]}, sent {batch.sha[:12]}"
                     )
                 self.acked.setdefault(batch.identity, set()).add(batch.sha)
-                return batch.sha
+                return outcome
             assert isinstance(outcome, IdentityConflictFound)
             self.report.stats["answer_409"] += 1
             self.conflict_views.append((batch.identity, outcome.accepted.frame_sha256))
@@ -337,6 +407,34 @@ class _World:
             await self.clock.sleep(rng.uniform(0.0, config.send_window_s / 4))
             if await self.send(twin, rng) is not None:
                 self._violation(f"conflicting frame for {batch.identity} was acknowledged")
+        if acked is not None and self.rollup is not None:
+            await self._after_raw_retention(batch, index)
+
+    async def _after_raw_retention(self, batch: _Batch, index: int) -> None:
+        """Around when raw retention deleted the first hour's blobs: a re-send (must be a
+        duplicate, whether its blob is still there or not), or a conflicting twin (must
+        be a 409; its quarantine record names the accepted blob, which must then stay)."""
+        config = self.config
+        rng = random.Random(f"{config.seed}/after-retention/{index}")
+        resend = rng.random() < config.late_resend_rate
+        conflict = rng.random() < config.late_conflict_rate
+        at_s = self.retention_due_s + rng.uniform(-config.audit_interval_s, config.audit_interval_s)
+        if not (resend or conflict):
+            return
+        await self.clock.sleep(at_s - self.clock.monotonic())
+        if conflict:
+            twin = _Batch(batch.header, _frame(config.seed, index, 0, "late conflict"))
+            self.report.stats["late_conflicts"] += 1
+            if await self.send(twin, rng, attempts=20) is not None:
+                self._violation(f"late conflicting frame for {batch.identity} was acknowledged")
+        if resend:
+            gone = not await _exists(self.memory, keys.raw_blob_key(batch.sha))
+            self.report.stats["late_resends_blob_gone" if gone else "late_resends"] += 1
+            again = await self.send(batch, rng, attempts=20)
+            if again is None:
+                self._violation(f"late re-send of {batch.identity} got no 200 (blob gone: {gone})")
+            elif not again.duplicate:
+                self._violation(f"late re-send of {batch.identity} was accepted anew")
 
     async def _land_orphan(self, batch: _Batch, *, logged: bool) -> None:
         """The blob (no faults: the write landed); with ``logged``, its ``blob`` log row
@@ -361,6 +459,10 @@ class _World:
         task = asyncio.ensure_future(self.reconciler.run())
         await agents_done.wait()
         await self.clock.sleep(self.config.settle_s)
+        if self.rollup is not None:  # at least until the first hour's blobs can be gone
+            await self.clock.sleep(
+                self.retention_due_s + self.config.settle_s - self.clock.monotonic()
+            )
         await self.reconciler.stop(grace_s=60.0)
         try:
             await task
@@ -382,6 +484,14 @@ def _stage_errors(metrics: ReconcilerMetrics) -> dict[str, int]:
     return counts
 
 
+async def _exists(store: ObjectStore, key: str) -> bool:
+    try:
+        await store.head(key)
+    except StoreError:  # NotFound (a memory store fails no other way)
+        return False
+    return True
+
+
 def hash_seed(text: str) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
 
@@ -401,7 +511,11 @@ async def _final_audit(world: _World) -> None:
         metrics=ReconcilerMetrics(clock=world.clock),
         owner=RECONCILER_OWNER,
     )
-    audit = await run_full_audit(ctx)
+    try:
+        audit = await run_full_audit(ctx)
+    except Exception as exc:  # a crashing audit is a finding, not the end of the run
+        world.report.violations.append(f"final audit failed: {type(exc).__name__}: {exc}")
+        return
     if audit.status != "completed":
         world.report.violations.append(f"final audit did not complete: {audit}")
 
@@ -411,12 +525,16 @@ async def _run(config: SimConfig) -> SimReport:
     world = _World(config, report)
     for log in world.logs:
         log.start()
-    agents_done = asyncio.Event()
+    agents_done, rollup_stop = asyncio.Event(), asyncio.Event()
     reconciler = asyncio.ensure_future(world.run_reconciler(agents_done))
+    rollup = asyncio.ensure_future(world.rollup.run(rollup_stop)) if world.rollup else None
     agents = [world.agent_batch(b, i) for i, b in enumerate(world.batches())]
     await asyncio.gather(*agents)
     agents_done.set()
     await reconciler
+    rollup_stop.set()
+    if rollup is not None:
+        await rollup
     for log in world.logs:
         await log.stop(grace_s=60.0)
         report.stats["index_rows_dropped"] += log.stats.dropped_full + log.stats.dropped_failed
@@ -435,7 +553,15 @@ async def _run(config: SimConfig) -> SimReport:
     report.stats["orphans_true_deleted"] = sum(
         keys.raw_blob_key(sha) not in present for sha in world.true_orphans
     )
-    report.violations += await check_store(world.memory, world.acked, world.conflict_views)
+    report.violations += await check_store(
+        world.memory,
+        world.acked,
+        world.conflict_views,
+        retired=await retired_manifest_ids(world.memory),
+    )
+    report.violations += await retention_problems(world.memory)
+    for reason, count in (await gc_deletions_by_reason(world.memory)).items():
+        report.stats[f"gc_deleted_{reason.replace('-', '_')}"] += count
     return report
 
 

@@ -61,11 +61,13 @@ BUG_1_WORLD = SimConfig(
 """With "no mark" taken as "the blob stays" (`collector.blob_survival.keep_existing_blob`
 returning at once when it reads no mark): t=22.06 s a manifest is created while its
 raw blob is missing."""
-BUG_2_WORLD = SimConfig(seed=175, connect_timeout_s=2.0, late_rate=0.1)
+BUG_2_WORLD = SimConfig(seed=176, connect_timeout_s=2.0, late_rate=0.1)
 """A world where a raw-blob DELETE lands late and a blob is re-created after a deletion.
 Seed 164 (which ended in a violation with the bug put back: t=24.91 s the GC deleted a
 referenced raw blob) no longer has both once the request-cost changes of 2026-11-23
 moved the world's timing; 175 was chosen as the first later seed that has both, and was
+not re-checked against the reinstated bug. Raw retention (2026-11-26: every audit reads
+its state) moved the timing again; 176 is the first later seed that has both, likewise
 not re-checked against the reinstated bug."""
 
 worlds = st.builds(
@@ -128,6 +130,61 @@ def test_the_simulation_exercises_the_races_and_the_gc_deletes_true_orphans() ->
     assert totals["orphans_true"] >= 10
     coverage = totals["orphans_true_deleted"] / totals["orphans_true"]
     assert coverage >= 0.9, (coverage, totals)
+
+
+# --- raw retention (PROTOCOL §4.1) ---------------------------------------------------------
+
+RETENTION_WORLD = SimConfig(seed=4, raw_retention_s=20.0)
+"""A world where raw retention retires the first hour and the GC deletes its blobs; some
+are re-sent after their blob is gone, some get a conflicting twin around then."""
+
+retention_worlds = st.builds(
+    SimConfig,
+    seed=st.integers(0, 2**32 - 1),
+    collectors=st.integers(1, 3),
+    agents=st.integers(1, 4),
+    batches_per_agent=st.integers(1, 5),
+    fault_rate=st.sampled_from([0.0, 0.04, 0.1]),
+    late_rate=st.sampled_from([0.0, 0.04, 0.1]),
+    connect_timeout_s=st.sampled_from([0.3, 2.0]),
+    reconciler_interval_s=st.sampled_from([2.0, 4.0, 9.0]),
+    raw_retention_s=st.sampled_from([1.0, 20.0, 60.0]),
+    rollup_lag_s=st.sampled_from([0.0, 10.0, 40.0]),
+    rollup_withhold_rate=st.sampled_from([0.0, 0.08, 0.3]),
+)
+
+
+@settings(
+    max_examples=50,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(config=retention_worlds)
+def test_simulated_worlds_with_raw_retention_keep_every_invariant(config: SimConfig) -> None:
+    """No blob is deleted that a quarantine record, an accepted batch missing from the
+    rollup ledger or one whose hour is not past raw retention names; every blob gone at
+    the end belongs to a retired batch; re-sends are duplicates, late twins 409s."""
+    report = simulate(config)
+    assert report.ok, (config, report.violations)
+
+
+def test_raw_retention_deletes_rolled_up_blobs_and_nothing_else() -> None:
+    report = simulate(RETENTION_WORLD)
+    assert report.ok, report.violations
+    stats = report.stats
+    assert stats["gc_deleted_raw_retention"] > 0  # from the GC log entries' reason
+    assert stats["blobs_deleted_accepted"] >= stats["gc_deleted_raw_retention"]
+    assert stats["late_resends_blob_gone"] > 0  # re-sent after deletion: duplicates
+    assert stats["late_conflicts"] > 0
+    assert stats["gc_deleted_orphan"] > 0  # the orphan GC goes on alongside
+
+
+def test_raw_retention_off_deletes_no_referenced_blob() -> None:
+    report = simulate(dataclasses.replace(RETENTION_WORLD, raw_retention_s=None))
+    assert report.ok, report.violations
+    assert report.stats["gc_deleted_raw_retention"] == 0
+    assert report.stats["blobs_deleted_accepted"] == 0
 
 
 def test_bug_1_seed_from_the_simulation() -> None:
