@@ -70,13 +70,13 @@ from config import (
 )
 from index.log_writer import IndexLogWriter
 from index.rows import blob_row
-from protocol import keys
+from protocol import keys, records
 from reconciler.audit import run_full_audit
 from reconciler.context import open_context
 from reconciler.daemon import Reconciler
 from reconciler.metrics import ReconcilerMetrics
 from store.base import ObjectStore
-from store.errors import StoreError
+from store.errors import NotFound, StoreError
 from store.lease import LeaseHeld
 from store.memory import MemoryStore
 from store.retry import Backoff
@@ -501,6 +501,17 @@ def _frame(seed: int, agent: int, batch: int, variant: str) -> bytes:
     return f"simulated frame seed={seed} agent={agent} batch={batch} {variant};".encode() * 3
 
 
+async def _deleting_mark(store: MemoryStore, sha: str) -> bool:
+    """Whether a ``deleting`` mark holds the blob: one whose state write had an unknown
+    outcome waits for the lease it records to expire (`reconciler.gc_delete`), and the
+    worlds' lease lasts 10 days."""
+    try:
+        body, _etag = await store.get(keys.gc_mark_key(sha))
+    except NotFound:
+        return False
+    return records.GcMark.from_json(body).state == "deleting"
+
+
 async def _final_audit(world: _World) -> None:
     """A fault-free full audit (the daemon's lease is re-taken by the same owner)."""
     ctx = await open_context(
@@ -552,6 +563,12 @@ async def _run(config: SimConfig) -> SimReport:
     report.stats["orphans_true"] = len(world.true_orphans)
     report.stats["orphans_true_deleted"] = sum(
         keys.raw_blob_key(sha) not in present for sha in world.true_orphans
+    )
+    report.stats["orphans_true_held_deleting"] = sum(
+        [
+            keys.raw_blob_key(sha) in present and await _deleting_mark(world.memory, sha)
+            for sha in world.true_orphans
+        ]
     )
     report.violations += await check_store(
         world.memory,

@@ -489,11 +489,17 @@ class GarbageCollector:
         if deleting_etag is None:
             return False  # changed under us, or unknown: the stale-deletion pass resolves it
         sha = mark.frame_sha256
-        # The last checks come after "deleting" is visible: see the module docstring.
-        if await self._exists(keys.gc_veto_key(sha)) or self._recently_referenced(sha):
-            self._observe("vetoes", 1)
-            await self._store.delete(mark_key)
-            return False
+        try:
+            # The last checks come after "deleting" is visible: see the module docstring.
+            if await self._exists(keys.gc_veto_key(sha)) or self._recently_referenced(sha):
+                self._observe("vetoes", 1)
+                await self._store.delete(mark_key)
+                return False
+        except (Unavailable, ConditionConflict):
+            # No DELETE was sent: take the mark back now rather than leave collectors
+            # waiting until the lease it records has expired (the stale-deletion pass).
+            await self._release_unsent(mark_key, deleting_etag)
+            raise
         await self._fence()
         deleted = await delete_within_lease(
             self._delete_store,
@@ -517,6 +523,14 @@ class GarbageCollector:
         )
         await self._store.delete(mark_key)
         return True
+
+    async def _release_unsent(self, mark_key: str, deleting_etag: str) -> None:
+        """Remove our own ``deleting`` mark whose DELETE was never sent (best effort: a
+        mark left behind is settled by the stale-deletion pass)."""
+        try:
+            await self._delete_mark_if_unchanged(mark_key, deleting_etag)
+        except StoreError as exc:
+            log.warning("gc_mark_release_failed", key=mark_key, error=str(exc))
 
     async def _write_deleting(
         self, mark_key: str, deleting: records.GcMark, etag: str

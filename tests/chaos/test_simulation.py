@@ -109,7 +109,8 @@ def test_the_simulation_exercises_the_races_and_the_gc_deletes_true_orphans() ->
     """Coverage, not luck: over a few seeds the GC marks, vetoes, deletes, blobs are
     re-created after deletion, requests land after their callers gave up, the catalog is
     compacted, and orphans with and without a log row are planted. And the GC deletes at
-    least 90% of the true orphans (planted, never sent) by the end of each world."""
+    least 90% of the true orphans (planted, never sent) that no ``deleting`` mark holds by the
+    end of each world."""
     totals: dict[str, int] = {}
     for seed in range(12):
         for name, count in simulate(SimConfig(seed=seed, late_rate=0.1)).stats.items():
@@ -128,7 +129,10 @@ def test_the_simulation_exercises_the_races_and_the_gc_deletes_true_orphans() ->
         assert totals.get(needed, 0) > 0, needed
     assert totals["orphans_planted"] > totals["orphans_logged"]  # some only a listing finds
     assert totals["orphans_true"] >= 10
-    coverage = totals["orphans_true_deleted"] / totals["orphans_true"]
+    # A blob whose mark is left "deleting" (its state write had an unknown outcome) waits
+    # for the 10-day lease the mark records: by design, not a miss of the GC's.
+    deletable = totals["orphans_true"] - totals.get("orphans_true_held_deleting", 0)
+    coverage = totals["orphans_true_deleted"] / deletable
     assert coverage >= 0.9, (coverage, totals)
 
 
