@@ -300,7 +300,7 @@ class FileSystemStore:
                     return  # some systems refuse unlink(dir) with EPERM instead
                 raise Unavailable("delete", key, str(exc)) from exc
             try:
-                _fsync_dir(parent)
+                _fsync_nearest_dir(parent, self._root)
             except OSError as exc:
                 raise OutcomeUnknown("delete", key, f"deleted, but fsync failed: {exc}") from exc
         # Prune directories the delete left empty, so the tree does not fill with husks.
@@ -458,6 +458,19 @@ def _fsync_dir(directory: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _fsync_nearest_dir(directory: str, root: str) -> None:
+    """fsync ``directory``, or, when a concurrent delete pruned it (it was left empty,
+    our unlink included), the nearest ancestor still there: the one that rmdir changed."""
+    while True:
+        try:
+            _fsync_dir(directory)
+            return
+        except FileNotFoundError:
+            if directory == root:
+                raise
+            directory = os.path.dirname(directory)
 
 
 def _unlink_quietly(path: str) -> None:

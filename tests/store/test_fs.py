@@ -81,6 +81,18 @@ async def test_delete_prunes_empty_directories(tmp_path: Path) -> None:
     assert (tmp_path / "a" / "keep").exists()
 
 
+async def test_concurrent_deletes_in_one_directory_all_succeed(tmp_path: Path) -> None:
+    # One delete may prune the directory the others' unlinks left empty before they fsync
+    # it: each then makes the nearest directory still there durable, never errs.
+    store = FileSystemStore(tmp_path)
+    for round_ in range(20):
+        names = [f"gc/marks/{round_}-{i}" for i in range(8)]
+        for name in names:
+            await store.put(name, b"x")
+        await asyncio.gather(*(store.delete(name) for name in names))
+        assert not (tmp_path / "gc").exists()
+
+
 @pytest.mark.parametrize("key", [".lm-store/tmp/x", ".lm-store"])
 async def test_reserved_keys_are_refused(tmp_path: Path, key: str) -> None:
     store = FileSystemStore(tmp_path)
