@@ -32,10 +32,12 @@ it. Quarantine rows reference their blobs in every hour, retired or not.
 audit records' listing, the rollup pointer and snapshot, and one catalog LIST from the
 first unretired hour); each accepted hour's catalog is read once, when it retires (an
 hour that cannot retire yet is read again only once the snapshot version or its catalog
-files changed); one PUT when the state moves. Per retired batch, the GC's deletion:
-a mark (PUT), a GET and a PUT to ``deleting``, a HEAD of the veto, the DELETE, a log
-entry (PUT) and the mark's DELETE. Per audit: one GET of the state and two of the
-snapshot (only when something is retired).
+files changed); one PUT when the state moves. Per audit: one GET of the state and two of
+the snapshot (only when something is retired). Per retired batch, the GC's deletion
+(measured in `tests/reconciler/test_raw_retention.py`): 3 PUTs (the mark, ``deleting``,
+the log entry), 2 DELETEs (the blob, the mark), a HEAD of the veto and 5 GETs of the mark
+over the two runs it takes — more than the batch's acceptance (2 PUTs); the README's
+"Raw retention" says when that pays for the storage it frees.
 """
 
 from __future__ import annotations
