@@ -5,7 +5,12 @@ comes from the index (PROTOCOL §3.7): a completed *catalog* audit lists ``raw-b
 and joins it with every reference in the catalog; its orphan file
 (``reconciler/v1/audit-orphans/…``) names each blob that was present in that listing,
 older than the retry horizon in store time, and referenced by no catalog row — which,
-since the audit completed, means by no record that existed when it started. One run:
+since the audit completed, means by no record that existed when it started. With raw
+retention (PROTOCOL §4.1, `reconciler.raw_retention`) the audit also leaves out the
+accepted rows of retired hours, and flags a blob only they referenced (``raw_retention``):
+such a blob is marked with that ``reason`` and goes through every step below, except that
+the deletion guard does not count it (bulk deletions are what retention is for). The
+reconciler's entry point is `reconciler.gc_run`. One run:
 
 1. **Finish stale deletions.** A mark left in ``deleting`` by a crashed run (or a delete
    whose answer was lost, or a stalled former leader) is resolved once the lease it
@@ -54,15 +59,13 @@ from __future__ import annotations
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import structlog
 
-from index.rows import IndexFileError
 from protocol import keys, records
 from protocol.clock import Clock
 from reconciler.gc_delete import DeleteOutcome, LeaseTerm, delete_within_lease, resolvable_at_ns
-from rollup.manifest import RollupManifestError
 from store.base import ObjectInfo, ObjectStore
 from store.errors import (
     ConditionConflict,
@@ -72,16 +75,10 @@ from store.errors import (
     StoreError,
     Unavailable,
 )
-from store.open import open_store
 from store.time import store_clock
 
 from .bounded import for_each_bounded
 from .orphans import decode_orphans
-from .raw_retention import RawRetentionAdvance
-
-if TYPE_CHECKING:
-    from config import StoreSettings
-    from reconciler.context import ReconcilerContext
 
 log = structlog.get_logger("reconciler.gc")
 T = TypeVar("T")
@@ -646,135 +643,3 @@ class GarbageCollector:
 
     async def _exists(self, key: str) -> bool:
         return await self._head(key) is not None
-
-
-# --- the reconciler's entry point -------------------------------------------------------
-
-
-async def run_gc(ctx: ReconcilerContext, *, dry_run: bool) -> GcOutcome:
-    """One GC run with the reconciler's store, clock, lease fence, audits and metrics;
-    with ``retention.raw_days``, raw retention retires what it can first."""
-    await advance_raw_retention(ctx, dry_run=dry_run)
-    delete_store = _gc_role_store(ctx.settings.store)
-    try:
-        return await _collector(ctx, delete_store).run(dry_run=dry_run)
-    finally:
-        if delete_store is not None:
-            await delete_store.close()
-
-
-async def advance_raw_retention(ctx: ReconcilerContext, *, dry_run: bool) -> None:
-    """Retire the accepted hours raw retention may (`reconciler.raw_retention`). A failure
-    is logged and the GC goes on: retiring later only keeps blobs longer."""
-    raw_days = ctx.settings.retention.raw_days
-    if raw_days is None:
-        return
-    memory = ctx.gc_memory
-    if memory.raw_retention is None or memory.raw_retention.raw_days != raw_days:
-        memory.raw_retention = RawRetentionAdvance(
-            raw_days=raw_days, settle_margin_s=ctx.settings.settle_margin_s()
-        )
-    try:
-        audit = await latest_listing_audit(ctx.store)
-        await memory.raw_retention.run(
-            ctx.store,
-            now_ns=store_clock(ctx.store, ctx.clock).now_ns(),
-            audit_started_ns=audit.started_at_unix_ns if audit is not None else None,
-            fence=ctx.check_fence,
-            dry_run=dry_run,
-        )
-    except (StoreError, records.RecordError, RollupManifestError, IndexFileError) as exc:
-        log.warning("raw_retention_failed", error=str(exc))
-
-
-async def settle_stale_deletions(ctx: ReconcilerContext) -> None:
-    """What a disabled GC still does: resolve stale ``deleting`` marks (deletes no blob)."""
-    await _collector(ctx, None).settle_stale_deletions()
-
-
-def _collector(ctx: ReconcilerContext, delete_store: ObjectStore | None) -> GarbageCollector:
-    from reconciler.audit import (
-        run_full_audit,
-    )  # the audit imports the context; keep GC importable alone
-
-    settings = ctx.settings
-    names = {
-        "candidates": "candidates",
-        "marks": "marked",
-        "vetoes": "vetoed",
-        "deletions": "deleted",
-    }
-
-    def observe(event: str, count: int) -> None:
-        if event in names:
-            ctx.metrics.record_gc(**{names[event]: count})
-
-    if problem := settings.gc_lease_problem():
-        raise GcRefused(problem)  # no deletion could ever be sent: say so, delete nothing
-    network_s = settings.store.connect_timeout_s + settings.store.read_timeout_s
-    return GarbageCollector(
-        store=ctx.store,
-        clock=ctx.clock,
-        policy=GcPolicy(
-            retry_horizon_s=settings.gc.retry_horizon_s,
-            mark_grace_s=settings.gc.mark_grace_s,
-            max_delete_fraction=settings.gc.max_delete_fraction,
-            # A signed DELETE lands within its expiry (plus skew) of being signed, and the
-            # answer may take a connect plus a read timeout: twice, for margin.
-            settle_s=settings.gc.delete_expiry_s + settings.store.max_clock_skew_s + 2 * network_s,
-            delete_expiry_s=settings.gc.delete_expiry_s,
-            max_clock_skew_s=settings.store.max_clock_skew_s,
-            concurrency=settings.gc.concurrency,
-        ),
-        run_audit=lambda: run_full_audit(ctx),
-        latest_audit=lambda: latest_listing_audit(ctx.store),
-        fence=ctx.check_fence,
-        lease=ctx.fence.term,
-        delete_store=delete_store,
-        observe=observe,
-        deletion_blocker=lambda: unresolved_manifest_problems(ctx.store),
-        suspects=ctx.gc_suspects,
-        recently_referenced=ctx.recently_referenced,
-        audits_marked=ctx.gc_memory.audits_marked,
-    )
-
-
-def _gc_role_store(store_settings: StoreSettings) -> ObjectStore | None:
-    """With ``store.gc_credentials_profile``, deletions use that AWS profile (the GC role),
-    so the reconciler's everyday credentials need no s3:DeleteObject on raw blobs."""
-    profile = store_settings.gc_credentials_profile
-    if profile is None or not store_settings.url.startswith("s3://"):
-        return None
-    return open_store(
-        store_settings.url,
-        profile=profile,
-        endpoint_url=store_settings.endpoint_url,
-        region=store_settings.region,
-        connect_timeout_s=store_settings.connect_timeout_s,
-        read_timeout_s=store_settings.read_timeout_s,
-    )
-
-
-async def latest_listing_audit(store: ObjectStore) -> records.AuditRecord | None:
-    """The newest completed catalog audit that *listed* the store. An S3 Inventory report
-    is not an exact snapshot (objects written shortly before it may be missing), so it
-    proves nothing about references for GC; an audit of the previous version (no
-    ``catalog``) wrote no orphan file."""
-    from reconciler.audit_records import iter_audits_newest_first
-
-    async for audit in iter_audits_newest_first(store):
-        if audit.status == "completed" and audit.source == "listing" and audit.catalog:
-            return audit
-    return None
-
-
-async def unresolved_manifest_problems(store: ObjectStore) -> str | None:
-    """A record the audit cannot read may reference any blob: delete nothing until fixed."""
-    for kind in ("unparseable-manifest", "unparseable-quarantine"):
-        prefix = f"{keys.RECONCILER_PROBLEMS_PREFIX}{kind}/"
-        async for info in store.list(prefix):
-            return (
-                f"unparseable accepted manifests or quarantine records are recorded under "
-                f"{prefix} (e.g. {info.key}); fix them before GC deletes anything"
-            )
-    return None

@@ -23,7 +23,8 @@ from protocol.clock import ManualClock, SystemClock
 from reconciler.audit import run_full_audit
 from reconciler.context import Fence, ReconcilerContext, open_context
 from reconciler.daemon import Reconciler
-from reconciler.gc import GarbageCollector, GcPolicy, GcRefused, latest_listing_audit
+from reconciler.gc import GarbageCollector, GcPolicy, GcRefused
+from reconciler.gc_run import latest_listing_audit
 from reconciler.metrics import ReconcilerMetrics
 from reconciler.steady import OrphanSuspects, SteadyScanner
 from store.base import SignedDelete
@@ -439,7 +440,7 @@ async def test_stale_deleting_mark_is_settled_without_deleting_again() -> None:
 
 
 async def test_unparseable_manifest_problem_blocks_every_deletion() -> None:
-    from reconciler.gc import unresolved_manifest_problems
+    from reconciler.gc_run import unresolved_manifest_problems
 
     world = World()
     digest = await world.orphan(frame_bytes(60))

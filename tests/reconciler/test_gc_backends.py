@@ -17,7 +17,7 @@ from protocol import keys, records
 from protocol.clock import ManualClock
 from reconciler.audit import run_full_audit
 from reconciler.context import ReconcilerContext, open_context
-from reconciler.gc import run_gc
+from reconciler.gc_run import run_gc
 from reconciler.metrics import ReconcilerMetrics
 from reconciler.steady import SteadyScanner
 from store.base import ObjectStore

@@ -20,10 +20,8 @@ from collector.accept import Accepted, IdentityConflictFound
 from config import RetentionSettings
 from protocol import keys, records
 from protocol.clock import ManualClock
-from reconciler.gc import (
-    GcPolicy,
-    run_gc,
-)
+from reconciler.gc import GcPolicy
+from reconciler.gc_run import run_gc
 from reconciler.orphans import decode_orphans, encode_orphans
 from reconciler.raw_retention import RawRetentionAdvance, read_state
 from rollup.ledger import LedgerRow
@@ -59,7 +57,7 @@ async def retire(
     world: World, advance: RawRetentionAdvance | None = None
 ) -> records.RawRetention | None:
     advance = advance or RawRetentionAdvance(raw_days=RAW_DAYS, settle_margin_s=5.0)
-    from reconciler.gc import latest_listing_audit
+    from reconciler.gc_run import latest_listing_audit
 
     audit = await latest_listing_audit(world.store)
     return await advance.run(
@@ -81,7 +79,7 @@ async def problems_of(world: World, kind: str) -> list[str]:
 
 
 async def latest_orphans(world: World) -> dict[str, tuple[int, int, bool]]:
-    from reconciler.gc import latest_listing_audit
+    from reconciler.gc_run import latest_listing_audit
 
     audit = await latest_listing_audit(world.store)
     assert audit is not None
@@ -213,7 +211,7 @@ async def test_an_hour_waits_until_the_ledger_has_all_its_batches_and_is_read_on
     assert await retire(world, advance) is None  # c is not rolled up yet
 
     counting = CountingStore(world.store)
-    from reconciler.gc import latest_listing_audit
+    from reconciler.gc_run import latest_listing_audit
 
     audit = await latest_listing_audit(world.store)
     assert audit is not None
