@@ -339,3 +339,19 @@ async def test_a_conflicting_resend_of_a_marked_retired_batch_vetoes_its_blob() 
     assert await world.exists(a.manifest.raw_blob_key)
     await audit_now(world)  # from now on the quarantine row keeps it: never marked again
     assert a.manifest.frame_sha256 not in await latest_orphans(world)
+
+
+async def test_deleting_the_state_stops_raw_retention_and_withdraws_its_marks() -> None:
+    world, (a, b, c), _conflict = await accepted_world()
+    world.clock.advance(3 * HOUR_S)
+    await audit_now(world)
+    await include(world, a.manifest, b.manifest, c.manifest)
+    assert await retire(world) is not None
+    await audit_now(world)
+    assert (await world.gc()).record.marked == 2
+    await world.store.delete(keys.RAW_RETENTION_KEY)  # the operator changes their mind
+    world.clock.advance(GUARDED.mark_grace_s + 1)
+    outcome = await world.gc()  # its own audit counts every accepted row again
+    assert outcome.deleted == [] and await world.keys_under(keys.GC_MARKS_PREFIX) == []
+    for accepted in (a, b, c):
+        assert await world.exists(accepted.manifest.raw_blob_key)
