@@ -1,0 +1,192 @@
+"""The agents of a simulated world (`SimAgents`), and what they were told.
+
+Every batch is sent at a seeded moment to a random collector, retried after a 503; some
+are re-sent much later (old content again: after GC may have marked it), some get a
+conflicting twin, some were "pre-landed" as orphan blobs (a collector that crashed after
+the blob: half of them flushed its ``blob`` log row first, half did not, so only an
+audit's listing finds those), some are never sent again (true orphans). With raw
+retention, around when the first hour's blobs should be gone, some acknowledged batches
+are re-sent or get a conflicting twin once more.
+
+What the agents were told (`SimAgents.acked`, `SimAgents.conflict_views`) and the true
+orphans they left are what `chaos.simulation` checks the settled store against.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import uuid
+from dataclasses import dataclass
+
+from chaos.sim_world import SimWorld
+from collector.accept import AcceptanceUnavailable, Accepted, IdentityConflictFound
+from index.log_writer import IndexLogWriter
+from index.rows import blob_row
+from protocol import keys
+from store.base import ObjectStore
+from store.errors import StoreError
+
+
+@dataclass(frozen=True, slots=True)
+class _Header:
+    agent_id: str
+    boot_id: uuid.UUID
+    seq_start: int
+    seq_end: int
+    record_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    header: _Header
+    frame: bytes
+
+    @property
+    def sha(self) -> str:
+        return hashlib.sha256(self.frame).hexdigest()
+
+    @property
+    def identity(self) -> keys.BatchIdentity:
+        h = self.header
+        return keys.BatchIdentity(h.agent_id, h.boot_id, h.seq_start, h.seq_end)
+
+
+class SimAgents:
+    """The agents sending to one world's collectors (see the module docstring)."""
+
+    def __init__(self, world: SimWorld) -> None:
+        self._world = world
+        # identity -> every hash acknowledged (200) for it, and the conflicts seen
+        self.acked: dict[keys.BatchIdentity, set[str]] = {}
+        self.conflict_views: list[tuple[keys.BatchIdentity, str]] = []
+        self.true_orphans: set[str] = set()
+        """Hashes of blobs planted as orphans whose batch is never sent."""
+
+    def batches(self) -> list[_Batch]:
+        config = self._world.config
+        made = []
+        for agent in range(config.agents):
+            boot = uuid.UUID(int=random.Random(f"{config.seed}/boot/{agent}").getrandbits(128))
+            for b in range(config.batches_per_agent):
+                header = _Header(f"sim-agent-{agent}", boot, b * 10, b * 10 + 9, 10)
+                made.append(_Batch(header, _frame(config.seed, agent, b, "original")))
+        return made
+
+    async def send(
+        self, batch: _Batch, rng: random.Random, *, attempts: int = 6
+    ) -> Accepted | None:
+        """Send until an answer (or ``attempts`` 503s); returns the acknowledgement."""
+        world = self._world
+        for _ in range(attempts):
+            acceptor = world.acceptors[rng.randrange(len(world.acceptors))]
+            try:
+                outcome = await acceptor.accept(batch.header, batch.frame, batch.sha)
+            except AcceptanceUnavailable:
+                world.report.stats["answer_503"] += 1
+                await world.clock.sleep(rng.uniform(0.2, 2.0))
+                continue
+            if isinstance(outcome, Accepted):
+                world.report.stats[
+                    "answer_200_duplicate" if outcome.duplicate else "answer_200"
+                ] += 1
+                if outcome.manifest.frame_sha256 != batch.sha:
+                    world.violation(
+                        f"200 for {batch.identity} names hash {outcome.manifest.frame_sha256[:12]}, sent {batch.sha[:12]}"
+                    )
+                self.acked.setdefault(batch.identity, set()).add(batch.sha)
+                return outcome
+            assert isinstance(outcome, IdentityConflictFound)
+            world.report.stats["answer_409"] += 1
+            self.conflict_views.append((batch.identity, outcome.accepted.frame_sha256))
+            return None
+        return None
+
+    async def run_batch(self, batch: _Batch, index: int) -> None:
+        """Everything that happens to one batch, as its seeded plan says."""
+        world, config = self._world, self._world.config
+        rng = random.Random(f"{config.seed}/plan/{index}")
+        pre_orphan = rng.random() < config.orphan_rate
+        give_up = rng.random() < config.give_up_rate
+        resend = rng.random() < config.resend_rate
+        conflict = rng.random() < config.conflict_rate
+        send_at = rng.uniform(0.0, config.send_window_s)
+        logged = rng.random() < 0.5
+        if pre_orphan:  # an earlier attempt wrote the blob, then its collector crashed
+            await self._land_orphan(batch, logged=logged)
+            world.report.stats["orphans_planted"] += 1
+            if give_up:
+                self.true_orphans.add(batch.sha)
+        if give_up:
+            return
+        await world.clock.sleep(send_at)
+        acked = await self.send(batch, rng)
+        if resend:  # old content again, possibly after the GC marked or deleted it
+            await world.clock.sleep(rng.uniform(0.0, config.send_window_s))
+            world.report.stats["resends"] += 1
+            await self.send(batch, rng)
+        if conflict and acked is not None:
+            twin = _Batch(batch.header, _frame(config.seed, index, 0, "conflict"))
+            await world.clock.sleep(rng.uniform(0.0, config.send_window_s / 4))
+            if await self.send(twin, rng) is not None:
+                world.violation(f"conflicting frame for {batch.identity} was acknowledged")
+        if acked is not None and world.rollup is not None:
+            await self._after_raw_retention(batch, index)
+
+    async def _after_raw_retention(self, batch: _Batch, index: int) -> None:
+        """Around when raw retention deleted the first hour's blobs: a re-send (must be a
+        duplicate, whether its blob is still there or not), or a conflicting twin (must
+        be a 409; its quarantine record names the accepted blob, which must then stay)."""
+        world, config = self._world, self._world.config
+        rng = random.Random(f"{config.seed}/after-retention/{index}")
+        resend = rng.random() < config.late_resend_rate
+        conflict = rng.random() < config.late_conflict_rate
+        at_s = world.retention_due_s + rng.uniform(
+            -config.audit_interval_s, config.audit_interval_s
+        )
+        if not (resend or conflict):
+            return
+        await world.clock.sleep(at_s - world.clock.monotonic())
+        if conflict:
+            twin = _Batch(batch.header, _frame(config.seed, index, 0, "late conflict"))
+            world.report.stats["late_conflicts"] += 1
+            if await self.send(twin, rng, attempts=20) is not None:
+                world.violation(f"late conflicting frame for {batch.identity} was acknowledged")
+        if resend:
+            gone = not await _exists(world.memory, keys.raw_blob_key(batch.sha))
+            world.report.stats["late_resends_blob_gone" if gone else "late_resends"] += 1
+            again = await self.send(batch, rng, attempts=20)
+            if again is None:
+                world.violation(f"late re-send of {batch.identity} got no 200 (blob gone: {gone})")
+            elif not again.duplicate:
+                world.violation(f"late re-send of {batch.identity} was accepted anew")
+
+    async def _land_orphan(self, batch: _Batch, *, logged: bool) -> None:
+        """The blob (no faults: the write landed); with ``logged``, its ``blob`` log row
+        too, flushed by the collector before it crashed."""
+        world = self._world
+        now = world.clock.now_ns()
+        await world.watched.put(keys.raw_blob_key(batch.sha), batch.frame, if_none_match=True)
+        if logged:
+            log = IndexLogWriter(
+                store=world.watched,
+                clock=world.clock,
+                rng=random.Random(f"{world.config.seed}/crashed/{batch.sha}"),
+                writer_id="sim-crashed-collector",
+            )
+            log.append(blob_row(batch.sha, now))
+            await log.flush()
+            world.report.stats["orphans_logged"] += 1
+
+
+async def _exists(store: ObjectStore, key: str) -> bool:
+    try:
+        await store.head(key)
+    except StoreError:  # NotFound (a memory store fails no other way)
+        return False
+    return True
+
+
+def _frame(seed: int, agent: int, batch: int, variant: str) -> bytes:
+    # The acceptance protocol never decodes frames; any bytes of frame length will do.
+    return f"simulated frame seed={seed} agent={agent} batch={batch} {variant};".encode() * 3

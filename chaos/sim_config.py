@@ -1,0 +1,115 @@
+"""What one simulated world is (`SimConfig`), what came of it (`SimReport`), and the
+settings its collectors, reconciler and GC run with (`daemon_settings`).
+
+The simulation itself is `chaos.simulation.simulate`; these live apart so the modules
+that build the world (`chaos.sim_world`, `chaos.sim_agents`) need not import it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from config import (
+    GcSettings,
+    IngestSettings,
+    ReconcilerSettings,
+    RetentionSettings,
+    Settings,
+    StoreSettings,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """One simulated world; every choice in it derives from ``seed``."""
+
+    seed: int
+    collectors: int = 3
+    agents: int = 3
+    batches_per_agent: int = 5
+    resend_rate: float = 0.35
+    conflict_rate: float = 0.15
+    orphan_rate: float = 0.35
+    give_up_rate: float = 0.15
+    fault_rate: float = 0.08
+    reconciler_fault_rate: float = 0.03
+    reconciler_interval_s: float = 4.0
+    settle_s: float = 30.0
+    """How long the reconciler keeps running after the last agent is done."""
+    audit_interval_s: float = 20.0
+    lookback_s: float = 30.0
+    catalog_grace_s: float = 5.0
+    flush_s: float = 1.0
+    late_rate: float = 0.04
+    budget_s: float = 2.0
+    max_latency_s: float = 0.2
+    connect_timeout_s: float = 0.3
+    read_timeout_s: float = 0.6
+    retry_horizon_s: float = 4.0
+    grace_margin_s: float = 1.0
+    send_window_s: float = 50.0
+    gc_concurrency: int = 1
+    """``gc.concurrency``: 1 keeps the worlds chosen for the regressions as they were."""
+    raw_retention_s: float | None = None
+    """Raw retention (``[retention] raw_days``, as seconds); None: off, and no rollup."""
+    rollup_interval_s: float = 5.0
+    rollup_lag_s: float = 10.0
+    rollup_withhold_rate: float = 0.04
+    """Of the batches the simulated rollup sees, the share it never includes."""
+    late_resend_rate: float = 0.5
+    """With raw retention: acknowledged batches re-sent once their blobs may be gone."""
+    late_conflict_rate: float = 0.2
+    """With raw retention: acknowledged batches that get a conflicting twin around then."""
+
+
+@dataclass
+class SimReport:
+    config: SimConfig
+    violations: list[str] = field(default_factory=list)
+    stats: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    @property
+    def gc_coverage(self) -> float | None:
+        """Deleted true orphans ÷ true orphans (planted, never sent); None without any."""
+        planted = self.stats["orphans_true"]
+        return self.stats["orphans_true_deleted"] / planted if planted else None
+
+
+def daemon_settings(config: SimConfig) -> Settings:
+    """The settings of the world's collectors, reconciler and GC: short horizons, a
+    reconciler lease that outlives the run, and a mark grace just past the longest a
+    collector's request can take."""
+    return Settings(
+        store=StoreSettings(
+            url="memory://simulation",
+            connect_timeout_s=config.connect_timeout_s,
+            read_timeout_s=config.read_timeout_s,
+        ),
+        ingest=IngestSettings(request_budget_s=config.budget_s, collector_id="sim"),
+        reconciler=ReconcilerSettings(
+            lease_ttl_s=10 * 24 * 3600.0,
+            loop_interval_s=config.reconciler_interval_s,
+            lookback_s=config.lookback_s,
+            max_audit_interval_s=config.audit_interval_s,
+            catalog_grace_s=config.catalog_grace_s,
+            verify_rate_per_s=10_000.0,
+            concurrency=4,
+        ),
+        gc=GcSettings(
+            retry_horizon_s=config.retry_horizon_s,
+            mark_grace_s=config.budget_s
+            + config.connect_timeout_s
+            + config.read_timeout_s
+            + config.grace_margin_s,
+            max_delete_fraction=1.0,
+            concurrency=config.gc_concurrency,
+        ),
+        retention=RetentionSettings(
+            raw_days=None if config.raw_retention_s is None else config.raw_retention_s / 86_400
+        ),
+    )
