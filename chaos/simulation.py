@@ -19,7 +19,7 @@ time (`chaos.sim_runtime`, `chaos.sim_world`):
 - the reconciler daemon (`reconciler.daemon.Reconciler.run`, through its own faulty
   store): steady passes over the log every ``reconciler_interval_s``, full audits when
   due, catalog compaction (the world starts shortly before an hour ends, so the first
-  hour settles and is compacted), and the GC through `reconciler.gc.run_gc` with short
+  hour settles and is compacted), and the GC through `reconciler.gc_run.run_gc` with short
   horizons, from the start until ``settle_s`` after the last agent is done.
 
 With ``raw_retention_s`` (PROTOCOL §4.1; `chaos.sim_retention`): a simulated rollup
