@@ -33,21 +33,13 @@ from collections.abc import Callable
 
 from index.catalog import read_hour
 from protocol import keys
-from protocol.setsum import Setsum
-from reconciler.audit_records import iter_audits_newest_first
+from reconciler.audit_records import iter_audits_newest_first, sealed_limit_ns
+from rollup.ledger import catalog_totals
 from rollup.manifest import LedgerHour, Snapshot
 from store.base import ObjectStore
 
 NS_PER_S = 1_000_000_000
 MAX_HOURS_PER_CALL = 256
-
-
-def sealed_limit_ns(audit_started_ns: int | None, margin_ns: int) -> int:
-    """Start of the first hour a completed audit that started at ``audit_started_ns``
-    does not seal (0 without one)."""
-    if audit_started_ns is None:
-        return 0
-    return keys.UtcHour.from_unix_ns(max(0, audit_started_ns - margin_ns)).start_ns
 
 
 def first_uncovered_ns(
@@ -123,12 +115,8 @@ class Coverage:
                 break
             hours.append(hour)
         for hour in hours:
-            totals = Setsum()
             rows = (await read_hour(self._store, hour)).accepted()
-            for row in rows:
-                totals = totals.add(row.manifest_id, row.frame_sha256)
-            records = sum(row.record_count or 0 for row in rows)
-            self._catalog[hour.iso] = LedgerHour(len(rows), records, totals.hex)
+            self._catalog[hour.iso] = catalog_totals(rows)
         self._read_through_ns = read_through
 
     async def sealed_through_ns(self, snapshot: Snapshot | None) -> int:

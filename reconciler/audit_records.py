@@ -131,3 +131,13 @@ async def trim_old_audits(ctx: ReconcilerContext) -> int:
         await ctx.store.delete(key)
         deleted += 1
     return deleted
+
+
+def sealed_limit_ns(audit_started_ns: int | None, margin_ns: int) -> int:
+    """Start of the first accepted hour a completed listing audit that started at
+    ``audit_started_ns`` does not *seal*: an hour is sealed once such an audit started at
+    least ``margin_ns`` (`config.Settings.settle_margin_s`) after it ended, so its catalog
+    holds every batch accepted in it (PROTOCOL §3.7). 0 without such an audit."""
+    if audit_started_ns is None:
+        return 0
+    return keys.UtcHour.from_unix_ns(max(0, audit_started_ns - margin_ns)).start_ns

@@ -48,10 +48,10 @@ from dataclasses import dataclass, field
 import structlog
 
 from index.catalog import read_hour
-from index.rows import IndexRow
 from protocol import keys, records
-from protocol.setsum import Setsum
+from reconciler.audit_records import sealed_limit_ns
 from rollup.commit import load_latest
+from rollup.ledger import catalog_totals
 from rollup.manifest import LedgerHour, RollupManifestError
 from store.base import ObjectInfo, ObjectStore
 from store.errors import NotFound, PreconditionFailed, StoreError
@@ -114,25 +114,9 @@ async def retired_for_audit(store: ObjectStore) -> Retired:
     return Retired(before, dict(loaded.snapshot.ledger_hours))
 
 
-def first_unsealed_ns(audit_started_ns: int | None, margin_ns: int) -> int:
-    """Start of the first accepted hour a completed listing audit that started at
-    ``audit_started_ns`` does not seal (0 without one)."""
-    if audit_started_ns is None:
-        return 0
-    return keys.UtcHour.from_unix_ns(max(0, audit_started_ns - margin_ns)).start_ns
-
-
 def first_unexpired_ns(now_ns: int, raw_days: float) -> int:
     """Start of the first accepted hour that did not end ``raw_days`` before ``now_ns``."""
     return keys.UtcHour.from_unix_ns(max(0, now_ns - int(raw_days * NS_PER_DAY))).start_ns
-
-
-def accepted_totals(rows: list[IndexRow]) -> LedgerHour:
-    """A catalog hour's accepted rows as ledger totals (batches, records, setsum)."""
-    total = Setsum()
-    for row in rows:
-        total = total.add(row.manifest_id, row.frame_sha256)
-    return LedgerHour(len(rows), sum(row.record_count or 0 for row in rows), total.hex)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +155,7 @@ class RawRetentionAdvance:
         state, etag = await read_state(store)
         limit_ns = min(
             first_unexpired_ns(now_ns, self.raw_days),
-            first_unsealed_ns(audit_started_ns, self.margin_ns),
+            sealed_limit_ns(audit_started_ns, self.margin_ns),
         )
         start_ns = keys.UtcHour.parse_iso(state.retired_before).start_ns if state else 0
         if start_ns >= limit_ns:
@@ -242,7 +226,7 @@ class RawRetentionAdvance:
             seen = tuple((info.key, info.etag) for info in files)
             if self._blocked == _Blocked(hour.iso, version, seen):
                 return hour, retired
-            totals = accepted_totals((await read_hour(store, hour)).accepted())
+            totals = catalog_totals((await read_hour(store, hour)).accepted())
             have = ledger.get(hour.iso)
             if totals.batches and (
                 have is None or (have.batches, have.setsum) != (totals.batches, totals.setsum)

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from index.rows import IndexRow
 from protocol import keys
 from protocol.setsum import Setsum
 from rollup.manifest import LedgerHour, RollupManifestError, Snapshot
@@ -81,6 +82,17 @@ def ledger_totals(table: pa.Table) -> dict[str, LedgerHour]:
         records[hour] = records.get(hour, 0) + row.record_count
         sums[hour] = sums.get(hour, Setsum()).add(row.manifest_id, row.frame_sha256)
     return {h: LedgerHour(batches[h], records[h], sums[h].hex) for h in sorted(batches)}
+
+
+def catalog_totals(rows: Iterable[IndexRow]) -> LedgerHour:
+    """A catalog hour's ``accepted`` rows as the ledger hour that includes exactly them
+    (batches, records, setsum): equal totals mean the ledger has every batch of the hour."""
+    batches, records, total = 0, 0, Setsum()
+    for row in rows:
+        batches += 1
+        records += row.record_count or 0
+        total = total.add(row.manifest_id, row.frame_sha256)
+    return LedgerHour(batches, records, total.hex)
 
 
 def encode_ledger(table: pa.Table, *, compression: str = "zstd") -> bytes:
