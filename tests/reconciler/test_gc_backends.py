@@ -156,15 +156,24 @@ async def test_raw_retention_deletes_rolled_up_blobs_and_the_audit_finds_nothing
     from tests.reconciler.test_raw_retention import ledger_row
     from tests.rollup.dataset_builder import commit_rows
 
+    # Batches accepted four hours ago (their hour ended more than raw_days = 2.4 h ago),
+    # whose blobs are written now: no clock has to jump hours (MiniStack's cannot).
     now = clock.now_ns()
-    rolled = [make_batch(agent=1, seq=seq, accepted_at_ns=now) for seq in (1, 2, 3)]
+    accepted_at = keys.UtcHour.from_unix_ns(now).shifted(-4).start_ns + 10 * 10**9
+    rolled = [make_batch(agent=1, seq=seq, accepted_at_ns=accepted_at) for seq in (1, 2, 3)]
     for batch in rolled:
         await write_batch(store, batch)
     conflict = await write_conflict(store, rolled[2], now)  # keeps rolled[2]'s blob
     owner = await OwnerLease.acquire(store, "job", 600, clock)
     await commit_rows(store, owner, clock, ledger=[ledger_row(b.manifest) for b in rolled])
     await owner.release()
-    retention = settings().model_copy(update={"retention": RetentionSettings(raw_days=0.1)})
+    retention = settings().model_copy(
+        update={
+            "retention": RetentionSettings(raw_days=0.1),
+            "gc": settings().gc.model_copy(update={"retry_horizon_s": 1.0}),
+        }
+    )
+    clock.advance(5)  # the blobs are past the 1 s retry horizon
     ctx = await open_context(
         store,
         settings=retention,
@@ -172,7 +181,6 @@ async def test_raw_retention_deletes_rolled_up_blobs_and_the_audit_finds_nothing
         rng=random.Random(1),
         metrics=ReconcilerMetrics(clock=clock),
     )
-    clock.advance(HORIZON_S + 3600)
     young = make_batch(agent=2, seq=1, accepted_at_ns=clock.now_ns())  # not rolled up, young
     await write_batch(store, young)
     await completed_audit(ctx)  # seals the first hour
