@@ -186,16 +186,24 @@ async def commit_ledger(
     await owner.release()
 
 
+def catch_up(clock: ManualClock) -> None:
+    """Move ``clock`` to at least real time: MiniStack stamps LastModified with its own
+    clock, and an object stamped in the manual clock's future is too young to touch (a
+    compacted catalog file's inputs would never be deleted, say)."""
+    clock.advance(max(0.0, (time.time_ns() - clock.now_ns()) / 1e9 + 1))
+
+
 async def compact_all(
-    ctx: ReconcilerContext, planned: Sequence[tuple[bytes, AcceptedManifest]]
+    ctx: ReconcilerContext, clock: ManualClock, planned: Sequence[tuple[bytes, AcceptedManifest]]
 ) -> None:
     """Each hour's catalog files merged into one, inputs deleted (`force`: no grace)."""
     compactor = CatalogCompactor()
     for hour in {m.accepted_hour for _frame, m in planned}:
         compactor.touched(hour)
     first = await compactor.run(ctx, force=True)  # merges
+    catch_up(clock)
     second = await compactor.run(ctx, force=True)  # deletes the inputs
-    if first.failed or second.failed or compactor.pending:
+    if first.failed or second.failed or compactor.pending or not second.inputs_deleted:
         raise RuntimeError(f"catalog compaction did not finish: {first}, {second}")
 
 
@@ -229,6 +237,7 @@ async def seed(
     variant: Variant, planned: Sequence[tuple[bytes, AcceptedManifest]], meter: CpuMeter
 ) -> None:
     store, clock = variant.store, variant.clock
+    catch_up(clock)
     await measured(variant, "seed: acceptance", meter, accept_all(store, planned))
     variant.ctx = await open_context(
         store,
@@ -239,7 +248,9 @@ async def seed(
     )
     audit = await measured(variant, "seed: audit (catalogs)", meter, completed_audit(variant.ctx))
     expect("seed audit cataloged", audit.cataloged, len(planned))
-    await measured(variant, "seed: catalog compaction", meter, compact_all(variant.ctx, planned))
+    await measured(
+        variant, "seed: catalog compaction", meter, compact_all(variant.ctx, clock, planned)
+    )
     manifests = [m for _frame, m in planned]
     await measured(variant, "seed: rollup commit", meter, commit_ledger(store, clock, manifests))
     clock.advance(max(RAW_DAYS * 86_400, RETRY_HORIZON_S) + 1800)
