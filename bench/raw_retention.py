@@ -26,10 +26,14 @@ identical across the concurrencies (they should be: concurrency changes only the
 Requests are counted by a `bench.counting_store.CountingStore` around each store and
 classed as `bench.counting` does (PUT-class: PUT, COPY, POST, LIST; GET-class: the rest,
 DELETE included though S3 does not bill it); on MiniStack the S3 client's own request
-count is printed beside the wrapper's. Wall times are of the whole `run_gc` call.
+count is printed beside the wrapper's. Wall times are of the whole `run_gc` call, with
+the CPU the driver (this process), MiniStack, the delay proxy and everyone else used
+meanwhile: on this shared 2-core machine MiniStack answers in ~1 ms, so the GC is bound
+by CPU, not latency, unless ``--latency-ms`` adds the round trip a real S3 has.
 
     .venv/bin/python -m bench.raw_retention                       # MiniStack, 2,000 batches
     .venv/bin/python -m bench.raw_retention --store fs --batches 500
+    .venv/bin/python -m bench.raw_retention --batches 500 --latency-ms 10   # S3-like latency
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bench._common import CpuMeter
+from bench._common import CpuMeter, start_delay_proxy
 from bench.counting import Tally, since
 from bench.counting_store import CountingStore
 from bench.raw_retention_report import render
@@ -305,7 +309,7 @@ def attach_wire_count(client: Any) -> Counter[str]:
 
 
 async def open_variants(
-    args: argparse.Namespace, work_dir: Path, server: RunningServer | None
+    args: argparse.Namespace, work_dir: Path, server: RunningServer | None, endpoint_url: str
 ) -> list[Variant]:
     variants = []
     for concurrency in args.concurrency:
@@ -317,7 +321,7 @@ async def open_variants(
         else:
             s3 = S3Store(
                 bucket=fresh_bucket(server, "lm-bench-retention"),
-                endpoint_url=server.endpoint_url,
+                endpoint_url=endpoint_url,
                 region=REGION,
                 credentials=CREDENTIALS,
             )
@@ -334,16 +338,22 @@ def uptime() -> str:
 
 async def run(args: argparse.Namespace, work_dir: Path, uptimes: list[str]) -> str:
     loads = [os.getloadavg()]
-    server = None
+    server, proxy = None, None
+    pids = {"driver": [os.getpid()]}
     if args.store == "ministack":
         server = await asyncio.to_thread(start_ministack, work_dir / "ministack")
+        assert server.pid is not None
+        pids["ministack"] = [server.pid]
     try:
-        pids = {
-            "driver": [os.getpid()],
-            **({"ministack": [server.pid]} if server and server.pid else {}),
-        }
+        endpoint_url = server.endpoint_url if server else ""
+        if server and args.latency_ms:
+            proxy = start_delay_proxy(
+                upstream_port=server.port, delay_ms=args.latency_ms, work_dir=work_dir
+            )
+            pids["proxy"] = [proxy.pid]
+            endpoint_url = proxy.endpoint_url
         meter = CpuMeter(pids)
-        variants = await open_variants(args, work_dir, server)
+        variants = await open_variants(args, work_dir, server, endpoint_url)
         try:
             first_hour_ns = (time.time_ns() // HOUR_NS - args.hours - 1) * HOUR_NS
             planned = planned_batches(args.batches, args.hours, first_hour_ns)
@@ -366,6 +376,8 @@ async def run(args: argparse.Namespace, work_dir: Path, uptimes: list[str]) -> s
             for variant in variants:
                 await variant.store.close()
     finally:
+        if proxy is not None:
+            proxy.stop()
         if server is not None:
             server.stop()
     loads.append(os.getloadavg())
@@ -380,6 +392,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=2000)
     parser.add_argument("--hours", type=int, default=4, help="accepted hours the batches fall in")
     parser.add_argument("--store", choices=("ministack", "fs"), default="ministack")
+    parser.add_argument(
+        "--latency-ms",
+        type=float,
+        default=0.0,
+        help="MiniStack only: reach it through a delay-line proxy adding this much to every "
+        "request's round trip (bench._common.DelayProxy), as a real S3 would",
+    )
     parser.add_argument(
         "--concurrency",
         type=int,

@@ -89,14 +89,15 @@ def timing_section(variants: Sequence[Variant], batches: int) -> list[str]:
         "(same N, same run; each step ran for every concurrency before the next step):",
         "",
         "| gc.concurrency | marking s | marks/s | x | deleting s | deletions/s | x "
-        "| deleting: driver / MiniStack / others (cores) |",
+        "| deleting: driver / MiniStack / proxy / others (cores) |",
         "|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for v in variants:
         mark_s, delete_s = (v.seconds[n] for n in TIMED)
         cpu = v.cpu_s[TIMED[1]]
         cores = " / ".join(
-            f"{cpu.get(role, 0.0) / delete_s:.2f}" for role in ("driver", "ministack", "others")
+            f"{cpu.get(role, 0.0) / delete_s:.2f}"
+            for role in ("driver", "ministack", "proxy", "others")
         )
         lines.append(
             f"| {v.concurrency} | {mark_s:.2f} | {batches / mark_s:.0f} | "
@@ -147,7 +148,8 @@ def render(
     settings = default.context().settings
     lines = [
         f"`python -m bench.raw_retention --batches {args.batches} --hours {args.hours} "
-        f"--store {args.store} --concurrency {' '.join(map(str, args.concurrency))}`; "
+        f"--store {args.store} --latency-ms {args.latency_ms:g} "
+        f"--concurrency {' '.join(map(str, args.concurrency))}`; "
         f"settings: defaults, retention.raw_days = {raw_days:g}, gc.retry_horizon_s = "
         f"{settings.gc.retry_horizon_s:g}, gc.mark_grace_s = {settings.gc.mark_grace_s:g}, "
         f"reconciler.concurrency = {settings.reconciler.concurrency}, "
