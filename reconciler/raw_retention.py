@@ -35,7 +35,7 @@ hour that cannot retire yet is read again only once the snapshot version or its 
 files changed); one PUT when the state moves. Per audit: one GET of the state and two of
 the snapshot (only when something is retired). Per retired batch, the GC's deletion
 (measured in `tests/reconciler/test_raw_retention.py`): 3 PUTs (the mark, ``deleting``,
-the log entry), 2 DELETEs (the blob, the mark), a HEAD of the veto and 5 GETs of the mark
+the log entry), 2 DELETEs (the blob, the mark), a HEAD of the veto and 4-5 GETs of the mark
 over the two runs it takes — more than the batch's acceptance (2 PUTs); the README's
 "Raw retention" says when that pays for the storage it frees.
 """
@@ -62,6 +62,11 @@ NS_PER_DAY = 86_400 * keys.NS_PER_S
 MAX_HOURS_PER_RUN = 1_000
 """Catalog hours one run reads at most: a first run over a long history retires it over
 several runs, each bounded in time and requests (progress is logged every 100 hours)."""
+MAX_BATCHES_PER_RUN = 100_000
+"""A run stops retiring before the next hour once it retired this many batches (at least
+one hour always): every retired batch becomes a mark and a deletion of the GC's, whose
+runs hold their marks in memory, so a first run over a long history must not hand it
+millions at once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,9 +138,16 @@ class RawRetentionAdvance:
     """Moves ``gc/v1/raw-retention.json`` forward (one per reconciler process: it keeps
     the hour it could not retire, so an unchanged hour is not read again)."""
 
-    def __init__(self, *, raw_days: float, settle_margin_s: float) -> None:
+    def __init__(
+        self,
+        *,
+        raw_days: float,
+        settle_margin_s: float,
+        max_batches_per_run: int = MAX_BATCHES_PER_RUN,
+    ) -> None:
         self.raw_days = raw_days
         self.margin_ns = int(settle_margin_s * keys.NS_PER_S)
+        self.max_batches_per_run = max_batches_per_run
         self._blocked: _Blocked | None = None
 
     async def run(
@@ -223,6 +235,8 @@ class RawRetentionAdvance:
         for hour, files in files_of.items():
             if hour.start_ns < start_ns:
                 continue
+            if retired >= self.max_batches_per_run:
+                return hour, retired  # the rest next run
             seen = tuple((info.key, info.etag) for info in files)
             if self._blocked == _Blocked(hour.iso, version, seen):
                 return hour, retired

@@ -355,3 +355,25 @@ async def test_deleting_the_state_stops_raw_retention_and_withdraws_its_marks() 
     assert outcome.deleted == [] and await world.keys_under(keys.GC_MARKS_PREFIX) == []
     for accepted in (a, b, c):
         assert await world.exists(accepted.manifest.raw_blob_key)
+
+
+async def test_a_run_retires_at_most_its_batch_budget_and_the_next_goes_on() -> None:
+    world, (a, _b, _c), _conflict = await accepted_world()
+    first_hour = a.manifest.accepted_hour
+    world.clock.advance(HOUR_S)  # the next hour
+    later = [await world.accept(frame_bytes(400 + seq), seq=seq) for seq in (10, 11)]
+    world.clock.advance(4 * HOUR_S)
+    await audit_now(world)
+    await include(world, *(r.manifest for r in (a, _b, _c, *later)))
+    advance = RawRetentionAdvance(raw_days=RAW_DAYS, settle_margin_s=5.0, max_batches_per_run=2)
+    first = await retire(world, advance)  # the first hour (3 batches) goes whole, then stop
+    assert first is not None and first.retired_before == first_hour.next().iso
+    assert first.retired_batches == 3
+    second = await retire(world, advance)
+    assert second is not None and second.retired_batches == 5
+    assert (
+        second.retired_before
+        == keys.UtcHour.from_unix_ns(
+            world.clock.now_ns() - int(RAW_DAYS * 86_400 * keys.NS_PER_S)
+        ).iso
+    )  # every hour up to the raw_days cutoff (the later ones hold no batch)
