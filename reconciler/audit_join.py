@@ -62,7 +62,7 @@ class _RetiredHour:
     """A retired hour's accepted rows, gathered over its files (listed hour by hour)."""
 
     hour: keys.UtcHour
-    keys: KeyDigestSet = field(default_factory=KeyDigestSet)
+    digests: KeyDigestSet = field(default_factory=KeyDigestSet)
     prefixes: list[npt.NDArray[np.uint64]] = field(default_factory=list)
     moved_aside: bool = False
 
@@ -106,7 +106,7 @@ class CatalogScan:
                     accepted = pc.fill_null(pc.equal(table.column("kind"), "accepted"), False)
                     kept = table.filter(pc.invert(accepted))
                     retiring = table.filter(accepted)
-                    pending.keys.add(digests_from_arrow(retiring.column("key_digest")))
+                    pending.digests.add(digests_from_arrow(retiring.column("key_digest")))
                     pending.prefixes.append(sha_prefixes(retiring.column("frame_sha256")))
                 else:
                     kept = table
@@ -132,7 +132,7 @@ class CatalogScan:
         the hour still holds (`Retired.holds`), else they stay referenced."""
         subject = keys.index_catalog_hour_prefix(hour.hour)
         prefixes = np.concatenate(hour.prefixes) if hour.prefixes else np.empty(0, np.uint64)
-        batches = len(hour.keys)
+        batches = len(hour.digests)
         if not hour.moved_aside and retired.holds(hour.hour, batches):
             self.retired.add(prefixes)
             self.retired_batches += batches

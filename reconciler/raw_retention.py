@@ -232,9 +232,7 @@ class RawRetentionAdvance:
             if hour not in files_of and len(files_of) == MAX_HOURS_PER_RUN:
                 break
             files_of.setdefault(hour, []).append(info)
-        for hour, files in files_of.items():
-            if hour.start_ns < start_ns:
-                continue
+        for hour, files in files_of.items():  # the listing starts at ``start``
             if retired >= self.max_batches_per_run:
                 return hour, retired  # the rest next run
             seen = tuple((info.key, info.etag) for info in files)

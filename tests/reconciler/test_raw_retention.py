@@ -21,7 +21,7 @@ from config import RetentionSettings
 from protocol import keys, records
 from protocol.clock import ManualClock
 from reconciler.gc import GcPolicy
-from reconciler.gc_run import run_gc
+from reconciler.gc_run import latest_listing_audit, run_gc
 from reconciler.orphans import decode_orphans, encode_orphans
 from reconciler.raw_retention import RawRetentionAdvance, read_state
 from rollup.ledger import LedgerRow
@@ -54,14 +54,14 @@ async def include(world: World, *manifests: records.AcceptedManifest) -> None:
 
 
 async def retire(
-    world: World, advance: RawRetentionAdvance | None = None
+    world: World, advance: RawRetentionAdvance | None = None, *, store: Any = None
 ) -> records.RawRetention | None:
+    """One step of raw retention at the world's time and newest audit (on ``store``, a
+    wrapper of the world's, when given)."""
     advance = advance or RawRetentionAdvance(raw_days=RAW_DAYS, settle_margin_s=5.0)
-    from reconciler.gc_run import latest_listing_audit
-
     audit = await latest_listing_audit(world.store)
     return await advance.run(
-        world.store,
+        store or world.store,
         now_ns=world.clock.now_ns(),
         audit_started_ns=audit.started_at_unix_ns if audit else None,
         fence=(await world.ctx()).check_fence,
@@ -79,8 +79,6 @@ async def problems_of(world: World, kind: str) -> list[str]:
 
 
 async def latest_orphans(world: World) -> dict[str, tuple[int, int, bool]]:
-    from reconciler.gc_run import latest_listing_audit
-
     audit = await latest_listing_audit(world.store)
     assert audit is not None
     key = keys.audit_orphans_key(audit.started_at_unix_ns, audit.audit_id)
@@ -211,16 +209,7 @@ async def test_an_hour_waits_until_the_ledger_has_all_its_batches_and_is_read_on
     assert await retire(world, advance) is None  # c is not rolled up yet
 
     counting = CountingStore(world.store)
-    from reconciler.gc_run import latest_listing_audit
-
-    audit = await latest_listing_audit(world.store)
-    assert audit is not None
-    await advance.run(
-        counting,  # type: ignore[arg-type]
-        now_ns=world.clock.now_ns(),
-        audit_started_ns=audit.started_at_unix_ns,
-        fence=(await world.ctx()).check_fence,
-    )
+    await retire(world, advance, store=counting)
     assert counting.count("get", keys.INDEX_CATALOG_PREFIX) == 0  # nothing changed: not re-read
     assert counting.count("put") == 0
 
@@ -232,12 +221,7 @@ async def test_an_hour_waits_until_the_ledger_has_all_its_batches_and_is_read_on
 
     fresh = RawRetentionAdvance(raw_days=RAW_DAYS, settle_margin_s=5.0)
     counting.clear()
-    await fresh.run(
-        counting,  # type: ignore[arg-type]
-        now_ns=world.clock.now_ns(),
-        audit_started_ns=audit.started_at_unix_ns,
-        fence=(await world.ctx()).check_fence,
-    )
+    await retire(world, fresh, store=counting)
     assert counting.count("get", keys.INDEX_CATALOG_PREFIX) == 0  # retired hours: never again
     assert counting.count("put") == 0
 
