@@ -79,8 +79,7 @@ from reconciler.gc import GcOutcome
 from reconciler.gc_run import run_gc
 from reconciler.raw_retention import read_state
 from rollup.commit import commit, load_latest
-from rollup.ledger import LedgerRow, encode_ledger, ledger_table, ledger_totals
-from rollup.manifest import Changes
+from rollup.ledger import LedgerRow, write_ledger_files
 from rollup.owner import OwnerLease
 from store.base import ObjectStore
 from store.fs import FileSystemStore
@@ -171,20 +170,7 @@ async def commit_ledger(
 ) -> None:
     """A rollup commit whose ledger includes every batch (one ledger file per hour), as
     the rollup job commits one (no data files: raw retention reads only the ledger)."""
-    rows = [
-        LedgerRow(m.identity.manifest_id, m.frame_sha256, m.record_count, m.accepted_hour.iso)
-        for m in manifests
-    ]
-    files = []
-    for hour in sorted({row.accepted_hour for row in rows}):
-        key = keys.rollup_ledger_key(keys.UtcHour.parse_iso(hour), uuid.uuid4().hex)
-        await store.put(
-            key, encode_ledger(ledger_table(r for r in rows if r.accepted_hour == hour))
-        )
-        files.append(key)
-    changes = Changes(
-        added_ledger_files=tuple(files), ledger_delta=ledger_totals(ledger_table(rows))
-    )
+    changes = await write_ledger_files(store, [LedgerRow.of_manifest(m) for m in manifests])
     owner = await OwnerLease.acquire(store, "bench-rollup", 600, clock)
     await commit(store, base=await load_latest(store), changes=changes, owner=owner, clock=clock)
     await owner.release()

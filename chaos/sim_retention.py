@@ -34,8 +34,8 @@ from protocol import keys, records
 from protocol.clock import Clock
 from reconciler.raw_retention import read_state
 from rollup.commit import LoadedSnapshot, commit, load_latest
-from rollup.ledger import LedgerRow, encode_ledger, ledger_table, ledger_totals, read_ledger
-from rollup.manifest import Changes, RollupManifestError
+from rollup.ledger import LedgerRow, read_ledger, write_ledger_files
+from rollup.manifest import RollupManifestError
 from rollup.owner import OwnerLease, OwnerLost
 from store.base import ObjectStore
 from store.errors import StoreError
@@ -120,7 +120,9 @@ class SimRollup:
         due = [row async for row in self._due_rows()]
         if not due:
             return None
-        changes = await self._ledger_changes(due)
+        changes = await write_ledger_files(
+            self._store, due, new_id=lambda: str(uuid.UUID(int=self._rng.getrandbits(128)))
+        )
         base = await load_latest(self._store)
         loaded = await commit(
             self._store, base=base, changes=changes, owner=owner, clock=self._clock, rng=self._rng
@@ -152,22 +154,6 @@ class SimRollup:
                 seen_ns, lag_s = self._first_seen[manifest_id]
                 if now_ns - seen_ns >= lag_s * keys.NS_PER_S:
                     yield LedgerRow(manifest_id, row.frame_sha256, row.record_count or 0, hour.iso)
-
-    async def _ledger_changes(self, rows: Iterable[LedgerRow]) -> Changes:
-        """One ledger file per hour (as `tests.rollup.dataset_builder.ledger_changes`)."""
-        listed = list(rows)
-        by_hour: dict[str, list[LedgerRow]] = {}
-        for row in listed:
-            by_hour.setdefault(row.accepted_hour, []).append(row)
-        files = []
-        for hour, hour_rows in sorted(by_hour.items()):
-            file_id = str(uuid.UUID(int=self._rng.getrandbits(128)))
-            key = keys.rollup_ledger_key(keys.UtcHour.parse_iso(hour), file_id)
-            await self._store.put(key, encode_ledger(ledger_table(hour_rows)), if_none_match=True)
-            files.append(key)
-        return Changes(
-            added_ledger_files=tuple(files), ledger_delta=ledger_totals(ledger_table(listed))
-        )
 
 
 class RetentionRule:

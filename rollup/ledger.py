@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import io
-from collections.abc import Iterable
+import uuid
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -26,8 +27,9 @@ import pyarrow.parquet as pq
 
 from index.rows import IndexRow
 from protocol import keys
+from protocol.records import AcceptedManifest
 from protocol.setsum import Setsum
-from rollup.manifest import LedgerHour, RollupManifestError, Snapshot
+from rollup.manifest import Changes, LedgerHour, RollupManifestError, Snapshot
 from rollup.schemas import LEDGER_SCHEMA
 from store.base import ObjectStore
 
@@ -40,6 +42,16 @@ class LedgerRow:
     frame_sha256: str
     record_count: int
     accepted_hour: str  # "YYYY-MM-DDTHH"
+
+    @classmethod
+    def of_manifest(cls, manifest: AcceptedManifest) -> LedgerRow:
+        """The row that includes ``manifest``'s batch."""
+        return cls(
+            manifest.identity.manifest_id,
+            manifest.frame_sha256,
+            manifest.record_count,
+            manifest.accepted_hour.iso,
+        )
 
 
 def ledger_table(rows: Iterable[LedgerRow]) -> pa.Table:
@@ -93,6 +105,26 @@ def catalog_totals(rows: Iterable[IndexRow]) -> LedgerHour:
         records += row.record_count or 0
         total = total.add(row.manifest_id, row.frame_sha256)
     return LedgerHour(batches, records, total.hex)
+
+
+async def write_ledger_files(
+    store: ObjectStore,
+    rows: Sequence[LedgerRow],
+    *,
+    new_id: Callable[[], str] = lambda: str(uuid.uuid4()),
+) -> Changes:
+    """One new ledger file per accepted hour of ``rows`` (If-None-Match, named by
+    ``new_id``), and the `Changes` that commit them: what a commit that includes ``rows``
+    adds, for writers outside the Spark job (tests, the simulation, benchmarks)."""
+    by_hour: dict[str, list[LedgerRow]] = {}
+    for row in rows:
+        by_hour.setdefault(row.accepted_hour, []).append(row)
+    files = []
+    for hour, hour_rows in sorted(by_hour.items()):
+        key = keys.rollup_ledger_key(keys.UtcHour.parse_iso(hour), new_id())
+        await store.put(key, encode_ledger(ledger_table(hour_rows)), if_none_match=True)
+        files.append(key)
+    return Changes(added_ledger_files=tuple(files), ledger_delta=ledger_totals(ledger_table(rows)))
 
 
 def encode_ledger(table: pa.Table, *, compression: str = "zstd") -> bytes:

@@ -153,10 +153,7 @@ async def test_markers_consumed_by_a_committed_rollup_are_not_violations() -> No
     manifests = [await world.accepted(seq) for seq in range(3)]
     await world.reconcile()
     owner = await OwnerLease.acquire(world.store, "rollup", 60.0, world.clock)
-    rows = [
-        LedgerRow(m.identity.manifest_id, m.frame_sha256, m.record_count, m.accepted_hour.iso)
-        for m in manifests
-    ]
+    rows = [LedgerRow.of_manifest(m) for m in manifests]
     await commit_rows(world.store, owner, world.clock, ledger=rows)
     for key in [i.key async for i in world.store.list(keys.ROLLUP_WORK_PREFIX)]:
         await world.store.delete(key)  # what the rollup run does after its commit

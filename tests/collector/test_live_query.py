@@ -119,8 +119,7 @@ class Sent:
 
     @property
     def ledger_row(self) -> LedgerRow:
-        m = self.manifest
-        return LedgerRow(self.manifest_id, m.frame_sha256, m.record_count, m.accepted_hour.iso)
+        return LedgerRow.of_manifest(self.manifest)
 
 
 def sent(

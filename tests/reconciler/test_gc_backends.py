@@ -151,9 +151,9 @@ async def test_raw_retention_deletes_rolled_up_blobs_and_the_audit_finds_nothing
 ) -> None:
     from config import RetentionSettings
     from reconciler.raw_retention import read_state
+    from rollup.ledger import LedgerRow
     from rollup.owner import OwnerLease
     from tests.reconciler.conftest import write_conflict
-    from tests.reconciler.test_raw_retention import ledger_row
     from tests.rollup.dataset_builder import commit_rows
 
     # Batches accepted four hours ago (their hour ended more than raw_days = 2.4 h ago),
@@ -165,7 +165,9 @@ async def test_raw_retention_deletes_rolled_up_blobs_and_the_audit_finds_nothing
         await write_batch(store, batch)
     conflict = await write_conflict(store, rolled[2], now)  # keeps rolled[2]'s blob
     owner = await OwnerLease.acquire(store, "job", 600, clock)
-    await commit_rows(store, owner, clock, ledger=[ledger_row(b.manifest) for b in rolled])
+    await commit_rows(
+        store, owner, clock, ledger=[LedgerRow.of_manifest(b.manifest) for b in rolled]
+    )
     await owner.release()
     retention = settings().model_copy(
         update={

@@ -37,19 +37,12 @@ GUARDED = GcPolicy(
 )
 
 
-def ledger_row(manifest: records.AcceptedManifest) -> LedgerRow:
-    return LedgerRow(
-        manifest.identity.manifest_id,
-        manifest.frame_sha256,
-        manifest.record_count,
-        manifest.accepted_hour.iso,
-    )
-
-
 async def include(world: World, *manifests: records.AcceptedManifest) -> None:
     """A rollup commit whose ledger includes ``manifests``."""
     owner = await OwnerLease.acquire(world.store, "job", 600, world.clock)
-    await commit_rows(world.store, owner, world.clock, ledger=[ledger_row(m) for m in manifests])
+    await commit_rows(
+        world.store, owner, world.clock, ledger=[LedgerRow.of_manifest(m) for m in manifests]
+    )
     await owner.release()
 
 

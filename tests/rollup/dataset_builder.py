@@ -21,7 +21,7 @@ from protocol import keys
 from protocol.clock import Clock, SystemClock
 from protocol.records import AcceptedManifest, RollupWorkMarker
 from rollup.commit import LoadedSnapshot, commit, load_latest
-from rollup.ledger import LedgerRow, encode_ledger, ledger_table, ledger_totals
+from rollup.ledger import LedgerRow, write_ledger_files
 from rollup.manifest import Changes, DataFile, describe_file
 from rollup.owner import OwnerLease
 from rollup.schemas import POINTS_SCHEMA
@@ -89,10 +89,7 @@ class Batch:
 
     @property
     def row(self) -> LedgerRow:
-        m = self.manifest
-        return LedgerRow(
-            m.identity.manifest_id, m.frame_sha256, m.record_count, m.accepted_hour.iso
-        )
+        return LedgerRow.of_manifest(self.manifest)
 
 
 def make_batch(hour: keys.UtcHour, n: int, *, agent: str = "agent-a", records: int = 10) -> Batch:
@@ -167,19 +164,6 @@ async def work_markers(store: ObjectStore) -> list[str]:
     return [info.key async for info in store.list(keys.ROLLUP_WORK_PREFIX)]
 
 
-async def ledger_changes(store: ObjectStore, rows: Sequence[LedgerRow]) -> Changes:
-    """Ledger files (one per hour) for ``rows`` and the matching `Changes`."""
-    by_hour: dict[str, list[LedgerRow]] = {}
-    for row in rows:
-        by_hour.setdefault(row.accepted_hour, []).append(row)
-    files: list[str] = []
-    for hour, hour_rows in sorted(by_hour.items()):
-        key = keys.rollup_ledger_key(keys.UtcHour.parse_iso(hour), str(uuid.uuid4()))
-        await store.put(key, encode_ledger(ledger_table(hour_rows)))
-        files.append(key)
-    return Changes(added_ledger_files=tuple(files), ledger_delta=ledger_totals(ledger_table(rows)))
-
-
 async def commit_rows(
     store: ObjectStore,
     owner: OwnerLease,
@@ -194,7 +178,7 @@ async def commit_rows(
     base = base if base is not None else await load_latest(store)
     version = base.snapshot.version + 1 if base is not None else 1
     added = [await put_data_file(store, t, h, rows, version) for t, h, rows in data]
-    ledger_part = await ledger_changes(store, ledger) if ledger else Changes()
+    ledger_part = await write_ledger_files(store, ledger) if ledger else Changes()
     changes = Changes(
         added_files=tuple(added),
         removed_files=tuple(remove),

@@ -15,7 +15,7 @@ from protocol import keys
 from protocol.clock import ManualClock
 from rollup.cli_read import add_read_commands
 from rollup.commit import commit, load_latest
-from rollup.ledger import ledger_table, ledger_totals
+from rollup.ledger import ledger_table, ledger_totals, write_ledger_files
 from rollup.manifest import Changes
 from rollup.owner import OwnerLease
 from rollup.verify import verify
@@ -27,7 +27,6 @@ from tests.rollup.dataset_builder import (
     accept,
     commit_rows,
     hour_at,
-    ledger_changes,
     make_batch,
 )
 
@@ -78,7 +77,7 @@ async def test_a_ledger_header_that_disagrees_with_its_files_is_reported() -> No
     store = MemoryStore()
     owner, clock, batches = await setup(store)
     hour0 = [b.row for b in batches[:3]]
-    written = await ledger_changes(store, hour0)
+    written = await write_ledger_files(store, hour0)
     wrong_totals = ledger_totals(ledger_table(hour0[:2]))
     await commit(
         store,
