@@ -121,7 +121,10 @@ class SimRollup:
         if not due:
             return None
         changes = await write_ledger_files(
-            self._store, due, new_id=lambda: str(uuid.UUID(int=self._rng.getrandbits(128)))
+            self._store,
+            due,
+            new_id=lambda: str(uuid.UUID(int=self._rng.getrandbits(128))),
+            if_none_match=True,
         )
         base = await load_latest(self._store)
         loaded = await commit(

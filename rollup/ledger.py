@@ -112,17 +112,19 @@ async def write_ledger_files(
     rows: Sequence[LedgerRow],
     *,
     new_id: Callable[[], str] = lambda: str(uuid.uuid4()),
+    if_none_match: bool = False,
 ) -> Changes:
-    """One new ledger file per accepted hour of ``rows`` (If-None-Match, named by
-    ``new_id``), and the `Changes` that commit them: what a commit that includes ``rows``
-    adds, for writers outside the Spark job (tests, the simulation, benchmarks)."""
+    """One new ledger file per accepted hour of ``rows`` (named by ``new_id``; a plain PUT
+    of a fresh name, as the job writes them, or If-None-Match), and the `Changes` that
+    commit them: what a commit that includes ``rows`` adds, for writers outside the Spark
+    job (tests, the simulation, benchmarks)."""
     by_hour: dict[str, list[LedgerRow]] = {}
     for row in rows:
         by_hour.setdefault(row.accepted_hour, []).append(row)
     files = []
     for hour, hour_rows in sorted(by_hour.items()):
         key = keys.rollup_ledger_key(keys.UtcHour.parse_iso(hour), new_id())
-        await store.put(key, encode_ledger(ledger_table(hour_rows)), if_none_match=True)
+        await store.put(key, encode_ledger(ledger_table(hour_rows)), if_none_match=if_none_match)
         files.append(key)
     return Changes(added_ledger_files=tuple(files), ledger_delta=ledger_totals(ledger_table(rows)))
 
