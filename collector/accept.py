@@ -60,6 +60,7 @@ from index.log_writer import IndexLogWriter
 from index.rows import accepted_row, blob_row, quarantine_row
 from protocol import keys, records
 from protocol.clock import Clock
+from protocol.frame import FrameError, frame_time_range
 from store.base import ObjectStore
 from store.errors import (
     ConditionConflict,
@@ -96,6 +97,15 @@ class FrameIdentity(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class _StoredManifest:
+    """A manifest this request read: its record, where it is stored, and its ETag."""
+
+    manifest: records.AcceptedManifest
+    key: str
+    etag: str
+
+
+@dataclass(frozen=True, slots=True)
 class Accepted:
     manifest: records.AcceptedManifest
     duplicate: bool
@@ -117,6 +127,16 @@ class AcceptanceUnavailable(Exception):
 AcceptedHook = Callable[[records.AcceptedManifest, bytes], None]
 """Called with the manifest and the frame for every `Accepted` (new or duplicate): the
 live query window (`collector.live_sources.OwnBatches`). Must not block."""
+
+
+def _time_range_or_none(frame: bytes) -> tuple[int, int] | None:
+    """The frame's point-time range; None for bytes that are not a valid frame (only
+    tests hand the acceptor such bytes: every served frame was checked at intake). A
+    row without a range counts as overlapping every range (PROTOCOL §2 late batches)."""
+    try:
+        return frame_time_range(frame)
+    except FrameError:
+        return None
 
 
 class BatchAcceptor:
@@ -156,23 +176,38 @@ class BatchAcceptor:
         return self._index_log.buffered
 
     async def accept(
-        self, header: FrameIdentity, frame: bytes, frame_sha256: str, *, resend: bool = False
+        self,
+        header: FrameIdentity,
+        frame: bytes,
+        frame_sha256: str,
+        *,
+        resend: bool = False,
+        ts_range: tuple[int, int] | None = None,
     ) -> Accepted | IdentityConflictFound:
         """Run the protocol for one validated frame. Raises `AcceptanceUnavailable`.
 
         ``resend``: the sender says it sent this frame before; the accepted manifest is
-        read first (one GET answers a duplicate)."""
+        read first (one GET answers a duplicate). ``ts_range``: the points' (min, max)
+        time in ns as the frame check found it; read from the frame's ``ts`` column (off
+        the event loop) when not given (a spooled frame, a receiver's)."""
+        if ts_range is None:
+            ts_range = await asyncio.to_thread(_time_range_or_none, frame)
         if self._slots is None:
-            result = await self._accept(header, frame, frame_sha256, resend=resend)
+            result = await self._accept(header, frame, frame_sha256, resend, ts_range)
         else:
             async with self._slots:
-                result = await self._accept(header, frame, frame_sha256, resend=resend)
+                result = await self._accept(header, frame, frame_sha256, resend, ts_range)
         if isinstance(result, Accepted) and self._on_accepted is not None:
             self._on_accepted(result.manifest, frame)
         return result
 
     async def _accept(
-        self, header: FrameIdentity, frame: bytes, frame_sha256: str, *, resend: bool
+        self,
+        header: FrameIdentity,
+        frame: bytes,
+        frame_sha256: str,
+        resend: bool,
+        ts_range: tuple[int, int] | None,
     ) -> Accepted | IdentityConflictFound:
         self._refuse_if_clock_skewed()
         request = BudgetedRequest(
@@ -193,16 +228,20 @@ class BatchAcceptor:
             if resend:
                 stored = await self._manifest_if_readable(request, identity)
                 if stored is not None:
-                    return await self._settle_from_manifest(request, stored, frame, frame_sha256)
+                    return await self._settle_from_manifest(
+                        request, stored, frame, frame_sha256, ts_range
+                    )
             created = await self._put_raw_blob(request, frame, frame_sha256)
             if created is Created.EXISTED and not resend:
                 stored = await self._manifest_if_readable(request, identity)
                 if stored is not None:
                     return await self._settle_from_manifest(
-                        request, stored, frame, frame_sha256, created=created
+                        request, stored, frame, frame_sha256, ts_range, created=created
                     )
             await self._keep_raw_blob(request, frame, frame_sha256, created)
-            return await self._create_manifest(request, identity, header, frame, frame_sha256)
+            return await self._create_manifest(
+                request, identity, header, frame, frame_sha256, ts_range
+            )
         except BudgetExhausted:
             raise AcceptanceUnavailable(
                 f"store did not settle {identity} within {self._budget_s}s"
@@ -221,16 +260,16 @@ class BatchAcceptor:
 
     async def _manifest_if_readable(
         self, request: BudgetedRequest, identity: keys.BatchIdentity
-    ) -> records.AcceptedManifest | None:
+    ) -> _StoredManifest | None:
         """One GET of the accepted manifest; None when absent or unanswered (the normal
         steps then decide the same way)."""
         key = keys.accepted_manifest_key(identity)
         try:
-            body, _etag = await request.call("get_manifest", key, lambda: self._store.get(key))
+            body, etag = await request.call("get_manifest", key, lambda: self._store.get(key))
         except (NotFound, Unavailable, ConditionConflict):
             return None
         try:
-            return records.AcceptedManifest.from_json(body)
+            return _StoredManifest(records.AcceptedManifest.from_json(body), key, etag)
         except records.RecordError as exc:
             log.error("accepted_manifest_unreadable", key=key, error=str(exc))
             raise BudgetExhausted from None
@@ -238,22 +277,23 @@ class BatchAcceptor:
     async def _settle_from_manifest(
         self,
         request: BudgetedRequest,
-        stored: records.AcceptedManifest,
+        stored: _StoredManifest,
         frame: bytes,
         sha: str,
+        ts_range: tuple[int, int] | None,
         *,
         created: Created | None = None,
     ) -> Accepted | IdentityConflictFound:
         """A duplicate (nothing written), or a conflict: the quarantine record names the
         submitted blob, so that blob is stored and kept first (``created``: step 1's result
         when it already ran)."""
-        if stored.frame_sha256 == sha:
-            self._index_manifest(stored)  # every 200 appends its row (PROTOCOL §3.2)
-            return Accepted(stored, duplicate=True, store_ops=request.ops)
+        if stored.manifest.frame_sha256 == sha:
+            self._index_read(stored, ts_range)  # every 200 appends its row (PROTOCOL §3.2)
+            return Accepted(stored.manifest, duplicate=True, store_ops=request.ops)
         if created is None:
             created = await self._put_raw_blob(request, frame, sha)
         await self._keep_raw_blob(request, frame, sha, created)
-        return await self._quarantine(request, stored, sha)
+        return await self._quarantine(request, stored.manifest, sha)
 
     # --- step 1: the raw blob ---------------------------------------------------------------
 
@@ -286,6 +326,7 @@ class BatchAcceptor:
         header: FrameIdentity,
         frame: bytes,
         sha: str,
+        ts_range: tuple[int, int] | None,
     ) -> Accepted | IdentityConflictFound:
         self._refuse_if_clock_skewed()
         manifest = records.AcceptedManifest(
@@ -310,14 +351,16 @@ class BatchAcceptor:
             legacy = await self._read_manifest(request, legacy_key, delays, absent_ok=True)
             if legacy is not None:
                 stored = legacy[1]
-                if stored.frame_sha256 == sha:
-                    self._index_manifest(stored, key=legacy_key)
-                    return Accepted(stored, duplicate=True, store_ops=request.ops)
-                return await self._quarantine(request, stored, sha, accepted_key=legacy_key)
+                if stored.manifest.frame_sha256 == sha:
+                    self._index_read(stored, ts_range)
+                    return Accepted(stored.manifest, duplicate=True, store_ops=request.ops)
+                return await self._quarantine(
+                    request, stored.manifest, sha, accepted_key=legacy_key
+                )
         maybe_ours = False  # an earlier attempt's outcome is unknown: it may have landed
         while True:
             try:
-                await request.call(
+                etag = await request.call(
                     "put_manifest", key, lambda: self._store.put(key, body, if_none_match=True)
                 )
             except PreconditionFailed:
@@ -326,19 +369,23 @@ class BatchAcceptor:
                     continue  # 412 then 404 cannot happen on a sound store; ask again
                 stored_body, stored = existing
                 if maybe_ours and stored_body == body:  # our earlier attempt landed
-                    self._index_manifest(manifest)
+                    self._index_read(stored, ts_range)
                     return Accepted(manifest, duplicate=False, store_ops=request.ops)
-                if stored.frame_sha256 == sha:
-                    self._index_manifest(stored)  # its first answer may have been lost
-                    return Accepted(stored, duplicate=True, store_ops=request.ops)
-                return await self._quarantine(request, stored, sha)
+                if stored.manifest.frame_sha256 == sha:
+                    self._index_read(stored, ts_range)  # its first answer may have been lost
+                    return Accepted(stored.manifest, duplicate=True, store_ops=request.ops)
+                return await self._quarantine(request, stored.manifest, sha)
             except (OutcomeUnknown, ConditionConflict, Unavailable) as exc:
                 # Safe to repeat: If-None-Match means a repeat either creates the manifest or
                 # gets 412, and then only the manifest we read decides.
                 maybe_ours = maybe_ours or isinstance(exc, OutcomeUnknown)
                 await request.pause(delays)
                 continue
-            self._index_manifest(manifest)
+            # Our own create, answered 200: the row carries the body we created and the
+            # ETag the store gave it, and the reconciler catalogs it without a request.
+            self._index_log.append(
+                accepted_row(manifest, etag=etag, own_create=True, ts_range=ts_range)
+            )
             return Accepted(manifest, duplicate=False, store_ops=request.ops)
 
     async def _read_manifest(
@@ -348,12 +395,12 @@ class BatchAcceptor:
         delays: Iterator[float],
         *,
         absent_ok: bool = False,
-    ) -> tuple[bytes, records.AcceptedManifest] | None:
+    ) -> tuple[bytes, _StoredManifest] | None:
         """The manifest at ``key``; ``None`` when absent (after a pause unless
         ``absent_ok``: a 412 then 404 is worth a moment before asking again)."""
         while True:
             try:
-                body, _etag = await request.call("get_manifest", key, lambda: self._store.get(key))
+                body, etag = await request.call("get_manifest", key, lambda: self._store.get(key))
             except NotFound:
                 if not absent_ok:
                     await request.pause(delays)
@@ -362,17 +409,25 @@ class BatchAcceptor:
                 await request.pause(delays)  # safe to repeat: a read
                 continue
             try:
-                return body, records.AcceptedManifest.from_json(body)
+                return body, _StoredManifest(records.AcceptedManifest.from_json(body), key, etag)
             except records.RecordError as exc:
                 # A corrupt acceptance record must not be answered as anything: alert and 503.
                 log.error("accepted_manifest_unreadable", key=key, error=str(exc))
                 raise BudgetExhausted from None
 
-    def _index_manifest(
-        self, manifest: records.AcceptedManifest, *, key: str | None = None
-    ) -> None:
-        """An ``accepted`` row (``key``: where the manifest is stored, if not its own key)."""
-        self._index_log.append(accepted_row(manifest, key=key))
+    def _index_read(self, stored: _StoredManifest, ts_range: tuple[int, int] | None) -> None:
+        """The ``accepted`` row of a manifest this request read (not its own create): the
+        reconciler reads it back once (PROTOCOL §3.7). ``ts_range`` is the submitted
+        frame's, which has the manifest's hash (the same bytes)."""
+        self._index_log.append(
+            accepted_row(
+                stored.manifest,
+                key=stored.key,
+                etag=stored.etag,
+                own_create=False,
+                ts_range=ts_range,
+            )
+        )
 
     async def _quarantine(
         self,
@@ -403,6 +458,11 @@ class BatchAcceptor:
         # The 409 is answered only once the record exists (PROTOCOL §3.2): a create that
         # does not settle within the budget raises BudgetExhausted (503; the agent
         # retries and the conflict is found again).
-        await request.create_idempotent("put_quarantine", quarantine_key, conflict.to_json())
-        self._index_log.append(quarantine_row(conflict))
+        created, etag = await request.create_idempotent_etag(
+            "put_quarantine", quarantine_key, conflict.to_json()
+        )
+        # Only a create answered 200 is ours to attest; an existing record (a conflict
+        # found before, with its own observed_at) is read back by the reconciler.
+        own = created is Created.YES
+        self._index_log.append(quarantine_row(conflict, etag=etag if own else None, own_create=own))
         return IdentityConflictFound(accepted, submitted_sha, quarantine_key, store_ops=request.ops)

@@ -264,7 +264,9 @@ class CollectorApp:
     ) -> tuple[web.Response, str, dict[str, Any]]:
         frame, body, sha, context = checked.header, checked.body, checked.sha256, checked.context
         try:
-            result = await self.acceptor.accept(frame, body, sha, resend=resend)
+            result = await self.acceptor.accept(
+                frame, body, sha, resend=resend, ts_range=checked.ts_range
+            )
         except (AcceptanceUnavailable, StoreConfigError) as exc:
             if isinstance(exc, StoreConfigError):  # e.g. 403: credentials or bucket policy
                 log.error("store_refuses_access", error=str(exc), **context)

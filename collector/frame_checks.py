@@ -27,9 +27,11 @@ from protocol.frame import FrameHeader, check_payload, decode_header
 T = TypeVar("T")
 
 
-def _check_and_hash(body: bytes, header: FrameHeader, max_raw_bytes: int) -> str:
-    check_payload(body, header, max_raw_bytes=max_raw_bytes)
-    return hashlib.sha256(body).hexdigest()
+def _check_and_hash(
+    body: bytes, header: FrameHeader, max_raw_bytes: int
+) -> tuple[str, tuple[int, int]]:
+    ts_range = check_payload(body, header, max_raw_bytes=max_raw_bytes)
+    return hashlib.sha256(body).hexdigest(), ts_range
 
 
 class FrameChecker:
@@ -45,8 +47,11 @@ class FrameChecker:
         """`protocol.frame.decode_header`: raises FrameError."""
         return await asyncio.get_running_loop().run_in_executor(self._pool, decode_header, body)
 
-    async def payload_sha256(self, body: bytes, header: FrameHeader, max_raw_bytes: int) -> str:
-        """Check the payload (raises FrameError), then return the frame's SHA-256."""
+    async def payload_sha256(
+        self, body: bytes, header: FrameHeader, max_raw_bytes: int
+    ) -> tuple[str, tuple[int, int]]:
+        """Check the payload (raises FrameError), then return the frame's SHA-256 and its
+        points' (min, max) time in unix ns."""
         return await asyncio.get_running_loop().run_in_executor(
             self._pool, _check_and_hash, body, header, max_raw_bytes
         )

@@ -66,6 +66,8 @@ class CheckedFrame:
     body: bytes
     sha256: str
     context: dict[str, Any]
+    ts_range: tuple[int, int]
+    """The points' (min, max) time in unix ns (the index rows' ``min_ts_ns``/``max_ts_ns``)."""
 
 
 class _TooLarge(Exception):
@@ -157,13 +159,15 @@ class BatchIntake:
             if not self._in_flight.try_reserve(0, charge, self._limits, always_if_alone=True):
                 return Refusal(self.overloaded().response, "overloaded", context)
             try:
-                sha = await self._checker.payload_sha256(body, header, self._limits.max_raw_bytes)
+                sha, ts_range = await self._checker.payload_sha256(
+                    body, header, self._limits.max_raw_bytes
+                )
             except FrameError as exc:
                 return _invalid(str(exc), context)
             finally:
                 self._in_flight.release(0, charge)
         context["frame_sha256"] = sha
-        return CheckedFrame(header, body, sha, context)
+        return CheckedFrame(header, body, sha, context, ts_range)
 
     async def _read_body(self, request: web.Request) -> bytes:
         """Read at most ``max_frame_bytes``; raise `_TooLarge` as soon as the body exceeds it."""

@@ -110,14 +110,24 @@ class BudgetedRequest:
         """Create ``key`` if absent; 412 is success. Retried: If-None-Match makes it
         idempotent (every writer of a key writes the same bytes, and a repeat of our own
         create is answered 412)."""
+        created, _etag = await self.create_idempotent_etag(op, key, body)
+        return created
+
+    async def create_idempotent_etag(
+        self, op: str, key: str, body: bytes
+    ) -> tuple[Created, str | None]:
+        """`create_idempotent`, with the ETag the store answered when the create was
+        ours (`Created.YES`; ``None`` otherwise)."""
         delays = self.delays()
         maybe_ours = False
         while True:
             try:
-                await self.call(op, key, lambda: self.store.put(key, body, if_none_match=True))
-                return Created.YES
+                etag = await self.call(
+                    op, key, lambda: self.store.put(key, body, if_none_match=True)
+                )
+                return Created.YES, etag
             except PreconditionFailed:
-                return Created.MAYBE if maybe_ours else Created.EXISTED
+                return (Created.MAYBE if maybe_ours else Created.EXISTED), None
             except OutcomeUnknown:
                 maybe_ours = True
             except (ConditionConflict, Unavailable):

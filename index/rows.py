@@ -15,7 +15,17 @@ itself. One `IndexRow` type serves both:
 | ``seq_start``, ``seq_end`` | uint64? | identity | identity | null |
 | ``record_count``, ``frame_bytes`` | int64? | from the manifest | null | null |
 | ``time_unix_ns`` | int64 | accepted_at | observed_at | blob creation |
+| ``etag`` | string? | the ETag the store returned for the record's create or read | same | null |
+| ``own_create`` | bool? | this collector's own create was answered 200 | same | null |
+| ``min_ts_ns``, ``max_ts_ns`` | int64? | the batch's point times (from the frame) | null | null |
+| ``source`` | string? | catalog only: the log segment's key, ``audit`` or ``read-back`` | | |
 | ``key_digest`` | binary(16) | BLAKE2b-128 of ``key`` (`index.digests`) | | |
+
+Every field of an ``accepted``/``quarantine`` row is the stored record's value (the body
+the collector created or read), never recomputed (PROTOCOL §3.7). Files written before
+``etag``/``own_create``/``min_ts_ns``/``max_ts_ns``/``source`` existed read those as null:
+a log row without ``own_create`` is read back by the steady pass, a catalog row without
+``etag`` takes the listed ETag at the next audit.
 
 Files are Parquet with zstd; a reader takes the columns by name, so later versions may add
 columns. Decoding validates every row (kinds, hashes, identity-bearing keys); a file that
@@ -31,6 +41,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from protocol import keys
@@ -55,8 +66,15 @@ SCHEMA = pa.schema(
         ("record_count", pa.int64()),
         ("frame_bytes", pa.int64()),
         ("time_unix_ns", pa.int64()),
+        ("etag", pa.string()),
+        ("own_create", pa.bool_()),
+        ("min_ts_ns", pa.int64()),
+        ("max_ts_ns", pa.int64()),
+        ("source", pa.string()),
     ]
 )
+OPTIONAL_COLUMNS = frozenset({"etag", "own_create", "min_ts_ns", "max_ts_ns", "source"})
+"""Columns later versions added: a file without them reads them as null."""
 FILE_SCHEMA = SCHEMA.append(pa.field("key_digest", pa.binary(DIGEST_BYTES)))
 """Files also carry ``key_digest`` (BLAKE2b-128 of ``key``, `index.digests`), so a full
 audit joins 16 bytes a row without hashing the catalog side."""
@@ -80,6 +98,11 @@ class IndexRow:
     seq_end: int | None = None
     record_count: int | None = None
     frame_bytes: int | None = None
+    etag: str | None = None
+    own_create: bool | None = None
+    min_ts_ns: int | None = None
+    max_ts_ns: int | None = None
+    source: str | None = None
 
     @property
     def hour(self) -> keys.UtcHour:
@@ -107,9 +130,19 @@ class IndexRow:
         )
 
 
-def accepted_row(manifest: AcceptedManifest, *, key: str | None = None) -> IndexRow:
+def accepted_row(
+    manifest: AcceptedManifest,
+    *,
+    key: str | None = None,
+    etag: str | None = None,
+    own_create: bool | None = None,
+    ts_range: tuple[int, int] | None = None,
+) -> IndexRow:
     """``key``: where the manifest is stored, when not at `manifest_key` (the long form of a
-    store written before PROTOCOL §3's segment rule)."""
+    store written before PROTOCOL §3's segment rule). ``etag``: what the store answered
+    for the create or read of that key; ``own_create``: the create was ours (200);
+    ``ts_range``: the batch's (min, max) point time in ns, from its frame."""
+    low, high = ts_range if ts_range is not None else (None, None)
     return IndexRow(
         kind="accepted",
         key=key or manifest.manifest_key,
@@ -122,10 +155,20 @@ def accepted_row(manifest: AcceptedManifest, *, key: str | None = None) -> Index
         seq_end=manifest.seq_end,
         record_count=manifest.record_count,
         frame_bytes=manifest.frame_bytes,
+        etag=etag,
+        own_create=own_create,
+        min_ts_ns=low,
+        max_ts_ns=high,
     )
 
 
-def quarantine_row(conflict: IdentityConflict, *, key: str | None = None) -> IndexRow:
+def quarantine_row(
+    conflict: IdentityConflict,
+    *,
+    key: str | None = None,
+    etag: str | None = None,
+    own_create: bool | None = None,
+) -> IndexRow:
     return IndexRow(
         kind="quarantine",
         key=key or conflict.quarantine_key,
@@ -137,6 +180,8 @@ def quarantine_row(conflict: IdentityConflict, *, key: str | None = None) -> Ind
         boot_id=conflict.boot_id,
         seq_start=conflict.seq_start,
         seq_end=conflict.seq_end,
+        etag=etag,
+        own_create=own_create,
     )
 
 
@@ -151,31 +196,73 @@ def blob_row(sha: str, created_at_unix_ns: int) -> IndexRow:
 
 def encode(rows: Sequence[IndexRow]) -> bytes:
     """One Parquet file (zstd) holding ``rows`` in the given order."""
-    columns: dict[str, list[object]] = {
-        name: [getattr(row, name) for row in rows] for name in SCHEMA.names
-    }
-    columns["key_digest"] = [key_digest(row.key) for row in rows]
-    table = pa.Table.from_pydict(columns, schema=FILE_SCHEMA)
+    return encode_table(table_of(rows))
+
+
+def encode_table(table: pa.Table) -> bytes:
+    """One Parquet file (zstd) of a `FILE_SCHEMA` table, its schema metadata kept."""
+    if not table.schema.remove_metadata().equals(FILE_SCHEMA):
+        raise ValueError(f"index table schema {table.schema} is not FILE_SCHEMA")
     sink = io.BytesIO()
     pq.write_table(table, sink, compression="zstd")
     return sink.getvalue()
 
 
-def decode(body: bytes, *, source: str) -> list[IndexRow]:
-    """Every row of one index file, validated; `IndexFileError` naming ``source`` else."""
-    try:
-        table = pq.read_table(io.BytesIO(body), columns=SCHEMA.names)
-    except (pa.ArrowException, OSError, KeyError, ValueError) as exc:
-        raise IndexFileError(f"{source}: not an index file: {exc}") from None
-    data = (
-        table.cast(SCHEMA, safe=True).to_pydict() if table.schema != SCHEMA else table.to_pydict()
-    )
-    rows = [
+def rows_of(table: pa.Table) -> list[IndexRow]:
+    """A `FILE_SCHEMA` table's rows as objects: for the few rows that need one (a read
+    back, a problem's text), never a whole hour."""
+    data = table.select(SCHEMA.names).to_pydict()
+    return [
         IndexRow(**{name: data[name][i] for name in SCHEMA.names}) for i in range(table.num_rows)
     ]
-    for row in rows:
-        check_row(row, source=source)
-    return rows
+
+
+def table_of(rows: Sequence[IndexRow]) -> pa.Table:
+    """Rows as a `FILE_SCHEMA` table (``key_digest`` computed)."""
+    columns: dict[str, list[object]] = {
+        name: [getattr(row, name) for row in rows] for name in SCHEMA.names
+    }
+    columns["key_digest"] = [key_digest(row.key) for row in rows]
+    return pa.Table.from_pydict(columns, schema=FILE_SCHEMA)
+
+
+def decode(body: bytes, *, source: str) -> list[IndexRow]:
+    """Every row of one index file, validated (column-wise, `index.row_checks`);
+    `IndexFileError` naming ``source`` and the first bad row else."""
+    from .row_checks import first_problems, well_formed  # row_checks builds on this module
+
+    table = read_table(body, source=source)
+    mask = well_formed(table)
+    if not pc.all(mask).as_py() and table.num_rows:
+        raise IndexFileError(f"{source}: {first_problems(table, mask, 1)[0]}")
+    return rows_of(table)
+
+
+def read_table(body: bytes, *, source: str) -> pa.Table:
+    """One index file as a table of exactly `FILE_SCHEMA` (columns added since it was
+    written are null; ``key_digest`` computed when absent). Rows are not validated here:
+    `index.row_checks` does that column-wise. `IndexFileError` naming ``source`` when the
+    body is not an index file."""
+    try:
+        parquet = pq.ParquetFile(io.BytesIO(body))
+        present = set(parquet.schema_arrow.names)
+        missing = [n for n in SCHEMA.names if n not in present and n not in OPTIONAL_COLUMNS]
+        if missing:
+            raise ValueError(f"missing columns {missing}")
+        wanted = [n for n in FILE_SCHEMA.names if n in present]
+        table = parquet.read(columns=wanted)
+        columns = []
+        for field in FILE_SCHEMA:
+            if field.name in present:
+                columns.append(table.column(field.name).cast(field.type, safe=True))
+            elif field.name == "key_digest":
+                digests = [key_digest(k) for k in table.column("key").to_pylist()]
+                columns.append(pa.chunked_array([pa.array(digests, field.type)]))
+            else:
+                columns.append(pa.chunked_array([pa.nulls(table.num_rows, field.type)]))
+        return pa.Table.from_arrays(columns, schema=FILE_SCHEMA)
+    except (pa.ArrowException, OSError, KeyError, ValueError, TypeError) as exc:
+        raise IndexFileError(f"{source}: not an index file: {exc}") from None
 
 
 def check_row(row: IndexRow, *, source: str) -> None:

@@ -278,15 +278,24 @@ def _checked_columns(table: pa.Table, expected_rows: int | None) -> dict[str, An
     return columns
 
 
-def check_points(table: pa.Table, *, expected_rows: int | None = None) -> None:
+def check_points(table: pa.Table, *, expected_rows: int | None = None) -> tuple[int, int]:
     """Check `table` against every points rule, as `canonical_points` does, without
     building the canonical table: a metric dictionary is never expanded per row, so the
     memory used stays proportional to the table's own buffers (see `protocol.frame`'s
-    `payload_check_memory_bound`). Raises what `canonical_points` raises."""
+    `payload_check_memory_bound`). Raises what `canonical_points` raises. Returns the
+    points' (min, max) ``ts`` in unix ns (the index rows' ``min_ts_ns``/``max_ts_ns``,
+    PROTOCOL §3.7)."""
     columns = _checked_columns(table, expected_rows)
     _check_metric(columns["metric"])
     _check_no_nulls("value", columns["value"])
     _check_labels(columns["labels"])
+    return time_range(columns["ts"])
+
+
+def time_range(ts: Any) -> tuple[int, int]:
+    """(min, max) of a non-empty, non-null ``timestamp[ns]`` column, in unix ns."""
+    bounds = pc.min_max(pc.cast(ts, pa.int64()))
+    return int(bounds["min"].as_py()), int(bounds["max"].as_py())
 
 
 def canonical_points(table: pa.Table, *, expected_rows: int | None = None) -> pa.Table:

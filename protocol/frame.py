@@ -60,6 +60,7 @@ from protocol._points_check import (
     TS_TYPE,
     canonical_points,
     check_points,
+    time_range,
 )
 
 __all__ = [
@@ -79,6 +80,7 @@ __all__ = [
     "FrameError",
     "FrameHeader",
     "check_payload",
+    "frame_time_range",
     "decode_frame",
     "decode_header",
     "encode_frame",
@@ -285,18 +287,30 @@ def decode_frame(data: bytes, *, max_raw_bytes: int = 64 * 1024 * 1024) -> Frame
     )
 
 
-def check_payload(data: bytes, header: FrameHeader, *, max_raw_bytes: int) -> None:
+def check_payload(data: bytes, header: FrameHeader, *, max_raw_bytes: int) -> tuple[int, int]:
     """Validate the payload of `data`, whose header `decode_header(data)` returned as
     `header`, by exactly the rules of `decode_frame`, without building the points.
 
     What it allocates is bounded by `payload_check_memory_bound(data, header)` (a metric
     dictionary is checked on its distinct values, never expanded per row) and its time
     grows with `payload_raw_len` and `record_count`. Raises FrameError, and nothing
-    else, for any invalid payload.
+    else, for any invalid payload. Returns the points' (min, max) ``ts`` in unix ns.
     """
     table = _payload_table(data, header, max_raw_bytes)
     with decoder_errors_as_frame_errors("payload: Arrow IPC stream"):
-        check_points(table, expected_rows=header.record_count)
+        return check_points(table, expected_rows=header.record_count)
+
+
+def frame_time_range(data: bytes, *, max_raw_bytes: int = 64 * 1024 * 1024) -> tuple[int, int]:
+    """The (min, max) point time in unix ns of a frame that was checked before (a spooled
+    frame, one a receiver built): reads the ``ts`` column only. Raises FrameError."""
+    header = decode_header(data)
+    table = _payload_table(data, header, max_raw_bytes)
+    with decoder_errors_as_frame_errors("payload: Arrow IPC stream"):
+        ts = table.column("ts")
+        if ts.null_count or len(ts) == 0:
+            raise FrameError("ts: null or empty column")
+        return time_range(ts)
 
 
 def payload_check_memory_bound(data: bytes, header: FrameHeader) -> int:

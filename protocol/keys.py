@@ -24,7 +24,6 @@ from protocol._identity_keys import (
     IDENTITY_RE,
     agent_segment,
     key_identity_from_groups,
-    long_agent_segment,
 )
 from protocol._identity_keys import MAX_U64 as MAX_U64
 from protocol._identity_keys import SEGMENT_MAX_BYTES as SEGMENT_MAX_BYTES
@@ -34,6 +33,7 @@ from protocol._identity_keys import KeyIdentity as KeyIdentity
 from protocol._identity_keys import check_sha256 as check_sha256
 from protocol._identity_keys import identity_matches_key as identity_matches_key
 from protocol._identity_keys import identity_name as identity_name
+from protocol._identity_keys import long_agent_segment as long_agent_segment
 from protocol._identity_keys import parse_identity_name as parse_identity_name
 from protocol._identity_keys import parse_manifest_id as parse_manifest_id
 

@@ -13,6 +13,7 @@ import pytest
 from chaos.faulty_store import Fault, FaultyStore
 from collector.accept import AcceptanceUnavailable, Accepted, BatchAcceptor, IdentityConflictFound
 from index.log_writer import IndexLogWriter
+from index.rows import IndexRow, decode
 from protocol import keys, records
 from protocol.clock import ManualClock, SystemClock
 from store.base import ObjectStore
@@ -448,3 +449,41 @@ async def test_a_conflict_whose_quarantine_record_cannot_be_written_is_unavailab
 
     assert [info.key async for info in inner.list(keys.QUARANTINE_PREFIX)] == []
     assert (await manifest_in(inner)).frame_sha256 == SHA
+
+
+async def logged_rows(store: ObjectStore) -> dict[tuple[str, bool | None], IndexRow]:
+    rows: dict[tuple[str, bool | None], IndexRow] = {}
+    async for info in store.list(keys.INDEX_LOG_PREFIX):
+        body, _etag = await store.get(info.key)
+        for row in decode(body, source=info.key):
+            rows[(row.key, row.own_create)] = row
+    return rows
+
+
+async def test_log_rows_are_store_attested_own_creates_and_reads() -> None:
+    """PROTOCOL §3.7: an accepted row carries the ETag the store answered, whether the create
+    was this collector's own (200), and the batch's point times; a duplicate's row carries
+    the ETag of the GET that read the manifest and ``own_create`` false; a quarantine row
+    created here is own."""
+    store = MemoryStore()
+    first = Harness(store)
+    await first.acceptor.accept(HEADER, FRAME, SHA, ts_range=(5, 9))
+    await first.settle()
+    again = Harness(store)
+    await again.acceptor.accept(HEADER, FRAME, SHA, ts_range=(5, 9))
+    await again.settle()
+    conflict = Harness(store)
+    await conflict.acceptor.accept(HEADER, OTHER, OTHER_SHA, ts_range=(1, 2))
+    await conflict.settle()
+    rows = await logged_rows(store)
+    key = keys.accepted_manifest_key(IDENTITY)
+    _body, etag = await store.get(key)
+    own, read = rows[(key, True)], rows[(key, False)]
+    assert own.etag == etag and (own.min_ts_ns, own.max_ts_ns) == (5, 9)
+    assert read.etag == etag and (read.min_ts_ns, read.max_ts_ns) == (5, 9)
+    assert own.time_unix_ns == read.time_unix_ns  # the stored record's value, not recomputed
+    quarantine_key = keys.quarantine_key(IDENTITY, OTHER_SHA)
+    _body, q_etag = await store.get(quarantine_key)
+    assert rows[(quarantine_key, True)].etag == q_etag
+    blob = rows[(keys.raw_blob_key(SHA), None)]
+    assert blob.etag is None and blob.kind == "blob"

@@ -1,0 +1,145 @@
+"""Column-wise checks of index rows (PROTOCOL §3.7): which rows are well-formed.
+
+The steady pass checks every row of every log segment; doing that with one Python object
+per row capped one reconciler at a few hundred batches a second. These checks run on
+Arrow columns: the Python-level work is per column, plus one small step per *distinct*
+agent_id (its two key spellings), never per row. `well_formed` answers a boolean mask;
+`first_problems` describes a few bad rows (with `index.rows.check_row`'s words) for
+problem records and logs.
+
+A row is well-formed when:
+- ``kind`` is ``accepted``, ``quarantine`` or ``blob``; ``key``, ``frame_sha256`` and
+  ``time_unix_ns`` are present; ``frame_sha256`` is 64 lowercase hex digits;
+- a ``blob`` row's key is the raw-blob key of its hash;
+- an ``accepted``/``quarantine`` row's ``raw_blob_key`` is the key of ``frame_sha256``,
+  its identity (agent_id, canonical boot_id UUID, seq_end >= seq_start) is the one its
+  key names, in either agent form (``agent=<hex>`` or ``agent=h-<sha256>``, PROTOCOL §3),
+  and a quarantine key ends in the submitted hash; a quarantine row also has a valid
+  ``accepted_frame_sha256``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from protocol import keys
+
+from .rows import IndexRow, check_row, rows_of
+
+_SHA_RE = "^[0-9a-f]{64}$"
+_UUID_RE = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+_ZERO_UUID = "00000000-0000-0000-0000-000000000000"
+
+
+def _true(mask: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """Nulls (from null inputs) count as false."""
+    return pc.fill_null(mask, False)
+
+
+def raw_blob_keys(sha: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """The raw-blob key of each hash (`protocol.keys.raw_blob_key`, column-wise)."""
+    return pc.binary_join_element_wise(
+        keys.RAW_BLOBS_PREFIX,
+        pc.utf8_slice_codeunits(sha, 0, 2),
+        "/",
+        pc.utf8_slice_codeunits(sha, 2, 4),
+        "/",
+        sha,
+        ".lmbatch",
+        "",
+    )
+
+
+def _agent_segments(agent_id: pa.ChunkedArray) -> tuple[pa.Array, pa.Array]:
+    """Per row, the two spellings of its agent's key segment: ``agent=<hex>`` and
+    ``agent=h-<sha256>`` (one Python step per distinct agent_id)."""
+    encoded = pc.dictionary_encode(agent_id.combine_chunks())
+    agents = encoded.dictionary.to_pylist()
+    long_forms = pa.array([keys.long_agent_segment(a) for a in agents], pa.string())
+    digests = [hashlib.sha256(a.encode("utf-8")).hexdigest() for a in agents]
+    short_forms = pa.array([f"agent={keys.AGENT_DIGEST_MARK}{d}" for d in digests], pa.string())
+    return long_forms.take(encoded.indices), short_forms.take(encoded.indices)
+
+
+def _identity_keys(table: pa.Table, segment: pa.Array) -> tuple[pa.Array, pa.Array]:
+    """The accepted-manifest key and the quarantine key each row's identity names, with
+    ``segment`` as the agent's segment."""
+    boot_hex = pc.replace_substring(table.column("boot_id"), "-", "")
+    start = pc.utf8_lpad(pc.cast(table.column("seq_start"), pa.string()), 20, "0")
+    end = pc.utf8_lpad(pc.cast(table.column("seq_end"), pa.string()), 20, "0")
+    tail = pc.binary_join_element_wise(segment, "/boot=", boot_hex, "/", start, "-", end, "")
+    accepted = pc.binary_join_element_wise(keys.ACCEPTED_PREFIX, tail, ".json", "")
+    quarantine = pc.binary_join_element_wise(
+        keys.QUARANTINE_PREFIX, tail, "/", table.column("frame_sha256"), ".json", ""
+    )
+    return accepted, quarantine
+
+
+def well_formed(table: pa.Table) -> pa.ChunkedArray | pa.Array:
+    """A boolean mask over a `index.rows.FILE_SCHEMA` table: True where the row is
+    well-formed (the module docstring's rules)."""
+    if table.num_rows == 0:
+        return pa.array([], pa.bool_())
+    kind = table.column("kind")
+    sha = table.column("frame_sha256")
+    basics = _true(
+        pc.and_(
+            pc.and_(pc.is_valid(table.column("key")), pc.is_valid(table.column("time_unix_ns"))),
+            pc.match_substring_regex(sha, _SHA_RE),
+        )
+    )
+    blob_key = raw_blob_keys(sha)
+    is_blob = _true(pc.equal(kind, "blob"))
+    is_accepted = _true(pc.equal(kind, "accepted"))
+    is_quarantine = _true(pc.equal(kind, "quarantine"))
+    blob_ok = _true(pc.equal(table.column("key"), blob_key))
+
+    boot = table.column("boot_id")
+    identity_ok = _true(
+        pc.and_(
+            pc.and_(
+                pc.match_substring_regex(boot, _UUID_RE),
+                pc.not_equal(boot, _ZERO_UUID),
+            ),
+            pc.greater_equal(table.column("seq_end"), table.column("seq_start")),
+        )
+    )
+    long_form, short_form = _agent_segments(table.column("agent_id"))
+    accepted_long, quarantine_long = _identity_keys(table, long_form)
+    accepted_short, quarantine_short = _identity_keys(table, short_form)
+    key = table.column("key")
+    accepted_key_ok = _true(pc.or_(pc.equal(key, accepted_long), pc.equal(key, accepted_short)))
+    quarantine_key_ok = _true(
+        pc.and_(
+            pc.or_(pc.equal(key, quarantine_long), pc.equal(key, quarantine_short)),
+            pc.match_substring_regex(table.column("accepted_frame_sha256"), _SHA_RE),
+        )
+    )
+    record_ok = pc.and_(
+        pc.and_(identity_ok, _true(pc.equal(table.column("raw_blob_key"), blob_key))),
+        pc.or_(
+            pc.and_(is_accepted, accepted_key_ok),
+            pc.and_(is_quarantine, _true(quarantine_key_ok)),
+        ),
+    )
+    return pc.and_(basics, pc.or_(pc.and_(is_blob, blob_ok), record_ok))
+
+
+def first_problems(table: pa.Table, mask: pa.ChunkedArray | pa.Array, limit: int = 10) -> list[str]:
+    """Words for up to ``limit`` rows the mask refused (`index.rows.check_row`'s)."""
+    bad = table.filter(pc.invert(mask)).slice(0, limit)
+    problems = []
+    for row in rows_of(bad):
+        problems.append(_describe(row))
+    return problems
+
+
+def _describe(row: IndexRow) -> str:
+    try:
+        check_row(row, source="row")
+    except ValueError as exc:
+        return str(exc)
+    return f"{row.kind!r} row {row.key!r}: identity does not match its key"
