@@ -3,6 +3,9 @@
 Creates a unique key twice with If-None-Match and requires the second create to be refused
 (412); also requires an If-Match with a wrong ETag to be refused. A store that accepts
 either is not an acceptance authority: two collectors could both "create" one manifest.
+Then `store.etag_check`: a store whose LIST misses a completed PUT is refused; one whose
+ETags differ between PUT, HEAD and LIST is reported (the reconciler reads back every
+record there).
 Transient store errors are retried (bounded): every step is a create of a fresh unique key
 or a read-only check, so repeating it cannot change what the probe concludes.
 """
@@ -17,6 +20,7 @@ from protocol import keys
 from protocol.clock import Clock
 from store.base import ObjectStore
 from store.errors import PreconditionFailed, StoreError, Unavailable
+from store.etag_check import check_etags
 from store.retry import Backoff
 
 
@@ -88,4 +92,13 @@ async def _probe_once(store: ObjectStore, collector_id: str, clock: Clock) -> Pr
             await store.delete(key)
         except StoreError:
             pass  # a leftover probe key is harmless
-    return ProbeResult(store.url, key, True, "If-None-Match and If-Match are enforced")
+    etags = await check_etags(store, f"{keys.PROBE_PREFIX}{safe_id}-")
+    if not etags.listed:
+        raise ProbeFailed(
+            f"{store.url}: {etags.detail}; a store whose LIST misses a completed PUT cannot "
+            "be audited (PROTOCOL §3.6)"
+        )
+    detail = "If-None-Match and If-Match are enforced"
+    if not etags.agree:
+        detail += f"; {etags.detail}: the reconciler will read back every record"
+    return ProbeResult(store.url, key, True, detail)

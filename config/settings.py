@@ -233,6 +233,13 @@ class ReconcilerSettings(_Section):
     records, so a round over every blob spans audits (`reconciler.verify`)."""
     concurrency: int = Field(default=16, ge=1)
     """Store requests in flight at once."""
+    segment_retention_s: Seconds = 3 * 24 * 3600.0
+    """Consumed index log segments are deleted once older than this and a completed
+    listing audit started after they were written (PROTOCOL §3.7). At least the GC's
+    retry horizon plus a day, the lookback and the live query's window."""
+    verify_sample_rate: float = Field(default=0.001, ge=0, le=1)
+    """Fraction of the log rows of collectors' own creates (cataloged without a request,
+    PROTOCOL §3.7) that the steady pass also reads back and compares field by field."""
     inventory_url: str | None = Field(default=None, pattern=r"^(s3|file)://.+")
     """S3 Inventory report of the store's bucket for full audits instead of listing it:
     ``s3://BUCKET/PATH`` (a ``manifest.json``, or the configuration folder whose newest
@@ -481,6 +488,25 @@ class Settings(BaseModel):
                     "store.connect_timeout_s",
                     "store.read_timeout_s",
                 ),
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _segments_outlive_their_readers(self) -> Settings:
+        # PROTOCOL §3.7: blob rows nominate orphans until the retry horizon (plus a day of
+        # slack), the steady pass re-lists its lookback, and the designated query collector
+        # follows the log over its window: no segment may go before all three are done.
+        needed = max(
+            self.gc.retry_horizon_s + 24 * 3600.0,
+            self.reconciler.lookback_s,
+            self.query.window_s,
+        )
+        if self.reconciler.segment_retention_s < needed:
+            raise CrossFieldError(
+                "reconciler.segment_retention_s",
+                f"must be >= max(gc.retry_horizon_s + 1 day, reconciler.lookback_s, "
+                f"query.window_s) = {needed:g}, got {self.reconciler.segment_retention_s:g}",
+                related=("gc.retry_horizon_s", "reconciler.lookback_s", "query.window_s"),
             )
         return self
 

@@ -26,6 +26,8 @@ import random
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import structlog
 
@@ -41,12 +43,13 @@ from store.errors import (
 )
 from store.retry import Backoff
 
-from .rows import IndexFileError, IndexRow, decode, encode
+from .rows import IndexFileError, IndexRow, decode, encode_table, table_of
 
 log = structlog.get_logger(__name__)
 DEFAULT_BACKOFF = Backoff(attempts=5, base_s=0.05, cap_s=1.0)
 RELIST_ATTEMPTS = 3
 COMPACTED_FROM = b"lightmetrics.compacted_from"
+HOUR_NS = 3600 * 1_000_000_000
 
 
 @dataclass
@@ -126,18 +129,34 @@ class CatalogWriter:
         *,
         metadata: dict[bytes, bytes] | None = None,
     ) -> str:
-        """Create one catalog file for ``hour`` holding ``rows``; returns its key.
+        """`write_table` for a few rows given as objects."""
+        return await self.write_table(hour, table_of(list(rows)), metadata=metadata)
+
+    async def write_table(
+        self,
+        hour: keys.UtcHour,
+        table: pa.Table,
+        *,
+        metadata: dict[bytes, bytes] | None = None,
+    ) -> str:
+        """Create one catalog file for ``hour`` holding ``table``'s rows (a `FILE_SCHEMA`
+        table, sorted here by key); returns its key.
 
         Raises the store's error when bounded retries did not settle the create; then no
         file was written, or one whose rows are all true (a later read counts them once).
         """
-        ordered = sorted(rows, key=lambda row: row.key)
-        for row in ordered:
-            if row.kind == "blob":
-                raise ValueError(f"blob rows are never cataloged: {row.key}")
-            if row.hour != hour:
-                raise ValueError(f"row {row.key} belongs to {row.hour}, not {hour}")
-        body = _encode_with_metadata(ordered, metadata)
+        if table.num_rows:
+            if pc.any(pc.equal(table.column("kind"), "blob")).as_py():
+                raise ValueError("blob rows are never cataloged")
+            hours = pc.unique(pc.divide(table.column("time_unix_ns"), HOUR_NS)).to_pylist()
+            if hours != [hour.start_ns // HOUR_NS]:
+                raise ValueError(
+                    f"a row belongs to hour index {hours} (unix ns // 1 h), not {hour}"
+                )
+        ordered = table.take(pc.sort_indices(table, [("key", "ascending")]))
+        if metadata:
+            ordered = ordered.replace_schema_metadata(metadata)
+        body = encode_table(ordered)
         delays = self._backoff.delays(self._rng)
         key = self._next_key(hour)
         maybe_ours = False
@@ -226,16 +245,6 @@ async def _compacted_from(store: ObjectStore, key: str) -> list[str]:
         raise IndexFileError(f"{key}: unreadable catalog file: {exc}") from None
     names = meta.get(COMPACTED_FROM, b"").decode()
     return [name for name in names.split("\n") if name]
-
-
-def _encode_with_metadata(rows: list[IndexRow], metadata: dict[bytes, bytes] | None) -> bytes:
-    if not metadata:
-        return encode(rows)
-    table = pq.read_table(io.BytesIO(encode(rows)))
-    table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
-    sink = io.BytesIO()
-    pq.write_table(table, sink, compression="zstd")
-    return sink.getvalue()
 
 
 def _is_catalog_file(key: str) -> bool:

@@ -10,18 +10,23 @@ found by the GC's listing merge.
 
 `LogPosition` is what a consumer keeps in its checkpoint: the newest first-time it has
 consumed and the names consumed within the lookback window before it. Its size is
-bounded by the segments written in one lookback window.
+bounded by the segments written in one lookback window, and it forgets names in time
+order (a heap by first time), so consuming a segment costs O(log n), never a pass over
+every name it remembers (PROTOCOL §3.9).
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+
+import pyarrow as pa
 
 from protocol import keys
 from store.base import ObjectInfo, ObjectStore
 
-from .rows import IndexRow, decode
+from .rows import IndexRow, decode, read_table
 
 NS_PER_S = 1_000_000_000
 
@@ -33,19 +38,26 @@ class LogPosition:
 
     through_ns: int = 0
     seen: set[str] = field(default_factory=set)
+    _by_time: list[tuple[int, str]] = field(default_factory=list, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._by_time = [
+            (keys.parse_index_log_segment_key(key).first_time_ns, key) for key in self.seen
+        ]
+        heapq.heapify(self._by_time)
 
     def consumed(self, key: str, first_time_ns: int, lookback_ns: int) -> None:
-        self.seen.add(key)
+        if key not in self.seen:
+            self.seen.add(key)
+            heapq.heappush(self._by_time, (first_time_ns, key))
         if first_time_ns > self.through_ns:
             self.through_ns = first_time_ns
             self._forget_before(self.through_ns - lookback_ns)
 
     def _forget_before(self, horizon_ns: int) -> None:
-        self.seen = {
-            key
-            for key in self.seen
-            if keys.parse_index_log_segment_key(key).first_time_ns >= horizon_ns
-        }
+        while self._by_time and self._by_time[0][0] < horizon_ns:
+            _time, key = heapq.heappop(self._by_time)
+            self.seen.discard(key)
 
     def to_json_obj(self) -> dict[str, object]:
         return {"through_ns": self.through_ns, "seen": sorted(self.seen)}
@@ -85,3 +97,15 @@ async def read_segment(store: ObjectStore, key: str) -> list[IndexRow]:
     when it does not decode."""
     body, _etag = await store.get(key)
     return decode(body, source=key)
+
+
+async def read_segment_table(store: ObjectStore, key: str) -> pa.Table:
+    """A segment as a `index.rows.FILE_SCHEMA` table, rows not yet checked (the steady
+    pass checks them column-wise), ``source`` set to the segment's key. Raises as
+    `read_segment`."""
+    body, _etag = await store.get(key)
+    table = read_table(body, source=key)
+    index = table.schema.get_field_index("source")
+    return table.set_column(
+        index, table.schema.field("source"), pa.repeat(pa.scalar(key, pa.string()), table.num_rows)
+    )

@@ -280,6 +280,7 @@ PROBLEM_KINDS = (
     "gc-guard",
     "unreadable-index-file",
     "raw-retention-mismatch",
+    "malformed-log-row",
 )
 
 

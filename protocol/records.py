@@ -390,6 +390,9 @@ class IndexCheckpoint(Record):
     """Cumulative counts of the steady passes (``segments``, ``accepted_rows``,
     ``records_read``, ``catalog_files``, ``markers``, ``checkpoints``): what
     ``lm-reconciler status`` turns into index requests per accepted batch."""
+    etags_attest: bool | None = None
+    """Whether the writer found the store's ETags able to attest a record (PROTOCOL §3.6);
+    False: its steady pass reads back every record. None: written before the check."""
 
 
 class RollupWorkMarker(Record):

@@ -25,7 +25,10 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from index.rows import IndexFileError, IndexRow, accepted_row, check_row, quarantine_row
 from protocol import keys
@@ -34,6 +37,8 @@ from protocol.records import AcceptedManifest, IdentityConflict, RecordError, Ro
 from . import store_calls
 from .context import ReconcilerContext
 from .problems import ProblemBook
+
+HOUR_NS = 3600 * 1_000_000_000
 
 
 @dataclass
@@ -87,20 +92,21 @@ class Cataloger:
         result = CatalogBatch()
         quarantine = is_quarantine_key(key)
         try:
-            body = await store_calls.read(self._ctx, key)
+            found = await store_calls.read_with_etag(self._ctx, key)
         except Exception as exc:
             self._ctx.metrics.store_failures.labels("catalog_read").inc()
             self._ctx.log.warning("catalog_read_failed", key=key, error=repr(exc))
             result.failed.append(key)
             return result
-        if body is None:
+        if found is None:
             result.missing += 1
             self._ctx.metrics.missing_records.inc()
             return result
         self._ctx.metrics.records_read.inc()
         kind = "unparseable-quarantine" if quarantine else "unparseable-manifest"
         try:
-            row = _verified_row(key, body, quarantine)
+            body, etag = found
+            row = replace(_verified_row(key, body, quarantine), etag=etag, source="read-back")
         except RecordError as exc:
             result.problems += 1
             await self._problems.record(kind, key, str(exc))
@@ -129,6 +135,30 @@ class Cataloger:
             metrics.catalog_files.labels("cataloged").inc()
             for row in hour_rows:
                 metrics.cataloged_rows.labels(row.kind).inc()
+        return written
+
+    async def commit_table(self, table: pa.Table) -> list[str]:
+        """`commit` for a `index.rows.FILE_SCHEMA` table: one file per hour present (the
+        hours are found column-wise; a chunk spans one or two)."""
+        if table.num_rows == 0:
+            return []
+        hour_of = pc.divide(table.column("time_unix_ns"), HOUR_NS)
+        await self._ctx.check_fence()
+        written: list[str] = []
+        metrics = self._ctx.metrics
+        for hour_index in sorted(pc.unique(hour_of).to_pylist()):
+            rows = table.filter(pc.equal(hour_of, hour_index))
+            hour = keys.UtcHour.from_unix_ns(hour_index * HOUR_NS)
+            catalog_key = await self._writer.write_table(hour, rows)
+            await self.mark_work(catalog_key, hour, rows.num_rows)
+            self._ctx.on_catalog_written(hour)
+            written.append(catalog_key)
+            self.files_written += 1
+            self.rows_written += rows.num_rows
+            metrics.catalog_files.labels("cataloged").inc()
+            kinds = pc.value_counts(rows.column("kind")).to_pylist()
+            for entry in kinds:
+                metrics.cataloged_rows.labels(entry["values"]).inc(entry["counts"])
         return written
 
     async def mark_work(self, catalog_key: str, hour: keys.UtcHour, rows: int) -> None:

@@ -54,14 +54,18 @@ class CatalogCompactor:
     def pending(self) -> int:
         return len(self._touched) + len(self._merged_at)
 
-    async def run(self, ctx: ReconcilerContext, *, force: bool = False) -> CompactionResult:
-        """Compact the settled (or crowded) hours written to; delete inputs past the grace."""
+    async def run(
+        self, ctx: ReconcilerContext, *, force: bool = False, hold_deletes: bool = False
+    ) -> CompactionResult:
+        """Compact the settled (or crowded) hours written to; delete inputs past the grace.
+        ``hold_deletes``: a running audit pinned the catalog files it reads, so no input is
+        deleted now (they wait for a later run)."""
         result = CompactionResult()
         now = ctx.clock.now_ns()
         lookback_ns = int(ctx.settings.reconciler.lookback_s * NS_PER_S)
         grace_s = ctx.settings.reconciler.catalog_grace_s
         for hour, at in sorted(self._merged_at.items()):
-            if not force and now - at < grace_s * NS_PER_S:
+            if hold_deletes or (not force and now - at < grace_s * NS_PER_S):
                 continue
             try:
                 await ctx.check_fence()

@@ -271,6 +271,10 @@ class ReconcilerContext:
     gc_memory: GcMemory = field(default_factory=lambda: GcMemory())
     """What GC runs of this process remember between runs."""
     recently_referenced: Callable[[str], bool] = field(default=lambda _sha: False)
+    etags_attest: bool = True
+    """Whether the store's ETags attest a record (PROTOCOL §3.6: PUT, HEAD and LIST give
+    one object the same ETag; `reconciler.etag_check`). False: the steady pass reads back
+    every record row."""
     """Whether a record row named this blob hash lately (`OrphanSuspects.recently_referenced`)."""
 
     @property

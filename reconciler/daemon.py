@@ -38,11 +38,13 @@ from typing import Any, TypeVar
 import structlog
 
 from config import Settings
+from protocol import keys
 from protocol.clock import Clock
 from protocol.records import AuditRecord, RecordError
 from store.base import ObjectStore
 from store.cas import CasExhausted
 from store.errors import StoreError
+from store.etag_check import check_etags
 from store.lease import LeaseHeld, LeaseLost
 from store.time import store_clock
 
@@ -50,13 +52,15 @@ from .audit import ProgressCallback, run_full_audit
 from .audit_records import latest_audit, latest_completed_audit
 from .compaction import CatalogCompactor, CompactionResult
 from .context import Fence, GcMemory, ReconcilerContext, default_owner_id
-from .gc_run import run_gc, settle_stale_deletions
+from .gc_run import latest_listing_audit, run_gc, settle_stale_deletions
 from .inventory import InventorySource
+from .log_retention import LogRetentionResult, delete_consumed_segments
 from .metrics import ReconcilerMetrics
-from .steady import OrphanSuspects, SteadyResult, SteadyScanner
+from .steady import OrphanSuspects, SteadyResult, SteadyScanner, read_checkpoint
 from .v1_index import V1DropResult, drop_v1_index
 
 log = structlog.get_logger(__name__)
+LOG_SWEEP_INTERVAL_S = 600.0  # consumed log segments are looked for this often
 T = TypeVar("T")
 
 
@@ -72,6 +76,7 @@ class PassReport:
     steady: SteadyResult | None = None
     audit: AuditRecord | None = None
     compaction: CompactionResult | None = None
+    log_retention: LogRetentionResult | None = None
     gc: Any = None
 
     @property
@@ -112,6 +117,9 @@ class Reconciler:
         self.compactor = CatalogCompactor()
         self.suspects = OrphanSuspects()
         self.gc_memory = GcMemory()
+        self._etags_attest: bool | None = None
+        self._last_log_sweep: float | None = None
+        self._audit_task: asyncio.Task[AuditRecord] | None = None
 
     @property
     def active(self) -> bool:
@@ -132,17 +140,18 @@ class Reconciler:
                 fence = await self._acquire(wait_s=None)
                 if fence is None:
                     return
-                ctx = self._context(fence)
+                ctx = await self._context_checked(fence)
                 scanner = SteadyScanner(ctx, self.suspects)
                 try:
                     while not self._stopping.is_set():
                         started = self._clock.monotonic()
-                        await self._pass(ctx, scanner, isolate_errors=True)
+                        await self._pass(ctx, scanner, isolate_errors=True, background_audit=True)
                         interval = self._settings.reconciler.loop_interval_s
                         await self._idle(ctx, interval - (self._clock.monotonic() - started))
                 except LeaseLost as exc:
                     log.warning("reconciler_now_standby", reason=str(exc))
                 finally:
+                    await self._stop_audit()
                     await self._end_term(fence)
         finally:
             self._done.set()
@@ -199,24 +208,46 @@ class Reconciler:
         if fence is None:
             raise Stopped("stopped before the lease was acquired")
         try:
-            return await work(self._context(fence))
+            return await work(await self._context_checked(fence))
         finally:
             await self._end_term(fence)
 
     # --- stages -------------------------------------------------------------------------
 
     async def _pass(
-        self, ctx: ReconcilerContext, scanner: SteadyScanner, *, isolate_errors: bool
+        self,
+        ctx: ReconcilerContext,
+        scanner: SteadyScanner,
+        *,
+        isolate_errors: bool,
+        background_audit: bool = False,
     ) -> PassReport:
+        """One pass: the steady pass, the audit when due, compaction, the GC when due.
+
+        ``background_audit`` (the daemon): a due audit starts as a task of its own and the
+        loop goes on cataloging beside it (PROTOCOL §3.9: an audit never blocks the
+        steady pass); `run_once` awaits it in line instead."""
         report = PassReport(epoch=ctx.epoch)
         report.steady = await self._stage("steady", scanner.run_pass, isolate_errors)
         if not self._stopping.is_set():
-            report.audit = await self._stage(
-                "audit", lambda: self._audit_if_due(ctx), isolate_errors
-            )
+            if background_audit:
+                await self._stage("audit", lambda: self._start_audit_if_due(ctx), isolate_errors)
+            else:
+                report.audit = await self._stage(
+                    "audit", lambda: self._audit_if_due(ctx), isolate_errors
+                )
         if not self._stopping.is_set():
+            # An audit running here pinned the catalog files it will read: compaction
+            # merges, but deletes no input until it is done (PROTOCOL §3.7 pins).
             report.compaction = await self._stage(
-                "compaction", lambda: self.compactor.run(ctx), isolate_errors
+                "compaction",
+                lambda: self.compactor.run(ctx, hold_deletes=self.audit_running),
+                isolate_errors,
+            )
+        if not self._stopping.is_set() and self._log_sweep_due():
+            self._last_log_sweep = self._clock.monotonic()
+            report.log_retention = await self._stage(
+                "log_retention", lambda: self._sweep_log(ctx, report.steady), isolate_errors
             )
         if not self._stopping.is_set() and self._gc_due():
             self._last_gc = self._clock.monotonic()
@@ -242,6 +273,35 @@ class Reconciler:
             log.exception("reconciler_stage_failed", stage=name)
             return None
 
+    @property
+    def audit_running(self) -> bool:
+        return self._audit_task is not None and not self._audit_task.done()
+
+    async def _start_audit_if_due(self, ctx: ReconcilerContext) -> None:
+        """Start a due audit as a background task (one at a time); report a finished one."""
+        task = self._audit_task
+        if task is not None and task.done():
+            self._audit_task = None
+            if not task.cancelled() and (error := task.exception()) is not None:
+                if isinstance(error, LeaseLost):
+                    raise error
+                self.metrics.stage_errors.labels("audit").inc()
+                log.error("reconciler_audit_failed", error=repr(error))
+        if self._audit_task is None and await self._audit_due(ctx):
+            self._audit_task = asyncio.create_task(
+                run_full_audit(ctx, progress=self._audit_progress, inventory=self._inventory),
+                name="reconciler-audit",
+            )
+
+    async def _stop_audit(self) -> None:
+        """End a background audit with the term (audits resume, keeping their start)."""
+        task, self._audit_task = self._audit_task, None
+        if task is not None and not task.done():
+            task.cancel()
+        if task is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
     async def _audit_if_due(self, ctx: ReconcilerContext) -> AuditRecord | None:
         if not await self._audit_due(ctx):
             return None
@@ -256,6 +316,26 @@ class Reconciler:
             return True
         interval_ns = int(self._settings.reconciler.max_audit_interval_s * 1e9)
         return completed.completed_at_unix_ns <= ctx.clock.now_ns() - interval_ns
+
+    def _log_sweep_due(self) -> bool:
+        return (
+            self._last_log_sweep is None
+            or self._clock.monotonic() - self._last_log_sweep >= LOG_SWEEP_INTERVAL_S
+        )
+
+    async def _sweep_log(
+        self, ctx: ReconcilerContext, steady: SteadyResult | None
+    ) -> LogRetentionResult:
+        """Delete consumed segments (`reconciler.log_retention`): one short LIST a sweep."""
+        checkpoint = steady.checkpoint if steady is not None else None
+        if checkpoint is None:
+            checkpoint = await read_checkpoint(ctx.store)
+        audit = await latest_listing_audit(ctx.store)
+        return await delete_consumed_segments(
+            ctx,
+            log_through_ns=checkpoint.log_through_ns if checkpoint else 0,
+            audit_started_ns=audit.started_at_unix_ns if audit else None,
+        )
 
     def _gc_due(self) -> bool:
         if self._last_gc is None:
@@ -318,7 +398,21 @@ class Reconciler:
         if not fence.lost:
             await fence.release()
 
-    def _context(self, fence: Fence) -> ReconcilerContext:
+    async def _context_checked(self, fence: Fence) -> ReconcilerContext:
+        """`_context`, after checking (once per process) whether the store's ETags attest a
+        record (PROTOCOL §3.6); unknown (the store did not answer) counts as no."""
+        if self._etags_attest is None:
+            try:
+                check = await check_etags(self._store, keys.PROBE_PREFIX + "reconciler-")
+            except StoreError as exc:
+                log.warning("etag_check_failed", error=str(exc))
+                return self._context(fence, etags_attest=False)
+            self._etags_attest = check.agree
+            if not check.agree:
+                log.warning("store_etags_cannot_attest", detail=check.detail)
+        return self._context(fence, etags_attest=self._etags_attest)
+
+    def _context(self, fence: Fence, *, etags_attest: bool = True) -> ReconcilerContext:
         return ReconcilerContext(
             store=self._store,
             clock=self._clock,
@@ -333,6 +427,7 @@ class Reconciler:
             gc_suspects=self.suspects.take_older_than,
             gc_memory=self.gc_memory,
             recently_referenced=self.suspects.recently_referenced,
+            etags_attest=etags_attest,
         )
 
     # --- waiting ------------------------------------------------------------------------

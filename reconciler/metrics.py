@@ -70,6 +70,21 @@ class ReconcilerMetrics:
             ["origin"],
             registry=r,
         )
+        self.log_segments_deleted = Counter(
+            "lm_reconciler_log_segments_deleted",
+            "Consumed index log segments deleted past reconciler.segment_retention_s",
+            registry=registry,
+        )
+        self.malformed_log_rows = Counter(
+            "lm_reconciler_malformed_log_rows",
+            "Index log rows that broke a rule (never cataloged; a problem names the segment)",
+            registry=registry,
+        )
+        self.catalog_mismatches = Counter(
+            "lm_reconciler_catalog_mismatches",
+            "Log rows whose fields differed from the store's record (superseded; a collector bug)",
+            registry=registry,
+        )
         self.missing_records = Counter(
             "lm_reconciler_missing_records",
             "Records a log row named that do not exist (a collector's claim the store "

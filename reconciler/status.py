@@ -96,6 +96,7 @@ class ReconcilerStatus:
                 "segments_behind": self.segments_behind,
                 "lag_seconds": round(self.lag_seconds, 3),
                 "totals": dict(checkpoint.totals) if checkpoint else {},
+                "etags_attest": checkpoint.etags_attest if checkpoint else None,
             },
             "catalog": {
                 "hours": self.catalog_hours,
@@ -141,6 +142,15 @@ class ReconcilerStatus:
             f"catalog         {cat['hours']} hours in {cat['files']} files; "
             f"{cat['rollup_work_markers']} rollup work markers waiting"
         )
+        if log["etags_attest"] is False:
+            lines.append(
+                "store ETags     PUT, HEAD and LIST disagree: the steady pass reads back "
+                "every record (PROTOCOL §3.6)"
+            )
+        totals = log["totals"]
+        if totals.get("accepted_rows"):
+            read = totals.get("records_read", 0) / totals["accepted_rows"]
+            lines.append(f"read-backs      {read:.4f} record GETs per accepted row")
         cost = doc["index_requests_per_batch"]
         lines.append(
             "index cost      "

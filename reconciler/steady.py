@@ -1,22 +1,34 @@
-"""The steady pass: catalog what the collectors' log segments name (PROTOCOL §3.7).
+"""The steady pass: catalog what the collectors' log segments name (PROTOCOL §3.7, §3.9).
 
 Each pass lists the log from its durable position (`index.log_reader`: from the newest
 consumed segment's time minus ``reconciler.lookback_s``, skipping consumed names), reads
-each new segment once, GETs each record its ``accepted``/``quarantine`` rows name once
-(a key already cataloged by this process within the lookback is not read again), and
-writes what it verified as catalog files with their rollup work markers
-(`reconciler.cataloger`). Only then does the checkpoint (`IndexCheckpoint`, CAS under the
-lease epoch) move past those segments, so a crash re-reads at most one chunk.
+the new segments ``reconciler.concurrency`` at a time as Arrow tables, and sorts each
+chunk's rows column-wise (`reconciler.steady_rows`):
 
-``blob`` rows feed `OrphanSuspects`: a blob whose hash no ``accepted``/``quarantine`` row
-has named is a GC candidate once it is older than the retry horizon (the GC marks it;
-only an audit's listing can prove it unreferenced, PROTOCOL §3.5). Suspects live in
-memory, bounded: a restart or an overflow loses some, and the audit's listing merge
-finds those orphans instead.
+- rows of a collector's own create answered 200 (``own_create`` with the store's
+  ``etag``) are cataloged as they are, **with no request**; a sample of them
+  (``reconciler.verify_sample_rate``) is read back and compared field by field, and a
+  difference is cataloged from the store's record as a superseding row (a
+  ``catalog-mismatch`` event: a collector bug);
+- rows from a read (duplicates, re-sends, unknown outcomes, conflicts; ~1 % of batches)
+  and rows written before ``own_create`` existed are read back once unless their key was
+  cataloged lately;
+- malformed rows are a ``malformed-log-row`` problem (subject: the segment), never
+  cataloged: the audit finds their records;
+- ``blob`` rows feed `OrphanSuspects` (columns too).
 
-Requests per pass grow with the new segments and records, never with history: one LIST
-from the position, one GET per segment, one GET per new record, one catalog file and
-one marker per hour touched per chunk, one checkpoint write per chunk.
+Catalog rows carry ``source`` (the segment's key, or ``read-back``) and the batch's point
+times from the log row. The catalog files of a chunk and their rollup work markers are
+written (`reconciler.cataloger`) before the checkpoint (`IndexCheckpoint`, CAS under the
+lease epoch) moves past its segments, so a crash re-reads at most one chunk.
+
+When the store's ETags cannot attest a record (PROTOCOL §3.6: PUT, HEAD and LIST disagree;
+``ReconcilerContext.etags_attest``), every record row is read back, as before this change.
+
+Requests per pass grow with the new segments and the read-derived rows, never with history:
+one LIST from the position, one GET per segment, one GET per read-derived key and per
+sampled row, one catalog file and one marker per hour touched per chunk, one checkpoint
+write per chunk. CPU per batch: a few microseconds (Arrow), plus a BLAKE2b of each key.
 
 The position never moves past the store's present (a collector whose clock runs ahead
 must not make the pass skip other collectors' segments); a segment from the future is
@@ -25,26 +37,49 @@ remembered by name instead.
 
 from __future__ import annotations
 
-import hashlib
+import asyncio
+import random
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from index.log_reader import LogPosition, new_segments, read_segment
-from index.rows import IndexFileError
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from index.log_reader import LogPosition, new_segments, read_segment_table
+from index.row_checks import first_problems
+from index.rows import FILE_SCHEMA, IndexFileError, IndexRow, rows_of, table_of
 from protocol import keys
 from protocol.records import IndexCheckpoint, RecordError
 from store.base import ObjectStore
 from store.cas import update_object
 from store.errors import NotFound, StoreError
+from store.etag_check import normalized_etag
 from store.lease import LeaseLost
 
-from .cataloger import CatalogBatch, Cataloger
+from .cataloger import Cataloger
 from .context import ReconcilerContext
 from .problems import ProblemBook
+from .steady_rows import RecentKeys, digest_words, sort_chunk
+from .suspects import OrphanSuspects
 
-CHUNK_RECORDS = 2_000  # records read and cataloged before the checkpoint moves
-MAX_SUSPECTS = 1_000_000
+CHUNK_ROWS = 50_000  # log rows cataloged before the checkpoint moves
+READ_AHEAD = 64  # segments listed before they are read (concurrently) as one group
 NS_PER_S = 1_000_000_000
+COMPARED_FIELDS = (
+    "kind",
+    "frame_sha256",
+    "accepted_frame_sha256",
+    "raw_blob_key",
+    "agent_id",
+    "boot_id",
+    "seq_start",
+    "seq_end",
+    "record_count",
+    "frame_bytes",
+    "time_unix_ns",
+)
+
+__all__ = ["OrphanSuspects", "SteadyResult", "SteadyScanner", "read_checkpoint"]
 
 
 @dataclass
@@ -52,8 +87,11 @@ class SteadyResult:
     accepted_rows: int = 0
     segments_read: int = 0
     records_read: int = 0
+    rows_attested: int = 0
     rows_cataloged: int = 0
     catalog_files: int = 0
+    mismatches: int = 0
+    malformed: int = 0
     missing: int = 0
     problems: int = 0
     failed: int = 0
@@ -61,50 +99,11 @@ class SteadyResult:
     checkpoint: IndexCheckpoint | None = None
 
 
-class OrphanSuspects:
-    """Blob hashes from ``blob`` rows that no record row has referenced yet (bounded)."""
-
-    def __init__(self, max_entries: int = MAX_SUSPECTS) -> None:
-        self._max = max_entries
-        self._created: dict[str, int] = {}
-        self._recent_refs: dict[str, int] = {}
-        self.dropped = 0
-
-    def __len__(self) -> int:
-        return len(self._created)
-
-    def blob(self, sha: str, created_ns: int) -> None:
-        if sha in self._recent_refs or sha in self._created:
-            return
-        if len(self._created) >= self._max:
-            self.dropped += 1
-            return
-        self._created[sha] = created_ns
-
-    def referenced(self, sha: str, at_ns: int) -> None:
-        self._created.pop(sha, None)
-        if len(self._recent_refs) < self._max:
-            self._recent_refs[sha] = at_ns
-
-    def forget_refs_before(self, horizon_ns: int) -> None:
-        self._recent_refs = {s: t for s, t in self._recent_refs.items() if t >= horizon_ns}
-
-    def recently_referenced(self, sha: str) -> bool:
-        return sha in self._recent_refs
-
-    def take_older_than(self, horizon_ns: int) -> list[tuple[str, int]]:
-        """Hand over (and forget) the suspects created before ``horizon_ns``."""
-        taken = sorted((s, t) for s, t in self._created.items() if t < horizon_ns)
-        for sha, _created in taken:
-            del self._created[sha]
-        return taken
-
-
 @dataclass
 class _Chunk:
-    record_keys: list[str] = field(default_factory=list)
+    tables: list[pa.Table] = field(default_factory=list)
     segments: list[tuple[str, int]] = field(default_factory=list)
-    accepted_rows: int = 0
+    rows: int = 0
 
 
 async def read_checkpoint(store: ObjectStore) -> IndexCheckpoint | None:
@@ -120,8 +119,9 @@ class SteadyScanner:
     def __init__(self, ctx: ReconcilerContext, suspects: OrphanSuspects | None = None) -> None:
         self._ctx = ctx
         self.suspects = suspects if suspects is not None else OrphanSuspects()
-        self._recent_keys: dict[int, int] = {}  # digest of a cataloged key -> its row time
+        self._recent = RecentKeys()  # keys cataloged within the lookback
         self._position: LogPosition | None = None  # as last saved by this scanner
+        self._rng = random.Random(ctx.rng.getrandbits(64))
 
     @property
     def _lookback_ns(self) -> int:
@@ -135,98 +135,145 @@ class SteadyScanner:
         cataloger = Cataloger(ctx, problems)
         chunk = _Chunk()
         now_ns = ctx.clock.now_ns()
+        group: list[tuple[str, int]] = []
+        going = True
+
+        async def read_group() -> bool:
+            """Read the listed group into the chunk, committing full chunks; False stops."""
+            nonlocal chunk
+            tables = await self._read_segments([key for key, _ in group], problems, result)
+            for (key, first_ns), table in zip(group, tables, strict=False):
+                chunk.segments.append((key, first_ns))  # None: consumed, without rows
+                if table is not None:
+                    chunk.tables.append(table)
+                    chunk.rows += table.num_rows
+                if chunk.rows >= CHUNK_ROWS:
+                    committed = await self._commit(
+                        chunk, position, cataloger, problems, result, now_ns
+                    )
+                    chunk = _Chunk()
+                    if not committed:
+                        return False
+            if len(tables) < len(group):
+                result.complete = False
+                return False
+            return True
+
         async for info, name in new_segments(
             ctx.store, position, lookback_s=ctx.settings.reconciler.lookback_s
         ):
             if ctx.stopping.is_set():
                 result.complete = False
                 break
-            if not await self._read_into(chunk, info.key, problems, result):
-                result.complete = False
-                break
-            chunk.segments.append((info.key, name.first_time_ns))
-            if len(chunk.record_keys) >= CHUNK_RECORDS:
-                committed = await self._commit(chunk, position, cataloger, result, now_ns)
-                chunk = _Chunk()
-                if not committed:
+            group.append((info.key, name.first_time_ns))
+            if len(group) >= READ_AHEAD:
+                going = await read_group()
+                group = []
+                if not going:
                     break
-        await self._commit(chunk, position, cataloger, result, now_ns)
+        if going and group and not ctx.stopping.is_set():
+            await read_group()
+        await self._commit(chunk, position, cataloger, problems, result, now_ns)
         self.suspects.forget_refs_before(now_ns - self._lookback_ns)
-        self._forget_keys_before(now_ns - self._lookback_ns)
+        self._recent.forget_before(now_ns - self._lookback_ns)
         ctx.metrics.steady_passes.labels("complete" if result.complete else "incomplete").inc()
         if position.through_ns:
             ctx.metrics.log_lag.set(max(0.0, (now_ns - position.through_ns) / 1e9))
         return result
 
-    async def _read_into(
-        self, chunk: _Chunk, key: str, problems: ProblemBook, result: SteadyResult
-    ) -> bool:
-        try:
-            rows = await read_segment(self._ctx.store, key)
-        except NotFound:
-            return True  # deleted after its consumption by an earlier leader: nothing new
-        except IndexFileError as exc:
-            await problems.record("unreadable-index-file", key, str(exc))
-            result.problems += 1
-            return True  # its records are the audit's to find; never block the log on it
-        except StoreError as exc:
-            self._ctx.log.warning("log_segment_read_failed", key=key, error=str(exc))
-            self._ctx.metrics.store_failures.labels("log_segment").inc()
-            result.failed += 1
-            return False
-        result.segments_read += 1
-        self._ctx.metrics.log_segments.inc()
-        accepted = sum(row.kind == "accepted" for row in rows)
-        result.accepted_rows += accepted
-        chunk.accepted_rows += accepted
-        for row in rows:
-            if row.kind == "blob":
-                self.suspects.blob(row.frame_sha256, row.time_unix_ns)
-                continue
-            for sha in row.referenced_shas:
-                self.suspects.referenced(sha, row.time_unix_ns)
-            digest = _digest(row.key)
-            if digest not in self._recent_keys:
-                self._recent_keys[digest] = row.time_unix_ns
-                chunk.record_keys.append(row.key)
-        return True
+    async def _read_segments(
+        self, segment_keys: list[str], problems: ProblemBook, result: SteadyResult
+    ) -> list[pa.Table | None]:
+        """The segments' tables, in order, up to the first that could not be read (a store
+        error: the position stays before it). ``None``: consumed without rows (deleted
+        after an earlier leader consumed it, or undecodable: a problem)."""
+        limit = asyncio.Semaphore(self._ctx.settings.reconciler.concurrency)
+
+        async def one(key: str) -> pa.Table | BaseException | None:
+            async with limit:
+                try:
+                    return await read_segment_table(self._ctx.store, key)
+                except NotFound:
+                    return None
+                except IndexFileError as exc:
+                    await problems.record("unreadable-index-file", key, str(exc))
+                    result.problems += 1
+                    return None  # its records are the audit's to find: never block the log
+                except StoreError as exc:
+                    return exc
+
+        answers = await asyncio.gather(*(one(key) for key in segment_keys))
+        tables: list[pa.Table | None] = []
+        for key, answer in zip(segment_keys, answers, strict=True):
+            if isinstance(answer, BaseException):
+                self._ctx.log.warning("log_segment_read_failed", key=key, error=str(answer))
+                self._ctx.metrics.store_failures.labels("log_segment").inc()
+                result.failed += 1
+                break
+            if answer is not None:
+                result.segments_read += 1
+                self._ctx.metrics.log_segments.inc()
+            tables.append(answer)
+        return tables
 
     async def _commit(
         self,
         chunk: _Chunk,
         position: LogPosition,
         cataloger: Cataloger,
+        problems: ProblemBook,
         result: SteadyResult,
         now_ns: int,
     ) -> bool:
         if not chunk.segments:
             return True
-        try:
-            batch: CatalogBatch = await cataloger.read(chunk.record_keys)
-        except BaseException:
-            for key in chunk.record_keys:  # not cataloged: read them again next pass
-                self._recent_keys.pop(_digest(key), None)
-            raise
-        result.records_read += len(chunk.record_keys)
+        ctx = self._ctx
+        table = pa.concat_tables(chunk.tables) if chunk.tables else FILE_SCHEMA.empty_table()
+        accepted = int(pc.sum(pc.equal(table.column("kind"), "accepted")).as_py() or 0)
+        result.accepted_rows += accepted
+        sorted_rows = sort_chunk(
+            table,
+            self._recent,
+            sample_rate=ctx.settings.reconciler.verify_sample_rate,
+            rng=self._rng,
+            attest=ctx.etags_attest,
+        )
+        await self._report_malformed(sorted_rows.malformed, problems, result)
+        self._note_references(table, sorted_rows.blobs)
+        to_read = pa.concat_tables([sorted_rows.read_back, sorted_rows.sample])
+        read_keys = to_read.column("key").to_pylist()
+        batch = await cataloger.read(read_keys)
+        result.records_read += len(read_keys)
         result.missing += batch.missing
         result.problems += batch.problems
         if batch.failed:
-            for key in batch.failed:  # read again next pass
-                self._recent_keys.pop(_digest(key), None)
             result.failed += len(batch.failed)
             result.complete = False
+        superseding, mismatched = self._compare_sample(sorted_rows.sample, batch.rows)
+        result.mismatches += len(mismatched)
+        attested = sorted_rows.attested
+        if mismatched:
+            keep = pc.invert(pc.is_in(attested.column("key"), value_set=pa.array(mismatched)))
+            attested = attested.filter(keep)
+        sampled = set(sorted_rows.sample.column("key").to_pylist())
+        read_rows = [row for row in batch.rows if row.key not in sampled]
+        catalog = pa.concat_tables(
+            [attested, self._read_back_table(read_rows, sorted_rows.read_back), superseding]
+        )
         try:
-            written = await cataloger.commit(batch.rows)
+            written = await cataloger.commit_table(catalog)
         except StoreError as exc:
-            self._ctx.log.warning("catalog_write_failed", error=str(exc))
-            self._ctx.metrics.store_failures.labels("catalog_write").inc()
-            for key in chunk.record_keys:
-                self._recent_keys.pop(_digest(key), None)
+            ctx.log.warning("catalog_write_failed", error=str(exc))
+            ctx.metrics.store_failures.labels("catalog_write").inc()
             result.failed += 1
             result.complete = False
             return False
-        result.rows_cataloged += len(batch.rows)
+        result.rows_attested += attested.num_rows
+        result.rows_cataloged += catalog.num_rows
         result.catalog_files += len(written)
+        self._recent.add(
+            digest_words(catalog), catalog.column("time_unix_ns").to_numpy(zero_copy_only=False)
+        )
         if batch.failed:
             return False  # the position stays before these segments: read them again
         lookback = self._lookback_ns
@@ -234,8 +281,8 @@ class SteadyScanner:
             position.consumed(key, min(first_ns, now_ns), lookback)
         totals = {
             "segments": len(chunk.segments),
-            "accepted_rows": chunk.accepted_rows,
-            "records_read": len(chunk.record_keys),
+            "accepted_rows": accepted,
+            "records_read": len(read_keys),
             "catalog_files": len(written),
             "markers": len(written),
             "checkpoints": 1,
@@ -245,6 +292,69 @@ class SteadyScanner:
         # next pass (no GET) unless the save failed, which leaves memory ahead of the store.
         self._position = position if result.checkpoint is not None else None
         return result.checkpoint is not None
+
+    def _note_references(self, table: pa.Table, blobs: pa.Table) -> None:
+        """Blob rows become suspects unless a record row of the chunk names the hash."""
+        records = table.filter(pc.not_equal(table.column("kind"), "blob"))
+        times = records.column("time_unix_ns")
+        self.suspects.add_references(records.column("frame_sha256"), times)
+        quarantine = records.filter(pc.is_valid(records.column("accepted_frame_sha256")))
+        self.suspects.add_references(
+            quarantine.column("accepted_frame_sha256"), quarantine.column("time_unix_ns")
+        )
+        self.suspects.add_blobs(blobs.column("frame_sha256"), blobs.column("time_unix_ns"))
+
+    async def _report_malformed(
+        self, malformed: pa.Table, problems: ProblemBook, result: SteadyResult
+    ) -> None:
+        if malformed.num_rows == 0:
+            return
+        result.malformed += malformed.num_rows
+        self._ctx.metrics.malformed_log_rows.inc(malformed.num_rows)
+        for segment in pc.unique(malformed.column("source")).to_pylist():
+            rows = malformed.filter(pc.equal(malformed.column("source"), segment))
+            detail = "; ".join(first_problems(rows, pa.repeat(False, rows.num_rows), 3))
+            await problems.record(
+                "malformed-log-row", segment, f"{rows.num_rows} malformed row(s): {detail}"
+            )
+            result.problems += 1
+
+    def _compare_sample(self, sample: pa.Table, read: list[IndexRow]) -> tuple[pa.Table, list[str]]:
+        """Sampled attested rows against the store's records: the superseding rows (from
+        the store) and the keys whose fields differed."""
+        if sample.num_rows == 0:
+            return FILE_SCHEMA.empty_table(), []
+        stored = {row.key: row for row in read}
+        superseding: list[IndexRow] = []
+        for claim in rows_of(sample):
+            truth = stored.get(claim.key)
+            if truth is None:
+                continue  # missing or failed: counted by the read; the claim stays
+            differs = [f for f in COMPARED_FIELDS if getattr(claim, f) != getattr(truth, f)]
+            if normalized_etag(claim.etag) != normalized_etag(truth.etag):
+                differs.append("etag")
+            if differs:
+                self._ctx.log.error(
+                    "catalog_mismatch", key=claim.key, source=claim.source, fields=differs
+                )
+                self._ctx.metrics.catalog_mismatches.inc()
+                superseding.append(_with_times(truth, claim, "read-back"))
+        return table_of(superseding), [row.key for row in superseding]
+
+    def _read_back_table(self, read: list[IndexRow], claims: pa.Table) -> pa.Table:
+        """Rows read from the store, with ``source`` and the point times of the log row
+        that named them (same hash: the same frame)."""
+        if not read:
+            return FILE_SCHEMA.empty_table()
+        by_key = {
+            row.key: row
+            for row in rows_of(
+                claims.filter(
+                    pc.is_in(claims.column("key"), value_set=pa.array([r.key for r in read]))
+                )
+            )
+        }
+        return table_of([_with_times(row, by_key.get(row.key), "read-back") for row in read])
 
     async def _position_at_start(self) -> LogPosition:
         """Where the log was consumed through: the stored checkpoint, read once a term."""
@@ -281,6 +391,7 @@ class SteadyScanner:
                 updated_at_unix_ns=now,
                 owner_epoch=epoch,
                 totals=dict(totals),
+                etags_attest=ctx.etags_attest,
             ).to_json()
 
         await ctx.check_fence()
@@ -305,9 +416,13 @@ class SteadyScanner:
         ctx.metrics.note_checkpoint(checkpoint.updated_at_unix_ns)
         return checkpoint
 
-    def _forget_keys_before(self, horizon_ns: int) -> None:
-        self._recent_keys = {d: t for d, t in self._recent_keys.items() if t >= horizon_ns}
 
-
-def _digest(key: str) -> int:
-    return int.from_bytes(hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest(), "big")
+def _with_times(truth: IndexRow, claim: IndexRow | None, source: str) -> IndexRow:
+    """The store's row, with the point times of a log row naming the same frame."""
+    same = claim is not None and claim.frame_sha256 == truth.frame_sha256
+    return replace(
+        truth,
+        source=source,
+        min_ts_ns=claim.min_ts_ns if same and claim is not None else None,
+        max_ts_ns=claim.max_ts_ns if same and claim is not None else None,
+    )

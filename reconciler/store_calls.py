@@ -64,13 +64,18 @@ async def _retrying(
 
 async def read(ctx: ReconcilerContext, key: str) -> bytes | None:
     """The body at ``key``, or ``None`` when absent."""
+    found = await read_with_etag(ctx, key)
+    return None if found is None else found[0]
 
-    async def call() -> bytes | None:
+
+async def read_with_etag(ctx: ReconcilerContext, key: str) -> tuple[bytes, str] | None:
+    """The body at ``key`` and its ETag, or ``None`` when absent."""
+
+    async def call() -> tuple[bytes, str] | None:
         try:
-            body, _etag = await ctx.store.get(key)
+            return await ctx.store.get(key)
         except NotFound:
             return None
-        return body
 
     return await _retrying(ctx, "get", key, call)  # safe to repeat: a read
 

@@ -61,14 +61,15 @@ BUG_1_WORLD = SimConfig(
 """With "no mark" taken as "the blob stays" (`collector.blob_survival.keep_existing_blob`
 returning at once when it reads no mark): t=22.06 s a manifest is created while its
 raw blob is missing."""
-BUG_2_WORLD = SimConfig(seed=176, connect_timeout_s=2.0, late_rate=0.1)
+BUG_2_WORLD = SimConfig(seed=179, connect_timeout_s=2.0, late_rate=0.1)
 """A world where a raw-blob DELETE lands late and a blob is re-created after a deletion.
 Seed 164 (which ended in a violation with the bug put back: t=24.91 s the GC deleted a
 referenced raw blob) no longer has both once the request-cost changes of 2026-11-23
 moved the world's timing; 175 was chosen as the first later seed that has both, and was
 not re-checked against the reinstated bug. Raw retention (2026-11-26: every audit reads
 its state) moved the timing again; 176 is the first later seed that has both, likewise
-not re-checked against the reinstated bug."""
+not re-checked against the reinstated bug. The store-attested steady pass (2026-11-27: no
+read-back of own creates) moved it again; 179 is the first later seed with both."""
 
 worlds = st.builds(
     SimConfig,

@@ -1,0 +1,94 @@
+"""Deleting consumed index log segments (PROTOCOL §3.7, §3.9: the log does not grow without
+bound).
+
+A segment is deleted once all of these hold:
+
+- it is older than ``reconciler.segment_retention_s`` in store time (LastModified, lower
+  bound: an object never looks older than it is). The retention is at least the GC's
+  retry horizon plus a day (blob rows nominate orphans until then), the steady pass's
+  lookback and the live query's window (the designated query collector follows the log),
+  checked when settings load;
+- its first time lies before the steady pass's position minus its lookback: the pass has
+  consumed it, or will never list it again (a segment that came later still is the audit's
+  to find);
+- a completed *listing* audit started after it was written (its LastModified): every
+  record its rows name existed then, so that audit catalogued it, and every blob it named
+  was listed and joined (the orphan file).
+
+Segment names start with their first time, so the oldest segments come first in a
+listing: each run lists from the start of ``index/v1/log/`` and stops at the first segment
+too young to go. Since everything before it was deleted by earlier runs, a run lists the
+deletable segments plus one page, never the retained history again and again. Deletes
+run ``reconciler.concurrency`` at a time, after a fence check; each is a plain DELETE of
+an immutable object nobody writes again (repeating one is harmless).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from protocol import keys
+from store.errors import NotFound, StoreError
+
+from .context import ReconcilerContext
+
+NS_PER_S = 1_000_000_000
+MAX_PER_RUN = 100_000
+
+
+@dataclass
+class LogRetentionResult:
+    deleted: int = 0
+    failed: int = 0
+    oldest_kept: str | None = None
+
+
+async def delete_consumed_segments(
+    ctx: ReconcilerContext, *, log_through_ns: int, audit_started_ns: int | None
+) -> LogRetentionResult:
+    """Delete the segments PROTOCOL §3.7 lets go (module docstring). ``log_through_ns``: the
+    steady pass's position; ``audit_started_ns``: the start of the latest completed listing
+    audit (None: nothing may go yet)."""
+    result = LogRetentionResult()
+    if audit_started_ns is None or not log_through_ns:
+        return result
+    settings = ctx.settings.reconciler
+    now_ns = ctx.clock.now_ns()
+    old_before = now_ns - int(settings.segment_retention_s * NS_PER_S)
+    consumed_before = log_through_ns - int(settings.lookback_s * NS_PER_S)
+    doomed: list[str] = []
+    async for info in ctx.store.list(keys.INDEX_LOG_PREFIX):
+        try:
+            name = keys.parse_index_log_segment_key(info.key)
+        except keys.KeyFormatError:
+            continue  # not a segment: never ours to delete
+        if name.first_time_ns >= consumed_before or name.first_time_ns >= old_before:
+            result.oldest_kept = info.key
+            break  # names sort by first time: every later segment is younger still
+        if info.last_modified_ns >= min(old_before, audit_started_ns):
+            continue  # written late (a straggler): kept until an audit and the age pass it
+        doomed.append(info.key)
+        if len(doomed) >= MAX_PER_RUN:
+            break
+    if not doomed:
+        return result
+    await ctx.check_fence()
+    limit = asyncio.Semaphore(settings.concurrency)
+
+    async def delete(key: str) -> None:
+        async with limit:
+            try:
+                await ctx.store.delete(key)
+                result.deleted += 1
+            except NotFound:
+                result.deleted += 1
+            except StoreError as exc:
+                result.failed += 1
+                ctx.log.warning("log_segment_delete_failed", key=key, error=str(exc))
+
+    await asyncio.gather(*(delete(key) for key in doomed))
+    ctx.metrics.log_segments_deleted.inc(result.deleted)
+    if result.deleted:
+        ctx.log.info("log_segments_deleted", deleted=result.deleted, failed=result.failed)
+    return result

@@ -1,0 +1,143 @@
+"""The steady pass's column-wise sorting of log rows (PROTOCOL §3.7, §3.9).
+
+A chunk of log segments arrives as one Arrow table (`index.rows.FILE_SCHEMA`). `sort_chunk`
+splits it, with no Python object per row, into:
+
+- ``blobs``: well-formed ``blob`` rows (the orphan suspects' input);
+- ``attested``: ``accepted``/``quarantine`` rows from a collector's own create answered 200
+  (``own_create`` with an ``etag``): cataloged as they are, no request; a sample of them
+  (``verify_sample_rate``) is also read back and compared field by field;
+- ``read_back``: the keys of the other record rows (a duplicate, a re-send, an unknown
+  outcome, a conflict, or a row written before ``own_create`` existed), deduplicated and
+  minus those cataloged lately (`RecentKeys`) or attested in this chunk: each is read from
+  the store once;
+- ``malformed``: rows that break a rule of `index.row_checks` (never cataloged: the audit
+  finds their records).
+
+``key_digest`` is recomputed for every row that is cataloged: the audit joins on it, and a
+collector's claim is not the store's word.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from index.digests import DIGEST_BYTES, digests_from_arrow
+from index.row_checks import well_formed
+from index.rows import FILE_SCHEMA
+
+MAX_RECENT_KEYS = 20_000_000
+
+
+def with_key_digests(table: pa.Table) -> pa.Table:
+    """``table`` with ``key_digest`` computed from ``key`` (BLAKE2b-128)."""
+    digests = b"".join(
+        hashlib.blake2b(key.encode("utf-8"), digest_size=DIGEST_BYTES).digest()
+        for key in table.column("key").to_pylist()
+    )
+    column = pa.Array.from_buffers(
+        pa.binary(DIGEST_BYTES), table.num_rows, [None, pa.py_buffer(digests)]
+    )
+    index = table.schema.get_field_index("key_digest")
+    return table.set_column(index, FILE_SCHEMA.field("key_digest"), column)
+
+
+def digest_words(table: pa.Table) -> npt.NDArray[np.uint64]:
+    """The first 64 bits of each row's ``key_digest``: what `RecentKeys` compares."""
+    if table.num_rows == 0:
+        return np.zeros(0, dtype=np.uint64)
+    raw = digests_from_arrow(table.column("key_digest"))
+    return raw.view(np.uint8).reshape(-1, DIGEST_BYTES)[:, :8].copy().view(np.uint64).ravel()
+
+
+class RecentKeys:
+    """Keys cataloged within the lookback (64-bit digest prefixes and row times, NumPy), so
+    a read-derived row whose key was just cataloged is not read again. A false match
+    (2^-64 per pair) only skips a read-back the audit repeats. Bounded."""
+
+    def __init__(self, max_entries: int = MAX_RECENT_KEYS) -> None:
+        self._max = max_entries
+        self._digests = np.zeros(0, dtype=np.uint64)
+        self._times = np.zeros(0, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self._digests)
+
+    def contains(self, digests: npt.NDArray[np.uint64]) -> npt.NDArray[np.bool_]:
+        return np.isin(digests, self._digests)
+
+    def add(self, digests: npt.NDArray[np.uint64], times: npt.NDArray[np.int64]) -> None:
+        self._digests = np.concatenate([self._digests, digests])[-self._max :]
+        self._times = np.concatenate([self._times, times])[-self._max :]
+
+    def forget(self, digests: npt.NDArray[np.uint64]) -> None:
+        keep = ~np.isin(self._digests, digests)
+        self._digests, self._times = self._digests[keep], self._times[keep]
+
+    def forget_before(self, horizon_ns: int) -> None:
+        keep = self._times >= horizon_ns
+        self._digests, self._times = self._digests[keep], self._times[keep]
+
+
+@dataclass
+class SortedChunk:
+    blobs: pa.Table
+    attested: pa.Table
+    sample: pa.Table
+    read_back: pa.Table
+    """One row per key to read (the first log row naming it: its point times)."""
+    malformed: pa.Table
+
+
+def sort_chunk(
+    table: pa.Table,
+    recent: RecentKeys,
+    *,
+    sample_rate: float,
+    rng: random.Random,
+    attest: bool = True,
+) -> SortedChunk:
+    """Split a chunk (see the module docstring). ``attest=False`` (a store whose ETags
+    cannot attest a record, PROTOCOL §3.6) reads back every record row."""
+    mask = well_formed(table)
+    malformed = table.filter(pc.invert(mask))
+    good = table.filter(mask)
+    is_blob = pc.equal(good.column("kind"), "blob")
+    blobs = good.filter(is_blob)
+    records = with_key_digests(good.filter(pc.invert(is_blob)))
+    own = pc.fill_null(
+        pc.and_(records.column("own_create"), pc.is_valid(records.column("etag"))), False
+    )
+    if not attest:
+        own = pc.and_(own, pa.scalar(False))
+    attested = records.filter(own)
+    others = records.filter(pc.invert(own))
+    sample = _sample(attested, sample_rate, rng)
+    # Read each other key once: not if attested in this chunk, nor cataloged lately.
+    others = _first_per_key(others)
+    words = digest_words(others)
+    skip = recent.contains(words) | np.isin(words, digest_words(attested))
+    read_back = others.filter(pa.array(~skip))
+    return SortedChunk(blobs, attested, sample, read_back, malformed)
+
+
+def _first_per_key(table: pa.Table) -> pa.Table:
+    if table.num_rows == 0:
+        return table
+    indexed = table.append_column("_i", pa.array(np.arange(table.num_rows)))
+    first = indexed.group_by("key").aggregate([("_i", "min")]).column("_i_min")
+    return table.take(np.sort(first.to_numpy()))
+
+
+def _sample(table: pa.Table, rate: float, rng: random.Random) -> pa.Table:
+    if rate <= 0 or table.num_rows == 0:
+        return table.slice(0, 0)
+    picks = np.random.default_rng(rng.getrandbits(64)).random(table.num_rows) < rate
+    return table.filter(pa.array(picks))
