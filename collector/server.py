@@ -42,7 +42,9 @@ from .probe import probe_conditional_writes
 from .process_memory import prepare_worker_process
 from .query_setup import build_query
 from .readiness import Readiness
-from .spool import LocalSpool, SpoolLander
+from .spool import LocalSpool
+from .spool_landed import LandedMemoryError
+from .spool_lander import SpoolLander
 
 log = structlog.get_logger("collector.server")
 READ_BUFSIZE = 8 * 1024
@@ -141,7 +143,15 @@ class Worker:
         self.spool: LocalSpool | None = None
         self.lander: SpoolLander | None = None
         if s.ingest.acceptance == "local_spool":
-            self.spool = LocalSpool(s.ingest.spool_dir, max_pending_bytes=s.ingest.spool_max_bytes)
+            try:
+                self.spool = LocalSpool(
+                    s.ingest.spool_dir,
+                    max_pending_bytes=s.ingest.spool_max_bytes,
+                    retry_horizon_s=s.gc.retry_horizon_s,
+                    max_landed=s.ingest.spool_landed_max_entries,
+                )
+            except LandedMemoryError as exc:
+                raise StartupError(str(exc)) from None
             self.lander = SpoolLander(
                 spool=self.spool,
                 acceptor=self.acceptor,
@@ -246,6 +256,8 @@ class Worker:
             with contextlib.suppress(asyncio.CancelledError):
                 await lander_task  # an interrupted landing is repeated: the protocol is idempotent
             await self.lander.drain(max(1.0, deadline - time.monotonic()))
+        if self.spool is not None:
+            await self.spool.close()
         await self.index_log.stop(max(1.0, deadline - time.monotonic()))
         await self.store.close()
         stats = self.index_log.stats

@@ -1,35 +1,44 @@
 """Local spool acceptance (PROTOCOL §3.4, ``ingest.acceptance = "local_spool"``).
 
 The collector acknowledges a batch once its frame is fsync'd into a local directory, and
-a lander runs the same acceptance protocol (`collector.accept`) on spooled frames every
-``ingest.object_landing_interval_ms``. A restart lands whatever the spool still holds.
-Single collector process only: with two, each would decide acceptance locally.
+a lander (`collector.spool_lander`) runs the acceptance protocol (`collector.accept`) on
+spooled frames every ``ingest.object_landing_interval_ms``. A restart lands whatever the
+spool still holds. Single collector process only: with two, each would decide
+acceptance locally.
 
-What the answer can and cannot say here (documented trade-off of this mode):
-- ``duplicate`` is true only when the same frame is still in this spool;
-- an identity conflict is answered 409 only when the spool holds the other frame; a
-  conflict with an already landed batch is found when landing and quarantined then,
-  after the agent was told 200. The spooled frame is then removed only once a HEAD saw
-  its quarantine record (PROTOCOL §3.4: record written, blob kept); until then it stays
-  and the next round tries again (the protocol is idempotent).
+**Acknowledgement order.** Every spooled frame's file name carries a sequence number
+taken, under the spool's lock, when it was admitted; the file is fsync'd (and its
+directory) before the answer. The lander lands in that order, also after a restart (the
+names are rebuilt into the same order), so of two frames of one identity the one
+answered 200 is the one the store accepts and the one answered 409 is quarantined,
+whatever their hashes.
 
-Layout: ``<spool_dir>/pending/<identity-name>.<sha256>.lmbatch`` (written to ``tmp/``,
-fsync'd, renamed, directory fsync'd), where ``<identity-name>`` is
-`protocol.keys.identity_name` (``agent=h-<sha256>`` for agent_ids too long to spell in
-a 255-byte file name, PROTOCOL §3). Frames that cannot be decoded any more are moved to
-``<spool_dir>/unreadable/`` (same name) for an operator.
+**What the answer can say.** Each identity has a winner: the ``frame_sha256`` the spool
+landed for it (`collector.spool_landed`, remembered durably for the retry horizon), else
+its first spooled frame. A frame with the winner's hash is a duplicate (200); any other
+is a conflict (409 naming the winner, the frame spooled once so that landing quarantines
+it: record written, blob kept). The one limit (PROTOCOL §3.4): when the store held the
+identity before the spool did (another writer, or a landed memory forgotten past its
+horizon or bound), the spooled frame is quarantined when it lands although it was
+answered 200; its file is removed only once a HEAD saw the quarantine record.
 
-Admission cost does not grow with the number of spooled files (PROTOCOL §3.4): the spool
-keeps, in memory, which hashes each identity has spooled (built by one directory scan at
-start-up, kept exact under the lock by `add` and `remove`), so duplicate and conflict
-checks read no directory.
+Layout: ``<spool_dir>/pending/<identity-name>.<ack:020d>.<sha256>.lmbatch`` (written to
+``tmp/``, fsync'd, renamed, directory fsync'd), where ``<identity-name>`` is
+`protocol.keys.identity_name`, which keeps PROTOCOL §3's 255-byte rule (``agent=h-<sha256>``
+for agent_ids too long to spell in hex). Names without ``<ack>`` (written before it
+existed) land first, in name order. Frames that cannot be decoded any more, and files
+whose names are not spool names, are moved to ``<spool_dir>/unreadable/`` for an operator.
+
+Admission cost does not grow with the number of spooled files: the spool keeps, in
+memory, its files in acknowledgement order and which hashes each identity has spooled
+(built by one directory scan at start-up, kept exact by `add` and the lander's removals),
+and asks the landed memory one indexed read.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,16 +46,12 @@ from pathlib import Path
 import structlog
 
 from protocol import keys
-from protocol.clock import Clock
-from protocol.frame import FrameError, decode_header
-from store.base import ObjectStore
-from store.errors import NotFound, StoreError
 
-from .accept import AcceptanceUnavailable, Accepted, BatchAcceptor
+from .spool_landed import LandedMemory
 
 log = structlog.get_logger("collector.spool")
 SUFFIX = ".lmbatch"
-_TAIL_BYTES = 1 + 64 + len(SUFFIX)  # ".<sha256>.lmbatch"
+_TAIL_RE = r"(?:\.(\d{20}))?\.([0-9a-f]{64})" + SUFFIX.replace(".", r"\.")
 
 
 class SpoolFull(Exception):
@@ -56,28 +61,38 @@ class SpoolFull(Exception):
 @dataclass(frozen=True, slots=True)
 class SpoolAnswer:
     duplicate: bool
-    conflict_sha256: str | None  # another frame for this identity is still spooled
+    conflict_sha256: str | None  # the winner's hash, when this frame is not the winner
 
 
-def _file_name(identity: keys.BatchIdentity, sha: str) -> str:
-    return keys.identity_name(identity, f".{keys.check_sha256(sha)}{SUFFIX}")
+@dataclass(frozen=True, slots=True)
+class Spooled:
+    """One file in ``pending/``."""
+
+    path: Path
+    identity: keys.KeyIdentity
+    sha: str
+    size: int
 
 
-def _split_name(name: str) -> tuple[str, str] | None:
-    """``(identity part, sha256)`` of a spool file name; ``None`` for anything else."""
-    if not name.endswith(SUFFIX) or len(name) <= _TAIL_BYTES:
-        return None
-    sha = name[-_TAIL_BYTES + 1 : -len(SUFFIX)]
-    try:
-        keys.check_sha256(sha)
-    except keys.KeyFormatError:
-        return None
-    return (name[:-_TAIL_BYTES], sha) if name[-_TAIL_BYTES] == "." else None
+def file_name(identity: keys.BatchIdentity, ack: int, sha: str) -> str:
+    return keys.identity_name(identity, f".{ack:020d}.{keys.check_sha256(sha)}{SUFFIX}")
+
+
+def parse_file_name(name: str) -> tuple[keys.KeyIdentity, int | None, str]:
+    """``(identity, ack sequence or None, sha256)``; raises `keys.KeyFormatError`."""
+    identity, (ack, sha) = keys.parse_identity_name(name, _TAIL_RE)
+    return identity, (int(ack) if ack is not None else None), sha
 
 
 class LocalSpool:
     def __init__(
-        self, directory: Path, *, max_pending_bytes: int, max_pending_frames: int = 100_000
+        self,
+        directory: Path,
+        *,
+        max_pending_bytes: int,
+        retry_horizon_s: float,
+        max_landed: int,
+        max_pending_frames: int = 100_000,
     ) -> None:
         self.pending_dir = directory / "pending"
         self.tmp_dir = directory / "tmp"
@@ -86,76 +101,129 @@ class LocalSpool:
             made.mkdir(parents=True, exist_ok=True)
         for leftover in self.tmp_dir.iterdir():  # partial writes of a crashed process
             leftover.unlink(missing_ok=True)
+        self.landed_memory = LandedMemory(
+            directory, horizon_s=retry_horizon_s, max_entries=max_landed
+        )
+        _fsync_directory(directory)  # the memory's file, if it was just created
         self._max_bytes = max_pending_bytes
         self._max_frames = max_pending_frames
         self._lock = asyncio.Lock()
-        self._spooled: dict[str, list[str]] = {}  # identity part of the name -> hashes
+        self._files: dict[str, Spooled] = {}  # file name -> file, in acknowledgement order
+        self._spooled: dict[keys.KeyIdentity, list[str]] = {}  # hashes, in the same order
         self._bytes = 0
-        self._frames = 0
-        for path in self.pending():  # the one directory scan: at start-up
-            self._note(path.name, path.stat().st_size)
+        self._next_ack = self._scan()
+
+    def _scan(self) -> int:
+        """The one directory scan, at start-up: index ``pending/`` in acknowledgement order
+        and return the next sequence number."""
+        found: list[tuple[tuple[int, int, str], Spooled]] = []
+        for path in self.pending_dir.iterdir():
+            try:
+                identity, ack, sha = parse_file_name(path.name)
+            except keys.KeyFormatError:
+                log.error("spool_file_not_a_spool_name", path=str(path))
+                path.rename(self.unreadable_dir / path.name)
+                continue
+            order = (0, 0, path.name) if ack is None else (1, ack, "")
+            found.append((order, Spooled(path, identity, sha, path.stat().st_size)))
+        found.sort(key=lambda pair: pair[0])
+        for _, spooled in found:
+            self._note(spooled)
+        return max((order[1] + 1 for order, _ in found if order[0]), default=0)
 
     @property
     def frames(self) -> int:
-        return self._frames
+        return len(self._files)
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._bytes
 
     def pending(self) -> list[Path]:
-        return sorted(self.pending_dir.glob(f"*{SUFFIX}"))
+        """The spooled files, in acknowledgement order (read from memory, not the disk)."""
+        return [spooled.path for spooled in self._files.values()]
 
     async def add(self, identity: keys.BatchIdentity, sha: str, frame: bytes) -> SpoolAnswer:
         """Make the frame durable, or say it already is. Raises `SpoolFull`."""
-        name = _file_name(identity, sha)
-        async with self._lock:  # one writer: duplicate/conflict checks and counters stay exact
-            spooled = self._spooled.get(name[:-_TAIL_BYTES], [])
-            if sha in spooled:
+        return await self._add(identity, sha, frame)
+
+    async def _add(self, identity: keys.BatchIdentity, sha: str, frame: bytes) -> SpoolAnswer:
+        key = identity.key_identity
+        async with self._lock:  # one writer: answers and counters stay exact
+            spooled = self._spooled.get(key, [])
+            landed = await asyncio.to_thread(self.landed_memory.get, key)
+            winner = landed if landed is not None else (spooled[0] if spooled else None)
+            if sha == winner:
                 return SpoolAnswer(duplicate=True, conflict_sha256=None)
-            # A conflicting frame is spooled too: landing quarantines it (409 now, record later).
-            conflict = spooled[0] if spooled else None
-            if self._frames >= self._max_frames or self._bytes + len(frame) > self._max_bytes:
-                raise SpoolFull(f"spool holds {self._frames} frames, {self._bytes} bytes")
-            await asyncio.to_thread(self._write_durably, name, sha, frame)
-            self._note(name, len(frame))
-            return SpoolAnswer(duplicate=False, conflict_sha256=conflict)
+            if sha not in spooled:  # a conflicting frame is spooled once, to be quarantined
+                if len(self._files) >= self._max_frames or (
+                    self._bytes + len(frame) > self._max_bytes
+                ):
+                    raise SpoolFull(f"spool holds {len(self._files)} frames, {self._bytes} bytes")
+                name = file_name(identity, self._next_ack, sha)
+                self._next_ack += 1
+                await asyncio.to_thread(self._write_durably, name, sha, frame)
+                self._note(Spooled(self.pending_dir / name, key, sha, len(frame)))
+            return SpoolAnswer(duplicate=False, conflict_sha256=winner)
 
-    def _note(self, name: str, size: int) -> None:
-        parts = _split_name(name)
-        if parts is not None:
-            self._spooled.setdefault(parts[0], []).append(parts[1])
-        self._frames += 1
-        self._bytes += size
+    def _note(self, spooled: Spooled) -> None:
+        self._files[spooled.path.name] = spooled
+        self._spooled.setdefault(spooled.identity, []).append(spooled.sha)
+        self._bytes += spooled.size
 
-    def _forget(self, name: str, size: int) -> None:
-        parts = _split_name(name)
-        if parts is not None:
-            hashes = self._spooled.get(parts[0], [])
-            with contextlib.suppress(ValueError):
-                hashes.remove(parts[1])
-            if not hashes:
-                self._spooled.pop(parts[0], None)
-        self._frames -= 1
-        self._bytes -= size
+    def _forget(self, path: Path) -> None:
+        spooled = self._files.pop(path.name)
+        hashes = self._spooled.get(spooled.identity, [])
+        with contextlib.suppress(ValueError):
+            hashes.remove(spooled.sha)
+        if not hashes:
+            self._spooled.pop(spooled.identity, None)
+        self._bytes -= spooled.size
 
     def _write_durably(self, name: str, sha: str, frame: bytes) -> None:
         # Named by hash, not identity: the identity name may already use all 255 bytes.
         temporary = self.tmp_dir / f"{sha}.{os.getpid()}.tmp"
-        with temporary.open("wb") as handle:
-            handle.write(frame)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, self.pending_dir / name)
-        _fsync_directory(self.pending_dir)
+        target = self.pending_dir / name
+        try:
+            with temporary.open("wb") as handle:
+                handle.write(frame)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temporary, target)
+            _fsync_directory(self.pending_dir)
+        except BaseException:
+            # Not acknowledged: leave nothing the index does not know about.
+            temporary.unlink(missing_ok=True)
+            target.unlink(missing_ok=True)
+            raise
 
-    def remove(self, path: Path) -> None:
-        """Delete a landed (or quarantined) frame."""
-        size = path.stat().st_size
-        path.unlink()
-        self._forget(path.name, size)
+    async def landed(self, path: Path, identity: keys.KeyIdentity, sha: str, now_ns: int) -> None:
+        """The store holds ``sha`` for ``identity`` (this frame's or, for a quarantined
+        frame, the accepted one): remember it durably, then delete the spooled file."""
+        await asyncio.to_thread(self.landed_memory.remember, identity, sha, now_ns)
+        # Under the lock, and only after the memory holds it: an admission sees the frame
+        # spooled or landed, never neither.
+        async with self._lock:
+            self._drop(path, None)
 
-    def set_aside(self, path: Path) -> None:
-        """Move a frame that cannot be decoded to ``unreadable/`` for an operator."""
-        size = path.stat().st_size
-        path.rename(self.unreadable_dir / path.name)
-        self._forget(path.name, size)
+    async def set_aside(self, path: Path) -> None:
+        """Move a frame that cannot be decoded to ``unreadable/`` for an operator (or, if
+        its file is gone, forget it)."""
+        async with self._lock:
+            self._drop(path, self.unreadable_dir / path.name)
+
+    def _drop(self, path: Path, destination: Path | None) -> None:
+        """Delete (or move) a spooled file and forget it, with no await in between: a
+        cancelled lander cannot leave the index naming a file that is gone."""
+        if destination is None:
+            path.unlink(missing_ok=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                path.rename(destination)
+        self._forget(path)
+
+    async def close(self) -> None:
+        self.landed_memory.close()
 
 
 def _fsync_directory(path: Path) -> None:
@@ -164,89 +232,3 @@ def _fsync_directory(path: Path) -> None:
         os.fsync(directory)
     finally:
         os.close(directory)
-
-
-@dataclass
-class LandingReport:
-    landed: int = 0
-    duplicates: int = 0
-    conflicts: int = 0
-    unreadable: int = 0
-    deferred: int = 0
-
-
-class SpoolLander:
-    """Moves spooled frames into the store with the acceptance protocol."""
-
-    def __init__(
-        self,
-        *,
-        spool: LocalSpool,
-        acceptor: BatchAcceptor,
-        store: ObjectStore,
-        clock: Clock,
-        interval_s: float,
-    ) -> None:
-        self._spool = spool
-        self._acceptor = acceptor
-        self._store = store
-        self._clock = clock
-        self._interval_s = interval_s
-
-    async def land_once(self) -> LandingReport:
-        report = LandingReport()
-        for path in self._spool.pending():
-            frame = await asyncio.to_thread(path.read_bytes)
-            sha = hashlib.sha256(frame).hexdigest()
-            try:
-                header = decode_header(frame)
-            except FrameError as exc:  # damaged on local disk after it was acknowledged
-                log.error("spooled_frame_unreadable", path=str(path), error=str(exc))
-                self._spool.set_aside(path)
-                report.unreadable += 1
-                continue
-            try:
-                result = await self._acceptor.accept(header, frame, sha)
-            except AcceptanceUnavailable as exc:
-                log.warning("landing_deferred", error=str(exc), pending=self._spool.frames)
-                report.deferred += 1
-                break  # the store is not answering: try again next round, in order
-            if isinstance(result, Accepted):
-                report.duplicates += result.duplicate
-                report.landed += not result.duplicate
-            elif await self._recorded(result.quarantine_key):
-                report.conflicts += 1
-                log.warning("landing_found_conflict", quarantine_key=result.quarantine_key)
-            else:
-                # The agent was told 200: this frame is the only trace of the conflict.
-                log.warning("landing_conflict_not_recorded", quarantine_key=result.quarantine_key)
-                report.deferred += 1
-                continue
-            self._spool.remove(path)
-        return report
-
-    async def _recorded(self, quarantine_key: str) -> bool:
-        """Whether the quarantine record exists (a HEAD: the answer alone does not say)."""
-        try:
-            await self._store.head(quarantine_key)
-        except NotFound:
-            return False
-        except StoreError as exc:
-            log.warning("quarantine_check_failed", key=quarantine_key, error=str(exc))
-            return False
-        return True
-
-    async def run(self) -> None:
-        """Land every interval until cancelled."""
-        while True:
-            try:
-                await self.land_once()
-            except Exception:
-                log.exception("landing_failed")
-            await self._clock.sleep(self._interval_s)
-
-    async def drain(self, timeout_s: float) -> None:
-        """A last landing round on shutdown; what is left lands after the restart."""
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout_s):
-                await self.land_once()

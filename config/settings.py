@@ -193,6 +193,10 @@ class IngestSettings(_Section):
     """``local_spool`` mode: how often spooled batches are landed in the store."""
     spool_max_bytes: int = Field(default=1024 * MiB, ge=1)
     """``local_spool`` mode: past this many spooled bytes, answer 503 until landing catches up."""
+    spool_landed_max_entries: int = Field(default=10_000_000, ge=1)
+    """``local_spool`` mode: landed identities remembered (for ``gc.retry_horizon_s``) to
+    answer a later conflicting frame 409; about 95 bytes each on disk. Past it the oldest
+    are forgotten early (logged): size it for landed batches/s times the horizon."""
     probe_on_start: bool = True
     """Run the conditional-write probe (PROTOCOL.md §3.6) before serving."""
 
@@ -253,7 +257,8 @@ class GcSettings(_Section):
     dry_run: bool = False
     """Mark, wait and audit as usual, log what would be deleted, delete nothing."""
     retry_horizon_s: Seconds = 2 * 24 * 3600.0
-    """A blob younger than this is never a candidate: an agent may still retry it."""
+    """A blob younger than this is never a candidate: an agent may still retry it. A
+    ``local_spool`` collector remembers the batches it landed for as long."""
     mark_grace_s: Seconds = 600.0
     """Wait between marking a blob and trusting an audit about it; must exceed the
     longest a collector request can take (checked against the ingest budget)."""

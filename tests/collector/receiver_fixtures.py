@@ -97,7 +97,13 @@ async def in_process_collector(
         limits=limits,
         collector_id="inproc",
         receivers=receivers,
-        spool=LocalSpool(spool_dir, max_pending_bytes=1 << 30) if spool_dir else None,
+        spool=(
+            LocalSpool(
+                spool_dir, max_pending_bytes=1 << 30, retry_horizon_s=3600.0, max_landed=1000
+            )
+            if spool_dir
+            else None
+        ),
     )
     index_log.start()
     # As collector.server.Worker.run builds it: aiohttp must not inflate bodies itself.

@@ -19,7 +19,8 @@ import pytest
 from chaos.faulty_store import Fault, FaultyStore
 from collector.accept import BatchAcceptor
 from collector.launch import start_collector
-from collector.spool import LocalSpool, SpoolFull, SpoolLander
+from collector.spool import LocalSpool, SpoolFull
+from collector.spool_lander import SpoolLander
 from index.log_writer import IndexLogWriter
 from protocol import keys, records
 from protocol.clock import ManualClock
@@ -45,6 +46,12 @@ def sha(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()
 
 
+def open_spool(directory: Path, max_pending_bytes: int = 1 << 20) -> LocalSpool:
+    return LocalSpool(
+        directory, max_pending_bytes=max_pending_bytes, retry_horizon_s=3600.0, max_landed=1000
+    )
+
+
 def lander_for(spool: LocalSpool, store: object) -> SpoolLander:
     clock = ManualClock()
     acceptor = BatchAcceptor(
@@ -66,19 +73,21 @@ def lander_for(spool: LocalSpool, store: object) -> SpoolLander:
 
 
 async def test_spool_answers_new_duplicate_and_conflict_from_local_state(tmp_path: Path) -> None:
-    spool = LocalSpool(tmp_path, max_pending_bytes=1 << 20)
+    spool = open_spool(tmp_path)
     first, other = frame(1), frame(1, value=2.0)
     assert (await spool.add(identity(1), sha(first), first)).duplicate is False
     assert (await spool.add(identity(1), sha(first), first)).duplicate is True
     answer = await spool.add(identity(1), sha(other), other)
     assert answer.conflict_sha256 == sha(first)
-    assert len(spool.pending()) == 2  # the conflicting frame is kept to be quarantined
-    assert spool.pending()[0].read_bytes() in (first, other)
+    assert [p.read_bytes() for p in spool.pending()] == [first, other]  # acknowledgement order
+    # The frame answered 409 stays refused when it is sent again (before: 200 duplicate).
+    assert (await spool.add(identity(1), sha(other), other)).conflict_sha256 == sha(first)
+    assert spool.frames == 2  # the conflicting frame is kept (once) to be quarantined
 
 
 async def test_spool_refuses_past_its_bound_and_writes_nothing(tmp_path: Path) -> None:
     body = frame(1)
-    spool = LocalSpool(tmp_path, max_pending_bytes=len(body) + 10)
+    spool = open_spool(tmp_path, len(body) + 10)
     await spool.add(identity(1), sha(body), body)
     with pytest.raises(SpoolFull):
         await spool.add(identity(2), sha(frame(2)), frame(2))
@@ -87,7 +96,7 @@ async def test_spool_refuses_past_its_bound_and_writes_nothing(tmp_path: Path) -
 
 async def test_lander_accepts_quarantines_and_empties_the_spool(tmp_path: Path) -> None:
     store = MemoryStore()
-    spool = LocalSpool(tmp_path, max_pending_bytes=1 << 20)
+    spool = open_spool(tmp_path)
     for seq in range(5):
         await spool.add(identity(seq), sha(frame(seq)), frame(seq))
     conflicting = frame(3, value=9.0)
@@ -104,14 +113,14 @@ async def test_lander_accepts_quarantines_and_empties_the_spool(tmp_path: Path) 
 async def test_store_outage_defers_landing_and_a_new_process_lands_the_rest(tmp_path: Path) -> None:
     inner = MemoryStore()
     faulty = FaultyStore(inner, rates={"put_if_none_match": {Fault.UNAVAILABLE: 1.0}})
-    spool = LocalSpool(tmp_path, max_pending_bytes=1 << 20)
+    spool = open_spool(tmp_path)
     for seq in range(3):
         await spool.add(identity(seq), sha(frame(seq)), frame(seq))
     report = await lander_for(spool, faulty).land_once()
     assert report.deferred == 1 and len(spool.pending()) == 3
     with pytest.raises(NotFound):
         await inner.head(keys.accepted_manifest_key(identity(0)))
-    reopened = LocalSpool(tmp_path, max_pending_bytes=1 << 20)  # as after a restart
+    reopened = open_spool(tmp_path)  # as after a restart
     assert (await lander_for(reopened, inner).land_once()).landed == 3
 
 
@@ -183,7 +192,7 @@ async def test_a_128_byte_agent_id_is_spooled_and_landed(tmp_path: Path) -> None
     agent = "long-agent-".ljust(128, "z")
     body = frame(1, agent=agent)
     long_identity = keys.BatchIdentity(agent, BOOT, 1, 1)
-    spool = LocalSpool(tmp_path / "spool", max_pending_bytes=1 << 20)
+    spool = open_spool(tmp_path / "spool")
     assert not (await spool.add(long_identity, sha(body), body)).duplicate
     assert (await spool.add(long_identity, sha(body), body)).duplicate
     other = frame(1, value=5.0, agent=agent)
@@ -219,11 +228,13 @@ async def test_a_landed_conflict_keeps_its_frame_until_the_quarantine_record_exi
     """PROTOCOL §3.4: the agent was told 200, so the spooled frame is the only trace of
     the conflict; it is removed only once the quarantine record exists."""
     store = QuarantineRefusingStore()
-    spool = LocalSpool(tmp_path, max_pending_bytes=1 << 20)
     accepted, conflicting = frame(1), frame(1, value=7.0)
-    await spool.add(identity(1), sha(accepted), accepted)
-    assert (await lander_for(spool, store).land_once()).landed == 1
-    # The spool no longer knows the landed frame: the conflict is found when landing.
+    elsewhere = open_spool(tmp_path / "elsewhere")  # another writer of the same store
+    await elsewhere.add(identity(1), sha(accepted), accepted)
+    assert (await lander_for(elsewhere, store).land_once()).landed == 1
+    # The store held the identity before this spool did (PROTOCOL §3.4's one limit): the
+    # spool answers 200, and the conflict is found when landing.
+    spool = open_spool(tmp_path / "spool")
     assert (await spool.add(identity(1), sha(conflicting), conflicting)).conflict_sha256 is None
 
     report = await lander_for(spool, store).land_once()
@@ -244,10 +255,10 @@ async def test_admission_reads_no_directory(
 ) -> None:
     """PROTOCOL §3.4: admission cost does not grow with the spooled files. Before, every
     add globbed the whole pending directory under the lock (104 ms at 50k files)."""
-    spool = LocalSpool(tmp_path, max_pending_bytes=1 << 30)
+    spool = open_spool(tmp_path, 1 << 30)
     for seq in range(60):
         await spool.add(identity(seq), sha(frame(seq)), frame(seq))
-    reopened = LocalSpool(tmp_path, max_pending_bytes=1 << 30)  # knows them after a restart
+    reopened = open_spool(tmp_path, 1 << 30)  # knows them after a restart
     scans: list[str] = []
     real_glob, real_iterdir, real_scandir, real_listdir = (
         Path.glob,
