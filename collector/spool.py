@@ -32,7 +32,9 @@ whose names are not spool names, are moved to ``<spool_dir>/unreadable/`` for an
 Admission cost does not grow with the number of spooled files: the spool keeps, in
 memory, its files in acknowledgement order and which hashes each identity has spooled
 (built by one directory scan at start-up, kept exact by `add` and the lander's removals),
-and asks the landed memory one indexed read.
+and asks the landed memory one indexed read. `add` runs shielded from its caller: a
+request cancelled during the durable write does not stop the write or its bookkeeping,
+so the counters and the index always describe exactly the files in ``pending/``.
 """
 
 from __future__ import annotations
@@ -111,6 +113,7 @@ class LocalSpool:
         self._files: dict[str, Spooled] = {}  # file name -> file, in acknowledgement order
         self._spooled: dict[keys.KeyIdentity, list[str]] = {}  # hashes, in the same order
         self._bytes = 0
+        self._adding: set[asyncio.Task[SpoolAnswer]] = set()
         self._next_ack = self._scan()
 
     def _scan(self) -> int:
@@ -144,8 +147,19 @@ class LocalSpool:
         return [spooled.path for spooled in self._files.values()]
 
     async def add(self, identity: keys.BatchIdentity, sha: str, frame: bytes) -> SpoolAnswer:
-        """Make the frame durable, or say it already is. Raises `SpoolFull`."""
-        return await self._add(identity, sha, frame)
+        """Make the frame durable, or say it already is. Raises `SpoolFull`.
+
+        Runs as its own task, shielded: cancelling the caller (a client gone mid-request)
+        neither interrupts the write nor leaves a written file out of the counters."""
+        task = asyncio.ensure_future(self._add(identity, sha, frame))
+        self._adding.add(task)
+        task.add_done_callback(self._added)
+        return await asyncio.shield(task)
+
+    def _added(self, task: asyncio.Task[SpoolAnswer]) -> None:
+        self._adding.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # retrieved: no warning
+            log.debug("spool_add_failed", error=str(task.exception()))
 
     async def _add(self, identity: keys.BatchIdentity, sha: str, frame: bytes) -> SpoolAnswer:
         key = identity.key_identity
@@ -222,7 +236,10 @@ class LocalSpool:
                 path.rename(destination)
         self._forget(path)
 
-    async def close(self) -> None:
+    async def close(self, timeout_s: float = 5.0) -> None:
+        """Let admissions still writing (their requests may be gone) finish, then close."""
+        if self._adding:
+            await asyncio.wait(set(self._adding), timeout=timeout_s)
         self.landed_memory.close()
 
 

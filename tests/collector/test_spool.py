@@ -9,6 +9,7 @@ import os
 import random
 import subprocess
 import sys
+import threading
 import urllib.request
 import uuid
 from pathlib import Path
@@ -285,3 +286,38 @@ async def test_admission_reads_no_directory(
     assert not (await reopened.add(identity(400), sha(frame(400)), frame(400))).duplicate
     assert scans == []
     assert reopened.frames == 62
+
+
+async def test_a_request_cancelled_during_the_durable_write_keeps_the_spool_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 24 item 14. Before: cancelling the handler while the write ran in its thread
+    released the lock and skipped the bookkeeping, so the written file was not counted
+    and not known (a conflicting frame was answered 200), and landing it drove the
+    counters below zero."""
+    spool = open_spool(tmp_path)
+    writing, release, written = threading.Event(), threading.Event(), threading.Event()
+    real_write = spool._write_durably
+
+    def held_write(*args: Any) -> None:
+        writing.set()
+        release.wait(10)
+        real_write(*args)
+        written.set()
+
+    monkeypatch.setattr(spool, "_write_durably", held_write)
+    body, other = frame(1), frame(1, value=2.0)
+    handler = asyncio.create_task(spool.add(identity(1), sha(body), body))
+    assert await asyncio.to_thread(writing.wait, 10)
+    handler.cancel()  # the client went away mid-write
+    with pytest.raises(asyncio.CancelledError):
+        await handler
+    release.set()
+    assert await asyncio.to_thread(written.wait, 10)  # the file is in pending/
+    answer = await spool.add(identity(1), sha(other), other)
+    assert answer.conflict_sha256 == sha(body)
+    assert spool.frames == len(list(spool.pending_dir.iterdir())) == 2
+    assert spool.pending_bytes == len(body) + len(other)
+    report = await lander_for(spool, MemoryStore()).land_once()
+    assert (report.landed, report.conflicts) == (1, 1)
+    assert (spool.frames, spool.pending_bytes, spool.pending()) == (0, 0, [])
