@@ -31,10 +31,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from index.catalog import read_hour
 from protocol import keys
 from reconciler.audit_records import iter_audits_newest_first, sealed_limit_ns
-from rollup.ledger import catalog_totals
+from rollup.ledger import read_catalog_totals
 from rollup.manifest import LedgerHour, Snapshot
 from store.base import ObjectStore
 
@@ -115,8 +114,7 @@ class Coverage:
                 break
             hours.append(hour)
         for hour in hours:
-            rows = (await read_hour(self._store, hour)).accepted()
-            self._catalog[hour.iso] = catalog_totals(rows)
+            self._catalog[hour.iso] = await read_catalog_totals(self._store, hour)
         self._read_through_ns = read_through
 
     async def sealed_through_ns(self, snapshot: Snapshot | None) -> int:

@@ -47,11 +47,10 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from index.catalog import read_hour
 from protocol import keys, records
 from reconciler.audit_records import sealed_limit_ns
 from rollup.commit import load_latest
-from rollup.ledger import catalog_totals
+from rollup.ledger import read_catalog_totals
 from rollup.manifest import LedgerHour, RollupManifestError
 from store.base import ObjectInfo, ObjectStore
 from store.errors import NotFound, PreconditionFailed, StoreError
@@ -238,7 +237,7 @@ class RawRetentionAdvance:
             seen = tuple((info.key, info.etag) for info in files)
             if self._blocked == _Blocked(hour.iso, version, seen):
                 return hour, retired
-            totals = catalog_totals((await read_hour(store, hour)).accepted())
+            totals = await read_catalog_totals(store, hour)
             have = ledger.get(hour.iso)
             if totals.batches and (
                 have is None or (have.batches, have.setsum) != (totals.batches, totals.setsum)
