@@ -237,6 +237,9 @@ class ReconcilerSettings(_Section):
     records, so a round over every blob spans audits (`reconciler.verify`)."""
     concurrency: int = Field(default=16, ge=1)
     """Store requests in flight at once."""
+    audit_memory_limit_mb: int = Field(default=1024, ge=64)
+    """DuckDB's memory limit for the reconciler's out-of-core work (catalog merges, the
+    audit's joins); beyond it DuckDB spills to a temporary directory (PROTOCOL §3.9)."""
     segment_retention_s: Seconds = 3 * 24 * 3600.0
     """Consumed index log segments are deleted once older than this and a completed
     listing audit started after they were written (PROTOCOL §3.7). At least the GC's

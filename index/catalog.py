@@ -12,7 +12,7 @@ even across restarts; a 412 proves nothing about who wrote the file (unless our 
 earlier attempt's answer was lost and the body read back is ours), so the writer moves
 on to the next sequence.
 
-Compaction (`compact_hour`): reads the hour's files, writes one merged file whose
+Compaction (`index.catalog_merge.merge_files`, out of core): merges files into one whose
 Parquet metadata names its inputs, reads it back, and returns. The inputs are deleted
 later by `delete_compacted_inputs`, once the merged file is older than ``grace_s`` in
 store time (longer than any reader's listing-to-read time), exactly by the names the
@@ -88,12 +88,13 @@ async def read_file(store: ObjectStore, key: str) -> list[IndexRow]:
 
 
 async def read_hour(store: ObjectStore, hour: keys.UtcHour) -> CatalogHour:
-    """The hour's catalog: every file's rows, a key counted once."""
+    """The hour's catalog: every file's rows, a key counted once: the newest file's row
+    (PROTOCOL §3.7: names sort by epoch and sequence, so the last listed is the newest)."""
     for _attempt in range(RELIST_ATTEMPTS):
         files = await list_hour_files(store, hour)
         result = CatalogHour(hour, files=files)
         try:
-            for info in files:
+            for info in reversed(files):
                 for row in await read_file(store, info.key):
                     result.rows.setdefault(row.key, row)
         except NotFound:
@@ -156,7 +157,11 @@ class CatalogWriter:
         ordered = table.take(pc.sort_indices(table, [("key", "ascending")]))
         if metadata:
             ordered = ordered.replace_schema_metadata(metadata)
-        body = encode_table(ordered)
+        return await self.write_encoded(hour, encode_table(ordered))
+
+    async def write_encoded(self, hour: keys.UtcHour, body: bytes) -> str:
+        """Create one catalog file for ``hour`` from an encoded body (a merge's output,
+        `index.catalog_merge`); returns its key. Retries as `write_table` says."""
         delays = self._backoff.delays(self._rng)
         key = self._next_key(hour)
         maybe_ours = False
@@ -196,23 +201,6 @@ class Compaction:
     merged_key: str
     inputs: tuple[str, ...]
     rows: int
-
-
-async def compact_hour(
-    store: ObjectStore, writer: CatalogWriter, hour: keys.UtcHour
-) -> Compaction | None:
-    """Merge the hour's files into one (None when it has fewer than two)."""
-    current = await read_hour(store, hour)
-    if len(current.files) < 2:
-        return None
-    inputs = tuple(info.key for info in current.files)
-    merged = await writer.write(
-        hour, current.rows.values(), metadata={COMPACTED_FROM: "\n".join(inputs).encode()}
-    )
-    readback = await read_file(store, merged)  # IndexFileError/NotFound propagate: inputs stay
-    if {row.key for row in readback} != set(current.rows):
-        raise IndexFileError(f"{merged}: compacted file does not hold its inputs' rows")
-    return Compaction(merged, inputs, len(readback))
 
 
 async def delete_compacted_inputs(

@@ -14,6 +14,7 @@ distinct agent_id (always the hex form, as `protocol.keys.BatchIdentity.manifest
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,7 +30,7 @@ from store.errors import NotFound
 
 from .catalog import RELIST_ATTEMPTS, list_hour_files
 from .row_checks import first_problems, well_formed
-from .rows import FILE_SCHEMA, IndexFileError, read_table
+from .rows import FILE_SCHEMA, IndexFileError, iter_batches
 
 HOUR_NS = 3600 * 1_000_000_000
 
@@ -48,18 +49,31 @@ class HourTable:
 async def read_file_table(
     store: ObjectStore, key: str, columns: Sequence[str] | None = None
 ) -> pa.Table:
-    """One catalog file, checked column-wise (every row well-formed and of the file's
-    hour): `IndexFileError` otherwise, `NotFound` when gone. ``columns``: keep only these."""
+    """One catalog file, checked column-wise a batch at a time (every row well-formed and
+    of the file's hour): `IndexFileError` otherwise, `NotFound` when gone. ``columns``:
+    keep only these (what is held is the body and those columns, never the whole file)."""
     hour, _epoch, _sequence = keys.parse_index_catalog_key(key)
     body, _etag = await store.get(key)
-    table = read_table(body, source=key)
-    mask = well_formed(table)
-    if table.num_rows and not pc.all(mask).as_py():
-        raise IndexFileError(f"{key}: {first_problems(table, mask, 1)[0]}")
-    hours = pc.unique(pc.divide(table.column("time_unix_ns"), HOUR_NS)).to_pylist()
-    if table.num_rows and hours != [hour.start_ns // HOUR_NS]:
-        raise IndexFileError(f"{key}: rows of other hours than {hour}")
-    return table.select(list(columns)) if columns is not None else table
+    return await asyncio.to_thread(_checked_columns, body, key, hour, columns)
+
+
+def _checked_columns(
+    body: bytes, key: str, hour: keys.UtcHour, columns: Sequence[str] | None
+) -> pa.Table:
+    wanted = list(columns) if columns is not None else FILE_SCHEMA.names
+    kept: list[pa.RecordBatch] = []
+    hour_index = hour.start_ns // HOUR_NS
+    for batch in iter_batches(body, source=key):
+        table = pa.Table.from_batches([batch])
+        mask = well_formed(table)
+        if not pc.all(mask).as_py():
+            raise IndexFileError(f"{key}: {first_problems(table, mask, 1)[0]}")
+        hours = pc.unique(pc.divide(table.column("time_unix_ns"), HOUR_NS)).to_pylist()
+        if hours != [hour_index]:
+            raise IndexFileError(f"{key}: rows of other hours than {hour}")
+        kept.extend(table.select(wanted).to_batches())
+    schema = pa.schema([FILE_SCHEMA.field(name) for name in wanted])
+    return pa.Table.from_batches(kept, schema=schema)
 
 
 def newest_per_key(tables: Sequence[pa.Table]) -> pa.Table:
@@ -150,7 +164,7 @@ def hour_totals(accepted: pa.Table) -> HourTotals:
         {"mid": manifest_ids(accepted), "sha": accepted.column("frame_sha256").combine_chunks()}
     )
     limbs = ", ".join(f"sum(('0x' || substr(h, {1 + 8 * i}, 8))::UBIGINT)" for i in range(8))
-    with duckdb.connect() as con:
+    with duckdb.connect(config={"memory_limit": "256MB", "threads": 1}) as con:
         con.register("terms", terms)
         row = con.sql(
             f"SELECT count(*), {limbs} FROM (SELECT sha256(mid || chr(10) || sha) AS h FROM terms)"

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import io
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -243,6 +243,15 @@ def read_table(body: bytes, *, source: str) -> pa.Table:
     written are null; ``key_digest`` computed when absent). Rows are not validated here:
     `index.row_checks` does that column-wise. `IndexFileError` naming ``source`` when the
     body is not an index file."""
+    batches = list(iter_batches(body, source=source))
+    if not batches:
+        return FILE_SCHEMA.empty_table()
+    return pa.Table.from_batches(batches, schema=FILE_SCHEMA)
+
+
+def iter_batches(body: bytes, *, source: str, batch_rows: int = 65_536) -> Iterator[pa.RecordBatch]:
+    """`read_table` a batch of at most ``batch_rows`` rows at a time (bounded memory for
+    a file of a whole hour)."""
     try:
         parquet = pq.ParquetFile(io.BytesIO(body))
         present = set(parquet.schema_arrow.names)
@@ -250,19 +259,23 @@ def read_table(body: bytes, *, source: str) -> pa.Table:
         if missing:
             raise ValueError(f"missing columns {missing}")
         wanted = [n for n in FILE_SCHEMA.names if n in present]
-        table = parquet.read(columns=wanted)
-        columns = []
-        for field in FILE_SCHEMA:
-            if field.name in present:
-                columns.append(table.column(field.name).cast(field.type, safe=True))
-            elif field.name == "key_digest":
-                digests = [key_digest(k) for k in table.column("key").to_pylist()]
-                columns.append(pa.chunked_array([pa.array(digests, field.type)]))
-            else:
-                columns.append(pa.chunked_array([pa.nulls(table.num_rows, field.type)]))
-        return pa.Table.from_arrays(columns, schema=FILE_SCHEMA)
+        for batch in parquet.iter_batches(batch_size=batch_rows, columns=wanted):
+            yield _normalized(batch, present)
     except (pa.ArrowException, OSError, KeyError, ValueError, TypeError) as exc:
         raise IndexFileError(f"{source}: not an index file: {exc}") from None
+
+
+def _normalized(batch: pa.RecordBatch, present: set[str]) -> pa.RecordBatch:
+    columns = []
+    for field in FILE_SCHEMA:
+        if field.name in present:
+            columns.append(batch.column(field.name).cast(field.type, safe=True))
+        elif field.name == "key_digest":
+            digests = [key_digest(k) for k in batch.column("key").to_pylist()]
+            columns.append(pa.array(digests, field.type))
+        else:
+            columns.append(pa.nulls(batch.num_rows, field.type))
+    return pa.RecordBatch.from_arrays(columns, schema=FILE_SCHEMA)
 
 
 def check_row(row: IndexRow, *, source: str) -> None:

@@ -127,7 +127,7 @@ class Cataloger:
         for hour, hour_rows in sorted(by_hour.items()):
             catalog_key = await self._writer.write(hour, hour_rows)
             await self.mark_work(catalog_key, hour, len(hour_rows))
-            self._ctx.on_catalog_written(hour)
+            self._ctx.on_catalog_written(hour, catalog_key)
             written.append(catalog_key)
             self.files_written += 1
             self.rows_written += len(hour_rows)
@@ -151,7 +151,7 @@ class Cataloger:
             hour = keys.UtcHour.from_unix_ns(hour_index * HOUR_NS)
             catalog_key = await self._writer.write_table(hour, rows)
             await self.mark_work(catalog_key, hour, rows.num_rows)
-            self._ctx.on_catalog_written(hour)
+            self._ctx.on_catalog_written(hour, catalog_key)
             written.append(catalog_key)
             self.files_written += 1
             self.rows_written += rows.num_rows

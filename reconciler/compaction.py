@@ -1,36 +1,43 @@
-"""Catalog compaction (PROTOCOL §3.7): an hour's files merged into one, inputs deleted later.
+"""Catalog compaction (PROTOCOL §3.7, §3.9): geometric levels within an hour, one final
+merge when it settles, inputs deleted later.
 
 The steady pass writes one catalog file per hour per chunk, and audits one per chunk that
-found records missing, so an hour collects files. `CatalogCompactor` merges the files of
-an hour the reconciler wrote to once the hour is *settled* (its end is older than the
-lookback: the log will add nothing more to it but stragglers) or as soon as it holds
-more than `MAX_FILES_PER_HOUR` files, so readers (the rollup planner, the GC, the live
-query) open few files per hour. The merged file gets its own rollup work marker, like
-every catalog file.
+found records missing, so an hour collects files (level 0). `CatalogCompactor` merges
+them by levels: as soon as an hour holds `FANOUT` files of one level that this process
+knows of, they merge into one file of the next level (`index.catalog_merge`: out of
+core, in DuckDB, under ``reconciler.audit_memory_limit_mb``), so no row is rewritten more
+than a few times however busy the hour (log_FANOUT of its files), and readers (the
+rollup planner, the GC, the live query) open few files per hour. Once the hour is
+*settled* (its end is older than the lookback: the log will add nothing more to it but
+stragglers) every file of the hour — listed, so files this process did not write are
+included — merges into one. Every merged file gets its own rollup work marker.
 
 Inputs are deleted `reconciler.catalog_grace_s` (store time) after the merge — longer
 than any reader's listing-to-read time, so a reader that listed an input either reads it
 or, finding it gone, lists the hour again and finds the merged file — and only by the
-names the merged file records (`index.catalog.delete_compacted_inputs`). Hours waiting
-for that deletion are kept in memory; after a restart they are found again when the hour
-is next compacted (the merged file still names its inputs), and until then an hour's
-catalog is simply read from a few more files.
+names the merged file records (`index.catalog.delete_compacted_inputs`); never while an
+audit of this process is running (it pinned the files it reads). Levels and hours
+waiting for that deletion are kept in memory; after a restart an hour's files are
+merged when it settles, and until then it is read from a few more files.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from index.catalog import compact_hour, delete_compacted_inputs, list_hour_files
+from index.catalog import delete_compacted_inputs, list_hour_files
+from index.catalog_merge import MergeLimits, merge_files
 from index.rows import IndexFileError
 from protocol import keys
+from store.base import ObjectInfo
 from store.errors import NotFound, StoreError
 
 from .cataloger import Cataloger
 from .context import ReconcilerContext
 from .problems import ProblemBook
 
-MAX_FILES_PER_HOUR = 32
+FANOUT = 8  # files of one level that merge into one of the next
+MAX_LEVELS = 8  # 8^8 level-0 files in one hour: more than any hour holds
 NS_PER_S = 1_000_000_000
 
 
@@ -44,20 +51,23 @@ class CompactionResult:
 
 class CatalogCompactor:
     def __init__(self) -> None:
-        self._touched: dict[keys.UtcHour, int] = {}  # hour -> files written since compaction
+        self._levels: dict[keys.UtcHour, dict[str, int]] = {}  # hour -> file -> level
         self._merged_at: dict[keys.UtcHour, int] = {}  # hour -> store time of the merge
 
-    def touched(self, hour: keys.UtcHour) -> None:
-        self._touched[hour] = self._touched.get(hour, 0) + 1
+    def touched(self, hour: keys.UtcHour, catalog_key: str | None = None) -> None:
+        """A catalog file of ``hour`` was written (level 0)."""
+        files = self._levels.setdefault(hour, {})
+        if catalog_key is not None:
+            files[catalog_key] = 0
 
     @property
     def pending(self) -> int:
-        return len(self._touched) + len(self._merged_at)
+        return len(self._levels) + len(self._merged_at)
 
     async def run(
         self, ctx: ReconcilerContext, *, force: bool = False, hold_deletes: bool = False
     ) -> CompactionResult:
-        """Compact the settled (or crowded) hours written to; delete inputs past the grace.
+        """Merge full levels and settled hours; delete inputs past the grace.
         ``hold_deletes``: a running audit pinned the catalog files it reads, so no input is
         deleted now (they wait for a later run)."""
         result = CompactionResult()
@@ -76,30 +86,67 @@ class CatalogCompactor:
             except (StoreError, IndexFileError) as exc:
                 result.failed += 1
                 ctx.log.warning("catalog_input_delete_failed", hour=hour.iso, error=str(exc))
-        problems = ProblemBook(ctx)
-        cataloger = Cataloger(ctx, problems)
-        for hour in sorted(self._touched):
+        cataloger = Cataloger(ctx, ProblemBook(ctx))
+        limits = MergeLimits(memory_limit_mb=ctx.settings.reconciler.audit_memory_limit_mb)
+        for hour in sorted(self._levels):
             settled = hour.next().start_ns + lookback_ns <= now
-            if not (settled or force) and self._touched[hour] < MAX_FILES_PER_HOUR:
-                continue
             try:
-                if (
-                    not (settled or force)
-                    and len(await list_hour_files(ctx.store, hour)) <= MAX_FILES_PER_HOUR
-                ):
+                if settled or force:
+                    files = await list_hour_files(ctx.store, hour)
+                    if len(files) >= 2:
+                        level = 1 + max(self._levels[hour].values(), default=0)
+                        await self._merge(ctx, cataloger, hour, files, level, limits, result)
+                    del self._levels[hour]
                     continue
-                await ctx.check_fence()
-                compaction = await compact_hour(ctx.store, ctx.catalog_writer, hour)
-                if compaction is not None:
-                    await cataloger.mark_work(compaction.merged_key, hour, compaction.rows)
-                    ctx.metrics.catalog_files.labels("compacted").inc()
-                    self._merged_at[hour] = now
-                    result.hours_compacted += 1
-                    result.files_merged += len(compaction.inputs)
-                del self._touched[hour]
+                for _cascade in range(MAX_LEVELS):  # a merge may fill the next level
+                    full = self._full_levels(hour)
+                    if not full:
+                        break
+                    for level, files in full:
+                        await self._merge(ctx, cataloger, hour, files, level + 1, limits, result)
             except (StoreError, IndexFileError, NotFound) as exc:
                 result.failed += 1
                 ctx.log.warning("catalog_compaction_failed", hour=hour.iso, error=str(exc))
         if result.hours_compacted or result.inputs_deleted:
             ctx.log.info("catalog_compacted", **vars(result))
         return result
+
+    def _full_levels(self, hour: keys.UtcHour) -> list[tuple[int, list[ObjectInfo]]]:
+        """Each level of the hour holding `FANOUT` or more known files (lowest first)."""
+        by_level: dict[int, list[str]] = {}
+        for key, level in self._levels[hour].items():
+            by_level.setdefault(level, []).append(key)
+        return [
+            (level, [_info(key) for key in sorted(names)])
+            for level, names in sorted(by_level.items())
+            if len(names) >= FANOUT
+        ]
+
+    async def _merge(
+        self,
+        ctx: ReconcilerContext,
+        cataloger: Cataloger,
+        hour: keys.UtcHour,
+        files: list[ObjectInfo],
+        level: int,
+        limits: MergeLimits,
+        result: CompactionResult,
+    ) -> None:
+        await ctx.check_fence()
+        compaction = await merge_files(
+            ctx.store, ctx.catalog_writer, hour, files, level=level, limits=limits
+        )
+        await cataloger.mark_work(compaction.merged_key, hour, compaction.rows)
+        ctx.metrics.catalog_files.labels("compacted").inc()
+        known = self._levels.setdefault(hour, {})
+        for name in compaction.inputs:
+            known.pop(name, None)
+        known[compaction.merged_key] = level
+        self._merged_at[hour] = ctx.clock.now_ns()
+        result.hours_compacted += 1
+        result.files_merged += len(compaction.inputs)
+
+
+def _info(key: str) -> ObjectInfo:
+    """A file known by name only (`merge_files` reads inputs by key)."""
+    return ObjectInfo(key=key, size=0, etag="", last_modified_ns=0)

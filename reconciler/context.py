@@ -264,7 +264,9 @@ class ReconcilerContext:
     inventory: InventorySource | None = None
     """The configured S3 Inventory report, if any (the GC may read ``raw-blobs/v1/`` from
     it instead of listing)."""
-    on_catalog_written: Callable[[keys.UtcHour], None] = field(default=lambda _hour: None)
+    on_catalog_written: Callable[[keys.UtcHour, str], None] = field(
+        default=lambda _hour, _key: None
+    )
     """Told the hour of every catalog file written (the daemon's compactor listens)."""
     gc_suspects: Callable[[int], list[tuple[str, int]]] = field(default=lambda _before: [])
     """GC candidates from the log, handed over once (`OrphanSuspects.take_older_than`)."""

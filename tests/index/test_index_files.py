@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from index import catalog, log_reader
+from index.catalog_merge import merge_files
 from index.digests import KeyDigestSet, ShaPrefixSet, digests_of, sha_prefixes
 from index.log_writer import IndexLogWriter
 from index.rows import (
@@ -163,12 +164,8 @@ async def test_catalog_hour_is_the_union_of_its_files_and_compaction_keeps_every
     with pytest.raises(ValueError, match="belongs to"):
         await writer.write(hour.next(), [accepted_row(manifest(1))])
 
-    compaction = await catalog.compact_hour(store, writer, hour)
-    assert (
-        compaction is not None
-        and compaction.rows == 3
-        and set(compaction.inputs) == {first, second}
-    )
+    compaction = await merge_files(store, writer, hour, read.files, level=1)
+    assert compaction.rows == 3 and set(compaction.inputs) == {first, second}
     assert (
         await catalog.delete_compacted_inputs(store, hour, store_now_ns=clock.now_ns(), grace_s=60)
         == 0

@@ -5,11 +5,15 @@ the merged file records, never a file written after the compaction listed the ho
 from __future__ import annotations
 
 import dataclasses
+import io
+
+import pyarrow.parquet as pq
 
 from index import catalog
+from index.catalog_merge import file_level
 from protocol import keys
 from protocol.clock import ManualClock
-from reconciler.compaction import MAX_FILES_PER_HOUR, CatalogCompactor
+from reconciler.compaction import FANOUT, CatalogCompactor
 from reconciler.context import ReconcilerContext
 from reconciler.steady import SteadyScanner
 from rollup.plan import make_plan
@@ -95,18 +99,26 @@ async def test_a_file_written_after_the_merge_is_never_deleted_with_the_inputs(
     assert await catalog_keys(memory_store) == {b.key for b in batches}
 
 
-async def test_a_crowded_hour_is_compacted_before_it_settles(
+async def test_a_busy_hour_is_compacted_by_levels_before_it_settles(
     memory_store: MemoryStore, clock: ManualClock
 ) -> None:
-    batches = await write_batches(memory_store, agents=1, per_agent=MAX_FILES_PER_HOUR + 1)
+    """PROTOCOL §3.9: FANOUT level-0 files merge into one level-1 file, FANOUT of those into
+    a level-2 file; a row is rewritten once per level, never "everything again"."""
+    batches = await write_batches(memory_store, agents=1, per_agent=FANOUT * FANOUT)
     ctx, compactor = await compacting_context(memory_store, clock)
     scanner = SteadyScanner(ctx)
+    merged_rows = 0
     for batch in batches:  # one catalog file per pass
         await log_rows(memory_store, clock, [batch], writer_id=f"c{batch.manifest.seq_start}")
         await scanner.run_pass()
-    assert len(await catalog.list_hour_files(memory_store, HOUR)) == MAX_FILES_PER_HOUR + 1
-
-    result = await compactor.run(ctx)
-
-    assert (result.hours_compacted, result.files_merged) == (1, MAX_FILES_PER_HOUR + 1)
+        result = await compactor.run(ctx)
+        merged_rows += result.files_merged
+    files = await catalog.list_hour_files(memory_store, HOUR)
+    levels = [
+        file_level(pq.read_metadata(io.BytesIO((await memory_store.get(f.key))[0])).metadata)
+        for f in files
+    ]
+    # 64 level-0 files -> 8 level-1 merges (64 inputs) -> 1 level-2 merge (8 inputs).
+    assert merged_rows == FANOUT * FANOUT + FANOUT
+    assert sorted(levels).count(2) == 1 and max(levels) == 2
     assert await catalog_keys(memory_store) == {b.key for b in batches}

@@ -1,0 +1,243 @@
+"""One busy catalog hour, compacted out of core: peak RSS and time (issue 22, PROTOCOL §3.9).
+
+``python -m bench.catalog_hour [--rows 3600000] [--files 360]`` writes one hour of
+``--rows`` catalog rows (1k batches/s for an hour) as ``--files`` level-0 files into a
+fresh filesystem store, then, each in a child process of its own (so its peak RSS is its
+own, read from ``/proc/<pid>/status`` VmHWM):
+
+- **levels**: the compactor's path, `index.catalog_merge.merge_files` by levels of 8
+  (level 0 -> 1 -> 2 ...) and the final merge of the settled hour, under
+  ``--memory-limit-mb`` (DuckDB spills beyond it);
+- **totals**: `index.catalog_tables.read_hour_table` of the merged hour with the totals'
+  columns and `hour_totals` (what raw retention and the live query's seal check do);
+- **baseline** (same run): the code this replaced, `index.catalog.read_hour` (one Python
+  row object per key) on ``--baseline-rows`` rows (default a tenth), whose RSS per row
+  above the interpreter's own (measured after imports) is scaled to the whole hour.
+
+Benchmarks are not tests: nothing asserts; the numbers go to bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from bench._common import REPO_ROOT
+from index.catalog import CatalogWriter, list_hour_files, read_hour
+from index.catalog_merge import MergeLimits, merge_files
+from index.catalog_tables import TOTALS_COLUMNS, hour_totals, newest_per_key, read_file_table
+from index.row_checks import raw_blob_keys
+from index.rows import FILE_SCHEMA
+from protocol import keys
+from protocol.clock import ManualClock
+from reconciler.steady_rows import with_key_digests
+from store.base import ObjectInfo
+from store.open import open_store
+
+T0 = 1_760_000_400_000_000_000  # inside 2025-10-09T09
+HOUR = keys.UtcHour.from_unix_ns(T0)
+FANOUT = 8
+
+
+def synthetic_rows(start: int, count: int, rng: np.random.Generator) -> pa.Table:
+    """``count`` well-formed accepted rows (agents of 1,000 batches each), column-wise."""
+    seq = np.arange(start, start + count, dtype=np.uint64)
+    agents = pc.binary_join_element_wise(
+        "agent-", pc.cast(pa.array((seq // 1000).astype(np.int64)), pa.string()), ""
+    )
+    # hex of "agent-<n>": the ASCII bytes' hex, one Python step per distinct agent
+    encoded = pc.dictionary_encode(agents)
+    agent_hex = pa.array(
+        [a.encode().hex() for a in encoded.dictionary.to_pylist()], pa.string()
+    ).take(encoded.indices)
+    boot = "5f0c7a3e-1d2b-4c3a-9e8f-0123456789ab"
+    seq20 = pc.utf8_lpad(pc.cast(pa.array(seq), pa.string()), 20, "0")
+    key = pc.binary_join_element_wise(
+        "accepted/v1/agent=",
+        agent_hex,
+        "/boot=",
+        boot.replace("-", ""),
+        "/",
+        seq20,
+        "-",
+        seq20,
+        ".json",
+        "",
+    )
+    hexed = np.frombuffer(rng.bytes(32 * count).hex().encode(), dtype="S64")
+    sha = pa.array(hexed).cast(pa.string())
+    times = pa.array(T0 + np.arange(count, dtype=np.int64) * 1000, pa.int64())
+    columns = {
+        "kind": pa.repeat(pa.scalar("accepted"), count),
+        "key": key,
+        "frame_sha256": sha,
+        "accepted_frame_sha256": pa.nulls(count, pa.string()),
+        "raw_blob_key": raw_blob_keys(sha),
+        "agent_id": agents,
+        "boot_id": pa.repeat(pa.scalar(boot), count),
+        "seq_start": pa.array(seq),
+        "seq_end": pa.array(seq),
+        "record_count": pa.repeat(pa.scalar(100, pa.int64()), count),
+        "frame_bytes": pa.repeat(pa.scalar(4096, pa.int64()), count),
+        "time_unix_ns": times,
+        "etag": pc.utf8_slice_codeunits(sha, 0, 32),
+        "own_create": pa.repeat(pa.scalar(True), count),
+        "min_ts_ns": times,
+        "max_ts_ns": times,
+        "source": pa.repeat(pa.scalar("index/v1/log/date=2025-10-09/hour=09/x.parquet"), count),
+        "key_digest": pa.nulls(count, pa.binary(16)),
+    }
+    return with_key_digests(pa.table(columns, schema=FILE_SCHEMA))
+
+
+async def seed(url: str, rows: int, files: int) -> None:
+    store = open_store(url)
+    writer = CatalogWriter(store=store, clock=ManualClock(T0), rng=random.Random(1), epoch=1)
+    rng = np.random.default_rng(7)
+    per_file = rows // files
+    for i in range(files):
+        count = per_file if i < files - 1 else rows - per_file * (files - 1)
+        await writer.write_table(HOUR, synthetic_rows(i * per_file, count, rng))
+
+
+async def compact_by_levels(url: str, memory_limit_mb: int, spill: str) -> dict[str, object]:
+    """As `reconciler.compaction.CatalogCompactor`: levels of FANOUT, then the final merge."""
+    store = open_store(url)
+    writer = CatalogWriter(store=store, clock=ManualClock(T0), rng=random.Random(2), epoch=2)
+    limits = MergeLimits(memory_limit_mb=memory_limit_mb, spill_dir=spill)
+    level_files = {0: sorted(info.key for info in await list_hour_files(store, HOUR))}
+    merges, rewritten, level = 0, 0, 0
+    while len(level_files.get(level, [])) >= FANOUT:
+        names = level_files[level]
+        nxt = []
+        for i in range(0, len(names) - len(names) % FANOUT, FANOUT):
+            group = [_named(n) for n in names[i : i + FANOUT]]
+            merged = await merge_files(store, writer, HOUR, group, level=level + 1, limits=limits)
+            nxt.append(merged.merged_key)
+            merges, rewritten = merges + 1, rewritten + merged.rows
+        level_files[level + 1] = nxt + level_files.get(level + 1, [])
+        level_files[level] = names[len(names) - len(names) % FANOUT :]
+        level += 1
+    final_inputs = [_named(n) for files in level_files.values() for n in files]
+    final = await merge_files(store, writer, HOUR, final_inputs, level=level + 1, limits=limits)
+    return {
+        "merges": merges + 1,
+        "rows_rewritten": rewritten + final.rows,
+        "rows": final.rows,
+        "final_inputs": len(final_inputs),
+    }
+
+
+async def totals(url: str) -> dict[str, object]:
+    store = open_store(url)
+    files = await list_hour_files(store, HOUR)
+    newest = [max(files, key=lambda info: info.key)]  # the final merge: the whole hour
+    table = newest_per_key([await read_file_table(store, newest[0].key, TOTALS_COLUMNS)])
+    result = hour_totals(table)
+    return {"batches": result.batches, "setsum": result.setsum.hex[:16]}
+
+
+async def baseline(url: str) -> dict[str, object]:
+    return {"rows": len((await read_hour(open_store(url), HOUR)).rows)}
+
+
+def _named(key: str) -> ObjectInfo:
+    """A file known by name (`merge_files` reads its inputs by key)."""
+    return ObjectInfo(key=key, size=0, etag="", last_modified_ns=0)
+
+
+def _status_bytes(field_name: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field_name + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(field_name)
+
+
+def child(argv: list[str]) -> None:
+    what, url = argv[0], argv[1]
+    base_rss = _status_bytes("VmRSS")  # the interpreter and its imports, before any work
+    started = time.perf_counter()
+    if what == "levels":
+        result = asyncio.run(compact_by_levels(url, int(argv[2]), argv[3]))
+    elif what == "totals":
+        result = asyncio.run(totals(url))
+    else:
+        result = asyncio.run(baseline(url))
+    seconds = time.perf_counter() - started
+    hwm = _status_bytes("VmHWM")
+    print(json.dumps({**result, "seconds": seconds, "peak_rss": hwm, "base_rss": base_rss}))
+
+
+def run_child(*args: str) -> dict[str, object]:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.catalog_hour", "--child", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
+    result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        child(sys.argv[2:])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=3_600_000)
+    parser.add_argument("--files", type=int, default=360)
+    parser.add_argument("--baseline-rows", type=int, default=0)
+    parser.add_argument("--memory-limit-mb", type=int, default=256)
+    args = parser.parse_args()
+    baseline_rows = args.baseline_rows or args.rows // 10
+    print(f"load before: {os.getloadavg()}")
+    with tempfile.TemporaryDirectory(prefix="lm-bench-hour-") as tmp:
+        big, small = f"file://{tmp}/big", f"file://{tmp}/small"
+        started = time.perf_counter()
+        asyncio.run(seed(big, args.rows, args.files))
+        asyncio.run(seed(small, baseline_rows, max(1, args.files // 10)))
+        print(
+            f"seeded {args.rows:,} + {baseline_rows:,} rows in {time.perf_counter() - started:.0f} s"
+        )
+        spill = f"{tmp}/spill"
+        Path(spill).mkdir()
+        levels = run_child("levels", big, str(args.memory_limit_mb), spill)
+        summed = run_child("totals", big)
+        base = run_child("baseline", small)
+
+    def work(result: dict[str, object]) -> float:
+        return float(str(result["peak_rss"])) - float(str(result["base_rss"]))
+
+    per_row = work(base) / baseline_rows
+    print(f"levels:   {levels}")
+    print(f"totals:   {summed}")
+    print(
+        f"baseline: {base} on {baseline_rows:,} rows -> {per_row:.0f} B/row, "
+        f"{per_row * args.rows / 2**30:.2f} GiB scaled to {args.rows:,} rows"
+    )
+    for name, result in (("compaction by levels", levels), ("hour totals", summed)):
+        rss = float(str(result["peak_rss"]))
+        print(
+            f"{name}: peak RSS {rss / 2**20:.0f} MiB ({work(result) / 2**20:.0f} MiB above the "
+            f"imports; the baseline scaled needs {per_row * args.rows / work(result):.1f}x "
+            f"that), {float(str(result['seconds'])):.1f} s"
+        )
+    print(f"load after: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()
