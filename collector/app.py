@@ -369,5 +369,6 @@ class CollectorApp:
         if window is not None:
             self.metrics.live_window.labels(what="batches").set(window.batch_count)
             self.metrics.live_window.labels(what="points").set(window.point_count)
+            self.metrics.live_window.labels(what="bytes").set(window.byte_count)
         body = generate_latest(self.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -2,13 +2,15 @@
 
 - `OwnBatches` (``[query] own_batches = true``, any collector): `BatchAcceptor` calls it
   for every batch it answers 200 (``on_accepted``); the frame is decoded on a thread,
-  never on the event loop, and kept. Decodes in progress are bounded: a batch beyond the
-  bound is recorded as lost (answers that may need it are not ``complete``).
+  never on the event loop, and kept. Decodes in progress are bounded in number, and in
+  memory by the window's account (`collector.live_decode`): a batch beyond either is
+  recorded as lost (answers that may need it are not ``complete``).
 - `LogFollower` (``[query] designated = true``): follows the whole authority through the
   index log (PROTOCOL §3.7, `index.log_reader`): every ``poll_interval_s`` it lists new
   segments, and for each ``accepted`` row of a batch accepted within the window it GETs
   the raw blob, checks its SHA-256 against the row (log rows are unverified claims) and
-  decodes it. At start it begins ``window_s`` back, so a restarted collector rebuilds the
+  decodes it (charged to the window's account, as above), ``FETCH_CONCURRENCY`` at a
+  time, each group added to the window before the next is fetched. At start it begins ``window_s`` back, so a restarted collector rebuilds the
   window from the segments and blobs of the last ``window_s``. At most
   ``max_pending_batches`` batches wait for their blob: a poll that finds more stops
   listing there (those segments are not consumed), fetches what it has, and the follower
@@ -30,11 +32,12 @@ import structlog
 from index.log_reader import LogPosition, new_segments, read_segment
 from index.rows import IndexFileError, IndexRow
 from protocol.clock import Clock
-from protocol.frame import Frame, FrameError, decode_frame
+from protocol.frame import FrameError
 from protocol.records import AcceptedManifest
 from store.base import ObjectStore
 from store.errors import NotFound, StoreError
 
+from .live_decode import Decoded, LiveDecoder, NoRoom
 from .live_window import LiveWindow
 
 log = structlog.get_logger("collector.live")
@@ -47,7 +50,7 @@ class OwnBatches:
     def __init__(self, window: LiveWindow, *, clock: Clock, max_raw_bytes: int) -> None:
         self._window = window
         self._clock = clock
-        self._max_raw_bytes = max_raw_bytes
+        self._decoder = LiveDecoder(window, max_raw_bytes=max_raw_bytes)
         self._decoding = 0
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -67,10 +70,19 @@ class OwnBatches:
 
     async def _keep(self, manifest_id: str, accepted_ns: int, body: bytes) -> None:
         try:
-            frame = await asyncio.to_thread(decode_frame, body, max_raw_bytes=self._max_raw_bytes)
-            self._window.add(manifest_id, accepted_ns, frame, now_ns=self._clock.now_ns())
+            decoded = await self._decoder.decode(body)
+            self._window.add(
+                manifest_id,
+                accepted_ns,
+                decoded.frame,
+                now_ns=self._clock.now_ns(),
+                reserved=decoded.reserved,
+            )
         except FrameError as exc:  # validated at intake: cannot happen for a sound frame
             log.error("own_batch_undecodable", manifest_id=manifest_id, error=str(exc))
+            self._window.lost(manifest_id, accepted_ns)
+        except NoRoom as exc:
+            log.warning("own_batch_no_room", manifest_id=manifest_id, error=str(exc))
             self._window.lost(manifest_id, accepted_ns)
         finally:
             self._decoding -= 1
@@ -97,7 +109,7 @@ class LogFollower:
         self._lookback_ns = int(lookback_s * NS_PER_S)
         self._lookback_s = lookback_s
         self._max_pending = max_pending
-        self._max_raw_bytes = max_raw_bytes
+        self._decoder = LiveDecoder(window, max_raw_bytes=max_raw_bytes)
         self._rng = rng or random.Random()
         self._on_poll = on_poll or (lambda: None)
         start = max(0, clock.now_ns() - window.window_ns)
@@ -160,33 +172,45 @@ class LogFollower:
         return wanted
 
     async def _fetch_all(self, rows: list[IndexRow]) -> None:
-        """Fetch concurrently; add to the window in accepted-time order, so eviction
-        drops the oldest first."""
-        limit = asyncio.Semaphore(FETCH_CONCURRENCY)
+        """Fetch ``FETCH_CONCURRENCY`` at a time, in accepted-time order, adding each
+        group to the window before the next (eviction drops the oldest first, and at most
+        one group's decoded frames wait, charged, for the window)."""
 
-        async def fetch(row: IndexRow) -> Frame | bool | None:
-            async with limit:
-                try:
-                    return await self._fetch(row)
-                except (StoreError, OSError) as exc:
-                    # Safe to repeat: a GET. Asked again at the next poll (bounded by
-                    # max_pending_batches with the new rows; polls are jittered).
-                    log.warning("live_blob_unavailable", key=row.raw_blob_key, error=str(exc))
-                    self._retry[row.manifest_id] = row
-                    return False
+        async def fetch(row: IndexRow) -> Decoded | bool | None:
+            try:
+                return await self._fetch(row)
+            except (StoreError, OSError) as exc:
+                # Safe to repeat: a GET. Asked again at the next poll (bounded by
+                # max_pending_batches with the new rows; polls are jittered).
+                log.warning("live_blob_unavailable", key=row.raw_blob_key, error=str(exc))
+                self._retry[row.manifest_id] = row
+                return False
 
         ordered = sorted(rows, key=lambda row: (row.time_unix_ns, row.key))
-        frames = await asyncio.gather(*(fetch(row) for row in ordered))
-        for row, frame in zip(ordered, frames, strict=True):
-            if frame is None:
-                self._window.lost(row.manifest_id, row.time_unix_ns)
-            elif frame is not False:
-                assert isinstance(frame, Frame)
-                self._window.add(
-                    row.manifest_id, row.time_unix_ns, frame, now_ns=self._clock.now_ns()
-                )
+        for start in range(0, len(ordered), FETCH_CONCURRENCY):
+            group = ordered[start : start + FETCH_CONCURRENCY]
+            results = await asyncio.gather(*(fetch(row) for row in group), return_exceptions=True)
+            failure: BaseException | None = None
+            for row, result in zip(group, results, strict=True):
+                if isinstance(result, BaseException):
+                    failure = failure or result
+                elif isinstance(result, Decoded):
+                    if failure is None:
+                        self._window.add(
+                            row.manifest_id,
+                            row.time_unix_ns,
+                            result.frame,
+                            now_ns=self._clock.now_ns(),
+                            reserved=result.reserved,
+                        )
+                    else:
+                        result.discard(self._window)
+                elif result is None:
+                    self._window.lost(row.manifest_id, row.time_unix_ns)
+            if failure is not None:
+                raise failure
 
-    async def _fetch(self, row: IndexRow) -> Frame | None:
+    async def _fetch(self, row: IndexRow) -> Decoded | None:
         key = row.raw_blob_key or ""
         try:
             body, _etag = await self._store.get(key)
@@ -197,16 +221,20 @@ class LogFollower:
             log.warning("live_blob_mismatch", key=key, manifest_id=row.manifest_id)
             return None
         try:
-            frame = await asyncio.to_thread(decode_frame, body, max_raw_bytes=self._max_raw_bytes)
+            decoded = await self._decoder.decode(body)
         except FrameError as exc:
             log.warning("live_blob_undecodable", key=key, error=str(exc))
             return None
-        identity = row.identity
+        except NoRoom as exc:
+            log.warning("live_blob_no_room", key=key, error=str(exc))
+            return None
+        frame, identity = decoded.frame, row.identity
         if (frame.agent_id, frame.boot_id, frame.seq_start) != (
             identity.agent_id,
             identity.boot_id,
             identity.seq_start,
         ):
+            decoded.discard(self._window)
             log.warning("live_blob_other_identity", key=key, manifest_id=row.manifest_id)
             return None
-        return frame
+        return decoded

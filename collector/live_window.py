@@ -2,9 +2,16 @@
 
 `LiveWindow` keeps `protocol.frame.Frame` objects (their Arrow points, decoded once) keyed
 by ``manifest_id``, with the batch's accepted time and hour, for batches accepted within
-``window_s`` of now and at most ``max_points`` points in all: beyond it the oldest batches
-(first added) are evicted. ``points`` rows (`rollup.points`) are built only at query
-time, only for the rows a query matches (`collector.query_live`).
+``window_s`` of now, at most ``max_points`` points and ``max_bytes`` bytes in all: beyond
+either the oldest batches (first added) are evicted. ``points`` rows (`rollup.points`) are
+built only at query time, only for the rows a query matches (`collector.query_live`).
+
+Memory account: ``max_bytes`` covers the batches held (each charged its points' Arrow
+buffers) *and* the decodes in progress (`reserve` / `release`, `collector.live_decode`):
+a decode reserves what it keeps before it allocates it (the decompressed payload, then
+the points' decoded size, which a dictionary-encoded metric can make many times the
+frame's size), evicting the oldest batches to make room; when even an empty window has no
+room (other decodes hold it), the reservation is refused and the batch is lost.
 
 A batch that leaves the window (evicted, expired, or never fetched: its blob could not be
 read) is *dropped*: its ``manifest_id``, accepted time and ``ts`` range are remembered
@@ -35,6 +42,7 @@ class WindowBatch:
     frame: Frame
     min_ts_ns: int
     max_ts_ns: int
+    bytes: int  # charged to the window's memory account (`frame_bytes`)
 
     @property
     def accepted_hour(self) -> str:
@@ -57,6 +65,11 @@ class DroppedBatch:
         return keys.UtcHour.from_unix_ns(self.accepted_ns).iso
 
 
+def frame_bytes(frame: Frame) -> int:
+    """What a held frame is charged: the Arrow buffers of its points."""
+    return int(frame.points.get_total_buffer_size())
+
+
 def ts_range(frame: Frame) -> tuple[int, int]:
     ts = int64_column(frame.points.column("ts"))
     if len(ts) == 0:
@@ -65,30 +78,64 @@ def ts_range(frame: Frame) -> tuple[int, int]:
 
 
 class LiveWindow:
-    def __init__(self, *, window_s: float, max_points: int, max_dropped: int = 100_000) -> None:
+    def __init__(
+        self,
+        *,
+        window_s: float,
+        max_points: int,
+        max_bytes: int,
+        max_dropped: int = 100_000,
+    ) -> None:
         self.window_ns = int(window_s * NS_PER_S)
         self.max_points = max_points
+        self.max_bytes = max_bytes
         self.max_dropped = max_dropped
         self._batches: OrderedDict[str, WindowBatch] = OrderedDict()
         self._dropped: OrderedDict[str, DroppedBatch] = OrderedDict()
         self._points = 0
+        self._bytes = 0
+        self._reserved = 0
         self.forgotten_through_ns: int | None = None
         """Newest accepted time of dropped batches no longer remembered one by one."""
 
     # --- filling -----------------------------------------------------------------------
 
-    def add(self, manifest_id: str, accepted_ns: int, frame: Frame, *, now_ns: int) -> bool:
-        """Keep one accepted batch; False when it is already held or too old."""
+    def add(
+        self, manifest_id: str, accepted_ns: int, frame: Frame, *, now_ns: int, reserved: int = 0
+    ) -> bool:
+        """Keep one accepted batch; False when it is already held, too old, or larger
+        than the account can hold. ``reserved``: what its decode reserved (`reserve`),
+        released now that the frame itself is charged."""
+        self.release(reserved)
         if manifest_id in self._batches or accepted_ns < now_ns - self.window_ns:
             return False
         low, high = ts_range(frame)
         self._dropped.pop(manifest_id, None)
-        self._batches[manifest_id] = WindowBatch(manifest_id, accepted_ns, frame, low, high)
-        self._points += frame.points.num_rows
+        batch = WindowBatch(manifest_id, accepted_ns, frame, low, high, frame_bytes(frame))
+        self._batches[manifest_id] = batch
+        self._points += batch.points
+        self._bytes += batch.bytes
         self.expire(now_ns, full=False)
-        while self._points > self.max_points and len(self._batches) > 1:
+        while self._batches and (
+            self._bytes + self._reserved > self.max_bytes
+            or (self._points > self.max_points and len(self._batches) > 1)
+        ):
             self._drop(next(iter(self._batches)))
+        return manifest_id in self._batches
+
+    def reserve(self, size: int) -> bool:
+        """Charge ``size`` bytes for a decode about to allocate them, evicting the oldest
+        batches to make room; False (nothing charged) when there is no room even so."""
+        if self._reserved + size > self.max_bytes:
+            return False
+        while self._batches and self._bytes + self._reserved + size > self.max_bytes:
+            self._drop(next(iter(self._batches)))
+        self._reserved += size
         return True
+
+    def release(self, size: int) -> None:
+        """Give back what `reserve` charged."""
+        self._reserved -= size
 
     def lost(self, manifest_id: str, accepted_ns: int) -> None:
         """A batch the window should hold but cannot (its blob was unreadable)."""
@@ -114,6 +161,7 @@ class LiveWindow:
     def _drop(self, manifest_id: str) -> None:
         batch = self._batches.pop(manifest_id)
         self._points -= batch.points
+        self._bytes -= batch.bytes
         self._remember(
             DroppedBatch(manifest_id, batch.accepted_ns, batch.min_ts_ns, batch.max_ts_ns)
         )
@@ -136,6 +184,11 @@ class LiveWindow:
     @property
     def point_count(self) -> int:
         return self._points
+
+    @property
+    def byte_count(self) -> int:
+        """Bytes charged now: the batches held and the decodes in progress."""
+        return self._bytes + self._reserved
 
     def batches(self) -> list[WindowBatch]:
         """The batches held now (a copy: safe to use from another thread)."""

@@ -119,7 +119,7 @@ class CollectorMetrics:
         )
         self.live_window = Gauge(
             "lm_collector_live_window",
-            "What the live query window holds (what = batches | points)",
+            "What the live query window holds (what = batches | points | bytes)",
             ["what"],
             registry=r,
         )

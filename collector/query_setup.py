@@ -50,7 +50,9 @@ def build_query(
     q = settings.query
     margin = settings.settle_margin_s()
     window = (
-        LiveWindow(window_s=q.window_s, max_points=q.max_window_points)
+        LiveWindow(
+            window_s=q.window_s, max_points=q.max_window_points, max_bytes=q.max_window_bytes
+        )
         if q.designated or q.own_batches
         else None
     )

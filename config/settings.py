@@ -354,6 +354,11 @@ class QuerySettings(_Section):
     max_window_points: int = Field(default=2_000_000, ge=1)
     """Points the window holds at most; the oldest batches are evicted beyond it (an
     answer that needs an evicted batch says ``complete: false``)."""
+    max_window_bytes: int = Field(default=512 * MiB, ge=1)
+    """Memory the window's decoded points take at most, decodes in progress included
+    (`collector.live_decode`); the oldest batches are evicted beyond it, as for
+    ``max_window_points``. A dictionary-encoded frame can decode to many times its size
+    (at most ``ingest.max_raw_bytes``: larger is refused at intake)."""
     max_pending_batches: int = Field(default=1000, ge=1)
     """Designated: batches named by the log and waiting for their blob; beyond it the
     collector stops following (answers say ``complete: false``) until it catches up."""

@@ -126,16 +126,6 @@ def _metric_size_error(row: int, size: int) -> NoReturn:
     raise FrameError(f"metric: row {row} is {size} bytes (must be 1..{MAX_METRIC_BYTES})")
 
 
-def _canonical_metric(array: Any) -> Any:
-    """The metric column as plain utf8 (dictionaries decoded), after its checks."""
-    _check_metric(array)
-    if pa.types.is_dictionary(array.type):
-        array = pc.cast(array, array.type.value_type)
-    if array.type != pa.string():
-        array = pc.cast(array, pa.string())
-    return array
-
-
 @dataclass(frozen=True, slots=True)
 class _CheckedLabels:
     """A labels column whose rules hold: the live entries and the entry count per row."""
@@ -177,9 +167,8 @@ def _check_labels(array: Any) -> _CheckedLabels:
     return _CheckedLabels(keys, items, counts)
 
 
-def _canonical_labels(array: Any) -> Any:
-    """The labels column rebuilt with the canonical map type, after its checks."""
-    checked = _check_labels(array)
+def _canonical_labels(array: Any, checked: _CheckedLabels) -> Any:
+    """The labels column rebuilt with the canonical map type, after `_check_labels`."""
     new_offsets = pa.concat_arrays(
         [pa.array([0], pa.int32()), pc.cumulative_sum(checked.counts).cast(pa.int32())]
     )
@@ -278,18 +267,88 @@ def _checked_columns(table: pa.Table, expected_rows: int | None) -> dict[str, An
     return columns
 
 
-def check_points(table: pa.Table, *, expected_rows: int | None = None) -> tuple[int, int]:
-    """Check `table` against every points rule, as `canonical_points` does, without
-    building the canonical table: a metric dictionary is never expanded per row, so the
-    memory used stays proportional to the table's own buffers (see `protocol.frame`'s
-    `payload_check_memory_bound`). Raises what `canonical_points` raises. Returns the
-    points' (min, max) ``ts`` in unix ns (the index rows' ``min_ts_ns``/``max_ts_ns``,
-    PROTOCOL §3.7)."""
+def _metric_bytes(array: Any, rows: int, limit: int | None) -> int:
+    """Bytes of text the metric column holds once decoded to plain utf8, after its checks.
+
+    A dictionary column: at most ``rows`` x its longest referenced value; counted exactly
+    (one length per row, 4-8 bytes, never the text itself) only when that bound is over
+    ``limit``, so a frame that fits is never charged its dictionary's worst case."""
+    if not pa.types.is_dictionary(array.type):
+        return int(pc.sum(pc.binary_length(array)).as_py() or 0)
+    lengths = pc.binary_length(array.dictionary)
+    longest = int(pc.max(lengths).as_py() or 0)
+    if limit is None or rows * longest <= limit:
+        return rows * longest
+    return int(pc.sum(pc.take(pc.fill_null(lengths, 0), array.indices)).as_py() or 0)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedPoints:
+    """A points table whose every rule holds, not yet in canonical shape.
+
+    ``decoded_bytes``: the buffers `canonical` allocates or keeps, at most (fixed-width
+    ts and value, the offsets, the metric text with any dictionary expanded per row, the
+    live label entries); a dictionary-encoded frame can be many times its own size."""
+
+    columns: dict[str, Any]
+    labels: _CheckedLabels
+    decoded_bytes: int
+    ts_range: tuple[int, int]  # (min, max) ``ts`` in unix ns (the index rows', §3.7)
+
+    def canonical(self) -> pa.Table:
+        """The table in `POINTS_SCHEMA` shape (dictionaries decoded, extra columns gone)."""
+        columns = self.columns
+        metric = columns["metric"]
+        if pa.types.is_dictionary(metric.type):
+            metric = pc.cast(metric, metric.type.value_type)
+        if metric.type != pa.string():
+            metric = pc.cast(metric, pa.string())
+        return pa.Table.from_arrays(
+            [
+                columns["ts"],
+                metric,
+                columns["value"],
+                _canonical_labels(columns["labels"], self.labels),
+            ],
+            schema=POINTS_SCHEMA,
+        )
+
+
+def checked_points(
+    table: pa.Table, *, expected_rows: int | None = None, max_decoded_bytes: int | None = None
+) -> CheckedPoints:
+    """Check `table` against every points rule without building the canonical table: a
+    metric dictionary is never expanded per row, so the memory used stays proportional to
+    the table's own buffers (see `protocol.frame`'s `payload_check_memory_bound`).
+
+    `max_decoded_bytes`: refuse a table whose canonical form would take more than this
+    (`CheckedPoints.decoded_bytes`), e.g. many rows pointing at one long dictionary value.
+    Raises FrameError for any rule broken; Arrow errors (e.g. invalid buffers found by
+    full validation) propagate for the caller to convert."""
     columns = _checked_columns(table, expected_rows)
+    rows = table.num_rows
     _check_metric(columns["metric"])
     _check_no_nulls("value", columns["value"])
-    _check_labels(columns["labels"])
-    return time_range(columns["ts"])
+    labels = _check_labels(columns["labels"])
+    metric_bytes = _metric_bytes(columns["metric"], rows, max_decoded_bytes)
+    label_bytes = (
+        int(pc.sum(pc.binary_length(labels.keys)).as_py() or 0)
+        + int(pc.sum(pc.binary_length(labels.items)).as_py() or 0)
+        + 8 * (len(labels.keys) + 1)  # key and value offsets
+        + (rows + 7) // 8  # validity
+    )
+    decoded = 16 * rows + 8 * (rows + 1) + metric_bytes + label_bytes
+    if max_decoded_bytes is not None and decoded > max_decoded_bytes:
+        what = (
+            "metric dictionary expanded per row"
+            if pa.types.is_dictionary(columns["metric"].type)
+            else "its columns"
+        )
+        raise FrameError(
+            f"payload decodes to {decoded} bytes ({rows} rows, {metric_bytes} bytes of metric "
+            f"text: {what}) > max_raw_bytes {max_decoded_bytes}"
+        )
+    return CheckedPoints(columns, labels, decoded, time_range(columns["ts"]))
 
 
 def time_range(ts: Any) -> tuple[int, int]:
@@ -298,19 +357,26 @@ def time_range(ts: Any) -> tuple[int, int]:
     return int(bounds["min"].as_py()), int(bounds["max"].as_py())
 
 
-def canonical_points(table: pa.Table, *, expected_rows: int | None = None) -> pa.Table:
+def check_points(
+    table: pa.Table, *, expected_rows: int | None = None, max_decoded_bytes: int | None = None
+) -> tuple[int, int]:
+    """`checked_points`, keeping nothing. Returns the points' (min, max) ``ts`` in unix
+    ns (the index rows' ``min_ts_ns``/``max_ts_ns``, PROTOCOL §3.7)."""
+    return checked_points(
+        table, expected_rows=expected_rows, max_decoded_bytes=max_decoded_bytes
+    ).ts_range
+
+
+def canonical_points(
+    table: pa.Table, *, expected_rows: int | None = None, max_decoded_bytes: int | None = None
+) -> pa.Table:
     """Check `table` against the points rules and return it in `POINTS_SCHEMA` shape.
 
     Extra columns are dropped; metric dictionaries are decoded to plain utf8 (up to
-    `MAX_METRIC_BYTES` per row, whatever the dictionary's own size); every column is
-    one chunk. `expected_rows` (the frame's record_count) is checked first.
-    Raises FrameError for any rule broken; Arrow errors (e.g. invalid buffers found
-    by full validation) propagate for the caller to convert.
+    `MAX_METRIC_BYTES` per row, whatever the dictionary's own size, unless
+    `max_decoded_bytes` refuses it first); every column is one chunk. `expected_rows`
+    (the frame's record_count) is checked first. Raises as `checked_points`.
     """
-    columns = _checked_columns(table, expected_rows)
-    metric = _canonical_metric(columns["metric"])
-    _check_no_nulls("value", columns["value"])
-    labels = _canonical_labels(columns["labels"])
-    return pa.Table.from_arrays(
-        [columns["ts"], metric, columns["value"], labels], schema=POINTS_SCHEMA
-    )
+    return checked_points(
+        table, expected_rows=expected_rows, max_decoded_bytes=max_decoded_bytes
+    ).canonical()

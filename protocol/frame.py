@@ -15,7 +15,10 @@ Decisions where §1 is silent or loose (change them only together with PROTOCOL.
 - "Control characters" are exactly the parenthesised set: bytes < 0x20 and 0x7F.
   C1 code points (U+0080..U+009F) are allowed. Lengths are UTF-8 byte lengths.
 - `max_raw_bytes` (a reader's limit, not a wire rule) bounds `payload_raw_len` for
-  compressed *and* uncompressed frames; an empty payload (raw length 0) is refused.
+  compressed *and* uncompressed frames; an empty payload (raw length 0) is refused. It
+  also bounds the decoded points (`OpenedFrame.decoded_bytes`: fixed-width columns,
+  offsets, metric text with a dictionary expanded per row, label text): a frame of many
+  rows pointing at one long dictionary value is refused before anything expands it.
 - zstd: one frame, nothing after it; a content-size field, when present, must equal
   `payload_raw_len` (checked before any allocation); output is capped at and must be
   exactly `payload_raw_len`; the declared window may be at most
@@ -58,8 +61,9 @@ from protocol._points_check import (
     MAX_METRIC_BYTES,
     POINTS_SCHEMA,
     TS_TYPE,
+    CheckedPoints,
     canonical_points,
-    check_points,
+    checked_points,
     time_range,
 )
 
@@ -79,11 +83,13 @@ __all__ = [
     "Frame",
     "FrameError",
     "FrameHeader",
+    "OpenedFrame",
     "check_payload",
     "frame_time_range",
     "decode_frame",
     "decode_header",
     "encode_frame",
+    "open_payload",
     "payload_check_memory_bound",
     "points_table",
 ]
@@ -262,43 +268,72 @@ def _payload_table(data: bytes, header: FrameHeader, max_raw_bytes: int) -> pa.T
         return read_ipc_stream(raw)
 
 
+@dataclass(frozen=True, slots=True)
+class OpenedFrame:
+    """A frame whose header and payload passed every check, points not yet decoded.
+
+    ``decoded_bytes`` is at most what `decode` allocates for the points (a metric
+    dictionary expanded per row; see `protocol._points_check.CheckedPoints`), so a
+    reader can charge it to a memory account before decoding."""
+
+    header: FrameHeader
+    checked: CheckedPoints
+
+    @property
+    def decoded_bytes(self) -> int:
+        return self.checked.decoded_bytes
+
+    def decode(self) -> Frame:
+        header = self.header
+        with decoder_errors_as_frame_errors("payload: Arrow IPC stream"):
+            points = self.checked.canonical()
+        return Frame(
+            agent_id=header.agent_id,
+            boot_id=header.boot_id,
+            seq_start=header.seq_start,
+            seq_end=header.seq_end,
+            record_count=header.record_count,
+            flags=header.flags,
+            points=points,
+        )
+
+
+def open_payload(data: bytes, header: FrameHeader, *, max_raw_bytes: int) -> OpenedFrame:
+    """Check the payload of `data` (whose header `decode_header(data)` returned as
+    `header`) by every rule of `decode_frame`, without decoding the points yet. Its memory
+    is bounded as `check_payload`'s (it keeps the payload's Arrow buffers)."""
+    table = _payload_table(data, header, max_raw_bytes)
+    with decoder_errors_as_frame_errors("payload: Arrow IPC stream"):
+        checked = checked_points(
+            table, expected_rows=header.record_count, max_decoded_bytes=max_raw_bytes
+        )
+    return OpenedFrame(header, checked)
+
+
 def decode_frame(data: bytes, *, max_raw_bytes: int = 64 * 1024 * 1024) -> Frame:
     """Fully validate `data` as one frame and return it with canonical points.
 
     `max_raw_bytes` caps `payload_raw_len` (the memory a payload may take once
-    decompressed); frames above it are refused before decompression. Dictionary
-    decoding of `metric` may grow the returned table to `MAX_METRIC_BYTES` per row
-    whatever the frame's size: a reader that only needs to know the frame is valid
-    calls `check_payload` instead. Raises FrameError, and nothing else, for any
-    invalid input.
+    decompressed), checked before decompression, and the points' decoded size
+    (`OpenedFrame.decoded_bytes`: dictionary decoding of `metric` may grow a table to
+    `MAX_METRIC_BYTES` per row whatever the frame's size), checked before decoding. A
+    reader that only needs to know the frame is valid calls `check_payload` instead.
+    Raises FrameError, and nothing else, for any invalid input.
     """
-    header = decode_header(data)
-    table = _payload_table(data, header, max_raw_bytes)
-    with decoder_errors_as_frame_errors("payload: Arrow IPC stream"):
-        points = canonical_points(table, expected_rows=header.record_count)
-    return Frame(
-        agent_id=header.agent_id,
-        boot_id=header.boot_id,
-        seq_start=header.seq_start,
-        seq_end=header.seq_end,
-        record_count=header.record_count,
-        flags=header.flags,
-        points=points,
-    )
+    return open_payload(data, decode_header(data), max_raw_bytes=max_raw_bytes).decode()
 
 
 def check_payload(data: bytes, header: FrameHeader, *, max_raw_bytes: int) -> tuple[int, int]:
     """Validate the payload of `data`, whose header `decode_header(data)` returned as
-    `header`, by exactly the rules of `decode_frame`, without building the points.
+    `header`, by exactly the rules of `decode_frame` (its decoded size within
+    `max_raw_bytes` included), without building the points.
 
     What it allocates is bounded by `payload_check_memory_bound(data, header)` (a metric
     dictionary is checked on its distinct values, never expanded per row) and its time
     grows with `payload_raw_len` and `record_count`. Raises FrameError, and nothing
     else, for any invalid payload. Returns the points' (min, max) ``ts`` in unix ns.
     """
-    table = _payload_table(data, header, max_raw_bytes)
-    with decoder_errors_as_frame_errors("payload: Arrow IPC stream"):
-        return check_points(table, expected_rows=header.record_count)
+    return open_payload(data, header, max_raw_bytes=max_raw_bytes).checked.ts_range
 
 
 def frame_time_range(data: bytes, *, max_raw_bytes: int = 64 * 1024 * 1024) -> tuple[int, int]:

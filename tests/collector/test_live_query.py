@@ -222,7 +222,7 @@ async def world(tmp_path: Path) -> World:
         await store.put(b.manifest.manifest_key, b.manifest.to_json())
     await catalog_manifests(store, [b.manifest for b in ALL], clock=clock)
     await commit(store, clock, [B1, B2])
-    window = LiveWindow(window_s=7200, max_points=1000)
+    window = LiveWindow(window_s=7200, max_points=1000, max_bytes=1 << 30)
     for b in ALL:
         assert window.add(
             b.manifest_id, b.manifest.accepted_at_unix_ns, b.frame, now_ns=clock.now_ns()
@@ -329,7 +329,7 @@ async def test_too_many_rows(world: World) -> None:
 async def test_evicted_batches_make_answers_incomplete(world: World) -> None:
     await completed_audit(world.store, H1.next().start_ns + 60 * NS)
     await commit(world.store, world.clock, [B3, B4])
-    window = LiveWindow(window_s=7200, max_points=3)
+    window = LiveWindow(window_s=7200, max_points=3, max_bytes=1 << 30)
     # Accepted after sealed_through (H2) and carrying old points.
     late = sent([(minute(5), "cpu", 1.0, A)] * 3, seq_start=100, accepted_ns=H1.next().start_ns)
     for b in (B3, late):
@@ -350,7 +350,7 @@ async def test_evicted_batches_make_answers_incomplete(world: World) -> None:
 
 
 def test_window_evicts_oldest_and_expires_by_accepted_time() -> None:
-    window = LiveWindow(window_s=100, max_points=5, max_dropped=1)
+    window = LiveWindow(window_s=100, max_points=5, max_bytes=1 << 30, max_dropped=1)
     now = 1_000 * NS
     assert window.add("m1", now - 10 * NS, B1.frame, now_ns=now)  # 3 points
     assert not window.add("m1", now - 10 * NS, B1.frame, now_ns=now)
@@ -434,7 +434,7 @@ async def test_follower_rebuilds_from_the_log_checks_blobs_and_bounds_pending(
             max_pending=max_pending, max_raw_bytes=1 << 20,
         )  # fmt: skip
 
-    window = LiveWindow(window_s=7200, max_points=1000)
+    window = LiveWindow(window_s=7200, max_points=1000, max_bytes=1 << 30)
     small = follower(window, max_pending=1)
     await small.poll_once()  # one segment's batch fits; the next would pass the bound
     assert (
@@ -450,11 +450,11 @@ async def test_follower_rebuilds_from_the_log_checks_blobs_and_bounds_pending(
     assert {d.manifest_id for d in window.dropped()} == {B3.manifest_id, B4.manifest_id}
 
     # A fresh follower (a restarted collector) starts window_s back and finds them again.
-    rebuilt = LiveWindow(window_s=7200, max_points=1000)
+    rebuilt = LiveWindow(window_s=7200, max_points=1000, max_bytes=1 << 30)
     await follower(rebuilt, max_pending=100).poll_once()
     assert [b.manifest_id for b in rebuilt.batches()] == [B1.manifest_id, B2.manifest_id]
     # ...but not batches accepted before the window.
-    short = LiveWindow(window_s=3000, max_points=1000)  # from H0 + 634 s
+    short = LiveWindow(window_s=3000, max_points=1000, max_bytes=1 << 30)  # from H0 + 634 s
     await follower(short, max_pending=100).poll_once()
     assert short.batches() == [] and [d.manifest_id for d in short.dropped()] == [B3.manifest_id]
 

@@ -83,6 +83,20 @@ def peak_bytes(run: Callable[[], object], raw_len: int) -> int:
         return int(pool.max_memory()) + raw_len
 
 
+def refusal_and_peak(run: Callable[[], object]) -> tuple[str, int]:
+    """The FrameError ``run`` raises and the Arrow memory it took (the error and its
+    traceback, which hold Arrow buffers, are dropped before the measuring pool goes)."""
+    message = ""
+    with measured_pool() as pool:
+        try:
+            run()
+        except fr.FrameError as exc:
+            message = str(exc)
+        peak = int(pool.max_memory())
+    assert message, "not refused"
+    return message, peak
+
+
 def test_a_dictionary_bomb_is_checked_without_expanding_the_dictionary() -> None:
     rows = 400_000
     data = compressed_frame(bomb_table(rows))
@@ -96,8 +110,47 @@ def test_a_dictionary_bomb_is_checked_without_expanding_the_dictionary() -> None
 
     bound = fr.payload_check_memory_bound(data, header)
     assert checked <= bound < expanded
-    decoded = peak_bytes(lambda: fr.decode_frame(data), header.payload_raw_len)
+    decoded = peak_bytes(
+        lambda: fr.decode_frame(data, max_raw_bytes=2**32 - 1), header.payload_raw_len
+    )
     assert decoded > expanded  # what the collector no longer does
+
+
+def test_a_dictionary_bomb_decoding_past_max_raw_bytes_is_refused_before_it_expands() -> None:
+    rows = 400_000
+    data = compressed_frame(bomb_table(rows))
+    header = fr.decode_header(data)
+    limit = 64 * 1024 * 1024
+    assert header.payload_raw_len < limit < rows * fr.MAX_METRIC_BYTES
+
+    for run in (
+        lambda: fr.check_payload(data, header, max_raw_bytes=limit),
+        lambda: fr.decode_frame(data, max_raw_bytes=limit),
+    ):
+        message, peak = refusal_and_peak(run)
+        assert "metric dictionary expanded per row" in message
+        assert f"> max_raw_bytes {limit}" in message
+        assert peak < fr.payload_check_memory_bound(data, header)
+    opened = fr.open_payload(data, header, max_raw_bytes=2**32 - 1)
+    assert opened.decoded_bytes >= rows * fr.MAX_METRIC_BYTES
+    decoded = peak_bytes(opened.decode, 0)
+    assert decoded <= opened.decoded_bytes  # the bound a reader charges before decoding
+
+
+def test_a_normal_dictionary_frame_is_charged_its_rows_not_its_longest_value() -> None:
+    long_name, rows = "m" * fr.MAX_METRIC_BYTES, 10_000
+    names = [long_name] + ["cpu"] * (rows - 1)
+    tbl = bomb_table(rows).set_column(1, "metric", pa.array(names).dictionary_encode())
+    data = compressed_frame(tbl)
+    header = fr.decode_header(data)
+    limit = 2 * header.payload_raw_len  # well under rows x the longest value
+    assert limit < rows * fr.MAX_METRIC_BYTES
+
+    frame = fr.decode_frame(data, max_raw_bytes=limit)
+
+    assert frame.points.column("metric").to_pylist() == names
+    opened = fr.open_payload(data, header, max_raw_bytes=limit)
+    assert opened.decoded_bytes < limit
 
 
 def test_the_densest_labels_stay_within_the_bound() -> None:
