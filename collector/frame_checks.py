@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from protocol.frame import FrameHeader, check_payload, decode_header
 
@@ -42,6 +43,11 @@ class FrameChecker:
     def payload_slot(self) -> asyncio.Semaphore:
         """Hold (``async with``) while charging for and running one `payload_sha256`."""
         return self._slots
+
+    async def run(self, function: Callable[..., T], *args: Any) -> T:
+        """``function(*args)`` on the pool (the receivers' decoding; hold a
+        `payload_slot` while it runs)."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, function, *args)
 
     async def header(self, body: bytes) -> FrameHeader:
         """`protocol.frame.decode_header`: raises FrameError."""

@@ -91,9 +91,20 @@ def point_problem(ts_ns: int, metric: str, labels: Mapping[str, str]) -> str | N
     frame. The frame encoder checks the same rules again."""
     if not TS_NS_MIN <= ts_ns <= TS_NS_MAX:
         return f"timestamp {ts_ns} ns is outside the int64 range"
+    return metric_problem(metric) or labels_problem(labels)
+
+
+def metric_problem(metric: str) -> str | None:
+    """Why ``metric`` cannot be a point's metric name (PROTOCOL §1), or None."""
     size = _utf8_size(metric)
     if size is None or not 1 <= size <= MAX_METRIC_BYTES:
         return f"metric name {metric[:64]!r} must be 1..{MAX_METRIC_BYTES} bytes of UTF-8"
+    return None
+
+
+def labels_problem(labels: Mapping[str, str]) -> str | None:
+    """Why ``labels`` cannot be (part of) a point's labels (PROTOCOL §1), or None: more
+    than 64, or a key or value outside its size. Looks at no label past the 64th."""
     if len(labels) > MAX_LABELS_PER_ROW:
         return f"{len(labels)} labels (max {MAX_LABELS_PER_ROW})"
     for key, value in labels.items():
@@ -102,7 +113,9 @@ def point_problem(ts_ns: int, metric: str, labels: Mapping[str, str]) -> str | N
             return f"label name {key[:64]!r} must be 1..{MAX_LABEL_KEY_BYTES} bytes of UTF-8"
         value_size = _utf8_size(value)
         if value_size is None or value_size > MAX_LABEL_VALUE_BYTES:
-            return f"label {key!r} value must be at most {MAX_LABEL_VALUE_BYTES} bytes of UTF-8"
+            return (
+                f"label {key[:64]!r} value must be at most {MAX_LABEL_VALUE_BYTES} bytes of UTF-8"
+            )
     return None
 
 

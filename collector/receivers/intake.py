@@ -6,8 +6,10 @@ in-flight caps, shared with ``/v1/batches`` (retryable) → read the body within
 agent_id from the configured header or the principal's name, authorized for the
 principal (400 / 403) → the decompressed size the body declares, checked against
 ``ingest.max_raw_bytes`` before anything is decompressed (413) and reserved in the
-in-flight bytes → decompress, parse, map to points and build the frame, off the event
-loop (400 / 413) → land it like any frame (`collector.receivers.landing`; retryable).
+in-flight bytes → decompress, parse, map to points and build the frame on the
+collector's frame-check threads (`collector.frame_checks.FrameChecker`, the batch path's
+bounded pool, holding one of its slots; 400 / 413) → land it like any frame
+(`collector.receivers.landing`; retryable).
 
 No byte of the payload is decompressed or parsed for a principal that may not write
 the agent_id. A receiver (`Wire`) supplies the format steps and renders the answer;
@@ -173,10 +175,12 @@ class Intake:
     async def _decode_and_land(
         self, request: web.Request, wire: Wire, agent_id: str, body: bytes, raw_size: int
     ) -> Refused | Received:
+        checker = self.collector.frame_checker
         try:
-            decoded, built = await asyncio.to_thread(
-                self._decode_and_build, request, wire, agent_id, body, raw_size
-            )
+            async with checker.payload_slot():
+                decoded, built = await checker.run(
+                    self._decode_and_build, request, wire, agent_id, body, raw_size
+                )
         except WireError as exc:
             return Refused(400, "invalid_request", str(exc))
         except TooLarge as exc:

@@ -5,7 +5,20 @@ Request: an ``ExportMetricsServiceRequest`` (``opentelemetry-proto``) as binary 
 optionally ``Content-Encoding: gzip`` (the OpenTelemetry Collector's default). A gzip
 body must be one gzip member: its trailer's ISIZE is the declared decompressed size,
 checked against ``ingest.max_raw_bytes`` before inflating, and the body must inflate to
-exactly that many bytes (inflation stops one byte past it).
+exactly that many bytes (inflation stops one byte past it). Decoding runs on the
+collector's frame-check threads (``http.decode_threads``), as a batch's check does.
+
+OTLP JSON is bounded before it is parsed: ``json_format.Parse`` (``json.loads``, then the
+message) took up to ~180 bytes per element and ~2 per byte of text, measured by peak RSS
+on adversarial shapes (empty objects and arrays, 4-byte escaped strings, integers) and
+a realistic export (an empty object is 3 bytes of text and ~60 of memory), so the
+text's elements are counted first (every ``{``, ``[`` and ``,``, strings included: an
+upper bound, with one ``bytes.count`` each) and a body whose parse could take more than
+`JSON_PARSE_BYTES_PER_ELEMENT` x elements + `JSON_PARSE_BYTES_PER_BYTE` x its size > 8
+x ``ingest.max_raw_bytes`` (the charge of the largest frame's check,
+`protocol.frame.CHECK_MEMORY_PER_RAW_BYTE`) is refused with 413 ``json_too_complex``;
+messages nest at most `JSON_MAX_DEPTH` deep (deeper is 400), and the parser's own
+nesting is bounded by the interpreter's recursion limit (400).
 
 Mapping: `collector.receivers.otlp_points`. The request's points are one frame (identity
 rule: `collector.receivers.frames`), accepted like any frame. Answers follow the OTLP/HTTP
@@ -18,7 +31,8 @@ stored); failures carry a ``google.rpc.Status`` in the request's encoding.
 | stored, a duplicate, or nothing storable (all refused: ``partial_success``) | 200 |
 | malformed protobuf/JSON/gzip, bad agent_id | 400 (not retried) |
 | no or unknown token / principal may not write the agent_id | 401 / 403 |
-| body, declared decompressed size, point count or built frame over a limit | 413 |
+| body, declared decompressed size, data point count, JSON elements or built frame over a limit | 413 |
+| a resource or scope whose attributes no point could carry (more than 64, a key or value over §1's sizes) | 400 |
 | other Content-Type / Content-Encoding | 415 |
 | too many requests in flight | 429 + Retry-After (retried) |
 | body not received in time, store unavailable | 503 + Retry-After (retried) |
@@ -40,7 +54,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
-from .intake import Decoded, Received, Refused, WireError
+from .intake import Decoded, Received, Refused, TooLarge, WireError
 from .otlp_points import request_points
 from .proto.wire_pb2 import Status
 
@@ -52,12 +66,18 @@ _ISIZE = struct.Struct("<I")
 _GZIP_MIN_BYTES = 18  # 10-byte header + empty deflate stream (2) + CRC32 + ISIZE
 _GRPC_CODES = {400: 3, 401: 16, 403: 7, 413: 8, 415: 3, 429: 8, 503: 14}
 _MAX_REASONS = 10
+JSON_PARSE_BYTES_PER_ELEMENT = 200
+JSON_PARSE_BYTES_PER_BYTE = 4
+JSON_MAX_DEPTH = 32
 
 
 class OtlpWire:
     """The OTLP/HTTP format steps for `collector.receivers.intake.Intake`."""
 
     name = NAME
+
+    def __init__(self, *, max_json_parse_bytes: int) -> None:
+        self.max_json_parse_bytes = max_json_parse_bytes
 
     def media_problem(self, request: web.Request) -> str | None:
         if request.content_type not in (PROTOBUF, JSON):
@@ -79,13 +99,33 @@ class OtlpWire:
         export = ExportMetricsServiceRequest()
         try:
             if request.content_type == JSON:
-                json_format.Parse(raw.decode("utf-8"), export, ignore_unknown_fields=True)
+                self._check_json_size(raw)
+                json_format.Parse(
+                    raw.decode("utf-8"),
+                    export,
+                    ignore_unknown_fields=True,
+                    max_recursion_depth=JSON_MAX_DEPTH,
+                )
             else:
                 export.ParseFromString(raw)
         except (DecodeError, json_format.ParseError, UnicodeDecodeError, RecursionError) as exc:
             kind = "OTLP JSON" if request.content_type == JSON else "protobuf"
             raise WireError(f"body is not an ExportMetricsServiceRequest ({kind}): {exc}") from None
         return request_points(export, max_points)
+
+    def _check_json_size(self, raw: bytes) -> None:
+        """Raise `TooLarge` when parsing ``raw`` could take more than the limit (see the
+        module docstring); reads the text with three ``bytes.count`` calls."""
+        elements = raw.count(b"{") + raw.count(b"[") + raw.count(b",") + 1
+        bound = JSON_PARSE_BYTES_PER_ELEMENT * elements + JSON_PARSE_BYTES_PER_BYTE * len(raw)
+        if bound > self.max_json_parse_bytes:
+            raise TooLarge(
+                "json_too_complex",
+                f"the OTLP JSON body of {len(raw)} bytes has up to {elements} elements and may "
+                f"take {bound} bytes to parse > {self.max_json_parse_bytes} "
+                "(8 x ingest.max_raw_bytes): send smaller requests, or protobuf",
+                self.max_json_parse_bytes,
+            )
 
 
 def _encoding(request: web.Request) -> str:

@@ -10,6 +10,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
 from config.settings import ReceiverSettings
+from protocol.frame import CHECK_MEMORY_PER_RAW_BYTE
 
 from . import otlp, remote_write
 from .intake import Intake, Received, Refused, Wire
@@ -69,7 +70,9 @@ def add_receiver_routes(
     metrics = ReceiverMetrics(collector.metrics.registry)
     retry_after = collector.limits.retry_after_s
     prometheus = remote_write.RemoteWriteWire()
-    opentelemetry = otlp.OtlpWire()
+    opentelemetry = otlp.OtlpWire(
+        max_json_parse_bytes=CHECK_MEMORY_PER_RAW_BYTE * collector.limits.max_raw_bytes
+    )
 
     async def post_remote_write(request: web.Request) -> web.Response:
         started = time.monotonic()
