@@ -357,16 +357,6 @@ def time_range(ts: Any) -> tuple[int, int]:
     return int(bounds["min"].as_py()), int(bounds["max"].as_py())
 
 
-def check_points(
-    table: pa.Table, *, expected_rows: int | None = None, max_decoded_bytes: int | None = None
-) -> tuple[int, int]:
-    """`checked_points`, keeping nothing. Returns the points' (min, max) ``ts`` in unix
-    ns (the index rows' ``min_ts_ns``/``max_ts_ns``, PROTOCOL §3.7)."""
-    return checked_points(
-        table, expected_rows=expected_rows, max_decoded_bytes=max_decoded_bytes
-    ).ts_range
-
-
 def canonical_points(
     table: pa.Table, *, expected_rows: int | None = None, max_decoded_bytes: int | None = None
 ) -> pa.Table:
