@@ -2,7 +2,12 @@
 
 `SnapshotSource` answers "which snapshot": the latest (the pointer is read again at most
 every ``refresh_interval_s``; a snapshot manifest is read once per version and cached),
-or a ``version`` / ``as_of`` time (`rollup.travel`, a few versions cached). It also says
+or a ``version`` / ``as_of`` time: a `rollup.chain_index.ChainIndex` remembers each
+version's manifest key and time, so a request walks only the versions no earlier one
+did, and never more than ``max_travel_versions`` back from the latest (400
+``travel_too_far``); a version below the oldest the chain reaches is 404 without a
+request. Time travel starts from the latest as cached (a ``version`` newer than it reads
+the pointer again). A few whole snapshots are cached too. It also says
 which batches a snapshot includes, per accepted hour (its ledger, `rollup.ledger`),
 cached per (version, hour): the live part leaves out exactly those ``manifest_id``\\s.
 
@@ -24,11 +29,12 @@ import pyarrow.fs as pafs
 
 from protocol import keys
 from rollup import reader, schemas
-from rollup.commit import read_pointer, read_snapshot
+from rollup.chain_index import ChainIndex
+from rollup.commit import VersionNotFound, read_pointer, read_snapshot
 from rollup.ledger import included_manifest_ids
 from rollup.manifest import Snapshot
-from rollup.travel import load_snapshot
 from store.base import ObjectStore
+from store.errors import NotFound
 
 from .query_api import LiveQuery, ns_to_datetime
 from .query_rows import TooManyRows, filter_labels
@@ -43,9 +49,11 @@ class SnapshotSource:
         store: ObjectStore,
         *,
         refresh_interval_s: float,
+        max_travel_versions: int,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
+        self._chain = ChainIndex(max_back=max_travel_versions)
         self._refresh_s = refresh_interval_s
         self._monotonic = monotonic
         self._latest: Snapshot | None = None
@@ -53,10 +61,12 @@ class SnapshotSource:
         self._by_version: OrderedDict[int, Snapshot] = OrderedDict()
         self._ledger: OrderedDict[tuple[int, str], frozenset[str]] = OrderedDict()
 
-    async def latest(self) -> Snapshot | None:
-        """The latest committed snapshot, at most ``refresh_interval_s`` old."""
+    async def latest(self, *, refresh: bool = False) -> Snapshot | None:
+        """The latest committed snapshot, at most ``refresh_interval_s`` old (``refresh``:
+        read the pointer now)."""
         now = self._monotonic()
-        if self._checked_at is not None and now - self._checked_at < self._refresh_s:
+        fresh = self._checked_at is not None and now - self._checked_at < self._refresh_s
+        if fresh and not refresh:
             return self._latest
         pointer = await read_pointer(self._store)
         if pointer is None:
@@ -70,16 +80,33 @@ class SnapshotSource:
 
     async def for_query(self, query: LiveQuery) -> Snapshot | None:
         """The snapshot a query's committed part reads. `VersionNotFound` for a version
-        or time with no snapshot."""
+        or time with no snapshot; `TravelTooFar` beyond ``max_travel_versions``."""
         if query.version is None and query.as_of is None:
             return await self.latest()
         if query.version is not None and query.version in self._by_version:
             return self._by_version[query.version]
-        loaded = await load_snapshot(self._store, version=query.version, as_of=query.as_of)
-        if loaded is None:
-            return None
-        self._keep(loaded.snapshot)
-        return loaded.snapshot
+        latest = await self.latest()
+        if query.version is not None and (latest is None or query.version > latest.version):
+            latest = await self.latest(refresh=True)  # committed since the last look?
+        if latest is None:
+            raise VersionNotFound("nothing has been committed yet")
+        for _ in range(2):  # again once when vacuum removed a cached version's manifest
+            async with self._chain.lock:
+                if query.version is not None:
+                    found = await self._chain.version(self._store, latest, query.version)
+                else:
+                    assert query.as_of is not None
+                    found = await self._chain.as_of(self._store, latest, query.as_of)
+            snapshot = found.snapshot or self._by_version.get(found.link.version)
+            if snapshot is None or snapshot.manifest_key != found.link.manifest_key:
+                try:
+                    snapshot = await read_snapshot(self._store, found.link.manifest_key)
+                except NotFound:
+                    self._chain.forget_through(found.link.version)
+                    continue
+            self._keep(snapshot)
+            return snapshot
+        raise VersionNotFound(f"version {found.link.version} was vacuumed")
 
     def _keep(self, snapshot: Snapshot) -> None:
         self._by_version[snapshot.version] = snapshot

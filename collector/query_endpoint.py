@@ -25,8 +25,9 @@ The answer (PROTOCOL §2)::
 - ``live_through_ns``: designated, the store time through which the log has been
   followed; own batches, now; neither, ``sealed_through_ns`` (nothing live is held).
 
-Errors: 400 ``invalid_query`` / ``too_many_rows`` (over ``max_result_rows``), 404
-``version_not_found``, 429 ``overloaded``, 503 ``window_not_ready`` / ``store_unavailable``.
+Errors: 400 ``invalid_query`` / ``too_many_rows`` (over ``max_result_rows``) /
+``travel_too_far`` (over ``max_travel_versions``), 404 ``version_not_found``, 429
+``overloaded``, 503 ``window_not_ready`` / ``store_unavailable``.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from aiohttp import web
 
 from config.settings import QuerySettings
 from index.rows import IndexFileError
+from rollup.chain_index import TravelTooFar
 from rollup.commit import VersionNotFound
 from rollup.manifest import RollupManifestError, Snapshot
 from rollup.tombstones import drop_from_points, drop_from_rollup
@@ -142,6 +144,11 @@ class QueryEndpoint:
             return web.json_response(exc.body(), status=exc.status, headers=retry)
         except VersionNotFound as exc:
             return error_response(404, "version_not_found", detail=str(exc))
+        except TravelTooFar as exc:
+            param = "version" if "version" in request.query else "as_of"
+            return error_response(
+                400, "travel_too_far", param=param, detail=str(exc), limit=exc.limit
+            )
         except (StoreError, StoreConfigError, RollupManifestError, IndexFileError, OSError) as exc:
             log.warning("query_store_unavailable", error=str(exc))
             headers = {"Retry-After": str(self.retry_after_s)}

@@ -81,7 +81,11 @@ def build_query(
     endpoint = QueryEndpoint(
         authenticator=authenticator,
         settings=q,
-        snapshots=SnapshotSource(store, refresh_interval_s=q.refresh_interval_s),
+        snapshots=SnapshotSource(
+            store,
+            refresh_interval_s=q.refresh_interval_s,
+            max_travel_versions=q.max_travel_versions,
+        ),
         coverage=Coverage(store, settle_margin_s=margin, refresh_interval_s=q.refresh_interval_s),
         filesystem=filesystem,
         metrics=metrics,

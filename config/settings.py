@@ -371,6 +371,12 @@ class QuerySettings(_Section):
     """An answer with more rows is refused (400 ``too_many_rows``): narrow the query."""
     max_concurrent_queries: int = Field(default=4, ge=1)
     """More queries in flight at once (per process) are answered 429."""
+    max_travel_versions: int = Field(default=1000, ge=1)
+    """``version=``/``as_of=`` reach back at most this many versions from the latest
+    (further: 400 ``travel_too_far``): one request never walks more snapshot manifests
+    than this, and each version's manifest key is remembered, so a later request walks
+    only what no earlier one did. The default covers the default vacuum retention
+    (``rollup.retention_s``, 7 days) of hourly runs with compaction and deletes."""
 
 
 def _lowercase(value: Any) -> Any:

@@ -230,7 +230,9 @@ async def world(tmp_path: Path) -> World:
     endpoint = QueryEndpoint(
         authenticator=Authenticator(TOKENS),
         settings=QuerySettings(max_result_rows=50),
-        snapshots=SnapshotSource(store, refresh_interval_s=0.0, monotonic=clock.monotonic),
+        snapshots=SnapshotSource(
+            store, refresh_interval_s=0.0, max_travel_versions=100, monotonic=clock.monotonic
+        ),
         coverage=Coverage(
             store, settle_margin_s=5, refresh_interval_s=0.0, monotonic=clock.monotonic
         ),
