@@ -1,27 +1,34 @@
 """``GET /v1/conflicts`` (admin token): the quarantine records (PROTOCOL §2, §3.3).
 
 Optional filters ``agent_id``, ``since`` (unix ns or RFC 3339 with a timezone) and
-``limit`` (1..10000, default 1000; ``truncated`` says when more matched).
+``limit`` (1..10000, default 1000; ``truncated`` says when more matched). A bad or
+unknown parameter, or one given twice, is 400 ``{"error": "invalid_query", "param",
+"detail"}`` (`collector.params`): an ``agent_id`` that is not 1..128 bytes of UTF-8
+without control characters (a lone surrogate included), a ``since`` that is neither
+ASCII digits nor RFC 3339 with an offset, a ``limit`` that is not ASCII digits in range.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import structlog
 from aiohttp import web
 
 from protocol import keys, records
+from protocol.frame import MAX_AGENT_ID_BYTES
 from store.base import ObjectStore, list_prefixes
 from store.errors import StoreConfigError, StoreError
 
 from .auth import Authenticator
 from .intake import error_response, unauthenticated
+from .params import QueryError, check_names, integer, one, text, unix_ns_or_rfc3339
 
 log = structlog.get_logger("collector.http")
 
 MAX_CONFLICTS_LIMIT = 10_000
+PARAMS = frozenset({"agent_id", "since", "limit"})
 
 
 class ConflictsEndpoint:
@@ -41,9 +48,11 @@ class ConflictsEndpoint:
                 403, "forbidden", detail=f"principal {principal.name!r} is not an admin"
             )
         try:
-            agent_id, since_ns, limit = _conflict_filters(request.query)
-        except ValueError as exc:
-            return error_response(400, "invalid_query", detail=str(exc))
+            agent_id, since_ns, limit = conflict_filters(
+                {name: request.query.getall(name) for name in request.query}
+            )
+        except QueryError as exc:
+            return web.json_response(exc.body(), status=exc.status)
         # Both agent forms (PROTOCOL §3): a store written before the segment rule may hold
         # a long agent's records under the hex form.
         prefixes = (
@@ -77,26 +86,18 @@ class ConflictsEndpoint:
         return web.json_response({"conflicts": conflicts, "truncated": truncated})
 
 
-def _conflict_filters(query: Any) -> tuple[str | None, int | None, int]:
-    agent_id = query.get("agent_id")
-    if agent_id is not None and not 1 <= len(agent_id.encode("utf-8")) <= 128:
-        raise ValueError("agent_id must be 1..128 UTF-8 bytes")
-    since_ns: int | None = None
-    since = query.get("since")
-    if since is not None:
-        if since.isdigit():
-            since_ns = int(since)
-        else:
-            try:
-                moment = datetime.fromisoformat(since.replace("Z", "+00:00"))
-            except ValueError:
-                raise ValueError(
-                    f"since must be unix nanoseconds or RFC 3339, got {since!r}"
-                ) from None
-            if moment.tzinfo is None:
-                raise ValueError(f"since needs a timezone (e.g. Z), got {since!r}")
-            since_ns = int(moment.timestamp() * 1_000_000_000)
-    limit_text = query.get("limit", "1000")
-    if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_CONFLICTS_LIMIT:
-        raise ValueError(f"limit must be 1..{MAX_CONFLICTS_LIMIT}, got {limit_text!r}")
-    return agent_id, since_ns, int(limit_text)
+def conflict_filters(query: Mapping[str, Sequence[str]]) -> tuple[str | None, int | None, int]:
+    """``(agent_id, since_ns, limit)`` of a request's parameters (name → every value);
+    `QueryError` naming the parameter otherwise (`collector.params`)."""
+    check_names(query, PARAMS)
+    agent_id = one(query, "agent_id")
+    if agent_id is not None:
+        text("agent_id", agent_id, low=1, high=MAX_AGENT_ID_BYTES)
+    since = one(query, "since")
+    since_ns = unix_ns_or_rfc3339("since", since) if since is not None else None
+    limit = one(query, "limit")
+    return (
+        agent_id,
+        since_ns,
+        integer("limit", limit, low=1, high=MAX_CONFLICTS_LIMIT) if limit is not None else 1000,
+    )

@@ -31,8 +31,10 @@ def add_query_command(commands: Any) -> None:
         "--label", action="append", default=[], metavar="K=V", help="label filter (repeatable)"
     )
     query.add_argument("--agent", help="only this agent_id")
-    query.add_argument("--from", metavar="TIME", help="first time included (RFC 3339 or unix ns)")
-    query.add_argument("--to", metavar="TIME", help="first time excluded (default: now)")
+    query.add_argument(
+        "--from", metavar="TIME", help="first time included (RFC 3339 or unix seconds)"
+    )
+    query.add_argument("--to", metavar="TIME", help="first time excluded (as --from; default: now)")
     query.add_argument("--step", choices=["1m"], help="one row per minute and series")
     query.add_argument("--table", choices=["points", "rollup_1m"])
     which = query.add_mutually_exclusive_group()

@@ -55,8 +55,9 @@ async def _ask(url: str, start_ns: int, step: Callable[[str], None]) -> list[str
         "metric": METRIC,
         "label": LABEL,
         "step": "1m",
-        "from": str(start_ns),
-        "to": str(now + 60_000_000_000),
+        # Unix seconds, as Prometheus's API (PROTOCOL §2); the minute after now included.
+        "from": str(start_ns // 1_000_000_000),
+        "to": str(now // 1_000_000_000 + 60),
     }
     async with aiohttp.ClientSession() as session:
         frame = _live_frame(now)

@@ -56,6 +56,12 @@ TOKENS = TokenTable(
 # --- parameters -------------------------------------------------------------------------
 
 
+def secs(ns: int) -> str:
+    """A time as ``/v1/query`` takes it: unix seconds, with a fraction when needed."""
+    whole, rest = divmod(ns, NS)
+    return f"{whole}.{rest:09d}" if rest else str(whole)
+
+
 def q(**params: str | list[str]) -> LiveQuery:
     query = {k: v if isinstance(v, list) else [v] for k, v in params.items()}
     return parse_query(query, now_ns=H1.start_ns)
@@ -67,12 +73,12 @@ def test_parse_defaults_and_shapes() -> None:
     assert parsed.labels == (("dc", "x"), ("host", "a")) and parsed.table == "points"
     assert q(metric="cpu", step="1m").table == "rollup_1m"
     assert q(metric="cpu", table="rollup_1m").table == "rollup_1m"
-    rfc = q(metric="cpu", **{"from": "2026-11-21T10:00:00Z", "to": str(H1.start_ns)})
+    rfc = q(metric="cpu", **{"from": "2026-11-21T10:00:00Z", "to": secs(H1.start_ns)})
     assert (rfc.from_ns, rfc.to_ns) == (H0.start_ns, H1.start_ns)
     assert q(metric="cpu", version="3").version == 3
     assert q(metric="cpu", as_of="2026-11-21T10:00:00Z").as_of is not None
     # A minute is in a rollup answer when it starts in [from, to).
-    assert q(metric="cpu", step="1m", **{"from": str(H0.start_ns + 1)}).points_range_ns[0] == (
+    assert q(metric="cpu", step="1m", **{"from": secs(H0.start_ns + 1)}).points_range_ns[0] == (
         H0.start_ns + 60 * NS
     )
 
@@ -86,7 +92,7 @@ def test_parse_defaults_and_shapes() -> None:
         ({"metric": "cpu", "label": "nokv"}, "label"),
         ({"metric": "cpu", "label": ["a=1", "a=2"]}, "label"),
         ({"metric": "cpu", "from": "yesterday"}, "from"),
-        ({"metric": "cpu", "from": str(H1.start_ns), "to": str(H0.start_ns)}, "from"),
+        ({"metric": "cpu", "from": secs(H1.start_ns), "to": secs(H0.start_ns)}, "from"),
         ({"metric": "cpu", "step": "5m"}, "step"),
         ({"metric": "cpu", "table": "points", "step": "1m"}, "step"),
         ({"metric": "cpu", "table": "ledger"}, "table"),
@@ -251,7 +257,7 @@ def oracle_points(batches: Sequence[Sent], metric: str = "cpu") -> pa.Table:
 
 
 def query_ns(**params: str) -> LiveQuery:
-    base = {"metric": "cpu", "from": str(H0.start_ns), "to": str(H1.start_ns)}
+    base = {"metric": "cpu", "from": secs(H0.start_ns), "to": secs(H1.start_ns)}
     return parse_query({k: [v] for k, v in {**base, **params}.items()}, now_ns=H1.start_ns)
 
 
@@ -288,7 +294,7 @@ async def test_complete_only_where_sealed_and_covered(world: World) -> None:
     answer = await world.endpoint.answer(query_ns())
     assert answer["sealed_through_ns"] == H0.start_ns and not answer["complete"]
     early = await world.endpoint.answer(
-        query_ns(**{"from": str(H0.start_ns - 3600 * NS), "to": str(H0.start_ns)})
+        query_ns(**{"from": secs(H0.start_ns - 3600 * NS), "to": secs(H0.start_ns)})
     )
     assert early["complete"] and early["rows"] == []
     # v2 includes b3 and b4: both hours covered; the live part is now empty.
@@ -496,7 +502,7 @@ async def test_coverage_reads_a_long_history_a_bounded_number_of_hours_per_query
     await commit(world.store, world.clock, [B3, B4])
     first = await world.endpoint.answer(query_ns())
     assert first["sealed_through_ns"] == H1.start_ns and first["complete"]  # H0 read so far
-    later = await world.endpoint.answer(query_ns(to=str(H1.next().start_ns)))
+    later = await world.endpoint.answer(query_ns(to=secs(H1.next().start_ns)))
     assert later["sealed_through_ns"] == H1.next().start_ns and later["complete"]
 
 

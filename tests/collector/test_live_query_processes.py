@@ -139,8 +139,8 @@ async def test_live_queries_own_batches_designated_and_sealed(
     old_hour = keys.UtcHour.from_unix_ns(time.time_ns()).shifted(-3)
     old = {
         "metric": "cpu.load",
-        "from": str(old_hour.start_ns),
-        "to": str(old_hour.next().start_ns),
+        "from": str(old_hour.start_ns // NS),  # unix seconds (PROTOCOL §2)
+        "to": str(old_hour.next().start_ns // NS),
     }
     t0 = old_hour.start_ns + 60 * NS
     async with aiohttp.ClientSession() as session:
