@@ -3,6 +3,13 @@ TIME``) committed snapshot, the tables registered by name (`rollup.sql`), offlin
 The snapshot is pinned by a reader lease while the SQL runs, and a file vanished
 mid-read is retried once against the newer snapshot (`rollup.read_guard`).
 
+Read-only by default, because the connection holds the store's credentials, which may
+write: every statement must be a query (`rollup.sql.check_read_only`: no ``COPY ... TO``,
+``EXPORT``, ``ATTACH``, ``SET`` ...), checked before any runs, and DuckDB itself then
+opens nothing outside the rollup's tables and Iceberg metadata, and its configuration is
+locked (`rollup.sql.lock_read_only`). ``--allow-writes`` lifts both (a warning on
+stderr). A refused statement is exit code 2.
+
 Rows go to stdout (``--format table|csv|json``, as ``query``); the snapshot read goes to
 stderr (``snapshot: version N committed <created_at>``). Several statements may be given;
 the last one's rows are printed. Exit codes: 0 done; 2 the query could not run (bad SQL,
@@ -60,6 +67,9 @@ def run_sql(args: argparse.Namespace, settings: Settings) -> int:
                 )
                 sql.add_s3_secret(connection, access)
             sql.register_snapshot(connection, snapshot, location)
+            if not args.allow_writes:
+                sql.check_read_only(connection, args.query)
+                sql.lock_read_only(connection, location)
             relation = connection.sql(args.query)
             if relation is None:
                 return 0  # a statement without rows (SET, CREATE ...)
@@ -68,6 +78,9 @@ def run_sql(args: argparse.Namespace, settings: Settings) -> int:
         except duckdb.IOException as exc:
             # Perhaps a file vacuumed under the read: `read_consistently` looks.
             raise OSError(f"SQL: {exc}") from exc
+        except sql.WriteRefused as exc:
+            print(f"error: SQL: {exc}", file=sys.stderr)
+            return 2
         except duckdb.Error as exc:
             print(f"error: SQL: {exc}", file=sys.stderr)
             return 2
@@ -77,6 +90,12 @@ def run_sql(args: argparse.Namespace, settings: Settings) -> int:
         return 0
 
     async def read(loaded: LoadedSnapshot | None) -> int:
+        if args.allow_writes:
+            print(
+                "warning: --allow-writes: this SQL may write anywhere the store's "
+                "credentials and this process may",
+                file=sys.stderr,
+            )
         if loaded is None:
             print("snapshot: none committed yet (every table is empty)", file=sys.stderr)
         else:
@@ -111,4 +130,10 @@ def add_sql_command(subparsers: Any) -> None:
     query.add_argument("query", help='SQL, e.g. "SELECT metric, count(*) FROM points GROUP BY 1"')
     add_snapshot_arguments(query)
     query.add_argument("--format", choices=FORMATS, default="table")
+    query.add_argument(
+        "--allow-writes",
+        action="store_true",
+        help="run statements that write (COPY ... TO, EXPORT, ATTACH, ...) with the store's "
+        "credentials, and let SQL open any file or object (default: read-only)",
+    )
     query.set_defaults(handler=run_sql)

@@ -18,6 +18,13 @@ with the same columns and types and no rows. Files with deletes still pending on
 (`rollup.tombstones.pending_on`) are read with ``WHERE NOT`` the tombstones' predicates
 (`tombstone_sql`), so SQL never sees a deleted row.
 
+Read-only (``lm-rollup sql`` without ``--allow-writes``): `check_read_only` refuses any
+statement but a query before one runs, and `lock_read_only` has DuckDB open nothing
+outside the dataset's directories, with its configuration locked. Both are needed: a
+directory DuckDB may read it may also write (``COPY ... TO`` over a data file, measured
+with DuckDB 1.5), and a statement check alone would leave every local file and every
+object the credentials reach open to reading.
+
 S3 (`S3Access`): a temporary DuckDB secret scoped to the bucket, from the ``[store]``
 settings: the endpoint's host and port, ``use_ssl`` from its scheme, ``url_style`` path
 for an S3-compatible endpoint (virtual-host for AWS itself), the region, and the
@@ -38,16 +45,28 @@ import duckdb
 import pyarrow as pa
 
 from config.store_url import StoreLocation
+from protocol import keys
 from rollup import schemas
 from rollup.manifest import Snapshot
 from rollup.storage import engine_url
 from rollup.tombstones import Tombstone, pending_on
 
 EXTENSIONS = ("httpfs", "avro", "iceberg")
+READ_STATEMENTS = frozenset({"SELECT", "EXPLAIN"})
+"""What a read-only connection runs: the statements DuckDB classifies as these (SELECT,
+WITH, FROM, VALUES, DESCRIBE, SHOW, SUMMARIZE, PRAGMA of a table function, EXPLAIN)."""
+READABLE_PREFIXES = (keys.ROLLUP_TABLES_PREFIX, keys.ROLLUP_ICEBERG_PREFIX)
+"""Where a read-only connection may open files: the rollup's data files and the published
+Iceberg metadata (so ``iceberg_scan`` works); not raw blobs, manifests, the pointer, other
+buckets or local files."""
 
 
 class ExtensionMissing(RuntimeError):
     """A DuckDB extension wheel is not installed (or is for another DuckDB version)."""
+
+
+class WriteRefused(ValueError):
+    """A statement a read-only connection does not run."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,3 +259,37 @@ def register_snapshot(
             group = groups.setdefault(tuple(t.id for t in pending), ([], pending))
             group[0].append(url)
         connection.execute(view_sql(table, schema, clean, list(groups.values())))
+
+
+def lock_read_only(connection: duckdb.DuckDBPyConnection, location: StoreLocation) -> None:
+    """Call after the views and the secret are in place: from then on DuckDB itself opens
+    no file or object outside `READABLE_PREFIXES` of the store and its own extension
+    directory (``allowed_directories``
+    with ``enable_external_access = false``), and no setting can change any more
+    (``lock_configuration``; ``enable_external_access`` cannot be turned back on anyway).
+    A directory DuckDB may read it may also write, so `check_read_only` is needed too."""
+    readable = [engine_url(location.url, prefix.rstrip("/")) + "/" for prefix in READABLE_PREFIXES]
+    # DuckDB's own extension directory, which duckdb_extensions() lists (nothing is
+    # installed or loaded from it: LOAD and INSTALL are refused, autoloading is off).
+    row = connection.execute("SELECT current_setting('extension_directory')").fetchone()
+    extensions = (row[0] if row else "") or str(Path.home() / ".duckdb" / "extensions")
+    readable.append(extensions.rstrip("/") + "/")
+    listed = ", ".join(_literal(directory) for directory in readable)
+    connection.execute(f"SET allowed_directories = [{listed}]")
+    connection.execute("SET enable_external_access = false")
+    connection.execute("SET lock_configuration = true")
+
+
+def check_read_only(connection: duckdb.DuckDBPyConnection, query: str) -> None:
+    """`WriteRefused` unless every statement of ``query`` is one of `READ_STATEMENTS`,
+    before any of them runs: no ``COPY ... TO``, ``EXPORT``, ``ATTACH``, ``INSERT``,
+    ``CREATE``, ``SET``, ``INSTALL``/``LOAD`` or ``CALL``. `duckdb.Error` for SQL that
+    does not parse."""
+    for statement in connection.extract_statements(query):
+        kind = statement.type.name
+        if kind not in READ_STATEMENTS:
+            raise WriteRefused(
+                f"read-only: a {kind} statement is refused (only queries: SELECT, WITH, "
+                "DESCRIBE, SHOW, SUMMARIZE, EXPLAIN); --allow-writes runs it with the "
+                "store's credentials"
+            )
