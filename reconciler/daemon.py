@@ -49,7 +49,7 @@ from store.lease import LeaseHeld, LeaseLost
 from store.time import store_clock
 
 from .audit import ProgressCallback, run_full_audit
-from .audit_records import latest_audit, latest_completed_audit
+from .audit_schedule import AuditSchedule
 from .compaction import CatalogCompactor, CompactionResult
 from .context import Fence, GcMemory, ReconcilerContext, default_owner_id
 from .gc_run import latest_listing_audit, run_gc, settle_stale_deletions
@@ -119,7 +119,9 @@ class Reconciler:
         self.gc_memory = GcMemory()
         self._etags_attest: bool | None = None
         self._last_log_sweep: float | None = None
-        self._audit_task: asyncio.Task[AuditRecord] | None = None
+        self.audits = AuditSchedule(
+            settings=settings, metrics=self.metrics, progress=audit_progress, inventory=inventory
+        )
 
     @property
     def active(self) -> bool:
@@ -151,7 +153,7 @@ class Reconciler:
                 except LeaseLost as exc:
                     log.warning("reconciler_now_standby", reason=str(exc))
                 finally:
-                    await self._stop_audit()
+                    await self.audits.stop()
                     await self._end_term(fence)
         finally:
             self._done.set()
@@ -231,17 +233,17 @@ class Reconciler:
         report.steady = await self._stage("steady", scanner.run_pass, isolate_errors)
         if not self._stopping.is_set():
             if background_audit:
-                await self._stage("audit", lambda: self._start_audit_if_due(ctx), isolate_errors)
+                await self._stage("audit", lambda: self.audits.start_if_due(ctx), isolate_errors)
             else:
                 report.audit = await self._stage(
-                    "audit", lambda: self._audit_if_due(ctx), isolate_errors
+                    "audit", lambda: self.audits.run_if_due(ctx), isolate_errors
                 )
         if not self._stopping.is_set():
             # An audit running here pinned the catalog files it will read: compaction
             # merges, but deletes no input until it is done (PROTOCOL §3.7 pins).
             report.compaction = await self._stage(
                 "compaction",
-                lambda: self.compactor.run(ctx, hold_deletes=self.audit_running),
+                lambda: self.compactor.run(ctx, hold_deletes=self.audits.running),
                 isolate_errors,
             )
         if not self._stopping.is_set() and self._log_sweep_due():
@@ -272,50 +274,6 @@ class Reconciler:
                 raise
             log.exception("reconciler_stage_failed", stage=name)
             return None
-
-    @property
-    def audit_running(self) -> bool:
-        return self._audit_task is not None and not self._audit_task.done()
-
-    async def _start_audit_if_due(self, ctx: ReconcilerContext) -> None:
-        """Start a due audit as a background task (one at a time); report a finished one."""
-        task = self._audit_task
-        if task is not None and task.done():
-            self._audit_task = None
-            if not task.cancelled() and (error := task.exception()) is not None:
-                if isinstance(error, LeaseLost):
-                    raise error
-                self.metrics.stage_errors.labels("audit").inc()
-                log.error("reconciler_audit_failed", error=repr(error))
-        if self._audit_task is None and await self._audit_due(ctx):
-            self._audit_task = asyncio.create_task(
-                run_full_audit(ctx, progress=self._audit_progress, inventory=self._inventory),
-                name="reconciler-audit",
-            )
-
-    async def _stop_audit(self) -> None:
-        """End a background audit with the term (audits resume, keeping their start)."""
-        task, self._audit_task = self._audit_task, None
-        if task is not None and not task.done():
-            task.cancel()
-        if task is not None:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-
-    async def _audit_if_due(self, ctx: ReconcilerContext) -> AuditRecord | None:
-        if not await self._audit_due(ctx):
-            return None
-        return await run_full_audit(ctx, progress=self._audit_progress, inventory=self._inventory)
-
-    async def _audit_due(self, ctx: ReconcilerContext) -> bool:
-        latest = await latest_audit(ctx.store, catalog_only=True)
-        if latest is None or latest.status == "running":
-            return True  # the first audit ever (or of the index: a migration), or one to resume
-        completed = await latest_completed_audit(ctx.store)
-        if completed is None or completed.completed_at_unix_ns is None:
-            return True
-        interval_ns = int(self._settings.reconciler.max_audit_interval_s * 1e9)
-        return completed.completed_at_unix_ns <= ctx.clock.now_ns() - interval_ns
 
     def _log_sweep_due(self) -> bool:
         return (
