@@ -8,8 +8,11 @@ did, and never more than ``max_travel_versions`` back from the latest (400
 ``travel_too_far``); a version below the oldest the chain reaches is 404 without a
 request. Time travel starts from the latest as cached (a ``version`` newer than it reads
 the pointer again). A few whole snapshots are cached too. It also says
-which batches a snapshot includes, per accepted hour (its ledger, `rollup.ledger`),
-cached per (version, hour): the live part leaves out exactly those ``manifest_id``\\s.
+which of the live window's batches a snapshot includes (its ledger, `rollup.ledger`): the
+live part leaves out exactly those ``manifest_id``\\s. A ledger hour's ``manifest_id``
+column is cached per (version, hour) as an Arrow column, bounded by bytes
+(`MAX_CACHED_LEDGER_BYTES`), and the window's ids are looked up in it column-wise: an hour
+of millions of batches is never a Python set (PROTOCOL §3.9).
 
 `read_committed` reads one table of a snapshot with the query's filters (metric, agent
 on ``points``, the time range; labels after reading) through `rollup.reader`, file by
@@ -31,7 +34,7 @@ from protocol import keys
 from rollup import reader, schemas
 from rollup.chain_index import ChainIndex
 from rollup.commit import VersionNotFound, read_pointer, read_snapshot
-from rollup.ledger import included_manifest_ids
+from rollup.ledger import read_ledger
 from rollup.manifest import Snapshot
 from store.base import ObjectStore
 from store.errors import NotFound
@@ -40,7 +43,7 @@ from .query_api import LiveQuery, ns_to_datetime
 from .query_rows import TooManyRows, filter_labels
 
 MAX_CACHED_SNAPSHOTS = 8
-MAX_CACHED_LEDGER_HOURS = 512
+MAX_CACHED_LEDGER_BYTES = 256 * 1024 * 1024
 
 
 class SnapshotSource:
@@ -59,7 +62,8 @@ class SnapshotSource:
         self._latest: Snapshot | None = None
         self._checked_at: float | None = None
         self._by_version: OrderedDict[int, Snapshot] = OrderedDict()
-        self._ledger: OrderedDict[tuple[int, str], frozenset[str]] = OrderedDict()
+        self._ledger: OrderedDict[tuple[int, str], pa.Array] = OrderedDict()
+        self._ledger_bytes = 0
 
     async def latest(self, *, refresh: bool = False) -> Snapshot | None:
         """The latest committed snapshot, at most ``refresh_interval_s`` old (``refresh``:
@@ -114,23 +118,41 @@ class SnapshotSource:
         while len(self._by_version) > MAX_CACHED_SNAPSHOTS:
             self._by_version.popitem(last=False)
 
-    async def included(self, snapshot: Snapshot | None, hours: set[str]) -> set[str]:
-        """The ``manifest_id``\\s the snapshot includes whose accepted hour is in ``hours``."""
-        if snapshot is None:
+    async def included(
+        self, snapshot: Snapshot | None, hours: set[str], candidates: set[str]
+    ) -> set[str]:
+        """Which of ``candidates`` (``manifest_id``\\s of batches accepted in ``hours``)
+        the snapshot includes."""
+        if snapshot is None or not candidates:
             return set()
         wanted = {h for h in hours if h in snapshot.ledger_hours}
         missing = {h for h in wanted if (snapshot.version, h) not in self._ledger}
         if missing:
-            read = await included_manifest_ids(self._store, snapshot, missing)
-            for hour, ids in read.items():
-                self._ledger[(snapshot.version, hour)] = frozenset(ids)
+            read = await read_ledger(self._store, snapshot, missing)
+            hour_of = read.column("accepted_hour")
+            for hour in missing:
+                ids = read.filter(pc.equal(hour_of, hour)).column("manifest_id").combine_chunks()
+                self._remember((snapshot.version, hour), ids)
+        values = pa.array(sorted(candidates), pa.string())
         result: set[str] = set()
         for hour in wanted:
-            self._ledger.move_to_end((snapshot.version, hour))
-            result |= self._ledger[(snapshot.version, hour)]
-        while len(self._ledger) > MAX_CACHED_LEDGER_HOURS:
-            self._ledger.popitem(last=False)
+            key = (snapshot.version, hour)
+            ids = self._ledger.get(key)
+            if ids is None:  # evicted by a larger hour read in the same call: read again
+                read = await read_ledger(self._store, snapshot, {hour})
+                ids = read.column("manifest_id").combine_chunks()
+            else:
+                self._ledger.move_to_end(key)
+            found = pc.is_in(values, value_set=ids)
+            result.update(values.filter(found).to_pylist())
         return result
+
+    def _remember(self, key: tuple[int, str], ids: pa.Array) -> None:
+        self._ledger[key] = ids
+        self._ledger_bytes += ids.nbytes
+        while self._ledger_bytes > MAX_CACHED_LEDGER_BYTES and len(self._ledger) > 1:
+            _old, dropped = self._ledger.popitem(last=False)
+            self._ledger_bytes -= dropped.nbytes
 
 
 def read_committed(

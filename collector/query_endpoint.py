@@ -167,7 +167,8 @@ class QueryEndpoint:
             window.forget_committed(sealed)
             held = window.batches()
             dropped = window.dropped()
-            committed_ids = await self.snapshots.included(snapshot, window.hours())
+            candidates = {b.manifest_id for b in held} | {d.manifest_id for d in dropped}
+            committed_ids = await self.snapshots.included(snapshot, window.hours(), candidates)
             frames = [b.frame for b in held if b.manifest_id not in committed_ids]
             window_batches = len(held)
             missing = missing_dropped(
