@@ -8,8 +8,8 @@ own, read from ``/proc/<pid>/status`` VmHWM):
 - **levels**: the compactor's path, `index.catalog_merge.merge_files` by levels of 8
   (level 0 -> 1 -> 2 ...) and the final merge of the settled hour, under
   ``--memory-limit-mb`` (DuckDB spills beyond it);
-- **totals**: `index.catalog_tables.read_hour_table` of the merged hour with the totals'
-  columns and `hour_totals` (what raw retention and the live query's seal check do);
+- **totals**: `index.catalog_tables.read_hour_totals` of the hour (all its files, out of
+  core in DuckDB: what raw retention and the live query's seal check do);
 - **baseline** (same run): the code this replaced, `index.catalog.read_hour` (one Python
   row object per key) on ``--baseline-rows`` rows (default a tenth), whose RSS per row
   above the interpreter's own (measured after imports) is scaled to the whole hour.
@@ -36,8 +36,9 @@ import pyarrow.compute as pc
 
 from bench._common import REPO_ROOT
 from index.catalog import CatalogWriter, list_hour_files, read_hour
-from index.catalog_merge import MergeLimits, merge_files
-from index.catalog_tables import TOTALS_COLUMNS, hour_totals, newest_per_key, read_file_table
+from index.catalog_local import MergeLimits
+from index.catalog_merge import merge_files
+from index.catalog_tables import read_hour_totals
 from index.row_checks import raw_blob_keys
 from index.rows import FILE_SCHEMA
 from protocol import keys
@@ -140,12 +141,11 @@ async def compact_by_levels(url: str, memory_limit_mb: int, spill: str) -> dict[
     }
 
 
-async def totals(url: str) -> dict[str, object]:
-    store = open_store(url)
-    files = await list_hour_files(store, HOUR)
-    newest = [max(files, key=lambda info: info.key)]  # the final merge: the whole hour
-    table = newest_per_key([await read_file_table(store, newest[0].key, TOTALS_COLUMNS)])
-    result = hour_totals(table)
+async def totals(url: str, memory_limit_mb: int, spill: str) -> dict[str, object]:
+    """What raw retention and the live query's seal check do: the hour's totals, out of
+    core (`index.catalog_tables.read_hour_totals`)."""
+    limits = MergeLimits(memory_limit_mb=memory_limit_mb, spill_dir=spill)
+    result = await read_hour_totals(open_store(url), HOUR, limits)
     return {"batches": result.batches, "setsum": result.setsum.hex[:16]}
 
 
@@ -172,7 +172,7 @@ def child(argv: list[str]) -> None:
     if what == "levels":
         result = asyncio.run(compact_by_levels(url, int(argv[2]), argv[3]))
     elif what == "totals":
-        result = asyncio.run(totals(url))
+        result = asyncio.run(totals(url, int(argv[2]), argv[3]))
     else:
         result = asyncio.run(baseline(url))
     seconds = time.perf_counter() - started
@@ -183,12 +183,14 @@ def child(argv: list[str]) -> None:
 def run_child(*args: str) -> dict[str, object]:
     out = subprocess.run(
         [sys.executable, "-m", "bench.catalog_hour", "--child", *args],
-        check=True,
+        check=False,
         capture_output=True,
         text=True,
         cwd=REPO_ROOT,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
     )
+    if out.returncode != 0:
+        raise SystemExit(f"child {args[0]} failed ({out.returncode}):\n{out.stderr[-4000:]}")
     result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
 
@@ -216,7 +218,7 @@ def main() -> None:
         spill = f"{tmp}/spill"
         Path(spill).mkdir()
         levels = run_child("levels", big, str(args.memory_limit_mb), spill)
-        summed = run_child("totals", big)
+        summed = run_child("totals", big, str(args.memory_limit_mb), spill)
         base = run_child("baseline", small)
 
     def work(result: dict[str, object]) -> float:

@@ -18,32 +18,19 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import io
-import os
-import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
-import pyarrow.parquet as pq
 
 from protocol import keys
 from store.base import ObjectInfo, ObjectStore
 
 from .catalog import COMPACTED_FROM, CatalogWriter, Compaction
-from .rows import FILE_SCHEMA, IndexFileError, read_table
+from .catalog_local import NEWEST_PER_KEY, MergeLimits, connect, local_copies, sql_list, sql_string
+from .rows import FILE_SCHEMA, IndexFileError
 
 LEVEL = b"lightmetrics.level"
-DEFAULT_MEMORY_LIMIT_MB = 256
-
-
-@dataclass(frozen=True, slots=True)
-class MergeLimits:
-    memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB
-    spill_dir: str | None = None
-    """Where inputs and DuckDB's spill files go (None: the system's temporary directory)."""
-    threads: int = 1
 
 
 def file_level(body_footer: dict[bytes, bytes] | None) -> int:
@@ -62,7 +49,7 @@ async def merge_files(
     inputs: Sequence[ObjectInfo],
     *,
     level: int,
-    limits: MergeLimits = MergeLimits(),
+    limits: MergeLimits = MergeLimits(),  # noqa: B008 - a frozen value
 ) -> Compaction:
     """Merge ``inputs`` (files of ``hour``) into one file of ``level``. Raises
     `IndexFileError` when an input is not a catalog file, `NotFound` when one is gone,
@@ -70,14 +57,7 @@ async def merge_files(
     names = sorted(info.key for info in inputs)
     if len(names) < 2:
         raise ValueError("a merge needs at least two files")
-    with tempfile.TemporaryDirectory(prefix="lm-catalog-merge-", dir=limits.spill_dir) as tmp:
-        paths = []
-        for i, name in enumerate(names):
-            body, _etag = await store.get(name)
-            path = Path(tmp, f"{i:08d}.parquet")
-            await asyncio.to_thread(_write_normalized, path, body, name)
-            del body
-            paths.append(str(path))
+    async with local_copies(store, names, limits) as (tmp, paths):
         out = Path(tmp, "merged.parquet")
         metadata = {COMPACTED_FROM.decode(): "\n".join(names), LEVEL.decode(): str(level)}
         rows = await asyncio.to_thread(_merge, paths, out, metadata, limits, tmp)
@@ -91,40 +71,24 @@ async def merge_files(
     return Compaction(merged, tuple(names), rows)
 
 
-def _write_normalized(path: Path, body: bytes, name: str) -> None:
-    """The input as a local file with every `FILE_SCHEMA` column (as is when it has them)."""
-    try:
-        present = set(pq.read_schema(io.BytesIO(body)).names)
-    except Exception as exc:
-        raise IndexFileError(f"{name}: not an index file: {exc}") from None
-    if present >= set(FILE_SCHEMA.names):
-        path.write_bytes(body)
-        return
-    pq.write_table(read_table(body, source=name), path, compression="zstd")
-
-
 def _merge(
     paths: list[str], out: Path, metadata: dict[str, str], limits: MergeLimits, tmp: str
 ) -> int:
-    columns = ", ".join(f'"{name}"' for name in FILE_SCHEMA.names)
-    files = "[" + ", ".join(_sql_string(p) for p in paths) + "]"
-    kv = "{" + ", ".join(f"{_sql_string(k)}: {_sql_string(v)}" for k, v in metadata.items()) + "}"
-    config: dict[str, str | bool | int | float | list[str]] = {
-        "memory_limit": f"{limits.memory_limit_mb}MB",
-        "temp_directory": os.path.join(tmp, "duckdb-spill"),
-        "threads": limits.threads,
-        "preserve_insertion_order": False,
-    }
+    qualified = ", ".join(f'r."{name}"' for name in FILE_SCHEMA.names)
+    files = sql_list(paths)
+    kv = "{" + ", ".join(f"{sql_string(k)}: {sql_string(v)}" for k, v in metadata.items()) + "}"
     try:
-        with duckdb.connect(config=config) as con:
+        with connect(limits, tmp) as con:
+            con.execute(NEWEST_PER_KEY.format(files=files))
             con.execute(
-                f"COPY (SELECT {columns} FROM read_parquet({files}, filename = true) "
-                "QUALIFY row_number() OVER (PARTITION BY key ORDER BY filename DESC) = 1 "
-                f"ORDER BY key) TO {_sql_string(str(out))} "
-                f"(FORMAT parquet, COMPRESSION zstd, KV_METADATA {kv})"
+                f"COPY (SELECT {qualified} FROM read_parquet({files}, filename = true) AS r "
+                "LEFT JOIN newest AS n ON r.key = n.key "
+                "WHERE n.key IS NULL OR r.filename = n.filename "
+                f"ORDER BY r.key) TO {sql_string(str(out))} "
+                f"(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 16384, KV_METADATA {kv})"
             )
             counted = con.execute(
-                f"SELECT count(*), count(DISTINCT key) FROM read_parquet({_sql_string(str(out))})"
+                f"SELECT count(*), count(DISTINCT key) FROM read_parquet({sql_string(str(out))})"
             ).fetchone()
     except duckdb.Error as exc:
         raise IndexFileError(f"merging catalog files failed: {exc}") from None
@@ -133,7 +97,3 @@ def _merge(
     if rows != distinct:
         raise IndexFileError(f"merged file has {rows} rows but {distinct} keys")
     return int(rows)
-
-
-def _sql_string(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"

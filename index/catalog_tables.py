@@ -29,6 +29,7 @@ from store.base import ObjectInfo, ObjectStore
 from store.errors import NotFound
 
 from .catalog import RELIST_ATTEMPTS, list_hour_files
+from .catalog_local import NEWEST_PER_KEY, MergeLimits, connect, local_copies, sql_list
 from .row_checks import first_problems, well_formed
 from .rows import FILE_SCHEMA, IndexFileError, iter_batches
 
@@ -155,6 +156,77 @@ TOTALS_COLUMNS = (
 """The columns `hour_totals` needs: read only these to keep an hour small."""
 
 
+_TOTALS_SQL = """
+SELECT count(*) AS batches, coalesce(sum(record_count), 0) AS records, {limbs}
+FROM (
+    SELECT r.record_count, sha256(
+        'agent=' || lower(hex(r.agent_id)) || '.boot=' || replace(r.boot_id, '-', '') || '.'
+        || lpad(r.seq_start::VARCHAR, 20, '0') || '-' || lpad(r.seq_end::VARCHAR, 20, '0')
+        || chr(10) || r.frame_sha256) AS h
+    FROM read_parquet({files}, filename = true) AS r
+    LEFT JOIN newest AS n ON r.key = n.key
+    WHERE (n.key IS NULL OR r.filename = n.filename) AND r.kind = 'accepted'
+)
+"""
+_CHECK_SQL = """
+SELECT count(*) FROM read_parquet({files})
+WHERE kind NOT IN ('accepted', 'quarantine') OR NOT regexp_full_match(frame_sha256, '[0-9a-f]{{64}}')
+   OR time_unix_ns // {hour_ns} != {hour_index} OR agent_id IS NULL OR boot_id IS NULL
+   OR seq_start IS NULL OR seq_end IS NULL
+"""
+
+
+def _limbs(column: str) -> str:
+    return ", ".join(f"sum(('0x' || substr({column}, {1 + 8 * i}, 8))::UBIGINT)" for i in range(8))
+
+
+def _setsum_of_limbs(sums: Sequence[object]) -> Setsum:
+    total = sum(int(str(s or 0)) << (32 * (7 - i)) for i, s in enumerate(sums))
+    return Setsum(total % MODULUS)
+
+
+async def read_hour_totals(
+    store: ObjectStore, hour: keys.UtcHour, limits: MergeLimits | None = None
+) -> HourTotals:
+    """`hour_totals` of the hour's catalog, out of core: the files are copied locally one
+    at a time and DuckDB keeps the newest row per key and sums the setsum, under the
+    memory limit (an hour of millions of batches in bounded memory). Rows are checked for
+    kind, hash, identity presence and hour in SQL (the writer checked each in full).
+    `IndexFileError` when a file is not a catalog file of the hour; a file gone after the
+    listing makes it list again, a bounded number of times."""
+    limits = limits or MergeLimits()
+    for _attempt in range(RELIST_ATTEMPTS):
+        files = await list_hour_files(store, hour)
+        if not files:
+            return HourTotals(0, 0, Setsum())
+        try:
+            async with local_copies(store, [f.key for f in files], limits) as (tmp, paths):
+                return await asyncio.to_thread(_totals_in_duckdb, paths, hour, limits, tmp)
+        except NotFound:
+            continue
+    raise IndexFileError(f"catalog hour {hour} kept changing while it was read; try again")
+
+
+def _totals_in_duckdb(
+    paths: list[str], hour: keys.UtcHour, limits: MergeLimits, tmp: str
+) -> HourTotals:
+    files = sql_list(paths)
+    try:
+        with connect(limits, tmp) as con:
+            bad = con.execute(
+                _CHECK_SQL.format(files=files, hour_ns=HOUR_NS, hour_index=hour.start_ns // HOUR_NS)
+            ).fetchone()
+            if bad is not None and bad[0]:
+                raise IndexFileError(f"catalog hour {hour}: {bad[0]} malformed row(s)")
+            con.execute(NEWEST_PER_KEY.format(files=files))
+            row = con.execute(_TOTALS_SQL.format(files=files, limbs=_limbs("h"))).fetchone()
+    except duckdb.Error as exc:
+        raise IndexFileError(f"catalog hour {hour}: {exc}") from None
+    assert row is not None
+    batches, records, *sums = row
+    return HourTotals(int(batches), int(records), _setsum_of_limbs(sums))
+
+
 def hour_totals(accepted: pa.Table) -> HourTotals:
     """Batches, records and setsum of accepted rows (identity columns, ``frame_sha256``
     and ``record_count``)."""
@@ -171,6 +243,5 @@ def hour_totals(accepted: pa.Table) -> HourTotals:
         ).fetchone()
     assert row is not None
     count, *sums = row
-    total = sum(int(s) << (32 * (7 - i)) for i, s in enumerate(sums))
     records = pc.sum(accepted.column("record_count")).as_py() or 0
-    return HourTotals(int(count), int(records), Setsum(total % MODULUS))
+    return HourTotals(int(count), int(records), _setsum_of_limbs(sums))

@@ -26,7 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from index.catalog import delete_compacted_inputs, list_hour_files
-from index.catalog_merge import MergeLimits, merge_files
+from index.catalog_local import MergeLimits
+from index.catalog_merge import merge_files
 from index.rows import IndexFileError
 from protocol import keys
 from store.base import ObjectInfo

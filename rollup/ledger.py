@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from index.catalog_tables import TOTALS_COLUMNS, hour_totals, read_hour_table
+from index.catalog_tables import read_hour_totals
 from index.rows import IndexRow
 from protocol import keys
 from protocol.records import AcceptedManifest
@@ -109,11 +109,10 @@ def catalog_totals(rows: Iterable[IndexRow]) -> LedgerHour:
 
 
 async def read_catalog_totals(store: ObjectStore, hour: keys.UtcHour) -> LedgerHour:
-    """`catalog_totals` of the hour's catalog, column-wise: only the columns the totals
-    need are read, and the setsum is summed in DuckDB (`index.catalog_tables`), so an hour
-    of millions of batches is never a list of Python rows (PROTOCOL §3.9)."""
-    hour_table = await read_hour_table(store, hour, TOTALS_COLUMNS)
-    totals = hour_totals(hour_table.accepted())
+    """`catalog_totals` of the hour's catalog, out of core: DuckDB over local copies of its
+    files (`index.catalog_tables.read_hour_totals`), so an hour of millions of batches is
+    never a list of Python rows, nor all in memory (PROTOCOL §3.9)."""
+    totals = await read_hour_totals(store, hour)
     return LedgerHour(totals.batches, totals.records, totals.setsum.hex)
 
 

@@ -6,12 +6,19 @@ from __future__ import annotations
 import dataclasses
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from index.catalog import CatalogWriter
-from index.catalog_tables import hour_totals, manifest_ids, newest_per_key, read_hour_table
-from index.rows import accepted_row, quarantine_row, table_of
+from index.catalog_tables import (
+    hour_totals,
+    manifest_ids,
+    newest_per_key,
+    read_hour_table,
+    read_hour_totals,
+)
+from index.rows import IndexFileError, accepted_row, encode, quarantine_row, table_of
 from protocol import keys
 from protocol.clock import ManualClock
 from protocol.setsum import Setsum
@@ -57,3 +64,33 @@ async def test_read_hour_table_reads_only_the_columns_asked_for() -> None:
     read = await read_hour_table(store, hour, ["key", "kind", "frame_sha256"])
     assert read.table.column_names == ["key", "kind", "frame_sha256"]
     assert read.table.num_rows == 3 and read.accepted().num_rows == 2 and len(read.files) == 2
+
+
+async def test_read_hour_totals_out_of_core_equal_the_reference_with_superseding_rows() -> None:
+    store = MemoryStore()
+    writer = CatalogWriter(store=store, clock=ManualClock(T0), rng=random.Random(1), epoch=1)
+    hour = keys.UtcHour.from_unix_ns(T0)
+    long_agent = accepted_row(manifest(3, agent="é" * 60))
+    first = [accepted_row(manifest(1)), accepted_row(manifest(2)), long_agent]
+    await writer.write(hour, [*first, quarantine_row(conflict(1))])
+    # A superseding row for seq 2 (the store's record differs from the claim) and a repeat.
+    truth = dataclasses.replace(
+        first[1], frame_sha256="ab" * 32, raw_blob_key=keys.raw_blob_key("ab" * 32)
+    )
+    await writer.write(hour, [truth, first[0]])
+
+    totals = await read_hour_totals(store, hour)
+
+    expected = [first[0], truth, long_agent]
+    assert (totals.batches, totals.records) == (3, sum(r.record_count or 0 for r in expected))
+    assert totals.setsum == Setsum.of((r.manifest_id, r.frame_sha256) for r in expected)
+    assert (await read_hour_totals(store, hour.next())).batches == 0
+
+
+async def test_read_hour_totals_refuses_a_row_of_another_hour() -> None:
+    store = MemoryStore()
+    hour = keys.UtcHour.from_unix_ns(T0)
+    stray = accepted_row(manifest(1, at_ns=T0 + 2 * 3600 * 10**9))
+    await store.put(keys.index_catalog_key(hour, 1, 1), encode([stray]))
+    with pytest.raises(IndexFileError, match="malformed"):
+        await read_hour_totals(store, hour)

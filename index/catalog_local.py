@@ -1,0 +1,95 @@
+"""Catalog files as local copies for DuckDB (PROTOCOL §3.9: out of core, memory bounded).
+
+`local_copies` fetches catalog files from the store one at a time into a private
+temporary directory (``MergeLimits.spill_dir``; nothing of an hour is held in memory but
+one file's body at a time), normalizing a file written before a column existed
+(`index.rows.read_table` adds it as nulls) so every copy has `FILE_SCHEMA`. `connect` opens
+DuckDB under the memory limit, spilling into the same directory. `index.catalog_merge`
+(compaction) and `index.catalog_tables.read_hour_totals` (ledger checks) run on these.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import os
+import tempfile
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import pyarrow.parquet as pq
+
+from store.base import ObjectStore
+
+from .rows import FILE_SCHEMA, IndexFileError, read_table
+
+DEFAULT_MEMORY_LIMIT_MB = 256
+
+
+@dataclass(frozen=True, slots=True)
+class MergeLimits:
+    memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB
+    spill_dir: str | None = None
+    """Where copies and DuckDB's spill files go (None: the system's temporary directory)."""
+    threads: int = 1
+
+
+@contextlib.asynccontextmanager
+async def local_copies(
+    store: ObjectStore, names: Sequence[str], limits: MergeLimits
+) -> AsyncIterator[tuple[str, list[str]]]:
+    """``(directory, paths)``: each of ``names`` (in the given order) as a local file with
+    every `FILE_SCHEMA` column; the directory goes away on exit. Raises `NotFound` when a
+    file is gone, `IndexFileError` when one is not an index file."""
+    with tempfile.TemporaryDirectory(prefix="lm-catalog-", dir=limits.spill_dir) as tmp:
+        paths = []
+        for i, name in enumerate(names):
+            body, _etag = await store.get(name)
+            path = Path(tmp, f"{i:08d}.parquet")
+            await asyncio.to_thread(_write_normalized, path, body, name)
+            del body
+            paths.append(str(path))
+        yield tmp, paths
+
+
+def connect(limits: MergeLimits, tmp: str) -> duckdb.DuckDBPyConnection:
+    config: dict[str, str | bool | int | float | list[str]] = {
+        "memory_limit": f"{limits.memory_limit_mb}MB",
+        "temp_directory": os.path.join(tmp, "duckdb-spill"),
+        "threads": limits.threads,
+        "preserve_insertion_order": False,
+    }
+    return duckdb.connect(config=config)
+
+
+def sql_string(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def sql_list(paths: Sequence[str]) -> str:
+    return "[" + ", ".join(sql_string(p) for p in paths) + "]"
+
+
+NEWEST_PER_KEY = """
+CREATE TEMP TABLE newest AS
+SELECT key, max(filename) AS filename FROM read_parquet({files}, filename = true)
+GROUP BY key HAVING count(*) > 1
+"""
+"""Keys in more than one file (a superseding row, a row cataloged twice) and the newest
+file holding each (copies are named in write order): a narrow aggregate that spills.
+Join ``read_parquet(..., filename = true) AS r`` with ``LEFT JOIN newest AS n ON r.key =
+n.key WHERE n.key IS NULL OR r.filename = n.filename`` to keep one row per key."""
+
+
+def _write_normalized(path: Path, body: bytes, name: str) -> None:
+    try:
+        present = set(pq.read_schema(io.BytesIO(body)).names)
+    except Exception as exc:
+        raise IndexFileError(f"{name}: not an index file: {exc}") from None
+    if present >= set(FILE_SCHEMA.names):
+        path.write_bytes(body)
+        return
+    pq.write_table(read_table(body, source=name), path, compression="zstd")
