@@ -1,6 +1,6 @@
 """What a committed snapshot provably covers: ``sealed_through_ns`` (PROTOCOL §2).
 
-**Meaning (decision; PROTOCOL §2 is loose here)**: every batch *accepted* (its manifest's
+**Meaning (PROTOCOL §2; sealed hours, §3.7)**: every batch *accepted* (its manifest's
 ``accepted_at``) before ``sealed_through_ns`` is in the snapshot. It is the start of the
 earliest accepted hour that is not both
 
@@ -17,7 +17,9 @@ earliest accepted hour that is not both
 
 A batch accepted later can still carry older points, so a query over old times may get
 more rows later even when ``complete``; what ``complete`` promises is that no batch
-accepted before ``sealed_through_ns`` is missing.
+accepted before ``sealed_through_ns`` is missing. Answers count the batches they include
+that were accepted later and overlap their range (``sources.late_batches``,
+`collector.live_late`).
 
 Cost: the audit records are listed at most every ``refresh_interval_s`` (few: the
 reconciler trims them). A sealed hour's catalog never changes, so each is read once per

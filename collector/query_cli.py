@@ -72,7 +72,8 @@ def print_answer(answer: dict[str, Any], fmt: str, out: TextIO) -> None:
         f"snapshot_version={answer['snapshot_version']} "
         f"sealed_through_ns={answer['sealed_through_ns']} "
         f"live_through_ns={answer['live_through_ns']} "
-        f"snapshot_rows={sources.get('snapshot_rows')} live_rows={sources.get('live_rows')}\n"
+        f"snapshot_rows={sources.get('snapshot_rows')} live_rows={sources.get('live_rows')} "
+        f"late_batches={sources.get('late_batches')}\n"
     )
     columns = answer["columns"]
     rows = [dict(zip(columns, row, strict=True)) for row in answer["rows"]]

@@ -65,6 +65,10 @@ class SnapshotSource:
         self._ledger: OrderedDict[tuple[int, str], pa.Array] = OrderedDict()
         self._ledger_bytes = 0
 
+    @property
+    def store(self) -> ObjectStore:
+        return self._store
+
     async def latest(self, *, refresh: bool = False) -> Snapshot | None:
         """The latest committed snapshot, at most ``refresh_interval_s`` old (``refresh``:
         read the pointer now)."""
@@ -146,6 +150,18 @@ class SnapshotSource:
             found = pc.is_in(values, value_set=ids)
             result.update(values.filter(found).to_pylist())
         return result
+
+    async def ledger_ids(self, snapshot: Snapshot, hour: str) -> pa.Array:
+        """The ``manifest_id`` column of the snapshot's ledger ``hour`` (cached as above)."""
+        key = (snapshot.version, hour)
+        ids = self._ledger.get(key)
+        if ids is not None:
+            self._ledger.move_to_end(key)
+            return ids
+        read = await read_ledger(self._store, snapshot, {hour})
+        ids = read.column("manifest_id").combine_chunks()
+        self._remember(key, ids)
+        return ids
 
     def _remember(self, key: tuple[int, str], ids: pa.Array) -> None:
         self._ledger[key] = ids

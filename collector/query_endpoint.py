@@ -9,7 +9,8 @@ The answer (PROTOCOL §2)::
     {"complete": bool, "snapshot_version": int | null, "sealed_through_ns": int,
      "live_through_ns": int,
      "sources": {"snapshot_rows", "live_rows", "live_batches", "window_batches",
-                 "dropped_missing", "following": "designated" | "own_batches" | "none"},
+                 "dropped_missing", "late_batches",
+                 "following": "designated" | "own_batches" | "none"},
      "columns": [...], "rows": [[...], ...]}
 
 - committed part: the latest snapshot (or ``version`` / ``as_of``) read with the query's
@@ -18,10 +19,15 @@ The answer (PROTOCOL §2)::
   the window's batches whose ``manifest_id`` the snapshot's ledger lacks — excluded by
   id, never by hour, so a batch accepted in a new hour while a snapshot lands is counted
   once (`collector.query_rows`);
-- ``sealed_through_ns`` (`collector.live_coverage`): every batch accepted before it is in
-  the snapshot. ``complete`` is true only when ``to <= sealed_through_ns``, the window
+- ``sealed_through_ns`` (`collector.live_coverage`): every batch *accepted* before it is
+  in the snapshot. ``complete`` is true only when ``to <= sealed_through_ns``, the window
   dropped nothing the range may need that the snapshot lacks, and a designated
-  collector is not behind the log.
+  collector is not behind the log. ``complete`` is about acceptance time, the range
+  about point time: **an old range can still grow after a complete answer**, from a
+  batch accepted later that carries old points (an agent replaying its spool after an
+  outage). ``sources.late_batches`` (`collector.live_late`) counts the batches in the
+  answer that were accepted at or after ``sealed_through_ns`` and whose points' span
+  overlaps the range (never fewer than there are).
 - ``live_through_ns``: designated, the store time through which the log has been
   followed; own batches, now; neither, ``sealed_through_ns`` (nothing live is held).
 
@@ -53,6 +59,7 @@ from store.errors import StoreConfigError, StoreError
 from .auth import Authenticator
 from .intake import error_response, unauthenticated
 from .live_coverage import Coverage
+from .live_late import LateBatches, in_live_part
 from .live_sources import LogFollower
 from .live_window import LiveWindow, missing_dropped
 from .metrics import CollectorMetrics
@@ -93,6 +100,7 @@ class QueryEndpoint:
         now_ns: Callable[[], int],
         window: LiveWindow | None = None,
         follower: LogFollower | None = None,
+        late: LateBatches | None = None,
         retry_after_s: int = 1,
     ) -> None:
         self.authenticator = authenticator
@@ -105,6 +113,7 @@ class QueryEndpoint:
         self.now_ns = now_ns
         self.window = window
         self.follower = follower
+        self.late = late or LateBatches(snapshots)
         self.retry_after_s = retry_after_s
         self._running = 0
 
@@ -161,7 +170,7 @@ class QueryEndpoint:
         sealed = await self.coverage.sealed_through_ns(snapshot)
         travel = query.version is not None or query.as_of is not None
         window = None if travel else self.window
-        frames, window_batches, missing = [], 0, 0
+        frames, window_batches, missing, late = [], 0, 0, 0
         if window is not None:
             window.expire(self.now_ns())
             window.forget_committed(sealed)
@@ -169,7 +178,9 @@ class QueryEndpoint:
             dropped = window.dropped()
             candidates = {b.manifest_id for b in held} | {d.manifest_id for d in dropped}
             committed_ids = await self.snapshots.included(snapshot, window.hours(), candidates)
-            frames = [b.frame for b in held if b.manifest_id not in committed_ids]
+            live_part = [b for b in held if b.manifest_id not in committed_ids]
+            frames = [b.frame for b in live_part]
+            late = in_live_part(live_part, sealed_through_ns=sealed, range_ns=query.points_range_ns)
             window_batches = len(held)
             missing = missing_dropped(
                 dropped,
@@ -178,6 +189,9 @@ class QueryEndpoint:
                 sealed_through_ns=sealed,
                 range_ns=query.points_range_ns,
             )
+        late += await self.late.committed(
+            snapshot, sealed_through_ns=sealed, range_ns=query.points_range_ns
+        )
         rows = await asyncio.to_thread(self._rows, query, snapshot, frames)
         behind = self.follower is not None and self.follower.behind and not travel
         complete = query.to_ns <= sealed and missing == 0 and not behind
@@ -192,6 +206,7 @@ class QueryEndpoint:
                 "live_batches": rows.live_batches,
                 "window_batches": window_batches,
                 "dropped_missing": missing,
+                "late_batches": late,
                 "following": "none" if travel else self.following,
             },
             "columns": rows.table.column_names,

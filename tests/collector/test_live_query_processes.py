@@ -5,8 +5,11 @@ A batch accepted by A appears in D's answer within the flush + poll interval, no
 complete (its hour is not sealed); A's answer holds only A's batches; D restarted
 rebuilds its window from the log and the blobs. Then ``lm-reconciler audit`` and one
 ``lm-rollup run`` (Spark, ``local[1]``): the old range answers ``complete: true`` from
-snapshot 1 with nothing counted twice; a batch accepted after the rollup merges into
-``step=1m`` minutes; ``version=1`` reads the committed part alone; the metrics count
+snapshot 1 with nothing counted twice, and counts in ``sources.late_batches`` the
+batches accepted after the seal (the audit seals only hours that ended before it; these
+were accepted in the current hour with points three hours back); a batch accepted after
+the rollup with the same old times merges into ``step=1m`` minutes, still ``complete``
+(by acceptance time) and counted late; ``version=1`` reads the committed part alone; the metrics count
 the queries; ``lm-collector query`` prints the answer.
 """
 
@@ -188,6 +191,8 @@ async def test_live_queries_own_batches_designated_and_sealed(
         assert committed["sources"]["snapshot_rows"] == 6
         assert committed["sources"]["live_rows"] == 0
         assert committed["rows"] == seen["rows"]
+        # Both were accepted in the current hour, after the seal: the old range got them late.
+        assert committed["sources"]["late_batches"] == 2
         own = await wait_for(session, a, lambda r: r["snapshot_version"] == 1, "A sees v1", **old)
         assert own["complete"] is True and len(own["rows"]) == 6
 
@@ -201,6 +206,7 @@ async def test_live_queries_own_batches_designated_and_sealed(
         )
         columns = minutes["columns"]
         assert len(minutes["rows"]) == 1 and minutes["complete"] is True
+        assert minutes["sources"]["late_batches"] == 3  # an old range can still grow
         minute = dict(zip(columns, minutes["rows"][0], strict=True))
         assert (minute["count"], minute["sum"], minute["min"], minute["max"]) == (
             9,

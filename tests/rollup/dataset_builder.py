@@ -8,7 +8,7 @@ import io
 import random
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 
@@ -125,11 +125,14 @@ async def catalog_manifests(
     clock: Clock | None = None,
     epoch: int = 1,
     markers: bool = True,
+    ts_ranges: Mapping[str, tuple[int, int]] | None = None,
 ) -> list[str]:
     """Catalog ``manifests`` as `reconciler.cataloger.Cataloger.commit` does: one catalog
     file per accepted hour (`index.catalog.CatalogWriter`), then, unless ``markers`` is
     False (history the rollup already consumed), one rollup work marker per file. Returns
-    the catalog file keys."""
+    the catalog file keys. ``ts_ranges``: the rows' ``min_ts_ns``/``max_ts_ns`` by
+    ``manifest_id`` (null for the others, as rows written before the columns)."""
+    spans = ts_ranges or {}
     clock = clock or SystemClock()
     writer = CatalogWriter(store=store, clock=clock, rng=random.Random(epoch), epoch=epoch)
     by_hour: dict[keys.UtcHour, list[AcceptedManifest]] = defaultdict(list)
@@ -137,7 +140,10 @@ async def catalog_manifests(
         by_hour[manifest.accepted_hour].append(manifest)
     written = []
     for hour, hour_manifests in sorted(by_hour.items()):
-        catalog_key = await writer.write(hour, [accepted_row(m) for m in hour_manifests])
+        catalog_key = await writer.write(
+            hour,
+            [accepted_row(m, ts_range=spans.get(m.identity.manifest_id)) for m in hour_manifests],
+        )
         if markers:
             await put_work_marker(store, catalog_key, rows=len(hour_manifests), clock=clock)
         written.append(catalog_key)

@@ -1,0 +1,172 @@
+"""``sources.late_batches`` of a ``/v1/query`` answer (PROTOCOL §2).
+
+``complete`` is defined by *acceptance* time (`collector.live_coverage`): every batch
+accepted before ``sealed_through_ns`` is in the snapshot. A batch accepted later can still
+carry older points (an agent replaying its spool after an outage), so an old range can
+still grow after it was answered ``complete: true``. ``late_batches`` says how much of an
+answer came that way: the batches accepted at or after ``sealed_through_ns`` whose points'
+span ``[min_ts_ns, max_ts_ns]`` overlaps the answer's points range and that the answer
+includes, each counted once, from two places:
+
+- the snapshot (`committed`): its ledger hours from the seal's hour on (every batch of
+  such an hour was accepted at or after the seal), each batch's span from its catalog row
+  (PROTOCOL §3.7: ``min_ts_ns``/``max_ts_ns``), matched to the ledger's ``manifest_id``\\s
+  column-wise;
+- the live part (`in_live_part`): the window's batches the snapshot lacks, accepted at
+  or after the seal (their span from the decoded frame, `collector.live_window`).
+
+Never an under-count: a catalog row whose ``min_ts_ns``/``max_ts_ns`` are null (written
+before the columns existed), a ledger batch with no catalog row, an hour whose catalog
+could not be read, and an hour not examined in this answer (below) overlap every range.
+Counted by time alone: a counted batch may hold no point of the query's metric or labels
+(and one whose points a retention already dropped, the rollup's *late, excluded*, counts
+when its span overlaps).
+
+Cost: an hour's spans are read once per (hour, ledger totals) — a ledger hour's batch
+count and setsum name the set of batches it includes, so an hour no rollup run changed
+is not read again, whatever the version — and kept as two int64 arrays (16 bytes a
+batch; at most `MAX_CACHED_BATCHES` in all, the least recently used dropped). At most
+`MAX_HOURS_READ_PER_QUERY` hours are read per answer: the rest count every batch their
+ledger hour includes (an upper bound) until later answers have read them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Iterable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import structlog
+
+from index.catalog_tables import manifest_ids, read_hour_table
+from index.rows import IndexFileError
+from protocol import keys
+from rollup.manifest import LedgerHour, Snapshot
+
+from .live_window import WindowBatch
+from .query_committed import SnapshotSource
+
+log = structlog.get_logger("collector.query")
+MAX_CACHED_BATCHES = 2_000_000
+MAX_HOURS_READ_PER_QUERY = 16
+SPAN_COLUMNS = (
+    "key",
+    "kind",
+    "agent_id",
+    "boot_id",
+    "seq_start",
+    "seq_end",
+    "min_ts_ns",
+    "max_ts_ns",
+)
+"""The catalog columns a span needs (identity, to match the ledger, and the span)."""
+LOWEST, HIGHEST = -(2**63), 2**63 - 1
+
+
+def overlaps(min_ts_ns: int, max_ts_ns: int, range_ns: tuple[int, int]) -> bool:
+    """Whether points in ``[min_ts_ns, max_ts_ns]`` may fall in ``range_ns`` (half-open)."""
+    return min_ts_ns < range_ns[1] and max_ts_ns >= range_ns[0]
+
+
+def in_live_part(
+    batches: Iterable[WindowBatch], *, sealed_through_ns: int, range_ns: tuple[int, int]
+) -> int:
+    """Late batches among the live part's ``batches`` (the window's, less the snapshot's)."""
+    return sum(
+        1
+        for b in batches
+        if b.accepted_ns >= sealed_through_ns and overlaps(b.min_ts_ns, b.max_ts_ns, range_ns)
+    )
+
+
+def spans(hour_rows: pa.Table, included: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """``(mins, maxs)`` of the ``included`` batches (a ledger hour's ``manifest_id``
+    column) among a catalog hour's ``accepted`` rows, column-wise; a null bound is the
+    widest, and an included batch without a row spans all time."""
+    rows = pa.table(
+        {
+            "id": manifest_ids(hour_rows) if hour_rows.num_rows else pa.array([], pa.string()),
+            "low": pc.fill_null(hour_rows.column("min_ts_ns"), LOWEST),
+            "high": pc.fill_null(hour_rows.column("max_ts_ns"), HIGHEST),
+        }
+    )
+    rows = rows.filter(pc.is_in(rows.column("id"), value_set=included))
+    # One batch cataloged under both agent key forms (PROTOCOL §3) counts once.
+    per_batch = rows.group_by("id").aggregate([("low", "min"), ("high", "max")])
+    mins = per_batch.column("low_min").to_numpy()
+    maxs = per_batch.column("high_max").to_numpy()
+    unmatched = len(included) - per_batch.num_rows
+    if unmatched > 0:
+        mins = np.concatenate([mins, np.full(unmatched, LOWEST, np.int64)])
+        maxs = np.concatenate([maxs, np.full(unmatched, HIGHEST, np.int64)])
+    return mins.astype(np.int64, copy=False), maxs.astype(np.int64, copy=False)
+
+
+class LateBatches:
+    def __init__(
+        self,
+        snapshots: SnapshotSource,
+        *,
+        max_cached_batches: int = MAX_CACHED_BATCHES,
+        max_hours_read: int = MAX_HOURS_READ_PER_QUERY,
+    ) -> None:
+        self._snapshots = snapshots
+        self._max_cached = max_cached_batches
+        self._max_hours_read = max_hours_read
+        self._spans: OrderedDict[tuple[str, LedgerHour], tuple[np.ndarray, np.ndarray]] = (
+            OrderedDict()
+        )
+        self._cached = 0
+
+    async def committed(
+        self, snapshot: Snapshot | None, *, sealed_through_ns: int, range_ns: tuple[int, int]
+    ) -> int:
+        """Late batches the snapshot includes (as above)."""
+        if snapshot is None:
+            return 0
+        low, high = range_ns
+        count, read = 0, 0
+        for hour, totals in sorted(snapshot.ledger_hours.items()):
+            if totals.batches == 0:
+                continue
+            if keys.UtcHour.parse_iso(hour).next().start_ns <= sealed_through_ns:
+                continue  # every batch of the hour was accepted before the seal
+            found = self._spans.get((hour, totals))
+            if found is None and read < self._max_hours_read:
+                read += 1
+                found = await self._read(snapshot, hour, totals)
+            if found is None:
+                count += totals.batches  # not examined: every batch may overlap
+                continue
+            self._spans.move_to_end((hour, totals))
+            mins, maxs = found
+            count += int(np.count_nonzero((mins < high) & (maxs >= low)))
+        return count
+
+    async def _read(
+        self, snapshot: Snapshot, hour: str, totals: LedgerHour
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """The hour's spans, cached; None when its catalog cannot be read (counted whole)."""
+        included = await self._snapshots.ledger_ids(snapshot, hour)
+        if len(included) != totals.batches:  # not the ledger the totals describe
+            log.warning("late_batches_ledger_mismatch", hour=hour, rows=len(included))
+            return None
+        try:
+            table = await read_hour_table(
+                self._snapshots.store, keys.UtcHour.parse_iso(hour), SPAN_COLUMNS
+            )
+        except IndexFileError as exc:
+            log.warning("late_batches_catalog_unreadable", hour=hour, error=str(exc))
+            return None
+        found = await asyncio.to_thread(spans, table.accepted(), included)
+        size = len(found[0])
+        if size <= self._max_cached:
+            self._spans[(hour, totals)] = found
+            self._cached += size
+            while self._cached > self._max_cached:
+                _, (dropped, _maxs) = self._spans.popitem(last=False)
+                self._cached -= len(dropped)
+        return found

@@ -1,0 +1,129 @@
+"""``sources.late_batches`` (PROTOCOL §2, `collector.live_late`): a batch accepted after
+the seal can carry old points (an agent replaying its spool). The answer over the old
+range includes it and counts it, while ``complete`` keeps its meaning (by acceptance
+time). The designated collector's follower reads the batch from the index log and its
+blob; later the snapshot includes it and its span comes from the catalog row."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pyarrow as pa
+
+from collector.live_late import LateBatches, spans
+from collector.live_sources import LogFollower
+from index.log_writer import IndexLogWriter
+from index.rows import accepted_row
+from tests.collector.test_live_query import (
+    ALL,
+    B3,
+    B4,
+    H1,
+    NS,
+    A,
+    World,
+    commit,
+    completed_audit,
+    json_rows,
+    minute,
+    oracle_points,
+    query_ns,
+    secs,
+    sent,
+    world,
+)
+from tests.rollup.dataset_builder import catalog_manifests
+
+__all__ = ["world"]  # the fixture, imported to be used here
+H2 = H1.next()
+
+
+async def test_a_batch_accepted_after_the_seal_with_old_points_is_counted_late(
+    world: World,
+) -> None:
+    # H0 and H1 are sealed (a listing audit after them) and in snapshot v2.
+    await completed_audit(world.store, H2.start_ns + 60 * NS)
+    await commit(world.store, world.clock, [B3, B4])
+    old, later = query_ns(), query_ns(**{"from": secs(H1.start_ns), "to": secs(H2.start_ns)})
+    before = await world.endpoint.answer(old)
+    assert before["complete"] and before["sealed_through_ns"] == H2.start_ns
+    assert before["sources"]["late_batches"] == 0
+
+    # Accepted in H2 with points in H0; the designated collector follows it from the log.
+    world.clock.advance(3600)  # now H2 + 10 s
+    replayed = sent([(minute(7), "cpu", 42.0, A)], seq_start=200, accepted_ns=H2.start_ns + 5 * NS)
+    await world.store.put(replayed.manifest.raw_blob_key, replayed.body)
+    log = IndexLogWriter(store=world.store, clock=world.clock, rng=random.Random(1), writer_id="c1")
+    log.append(accepted_row(replayed.manifest, ts_range=(minute(7), minute(7))))
+    await log.flush()
+    follower = LogFollower(
+        world.store, world.window, clock=world.clock, poll_interval_s=1, lookback_s=5,
+        max_pending=100, max_raw_bytes=1 << 20,
+    )  # fmt: skip
+    world.endpoint.follower = follower
+    await follower.poll_once()
+    assert replayed.manifest_id in world.window
+
+    answer = await world.endpoint.answer(old)
+    # complete keeps its meaning: every batch accepted before sealed_through_ns is in.
+    assert answer["complete"] and answer["sealed_through_ns"] == H2.start_ns
+    assert answer["sources"]["following"] == "designated"
+    assert answer["sources"]["late_batches"] == 1  # and its point is in the answer:
+    assert answer["rows"] == json_rows(oracle_points([*ALL, replayed]))
+    assert answer["sources"]["live_batches"] == 1
+    assert (await world.endpoint.answer(later))["sources"]["late_batches"] == 0
+
+    # Rolled up (ledger hour H2, not sealed): counted once, from the catalog row's span.
+    await catalog_manifests(
+        world.store,
+        [replayed.manifest],
+        clock=world.clock,
+        ts_ranges={replayed.manifest_id: (minute(7), minute(7))},
+    )
+    await commit(world.store, world.clock, [replayed])
+    answer = await world.endpoint.answer(old)
+    assert answer["snapshot_version"] == 3 and answer["sources"]["live_rows"] == 0
+    assert answer["complete"] and answer["sources"]["late_batches"] == 1
+    assert answer["rows"] == json_rows(oracle_points([*ALL, replayed]))
+    assert (await world.endpoint.answer(later))["sources"]["late_batches"] == 0
+
+    # A row written before min_ts_ns/max_ts_ns existed overlaps every range.
+    unknown = sent([(minute(9), "cpu", 1.0, A)], seq_start=300, accepted_ns=H2.start_ns + 6 * NS)
+    await catalog_manifests(world.store, [unknown.manifest], clock=world.clock)
+    await commit(world.store, world.clock, [unknown])
+    assert (await world.endpoint.answer(old))["sources"]["late_batches"] == 2
+    assert (await world.endpoint.answer(later))["sources"]["late_batches"] == 1
+
+
+async def test_hours_not_read_count_every_batch(world: World) -> None:
+    """Nothing sealed: every committed batch was accepted at or after the seal. With no
+    hour read, the ledger's batches all count (never fewer); once read, by span."""
+    old = query_ns()
+    late = LateBatches(world.endpoint.snapshots, max_hours_read=0)
+    snapshot = await world.endpoint.snapshots.latest()
+    assert await late.committed(snapshot, sealed_through_ns=0, range_ns=old.points_range_ns) == 2
+    reading = LateBatches(world.endpoint.snapshots)
+    far = (minute(60 * 24), minute(60 * 25))
+    # The fixture's catalog rows have null spans: they overlap even a far range.
+    assert await reading.committed(snapshot, sealed_through_ns=0, range_ns=far) == 2
+    assert await reading.committed(snapshot, sealed_through_ns=H1.start_ns, range_ns=far) == 0
+
+
+def test_spans_fill_nulls_match_once_and_pad_missing_rows() -> None:
+    mid = B3.manifest_id
+    rows = pa.table(
+        {
+            "agent_id": [B3.manifest.agent_id] * 2,
+            "boot_id": [B3.manifest.boot_id] * 2,
+            "seq_start": pa.array([B3.manifest.seq_start] * 2, pa.uint64()),
+            "seq_end": pa.array([B3.manifest.seq_end] * 2, pa.uint64()),
+            "min_ts_ns": pa.array([5, None], pa.int64()),
+            "max_ts_ns": pa.array([7, 9], pa.int64()),
+        }
+    )
+    mins, maxs = spans(rows, pa.array([mid, "agent=x.boot=y.1-2"], pa.string()))
+    assert sorted(zip(mins.tolist(), maxs.tolist(), strict=True)) == [
+        (np.iinfo(np.int64).min, 9),
+        (np.iinfo(np.int64).min, np.iinfo(np.int64).max),
+    ]
