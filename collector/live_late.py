@@ -129,11 +129,14 @@ class LateBatches:
             return 0
         low, high = range_ns
         count, read = 0, 0
-        for hour, totals in sorted(snapshot.ledger_hours.items()):
+        # Hours before the seal's own hour hold only batches accepted before the seal
+        # ("YYYY-MM-DDTHH" sorts as time).
+        first = keys.UtcHour.from_unix_ns(max(0, sealed_through_ns)).iso
+        after = sorted(h for h in snapshot.ledger_hours if h >= first)
+        for hour in after:
+            totals = snapshot.ledger_hours[hour]
             if totals.batches == 0:
                 continue
-            if keys.UtcHour.parse_iso(hour).next().start_ns <= sealed_through_ns:
-                continue  # every batch of the hour was accepted before the seal
             found = self._spans.get((hour, totals))
             if found is None and read < self._max_hours_read:
                 read += 1

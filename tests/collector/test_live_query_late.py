@@ -108,6 +108,9 @@ async def test_hours_not_read_count_every_batch(world: World) -> None:
     # The fixture's catalog rows have null spans: they overlap even a far range.
     assert await reading.committed(snapshot, sealed_through_ns=0, range_ns=far) == 2
     assert await reading.committed(snapshot, sealed_through_ns=H1.start_ns, range_ns=far) == 0
+    # A seal inside H0: H0's batches may have been accepted after it.
+    inside = H1.start_ns - 1
+    assert await reading.committed(snapshot, sealed_through_ns=inside, range_ns=far) == 2
 
 
 def test_spans_fill_nulls_match_once_and_pad_missing_rows() -> None:
