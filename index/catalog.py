@@ -160,14 +160,21 @@ class CatalogWriter:
         return await self.write_encoded(hour, encode_table(ordered))
 
     async def write_encoded(self, hour: keys.UtcHour, body: bytes) -> str:
-        """Create one catalog file for ``hour`` from an encoded body (a merge's output,
-        `index.catalog_merge`); returns its key. Retries as `write_table` says."""
+        """Create one catalog file for ``hour`` from an encoded body; returns its key.
+        Retries as `write_table` says."""
+        key, _etag = await self.create_encoded(hour, body)
+        return key
+
+    async def create_encoded(self, hour: keys.UtcHour, body: bytes) -> tuple[str, str | None]:
+        """`write_encoded`, also returning the ETag the store answered for the create
+        (``None`` when an earlier attempt's lost answer created it: read back instead)."""
         delays = self._backoff.delays(self._rng)
         key = self._next_key(hour)
         maybe_ours = False
+        etag: str | None = None
         while True:
             try:
-                await self._store.put(key, body, if_none_match=True)
+                etag = await self._store.put(key, body, if_none_match=True)
                 break
             except PreconditionFailed:
                 if maybe_ours and await self._holds(key, body):
@@ -182,7 +189,7 @@ class CatalogWriter:
                     raise
                 await self._clock.sleep(delay)
         self.files_written += 1
-        return key
+        return key, etag
 
     def _next_key(self, hour: keys.UtcHour) -> str:
         self._sequence = (self._sequence + 1) % 10**10

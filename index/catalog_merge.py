@@ -6,8 +6,9 @@ memory limit, spilling to that directory — keeps the newest file's row per key
 names are ``<epoch>-<sequence>``: name order is write order), sorts by key and writes one
 Parquet file whose key-value metadata names its inputs (``lightmetrics.compacted_from``)
 and its level (``lightmetrics.level``). The merged body is created with If-None-Match like
-every catalog file (`CatalogWriter.write_encoded`) and read back: its SHA-256 must be what
-was sent. The inputs are not deleted here: `index.catalog.delete_compacted_inputs` does
+every catalog file (`CatalogWriter.create_encoded`) and checked by a HEAD: the size and the
+ETag the create answered (the merged file is not held in memory twice; where the ETags
+disagree it is read back and hashed). The inputs are not deleted here: `index.catalog.delete_compacted_inputs` does
 that after the readers' grace, by the names the merged file records.
 
 An input written before a column existed is normalized first (`index.rows.read_table`
@@ -25,6 +26,7 @@ import duckdb
 
 from protocol import keys
 from store.base import ObjectInfo, ObjectStore
+from store.etag_check import normalized_etag
 
 from .catalog import COMPACTED_FROM, CatalogWriter, Compaction
 from .catalog_local import NEWEST_PER_KEY, MergeLimits, connect, local_copies, sql_list, sql_string
@@ -62,12 +64,20 @@ async def merge_files(
         metadata = {COMPACTED_FROM.decode(): "\n".join(names), LEVEL.decode(): str(level)}
         rows = await asyncio.to_thread(_merge, paths, out, metadata, limits, tmp)
         body = await asyncio.to_thread(out.read_bytes)
-    digest = hashlib.sha256(body).hexdigest()
-    merged = await writer.write_encoded(hour, body)
+    size, digest = len(body), hashlib.sha256(body).digest()
+    merged, etag = await writer.create_encoded(hour, body)
     del body
-    stored, _etag = await store.get(merged)
-    if hashlib.sha256(stored).hexdigest() != digest:
-        raise IndexFileError(f"{merged}: the merged file read back differs from what was sent")
+    # Read back without holding the file twice: the store attests what it holds by a HEAD
+    # (its size, and the ETag its create answered). Only where those disagree (a store
+    # whose ETags differ between PUT and HEAD, PROTOCOL §3.6, or a create whose answer was
+    # lost) is the whole file read back and hashed.
+    info = await store.head(merged)
+    if info.size != size:
+        raise IndexFileError(f"{merged}: the store holds {info.size} bytes, {size} were sent")
+    if etag is None or normalized_etag(info.etag) != normalized_etag(etag):
+        stored, _etag = await store.get(merged)
+        if hashlib.sha256(stored).digest() != digest:
+            raise IndexFileError(f"{merged}: the merged file read back differs from what was sent")
     return Compaction(merged, tuple(names), rows)
 
 
