@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from store.base import ObjectStore
 
+from .catalog import COMPACTED_FROM
 from .rows import FILE_SCHEMA, IndexFileError, read_table
 
 DEFAULT_MEMORY_LIMIT_MB = 256
@@ -63,6 +64,18 @@ def connect(limits: MergeLimits, tmp: str) -> duckdb.DuckDBPyConnection:
         "preserve_insertion_order": False,
     }
     return duckdb.connect(config=config)
+
+
+def effective(names: Sequence[str], paths: Sequence[str]) -> list[str]:
+    """The local copies whose rows count: a file that another listed file was merged
+    from (its ``lightmetrics.compacted_from`` metadata) is contained in that file (which
+    holds the newest row of each of its keys), so it is left out — the hour is read once,
+    not once per level, while compaction's inputs wait for their deletion."""
+    merged_from: set[str] = set()
+    for path in paths:
+        meta = pq.read_metadata(path).metadata or {}
+        merged_from.update(n for n in meta.get(COMPACTED_FROM, b"").decode().split("\n") if n)
+    return [path for name, path in zip(names, paths, strict=True) if name not in merged_from]
 
 
 def sql_string(text: str) -> str:

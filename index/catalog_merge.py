@@ -29,7 +29,15 @@ from store.base import ObjectInfo, ObjectStore
 from store.etag_check import normalized_etag
 
 from .catalog import COMPACTED_FROM, CatalogWriter, Compaction
-from .catalog_local import NEWEST_PER_KEY, MergeLimits, connect, local_copies, sql_list, sql_string
+from .catalog_local import (
+    NEWEST_PER_KEY,
+    MergeLimits,
+    connect,
+    effective,
+    local_copies,
+    sql_list,
+    sql_string,
+)
 from .rows import FILE_SCHEMA, IndexFileError
 
 LEVEL = b"lightmetrics.level"
@@ -62,7 +70,8 @@ async def merge_files(
     async with local_copies(store, names, limits) as (tmp, paths):
         out = Path(tmp, "merged.parquet")
         metadata = {COMPACTED_FROM.decode(): "\n".join(names), LEVEL.decode(): str(level)}
-        rows = await asyncio.to_thread(_merge, paths, out, metadata, limits, tmp)
+        counted = effective(names, paths)  # inputs of another input are contained in it
+        rows = await asyncio.to_thread(_merge, counted, out, metadata, limits, tmp)
         body = await asyncio.to_thread(out.read_bytes)
     size, digest = len(body), hashlib.sha256(body).digest()
     merged, etag = await writer.create_encoded(hour, body)

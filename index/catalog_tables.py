@@ -29,7 +29,14 @@ from store.base import ObjectInfo, ObjectStore
 from store.errors import NotFound
 
 from .catalog import RELIST_ATTEMPTS, list_hour_files
-from .catalog_local import NEWEST_PER_KEY, MergeLimits, connect, local_copies, sql_list
+from .catalog_local import (
+    NEWEST_PER_KEY,
+    MergeLimits,
+    connect,
+    effective,
+    local_copies,
+    sql_list,
+)
 from .row_checks import first_problems, well_formed
 from .rows import FILE_SCHEMA, IndexFileError, iter_batches
 
@@ -200,8 +207,10 @@ async def read_hour_totals(
         if not files:
             return HourTotals(0, 0, Setsum())
         try:
-            async with local_copies(store, [f.key for f in files], limits) as (tmp, paths):
-                return await asyncio.to_thread(_totals_in_duckdb, paths, hour, limits, tmp)
+            names = [f.key for f in files]
+            async with local_copies(store, names, limits) as (tmp, paths):
+                counted = effective(names, paths)
+                return await asyncio.to_thread(_totals_in_duckdb, counted, hour, limits, tmp)
         except NotFound:
             continue
     raise IndexFileError(f"catalog hour {hour} kept changing while it was read; try again")

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from index.catalog import CatalogWriter
+from index.catalog import CatalogWriter, list_hour_files
+from index.catalog_merge import merge_files
 from index.catalog_tables import (
     hour_totals,
     manifest_ids,
@@ -94,3 +95,22 @@ async def test_read_hour_totals_refuses_a_row_of_another_hour() -> None:
     await store.put(keys.index_catalog_key(hour, 1, 1), encode([stray]))
     with pytest.raises(IndexFileError, match="malformed"):
         await read_hour_totals(store, hour)
+
+
+async def test_files_merged_into_another_are_counted_once_through_it() -> None:
+    store = MemoryStore()
+    writer = CatalogWriter(store=store, clock=ManualClock(T0), rng=random.Random(1), epoch=1)
+    hour = keys.UtcHour.from_unix_ns(T0)
+    await writer.write(hour, [accepted_row(manifest(1)), accepted_row(manifest(2))])
+    await writer.write(hour, [accepted_row(manifest(3))])
+    before = await read_hour_totals(store, hour)
+    merged = await merge_files(store, writer, hour, await list_hour_files(store, hour), level=1)
+    await writer.write(hour, [accepted_row(manifest(4))])  # written after the merge
+
+    after = await read_hour_totals(store, hour)
+
+    assert len(merged.inputs) == 2 and len(await list_hour_files(store, hour)) == 4
+    assert before.batches == 3 and after.batches == 4
+    assert after.setsum == before.setsum + Setsum.of(
+        [(accepted_row(manifest(4)).manifest_id, manifest(4).frame_sha256)]
+    )
