@@ -18,9 +18,10 @@ Timestamps travel as int64 microseconds since the epoch (``*_us`` columns) until
 are written: Spark's timestamp conversions never touch them.
 
 A partial's tie-key columns may be null when the key is unknown (rows read back from
-``rollup_1m``, which does not store it). Merging treats an unknown key as the least;
-callers that merge such rows resolve equal-``ts`` ties first
-(`rollup.hour_stage.resolve_committed_ties`).
+``rollup_1m``, which does not store it). Merging treats an unknown key as the least for
+``first`` and the greatest for ``last`` (the committed sample keeps its place on an equal
+``ts``); callers that merge such rows resolve equal-``ts`` ties first where the
+committed point still exists (`rollup.hour_stage.resolve_committed_ties`).
 """
 
 from __future__ import annotations
@@ -132,7 +133,8 @@ def merge_partials(partials: pa.Table) -> pa.Table:
 
     ``count`` adds up; ``sum`` adds the non-null sums (null when all are null); ``min``/
     ``max`` over the non-null ones; ``first``/``last`` keep the least/greatest candidate
-    by ``(ts, agent, boot, seq)``, an unknown (null) tie key counting as least."""
+    by ``(ts, agent, boot, seq)``, an unknown (null) tie key counting as the least for
+    ``first`` and the greatest for ``last``."""
     if partials.num_rows == 0:
         return PARTIAL_SCHEMA.empty_table()
     window = int64_column(partials.column("window_us"))
@@ -305,13 +307,20 @@ def _ranks(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
 
 
 def _tie(partials: pa.Table, which: str) -> _Tie:
+    """The ordering key of each row's ``which`` candidate. An unknown key (null agent:
+    a committed row whose tie key could not be resolved) sorts first for ``first`` and
+    last for ``last``, so the committed sample wins an equal ``ts`` either way."""
     seq, _ = _nullable(partials.column(f"{which}_seq"), fill=0)
-    return _Tie(
-        int64_column(partials.column(f"{which}_ts_us")),
-        _ranks(partials.column(f"{which}_agent")),
-        _ranks(partials.column(f"{which}_boot")),
-        seq.astype(np.int64),
-    )
+    agent = _ranks(partials.column(f"{which}_agent"))
+    boot = _ranks(partials.column(f"{which}_boot"))
+    seq = seq.astype(np.int64)
+    if which == "last":
+        unknown = agent == 0
+        if unknown.any():
+            agent = np.where(unknown, agent.max() + 1, agent)
+            boot = np.where(unknown, boot.max() + 1, boot)
+            seq = np.where(unknown, np.iinfo(np.int64).max, seq)
+    return _Tie(int64_column(partials.column(f"{which}_ts_us")), agent, boot, seq)
 
 
 def _nullable(column: pa.ChunkedArray, fill: float = 0.0) -> tuple[np.ndarray, np.ndarray]:

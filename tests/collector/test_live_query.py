@@ -581,3 +581,41 @@ async def test_a_designated_collector_behind_the_log_is_never_complete(world: Wo
     answer = await world.endpoint.answer(query_ns())
     assert not answer["complete"] and answer["live_through_ns"] == H1.start_ns + 3 * NS
     assert answer["sources"]["following"] == "designated"
+
+
+async def test_rollup_shape_when_the_committed_tied_point_is_gone(world: World) -> None:
+    """Issue 24 item 5: b1's points left the points table (a delete by agent and then
+    compaction, or points retention shorter than rollup_1m's) while rollup_1m keeps its
+    minutes; b3 (live) ties b1's first sample of minute 0 on ts. The answer is 200 with
+    the committed sample kept (before: ValueError, an HTTP 500)."""
+    clock = world.clock
+    owner = await OwnerLease.acquire(world.store, "job", 600, clock)
+    b1_b2 = pa.concat_tables([points_rows(b.frame) for b in (B1, B2)])
+    await commit_rows(
+        world.store,
+        owner,
+        clock,
+        data=[("rollup_1m", H0, rollup_of_points(b1_b2)), ("points", H0, points_rows(B2.frame))],
+        remove=[f.path for f in (await _latest(world.store)).data_files("points")]
+        + [f.path for f in (await _latest(world.store)).data_files("rollup_1m")],
+    )
+    await owner.release()
+    request = make_mocked_request(
+        "GET",
+        f"/v1/query?metric=cpu&step=1m&from={H0.start_ns}&to={H1.start_ns}",
+        headers={"Authorization": f"Bearer {READ_TOKEN}"},
+    )
+    response = await world.endpoint.get_query(request)
+    assert response.status == 200, response.body
+    answer = json.loads(response.body)
+    assert answer["snapshot_version"] == 2
+    # b1 (seq 0) precedes b3 (seq 5) of the same agent and boot: the committed first stays.
+    assert answer["rows"] == json_rows(rollup_of_points(oracle_points(ALL)))
+
+
+async def _latest(store: FileSystemStore) -> Any:
+    from rollup.commit import load_latest
+
+    loaded = await load_latest(store)
+    assert loaded is not None
+    return loaded.snapshot

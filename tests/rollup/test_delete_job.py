@@ -168,3 +168,38 @@ async def test_compact_after_run_leaves_one_file_per_table_hour(
     assert _hosts(await read_table(fs_store, "points")) == {"b": 120}
     assert_rollup_equal(await committed_rollup(fs_store), expected_rollup(frames))
     assert (await verify(fs_store)).ok
+
+
+async def test_a_tie_with_a_point_deleted_by_agent_and_compacted_away_does_not_wedge(
+    spark: SparkSession, fs_store: FileSystemStore
+) -> None:
+    """Issue 24 item 5: agent-m's point is minute 0's committed first and last sample;
+    ``delete --agent agent-m`` (points only) and compaction remove it from points while
+    rollup_1m keeps it. A late sample on the same ts made stage 2 raise on every run
+    (the rollup wedged); now the committed sample keeps its place."""
+    m = make_frame([(DATA_START_NS, "cpu", 1.0, {"host": "h"})], agent_id="agent-m", boot_id=BOOT)
+    await accept(fs_store, [m])
+    assert (await run(spark, fs_store)).version == 1
+    clock = ManualClock(DATA_START_NS + 3 * 3600 * S)
+    by_agent = delete_mod.DeleteRequest(
+        metric="cpu",
+        agent_id="agent-m",
+        end=START + timedelta(hours=2),
+        reason="x",
+        requested_by="t",
+    )
+    await delete_mod.delete(fs_store, by_agent, clock=clock)
+    await compaction.compact(fs_store, access=StoreAccess(fs_store.url), clock=clock)
+    assert (await read_table(fs_store, "points")).num_rows == 0
+    late = make_frame(
+        [(DATA_START_NS, "cpu", -5.0, {"host": "h"})], agent_id="agent-a", boot_id=BOOT
+    )
+    await accept(fs_store, [late])
+
+    summary = await run(spark, fs_store)
+
+    assert summary.outcome == "committed" and summary.batches == 1, summary
+    (minute0,) = (await committed_rollup(fs_store)).values()
+    # The committed sample wins the tie on ts both ways (its key is unknown).
+    assert (minute0["count"], minute0["first"], minute0["last"]) == (2, 1.0, 1.0)
+    assert (await verify(fs_store)).ok
