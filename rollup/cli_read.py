@@ -245,6 +245,12 @@ def run_vacuum(args: argparse.Namespace, settings: Settings) -> int:
             print(f"{verb} {key}")
         for line in describe_leases(report):
             print(line)
+        if report.committed_version is not None:
+            print(
+                f"committed version {report.committed_version} (the pointer moves before "
+                "anything is deleted)",
+                file=sys.stderr,
+            )
         print(
             f"current version {report.current_version}; retained versions "
             f"{report.retained_versions}; kept {report.kept}; too young {report.too_young}; "

@@ -1,7 +1,9 @@
 """``lm-rollup vacuum``: delete rollup objects no retained snapshot needs.
 
 Retention (decision): the *retained* snapshots are the current one, plus
-- with ``retain_versions=K``: the newest K versions (the current counts as one);
+- with ``retain_versions=K``: the newest K versions (the current counts as one; a
+  version that changed nothing — vacuum's own, see below — counts with the one it
+  repeats);
 - with ``retain_s=S``: every snapshot created in the last S seconds *and* the one that
   was current S seconds ago (the newest created before then), so any state the dataset
   had within the last S seconds can still be read by version;
@@ -19,7 +21,18 @@ and the owner lease are never touched.
 
 Safety:
 - Nothing reachable from the current snapshot is ever deleted: the keep set always
-  includes it, and the pointer is re-read before deleting (a moved pointer aborts).
+  includes it.
+- **The pointer moves first** (PROTOCOL §4.1): before deleting anything, vacuum commits
+  a snapshot of its own — the current snapshot's content as a new version, under
+  vacuum's owner epoch — with the pointer CAS on the ETag it planned with. A writer
+  that planned on the older pointer (a job that passed its last lease check and then
+  stalled, a ``delete`` or ``compact``) fails its CAS and plans again on the new
+  snapshot instead of swapping the pointer to files deleted here; a pointer that moved
+  while vacuum planned aborts it (`VacuumAborted`, nothing deleted). So a vacuum that
+  deletes something adds one version (``history`` shows it with nothing added or
+  removed); one with nothing to delete commits nothing. Before the first commit it
+  commits an empty version 1 (only while holding the owner lease; without it, nothing
+  is deleted).
 - An unreachable object younger than ``min_age_s`` is kept: a commit in flight may be
   about to reference it (its files are written before its snapshot and pointer). Ages
   (and the retention cutoff) are judged in store time (PROTOCOL §3.8, `store.time`):
@@ -46,9 +59,16 @@ import structlog
 from protocol import keys
 from protocol.clock import Clock
 from protocol.records import RollupReaderLease
-from rollup.commit import load_latest, read_snapshot, walk_snapshots
+from rollup.commit import (
+    CommitConflict,
+    LoadedSnapshot,
+    commit,
+    load_latest,
+    read_snapshot,
+    walk_snapshots,
+)
 from rollup.iceberg_publish import published_versions
-from rollup.manifest import Snapshot, parse_created_at
+from rollup.manifest import Changes, Snapshot, parse_created_at
 from rollup.owner import VACUUM_OWNER_PREFIX, OwnerLease
 from rollup.reader_lease import list_reader_leases
 from store.base import ObjectInfo, ObjectStore
@@ -92,12 +112,18 @@ class VacuumReport:
     pinned: list[PinnedSnapshot] = field(default_factory=list)
     expired_leases: list[RollupReaderLease] = field(default_factory=list)
     unreadable_leases: list[str] = field(default_factory=list)
+    committed_version: int | None = None
+    """The snapshot vacuum committed before deleting (None: nothing was deleted)."""
 
 
 def retained(
     chain: list[Snapshot], *, now_ns: int, retain_versions: int | None, retain_s: float | None
 ) -> list[Snapshot]:
-    """Pure: the retained prefix of ``chain`` (newest first, contiguous versions)."""
+    """Pure: the retained prefix of ``chain`` (newest first, contiguous versions).
+
+    ``retain_versions`` counts *states*: a snapshot whose content equals the one before
+    it (vacuum's own pointer move, `_move_pointer`) goes with the state it repeats, so
+    running vacuum again does not push an older version out."""
     if not chain:
         return []
     if retain_versions is not None and retain_versions < 1:
@@ -108,8 +134,11 @@ def retained(
     cutoff_ns = now_ns - int(retain_s * 1e9) if retain_s is not None else None
     passed_cutoff = False
     kept: list[Snapshot] = []
-    for snapshot in chain:
-        by_version = retain_versions is not None and snapshot.version > newest - retain_versions
+    states = 1  # distinct states from the newest down to this snapshot
+    for index, snapshot in enumerate(chain):
+        if index and not same_state(snapshot, chain[index - 1]):
+            states += 1
+        by_version = retain_versions is not None and states <= retain_versions
         # Walking back in time, every snapshot down to and including the first one
         # created before the cutoff is kept: that one was current at the cutoff.
         by_time = cutoff_ns is not None and not passed_cutoff
@@ -119,6 +148,19 @@ def retained(
             break
         kept.append(snapshot)
     return kept
+
+
+def same_state(older: Snapshot, newer: Snapshot) -> bool:
+    """Whether ``newer`` holds exactly what ``older`` holds (it changed nothing)."""
+    return (
+        not newer.removed_files
+        and newer.tables == older.tables
+        and newer.tombstones == older.tombstones
+        and newer.ledger_files == older.ledger_files
+        and newer.ledger_hours == older.ledger_hours
+        and newer.ledger_late == older.ledger_late
+        and newer.retention == older.retention
+    )
 
 
 def _created_ns(snapshot: Snapshot) -> int:
@@ -215,14 +257,15 @@ async def _vacuum(
             candidates.append(info)
     # Manifests last: a run cut short keeps the chain's older links as long as possible.
     candidates.sort(key=lambda i: i.key.startswith(keys.ROLLUP_MANIFESTS_PREFIX))
+    if latest is None and owner is None:
+        candidates = []  # no pointer, and no epoch to commit one under: delete nothing
     report.deleted = [c.key for c in candidates]
     if dry_run or not (candidates or report.expired_leases):
         return report
-    if owner is not None:
+    if candidates:
+        report.committed_version = await _move_pointer(store, latest, owner, clock)
+    elif owner is not None:
         await owner.check()
-    again = await load_latest(store)
-    if (again.manifest_key if again else None) != (latest.manifest_key if latest else None):
-        raise VacuumAborted("the rollup pointer moved while vacuum planned; nothing deleted")
     limit = asyncio.Semaphore(concurrency)
 
     async def delete(key: str) -> None:
@@ -234,9 +277,29 @@ async def _vacuum(
     await asyncio.gather(*(delete(keys.rollup_reader_key(r.reader)) for r in report.expired_leases))
     log.info(
         "rollup_vacuumed",
+        committed_version=report.committed_version,
         deleted=len(candidates),
         kept=report.kept,
         pinned=len(report.pinned),
         expired_leases=len(report.expired_leases),
     )
     return report
+
+
+async def _move_pointer(
+    store: ObjectStore, latest: LoadedSnapshot | None, owner: OwnerLease | None, clock: Clock
+) -> int:
+    """PROTOCOL §4.1: commit a snapshot of vacuum's own (the latest one's content, a new
+    version) with the pointer CAS on the ETag read when vacuum planned, before anything
+    is deleted. Any commit planned on that older pointer then fails its CAS and plans
+    again, so a writer that passed its last lease check and stalled can never swap the
+    pointer to files deleted here. A pointer that moved meanwhile: `VacuumAborted`.
+    Before the first commit (orphans of first commits that failed) this is an empty
+    version 1, created like any first commit (If-None-Match), under vacuum's lease."""
+    try:
+        moved = await commit(store, base=latest, changes=Changes(), owner=owner, clock=clock)
+    except CommitConflict as exc:
+        raise VacuumAborted(
+            f"the rollup pointer moved while vacuum planned; nothing deleted ({exc})"
+        ) from None
+    return moved.snapshot.version

@@ -14,18 +14,32 @@ import pytest
 
 from protocol import keys
 from protocol.clock import ManualClock
-from rollup.commit import VersionNotFound, load_latest, load_version, walk_snapshots
+from rollup.commit import (
+    CommitConflict,
+    VersionNotFound,
+    commit,
+    load_latest,
+    load_version,
+    walk_snapshots,
+)
 from rollup.history import history
 from rollup.manifest import Changes, Snapshot, apply, format_created_at
 from rollup.owner import OwnerLease
-from rollup.vacuum import retained, vacuum
+from rollup.vacuum import retained, same_state, vacuum
 from store.base import ObjectStore
 from store.fs import FileSystemStore
 from store.lease import LeaseHeld
 from store.memory import MemoryStore
 from store.s3 import S3Store
 from store.time import store_clock
-from tests.rollup.dataset_builder import commit_rows, hour_at, make_batch, parquet_bytes, points
+from tests.rollup.dataset_builder import (
+    commit_rows,
+    hour_at,
+    make_batch,
+    parquet_bytes,
+    points,
+    put_data_file,
+)
 from tests.rollup.test_verify import run_cli
 from tests.s3_servers import RunningServer, fresh_bucket
 
@@ -39,7 +53,7 @@ def chain(created_s: list[int]) -> list[Snapshot]:
     for i, at in enumerate(created_s, start=1):
         base = apply(
             base,
-            Changes(),
+            Changes(retention={"points": f"2026-11-21T{i:02d}"}),  # each version changes
             version=i,
             commit_id=f"c{i}",
             owner_epoch=1,
@@ -122,13 +136,46 @@ async def test_vacuum_deletes_superseded_files_orphans_and_old_manifests(tmp_pat
     listed = {info.key async for info in store.list("rollup/v1/")}
     assert paths[0] not in listed and orphan not in listed and young in listed
     assert {paths[1], paths[2]} <= listed  # version 2 still reads its file
+    # Vacuum moved the pointer first (version 4: version 3's content, nothing changed).
     # Version 1's manifest is gone: history and version travel end at version 2.
-    assert [v.version for v in await history(store)] == [3, 2]
+    assert report.committed_version == 4
+    assert [v.version for v in await history(store)] == [4, 3, 2]
+    assert (await history(store))[0].files_added == 0
     assert (await load_version(store, 2)).snapshot.version == 2
     with pytest.raises(VersionNotFound, match="vacuumed"):
         await load_version(store, 1)
+    # Version 4 repeats version 3's state, so it does not push version 2 out.
     again = await vacuum(store, clock=clock, retain_versions=2, min_age_s=300)
-    assert again.deleted == []
+    assert again.deleted == [] and again.committed_version is None
+    assert again.retained_versions == [4, 3, 2]
+
+
+async def test_a_commit_planned_before_vacuum_fails_its_cas_after_it(tmp_path: Path) -> None:
+    """Issue 24 item 6 (PROTOCOL §4.1): vacuum commits a snapshot of its own (pointer
+    CAS) before deleting anything, so a writer that planned on the older pointer, wrote
+    its file and stalled past vacuum's minimum age (after its last lease check) loses
+    its CAS instead of swapping the pointer to a file vacuum deleted."""
+    clock = ManualClock(hour_at(1).start_ns)
+    store = FileSystemStore(tmp_path, clock=clock)
+    await build_history(store, clock)
+    base = await load_latest(store)
+    assert base is not None and base.snapshot.version == 3
+    stalled = await put_data_file(store, "points", hour_at(0), points(hour_at(0), 1), 4)
+    clock.advance(3600)
+
+    report = await vacuum(store, clock=clock, retain_versions=1, min_age_s=300)
+
+    assert stalled.path in report.deleted
+    with pytest.raises(CommitConflict):
+        await commit(
+            store, base=base, changes=Changes(added_files=(stalled,)), owner=None, clock=clock
+        )
+    latest = await load_latest(store)
+    assert latest is not None and latest.snapshot.version == 4  # vacuum's own snapshot
+    assert latest.snapshot.tables == base.snapshot.tables  # which changes no data
+    assert latest.snapshot.ledger_hours == base.snapshot.ledger_hours
+    listed = {info.key async for info in store.list("rollup/v1/")}
+    assert latest.snapshot.reachable_keys() <= listed
 
 
 @pytest.mark.s3
@@ -206,10 +253,16 @@ async def test_vacuum_never_deletes_what_a_retained_snapshot_reaches(seed: int) 
         assert snapshot.reachable_keys() <= listed
     assert set(report.deleted).isdisjoint(chain_before[0].reachable_keys())
     latest = await load_latest(store)
-    assert latest is not None and latest.snapshot == chain_before[0]
+    assert latest is not None
+    if report.deleted:  # vacuum committed first: the same state as a new version
+        assert latest.snapshot.version == chain_before[0].version + 1
+        assert same_state(chain_before[0], latest.snapshot)
+        assert latest.snapshot.reachable_keys() <= listed
+    else:
+        assert latest.snapshot == chain_before[0]
     assert not set(report.deleted) & listed
     # And it did its job: whatever is left is needed, or too young to judge.
-    keep = set().union(*(s.reachable_keys() for s in kept))
+    keep = set().union(*(s.reachable_keys() for s in [*kept, latest.snapshot]))
     async for info in store.list("rollup/v1/"):
         if info.key.startswith(("rollup/v1/tables/", "rollup/v1/ledger/", "rollup/v1/manifests/")):
             young = clock.now_ns() - info.last_modified_ns < min_age_s * 1e9
@@ -247,4 +300,4 @@ def test_history_and_vacuum_cli(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert run_cli(tmp_path, "vacuum", "--retain-versions", "1", "--min-age-seconds", "0") == 0
     capsys.readouterr()  # (structlog prints to stdout until the entry point configures it)
     assert run_cli(tmp_path, "history", "--format", "json") == 0
-    assert [r["version"] for r in json.loads(capsys.readouterr().out)] == [3]
+    assert [r["version"] for r in json.loads(capsys.readouterr().out)] == [4, 3]
