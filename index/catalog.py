@@ -61,6 +61,18 @@ class CatalogHour:
     def accepted(self) -> list[IndexRow]:
         return [row for row in self.rows.values() if row.kind == "accepted"]
 
+    def batches(self) -> list[IndexRow]:
+        """The hour's accepted *batches*, in key order: one row per ``manifest_id``. A
+        batch cataloged under both agent key forms (PROTOCOL §3: the long form a
+        collector of before the segment rule wrote and the ``h-`` form, in a
+        mixed-version upgrade) is one batch: its row with the least key counts (the long
+        form, ``agent=<hex>`` sorting before ``agent=h-``). What the rollup plans and
+        what its ledger is compared with (``verify``, raw retention, ``sealed_through``)."""
+        chosen: dict[str, IndexRow] = {}
+        for row in sorted(self.accepted(), key=lambda r: r.key):
+            chosen.setdefault(row.manifest_id, row)
+        return list(chosen.values())
+
 
 async def list_hour_files(store: ObjectStore, hour: keys.UtcHour) -> list[ObjectInfo]:
     prefix = keys.index_catalog_hour_prefix(hour)

@@ -163,18 +163,37 @@ TOTALS_COLUMNS = (
 """The columns `hour_totals` needs: read only these to keep an hour small."""
 
 
-_TOTALS_SQL = """
-SELECT count(*) AS batches, coalesce(sum(record_count), 0) AS records, {limbs}
-FROM (
-    SELECT r.record_count, sha256(
+_ACCEPTED_ROWS = """
+    SELECT r.key, r.record_count, r.frame_sha256, strlen(r.agent_id) AS agent_bytes,
         'agent=' || lower(hex(r.agent_id)) || '.boot=' || replace(r.boot_id, '-', '') || '.'
-        || lpad(r.seq_start::VARCHAR, 20, '0') || '-' || lpad(r.seq_end::VARCHAR, 20, '0')
-        || chr(10) || r.frame_sha256) AS h
+        || lpad(r.seq_start::VARCHAR, 20, '0') || '-' || lpad(r.seq_end::VARCHAR, 20, '0') AS mid
     FROM read_parquet({files}, filename = true) AS r
     LEFT JOIN newest AS n ON r.key = n.key
     WHERE (n.key IS NULL OR r.filename = n.filename) AND r.kind = 'accepted'
+"""
+"""The hour's accepted rows, one per key (the newest file's), with their ``manifest_id``."""
+_OTHER_FORMS_SQL = """
+CREATE TEMP TABLE other_forms AS
+SELECT key FROM (
+    SELECT key, row_number() OVER (PARTITION BY mid ORDER BY key) AS nth
+    FROM ({accepted}) WHERE agent_bytes >= {two_form_bytes}
+) WHERE nth > 1
+"""
+"""A batch cataloged under both agent key forms (PROTOCOL §3: only agent_ids long enough
+for the ``h-`` form, a mixed-version upgrade) is one batch: every key of it but the least
+(the long form, as `index.catalog.CatalogHour.batches` row by row). A window over those
+rare rows only."""
+_TOTALS_SQL = """
+SELECT count(*) AS batches, coalesce(sum(record_count), 0) AS records, {limbs}
+FROM (
+    SELECT a.record_count, sha256(a.mid || chr(10) || a.frame_sha256) AS h
+    FROM ({accepted}) AS a LEFT JOIN other_forms AS o ON a.key = o.key
+    WHERE o.key IS NULL
 )
 """
+TWO_FORM_AGENT_BYTES = (keys.SEGMENT_MAX_BYTES - len("agent=")) // 2 + 1
+"""The shortest agent_id (UTF-8 bytes) whose ``agent=<hex>`` segment is too long, so its
+accepted key is ``agent=h-...`` and a store may also hold the long form (PROTOCOL §3)."""
 _CHECK_SQL = """
 SELECT count(*) FROM read_parquet({files})
 WHERE kind NOT IN ('accepted', 'quarantine') OR NOT regexp_full_match(frame_sha256, '[0-9a-f]{{64}}')
@@ -228,7 +247,11 @@ def _totals_in_duckdb(
             if bad is not None and bad[0]:
                 raise IndexFileError(f"catalog hour {hour}: {bad[0]} malformed row(s)")
             con.execute(NEWEST_PER_KEY.format(files=files))
-            row = con.execute(_TOTALS_SQL.format(files=files, limbs=_limbs("h"))).fetchone()
+            accepted = _ACCEPTED_ROWS.format(files=files)
+            con.execute(
+                _OTHER_FORMS_SQL.format(accepted=accepted, two_form_bytes=TWO_FORM_AGENT_BYTES)
+            )
+            row = con.execute(_TOTALS_SQL.format(accepted=accepted, limbs=_limbs("h"))).fetchone()
     except duckdb.Error as exc:
         raise IndexFileError(f"catalog hour {hour}: {exc}") from None
     assert row is not None

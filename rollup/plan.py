@@ -8,7 +8,10 @@ files per hour once compacted) and subtracts the snapshot's ledger for that hour
 rows are verified records (the reconciler read each manifest itself), so no manifest is
 read again: a run's requests grow with the dirty hours, never with the history.
 
-A batch's ``accepted_hour`` is its catalog hour (the UTC hour of ``accepted_at``), which
+A batch is planned once per plan, by ``manifest_id``: one cataloged under both agent key
+forms (PROTOCOL §3, a mixed-version upgrade) counts once (`CatalogHour.batches`; the
+two forms in different hours: the earlier hour's row). A batch's ``accepted_hour`` is
+its catalog hour (the UTC hour of ``accepted_at``), which
 ``verify`` recomputes the ledger's setsums from; `index.catalog.read_file` refuses a file
 holding a row of another hour. Markers are returned, not deleted: the job deletes them
 after it has read back a committed pointer whose ledger includes their rows (or when the
@@ -88,13 +91,15 @@ async def make_plan(
     if base is not None and checked:
         included = await included_manifest_ids(store, base.snapshot, {h.iso for h in checked})
     items: list[WorkItem] = []
+    planned: set[str] = set()  # one batch once per plan, whatever its key forms and hours
     for hour in checked:
         done = included.get(hour.iso, set())
         catalog = await read_hour(store, hour)
-        for row in sorted(catalog.accepted(), key=lambda r: r.key):
+        for row in catalog.batches():
             manifest_id = row.manifest_id
-            if manifest_id in done:
+            if manifest_id in done or manifest_id in planned:
                 continue
+            planned.add(manifest_id)
             assert row.raw_blob_key is not None and row.record_count is not None
             items.append(
                 WorkItem(

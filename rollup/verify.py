@@ -118,7 +118,7 @@ async def _from_catalog(
         if hours is not None and hour.iso not in hours:
             continue
         seen.add(hour)
-        for row in (await read_hour(store, hour)).accepted():
+        for row in (await read_hour(store, hour)).batches():
             assert row.record_count is not None
             yield hour.iso, row.manifest_id, row.frame_sha256, row.record_count
 
@@ -127,10 +127,15 @@ async def _from_manifests(
     store: ObjectStore, concurrency: int, hours: set[str] | None, bad: list[str]
 ) -> AsyncIterator[AcceptedRow]:
     """Every accepted manifest under ``accepted/v1/``, read one by one (bounded
-    concurrency): independent of the index, the authority itself."""
+    concurrency): independent of the index, the authority itself. A batch stored under
+    both agent key forms (PROTOCOL §3) counts once, as the catalog counts it
+    (`index.catalog.CatalogHour.batches`): the first listed, the long form (only ids of
+    agents long enough to have two forms are remembered)."""
     limit = asyncio.Semaphore(concurrency)
+    two_forms: set[str] = set()
 
-    async def one(key: str) -> AcceptedRow | None:
+    async def one(key: str) -> tuple[AcceptedRow, bool] | None:
+        """The row, and whether its agent has two key forms."""
         async with limit:
             try:
                 body, _ = await store.get(key)
@@ -138,16 +143,27 @@ async def _from_manifests(
             except (NotFound, RecordError):
                 bad.append(key)
                 return None
-        if manifest.manifest_key != key:
+        legacy = keys.legacy_accepted_manifest_key(manifest.identity)
+        if key not in (manifest.manifest_key, legacy):
             bad.append(key)
             return None
         hour = manifest.accepted_hour.iso
-        return hour, manifest.identity.manifest_id, manifest.frame_sha256, manifest.record_count
+        row = (hour, manifest.identity.manifest_id, manifest.frame_sha256, manifest.record_count)
+        return row, legacy is not None
 
     chunk: list[str] = []
 
     async def flush() -> list[AcceptedRow]:
-        rows = [r for r in await asyncio.gather(*(one(k) for k in chunk)) if r is not None]
+        rows: list[AcceptedRow] = []
+        for found in await asyncio.gather(*(one(k) for k in chunk)):  # in listing order
+            if found is None:
+                continue
+            row, two_form = found
+            if two_form:
+                if row[1] in two_forms:
+                    continue  # its other key form was listed first
+                two_forms.add(row[1])
+            rows.append(row)
         chunk.clear()
         return [r for r in rows if hours is None or r[0] in hours]
 

@@ -51,8 +51,8 @@ async def test_planning_requests_do_not_grow_with_the_history() -> None:
     costs = []
     for history_hours in (3, 30):
         store = await rolled_up_history(history_hours)
-        new = [
-            make_batch(hour_at(history_hours + h), n, agent="agent-new")
+        new = [  # distinct identities: one identity is one batch, whatever its hour
+            make_batch(hour_at(history_hours + h), 50 * h + n, agent="agent-new")
             for h in range(2)
             for n in range(50)
         ]
@@ -115,3 +115,36 @@ async def test_an_unreadable_catalog_file_stops_planning() -> None:
     with pytest.raises(IndexFileError, match="not an index file"):
         await make_plan(store, None)
     assert len(await work_markers(store)) == 1  # nothing consumed
+
+
+async def test_both_agent_key_forms_of_one_batch_are_planned_once() -> None:
+    """Issue 24 item 14: a mixed-version upgrade can catalog one batch under both agent
+    key forms (PROTOCOL §3: the long ``agent=<hex>`` of a collector of before the segment
+    rule, and ``agent=h-<sha256>``). Both rows have one ``manifest_id``: the plan includes
+    the batch once (before: twice, its points counted twice), and ``verify`` counts the
+    catalog hour's batch once too, so the hour is complete with it included once."""
+    from rollup.verify import verify
+
+    store = MemoryStore()
+    clock = ManualClock(hour_at(5).start_ns)
+    long_agent = "a" * 128  # 256 hex digits: the h- form applies
+    twice = make_batch(hour_at(0), 0, agent=long_agent)
+    other = make_batch(hour_at(0), 1)
+    legacy = keys.legacy_accepted_manifest_key(twice.manifest.identity)
+    assert legacy is not None and legacy != twice.manifest.manifest_key
+    await accept(store, [twice, other])
+    late_row = accepted_row(twice.manifest, key=legacy)
+    catalog_key = keys.index_catalog_key(hour_at(0), 9, 1)
+    await store.put(catalog_key, encode([late_row]))
+    await put_work_marker(store, catalog_key, rows=1)
+
+    plan = await make_plan(store, None)
+
+    assert sorted(item.manifest_id for item in plan.items) == ids([twice, other])
+    owner = await OwnerLease.acquire(store, "job", 600, clock)
+    await commit_rows(store, owner, clock, ledger=[twice.row, other.row])
+    for from_manifests in (False, True):
+        await store.put(legacy, twice.manifest.to_json())  # as an old collector wrote it
+        report = await verify(store, from_manifests=from_manifests)
+        assert report.ok, report
+        assert report.hours[0].accepted.batches == 2
