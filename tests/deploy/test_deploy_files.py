@@ -130,6 +130,12 @@ def test_the_operator_files_exist() -> None:
         "systemd/lightmetrics-reconciler.service",
         "systemd/lightmetrics-rollup.service",
         "systemd/lightmetrics-rollup.timer",
+        "systemd/lightmetrics-rollup-compact.service",
+        "systemd/lightmetrics-rollup-compact.timer",
+        "systemd/lightmetrics-rollup-vacuum.service",
+        "systemd/lightmetrics-rollup-vacuum.timer",
+        "kubernetes/rollup-compact-cronjob.yaml",
+        "kubernetes/rollup-vacuum-cronjob.yaml",
         "kubernetes/kustomization.yaml",
         "container/Dockerfile",
         "container/dockerignore",
@@ -329,7 +335,7 @@ def test_container_commands_are_project_scripts_with_valid_arguments() -> None:
                     argv = ["lm-rollup", *argv[argv.index(entry) + 1 :]]
                 check_command(argv, path.name, path.read_text(encoding="utf-8"))
                 checked += 1
-    assert checked == 4  # collector, reconciler, rollup, scrape agent
+    assert checked == 6  # collector, reconciler, rollup, its compaction and vacuum, scrape agent
 
 
 def test_the_spark_submit_entry_file_runs_the_job_on_the_submitted_session() -> None:
@@ -399,12 +405,14 @@ def test_the_rollup_timer_starts_the_rollup_service() -> None:
     timer = read_unit(SYSTEMD / "lightmetrics-rollup.timer")
     assert timer.value("Timer", "Unit") == "lightmetrics-rollup.service"
     assert timer.value("Timer", "Persistent") == "yes"
+    for path in SYSTEMD.glob("*.timer"):  # every timer starts a unit that exists
+        assert (SYSTEMD / read_unit(path).value("Timer", "Unit")).is_file(), path.name
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
 def test_systemd_accepts_every_unit(tmp_path: Path) -> None:
     venv_bin = Path(sys.executable).parent  # where this project's console scripts are
-    for path in [*UNITS, SYSTEMD / "lightmetrics-rollup.timer"]:
+    for path in [*UNITS, *sorted(SYSTEMD.glob("*.timer"))]:
         text = path.read_text(encoding="utf-8").replace(
             "/opt/lightmetrics/venv/bin/", f"{venv_bin}/"
         )
@@ -547,6 +555,38 @@ def test_reconciler_runs_active_and_standby_and_rollup_never_overlaps() -> None:
     assert settings.metrics.host == "0.0.0.0"
     rollup = kind("lightmetrics-rollup", "CronJob")
     assert rollup["spec"]["concurrencyPolicy"] == "Forbid"
+
+
+@needs_yaml
+def test_compaction_and_vacuum_are_scheduled_apart_from_the_runs() -> None:
+    """Issue 24 item 11: ``lm-rollup compact`` and ``vacuum`` run on a schedule (a CronJob
+    and a systemd timer each), daily, never at the minute the hourly run starts, vacuum
+    after compaction, each with the rollup's settings file and role."""
+    run = kind("lightmetrics-rollup", "CronJob")["spec"]["schedule"].split()
+    minutes: dict[str, tuple[int, int]] = {}
+    for command in ("compact", "vacuum"):
+        job = kind(f"lightmetrics-rollup-{command}", "CronJob")
+        spec = job["spec"]
+        assert spec["concurrencyPolicy"] == "Forbid" and spec["timeZone"] == "Etc/UTC"
+        minute, hour, *rest = spec["schedule"].split()
+        assert rest == ["*", "*", "*"] and minute != run[0]  # daily, off the run's minute
+        minutes[command] = (int(hour), int(minute))
+        pod = spec["jobTemplate"]["spec"]["template"]["spec"]
+        assert pod["serviceAccountName"] == "lightmetrics-rollup"
+        (container,) = pod["containers"]
+        argv = container_argv(container, image_entrypoints())
+        assert argv[:3] == ["lm-rollup", "--config", "/etc/lightmetrics/config/rollup.toml"]
+        assert argv[3:] == [command]
+        timer = read_unit(SYSTEMD / f"lightmetrics-rollup-{command}.timer")
+        assert timer.value("Timer", "Unit") == f"lightmetrics-rollup-{command}.service"
+        assert timer.value("Timer", "Persistent") == "yes"
+        calendar = timer.value("Timer", "OnCalendar")
+        assert calendar == f"*-*-* {int(hour):02d}:{int(minute):02d}:00 UTC"
+        service = read_unit(SYSTEMD / f"lightmetrics-rollup-{command}.service")
+        assert service.value("Service", "Type") == "oneshot"
+        assert service.exec_argv()[-1] == command
+        assert "/etc/lightmetrics/rollup.toml" in service.exec_argv()
+    assert minutes["compact"] < minutes["vacuum"]
 
 
 @needs_yaml
