@@ -31,6 +31,7 @@ from protocol import keys
 from protocol.records import AcceptedManifest
 from protocol.setsum import Setsum
 from rollup.manifest import Changes, LedgerHour, RollupManifestError, Snapshot
+from rollup.manifest_ledger import ledger_file_hour
 from rollup.schemas import LEDGER_SCHEMA
 from store.base import ObjectStore
 
@@ -154,15 +155,6 @@ def decode_ledger(body: bytes, *, key: str = "<ledger>") -> pa.Table:
         return table.select(LEDGER_SCHEMA.names).cast(LEDGER_SCHEMA)
     except (pa.ArrowException, KeyError, ValueError) as exc:
         raise RollupManifestError(f"ledger file {key!r} is unreadable: {exc}") from None
-
-
-def ledger_file_hour(key: str) -> str | None:
-    """The accepted hour (``YYYY-MM-DDTHH``) a ledger key's partition names, or None."""
-    rest = key.removeprefix(keys.ROLLUP_LEDGER_PREFIX)
-    try:
-        return keys.UtcHour.parse_partition(rest.rsplit("/", 1)[0]).iso
-    except keys.KeyFormatError:
-        return None
 
 
 async def read_ledger(

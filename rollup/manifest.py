@@ -18,10 +18,14 @@ Meanings decided here (PROTOCOL §4 shows the fields, not all of their semantics
 - ``ledger.late_excluded``: per accepted hour, the batches that arrived after retention
   had dropped every hour their points fall in: in the ledger (so planned once, and
   counted by ``verify``), in ``ledger.hours`` totals, but with no row in any table.
-- ``tombstones``: every delete committed so far (`rollup.tombstones`), cumulative, each
-  with the version that added it; readers mask the rows they match.
-- ``ledger.files``: every ledger file of the snapshot (cumulative). ``ledger.hours``: per
-  accepted hour, the total batches, records and setsum over all of them (cumulative).
+  ``ledger.lost`` likewise, for batches whose raw blob is gone or corrupt.
+- ``tombstones``: every delete committed so far (`rollup.tombstones`), each with the
+  version that added it, until retention has dropped its whole range from every table
+  it names (`rollup.tombstones.retention_applied`); readers mask the rows they match.
+- ``ledger`` (`rollup.manifest_ledger`): ``files``, every ledger file of the snapshot
+  (compaction merges an hour's files into one); ``hours``, per accepted hour, the total
+  batches, records and setsum over all of them; ``late_excluded`` and ``lost`` (batches
+  acknowledged as lost, with who and why), parts of those totals with no table rows.
 - A data file's ``min``/``max`` hold JSON statistics per column (see `rollup.schemas`);
   a column without an entry has no statistics. ``table`` is implied by where the file
   is listed and is not written per file.
@@ -32,29 +36,47 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from protocol import keys
-from protocol.setsum import Setsum
 from rollup import schemas
-from rollup.tombstones import Tombstone
+from rollup.manifest_errors import RollupInvariantError, RollupManifestError
+from rollup.manifest_ledger import (
+    EMPTY_LEDGER_HOUR,
+    LedgerHour,
+    LostBatch,
+    check_ledger_hour,
+    lost_totals,
+    next_late,
+    next_ledger,
+    next_lost,
+    no_duplicates,
+)
+from rollup.tombstones import Tombstone, retention_applied
+
+__all__ = [
+    "EMPTY_LEDGER_HOUR",
+    "Changes",
+    "DataFile",
+    "LedgerHour",
+    "LostBatch",
+    "RollupInvariantError",
+    "RollupManifestError",
+    "Snapshot",
+    "TableState",
+    "apply",
+    "check_ledger_hour",
+    "describe_file",
+    "format_created_at",
+    "parse_created_at",
+]
 
 MANIFEST_SCHEMA = "lightmetrics.rollup_manifest.v1"
-_HEX64 = re.compile(r"[0-9a-f]{64}")
 COMMIT_ID_PATTERN = re.compile(r"[0-9A-Za-z][0-9A-Za-z-]{0,63}")
 _CREATED_AT = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?Z")
-
-
-class RollupManifestError(ValueError):
-    """A stored snapshot (or pointer target) is malformed: an operator must look."""
-
-
-class RollupInvariantError(ValueError):
-    """A proposed commit breaks an invariant against its base: a planning bug or a stale
-    base. Nothing was written; re-read the latest snapshot and plan again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,25 +105,6 @@ class DataFile:
 
 
 @dataclass(frozen=True, slots=True)
-class LedgerHour:
-    """One accepted hour's ledger totals: ``setsum`` is 64 lowercase hex digits."""
-
-    batches: int
-    records: int
-    setsum: str
-
-    def __add__(self, other: LedgerHour) -> LedgerHour:
-        total = Setsum.from_hex(self.setsum) + Setsum.from_hex(other.setsum)
-        return LedgerHour(self.batches + other.batches, self.records + other.records, total.hex)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"batches": self.batches, "records": self.records, "setsum": self.setsum}
-
-
-EMPTY_LEDGER_HOUR = LedgerHour(0, 0, Setsum().hex)
-
-
-@dataclass(frozen=True, slots=True)
 class TableState:
     """A table in a snapshot: its columns (``[{"name", "type"}]``) and live data files."""
 
@@ -125,6 +128,12 @@ class Snapshot:
     ledger_hours: Mapping[str, LedgerHour] = field(default_factory=dict)
     retention: Mapping[str, str] = field(default_factory=dict)
     ledger_late: Mapping[str, LedgerHour] = field(default_factory=dict)
+    ledger_lost: tuple[LostBatch, ...] = ()
+
+    @property
+    def lost_hours(self) -> dict[str, LedgerHour]:
+        """Per accepted hour, the totals of the batches acknowledged as lost."""
+        return lost_totals(self.ledger_lost)
 
     @property
     def manifest_key(self) -> str:
@@ -171,6 +180,16 @@ class Snapshot:
             document["ledger"]["late_excluded"] = {
                 hour: totals.to_dict() for hour, totals in self.ledger_late.items()
             }
+        if self.ledger_lost:
+            document["ledger"]["lost"] = {
+                hour: {
+                    **totals.to_dict(),
+                    "acknowledged": [
+                        b.to_dict() for b in self.ledger_lost if b.accepted_hour == hour
+                    ],
+                }
+                for hour, totals in self.lost_hours.items()
+            }
         return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
 
     @classmethod
@@ -206,6 +225,10 @@ class Changes:
     """New retention cutoffs (table → first hour kept); files before them must be removed."""
     late_delta: Mapping[str, LedgerHour] = field(default_factory=dict)
     """Per accepted hour, the part of ``ledger_delta`` that is late and excluded."""
+    removed_ledger_files: tuple[str, ...] = ()
+    """Ledger files this commit merged into one of ``added_ledger_files`` (same hour)."""
+    added_lost: tuple[LostBatch, ...] = ()
+    """Batches acknowledged as lost: part of ``ledger_delta`` (their ledger file added)."""
 
 
 def format_created_at(unix_ns: int) -> str:
@@ -247,13 +270,13 @@ def apply(
 
     # Removing a file the base does not have means the plan was made against another
     # snapshot: committing it would silently keep rows the planner meant to replace.
-    _no_duplicates("removed_files", changes.removed_files)
+    no_duplicates("removed_files", changes.removed_files)
     for path in changes.removed_files:
         if path not in live:
             raise RollupInvariantError(f"removed file {path!r} is not in base version {_v(base)}")
 
     # File paths are unique per write; a path seen twice would count its rows twice.
-    _no_duplicates("added_files", [f.path for f in changes.added_files])
+    no_duplicates("added_files", [f.path for f in changes.added_files])
     for added in changes.added_files:
         _check_added_file(added, version, live)
 
@@ -270,7 +293,7 @@ def apply(
         new = tuple(f for f in changes.added_files if f.table == name)
         tables[name] = TableState(columns, kept + new)
 
-    ledger_files, ledger_hours = _next_ledger(base, changes)
+    ledger_files, ledger_hours = next_ledger(base, changes)
     retention = _next_retention(base, changes, tables)
     return Snapshot(
         version=version,
@@ -279,12 +302,13 @@ def apply(
         owner_epoch=owner_epoch,
         commit_id=commit_id,
         tables=tables,
-        tombstones=_next_tombstones(base, changes, version),
+        tombstones=_next_tombstones(base, changes, version, retention),
         removed_files=tuple(changes.removed_files),
         ledger_files=ledger_files,
         ledger_hours=ledger_hours,
         retention=retention,
-        ledger_late=_next_late(base, changes),
+        ledger_late=next_late(base, changes),
+        ledger_lost=next_lost(base, changes, version),
     )
 
 
@@ -310,18 +334,6 @@ def _next_retention(
                     f"{kept.path!r} is before {table}'s retention cutoff {first_kept}"
                 )
     return dict(sorted(retention.items()))
-
-
-def _next_late(base: Snapshot | None, changes: Changes) -> dict[str, LedgerHour]:
-    late = dict(base.ledger_late) if base is not None else {}
-    for hour, delta in changes.late_delta.items():
-        check_ledger_hour(hour, delta)
-        included = changes.ledger_delta.get(hour, EMPTY_LEDGER_HOUR)
-        # Late batches are ledger rows too: a part of this commit's delta, never more.
-        if delta.batches > included.batches or delta.records > included.records:
-            raise RollupInvariantError(f"ledger hour {hour}: more late batches than new ones")
-        late[hour] = late.get(hour, EMPTY_LEDGER_HOUR) + delta
-    return dict(sorted(late.items()))
 
 
 def _v(base: Snapshot | None) -> int:
@@ -384,56 +396,16 @@ def _check_added_file(added: DataFile, version: int, live: Mapping[str, DataFile
 
 
 def _next_tombstones(
-    base: Snapshot | None, changes: Changes, version: int
+    base: Snapshot | None, changes: Changes, version: int, retention: Mapping[str, str]
 ) -> tuple[Tombstone, ...]:
     existing = base.tombstones if base is not None else ()
     # A tombstone id committed twice would be a retried delete counted as two requests.
-    _no_duplicates("tombstones", [t.id for t in (*existing, *changes.added_tombstones)])
-    return existing + tuple(t.committed_at(version) for t in changes.added_tombstones)
-
-
-def _next_ledger(
-    base: Snapshot | None, changes: Changes
-) -> tuple[tuple[str, ...], dict[str, LedgerHour]]:
-    base_files = base.ledger_files if base is not None else ()
-    _no_duplicates("added_ledger_files", changes.added_ledger_files)
-    for path in changes.added_ledger_files:
-        # A ledger file listed twice would include its batches twice.
-        if path in base_files:
-            raise RollupInvariantError(f"ledger file {path!r} is already in the base")
-        if not path.startswith(keys.ROLLUP_LEDGER_PREFIX) or not path.endswith(".parquet"):
-            raise RollupInvariantError(f"ledger file {path!r} is not under rollup/v1/ledger/")
-    hours: dict[str, LedgerHour] = dict(base.ledger_hours) if base is not None else {}
-    new_batches = 0
-    for hour, delta in changes.ledger_delta.items():
-        check_ledger_hour(hour, delta)
-        new_batches += delta.batches
-        hours[hour] = hours.get(hour, EMPTY_LEDGER_HOUR) + delta
-    # New batches must be written down somewhere, or verify could never find them.
-    if new_batches and not changes.added_ledger_files:
-        raise RollupInvariantError(f"ledger delta adds {new_batches} batches but no ledger file")
-    return base_files + tuple(changes.added_ledger_files), dict(sorted(hours.items()))
-
-
-def check_ledger_hour(hour: str, totals: LedgerHour) -> None:
-    try:
-        keys.UtcHour.parse_iso(hour)
-    except keys.KeyFormatError as exc:
-        raise RollupInvariantError(f"ledger hour {hour!r}: {exc}") from None
-    if totals.batches < 0 or totals.records < 0:
-        raise RollupInvariantError(f"ledger hour {hour}: negative batches or records")
-    if totals.records < totals.batches:
-        raise RollupInvariantError(f"ledger hour {hour}: fewer records than batches")
-    if not _HEX64.fullmatch(totals.setsum):
-        raise RollupInvariantError(f"ledger hour {hour}: setsum must be 64 lowercase hex")
-
-
-def _no_duplicates(what: str, items: Iterable[str]) -> None:
-    seen: set[str] = set()
-    for item in items:
-        if item in seen:
-            raise RollupInvariantError(f"{what} lists {item!r} twice")
-        seen.add(item)
+    no_duplicates("tombstones", [t.id for t in (*existing, *changes.added_tombstones)])
+    tombstones = existing + tuple(t.committed_at(version) for t in changes.added_tombstones)
+    # One whose range retention dropped from every table it names can never match a row
+    # again (no row is written before a cutoff, and cutoffs only move forward): it goes,
+    # so the list does not grow with history (`rollup.tombstones.retention_applied`).
+    return tuple(t for t in tombstones if not retention_applied(t, retention))
 
 
 def describe_file(

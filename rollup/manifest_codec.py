@@ -24,6 +24,7 @@ from rollup.manifest import (
     check_ledger_hour,
     parse_created_at,
 )
+from rollup.manifest_ledger import LostBatch, LostBatchError, lost_totals
 from rollup.tombstones import Tombstone, TombstoneError
 
 
@@ -103,6 +104,7 @@ def parse_snapshot(document: Any) -> Snapshot:
     late = ledger.get("late_excluded", {})
     if not isinstance(late, dict):
         raise RollupManifestError("ledger.late_excluded must be an object")
+    lost = _parse_lost(ledger.get("lost", {}))
     return Snapshot(
         version=version,
         previous_manifest_key=previous,
@@ -119,7 +121,32 @@ def parse_snapshot(document: Any) -> Snapshot:
             hour: _ledger_hour(hour, totals, "ledger.late_excluded")
             for hour, totals in late.items()
         },
+        ledger_lost=lost,
     )
+
+
+def _parse_lost(lost: Any) -> tuple[LostBatch, ...]:
+    """``ledger.lost``: per hour, totals and the acknowledged batches; the totals must be
+    the batches' (one fact, written twice for readers that only want the totals)."""
+    if not isinstance(lost, dict):
+        raise RollupManifestError("ledger.lost must be an object")
+    parsed: list[LostBatch] = []
+    for hour, part in lost.items():
+        where = f"ledger.lost.{hour}"
+        totals = _ledger_hour(hour, part, "ledger.lost")
+        entries = _need(part, "acknowledged", list, where)
+        batches = []
+        for index, entry in enumerate(entries):
+            if not isinstance(entry, dict):
+                raise RollupManifestError(f"{where}.acknowledged[{index}] must be an object")
+            try:
+                batches.append(LostBatch.from_dict(hour, entry))
+            except LostBatchError as exc:
+                raise RollupManifestError(f"{where}.acknowledged[{index}]: {exc}") from None
+        if lost_totals(batches).get(hour) != totals:
+            raise RollupManifestError(f"{where}: totals are not those of its batches")
+        parsed += batches
+    return tuple(parsed)
 
 
 def _is_hour(text: str) -> bool:

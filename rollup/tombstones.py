@@ -5,7 +5,7 @@ equalities), optionally an ``agent_id``, a half-open time range ``[start, end)``
 table's partition column (``ts`` for points, ``window_start`` for rollup_1m), the tables
 it applies to, and who asked and why. ``lm-rollup delete`` writes it to
 ``rollup/v1/tombstones/<id>.json`` and commits it into the snapshot's ``tombstones``
-(cumulative: a tombstone stays in every later snapshot).
+(a tombstone stays in every later snapshot until retention has dropped its range).
 
 Meanings decided here (PROTOCOL §4.1 is loose on them):
 - **What it masks**: every row matching the predicate, whatever commit brought it. A
@@ -19,6 +19,8 @@ Meanings decided here (PROTOCOL §4.1 is loose on them):
   a version below V; so a file needs masking only by tombstones added at its own version
   or later (`pending_for`). That is the "recorded as applied" of PROTOCOL §4.1, carried by
   versions instead of a per-file list.
+- **When it leaves the snapshot**: once retention dropped its whole range from every
+  table it names (`retention_applied`); until then it stays, so a late batch is masked.
 - ``agent_id`` exists only in ``points``: a tombstone with an agent applies to ``points``
   alone (``rollup_1m`` rows aggregate a series and do not know the agent).
 - Matching on ``rollup_1m`` is per window: a window is masked when its ``window_start``
@@ -223,6 +225,21 @@ def pending_on(tombstones: Iterable[Tombstone], data_file: DataFile) -> tuple[To
         metric_min=data_file.min.get("metric"),
         metric_max=data_file.max.get("metric"),
     )
+
+
+def retention_applied(tombstone: Tombstone, retention: Mapping[str, str]) -> bool:
+    """Whether retention dropped the tombstone's whole range from every table it names:
+    each has a cutoff (first hour kept, ``YYYY-MM-DDTHH``) at or after its ``end``. Such a
+    tombstone can never match a row again — no row is ever written before a cutoff
+    (`rollup.job`), and cutoffs only move forward — so a snapshot no longer carries it."""
+    for table in tombstone.tables:
+        first_kept = retention.get(table)
+        if first_kept is None:
+            return False
+        start_ns = keys.UtcHour.parse_iso(first_kept).start_ns
+        if datetime.fromtimestamp(start_ns // 1_000_000_000, tz=UTC) < tombstone.end:
+            return False
+    return True
 
 
 def for_table(tombstones: Iterable[Tombstone], table: str) -> tuple[Tombstone, ...]:

@@ -150,3 +150,39 @@ async def test_cli_compact_prints_progress_and_a_report(
     with pytest.raises(SystemExit) as bad:
         main(["--config", str(config), "compact", "--hour", "x"])
     assert bad.value.code == 2 and "not a YYYY-MM-DDTHH hour: 'x'" in capsys.readouterr().err
+
+
+async def test_compaction_merges_an_hours_ledger_files_into_one(tmp_path: Path) -> None:
+    """Issue 24 item 10: every run adds one ledger file per accepted hour, so
+    ``ledger.files`` grew with runs x hours. Compaction merges each hour's files into one
+    file of the same rows: ``ledger.hours`` (setsums) unchanged, ``verify`` still passes,
+    and a hour with a single file is left alone."""
+    from rollup.ledger import read_ledger
+    from rollup.verify import verify
+    from tests.rollup.dataset_builder import accept, make_batch
+
+    store = FileSystemStore(tmp_path / "store")
+    clock = ManualClock(hour_at(3).start_ns)
+    owner = await OwnerLease.acquire(store, "job", 600, clock)
+    runs = [[make_batch(hour_at(0), 3 * run + n) for n in range(3)] for run in range(4)]
+    runs.append([make_batch(hour_at(1), 100)])
+    for batches in runs:  # five runs: four ledger files of hour 0, one of hour 1
+        await accept(store, batches)
+        await commit_rows(store, owner, clock, ledger=[b.row for b in batches])
+    await owner.release()
+    before = await load_latest(store)
+    assert before is not None and len(before.snapshot.ledger_files) == 5
+    rows_before = (await read_ledger(store, before.snapshot)).sort_by("manifest_id")
+
+    report = await compaction.compact(store, access=StoreAccess(store.url), clock=clock)
+
+    assert report.ledger_hours == [hour_at(0).iso]
+    assert (report.ledger_files_before, report.ledger_files_after) == (4, 1)
+    after = await load_latest(store)
+    assert after is not None and after.snapshot.version == before.snapshot.version + 1
+    assert len(after.snapshot.ledger_files) == 2
+    assert after.snapshot.ledger_hours == before.snapshot.ledger_hours
+    assert (await read_ledger(store, after.snapshot)).sort_by("manifest_id").equals(rows_before)
+    assert (await verify(store)).ok
+    again = await compaction.compact(store, access=StoreAccess(store.url), clock=clock)
+    assert again.ledger_hours == [] and again.version == after.snapshot.version

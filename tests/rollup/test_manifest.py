@@ -284,3 +284,27 @@ def test_created_at_format() -> None:
     assert text == "2026-11-21T10:00:00Z"
     assert parse_created_at(text).timestamp() * 1e9 == BASE_HOUR.start_ns
     assert parse_created_at("2026-11-21T10:00:00.5Z").microsecond == 500_000
+
+
+def test_a_tombstone_leaves_once_retention_dropped_its_range_from_every_table() -> None:
+    """Issue 24 item 10: ``tombstones`` was cumulative. A tombstone whose range ends at
+    or before every named table's retention cutoff can never match a row again: the
+    commit that moves the cutoff past it drops it; the others stay."""
+    from datetime import UTC, datetime
+
+    from tests.rollup.test_delete import tombstone
+
+    h12 = datetime(2026, 11, 21, 12, tzinfo=UTC)
+    both = tombstone(id="00000000-0000-4000-8000-000000000001", end=h12)
+    points_only = tombstone(id="00000000-0000-4000-8000-000000000002", end=h12, tables=("points",))
+    later = tombstone(id="00000000-0000-4000-8000-000000000003", end=h12.replace(hour=14))
+    v2 = second(first(), Changes(added_tombstones=(both, points_only, later)))
+    assert len(v2.tombstones) == 3
+    # Points retention alone past 12:00: only the points-only tombstone is fully applied.
+    dropped = tuple(f.path for f in v2.data_files("points"))  # hour 10: before the cutoff
+    v3 = second(v2, Changes(retention={"points": "2026-11-21T12"}, removed_files=dropped))
+    assert [t.id for t in v3.tombstones] == [both.id, later.id]
+    # rollup_1m's cutoff too: the one ending at 12:00 goes; the one ending at 14:00 stays.
+    v4 = second(v3, Changes(retention={"points": "2026-11-21T13", "rollup_1m": "2026-11-21T12"}))
+    assert [t.id for t in v4.tombstones] == [later.id]
+    assert Snapshot.from_json(v4.to_json()).tombstones == v4.tombstones
