@@ -55,6 +55,7 @@ from dataclasses import dataclass
 
 from protocol import keys
 from protocol.records import AuditRecord
+from rollup.lost import acknowledged_shas
 from store.errors import StoreError
 
 from .audit_join import BlobJoin, CatalogScan, join_blobs
@@ -299,6 +300,9 @@ class _AuditRun:
 
     async def _record_missing(self, joined: BlobJoin) -> None:
         missing = joined.missing
+        if missing:  # an operator acknowledged these as lost (`rollup.lost`): settled
+            for sha in await acknowledged_shas(self._ctx.store) & set(missing):
+                del missing[sha]
         for sha, record_key in sorted(missing.items()):
             await self.problems.record(
                 "missing-blob",

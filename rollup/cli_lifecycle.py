@@ -1,4 +1,5 @@
-"""The ``lm-rollup`` subcommands that change the dataset without a run: ``delete``, ``compact``.
+"""The ``lm-rollup`` subcommands that change the dataset without a run: ``delete``,
+``compact``, ``acknowledge-lost``.
 
 ``delete --metric M [--label k=v ...] [--agent A] [--from T] [--to T] [--table T ...]
 --reason "..." [--by WHO] [--dry-run]`` commits a tombstone (`rollup.delete`): every
@@ -14,6 +15,11 @@ per hour on stderr and the report as JSON.
 
 Both publish the version they commit as Iceberg metadata right away
 (`rollup.iceberg_publish`; deleted rows become position deletes).
+
+``acknowledge-lost MANIFEST_KEY --reason "..." [--by WHO] [--dry-run]`` records an
+accepted batch whose raw blob is missing or corrupt as lost in the ledger
+(`rollup.lost`), so its hour's ledger matches the catalog again; it prints the record
+as JSON (``--dry-run``: only checks that the batch is lost, and why).
 
 Exit codes: 0 done; 2 the command could not run (bad arguments, no snapshot yet, store
 errors, every commit attempt lost the pointer race).
@@ -33,6 +39,7 @@ from config.settings import Settings
 from protocol.clock import SystemClock
 from rollup import compaction, schemas
 from rollup import delete as delete_mod
+from rollup import lost as lost_mod
 from rollup.cli_read import FORMATS, hour_argument, render, run_with_store, time_argument
 from rollup.commit import CommitConflict
 from rollup.iceberg_publish import publish_or_log
@@ -157,6 +164,32 @@ async def _publish(store: ObjectStore, settings: Settings) -> list[int]:
     )
 
 
+def run_acknowledge_lost(args: argparse.Namespace, settings: Settings) -> int:
+    """``acknowledge-lost``: record a batch whose blob is gone or corrupt as lost."""
+
+    async def work(store: ObjectStore) -> int:
+        if args.dry_run:
+            manifest, bad = await lost_mod.check_lost(store, args.manifest_key)
+            print(
+                f"dry run: would record {manifest.identity.manifest_id} (accepted hour "
+                f"{manifest.accepted_hour.iso}) as lost: {bad.kind}: {bad.detail}",
+                file=sys.stderr,
+            )
+            return 0
+        done = await lost_mod.acknowledge_lost(
+            store,
+            args.manifest_key,
+            reason=args.reason,
+            by=args.by or _default_requester(),
+            clock=SystemClock(),
+            owner_lease_ttl_s=settings.rollup.owner_lease_ttl_s,
+        )
+        print(json.dumps({"version": done.version, **done.lost.to_dict()}, indent=1))
+        return 0
+
+    return run_with_store(settings, work)
+
+
 def add_lifecycle_commands(subparsers: Any) -> None:
     """Add ``delete`` and ``compact`` to ``subparsers`` (from ``add_subparsers()``)."""
     remove = subparsers.add_parser(
@@ -212,3 +245,13 @@ def add_lifecycle_commands(subparsers: Any) -> None:
         help="size of the files written (default: [rollup] compact_target_bytes)",
     )
     squash.set_defaults(handler=run_compact)
+
+    lost = subparsers.add_parser(
+        "acknowledge-lost",
+        help="record an accepted batch whose raw blob is gone or corrupt as lost (ledger)",
+    )
+    lost.add_argument("manifest_key", help="the batch's accepted/v1/... manifest key")
+    lost.add_argument("--reason", required=True, help="why it cannot be restored (recorded)")
+    lost.add_argument("--by", help="who acknowledges it (default: user@host)")
+    lost.add_argument("--dry-run", action="store_true", help="check it is lost; commit nothing")
+    lost.set_defaults(handler=run_acknowledge_lost)

@@ -214,6 +214,13 @@ def run_verify(args: argparse.Namespace, settings: Settings) -> int:
         render(rows, columns or ["hour", "result"], args.format, sys.stdout)
         if report.unparseable_keys:
             print(f"{report.unparseable_keys} unreadable accepted manifests", file=sys.stderr)
+        for lost in report.lost:
+            print(f"lost {lost.accepted_hour} {lost.describe()}", file=sys.stderr)
+        for waiting in report.waiting:
+            print(f"waiting {waiting.describe()}", file=sys.stderr)
+        if report.waiting_total > len(report.waiting):
+            more = report.waiting_total - len(report.waiting)
+            print(f"... and {more} more batches waiting", file=sys.stderr)
         summary = "complete" if report.ok else "MISMATCH"
         print(f"version {report.version}: {len(report.hours)} hours, {summary}", file=sys.stderr)
         return 0 if report.ok else 1

@@ -92,7 +92,7 @@ class _FrameTask:
     def add(self, item: dict[str, Any]) -> None:
         try:
             frame, points = self._decode(item)
-        except _BadFrame as bad:
+        except BadFrame as bad:
             self._records.append(record("problem", item["accepted_hour"], bad.as_dict(item)))
             return
         for_points, for_rollup, late = table_rows(self._inputs, points)
@@ -121,24 +121,16 @@ class _FrameTask:
     def _decode(self, item: dict[str, Any]) -> tuple[Frame, pa.Table]:
         key = item["raw_blob_key"]
         try:
-            data = read_object(self._options.access, key)
+            data: bytes | None = read_object(self._options.access, key)
         except FileNotFoundError:
-            raise _BadFrame("missing-blob", key, "the raw blob does not exist") from None
-        actual = hashlib.sha256(data).hexdigest()
-        if actual != item["frame_sha256"]:
-            raise _BadFrame(
-                "corrupt-blob", key, f"sha256 is {actual}, the manifest says {item['frame_sha256']}"
-            )
-        try:
-            frame = decode_frame(data, max_raw_bytes=self._options.max_raw_bytes)
-            identity = keys.BatchIdentity(
-                frame.agent_id, frame.boot_id, frame.seq_start, frame.seq_end
-            )
-            if identity.manifest_id != item["manifest_id"]:
-                raise _BadFrame("corrupt-blob", key, f"the frame is batch {identity.manifest_id}")
-            return frame, points_rows(frame)
-        except (FrameError, PointsError) as exc:
-            raise _BadFrame("corrupt-blob", key, f"undecodable: {exc}") from None
+            data = None
+        return check_frame(
+            data,
+            blob_key=key,
+            frame_sha256=item["frame_sha256"],
+            manifest_id=item["manifest_id"],
+            max_raw_bytes=self._options.max_raw_bytes,
+        )
 
     def _flush(self) -> None:
         if not self._buffered:
@@ -195,7 +187,11 @@ class _PointsFile:
         )
 
 
-class _BadFrame(Exception):
+class BadFrame(Exception):
+    """A batch whose raw blob can never be read as it: ``kind`` is ``missing-blob`` or
+    ``corrupt-blob`` (the rollup's problem kinds; `rollup.lost` acknowledges such a
+    batch as lost)."""
+
     def __init__(self, kind: str, subject_key: str, detail: str) -> None:
         super().__init__(detail)
         self.kind = kind
@@ -210,6 +206,29 @@ class _BadFrame(Exception):
             "manifest_id": item["manifest_id"],
             "accepted_hour": item["accepted_hour"],
         }
+
+
+def check_frame(
+    data: bytes | None, *, blob_key: str, frame_sha256: str, manifest_id: str, max_raw_bytes: int
+) -> tuple[Frame, pa.Table]:
+    """The frame in ``data`` (None: the blob does not exist) and its ``points`` rows, if
+    it is the batch ``manifest_id`` with hash ``frame_sha256``; else `BadFrame`. The one
+    definition of a blob the rollup cannot read."""
+    if data is None:
+        raise BadFrame("missing-blob", blob_key, "the raw blob does not exist")
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != frame_sha256:
+        raise BadFrame(
+            "corrupt-blob", blob_key, f"sha256 is {actual}, the manifest says {frame_sha256}"
+        )
+    try:
+        frame = decode_frame(data, max_raw_bytes=max_raw_bytes)
+        identity = keys.BatchIdentity(frame.agent_id, frame.boot_id, frame.seq_start, frame.seq_end)
+        if identity.manifest_id != manifest_id:
+            raise BadFrame("corrupt-blob", blob_key, f"the frame is batch {identity.manifest_id}")
+        return frame, points_rows(frame)
+    except (FrameError, PointsError) as exc:
+        raise BadFrame("corrupt-blob", blob_key, f"undecodable: {exc}") from None
 
 
 def table_rows(inputs: HourInputs, points: pa.Table) -> tuple[pa.Table, pa.Table, bool]:

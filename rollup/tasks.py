@@ -63,6 +63,8 @@ HourFunction = Callable[[tuple[pa.Scalar, ...], pa.Table], pa.Table]
 
 _OUTPUT_SLICE = 65_536
 MiB = 1024 * 1024
+MAX_RAW_BYTES = 64 * MiB
+"""The largest decoded payload a frame the rollup reads may declare."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +74,7 @@ class WriteOptions:
     access: StoreAccess
     compression: str = "zstd"
     row_group_size: int = 1_000_000
-    max_raw_bytes: int = 64 * MiB
+    max_raw_bytes: int = MAX_RAW_BYTES
 
     @property
     def parquet_compression(self) -> str:

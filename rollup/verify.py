@@ -20,6 +20,13 @@ Where the accepted batches come from:
 - Hours with accepted batches but no ledger yet are *missing* (the rollup is behind):
   limit the check with ``first_hour``/``last_hour`` to the hours the rollup has done.
 
+Batches acknowledged as lost (`rollup.lost`: the blob is gone or corrupt) are ledger
+rows like any other, so their hour is complete; the hour says how many, and the report
+lists each (who acknowledged it, when and why). For hours that are not complete the
+report lists the batches still *waiting* (at most `MAX_WAITING`), each with the problem
+the rollup recorded for its blob (``missing-blob``/``corrupt-blob``: what
+``lm-rollup acknowledge-lost`` settles) or none (the rollup is behind).
+
 Cost: the catalog's files (or one GET per manifest); ledger files only for mismatching
 hours, whose batches are read a second time. Memory: per-hour totals, plus the batches
 of mismatching hours. Store errors propagate (a verification that could not read
@@ -40,7 +47,8 @@ from protocol.setsum import Setsum
 from rollup import schemas
 from rollup.commit import load_latest, load_version
 from rollup.ledger import ledger_rows, read_ledger
-from rollup.manifest import EMPTY_LEDGER_HOUR, LedgerHour, Snapshot
+from rollup.manifest import EMPTY_LEDGER_HOUR, LedgerHour, LostBatch, Snapshot
+from rollup.manifest_ledger import LOST_PROBLEMS
 from store.base import ObjectStore
 from store.errors import NotFound
 
@@ -59,6 +67,8 @@ class HourReport:
     """The part of ``ledger`` that arrived after retention dropped its hours."""
     retired: bool = False
     """Retention dropped this hour's data from every table; its ledger still proves it."""
+    lost: LedgerHour = EMPTY_LEDGER_HOUR
+    """The part of ``ledger`` acknowledged as lost (`rollup.lost`): no rows anywhere."""
 
     @property
     def complete(self) -> bool:
@@ -70,19 +80,51 @@ class HourReport:
                 text = f"retired ({self.accepted.batches} batches)"
             else:
                 text = f"complete ({self.accepted.batches} batches, {self.accepted.records} records"
-                text += ")" if not self.late.batches else f"; {self.late.batches} late, excluded)"
+                if self.late.batches:
+                    text += f"; {self.late.batches} late, excluded"
+                text += ")"
+            if self.lost.batches:
+                text += f"; {self.lost.batches} lost ({self.lost.records} records), acknowledged"
             return text
         text = f"missing {self.missing} / extra {self.extra}"
         return f"{text} ({self.detail})" if self.detail else text
 
 
 @dataclass(frozen=True, slots=True)
+class Waiting:
+    """An accepted batch the ledger lacks, and the problem the rollup recorded for its
+    blob (None: none recorded; the rollup has not tried it yet, i.e. it is behind)."""
+
+    hour: str
+    manifest_key: str
+    blob_key: str
+    problem: str | None
+
+    def describe(self) -> str:
+        if self.problem is None:
+            return f"{self.hour} {self.manifest_key}: not rolled up yet"
+        return (
+            f"{self.hour} {self.manifest_key}: {self.problem} {self.blob_key} (if the blob "
+            f"cannot be restored: lm-rollup acknowledge-lost {self.manifest_key} --reason ...)"
+        )
+
+
+MAX_WAITING = 100
+"""Waiting batches a report lists at most (``waiting_total`` counts them all)."""
+
+
+@dataclass(frozen=True, slots=True)
 class VerifyReport:
-    """Every checked hour, oldest first; ``ok`` when all are complete."""
+    """Every checked hour, oldest first; ``ok`` when all are complete. ``lost``: the
+    batches of the checked hours acknowledged as lost; ``waiting``: up to `MAX_WAITING`
+    batches missing from the ledger, with what keeps each out."""
 
     version: int | None
     hours: list[HourReport]
     unparseable_keys: int = 0
+    lost: tuple[LostBatch, ...] = ()
+    waiting: tuple[Waiting, ...] = ()
+    waiting_total: int = 0
 
     @property
     def ok(self) -> bool:
@@ -217,6 +259,7 @@ async def verify(
     )
     reports: dict[str, HourReport] = {}
     late = snapshot.ledger_late if snapshot is not None else {}
+    lost = snapshot.lost_hours if snapshot is not None else {}
     retired_before = _retired_before(snapshot)
     for hour in checked:
         accepted = totals[hour].frozen() if hour in totals else EMPTY_LEDGER_HOUR
@@ -226,15 +269,44 @@ async def verify(
             ledger_hours.get(hour, EMPTY_LEDGER_HOUR),
             late=late.get(hour, EMPTY_LEDGER_HOUR),
             retired=retired_before is not None and hour < retired_before,
+            lost=lost.get(hour, EMPTY_LEDGER_HOUR),
         )
     wrong = {h for h, r in reports.items() if not r.complete}
+    waiting: list[tuple[str, str, str]] = []
     if wrong:
-        reports.update(await _explain(store, snapshot, reports, wrong, source))
+        explained, waiting = await _explain(store, snapshot, reports, wrong, source)
+        reports.update(explained)
     return VerifyReport(
         version=snapshot.version if snapshot is not None else None,
         hours=[reports[h] for h in checked],
         unparseable_keys=len(bad),
+        lost=tuple(
+            b for b in (snapshot.ledger_lost if snapshot else ()) if b.accepted_hour in reports
+        ),
+        waiting=await _waiting(store, sorted(waiting)[:MAX_WAITING]),
+        waiting_total=len(waiting),
     )
+
+
+async def _waiting(store: ObjectStore, missing: list[tuple[str, str, str]]) -> tuple[Waiting, ...]:
+    """``(hour, manifest_id, frame_sha256)`` as `Waiting`, each with the rollup's problem
+    record for its blob if one exists (one listing per problem kind)."""
+    if not missing:
+        return ()
+    recorded: dict[str, str] = {}
+    for kind in LOST_PROBLEMS:
+        async for info in store.list(f"{keys.RECONCILER_PROBLEMS_PREFIX}{kind}/"):
+            recorded[info.key] = kind
+    found = []
+    for hour, manifest_id, sha in missing:
+        identity = keys.parse_manifest_id(manifest_id).identity
+        assert identity is not None  # a manifest_id always spells the agent in hex
+        blob = keys.raw_blob_key(sha)
+        problem = next(
+            (kind for kind in LOST_PROBLEMS if keys.problem_key(kind, blob) in recorded), None
+        )
+        found.append(Waiting(hour, keys.accepted_manifest_key(identity), blob, problem))
+    return tuple(found)
 
 
 async def _explain(
@@ -243,8 +315,9 @@ async def _explain(
     reports: dict[str, HourReport],
     wrong: set[str],
     source: Callable[[set[str] | None], AsyncIterator[AcceptedRow]],
-) -> dict[str, HourReport]:
-    """Batch-by-batch comparison of the mismatching hours (their batches read again)."""
+) -> tuple[dict[str, HourReport], list[tuple[str, str, str]]]:
+    """Batch-by-batch comparison of the mismatching hours (their batches read again), and
+    the batches missing from the ledger as ``(hour, manifest_id, frame_sha256)``."""
     accepted: dict[str, Counter[tuple[str, str]]] = {h: Counter() for h in wrong}
     async for row_hour, manifest_id, sha, _ in source(wrong):
         accepted[row_hour][(manifest_id, sha)] += 1
@@ -258,15 +331,18 @@ async def _explain(
             totals.records += row.record_count
             totals.setsum = totals.setsum.add(row.manifest_id, row.frame_sha256)
     explained: dict[str, HourReport] = {}
+    waiting: list[tuple[str, str, str]] = []
     for hour in wrong:
         report = reports[hour]
-        missing = sum((accepted[hour] - included[hour]).values())
+        absent = accepted[hour] - included[hour]
+        waiting += [(hour, mid, sha) for mid, sha in absent]
+        missing = sum(absent.values())
         extra = sum((included[hour] - accepted[hour]).values())
         detail = ""
         if file_totals[hour].frozen() != report.ledger:
             detail = "ledger totals disagree with the ledger files"
         explained[hour] = replace(report, missing=missing, extra=extra, detail=detail)
-    return explained
+    return explained, waiting
 
 
 def _retired_before(snapshot: Snapshot | None) -> str | None:

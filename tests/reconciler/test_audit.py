@@ -423,3 +423,26 @@ async def test_every_audit_moves_verification_on_even_when_its_walk_is_instant(
     assert len(records) <= len(batches) + 1
     cursors = [r.cursors[VERIFY_CURSOR] for r in records]
     assert cursors[:-1] == sorted(cursors[:-1]) and all(cursors[:-1]) and cursors[-1] == ""
+
+
+async def test_a_blob_acknowledged_lost_is_not_reported_missing_again(
+    memory_store: MemoryStore, clock: ManualClock
+) -> None:
+    """Issue 24 item 13: once ``lm-rollup acknowledge-lost`` recorded the batch as lost
+    in the rollup ledger (with who and why), the audit stops recording its blob as a
+    ``missing-blob`` problem (which would keep ``status --check`` unhealthy for ever)."""
+    from rollup.lost import acknowledge_lost
+
+    batches = await write_batches(memory_store, agents=2, per_agent=2)
+    victim = batches[1]
+    await memory_store.delete(victim.manifest.raw_blob_key)
+    ctx = await context(memory_store, clock, settings=make_settings(verify_rate_per_s=1e-3))
+    assert (await run_full_audit(ctx)).problems == 1
+
+    await acknowledge_lost(memory_store, victim.key, reason="the disk died", by="ops", clock=clock)
+    assert await count_problems(memory_store) == {}  # its record went with it
+
+    clock.advance(60)
+    again = await run_full_audit(ctx)
+    assert again.status == "completed" and again.problems == 0
+    assert await count_problems(memory_store) == {}

@@ -13,12 +13,14 @@ import pytest
 from pyspark.sql import SparkSession
 
 from protocol import keys
+from protocol.clock import ManualClock
 from protocol.records import ProblemRecord
 from rollup import sql
 from rollup.commit import load_latest
 from rollup.iceberg_publish import table_url
 from rollup.job import run_rollup
 from rollup.ledger import read_ledger
+from rollup.lost import acknowledge_lost
 from rollup.storage import StoreAccess
 from rollup.verify import verify
 from store.fs import FileSystemStore
@@ -228,6 +230,19 @@ async def test_bad_frames_are_reported_recorded_and_left_pending(
     latest_again = await load_latest(fs_store)
     assert latest_again is not None and latest_again.snapshot.version == latest.snapshot.version
     assert math.isclose(sum(v["sum"] or 0 for v in totals.values()), 10.0)
+
+    # Issue 24 item 13: acknowledged as lost, they stop holding their hour back; the next
+    # run has nothing to do (its work markers go) and nothing is reported again.
+    clock = ManualClock(DATA_START_NS + 3600 * S)
+    for sent in (flipped, missing, undecodable):
+        await acknowledge_lost(
+            fs_store, sent.manifest.manifest_key, reason="no backup", by="ops", clock=clock
+        )
+    assert (await verify(fs_store)).ok
+    settled = await run(spark, fs_store)
+    assert settled.outcome == "up-to-date" and settled.problems == []
+    assert await work_markers(fs_store) == []
+    assert not [i async for i in fs_store.list(keys.RECONCILER_PROBLEMS_PREFIX)]
 
 
 @pytest.mark.s3
