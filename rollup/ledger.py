@@ -110,9 +110,10 @@ def catalog_totals(rows: Iterable[IndexRow]) -> LedgerHour:
 
 
 async def read_catalog_totals(store: ObjectStore, hour: keys.UtcHour) -> LedgerHour:
-    """`catalog_totals` of the hour's catalog, out of core: DuckDB over local copies of its
-    files (`index.catalog_tables.read_hour_totals`), so an hour of millions of batches is
-    never a list of Python rows, nor all in memory (PROTOCOL §3.9)."""
+    """`catalog_totals` of the hour's batches (one per manifest_id: a batch under both
+    agent key forms counts once), out of core: DuckDB over local copies of its files
+    (`index.catalog_tables.read_hour_totals`), so an hour of millions of batches is never
+    a list of Python rows, nor all in memory (PROTOCOL §3.9)."""
     totals = await read_hour_totals(store, hour)
     return LedgerHour(totals.batches, totals.records, totals.setsum.hex)
 

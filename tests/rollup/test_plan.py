@@ -123,6 +123,7 @@ async def test_both_agent_key_forms_of_one_batch_are_planned_once() -> None:
     rule, and ``agent=h-<sha256>``). Both rows have one ``manifest_id``: the plan includes
     the batch once (before: twice, its points counted twice), and ``verify`` counts the
     catalog hour's batch once too, so the hour is complete with it included once."""
+    from rollup.ledger import read_catalog_totals
     from rollup.verify import verify
 
     store = MemoryStore()
@@ -143,6 +144,11 @@ async def test_both_agent_key_forms_of_one_batch_are_planned_once() -> None:
     assert sorted(item.manifest_id for item in plan.items) == ids([twice, other])
     owner = await OwnerLease.acquire(store, "job", 600, clock)
     await commit_rows(store, owner, clock, ledger=[twice.row, other.row])
+    # Raw retention and sealed_through_ns count the hour column-wise, the same way.
+    latest = await load_latest(store)
+    assert latest is not None
+    totals = await read_catalog_totals(store, hour_at(0))
+    assert totals == latest.snapshot.ledger_hours[hour_at(0).iso] and totals.batches == 2
     for from_manifests in (False, True):
         await store.put(legacy, twice.manifest.to_json())  # as an old collector wrote it
         report = await verify(store, from_manifests=from_manifests)
