@@ -602,7 +602,7 @@ async def test_rollup_shape_when_the_committed_tied_point_is_gone(world: World) 
     await owner.release()
     request = make_mocked_request(
         "GET",
-        f"/v1/query?metric=cpu&step=1m&from={H0.start_ns}&to={H1.start_ns}",
+        f"/v1/query?metric=cpu&step=1m&from={H0.start_ns // NS}&to={H1.start_ns // NS}",
         headers={"Authorization": f"Bearer {READ_TOKEN}"},
     )
     response = await world.endpoint.get_query(request)
