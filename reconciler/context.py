@@ -278,6 +278,10 @@ class ReconcilerContext:
     one object the same ETag; `reconciler.etag_check`). False: the steady pass reads back
     every record row."""
     """Whether a record row named this blob hash lately (`OrphanSuspects.recently_referenced`)."""
+    gc_store: ObjectStore | None = None
+    """The GC role's store, through which the GC makes every delete (blobs, marks,
+    vetoes; `reconciler.gc_run`). None: opened per run from
+    ``store.gc_credentials_profile``, or ``store`` itself without one."""
 
     @property
     def epoch(self) -> int:

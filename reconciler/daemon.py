@@ -99,8 +99,12 @@ class Reconciler:
         owner: str | None = None,
         inventory: InventorySource | None = None,
         audit_progress: ProgressCallback | None = None,
+        gc_store: ObjectStore | None = None,
     ) -> None:
+        """``gc_store``: the GC role's store (`ReconcilerContext.gc_store`); by default
+        opened from ``store.gc_credentials_profile`` for each GC run."""
         self._store = store
+        self._gc_store = gc_store
         self._settings = settings
         self._clock = store_clock(store, clock)  # leases, audits, GC: store time (§3.8)
         self._rng = rng
@@ -386,6 +390,7 @@ class Reconciler:
             gc_memory=self.gc_memory,
             recently_referenced=self.suspects.recently_referenced,
             etags_attest=etags_attest,
+            gc_store=self._gc_store,
         )
 
     # --- waiting ------------------------------------------------------------------------

@@ -173,7 +173,12 @@ class GarbageCollector:
         """``lease`` describes the lease ``fence`` guards (`reconciler.gc_delete`);
         ``store_now_ns`` is store time for the signed DELETE's deadline (default: the
         store clock's estimate; the check adds ``max_clock_skew_s``, more than the
-        estimate's uncertainty, before it sends)."""
+        estimate's uncertainty, before it sends).
+
+        ``delete_store`` is the GC role's store (``store.gc_credentials_profile``): every
+        delete the GC makes goes through it — blobs, marks, vetoes — and nothing else
+        does (``deploy/bucket-policy/reconciler-gc-policy.json`` grants exactly those;
+        the everyday role may delete none of them). Without it, ``store`` deletes."""
         self._store = store
         self._delete_store = delete_store or store
         # Horizon, grace and settle times compare LastModified and the marks' times with
@@ -457,7 +462,7 @@ class GarbageCollector:
 
     async def _withdraw(self, mark_key: str) -> None:
         await self._fence()
-        await self._store.delete(mark_key)
+        await self._delete_store.delete(mark_key)
 
     async def _delete_one(
         self,
@@ -490,7 +495,7 @@ class GarbageCollector:
             # The last checks come after "deleting" is visible: see the module docstring.
             if await self._exists(keys.gc_veto_key(sha)) or self._recently_referenced(sha):
                 self._observe("vetoes", 1)
-                await self._store.delete(mark_key)
+                await self._delete_store.delete(mark_key)
                 return False
         except (Unavailable, ConditionConflict):
             # No DELETE was sent: take the mark back now rather than leave collectors
@@ -518,7 +523,7 @@ class GarbageCollector:
         await self._log_deletion(
             deleting, blob_last_modified_ns=last_modified_ns, audit_started=audit_started
         )
-        await self._store.delete(mark_key)
+        await self._delete_store.delete(mark_key)
         return True
 
     async def _release_unsent(self, mark_key: str, deleting_etag: str) -> None:
@@ -591,7 +596,7 @@ class GarbageCollector:
             await self._delete_mark_if_unchanged(mark_key, mark_etag)
         # The veto goes last: a crash in between leaves a veto without a mark (cleared
         # next time), never a mark whose veto is gone.
-        await self._store.delete(veto.key)
+        await self._delete_store.delete(veto.key)
         return True
 
     # --- small reads and writes ------------------------------------------------------------
@@ -633,7 +638,7 @@ class GarbageCollector:
     async def _delete_mark_if_unchanged(self, key: str, etag: str | None) -> None:
         current, current_etag = await self._read_mark(key)
         if current is not None and current_etag == etag:
-            await self._store.delete(key)
+            await self._delete_store.delete(key)
 
     async def _head(self, key: str) -> ObjectInfo | None:
         try:

@@ -6,6 +6,8 @@ proofs the GC reads from the store (`latest_listing_audit`, `unresolved_manifest
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 import structlog
@@ -32,12 +34,8 @@ async def run_gc(ctx: ReconcilerContext, *, dry_run: bool) -> GcOutcome:
     """One GC run with the reconciler's store, clock, lease fence, audits and metrics;
     with ``retention.raw_days``, raw retention retires what it can first."""
     await advance_raw_retention(ctx, dry_run=dry_run)
-    delete_store = _gc_role_store(ctx.settings.store)
-    try:
+    async with _gc_role_store(ctx) as delete_store:
         return await _collector(ctx, delete_store).run(dry_run=dry_run)
-    finally:
-        if delete_store is not None:
-            await delete_store.close()
 
 
 async def advance_raw_retention(ctx: ReconcilerContext, *, dry_run: bool) -> None:
@@ -65,8 +63,10 @@ async def advance_raw_retention(ctx: ReconcilerContext, *, dry_run: bool) -> Non
 
 
 async def settle_stale_deletions(ctx: ReconcilerContext) -> None:
-    """What a disabled GC still does: resolve stale ``deleting`` marks (deletes no blob)."""
-    await _collector(ctx, None).settle_stale_deletions()
+    """What a disabled GC still does: resolve stale ``deleting`` marks (deletes no blob;
+    the marks it removes are deleted through the GC role, like every GC delete)."""
+    async with _gc_role_store(ctx) as delete_store:
+        await _collector(ctx, delete_store).settle_stale_deletions()
 
 
 def _collector(ctx: ReconcilerContext, delete_store: ObjectStore | None) -> GarbageCollector:
@@ -116,13 +116,22 @@ def _collector(ctx: ReconcilerContext, delete_store: ObjectStore | None) -> Garb
     )
 
 
-def _gc_role_store(store_settings: StoreSettings) -> ObjectStore | None:
-    """With ``store.gc_credentials_profile``, deletions use that AWS profile (the GC role),
-    so the reconciler's everyday credentials need no s3:DeleteObject on raw blobs."""
+@contextlib.asynccontextmanager
+async def _gc_role_store(ctx: ReconcilerContext) -> AsyncIterator[ObjectStore | None]:
+    """The store every GC delete goes through (blobs, marks, vetoes): the context's
+    ``gc_store`` if given; else, with ``store.gc_credentials_profile``, that AWS profile
+    (the GC role, opened for this run and closed after it), so the reconciler's everyday
+    credentials need no s3:DeleteObject under ``raw-blobs/v1/`` or ``gc/v1/``
+    (``deploy/bucket-policy``); else None (``ctx.store`` deletes)."""
+    if ctx.gc_store is not None:
+        yield ctx.gc_store
+        return
+    store_settings: StoreSettings = ctx.settings.store
     profile = store_settings.gc_credentials_profile
     if profile is None or not store_settings.url.startswith("s3://"):
-        return None
-    return open_store(
+        yield None
+        return
+    opened = open_store(
         store_settings.url,
         profile=profile,
         endpoint_url=store_settings.endpoint_url,
@@ -130,6 +139,10 @@ def _gc_role_store(store_settings: StoreSettings) -> ObjectStore | None:
         connect_timeout_s=store_settings.connect_timeout_s,
         read_timeout_s=store_settings.read_timeout_s,
     )
+    try:
+        yield opened
+    finally:
+        await opened.close()
 
 
 async def latest_listing_audit(store: ObjectStore) -> records.AuditRecord | None:

@@ -271,3 +271,39 @@ def allowed(
         s["Effect"] == "Allow" and statement_applies(s, action, resource, context)
         for s in identity_policy["Statement"]
     )
+
+
+ACCOUNT = "111122223333"
+POLICIES = DEPLOY / "bucket-policy"
+POLICY_FILES = {
+    "collector": "collector-policy.json",
+    "reconciler": "reconciler-policy.json",
+    "gc": "reconciler-gc-policy.json",
+    "rollup": "rollup-policy.json",
+}
+"""Each role of deploy/bucket-policy and the identity policy attached to it."""
+
+
+def role_arn(role: str) -> str:
+    return f"arn:aws:iam::{ACCOUNT}:role/lightmetrics-{role}"
+
+
+def load_policy(name: str) -> dict[str, Any]:
+    document: dict[str, Any] = json.loads((POLICIES / name).read_text(encoding="utf-8"))
+    assert document["Version"] == "2012-10-17"
+    return document
+
+
+def role_may(
+    role: str, action: str, resource: str, *, extra: Mapping[str, str] | None = None
+) -> bool:
+    """Whether ``role`` may make ``action`` on ``resource`` (an ARN) under the shipped
+    identity policy of the role and the bucket policy, over TLS."""
+    context = {"aws:PrincipalArn": role_arn(role), "aws:SecureTransport": "true", **(extra or {})}
+    return allowed(
+        load_policy(POLICY_FILES[role]),
+        load_policy("bucket-policy.json"),
+        action,
+        resource,
+        context,
+    )

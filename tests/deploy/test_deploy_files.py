@@ -31,7 +31,10 @@ from collector.metrics import CollectorMetrics
 from config import Settings, SettingsError, load_settings
 from protocol import keys
 from tests.deploy.deploy_files import (
+    ACCOUNT,
     DEPLOY,
+    POLICIES,
+    POLICY_FILES,
     ROOT,
     allowed,
     copy_sources,
@@ -39,9 +42,12 @@ from tests.deploy.deploy_files import (
     dockerignore_patterns,
     exec_form,
     k8s_bytes,
+    load_policy,
     pod_specs,
     read_dockerfile,
     read_unit,
+    role_arn,
+    role_may,
     systemd_seconds,
 )
 
@@ -61,7 +67,6 @@ SCRIPTS: dict[str, str] = PYPROJECT["project"]["scripts"]
 LATER_MARK = "LATER ISSUE"
 K8S = DEPLOY / "kubernetes"
 SYSTEMD = DEPLOY / "systemd"
-POLICIES = DEPLOY / "bucket-policy"
 CONTAINER = DEPLOY / "container"
 UNITS = sorted(SYSTEMD.glob("*.service"))
 SAMPLE_POD_NAME = "lightmetrics-collector-7d9f8c6b5-x2x4q"
@@ -607,7 +612,6 @@ def test_kustomize_renders_the_manifests() -> None:
 
 # --- IAM and lifecycle --------------------------------------------------------------------
 
-ACCOUNT = "111122223333"
 SHA = "ab" * 32
 IDENTITY = keys.BatchIdentity("agent-a", uuid.UUID(int=1), 10, 20)
 HOUR = keys.UtcHour.from_unix_ns(1_760_000_000 * 10**9)
@@ -646,25 +650,11 @@ MAY_DELETE = {
         "accepted_by_blob",
         "quarantine_by_blob",
     },
-    "gc": {"raw_blob", "gc_mark"},
+    # Every delete the GC makes (reconciler/gc.py through the GC role's store; running the
+    # GC under these documents: test_policies_enforced.py).
+    "gc": {"raw_blob", "gc_mark", "gc_veto"},
     "rollup": ROLLUP_KINDS | {"rollup_dirty", "rollup_work"},
 }
-POLICY_FILES = {
-    "collector": "collector-policy.json",
-    "reconciler": "reconciler-policy.json",
-    "gc": "reconciler-gc-policy.json",
-    "rollup": "rollup-policy.json",
-}
-
-
-def role_arn(role: str) -> str:
-    return f"arn:aws:iam::{ACCOUNT}:role/lightmetrics-{role}"
-
-
-def load_policy(name: str) -> dict[str, Any]:
-    document: dict[str, Any] = json.loads((POLICIES / name).read_text(encoding="utf-8"))
-    assert document["Version"] == "2012-10-17"
-    return document
 
 
 def store_location() -> tuple[str, str]:
@@ -678,11 +668,8 @@ def object_arn(key: str) -> str:
 
 
 def can(role: str, action: str, key: str, *, if_none_match: bool = True) -> bool:
-    context = {"aws:PrincipalArn": role_arn(role), "aws:SecureTransport": "true"}
-    if if_none_match and action == "s3:PutObject":
-        context["s3:if-none-match"] = "*"
-    bucket_policy = load_policy("bucket-policy.json")
-    return allowed(load_policy(POLICY_FILES[role]), bucket_policy, action, object_arn(key), context)
+    extra = {"s3:if-none-match": "*"} if if_none_match and action == "s3:PutObject" else {}
+    return role_may(role, action, object_arn(key), extra=extra)
 
 
 @pytest.mark.parametrize("role", sorted(POLICY_FILES))
