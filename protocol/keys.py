@@ -252,6 +252,14 @@ def gc_veto_key(sha: str) -> str:
     return f"{GC_VETOES_PREFIX}{check_sha256(sha)}.json"
 
 
+def parse_gc_mark_key(key: str) -> str:
+    """Return the sha256 named by a GC mark key."""
+    match = re.fullmatch(r"gc/v1/marks/([0-9a-f]{64})\.json", key)
+    if not match:
+        raise KeyFormatError(f"not a GC mark key: {key!r}")
+    return match.group(1)
+
+
 def parse_gc_veto_key(key: str) -> str:
     """Return the sha256 named by a GC veto key."""
     match = re.fullmatch(r"gc/v1/vetoes/([0-9a-f]{64})\.json", key)
@@ -278,6 +286,7 @@ PROBLEM_KINDS = (
     "unparseable-manifest",
     "unparseable-quarantine",
     "gc-guard",
+    "unreadable-gc-mark",
     "unreadable-index-file",
     "raw-retention-mismatch",
     "malformed-log-row",

@@ -17,7 +17,10 @@ reconciler's entry point is `reconciler.gc_run`. One run:
    recorded has expired and ``settle_s`` has passed (`reconciler.gc_delete`): if the blob
    is gone the deletion is logged; either way the mark is removed. The blob is never
    deleted again here: a collector may have re-created it after the first delete. A
-   disabled GC still does this (`settle_stale_deletions`).
+   mark that does not parse counts as ``deleting`` under an unknown lease (collectors
+   wait on it): it is reported (``unreadable-gc-mark``) and removed the same way once
+   ``settle_s`` has passed since its first sighting and our term's start
+   (`_settle_unreadable`). A disabled GC still does this (`settle_stale_deletions`).
 2. **Mark.** Candidates: the steady pass's `OrphanSuspects` (``blob`` log rows no record
    row named) older than the horizon, and the orphans of the latest completed catalog
    audit (so orphans whose log row was lost are found too). A candidate with no mark and
@@ -78,6 +81,7 @@ from store.errors import (
 from store.time import store_clock
 
 from .bounded import for_each_bounded
+from .gc_problems import GcProblems
 from .orphans import decode_orphans
 
 log = structlog.get_logger("reconciler.gc")
@@ -195,6 +199,7 @@ class GarbageCollector:
         self._suspects = suspects or (lambda _before_ns: [])
         self._recently_referenced = recently_referenced or (lambda _sha: False)
         self._audits_marked = audits_marked if audits_marked is not None else set()
+        self._problems = GcProblems(store, self._clock.now_ns, fence)
         self._run_id = "unstarted"
         self._item_errors = 0
         self._listed = _Listed()
@@ -289,6 +294,9 @@ class GarbageCollector:
 
     async def _settle_one(self, mark_key: str, now: int) -> None:
         mark, etag = await self._read_mark(mark_key)
+        if mark is None and etag is not None:
+            await self._settle_unreadable(mark_key, etag, now)
+            return
         if mark is None or mark.state != "deleting":
             return
         started = self._lease().started_at_unix_ns
@@ -301,6 +309,47 @@ class GarbageCollector:
             await self._log_deletion(mark, blob_last_modified_ns=0, audit_started=0)
         await self._fence()
         await self._delete_mark_if_unchanged(mark_key, etag)
+
+    async def _settle_unreadable(self, mark_key: str, etag: str, now: int) -> None:
+        """An unreadable mark (PROTOCOL §3.5 says nothing of one): collectors treat it as
+        ``deleting`` and wait for it to go, so it must not stay. It is treated as a
+        ``deleting`` mark whose lease is unknown: an ``unreadable-gc-mark`` problem is
+        recorded, and once the settle time has passed since the later of its first sighting
+        and the start of our lease term, the blob is checked (gone: the deletion is logged)
+        and the mark removed, If its ETag is unchanged. The blob, if still there and still
+        an orphan, is marked afresh from a later audit.
+
+        Why that wait is enough: a DELETE sent under an older lease lands before that
+        lease's expiry (signed, PROTOCOL §3.5 rule 6), which was before our term began (an
+        unsigned one of an older version: the same conservative reading as a ``deleting``
+        mark without lease fields, `reconciler.gc_delete`). One of ours is sent only after
+        its ``deleting`` mark was read back well-formed, within a run, and the run whose
+        settle pass first saw the mark unreadable started after every earlier run of ours
+        ended: anything in flight then lands within ``settle_s`` of that sighting."""
+        subject = mark_key
+        first_seen = await self._problems.record(
+            "unreadable-gc-mark",
+            subject,
+            "the GC mark does not parse; collectors wait on it as on a deletion under way. "
+            "The GC removes it once the settle time has passed (no action needed)",
+        )
+        started = self._lease().started_at_unix_ns
+        if max(first_seen, started) + int(self._policy.settle_s * NS) > now:
+            return
+        sha = keys.parse_gc_mark_key(mark_key)
+        if not await self._exists(keys.raw_blob_key(sha)):
+            unknown = records.GcMark(
+                frame_sha256=sha,
+                raw_blob_key=keys.raw_blob_key(sha),
+                marked_at_unix_ns=0,
+                gc_run_id="unreadable-mark",
+                state="deleting",
+            )
+            await self._log_deletion(unknown, blob_last_modified_ns=0, audit_started=0)
+        await self._fence()
+        await self._delete_mark_if_unchanged(mark_key, etag)
+        await self._problems.resolve("unreadable-gc-mark", subject)
+        log.warning("gc_unreadable_mark_removed", key=mark_key)
 
     # --- 2. mark ------------------------------------------------------------------------------
 
@@ -589,8 +638,8 @@ class GarbageCollector:
             return False  # the request it protects may not be cataloged yet
         mark_key = keys.gc_mark_key(sha)
         mark, mark_etag = await self._read_mark(mark_key)
-        if mark is not None and mark.state == "deleting":
-            return False  # the stale-deletion pass resolves it first
+        if mark_etag is not None and (mark is None or mark.state == "deleting"):
+            return False  # deleting or unreadable: the stale-deletion pass resolves it first
         await self._fence()
         if mark is not None:
             await self._delete_mark_if_unchanged(mark_key, mark_etag)
@@ -625,6 +674,8 @@ class GarbageCollector:
             pass
 
     async def _read_mark(self, key: str) -> tuple[records.GcMark | None, str | None]:
+        """``(mark, etag)``; ``(None, None)`` when absent, ``(None, etag)`` when the mark
+        exists but does not parse (settled by `_settle_unreadable`, never acted on)."""
         try:
             body, etag = await self._store.get(key)
         except NotFound:
@@ -633,11 +684,11 @@ class GarbageCollector:
             return records.GcMark.from_json(body), etag
         except records.RecordError as exc:
             log.error("gc_mark_unreadable", key=key, error=str(exc))
-            return None, None
+            return None, etag
 
     async def _delete_mark_if_unchanged(self, key: str, etag: str | None) -> None:
-        current, current_etag = await self._read_mark(key)
-        if current is not None and current_etag == etag:
+        _current, current_etag = await self._read_mark(key)
+        if current_etag is not None and current_etag == etag:
             await self._delete_store.delete(key)
 
     async def _head(self, key: str) -> ObjectInfo | None:

@@ -12,7 +12,10 @@ references it), ``unparseable-manifest`` and ``unparseable-quarantine`` (subject
 record's key), ``unreadable-index-file`` (subject: a log segment that does not decode, or
 a catalog file, which is then moved aside), ``raw-retention-mismatch`` (subject: a
 retired accepted hour's catalog prefix whose batches no longer match the rollup ledger,
-so its raw blobs are kept: `reconciler.raw_retention`). ``gc-guard`` belongs to the GC.
+so its raw blobs are kept: `reconciler.raw_retention`). ``gc-guard`` and
+``unreadable-gc-mark`` (subject: a GC mark that does not parse; collectors wait on it
+as on a deletion under way, and the GC removes it after the settle time: nothing to do
+unless it stays) belong to the GC (`reconciler.gc_problems`).
 """
 
 from __future__ import annotations

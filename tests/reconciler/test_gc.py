@@ -708,3 +708,32 @@ async def test_a_disabled_gc_still_resolves_stale_deleting_marks() -> None:
     await reconciler.run_once()
     assert not await world.exists(keys.gc_mark_key(sha(body)))  # collectors stop waiting
     assert await world.exists(keys.raw_blob_key(sha(body)))  # and nothing was deleted
+
+
+async def test_an_unreadable_mark_is_reported_and_removed_after_the_settle_time() -> None:
+    world = World()
+    await world.ctx()  # our lease term starts now
+    kept, gone = frame_bytes(130), frame_bytes(131)
+    await world.store.put(keys.raw_blob_key(sha(kept)), kept)
+    for digest in (sha(kept), sha(gone)):
+        await world.store.put(keys.gc_mark_key(digest), b'{"schema": "lightmetrics.gc_mark.v1", ')
+    await world.gc()
+    problems = await world.keys_under(f"{keys.RECONCILER_PROBLEMS_PREFIX}unreadable-gc-mark/")
+    assert len(problems) == 2
+    assert await world.exists(keys.gc_mark_key(sha(kept)))  # a deletion may still be under way
+    world.clock.advance(POLICY.settle_s - 1)
+    await world.gc()
+    assert await world.exists(keys.gc_mark_key(sha(kept)))
+    world.clock.advance(2)
+    await world.gc()
+    for digest in (sha(kept), sha(gone)):
+        assert not await world.exists(keys.gc_mark_key(digest))
+    assert await world.keys_under(f"{keys.RECONCILER_PROBLEMS_PREFIX}unreadable-gc-mark/") == []
+    assert await world.exists(keys.raw_blob_key(sha(kept)))  # never deleted on that mark
+    logged = [
+        records.GcLogEntry.from_json((await world.store.get(key))[0]).frame_sha256
+        for key in await world.keys_under(keys.GC_LOG_PREFIX)
+    ]
+    assert logged == [sha(gone)]  # gone under the unreadable mark: the deletion is recorded
+    accepted = await world.accept(kept, seq=130)  # collectors no longer wait on it
+    assert (await world.store.get(accepted.manifest.raw_blob_key))[0] == kept
