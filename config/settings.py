@@ -276,7 +276,8 @@ class GcSettings(_Section):
     """Lifetime of each pre-signed blob DELETE (``X-Amz-Expires``, PROTOCOL §3.5 rule 6).
     It is sent only while the reconciler lease outlives it (plus the clock skew), and the
     store refuses it once expired, so a stalled former leader cannot delete late. Long
-    enough for the request to reach the store; at most ``reconciler.lease_ttl_s / 3``."""
+    enough for the request to reach the store; with ``store.max_clock_skew_s`` and
+    ``store.connect_timeout_s`` at most 2/3 of ``reconciler.lease_ttl_s``."""
 
 
 class RetentionSettings(_Section):
@@ -543,16 +544,21 @@ class Settings(BaseModel):
 
     def gc_lease_problem(self) -> str | None:
         """Why the GC could never delete under these settings, or None (PROTOCOL §3.5 rule
-        6: a signed DELETE is sent only while the lease has at least its expiry plus the
-        clock skew left; renewed every third of its TTL, at least two thirds are left when
-        the check runs). Checked by the reconciler, not at load: a collector's file need
-        not fit the reconciler's lease."""
-        needed = self.gc.delete_expiry_s + self.store.max_clock_skew_s
+        6: a signed DELETE is sent only while the recorded lease outlives its deadline —
+        the signature's date, up to the clock skew ahead, plus its expiry — plus the
+        longest network delay, ``store.connect_timeout_s`` (`reconciler.gc_delete`);
+        renewed every third of its TTL, at least two thirds of the lease are left when the
+        check runs). Checked by the reconciler, not at load: a collector's file need not
+        fit the reconciler's lease."""
+        needed = (
+            self.gc.delete_expiry_s + self.store.max_clock_skew_s + self.store.connect_timeout_s
+        )
         if not self.gc.enabled or needed <= self.reconciler.lease_ttl_s * 2 / 3:
             return None
         return (
-            f"gc.delete_expiry_s + store.max_clock_skew_s = {needed:g} must be <= 2/3 of "
-            f"reconciler.lease_ttl_s = {self.reconciler.lease_ttl_s * 2 / 3:g}: the lease "
-            "must outlive a signed delete plus the skew whenever it is sent (raise the lease "
-            "TTL or lower the expiry or the skew limit)"
+            f"gc.delete_expiry_s + store.max_clock_skew_s + store.connect_timeout_s = "
+            f"{needed:g} must be <= 2/3 of reconciler.lease_ttl_s = "
+            f"{self.reconciler.lease_ttl_s * 2 / 3:g}: the lease must outlive a signed delete, "
+            "the skew and the network delay whenever it is sent (raise the lease TTL or lower "
+            "the expiry, the skew limit or the connect timeout)"
         )

@@ -101,6 +101,9 @@ class GcPolicy:
     """Lifetime of each signed blob DELETE (`reconciler.gc_delete`)."""
     max_clock_skew_s: float = 0.0
     """Bound on the distance between the deleter's clock and store time."""
+    max_network_delay_s: float = 0.0
+    """The longest a request may take to reach the store (rule 6: the signed DELETE's
+    deadline plus this must fall before the recorded lease expiry)."""
     concurrency: int = 1
     """Marks, mark reads and deletions in flight at once (``gc.concurrency``): each
     blob's steps are independent of every other blob's, and `for_each_bounded` cancels
@@ -120,10 +123,13 @@ class GcPolicy:
             raise ValueError(f"max_item_errors must be >= 0, got {self.max_item_errors}")
         if self.delete_expiry_s < 1 or self.max_clock_skew_s < 0:
             raise ValueError("delete_expiry_s must be >= 1 and max_clock_skew_s >= 0")
-        if self.settle_s < self.delete_expiry_s + self.max_clock_skew_s:
+        if self.max_network_delay_s < 0:
+            raise ValueError("max_network_delay_s must be >= 0")
+        settle = self.delete_expiry_s + self.max_clock_skew_s + self.max_network_delay_s
+        if self.settle_s < settle:
             raise ValueError(
-                f"settle_s must cover delete_expiry_s + max_clock_skew_s = "
-                f"{self.delete_expiry_s + self.max_clock_skew_s:g}, got {self.settle_s:g}"
+                f"settle_s must cover delete_expiry_s + max_clock_skew_s + "
+                f"max_network_delay_s = {settle:g}, got {self.settle_s:g}"
             )
 
 
@@ -437,6 +443,9 @@ class GarbageCollector:
         eligible.sort(key=lambda pair: pair[0])  # in key order, however the reads finished
         if not eligible:
             return
+        if self._clock.skewed:  # rule 6: a skewed reconciler signs nothing; try next run
+            log.error("gc_clock_skewed", skew_s=self._clock.skew_s, eligible_marks=len(eligible))
+            return
         if self._deletion_blocker is not None and (reason := await self._deletion_blocker()):
             log.error("gc_deletions_blocked", reason=reason, eligible_marks=len(eligible))
             raise GcRefused(reason)
@@ -559,6 +568,8 @@ class GarbageCollector:
             lease_expires_at_unix_ns=lease.expires_at_unix_ns,
             now_ns=self._store_now_ns,
             max_clock_skew_s=self._policy.max_clock_skew_s,
+            max_network_delay_s=self._policy.max_network_delay_s,
+            skewed=lambda: self._clock.skewed,
         )
         if deleted is DeleteOutcome.UNKNOWN:
             log.warning("gc_delete_unsettled", key=mark.raw_blob_key)

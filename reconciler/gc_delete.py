@@ -10,11 +10,19 @@ that blob, and then the old leader's DELETE lands: a referenced blob is gone.
    and that lease's expiry as it stood then (`protocol.records.GcMark`). Later renewals
    do not move that instant: it is the deadline this deletion works to.
 2. **One signed request, sent once.** The DELETE is pre-signed with an expiry of
-   ``expires_in_s`` (E) and never re-signed or repeated. *After* signing, it is sent only
-   if the recorded lease expiry is at least E + ``max_clock_skew_s`` away in store time;
-   otherwise it is discarded unsent. The store refuses it once E has passed on its own
-   clock, so it lands before the recorded lease expiry or not at all: a deleter that lost
-   its lease (which only happens after that expiry) can no longer delete.
+   ``expires_in_s`` (E) and never re-signed or repeated. Nothing is signed while this
+   process's clock is off the store's by more than ``max_clock_skew_s`` (`skewed`: the
+   signature's date comes from the local clock). *After* signing, it is sent only if
+   (a) the recorded lease expiry is at least E + ``max_clock_skew_s`` away in store time,
+   and (b) the request's own deadline — the literal ``X-Amz-Date`` + E, which the store
+   compares with its own clock, so it is already a store-clock instant whatever the
+   signer's clock said (`SignedDelete.expires_at_unix_ns`, never earlier than it) — plus
+   the longest network delay is before the recorded lease expiry; otherwise it is
+   discarded unsent. (b) is what makes a signer whose clock runs ahead harmless: its
+   ``X-Amz-Date`` lies in the future and the store would take the request that much
+   longer. The store refuses it once its clock passes that deadline, so it lands before
+   the recorded lease expiry or not at all: a deleter that lost its lease (which only
+   happens after that expiry) can no longer delete.
 3. **Nobody resolves the mark early.** A ``deleting`` mark is resolved only after
    ``max(deleting_since, recorded lease expiry) + settle_s``, where ``settle_s`` covers E,
    the clock skew and the longest network delay; by then its DELETE has landed or never
@@ -24,8 +32,9 @@ that blob, and then the old leader's DELETE lands: a referenced blob is gone.
    began: it waits ``settle_s`` past the start of our term (nothing can bound an
    unsigned DELETE that is still in flight; this is the conservative reading).
 
-Time: ``now_ns`` is store time (PROTOCOL §3.8) and ``max_clock_skew_s`` bounds how far the
-signer's clock (S3's ``X-Amz-Date``) may be from it; both are injected by the caller.
+Time: ``now_ns`` is store time (PROTOCOL §3.8); ``max_clock_skew_s`` bounds how far the
+signer's clock (S3's ``X-Amz-Date``) may be from it, and ``skewed`` says when that bound
+is known broken (`store.time.StoreClock.skewed`); all are injected by the caller.
 """
 
 from __future__ import annotations
@@ -53,9 +62,11 @@ class LeaseTerm:
 
 
 class DeleteOutcome(enum.Enum):
+    SKEWED = "skewed"
+    """Nothing signed: this process's clock is off the store's beyond the limit."""
     DELETED = "deleted"
     DISCARDED = "discarded"
-    """Signed but never sent: the lease would not outlive the request."""
+    """Signed but never sent: the recorded lease would not outlive the request."""
     REFUSED = "refused"
     """Sent and refused (expired, throttled, never connected): nothing was applied."""
     UNKNOWN = "unknown"
@@ -70,15 +81,22 @@ async def delete_within_lease(
     lease_expires_at_unix_ns: int,
     now_ns: Callable[[], int],
     max_clock_skew_s: float,
+    max_network_delay_s: float,
+    skewed: Callable[[], bool],
 ) -> DeleteOutcome:
-    """Delete ``key`` with one signed request that expires before the lease does (step 2
-    of the module docstring). Errors other than the outcomes above (a configuration
-    error, say) propagate; nothing was applied then either."""
+    """Delete ``key`` with one signed request that expires before the recorded lease
+    (``lease_expires_at_unix_ns``, store time) does (step 2 of the module docstring).
+    Errors other than the outcomes above (a configuration error, say) propagate; nothing
+    was applied then either."""
+    if skewed():
+        return DeleteOutcome.SKEWED
     signed = await store.sign_delete(key, expires_in_s=expires_in_s)
     # Read after signing: the request was signed no later than this instant.
     left_ns = lease_expires_at_unix_ns - now_ns()
     if left_ns < int((expires_in_s + max_clock_skew_s) * NS):
         return DeleteOutcome.DISCARDED
+    if signed.expires_at_unix_ns + int(max_network_delay_s * NS) >= lease_expires_at_unix_ns:
+        return DeleteOutcome.DISCARDED  # the store would take it past the recorded lease
     try:
         await store.send_signed_delete(signed)
     except OutcomeUnknown:

@@ -101,6 +101,9 @@ def _collector(ctx: ReconcilerContext, delete_store: ObjectStore | None) -> Garb
             settle_s=settings.gc.delete_expiry_s + settings.store.max_clock_skew_s + 2 * network_s,
             delete_expiry_s=settings.gc.delete_expiry_s,
             max_clock_skew_s=settings.store.max_clock_skew_s,
+            # The DELETE is a few hundred bytes: once the connection is up (connect
+            # timeout) it reaches the store, which judges its expiry on arrival.
+            max_network_delay_s=settings.store.connect_timeout_s,
             concurrency=settings.gc.concurrency,
         ),
         run_audit=lambda: run_full_audit(ctx),

@@ -285,11 +285,16 @@ def test_signed_delete_expiry_must_fit_well_within_the_lease(tmp_path: Path) -> 
     path = write(tmp_path, "[reconciler]\nlease_ttl_s = 6\n")
     settings = load_settings(path, environ={})  # a collector may load this file
     assert settings.gc_lease_problem() == (
-        "gc.delete_expiry_s + store.max_clock_skew_s = 15 must be <= 2/3 of "
-        "reconciler.lease_ttl_s = 4: the lease must outlive a signed delete plus the skew "
-        "whenever it is sent (raise the lease TTL or lower the expiry or the skew limit)"
+        "gc.delete_expiry_s + store.max_clock_skew_s + store.connect_timeout_s = 20 must be "
+        "<= 2/3 of reconciler.lease_ttl_s = 4: the lease must outlive a signed delete, the "
+        "skew and the network delay whenever it is sent (raise the lease TTL or lower the "
+        "expiry, the skew limit or the connect timeout)"
     )
-    fits = {"LM_GC__DELETE_EXPIRY_S": "1", "LM_STORE__MAX_CLOCK_SKEW_S": "3"}
+    fits = {
+        "LM_GC__DELETE_EXPIRY_S": "1",
+        "LM_STORE__MAX_CLOCK_SKEW_S": "2",
+        "LM_STORE__CONNECT_TIMEOUT_S": "1",
+    }
     assert load_settings(path, environ=fits).gc_lease_problem() is None
     assert load_settings(path, environ={"LM_GC__ENABLED": "false"}).gc_lease_problem() is None
 

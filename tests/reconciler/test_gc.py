@@ -737,3 +737,96 @@ async def test_an_unreadable_mark_is_reported_and_removed_after_the_settle_time(
     assert logged == [sha(gone)]  # gone under the unreadable mark: the deletion is recorded
     accepted = await world.accept(kept, seq=130)  # collectors no longer wait on it
     assert (await world.store.get(accepted.manifest.raw_blob_key))[0] == kept
+
+
+# --- PROTOCOL §3.5 rule 6: the store's deadline is the literal X-Amz-Date + E ---------------
+
+
+class SignerAhead(MemoryStore):
+    """The GC role's store whose signatures carry a date from a clock running ahead of
+    the store's (botocore signs with the local clock); the store takes a request until
+    its own clock passes that literal date plus the expiry, as S3 does."""
+
+    ahead_s = 120.0
+
+    async def sign_delete(self, key: str, *, expires_in_s: int) -> SignedDelete:
+        signed = await super().sign_delete(key, expires_in_s=expires_in_s)
+        return dataclasses.replace(
+            signed, signed_at_unix_ns=signed.signed_at_unix_ns + int(self.ahead_s * NS)
+        )
+
+
+async def test_a_signer_clock_two_minutes_ahead_sends_no_delete_past_the_recorded_lease() -> None:
+    world = World()
+    digest = await world.orphan(frame_bytes(140))
+    world.clock.advance(3 * HOUR_S)
+    await world.gc()
+    world.clock.advance(POLICY.mark_grace_s + 1)
+    await world.audit()
+    signer = SignerAhead(clock=world.clock)
+    signer._objects, signer._order = world.store._objects, world.store._order  # one store
+    sent: list[SignedDelete] = []
+    real_send = signer.send_signed_delete
+
+    async def send(request: SignedDelete) -> None:
+        sent.append(request)
+        await real_send(request)
+
+    signer.send_signed_delete = send  # type: ignore[method-assign]
+    outcome = await world.gc(delete_store=signer)
+    # The store would have taken that DELETE until 2 min + E past the signing, long after
+    # the lease (30 s) the deleting mark recorded: it is discarded unsent.
+    assert sent == [] and outcome.deleted == []
+    assert await world.exists(keys.raw_blob_key(digest))
+    assert not await world.exists(keys.gc_mark_key(digest))  # withdrawn: nobody waits
+
+
+async def test_a_skewed_reconciler_signs_nothing() -> None:
+    from reconciler.gc_delete import DeleteOutcome, delete_within_lease
+
+    store = MemoryStore(clock=ManualClock())
+    signed: list[str] = []
+    real_sign = store.sign_delete
+
+    async def sign(key: str, *, expires_in_s: int) -> SignedDelete:
+        signed.append(key)
+        return await real_sign(key, expires_in_s=expires_in_s)
+
+    store.sign_delete = sign  # type: ignore[method-assign]
+    common = {
+        "expires_in_s": 5,
+        "lease_expires_at_unix_ns": store._clock.now_ns() + 30 * NS,
+        "now_ns": store._clock.now_ns,
+        "max_clock_skew_s": 1.0,
+        "max_network_delay_s": 2.0,
+    }
+    skewed = await delete_within_lease(store, "k", skewed=lambda: True, **common)  # type: ignore[arg-type]
+    assert skewed is DeleteOutcome.SKEWED and signed == []
+    fine = await delete_within_lease(store, "k", skewed=lambda: False, **common)  # type: ignore[arg-type]
+    assert fine is DeleteOutcome.DELETED and signed == ["k"]
+
+
+async def test_a_gc_whose_clock_is_off_the_stores_deletes_nothing() -> None:
+    from datetime import UTC, datetime
+    from email.utils import format_datetime
+
+    from store.time import ClockOffset, StoreClock
+
+    world = World()
+    digest = await world.orphan(frame_bytes(141))
+    world.clock.advance(3 * HOUR_S)
+    await world.gc()
+    world.clock.advance(POLICY.mark_grace_s + 1)
+    await world.audit()
+    await world.log.flush()
+    await SteadyScanner(await world.ctx(), world.suspects).run_pass()
+    offset = ClockOffset(max_skew_s=10.0)
+    now = world.clock.now_ns()
+    store_date = datetime.fromtimestamp(now / NS + 120, UTC)  # the store runs 2 min ahead
+    offset.observe(format_datetime(store_date, usegmt=True), sent_ns=now, answered_ns=now)
+    gc = await world.collector()
+    gc._clock = StoreClock(world.clock, offset)
+    assert gc._clock.skewed
+    outcome = await gc.run()
+    assert outcome.deleted == [] and await world.exists(keys.raw_blob_key(digest))
+    assert await world.exists(keys.gc_mark_key(digest))  # kept for a run with a sound clock
