@@ -2,7 +2,7 @@
 deletes with ``gc.concurrency`` 1 (baseline) against 8 (the default) and 32.
 
 In process, on MiniStack (default; one server, one bucket per variant) or the fs store,
-with the reconciler's real context, audit and GC (`reconciler.gc_run.run_gc`) on a
+with the reconciler's real context, audit and GC (`reconciler.gc.run.run_gc`) on a
 `ManualClock` per variant that starts at real time (MiniStack stamps LastModified with
 its own clock, so ages agree). For each concurrency, the same steps in the same run
 (each step runs for every variant before the next step starts, so they see the same
@@ -70,13 +70,14 @@ from chaos.s3_server import (
 from config import GcSettings, LoggingSettings, RetentionSettings, Settings, configure_logging
 from protocol import keys
 from protocol.clock import ManualClock
+from protocol.frame import encode_frame, points_table
 from protocol.records import AcceptedManifest, AuditRecord
 from reconciler.audit import run_full_audit
 from reconciler.bounded import for_each_bounded
 from reconciler.compaction import CatalogCompactor
 from reconciler.context import ReconcilerContext, open_context
 from reconciler.gc import GcOutcome
-from reconciler.gc_run import run_gc
+from reconciler.gc.run import run_gc
 from reconciler.raw_retention import read_state
 from rollup.commit import commit, load_latest
 from rollup.ledger import LedgerRow, write_ledger_files
@@ -131,12 +132,24 @@ def planned_batches(
     count: int, hours: int, first_hour_ns: int
 ) -> list[tuple[bytes, AcceptedManifest]]:
     """``count`` batches spread evenly over ``hours`` accepted hours from ``first_hour_ns``;
-    frames are arbitrary bytes (the reconciler only hashes them), 16 agents."""
+    valid frames of 10 points (the GC's proof reads a blob's identity from its header,
+    PROTOCOL §3.5 rule 7), 16 agents."""
     per_hour = -(-count // hours)
     planned = []
+    points = points_table(
+        [first_hour_ns + n for n in range(10)],
+        ["bench"] * 10,
+        [float(n) for n in range(10)],
+        [None] * 10,
+    )
     for i in range(count):
         hour, slot = divmod(i, per_hour)
-        frame = f"bench.raw_retention batch {i:08d} ".encode() * 8
+        frame = encode_frame(
+            agent_id=f"bench-{i % 16:02d}",
+            boot_id=uuid.UUID(BOOT_ID),
+            seq_start=i * 10,
+            points=points,
+        )
         sha = hashlib.sha256(frame).hexdigest()
         manifest = AcceptedManifest(
             agent_id=f"bench-{i % 16:02d}",

@@ -15,7 +15,9 @@ with the reason):
   (`chaos.index_checks`);
 - ``no_referenced_blob_deleted``: every manifest's and quarantine record's blob exists and
   hashes right, and no GC log entry deleted a blob that a manifest existing at the time
-  (by the store's own LastModified) referenced;
+  (by the store's own LastModified) referenced; with the GC's horizon and grace given,
+  every logged deletion also kept rules 3 and 5 of PROTOCOL §3.5 as its entry records
+  them (`gc_log_violations`);
 - ``nothing_acked_during_outage``: no 200 for a request sent and answered inside a window
   when the store was unreachable;
 - the rollup checks of `chaos.rollup_check` (setsums per hour against the manifests and
@@ -40,6 +42,7 @@ from typing import Any, Literal, TypeVar
 from chaos.index_checks import CatalogView, RecordFacts, catalog_problems, read_catalog
 from chaos.load import AckBook
 from protocol import keys, records
+from reconciler.gc.log import GcLogError, decode_gc_log
 from store.base import ObjectInfo, ObjectStore
 from store.errors import NotFound
 
@@ -124,15 +127,15 @@ async def read_store(store: ObjectStore) -> StoreView:
         except records.RecordError as exc:
             view.unreadable.append(f"{key}: {exc}")
 
-    async def gc_entry(key: str) -> None:
+    async def gc_file(key: str) -> None:
         try:
-            view.gc_log.append(records.GcLogEntry.from_json((await store.get(key))[0]))
-        except records.RecordError as exc:
-            view.unreadable.append(f"{key}: {exc}")
+            view.gc_log += decode_gc_log((await store.get(key))[0], key=key)
+        except GcLogError as exc:
+            view.unreadable.append(str(exc))
 
     await _bounded(list(view.under(keys.ACCEPTED_PREFIX)), manifest)
     await _bounded(list(view.under(keys.QUARANTINE_PREFIX)), quarantine)
-    await _bounded(list(view.under(keys.GC_LOG_PREFIX)), gc_entry)
+    await _bounded(list(view.under(keys.GC_LOG_PREFIX)), gc_file)
     shas = {m.frame_sha256 for m, _ in view.manifests.values()}
     shas |= {q.submitted_frame_sha256 for q in view.quarantines.values()}
     shas |= {q.accepted_frame_sha256 for q in view.quarantines.values()}
@@ -264,6 +267,31 @@ def check_blobs(view: StoreView) -> CheckResult:
     return result
 
 
+def gc_log_violations(
+    entries: Iterable[records.GcLogEntry], *, horizon_s: float, grace_s: float
+) -> list[str]:
+    """Deletions whose log entry breaks PROTOCOL §3.5 rule 3 (deleted before its mark was
+    ``mark_grace`` old) or rule 5 (its proof rested on an audit that did not start after
+    the blob's LastModified + ``retry_horizon``). Entries of deletions a stale-deletion
+    pass found done (no audit recorded: 0) are judged by rule 3 only, when their mark is
+    known."""
+    problems = []
+    for entry in entries:
+        sha = entry.frame_sha256[:16]
+        if entry.marked_at_unix_ns and (
+            entry.deleted_at_unix_ns < entry.marked_at_unix_ns + int(grace_s * keys.NS_PER_S)
+        ):
+            problems.append(f"GC deleted {sha} before its mark was {grace_s:g}s old (rule 3)")
+        if entry.audit_started_at_unix_ns and entry.audit_started_at_unix_ns <= (
+            entry.blob_last_modified_ns + int(horizon_s * keys.NS_PER_S)
+        ):
+            problems.append(
+                f"GC deleted {sha} on an audit that did not start after its LastModified "
+                f"+ {horizon_s:g}s (rule 5)"
+            )
+    return problems
+
+
 def check_outages(book: AckBook, windows: list[tuple[float, float]]) -> CheckResult:
     result = CheckResult("nothing_acked_during_outage")
     if not windows:
@@ -280,16 +308,26 @@ def check_outages(book: AckBook, windows: list[tuple[float, float]]) -> CheckRes
 
 
 async def audit(
-    store: ObjectStore, book: AckBook, outage_windows: list[tuple[float, float]]
+    store: ObjectStore,
+    book: AckBook,
+    outage_windows: list[tuple[float, float]],
+    *,
+    gc_timing: tuple[float, float] | None = None,
 ) -> tuple[StoreView, list[CheckResult]]:
     """Every store-side check (over everything so far; the agents' unexpected answers
-    since the last audit); the rollup checks are added by the caller."""
+    since the last audit); the rollup checks are added by the caller. ``gc_timing``:
+    the GC's ``(retry_horizon_s, mark_grace_s)``, to check each logged deletion by them."""
     view = await read_store(store)
+    blobs = check_blobs(view)
+    if gc_timing is not None:
+        horizon_s, grace_s = gc_timing
+        for problem in gc_log_violations(view.gc_log, horizon_s=horizon_s, grace_s=grace_s):
+            blobs.fail(problem)
     return view, [
         check_acks(view, book),
         check_identities(view, book, book.take_unexpected()),
         check_catalog(view),
-        check_blobs(view),
+        blobs,
         check_outages(book, outage_windows),
     ]
 

@@ -228,7 +228,12 @@ async def _converge_and_audit(
             raise RuntimeError("lm-rollup run never succeeded during convergence")
     store = cluster.direct_store()
     try:
-        view, checks = await audit(store, book, ctx.outage_windows)
+        view, checks = await audit(
+            store,
+            book,
+            ctx.outage_windows,
+            gc_timing=(cluster.timing.retry_horizon_s, cluster.timing.mark_grace_s),
+        )
         if rollup_reason is None:
             assert cluster.ministack is not None
             checks += await rollup_checks(

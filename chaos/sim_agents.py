@@ -24,6 +24,7 @@ from collector.accept import AcceptanceUnavailable, Accepted, IdentityConflictFo
 from index.log_writer import IndexLogWriter
 from index.rows import blob_row
 from protocol import keys
+from protocol.frame import encode_frame, points_table
 from store.base import ObjectStore
 from store.errors import StoreError
 
@@ -70,7 +71,7 @@ class SimAgents:
             boot = uuid.UUID(int=random.Random(f"{config.seed}/boot/{agent}").getrandbits(128))
             for b in range(config.batches_per_agent):
                 header = _Header(f"sim-agent-{agent}", boot, b * 10, b * 10 + 9, 10)
-                made.append(_Batch(header, _frame(config.seed, agent, b, "original")))
+                made.append(_Batch(header, _frame(header, config.seed, "original")))
         return made
 
     async def send(
@@ -112,6 +113,10 @@ class SimAgents:
         conflict = rng.random() < config.conflict_rate
         send_at = rng.uniform(0.0, config.send_window_s)
         logged = rng.random() < 0.5
+        # (No draw when off: the worlds without crash landings stay as they were.)
+        if config.crash_landing_rate and rng.random() < config.crash_landing_rate:
+            await self._crash_landing(batch, rng, twin=rng.random() < 0.5)
+            return
         if pre_orphan:  # an earlier attempt wrote the blob, then its collector crashed
             await self._land_orphan(batch, logged=logged)
             world.report.stats["orphans_planted"] += 1
@@ -126,12 +131,48 @@ class SimAgents:
             world.report.stats["resends"] += 1
             await self.send(batch, rng)
         if conflict and acked is not None:
-            twin = _Batch(batch.header, _frame(config.seed, index, 0, "conflict"))
+            twin = _Batch(batch.header, _frame(batch.header, config.seed, "conflict"))
             await world.clock.sleep(rng.uniform(0.0, config.send_window_s / 4))
             if await self.send(twin, rng) is not None:
                 world.violation(f"conflicting frame for {batch.identity} was acknowledged")
         if acked is not None and world.rollup is not None:
             await self._after_raw_retention(batch, index)
+
+    async def _crash_landing(self, batch: _Batch, rng: random.Random, *, twin: bool) -> None:
+        """An earlier attempt left an orphan blob — the batch's own frame, or (``twin``) a
+        conflicting frame of its identity while the batch itself is accepted normally —
+        which lands only once an audit has nominated it for the GC, through a collector
+        that crashes before flushing its log rows: its manifest (or quarantine record) is
+        known to the store alone (PROTOCOL §3.5 rule 7)."""
+        world, config = self._world, self._world.config
+        planted = _Batch(batch.header, _frame(batch.header, config.seed, "crash landing"))
+        if not twin:
+            planted = batch
+        landed_ns = world.clock.now_ns()
+        await self._land_orphan(planted, logged=False)
+        world.report.stats["crash_landings_planted"] += 1
+        if twin:
+            await world.clock.sleep(rng.uniform(0.0, config.send_window_s / 4))
+            if await self.send(batch, rng) is None:
+                return
+        horizon_ns = int(config.retry_horizon_s * keys.NS_PER_S)
+        if not await world.audit_started_after(
+            landed_ns + horizon_ns, max_wait_s=config.send_window_s + 4 * config.audit_interval_s
+        ):
+            return
+        acceptor = world.crashing_acceptor()
+        try:
+            outcome = await acceptor.accept(planted.header, planted.frame, planted.sha)
+        except AcceptanceUnavailable:
+            world.report.stats["crash_landings_503"] += 1
+            return
+        world.report.stats["crash_landings"] += 1
+        if isinstance(outcome, Accepted):
+            if twin:
+                world.violation(f"conflicting crash landing for {batch.identity} was acknowledged")
+            self.acked.setdefault(planted.identity, set()).add(planted.sha)
+        else:
+            self.conflict_views.append((planted.identity, outcome.accepted.frame_sha256))
 
     async def _after_raw_retention(self, batch: _Batch, index: int) -> None:
         """Around when raw retention deleted the first hour's blobs: a re-send (must be a
@@ -148,7 +189,7 @@ class SimAgents:
             return
         await world.clock.sleep(at_s - world.clock.monotonic())
         if conflict:
-            twin = _Batch(batch.header, _frame(config.seed, index, 0, "late conflict"))
+            twin = _Batch(batch.header, _frame(batch.header, config.seed, "late conflict"))
             world.report.stats["late_conflicts"] += 1
             if await self.send(twin, rng, attempts=20) is not None:
                 world.violation(f"late conflicting frame for {batch.identity} was acknowledged")
@@ -187,6 +228,16 @@ async def _exists(store: ObjectStore, key: str) -> bool:
     return True
 
 
-def _frame(seed: int, agent: int, batch: int, variant: str) -> bytes:
-    # The acceptance protocol never decodes frames; any bytes of frame length will do.
-    return f"simulated frame seed={seed} agent={agent} batch={batch} {variant};".encode() * 3
+def _frame(header: _Header, seed: int, variant: str) -> bytes:
+    """A valid frame of ``header``'s identity (the GC's proof reads a blob's identity from
+    its header, PROTOCOL §3.5 rule 7); ``variant`` gives another frame of that identity."""
+    rows = header.record_count
+    table = points_table(
+        [1_760_000_000 * keys.NS_PER_S + i for i in range(rows)],
+        ["sim"] * rows,
+        [float(i) for i in range(rows)],
+        [{"seed": str(seed), "variant": variant}] * rows,
+    )
+    return encode_frame(
+        agent_id=header.agent_id, boot_id=header.boot_id, seq_start=header.seq_start, points=table
+    )

@@ -41,6 +41,8 @@ class WatchedStore:
         self._deleted: set[str] = set()
         self.retention: RetentionRule | None = None
         """With raw retention: when a blob accepted manifests name may still be deleted."""
+        self.on_put: Callable[[str, bytes], None] = lambda _key, _body: None
+        """Told of every PUT applied (the world watches audits complete)."""
 
     async def get(self, key: str) -> tuple[bytes, str]:
         return await self.inner.get(key)
@@ -53,6 +55,7 @@ class WatchedStore:
     ) -> str:
         etag = await self.inner.put(key, body, if_none_match=if_none_match, if_match=if_match)
         self._count_put(key, if_none_match)
+        self.on_put(key, body)
         if key == keys.RAW_RETENTION_KEY and self.retention is not None:
             if (why := self.retention.why_not_retire(body)) is not None:
                 self._violation(why)

@@ -61,6 +61,12 @@ class SimConfig:
     """With raw retention: acknowledged batches re-sent once their blobs may be gone."""
     late_conflict_rate: float = 0.2
     """With raw retention: acknowledged batches that get a conflicting twin around then."""
+    crash_landing_rate: float = 0.0
+    """Batches whose earlier attempt left an orphan blob (the batch's frame, or a
+    conflicting twin of it) that lands only after an audit nominated it for the GC: sent
+    then through a collector that crashes before flushing its log rows, so its manifest
+    (or quarantine record) is known to nothing but the store — the GC's targeted proof
+    (PROTOCOL §3.5 rule 7) is what keeps the blob (`chaos.sim_agents`)."""
 
 
 @dataclass

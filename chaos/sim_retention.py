@@ -32,6 +32,7 @@ from index.catalog import list_all_files, read_hour
 from index.rows import IndexFileError
 from protocol import keys, records
 from protocol.clock import Clock
+from reconciler.gc.log import read_gc_log
 from reconciler.raw_retention import read_state
 from rollup.commit import LoadedSnapshot, commit, load_latest
 from rollup.ledger import LedgerRow, read_ledger, write_ledger_files
@@ -209,7 +210,4 @@ async def retention_problems(store: ObjectStore) -> list[str]:
 
 async def gc_deletions_by_reason(store: ObjectStore) -> Counter[str]:
     """GC log entries by ``reason`` (``orphan``, ``raw-retention``)."""
-    reasons: Counter[str] = Counter()
-    async for info in store.list(keys.GC_LOG_PREFIX):
-        reasons[records.GcLogEntry.from_json((await store.get(info.key))[0]).reason] += 1
-    return reasons
+    return Counter(entry.reason for entry in await read_gc_log(store))

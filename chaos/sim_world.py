@@ -21,6 +21,7 @@ from collector.accept import BatchAcceptor
 from config import Settings
 from index.log_writer import IndexLogWriter
 from protocol import keys
+from protocol.records import AuditRecord
 from reconciler.daemon import Reconciler
 from reconciler.metrics import ReconcilerMetrics
 from store.base import ObjectStore
@@ -116,6 +117,11 @@ class SimWorld:
             metrics=ReconcilerMetrics(clock=self.clock),
             owner=RECONCILER_OWNER,
         )
+        self._audit_done = asyncio.Event()
+        self.audit_starts: list[int] = []
+        """Start (store time) of every completed audit, in completion order."""
+        self.watched.on_put = self._watch_audits
+        self._crashed = 0
         self.rollup: SimRollup | None = None
         self.retention_due_s = 0.0
         """With raw retention: when the first hour's blobs should be gone."""
@@ -147,6 +153,50 @@ class SimWorld:
                 budget_s=config.budget_s,
                 backoff=Backoff(attempts=8, base_s=0.05, cap_s=0.5),
             )
+        )
+
+    def _watch_audits(self, key: str, body: bytes) -> None:
+        if not key.startswith(keys.RECONCILER_AUDITS_PREFIX) or b'"completed"' not in body:
+            return
+        started = AuditRecord.from_json(body).started_at_unix_ns
+        if started not in self.audit_starts:
+            self.audit_starts.append(started)
+            done, self._audit_done = self._audit_done, asyncio.Event()
+            done.set()
+
+    async def audit_started_after(self, after_ns: int, *, max_wait_s: float) -> bool:
+        """Wait until an audit that started after ``after_ns`` has completed (False when
+        none did within ``max_wait_s``)."""
+        deadline = self.clock.monotonic() + max_wait_s
+        while not any(started > after_ns for started in self.audit_starts):
+            left = deadline - self.clock.monotonic()
+            if left <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._audit_done.wait(), left)
+            except TimeoutError:
+                return False
+        return True
+
+    def crashing_acceptor(self) -> BatchAcceptor:
+        """A collector that crashes right after answering: its log rows are never flushed."""
+        config, index = self.config, self._crashed
+        self._crashed += 1
+        store = self._store_seen_by(f"crashing-{index}", collector_fault_rates(config.fault_rate))
+        lost = IndexLogWriter(
+            store=store,
+            clock=self.clock,
+            rng=random.Random(f"{config.seed}/crashing-log/{index}"),
+            writer_id=f"sim-crashing-{index}",
+        )  # never started nor flushed
+        return BatchAcceptor(
+            store=store,
+            collector_id=f"sim-crashing-{index}",
+            clock=self.clock,
+            rng=random.Random(f"{config.seed}/crashing/{index}"),
+            index_log=lost,
+            budget_s=config.budget_s,
+            backoff=Backoff(attempts=8, base_s=0.05, cap_s=0.5),
         )
 
     def _enable_raw_retention(self, raw_s: float) -> None:

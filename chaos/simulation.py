@@ -19,7 +19,7 @@ time (`chaos.sim_runtime`, `chaos.sim_world`):
 - the reconciler daemon (`reconciler.daemon.Reconciler.run`, through its own faulty
   store): steady passes over the log every ``reconciler_interval_s``, full audits when
   due, catalog compaction (the world starts shortly before an hour ends, so the first
-  hour settles and is compacted), and the GC through `reconciler.gc_run.run_gc` with short
+  hour settles and is compacted), and the GC through `reconciler.gc.run.run_gc` with short
   horizons, from the start until ``settle_s`` after the last agent is done.
 
 With ``raw_retention_s`` (PROTOCOL §4.1; `chaos.sim_retention`): a simulated rollup
@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import random
 
+from chaos.auditor import gc_log_violations
 from chaos.sim_agents import SimAgents
 from chaos.sim_checks import check_store
 from chaos.sim_config import SimConfig, SimReport
@@ -56,6 +57,7 @@ from chaos.sim_world import RECONCILER_OWNER, SimWorld
 from protocol import keys, records
 from reconciler.audit import run_full_audit
 from reconciler.context import open_context
+from reconciler.gc.log import read_gc_log
 from reconciler.metrics import ReconcilerMetrics
 from store.errors import NotFound
 from store.memory import MemoryStore
@@ -96,6 +98,11 @@ async def _run(config: SimConfig) -> SimReport:
         retired=await retired_manifest_ids(world.memory),
     )
     report.violations += await retention_problems(world.memory)
+    report.violations += gc_log_violations(
+        await read_gc_log(world.memory),
+        horizon_s=world.settings.gc.retry_horizon_s,
+        grace_s=world.settings.gc.mark_grace_s,
+    )
     for reason, count in (await gc_deletions_by_reason(world.memory)).items():
         report.stats[f"gc_deleted_{reason.replace('-', '_')}"] += count
     return report
@@ -148,7 +155,7 @@ async def _count_true_orphans(world: SimWorld, true_orphans: set[str]) -> None:
 
 async def _deleting_mark(store: MemoryStore, sha: str) -> bool:
     """Whether a ``deleting`` mark holds the blob: one whose state write had an unknown
-    outcome waits for the lease it records to expire (`reconciler.gc_delete`), and the
+    outcome waits for the lease it records to expire (`reconciler.gc.delete`), and the
     worlds' lease lasts 10 days."""
     try:
         body, _etag = await store.get(keys.gc_mark_key(sha))

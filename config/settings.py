@@ -546,7 +546,7 @@ class Settings(BaseModel):
         """Why the GC could never delete under these settings, or None (PROTOCOL §3.5 rule
         6: a signed DELETE is sent only while the recorded lease outlives its deadline —
         the signature's date, up to the clock skew ahead, plus its expiry — plus the
-        longest network delay, ``store.connect_timeout_s`` (`reconciler.gc_delete`);
+        longest network delay, ``store.connect_timeout_s`` (`reconciler.gc.delete`);
         renewed every third of its TTL, at least two thirds of the lease are left when the
         check runs). Checked by the reconciler, not at load: a collector's file need not
         fit the reconciler's lease."""

@@ -10,10 +10,17 @@ Writing (the lease holder only): `CatalogWriter.write` creates
 store-clock second the writer was made and counts up, so names are unique per epoch
 even across restarts; a 412 proves nothing about who wrote the file (unless our own
 earlier attempt's answer was lost and the body read back is ours), so the writer moves
-on to the next sequence.
+on to the next sequence. Right after the file, it creates the file's entry
+``index/v1/catalog-created/<epoch:010d>-<sequence:010d>`` (`records.CatalogCreated`):
+entries list every catalog file in creation order, so the GC reads the files created
+since an audit started without listing history (PROTOCOL §3.5 rule 2). A write whose
+entry could not be made raises like one whose file could not: the caller redoes its
+rows, in a file with an entry. `CatalogWriter.position` is where an audit starting now
+records that the files created after its start begin.
 
 Compaction (`index.catalog_merge.merge_files`, out of core): merges files into one whose
-Parquet metadata names its inputs, reads it back, and returns. The inputs are deleted
+Parquet metadata names its inputs (and, transitively, the files they were merged from:
+`compacted_from_names`), reads it back, and returns. The inputs are deleted
 later by `delete_compacted_inputs`, once the merged file is older than ``grace_s`` in
 store time (longer than any reader's listing-to-read time), exactly by the names the
 merged file records: never a file written after the compaction listed the hour.
@@ -31,7 +38,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import structlog
 
-from protocol import keys
+from protocol import keys, records
 from protocol.clock import Clock
 from store.base import ObjectInfo, ObjectStore
 from store.errors import (
@@ -133,7 +140,17 @@ class CatalogWriter:
         self._epoch = epoch
         self._sequence = (clock.now_ns() // 1_000_000_000) % 10**10
         self._backoff = backoff
+        self._in_flight: dict[int, int] = {}  # sequence -> writes using it (normally 1)
         self.files_written = 0
+
+    def position(self) -> str:
+        """The catalog-created entry name from which every file this writer creates from
+        now on, or is creating now, is named (an audit records it at its start): the
+        lowest sequence in flight, else the next one."""
+        sequence = min(self._in_flight, default=(self._sequence + 1) % 10**10)
+        return keys.catalog_created_key(self._epoch, sequence).removeprefix(
+            keys.INDEX_CATALOG_CREATED_PREFIX
+        )
 
     async def write(
         self,
@@ -182,26 +199,62 @@ class CatalogWriter:
         (``None`` when an earlier attempt's lost answer created it: read back instead)."""
         delays = self._backoff.delays(self._rng)
         key = self._next_key(hour)
-        maybe_ours = False
         etag: str | None = None
+        self._hold(key, +1)
+        try:
+            maybe_ours = False
+            while True:
+                try:
+                    etag = await self._store.put(key, body, if_none_match=True)
+                    break
+                except PreconditionFailed:
+                    if maybe_ours and await self._holds(key, body):
+                        break
+                    self._hold(key, -1)
+                    key, maybe_ours = self._next_key(hour), False
+                    self._hold(key, +1)
+                    continue  # a name in use is not ours: the next sequence (unique soon)
+                except (OutcomeUnknown, Unavailable, ConditionConflict) as exc:
+                    # Safe to repeat: If-None-Match; a 412 afterwards is checked by reading back.
+                    maybe_ours = maybe_ours or isinstance(exc, OutcomeUnknown)
+                    delay = next(delays, None)
+                    if delay is None:
+                        raise
+                    await self._clock.sleep(delay)
+            await self._create_entry(key, body)
+        finally:
+            self._hold(key, -1)
+        self.files_written += 1
+        return key, etag
+
+    def _hold(self, key: str, change: int) -> None:
+        sequence = keys.parse_index_catalog_key(key)[2]
+        count = self._in_flight.get(sequence, 0) + change
+        if count:
+            self._in_flight[sequence] = count
+        else:
+            self._in_flight.pop(sequence, None)
+
+    async def _create_entry(self, catalog_key: str, body: bytes) -> None:
+        """The file's catalog-created entry. A 412 is our own entry: the name is this
+        writer's (epoch, sequence), whose file we just created. Raises when bounded retries
+        did not settle it."""
+        _hour, epoch, sequence = keys.parse_index_catalog_key(catalog_key)
+        entry_key = keys.catalog_created_key(epoch, sequence)
+        rows = pq.read_metadata(io.BytesIO(body)).num_rows
+        entry = records.CatalogCreated(catalog_key=catalog_key, rows=rows).to_json()
+        delays = self._backoff.delays(self._rng)
         while True:
             try:
-                etag = await self._store.put(key, body, if_none_match=True)
-                break
+                await self._store.put(entry_key, entry, if_none_match=True)
+                return
             except PreconditionFailed:
-                if maybe_ours and await self._holds(key, body):
-                    break
-                key, maybe_ours = self._next_key(hour), False
-                continue  # a name in use is not ours: the next sequence (bounded: unique soon)
-            except (OutcomeUnknown, Unavailable, ConditionConflict) as exc:
-                # Safe to repeat: If-None-Match; a 412 afterwards is checked by reading back.
-                maybe_ours = maybe_ours or isinstance(exc, OutcomeUnknown)
+                return
+            except (Unavailable, ConditionConflict):  # OutcomeUnknown too: repeat, 412 = ours
                 delay = next(delays, None)
                 if delay is None:
                     raise
                 await self._clock.sleep(delay)
-        self.files_written += 1
-        return key, etag
 
     def _next_key(self, hour: keys.UtcHour) -> str:
         self._sequence = (self._sequence + 1) % 10**10
@@ -250,7 +303,15 @@ async def _compacted_from(store: ObjectStore, key: str) -> list[str]:
         meta = pq.read_metadata(io.BytesIO(body)).metadata or {}
     except Exception as exc:
         raise IndexFileError(f"{key}: unreadable catalog file: {exc}") from None
-    names = meta.get(COMPACTED_FROM, b"").decode()
+    return compacted_from_names(meta)
+
+
+def compacted_from_names(metadata: dict[bytes, bytes] | None) -> list[str]:
+    """The catalog files whose rows a merged file holds, from its Parquet key-value
+    metadata (`COMPACTED_FROM`: its inputs and, transitively, theirs); empty for a file
+    no merge wrote. The GC's rule-2 read relies on the transitive part: an input's input,
+    deleted after the input's own merge, is vouched for by the newest merged file alone."""
+    names = (metadata or {}).get(COMPACTED_FROM, b"").decode()
     return [name for name in names.split("\n") if name]
 
 

@@ -4,7 +4,8 @@
 local spill directory one at a time (never the hour in memory), and DuckDB — under a
 memory limit, spilling to that directory — keeps the newest file's row per key (file
 names are ``<epoch>-<sequence>``: name order is write order), sorts by key and writes one
-Parquet file whose key-value metadata names its inputs (``lightmetrics.compacted_from``)
+Parquet file whose key-value metadata names its inputs (``lightmetrics.compacted_from``;
+transitively, so a reader finding an input's input gone knows where its rows are)
 and its level (``lightmetrics.level``). The merged body is created with If-None-Match like
 every catalog file (`CatalogWriter.create_encoded`) and checked by a HEAD: the size and the
 ETag the create answered (the merged file is not held in memory twice; where the ETags
@@ -23,12 +24,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import duckdb
+import pyarrow.parquet as pq
 
 from protocol import keys
 from store.base import ObjectInfo, ObjectStore
 from store.etag_check import normalized_etag
 
-from .catalog import COMPACTED_FROM, CatalogWriter, Compaction
+from .catalog import COMPACTED_FROM, CatalogWriter, Compaction, compacted_from_names
 from .catalog_local import (
     NEWEST_PER_KEY,
     MergeLimits,
@@ -69,7 +71,14 @@ async def merge_files(
         raise ValueError("a merge needs at least two files")
     async with local_copies(store, names, limits) as (tmp, paths):
         out = Path(tmp, "merged.parquet")
-        metadata = {COMPACTED_FROM.decode(): "\n".join(names), LEVEL.decode(): str(level)}
+        # Transitively: the inputs' own inputs too (`index.catalog.compacted_from_names`).
+        merged_from = set(names)
+        for path in paths:
+            merged_from.update(compacted_from_names(pq.read_metadata(path).metadata))
+        metadata = {
+            COMPACTED_FROM.decode(): "\n".join(sorted(merged_from)),
+            LEVEL.decode(): str(level),
+        }
         counted = effective(names, paths)  # inputs of another input are contained in it
         rows = await asyncio.to_thread(_merge, counted, out, metadata, limits, tmp)
         body = await asyncio.to_thread(out.read_bytes)

@@ -217,6 +217,14 @@ def legacy_quarantine_key(identity: BatchIdentity, sha: str) -> str | None:
     return f"{QUARANTINE_PREFIX}{legacy}/{check_sha256(sha)}.json" if legacy is not None else None
 
 
+def quarantine_identity_prefixes(identity: BatchIdentity) -> list[str]:
+    """The prefixes holding one batch identity's quarantine records, one per agent key
+    form (its key's form, then the long form where that is ``h-``): what the GC's
+    targeted proof lists (PROTOCOL §3.5 rule 7)."""
+    paths = [identity.path] + ([identity.legacy_path] if identity.legacy_path else [])
+    return [f"{QUARANTINE_PREFIX}{path}/" for path in dict.fromkeys(paths)]
+
+
 def quarantine_agent_prefixes(agent_id: str) -> list[str]:
     """The prefixes holding one agent's quarantine records: its key's form, then the long
     form where that is ``h-`` (written before the segment rule)."""
@@ -268,8 +276,13 @@ def parse_gc_veto_key(key: str) -> str:
     return match.group(1)
 
 
-def gc_log_key(hour: UtcHour, sha: str) -> str:
-    return f"{GC_LOG_PREFIX}{hour.partition}/{check_sha256(sha)}.json"
+def gc_log_key(run_started_at_unix_ns: int, epoch: int) -> str:
+    """``gc/v1/log/date=…/hour=HH/<run-start-ns:020d>-<epoch>.parquet``: one file per GC
+    run (PROTOCOL §3.5), in the hour the run started."""
+    if run_started_at_unix_ns < 0 or epoch < 0:
+        raise KeyFormatError("GC run start and epoch must be >= 0")
+    hour = UtcHour.from_unix_ns(run_started_at_unix_ns)
+    return f"{GC_LOG_PREFIX}{hour.partition}/{run_started_at_unix_ns:020d}-{epoch}.parquet"
 
 
 # --- reconciler ------------------------------------------------------------------------
@@ -420,6 +433,7 @@ def hours_between(first: UtcHour, last: UtcHour) -> list[UtcHour]:
 INDEX_LOG_PREFIX = "index/v1/log/"
 INDEX_CATALOG_PREFIX = "index/v1/catalog/"
 INDEX_UNREADABLE_PREFIX = "index/v1/unreadable/"
+INDEX_CATALOG_CREATED_PREFIX = "index/v1/catalog-created/"
 ROLLUP_WORK_PREFIX = "work/v1/rollup-dirty/catalog/"
 _WRITER_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _LOG_SEGMENT_RE = re.compile(
@@ -499,6 +513,25 @@ def parse_index_catalog_key(key: str) -> tuple[UtcHour, int, int]:
     if not match:
         raise KeyFormatError(f"not an index catalog key: {key!r}")
     return UtcHour.parse_partition(match.group(1)), int(match.group(2)), int(match.group(3))
+
+
+def catalog_created_key(epoch: int, sequence: int) -> str:
+    """``index/v1/catalog-created/<epoch:010d>-<sequence:010d>``: the entry naming the
+    catalog file of that epoch and sequence (PROTOCOL §3.7). Entries sort in creation
+    order: a writer's sequence only grows within its epoch, and epochs only grow."""
+    if not (0 <= epoch < 10**10 and 0 <= sequence < 10**10):
+        raise KeyFormatError(
+            f"catalog epoch and sequence must be 0..10^10-1, got {epoch}, {sequence}"
+        )
+    return f"{INDEX_CATALOG_CREATED_PREFIX}{epoch:010d}-{sequence:010d}"
+
+
+def parse_catalog_created_key(key: str) -> tuple[int, int]:
+    """``(epoch, sequence)`` of a catalog-created entry key."""
+    match = re.fullmatch(r"index/v1/catalog-created/(\d{10})-(\d{10})", key)
+    if not match:
+        raise KeyFormatError(f"not a catalog-created key: {key!r}")
+    return int(match.group(1)), int(match.group(2))
 
 
 def rollup_work_marker_key(catalog_key: str) -> str:

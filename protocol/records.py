@@ -182,7 +182,7 @@ class GcMark(Record):
     ``lease_epoch`` and that lease's ``lease_expires_at_unix_ns`` (store time) as it stood
     then. The deleter sends its signed DELETE only if the request expires before that
     instant (PROTOCOL §3.5 rule 6), so nobody resolves the mark before it plus the settle
-    time (`reconciler.gc_delete`). Marks written before these fields existed lack them.
+    time (`reconciler.gc.delete`). Marks written before these fields existed lack them.
     """
 
     schema_: Literal["lightmetrics.gc_mark.v1"] = Field(
@@ -313,6 +313,23 @@ class AuditRecord(Record):
     cataloged: int = Field(default=0, ge=0)
     blobs_listed: int = Field(default=0, ge=0)
     orphans: int | None = Field(default=None, ge=0)
+    catalog_created_from: str | None = Field(default=None, pattern=r"^\d{10}-\d{10}$")
+    """The ``index/v1/catalog-created/`` entry name (``<epoch:010d>-<sequence:010d>``) from
+    which every catalog file created after this audit started is named: recorded at the
+    start, before anything is listed (PROTOCOL §3.5 rule 2). The GC reads the catalog
+    files of the entries from here on; an audit without it (written before the entries
+    existed) cannot serve as the GC's rule-5 audit."""
+
+
+class CatalogCreated(Record):
+    """``index/v1/catalog-created/<epoch:010d>-<sequence:010d>``: one catalog file was
+    created (PROTOCOL §3.7), written by the catalog writer right after the file."""
+
+    schema_: Literal["lightmetrics.catalog_created.v1"] = Field(
+        default="lightmetrics.catalog_created.v1", alias="schema"
+    )
+    catalog_key: str = Field(min_length=1)
+    rows: int = NonNegative
 
 
 class ProblemRecord(Record):

@@ -9,7 +9,7 @@ Commands (each takes ``--config PATH``; settings also come from ``LM_*`` variabl
   catalog compaction, GC.
 - ``audit [--inventory URL]``: a full audit now (resumes an interrupted one): catalogs
   what the catalog lacks, writes the orphan file, records missing blobs.
-- ``gc [--dry-run]``: one GC run (``reconciler.gc_run``).
+- ``gc [--dry-run]``: one GC run (``reconciler.gc.run``).
 - ``drop-v1-index [--dry-run]``: delete a migrated version-1 store's per-object index
   (``reconciler.v1_index``); refused before a completed audit of the index.
 - ``problems [--kind K] [--json]``: the problem records.

@@ -157,10 +157,15 @@ async def _resume_or_start(
     cursors = {INVENTORY_CURSOR: report.manifest_key} if report else {}
     if latest is not None and VERIFY_CURSOR in latest.cursors:
         cursors[VERIFY_CURSOR] = latest.cursors[VERIFY_CURSOR]  # verification goes on
+    # Before the start time is taken: every catalog file created after the start is named
+    # by an entry from here on (the GC's rule 2 reads them). Not for an inventory, which
+    # counts from the report's creation, before now.
+    position = ctx.catalog_writer.position() if report is None else None
     record = AuditRecord(
         audit_id=f"{ctx.rng.getrandbits(64):016x}",
         # An inventory shows the bucket as of its creation: the audit counts from then.
         started_at_unix_ns=report.created_at_unix_ns if report else ctx.clock.now_ns(),
+        catalog_created_from=position,
         source=source,
         owner_epoch=ctx.epoch,
         cursors=cursors,

@@ -58,7 +58,7 @@ from store.lease import Lease, LeaseLost
 from store.retry import Backoff
 from store.time import store_clock
 
-from .gc_delete import LeaseTerm
+from .gc.delete import LeaseTerm
 from .inventory import InventorySource
 from .metrics import ReconcilerMetrics
 
@@ -280,7 +280,7 @@ class ReconcilerContext:
     """Whether a record row named this blob hash lately (`OrphanSuspects.recently_referenced`)."""
     gc_store: ObjectStore | None = None
     """The GC role's store, through which the GC makes every delete (blobs, marks,
-    vetoes; `reconciler.gc_run`). None: opened per run from
+    vetoes; `reconciler.gc.run`). None: opened per run from
     ``store.gc_credentials_profile``, or ``store`` itself without one."""
 
     @property

@@ -11,7 +11,7 @@ dying. The active instance loops, every ``loop_interval_s``:
    first run on a version-1 store: that audit is its migration), or one is still running
    (it is resumed);
 3. catalog compaction (`reconciler.compaction`) of the hours written to;
-4. the GC (``reconciler.gc_run.run_gc``) when ``gc.enabled``, at most once per
+4. the GC (``reconciler.gc.run.run_gc``) when ``gc.enabled``, at most once per
    ``max(loop_interval_s, gc.mark_grace_s)``; with the GC disabled, only its resolution
    of stale ``deleting`` marks (which would otherwise keep collectors waiting).
 
@@ -52,7 +52,7 @@ from .audit import ProgressCallback, run_full_audit
 from .audit_schedule import AuditSchedule
 from .compaction import CatalogCompactor, CompactionResult
 from .context import Fence, GcMemory, ReconcilerContext, default_owner_id
-from .gc_run import latest_listing_audit, run_gc, settle_stale_deletions
+from .gc.run import latest_listing_audit, run_gc, settle_stale_deletions
 from .inventory import InventorySource
 from .log_retention import LogRetentionResult, delete_consumed_segments
 from .metrics import ReconcilerMetrics
@@ -196,7 +196,7 @@ class Reconciler:
         )
 
     async def gc_once(self, *, dry_run: bool, lease_wait_s: float | None = None) -> Any:
-        """One GC run (`reconciler.gc_run.run_gc`). Raises `GcRefused` when the guard trips."""
+        """One GC run (`reconciler.gc.run.run_gc`). Raises `GcRefused` when the guard trips."""
         return await self._one_shot(lambda ctx: run_gc(ctx, dry_run=dry_run), lease_wait_s)
 
     async def drop_v1_index_once(

@@ -15,7 +15,7 @@ retired accepted hour's catalog prefix whose batches no longer match the rollup 
 so its raw blobs are kept: `reconciler.raw_retention`). ``gc-guard`` and
 ``unreadable-gc-mark`` (subject: a GC mark that does not parse; collectors wait on it
 as on a deletion under way, and the GC removes it after the settle time: nothing to do
-unless it stays) belong to the GC (`reconciler.gc_problems`).
+unless it stays) belong to the GC (`reconciler.gc.problems`).
 """
 
 from __future__ import annotations

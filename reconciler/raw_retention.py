@@ -4,9 +4,11 @@ Off by default (``[retention] raw_days``). Raw retention never deletes anything 
 it *retires* accepted hours, and a retired hour's accepted rows stop counting as
 references in the audit's blob join (`reconciler.audit_join`). A blob referenced only by
 such rows is then an orphan of kind ``raw-retention`` in the audit's orphan file, and the
-GC deletes it by the whole procedure of PROTOCOL §3.5 — mark, grace, veto, a later audit
-that proves it afresh, the ``deleting`` state, a signed DELETE within the lease — with
-"rolled up and past raw retention" in place of rule 2. The manifests stay: a re-send is
+GC deletes it by the whole procedure of PROTOCOL §3.5 — mark, grace, veto, the targeted
+proof in raw retention's variant (the manifest names the blob, its hour is still retired,
+the latest ledger includes the batch: `reconciler.gc.proof`), the ``deleting`` state, a
+signed DELETE within the lease — with "rolled up and past raw retention" in place of
+rule 2. The manifests stay: a re-send is
 still answered as a duplicate (its blob may be created again; it is retired again).
 
 **Retiring** (`RawRetentionAdvance`, run before each GC run): accepted hours are retired
@@ -34,9 +36,11 @@ first unretired hour); each accepted hour's catalog is read once, when it retire
 hour that cannot retire yet is read again only once the snapshot version or its catalog
 files changed); one PUT when the state moves. Per audit: one GET of the state and two of
 the snapshot (only when something is retired). Per retired batch, the GC's deletion
-(measured in `tests/reconciler/test_raw_retention.py`): 3 PUTs (the mark, ``deleting``,
-the log entry), 2 DELETEs (the blob, the mark), a HEAD of the veto and 4-5 GETs of the mark
-over the two runs it takes — more than the batch's acceptance (2 PUTs); the README's
+(measured in `tests/reconciler/test_raw_retention.py`): 2 PUTs (the mark, ``deleting``)
+and a share of the run's one log file, 2 DELETEs (the blob, the mark), HEADs of the blob
+and the veto, 4-5 GETs of the mark over the two runs it takes, and the targeted proof
+twice (the blob read whole, a GET of its manifest, a LIST of its quarantine prefix) —
+more than the batch's acceptance (2 PUTs); the README's
 "Raw retention" says when that pays for the storage it frees.
 """
 

@@ -59,6 +59,9 @@ class ReconcilerStatus:
     last_gc: GcRunRecord | None
     problems: Counter[str]
     raw_retention: RawRetention | None = None
+    catalog_created: int = 0
+    """``index/v1/catalog-created/`` entries kept (those since the last completed audit's
+    start: the GC reads them; older ones are deleted by the GC)."""
 
     @property
     def lease_active(self) -> bool:
@@ -102,6 +105,7 @@ class ReconcilerStatus:
                 "hours": self.catalog_hours,
                 "files": self.catalog_files,
                 "rollup_work_markers": self.work_markers,
+                "catalog_created_entries": self.catalog_created,
             },
             "index_requests_per_batch": None
             if self.index_requests_per_batch is None
@@ -140,7 +144,8 @@ class ReconcilerStatus:
         )
         lines.append(
             f"catalog         {cat['hours']} hours in {cat['files']} files; "
-            f"{cat['rollup_work_markers']} rollup work markers waiting"
+            f"{cat['rollup_work_markers']} rollup work markers waiting; "
+            f"{cat['catalog_created_entries']} catalog-created entries"
         )
         if log["etags_attest"] is False:
             lines.append(
@@ -215,6 +220,9 @@ async def gather_status(store: ObjectStore, clock: Clock, *, lookback_s: float) 
     markers = 0
     async for _marker in store.list(keys.ROLLUP_WORK_PREFIX):
         markers += 1
+    created = 0
+    async for _entry in store.list(keys.INDEX_CATALOG_CREATED_PREFIX):
+        created += 1
     return ReconcilerStatus(
         store_url=store.url,
         now_unix_ns=clock.now_ns(),
@@ -231,6 +239,7 @@ async def gather_status(store: ObjectStore, clock: Clock, *, lookback_s: float) 
         last_gc=await _latest_gc_run(store),
         problems=await count_problems(store),
         raw_retention=await _raw_retention(store),
+        catalog_created=created,
     )
 
 

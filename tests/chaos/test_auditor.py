@@ -21,6 +21,7 @@ from protocol import keys, records
 from protocol.clock import ManualClock
 from reconciler.audit import run_full_audit
 from reconciler.context import open_context
+from reconciler.gc.log import encode_gc_log
 from rollup.ledger import LedgerRow
 from rollup.owner import OwnerLease
 from store.memory import MemoryStore
@@ -197,8 +198,8 @@ async def test_a_gc_log_entry_deleting_a_referenced_blob_is_a_violation_even_if_
         deleted_at_unix_ns=world.clock.now_ns(),
         gc_run_id="gc-1",
     )
-    key = keys.gc_log_key(keys.UtcHour.from_unix_ns(world.clock.now_ns()), manifest.frame_sha256)
-    await world.store.put(key, entry.to_json())
+    key = keys.gc_log_key(world.clock.now_ns(), 1)
+    await world.store.put(key, encode_gc_log([entry]))
     assert failed(await world.checks()) == {"no_referenced_blob_deleted"}
 
 
@@ -258,3 +259,25 @@ def test_a_recovered_injected_conflict_answered_409_is_expected() -> None:
     assert "parked as an identity conflict" in problems[0]
     assert "accepted although its identity was already taken" in problems[1]
     assert book.take_unexpected() == []  # each is reported to one audit round only
+
+
+def test_a_logged_deletion_that_broke_rule_3_or_5_is_a_violation() -> None:
+    from chaos.auditor import gc_log_violations
+
+    ns = keys.NS_PER_S
+    sound = records.GcLogEntry(
+        frame_sha256="ab" * 32,
+        raw_blob_key=keys.raw_blob_key("ab" * 32),
+        blob_last_modified_ns=100 * ns,
+        marked_at_unix_ns=200 * ns,
+        audit_started_at_unix_ns=111 * ns,
+        deleted_at_unix_ns=210 * ns,
+        gc_run_id="gc-1",
+    )
+    assert gc_log_violations([sound], horizon_s=10.0, grace_s=10.0) == []
+    early = sound.model_copy(update={"deleted_at_unix_ns": 209 * ns})
+    young = sound.model_copy(update={"audit_started_at_unix_ns": 110 * ns})
+    assert [len(gc_log_violations([e], horizon_s=10.0, grace_s=10.0)) for e in (early, young)] == [
+        1,
+        1,
+    ]

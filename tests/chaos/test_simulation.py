@@ -15,7 +15,7 @@ back (checked by hand, reintroducing each bug as their docstrings say):
 - BUG-2 (reconciler/gc.py deleting with ``store/s3.py`` retrying deletes): a blob DELETE
   whose first attempt timed out was retried; the GC then removed the mark while the
   first attempt could still land after a collector re-created the blob. Fixed: the
-  DELETE is one signed request, sent once (`reconciler.gc_delete`), and the GC leaves
+  DELETE is one signed request, sent once (`reconciler.gc.delete`), and the GC leaves
   the mark ``deleting`` for the stale-deletion pass, which waits ``settle_s`` past it.
 
 The worlds of the index era differ from those the bugs were found in (the collectors
@@ -41,6 +41,7 @@ from index.log_writer import IndexLogWriter
 from index.rows import blob_row
 from protocol import keys, records
 from protocol.clock import ManualClock
+from protocol.frame import encode_frame, points_table
 from reconciler.daemon import Reconciler
 from store.base import SignedDelete
 from store.errors import NotFound, OutcomeUnknown, PreconditionFailed
@@ -61,7 +62,7 @@ BUG_1_WORLD = SimConfig(
 """With "no mark" taken as "the blob stays" (`collector.blob_survival.keep_existing_blob`
 returning at once when it reads no mark): t=22.06 s a manifest is created while its
 raw blob is missing."""
-BUG_2_WORLD = SimConfig(seed=179, connect_timeout_s=2.0, late_rate=0.1)
+BUG_2_WORLD = SimConfig(seed=194, connect_timeout_s=2.0, late_rate=0.1)
 """A world where a raw-blob DELETE lands late and a blob is re-created after a deletion.
 Seed 164 (which ended in a violation with the bug put back: t=24.91 s the GC deleted a
 referenced raw blob) no longer has both once the request-cost changes of 2026-11-23
@@ -69,7 +70,9 @@ moved the world's timing; 175 was chosen as the first later seed that has both, 
 not re-checked against the reinstated bug. Raw retention (2026-11-26: every audit reads
 its state) moved the timing again; 176 is the first later seed that has both, likewise
 not re-checked against the reinstated bug. The store-attested steady pass (2026-11-27: no
-read-back of own creates) moved it again; 179 is the first later seed with both."""
+read-back of own creates) moved it again; 179 is the first later seed with both. The GC of
+issue 22 (no audit of its own, the targeted proof, valid frames in the worlds) moved it
+again: 194 is the first later seed with both, likewise not re-checked."""
 
 worlds = st.builds(
     SimConfig,
@@ -83,6 +86,7 @@ worlds = st.builds(
     reconciler_interval_s=st.sampled_from([2.0, 4.0, 9.0]),
     flush_s=st.sampled_from([0.5, 1.0, 3.0]),
     gc_concurrency=st.sampled_from([1, 4]),
+    crash_landing_rate=st.sampled_from([0.0, 0.3]),
 )
 
 
@@ -156,6 +160,7 @@ retention_worlds = st.builds(
     raw_retention_s=st.sampled_from([1.0, 20.0, 60.0]),
     rollup_lag_s=st.sampled_from([0.0, 10.0, 40.0]),
     rollup_withhold_rate=st.sampled_from([0.0, 0.08, 0.3]),
+    crash_landing_rate=st.sampled_from([0.0, 0.3]),
 )
 
 
@@ -192,6 +197,32 @@ def test_raw_retention_off_deletes_no_referenced_blob() -> None:
     assert report.stats["blobs_deleted_accepted"] == 0
 
 
+# --- the GC's targeted proof (PROTOCOL §3.5 rule 7) ------------------------------------------
+
+CRASH_LANDING_WORLD = SimConfig(seed=0, crash_landing_rate=0.5)
+"""Orphan blobs (a batch's frame, or a conflicting twin of it) that land only after an
+audit nominated them, through collectors that crash before flushing their log rows
+(`chaos.sim_agents`): only the store knows their manifests and quarantine records. With
+rule 7's quarantine LIST left out of `reconciler.gc.proof` (``_quarantines`` returning
+``PROVEN``), this world ends in violations (t=48.142 s: "GC deleted raw blob 0ce57bff970a
+referenced by quarantine/v1/identity-conflict/..."), checked by hand."""
+CRASH_LANDING_RETENTION_WORLD = dataclasses.replace(CRASH_LANDING_WORLD, raw_retention_s=20.0)
+"""The same with raw retention on. With the manifest check skipped under raw retention
+(``_manifests`` returning ``PROVEN`` for every candidate), this world ends in violations
+(t=44.651 s: "GC deleted raw blob 57a8b3b61eee: accepted/v1/... is not in the latest
+rollup ledger"), checked by hand. (Skipping it only for the blobs raw retention
+nominates is caught by `tests/reconciler/test_raw_retention.py`
+``test_deleting_the_state_stops_raw_retention_and_withdraws_its_marks``.)"""
+
+
+def test_records_known_only_to_the_store_keep_their_blobs() -> None:
+    for world in (CRASH_LANDING_WORLD, CRASH_LANDING_RETENTION_WORLD):
+        report = simulate(world)
+        assert report.ok, (world, report.violations)
+        assert report.stats["crash_landings"] > 0 and report.stats["gc_marked"] > 0
+    assert report.stats["gc_deleted_raw_retention"] > 0
+
+
 def test_bug_1_seed_from_the_simulation() -> None:
     report = simulate(BUG_1_WORLD)
     assert report.ok, report.violations
@@ -209,7 +240,12 @@ def test_bug_2_seed_from_the_simulation() -> None:
 # --- scripted regressions -----------------------------------------------------------------
 
 BOOT = uuid.UUID("5f0c7a3e-1d2b-4c3a-9e8f-0123456789ab")
-FRAME = b"LMB1 a frame that an earlier attempt left behind as an orphan blob " * 2
+FRAME = encode_frame(  # an earlier attempt left it behind as an orphan blob
+    agent_id="agent-r",
+    boot_id=BOOT,
+    seq_start=0,
+    points=points_table([1_760_000_000 * 10**9], ["cpu"], [1.0], [None]),
+)
 SHA = hashlib.sha256(FRAME).hexdigest()
 
 
@@ -342,7 +378,7 @@ async def test_bug_2_a_delete_with_a_lost_answer_keeps_the_mark_until_it_settles
     assert mark.state == "deleting"  # ... and collectors keep waiting for it
     await deletes.land_late_attempts()  # the first attempt lands late (before its expiry)
     assert mark.lease_expires_at_unix_ns is not None
-    # Past the lease the mark recorded, plus any settle time (`reconciler.gc_delete`).
+    # Past the lease the mark recorded, plus any settle time (`reconciler.gc.delete`).
     clock.advance((mark.lease_expires_at_unix_ns - clock.now_ns()) / 1e9 + 3600.0)
     await reconciler.gc_once(dry_run=False)  # the stale-deletion pass: logged, mark removed
     assert [info.key async for info in store.list(keys.GC_LOG_PREFIX)]

@@ -625,7 +625,7 @@ SAMPLE_KEYS = {
     "quarantine_by_blob": keys.quarantine_by_blob_key(SHA, IDENTITY),
     "gc_mark": keys.gc_mark_key(SHA),
     "gc_veto": keys.gc_veto_key(SHA),
-    "gc_log": keys.gc_log_key(HOUR, SHA),
+    "gc_log": keys.gc_log_key(HOUR.start_ns, 3),
     "reconciler_state": keys.RECONCILER_PREFIX + "lease.json",
     "rollup_dirty": keys.rollup_dirty_key(HOUR),
     "rollup_pointer": keys.ROLLUP_POINTER_KEY,
@@ -633,6 +633,7 @@ SAMPLE_KEYS = {
     "probe": keys.probe_key("collector-1-1-x"),
     "index_log": keys.index_log_segment_key(1_760_000_000 * 10**9, "collector-1", 7),
     "index_catalog": keys.index_catalog_key(HOUR, 3, 9),
+    "catalog_created": keys.catalog_created_key(3, 9),
     "rollup_work": keys.rollup_work_marker_key(keys.index_catalog_key(HOUR, 3, 9)),
 }
 ROLLUP_KINDS = {"rollup_pointer", "rollup_data"}
@@ -644,6 +645,7 @@ MAY_DELETE = {
     "reconciler": {
         "index_log",
         "index_catalog",
+        "catalog_created",
         "reconciler_state",
         "raw_blob_by_time",
         "accepted_by_time",

@@ -54,7 +54,15 @@ def test_hour_and_identity_encodings() -> None:
         ),
         (keys.gc_mark_key(SHA), f"gc/v1/marks/{SHA}.json"),
         (keys.gc_veto_key(SHA), f"gc/v1/vetoes/{SHA}.json"),
-        (keys.gc_log_key(HOUR, SHA), f"gc/v1/log/date=2025-11-21/hour=10/{SHA}.json"),
+        (
+            keys.gc_log_key(1_763_719_200_000_000_123, 7),
+            "gc/v1/log/date=2025-11-21/hour=10/01763719200000000123-7.parquet",
+        ),
+        (keys.catalog_created_key(3, 9), "index/v1/catalog-created/0000000003-0000000009"),
+        (
+            keys.quarantine_identity_prefixes(IDENTITY)[0],
+            f"quarantine/v1/identity-conflict/agent={AGENT}/boot={BOOT}/{SEQ}/",
+        ),
         (keys.rollup_dirty_key(HOUR), "work/v1/rollup-dirty/date=2025-11-21/hour=10.json"),
         (
             keys.rollup_manifest_key(7, "c0ffee"),
@@ -77,6 +85,8 @@ def test_parsers_invert_builders() -> None:
     named = IDENTITY.key_identity
     assert keys.parse_raw_blob_key(keys.raw_blob_key(SHA)) == SHA
     assert keys.parse_raw_blob_by_time_key(keys.raw_blob_by_time_key(HOUR, SHA)) == (HOUR, SHA)
+    assert keys.parse_catalog_created_key(keys.catalog_created_key(3, 9)) == (3, 9)
+    assert keys.parse_gc_mark_key(keys.gc_mark_key(SHA)) == SHA
     assert keys.parse_accepted_manifest_key(keys.accepted_manifest_key(IDENTITY)) == named
     assert keys.parse_accepted_by_blob_key(keys.accepted_by_blob_key(SHA, IDENTITY)) == (
         SHA,

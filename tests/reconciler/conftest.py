@@ -31,6 +31,7 @@ from index.log_writer import IndexLogWriter
 from index.rows import IndexRow, accepted_row, blob_row, quarantine_row
 from protocol import keys
 from protocol.clock import Clock, ManualClock
+from protocol.frame import encode_frame, points_table
 from protocol.records import AcceptedManifest, AuditRecord, IdentityConflict
 from reconciler.context import ReconcilerContext, open_context
 from reconciler.metrics import ReconcilerMetrics
@@ -56,8 +57,19 @@ class Batch:
         return self.manifest.frame_sha256
 
 
+def batch_frame(agent_id: str, boot: int, seq_start: int, *, value: float = 1.0) -> bytes:
+    """A valid frame of 10 points (the GC's proof reads a blob's identity from its header,
+    PROTOCOL §3.5 rule 7); another ``value`` gives another frame of the same identity."""
+    table = points_table(
+        [T0_NS + i for i in range(10)], ["cpu"] * 10, [value + i for i in range(10)], [None] * 10
+    )
+    return encode_frame(
+        agent_id=agent_id, boot_id=uuid.UUID(int=boot), seq_start=seq_start, points=table
+    )
+
+
 def make_batch(agent: int, seq: int, accepted_at_ns: int, *, boot: int = 1) -> Batch:
-    frame = f"frame agent={agent} boot={boot} seq={seq} ".encode() * 3
+    frame = batch_frame(f"agent-{agent:03d}", boot, seq * 10)
     sha = hashlib.sha256(frame).hexdigest()
     manifest = AcceptedManifest(
         agent_id=f"agent-{agent:03d}",
@@ -100,7 +112,10 @@ async def write_batches(
 
 
 def make_conflict(batch: Batch, observed_at_ns: int) -> tuple[IdentityConflict, bytes]:
-    frame = b"a different frame under the same identity " * 2
+    manifest = batch.manifest
+    frame = batch_frame(
+        manifest.agent_id, uuid.UUID(manifest.boot_id).int, manifest.seq_start, value=-1.0
+    )
     sha = hashlib.sha256(frame).hexdigest()
     conflict = IdentityConflict(
         agent_id=batch.manifest.agent_id,

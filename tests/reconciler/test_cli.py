@@ -70,7 +70,12 @@ def test_run_once_and_status_show_the_log_the_catalog_and_the_cost(tmp_path: Pat
     assert before.returncode == 0, before.stderr
     doc = json.loads(before.stdout)
     assert doc["log"]["through"] is None and doc["log"]["segments_behind"] == 1
-    assert doc["catalog"] == {"hours": 0, "files": 0, "rollup_work_markers": 0}
+    assert doc["catalog"] == {
+        "hours": 0,
+        "files": 0,
+        "rollup_work_markers": 0,
+        "catalog_created_entries": 0,
+    }
     assert doc["index_requests_per_batch"] is None and doc["last_audit"] is None
     # Its segment has waited longer than a 1-second lookback: lag.
     assert (
@@ -106,7 +111,7 @@ def test_run_once_and_status_show_the_log_the_catalog_and_the_cost(tmp_path: Pat
     text = run_cli("status", env=env).stdout
     for line in (
         "0 segments waiting, lag 0.0 s",
-        "catalog         1 hours in 2 files; 2 rollup work markers waiting",
+        "catalog         1 hours in 2 files; 2 rollup work markers waiting; 2 catalog-created",
         "index cost      0.5 requests per accepted batch",
         "4 cataloged",
         "last GC         00c0ffee started",

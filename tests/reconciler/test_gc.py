@@ -20,11 +20,13 @@ from config import GcSettings, ReconcilerSettings, Settings
 from index.log_writer import IndexLogWriter
 from protocol import keys, records
 from protocol.clock import ManualClock, SystemClock
+from protocol.frame import decode_header, encode_frame, points_table
 from reconciler.audit import run_full_audit
 from reconciler.context import Fence, ReconcilerContext, open_context
 from reconciler.daemon import Reconciler
 from reconciler.gc import GarbageCollector, GcPolicy, GcRefused
-from reconciler.gc_run import latest_listing_audit
+from reconciler.gc.log import read_gc_log
+from reconciler.gc.run import latest_listing_audit
 from reconciler.metrics import ReconcilerMetrics
 from reconciler.steady import OrphanSuspects, SteadyScanner
 from store.base import SignedDelete
@@ -52,8 +54,19 @@ class Header:
     record_count: int
 
 
-def frame_bytes(n: int) -> bytes:
-    return f"LMB1 test frame {n}".encode() * 8
+def frame_bytes(n: int, seq: int | None = None) -> bytes:
+    """A valid frame of agent-a's boot ``BOOT``, one point, sequence ``seq`` (default
+    ``n``); another ``n`` with the same ``seq`` is a conflicting frame of one identity.
+    The GC's proof reads a blob's identity from its header (PROTOCOL §3.5 rule 7)."""
+    table = points_table([1_760_000_000 * NS + n], ["cpu"], [float(n)], [None])
+    return encode_frame(
+        agent_id="agent-a", boot_id=BOOT, seq_start=n if seq is None else seq, points=table
+    )
+
+
+def header_of(body: bytes) -> Header:
+    header = decode_header(body)
+    return Header(header.agent_id, header.boot_id, header.seq_start, header.seq_end, 1)
 
 
 def sha(body: bytes) -> str:
@@ -136,7 +149,6 @@ class World:
             store=self.store,
             clock=self.clock,
             policy=self.policy,
-            run_audit=self.audit,
             latest_audit=lambda: latest_listing_audit(self.store),
             fence=fence.check,
             lease=fence.term,
@@ -146,11 +158,22 @@ class World:
             recently_referenced=self.suspects.recently_referenced,
         )
 
-    async def gc(self, *, dry_run: bool = False, delete_store: Any = None) -> Any:
-        """Flush the collectors' log, run the steady pass, then one GC run."""
+    async def gc(
+        self, *, dry_run: bool = False, delete_store: Any = None, audit: bool = False
+    ) -> Any:
+        """Flush the collectors' log, run the steady pass, with ``audit`` a scheduled full
+        audit (the daemon's order), then one GC run (which never starts an audit)."""
         await self.log.flush()
         await SteadyScanner(await self.ctx(), self.suspects).run_pass()
-        return await (await self.collector(delete_store=delete_store)).run(dry_run=dry_run)
+        if audit:
+            await self.audit()
+        audits = await self.keys_under(keys.RECONCILER_AUDITS_PREFIX)
+        outcome = await (await self.collector(delete_store=delete_store)).run(dry_run=dry_run)
+        assert await self.keys_under(keys.RECONCILER_AUDITS_PREFIX) == audits  # none started
+        return outcome
+
+    async def gc_log(self) -> list[records.GcLogEntry]:
+        return await read_gc_log(self.store)
 
     async def orphan(self, body: bytes, *, logged: bool = True) -> str:
         """A blob a collector created and then crashed before the manifest."""
@@ -172,9 +195,10 @@ class World:
             backoff=Backoff(attempts=200, base_s=0.001, cap_s=0.005),
         )
 
-    async def accept(self, body: bytes, seq: int, *, clock: Any = None) -> Accepted:
-        header = Header("agent-a", BOOT, seq, seq, 1)
-        result = await self.acceptor(seq, clock).accept(header, body, sha(body))
+    async def accept(self, body: bytes, seq: int | None = None, *, clock: Any = None) -> Accepted:
+        """The batch of the frame ``body`` (its header's identity; ``seq`` only seeds)."""
+        header = header_of(body)
+        result = await self.acceptor(header.seq_start, clock).accept(header, body, sha(body))
         assert isinstance(result, Accepted)
         return result
 
@@ -200,14 +224,15 @@ async def test_orphan_is_marked_then_deleted_only_after_grace_and_a_later_audit(
     assert (await world.gc()).deleted == []  # grace not over yet
     assert await world.exists(keys.raw_blob_key(digest))
     world.clock.advance(2)
-    second = await world.gc()
+    assert (await world.gc()).deleted == []  # the GC never starts an audit (rule 5) ...
+    assert world.audits_run == 0  # (world.gc checks that no audit record appeared)
+    second = await world.gc(audit=True)  # ... a candidate waits for the next scheduled one
     assert second.deleted == [digest]
-    assert world.audits_run == 1  # it ran its own audit, started after mark + grace
     assert not await world.exists(keys.raw_blob_key(digest))
     assert not await world.exists(keys.gc_mark_key(digest))
     log_keys = await world.keys_under(keys.GC_LOG_PREFIX)
-    assert len(log_keys) == 1
-    entry = records.GcLogEntry.from_json((await world.store.get(log_keys[0]))[0])
+    assert len(log_keys) == 1 and log_keys[0].endswith(".parquet")  # one file per run
+    [entry] = await world.gc_log()
     assert entry.frame_sha256 == digest and entry.audit_started_at_unix_ns > entry.marked_at_unix_ns
     assert world.events["deletions"] == 1
 
@@ -232,7 +257,7 @@ async def test_blob_whose_accepted_log_row_was_lost_is_marked_but_never_deleted(
     marked = await world.gc()
     assert marked.record.marked == 1  # looks like an orphan: no record row named it
     world.clock.advance(POLICY.mark_grace_s + 1)
-    second = await world.gc()
+    second = await world.gc(audit=True)
     assert second.deleted == [] and second.would_delete == []
     assert await world.exists(accepted.manifest.raw_blob_key)  # the audit found the manifest
     assert await world.keys_under(keys.GC_MARKS_PREFIX) == []  # the mark was withdrawn
@@ -249,9 +274,9 @@ async def test_young_blobs_are_left_alone() -> None:
 
 async def test_quarantined_blobs_are_kept() -> None:
     world = World()
-    await world.accept(frame_bytes(5), seq=9)
-    other = frame_bytes(6)
-    result = await world.acceptor(9).accept(Header("agent-a", BOOT, 9, 9, 1), other, sha(other))
+    await world.accept(frame_bytes(5, seq=9))
+    other = frame_bytes(6, seq=9)
+    result = await world.acceptor(9).accept(header_of(other), other, sha(other))
     assert isinstance(result, IdentityConflictFound)
     world.clock.advance(3 * HOUR_S)
     await world.audit()
@@ -285,7 +310,7 @@ async def test_a_veto_is_retired_with_its_mark_after_a_later_audit() -> None:
     await world.gc()
     await world.accept(body, seq=70)  # veto: the blob is referenced now
     world.clock.advance(POLICY.mark_grace_s + 1)
-    await world.gc()  # its audit started after veto + grace: the veto is settled
+    await world.gc(audit=True)  # an audit started after veto + grace: the veto is settled
     assert not await world.exists(keys.gc_veto_key(digest))
     assert not await world.exists(keys.gc_mark_key(digest))
     assert await world.exists(keys.raw_blob_key(digest))
@@ -342,7 +367,7 @@ async def test_resend_racing_the_deletion_never_acknowledges_a_deleted_blob(
         await asyncio.sleep(0.05)
 
     store.trigger, store.callback = trigger, resend
-    outcome = await world.gc()
+    outcome = await world.gc(audit=True)
     accepted = await pending[0]
     # after_cas: the veto lands before the GC's last check, so it backs off.
     # before_delete: the GC deletes, and the collector re-creates the blob before answering.
@@ -360,7 +385,7 @@ async def test_deletion_guard_refuses_the_whole_run() -> None:
     await world.gc()
     world.clock.advance(POLICY.mark_grace_s + 1)
     with pytest.raises(GcRefused, match="would delete 3 of 4 raw blobs"):
-        await world.gc()
+        await world.gc(audit=True)
     for digest in orphans:
         assert await world.exists(keys.raw_blob_key(digest))
     assert await world.exists(keys.problem_key("gc-guard", keys.RAW_BLOBS_PREFIX))
@@ -440,7 +465,7 @@ async def test_stale_deleting_mark_is_settled_without_deleting_again() -> None:
 
 
 async def test_unparseable_manifest_problem_blocks_every_deletion() -> None:
-    from reconciler.gc_run import unresolved_manifest_problems
+    from reconciler.gc.run import unresolved_manifest_problems
 
     world = World()
     digest = await world.orphan(frame_bytes(60))
@@ -460,7 +485,8 @@ async def test_unparseable_manifest_problem_blocks_every_deletion() -> None:
     collector = await world.collector()
     collector._deletion_blocker = lambda: unresolved_manifest_problems(world.store)
     await world.log.flush()
-    with pytest.raises(GcRefused, match="unparseable accepted manifests"):
+    await world.audit()
+    with pytest.raises(GcRefused, match="unparseable-manifest problems are recorded"):
         await collector.run()
     assert await world.exists(keys.raw_blob_key(digest))
     await world.store.delete(keys.problem_key("unparseable-manifest", "accepted/v1/x.json"))
@@ -623,7 +649,7 @@ async def test_a_delete_the_store_refused_withdraws_its_mark() -> None:
 
     slow = SlowNetwork(clock=world.clock)
     slow._objects, slow._order = world.store._objects, world.store._order  # one store
-    assert (await world.gc(delete_store=slow)).deleted == []
+    assert (await world.gc(delete_store=slow, audit=True)).deleted == []
     assert await world.exists(keys.raw_blob_key(digest))  # refused: RequestExpired
     assert not await world.exists(keys.gc_mark_key(digest))  # collectors need not wait
 
@@ -669,7 +695,7 @@ async def test_a_vetoed_orphan_is_marked_again_after_a_later_audit_and_deleted()
     world.clock.advance(half)
     await veto(world, digest)  # a collector saw it in use ... and its request failed
     world.clock.advance(half + 1)
-    await world.gc()  # its audit proves the mark vetoed, withdrawn; the veto is young
+    await world.gc(audit=True)  # the mark is vetoed: withdrawn; the veto is young
     assert not await world.exists(keys.gc_mark_key(digest))
     world.clock.advance(half)
     await world.gc()  # the veto is older than the grace, but no audit came after it
@@ -730,10 +756,7 @@ async def test_an_unreadable_mark_is_reported_and_removed_after_the_settle_time(
         assert not await world.exists(keys.gc_mark_key(digest))
     assert await world.keys_under(f"{keys.RECONCILER_PROBLEMS_PREFIX}unreadable-gc-mark/") == []
     assert await world.exists(keys.raw_blob_key(sha(kept)))  # never deleted on that mark
-    logged = [
-        records.GcLogEntry.from_json((await world.store.get(key))[0]).frame_sha256
-        for key in await world.keys_under(keys.GC_LOG_PREFIX)
-    ]
+    logged = [entry.frame_sha256 for entry in await world.gc_log()]
     assert logged == [sha(gone)]  # gone under the unreadable mark: the deletion is recorded
     accepted = await world.accept(kept, seq=130)  # collectors no longer wait on it
     assert (await world.store.get(accepted.manifest.raw_blob_key))[0] == kept
@@ -782,7 +805,7 @@ async def test_a_signer_clock_two_minutes_ahead_sends_no_delete_past_the_recorde
 
 
 async def test_a_skewed_reconciler_signs_nothing() -> None:
-    from reconciler.gc_delete import DeleteOutcome, delete_within_lease
+    from reconciler.gc.delete import DeleteOutcome, delete_within_lease
 
     store = MemoryStore(clock=ManualClock())
     signed: list[str] = []
@@ -825,8 +848,8 @@ async def test_a_gc_whose_clock_is_off_the_stores_deletes_nothing() -> None:
     store_date = datetime.fromtimestamp(now / NS + 120, UTC)  # the store runs 2 min ahead
     offset.observe(format_datetime(store_date, usegmt=True), sent_ns=now, answered_ns=now)
     gc = await world.collector()
-    gc._clock = StoreClock(world.clock, offset)
-    assert gc._clock.skewed
+    gc._work.clock = StoreClock(world.clock, offset)
+    assert gc._work.clock.skewed
     outcome = await gc.run()
     assert outcome.deleted == [] and await world.exists(keys.raw_blob_key(digest))
     assert await world.exists(keys.gc_mark_key(digest))  # kept for a run with a sound clock

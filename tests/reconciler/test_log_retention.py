@@ -10,7 +10,7 @@ from config import GcSettings, ReconcilerSettings, Settings
 from protocol import keys
 from protocol.clock import ManualClock
 from reconciler.audit import run_full_audit
-from reconciler.gc_run import latest_listing_audit
+from reconciler.gc.run import latest_listing_audit
 from reconciler.log_retention import delete_consumed_segments
 from reconciler.steady import SteadyScanner
 from store.memory import MemoryStore

@@ -21,14 +21,14 @@ from config import RetentionSettings
 from protocol import keys, records
 from protocol.clock import ManualClock
 from reconciler.gc import GcPolicy
-from reconciler.gc_run import latest_listing_audit, run_gc
+from reconciler.gc.run import latest_listing_audit, run_gc
 from reconciler.orphans import decode_orphans, encode_orphans
 from reconciler.raw_retention import RawRetentionAdvance, read_state
 from rollup.ledger import LedgerRow
 from rollup.owner import OwnerLease
 from store.base import ObjectInfo
 from tests.reconciler.conftest import make_batch, write_batch
-from tests.reconciler.test_gc import BOOT, HOUR_S, FlakyStore, Header, World, frame_bytes, sha
+from tests.reconciler.test_gc import HOUR_S, FlakyStore, World, frame_bytes, header_of, sha
 from tests.rollup.dataset_builder import CountingStore, commit_rows
 
 RAW_DAYS = 2 / 24  # two hours
@@ -114,8 +114,8 @@ async def accepted_world() -> tuple[World, list[Accepted], IdentityConflictFound
     world = World(GUARDED, store=store)
     world.clock = clock
     batches = [await world.accept(frame_bytes(100 + seq), seq=seq) for seq in (1, 2, 3)]
-    other = frame_bytes(200)
-    conflict = await world.acceptor(3).accept(Header("agent-a", BOOT, 3, 3, 1), other, sha(other))
+    other = frame_bytes(200, seq=103)
+    conflict = await world.acceptor(3).accept(header_of(other), other, sha(other))
     assert isinstance(conflict, IdentityConflictFound)
     return world, batches, conflict
 
@@ -151,13 +151,16 @@ async def test_rolled_up_blobs_past_raw_days_are_deleted_by_the_gc_and_manifests
     deleted = await world.gc()  # 2 of 5 listed blobs: over max_delete_fraction, not guarded
     assert sorted(deleted.deleted) == sorted([a.manifest.frame_sha256, b.manifest.frame_sha256])
     assert deleted.record.deleted_raw_retention == 2
-    # What retiring one blob costs beyond the runs' listings and audits: 3 PUTs (mark,
-    # "deleting", log entry), one signed DELETE of the blob and one of the mark, a HEAD of
+    # What retiring one blob costs beyond the runs' listings and audits, on the keys
+    # that name it: 2 PUTs (mark, "deleting"), a HEAD of the blob (rule 1: the audit
+    # listed before the mark), one signed DELETE of the blob and one of the mark, a HEAD of
     # the veto, and GETs of the mark (each run reads every mark twice: the stale-deletion
-    # pass and the proving pass; then once more before "deleting").
+    # pass and the proving pass; then once more before "deleting"). Besides: rule 7 reads
+    # the blob whole twice (not counted here), and twice GETs its manifest and LISTs its
+    # quarantine prefix; the run's one log file is shared by all its deletions.
     assert Counter(r for r in store.requests if not r.startswith("GET raw-blobs")) == {
         "PUT gc/marks": 2,
-        "PUT gc/log": 1,
+        "HEAD raw-blobs/sha256": 1,
         "GET gc/marks": 5,
         "HEAD gc/vetoes": 1,
         "DELETE raw-blobs/sha256": 1,
@@ -169,10 +172,7 @@ async def test_rolled_up_blobs_past_raw_days_are_deleted_by_the_gc_and_manifests
         assert await world.exists(accepted.manifest.manifest_key)  # manifests stay
     for kept in (c.manifest.frame_sha256, conflict.submitted_frame_sha256):
         assert await world.exists(keys.raw_blob_key(kept))
-    logged = [
-        records.GcLogEntry.from_json((await world.store.get(key))[0])
-        for key in await world.keys_under(keys.GC_LOG_PREFIX)
-    ]
+    logged = await world.gc_log()
     assert sorted(e.reason for e in logged) == ["raw-retention", "raw-retention"]
 
     audit = await audit_now(world)
@@ -306,8 +306,8 @@ async def test_a_conflicting_resend_of_a_marked_retired_batch_vetoes_its_blob() 
     assert (await world.gc()).record.marked == 2
     # Another frame under a's identity: its quarantine record will name a's blob, which
     # raw retention has marked. The collector vetoes it before the record exists.
-    other = frame_bytes(300)
-    late = await world.acceptor(1).accept(Header("agent-a", BOOT, 1, 1, 1), other, sha(other))
+    other = frame_bytes(300, seq=101)
+    late = await world.acceptor(1).accept(header_of(other), other, sha(other))
     assert isinstance(late, IdentityConflictFound)
     assert await world.exists(keys.gc_veto_key(a.manifest.frame_sha256))
     world.clock.advance(GUARDED.mark_grace_s + 1)
@@ -328,7 +328,7 @@ async def test_deleting_the_state_stops_raw_retention_and_withdraws_its_marks() 
     assert (await world.gc()).record.marked == 2
     await world.store.delete(keys.RAW_RETENTION_KEY)  # the operator changes their mind
     world.clock.advance(GUARDED.mark_grace_s + 1)
-    outcome = await world.gc()  # its own audit counts every accepted row again
+    outcome = await world.gc()  # the proof finds the hour no longer retired: withdrawn
     assert outcome.deleted == [] and await world.keys_under(keys.GC_MARKS_PREFIX) == []
     for accepted in (a, b, c):
         assert await world.exists(accepted.manifest.raw_blob_key)

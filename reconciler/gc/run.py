@@ -20,8 +20,9 @@ from store.errors import StoreError
 from store.open import open_store
 from store.time import store_clock
 
-from .gc import GarbageCollector, GcOutcome, GcPolicy, GcRefused
-from .raw_retention import RawRetentionAdvance
+from ..raw_retention import RawRetentionAdvance
+from .collector import GarbageCollector
+from .policy import GcOutcome, GcPolicy, GcRefused
 
 if TYPE_CHECKING:
     from config import StoreSettings
@@ -70,10 +71,6 @@ async def settle_stale_deletions(ctx: ReconcilerContext) -> None:
 
 
 def _collector(ctx: ReconcilerContext, delete_store: ObjectStore | None) -> GarbageCollector:
-    from reconciler.audit import (
-        run_full_audit,
-    )  # the audit imports the context; keep GC importable alone
-
     settings = ctx.settings
     names = {
         "candidates": "candidates",
@@ -104,9 +101,9 @@ def _collector(ctx: ReconcilerContext, delete_store: ObjectStore | None) -> Garb
             # The DELETE is a few hundred bytes: once the connection is up (connect
             # timeout) it reaches the store, which judges its expiry on arrival.
             max_network_delay_s=settings.store.connect_timeout_s,
+            max_frame_bytes=settings.ingest.max_frame_bytes,
             concurrency=settings.gc.concurrency,
         ),
-        run_audit=lambda: run_full_audit(ctx),
         latest_audit=lambda: latest_listing_audit(ctx.store),
         fence=ctx.check_fence,
         lease=ctx.fence.term,
@@ -116,6 +113,7 @@ def _collector(ctx: ReconcilerContext, delete_store: ObjectStore | None) -> Garb
         suspects=ctx.gc_suspects,
         recently_referenced=ctx.recently_referenced,
         audits_marked=ctx.gc_memory.audits_marked,
+        rng=ctx.rng,
     )
 
 
@@ -161,13 +159,24 @@ async def latest_listing_audit(store: ObjectStore) -> records.AuditRecord | None
     return None
 
 
+BLOCKING_PROBLEMS = (
+    "unparseable-manifest",
+    "unparseable-quarantine",
+    "catalog-mismatch",
+    "phantom-row",
+)
+"""Problem kinds while any of which the GC deletes nothing (PROTOCOL §3.5 rule 5): a record
+nobody can read may reference any blob, and a catalog that disagrees with the store proves
+nothing."""
+
+
 async def unresolved_manifest_problems(store: ObjectStore) -> str | None:
-    """A record the audit cannot read may reference any blob: delete nothing until fixed."""
-    for kind in ("unparseable-manifest", "unparseable-quarantine"):
+    """Why the GC may delete nothing now (a `BLOCKING_PROBLEMS` record exists), or None."""
+    for kind in BLOCKING_PROBLEMS:
         prefix = f"{keys.RECONCILER_PROBLEMS_PREFIX}{kind}/"
         async for info in store.list(prefix):
             return (
-                f"unparseable accepted manifests or quarantine records are recorded under "
-                f"{prefix} (e.g. {info.key}); fix them before GC deletes anything"
+                f"{kind} problems are recorded under {prefix} (e.g. {info.key}); "
+                "resolve them before GC deletes anything"
             )
     return None

@@ -1,0 +1,106 @@
+"""Step 2 of a GC run: mark the candidates (PROTOCOL §3.5 rule 3, and Candidates).
+
+Candidates: the steady pass's `OrphanSuspects` (``blob`` log rows no record row named)
+older than the horizon, and the orphans of the latest completed listing audit (so
+orphans whose log row was lost are found too; each audit's orphans are marked once per
+process). A candidate with no mark and no veto (both known from the run's one listing
+of ``gc/v1/marks/`` and ``gc/v1/vetoes/``) gets a ``marked`` mark (If-None-Match). No
+per-blob HEAD or LIST here: a run's requests grow with the candidates and the marks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from protocol import keys, records
+from store.errors import PreconditionFailed
+
+from ..bounded import for_each_bounded
+from ..orphans import decode_orphans
+from .work import GcWork
+
+OrphanFile = dict[str, tuple[int, int, bool]]
+"""``{sha: (size, last_modified_ns, raw_retention)}`` (`reconciler.orphans`)."""
+Suspects = Callable[[int], list[tuple[str, int]]]
+"""Blob hashes (and creation times) a log says nobody referenced, created before the
+given time, handed over once (`reconciler.steady.OrphanSuspects.take_older_than`)."""
+LatestAudit = Callable[[], Awaitable[records.AuditRecord | None]]
+
+
+class OrphanFiles:
+    """The orphan files of audits, each read once per run."""
+
+    def __init__(self, work: GcWork) -> None:
+        self._work = work
+        self._read: dict[str, OrphanFile] = {}
+
+    async def of(self, audit: records.AuditRecord) -> OrphanFile:
+        key = keys.audit_orphans_key(audit.started_at_unix_ns, audit.audit_id)
+        if key not in self._read:
+            body, _etag = await self._work.store.get(key)
+            self._read[key] = decode_orphans(body)
+        return self._read[key]
+
+
+async def list_marks_and_vetoes(work: GcWork) -> None:
+    work.marks, work.vetoes = set(), set()
+    async for info in work.store.list(keys.GC_MARKS_PREFIX):
+        work.marks.add(info.key.removeprefix(keys.GC_MARKS_PREFIX).removesuffix(".json"))
+    async for info in work.store.list(keys.GC_VETOES_PREFIX):
+        work.vetoes.add(info.key.removeprefix(keys.GC_VETOES_PREFIX).removesuffix(".json"))
+
+
+async def mark_candidates(
+    work: GcWork,
+    *,
+    suspects: Suspects,
+    audit: records.AuditRecord | None,
+    orphans: OrphanFiles,
+    audits_marked: set[str],
+    run_id: str,
+    dry_run: bool,
+) -> dict[str, int]:
+    horizon_ns = work.clock.now_ns() - work.policy.horizon_ns
+    # A dry run leaves the suspects for the next real run (taking them hands them over).
+    candidates: dict[str, records.GcReason] = (
+        {} if dry_run else {sha: "orphan" for sha, _ in suspects(horizon_ns)}
+    )
+    if audit is not None and audit.audit_id not in audits_marked:
+        for sha, (_size, _modified, by_retention) in (await orphans.of(audit)).items():
+            candidates[sha] = "raw-retention" if by_retention else "orphan"
+        if not dry_run:
+            audits_marked.add(audit.audit_id)
+    counts = {"candidates": len(candidates), "marked": 0, "vetoed": 0}
+    to_mark: list[tuple[str, records.GcReason]] = []
+    for sha, reason in sorted(candidates.items()):
+        if sha in work.vetoes:
+            counts["vetoed"] += 1
+        elif sha not in work.marks and not dry_run:
+            to_mark.append((sha, reason))
+
+    async def mark(item: tuple[str, records.GcReason]) -> None:
+        sha, reason = item
+        record = records.GcMark(
+            frame_sha256=sha,
+            raw_blob_key=keys.raw_blob_key(sha),
+            marked_at_unix_ns=work.clock.now_ns(),
+            gc_run_id=run_id,
+            reason=reason,
+        )
+        await work.fence()
+        try:
+            await work.store.put(keys.gc_mark_key(sha), record.to_json(), if_none_match=True)
+            counts["marked"] += 1
+            work.marks.add(sha)
+        except PreconditionFailed:
+            pass
+
+    await for_each_bounded(
+        to_mark,
+        lambda item: work.per_item("mark", item[0], mark(item)),
+        work.policy.concurrency,
+    )
+    work.observe("candidates", counts["candidates"])
+    work.observe("marks", counts["marked"])
+    work.observe("vetoes", counts["vetoed"])
+    return counts
