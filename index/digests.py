@@ -52,6 +52,13 @@ def digests_from_arrow(column: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.voi
         column = column.combine_chunks() if column.num_chunks else pa.array([], pa.binary(16))
     if column.null_count:
         raise ValueError("key_digest column has nulls")
+    if column.type in (pa.binary(), pa.large_binary()):
+        # A file DuckDB wrote (`index.catalog_merge`) stores the digests as plain BLOBs:
+        # the same 16 bytes a row, refused below unless every value has exactly that size.
+        try:
+            column = column.cast(pa.binary(DIGEST_BYTES))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            raise ValueError("key_digest column has values that are not 16 bytes") from None
     if column.type != pa.binary(DIGEST_BYTES):
         raise ValueError(f"key_digest column must be fixed_size_binary(16), got {column.type}")
     buffer = column.buffers()[1]

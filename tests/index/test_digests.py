@@ -88,3 +88,17 @@ def test_prefix_sets_answer_membership_and_positions() -> None:
     assert (where[1_500:] == -1).all()
     assert (present.values[where[:1_500]] == values[:1_500]).all()
     assert (np.diff(present.values.astype(np.float64)) > 0).all()  # sorted, no duplicates
+
+
+def test_digests_stored_as_plain_binary_read_like_fixed_size_ones() -> None:
+    """A catalog file DuckDB merged stores ``key_digest`` as BLOB (`index.catalog_merge`):
+    the audit's scan must read it, not move the file aside as unreadable."""
+    import pyarrow as pa
+    import pytest
+
+    from index.digests import digests_from_arrow, digests_of, key_digest
+
+    blob = pa.array([key_digest("a"), key_digest("b")], pa.binary())
+    assert (digests_from_arrow(blob) == digests_of(["a", "b"])).all()
+    with pytest.raises(ValueError, match="not 16 bytes"):
+        digests_from_arrow(pa.array([b"short"], pa.binary()))
