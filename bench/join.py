@@ -147,7 +147,7 @@ async def run_join(data_dir: Path) -> dict[str, object]:
         "phases": phases,
         "catalog_rows": scan.rows,
         "set_bytes": {
-            "record_digests": scan.record_digests.nbytes,
+            "record_keys": scan.record_keys.nbytes,
             "referenced": scan.referenced.nbytes,
         },
         "peak_rss_bytes": peak_rss_bytes(pid),

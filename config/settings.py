@@ -231,6 +231,10 @@ class ReconcilerSettings(_Section):
     catalog_grace_s: Seconds = 600.0
     """How long after compacting an hour's catalog files their inputs are deleted; longer
     than any reader's listing-to-read time (`reconciler.compaction`)."""
+    audit_pin_s: Seconds = 3600.0
+    """How long a running audit's pin on the catalog files it reads lasts unless renewed
+    (it renews as it goes): compaction deletes none of them meanwhile; an audit whose pin
+    lapsed starts again with a new start time (PROTOCOL §3.7)."""
     verify_rate_per_s: float = Field(default=200.0, gt=0)
     """Raw blobs per second read back and SHA-256-checked while a full audit runs (bounds
     store load). Verification walks ``raw-blobs/v1/`` with a cursor kept in the audit

@@ -293,6 +293,7 @@ RECONCILER_AUDITS_PREFIX = f"{RECONCILER_PREFIX}audits/"
 RECONCILER_PROBLEMS_PREFIX = f"{RECONCILER_PREFIX}problems/"
 RECONCILER_GC_RUNS_PREFIX = f"{RECONCILER_PREFIX}gc-runs/"
 RECONCILER_AUDIT_ORPHANS_PREFIX = f"{RECONCILER_PREFIX}audit-orphans/"
+RECONCILER_RETRACTIONS_PREFIX = f"{RECONCILER_PREFIX}retractions/"
 PROBLEM_KINDS = (
     "missing-blob",
     "corrupt-blob",
@@ -303,6 +304,8 @@ PROBLEM_KINDS = (
     "unreadable-index-file",
     "raw-retention-mismatch",
     "malformed-log-row",
+    "catalog-mismatch",
+    "phantom-row",
 )
 
 
@@ -325,6 +328,13 @@ def problem_key(kind: str, subject_key: str) -> str:
         raise KeyFormatError(f"problem kind must be one of {PROBLEM_KINDS}, got {kind!r}")
     digest = hashlib.sha256(subject_key.encode("utf-8")).hexdigest()
     return f"{RECONCILER_PROBLEMS_PREFIX}{kind}/{digest}.json"
+
+
+def retraction_key(record_key: str) -> str:
+    """An operator's retraction of the catalog row of ``record_key`` (a phantom row,
+    PROTOCOL §3.7): one per record key, named by the SHA-256 of the key."""
+    digest = hashlib.sha256(record_key.encode("utf-8")).hexdigest()
+    return f"{RECONCILER_RETRACTIONS_PREFIX}{digest}.json"
 
 
 def gc_run_key(started_at_unix_ns: int, run_id: str) -> str:

@@ -319,6 +319,17 @@ class AuditRecord(Record):
     start, before anything is listed (PROTOCOL §3.5 rule 2). The GC reads the catalog
     files of the entries from here on; an audit without it (written before the entries
     existed) cannot serve as the GC's rule-5 audit."""
+    pin_expires_at_unix_ns: int | None = Field(default=None, ge=0)
+    """While ``running``: the store time until which the audit pins the catalog files it
+    reads (compaction deletes none of them); renewed as the audit goes, lapsed after it
+    (PROTOCOL §3.7, ``reconciler.audit_pin_s``). ``None``: no pin."""
+    pinned_through_unix_ns: int | None = Field(default=None, ge=0)
+    """The pinned files: every catalog file last modified at or before this store time
+    (the end of the audit's catalog listing); ``None`` with a pin: every catalog file
+    (the listing is still going)."""
+    phantoms_checked: bool = False
+    """The joins looked for ``phantom-row``s: cataloged keys the listing lacked (only a
+    listing audit that walked everything in one run can)."""
 
 
 class CatalogCreated(Record):
@@ -343,6 +354,19 @@ class ProblemRecord(Record):
     detail: str
     first_seen_unix_ns: int = NonNegative
     last_seen_unix_ns: int = NonNegative
+
+
+class RetractionRecord(Record):
+    """``reconciler/v1/retractions/<sha256 of key>.json``: an operator retracted the catalog
+    row of ``key``, a record the store does not hold (a ``phantom-row``, PROTOCOL §3.7)."""
+
+    schema_: Literal["lightmetrics.retraction.v1"] = Field(
+        default="lightmetrics.retraction.v1", alias="schema"
+    )
+    key: str = Field(min_length=1)
+    by: str = Field(min_length=1, max_length=256)
+    reason: str = Field(min_length=1, max_length=4096)
+    retracted_at_unix_ns: int = NonNegative
 
 
 class GcRunRecord(Record):

@@ -58,15 +58,16 @@ from protocol.records import AuditRecord
 from rollup.lost import acknowledged_shas
 from store.errors import StoreError
 
+from .audit_checks import RecordJoin, check_phantoms
 from .audit_join import BlobJoin, CatalogScan, join_blobs
 from .audit_records import (
-    create_audit,
     latest_audit,
     latest_completed_audit,
+    resume_or_start,
     save_audit,
     trim_old_audits,
 )
-from .audit_walks import DONE, FRONTIER, INVENTORY_CURSOR, InventoryWalk, ListingWalk, WalkState
+from .audit_walks import DONE, FRONTIER, InventoryWalk, Listed, ListingWalk, WalkState
 from .cataloger import Cataloger
 from .context import ReconcilerContext
 from .inventory import InventorySource
@@ -121,11 +122,13 @@ async def run_full_audit(
     ``status == "completed"`` only when it finished with every catalog write done; otherwise
     ``running`` (call again to resume). Raises `LeaseLost` (stop: no longer the leader),
     `InventoryError`, and store errors met while creating the record."""
-    record, resumed = await _resume_or_start(ctx, inventory)
+    record, resumed = await resume_or_start(ctx, inventory)
     run = _AuditRun(ctx, record, resumed, progress, progress_interval_s)
     ctx.metrics.audit_running.set(1)
     try:
         await run.problems.load()
+        if not await run.pin():
+            return await run.finish()
         await run.scan_catalog()
         async with run.verifying():
             if inventory is not None:
@@ -134,46 +137,11 @@ async def run_full_audit(
                 await ListingWalk(ctx, run.state, run.process, run.checkpoint).run()
         if not run.state.failed and not run.state.stopped and not ctx.stopping.is_set():
             await run.join_blobs()
+            if inventory is None and not resumed and run.blobs_joined:
+                await run.check_phantoms()
         return await run.finish()
     finally:
         ctx.metrics.audit_running.set(0)
-
-
-async def _resume_or_start(
-    ctx: ReconcilerContext, inventory: InventorySource | None
-) -> tuple[AuditRecord, bool]:
-    await ctx.check_fence()
-    source = "listing" if inventory is None else "inventory"
-    report = await inventory.report() if inventory is not None else None
-    latest = await latest_audit(ctx.store, catalog_only=True)
-    if (
-        latest is not None
-        and latest.status == "running"
-        and latest.source == source
-        and (report is None or latest.cursors.get(INVENTORY_CURSOR) == report.manifest_key)
-    ):
-        ctx.log.info("audit_resumed", audit_id=latest.audit_id, cursors=len(latest.cursors))
-        return latest, True
-    cursors = {INVENTORY_CURSOR: report.manifest_key} if report else {}
-    if latest is not None and VERIFY_CURSOR in latest.cursors:
-        cursors[VERIFY_CURSOR] = latest.cursors[VERIFY_CURSOR]  # verification goes on
-    # Before the start time is taken: every catalog file created after the start is named
-    # by an entry from here on (the GC's rule 2 reads them). Not for an inventory, which
-    # counts from the report's creation, before now.
-    position = ctx.catalog_writer.position() if report is None else None
-    record = AuditRecord(
-        audit_id=f"{ctx.rng.getrandbits(64):016x}",
-        # An inventory shows the bucket as of its creation: the audit counts from then.
-        started_at_unix_ns=report.created_at_unix_ns if report else ctx.clock.now_ns(),
-        catalog_created_from=position,
-        source=source,
-        owner_epoch=ctx.epoch,
-        cursors=cursors,
-        catalog=True,
-    )
-    await create_audit(ctx, record)
-    ctx.log.info("audit_started", audit_id=record.audit_id, source=source)
-    return record, False
 
 
 def _split_concurrency(concurrency: int) -> tuple[asyncio.Semaphore, asyncio.Semaphore]:
@@ -214,6 +182,12 @@ class _AuditRun:
         self._blobs: BlobJoin | None = None
         self._cataloged = record.cataloged
         self._cataloger = Cataloger(ctx, self.problems, limit=self._limit)
+        self._join = RecordJoin(ctx, self.scan, self._cataloger, self.problems)
+        self._pin_s = ctx.settings.reconciler.audit_pin_s
+        self._pin_expires: int | None = None
+        self._pinned_through: int | None = None
+        self._phantoms: int | None = None
+        self.lapsed = False
         self._verifier = BlobVerifier(
             ctx,
             self.problems,
@@ -224,18 +198,41 @@ class _AuditRun:
 
     # --- before the walk ----------------------------------------------------------------
 
+    async def pin(self) -> bool:
+        """Pin every catalog file before the catalog is listed (PROTOCOL §3.7): a new
+        audit's record was created with its pin, a resumed one's pin is renewed here;
+        False (the audit stops, incomplete) when that save fails. Once the scan's listing
+        is done the pin narrows to the files last modified by then (plus the clock skew
+        allowed: the store's clock wrote those times). Compaction deletes no pinned file
+        while the pin lasts (`audit_records.live_pin`)."""
+        self._pin_expires = self._record.pin_expires_at_unix_ns
+        if not self._resumed:
+            return True
+        self._pin_expires = self._ctx.clock.now_ns() + int(self._pin_s * 1e9)
+        try:
+            await save_audit(self._ctx, self._current())
+        except StoreError as exc:
+            self._ctx.log.warning("audit_pin_failed", error=str(exc))
+            self.state.failed = True
+            return False
+        return True
+
     async def scan_catalog(self) -> None:
-        """Read the catalog's digests and references (`CatalogScan`)."""
+        """Read the pinned catalog's keys and references (`CatalogScan`)."""
         ctx = self._ctx
         started = ctx.clock.monotonic()
         self.scan = await CatalogScan.load(ctx, self.problems, await retired_for_audit(ctx.store))
+        self._join = RecordJoin(ctx, self.scan, self._cataloger, self.problems)
+        skew_ns = int(ctx.settings.store.max_clock_skew_s * 1e9)
+        self._pinned_through = ctx.clock.now_ns() + skew_ns
+        self._last_save = float("-inf")  # save the narrowed pin at the first checkpoint
         ctx.log.info(
             "audit_catalog_scanned",
             files=self.scan.files,
             rows=self.scan.rows,
             moved_aside=self.scan.moved_aside,
             retired_batches=self.scan.retired_batches,
-            memory_bytes=self.scan.record_digests.nbytes + self.scan.referenced.nbytes,
+            memory_bytes=self.scan.record_keys.nbytes + self.scan.referenced.nbytes,
             seconds=round(ctx.clock.monotonic() - started, 3),
         )
 
@@ -260,10 +257,11 @@ class _AuditRun:
 
     # --- records ------------------------------------------------------------------------
 
-    async def process(self, record_keys: list[str], quarantine: bool) -> bool:
-        """Catalog the records of ``record_keys`` the catalog lacks; True if all went well."""
-        missing = self.scan.missing(record_keys)
-        batch = await self._cataloger.read(missing)  # each GET takes one of our slots
+    async def process(self, chunk: list[Listed], quarantine: bool) -> bool:
+        """Catalog the listed records the catalog lacks or holds otherwise
+        (`reconciler.audit_checks`); True if all went well."""
+        result = await self._join.process(chunk)  # each GET takes one of our slots
+        batch = result.batch
         try:
             async with self._limit:
                 await self._cataloger.commit(batch.rows)
@@ -272,11 +270,12 @@ class _AuditRun:
             self._ctx.log.warning("audit_catalog_write_failed", error=str(exc))
             self.state.failed = True
             return False
+        await self._join.written(result)
         self.scan.cataloged(batch.rows)
         if quarantine:
-            self._quarantines += len(record_keys) - batch.missing
+            self._quarantines += len(chunk) - batch.missing
         else:
-            self._manifests += len(record_keys) - batch.missing
+            self._manifests += len(chunk) - batch.missing
         self._cataloged += len(batch.rows)
         self._problem_count += batch.problems
         self._report()
@@ -302,6 +301,17 @@ class _AuditRun:
             return
         await self._record_missing(joined)
         self._blobs = joined
+
+    @property
+    def blobs_joined(self) -> bool:
+        return self._blobs is not None
+
+    async def check_phantoms(self) -> None:
+        """Cataloged keys this run's listing lacked (`reconciler.audit_checks`)."""
+        self._phantoms = await check_phantoms(
+            self._ctx, self.scan, self.problems, started_ns=self._record.started_at_unix_ns
+        )
+        self._problem_count += self._phantoms
 
     async def _record_missing(self, joined: BlobJoin) -> None:
         missing = joined.missing
@@ -332,27 +342,42 @@ class _AuditRun:
                 "problems": self._problem_count + self._verifier.problems,
                 "catalog": True,
                 "cataloged": self._cataloged,
+                "pin_expires_at_unix_ns": self._pin_expires,
+                "pinned_through_unix_ns": self._pinned_through,
+                "phantoms_checked": self._phantoms is not None,
                 **changes,
             }
         )
 
     def _save_due(self) -> bool:
+        renew_ns = (self._pin_expires or 0) - int(self._pin_s * 1e9) // 2
         return (
             self._ctx.clock.monotonic() - self._last_save >= self._interval
             or self._cataloged - self._cataloged_at_save >= PROGRESS_RECORDS
+            or self._ctx.clock.now_ns() >= renew_ns
         )
 
     async def checkpoint(self) -> None:
-        """Save progress if the last save is `PROGRESS_INTERVAL_S` old or `PROGRESS_RECORDS`
-        records were cataloged since."""
+        """Save progress (renewing the pin) if the last save is `PROGRESS_INTERVAL_S` old,
+        `PROGRESS_RECORDS` records were cataloged since, or half the pin has passed. A
+        pin that lapsed meanwhile stops the audit: it starts again with a new start time
+        (`audit_records.resume_or_start`), as the files it read may be gone."""
         if not self._save_due():
             return
         async with self._saving:
             if not self._save_due():
                 return
+            now = self._ctx.clock.now_ns()
+            if self._pin_expires is not None and now >= self._pin_expires:
+                if not self.lapsed:
+                    self._ctx.log.warning("audit_pin_lapsed", audit_id=self._record.audit_id)
+                self.lapsed = self.state.stopped = True
+                return
+            self._pin_expires = now + int(self._pin_s * 1e9)
             cataloged = self._cataloged
             try:
-                await save_audit(self._ctx, self._current())
+                async with self._limit:  # a request like the walk's: within concurrency
+                    await save_audit(self._ctx, self._current())
             except StoreError as exc:
                 # Progress only: a crash now resumes from the previous save.
                 self._ctx.log.warning("audit_progress_save_failed", error=str(exc))
@@ -369,6 +394,8 @@ class _AuditRun:
                 cursors={VERIFY_CURSOR: self._verifier.cursor},
                 blobs_listed=self._blobs.listed,
                 orphans=len(self._blobs.orphans),
+                pin_expires_at_unix_ns=None,  # the joins are done: the pin is released
+                pinned_through_unix_ns=None,
             )
         else:
             record = self._current()

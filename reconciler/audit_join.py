@@ -1,10 +1,13 @@
 """The full audit's two joins, in memory-bounded form (PROTOCOL §3.7, §3.5).
 
-1. **Records ↔ catalog** (anti-join): `CatalogScan.load` reads every catalog file's
-   ``key_digest``, ``frame_sha256`` and ``accepted_frame_sha256`` columns into a
-   `KeyDigestSet` (16 bytes a row) and a `ShaPrefixSet` of referenced blob hashes
-   (8 bytes a hash). The audit walk asks `missing` of each listed chunk of record keys and
-   reads only those.
+1. **Records ↔ catalog**: `CatalogScan.load` reads every catalog file's ``key_digest``,
+   ``etag``, ``frame_sha256``, ``accepted_frame_sha256`` and ``time_unix_ns`` columns into
+   `reconciler.audit_keys.CatalogKeys` (per key: the newest row's ETag hash, hashes and
+   time, and whether its rows disagree) and a `ShaPrefixSet` of referenced blob hashes
+   (8 bytes a hash). The audit walk looks up each listed chunk
+   (`reconciler.audit_checks`): keys the catalog lacks are read and cataloged; keys whose
+   ETag differs or whose rows disagree are read and superseded; keys it never shows may
+   be phantom rows.
 2. **Blobs ↔ references**: `join_blobs` lists ``raw-blobs/v1/`` once; a blob whose hash the
    catalog does not reference and whose LastModified is older than the retry horizon (in
    store time) is an *orphan* (written to the audit's orphan file for the GC); the listed
@@ -45,15 +48,17 @@ from index.rows import IndexRow
 from protocol import keys
 from store.errors import NotFound, StoreError
 
+from .audit_keys import NO_SHA, CatalogKeys, etag_hashes
 from .context import ReconcilerContext
 from .orphans import Orphan
 from .problems import ProblemBook
 from .raw_retention import NOTHING_RETIRED, Retired
 
-JOIN_COLUMNS = ["key_digest", "frame_sha256", "accepted_frame_sha256"]
-"""What the scan reads of a catalog file: 16 bytes of digest and the referenced hashes a
-row, never the key strings (the listing side hashes its keys instead)."""
-SHA_COLUMNS = JOIN_COLUMNS[1:]
+JOIN_COLUMNS = ["key_digest", "frame_sha256", "accepted_frame_sha256", "time_unix_ns"]
+"""What the scan reads of a catalog file (with ``etag`` when the file has it): 16 bytes of
+digest, the referenced hashes, the time and the ETag a row, never the key strings (the
+listing side hashes its keys instead)."""
+SHA_COLUMNS = ["frame_sha256", "accepted_frame_sha256"]
 LIST_CHUNK = 5_000
 
 
@@ -69,7 +74,7 @@ class _RetiredHour:
 
 @dataclass
 class CatalogScan:
-    record_digests: KeyDigestSet = field(default_factory=KeyDigestSet)
+    record_keys: CatalogKeys = field(default_factory=CatalogKeys)
     referenced: ShaPrefixSet = field(default_factory=ShaPrefixSet)
     retired: ShaPrefixSet = field(default_factory=ShaPrefixSet)
     """Blobs referenced by accepted rows of retired hours (`reconciler.raw_retention`):
@@ -99,8 +104,7 @@ class CatalogScan:
             except NotFound:
                 continue  # compacted away after the listing: the merged file holds its rows
             try:
-                columns = [*JOIN_COLUMNS, "kind"] if pending is not None else JOIN_COLUMNS
-                table = pq.read_table(io.BytesIO(body), columns=columns)
+                table = _join_columns(body, kind=pending is not None)
                 digests = digests_from_arrow(table.column("key_digest"))
                 if pending is not None:
                     accepted = pc.fill_null(pc.equal(table.column("kind"), "accepted"), False)
@@ -118,13 +122,22 @@ class CatalogScan:
                 if pending is not None:
                     pending.moved_aside = True
                 continue
-            scan.record_digests.add(digests)
+            _, epoch, sequence = keys.parse_index_catalog_key(info.key)
+            scan.record_keys.add(
+                digests,
+                etags=etag_hashes(table.column("etag")),
+                shas=_prefixes_or_none(table.column("frame_sha256")),
+                accepted_shas=_prefixes_or_none(table.column("accepted_frame_sha256")),
+                times=table.column("time_unix_ns").to_numpy(),
+                rank=epoch * 10**10 + sequence,
+            )
             for prefixes in refs:
                 scan.referenced.add(prefixes)
             scan.files += 1
             scan.rows += table.num_rows
         if pending is not None:
             await scan._settle(pending, retired, problems)
+        scan.record_keys.finish()
         return scan
 
     async def _settle(self, hour: _RetiredHour, retired: Retired, problems: ProblemBook) -> None:
@@ -151,8 +164,8 @@ class CatalogScan:
 
     def missing(self, record_keys: list[str]) -> list[str]:
         """The keys of ``record_keys`` the catalog does not hold."""
-        present = self.record_digests.contains(digests_of(record_keys))
-        return [key for key, known in zip(record_keys, present, strict=True) if not known]
+        entries = self.record_keys.lookup(digests_of(record_keys))
+        return [key for key, entry in zip(record_keys, entries, strict=True) if entry < 0]
 
     def references(self, sha: str) -> bool:
         """Whether a catalog row references the blob ``sha`` (by its 64-bit prefix: a false
@@ -163,6 +176,29 @@ class CatalogScan:
         """Rows this audit cataloged count as references for the blob join."""
         for row in rows:
             self.referenced.add(sha_prefixes(list(row.referenced_shas)))
+
+
+def _join_columns(body: bytes, *, kind: bool) -> pa.Table:
+    """The join's columns of one catalog file; ``etag`` null in a file written before it
+    existed (such rows take the listed ETag, PROTOCOL §3.7)."""
+    parquet = pq.ParquetFile(io.BytesIO(body))
+    present = set(parquet.schema_arrow.names)
+    columns = [*JOIN_COLUMNS, "kind"] if kind else list(JOIN_COLUMNS)
+    if "etag" in present:
+        columns.append("etag")
+    table = parquet.read(columns=columns)
+    if "etag" not in present:
+        table = table.append_column("etag", pa.nulls(table.num_rows, pa.string()))
+    return table
+
+
+def _prefixes_or_none(column: pa.ChunkedArray) -> npt.NDArray[np.uint64]:
+    """`sha_prefixes` of a column with nulls kept in place (as `NO_SHA`)."""
+    out = np.full(len(column), NO_SHA, dtype=np.uint64)
+    valid = column.is_valid().to_numpy(zero_copy_only=False)
+    if valid.any():
+        out[valid] = sha_prefixes(column)
+    return out
 
 
 async def _move_aside(ctx: ReconcilerContext, key: str) -> None:

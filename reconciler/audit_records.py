@@ -20,7 +20,10 @@ from store.errors import NotFound
 from store.lease import LeaseLost
 
 from . import store_calls
+from .audit_walks import INVENTORY_CURSOR
 from .context import ReconcilerContext
+from .inventory import InventorySource
+from .verify import VERIFY_CURSOR
 
 
 class AuditRecordConflict(RuntimeError):
@@ -68,6 +71,67 @@ async def latest_completed_audit(store: ObjectStore) -> AuditRecord | None:
         if record.status == "completed" and record.catalog:
             return record
     return None
+
+
+async def resume_or_start(
+    ctx: ReconcilerContext, inventory: InventorySource | None
+) -> tuple[AuditRecord, bool]:
+    """The newest running audit of the same source (and report) to resume, unless its pin
+    lapsed (PROTOCOL §3.7: it starts again, with a new start time); else a new audit's
+    record, created. Returns (record, resumed)."""
+    await ctx.check_fence()
+    source = "listing" if inventory is None else "inventory"
+    report = await inventory.report() if inventory is not None else None
+    latest = await latest_audit(ctx.store, catalog_only=True)
+    if (
+        latest is not None
+        and latest.status == "running"
+        and latest.source == source
+        and (report is None or latest.cursors.get(INVENTORY_CURSOR) == report.manifest_key)
+    ):
+        expires = latest.pin_expires_at_unix_ns
+        if expires is None or expires > ctx.clock.now_ns():
+            ctx.log.info("audit_resumed", audit_id=latest.audit_id, cursors=len(latest.cursors))
+            return latest, True
+        ctx.log.warning("audit_restarted_pin_lapsed", audit_id=latest.audit_id)
+    cursors = {INVENTORY_CURSOR: report.manifest_key} if report else {}
+    if latest is not None and VERIFY_CURSOR in latest.cursors:
+        cursors[VERIFY_CURSOR] = latest.cursors[VERIFY_CURSOR]  # verification goes on
+    # Before the start time is taken: every catalog file created after the start is named
+    # by an entry from here on (the GC's rule 2 reads them). Not for an inventory, which
+    # counts from the report's creation, before now.
+    position = ctx.catalog_writer.position() if report is None else None
+    record = AuditRecord(
+        audit_id=f"{ctx.rng.getrandbits(64):016x}",
+        # An inventory shows the bucket as of its creation: the audit counts from then.
+        started_at_unix_ns=report.created_at_unix_ns if report else ctx.clock.now_ns(),
+        catalog_created_from=position,
+        source=source,
+        owner_epoch=ctx.epoch,
+        cursors=cursors,
+        catalog=True,
+        # Pins every catalog file from the start (PROTOCOL §3.7); `reconciler.audit`
+        # narrows and renews it.
+        pin_expires_at_unix_ns=ctx.clock.now_ns() + int(ctx.settings.reconciler.audit_pin_s * 1e9),
+    )
+    await create_audit(ctx, record)
+    ctx.log.info("audit_started", audit_id=record.audit_id, source=source)
+    return record, False
+
+
+async def live_pin(store: ObjectStore, now_ns: int) -> int | None:
+    """The catalog files a running audit pinned (PROTOCOL §3.7), read from the newest audit
+    record, so it holds across processes: every file last modified at or before the
+    returned store time (the largest int64 while the audit still lists the catalog), or
+    ``None`` when no audit runs or its pin lapsed (``now_ns``: store time)."""
+    latest = await latest_audit(store, catalog_only=True)
+    if latest is None or latest.status != "running":
+        return None
+    expires = latest.pin_expires_at_unix_ns
+    if expires is None or expires <= now_ns:
+        return None
+    through = latest.pinned_through_unix_ns
+    return through if through is not None else 2**63 - 1
 
 
 def record_key(record: AuditRecord) -> str:

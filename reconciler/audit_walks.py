@@ -1,7 +1,8 @@
 """How a full audit visits every record, and the cursors that make it resumable.
 
-Two walks, one per input; both hand chunks of record keys to the audit (``process``:
-catalog the ones the catalog lacks, True when every write succeeded) and keep `WalkState.cursors`, which the
+Two walks, one per input; both hand chunks of listed records (`Listed`: key and ETag) to
+the audit (``process``: catalog the ones the catalog lacks or holds otherwise, True when
+every write succeeded) and keep `WalkState.cursors`, which the
 audit saves in its `AuditRecord` (see `reconciler.audit` for their meaning).
 
 - `ListingWalk`: agent groups (``accepted/v1/agent=<hex>/``) discovered in key order by
@@ -46,12 +47,15 @@ INVENTORY_CURSOR = "inventory:manifest"
 FILE_CURSOR = "file:"
 """Prefix of the cursor keys of inventory data files."""
 
-Process = Callable[[list[str], bool], Awaitable[bool]]
-"""Catalog what the catalog lacks of these record keys (quarantine records when the flag is
-set); True if all went well."""
+Listed = tuple[str, str | None]
+"""A listed record: its key and the ETag the listing showed (``None``: an inventory,
+which has none)."""
+Process = Callable[[list[Listed], bool], Awaitable[bool]]
+"""Catalog what the catalog lacks (or holds otherwise) of these listed records (quarantine
+records when the flag is set); True if all went well."""
 Checkpoint = Callable[[], Awaitable[None]]
 """Called after a cursor moved: saves progress now and then."""
-Work = tuple[str, str | None, list[str] | None]
+Work = tuple[str, str | None, list[Listed] | None]
 """A group for a worker: its prefix, its cursor, and its keys when discovery read them."""
 
 
@@ -75,8 +79,8 @@ class _Walk:
     async def _moved(self) -> bool:
         """After a cursor moved: checkpoint, and say whether to go on."""
         await self._checkpoint()
-        if self._ctx.stopping.is_set():
-            self._state.stopped = True
+        if self._ctx.stopping.is_set() or self._state.stopped:
+            self._state.stopped = True  # stopping, or the audit's pin lapsed
             return False
         return True
 
@@ -132,16 +136,20 @@ class ListingWalk(_Walk):
                     if self._ctx.stopping.is_set():
                         self._state.stopped = True
                         return
-                    if self._state.failed:
+                    if self._state.failed or self._state.stopped:
                         return  # cannot complete this time: finish what is in hand, resume later
                     # A whole-key group (a stray key) is listed as a prefix, as it always was.
-                    held = None if group.whole_key else group.keys
+                    held: list[Listed] | None = (
+                        None
+                        if group.whole_key or group.infos is None
+                        else [(info.key, info.etag) for info in group.infos]
+                    )
                     await self._admit(group.prefix, held, queue)
         except StoreError as exc:
             self._fail("audit_discovery", keys.ACCEPTED_PREFIX, exc)
 
     async def _admit(
-        self, group_prefix: str, held: list[str] | None, queue: asyncio.Queue[Work | None]
+        self, group_prefix: str, held: list[Listed] | None, queue: asyncio.Queue[Work | None]
     ) -> None:
         cursor = self._state.cursors.get(group_prefix)
         async with self._changed:
@@ -190,11 +198,11 @@ class ListingWalk(_Walk):
     async def _walk_group(self, group_prefix: str, after: str | None) -> bool:
         """Audit one group from ``after``; True when all of it was done."""
         quarantine = group_prefix == keys.QUARANTINE_PREFIX
-        chunk: list[str] = []
+        chunk: list[Listed] = []
         try:
             async with closing(self._ctx.store.list(group_prefix, start_after=after)) as listing:
                 async for info in listing:
-                    chunk.append(info.key)
+                    chunk.append((info.key, info.etag))
                     if len(chunk) < CHUNK:
                         continue
                     if not await self._chunk_done(group_prefix, chunk, quarantine):
@@ -205,18 +213,18 @@ class ListingWalk(_Walk):
             return False
         return not chunk or await self._chunk_done(group_prefix, chunk, quarantine)
 
-    async def _walk_held(self, group_prefix: str, after: str | None, held: list[str]) -> bool:
+    async def _walk_held(self, group_prefix: str, after: str | None, held: list[Listed]) -> bool:
         """Audit the keys discovery read for this group (all of it, in order) past ``after``."""
-        todo = [key for key in held if after is None or key > after]
+        todo = [entry for entry in held if after is None or entry[0] > after]
         for start in range(0, len(todo), CHUNK):
             if not await self._chunk_done(group_prefix, todo[start : start + CHUNK], False):
                 return False
         return True
 
-    async def _chunk_done(self, group_prefix: str, chunk: list[str], quarantine: bool) -> bool:
+    async def _chunk_done(self, group_prefix: str, chunk: list[Listed], quarantine: bool) -> bool:
         if not await self._process(chunk, quarantine):
             return False
-        self._state.cursors[group_prefix] = chunk[-1]
+        self._state.cursors[group_prefix] = chunk[-1][0]
         return await self._moved()
 
 
@@ -265,8 +273,12 @@ class InventoryWalk(_Walk):
         return not chunk or await self._rows_done(cursor_key, chunk)
 
     async def _rows_done(self, cursor_key: str, chunk: list[tuple[int, str]]) -> bool:
-        manifests = [key for _row, key in chunk if key.startswith(keys.ACCEPTED_PREFIX)]
-        quarantines = [key for _row, key in chunk if key.startswith(keys.QUARANTINE_PREFIX)]
+        manifests: list[Listed] = [
+            (key, None) for _row, key in chunk if key.startswith(keys.ACCEPTED_PREFIX)
+        ]
+        quarantines: list[Listed] = [
+            (key, None) for _row, key in chunk if key.startswith(keys.QUARANTINE_PREFIX)
+        ]
         if not (await self._process(manifests, False) and await self._process(quarantines, True)):
             return False
         self._state.cursors[cursor_key] = str(chunk[-1][0] + 1)

@@ -74,21 +74,22 @@ class Cataloger:
         self.files_written = 0
         self.rows_written = 0
 
-    async def read(self, record_keys: Iterable[str]) -> CatalogBatch:
-        """Read and verify each record (GET once each, bounded concurrency)."""
+    async def read(self, record_keys: Iterable[str], *, source: str = "read-back") -> CatalogBatch:
+        """Read and verify each record (GET once each, bounded concurrency); the rows carry
+        the ETag the GET answered and ``source`` (``read-back``, or ``audit``)."""
         limit = self._limit or asyncio.Semaphore(self._ctx.settings.reconciler.concurrency)
         batch = CatalogBatch()
 
         async def one(key: str) -> None:
             async with limit:
-                batch.add(await self._read_one(key))
+                batch.add(await self._read_one(key, source))
 
         async with asyncio.TaskGroup() as group:
             for key in dict.fromkeys(record_keys):
                 group.create_task(one(key))
         return batch
 
-    async def _read_one(self, key: str) -> CatalogBatch:
+    async def _read_one(self, key: str, source: str) -> CatalogBatch:
         result = CatalogBatch()
         quarantine = is_quarantine_key(key)
         try:
@@ -106,7 +107,7 @@ class Cataloger:
         kind = "unparseable-quarantine" if quarantine else "unparseable-manifest"
         try:
             body, etag = found
-            row = replace(_verified_row(key, body, quarantine), etag=etag, source="read-back")
+            row = replace(_verified_row(key, body, quarantine), etag=etag, source=source)
         except RecordError as exc:
             result.problems += 1
             await self._problems.record(kind, key, str(exc))

@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
-from store.base import ObjectStore
+from store.base import ObjectInfo, ObjectStore
 
 T = TypeVar("T")
 
@@ -44,9 +44,14 @@ class Group:
 
     prefix: str
     """``prefix + <depth segments> + "/"``, or a whole key that has fewer segments."""
-    keys: list[str] | None
-    """Every key of the group, in order, when the scan read all of them (at most
-    ``max_keys``); ``None`` when it skipped past the rest (list the group to see them)."""
+    infos: list[ObjectInfo] | None
+    """Every object of the group (key, ETag, ...), in key order, when the scan read all of
+    them (at most ``max_keys``); ``None`` when it skipped past the rest (list the group to
+    see them)."""
+
+    @property
+    def keys(self) -> list[str] | None:
+        return None if self.infos is None else [info.key for info in self.infos]
 
     @property
     def whole_key(self) -> bool:
@@ -87,7 +92,7 @@ async def groups(
     while True:
         restart: str | None = None
         current: str | None = None
-        held: list[str] = []
+        held: list[ObjectInfo] = []
         count = 0
         async with closing(store.list(prefix, after)) as listing:
             async for info in listing:
@@ -101,7 +106,7 @@ async def groups(
                     restart = current
                     break
                 if keep_keys:
-                    held.append(info.key)
+                    held.append(info)
         if current is None:
             return
         if restart is None:

@@ -1,0 +1,209 @@
+"""The full audit's record join: each listed chunk against the catalog, and at the end the
+cataloged keys the listing lacked (PROTOCOL §3.7, §3.9).
+
+Per listed record (`RecordJoin.process`):
+- **not cataloged**: read, and cataloged if well-formed (``source = "audit"``);
+- **ETag differs** (both normalized: `reconciler.audit_keys.etag_hashes`) from the
+  newest row's, or the key's rows **disagree** (cataloged in two hours, or with two
+  different ``frame_sha256``): read, and the store's record written as a *superseding
+  row* (``source = "audit"``) unless the newest row already is the store's record (ETag
+  and fields equal: an old row of another hour stays in its hour, and only costs this
+  read at each audit). A row without an ETag (written before the column) takes the
+  listed ETag: it matches, nothing is written. Such rows were all written from the
+  reconciler's own reads of immutable records, so rewriting them (one catalog file and
+  one rollup work marker per hour of history) would attest nothing new; the two-hours
+  and two-hashes checks apply to them all the same.
+- **fields differed** (the store's ``frame_sha256``, ``accepted_frame_sha256`` or
+  ``time_unix_ns`` is not the newest row's, or the rows disagreed): a ``catalog-mismatch``.
+  It is an event (log ``catalog_mismatch`` and the ``lm_reconciler_catalog_mismatches``
+  counter) *and* a problem record, written before the superseding row and removed once
+  that row is written: PROTOCOL §3.5 rule 5 has the GC delete nothing while a
+  catalog-mismatch exists, and the only time one exists is between finding it and
+  writing its correction — which a crash or a failed write can stretch until the next
+  audit writes it. The other fields of a row are functions of its key and of the frame
+  its hash names, checked when it was cataloged (a well-formed row).
+
+At the end (`check_phantoms`), for a listing audit that walked everything in one run (a
+resumed run does not know what the part before its resume showed, and an S3 Inventory
+may lack recent objects): a cataloged key the listing never showed, whose newest row's
+record time is older than the audit's start minus the settle margin
+(`config.Settings.settle_margin_s`), that a HEAD does not find and that no operator
+retracted (`reconciler.retractions`), is a ``phantom-row`` problem. Open phantom-row
+problems whose key this audit listed (or that were retracted) are resolved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from index import catalog
+from index.digests import KeyDigestSet, digests_from_arrow, digests_of, sha_prefixes
+from index.rows import IndexRow
+from protocol import keys
+from store.errors import NotFound
+
+from .audit_join import CatalogScan
+from .audit_keys import NO_SHA, etag_hashes
+from .audit_walks import Listed
+from .cataloger import CatalogBatch, Cataloger
+from .context import ReconcilerContext
+from .problems import ProblemBook
+from .retractions import retracted_keys
+
+SOURCE = "audit"
+
+
+@dataclass
+class ChunkResult:
+    batch: CatalogBatch
+    """Rows to write: records cataloged now and superseding rows."""
+    mismatches: list[str]
+    """Keys whose catalog-mismatch problem the write of ``batch`` resolves."""
+    superseded: int = 0
+
+
+class RecordJoin:
+    def __init__(
+        self, ctx: ReconcilerContext, scan: CatalogScan, cataloger: Cataloger, problems: ProblemBook
+    ) -> None:
+        self._ctx = ctx
+        self._scan = scan
+        self._cataloger = cataloger
+        self._problems = problems
+        self.superseded = 0
+        self.mismatches = 0
+
+    async def process(self, chunk: list[Listed]) -> ChunkResult:
+        """Look ``chunk`` up; read what is missing or held otherwise (see module)."""
+        record_keys = [key for key, _etag in chunk]
+        known = self._scan.record_keys
+        entries = known.lookup(digests_of(record_keys))
+        known.mark_seen(entries)
+        present = entries >= 0
+        listed = etag_hashes([etag for _key, etag in chunk])
+        suspect = present.copy()
+        at = entries[present]
+        suspect[present] = known.conflict[at] | known.etag_differs(at, listed[present])
+        missing = [key for key, entry in zip(record_keys, entries, strict=True) if entry < 0]
+        check = {
+            key: int(entry)
+            for key, entry, flagged in zip(record_keys, entries, suspect, strict=True)
+            if flagged
+        }
+        batch = await self._cataloger.read([*missing, *check], source=SOURCE)
+        if not check:
+            return ChunkResult(batch, [])
+        kept: list[IndexRow] = []
+        mismatches: list[str] = []
+        superseded = 0
+        for row in batch.rows:
+            entry = check.get(row.key)
+            if entry is None:
+                kept.append(row)
+                continue
+            fields = self._fields_differ(row, entry)
+            if not fields and not self._etag_differs(row, entry):
+                continue  # the newest row is the store's record already
+            kept.append(row)
+            superseded += 1
+            if fields:
+                mismatches.append(row.key)
+                await self._mismatch(row, fields)
+        batch.rows = kept
+        return ChunkResult(batch, mismatches, superseded)
+
+    def _fields_differ(self, row: IndexRow, entry: int) -> list[str]:
+        known = self._scan.record_keys
+        differs = []
+        if sha_prefixes([row.frame_sha256])[0] != known.sha[entry]:
+            differs.append("frame_sha256")
+        accepted = (
+            sha_prefixes([row.accepted_frame_sha256])[0] if row.accepted_frame_sha256 else NO_SHA
+        )
+        if accepted != known.accepted_sha[entry]:
+            differs.append("accepted_frame_sha256")
+        if row.time_unix_ns != known.time[entry]:
+            differs.append("time_unix_ns")
+        if known.conflict[entry]:
+            differs.append("rows in two hours or with two hashes")
+        return differs
+
+    def _etag_differs(self, row: IndexRow, entry: int) -> bool:
+        return bool(etag_hashes([row.etag])[0] != self._scan.record_keys.etag[entry])
+
+    async def _mismatch(self, row: IndexRow, fields: list[str]) -> None:
+        self.mismatches += 1
+        self._ctx.metrics.catalog_mismatches.inc()
+        self._ctx.log.error("catalog_mismatch", key=row.key, source=SOURCE, fields=fields)
+        await self._problems.record(
+            "catalog-mismatch",
+            row.key,
+            f"the catalog's row differs from the store's record in {', '.join(fields)}; "
+            f"the audit writes the store's record as a superseding row",
+        )
+
+    async def written(self, result: ChunkResult) -> None:
+        """``result``'s rows are written: the mismatches they correct are resolved."""
+        self.superseded += result.superseded
+        for key in result.mismatches:
+            await self._problems.resolve("catalog-mismatch", key)
+
+
+async def check_phantoms(
+    ctx: ReconcilerContext, scan: CatalogScan, problems: ProblemBook, *, started_ns: int
+) -> int:
+    """Record the phantom rows (see module), resolve the ones gone; returns how many."""
+    limit_ns = started_ns - int(ctx.settings.settle_margin_s() * keys.NS_PER_S)
+    candidates = scan.record_keys.unseen_before(limit_ns)
+    phantoms: list[str] = []
+    if len(candidates):
+        retracted = await retracted_keys(ctx.store)
+        for key in sorted(await _keys_of(ctx, candidates)):
+            if key in retracted:
+                continue
+            try:
+                await ctx.store.head(key)
+            except NotFound:
+                phantoms.append(key)
+    for key in phantoms:
+        await problems.record(
+            "phantom-row",
+            key,
+            "cataloged, but the audit's listing lacked it and a HEAD found nothing; its "
+            "record time is older than the audit's start minus the settle margin. The GC "
+            "deletes nothing until a later audit lists it or it is retracted "
+            "(lm-reconciler retract KEY --reason ...)",
+        )
+    open_now = set(phantoms)
+    async for subject in problems.subjects("phantom-row"):
+        if subject not in open_now:
+            await problems.resolve("phantom-row", subject)
+    if phantoms:
+        ctx.log.error("phantom_rows", count=len(phantoms), first=phantoms[0])
+    return len(phantoms)
+
+
+async def _keys_of(ctx: ReconcilerContext, digests: npt.NDArray[np.void]) -> set[str]:
+    """The keys behind ``digests``: the catalog's ``key`` column, read again (rare: only
+    when the listing lacked a cataloged key)."""
+    wanted = KeyDigestSet()
+    wanted.add(digests)
+    found: set[str] = set()
+    async for info in catalog.list_all_files(ctx.store):
+        try:
+            body, _etag = await ctx.store.get(info.key)
+            table = await asyncio.to_thread(
+                pq.read_table, io.BytesIO(body), columns=["key", "key_digest"]
+            )
+        except (NotFound, pa.ArrowException, OSError, ValueError):
+            continue  # compacted away (its merged file is listed too), or moved aside
+        hits = wanted.contains(digests_from_arrow(table.column("key_digest")))
+        found.update(table.filter(pa.array(hits)).column("key").to_pylist())
+    return found

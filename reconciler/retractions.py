@@ -1,0 +1,103 @@
+"""Retractions of phantom catalog rows (PROTOCOL §3.7): ``lm-reconciler retract KEY``.
+
+A *phantom row* is a catalog row for a record the store does not hold (a collector's log
+row for a manifest that was never created, or a record an operator deleted): the full
+audit reports it as a ``phantom-row`` problem, and the GC deletes nothing while one is
+open (PROTOCOL §3.5 rule 5). It closes when a later audit lists the key, or when an
+operator *retracts* the row, having looked into it.
+
+Design (the simplest sound one): a retraction is a small record at
+``reconciler/v1/retractions/<sha256 of key>.json`` (`protocol.records.RetractionRecord`:
+the key, who — ``--by`` or the OS user — why, and when), created with If-None-Match; the
+command then removes the key's ``phantom-row`` problem. It needs no lease: it writes no
+catalog file, and catalog files stay immutable (no reader has to learn a new row kind or
+column). Every later audit honours it: a retracted key the listing lacks is no phantom
+(`retracted_keys`). Retracting is refused while the store holds the record (a HEAD finds
+it): that row is no phantom, and the audit supersedes it if it differs.
+
+What a retraction does not do: remove the row from the catalog hour. The rollup, the
+live query and the GC's references still see it (a reference only keeps a blob, which is
+safe); an hour whose ledger already counted the phantom batch is one `lm-rollup verify`
+reports against ``accepted/v1/``, and is rebuilt like any catalog mismatch.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+
+from protocol import keys
+from protocol.clock import Clock
+from protocol.records import RecordError, RetractionRecord
+from store.base import ObjectStore
+from store.errors import NotFound, PreconditionFailed
+
+
+class RetractRefused(ValueError):
+    """The key cannot be retracted (not a record key, or the store holds the record)."""
+
+
+def operator_name() -> str:
+    """Who runs the command: the OS user (``LOGNAME``/``USER``), else ``unknown``."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return os.environ.get("USER", "unknown")
+
+
+def check_record_key(key: str) -> None:
+    """`RetractRefused` unless ``key`` is a manifest or quarantine record key."""
+    try:
+        if key.startswith(keys.QUARANTINE_PREFIX):
+            keys.parse_quarantine_key(key)
+        else:
+            keys.parse_accepted_manifest_key(key)
+    except keys.KeyFormatError as exc:
+        raise RetractRefused(f"not an accepted manifest or quarantine record key: {exc}") from None
+
+
+async def retract(
+    store: ObjectStore, clock: Clock, key: str, *, reason: str, by: str
+) -> tuple[RetractionRecord, bool]:
+    """Retract the catalog row of ``key`` and close its ``phantom-row`` problem. Returns
+    the retraction and whether this call created it (``False``: it existed already, and
+    the stored one is returned). Raises `RetractRefused`, `ValueError` for an empty
+    reason or name, store errors."""
+    check_record_key(key)
+    if not reason.strip() or not by.strip():
+        raise ValueError("a retraction needs a reason (--reason) and a name (--by)")
+    record = RetractionRecord(
+        key=key,
+        by=by.strip()[:256],
+        reason=reason.strip()[:4096],
+        retracted_at_unix_ns=clock.now_ns(),
+    )
+    try:
+        await store.head(key)
+    except NotFound:
+        pass
+    else:
+        raise RetractRefused(
+            f"the store holds {key!r}: its catalog row is no phantom (the next audit "
+            f"supersedes it if it differs)"
+        )
+    created = True
+    try:
+        await store.put(keys.retraction_key(key), record.to_json(), if_none_match=True)
+    except PreconditionFailed:
+        body, _etag = await store.get(keys.retraction_key(key))
+        record, created = RetractionRecord.from_json(body), False
+    await store.delete(keys.problem_key("phantom-row", key))
+    return record, created
+
+
+async def retracted_keys(store: ObjectStore) -> set[str]:
+    """The keys of every retraction (retractions are few: each is an operator's act)."""
+    found: set[str] = set()
+    async for info in store.list(keys.RECONCILER_RETRACTIONS_PREFIX):
+        try:
+            body, _etag = await store.get(info.key)
+            found.add(RetractionRecord.from_json(body).key)
+        except (NotFound, RecordError):
+            continue
+    return found
