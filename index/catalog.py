@@ -276,10 +276,16 @@ class Compaction:
 
 
 async def delete_compacted_inputs(
-    store: ObjectStore, hour: keys.UtcHour, *, store_now_ns: int, grace_s: float
+    store: ObjectStore,
+    hour: keys.UtcHour,
+    *,
+    store_now_ns: int,
+    grace_s: float,
+    pinned_through_ns: int | None = None,
 ) -> int:
     """Delete the inputs that the hour's merged files name, once those are older than
-    ``grace_s`` (store time). Returns how many files were deleted."""
+    ``grace_s`` (store time), except those a running audit pinned: last modified at or
+    before ``pinned_through_ns`` (PROTOCOL §3.7). Returns how many files were deleted."""
     deleted = 0
     files = {info.key: info for info in await list_hour_files(store, hour)}
     for info in list(files.values()):
@@ -291,6 +297,10 @@ async def delete_compacted_inputs(
             continue
         for name in inputs:
             if name in files and name != info.key:
+                if pinned_through_ns is not None and (
+                    files[name].last_modified_ns <= pinned_through_ns
+                ):
+                    continue
                 await store.delete(name)
                 files.pop(name)
                 deleted += 1

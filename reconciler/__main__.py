@@ -12,7 +12,11 @@ Commands (each takes ``--config PATH``; settings also come from ``LM_*`` variabl
 - ``gc [--dry-run]``: one GC run (``reconciler.gc.run``).
 - ``drop-v1-index [--dry-run]``: delete a migrated version-1 store's per-object index
   (``reconciler.v1_index``); refused before a completed audit of the index.
-- ``problems [--kind K] [--json]``: the problem records.
+- ``problems [--kind K] [--json]``: the problem records, each with what to do.
+- ``retract KEY --reason TEXT [--by NAME]``: retract the catalog row of a record the store
+  does not hold (a ``phantom-row`` problem; ``reconciler.retractions``): records who (the
+  OS user unless ``--by``) and why, and closes the problem. Refused while the store holds
+  the record.
 - ``status [--json] [--check]``: log position and segments waiting, catalog, index
   requests per batch, lease, last audit, last GC, problems.
 
@@ -21,7 +25,8 @@ Long work shows progress on standard error when it is a terminal.
 Exit codes:
   0  success
   1  runtime failure: store unreachable, a pass or audit left incomplete (rerun resumes),
-     or ``status --check`` found lag or problems
+     or ``status --check`` found lag or problems, or ``retract`` refused (the store
+     holds the record)
   2  bad configuration or arguments;
   3  another reconciler holds the lease (one-shot commands wait 1.5 lease TTLs first)
 """
@@ -55,7 +60,8 @@ from .audit import AuditProgress
 from .daemon import PassReport, Reconciler, Stopped
 from .gc import GcRefused
 from .inventory import InventoryError, InventorySource
-from .problems import list_problems
+from .problems import ADVICE, list_problems
+from .retractions import RetractRefused, operator_name, retract
 from .status import gather_status
 from .v1_index import V1DropRefused
 
@@ -85,6 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
     problems = commands.add_parser("problems", help="list problem records")
     problems.add_argument("--kind", help="only this kind (missing-blob, corrupt-blob, ...)")
     problems.add_argument("--json", action="store_true", help="one JSON object per line")
+    retract = commands.add_parser(
+        "retract", help="retract a phantom catalog row (a record the store does not hold)"
+    )
+    retract.add_argument("key", help="the record's key (accepted/v1/... or quarantine/v1/...)")
+    retract.add_argument("--reason", required=True, help="why (recorded with the retraction)")
+    retract.add_argument("--by", help="who retracts (default: the OS user)")
     status = commands.add_parser("status", help="checkpoint, lag, audits, GC, problems")
     status.add_argument("--json", action="store_true")
     status.add_argument(
@@ -121,6 +133,8 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
             return await _status(store, args, settings)
         if args.command == "problems":
             return await _problems(store, args)
+        if args.command == "retract":
+            return await _retract(store, args)
         return await _leased_command(store, settings, args)
     except StoreError as exc:
         print(f"lm-reconciler: object store unavailable: {exc}", file=sys.stderr)
@@ -316,15 +330,37 @@ async def _problems(store: ObjectStore, args: argparse.Namespace) -> int:
         if record is None:
             line = {"key": key, "error": "unreadable problem record"}
         else:
-            line = {"key": key, **record.model_dump(mode="json", exclude={"schema_"})}
+            line = {
+                "key": key,
+                **record.model_dump(mode="json", exclude={"schema_"}),
+                "what_to_do": ADVICE.get(record.kind, "see the detail"),
+            }
         if args.json:
             print(_json(line))
         else:
             print(
-                f"{line.get('kind', '?'):24} {line.get('subject_key', key)}\n    {line.get('detail', line.get('error'))}"
+                f"{line.get('kind', '?'):24} {line.get('subject_key', key)}\n"
+                f"    {line.get('detail', line.get('error'))}"
+                + (f"\n    what to do: {line['what_to_do']}" if "what_to_do" in line else "")
             )
     if not args.json:
         print(f"{count} problem(s)", file=sys.stderr)
+    return EXIT_OK
+
+
+async def _retract(store: ObjectStore, args: argparse.Namespace) -> int:
+    try:
+        record, created = await retract(
+            store, SystemClock(), args.key, reason=args.reason, by=args.by or operator_name()
+        )
+    except RetractRefused as exc:
+        print(f"lm-reconciler: retract refused: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except ValueError as exc:
+        print(f"lm-reconciler: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    doc = {**record.model_dump(mode="json", exclude={"schema_"}), "created": created}
+    print(_json(doc))
     return EXIT_OK
 
 

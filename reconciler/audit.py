@@ -1,19 +1,22 @@
 """Full audit of ``accepted/v1/`` and ``quarantine/v1/`` against the catalog: an anti-join,
 then the blob join; resumable after a crash from its `AuditRecord` (PROTOCOL §3.7).
 
-1. `CatalogScan.load` (`reconciler.audit_join`): every catalog file's key digests and
-   referenced hashes, in compact sorted arrays.
-2. The walk (`reconciler.audit_walks`: a listing, or an S3 Inventory report's data files)
-   hands chunks of record keys to `process`: the keys the catalog lacks are read once,
-   verified and cataloged (`reconciler.cataloger`, with their rollup work markers) before
-   the chunk's cursor moves. A store with no catalog yet (a version-1 store written with
-   per-object derived entries) is migrated this way: every record is missing once.
+1. `CatalogScan.load` (`reconciler.audit_join`): per cataloged key its newest row's ETag
+   hash, hashes and time, and the referenced hashes, in compact sorted arrays, read from
+   the catalog files the audit pinned (``pin_expires_at_unix_ns`` in its record, renewed
+   at each save; compaction deletes no pinned file: PROTOCOL §3.7).
+2. The walk (`reconciler.audit_walks`: a listing, or an S3 Inventory report's data files,
+   which also holds the cursors' meaning) hands chunks of listed records to `process`
+   (`reconciler.audit_checks`): keys the catalog lacks are read and cataloged, keys whose
+   ETag differs or whose rows disagree are read and superseded, before the chunk's cursor
+   moves. A version-1 store is migrated this way: every record is missing once.
 3. `join_blobs`: one listing of ``raw-blobs/v1/`` joined with the references: orphans
    older than the retry horizon go to the audit's orphan file
    (``reconciler/v1/audit-orphans/...``) for the GC; referenced blobs neither listed nor
    found by a HEAD become ``missing-blob`` problems (resolved when seen again). Accepted
    rows of hours raw retention retired (`reconciler.raw_retention`) keep no blob alive:
    their blobs are orphans flagged ``raw_retention``, never missing.
+4. A listing audit that walked everything in one run then reports ``phantom-row``s.
 SHA-256 verification of blobs (`reconciler.verify`) runs alongside in rate-limited rounds.
 
 **What a completed audit promises** (what the GC's rules 1, 2 and 5 rely on, PROTOCOL
@@ -25,41 +28,27 @@ after the start. A listed record that is unreadable or not well-formed is a prob
 record, and the GC deletes nothing while such problems exist.
 
 **Cost**: the catalog's files (one GET each), the listings (one LIST per 1,000 keys), and
-one GET per record the catalog lacks: known records cost nothing more.
+one GET per record the catalog lacks or holds otherwise: known records cost nothing more.
 
-Cursors (in the record, saved every `PROGRESS_INTERVAL_S`):
-- listing audits: per agent group ``accepted/v1/agent=<hex>/`` the last key audited, or
-  ``"done"``; the quarantine group likewise; the discovery frontier. A chunk's cursor
-  moves only when its records were read and cataloged.
-- inventory audits: ``cursors["inventory:manifest"]`` names the report, and
-  ``cursors["file:<data file key>"]`` holds the next row to read, or ``"done"``.
-- ``cursors[VERIFY_CURSOR]``: where blob verification stands (`reconciler.verify`); the
-  only cursor a completed record keeps, and the one a new audit's record starts with.
-
-`run_full_audit` resumes the newest audit of the index (``catalog = true``: never one a
-version-1 reconciler left running, whose finished groups were never cataloged) if it is
-still ``running`` and of the same source (and, for inventories, the same report): same
-``audit_id``, same original
-``started_at_unix_ns``, counts carried on. It is marked ``completed`` only if every record
-was seen and cataloged and the blob join finished; otherwise it stays ``running`` and the
-next call resumes it (a resumed audit scans the catalog again: rows cataloged before the
-crash are then known).
+`run_full_audit` resumes the newest running audit of the index when it may
+(`audit_records.resume_or_start`): same ``audit_id``, same original start, counts carried
+on. It is marked ``completed`` only if every record was seen and cataloged and the blob
+join finished; otherwise it stays ``running`` and the next call resumes it (a resumed
+audit scans the catalog again: rows cataloged before the crash are then known).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from protocol import keys
 from protocol.records import AuditRecord
-from rollup.lost import acknowledged_shas
 from store.errors import StoreError
 
 from .audit_checks import RecordJoin, check_phantoms
-from .audit_join import BlobJoin, CatalogScan, join_blobs
+from .audit_join import BlobJoin, CatalogScan, join_blobs, record_missing_blobs
 from .audit_records import (
     latest_audit,
     latest_completed_audit,
@@ -74,7 +63,7 @@ from .inventory import InventorySource
 from .orphans import encode_orphans
 from .problems import ProblemBook
 from .raw_retention import retired_for_audit
-from .verify import VERIFY_CURSOR, BlobVerifier
+from .verify import VERIFY_CURSOR, BlobVerifier, split_concurrency
 
 __all__ = [
     "DONE",
@@ -130,7 +119,7 @@ async def run_full_audit(
         if not await run.pin():
             return await run.finish()
         await run.scan_catalog()
-        async with run.verifying():
+        async with run.verifier.running():
             if inventory is not None:
                 await InventoryWalk(ctx, run.state, run.process, run.checkpoint, inventory).run()
             else:
@@ -142,17 +131,6 @@ async def run_full_audit(
         return await run.finish()
     finally:
         ctx.metrics.audit_running.set(0)
-
-
-def _split_concurrency(concurrency: int) -> tuple[asyncio.Semaphore, asyncio.Semaphore]:
-    """Slots for the records' requests and for blob verification, ``concurrency`` in all.
-    Verification gets its own eighth (at least one), so the walk's queue of requests cannot
-    starve it; with a single slot both share it."""
-    if concurrency < 2:
-        shared = asyncio.Semaphore(concurrency)
-        return shared, shared
-    verify = max(1, concurrency // 8)
-    return asyncio.Semaphore(concurrency - verify), asyncio.Semaphore(verify)
 
 
 class _AuditRun:
@@ -176,7 +154,7 @@ class _AuditRun:
         self._last_save = ctx.clock.monotonic()
         self._cataloged_at_save = record.cataloged
         self._saving = asyncio.Lock()
-        self._limit, verify_limit = _split_concurrency(ctx.reconciler_settings.concurrency)
+        self._limit, verify_limit = split_concurrency(ctx.reconciler_settings.concurrency)
         self.problems = ProblemBook(ctx)
         self.scan = CatalogScan()
         self._blobs: BlobJoin | None = None
@@ -188,7 +166,7 @@ class _AuditRun:
         self._pinned_through: int | None = None
         self._phantoms: int | None = None
         self.lapsed = False
-        self._verifier = BlobVerifier(
+        self.verifier = BlobVerifier(
             ctx,
             self.problems,
             cursor=self.state.cursors.get(VERIFY_CURSOR, ""),
@@ -236,25 +214,6 @@ class _AuditRun:
             seconds=round(ctx.clock.monotonic() - started, 3),
         )
 
-    @contextlib.asynccontextmanager
-    async def verifying(self) -> AsyncIterator[None]:
-        """Verify blobs (`reconciler.verify`) while the body runs; stop when it ends."""
-        task = asyncio.create_task(self._verifier.run())
-        try:
-            yield
-            if not self._ctx.stopping.is_set():
-                await self._verifier.moved_or_ended(task)
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task  # LeaseLost propagates
-            self._ctx.log.info(
-                "audit_blobs_verified",
-                verified=self._verifier.verified,
-                problems=self._verifier.problems,
-                round_complete=self._verifier.round_complete,
-            )
-
     # --- records ------------------------------------------------------------------------
 
     async def process(self, chunk: list[Listed], quarantine: bool) -> bool:
@@ -299,7 +258,7 @@ class _AuditRun:
             ctx.log.warning("audit_blob_join_failed", error=str(exc))
             self.state.failed = True
             return
-        await self._record_missing(joined)
+        self._problem_count += await record_missing_blobs(ctx.store, self.problems, joined.missing)
         self._blobs = joined
 
     @property
@@ -313,22 +272,6 @@ class _AuditRun:
         )
         self._problem_count += self._phantoms
 
-    async def _record_missing(self, joined: BlobJoin) -> None:
-        missing = joined.missing
-        if missing:  # an operator acknowledged these as lost (`rollup.lost`): settled
-            for sha in await acknowledged_shas(self._ctx.store) & set(missing):
-                del missing[sha]
-        for sha, record_key in sorted(missing.items()):
-            await self.problems.record(
-                "missing-blob",
-                keys.raw_blob_key(sha),
-                f"raw blob does not exist; referenced by {record_key}",
-            )
-        self._problem_count += len(missing)
-        async for subject in self.problems.subjects("missing-blob"):
-            if keys.parse_raw_blob_key(subject) not in missing:
-                await self.problems.resolve("missing-blob", subject)
-
     # --- saving -------------------------------------------------------------------------
 
     def _current(self, **changes: object) -> AuditRecord:
@@ -336,10 +279,10 @@ class _AuditRun:
             {
                 **self._record.model_dump(by_alias=True),
                 "owner_epoch": self._ctx.epoch,
-                "cursors": {**self.state.cursors, VERIFY_CURSOR: self._verifier.cursor},
+                "cursors": {**self.state.cursors, VERIFY_CURSOR: self.verifier.cursor},
                 "manifests_seen": self._manifests,
                 "quarantines_seen": self._quarantines,
-                "problems": self._problem_count + self._verifier.problems,
+                "problems": self._problem_count + self.verifier.problems,
                 "catalog": True,
                 "cataloged": self._cataloged,
                 "pin_expires_at_unix_ns": self._pin_expires,
@@ -391,7 +334,7 @@ class _AuditRun:
             record = self._current(
                 status="completed",
                 completed_at_unix_ns=self._ctx.clock.now_ns(),
-                cursors={VERIFY_CURSOR: self._verifier.cursor},
+                cursors={VERIFY_CURSOR: self.verifier.cursor},
                 blobs_listed=self._blobs.listed,
                 orphans=len(self._blobs.orphans),
                 pin_expires_at_unix_ns=None,  # the joins are done: the pin is released
@@ -440,7 +383,7 @@ class _AuditRun:
                     quarantines_seen=self._quarantines,
                     groups_done=self.state.groups_done,
                     repaired=self._cataloged,
-                    problems=self._problem_count + self._verifier.problems,
-                    blobs_verified=self._verifier.verified,
+                    problems=self._problem_count + self.verifier.problems,
+                    blobs_verified=self.verifier.verified,
                 )
             )

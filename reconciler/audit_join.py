@@ -46,6 +46,8 @@ from index import catalog
 from index.digests import KeyDigestSet, ShaPrefixSet, digests_from_arrow, digests_of, sha_prefixes
 from index.rows import IndexRow
 from protocol import keys
+from rollup.lost import acknowledged_shas
+from store.base import ObjectStore
 from store.errors import NotFound, StoreError
 
 from .audit_keys import NO_SHA, CatalogKeys, etag_hashes
@@ -290,3 +292,24 @@ async def _confirm_missing(
         except NotFound:
             missing[sha] = record_key
     return missing
+
+
+async def record_missing_blobs(
+    store: ObjectStore, problems: ProblemBook, missing: dict[str, str]
+) -> int:
+    """Record a ``missing-blob`` problem per hash of ``missing`` (with a record that
+    references it), except those an operator acknowledged as lost (`rollup.lost`:
+    settled); resolve the open ones no longer missing. Returns how many."""
+    if missing:
+        for sha in await acknowledged_shas(store) & set(missing):
+            del missing[sha]
+    for sha, record_key in sorted(missing.items()):
+        await problems.record(
+            "missing-blob",
+            keys.raw_blob_key(sha),
+            f"raw blob does not exist; referenced by {record_key}",
+        )
+    async for subject in problems.subjects("missing-blob"):
+        if keys.parse_raw_blob_key(subject) not in missing:
+            await problems.resolve("missing-blob", subject)
+    return len(missing)

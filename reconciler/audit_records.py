@@ -76,9 +76,11 @@ async def latest_completed_audit(store: ObjectStore) -> AuditRecord | None:
 async def resume_or_start(
     ctx: ReconcilerContext, inventory: InventorySource | None
 ) -> tuple[AuditRecord, bool]:
-    """The newest running audit of the same source (and report) to resume, unless its pin
-    lapsed (PROTOCOL §3.7: it starts again, with a new start time); else a new audit's
-    record, created. Returns (record, resumed)."""
+    """The newest audit of the index (``catalog = true``: never one a version-1 reconciler
+    left running, whose finished groups were never cataloged) to resume if it is still
+    ``running``, of the same source (and, for inventories, the same report), and its pin
+    has not lapsed (PROTOCOL §3.7: then it starts again, with a new start time); else a
+    new audit's record, created. Returns (record, resumed)."""
     await ctx.check_fence()
     source = "listing" if inventory is None else "inventory"
     report = await inventory.report() if inventory is not None else None

@@ -3,7 +3,7 @@
 Two walks, one per input; both hand chunks of listed records (`Listed`: key and ETag) to
 the audit (``process``: catalog the ones the catalog lacks or holds otherwise, True when
 every write succeeded) and keep `WalkState.cursors`, which the
-audit saves in its `AuditRecord` (see `reconciler.audit` for their meaning).
+audit saves in its `AuditRecord` (their meaning is below).
 
 - `ListingWalk`: agent groups (``accepted/v1/agent=<hex>/``) discovered in key order by
   one listing of ``accepted/v1/`` that skips past large groups (`reconciler.listing.groups`),
@@ -18,6 +18,14 @@ audit saves in its `AuditRecord` (see `reconciler.audit` for their meaning).
 
 A chunk's cursor moves only when ``process`` reports success; a group (or file) with a
 failure stops there, discovery of new groups stops, and the audit ends incomplete.
+
+Cursors (in the audit's record, saved now and then):
+- listing audits: per agent group ``accepted/v1/agent=<hex>/`` the last key audited, or
+  ``"done"``; the quarantine group likewise; the discovery frontier (`FRONTIER`).
+- inventory audits: ``cursors["inventory:manifest"]`` names the report, and
+  ``cursors["file:<data file key>"]`` holds the next row to read, or ``"done"``.
+- ``cursors[VERIFY_CURSOR]``: where blob verification stands (`reconciler.verify`); the
+  only cursor a completed record keeps, and the one a new audit's record starts with.
 """
 
 from __future__ import annotations

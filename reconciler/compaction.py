@@ -16,8 +16,11 @@ included — merges into one. Every merged file gets its own rollup work marker.
 Inputs are deleted `reconciler.catalog_grace_s` (store time) after the merge — longer
 than any reader's listing-to-read time, so a reader that listed an input either reads it
 or, finding it gone, lists the hour again and finds the merged file — and only by the
-names the merged file records (`index.catalog.delete_compacted_inputs`); never while an
-audit of this process is running (it pinned the files it reads). Levels and hours
+names the merged file records (`index.catalog.delete_compacted_inputs`); never a file a
+running audit pinned (PROTOCOL §3.7): none while an audit of this process runs
+(``hold_deletes``), and none that the newest audit record's live pin covers
+(`reconciler.audit_records.live_pin`: read from the store, so an audit of another process
+or a crashed one counts until its pin lapses). An hour with a pinned input keeps waiting. Levels and hours
 waiting for that deletion are kept in memory; after a restart an hour's files are
 merged when it settles, and until then it is read from a few more files.
 """
@@ -34,6 +37,7 @@ from protocol import keys
 from store.base import ObjectInfo
 from store.errors import NotFound, StoreError
 
+from .audit_records import live_pin
 from .cataloger import Cataloger
 from .context import ReconcilerContext
 from .problems import ProblemBook
@@ -76,15 +80,30 @@ class CatalogCompactor:
         now = ctx.clock.now_ns()
         lookback_ns = int(ctx.settings.reconciler.lookback_s * NS_PER_S)
         grace_s = ctx.settings.reconciler.catalog_grace_s
-        for hour, at in sorted(self._merged_at.items()):
-            if hold_deletes or (not force and now - at < grace_s * NS_PER_S):
-                continue
+        pinned: int | None = None
+        due = [
+            hour
+            for hour, at in sorted(self._merged_at.items())
+            if not hold_deletes and (force or now - at >= grace_s * NS_PER_S)
+        ]
+        if due:
+            try:
+                pinned = await live_pin(ctx.store, now)
+            except StoreError as exc:
+                ctx.log.warning("catalog_pin_read_failed", error=str(exc))
+                due = []  # the audits' pins are unknown: delete nothing now
+        for hour in due:
             try:
                 await ctx.check_fence()
                 result.inputs_deleted += await delete_compacted_inputs(
-                    ctx.store, hour, store_now_ns=now, grace_s=0 if force else grace_s
+                    ctx.store,
+                    hour,
+                    store_now_ns=now,
+                    grace_s=0 if force else grace_s,
+                    pinned_through_ns=pinned,
                 )
-                del self._merged_at[hour]
+                if pinned is None:
+                    del self._merged_at[hour]  # else pinned inputs wait for a later run
             except (StoreError, IndexFileError) as exc:
                 result.failed += 1
                 ctx.log.warning("catalog_input_delete_failed", hour=hour.iso, error=str(exc))

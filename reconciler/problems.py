@@ -12,10 +12,15 @@ references it), ``unparseable-manifest`` and ``unparseable-quarantine`` (subject
 record's key), ``unreadable-index-file`` (subject: a log segment that does not decode, or
 a catalog file, which is then moved aside), ``raw-retention-mismatch`` (subject: a
 retired accepted hour's catalog prefix whose batches no longer match the rollup ledger,
-so its raw blobs are kept: `reconciler.raw_retention`). ``gc-guard`` and
+so its raw blobs are kept: `reconciler.raw_retention`), ``catalog-mismatch`` (subject:
+a record whose catalog row differed from the store's record, until the audit's
+superseding row is written: `reconciler.audit_checks`), ``phantom-row`` (subject: a
+cataloged record the store does not hold; closed by a later audit that lists it or by
+``lm-reconciler retract``: `reconciler.retractions`). ``gc-guard`` and
 ``unreadable-gc-mark`` (subject: a GC mark that does not parse; collectors wait on it
 as on a deletion under way, and the GC removes it after the settle time: nothing to do
-unless it stays) belong to the GC (`reconciler.gc.problems`).
+unless it stays) belong to the GC (`reconciler.gc.problems`). `ADVICE` says what an
+operator does about each kind (``lm-reconciler problems``).
 """
 
 from __future__ import annotations
@@ -31,6 +36,31 @@ from store.errors import NotFound, StoreError
 
 from . import store_calls
 from .context import ReconcilerContext
+
+ADVICE = {
+    "missing-blob": "a record references a raw blob that does not exist: restore it from a "
+    "backup if there is one; resolved when an audit sees the blob again",
+    "corrupt-blob": "a raw blob fails its hash: restore it from a backup; it is never deleted",
+    "unparseable-manifest": "the GC deletes nothing meanwhile: repair or restore the manifest; "
+    "resolved when a read finds it well-formed",
+    "unparseable-quarantine": "the GC deletes nothing meanwhile: repair or restore the "
+    "quarantine record; resolved when a read finds it well-formed",
+    "gc-guard": "the GC refused a run deleting more than gc.max_delete_fraction: check the "
+    "audit's orphan file, then delete this record to let the GC go on",
+    "unreadable-index-file": "the file was moved aside (index/v1/unreadable/) and the next "
+    "audit catalogs its records again; keep it for diagnosis, then delete this record",
+    "raw-retention-mismatch": "the hour's catalog and the rollup ledger disagree: run "
+    "lm-rollup verify and rebuild the hour; its raw blobs are kept until they agree",
+    "malformed-log-row": "a collector wrote a bad index log row (a bug: report it); the next "
+    "audit catalogs the record itself; delete this record once the collector is fixed",
+    "catalog-mismatch": "the GC deletes nothing meanwhile: the next audit writes the store's "
+    "record as a superseding row and resolves this; if the rollup ledger holds the old "
+    "fields, lm-rollup verify names the hour to rebuild",
+    "phantom-row": "the GC deletes nothing meanwhile: the catalog holds a row for a record the "
+    "store does not have (a collector bug, or a deleted record). Find out why; restore the "
+    "record (the next audit lists it) or run lm-reconciler retract KEY --reason TEXT",
+}
+"""What to do about each kind of problem (shown by ``lm-reconciler problems``)."""
 
 # Problems are meant to be few; past this many, records are still written but no longer
 # all remembered, so some fixed ones wait for a human to clear them.

@@ -33,8 +33,8 @@ from store.base import ObjectStore
 from store.errors import NotFound, PreconditionFailed
 
 
-class RetractRefused(ValueError):
-    """The key cannot be retracted (not a record key, or the store holds the record)."""
+class RetractRefused(RuntimeError):
+    """The key cannot be retracted: the store holds the record."""
 
 
 def operator_name() -> str:
@@ -46,14 +46,14 @@ def operator_name() -> str:
 
 
 def check_record_key(key: str) -> None:
-    """`RetractRefused` unless ``key`` is a manifest or quarantine record key."""
+    """`ValueError` unless ``key`` is a manifest or quarantine record key."""
     try:
         if key.startswith(keys.QUARANTINE_PREFIX):
             keys.parse_quarantine_key(key)
         else:
             keys.parse_accepted_manifest_key(key)
     except keys.KeyFormatError as exc:
-        raise RetractRefused(f"not an accepted manifest or quarantine record key: {exc}") from None
+        raise ValueError(f"not an accepted manifest or quarantine record key: {exc}") from None
 
 
 async def retract(
@@ -61,8 +61,8 @@ async def retract(
 ) -> tuple[RetractionRecord, bool]:
     """Retract the catalog row of ``key`` and close its ``phantom-row`` problem. Returns
     the retraction and whether this call created it (``False``: it existed already, and
-    the stored one is returned). Raises `RetractRefused`, `ValueError` for an empty
-    reason or name, store errors."""
+    the stored one is returned). Raises `RetractRefused`, `ValueError` (not a record key,
+    an empty reason or name), store errors."""
     check_record_key(key)
     if not reason.strip() or not by.strip():
         raise ValueError("a retraction needs a reason (--reason) and a name (--by)")

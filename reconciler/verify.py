@@ -32,8 +32,9 @@ and counted); it never keeps the audit from completing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 from protocol import keys
 from store.errors import StoreError
@@ -74,6 +75,25 @@ class BlobVerifier:
         self.problems = 0
         self.round_complete = False
         self._moved = asyncio.Event()
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """Verify blobs (`run`) while the body runs; stop when it ends."""
+        task = asyncio.create_task(self.run())
+        try:
+            yield
+            if not self._ctx.stopping.is_set():
+                await self.moved_or_ended(task)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task  # LeaseLost propagates
+            self._ctx.log.info(
+                "audit_blobs_verified",
+                verified=self.verified,
+                problems=self.problems,
+                round_complete=self.round_complete,
+            )
 
     async def moved_or_ended(self, task: asyncio.Task[None]) -> None:
         """Wait until the cursor moved at least once or ``task`` (this `run`) ended. The
@@ -155,3 +175,14 @@ class BlobVerifier:
             blob_key,
             f"raw blob ({len(body)} bytes) hashes to {actual}; {referenced}",
         )
+
+
+def split_concurrency(concurrency: int) -> tuple[asyncio.Semaphore, asyncio.Semaphore]:
+    """Slots for the records' requests and for blob verification, ``concurrency`` in all.
+    Verification gets its own eighth (at least one), so the walk's queue of requests cannot
+    starve it; with a single slot both share it."""
+    if concurrency < 2:
+        shared = asyncio.Semaphore(concurrency)
+        return shared, shared
+    verify = max(1, concurrency // 8)
+    return asyncio.Semaphore(concurrency - verify), asyncio.Semaphore(verify)
