@@ -318,3 +318,38 @@ def test_one_shot_command_exits_3_while_another_reconciler_is_active(tmp_path: P
 
     assert result.returncode == 3
     assert "someone-else" in result.stderr
+
+
+def test_a_phantom_row_is_listed_with_what_to_do_and_retract_closes_it(tmp_path: Path) -> None:
+    from index.catalog import CatalogWriter
+    from index.rows import accepted_row
+
+    store_dir = tmp_path / "store"
+    [held] = now_batches(store_dir, agents=1, per_agent=1)
+    never = make_batch(9, 0, time.time_ns() - 2 * 3600 * keys.NS_PER_S)  # no manifest
+
+    async def plant() -> None:
+        store = FileSystemStore(store_dir)
+        writer = CatalogWriter(store=store, clock=SystemClock(), rng=random.Random(1), epoch=0)
+        row = accepted_row(never.manifest, etag='"0abc"')
+        await writer.write(row.hour, [row])
+        await store.close()
+
+    asyncio.run(plant())
+    env = cli_env(store_dir)
+    assert run_cli("audit", env=env).returncode == 0
+
+    listed = run_cli("problems", "--kind", "phantom-row", "--json", env=env)
+    [problem] = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert problem["subject_key"] == never.key and "retract" in problem["what_to_do"]
+    assert "what to do:" in run_cli("problems", "--kind", "phantom-row", env=env).stdout
+
+    refused = run_cli("retract", held.key, "--reason", "x", env=env)
+    assert refused.returncode == 1 and "holds" in refused.stderr
+    assert run_cli("retract", "accepted/v1/nonsense", "--reason", "x", env=env).returncode == 2
+
+    done = run_cli("retract", never.key, "--reason", "bug 12", "--by", "ops", env=env)
+    assert done.returncode == 0, done.stderr
+    retraction = json.loads(done.stdout)
+    assert (retraction["key"], retraction["by"], retraction["created"]) == (never.key, "ops", True)
+    assert run_cli("problems", "--kind", "phantom-row", "--json", env=env).stdout == ""
