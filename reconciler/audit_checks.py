@@ -50,7 +50,7 @@ from protocol import keys
 from store.errors import NotFound
 
 from .audit_join import CatalogScan
-from .audit_keys import NO_SHA, etag_hashes
+from .audit_keys import NO_SHA, etag_hashes, fields_hashes
 from .audit_walks import Listed
 from .cataloger import CatalogBatch, Cataloger
 from .context import ReconcilerContext
@@ -120,17 +120,11 @@ class RecordJoin:
         return ChunkResult(batch, mismatches, superseded)
 
     def _fields_differ(self, row: IndexRow, entry: int) -> list[str]:
+        """What differs between the store's record and the key's catalog rows."""
         known = self._scan.record_keys
         differs = []
-        if sha_prefixes([row.frame_sha256])[0] != known.sha[entry]:
-            differs.append("frame_sha256")
-        accepted = (
-            sha_prefixes([row.accepted_frame_sha256])[0] if row.accepted_frame_sha256 else NO_SHA
-        )
-        if accepted != known.accepted_sha[entry]:
-            differs.append("accepted_frame_sha256")
-        if row.time_unix_ns != known.time[entry]:
-            differs.append("time_unix_ns")
+        if row_fields_hash(row) != known.fields[entry]:
+            differs.append("frame_sha256, accepted_frame_sha256 or time_unix_ns")
         if known.conflict[entry]:
             differs.append("rows in two hours or with two hashes")
         return differs
@@ -154,6 +148,17 @@ class RecordJoin:
         self.superseded += result.superseded
         for key in result.mismatches:
             await self._problems.resolve("catalog-mismatch", key)
+
+
+def row_fields_hash(row: IndexRow) -> np.uint64:
+    """`fields_hashes` of one row (the store's record, read)."""
+    accepted = row.accepted_frame_sha256
+    hashes = fields_hashes(
+        sha_prefixes([row.frame_sha256]),
+        sha_prefixes([accepted]) if accepted else np.array([NO_SHA], dtype=np.uint64),
+        np.array([row.time_unix_ns], dtype=np.int64),
+    )
+    return np.uint64(hashes[0])
 
 
 async def check_phantoms(

@@ -131,7 +131,8 @@ class CatalogScan:
                 shas=_prefixes_or_none(table.column("frame_sha256")),
                 accepted_shas=_prefixes_or_none(table.column("accepted_frame_sha256")),
                 times=table.column("time_unix_ns").to_numpy(),
-                rank=epoch * 10**10 + sequence,
+                epoch=epoch,
+                sequence=sequence,
             )
             for prefixes in refs:
                 scan.referenced.add(prefixes)

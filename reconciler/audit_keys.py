@@ -2,18 +2,21 @@
 
 `CatalogKeys` collects, for every row of every catalog file, the key's 128-bit digest
 (`index.digests`), a 64-bit hash of its normalized ETag (`etag_hashes`), the 64-bit
-prefixes of its ``frame_sha256`` and ``accepted_frame_sha256``, its ``time_unix_ns`` and
-the file's rank (epoch, sequence: write order). `finish` sorts once and keeps, per key,
-the *newest* row's values (the row that counts) and whether the key's rows disagree
-(``conflict``: cataloged in two hours or with two different hashes). The audit then asks
+prefix of its ``frame_sha256``, a 64-bit hash of the compared fields (`fields_hashes`),
+its hour and its file (whose name, epoch and sequence, is the write order). `finish`
+sorts once and keeps, per key, the *newest* row's ETag hash, fields hash and hour (the
+row that counts) and whether the key's rows disagree (``conflict``: cataloged in two
+hours or with two different hashes). The audit then asks
 `lookup` for each listed chunk and marks what the listing showed (`mark_seen`); what it
 never showed is the input of the phantom-row check (`unseen_before`).
 
-Memory: ~56 bytes a catalog row while loading, then ~42 bytes a key (10M keys: ~420 MB),
-in NumPy arrays; the next issue moves this join out of core (DuckDB).
+Memory: 48 bytes a catalog row while loading, then 38 bytes a key (10M keys: ~380 MB,
+where the key digests alone were 160 MB), in NumPy arrays; the next issue moves this
+join out of core (DuckDB).
 
-What a false match costs (64-bit hashes): two different ETags or hashes of one key taken
-for equal (chance ~2^-64 per key) means a changed record is not re-read by this audit.
+What a false match costs (64-bit hashes): two different ETags, hashes or field sets of one
+key taken for equal (chance ~2^-64 per key) means a changed record is not re-read, or a
+difference not reported, by this audit.
 A row without an ETag (written before the column existed, by a read of the reconciler
 itself) takes the listed ETag: it matches (`etag_differs`).
 """
@@ -21,6 +24,7 @@ itself) takes the listed ETag: it matches (`etag_differs`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -76,6 +80,24 @@ def etag_hashes(values: pa.Array | pa.ChunkedArray | Sequence[str | None]) -> U6
     return hashes
 
 
+def _mix(values: U64) -> U64:
+    """splitmix64's finalizer, vectorized (wrapping uint64 arithmetic)."""
+    with np.errstate(over="ignore"):
+        z = values + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        mixed: U64 = z ^ (z >> np.uint64(31))
+    return mixed
+
+
+def fields_hashes(shas: U64, accepted_shas: U64, times: I64) -> U64:
+    """A 64-bit hash of the fields the audit compares with the store's record: the
+    ``frame_sha256`` and ``accepted_frame_sha256`` prefixes (`NO_SHA` when null) and
+    ``time_unix_ns``. The other fields are functions of the key and of the frame its hash
+    names, checked when the row was cataloged (a well-formed row)."""
+    return _mix(shas ^ _mix(accepted_shas ^ _mix(times.astype(np.int64).view(np.uint64))))
+
+
 def _halves(digests: npt.NDArray[np.void]) -> tuple[U64, U64]:
     pairs = np.ascontiguousarray(digests).view(np.uint64).reshape(-1, 2)
     return pairs[:, 0].copy(), pairs[:, 1].copy()
@@ -86,17 +108,21 @@ def _digests(high: U64, low: U64) -> npt.NDArray[np.void]:
     return pairs.view(np.dtype(f"V{DIGEST_BYTES}")).reshape(-1)
 
 
+_COLUMNS = ("high", "low", "etag", "sha", "fields", "hour", "file")
+
+
 class CatalogKeys:
-    """Every cataloged key with its newest row's ETag hash, hashes and time (see module)."""
+    """Every cataloged key with its newest row's ETag hash, fields hash and hour, and
+    whether its rows disagree (see module)."""
 
     def __init__(self) -> None:
-        self._parts: list[tuple[U64, U64, U64, U64, U64, I64, I64]] = []
+        self._parts: dict[str, list[npt.NDArray[Any]]] = {c: [] for c in _COLUMNS}
+        self._files: list[tuple[int, int]] = []  # (epoch, sequence) of each file added
         self.high = np.empty(0, dtype=np.uint64)
         self.low = np.empty(0, dtype=np.uint64)
         self.etag = np.empty(0, dtype=np.uint64)
-        self.sha = np.empty(0, dtype=np.uint64)
-        self.accepted_sha = np.empty(0, dtype=np.uint64)
-        self.time = np.empty(0, dtype=np.int64)
+        self.fields = np.empty(0, dtype=np.uint64)
+        self.hour = np.empty(0, dtype=np.int32)
         self.conflict = np.empty(0, dtype=bool)
         self.seen = np.empty(0, dtype=bool)
 
@@ -108,43 +134,68 @@ class CatalogKeys:
         shas: U64,
         accepted_shas: U64,
         times: I64,
-        rank: int,
+        epoch: int,
+        sequence: int,
     ) -> None:
-        """One catalog file's rows (``rank``: the file's write order, newest highest)."""
-        if len(digests):
-            high, low = _halves(digests)
-            ranks = np.full(len(digests), rank, dtype=np.int64)
-            self._parts.append(
-                (high, low, etags, shas, accepted_shas, times.astype(np.int64), ranks)
-            )
+        """One catalog file's rows (``epoch``, ``sequence``: its name, the write order)."""
+        if not len(digests):
+            return
+        high, low = _halves(digests)
+        times = np.asarray(times, dtype=np.int64)
+        columns: dict[str, npt.NDArray[Any]] = {
+            "high": high,
+            "low": low,
+            "etag": etags,
+            "sha": shas,
+            "fields": fields_hashes(shas, accepted_shas, times),
+            "hour": (times // HOUR_NS).astype(np.int32),
+            "file": np.full(len(digests), len(self._files), dtype=np.int32),
+        }
+        for name, values in columns.items():
+            self._parts[name].append(values)
+        self._files.append((epoch, sequence))
+
+    def _take(self, name: str) -> npt.NDArray[Any]:
+        parts = self._parts[name]
+        merged: npt.NDArray[Any] = np.concatenate(parts)
+        parts.clear()
+        return merged
 
     def finish(self) -> None:
-        """Sort everything added into one entry per key (call once, after the last add)."""
-        if not self._parts:
+        """Sort everything added into one entry per key (call once, after the last add).
+        One column is concatenated and reordered at a time, so the peak stays near the
+        rows' columns plus one column and the sort order."""
+        if not self._files:
             return
-        high, low, etag, sha, accepted, time, rank = (
-            np.concatenate([part[i] for part in self._parts]) for i in range(7)
+        ranks = np.empty(len(self._files), dtype=np.int32)  # file -> its rank by name
+        ranks[sorted(range(len(self._files)), key=self._files.__getitem__)] = np.arange(
+            len(self._files), dtype=np.int32
         )
-        self._parts.clear()
-        order = np.lexsort((rank, low, high))
-        high, low, etag, sha, accepted, time = (
-            a[order] for a in (high, low, etag, sha, accepted, time)
-        )
-        del order, rank
-        last = np.ones(len(high), dtype=bool)  # the newest row of each key comes last
+        self._files.clear()
+        rank = ranks[self._take("file")]
+        high, low = self._take("high"), self._take("low")
+        order = np.lexsort((rank, low, high))  # by key, then the newest row last
+        del rank
+        high, low = high[order], low[order]
+        last = np.ones(len(high), dtype=bool)
         last[:-1] = (high[1:] != high[:-1]) | (low[1:] != low[:-1])
         ends = np.flatnonzero(last)
-        group = np.repeat(np.arange(len(ends)), np.diff(np.concatenate(([-1], ends))))
-        newest = ends[group]
-        differs = (time // HOUR_NS != time[newest] // HOUR_NS) | (sha != sha[newest])
-        self.conflict = np.bincount(group, weights=differs, minlength=len(ends)) > 0
+        del last
+        starts = np.concatenate(([0], ends[:-1] + 1))
+        counts = (ends - starts + 1).astype(np.int64)
         self.high, self.low = high[ends], low[ends]
-        self.etag, self.sha, self.accepted_sha, self.time = (
-            etag[ends],
-            sha[ends],
-            accepted[ends],
-            time[ends],
-        )
+        del high, low
+        conflict = np.zeros(len(ends), dtype=bool)
+        for name in ("hour", "sha"):
+            values = self._take(name)[order]
+            differs = values != np.repeat(values[ends], counts)
+            conflict |= np.logical_or.reduceat(differs, starts)
+            if name == "hour":
+                self.hour = values[ends].astype(np.int32)
+            del values, differs
+        self.conflict = conflict
+        self.etag = self._take("etag")[order][ends]
+        self.fields = self._take("fields")[order][ends]
         self.seen = np.zeros(len(ends), dtype=bool)
 
     def __len__(self) -> int:
@@ -152,8 +203,8 @@ class CatalogKeys:
 
     @property
     def nbytes(self) -> int:
-        arrays = (self.high, self.low, self.etag, self.sha, self.accepted_sha, self.time)
-        return sum(int(a.nbytes) for a in arrays) + int(self.conflict.nbytes + self.seen.nbytes)
+        arrays = (self.high, self.low, self.etag, self.fields, self.hour, self.conflict, self.seen)
+        return sum(int(a.nbytes) for a in arrays)
 
     def lookup(self, digests: npt.NDArray[np.void]) -> I64:
         """The entry of each digest, or -1 when the catalog does not hold it."""
@@ -192,6 +243,7 @@ class CatalogKeys:
 
     def unseen_before(self, limit_ns: int) -> npt.NDArray[np.void]:
         """Digests of the keys the listing never showed whose newest row's record time is
-        older than ``limit_ns``."""
-        wanted = ~self.seen & (self.time < limit_ns)
+        older than ``limit_ns``: its whole hour is (the hour is what is kept a key; a
+        phantom may so wait up to an hour longer, never the other way)."""
+        wanted = ~self.seen & ((self.hour.astype(np.int64) + 1) * HOUR_NS <= limit_ns)
         return _digests(self.high[wanted], self.low[wanted])
