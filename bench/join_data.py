@@ -151,6 +151,22 @@ def _file_table(
         "time_unix_ns": pa.array(times, pa.int64()),
         "key_digest": pa.array([key_digest(k) for k in key_list], pa.binary(16)),
     }
+    shas = columns["frame_sha256"].to_pylist()
+    return _attested(columns, [f'"{sha[:32]}"' for sha in shas])
+
+
+def _attested(columns: dict[str, object], etags: list[str]) -> pa.Table:
+    """The store-attested columns (PROTOCOL §3.7): an ETag a row (as a store's MD5 looks),
+    the rest null (rows an audit or read-back wrote)."""
+    count = len(etags)
+    columns = {
+        **columns,
+        "etag": pa.array(etags, pa.string()),
+        "own_create": pa.nulls(count, pa.bool_()),
+        "min_ts_ns": pa.nulls(count, pa.int64()),
+        "max_ts_ns": pa.nulls(count, pa.int64()),
+        "source": pa.nulls(count, pa.string()),
+    }
     return pa.Table.from_pydict(columns, schema=FILE_SCHEMA)
 
 
@@ -173,7 +189,7 @@ def _quarantine_table(ids: _Identities, rows: list[tuple[int, str, str]], hour: 
         "time_unix_ns": [FIRST_HOUR_NS + hour * HOUR_NS + 1] * len(rows),
         "key_digest": [key_digest(k) for k in quarantine_keys],
     }
-    return pa.Table.from_pydict(columns, schema=FILE_SCHEMA)
+    return _attested(columns, [f'"{sub[:32]}"' for _i, _acc, sub in rows])
 
 
 def generate(plan: Plan, data_dir: Path, *, now_ns: int, horizon_s: float) -> dict[str, object]:

@@ -403,3 +403,26 @@ def test_catalog_keys_keep_the_newest_row_and_flag_disagreeing_rows() -> None:
     unseen = table.lookup(table.unseen_before(13 * HOUR_NS))
     assert sorted(unseen.tolist()) == sorted(at[1:4].tolist())
     assert len(table.unseen_before(12 * HOUR_NS)) == 2  # d's hour has not ended by then
+
+
+async def test_an_audit_reads_a_compacted_catalog_file_whose_digests_duckdb_wrote_as_blobs(
+    clock: ManualClock,
+) -> None:
+    from reconciler.compaction import CatalogCompactor
+    from reconciler.steady import SteadyScanner
+    from tests.reconciler.conftest import log_rows
+
+    store = MemoryStore(clock=clock)
+    batches = await write_batches(store, agents=2, per_agent=2)
+    compactor = CatalogCompactor()
+    ctx = dataclasses.replace(await context(store, clock), on_catalog_written=compactor.touched)
+    for part in (batches[:2], batches[2:]):
+        await log_rows(store, clock, part)
+        await SteadyScanner(ctx).run_pass()
+    assert (await compactor.run(ctx, force=True)).files_merged == 2  # one merged file left
+    clock.advance(3600)
+
+    audit = await run_full_audit(ctx)
+
+    assert audit.status == "completed" and audit.cataloged == 0
+    assert await problem_subjects(store, "unreadable-index-file") == set()
