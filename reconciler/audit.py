@@ -244,10 +244,17 @@ class _AuditRun:
         return True
 
     async def join_blobs(self) -> None:
-        """List the raw blobs, write the orphan file, record missing blobs."""
+        """List the raw blobs, supersede the rows whose blob is missing but whose record
+        names another (`RecordJoin.supersede_for_missing`), write the orphan file, record
+        missing blobs."""
         ctx = self._ctx
         try:
             joined = await join_blobs(ctx, self.scan, store_now_ns=ctx.clock.now_ns())
+            result = await self._join.supersede_for_missing(joined)
+            async with self._limit:
+                await self._cataloger.commit(result.batch.rows)
+            await self._join.written(result)
+            self.scan.cataloged(result.batch.rows)
             await ctx.check_fence()
             await ctx.store.put(
                 keys.audit_orphans_key(self._record.started_at_unix_ns, self._record.audit_id),
@@ -293,11 +300,13 @@ class _AuditRun:
         )
 
     def _save_due(self) -> bool:
-        renew_ns = (self._pin_expires or 0) - int(self._pin_s * 1e9) // 2
+        renew = self._pin_expires is not None and (
+            self._ctx.clock.now_ns() >= self._pin_expires - int(self._pin_s * 1e9) // 2
+        )
         return (
             self._ctx.clock.monotonic() - self._last_save >= self._interval
             or self._cataloged - self._cataloged_at_save >= PROGRESS_RECORDS
-            or self._ctx.clock.now_ns() >= renew_ns
+            or renew
         )
 
     async def checkpoint(self) -> None:

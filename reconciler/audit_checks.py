@@ -23,6 +23,13 @@ Per listed record (`RecordJoin.process`):
   audit writes it. The other fields of a row are functions of its key and of the frame
   its hash names, checked when it was cataloged (a well-formed row).
 
+After the blob join (`RecordJoin.supersede_for_missing`): a referenced blob that does not
+exist makes the audit read a record that references it; if the store's record names
+another hash, its row is superseded the same way (a row with a wrong hash but the right
+ETag, which the ETag comparison cannot see). A wrong hash that names a blob which exists
+is not seen by the audit (the steady pass's read-backs and sample are what catch it; the
+GC's targeted proof reads the manifest before deleting its blob).
+
 At the end (`check_phantoms`), for a listing audit that walked everything in one run (a
 resumed run does not know what the part before its resume showed, and an S3 Inventory
 may lack recent objects): a cataloged key the listing never showed, whose newest row's
@@ -49,7 +56,7 @@ from index.rows import IndexRow
 from protocol import keys
 from store.errors import NotFound
 
-from .audit_join import CatalogScan
+from .audit_join import BlobJoin, CatalogScan
 from .audit_keys import NO_SHA, etag_hashes, fields_hashes
 from .audit_walks import Listed
 from .cataloger import CatalogBatch, Cataloger
@@ -79,6 +86,7 @@ class RecordJoin:
         self._problems = problems
         self.superseded = 0
         self.mismatches = 0
+        self._written: set[str] = set()  # keys this audit superseded (few: mismatches)
 
     async def process(self, chunk: list[Listed]) -> ChunkResult:
         """Look ``chunk`` up; read what is missing or held otherwise (see module)."""
@@ -113,6 +121,7 @@ class RecordJoin:
                 continue  # the newest row is the store's record already
             kept.append(row)
             superseded += 1
+            self._written.add(row.key)  # the audit stops if its write fails
             if fields:
                 mismatches.append(row.key)
                 await self._mismatch(row, fields)
@@ -141,6 +150,40 @@ class RecordJoin:
             row.key,
             f"the catalog's row differs from the store's record in {', '.join(fields)}; "
             f"the audit writes the store's record as a superseding row",
+        )
+
+    async def supersede_for_missing(self, joined: BlobJoin) -> ChunkResult:
+        """After the blob join: a referenced blob that does not exist makes the audit read
+        the record the join names as referencing it. If the store's record does not
+        reference that blob, the catalog row was wrong (a log row with a wrong hash whose
+        ETag was right, so the record join could not tell): the store's record is written
+        as a superseding row (a ``catalog-mismatch``), the hash is no longer missing, and
+        the blobs the record references are no orphans. Only the rows to write are
+        returned; ``joined`` is updated in place."""
+        if not joined.missing:
+            return ChunkResult(CatalogBatch(), [])
+        batch = await self._cataloger.read(sorted(set(joined.missing.values())), source=SOURCE)
+        rows: list[IndexRow] = []
+        for row in batch.rows:
+            wrong = [s for s, key in joined.missing.items() if key == row.key]
+            wrong = [sha for sha in wrong if sha not in row.referenced_shas]
+            if not wrong:
+                continue  # the record names that blob: it is missing indeed
+            for sha in wrong:
+                del joined.missing[sha]  # only a stale or wrong row references it
+            if row.key in self._written or self._newest_is(row):
+                continue  # an older row of the key, superseded already (compaction drops it)
+            rows.append(row)
+            await self._mismatch(row, [f"frame_sha256 (the catalog's {wrong[0]} has no blob)"])
+        kept = {sha for row in rows for sha in row.referenced_shas}
+        joined.orphans = [orphan for orphan in joined.orphans if orphan[0] not in kept]
+        return ChunkResult(CatalogBatch(rows=rows), [row.key for row in rows], len(rows))
+
+    def _newest_is(self, row: IndexRow) -> bool:
+        """Whether the key's newest catalog row is ``row`` (the store's record) already."""
+        [entry] = self._scan.record_keys.lookup(digests_of([row.key])).tolist()
+        return entry >= 0 and not (
+            self._fields_differ(row, entry) or self._etag_differs(row, entry)
         )
 
     async def written(self, result: ChunkResult) -> None:

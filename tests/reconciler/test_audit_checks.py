@@ -426,3 +426,31 @@ async def test_an_audit_reads_a_compacted_catalog_file_whose_digests_duckdb_wrot
 
     assert audit.status == "completed" and audit.cataloged == 0
     assert await problem_subjects(store, "unreadable-index-file") == set()
+
+
+async def test_a_log_row_with_a_wrong_hash_and_the_right_etag_is_caught_by_its_missing_blob(
+    memory_store: MemoryStore, clock: ManualClock
+) -> None:
+    """The steady pass catalogs a collector's own create without a request; a buggy row
+    with the store's ETag but another frame's hash passes the ETag comparison, and its
+    hash names no blob: the audit reads the record and supersedes the row."""
+    from reconciler.steady import SteadyScanner
+    from tests.reconciler.conftest import log_rows
+
+    batches = await write_batches(memory_store, agents=1, per_agent=2)
+    etag = (await memory_store.head(batches[0].key)).etag
+    buggy = dataclasses.replace(wrong_hash_row(batches[0], etag=etag), own_create=True, source=None)
+    ctx = await context(memory_store, clock, settings=make_settings(verify_sample_rate=0.0))
+    await log_rows(memory_store, clock, batches[1:], rows=[buggy])
+    await SteadyScanner(ctx).run_pass()
+    assert (await newest_rows(memory_store))[batches[0].key].frame_sha256 == WRONG_SHA
+    clock.advance(3600)
+
+    audit = await run_full_audit(ctx)
+
+    assert audit.status == "completed"
+    row = (await newest_rows(memory_store))[batches[0].key]
+    assert (row.frame_sha256, row.source) == (batches[0].sha, "audit")
+    assert ctx.metrics.catalog_mismatches._value.get() == 1
+    assert await problem_subjects(memory_store, "missing-blob") == set()
+    assert await problem_subjects(memory_store, "catalog-mismatch") == set()
