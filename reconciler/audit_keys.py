@@ -108,7 +108,42 @@ def _digests(high: U64, low: U64) -> npt.NDArray[np.void]:
     return pairs.view(np.dtype(f"V{DIGEST_BYTES}")).reshape(-1)
 
 
-_COLUMNS = ("high", "low", "etag", "sha", "fields", "hour", "file")
+_COLUMNS: dict[str, type[np.generic]] = {
+    "high": np.uint64,
+    "low": np.uint64,
+    "etag": np.uint64,
+    "sha": np.uint64,
+    "fields": np.uint64,
+    "hour": np.int32,
+    "file": np.int32,
+}
+_FIRST_CAPACITY = 1 << 16
+
+
+class _Column:
+    """A growable column: one large array (capacity x1.5 when full; the untouched tail
+    costs no memory), so a scan of many small files leaves no heap of small arrays behind
+    (large arrays are mapped and returned to the system when freed)."""
+
+    def __init__(self, dtype: type[np.generic]) -> None:
+        self.values: npt.NDArray[Any] = np.empty(0, dtype=dtype)
+        self.size = 0
+
+    def extend(self, more: npt.NDArray[Any]) -> None:
+        needed = self.size + len(more)
+        if needed > len(self.values):
+            grown = np.empty(
+                max(needed, _FIRST_CAPACITY, len(self.values) * 3 // 2), self.values.dtype
+            )
+            grown[: self.size] = self.values[: self.size]
+            self.values = grown
+        self.values[self.size : needed] = more
+        self.size = needed
+
+    def take(self) -> npt.NDArray[Any]:
+        """The values (a view of the filled part); the column is emptied."""
+        values, self.values, self.size = self.values[: self.size], np.empty(0), 0
+        return values
 
 
 class CatalogKeys:
@@ -116,7 +151,7 @@ class CatalogKeys:
     whether its rows disagree (see module)."""
 
     def __init__(self) -> None:
-        self._parts: dict[str, list[npt.NDArray[Any]]] = {c: [] for c in _COLUMNS}
+        self._columns = {name: _Column(dtype) for name, dtype in _COLUMNS.items()}
         self._files: list[tuple[int, int]] = []  # (epoch, sequence) of each file added
         self.high = np.empty(0, dtype=np.uint64)
         self.low = np.empty(0, dtype=np.uint64)
@@ -152,19 +187,16 @@ class CatalogKeys:
             "file": np.full(len(digests), len(self._files), dtype=np.int32),
         }
         for name, values in columns.items():
-            self._parts[name].append(values)
+            self._columns[name].extend(values)
         self._files.append((epoch, sequence))
 
     def _take(self, name: str) -> npt.NDArray[Any]:
-        parts = self._parts[name]
-        merged: npt.NDArray[Any] = np.concatenate(parts)
-        parts.clear()
-        return merged
+        return self._columns[name].take()
 
     def finish(self) -> None:
         """Sort everything added into one entry per key (call once, after the last add).
-        One column is concatenated and reordered at a time, so the peak stays near the
-        rows' columns plus one column and the sort order."""
+        One column is reordered (and freed) at a time, so the peak stays near the rows'
+        columns plus one column and the sort order."""
         if not self._files:
             return
         ranks = np.empty(len(self._files), dtype=np.int32)  # file -> its rank by name
