@@ -209,25 +209,27 @@ class CatalogKeys:
         order = np.lexsort((rank, low, high))  # by key, then the newest row last
         del rank
         high, low = high[order], low[order]
-        last = np.ones(len(high), dtype=bool)
-        last[:-1] = (high[1:] != high[:-1]) | (low[1:] != low[:-1])
-        ends = np.flatnonzero(last)
-        del last
-        starts = np.concatenate(([0], ends[:-1] + 1))
-        counts = (ends - starts + 1).astype(np.int64)
+        same = (high[1:] == high[:-1]) & (low[1:] == low[:-1])  # row i+1 is row i's key
+        ends = np.append(np.flatnonzero(~same), len(high) - 1)  # each key's newest row
         self.high, self.low = high[ends], low[ends]
         del high, low
-        conflict = np.zeros(len(ends), dtype=bool)
+        # A key's rows disagree when two neighbours of it differ: no per-row copy of its
+        # newest values is needed.
+        differs = np.zeros(len(same), dtype=bool)
         for name in ("hour", "sha"):
             values = self._take(name)[order]
-            differs = values != np.repeat(values[ends], counts)
-            conflict |= np.logical_or.reduceat(differs, starts)
+            differs |= (values[1:] != values[:-1]) & same
             if name == "hour":
                 self.hour = values[ends].astype(np.int32)
-            del values, differs
-        self.conflict = conflict
-        self.etag = self._take("etag")[order][ends]
-        self.fields = self._take("fields")[order][ends]
+            del values
+        group = np.cumsum(~same)  # row i+1's key number
+        self.conflict = np.zeros(len(ends), dtype=bool)
+        self.conflict[group[differs]] = True
+        del differs, group, same
+        newest = order[ends]
+        del order
+        self.etag = self._take("etag")[newest]
+        self.fields = self._take("fields")[newest]
         self.seen = np.zeros(len(ends), dtype=bool)
 
     def __len__(self) -> int:
