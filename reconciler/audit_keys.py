@@ -208,10 +208,12 @@ class CatalogKeys:
         high, low = self._take("high"), self._take("low")
         order = np.lexsort((rank, low, high))  # by key, then the newest row last
         del rank
-        high, low = high[order], low[order]
+        high = high[order]  # one column at a time: the old one is freed at once
+        low = low[order]
         same = (high[1:] == high[:-1]) & (low[1:] == low[:-1])  # row i+1 is row i's key
         ends = np.append(np.flatnonzero(~same), len(high) - 1)  # each key's newest row
-        self.high, self.low = high[ends], low[ends]
+        unique = len(ends) == len(high)  # the usual case: no copies needed
+        self.high, self.low = (high, low) if unique else (high[ends], low[ends])
         del high, low
         # A key's rows disagree when two neighbours of it differ: no per-row copy of its
         # newest values is needed.
@@ -220,17 +222,17 @@ class CatalogKeys:
             values = self._take(name)[order]
             differs |= (values[1:] != values[:-1]) & same
             if name == "hour":
-                self.hour = values[ends].astype(np.int32)
+                self.hour = values if unique else values[ends]
             del values
         group = np.cumsum(~same)  # row i+1's key number
         self.conflict = np.zeros(len(ends), dtype=bool)
         self.conflict[group[differs]] = True
         del differs, group, same
-        newest = order[ends]
-        del order
+        newest = order if unique else order[ends]
+        del order, ends
         self.etag = self._take("etag")[newest]
         self.fields = self._take("fields")[newest]
-        self.seen = np.zeros(len(ends), dtype=bool)
+        self.seen = np.zeros(len(self.high), dtype=bool)
 
     def __len__(self) -> int:
         return len(self.high)
