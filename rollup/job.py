@@ -204,12 +204,12 @@ class _Run:
             retention = self._retention(base)
             plan = await make_plan(self.store, base, progress=self.progress)
             self._note_plan(plan, started)
-            if not plan.items and not _retention_moves(base, retention):
+            if not plan.batches and not _retention_moves(base, retention):
                 await self._consume_markers(plan)
                 summary.outcome = "up-to-date"
                 return summary
             # Nothing new but retention drops hours: commit that alone.
-            records = await self._stages(plan, retention) if plan.items else []
+            records = await self._stages(plan, retention) if plan.batches else []
             changes = self._changes(base, records, retention)
             await self._record_problems([r.body for r in records if r.kind == "problem"])
             if not (changes.added_files or changes.added_ledger_files or changes.removed_files):
@@ -253,7 +253,7 @@ class _Run:
         log.info(
             "rollup_planned",
             base_version=summary.base_version,
-            batches=len(plan.items),
+            batches=plan.batches,
             records=plan.records,
             hours_checked=len(plan.hours_checked),
         )
@@ -277,10 +277,10 @@ class _Run:
 
     async def _stages(self, plan: Plan, retention: dict[str, str]) -> list[StageRecord]:
         started = time.monotonic()
-        log.info("rollup_stages_started", batches=len(plan.items), records=plan.records)
+        log.info("rollup_stages_started", batches=plan.batches, records=plan.records)
         inputs = _hour_inputs(plan.base, retention)
         work = asyncio.create_task(
-            asyncio.to_thread(run_stages, self.spark, list(plan.items), self.options, inputs)
+            asyncio.to_thread(run_stages, self.spark, plan.items, self.options, inputs)
         )
         # Keep the lease while Spark works; if it is lost, the commit refuses anyway.
         renew_every = self.settings.owner_lease_ttl_s / 4
@@ -391,9 +391,7 @@ class _Run:
 
 def _hours_left_pending(plan: Plan, changes: Changes) -> set[str]:
     """Hours with planned batches that the commit's ledger does not include."""
-    planned: dict[str, int] = {}
-    for item in plan.items:
-        planned[item.accepted_hour] = planned.get(item.accepted_hour, 0) + 1
+    planned = plan.batches_per_hour()
     return {
         hour
         for hour, count in planned.items()

@@ -3,72 +3,82 @@
 Planning reads only what changed (PROTOCOL §4, §3.7): the rollup work markers
 (``work/v1/rollup-dirty/catalog/…``, one per catalog file the reconciler wrote) name the
 hours that gained rows; for each such hour (and, with ``lookback_hours``, the hours just
-before ``now``) the planner reads the hour's catalog (`index.catalog.read_hour`: a few
-files per hour once compacted) and subtracts the snapshot's ledger for that hour. Catalog
-rows are verified records (the reconciler read each manifest itself), so no manifest is
-read again: a run's requests grow with the dirty hours, never with the history.
+before ``now``) the planner reads the hour's catalog and subtracts the snapshot's ledger
+for that hour. Catalog rows are verified records (the reconciler read each manifest
+itself), so no manifest is read again: a run's requests grow with the dirty hours, never
+with the history.
+
+Column-wise and out of core (PROTOCOL §3.9; `rollup.plan_sql`): the hours' catalog files
+and ledger files are copied locally one at a time and DuckDB, under a memory limit that
+spills, keeps the newest row per key, the accepted rows, their ``manifest_id``, the
+anti-join with the ledger hour and the dedupe; the result streams into a local Arrow IPC
+file that `Plan.items` memory-maps. No Python object per batch, and the driver's memory
+does not grow with the hour (3.6M rows: bench/RESULTS.md, ``bench.plan_hour``).
 
 A batch is planned once per plan, by ``manifest_id``: one cataloged under both agent key
-forms (PROTOCOL §3, a mixed-version upgrade) counts once (`CatalogHour.batches`; the
-two forms in different hours: the earlier hour's row). A batch's ``accepted_hour`` is
-its catalog hour (the UTC hour of ``accepted_at``), which
-``verify`` recomputes the ledger's setsums from; `index.catalog.read_file` refuses a file
-holding a row of another hour. Markers are returned, not deleted: the job deletes them
-after it has read back a committed pointer whose ledger includes their rows (or when the
-plan needed nothing from their hours).
+forms (PROTOCOL §3, a mixed-version upgrade) counts once (the least key; the two forms in
+different hours: the earlier hour's row). A batch's ``accepted_hour`` is its catalog hour
+(the UTC hour of ``accepted_at``), which ``verify`` recomputes the ledger's setsums from;
+a catalog file holding a row of another hour is refused. Markers are returned, not
+deleted: the job deletes them after it has read back a committed pointer whose ledger
+includes their rows (or when the plan needed nothing from their hours).
 
 An unreadable catalog file stops the plan (`IndexFileError`): its hour must not be
 planned as if its rows did not exist. The reconciler moves such a file aside and the
-next audit catalogs its records again.
+next audit catalogs its records again. An unreadable ledger file stops it too
+(`RollupManifestError`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import structlog
 
-from index.catalog import read_hour
+from index.catalog_local import MergeLimits
 from protocol import keys
 from rollup.commit import LoadedSnapshot
-from rollup.ledger import included_manifest_ids
+from rollup.manifest_ledger import ledger_file_hour
+from rollup.plan_sql import pending_items
+from rollup.tasks import WORK_SCHEMA
 from store.base import ObjectStore
 
 log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
-class WorkItem:
-    """One accepted batch to include (a row of `rollup.tasks.WORK_SCHEMA`)."""
-
-    manifest_id: str
-    frame_sha256: str
-    raw_blob_key: str
-    accepted_hour: str
-    record_count: int
-
-    def as_row(self) -> tuple[str, str, str, str, int]:
-        return (
-            self.manifest_id,
-            self.frame_sha256,
-            self.raw_blob_key,
-            self.accepted_hour,
-            self.record_count,
-        )
-
-
-@dataclass(frozen=True, slots=True)
 class Plan:
     base: LoadedSnapshot | None
-    items: tuple[WorkItem, ...]
+    items: pa.Table
+    """The batches to include, `rollup.tasks.WORK_SCHEMA` (memory-mapped when large)."""
     hours_listed: int
     hours_checked: tuple[str, ...]
     dirty_markers: tuple[str, ...] = ()
     skipped: tuple[str, ...] = field(default_factory=tuple)
 
     @property
+    def batches(self) -> int:
+        return int(self.items.num_rows)
+
+    @property
     def records(self) -> int:
-        return sum(item.record_count for item in self.items)
+        return int(pc.sum(self.items.column("record_count")).as_py() or 0)
+
+    def manifest_ids(self) -> list[str]:
+        """The planned ``manifest_id``s (for tests and small plans)."""
+        return [str(m) for m in self.items.column("manifest_id").to_pylist()]
+
+    def batches_per_hour(self) -> dict[str, int]:
+        """Planned batches per ``accepted_hour``, column-wise."""
+        counts = pc.value_counts(self.items.column("accepted_hour"))
+        return {
+            str(v): int(c)
+            for v, c in zip(
+                counts.field("values").to_pylist(), counts.field("counts").to_pylist(), strict=True
+            )
+        }
 
 
 async def make_plan(
@@ -78,47 +88,40 @@ async def make_plan(
     lookback_hours: int = 0,
     now_ns: int | None = None,
     progress: bool = False,
+    limits: MergeLimits | None = None,
 ) -> Plan:
     """The plan against ``base`` (None: nothing included yet). Store errors propagate
     (nothing has been changed); `RollupManifestError` if a ledger file is unreadable,
-    `IndexFileError` if a catalog file is."""
+    `IndexFileError` if a catalog file is. ``limits``: DuckDB's memory limit and where
+    local copies, spill files and the plan's items go."""
     markers, hours = await _work_markers(store)
     if lookback_hours and now_ns is not None:
         current = keys.UtcHour.from_unix_ns(now_ns)
         hours.update(current.shifted(-back) for back in range(lookback_hours + 1))
     checked = sorted(hours)
-    included: dict[str, set[str]] = {}
-    if base is not None and checked:
-        included = await included_manifest_ids(store, base.snapshot, {h.iso for h in checked})
-    items: list[WorkItem] = []
-    planned: set[str] = set()  # one batch once per plan, whatever its key forms and hours
-    for hour in checked:
-        done = included.get(hour.iso, set())
-        catalog = await read_hour(store, hour)
-        for row in catalog.batches():
-            manifest_id = row.manifest_id
-            if manifest_id in done or manifest_id in planned:
-                continue
-            planned.add(manifest_id)
-            assert row.raw_blob_key is not None and row.record_count is not None
-            items.append(
-                WorkItem(
-                    manifest_id=manifest_id,
-                    frame_sha256=row.frame_sha256,
-                    raw_blob_key=row.raw_blob_key,
-                    accepted_hour=hour.iso,
-                    record_count=row.record_count,
-                )
-            )
+    ledger_files = (
+        [
+            key
+            for key in base.snapshot.ledger_files
+            if (hour := ledger_file_hour(key)) is None or hour in {h.iso for h in checked}
+        ]
+        if base is not None and checked
+        else []
+    )
+    items = (
+        await pending_items(store, checked, ledger_files, limits or MergeLimits())
+        if checked
+        else WORK_SCHEMA.empty_table()
+    )
     log.info(
         "rollup_plan_read",
         hours_checked=len(checked),
-        pending_batches=len(items),
+        pending_batches=items.num_rows,
         work_markers=len(markers),
     )
     return Plan(
         base=base,
-        items=tuple(items),
+        items=items,
         hours_listed=len(checked),
         hours_checked=tuple(h.iso for h in checked),
         dirty_markers=tuple(markers),

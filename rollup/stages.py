@@ -1,8 +1,9 @@
 """The Spark plan of a rollup run: work items → stage 1 → shuffle by hour → stage 2.
 
 ```
-work items                          one slice per task: grouped by source, balanced
-  └─ mapInArrow(FrameStage.run)     fetch, verify, decode, write points, pre-aggregate
+work items                          one Arrow IPC blob per task: grouped by source, balanced
+  └─ mapInArrow(WorkBlobs.run)      decode the task's blob, then FrameStage: fetch, verify,
+                                    decode, write points, pre-aggregate
        └─ groupBy("hour")           shuffles per-(task, hour) Arrow IPC blobs of partials
             └─ applyInArrow(hour)   merge with committed rows, write rollup_1m + ledger
                  └─ toArrow()       file, ledger and problem records for the driver
@@ -16,17 +17,27 @@ or speculative task only adds orphans). The executor code (`rollup.frame_stage`,
 from __future__ import annotations
 
 import heapq
+import itertools
 import json
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from rollup.frame_stage import FrameStage
 from rollup.hour_stage import hour_stage
-from rollup.plan import WorkItem
-from rollup.tasks import RESULT_SCHEMA, STAGE1_SCHEMA, WORK_SCHEMA, HourInputs, WriteOptions
+from rollup.tasks import (
+    RESULT_SCHEMA,
+    STAGE1_SCHEMA,
+    WORK_BLOB_SCHEMA,
+    HourInputs,
+    WorkBlobs,
+    WriteOptions,
+    work_blob,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -48,23 +59,28 @@ class StageRecord:
 
 def run_stages(
     spark: SparkSession,
-    items: list[WorkItem],
+    items: pa.Table,
     options: WriteOptions,
     inputs: HourInputs,
 ) -> list[StageRecord]:
-    """Run both stages over ``items`` and return stage 2's records (blocking)."""
+    """Run both stages over ``items`` (`rollup.tasks.WORK_SCHEMA`) and return stage 2's
+    records (blocking).
+
+    Each task's items travel as one Arrow IPC blob (PROTOCOL §3.9: never a pickled
+    Python tuple per batch): the driver parallelizes one blob per slice, so each stage-1
+    task decodes exactly the items `assign_tasks` gave it."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     context = spark.sparkContext
-    tasks = assign_tasks(items, task_count(items, context.defaultParallelism))
-    rows = [[item.as_row() for item in task] for task in tasks]
-    # One list per slice, so each stage-1 task gets exactly the items assigned to it.
+    blobs = task_blobs(assign_tasks(items, task_count(items, context.defaultParallelism)))
     work = spark.createDataFrame(
-        context.parallelize(rows, len(rows)).flatMap(_each),
-        schema=from_arrow_schema(WORK_SCHEMA),
+        context.parallelize([(blob,) for blob in blobs], max(1, len(blobs))),
+        schema=from_arrow_schema(WORK_BLOB_SCHEMA),
     )
     spark.conf.set("spark.sql.shuffle.partitions", str(max(1, context.defaultParallelism)))
-    stage1 = work.mapInArrow(FrameStage(options, inputs).run, from_arrow_schema(STAGE1_SCHEMA))
+    stage1 = work.mapInArrow(
+        WorkBlobs(FrameStage(options, inputs)).run, from_arrow_schema(STAGE1_SCHEMA)
+    )
     stage2 = stage1.groupBy("hour").applyInArrow(
         hour_stage(options, inputs), from_arrow_schema(RESULT_SCHEMA)
     )
@@ -80,53 +96,67 @@ def run_stages(
     ]
 
 
-def task_count(items: list[WorkItem], parallelism: int) -> int:
+def task_count(items: pa.Table, parallelism: int) -> int:
     """Two tasks per core (a core slowed by other load leaves its second task to an idle
     one), more when a task would exceed `MAX_RECORDS_PER_TASK`; never more than items."""
-    if not items:
+    if items.num_rows == 0:
         return 1
-    records = sum(item.record_count for item in items)
+    records = int(pc.sum(items.column("record_count")).as_py() or 0)
     wanted = max(TASKS_PER_CORE * parallelism, math.ceil(records / MAX_RECORDS_PER_TASK))
-    return max(1, min(len(items), wanted))
+    return max(1, min(int(items.num_rows), wanted))
 
 
-def assign_tasks(items: list[WorkItem], tasks: int) -> list[list[WorkItem]]:
-    """Split ``items`` into at most ``tasks`` groups with similar record totals, keeping
-    each source's (agent, boot) batches together, in sequence order, where it can.
+def assign_tasks(items: pa.Table, tasks: int) -> pa.Table:
+    """``items`` sorted by ``manifest_id`` with a ``task`` column: at most ``tasks``
+    groups with similar record totals, each source's (agent, boot) batches together, in
+    sequence order, where it can. Column-wise: a Python step per piece, never per batch.
 
     A series belongs to one source, so a task that holds all of a source's batches emits
     the only partials of its series: the shuffle and stage 2 carry each (minute, series)
     once instead of once per task. A source larger than a task's share is cut into runs
-    of consecutive batches (their partials overlap only in the minutes at the cuts).
-    Pieces are then dealt largest first to the lightest task."""
-    if not items:
-        return []
-    target = max(1, math.ceil(sum(item.record_count for item in items) / tasks))
-    by_source: dict[str, list[WorkItem]] = {}
-    for item in items:
-        by_source.setdefault(item.manifest_id.rsplit(".", 1)[0], []).append(item)
-    pieces: list[list[WorkItem]] = []
-    for batches in by_source.values():
-        piece: list[WorkItem] = []
-        size = 0
-        for item in sorted(batches, key=lambda it: it.manifest_id):  # zero-padded seq order
-            piece.append(item)
-            size += item.record_count
-            if size >= target:
-                pieces.append(piece)
-                piece, size = [], 0
-        if piece:
-            pieces.append(piece)
-    groups: list[list[WorkItem]] = [[] for _ in range(min(tasks, len(pieces)))]
-    lightest = [(0, i) for i in range(len(groups))]
-    for piece in sorted(
-        pieces, key=lambda p: (-sum(it.record_count for it in p), p[0].manifest_id)
-    ):
+    of consecutive batches: a batch goes to run ``k`` of its source when the records of
+    the source's batches before it are in ``[k * share, (k + 1) * share)`` (their
+    partials overlap only in the minutes at the cuts). Pieces are then dealt largest
+    first (ties: the least first ``manifest_id``) to the lightest task."""
+    if items.num_rows == 0:
+        return items.append_column("task", pa.array([], pa.int32()))
+    items = items.sort_by("manifest_id")
+    counts = items.column("record_count").to_numpy().astype(np.int64)
+    target = max(1, math.ceil(int(counts.sum()) / tasks))
+    source = pc.replace_substring_regex(items.column("manifest_id"), r"\.[^.]*$", "")
+    source = source.combine_chunks()
+    starts = np.ones(len(counts), dtype=bool)
+    if len(counts) > 1:
+        starts[1:] = pc.not_equal(source.slice(1), source.slice(0, len(source) - 1)).to_numpy(
+            zero_copy_only=False
+        )
+    source_id = np.cumsum(starts) - 1
+    before = np.cumsum(counts) - counts  # records before each batch, over all sources
+    before_in_source = before - before[np.flatnonzero(starts)][source_id]
+    run = before_in_source // target
+    piece_start = starts.copy()
+    piece_start[1:] |= run[1:] != run[:-1]
+    piece_id = np.cumsum(piece_start) - 1
+    sizes = np.bincount(piece_id, weights=counts).astype(np.int64)
+    firsts = np.flatnonzero(piece_start)  # sorted by manifest_id: first row = least id
+    groups = min(tasks, len(sizes))
+    lightest = [(0, i) for i in range(groups)]
+    piece_task = np.empty(len(sizes), dtype=np.int32)
+    for piece in np.lexsort((firsts, -sizes)):
         total, index = heapq.heappop(lightest)
-        groups[index] += piece
-        heapq.heappush(lightest, (total + sum(it.record_count for it in piece), index))
-    return groups
+        piece_task[piece] = index
+        heapq.heappush(lightest, (total + int(sizes[piece]), index))
+    return items.append_column("task", pa.array(piece_task[piece_id], pa.int32()))
 
 
-def _each(rows: list[tuple[str, str, str, str, int]]) -> list[tuple[str, str, str, str, int]]:
-    return rows
+def task_blobs(assigned: pa.Table) -> list[bytes]:
+    """One `rollup.tasks.work_blob` per task of ``assigned`` (`assign_tasks`' result),
+    task 0 first; a task's items in ``manifest_id`` order."""
+    if assigned.num_rows == 0:
+        return []
+    task = assigned.column("task").to_numpy()
+    order = np.argsort(task, kind="stable")
+    ordered = assigned.take(pa.array(order)).drop_columns(["task"])
+    bounds = np.flatnonzero(np.diff(task[order])) + 1
+    edges = [0, *bounds.tolist(), len(order)]
+    return [work_blob(ordered.slice(a, b - a)) for a, b in itertools.pairwise(edges)]

@@ -42,6 +42,10 @@ WORK_SCHEMA = pa.schema(
 )
 """One accepted batch to include: stage 1's input rows."""
 
+WORK_BLOB_SCHEMA = pa.schema([pa.field("work", pa.binary())])
+"""What the driver parallelizes: one row per stage-1 task, its `WORK_SCHEMA` rows as one
+Arrow IPC stream (`work_blob`), never a pickled Python tuple per batch."""
+
 STAGE1_SCHEMA = pa.schema(
     [
         pa.field("kind", pa.string()),
@@ -99,6 +103,38 @@ class HourInputs:
     first_kept: dict[str, datetime] = field(default_factory=dict)
     """Per table with retention, the start of the first hour kept: rows before it are
     not written (this run's cutoffs, committed with its files)."""
+
+
+def work_blob(items: pa.Table) -> bytes:
+    """``items`` (`WORK_SCHEMA`) as one compressed Arrow IPC stream: a task's work."""
+    sink = pa.BufferOutputStream()
+    options = pa.ipc.IpcWriteOptions(compression="zstd")
+    with pa.ipc.new_stream(sink, WORK_SCHEMA, options=options) as writer:
+        writer.write_table(items.cast(WORK_SCHEMA))
+    return bytes(sink.getvalue())
+
+
+def work_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The `WORK_SCHEMA` batches of every blob in ``batches`` (`WORK_BLOB_SCHEMA`)."""
+    for batch in batches:
+        for blob in batch.column("work"):
+            if not blob.is_valid:
+                continue
+            with pa.ipc.open_stream(blob.as_buffer()) as reader:
+                yield from reader
+
+
+@dataclass(frozen=True, slots=True)
+class WorkBlobs:
+    """A stage over `WORK_SCHEMA` batches as a picklable callable over `WORK_BLOB_SCHEMA`
+    rows (``mapInArrow``): the task decodes its blob, then runs ``stage``."""
+
+    stage: Any
+    """An object with ``run(Iterator[RecordBatch]) -> Iterator[RecordBatch]``
+    (`rollup.frame_stage.FrameStage`)."""
+
+    def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        yield from self.stage.run(work_batches(batches))
 
 
 # --- shared by both stages -----------------------------------------------------------

@@ -160,9 +160,7 @@ async def test_long_agent_ids_are_accepted_indexed_audited_and_planned(
     assert (audit.manifests_seen, audit.quarantines_seen, audit.problems) == (4, 4, 0)
 
     plan = await make_plan(store, None)
-    assert sorted(item.manifest_id for item in plan.items) == sorted(
-        h.identity.manifest_id for h in headers
-    )
+    assert sorted(plan.manifest_ids()) == sorted(h.identity.manifest_id for h in headers)
     report = await verify(store)
     assert report.unparseable_keys == 0
     assert sum(hour.accepted.batches for hour in report.hours) == len(LENGTHS)
@@ -214,7 +212,7 @@ async def test_a_manifest_under_the_long_form_counts_as_already_accepted(
     assert legacy_key in await catalog_keys(store)  # cataloged under the key it is stored at
 
     plan = await make_plan(store, None)  # one batch
-    assert [item.manifest_id for item in plan.items] == [identity.manifest_id]
+    assert plan.manifest_ids() == [identity.manifest_id]
     report = await verify(store)
     assert [hour.accepted.batches for hour in report.hours] == [1]
     assert report.unparseable_keys == 0

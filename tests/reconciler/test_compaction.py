@@ -69,9 +69,7 @@ async def test_a_settled_hour_is_merged_its_inputs_deleted_after_the_grace(
 
     store.clear()
     plan = await make_plan(store, None)  # the rollup plans from the markers' hours only
-    assert sorted(item.manifest_id for item in plan.items) == sorted(
-        b.manifest.identity.manifest_id for b in batches
-    )
+    assert sorted(plan.manifest_ids()) == sorted(b.manifest.identity.manifest_id for b in batches)
     assert plan.hours_checked == (HOUR.iso,)
     assert store.gets_under(keys.ACCEPTED_PREFIX) == []  # no manifest read to plan
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pyarrow as pa
 import pytest
 
 from index.rows import IndexFileError, accepted_row, encode
@@ -61,7 +62,7 @@ async def test_planning_requests_do_not_grow_with_the_history() -> None:
 
         plan = await make_plan(store, await load_latest(store))
 
-        assert sorted(item.manifest_id for item in plan.items) == ids(new)
+        assert sorted(plan.manifest_ids()) == ids(new)
         assert len(plan.hours_checked) == 2
         history_files = {
             key
@@ -91,9 +92,9 @@ async def test_planning_reads_the_marked_hours_minus_the_ledger() -> None:
     plan = await make_plan(store, await load_latest(store))
 
     assert plan.hours_checked == (hour_at(1).iso,)  # hour 0 is not read at all
-    assert sorted(item.manifest_id for item in plan.items) == ids(hour1[2:] + late)
+    assert sorted(plan.manifest_ids()) == ids(hour1[2:] + late)
     assert plan.dirty_markers == tuple(await work_markers(store))
-    assert {item.accepted_hour for item in plan.items} == {hour_at(1).iso}
+    assert set(plan.batches_per_hour()) == {hour_at(1).iso}
 
 
 async def test_a_catalog_file_holding_a_row_of_another_hour_is_refused() -> None:
@@ -141,7 +142,7 @@ async def test_both_agent_key_forms_of_one_batch_are_planned_once() -> None:
 
     plan = await make_plan(store, None)
 
-    assert sorted(item.manifest_id for item in plan.items) == ids([twice, other])
+    assert sorted(plan.manifest_ids()) == ids([twice, other])
     owner = await OwnerLease.acquire(store, "job", 600, clock)
     await commit_rows(store, owner, clock, ledger=[twice.row, other.row])
     # Raw retention and sealed_through_ns count the hour column-wise, the same way.
@@ -154,3 +155,41 @@ async def test_both_agent_key_forms_of_one_batch_are_planned_once() -> None:
         report = await verify(store, from_manifests=from_manifests)
         assert report.ok, report
         assert report.hours[0].accepted.batches == 2
+
+
+async def test_planning_holds_no_python_object_per_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 22 item 3 (PROTOCOL §3.9): the marked hours' catalog rows and the ledger
+    hour are anti-joined column-wise (DuckDB over local copies), and the plan's items
+    are an Arrow table of `WORK_SCHEMA`. Before: one `IndexRow` per catalog row, the
+    ledger as `LedgerRow`s and a Python set, a `WorkItem` per batch."""
+    from index.rows import IndexRow
+    from rollup.ledger import LedgerRow
+    from rollup.tasks import WORK_SCHEMA
+
+    store = MemoryStore()
+    clock = ManualClock(hour_at(5).start_ns)
+    owner = await OwnerLease.acquire(store, "job", 600, clock)
+    batches = [make_batch(hour_at(0), n) for n in range(6)]
+    await accept(store, batches)
+    await commit_rows(store, owner, clock, ledger=[b.row for b in batches[:2]])
+    base = await load_latest(store)
+
+    def refuse(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("a Python object per batch")
+
+    monkeypatch.setattr(IndexRow, "__init__", refuse)
+    monkeypatch.setattr(LedgerRow, "__init__", refuse)
+    plan = await make_plan(store, base)
+
+    assert isinstance(plan.items, pa.Table) and plan.items.schema.equals(WORK_SCHEMA)
+    assert sorted(plan.manifest_ids()) == ids(batches[2:])
+    assert plan.records == 40 and plan.batches_per_hour() == {hour_at(0).iso: 4}
+    first = plan.items.sort_by("manifest_id").slice(0, 1).to_pylist()[0]
+    manifest = batches[2].manifest
+    assert first == {
+        "manifest_id": manifest.identity.manifest_id,
+        "frame_sha256": manifest.frame_sha256,
+        "raw_blob_key": manifest.raw_blob_key,
+        "accepted_hour": hour_at(0).iso,
+        "record_count": manifest.record_count,
+    }
