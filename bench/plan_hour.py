@@ -1,0 +1,183 @@
+"""Rollup planning of one busy catalog hour: peak RSS and time (issue 22 item 3, PROTOCOL §3.9).
+
+``python -m bench.plan_hour [--rows 3600000] [--files 360]`` writes one hour of ``--rows``
+catalog rows (`bench.catalog_hour.synthetic_rows`: 1k batches/s for an hour) as
+``--files`` files, each with its rollup work marker, into a fresh filesystem store, plus
+ledger files that include every other batch of the hour. Then, each in a child process of
+its own (peak RSS from ``/proc/self/status`` VmHWM, minus the RSS after imports):
+
+- **empty**: `rollup.plan.make_plan` against no snapshot (every batch pending);
+- **half**: `make_plan` against a snapshot whose ledger holds half of the hour's batches;
+- **baseline**: what the planner did before (`index.catalog.read_hour`, one `IndexRow`
+  per key, the ledger's ids as a Python set, a tuple per work item) on ``--baseline-rows``
+  rows (default a tenth), scaled per row to the whole hour.
+
+The plan's items are counted, not read (they are memory-mapped from a local file: what
+the job touches when it hands them to Spark is page cache, reclaimable). Benchmarks are
+not tests: nothing asserts; the numbers go to bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from types import SimpleNamespace
+from typing import cast
+
+import numpy as np
+import pyarrow as pa
+
+from bench._common import REPO_ROOT
+from bench.catalog_hour import HOUR, _status_bytes, seed, synthetic_rows
+from index.catalog import list_hour_files, read_hour
+from index.catalog_tables import manifest_ids
+from protocol import keys
+from rollup.commit import LoadedSnapshot
+from rollup.ledger import encode_ledger
+from rollup.plan import make_plan
+from rollup.schemas import LEDGER_SCHEMA
+from store.open import open_store
+
+LEDGER_FILES = 8
+
+
+async def seed_plan(url: str, rows: int, files: int) -> list[str]:
+    """The hour's catalog files and their work markers; ledger files holding every other
+    batch. Returns the ledger file keys."""
+    await seed(url, rows, files)
+    store = open_store(url)
+    for info in await list_hour_files(store, HOUR):
+        await store.put(keys.rollup_work_marker_key(info.key), b"{}")
+    rng = np.random.default_rng(7)
+    per_file = rows // files
+    ledger_keys = []
+    parts = []
+    for i in range(files):
+        count = per_file if i < files - 1 else rows - per_file * i
+        table = synthetic_rows(i * per_file, count, rng)  # as `seed` drew them
+        table = table.filter(pa.array((np.arange(count) + i * per_file) % 2 == 0))
+        parts.append(
+            pa.table(
+                {
+                    "manifest_id": manifest_ids(table),
+                    "frame_sha256": table.column("frame_sha256"),
+                    "record_count": table.column("record_count"),
+                    "accepted_hour": pa.repeat(pa.scalar(HOUR.iso), table.num_rows),
+                },
+                schema=LEDGER_SCHEMA,
+            )
+        )
+    ledger = pa.concat_tables(parts)
+    step = -(-ledger.num_rows // LEDGER_FILES)
+    for i in range(LEDGER_FILES):
+        key = keys.rollup_ledger_key(HOUR, f"bench-{i}")
+        await store.put(key, encode_ledger(ledger.slice(i * step, step)))
+        ledger_keys.append(key)
+    return ledger_keys
+
+
+def _base(ledger_keys: list[str]) -> LoadedSnapshot:
+    """What `make_plan` reads of a snapshot: its ledger files."""
+    return cast(LoadedSnapshot, SimpleNamespace(snapshot=SimpleNamespace(ledger_files=ledger_keys)))
+
+
+async def plan(url: str, ledger_keys: list[str], spill: str) -> dict[str, object]:
+    from index.catalog_local import MergeLimits
+
+    base = _base(ledger_keys) if ledger_keys else None
+    made = await make_plan(open_store(url), base, limits=MergeLimits(spill_dir=spill))
+    return {"batches": made.batches, "records": made.records}
+
+
+async def baseline(url: str) -> dict[str, object]:
+    """The old planner's work: a Python row per key, a tuple per item."""
+    catalog = await read_hour(open_store(url), HOUR)
+    done: set[str] = set()
+    items = [
+        (r.manifest_id, r.frame_sha256, r.raw_blob_key, HOUR.iso, r.record_count)
+        for r in catalog.batches()
+        if r.manifest_id not in done
+    ]
+    return {"batches": len(items)}
+
+
+def child(argv: list[str]) -> None:
+    what, url = argv[0], argv[1]
+    base_rss = _status_bytes("VmRSS")
+    started = time.perf_counter()
+    if what == "baseline":
+        result = asyncio.run(baseline(url))
+    else:
+        ledger_keys = json.loads(argv[3]) if what == "half" else []
+        result = asyncio.run(plan(url, ledger_keys, argv[2]))
+    seconds = time.perf_counter() - started
+    hwm = _status_bytes("VmHWM")
+    print(json.dumps({**result, "seconds": seconds, "peak_rss": hwm, "base_rss": base_rss}))
+
+
+def run_child(*args: str) -> dict[str, object]:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.plan_hour", "--child", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"child {args[0]} failed ({out.returncode}):\n{out.stderr[-4000:]}")
+    result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        child(sys.argv[2:])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=3_600_000)
+    parser.add_argument("--files", type=int, default=360)
+    parser.add_argument("--baseline-rows", type=int, default=0)
+    args = parser.parse_args()
+    baseline_rows = args.baseline_rows or args.rows // 10
+    print(f"load before: {os.getloadavg()}")
+    with tempfile.TemporaryDirectory(prefix="lm-bench-plan-") as tmp:
+        big, small, spill = f"file://{tmp}/big", f"file://{tmp}/small", f"{tmp}/spill"
+        os.mkdir(spill)
+        started = time.perf_counter()
+        ledger_keys = asyncio.run(seed_plan(big, args.rows, args.files))
+        asyncio.run(seed(small, baseline_rows, max(1, args.files // 10)))
+        print(
+            f"seeded {args.rows:,} + {baseline_rows:,} rows in {time.perf_counter() - started:.0f} s"
+        )
+        empty = run_child("empty", big, spill)
+        half = run_child("half", big, spill, json.dumps(ledger_keys))
+        base = run_child("baseline", small)
+
+    def work(result: dict[str, object]) -> float:
+        return float(str(result["peak_rss"])) - float(str(result["base_rss"]))
+
+    per_row = work(base) / baseline_rows
+    print(f"empty ledger: {empty}")
+    print(f"half ledger:  {half}")
+    print(
+        f"baseline: {base} on {baseline_rows:,} rows -> {per_row:.0f} B/row, "
+        f"{per_row * args.rows / 2**30:.2f} GiB scaled to {args.rows:,} rows"
+    )
+    for name, result in (("plan, empty ledger", empty), ("plan, half in the ledger", half)):
+        print(
+            f"{name}: {result['batches']:,} batches, peak RSS "
+            f"{float(str(result['peak_rss'])) / 2**20:.0f} MiB ({work(result) / 2**20:.0f} MiB "
+            f"above the imports), {float(str(result['seconds'])):.1f} s"
+        )
+    print(f"load after: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()
