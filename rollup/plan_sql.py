@@ -5,8 +5,9 @@
 in memory at a time) and the snapshot's ledger files of those hours into a private
 directory, then in one DuckDB session under ``MergeLimits.memory_limit_mb`` (spilling):
 
-1. checks every catalog row's kind, hash, identity and hour (a file holding a row of
-   another hour is refused, as `index.catalog.read_file` does);
+1. checks every catalog row's kind, hash, identity, hour and (accepted rows) record count
+   and raw-blob key, which the items take from the hash (a file holding a row of another
+   hour is refused, as `index.catalog.read_file` does);
 2. keeps one row per (hour, key): the newest file's (PROTOCOL §3.7, copies are named in
    write order);
 3. keeps the accepted rows, builds ``manifest_id`` in SQL (the agent's hex form, as
@@ -54,7 +55,9 @@ SELECT
     count(*) FILTER (WHERE kind NOT IN ('accepted', 'quarantine')
         OR NOT regexp_full_match(frame_sha256, '[0-9a-f]{{64}}') OR agent_id IS NULL
         OR boot_id IS NULL OR seq_start IS NULL OR seq_end IS NULL
-        OR (kind = 'accepted' AND record_count IS NULL)),
+        OR (kind = 'accepted' AND (record_count IS NULL OR raw_blob_key IS DISTINCT FROM
+            '{raw_prefix}' || substr(frame_sha256, 1, 2) || '/' || substr(frame_sha256, 3, 2)
+            || '/' || frame_sha256 || '.lmbatch'))),
     count(*) FILTER (WHERE time_unix_ns // {hour_ns} != {hour_index}),
     min(time_unix_ns) FILTER (WHERE time_unix_ns // {hour_ns} != {hour_index})
 FROM read_parquet({files})
@@ -174,7 +177,12 @@ def _plan_in_duckdb(
 def _check_hour(con: duckdb.DuckDBPyConnection, hour: keys.UtcHour, paths: list[str]) -> None:
     index = hour.start_ns // HOUR_NS
     row = con.execute(
-        _CHECK_SQL.format(files=sql_list(paths), hour_ns=HOUR_NS, hour_index=index)
+        _CHECK_SQL.format(
+            files=sql_list(paths),
+            hour_ns=HOUR_NS,
+            hour_index=index,
+            raw_prefix=keys.RAW_BLOBS_PREFIX,
+        )
     ).fetchone()
     assert row is not None
     malformed, strays, stray_ns = row
