@@ -72,7 +72,7 @@ def run_stages(
     from pyspark.sql.pandas.types import from_arrow_schema
 
     context = spark.sparkContext
-    blobs = task_blobs(assign_tasks(items, task_count(items, context.defaultParallelism)))
+    blobs = task_blobs(items, assign_tasks(items, task_count(items, context.defaultParallelism)))
     work = spark.createDataFrame(
         context.parallelize([(blob,) for blob in blobs], max(1, len(blobs))),
         schema=from_arrow_schema(WORK_BLOB_SCHEMA),
@@ -106,10 +106,30 @@ def task_count(items: pa.Table, parallelism: int) -> int:
     return max(1, min(int(items.num_rows), wanted))
 
 
-def assign_tasks(items: pa.Table, tasks: int) -> pa.Table:
-    """``items`` sorted by ``manifest_id`` with a ``task`` column: at most ``tasks``
-    groups with similar record totals, each source's (agent, boot) batches together, in
-    sequence order, where it can. Column-wise: a Python step per piece, never per batch.
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """Which task each work item goes to (`assign_tasks`)."""
+
+    task: np.ndarray
+    """Per row of the items, in their order: the task index."""
+    order: np.ndarray
+    """The rows by (task, ``manifest_id``): a task's items are a contiguous run."""
+
+    def runs(self) -> list[np.ndarray]:
+        """Each task's rows (task 0 first), in ``manifest_id`` order."""
+        if len(self.order) == 0:
+            return []
+        by_task = self.task[self.order]
+        bounds = np.flatnonzero(np.diff(by_task)) + 1
+        edges = [0, *bounds.tolist(), len(self.order)]
+        return [self.order[a:b] for a, b in itertools.pairwise(edges)]
+
+
+def assign_tasks(items: pa.Table, tasks: int) -> Assignment:
+    """At most ``tasks`` groups of ``items`` with similar record totals, each source's
+    (agent, boot) batches together, in sequence order, where it can. Column-wise: a
+    Python step per piece, never per batch; only the ``manifest_id`` and
+    ``record_count`` columns are copied (in ``manifest_id`` order), never the items.
 
     A series belongs to one source, so a task that holds all of a source's batches emits
     the only partials of its series: the shuffle and stage 2 carry each (minute, series)
@@ -119,17 +139,20 @@ def assign_tasks(items: pa.Table, tasks: int) -> pa.Table:
     partials overlap only in the minutes at the cuts). Pieces are then dealt largest
     first (ties: the least first ``manifest_id``) to the lightest task."""
     if items.num_rows == 0:
-        return items.append_column("task", pa.array([], pa.int32()))
-    items = items.sort_by("manifest_id")
-    counts = items.column("record_count").to_numpy().astype(np.int64)
+        empty = np.zeros(0, dtype=np.int64)
+        return Assignment(empty.astype(np.int32), empty)
+    by_id = pc.sort_indices(items.column("manifest_id")).to_numpy()
+    counts = items.column("record_count").take(by_id).to_numpy().astype(np.int64)
     target = max(1, math.ceil(int(counts.sum()) / tasks))
-    source = pc.replace_substring_regex(items.column("manifest_id"), r"\.[^.]*$", "")
-    source = source.combine_chunks()
+    source = pc.replace_substring_regex(
+        items.column("manifest_id").take(by_id), r"\.[^.]*$", ""
+    ).combine_chunks()
     starts = np.ones(len(counts), dtype=bool)
     if len(counts) > 1:
         starts[1:] = pc.not_equal(source.slice(1), source.slice(0, len(source) - 1)).to_numpy(
             zero_copy_only=False
         )
+    del source
     source_id = np.cumsum(starts) - 1
     before = np.cumsum(counts) - counts  # records before each batch, over all sources
     before_in_source = before - before[np.flatnonzero(starts)][source_id]
@@ -138,7 +161,7 @@ def assign_tasks(items: pa.Table, tasks: int) -> pa.Table:
     piece_start[1:] |= run[1:] != run[:-1]
     piece_id = np.cumsum(piece_start) - 1
     sizes = np.bincount(piece_id, weights=counts).astype(np.int64)
-    firsts = np.flatnonzero(piece_start)  # sorted by manifest_id: first row = least id
+    firsts = np.flatnonzero(piece_start)  # in manifest_id order: first row = least id
     groups = min(tasks, len(sizes))
     lightest = [(0, i) for i in range(groups)]
     piece_task = np.empty(len(sizes), dtype=np.int32)
@@ -146,17 +169,13 @@ def assign_tasks(items: pa.Table, tasks: int) -> pa.Table:
         total, index = heapq.heappop(lightest)
         piece_task[piece] = index
         heapq.heappush(lightest, (total + int(sizes[piece]), index))
-    return items.append_column("task", pa.array(piece_task[piece_id], pa.int32()))
+    task_by_id = piece_task[piece_id]
+    task = np.empty(len(by_id), dtype=np.int32)
+    task[by_id] = task_by_id
+    return Assignment(task, by_id[np.argsort(task_by_id, kind="stable")])
 
 
-def task_blobs(assigned: pa.Table) -> list[bytes]:
-    """One `rollup.tasks.work_blob` per task of ``assigned`` (`assign_tasks`' result),
-    task 0 first; a task's items in ``manifest_id`` order."""
-    if assigned.num_rows == 0:
-        return []
-    task = assigned.column("task").to_numpy()
-    order = np.argsort(task, kind="stable")
-    ordered = assigned.take(pa.array(order)).drop_columns(["task"])
-    bounds = np.flatnonzero(np.diff(task[order])) + 1
-    edges = [0, *bounds.tolist(), len(order)]
-    return [work_blob(ordered.slice(a, b - a)) for a, b in itertools.pairwise(edges)]
+def task_blobs(items: pa.Table, assignment: Assignment) -> list[bytes]:
+    """One `rollup.tasks.work_blob` per task (task 0 first), a task's items in
+    ``manifest_id`` order; one task's rows are copied at a time."""
+    return [work_blob(items.take(pa.array(rows))) for rows in assignment.runs()]

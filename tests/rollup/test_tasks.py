@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rollup.stages import assign_tasks, task_blobs, task_count
+from rollup.stages import Assignment, assign_tasks, task_blobs, task_count
 from rollup.tasks import WORK_BLOB_SCHEMA, WORK_SCHEMA, WorkBlobs
 
 
@@ -29,28 +29,27 @@ def items(sources: dict[str, list[int]]) -> pa.Table:
     )
 
 
-def tasks_of(assigned: pa.Table) -> dict[int, list[str]]:
-    out: dict[int, list[str]] = {}
-    for mid, task in zip(
-        assigned.column("manifest_id").to_pylist(),
-        assigned.column("task").to_pylist(),
-        strict=True,
-    ):
-        out.setdefault(task, []).append(mid)
+def tasks_of(work: pa.Table, assignment: Assignment) -> dict[int, list[str]]:
+    """Each task's manifest_ids, in the order the task gets them."""
+    mids = work.column("manifest_id").to_pylist()
+    out = {int(assignment.task[rows[0]]): [mids[i] for i in rows] for rows in assignment.runs()}
+    for i, task in enumerate(assignment.task.tolist()):  # the per-row column agrees
+        assert mids[i] in out[task]
     return out
 
 
 def test_sources_stay_together_and_tasks_are_balanced() -> None:
     work = items({f"agent=a{n}.boot=b": [10] * 10 for n in range(8)})  # 8 sources of 100
 
-    assigned = assign_tasks(work.take(pa.array(list(range(79, -1, -1)))), 4)
+    work = work.take(pa.array(list(range(79, -1, -1))))  # any order in
+    assigned = assign_tasks(work, 4)
 
-    groups = tasks_of(assigned)
+    groups = tasks_of(work, assigned)
     assert sorted(groups) == [0, 1, 2, 3]
     for mids in groups.values():
         assert len({m.rsplit(".", 1)[0] for m in mids}) == 2  # two whole sources each
         assert mids == sorted(mids)  # sequence order
-    assert sorted(assigned.column("manifest_id").to_pylist()) == sorted(
+    assert sorted(m for mids in groups.values() for m in mids) == sorted(
         work.column("manifest_id").to_pylist()
     )
 
@@ -60,12 +59,10 @@ def test_a_large_source_is_cut_into_runs_of_consecutive_batches() -> None:
 
     assigned = assign_tasks(work, 4)  # share: 110 records
 
-    groups = tasks_of(assigned)
+    groups = tasks_of(work, assigned)
+    task = pa.array(assigned.task)
     totals = {
-        t: int(
-            pc.sum(assigned.filter(pc.equal(assigned.column("task"), t))["record_count"]).as_py()
-        )
-        for t in groups
+        t: int(pc.sum(work.filter(pc.equal(task, t))["record_count"]).as_py()) for t in groups
     }
     # runs of [k*110, (k+1)*110) records: 110, 110, 110, 70; the small source joins the 70
     assert sorted(totals.values()) == [110, 110, 110, 110]
@@ -79,7 +76,7 @@ def test_each_task_decodes_exactly_its_items() -> None:
     work = items({f"agent=a{n}.boot=b": [5, 7, 9] for n in range(5)})
     assigned = assign_tasks(work, 3)
 
-    blobs = task_blobs(assigned)
+    blobs = task_blobs(work, assigned)
 
     class Collect:
         def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -91,9 +88,10 @@ def test_each_task_decodes_exactly_its_items() -> None:
     for blob in blobs:  # one Spark partition per blob, as run_stages parallelizes them
         rows = pa.record_batch([pa.array([blob], pa.binary())], schema=WORK_BLOB_SCHEMA)
         decoded.append(pa.Table.from_batches(WorkBlobs(Collect()).run(iter([rows]))))
-    expected = tasks_of(assigned)
+    expected = tasks_of(work, assigned)
     assert len(blobs) == len(expected) == 3
     for task, table in enumerate(decoded):
         assert table.column("manifest_id").to_pylist() == expected[task]
     assert pa.concat_tables(decoded).sort_by("manifest_id").equals(work.sort_by("manifest_id"))
-    assert task_blobs(assign_tasks(WORK_SCHEMA.empty_table(), 4)) == []
+    empty = WORK_SCHEMA.empty_table()
+    assert task_blobs(empty, assign_tasks(empty, 4)) == []
