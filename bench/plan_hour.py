@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import cast
 
@@ -92,7 +93,31 @@ async def plan(url: str, ledger_keys: list[str], spill: str) -> dict[str, object
 
     base = _base(ledger_keys) if ledger_keys else None
     made = await make_plan(open_store(url), base, limits=MergeLimits(spill_dir=spill))
-    return {"batches": made.batches, "records": made.records}
+    result: dict[str, object] = {"batches": made.batches, "records": made.records}
+    if not ledger_keys:
+        result["handoff"] = handoff(made.items)
+    return result
+
+
+def handoff(items: pa.Table) -> dict[str, object]:
+    """What the job's driver does next (`rollup.stages.run_stages` before Spark): assign
+    the items to tasks and encode one IPC blob per task. Peak RSS of this phase alone
+    (``/proc/self/clear_refs`` resets VmHWM), time and the blobs' bytes."""
+    from rollup.stages import assign_tasks, task_blobs, task_count
+
+    plan_peak = _status_bytes("VmHWM")
+    Path("/proc/self/clear_refs").write_text("5")
+    before = _status_bytes("VmRSS")
+    started = time.perf_counter()
+    blobs = task_blobs(items, assign_tasks(items, task_count(items, 2)))
+    return {
+        "plan_peak_rss": plan_peak,
+        "rss_before": before,
+        "peak_rss": _status_bytes("VmHWM"),
+        "seconds": time.perf_counter() - started,
+        "tasks": len(blobs),
+        "blob_bytes": sum(len(b) for b in blobs),
+    }
 
 
 async def baseline(url: str) -> dict[str, object]:
@@ -118,6 +143,9 @@ def child(argv: list[str]) -> None:
         result = asyncio.run(plan(url, ledger_keys, argv[2]))
     seconds = time.perf_counter() - started
     hwm = _status_bytes("VmHWM")
+    handed = cast(dict[str, object] | None, result.get("handoff"))
+    if handed is not None:  # the planning phase's own peak, before the handoff reset it
+        hwm = int(str(handed["plan_peak_rss"]))
     print(json.dumps({**result, "seconds": seconds, "peak_rss": hwm, "base_rss": base_rss}))
 
 
@@ -176,6 +204,13 @@ def main() -> None:
             f"{float(str(result['peak_rss'])) / 2**20:.0f} MiB ({work(result) / 2**20:.0f} MiB "
             f"above the imports), {float(str(result['seconds'])):.1f} s"
         )
+    handed = cast(dict[str, object], empty["handoff"])
+    print(
+        f"handoff (assign_tasks + task_blobs, {handed['tasks']} tasks): peak RSS "
+        f"{(float(str(handed['peak_rss'])) - float(str(handed['rss_before']))) / 2**20:.0f} MiB "
+        f"above the RSS after planning, {float(str(handed['seconds'])):.1f} s, blobs "
+        f"{float(str(handed['blob_bytes'])) / 2**20:.0f} MiB"
+    )
     print(f"load after: {os.getloadavg()}")
 
 
