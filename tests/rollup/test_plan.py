@@ -193,3 +193,27 @@ async def test_planning_holds_no_python_object_per_batch(monkeypatch: pytest.Mon
         "accepted_hour": hour_at(0).iso,
         "record_count": manifest.record_count,
     }
+
+
+async def test_a_batch_cataloged_in_two_hours_is_planned_once_in_the_earlier() -> None:
+    """Both agent key forms of one batch in two hours (each form's manifest has its own
+    ``accepted_at``): planned once, the earlier hour's row, as the row-wise planner did;
+    now one DuckDB window over the ids that occur more than once."""
+    store = MemoryStore()
+    long_agent = "b" * 128
+    first = make_batch(hour_at(0), 0, agent=long_agent)
+    await accept(store, [first])
+    later = first.manifest.model_copy(
+        update={"accepted_at_unix_ns": hour_at(1).start_ns + 5 * 1_000_000_000}
+    )
+    legacy = keys.legacy_accepted_manifest_key(first.manifest.identity)
+    assert legacy is not None
+    catalog_key = keys.index_catalog_key(hour_at(1), 9, 1)
+    await store.put(catalog_key, encode([accepted_row(later, key=legacy)]))
+    await put_work_marker(store, catalog_key, rows=1)
+
+    plan = await make_plan(store, None)
+
+    assert plan.manifest_ids() == ids([first])
+    assert plan.batches_per_hour() == {hour_at(0).iso: 1}
+    assert plan.hours_checked == (hour_at(0).iso, hour_at(1).iso)
