@@ -141,18 +141,13 @@ def assign_tasks(items: pa.Table, tasks: int) -> Assignment:
     if items.num_rows == 0:
         empty = np.zeros(0, dtype=np.int64)
         return Assignment(empty.astype(np.int32), empty)
-    by_id = pc.sort_indices(items.column("manifest_id")).to_numpy()
-    counts = items.column("record_count").take(by_id).to_numpy().astype(np.int64)
+    by_id, source_rank = _by_source_and_sequence(items.column("manifest_id"))
+    counts = items.column("record_count").to_numpy().astype(np.int64)[by_id]
     target = max(1, math.ceil(int(counts.sum()) / tasks))
-    source = pc.replace_substring_regex(
-        items.column("manifest_id").take(by_id), r"\.[^.]*$", ""
-    ).combine_chunks()
+    ranks = source_rank[by_id]
     starts = np.ones(len(counts), dtype=bool)
-    if len(counts) > 1:
-        starts[1:] = pc.not_equal(source.slice(1), source.slice(0, len(source) - 1)).to_numpy(
-            zero_copy_only=False
-        )
-    del source
+    starts[1:] = ranks[1:] != ranks[:-1]
+    del ranks, source_rank
     source_id = np.cumsum(starts) - 1
     before = np.cumsum(counts) - counts  # records before each batch, over all sources
     before_in_source = before - before[np.flatnonzero(starts)][source_id]
@@ -173,6 +168,35 @@ def assign_tasks(items: pa.Table, tasks: int) -> Assignment:
     task = np.empty(len(by_id), dtype=np.int32)
     task[by_id] = task_by_id
     return Assignment(task, by_id[np.argsort(task_by_id, kind="stable")])
+
+
+_SEQUENCE_CHARS = 41
+"""A ``manifest_id`` ends in ``.<seq_start:020d>-<seq_end:020d>``."""
+
+
+def _by_source_and_sequence(ids: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """The rows in ``manifest_id`` order and each row's source (``agent=..boot=..``)
+    rank, without a sorted copy of the ids: the source is dictionary-encoded (one code a
+    row), then rows are ordered by (source, seq_start, seq_end), which is ``manifest_id``
+    order (the sequence numbers are zero-padded to one width)."""
+    source = pc.dictionary_encode(
+        pc.utf8_slice_codeunits(ids, 0, -(_SEQUENCE_CHARS + 1))
+    ).combine_chunks()
+    names = source.dictionary
+    rank_of_code = np.empty(len(names), dtype=np.int64)
+    rank_of_code[pc.sort_indices(names).to_numpy()] = np.arange(len(names))
+    source_rank = rank_of_code[source.indices.to_numpy()]
+    del source
+    seq_start = pc.cast(pc.utf8_slice_codeunits(ids, -_SEQUENCE_CHARS, -21), pa.uint64())
+    seq_end = pc.cast(pc.utf8_slice_codeunits(ids, -20, 2**31 - 1), pa.uint64())
+    order = np.lexsort(
+        (
+            seq_end.to_numpy(),
+            seq_start.to_numpy(),
+            source_rank,
+        )
+    )
+    return order, source_rank
 
 
 def task_blobs(items: pa.Table, assignment: Assignment) -> list[bytes]:
