@@ -123,7 +123,13 @@ async def run_full_audit(
             if inventory is not None:
                 await InventoryWalk(ctx, run.state, run.process, run.checkpoint, inventory).run()
             else:
-                await ListingWalk(ctx, run.state, run.process, run.checkpoint).run()
+                await ListingWalk(
+                    ctx,
+                    run.state,
+                    run.process,
+                    run.checkpoint,
+                    born_before_ns=run.record.started_at_unix_ns,
+                ).run()
         if not run.state.failed and not run.state.stopped and not ctx.stopping.is_set():
             await run.join_blobs()
             if inventory is None and not resumed and run.blobs_joined:
@@ -267,6 +273,10 @@ class _AuditRun:
             return
         self._problem_count += await record_missing_blobs(ctx.store, self.problems, joined.missing)
         self._blobs = joined
+
+    @property
+    def record(self) -> AuditRecord:
+        return self._record
 
     @property
     def blobs_joined(self) -> bool:

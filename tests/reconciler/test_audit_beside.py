@@ -9,10 +9,20 @@ import random
 
 from chaos.sim_runtime import SimClock, run_virtual
 from protocol import keys
+from protocol.clock import ManualClock
+from reconciler.audit import run_full_audit
 from reconciler.audit_records import latest_audit, latest_completed_audit
 from reconciler.daemon import Reconciler
 from store.memory import MemoryStore
-from tests.reconciler.conftest import catalog_keys, log_rows, make_settings, write_batches
+from tests.reconciler.conftest import (
+    catalog_keys,
+    context,
+    log_rows,
+    make_batch,
+    make_settings,
+    write_batch,
+    write_batches,
+)
 from tests.reconciler.test_lease import SlowListings
 
 LOOP_S = 10.0
@@ -60,3 +70,43 @@ def test_the_steady_pass_catalogs_while_an_audit_lists_for_many_intervals() -> N
     assert logged <= cataloged  # ... and the steady pass cataloged the logged batches
     assert not unlogged & cataloged  # only what no log row named waits for the audit
     assert completed
+
+
+class CreatesWhileListed:
+    """Creates ``batch`` (advancing the clock first) the moment the audit lists accepted/."""
+
+    def __init__(self, inner: MemoryStore, clock: object, batch: object) -> None:
+        self.inner, self.url, self._clock, self._batch = inner, inner.url, clock, batch
+        self.gets: list[str] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    async def get(self, key: str) -> tuple[bytes, str]:
+        self.gets.append(key)
+        return await self.inner.get(key)
+
+    async def list(self, prefix: str, start_after: str | None = None):  # type: ignore[no-untyped-def]
+        if prefix.startswith(keys.ACCEPTED_PREFIX) and self._batch is not None:
+            batch, self._batch = self._batch, None
+            self._clock.advance(5.0)  # type: ignore[attr-defined]
+            await write_batch(self.inner, batch)  # type: ignore[arg-type]
+        async for info in self.inner.list(prefix, start_after):
+            yield info
+
+
+async def test_an_audit_leaves_records_created_after_its_start_to_the_steady_pass(
+    memory_store: MemoryStore, clock: ManualClock
+) -> None:
+    """PROTOCOL §3.7: a completed audit promises the records that existed at its start; one
+    created while it lists is the steady pass's (from the log), not read by the audit."""
+    old = await write_batches(memory_store, agents=1, per_agent=2)
+    young = make_batch(5, 0, clock.now_ns() + 5 * keys.NS_PER_S)
+    store = CreatesWhileListed(memory_store, clock, young)
+    ctx = await context(store, clock)  # type: ignore[arg-type]
+
+    record = await run_full_audit(ctx)
+
+    assert record.status == "completed"
+    assert young.key not in store.gets and young.key not in await catalog_keys(memory_store)
+    assert {b.key for b in old} <= await catalog_keys(memory_store)
