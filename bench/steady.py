@@ -42,6 +42,7 @@ import os
 import pstats
 import random
 import shutil
+import signal
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -343,8 +344,14 @@ async def _main(args: argparse.Namespace, work_dir: Path) -> Result:
         await stack.stop()
 
 
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # SIGTERM ends the run like Ctrl-C: the finally blocks stop every child by its PID.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="bench-steady-"))
     try:
         result = asyncio.run(_main(args, work_dir))

@@ -41,6 +41,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -328,8 +329,14 @@ def memory_check(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # SIGTERM ends the run like Ctrl-C: the finally blocks stop every child by its PID.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     on_tmpfs = args.work_dir is None and TMPFS.is_dir()
     if on_tmpfs and (problem := memory_check(args)):
         print(f"bench.steady_lag: {problem}", file=sys.stderr)
