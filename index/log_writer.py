@@ -163,9 +163,20 @@ class IndexLogWriter:
             for row in rows:
                 by_hour[row.hour].append(row)
             failed: list[IndexRow] = []
-            for hour_rows in by_hour.values():
-                if not await self._write_segment(hour_rows):
-                    failed.extend(hour_rows)
+            pending = list(by_hour.values())
+            try:
+                while pending:
+                    hour_rows = pending[0]
+                    if not await self._write_segment(hour_rows):
+                        failed.extend(hour_rows)
+                    pending.pop(0)
+            except asyncio.CancelledError:
+                # `stop` cancels the loop mid-flush: the rows not written go back into the
+                # buffer (its final flush writes them), never silently lost. A segment
+                # whose create may have landed is written again under a new name: the
+                # reconciler counts a key once.
+                self._requeue([row for rows in pending for row in rows] + failed)
+                raise
             if failed:
                 self.stats.flush_failures += 1
                 self._requeue(failed)
