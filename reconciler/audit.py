@@ -128,7 +128,8 @@ async def run_full_audit(
                     run.state,
                     run.process,
                     run.checkpoint,
-                    born_before_ns=run.record.started_at_unix_ns,
+                    born_before_ns=run.record.started_at_unix_ns
+                    + int(ctx.settings.settle_margin_s() * 1e9),
                 ).run()
         if not run.state.failed and not run.state.stopped and not ctx.stopping.is_set():
             await run.join_blobs()

@@ -100,14 +100,15 @@ class _Walk:
 
 
 class ListingWalk(_Walk):
-    """``born_before_ns``: the audit's start (store time). A listed record whose
-    LastModified is later was created after the audit started: the audit promises nothing
-    about it (PROTOCOL §3.7, "every record that existed at its start"), and the steady pass
-    catalogs it from the log, so the audit neither reads nor checks it. Without this, an
-    audit over a busy store read and cataloged every batch accepted while it ran, in the
-    steady pass's process: the catalog's lag grew to minutes (bench.steady_lag). Such a
-    record cannot be a phantom either: a phantom is older than the start minus the
-    settle margin."""
+    """``born_before_ns``: the audit's start (store time) plus the settle margin. A listed
+    record whose LastModified is later was created after the audit started: the audit
+    promises nothing about it (PROTOCOL §3.7, "every record that existed at its start"),
+    and the steady pass catalogs it from the log, so the audit neither reads nor checks
+    it. The margin keeps the cut safe against the store-time estimate of the start (a
+    lower bound, 1 s resolution, within the allowed skew). Without this, an audit over a
+    busy store read and cataloged every batch accepted while it ran, in the steady pass's
+    process: the catalog's lag grew to minutes (bench.steady_lag). Such a record cannot be
+    a phantom either: a phantom is older than the start minus the settle margin."""
 
     def __init__(
         self,

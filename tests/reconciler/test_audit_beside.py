@@ -73,7 +73,8 @@ def test_the_steady_pass_catalogs_while_an_audit_lists_for_many_intervals() -> N
 
 
 class CreatesWhileListed:
-    """Creates ``batch`` (advancing the clock first) the moment the audit lists accepted/."""
+    """Creates ``batch`` (advancing the clock past the settle margin first) the moment the
+    audit lists accepted/."""
 
     def __init__(self, inner: MemoryStore, clock: object, batch: object) -> None:
         self.inner, self.url, self._clock, self._batch = inner, inner.url, clock, batch
@@ -89,7 +90,7 @@ class CreatesWhileListed:
     async def list(self, prefix: str, start_after: str | None = None):  # type: ignore[no-untyped-def]
         if prefix.startswith(keys.ACCEPTED_PREFIX) and self._batch is not None:
             batch, self._batch = self._batch, None
-            self._clock.advance(5.0)  # type: ignore[attr-defined]
+            self._clock.advance(120.0)  # type: ignore[attr-defined]  # past the settle margin
             await write_batch(self.inner, batch)  # type: ignore[arg-type]
         async for info in self.inner.list(prefix, start_after):
             yield info
@@ -101,7 +102,7 @@ async def test_an_audit_leaves_records_created_after_its_start_to_the_steady_pas
     """PROTOCOL §3.7: a completed audit promises the records that existed at its start; one
     created while it lists is the steady pass's (from the log), not read by the audit."""
     old = await write_batches(memory_store, agents=1, per_agent=2)
-    young = make_batch(5, 0, clock.now_ns() + 5 * keys.NS_PER_S)
+    young = make_batch(5, 0, clock.now_ns() + 120 * keys.NS_PER_S)
     store = CreatesWhileListed(memory_store, clock, young)
     ctx = await context(store, clock)  # type: ignore[arg-type]
 
