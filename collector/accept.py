@@ -9,9 +9,10 @@
    prove the blob exists with a HEAD, or create it again when the HEAD finds nothing), so
    a duplicate never uploads the frame twice.
 2. Create the accepted manifest with If-None-Match. Created: accepted. 412: read the
-   manifest; the same hash is a duplicate, another hash an identity conflict, answered
-   only once its quarantine record exists (else `AcceptanceUnavailable`: 503), then a
-   ``quarantine`` row. Every ``Accepted`` — new or duplicate — appends an ``accepted`` row:
+   manifest; the same hash is a duplicate, another hash an identity conflict
+   (`collector.quarantine`: the accepted blob's deletion held off by the whole §3.5
+   collector side, then the quarantine record), answered only once its record exists
+   (else `AcceptanceUnavailable`: 503), then a ``quarantine`` row. Every ``Accepted`` — new or duplicate — appends an ``accepted`` row:
    a batch whose first answer was lost must not wait for a full audit to be indexed.
    Where the manifest key spells the agent as ``h-<sha256>`` (agent_ids over 124 bytes,
    PROTOCOL §3), the long form a store written before that rule may hold is read first,
@@ -20,8 +21,8 @@
 A re-send (``resend=True``: the agent sent ``X-Lightmetrics-Resend: 1``) reads the
 accepted manifest first: the same hash is answered as a duplicate with that one read and
 nothing written (its ``accepted`` row still appended); another hash takes the conflict
-path (the submitted blob is stored first, by step 1, since the quarantine record names
-it); no manifest (or no answer) runs steps 1-2. The order of checks changes, never an
+path (the submitted blob is stored and kept first, by step 1 with the §3.5 collector
+side, since the quarantine record names it); no manifest (or no answer) runs steps 1-2. The order of checks changes, never an
 outcome.
 
 A blob create that finds the blob already there (a definite 412, no header) is most often
@@ -42,8 +43,12 @@ without a manifest this call created or read.** Nothing that must happen once pe
 batch happens before the manifest create succeeds; index log rows are best effort (the
 reconciler's audit is their backstop) and never delay the answer.
 
-Every store call runs under the remaining budget; a call cut short is treated as
-"outcome unknown" (the request may have been applied).
+Every store call runs under the remaining budget, checked immediately before it is
+sent: no create (blob, manifest, veto, quarantine record) is sent after the request's
+start + budget, which is before ``accepted_at`` + budget (``accepted_at`` is stamped
+during the request), so the GC's mark grace bounds when any create can land (PROTOCOL
+§3.2, §3.5 rule 3). A call cut short is treated as "outcome unknown" (the request may
+have been applied).
 """
 
 from __future__ import annotations
@@ -57,7 +62,7 @@ from typing import Protocol
 import structlog
 
 from index.log_writer import IndexLogWriter
-from index.rows import accepted_row, blob_row, quarantine_row
+from index.rows import accepted_row, blob_row
 from protocol import keys, records
 from protocol.clock import Clock
 from protocol.frame import FrameError, frame_time_range
@@ -72,7 +77,8 @@ from store.errors import (
 from store.retry import Backoff
 from store.time import StoreClock
 
-from .blob_survival import hold_off_deletion, keep_existing_blob
+from .blob_survival import keep_existing_blob
+from .quarantine import quarantine_conflict
 from .store_calls import BudgetedRequest, BudgetExhausted, Created, StoreOpObserver
 
 log = structlog.get_logger(__name__)
@@ -437,32 +443,14 @@ class BatchAcceptor:
         *,
         accepted_key: str | None = None,
     ) -> IdentityConflictFound:
-        conflict = records.IdentityConflict(
-            agent_id=accepted.agent_id,
-            boot_id=accepted.boot_id,
-            seq_start=accepted.seq_start,
-            seq_end=accepted.seq_end,
-            accepted_manifest_key=accepted_key or accepted.manifest_key,
-            accepted_raw_blob_key=accepted.raw_blob_key,
-            accepted_frame_sha256=accepted.frame_sha256,
-            submitted_raw_blob_key=keys.raw_blob_key(submitted_sha),
-            submitted_frame_sha256=submitted_sha,
-            observed_at_unix_ns=self._clock.now_ns(),
+        """The conflict path (`collector.quarantine`): the submitted blob is stored and
+        kept already; the accepted blob's deletion is held off, then the record created."""
+        quarantine_key = await quarantine_conflict(
+            request,
+            accepted=accepted,
+            accepted_key=accepted_key or accepted.manifest_key,
+            submitted_sha=submitted_sha,
             collector_id=self._collector_id,
+            index_log=self._index_log,
         )
-        quarantine_key = conflict.quarantine_key
-        # The record will keep the accepted blob alive (PROTOCOL §4.1), but raw retention
-        # may have marked that blob already (its batch is rolled up): veto it, or wait
-        # out a deletion under way, before the record exists. One GET (404) otherwise.
-        await hold_off_deletion(request, sha=accepted.frame_sha256, collector_id=self._collector_id)
-        # The 409 is answered only once the record exists (PROTOCOL §3.2): a create that
-        # does not settle within the budget raises BudgetExhausted (503; the agent
-        # retries and the conflict is found again).
-        created, etag = await request.create_idempotent_etag(
-            "put_quarantine", quarantine_key, conflict.to_json()
-        )
-        # Only a create answered 200 is ours to attest; an existing record (a conflict
-        # found before, with its own observed_at) is read back by the reconciler.
-        own = created is Created.YES
-        self._index_log.append(quarantine_row(conflict, etag=etag if own else None, own_create=own))
         return IdentityConflictFound(accepted, submitted_sha, quarantine_key, store_ops=request.ops)

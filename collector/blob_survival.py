@@ -13,6 +13,16 @@ is followed by `keep_existing_blob`:
 
 From then on a deletion needs a new mark and ``gc.mark_grace``, far longer than this
 request. A duplicate therefore costs one upload of the frame (the 412), never two.
+
+An identity conflict's *accepted* blob, which its quarantine record will name, goes
+through the same steps (`keep_accepted_blob`, PROTOCOL §3.2) on every conflict, except
+the last: this request does not hold the accepted bytes, so a HEAD that finds nothing
+means raw retention deleted the blob, and the record says so
+(``accepted_blob_present: false``).
+
+Every create here (veto, blob) goes through `BudgetedRequest.call`, which checks the
+request's deadline immediately before sending: a wait for a deletion that eats the
+budget ends the request (503) with nothing more sent.
 """
 
 from __future__ import annotations
@@ -33,16 +43,39 @@ async def keep_existing_blob(
     """Make sure the blob of ``sha`` survives GC. True when the blob had to be created
     again (the caller indexes it as a new blob). Raises `BudgetExhausted`."""
     await hold_off_deletion(request, sha=sha, collector_id=collector_id)
-    return await _prove_blob(request, frame, sha)
+    if await blob_present(request, sha):
+        return False
+    created = await request.create_idempotent("put_raw_blob", keys.raw_blob_key(sha), frame)
+    if created is Created.EXISTED:
+        return False
+    log.warning("raw_blob_recreated", frame_sha256=sha)
+    return True
+
+
+async def keep_accepted_blob(request: BudgetedRequest, *, sha: str, collector_id: str) -> bool:
+    """The collector side of PROTOCOL §3.5 for the *accepted* blob of an identity
+    conflict, which the quarantine record will name (and so keep alive, §3.5 rule 7):
+    hold off a deletion (`hold_off_deletion`), then HEAD the blob. True when it is there:
+    no deletion can then start before a new mark and ``gc.mark_grace``, longer than this
+    request. False when it is gone: raw retention deleted it (only raw retention deletes
+    a blob an accepted manifest names), and this request does not hold its bytes to
+    create it again; the record says ``accepted_blob_present: false``. Raises
+    `BudgetExhausted`."""
+    await hold_off_deletion(request, sha=sha, collector_id=collector_id)
+    present = await blob_present(request, sha)
+    if not present:
+        log.warning("accepted_blob_gone", frame_sha256=sha)
+    return present
 
 
 async def hold_off_deletion(request: BudgetedRequest, *, sha: str, collector_id: str) -> None:
-    """The first half of `keep_existing_blob`: veto a marked blob, and wait out a deletion
-    under way, so that no deletion of ``sha``'s blob is in flight when this returns and
-    none can start before a new mark and its grace. Alone (without the proof) it serves a
-    blob this request only names: the *accepted* blob of an identity conflict, which a
-    quarantine record keeps alive (PROTOCOL §4.1: with raw retention, an accepted blob
-    may be marked). Raises `BudgetExhausted`."""
+    """Read the mark of ``sha``: ``marked`` → write the veto (read back: a create
+    answered 412 proves it is there), then read the mark again; ``deleting`` (first or
+    second read) → wait until the mark is gone. When this returns, no deletion of the
+    blob is in flight, and none can start before a new mark and its grace: the blob is
+    present or absent *for good* from here on, which the caller proves with a HEAD
+    (`blob_present`; reading "no mark" alone proves nothing: a deletion may have just
+    finished). Raises `BudgetExhausted`."""
     mark_key = keys.gc_mark_key(sha)
     if await _read_mark(request, mark_key) is None:
         return
@@ -60,22 +93,19 @@ async def hold_off_deletion(request: BudgetedRequest, *, sha: str, collector_id:
             await request.pause(delays)
 
 
-async def _prove_blob(request: BudgetedRequest, frame: bytes, sha: str) -> bool:
+async def blob_present(request: BudgetedRequest, sha: str) -> bool:
+    """A HEAD of the blob of ``sha``: True when found, False on a 404. Raises
+    `BudgetExhausted`."""
     key = keys.raw_blob_key(sha)
     delays = request.delays()
     while True:
         try:
             await request.call("head_raw_blob", key, lambda: request.store.head(key))
-            return False
+            return True
         except NotFound:
-            break
+            return False
         except (Unavailable, ConditionConflict):
             await request.pause(delays)  # safe to repeat: a read
-    created = await request.create_idempotent("put_raw_blob", key, frame)
-    if created is Created.EXISTED:
-        return False
-    log.warning("raw_blob_recreated", frame_sha256=sha)
-    return True
 
 
 async def _read_mark(request: BudgetedRequest, mark_key: str) -> records.GcMark | None:

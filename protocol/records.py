@@ -142,6 +142,12 @@ class IdentityConflict(_IdentityFields):
     submitted_frame_sha256: str = Sha256Hex
     observed_at_unix_ns: int = NonNegative
     collector_id: str = Field(min_length=1)
+    accepted_blob_present: bool = True
+    """PROTOCOL §3.2: False when the collector found the accepted blob already deleted
+    (raw retention) after holding off its deletion; records written before the field
+    lack it (true). Informational: the accepted manifest, not this record, says whether
+    that blob should exist (the audit's ``missing-blob`` follows the manifest's row), and
+    a record naming the hash still keeps a blob re-created under it (§3.5 rule 7)."""
 
     @property
     def quarantine_key(self) -> str:

@@ -425,10 +425,11 @@ async def test_a_resend_of_another_frame_is_the_conflict_path_with_its_blob_kept
 
     assert isinstance(result, IdentityConflictFound)
     assert result.accepted.frame_sha256 == SHA and result.submitted_frame_sha256 == OTHER_SHA
-    assert harness.ops[:4] == [
+    assert harness.ops[:5] == [
         ("get_manifest", "ok"),
         ("put_raw_blob", "ok"),
-        ("get_gc_mark", "not_found"),  # the accepted blob: no deletion to hold off
+        ("get_gc_mark", "not_found"),  # the accepted blob: no deletion to hold off ...
+        ("head_raw_blob", "ok"),  # ... and it is there
         ("put_quarantine", "ok"),
     ]
     assert (await store.get(keys.raw_blob_key(OTHER_SHA)))[0] == OTHER

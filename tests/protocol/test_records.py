@@ -93,6 +93,11 @@ def test_identity_conflict_record() -> None:
     assert body["schema"] == "lightmetrics.identity_conflict.v1"
     assert conflict.quarantine_key == keys.quarantine_key(conflict.identity, "cd" * 32)
     assert records.IdentityConflict.from_json(conflict.to_json()) == conflict
+    # PROTOCOL §3.2: records written before ``accepted_blob_present`` read as true.
+    assert body.pop("accepted_blob_present") is True
+    assert records.IdentityConflict.from_json(json.dumps(body)) == conflict
+    gone = conflict.model_copy(update={"accepted_blob_present": False})
+    assert records.IdentityConflict.from_json(gone.to_json()).accepted_blob_present is False
 
 
 def test_lease_record_is_exactly_the_protocol_shape() -> None:

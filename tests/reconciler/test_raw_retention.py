@@ -318,6 +318,40 @@ async def test_a_conflicting_resend_of_a_marked_retired_batch_vetoes_its_blob() 
     assert a.manifest.frame_sha256 not in await latest_orphans(world)
 
 
+async def test_a_conflict_after_raw_retention_deleted_the_accepted_blob_records_it_absent() -> None:
+    """PROTOCOL §3.2: the collector holds off the accepted blob's deletion and HEADs it;
+    gone (raw retention deleted it), the quarantine record says
+    ``accepted_blob_present: false``. Nothing reports that blob missing, and a re-send
+    that stores it again has it kept by the record from then on."""
+    world, (a, b, c), _conflict = await accepted_world()
+    world.clock.advance(3 * HOUR_S)
+    await audit_now(world)
+    await include(world, a.manifest, b.manifest, c.manifest)
+    assert await retire(world) is not None
+    await audit_now(world)
+    assert (await world.gc()).record.marked == 2
+    world.clock.advance(GUARDED.mark_grace_s + 1)
+    assert sorted((await world.gc()).deleted) == sorted(
+        [a.manifest.frame_sha256, b.manifest.frame_sha256]
+    )
+    other = frame_bytes(300, seq=101)  # another frame under a's identity
+    late = await world.acceptor(1).accept(header_of(other), other, sha(other))
+    assert isinstance(late, IdentityConflictFound)
+    record = records.IdentityConflict.from_json((await world.store.get(late.quarantine_key))[0])
+    assert record.accepted_blob_present is False
+    assert record.accepted_frame_sha256 == a.manifest.frame_sha256
+    audit = await audit_now(world)
+    assert audit.status == "completed"
+    assert await problems_of(world, "missing-blob") == []
+
+    again = await world.accept(frame_bytes(101), seq=1)  # a's frame, stored again
+    assert again.duplicate
+    world.clock.advance(GUARDED.retry_horizon_s + 1)
+    await audit_now(world)
+    assert a.manifest.frame_sha256 not in await latest_orphans(world)  # the record keeps it
+    assert await problems_of(world, "missing-blob") == []
+
+
 async def test_deleting_the_state_stops_raw_retention_and_withdraws_its_marks() -> None:
     world, (a, b, c), _conflict = await accepted_world()
     world.clock.advance(3 * HOUR_S)
