@@ -8,6 +8,14 @@ audit's listing finds those), some are never sent again (true orphans). With raw
 retention, around when the first hour's blobs should be gone, some acknowledged batches
 are re-sent or get a conflicting twin once more.
 
+``X-Lightmetrics-Resend`` (PROTOCOL §3.2) as the reference agent sends it: on every retry
+after a 503; on a share of the later re-sends (``resend_header_rate``: the agent
+remembered the frame); and on the first send here of a share of the conflicting twins
+(``twin_sent_before_rate``: sent before without an answer; half of them left their blob
+as an orphan at the start, which the GC may be deleting when the twin comes again), so
+the re-send conflict path (manifest read first, then step 1 for the submitted frame)
+runs against blobs absent, present, marked and being deleted.
+
 What the agents were told (`SimAgents.acked`, `SimAgents.conflict_views`) and the true
 orphans they left are what `chaos.simulation` checks the settled store against.
 """
@@ -75,16 +83,20 @@ class SimAgents:
         return made
 
     async def send(
-        self, batch: _Batch, rng: random.Random, *, attempts: int = 6
+        self, batch: _Batch, rng: random.Random, *, attempts: int = 6, resend: bool = False
     ) -> Accepted | None:
-        """Send until an answer (or ``attempts`` 503s); returns the acknowledgement."""
+        """Send until an answer (or ``attempts`` 503s); returns the acknowledgement.
+        ``resend``: the first attempt carries the re-send header (every retry does)."""
         world = self._world
         for _ in range(attempts):
             acceptor = world.acceptors[rng.randrange(len(world.acceptors))]
+            if resend:
+                world.report.stats["sends_with_resend_header"] += 1
             try:
-                outcome = await acceptor.accept(batch.header, batch.frame, batch.sha)
+                outcome = await acceptor.accept(batch.header, batch.frame, batch.sha, resend=resend)
             except AcceptanceUnavailable:
                 world.report.stats["answer_503"] += 1
+                resend = True  # the agent sent it before: its retries carry the header
                 await world.clock.sleep(rng.uniform(0.2, 2.0))
                 continue
             if isinstance(outcome, Accepted):
@@ -99,6 +111,8 @@ class SimAgents:
                 return outcome
             assert isinstance(outcome, IdentityConflictFound)
             world.report.stats["answer_409"] += 1
+            if resend:
+                world.report.stats["answer_409_resend_header"] += 1
             self.conflict_views.append((batch.identity, outcome.accepted.frame_sha256))
             return None
         return None
@@ -117,6 +131,15 @@ class SimAgents:
         if config.crash_landing_rate and rng.random() < config.crash_landing_rate:
             await self._crash_landing(batch, rng, twin=rng.random() < 0.5)
             return
+        # The header and the twin's history draw from their own stream: the plan above
+        # is what it was before they existed.
+        agent_rng = random.Random(f"{config.seed}/agent/{index}")
+        resend_header = agent_rng.random() < config.resend_header_rate
+        twin_sent_before = agent_rng.random() < config.twin_sent_before_rate
+        if conflict and not give_up and twin_sent_before and agent_rng.random() < 0.5:
+            # The twin's earlier attempt wrote its blob, then its collector crashed.
+            await self._land_orphan(self._twin(batch), logged=agent_rng.random() < 0.5)
+            world.report.stats["twin_orphans_planted"] += 1
         if pre_orphan:  # an earlier attempt wrote the blob, then its collector crashed
             await self._land_orphan(batch, logged=logged)
             world.report.stats["orphans_planted"] += 1
@@ -129,14 +152,18 @@ class SimAgents:
         if resend:  # old content again, possibly after the GC marked or deleted it
             await world.clock.sleep(rng.uniform(0.0, config.send_window_s))
             world.report.stats["resends"] += 1
-            await self.send(batch, rng)
+            await self.send(batch, rng, resend=resend_header)
         if conflict and acked is not None:
-            twin = _Batch(batch.header, _frame(batch.header, config.seed, "conflict"))
             await world.clock.sleep(rng.uniform(0.0, config.send_window_s / 4))
-            if await self.send(twin, rng) is not None:
+            twin = self._twin(batch)
+            if await self.send(twin, rng, resend=twin_sent_before) is not None:
                 world.violation(f"conflicting frame for {batch.identity} was acknowledged")
         if acked is not None and world.rollup is not None:
             await self._after_raw_retention(batch, index)
+
+    def _twin(self, batch: _Batch) -> _Batch:
+        """The conflicting twin of ``batch``: another frame of its identity."""
+        return _Batch(batch.header, _frame(batch.header, self._world.config.seed, "conflict"))
 
     async def _crash_landing(self, batch: _Batch, rng: random.Random, *, twin: bool) -> None:
         """An earlier attempt left an orphan blob — the batch's own frame, or (``twin``) a
@@ -182,6 +209,9 @@ class SimAgents:
         rng = random.Random(f"{config.seed}/after-retention/{index}")
         resend = rng.random() < config.late_resend_rate
         conflict = rng.random() < config.late_conflict_rate
+        agent_rng = random.Random(f"{config.seed}/agent-after-retention/{index}")
+        resend_header = agent_rng.random() < config.resend_header_rate
+        twin_sent_before = agent_rng.random() < config.twin_sent_before_rate
         at_s = world.retention_due_s + rng.uniform(
             -config.audit_interval_s, config.audit_interval_s
         )
@@ -191,12 +221,12 @@ class SimAgents:
         if conflict:
             twin = _Batch(batch.header, _frame(batch.header, config.seed, "late conflict"))
             world.report.stats["late_conflicts"] += 1
-            if await self.send(twin, rng, attempts=20) is not None:
+            if await self.send(twin, rng, attempts=20, resend=twin_sent_before) is not None:
                 world.violation(f"late conflicting frame for {batch.identity} was acknowledged")
         if resend:
             gone = not await _exists(world.memory, keys.raw_blob_key(batch.sha))
             world.report.stats["late_resends_blob_gone" if gone else "late_resends"] += 1
-            again = await self.send(batch, rng, attempts=20)
+            again = await self.send(batch, rng, attempts=20, resend=resend_header)
             if again is None:
                 world.violation(f"late re-send of {batch.identity} got no 200 (blob gone: {gone})")
             elif not again.duplicate:

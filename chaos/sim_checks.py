@@ -20,8 +20,9 @@ from store.memory import MemoryStore
 
 class WatchedStore:
     """`MemoryStore` that checks, as each operation is applied, that the GC never deletes
-    a referenced blob (with raw retention: one that `RetentionRule` does not let go) and
-    no manifest is created while its blob is missing."""
+    a referenced blob (with raw retention: one that `RetentionRule` does not let go), no
+    manifest or quarantine record is created while its (submitted) blob is missing, and
+    no quarantine record says its accepted blob is present while it is missing."""
 
     def __init__(
         self,
@@ -71,6 +72,7 @@ class WatchedStore:
             sha = conflict.submitted_frame_sha256
             self._quarantined.setdefault(sha, key)
             self._quarantined.setdefault(conflict.accepted_frame_sha256, key)
+            await self._check_accepted_blob(key, conflict)
         if sha is not None:
             try:
                 await self.inner.head(keys.raw_blob_key(sha))
@@ -115,6 +117,21 @@ class WatchedStore:
             self._deleted.add(sha)
         elif key.startswith(keys.INDEX_CATALOG_PREFIX):
             self._stats["catalog_files_deleted"] += 1
+
+    async def _check_accepted_blob(self, key: str, conflict: records.IdentityConflict) -> None:
+        """PROTOCOL §3.2: the collector held off the accepted blob's deletion and HEADed it
+        before the record; one that says the blob is there must find it there as it lands
+        (a deletion after that HEAD needs a new mark and a grace longer than the request)."""
+        if not conflict.accepted_blob_present:
+            self._stats["quarantines_accepted_blob_gone"] += 1
+            return
+        try:
+            await self.inner.head(keys.raw_blob_key(conflict.accepted_frame_sha256))
+        except NotFound:
+            self._violation(
+                f"{key} says its accepted blob {conflict.accepted_frame_sha256[:12]} is "
+                "present, but it is missing"
+            )
 
     def _count_put(self, key: str, if_none_match: bool) -> None:
         for prefix, name in (

@@ -67,6 +67,14 @@ class SimConfig:
     then through a collector that crashes before flushing its log rows, so its manifest
     (or quarantine record) is known to nothing but the store — the GC's targeted proof
     (PROTOCOL §3.5 rule 7) is what keeps the blob (`chaos.sim_agents`)."""
+    resend_header_rate: float = 0.5
+    """Of the later re-sends of a batch, the share that carries ``X-Lightmetrics-Resend``
+    (the agent remembered sending it; the others restarted). Retries after a 503 always
+    carry it, as the reference agent's do."""
+    twin_sent_before_rate: float = 0.5
+    """Of the conflicting twins, the share the agent had sent before without an answer,
+    so their first send here carries the header: half of those left their blob as an
+    orphan at the start (a collector crashed after the blob), half left nothing."""
 
 
 @dataclass

@@ -5,7 +5,9 @@ time (`chaos.sim_runtime`, `chaos.sim_world`):
 
 - a `MemoryStore` (the bucket), watched by `WatchedStore`, which checks the GC's safety
   at the moment each operation is applied: no raw blob is deleted while an accepted
-  manifest or quarantine record names it, and no manifest is created without its blob;
+  manifest or quarantine record names it, no manifest or quarantine record is created
+  without its (submitted) blob, and no quarantine record says its accepted blob is
+  present while it is missing;
 - ``collectors`` `BatchAcceptor`s, each with its `IndexLogWriter` (rows buffered and
   flushed as log segments every ``flush_s``), each through a seeded `DelayedStore`
   (latency; requests in flight land even if their caller gave up) and a seeded
@@ -15,7 +17,9 @@ time (`chaos.sim_runtime`, `chaos.sim_world`):
   GC may have marked it), some get a conflicting twin, some were "pre-landed" as orphan
   blobs (a collector that crashed after the blob: half of them flushed its ``blob`` log
   row first, half did not, so only an audit's listing finds those), some are never sent
-  again (true orphans);
+  again (true orphans); retries and some re-sends carry ``X-Lightmetrics-Resend``, as do
+  some twins the agent had sent before (their blob absent, or an orphan the GC may be
+  deleting), so the re-send conflict path runs too;
 - the reconciler daemon (`reconciler.daemon.Reconciler.run`, through its own faulty
   store): steady passes over the log every ``reconciler_interval_s``, full audits when
   due, catalog compaction (the world starts shortly before an hour ends, so the first

@@ -22,6 +22,14 @@ The worlds of the index era differ from those the bugs were found in (the collec
 log rows instead of writing derived entries; the GC's candidates and proofs come from
 the index), so the worlds were chosen again (the seeds of that era, 826 and 76, now
 describe other worlds).
+
+Planted, not found (issue 22, PROTOCOL §3.2): a collector whose re-send conflict path
+skips step 1 (`collector.accept.BatchAcceptor._settle_from_manifest` quarantining
+without storing and keeping the submitted blob) is flagged in `RESEND_CONFLICT_WORLD`;
+one that skips the accepted blob's HEAD (`collector.blob_survival.keep_accepted_blob`
+always answering "present") in `RETENTION_WORLD` (t=157.510 s a quarantine record says
+its accepted blob is present while it is missing). The simulation could not see the
+first until its agents sent ``X-Lightmetrics-Resend`` (`chaos.sim_agents`).
 """
 
 from __future__ import annotations
@@ -62,7 +70,7 @@ BUG_1_WORLD = SimConfig(
 """With "no mark" taken as "the blob stays" (`collector.blob_survival.keep_existing_blob`
 returning at once when it reads no mark): t=22.06 s a manifest is created while its
 raw blob is missing."""
-BUG_2_WORLD = SimConfig(seed=194, connect_timeout_s=2.0, late_rate=0.1)
+BUG_2_WORLD = SimConfig(seed=202, connect_timeout_s=2.0, late_rate=0.1)
 """A world where a raw-blob DELETE lands late and a blob is re-created after a deletion.
 Seed 164 (which ended in a violation with the bug put back: t=24.91 s the GC deleted a
 referenced raw blob) no longer has both once the request-cost changes of 2026-11-23
@@ -72,7 +80,30 @@ its state) moved the timing again; 176 is the first later seed that has both, li
 not re-checked against the reinstated bug. The store-attested steady pass (2026-11-27: no
 read-back of own creates) moved it again; 179 is the first later seed with both. The GC of
 issue 22 (no audit of its own, the targeted proof, valid frames in the worlds) moved it
-again: 194 is the first later seed with both, likewise not re-checked."""
+again: 194 is the first later seed with both, likewise not re-checked. The collector side
+of issue 22 (a HEAD of the accepted blob on every conflict; agents that send
+X-Lightmetrics-Resend) moved it again: 202 is the first later seed with both, likewise
+not re-checked."""
+
+RESEND_CONFLICT_WORLD = SimConfig(
+    seed=4,
+    agents=4,
+    batches_per_agent=6,
+    conflict_rate=1.0,
+    twin_sent_before_rate=1.0,
+    late_rate=0.1,
+    reconciler_interval_s=2.0,
+)
+"""Every batch gets a conflicting twin the agent had sent before: re-sent with the header,
+its blob absent or an orphan the GC marks and deletes. With the re-send conflict path
+skipping step 1 (`BatchAcceptor._settle_from_manifest` going straight to
+``_quarantine``): t=5.250 s a quarantine record is created while its raw blob is
+missing. With only the §3.5 collector side of step 1 skipped (the blob PUT kept, its
+412 not followed by `keep_existing_blob`): t=39.174 s likewise (the GC deleted the blob
+between the 412 and the record). Both checked by hand. The second needs a deletion to
+meet the re-send, so its world moves with timing as `BUG_2_WORLD`'s does (seeds 4, 6, 20
+and 22 of 40 of this shape had it when chosen); the default worlds see the first too
+(seed 1 of the coverage test's: t=5.317 s)."""
 
 worlds = st.builds(
     SimConfig,
@@ -130,6 +161,9 @@ def test_the_simulation_exercises_the_races_and_the_gc_deletes_true_orphans() ->
         "answer_503",
         "orphans_logged",
         "catalog_files_deleted",
+        "sends_with_resend_header",
+        "answer_409_resend_header",  # the re-send conflict path (PROTOCOL §3.2)
+        "twin_orphans_planted",
     ):
         assert totals.get(needed, 0) > 0, needed
     assert totals["orphans_planted"] > totals["orphans_logged"]  # some only a listing finds
@@ -187,6 +221,9 @@ def test_raw_retention_deletes_rolled_up_blobs_and_nothing_else() -> None:
     assert stats["blobs_deleted_accepted"] >= stats["gc_deleted_raw_retention"]
     assert stats["late_resends_blob_gone"] > 0  # re-sent after deletion: duplicates
     assert stats["late_conflicts"] > 0
+    # Some late twins find the accepted blob gone: their records say so (`WatchedStore`
+    # checks every record that says "present" against the store as it lands).
+    assert stats["quarantines_accepted_blob_gone"] > 0
     assert stats["gc_deleted_orphan"] > 0  # the orphan GC goes on alongside
 
 
@@ -204,12 +241,12 @@ CRASH_LANDING_WORLD = SimConfig(seed=0, crash_landing_rate=0.5)
 audit nominated them, through collectors that crash before flushing their log rows
 (`chaos.sim_agents`): only the store knows their manifests and quarantine records. With
 rule 7's quarantine LIST left out of `reconciler.gc.proof` (``_quarantines`` returning
-``PROVEN``), this world ends in violations (t=48.142 s: "GC deleted raw blob 0ce57bff970a
+``PROVEN``), this world ends in violations (t=51.977 s: "GC deleted raw blob 0ce57bff970a
 referenced by quarantine/v1/identity-conflict/..."), checked by hand."""
 CRASH_LANDING_RETENTION_WORLD = dataclasses.replace(CRASH_LANDING_WORLD, raw_retention_s=20.0)
 """The same with raw retention on. With the manifest check skipped under raw retention
 (``_manifests`` returning ``PROVEN`` for every candidate), this world ends in violations
-(t=44.651 s: "GC deleted raw blob 57a8b3b61eee: accepted/v1/... is not in the latest
+(t=46.445 s: "GC deleted raw blob 57a8b3b61eee: accepted/v1/... is not in the latest
 rollup ledger"), checked by hand. (Skipping it only for the blobs raw retention
 nominates is caught by `tests/reconciler/test_raw_retention.py`
 ``test_deleting_the_state_stops_raw_retention_and_withdraws_its_marks``.)"""
@@ -227,6 +264,15 @@ def test_bug_1_seed_from_the_simulation() -> None:
     report = simulate(BUG_1_WORLD)
     assert report.ok, report.violations
     assert report.stats["blobs_recreated"] > 0  # collectors re-created what the GC deleted
+
+
+def test_resend_conflict_seed_from_the_simulation() -> None:
+    # Twins re-sent with the header, some over an orphan blob of their own: each
+    # quarantine record is created over its stored, kept blob.
+    report = simulate(RESEND_CONFLICT_WORLD)
+    assert report.ok, report.violations
+    assert report.stats["answer_409_resend_header"] > 0
+    assert report.stats["twin_orphans_planted"] > 0
 
 
 def test_bug_2_seed_from_the_simulation() -> None:
