@@ -24,7 +24,6 @@ import asyncio
 import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +33,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bench._common import REPO_ROOT
+from bench import child_process
+from bench.child_process import status_bytes
 from index.catalog import CatalogWriter, list_hour_files, read_hour
 from index.catalog_local import MergeLimits
 from index.catalog_merge import merge_files
@@ -158,16 +158,9 @@ def _named(key: str) -> ObjectInfo:
     return ObjectInfo(key=key, size=0, etag="", last_modified_ns=0)
 
 
-def _status_bytes(field_name: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field_name + ":"):
-            return int(line.split()[1]) * 1024
-    raise KeyError(field_name)
-
-
 def child(argv: list[str]) -> None:
     what, url = argv[0], argv[1]
-    base_rss = _status_bytes("VmRSS")  # the interpreter and its imports, before any work
+    base_rss = status_bytes("VmRSS")  # the interpreter and its imports, before any work
     started = time.perf_counter()
     if what == "levels":
         result = asyncio.run(compact_by_levels(url, int(argv[2]), argv[3]))
@@ -176,23 +169,12 @@ def child(argv: list[str]) -> None:
     else:
         result = asyncio.run(baseline(url))
     seconds = time.perf_counter() - started
-    hwm = _status_bytes("VmHWM")
+    hwm = status_bytes("VmHWM")
     print(json.dumps({**result, "seconds": seconds, "peak_rss": hwm, "base_rss": base_rss}))
 
 
 def run_child(*args: str) -> dict[str, object]:
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.catalog_hour", "--child", *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        cwd=REPO_ROOT,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-    )
-    if out.returncode != 0:
-        raise SystemExit(f"child {args[0]} failed ({out.returncode}):\n{out.stderr[-4000:]}")
-    result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
+    return child_process.run_child("bench.catalog_hour", *args)
 
 
 def main() -> None:

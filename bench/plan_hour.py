@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,8 +33,9 @@ from typing import cast
 import numpy as np
 import pyarrow as pa
 
-from bench._common import REPO_ROOT
-from bench.catalog_hour import HOUR, _status_bytes, seed, synthetic_rows
+from bench import child_process
+from bench.catalog_hour import HOUR, seed, synthetic_rows
+from bench.child_process import status_bytes
 from index.catalog import list_hour_files, read_hour
 from index.catalog_tables import manifest_ids
 from protocol import keys
@@ -105,15 +105,15 @@ def handoff(items: pa.Table) -> dict[str, object]:
     (``/proc/self/clear_refs`` resets VmHWM), time and the blobs' bytes."""
     from rollup.stages import assign_tasks, task_blobs, task_count
 
-    plan_peak = _status_bytes("VmHWM")
+    plan_peak = status_bytes("VmHWM")
     Path("/proc/self/clear_refs").write_text("5")
-    before = _status_bytes("VmRSS")
+    before = status_bytes("VmRSS")
     started = time.perf_counter()
     blobs = task_blobs(items, assign_tasks(items, task_count(items, 2)))
     return {
         "plan_peak_rss": plan_peak,
         "rss_before": before,
-        "peak_rss": _status_bytes("VmHWM"),
+        "peak_rss": status_bytes("VmHWM"),
         "seconds": time.perf_counter() - started,
         "tasks": len(blobs),
         "blob_bytes": sum(len(b) for b in blobs),
@@ -134,7 +134,7 @@ async def baseline(url: str) -> dict[str, object]:
 
 def child(argv: list[str]) -> None:
     what, url = argv[0], argv[1]
-    base_rss = _status_bytes("VmRSS")
+    base_rss = status_bytes("VmRSS")
     started = time.perf_counter()
     if what == "baseline":
         result = asyncio.run(baseline(url))
@@ -142,7 +142,7 @@ def child(argv: list[str]) -> None:
         ledger_keys = json.loads(argv[3]) if what == "half" else []
         result = asyncio.run(plan(url, ledger_keys, argv[2]))
     seconds = time.perf_counter() - started
-    hwm = _status_bytes("VmHWM")
+    hwm = status_bytes("VmHWM")
     handed = cast(dict[str, object] | None, result.get("handoff"))
     if handed is not None:  # the planning phase's own peak, before the handoff reset it
         hwm = int(str(handed["plan_peak_rss"]))
@@ -150,18 +150,7 @@ def child(argv: list[str]) -> None:
 
 
 def run_child(*args: str) -> dict[str, object]:
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.plan_hour", "--child", *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        cwd=REPO_ROOT,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-    )
-    if out.returncode != 0:
-        raise SystemExit(f"child {args[0]} failed ({out.returncode}):\n{out.stderr[-4000:]}")
-    result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
+    return child_process.run_child("bench.plan_hour", *args)
 
 
 def main() -> None:
