@@ -150,19 +150,6 @@ class HourTotals:
     setsum: Setsum
 
 
-TOTALS_COLUMNS = (
-    "key",
-    "kind",
-    "agent_id",
-    "boot_id",
-    "seq_start",
-    "seq_end",
-    "frame_sha256",
-    "record_count",
-)
-"""The columns `hour_totals` needs: read only these to keep an hour small."""
-
-
 _ACCEPTED_ROWS = """
     SELECT r.key, r.record_count, r.frame_sha256, strlen(r.agent_id) AS agent_bytes,
         'agent=' || lower(hex(r.agent_id)) || '.boot=' || replace(r.boot_id, '-', '') || '.'
