@@ -64,10 +64,11 @@ from index import catalog
 from index.rows import read_table
 from protocol import keys
 from protocol.clock import SystemClock
-from reconciler.context import open_context
+from reconciler.context import ReconcilerContext, open_context
 from reconciler.steady import CHUNK_ROWS, SteadyScanner
 from store.base import ObjectStore
 from store.errors import NotFound
+from store.lease import LeaseHeld
 
 TARGET_RATIO = 50.0
 WARM_UP_PER_COLLECTOR = 64
@@ -200,6 +201,23 @@ async def check_catalog(store: ObjectStore, expected: set[str]) -> CatalogCheck:
     return check
 
 
+async def _open_when_released(store: ObjectStore) -> ReconcilerContext:
+    """The reconciler context, once the last ``run --once``'s lease is free: it released
+    the lease by setting its expiry to the store's "now" as that process estimated it
+    (whole seconds from Date headers), so for up to about a second it still reads as held.
+    Bounded (20 tries, ~10 s in all) and jittered; repeating is safe: taking a lease is a
+    compare-and-swap that either lands or changes nothing."""
+    rng = random.Random()
+    for attempt in range(20):
+        try:
+            return await open_context(store, settings=Settings(), clock=SystemClock(), rng=rng)
+        except LeaseHeld:
+            if attempt == 19:
+                raise
+            await asyncio.sleep(rng.uniform(0.25, 0.75))
+    raise AssertionError("unreachable")
+
+
 async def profile_steady_pass(store: ObjectStore, etags_attest: bool) -> str:
     """The steady pass in this process under cProfile, over every segment again (the
     checkpoint is deleted first, so the catalog gets a second copy of each row)."""
@@ -207,7 +225,7 @@ async def profile_steady_pass(store: ObjectStore, etags_attest: bool) -> str:
         await store.delete(keys.RECONCILER_INDEX_CHECKPOINT_KEY)
     except NotFound:
         pass
-    ctx = await open_context(store, settings=Settings(), clock=SystemClock(), rng=random.Random())
+    ctx = await _open_when_released(store)
     ctx = dataclasses.replace(ctx, etags_attest=etags_attest)
     scanner = SteadyScanner(ctx)
     profiler = cProfile.Profile(time.process_time)  # CPU, not wall: the machine is shared
