@@ -21,7 +21,7 @@ from store.errors import StoreConfigError, StoreError
 from store.open import open_store_from_settings
 
 from .probe import ProbeFailed, probe_conditional_writes
-from .query_cli import add_query_command, run_query
+from .query.cli import add_query_command, run_query
 from .server import StartupError, serve
 
 

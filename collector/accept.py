@@ -132,7 +132,7 @@ class AcceptanceUnavailable(Exception):
 
 AcceptedHook = Callable[[records.AcceptedManifest, bytes], None]
 """Called with the manifest and the frame for every `Accepted` (new or duplicate): the
-live query window (`collector.live_sources.OwnBatches`). Must not block."""
+live query window (`collector.query.sources.OwnBatches`). Must not block."""
 
 
 def _time_range_or_none(frame: bytes) -> tuple[int, int] | None:

@@ -31,7 +31,6 @@ import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -50,9 +49,9 @@ from .conflicts_api import ConflictsEndpoint
 from .connections import ConnectionGuard
 from .frame_checks import FrameChecker
 from .in_flight import InFlight
-from .intake import BatchIntake, CheckedFrame, IntakeLimits, Refusal, error_response
+from .intake import BatchIntake, CheckedFrame, HttpLimits, Refusal, error_response
 from .metrics import CollectorMetrics
-from .query_endpoint import QueryEndpoint
+from .query.endpoint import QueryEndpoint
 from .readiness import Readiness
 from .receivers import add_receiver_routes
 from .spool import LocalSpool, SpoolFull
@@ -64,31 +63,6 @@ RESEND_HEADER = "X-Lightmetrics-Resend"
 # Monotonic time of the request's first byte (its head may have trickled in).
 STARTED_AT = web.RequestKey("lm_started_at", float)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@dataclass(frozen=True, slots=True)
-class HttpLimits:
-    max_frame_bytes: int = 8 * 1024 * 1024
-    max_raw_bytes: int = 64 * 1024 * 1024
-    max_in_flight_requests: int = 256
-    max_in_flight_bytes: int = 64 * 1024 * 1024
-    read_timeout_s: float = 30.0
-    retry_after_s: int = 1
-    max_connections: int = 512
-    decode_threads: int = 2
-    # Batch bodies read and held at once (None: up to max_in_flight_requests). The
-    # server sets the store's pool + decode_threads: more could only wait in memory.
-    max_bodies_held: int | None = None
-
-    def intake(self) -> IntakeLimits:
-        return IntakeLimits(
-            max_frame_bytes=self.max_frame_bytes,
-            max_raw_bytes=self.max_raw_bytes,
-            max_in_flight_requests=self.max_in_flight_requests,
-            max_in_flight_bytes=self.max_in_flight_bytes,
-            read_timeout_s=self.read_timeout_s,
-            retry_after_s=self.retry_after_s,
-        )
 
 
 class CollectorApp:

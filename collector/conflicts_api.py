@@ -22,7 +22,7 @@ from store.base import ObjectStore, list_prefixes
 from store.errors import StoreConfigError, StoreError
 
 from .auth import Authenticator
-from .intake import error_response, unauthenticated
+from .intake import authorize, error_response
 from .params import QueryError, check_names, integer, one, text, unix_ns_or_rfc3339
 
 log = structlog.get_logger("collector.http")
@@ -40,13 +40,8 @@ class ConflictsEndpoint:
         self.retry_after_s = retry_after_s
 
     async def get_conflicts(self, request: web.Request) -> web.Response:
-        principal = self.authenticator.authenticate(request.headers.get("Authorization"))
-        if principal is None:
-            return unauthenticated()
-        if not principal.admin:
-            return error_response(
-                403, "forbidden", detail=f"principal {principal.name!r} is not an admin"
-            )
+        if isinstance(refused := authorize(self.authenticator, request, "admin"), web.Response):
+            return refused
         try:
             agent_id, since_ns, limit = conflict_filters(
                 {name: request.query.getall(name) for name in request.query}

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 
@@ -82,6 +82,30 @@ def error_response(
 
 def unauthenticated() -> web.Response:
     return error_response(401, "unauthenticated", {"WWW-Authenticate": "Bearer"})
+
+
+Permission = Literal["read", "admin"]
+
+
+def authorize(
+    authenticator: Authenticator, request: web.Request, permission: Permission
+) -> Principal | web.Response:
+    """The read and admin endpoints' first step (PROTOCOL §2): the request's principal if
+    it holds ``permission`` (``read``: ``read = true`` in the tokens file; ``admin``:
+    ``admin = true``), else the answer to send: 401 without a known token, 403 naming the
+    principal and the permission it lacks. Nothing else is done for the caller first."""
+    principal = authenticator.authenticate(request.headers.get("Authorization"))
+    if principal is None:
+        return unauthenticated()
+    if permission == "read" and not principal.may_read:
+        return error_response(
+            403, "forbidden", detail=f"principal {principal.name!r} may not read (read = true)"
+        )
+    if permission == "admin" and not principal.admin:
+        return error_response(
+            403, "forbidden", detail=f"principal {principal.name!r} is not an admin"
+        )
+    return principal
 
 
 class BatchIntake:
@@ -184,3 +208,28 @@ class BatchIntake:
 
 def _invalid(detail: str, context: dict[str, Any]) -> Refusal:
     return Refusal(error_response(400, "invalid_frame", detail=detail), "invalid_frame", context)
+
+
+@dataclass(frozen=True, slots=True)
+class HttpLimits:
+    max_frame_bytes: int = 8 * 1024 * 1024
+    max_raw_bytes: int = 64 * 1024 * 1024
+    max_in_flight_requests: int = 256
+    max_in_flight_bytes: int = 64 * 1024 * 1024
+    read_timeout_s: float = 30.0
+    retry_after_s: int = 1
+    max_connections: int = 512
+    decode_threads: int = 2
+    # Batch bodies read and held at once (None: up to max_in_flight_requests). The
+    # server sets the store's pool + decode_threads: more could only wait in memory.
+    max_bodies_held: int | None = None
+
+    def intake(self) -> IntakeLimits:
+        return IntakeLimits(
+            max_frame_bytes=self.max_frame_bytes,
+            max_raw_bytes=self.max_raw_bytes,
+            max_in_flight_requests=self.max_in_flight_requests,
+            max_in_flight_bytes=self.max_in_flight_bytes,
+            read_timeout_s=self.read_timeout_s,
+            retry_after_s=self.retry_after_s,
+        )

@@ -34,13 +34,14 @@ from store.open import open_store_from_settings
 from store.time import store_clock
 
 from .accept import BatchAcceptor
-from .app import CollectorApp, HttpLimits
+from .app import CollectorApp
 from .auth import Authenticator
 from .connections import GuardedTCPSite
+from .intake import HttpLimits
 from .metrics import CollectorMetrics
 from .probe import probe_conditional_writes
 from .process_memory import prepare_worker_process
-from .query_setup import build_query
+from .query.setup import build_query
 from .readiness import Readiness
 from .spool import LocalSpool
 from .spool_landed import LandedMemoryError

@@ -23,7 +23,7 @@ import asyncio
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from aiohttp import web
 
@@ -31,10 +31,8 @@ from config.tokens import Principal
 from protocol.frame import MAX_AGENT_ID_BYTES, FrameError, FrameHeader
 
 from .frames import PointRows, build_frame
+from .host import ReceiverHost
 from .landing import Stored, StoreUnavailable, land_frame
-
-if TYPE_CHECKING:
-    from ..app import CollectorApp
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -115,7 +113,7 @@ class Intake:
     """Runs the shared steps for one collector app (its limits, budget and acceptance)."""
 
     def __init__(
-        self, collector: CollectorApp, *, agent_id_header: str, max_points_per_request: int
+        self, collector: ReceiverHost, *, agent_id_header: str, max_points_per_request: int
     ) -> None:
         self.collector = collector
         self.agent_id_header = agent_id_header

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import structlog
 
@@ -24,9 +23,7 @@ from store.errors import StoreConfigError
 
 from ..accept import AcceptanceUnavailable, Accepted
 from ..spool import SpoolFull
-
-if TYPE_CHECKING:
-    from ..app import CollectorApp
+from .host import ReceiverHost
 
 log = structlog.get_logger("collector.receivers")
 
@@ -52,7 +49,7 @@ class StoreUnavailable(Exception):
     """The store (or the local spool) could not take the frame now; retrying may work."""
 
 
-async def land_frame(collector: CollectorApp, header: FrameHeader, frame: bytes) -> Stored:
+async def land_frame(collector: ReceiverHost, header: FrameHeader, frame: bytes) -> Stored:
     """Accept ``frame`` (whose validated header is ``header``). Raises `StoreUnavailable`."""
     sha = hashlib.sha256(frame).hexdigest()
     identity = keys.BatchIdentity(header.agent_id, header.boot_id, header.seq_start, header.seq_end)
@@ -68,7 +65,7 @@ async def land_frame(collector: CollectorApp, header: FrameHeader, frame: bytes)
 
 
 async def _accept(
-    collector: CollectorApp, header: FrameHeader, frame: bytes, sha: str, context: dict[str, str]
+    collector: ReceiverHost, header: FrameHeader, frame: bytes, sha: str, context: dict[str, str]
 ) -> Stored:
     try:
         result = await collector.acceptor.accept(header, frame, sha)
@@ -104,7 +101,7 @@ async def _accept(
 
 
 async def _spool(
-    collector: CollectorApp,
+    collector: ReceiverHost,
     identity: keys.BatchIdentity,
     header: FrameHeader,
     frame: bytes,

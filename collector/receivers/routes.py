@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 import structlog
 from aiohttp import web
@@ -13,10 +12,8 @@ from config.settings import ReceiverSettings
 from protocol.frame import CHECK_MEMORY_PER_RAW_BYTE
 
 from . import otlp, remote_write
+from .host import ReceiverHost
 from .intake import Intake, Received, Refused, Wire
-
-if TYPE_CHECKING:
-    from ..app import CollectorApp
 
 log = structlog.get_logger("collector.receivers")
 
@@ -57,7 +54,7 @@ class ReceiverMetrics:
 
 
 def add_receiver_routes(
-    app: web.Application, collector: CollectorApp, settings: ReceiverSettings
+    app: web.Application, collector: ReceiverHost, settings: ReceiverSettings
 ) -> None:
     """Register ``POST /api/v1/write`` and ``POST /v1/metrics`` (when enabled)."""
     if not settings.enabled:

@@ -17,9 +17,10 @@ from aiohttp import web
 
 from chaos.faulty_store import FaultyStore
 from collector.accept import BatchAcceptor
-from collector.app import CollectorApp, HttpLimits
+from collector.app import CollectorApp
 from collector.auth import Authenticator
 from collector.connections import GuardedTCPSite
+from collector.intake import HttpLimits
 from collector.metrics import CollectorMetrics
 from collector.readiness import Readiness
 from config import Principal, TokenTable, hash_token

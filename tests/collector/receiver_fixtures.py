@@ -17,8 +17,9 @@ from aiohttp import web
 
 from chaos.faulty_store import FaultyStore
 from collector.accept import BatchAcceptor
-from collector.app import CollectorApp, HttpLimits
+from collector.app import CollectorApp
 from collector.auth import Authenticator
+from collector.intake import HttpLimits
 from collector.metrics import CollectorMetrics
 from collector.readiness import Readiness
 from collector.spool import LocalSpool

@@ -24,8 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from chaos.faulty_store import Fault, FaultyStore
-from collector.app import HttpLimits
 from collector.auth import Authenticator
+from collector.intake import HttpLimits
 from collector.readiness import Readiness
 from protocol import keys, records
 from protocol.clock import ManualClock

@@ -18,8 +18,8 @@ import pyarrow as pa
 import pytest
 import zstandard
 
-from collector.live_sources import LogFollower, OwnBatches
-from collector.live_window import LiveWindow
+from collector.query.sources import LogFollower, OwnBatches
+from collector.query.window import LiveWindow
 from index.log_writer import IndexLogWriter
 from index.rows import accepted_row
 from protocol import frame as fr

@@ -19,13 +19,13 @@ import pytest
 from aiohttp.test_utils import make_mocked_request
 
 from collector.auth import Authenticator
-from collector.live_coverage import Coverage, first_uncovered_ns, sealed_limit_ns
-from collector.live_window import LiveWindow, missing_dropped
 from collector.metrics import CollectorMetrics
-from collector.query_api import LiveQuery, QueryError, parse_query
-from collector.query_committed import SnapshotSource
-from collector.query_endpoint import QueryEndpoint
-from collector.query_rows import json_rows, merge_points, rollup_of_points
+from collector.query.api import LiveQuery, QueryError, parse_query
+from collector.query.committed import SnapshotSource
+from collector.query.coverage import Coverage, first_uncovered_ns, sealed_limit_ns
+from collector.query.endpoint import QueryEndpoint
+from collector.query.rows import json_rows, merge_points, rollup_of_points
+from collector.query.window import LiveWindow, missing_dropped
 from config import Principal, TokenTable, hash_token
 from config.settings import QuerySettings
 from protocol import keys
@@ -422,7 +422,7 @@ async def test_follower_rebuilds_from_the_log_checks_blobs_and_bounds_pending(
 ) -> None:
     import random
 
-    from collector.live_sources import LogFollower
+    from collector.query.sources import LogFollower
     from index.log_writer import IndexLogWriter
     from index.rows import accepted_row
 
@@ -495,7 +495,7 @@ def test_designated_refuses_more_than_one_worker() -> None:
 async def test_coverage_reads_a_long_history_a_bounded_number_of_hours_per_query(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import collector.live_coverage as coverage_module
+    import collector.query.coverage as coverage_module
 
     monkeypatch.setattr(coverage_module, "MAX_HOURS_PER_CALL", 1)
     await completed_audit(world.store, H1.next().start_ns + 60 * NS)
@@ -510,7 +510,7 @@ async def test_cli_url_and_table(world: World) -> None:
     import io
 
     from collector.__main__ import build_parser
-    from collector.query_cli import print_answer, query_url
+    from collector.query.cli import print_answer, query_url
 
     args = build_parser().parse_args(
         ["query", "--url", "http://127.0.0.1:9/", "--metric", "cpu", "--label", "host=a",

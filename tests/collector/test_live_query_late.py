@@ -1,4 +1,4 @@
-"""``sources.late_batches`` (PROTOCOL §2, `collector.live_late`): a batch accepted after
+"""``sources.late_batches`` (PROTOCOL §2, `collector.query.late`): a batch accepted after
 the seal can carry old points (an agent replaying its spool). The answer over the old
 range includes it and counts it, while ``complete`` keeps its meaning (by acceptance
 time). The designated collector's follower reads the batch from the index log and its
@@ -11,8 +11,8 @@ import random
 import numpy as np
 import pyarrow as pa
 
-from collector.live_late import LateBatches, spans
-from collector.live_sources import LogFollower
+from collector.query.late import LateBatches, spans
+from collector.query.sources import LogFollower
 from index.log_writer import IndexLogWriter
 from index.rows import accepted_row
 from tests.collector.test_live_query import (

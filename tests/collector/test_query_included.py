@@ -3,8 +3,8 @@ includes, looked up column-wise in the ledger hour's cached Arrow column."""
 
 from __future__ import annotations
 
-from collector import query_committed
-from collector.query_committed import SnapshotSource
+from collector.query import committed as query_committed
+from collector.query.committed import SnapshotSource
 from protocol.clock import ManualClock
 from rollup.owner import OwnerLease
 from store.memory import MemoryStore

@@ -14,11 +14,11 @@ import pytest
 from aiohttp.test_utils import make_mocked_request
 
 from collector.auth import Authenticator
-from collector.live_coverage import Coverage
 from collector.metrics import CollectorMetrics
-from collector.query_api import LiveQuery, parse_query
-from collector.query_committed import SnapshotSource
-from collector.query_endpoint import QueryEndpoint
+from collector.query.api import LiveQuery, parse_query
+from collector.query.committed import SnapshotSource
+from collector.query.coverage import Coverage
+from collector.query.endpoint import QueryEndpoint
 from config import Principal, TokenTable, hash_token
 from config.settings import QuerySettings
 from protocol import keys

@@ -21,11 +21,11 @@ from aiohttp.test_utils import make_mocked_request
 
 from collector.auth import Authenticator
 from collector.conflicts_api import conflict_filters
-from collector.live_coverage import Coverage
 from collector.metrics import CollectorMetrics
-from collector.query_api import LiveQuery, QueryError, parse_query
-from collector.query_committed import SnapshotSource
-from collector.query_endpoint import QueryEndpoint
+from collector.query.api import LiveQuery, QueryError, parse_query
+from collector.query.committed import SnapshotSource
+from collector.query.coverage import Coverage
+from collector.query.endpoint import QueryEndpoint
 from config import Principal, TokenTable, hash_token
 from config.settings import QuerySettings
 from protocol import keys

@@ -26,7 +26,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 
-from collector.app import HttpLimits
+from collector.intake import HttpLimits
 from collector.receivers.proto.wire_pb2 import Status
 from tests.collector.conftest import CollectorLauncher
 from tests.collector.receiver_fixtures import (

@@ -22,7 +22,7 @@ import snappy  # type: ignore[import-untyped]  # python-snappy: another sender's
 from prometheus_remote_writer import RemoteWriter  # type: ignore[import-untyped]
 
 from chaos.faulty_store import Fault
-from collector.app import HttpLimits
+from collector.intake import HttpLimits
 from collector.receivers.frames import PointRows, content_boot_id
 from collector.receivers.proto.wire_pb2 import WriteRequest
 from config import ReceiverSettings

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from collector.live_coverage import first_uncovered_ns
+from collector.query.coverage import first_uncovered_ns
 from config import Settings
 from config.settings import StoreSettings
 from index.catalog import read_hour

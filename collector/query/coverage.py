@@ -19,7 +19,7 @@ A batch accepted later can still carry older points, so a query over old times m
 more rows later even when ``complete``; what ``complete`` promises is that no batch
 accepted before ``sealed_through_ns`` is missing. Answers count the batches they include
 that were accepted later and overlap their range (``sources.late_batches``,
-`collector.live_late`).
+`collector.query.late`).
 
 Cost: the audit records are listed at most every ``refresh_interval_s`` (few: the
 reconciler trims them). A sealed hour's catalog never changes, so each is read once per

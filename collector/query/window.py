@@ -7,7 +7,7 @@ either the oldest batches (first added) are evicted. ``points`` rows (`rollup.po
 built only at query time, only for the rows a query matches (`collector.query_live`).
 
 Memory account: ``max_bytes`` covers the batches held (each charged its points' Arrow
-buffers) *and* the decodes in progress (`reserve` / `release`, `collector.live_decode`):
+buffers) *and* the decodes in progress (`reserve` / `release`, `collector.query.decode`):
 a decode reserves what it keeps before it allocates it (the decompressed payload, then
 the points' decoded size, which a dictionary-encoded metric can make many times the
 frame's size), evicting the oldest batches to make room; when even an empty window has no

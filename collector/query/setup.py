@@ -1,11 +1,11 @@
 """Assembling ``GET /v1/query`` from settings (`collector.server.Worker` calls it).
 
 ``[query]`` (`config.settings.QuerySettings`): ``designated`` follows the index log
-(`collector.live_sources.LogFollower`), ``own_batches`` keeps this collector's own
+(`collector.query.sources.LogFollower`), ``own_batches`` keeps this collector's own
 accepted batches (`OwnBatches`, hooked into `BatchAcceptor`); with neither there is no
 window and answers are the committed part only.
 
-The settle margin of `collector.live_coverage` is the longest a batch stamped with an
+The settle margin of `collector.query.coverage` is the longest a batch stamped with an
 ``accepted_at`` can still be landing — ``ingest.request_budget_s`` plus the store's
 connect and read timeouts — plus ``store.max_clock_skew_s``. The log lookback of the
 follower is the flush age plus the same margin (a segment's name carries its first row's
@@ -23,13 +23,13 @@ from protocol.clock import Clock
 from rollup.storage import StoreAccess
 from store.base import ObjectStore
 
-from .auth import Authenticator
-from .live_coverage import Coverage
-from .live_sources import LogFollower, OwnBatches
-from .live_window import LiveWindow
-from .metrics import CollectorMetrics
-from .query_committed import SnapshotSource
-from .query_endpoint import QueryEndpoint
+from ..auth import Authenticator
+from ..metrics import CollectorMetrics
+from .committed import SnapshotSource
+from .coverage import Coverage
+from .endpoint import QueryEndpoint
+from .sources import LogFollower, OwnBatches
+from .window import LiveWindow
 
 
 @dataclass

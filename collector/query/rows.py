@@ -32,7 +32,7 @@ from rollup.hour_stage import resolve_committed_ties
 from rollup.points import points_rows
 from rollup.schemas import POINTS_SCHEMA, ROLLUP_1M_SCHEMA
 
-from .query_api import LiveQuery
+from .api import LiveQuery
 
 
 def label_mask(labels: pa.Array | pa.ChunkedArray, wanted: Sequence[tuple[str, str]]) -> pa.Array:

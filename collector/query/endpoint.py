@@ -1,7 +1,7 @@
 """``GET /v1/query`` (read token): committed snapshot + accepted batches not yet in it.
 
 Order: authenticate (401) → read permission (403) → concurrency cap (429) → parameters
-(400 `collector.query_api`) → window ready (503 while a designated collector rebuilds
+(400 `collector.query.api`) → window ready (503 while a designated collector rebuilds
 it) → the answer. Nothing is read for a caller that may not read.
 
 The answer (PROTOCOL §2)::
@@ -14,18 +14,18 @@ The answer (PROTOCOL §2)::
      "columns": [...], "rows": [[...], ...]}
 
 - committed part: the latest snapshot (or ``version`` / ``as_of``) read with the query's
-  filters (`collector.query_committed`);
+  filters (`collector.query.committed`);
 - live part (latest snapshot only; a time-travel answer is the committed part alone):
   the window's batches whose ``manifest_id`` the snapshot's ledger lacks — excluded by
   id, never by hour, so a batch accepted in a new hour while a snapshot lands is counted
-  once (`collector.query_rows`);
-- ``sealed_through_ns`` (`collector.live_coverage`): every batch *accepted* before it is
+  once (`collector.query.rows`);
+- ``sealed_through_ns`` (`collector.query.coverage`): every batch *accepted* before it is
   in the snapshot. ``complete`` is true only when ``to <= sealed_through_ns``, the window
   dropped nothing the range may need that the snapshot lacks, and a designated
   collector is not behind the log. ``complete`` is about acceptance time, the range
   about point time: **an old range can still grow after a complete answer**, from a
   batch accepted later that carries old points (an agent replaying its spool after an
-  outage). ``sources.late_batches`` (`collector.live_late`) counts the batches in the
+  outage). ``sources.late_batches`` (`collector.query.late`) counts the batches in the
   answer that were accepted at or after ``sealed_through_ns`` and whose points' span
   overlaps the range (never fewer than there are).
 - ``live_through_ns``: designated, the store time through which the log has been
@@ -56,16 +56,14 @@ from rollup.manifest import RollupManifestError, Snapshot
 from rollup.tombstones import drop_from_points, drop_from_rollup
 from store.errors import StoreConfigError, StoreError
 
-from .auth import Authenticator
-from .intake import error_response, unauthenticated
-from .live_coverage import Coverage
-from .live_late import LateBatches, in_live_part
-from .live_sources import LogFollower
-from .live_window import LiveWindow, missing_dropped
-from .metrics import CollectorMetrics
-from .query_api import LiveQuery, QueryError, parse_query
-from .query_committed import SnapshotSource, read_committed
-from .query_rows import (
+from ..auth import Authenticator
+from ..intake import authorize, error_response
+from ..metrics import CollectorMetrics
+from .api import LiveQuery, QueryError, parse_query
+from .committed import SnapshotSource, read_committed
+from .coverage import Coverage
+from .late import LateBatches, in_live_part
+from .rows import (
     TooManyRows,
     json_rows,
     live_points,
@@ -73,6 +71,8 @@ from .query_rows import (
     merge_rollup,
     rollup_of_points,
 )
+from .sources import LogFollower
+from .window import LiveWindow, missing_dropped
 
 log = structlog.get_logger("collector.query")
 LIVE_POINTS_FACTOR = 10
@@ -130,13 +130,8 @@ class QueryEndpoint:
         return response
 
     async def _get_query(self, request: web.Request) -> web.Response:
-        principal = self.authenticator.authenticate(request.headers.get("Authorization"))
-        if principal is None:
-            return unauthenticated()
-        if not principal.may_read:
-            return error_response(
-                403, "forbidden", detail=f"principal {principal.name!r} may not read (read = true)"
-            )
+        if isinstance(refused := authorize(self.authenticator, request, "read"), web.Response):
+            return refused
         if self._running >= self.settings.max_concurrent_queries:
             headers = {"Retry-After": str(self.retry_after_s)}
             return error_response(429, "overloaded", headers)

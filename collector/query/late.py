@@ -1,6 +1,6 @@
 """``sources.late_batches`` of a ``/v1/query`` answer (PROTOCOL §2).
 
-``complete`` is defined by *acceptance* time (`collector.live_coverage`): every batch
+``complete`` is defined by *acceptance* time (`collector.query.coverage`): every batch
 accepted before ``sealed_through_ns`` is in the snapshot. A batch accepted later can still
 carry older points (an agent replaying its spool after an outage), so an old range can
 still grow after it was answered ``complete: true``. ``late_batches`` says how much of an
@@ -13,7 +13,7 @@ includes, each counted once, from two places:
   (PROTOCOL §3.7: ``min_ts_ns``/``max_ts_ns``), matched to the ledger's ``manifest_id``\\s
   column-wise;
 - the live part (`in_live_part`): the window's batches the snapshot lacks, accepted at
-  or after the seal (their span from the decoded frame, `collector.live_window`).
+  or after the seal (their span from the decoded frame, `collector.query.window`).
 
 Never an under-count: a catalog row whose ``min_ts_ns``/``max_ts_ns`` are null (written
 before the columns existed), a ledger batch with no catalog row, an hour whose catalog
@@ -46,8 +46,8 @@ from index.rows import IndexFileError
 from protocol import keys
 from rollup.manifest import LedgerHour, Snapshot
 
-from .live_window import WindowBatch
-from .query_committed import SnapshotSource
+from .committed import SnapshotSource
+from .window import WindowBatch
 
 log = structlog.get_logger("collector.query")
 MAX_CACHED_BATCHES = 2_000_000

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from protocol.frame import Frame, decode_header, open_payload
 
-from .live_window import LiveWindow
+from .window import LiveWindow
 
 DECODE_CONCURRENCY = 2
 

@@ -1,9 +1,9 @@
-"""What fills the live window (`collector.live_window`).
+"""What fills the live window (`collector.query.window`).
 
 - `OwnBatches` (``[query] own_batches = true``, any collector): `BatchAcceptor` calls it
   for every batch it answers 200 (``on_accepted``); the frame is decoded on a thread,
   never on the event loop, and kept. Decodes in progress are bounded in number, and in
-  memory by the window's account (`collector.live_decode`): a batch beyond either is
+  memory by the window's account (`collector.query.decode`): a batch beyond either is
   recorded as lost (answers that may need it are not ``complete``).
 - `LogFollower` (``[query] designated = true``): follows the whole authority through the
   index log (PROTOCOL §3.7, `index.log_reader`): every ``poll_interval_s`` it lists new
@@ -37,8 +37,8 @@ from protocol.records import AcceptedManifest
 from store.base import ObjectStore
 from store.errors import NotFound, StoreError
 
-from .live_decode import Decoded, LiveDecoder, NoRoom
-from .live_window import LiveWindow
+from .decode import Decoded, LiveDecoder, NoRoom
+from .window import LiveWindow
 
 log = structlog.get_logger("collector.live")
 NS_PER_S = 1_000_000_000

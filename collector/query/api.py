@@ -7,7 +7,7 @@ never read as milli- or nanoseconds (`collector.params.time_ns`); default ``to``
 ``from`` = ``to`` - 1 h) ``&table=points|rollup_1m``
 ``&step=1m`` (the ``rollup_1m`` shape: one row per minute and series) ``&version=N`` or
 ``&as_of=T`` (a time as ``from``/``to``: the committed part as of that snapshot,
-`collector.query_committed`).
+`collector.query.committed`).
 
 The range applies to the table's time column: ``ts`` for points, ``window_start`` for
 ``rollup_1m`` (a minute is in the answer when it starts in ``[from, to)``).
@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 
 from protocol.frame import MAX_AGENT_ID_BYTES
 
-from .params import (
+from ..params import (
     INT64_LIMIT,
     NS_PER_S,
     QueryError,

@@ -39,8 +39,8 @@ from rollup.manifest import Snapshot
 from store.base import ObjectStore
 from store.errors import NotFound
 
-from .query_api import LiveQuery, ns_to_datetime
-from .query_rows import TooManyRows, filter_labels
+from .api import LiveQuery, ns_to_datetime
+from .rows import TooManyRows, filter_labels
 
 MAX_CACHED_SNAPSHOTS = 8
 MAX_CACHED_LEDGER_BYTES = 256 * 1024 * 1024
