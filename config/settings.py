@@ -344,7 +344,7 @@ class RollupSettings(_Section):
 
 
 class QuerySettings(_Section):
-    """``[query]``: ``GET /v1/query`` (`collector.query_endpoint`): the latest committed
+    """``[query]``: ``GET /v1/query`` (`collector.query.endpoint`): the latest committed
     rollup snapshot plus accepted batches not yet in it (PROTOCOL §2)."""
 
     designated: bool = False
@@ -361,7 +361,7 @@ class QuerySettings(_Section):
     answer that needs an evicted batch says ``complete: false``)."""
     max_window_bytes: int = Field(default=512 * MiB, ge=1)
     """Memory the window's decoded points take at most, decodes in progress included
-    (`collector.live_decode`); the oldest batches are evicted beyond it, as for
+    (`collector.query.decode`); the oldest batches are evicted beyond it, as for
     ``max_window_points``. A dictionary-encoded frame can decode to many times its size
     (at most ``ingest.max_raw_bytes``: larger is refused at intake)."""
     max_pending_batches: int = Field(default=1000, ge=1)

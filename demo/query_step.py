@@ -1,7 +1,7 @@
 """The demo's live query step: ``GET /v1/query`` on a designated query collector.
 
 After the rollup, a third collector starts with ``[query] designated = true``: it follows
-the store's index log and keeps the recent batches in memory (`collector.live_sources`).
+the store's index log and keeps the recent batches in memory (`collector.query.sources`).
 The demo sends it one new batch (not rolled up yet) and asks ``/v1/query`` for one
 host by minute: the committed minutes of the latest snapshot merged with the new
 batch's points. The answer is printed with its ``complete`` flag: ``false`` here, since the hour

@@ -2,7 +2,7 @@
 
 Time travel (`rollup.travel`) walks ``previous_manifest_key`` back from the latest
 snapshot: one GET and one parse of a whole manifest per version stepped over. A server
-answering ``version=``/``as_of=`` per request (`collector.query_committed`) must neither
+answering ``version=``/``as_of=`` per request (`collector.query.committed`) must neither
 pay that on every request nor let one request walk an unbounded chain. `ChainIndex`
 keeps what its walks learned:
 
