@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import itertools
 import json
 import os
@@ -130,18 +129,8 @@ def seed_store(
                 schema=_POINTS_FRAME_SCHEMA,
             )
             frame = encode_frame(agent_id=agent_id, boot_id=boot, seq_start=first, points=table)
-            sha = hashlib.sha256(frame).hexdigest()
-            manifest = AcceptedManifest(
-                agent_id=agent_id,
-                boot_id=str(boot),
-                seq_start=first,
-                seq_end=first + count - 1,
-                record_count=count,
-                frame_sha256=sha,
-                frame_bytes=len(frame),
-                raw_blob_key=keys.raw_blob_key(sha),
-                accepted_at_unix_ns=accepted_at,
-                collector_id="bench",
+            manifest = AcceptedManifest.of_frame(
+                frame, accepted_at_unix_ns=accepted_at, collector_id="bench"
             )
             objects = [(manifest.raw_blob_key, frame), (manifest.manifest_key, manifest.to_json())]
             for key, body in objects:

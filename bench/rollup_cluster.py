@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import json
 import os
 import statistics
@@ -112,18 +111,8 @@ async def seed(store: ObjectStore, *, points: int, agents: int, per_frame: int) 
         for first in range(0, per_agent, per_frame):
             count = min(per_frame, per_agent - first)
             frame = _frame(agent, first, count, per_agent, rng)
-            sha = hashlib.sha256(frame).hexdigest()
-            manifest = AcceptedManifest(
-                agent_id=f"agent-{agent:04d}",
-                boot_id=str(uuid.UUID(int=agent + 1, version=4)),
-                seq_start=first,
-                seq_end=first + count - 1,
-                record_count=count,
-                frame_sha256=sha,
-                frame_bytes=len(frame),
-                raw_blob_key=keys.raw_blob_key(sha),
-                accepted_at_unix_ns=time.time_ns(),
-                collector_id="bench",
+            manifest = AcceptedManifest.of_frame(
+                frame, accepted_at_unix_ns=time.time_ns(), collector_id="bench"
             )
             manifests.append(manifest)
             tasks += [

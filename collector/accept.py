@@ -335,15 +335,10 @@ class BatchAcceptor:
         ts_range: tuple[int, int] | None,
     ) -> Accepted | IdentityConflictFound:
         self._refuse_if_clock_skewed()
-        manifest = records.AcceptedManifest(
-            agent_id=identity.agent_id,
-            boot_id=str(identity.boot_id),
-            seq_start=identity.seq_start,
-            seq_end=identity.seq_end,
-            record_count=header.record_count,
+        manifest = records.AcceptedManifest.of_frame(
+            frame,
+            identity=identity,
             frame_sha256=sha,
-            frame_bytes=len(frame),
-            raw_blob_key=keys.raw_blob_key(sha),
             accepted_at_unix_ns=self._clock.now_ns(),
             collector_id=self._collector_id,
         )

@@ -14,6 +14,7 @@ Contract notes (PROTOCOL is silent on these; decided here):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from typing import Any, Literal, Self
@@ -21,6 +22,7 @@ from typing import Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from protocol import keys
+from protocol.frame import decode_header
 
 Sha256Hex = Field(pattern=r"^[0-9a-f]{64}$")
 U64 = Field(ge=0, le=keys.MAX_U64)
@@ -119,6 +121,39 @@ class AcceptedManifest(_IdentityFields):
         if self.raw_blob_key != keys.raw_blob_key(self.frame_sha256):
             raise ValueError(f"raw_blob_key {self.raw_blob_key!r} does not match frame_sha256")
         return self
+
+    @classmethod
+    def of_frame(
+        cls,
+        frame: bytes,
+        *,
+        accepted_at_unix_ns: int,
+        collector_id: str,
+        identity: keys.BatchIdentity | None = None,
+        frame_sha256: str | None = None,
+    ) -> Self:
+        """The manifest a collector creates when it accepts ``frame`` (PROTOCOL §3.1,
+        §3.2): the identity from the frame's header unless given (a caller that decoded it
+        already), its SHA-256 unless given (the collector hashed the body as it read it).
+        Raises `protocol.frame.FrameError` when the header must be read and is not valid."""
+        if identity is None:
+            header = decode_header(frame)
+            identity = keys.BatchIdentity(
+                header.agent_id, header.boot_id, header.seq_start, header.seq_end
+            )
+        sha = frame_sha256 if frame_sha256 is not None else hashlib.sha256(frame).hexdigest()
+        return cls(
+            agent_id=identity.agent_id,
+            boot_id=str(identity.boot_id),
+            seq_start=identity.seq_start,
+            seq_end=identity.seq_end,
+            record_count=identity.seq_end - identity.seq_start + 1,
+            frame_sha256=sha,
+            frame_bytes=len(frame),
+            raw_blob_key=keys.raw_blob_key(sha),
+            accepted_at_unix_ns=accepted_at_unix_ns,
+            collector_id=collector_id,
+        )
 
     @property
     def manifest_key(self) -> str:

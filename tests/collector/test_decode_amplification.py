@@ -7,7 +7,6 @@ designated follower alike)."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import random
 import uuid
 from collections.abc import AsyncIterator
@@ -23,7 +22,6 @@ from collector.query.window import LiveWindow
 from index.log_writer import IndexLogWriter
 from index.rows import accepted_row
 from protocol import frame as fr
-from protocol import keys
 from protocol.clock import ManualClock
 from protocol.records import AcceptedManifest
 from store.fs import FileSystemStore
@@ -69,20 +67,7 @@ def small_frame(seq_start: int, rows: int = 10, agent_id: str = "agent-a") -> by
 
 
 def manifest_of(body: bytes, accepted_ns: int = NOW) -> AcceptedManifest:
-    header = fr.decode_header(body)
-    sha = hashlib.sha256(body).hexdigest()
-    return AcceptedManifest(
-        agent_id=header.agent_id,
-        boot_id=str(header.boot_id),
-        seq_start=header.seq_start,
-        seq_end=header.seq_end,
-        record_count=header.record_count,
-        frame_sha256=sha,
-        frame_bytes=len(body),
-        raw_blob_key=keys.raw_blob_key(sha),
-        accepted_at_unix_ns=accepted_ns,
-        collector_id="c1",
-    )
+    return AcceptedManifest.of_frame(body, accepted_at_unix_ns=accepted_ns, collector_id="c1")
 
 
 @pytest.fixture

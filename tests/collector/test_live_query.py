@@ -5,7 +5,6 @@ and the ``rollup_1m`` shape equal to aggregating all points at once."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import uuid
 from collections.abc import Sequence
@@ -139,19 +138,7 @@ def sent(
         [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows]
     )
     body = encode_frame(agent_id=agent, boot_id=BOOT, seq_start=seq_start, points=table)
-    sha = hashlib.sha256(body).hexdigest()
-    manifest = AcceptedManifest(
-        agent_id=agent,
-        boot_id=str(BOOT),
-        seq_start=seq_start,
-        seq_end=seq_start + len(rows) - 1,
-        record_count=len(rows),
-        frame_sha256=sha,
-        frame_bytes=len(body),
-        raw_blob_key=keys.raw_blob_key(sha),
-        accepted_at_unix_ns=accepted_ns,
-        collector_id="c1",
-    )
+    manifest = AcceptedManifest.of_frame(body, accepted_at_unix_ns=accepted_ns, collector_id="c1")
     return Sent(body, decode_frame(body), manifest)
 
 

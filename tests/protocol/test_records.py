@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import uuid
 
+import pyarrow as pa
 import pytest
 
 from protocol import keys, records
+from protocol.frame import POINTS_SCHEMA, FrameError, encode_frame
 
 SHA = "ab" * 32
 BOOT = "5f0c7a3e-1d2b-4c3a-9e8f-0123456789ab"
@@ -117,3 +121,30 @@ def test_index_entry_kinds() -> None:
     assert records.IndexEntry.from_json(entry.to_json()) == entry
     with pytest.raises(records.RecordError, match="kind"):
         records.IndexEntry.from_json(entry.to_json().replace(b"accepted-by-time", b"by-nothing"))
+
+
+def test_of_frame_is_the_manifest_a_collector_creates() -> None:
+    boot = uuid.UUID("11111111-2222-4333-8444-555555555555")
+    points = pa.Table.from_pylist(
+        [{"ts": t, "metric": "m", "value": 1.0, "labels": []} for t in (1, 2, 3)],
+        schema=POINTS_SCHEMA,
+    )
+    frame = encode_frame(agent_id="agent-x", boot_id=boot, seq_start=40, points=points)
+    manifest = records.AcceptedManifest.of_frame(frame, accepted_at_unix_ns=7, collector_id="c")
+    sha = hashlib.sha256(frame).hexdigest()
+    assert manifest.identity == keys.BatchIdentity("agent-x", boot, 40, 42)
+    assert (manifest.record_count, manifest.frame_sha256, manifest.frame_bytes) == (
+        3,
+        sha,
+        len(frame),
+    )
+    assert manifest.raw_blob_key == keys.raw_blob_key(sha)
+    assert (manifest.accepted_at_unix_ns, manifest.collector_id) == (7, "c")
+    # A caller that decoded and hashed already passes both (nothing is recomputed).
+    other = keys.BatchIdentity("agent-y", boot, 1, 3)
+    given = records.AcceptedManifest.of_frame(
+        frame, identity=other, frame_sha256="ab" * 32, accepted_at_unix_ns=7, collector_id="c"
+    )
+    assert (given.identity, given.frame_sha256) == (other, "ab" * 32)
+    with pytest.raises(FrameError):
+        records.AcceptedManifest.of_frame(b"not a frame", accepted_at_unix_ns=7, collector_id="c")

@@ -70,18 +70,8 @@ def batch_frame(agent_id: str, boot: int, seq_start: int, *, value: float = 1.0)
 
 def make_batch(agent: int, seq: int, accepted_at_ns: int, *, boot: int = 1) -> Batch:
     frame = batch_frame(f"agent-{agent:03d}", boot, seq * 10)
-    sha = hashlib.sha256(frame).hexdigest()
-    manifest = AcceptedManifest(
-        agent_id=f"agent-{agent:03d}",
-        boot_id=str(uuid.UUID(int=boot)),
-        seq_start=seq * 10,
-        seq_end=seq * 10 + 9,
-        record_count=10,
-        frame_sha256=sha,
-        frame_bytes=len(frame),
-        raw_blob_key=keys.raw_blob_key(sha),
-        accepted_at_unix_ns=accepted_at_ns,
-        collector_id="collector-test",
+    manifest = AcceptedManifest.of_frame(
+        frame, accepted_at_unix_ns=accepted_at_ns, collector_id="collector-test"
     )
     return Batch(manifest, frame)
 

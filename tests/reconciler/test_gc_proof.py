@@ -67,18 +67,8 @@ async def test_a_manifest_created_after_the_audit_keeps_its_blob() -> None:
     digest = await marked_orphan(world, body)
     # The manifest of an earlier attempt landed late (its answer was lost) and the
     # collector crashed before logging it: only the manifest itself says so.
-    header = header_of(body)
-    manifest = records.AcceptedManifest(
-        agent_id=header.agent_id,
-        boot_id=str(header.boot_id),
-        seq_start=header.seq_start,
-        seq_end=header.seq_end,
-        record_count=1,
-        frame_sha256=digest,
-        frame_bytes=len(body),
-        raw_blob_key=keys.raw_blob_key(digest),
-        accepted_at_unix_ns=world.clock.now_ns(),
-        collector_id="crashed",
+    manifest = records.AcceptedManifest.of_frame(
+        body, accepted_at_unix_ns=world.clock.now_ns(), collector_id="crashed"
     )
     await world.store.put(manifest.manifest_key, manifest.to_json(), if_none_match=True)
     world.clock.advance(POLICY.mark_grace_s + 1)

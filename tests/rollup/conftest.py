@@ -9,7 +9,6 @@ vectorised version) and pyarrow's own group-by, with first/last taken from a ful
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import time
@@ -130,16 +129,8 @@ def make_frame(
         [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows]
     )
     frame = encode_frame(agent_id=agent_id, boot_id=boot, seq_start=seq_start, points=table)
-    sha = hashlib.sha256(frame).hexdigest()
-    manifest = AcceptedManifest(
-        agent_id=agent_id,
-        boot_id=str(boot),
-        seq_start=seq_start,
-        seq_end=seq_start + len(rows) - 1,
-        record_count=len(rows),
-        frame_sha256=sha,
-        frame_bytes=len(frame),
-        raw_blob_key=keys.raw_blob_key(sha),
+    manifest = AcceptedManifest.of_frame(
+        frame,
         accepted_at_unix_ns=accepted_at_ns if accepted_at_ns is not None else time.time_ns(),
         collector_id="test-collector",
     )
