@@ -3,7 +3,9 @@
 `in_process_collector` assembles the app from the same parts `collector.server.Worker`
 wires together, serves it like the worker (``auto_decompress=False``, `GuardedTCPSite`)
 on 127.0.0.1, over a `MemoryStore` behind a `FaultyStore` so store failures can be
-scripted. Real HTTP, one process: monkeypatches and log capture reach the server.
+scripted. Real HTTP, one process: monkeypatches and log capture reach the server. The
+one in-process collector of the tests: the receiver tests (`tests.collector.
+receiver_fixtures`) use it with their own tokens, limits, receiver settings and spool.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from aiohttp import web
 
@@ -23,7 +26,8 @@ from collector.connections import GuardedTCPSite
 from collector.intake import HttpLimits
 from collector.metrics import CollectorMetrics
 from collector.readiness import Readiness
-from config import Principal, TokenTable, hash_token
+from collector.spool import LocalSpool
+from config import Principal, ReceiverSettings, TokenTable, hash_token
 from index.log_writer import IndexLogWriter
 from protocol.clock import Clock, SystemClock
 from store.memory import MemoryStore
@@ -64,7 +68,11 @@ async def in_process_collector(
     limits: HttpLimits = LIMITS,
     budget_s: float = 2.0,
     readiness_clock: Clock | None = None,
+    receivers: ReceiverSettings | None = None,
+    spool_dir: Path | None = None,
 ) -> AsyncIterator[InProcessCollector]:
+    """The app over a fresh memory store (``spool_dir``: in ``local_spool`` mode,
+    acknowledging from a `LocalSpool` there)."""
     memory = MemoryStore()
     store = FaultyStore(memory, seed=1)
     clock = SystemClock()
@@ -90,6 +98,14 @@ async def in_process_collector(
         readiness=readiness,
         limits=limits,
         collector_id="inproc",
+        receivers=receivers,
+        spool=(
+            LocalSpool(
+                spool_dir, max_pending_bytes=1 << 30, retry_horizon_s=3600.0, max_landed=1000
+            )
+            if spool_dir
+            else None
+        ),
     )
     index_log.start()
     # As collector.server.Worker.run builds it.

@@ -4,34 +4,23 @@ their frames, their points)."""
 
 from __future__ import annotations
 
-import random
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
-from aiohttp import web
 
-from chaos.faulty_store import FaultyStore
-from collector.accept import BatchAcceptor
-from collector.app import CollectorApp
-from collector.auth import Authenticator
 from collector.intake import HttpLimits
-from collector.metrics import CollectorMetrics
-from collector.readiness import Readiness
-from collector.spool import LocalSpool
 from config import Principal, ReceiverSettings, TokenTable, hash_token
-from index.log_writer import IndexLogWriter
 from protocol import keys, records
-from protocol.clock import SystemClock
 from protocol.frame import decode_frame
 from store.base import ObjectStore
-from store.memory import MemoryStore
 from store.open import open_store
-from store.retry import Backoff
+from tests.collector import inprocess
+from tests.collector.inprocess import InProcessCollector
 from tests.s3_servers import RunningServer, fresh_bucket
 
 WRITER_TOKEN = "receiver-writer-token"  # principal "prom-a": agents prom-*, otel-*
@@ -54,71 +43,18 @@ LIMITS = HttpLimits(
 )
 
 
-@dataclass
-class InProcess:
-    memory: MemoryStore
-    store: FaultyStore
-    app: CollectorApp
-    base_url: str
-
-
-@asynccontextmanager
-async def in_process_collector(
+def in_process_collector(
     *,
     limits: HttpLimits = LIMITS,
     receivers: ReceiverSettings | None = None,
     budget_s: float = 2.0,
     spool_dir: Path | None = None,
-) -> AsyncIterator[InProcess]:
-    """The collector's app over a memory store behind a `FaultyStore`, on 127.0.0.1
-    (``spool_dir``: in ``local_spool`` mode, acknowledging from a `LocalSpool` there)."""
-    memory = MemoryStore()
-    store = FaultyStore(memory, seed=1)
-    clock = SystemClock()
-    index_log = IndexLogWriter(store=store, clock=clock, rng=random.Random(2), writer_id="inproc")
-    metrics = CollectorMetrics()
-    acceptor = BatchAcceptor(
-        store=store,
-        collector_id="inproc",
-        clock=clock,
-        rng=random.Random(3),
-        index_log=index_log,
-        budget_s=budget_s,
-        backoff=Backoff(attempts=50, base_s=0.01, cap_s=0.05),
-        observe_store_op=metrics.observe_store_op,
+) -> AbstractAsyncContextManager[InProcessCollector]:
+    """`tests.collector.inprocess.in_process_collector` with the receiver tests' tokens
+    and limits."""
+    return inprocess.in_process_collector(
+        tokens=TOKENS, limits=limits, receivers=receivers, budget_s=budget_s, spool_dir=spool_dir
     )
-    readiness = Readiness(store=store, clock=clock)
-    readiness.probe_passed = True
-    app = CollectorApp(
-        acceptor=acceptor,
-        authenticator=Authenticator(TOKENS),
-        store=store,
-        metrics=metrics,
-        readiness=readiness,
-        limits=limits,
-        collector_id="inproc",
-        receivers=receivers,
-        spool=(
-            LocalSpool(
-                spool_dir, max_pending_bytes=1 << 30, retry_horizon_s=3600.0, max_landed=1000
-            )
-            if spool_dir
-            else None
-        ),
-    )
-    index_log.start()
-    # As collector.server.Worker.run builds it: aiohttp must not inflate bodies itself.
-    runner = web.AppRunner(
-        app.build(), access_log=None, handle_signals=False, auto_decompress=False
-    )
-    try:
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        port = int(runner.addresses[0][1])
-        yield InProcess(memory, store, app, f"http://127.0.0.1:{port}")
-    finally:
-        await runner.cleanup()
-        await index_log.stop(5.0)
 
 
 # --- stores for collector processes ---------------------------------------------------------

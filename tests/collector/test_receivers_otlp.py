@@ -29,13 +29,13 @@ from opentelemetry.sdk.resources import Resource
 from collector.intake import HttpLimits
 from collector.receivers.proto.wire_pb2 import Status
 from tests.collector.conftest import CollectorLauncher
+from tests.collector.inprocess import InProcessCollector
 from tests.collector.receiver_fixtures import (
     LIMITS,
     STORE_KINDS,
     TOKENS_TOML,
     WRITER_TOKEN,
     AcceptedBatch,
-    InProcess,
     accepted_batches,
     in_process_collector,
     open_test_store,
@@ -48,7 +48,7 @@ PROTOBUF = {"Content-Type": "application/x-protobuf"}
 
 
 @pytest.fixture
-async def collector() -> AsyncIterator[InProcess]:
+async def collector() -> AsyncIterator[InProcessCollector]:
     async with in_process_collector() as running:
         yield running
 
@@ -122,7 +122,7 @@ def check_sdk_points(batch: AcceptedBatch) -> None:
 
 
 async def test_the_opentelemetry_sdk_exporter_is_stored_with_the_documented_mapping(
-    collector: InProcess,
+    collector: InProcessCollector,
 ) -> None:
     await asyncio.to_thread(record_with_the_sdk, collector.base_url)
 
@@ -169,7 +169,7 @@ async def post(
 
 
 async def test_protobuf_and_json_of_the_same_request_are_one_batch(
-    collector: InProcess, session: aiohttp.ClientSession
+    collector: InProcessCollector, session: aiohttp.ClientSession
 ) -> None:
     request = sample_request()
     as_json = json_format.MessageToJson(request).encode()
@@ -194,7 +194,7 @@ async def test_protobuf_and_json_of_the_same_request_are_one_batch(
 
 
 async def test_unsupported_kinds_are_refused_in_partial_success_and_the_rest_is_stored(
-    collector: InProcess, session: aiohttp.ClientSession
+    collector: InProcessCollector, session: aiohttp.ClientSession
 ) -> None:
     request = sample_request(exponential=True)
     status, body, _ = await post(session, collector.base_url, request.SerializeToString())
@@ -235,7 +235,7 @@ def gzip_with_isize(raw: bytes, isize: int) -> bytes:
     ids=["text", "brotli", "garbage", "bad-json", "gzip-bomb", "gzip-lies", "gzip-two-members"],
 )  # fmt: skip
 async def test_bad_requests_get_a_status_message_and_store_nothing(
-    collector: InProcess,
+    collector: InProcessCollector,
     session: aiohttp.ClientSession,
     make_body: Callable[[bytes], bytes],
     headers: dict[str, str],

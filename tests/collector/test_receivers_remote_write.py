@@ -29,13 +29,13 @@ from config import ReceiverSettings
 from protocol import keys
 from protocol.frame import encode_frame, points_table
 from tests.collector.conftest import CollectorLauncher, metric_value, post_frame, store_keys
+from tests.collector.inprocess import InProcessCollector
 from tests.collector.receiver_fixtures import (
     LIMITS,
     OTHER_TOKEN,
     STORE_KINDS,
     TOKENS_TOML,
     WRITER_TOKEN,
-    InProcess,
     accepted_batches,
     in_process_collector,
     open_test_store,
@@ -49,7 +49,7 @@ HEADERS = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy
 
 
 @pytest.fixture
-async def collector() -> AsyncIterator[InProcess]:
+async def collector() -> AsyncIterator[InProcessCollector]:
     async with in_process_collector() as running:
         yield running
 
@@ -124,7 +124,7 @@ async def post(
 
 
 async def test_a_real_remote_writer_is_stored_once_and_a_resend_is_a_duplicate(
-    collector: InProcess,
+    collector: InProcessCollector,
 ) -> None:
     writer = remote_writer(collector.base_url)
 
@@ -148,7 +148,7 @@ async def test_a_real_remote_writer_is_stored_once_and_a_resend_is_a_duplicate(
 
 
 async def test_a_reencoded_resend_is_a_duplicate_and_other_points_are_a_new_batch(
-    collector: InProcess, session: aiohttp.ClientSession
+    collector: InProcessCollector, session: aiohttp.ClientSession
 ) -> None:
     labels = [("__name__", "temp"), ("room", "a"), ("floor", "1")]
     first = write_body([(labels, [(21.5, MS0)])])
@@ -170,7 +170,7 @@ async def test_a_reencoded_resend_is_a_duplicate_and_other_points_are_a_new_batc
 
 
 async def test_the_same_points_in_other_frame_bytes_are_answered_as_a_duplicate(
-    collector: InProcess, session: aiohttp.ClientSession
+    collector: InProcessCollector, session: aiohttp.ClientSession
 ) -> None:
     """Another library version may encode the same points into other bytes under the same
     (content-derived) identity: the points are stored, so the answer is a duplicate; the
@@ -213,7 +213,7 @@ async def test_local_spool_mode_acknowledges_from_the_spool(
 
 
 async def test_agent_id_is_the_header_or_the_principal_and_is_authorized_before_decoding(
-    collector: InProcess, session: aiohttp.ClientSession
+    collector: InProcessCollector, session: aiohttp.ClientSession
 ) -> None:
     body = write_body([([("__name__", "x")], [(1.0, MS0)])])
 
@@ -266,14 +266,17 @@ async def test_a_configured_tenant_header_names_the_agent(session: aiohttp.Clien
     ],
 )  # fmt: skip
 async def test_other_media_is_415(
-    collector: InProcess, session: aiohttp.ClientSession, headers: dict[str, str], detail: str
+    collector: InProcessCollector,
+    session: aiohttp.ClientSession,
+    headers: dict[str, str],
+    detail: str,
 ) -> None:
     status, answer, _ = await post(session, collector.base_url, b"x", headers=headers)
     assert status == 415 and answer["error"] == "unsupported_media" and detail in answer["detail"]
 
 
 async def test_a_snappy_bomb_is_413_before_anything_is_decompressed(
-    collector: InProcess, session: aiohttp.ClientSession
+    collector: InProcessCollector, session: aiohttp.ClientSession
 ) -> None:
     varint_4gib = bytes([0xFF, 0xFF, 0xFF, 0xFF, 0x0F])  # raw snappy: declared length first
     status, answer, _ = await post(session, collector.base_url, varint_4gib + b"\x00" * 64)
@@ -301,7 +304,7 @@ GOOD_SERIES = ([("__name__", "fine")], [(1.0, MS0)])
     ids=["not-snappy", "not-protobuf", "no-name", "long-label", "duplicate-label", "timestamp"],
 )  # fmt: skip
 async def test_bad_data_is_400_with_the_problem_and_stores_nothing(
-    collector: InProcess, session: aiohttp.ClientSession, body: bytes, detail: str
+    collector: InProcessCollector, session: aiohttp.ClientSession, body: bytes, detail: str
 ) -> None:
     status, answer, _ = await post(session, collector.base_url, body)
     assert status == 400, answer
@@ -310,7 +313,7 @@ async def test_bad_data_is_400_with_the_problem_and_stores_nothing(
 
 
 async def test_staleness_markers_and_native_histograms_are_left_out_and_counted(
-    collector: InProcess, session: aiohttp.ClientSession
+    collector: InProcessCollector, session: aiohttp.ClientSession
 ) -> None:
     body = write_body(
         [([("__name__", "up")], [(1.0, MS0), (STALE_NAN, MS0 + 1), (float("nan"), MS0 + 2)])],
