@@ -1,6 +1,6 @@
 """How big a rollup snapshot manifest gets after a year of hourly runs (issue 24 item 10).
 
-Pure: every commit goes through `rollup.manifest.apply` exactly as the job, compaction
+Pure: every commit goes through `rollup.table.manifest.apply` exactly as the job, compaction
 and ``delete`` build them, nothing is written. One simulated hour (at ``:05``):
 
 - the rollup run includes the batches accepted since the last run: one ledger file for
@@ -35,8 +35,8 @@ from datetime import UTC, datetime, timedelta
 
 from protocol import keys
 from protocol.setsum import Setsum
-from rollup.manifest import Changes, DataFile, LedgerHour, Snapshot, apply, format_created_at
-from rollup.tombstones import Tombstone
+from rollup.table.manifest import Changes, DataFile, LedgerHour, Snapshot, apply, format_created_at
+from rollup.table.tombstones import Tombstone
 
 START = keys.UtcHour.parse_iso("2026-01-01T00")
 SERIES = 'node_cpu_seconds_total{cpu="0",host="web-017.example.internal",mode="idle"}'

@@ -6,7 +6,7 @@ catalog rows (`bench.catalog_hour.synthetic_rows`: 1k batches/s for an hour) as
 ledger files that include every other batch of the hour. Then, each in a child process of
 its own (peak RSS from ``/proc/self/status`` VmHWM, minus the RSS after imports):
 
-- **empty**: `rollup.plan.make_plan` against no snapshot (every batch pending);
+- **empty**: `rollup.job.plan.make_plan` against no snapshot (every batch pending);
 - **half**: `make_plan` against a snapshot whose ledger holds half of the hour's batches;
 - **baseline**: what the planner did before (`index.catalog.read_hour`, one `IndexRow`
   per key, the ledger's ids as a Python set, a tuple per work item) on ``--baseline-rows``
@@ -39,10 +39,10 @@ from bench.child_process import status_bytes
 from index.catalog import list_hour_files, read_hour
 from index.catalog_tables import manifest_ids
 from protocol import keys
-from rollup.commit import LoadedSnapshot
-from rollup.ledger import encode_ledger
-from rollup.plan import make_plan
-from rollup.schemas import LEDGER_SCHEMA
+from rollup.job.plan import make_plan
+from rollup.table.commit import LoadedSnapshot
+from rollup.table.ledger import encode_ledger
+from rollup.table.schemas import LEDGER_SCHEMA
 from store.open import open_store
 
 LEDGER_FILES = 8
@@ -100,10 +100,10 @@ async def plan(url: str, ledger_keys: list[str], spill: str) -> dict[str, object
 
 
 def handoff(items: pa.Table) -> dict[str, object]:
-    """What the job's driver does next (`rollup.stages.run_stages` before Spark): assign
+    """What the job's driver does next (`rollup.job.stages.run_stages` before Spark): assign
     the items to tasks and encode one IPC blob per task. Peak RSS of this phase alone
     (``/proc/self/clear_refs`` resets VmHWM), time and the blobs' bytes."""
-    from rollup.stages import assign_tasks, task_blobs, task_count
+    from rollup.job.stages import assign_tasks, task_blobs, task_count
 
     plan_peak = status_bytes("VmHWM")
     Path("/proc/self/clear_refs").write_text("5")

@@ -79,9 +79,9 @@ from reconciler.context import ReconcilerContext, open_context
 from reconciler.gc import GcOutcome
 from reconciler.gc.run import run_gc
 from reconciler.raw_retention import read_state
-from rollup.commit import commit, load_latest
-from rollup.ledger import LedgerRow, write_ledger_files
-from rollup.owner import OwnerLease
+from rollup.table.commit import commit, load_latest
+from rollup.table.ledger import LedgerRow, write_ledger_files
+from rollup.table.owner import OwnerLease
 from store.base import ObjectStore
 from store.fs import FileSystemStore
 from store.s3 import S3Store

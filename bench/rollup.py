@@ -12,7 +12,7 @@ series (like `agent.load`), ``--points-per-frame`` points per zstd frame, timest
    commit), timed from before the session starts to the commit (a cold JVM);
 2. ``--rounds`` times, alternated so both see the same load from other users:
    - **baseline**: a fresh child process, no Spark, doing the job's executor work by
-     calling `rollup.frame_stage` and `rollup.hour_stage` in sequence: fetch each frame,
+     calling `rollup.job.frame_stage` and `rollup.job.hour_stage` in sequence: fetch each frame,
      verify its sha256, decode, write ``points`` Parquet, pre-aggregate, merge per hour,
      write ``rollup_1m`` and ledger Parquet. Work items come from the job's planner (not
      timed); nothing is committed;
@@ -175,11 +175,11 @@ def restore_markers(store_dir: Path) -> None:
 def baseline_main(store_dir: Path) -> dict[str, Any]:
     """Single-process: the executors' work, in sequence, with pyarrow only."""
     from config.settings import RollupSettings
-    from rollup.frame_stage import FrameStage
-    from rollup.hour_stage import write_hour
-    from rollup.plan import make_plan
-    from rollup.storage import StoreAccess
-    from rollup.tasks import STAGE1_SCHEMA, WORK_SCHEMA, HourInputs, WriteOptions
+    from rollup.job.frame_stage import FrameStage
+    from rollup.job.hour_stage import write_hour
+    from rollup.job.plan import make_plan
+    from rollup.job.tasks import STAGE1_SCHEMA, WORK_SCHEMA, HourInputs, WriteOptions
+    from rollup.table.storage import StoreAccess
     from store.fs import FileSystemStore
 
     store = FileSystemStore(store_dir)
@@ -216,9 +216,9 @@ def job_main(store_dir: Path, rounds: int) -> dict[str, Any]:
 
     from config.settings import RollupSettings
     from protocol.clock import SystemClock
-    from rollup.job import run_rollup
-    from rollup.spark_session import local_spark
-    from rollup.storage import StoreAccess
+    from rollup.job.run import run_rollup
+    from rollup.job.spark_session import local_spark
+    from rollup.table.storage import StoreAccess
     from store.fs import FileSystemStore
 
     logging.getLogger("py4j").setLevel(logging.WARNING)

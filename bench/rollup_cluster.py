@@ -12,7 +12,7 @@ alternating, ``--rounds`` times each:
 
 - **cluster**: ``spark-submit --master spark://127.0.0.1:P`` to a master and two 1-core,
   1 GiB workers (`chaos.spark_standalone`, separate JVMs), the project shipped as the
-  `rollup.pyfiles` zip;
+  `rollup.job.pyfiles` zip;
 - **local**: the same ``spark-submit`` command with ``--master local[2]`` (one JVM).
 
 Before each run the dataset is made pending again (``rollup/v1/`` deleted, the work
@@ -55,7 +55,7 @@ from chaos.spark_standalone import spark_submit, start_cluster
 from protocol import keys
 from protocol.frame import encode_frame
 from protocol.records import AcceptedManifest
-from rollup.pyfiles import build_pyfiles
+from rollup.job.pyfiles import build_pyfiles
 from store.base import ObjectStore
 from store.open import open_store
 

@@ -155,8 +155,8 @@ async def read_store(store: ObjectStore) -> StoreView:
 
 
 async def _rolled_up(store: ObjectStore) -> set[str]:
-    from rollup.commit import load_latest  # the rollup package is optional here
-    from rollup.ledger import read_ledger
+    from rollup.table.commit import load_latest  # the rollup package is optional here
+    from rollup.table.ledger import read_ledger
 
     latest = await load_latest(store)
     if latest is None:

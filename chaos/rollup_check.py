@@ -14,7 +14,7 @@ Checks, against the latest committed snapshot:
   ground truth: the point counts and finite value sums of the frames the store accepted,
   as the agents built them (every accepted frame must be one an agent sent), minus the
   points the snapshot's committed deletes mask (recomputed from the raw blobs);
-- ``rollup_verify``: ``rollup.verify`` (what ``lm-rollup verify`` runs) finds every hour
+- ``rollup_verify``: ``rollup.read.verify`` (what ``lm-rollup verify`` runs) finds every hour
   complete, from the catalog and ``--from-manifests``.
 """
 
@@ -29,18 +29,18 @@ from chaos.auditor import CheckResult, StoreView
 from chaos.index_checks import catalog_setsums
 from chaos.load import AckBook
 from protocol.setsum import Setsum
-from rollup.availability import why_job_unavailable
+from rollup.job.availability import why_job_unavailable
 from store.base import ObjectStore
 
 if TYPE_CHECKING:
-    from rollup.manifest import LedgerHour, Snapshot
+    from rollup.table.manifest import LedgerHour, Snapshot
 
 CHECK_NAMES = ("rollup_setsums", "rollup_catalog_setsums", "rollup_totals", "rollup_verify")
 
 
 def rollup_unavailable() -> str | None:
     """``None`` when ``lm-rollup run`` can work here, else why not
-    (`rollup.availability.why_job_unavailable`)."""
+    (`rollup.job.availability.why_job_unavailable`)."""
     reason = why_job_unavailable()
     return None if reason is None else f"rollup not available: {reason}"
 
@@ -57,10 +57,10 @@ async def rollup_checks(
     store_url: str,
     endpoint_url: str,
 ) -> list[CheckResult]:
-    from rollup.commit import load_latest
-    from rollup.reader import rollup_1m_totals
-    from rollup.storage import arrow_filesystem
-    from rollup.verify import verify
+    from rollup.read.reader import rollup_1m_totals
+    from rollup.read.verify import verify
+    from rollup.table.commit import load_latest
+    from rollup.table.storage import arrow_filesystem
 
     setsums = CheckResult("rollup_setsums")
     catalog = CheckResult("rollup_catalog_setsums")
@@ -154,8 +154,8 @@ async def _masked_by_deletes(
     deletes mask in ``rollup_1m``, recomputed from the raw blobs themselves: the truth the
     table must equal is the frames' points minus these."""
     from protocol.frame import decode_frame
-    from rollup.points import points_rows
-    from rollup.tombstones import for_table, masked_in_rollup
+    from rollup.table.points import points_rows
+    from rollup.table.tombstones import for_table, masked_in_rollup
 
     if not for_table(snapshot.tombstones, "rollup_1m"):
         return 0, 0.0

@@ -1,7 +1,7 @@
 """Raw retention in the simulation (PROTOCOL §4.1): a simulated rollup, and the checks.
 
 `SimRollup` stands in for the rollup job: every ``interval_s`` it reads the catalog's
-accepted rows (`index.catalog.read_hour`) and commits, with `rollup.commit.commit` under
+accepted rows (`index.catalog.read_hour`) and commits, with `rollup.table.commit.commit` under
 an `OwnerLease`, one snapshot whose ledger files include the batches it has seen for at
 least their seeded lag (``U(0, lag_s)`` from when it first saw them). A seeded share of
 batches (``withhold_rate``) is never included: their hour's ledger never matches its
@@ -34,10 +34,10 @@ from protocol import keys, records
 from protocol.clock import Clock
 from reconciler.gc.log import read_gc_log
 from reconciler.raw_retention import read_state
-from rollup.commit import LoadedSnapshot, commit, load_latest
-from rollup.ledger import LedgerRow, read_ledger, write_ledger_files
-from rollup.manifest import RollupManifestError
-from rollup.owner import OwnerLease, OwnerLost
+from rollup.table.commit import LoadedSnapshot, commit, load_latest
+from rollup.table.ledger import LedgerRow, read_ledger, write_ledger_files
+from rollup.table.manifest import RollupManifestError
+from rollup.table.owner import OwnerLease, OwnerLost
 from store.base import ObjectStore
 from store.errors import StoreError
 

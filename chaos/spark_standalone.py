@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.s3_server import child_env, die_with_parent_hook, dummy_aws_env
-from rollup.spark_session import QUIET_LOG4J2
+from rollup.job.spark_session import QUIET_LOG4J2
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
@@ -265,7 +265,7 @@ def _spawn(
         directory.mkdir(parents=True, exist_ok=True)
     java_options = (
         f"-Dlog4j2.configurationFile=file:{log_config} -Djava.io.tmpdir={java_tmp} "
-        "-XX:-UsePerfData -XX:TieredStopAtLevel=1"  # as rollup.spark_session explains
+        "-XX:-UsePerfData -XX:TieredStopAtLevel=1"  # as rollup.job.spark_session explains
     )
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),

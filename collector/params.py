@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from rollup import schemas
+from rollup.table import schemas
 
 NS_PER_S = 1_000_000_000
 MAX_UNIX_SECONDS = 10**11

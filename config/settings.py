@@ -311,7 +311,7 @@ class RollupSettings(_Section):
     """A reader lease (``rollup/v1/readers/``) pins a snapshot against vacuum for this
     long past its last renewal; a reader renews it every third of it."""
     reader_lease_min_files: int = Field(default=32, ge=0)
-    """``lm-rollup query`` (and `rollup.reader.scan`) pins its snapshot with a reader
+    """``lm-rollup query`` (and `rollup.read.reader.scan`) pins its snapshot with a reader
     lease when it reads more data files than this (``--lease``/``--no-lease`` decide
     instead); ``lm-rollup sql`` always does."""
     reader_lease_max_hold_s: Seconds = 6 * 3600.0

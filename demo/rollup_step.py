@@ -2,7 +2,7 @@
 
 1. ``lm-rollup run`` (a local Spark session) turns every accepted batch into the
    ``points`` and ``rollup_1m`` tables and commits them under the rollup pointer.
-2. The ``rollup_1m`` totals (read back with `rollup.reader`, no Spark) must equal what
+2. The ``rollup_1m`` totals (read back with `rollup.read.reader`, no Spark) must equal what
    the agents were acknowledged for: the number of points and the sum of their finite
    values. The deliberate conflict was quarantined, so it counts nowhere.
 3. ``lm-rollup verify`` recomputes every hour's setsum from the reconciler's catalog
@@ -22,9 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agent.truth import Totals
-from rollup.availability import INSTALL_HINT, why_job_unavailable
-from rollup.reader import rollup_1m_totals
-from rollup.storage import arrow_filesystem
+from rollup.job.availability import INSTALL_HINT, why_job_unavailable
+from rollup.read.reader import rollup_1m_totals
+from rollup.table.storage import arrow_filesystem
 from store.fs import FileSystemStore
 
 RUN_TIMEOUT_S = 600.0  # a cold JVM on a busy 2-core machine takes tens of seconds

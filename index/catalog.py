@@ -50,7 +50,8 @@ from store.errors import (
 )
 from store.retry import Backoff
 
-from .rows import IndexFileError, IndexRow, decode, encode_table, table_of
+from .row_checks import decode
+from .rows import IndexFileError, IndexRow, encode_table, table_of
 
 log = structlog.get_logger(__name__)
 DEFAULT_BACKOFF = Backoff(attempts=5, base_s=0.05, cap_s=1.0)

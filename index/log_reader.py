@@ -26,7 +26,8 @@ import pyarrow as pa
 from protocol import keys
 from store.base import ObjectInfo, ObjectStore
 
-from .rows import IndexRow, decode, read_table
+from .row_checks import decode
+from .rows import IndexRow, read_table
 
 NS_PER_S = 1_000_000_000
 

@@ -5,7 +5,7 @@ per row capped one reconciler at a few hundred batches a second. These checks ru
 Arrow columns: the Python-level work is per column, plus one small step per *distinct*
 agent_id (its two key spellings), never per row. `well_formed` answers a boolean mask;
 `first_problems` describes a few bad rows (with `index.rows.check_row`'s words) for
-problem records and logs.
+problem records and logs; `decode` reads one index file as validated rows.
 
 A row is well-formed when:
 - ``kind`` is ``accepted``, ``quarantine`` or ``blob``; ``key``, ``frame_sha256`` and
@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 
 from protocol import keys
 
-from .rows import IndexRow, check_row, rows_of
+from .rows import IndexFileError, IndexRow, check_row, read_table, rows_of
 
 _SHA_RE = "^[0-9a-f]{64}$"
 _UUID_RE = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
@@ -143,3 +143,13 @@ def _describe(row: IndexRow) -> str:
     except ValueError as exc:
         return str(exc)
     return f"{row.kind!r} row {row.key!r}: identity does not match its key"
+
+
+def decode(body: bytes, *, source: str) -> list[IndexRow]:
+    """Every row of one index file, validated column-wise (`well_formed`);
+    `IndexFileError` naming ``source`` and the first bad row else."""
+    table = read_table(body, source=source)
+    mask = well_formed(table)
+    if not pc.all(mask).as_py() and table.num_rows:
+        raise IndexFileError(f"{source}: {first_problems(table, mask, 1)[0]}")
+    return rows_of(table)

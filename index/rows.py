@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from protocol import keys
@@ -224,18 +223,6 @@ def table_of(rows: Sequence[IndexRow]) -> pa.Table:
     }
     columns["key_digest"] = [key_digest(row.key) for row in rows]
     return pa.Table.from_pydict(columns, schema=FILE_SCHEMA)
-
-
-def decode(body: bytes, *, source: str) -> list[IndexRow]:
-    """Every row of one index file, validated (column-wise, `index.row_checks`);
-    `IndexFileError` naming ``source`` and the first bad row else."""
-    from .row_checks import first_problems, well_formed  # row_checks builds on this module
-
-    table = read_table(body, source=source)
-    mask = well_formed(table)
-    if not pc.all(mask).as_py() and table.num_rows:
-        raise IndexFileError(f"{source}: {first_problems(table, mask, 1)[0]}")
-    return rows_of(table)
 
 
 def read_table(body: bytes, *, source: str) -> pa.Table:

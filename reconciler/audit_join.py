@@ -46,7 +46,7 @@ from index import catalog
 from index.digests import KeyDigestSet, ShaPrefixSet, digests_from_arrow, digests_of, sha_prefixes
 from index.rows import IndexRow
 from protocol import keys
-from rollup.lost import acknowledged_shas
+from rollup.lifecycle.lost import acknowledged_shas
 from store.base import ObjectStore
 from store.errors import NotFound, StoreError
 
@@ -299,7 +299,7 @@ async def record_missing_blobs(
     store: ObjectStore, problems: ProblemBook, missing: dict[str, str]
 ) -> int:
     """Record a ``missing-blob`` problem per hash of ``missing`` (with a record that
-    references it), except those an operator acknowledged as lost (`rollup.lost`:
+    references it), except those an operator acknowledged as lost (`rollup.lifecycle.lost`:
     settled); resolve the open ones no longer missing. Returns how many."""
     if missing:
         for sha in await acknowledged_shas(store) & set(missing):

@@ -53,9 +53,9 @@ import structlog
 
 from protocol import keys, records
 from reconciler.audit_records import sealed_limit_ns
-from rollup.commit import load_latest
-from rollup.ledger import read_catalog_totals
-from rollup.manifest import LedgerHour, RollupManifestError
+from rollup.table.commit import load_latest
+from rollup.table.ledger import read_catalog_totals
+from rollup.table.manifest import LedgerHour, RollupManifestError
 from store.base import ObjectInfo, ObjectStore
 from store.errors import NotFound, PreconditionFailed, StoreError
 

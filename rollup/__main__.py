@@ -4,9 +4,9 @@
 (``[rollup] spark_master``, default ``local[*,4]``: every core, failed tasks retried; quiet logs, workers on this
 interpreter, temporary directories removed afterwards), runs the job once, and prints
 the run summary as JSON on stdout. ``query``, ``history``, ``verify`` and ``vacuum`` are
-`rollup.cli_read`'s, ``delete`` and ``compact`` are `rollup.cli_lifecycle`'s, ``sql`` is
-`rollup.cli_sql`'s, ``watch`` is `rollup.watch`'s. Under ``spark-submit`` use
-``rollup/spark_entry.py`` instead.
+`rollup.cli.read`'s, ``delete`` and ``compact`` are `rollup.cli.lifecycle`'s, ``sql`` is
+`rollup.cli.sql`'s, ``watch`` is `rollup.cli.watch`'s. Under ``spark-submit`` use
+``rollup/job/spark_entry.py`` instead.
 
 Exit codes of ``run``: 0 committed or up to date; 1 the run finished but some accepted
 batches could not be included (bad or missing frames, recorded as problems; they stay
@@ -30,15 +30,15 @@ import structlog
 from config import Settings, SettingsError, configure_logging
 from config.cli import add_settings_flags, settings_from_flags
 from protocol.clock import SystemClock
-from rollup.cli_lifecycle import add_lifecycle_commands
-from rollup.cli_read import add_read_commands
-from rollup.cli_sql import add_sql_command
-from rollup.commit import CommitConflict
-from rollup.job import CommitRetriesExhausted, RunSummary, run_rollup
-from rollup.manifest import RollupInvariantError, RollupManifestError
-from rollup.owner import OwnerLost
-from rollup.storage import StoreAccess
-from rollup.watch import add_watch_command
+from rollup.cli.lifecycle import add_lifecycle_commands
+from rollup.cli.read import add_read_commands
+from rollup.cli.sql import add_sql_command
+from rollup.cli.watch import add_watch_command
+from rollup.job.run import CommitRetriesExhausted, RunSummary, run_rollup
+from rollup.table.commit import CommitConflict
+from rollup.table.manifest import RollupInvariantError, RollupManifestError
+from rollup.table.owner import OwnerLost
+from rollup.table.storage import StoreAccess
 from store.errors import StoreConfigError, StoreError
 from store.lease import LeaseHeld
 from store.open import open_store_from_settings
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command != "run":
         code: int = args.handler(args, settings)
         return code
-    from rollup.spark_session import local_spark  # pyspark only for `run`
+    from rollup.job.spark_session import local_spark  # pyspark only for `run`
 
     master = args.master or settings.rollup.spark_master
     progress = _progress(args.progress)

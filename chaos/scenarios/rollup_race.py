@@ -93,8 +93,8 @@ async def _delete_and_compact(ctx: ScenarioContext, tag: str) -> None:
 
 async def _a_committed_series(ctx: ScenarioContext) -> tuple[str, dict[str, str]] | None:
     """The metric and labels of the first ``rollup_1m`` row committed, if any."""
-    from rollup.reader import scan
-    from rollup.storage import arrow_filesystem
+    from rollup.read.reader import scan
+    from rollup.table.storage import arrow_filesystem
 
     store = ctx.cluster.direct_store()
     assert ctx.cluster.ministack is not None

@@ -2,20 +2,20 @@
 
 `SnapshotSource` answers "which snapshot": the latest (the pointer is read again at most
 every ``refresh_interval_s``; a snapshot manifest is read once per version and cached),
-or a ``version`` / ``as_of`` time: a `rollup.chain_index.ChainIndex` remembers each
+or a ``version`` / ``as_of`` time: a `rollup.read.chain_index.ChainIndex` remembers each
 version's manifest key and time, so a request walks only the versions no earlier one
 did, and never more than ``max_travel_versions`` back from the latest (400
 ``travel_too_far``); a version below the oldest the chain reaches is 404 without a
 request. Time travel starts from the latest as cached (a ``version`` newer than it reads
 the pointer again). A few whole snapshots are cached too. It also says
-which of the live window's batches a snapshot includes (its ledger, `rollup.ledger`): the
+which of the live window's batches a snapshot includes (its ledger, `rollup.table.ledger`): the
 live part leaves out exactly those ``manifest_id``\\s. A ledger hour's ``manifest_id``
 column is cached per (version, hour) as an Arrow column, bounded by bytes
 (`MAX_CACHED_LEDGER_BYTES`), and the window's ids are looked up in it column-wise: an hour
 of millions of batches is never a Python set (PROTOCOL §3.9).
 
 `read_committed` reads one table of a snapshot with the query's filters (metric, agent
-on ``points``, the time range; labels after reading) through `rollup.reader`, file by
+on ``points``, the time range; labels after reading) through `rollup.read.reader`, file by
 file, refusing past ``max_rows``, with the snapshot's deletes masked (tombstones,
 PROTOCOL §4.1). Blocking: run it in a thread.
 """
@@ -31,11 +31,12 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from protocol import keys
-from rollup import reader, schemas
-from rollup.chain_index import ChainIndex
-from rollup.commit import VersionNotFound, read_pointer, read_snapshot
-from rollup.ledger import read_ledger
-from rollup.manifest import Snapshot
+from rollup.read import reader
+from rollup.read.chain_index import ChainIndex
+from rollup.table import schemas
+from rollup.table.commit import VersionNotFound, read_pointer, read_snapshot
+from rollup.table.ledger import read_ledger
+from rollup.table.manifest import Snapshot
 from store.base import ObjectStore
 from store.errors import NotFound
 

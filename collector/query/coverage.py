@@ -35,8 +35,8 @@ from collections.abc import Callable
 
 from protocol import keys
 from reconciler.audit_records import iter_audits_newest_first, sealed_limit_ns
-from rollup.ledger import read_catalog_totals
-from rollup.manifest import LedgerHour, Snapshot
+from rollup.table.ledger import read_catalog_totals
+from rollup.table.manifest import LedgerHour, Snapshot
 from store.base import ObjectStore
 
 NS_PER_S = 1_000_000_000

@@ -50,10 +50,10 @@ from aiohttp import web
 
 from config.settings import QuerySettings
 from index.rows import IndexFileError
-from rollup.chain_index import TravelTooFar
-from rollup.commit import VersionNotFound
-from rollup.manifest import RollupManifestError, Snapshot
-from rollup.tombstones import drop_from_points, drop_from_rollup
+from rollup.read.chain_index import TravelTooFar
+from rollup.table.commit import VersionNotFound
+from rollup.table.manifest import RollupManifestError, Snapshot
+from rollup.table.tombstones import drop_from_points, drop_from_rollup
 from store.errors import StoreConfigError, StoreError
 
 from ..auth import Authenticator

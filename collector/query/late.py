@@ -44,7 +44,7 @@ import structlog
 from index.catalog_tables import manifest_ids, read_hour_table
 from index.rows import IndexFileError
 from protocol import keys
-from rollup.manifest import LedgerHour, Snapshot
+from rollup.table.manifest import LedgerHour, Snapshot
 
 from .committed import SnapshotSource
 from .window import WindowBatch

@@ -1,15 +1,15 @@
 """Rows of a live query: live points filtered, merged with the committed rows. Pure pyarrow.
 
-- `live_points`: the ``points`` rows (`rollup.points.points_rows`) of the window's
+- `live_points`: the ``points`` rows (`rollup.table.points.points_rows`) of the window's
   batches that match a query — filtered on the decoded frame first (agent, metric, time,
   labels), so rows are built only for matching points, with ``seq`` kept right.
 - `merge_points`: committed + live ``points`` rows, ordered by (series, ts, agent, boot,
   seq).
 - `merge_rollup`: the ``rollup_1m`` shape from committed ``rollup_1m`` rows and live
-  points aggregated per minute: both become mergeable partials (`rollup.aggregate`),
+  points aggregated per minute: both become mergeable partials (`rollup.table.aggregate`),
   ``count`` adds, ``sum/min/max`` over finite values, ``first/last`` by (ts, agent, boot,
   seq); a committed first/last whose ``ts`` ties a live one is resolved from the
-  committed points (`rollup.hour_stage.resolve_committed_ties`), as a rollup run does.
+  committed points (`rollup.job.hour_stage.resolve_committed_ties`), as a rollup run does.
 - `rollup_of_points`: the ``rollup_1m`` shape from points alone (an ``agent`` filter:
   ``rollup_1m`` has no agent column, so the committed points are aggregated instead).
 """
@@ -27,10 +27,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from protocol.frame import Frame
-from rollup import aggregate
-from rollup.hour_stage import resolve_committed_ties
-from rollup.points import points_rows
-from rollup.schemas import POINTS_SCHEMA, ROLLUP_1M_SCHEMA
+from rollup.job.hour_stage import resolve_committed_ties
+from rollup.table import aggregate
+from rollup.table.points import points_rows
+from rollup.table.schemas import POINTS_SCHEMA, ROLLUP_1M_SCHEMA
 
 from .api import LiveQuery
 

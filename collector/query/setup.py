@@ -20,7 +20,7 @@ import pyarrow.fs as pafs
 
 from config import Settings
 from protocol.clock import Clock
-from rollup.storage import StoreAccess
+from rollup.table.storage import StoreAccess
 from store.base import ObjectStore
 
 from ..auth import Authenticator

@@ -3,7 +3,7 @@
 `LiveWindow` keeps `protocol.frame.Frame` objects (their Arrow points, decoded once) keyed
 by ``manifest_id``, with the batch's accepted time and hour, for batches accepted within
 ``window_s`` of now, at most ``max_points`` points and ``max_bytes`` bytes in all: beyond
-either the oldest batches (first added) are evicted. ``points`` rows (`rollup.points`) are
+either the oldest batches (first added) are evicted. ``points`` rows (`rollup.table.points`) are
 built only at query time, only for the rows a query matches (`collector.query_live`).
 
 Memory account: ``max_bytes`` covers the batches held (each charged its points' Arrow
@@ -29,7 +29,7 @@ import numpy as np
 
 from protocol import keys
 from protocol.frame import Frame
-from rollup.aggregate import int64_column
+from rollup.table.aggregate import int64_column
 
 NS_PER_S = 1_000_000_000
 UNKNOWN_RANGE = (-(2**63), 2**63 - 1)

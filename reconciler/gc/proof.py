@@ -23,7 +23,7 @@ committed rollup ledger includes (I, B)": a ledger row of the manifest's accepte
 I's ``manifest_id`` and B's hash. The nomination must also still stand: the manifest's
 hour is before ``gc/v1/raw-retention.json``'s ``retired_before`` (an operator who deleted
 that state to keep the blobs stops the deletions at once, not at the next audit). Ledger rows do not say which batches of an hour were
-*late, excluded* (counted per hour only, `rollup.manifest.Snapshot.ledger_late`), so a
+*late, excluded* (counted per hour only, `rollup.table.manifest.Snapshot.ledger_late`), so a
 batch of an hour with any late-excluded batch cannot be shown included: its blob is kept
 (the conservative reading; PROTOCOL could give ledger rows a status). Step 3 is unchanged.
 
@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 
 from protocol import keys, records
 from protocol.frame import FrameError, decode_header
-from rollup.commit import LoadedSnapshot, load_latest
-from rollup.ledger import read_ledger
-from rollup.manifest import RollupManifestError
+from rollup.table.commit import LoadedSnapshot, load_latest
+from rollup.table.ledger import read_ledger
+from rollup.table.manifest import RollupManifestError
 from store.base import ObjectStore
 from store.errors import NotFound
 

@@ -14,7 +14,7 @@ import structlog
 
 from index.rows import IndexFileError
 from protocol import keys, records
-from rollup.manifest import RollupManifestError
+from rollup.table.manifest import RollupManifestError
 from store.base import ObjectStore
 from store.errors import StoreError
 from store.open import open_store

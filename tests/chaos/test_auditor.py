@@ -22,8 +22,8 @@ from protocol.clock import ManualClock
 from reconciler.audit import run_full_audit
 from reconciler.context import open_context
 from reconciler.gc.log import encode_gc_log
-from rollup.ledger import LedgerRow
-from rollup.owner import OwnerLease
+from rollup.table.ledger import LedgerRow
+from rollup.table.owner import OwnerLease
 from store.memory import MemoryStore
 from tests.rollup.dataset_builder import commit_rows
 

@@ -13,7 +13,8 @@ import pytest
 from chaos.faulty_store import Fault, FaultyStore
 from collector.accept import AcceptanceUnavailable, Accepted, BatchAcceptor, IdentityConflictFound
 from index.log_writer import IndexLogWriter
-from index.rows import IndexRow, decode
+from index.row_checks import decode
+from index.rows import IndexRow
 from protocol import keys, records
 from protocol.clock import ManualClock, SystemClock
 from store.base import ObjectStore

@@ -1,5 +1,5 @@
 """``GET /v1/query`` in this process: parameters, the window, coverage, and answers over a
-real snapshot (Parquet written with pyarrow, committed through `rollup.commit`, no Spark)
+real snapshot (Parquet written with pyarrow, committed through `rollup.table.commit`, no Spark)
 on a filesystem store, checked against an oracle: every batch's points counted once,
 and the ``rollup_1m`` shape equal to aggregating all points at once."""
 
@@ -31,11 +31,11 @@ from protocol import keys
 from protocol.clock import ManualClock
 from protocol.frame import Frame, decode_frame, encode_frame, points_table
 from protocol.records import AcceptedManifest, AuditRecord
-from rollup.ledger import LedgerRow
-from rollup.manifest import LedgerHour
-from rollup.owner import OwnerLease
-from rollup.points import points_rows
-from rollup.storage import arrow_filesystem
+from rollup.table.ledger import LedgerRow
+from rollup.table.manifest import LedgerHour
+from rollup.table.owner import OwnerLease
+from rollup.table.points import points_rows
+from rollup.table.storage import arrow_filesystem
 from store.fs import FileSystemStore
 from tests.rollup.dataset_builder import catalog_manifests, commit_rows
 
@@ -518,10 +518,10 @@ async def test_cli_url_and_table(world: World) -> None:
 async def test_deletes_mask_committed_and_live_rows(world: World) -> None:
     from datetime import UTC, datetime
 
-    from rollup.commit import commit as commit_snapshot
-    from rollup.commit import load_latest
-    from rollup.manifest import Changes
-    from rollup.tombstones import Tombstone
+    from rollup.table.commit import commit as commit_snapshot
+    from rollup.table.commit import load_latest
+    from rollup.table.manifest import Changes
+    from rollup.table.tombstones import Tombstone
 
     delete = Tombstone(
         id=str(uuid.UUID(int=7)),
@@ -601,7 +601,7 @@ async def test_rollup_shape_when_the_committed_tied_point_is_gone(world: World) 
 
 
 async def _latest(store: FileSystemStore) -> Any:
-    from rollup.commit import load_latest
+    from rollup.table.commit import load_latest
 
     loaded = await load_latest(store)
     assert loaded is not None

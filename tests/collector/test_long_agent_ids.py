@@ -25,8 +25,8 @@ from protocol import keys, records
 from protocol.clock import ManualClock
 from reconciler.audit import run_full_audit
 from reconciler.steady import SteadyScanner
-from rollup.plan import make_plan
-from rollup.verify import verify
+from rollup.job.plan import make_plan
+from rollup.read.verify import verify
 from store.base import ObjectStore
 from store.errors import NotFound
 from store.fs import FileSystemStore

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collector.query import committed as query_committed
 from collector.query.committed import SnapshotSource
 from protocol.clock import ManualClock
-from rollup.owner import OwnerLease
+from rollup.table.owner import OwnerLease
 from store.memory import MemoryStore
 from tests.rollup.dataset_builder import commit_rows, hour_at, make_batch
 

@@ -23,11 +23,11 @@ from config import Principal, TokenTable, hash_token
 from config.settings import QuerySettings
 from protocol import keys
 from protocol.clock import ManualClock
-from rollup.chain_index import TravelTooFar
-from rollup.commit import VersionNotFound
-from rollup.manifest import parse_created_at
-from rollup.owner import OwnerLease
-from rollup.storage import arrow_filesystem
+from rollup.read.chain_index import TravelTooFar
+from rollup.table.commit import VersionNotFound
+from rollup.table.manifest import parse_created_at
+from rollup.table.owner import OwnerLease
+from rollup.table.storage import arrow_filesystem
 from store.memory import MemoryStore
 from tests.rollup.dataset_builder import CountingStore, commit_rows, hour_at, points
 

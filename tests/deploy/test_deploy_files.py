@@ -344,10 +344,10 @@ def test_container_commands_are_project_scripts_with_valid_arguments() -> None:
 
 
 def test_the_spark_submit_entry_file_runs_the_job_on_the_submitted_session() -> None:
-    # rollup.spark_entry, not lm-rollup's main: that one starts a local session of its
+    # rollup.job.spark_entry, not lm-rollup's main: that one starts a local session of its
     # own and would ignore spark-submit's --master.
     text = (CONTAINER / "rollup_entry.py").read_text(encoding="utf-8")
-    assert "from rollup.spark_entry import main" in text
+    assert "from rollup.job.spark_entry import main" in text
 
 
 # --- systemd ------------------------------------------------------------------------------

@@ -14,12 +14,12 @@ from index import catalog, log_reader
 from index.catalog_merge import merge_files
 from index.digests import KeyDigestSet, ShaPrefixSet, digests_of, sha_prefixes
 from index.log_writer import IndexLogWriter
+from index.row_checks import decode
 from index.rows import (
     IndexFileError,
     IndexRow,
     accepted_row,
     blob_row,
-    decode,
     encode,
     quarantine_row,
 )

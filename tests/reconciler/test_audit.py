@@ -431,7 +431,7 @@ async def test_a_blob_acknowledged_lost_is_not_reported_missing_again(
     """Issue 24 item 13: once ``lm-rollup acknowledge-lost`` recorded the batch as lost
     in the rollup ledger (with who and why), the audit stops recording its blob as a
     ``missing-blob`` problem (which would keep ``status --check`` unhealthy for ever)."""
-    from rollup.lost import acknowledge_lost
+    from rollup.lifecycle.lost import acknowledge_lost
 
     batches = await write_batches(memory_store, agents=2, per_agent=2)
     victim = batches[1]

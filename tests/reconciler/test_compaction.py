@@ -16,7 +16,7 @@ from protocol.clock import ManualClock
 from reconciler.compaction import FANOUT, CatalogCompactor
 from reconciler.context import ReconcilerContext
 from reconciler.steady import SteadyScanner
-from rollup.plan import make_plan
+from rollup.job.plan import make_plan
 from store.memory import MemoryStore
 from tests.reconciler.conftest import (
     T0_NS,

@@ -151,8 +151,8 @@ async def test_raw_retention_deletes_rolled_up_blobs_and_the_audit_finds_nothing
 ) -> None:
     from config import RetentionSettings
     from reconciler.raw_retention import read_state
-    from rollup.ledger import LedgerRow
-    from rollup.owner import OwnerLease
+    from rollup.table.ledger import LedgerRow
+    from rollup.table.owner import OwnerLease
     from tests.reconciler.conftest import write_conflict
     from tests.rollup.dataset_builder import commit_rows
 

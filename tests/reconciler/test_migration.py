@@ -20,9 +20,9 @@ from protocol.records import AuditRecord
 from reconciler.context import ReconcilerContext
 from reconciler.daemon import Reconciler
 from reconciler.v1_index import V1DropRefused, drop_v1_index
-from rollup.commit import load_latest
-from rollup.plan import make_plan
-from rollup.verify import verify
+from rollup.job.plan import make_plan
+from rollup.read.verify import verify
+from rollup.table.commit import load_latest
 from store.base import ObjectStore
 from store.fs import FileSystemStore
 from tests.reconciler.conftest import (

@@ -24,8 +24,8 @@ from reconciler.gc import GcPolicy
 from reconciler.gc.run import latest_listing_audit, run_gc
 from reconciler.orphans import decode_orphans, encode_orphans
 from reconciler.raw_retention import RawRetentionAdvance, read_state
-from rollup.ledger import LedgerRow
-from rollup.owner import OwnerLease
+from rollup.table.ledger import LedgerRow
+from rollup.table.owner import OwnerLease
 from store.base import ObjectInfo
 from tests.reconciler.conftest import make_batch, write_batch
 from tests.reconciler.test_gc import HOUR_S, FlakyStore, World, frame_bytes, header_of, sha

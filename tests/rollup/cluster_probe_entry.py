@@ -4,7 +4,7 @@
 Before the job, it records where the driver and the executors import this project from
 (a task per executor slot and then some, once every executor has registered) and writes
 that to REPORT as JSON; then it runs the job exactly as ``spark_entry.py`` does
-(`rollup.spark_entry.main`, imported from ``--py-files``) on the same session, and exits
+(`rollup.job.spark_entry.main`, imported from ``--py-files``) on the same session, and exits
 with its code. The test copies it out of the repository before submitting it.
 """
 
@@ -22,8 +22,8 @@ PROJECT_MODULES = (
     "config",
     "index.catalog",
     "protocol.frame",
-    "rollup.frame_stage",
-    "rollup.hour_stage",
+    "rollup.job.frame_stage",
+    "rollup.job.hour_stage",
     "store.base",
 )
 
@@ -54,7 +54,7 @@ def main() -> int:
     report = {"driver": where_the_project_comes_from(), "executors": executors}
     report_path.write_text(json.dumps(report, indent=1))
 
-    from rollup.spark_entry import main as run_the_job
+    from rollup.job.spark_entry import main as run_the_job
 
     return run_the_job(sys.argv[1:])
 

@@ -3,7 +3,7 @@ written as the collector writes them and cataloged as the reconciler does (catal
 and rollup work markers, PROTOCOL §3.7), and an independent expected rollup.
 
 `expected_rollup` recomputes ``rollup_1m`` from the frames sent with nothing from the job:
-`protocol.frame.decode_frame`, `rollup.series.canonical_series` (the reference, not the
+`protocol.frame.decode_frame`, `rollup.table.series.canonical_series` (the reference, not the
 vectorised version) and pyarrow's own group-by, with first/last taken from a full sort.
 """
 
@@ -26,11 +26,11 @@ from config.settings import RollupSettings
 from protocol import keys
 from protocol.frame import decode_frame, encode_frame, points_table
 from protocol.records import AcceptedManifest
-from rollup.job import RunHooks, RunSummary, run_rollup
-from rollup.owner import OwnerLease
-from rollup.reader import scan
-from rollup.series import canonical_series
-from rollup.storage import StoreAccess
+from rollup.job.run import RunHooks, RunSummary, run_rollup
+from rollup.read.reader import scan
+from rollup.table.owner import OwnerLease
+from rollup.table.series import canonical_series
+from rollup.table.storage import StoreAccess
 from store.base import ObjectStore
 from store.fs import FileSystemStore
 from tests.rollup.dataset_builder import catalog_manifests
@@ -47,7 +47,7 @@ DATA_START_NS = keys.UtcHour.parse_iso("2026-11-21T10").start_ns
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     """The one Spark session of the test run (local[2]; ~5-10 s to start)."""
-    from rollup.spark_session import local_spark
+    from rollup.job.spark_session import local_spark
 
     # py4j logs at INFO when its connections close, as late as interpreter exit, when a
     # CLI test's log handler may hold a closed capture stream: not restored afterwards.
@@ -234,7 +234,7 @@ async def committed_rollup(
 
 
 async def read_table(store: ObjectStore, table: str, endpoint_url: str | None = None) -> pa.Table:
-    from rollup.storage import arrow_filesystem
+    from rollup.table.storage import arrow_filesystem
 
     filesystem, root = arrow_filesystem(store.url, endpoint_url=endpoint_url)
     return await scan(store, table, filesystem=filesystem, root=root)

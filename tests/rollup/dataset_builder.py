@@ -1,6 +1,6 @@
 """Building rollup datasets in tests without Spark: Parquet written with pyarrow, accepted
 batches written as the collector would and cataloged as the reconciler would (PROTOCOL
-§3.7: catalog files plus their rollup work markers), commits through `rollup.commit`."""
+§3.7: catalog files plus their rollup work markers), commits through `rollup.table.commit`."""
 
 from __future__ import annotations
 
@@ -20,12 +20,12 @@ from index.rows import accepted_row
 from protocol import keys
 from protocol.clock import Clock, SystemClock
 from protocol.records import AcceptedManifest, RollupWorkMarker
-from rollup.commit import LoadedSnapshot, commit, load_latest
-from rollup.ledger import LedgerRow, write_ledger_files
-from rollup.manifest import Changes, DataFile, describe_file
-from rollup.owner import OwnerLease
-from rollup.schemas import POINTS_SCHEMA
-from rollup.series import canonical_series
+from rollup.table.commit import LoadedSnapshot, commit, load_latest
+from rollup.table.ledger import LedgerRow, write_ledger_files
+from rollup.table.manifest import Changes, DataFile, describe_file
+from rollup.table.owner import OwnerLease
+from rollup.table.schemas import POINTS_SCHEMA
+from rollup.table.series import canonical_series
 from store.base import ConditionalGet, ObjectInfo, ObjectStore
 
 BASE_HOUR = keys.UtcHour(date(2026, 11, 21), 10)

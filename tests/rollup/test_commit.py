@@ -12,7 +12,9 @@ import pytest
 from chaos.faulty_store import Fault, FaultyStore
 from protocol.clock import ManualClock
 from protocol.keys import ROLLUP_MANIFESTS_PREFIX, ROLLUP_POINTER_KEY
-from rollup.commit import (
+from rollup.lifecycle.vacuum import vacuum
+from rollup.read.history import history
+from rollup.table.commit import (
     STALE_ETAG,
     CommitConflict,
     LoadedSnapshot,
@@ -23,10 +25,8 @@ from rollup.commit import (
     load_version,
     walk_snapshots,
 )
-from rollup.history import history
-from rollup.manifest import Changes, RollupInvariantError
-from rollup.owner import OwnerLease, OwnerLost
-from rollup.vacuum import vacuum
+from rollup.table.manifest import Changes, RollupInvariantError
+from rollup.table.owner import OwnerLease, OwnerLost
 from store.base import ObjectStore
 from store.errors import NotFound, OutcomeUnknown, Unavailable
 from store.fs import FileSystemStore

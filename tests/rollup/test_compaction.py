@@ -12,13 +12,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from protocol.clock import ManualClock
-from rollup import compaction
-from rollup import delete as delete_mod
 from rollup.__main__ import main
-from rollup.commit import commit as real_commit
-from rollup.commit import load_latest
-from rollup.owner import OwnerLease
-from rollup.storage import StoreAccess
+from rollup.lifecycle import compaction
+from rollup.lifecycle import delete as delete_mod
+from rollup.table.commit import commit as real_commit
+from rollup.table.commit import load_latest
+from rollup.table.owner import OwnerLease
+from rollup.table.storage import StoreAccess
 from store.fs import FileSystemStore
 from tests.rollup.dataset_builder import commit_rows, hour_at, hour_start, points
 from tests.rollup.test_delete import _scan
@@ -89,7 +89,7 @@ async def test_compaction_applies_deletes_and_keeps_what_readers_see(
 
 
 async def _v(store: FileSystemStore, version: int):  # type: ignore[no-untyped-def]
-    from rollup.commit import load_version
+    from rollup.table.commit import load_version
 
     return (await load_version(store, version)).snapshot
 
@@ -157,8 +157,8 @@ async def test_compaction_merges_an_hours_ledger_files_into_one(tmp_path: Path) 
     ``ledger.files`` grew with runs x hours. Compaction merges each hour's files into one
     file of the same rows: ``ledger.hours`` (setsums) unchanged, ``verify`` still passes,
     and a hour with a single file is left alone."""
-    from rollup.ledger import read_ledger
-    from rollup.verify import verify
+    from rollup.read.verify import verify
+    from rollup.table.ledger import read_ledger
     from tests.rollup.dataset_builder import accept, make_batch
 
     store = FileSystemStore(tmp_path / "store")

@@ -13,15 +13,16 @@ import pytest
 
 from protocol import keys
 from protocol.clock import ManualClock
-from rollup import delete as delete_mod
-from rollup import history as history_mod
-from rollup import reader, sql, tombstones
 from rollup.__main__ import main
-from rollup.commit import load_latest
-from rollup.manifest import Snapshot
-from rollup.owner import OwnerLease
-from rollup.storage import arrow_filesystem
-from rollup.tombstones import Tombstone, TombstoneError
+from rollup.lifecycle import delete as delete_mod
+from rollup.read import history as history_mod
+from rollup.read import reader, sql
+from rollup.table import tombstones
+from rollup.table.commit import load_latest
+from rollup.table.manifest import Snapshot
+from rollup.table.owner import OwnerLease
+from rollup.table.storage import arrow_filesystem
+from rollup.table.tombstones import Tombstone, TombstoneError
 from store.fs import FileSystemStore
 from tests.rollup.dataset_builder import commit_rows, hour_at, hour_start, points
 

@@ -11,13 +11,13 @@ from datetime import UTC, datetime, timedelta
 from pyspark.sql import SparkSession
 
 from protocol.clock import ManualClock
-from rollup import compaction
-from rollup import delete as delete_mod
-from rollup.commit import load_latest
-from rollup.job import RunHooks
-from rollup.manifest import Changes
-from rollup.storage import StoreAccess
-from rollup.verify import verify
+from rollup.job.run import RunHooks
+from rollup.lifecycle import compaction
+from rollup.lifecycle import delete as delete_mod
+from rollup.read.verify import verify
+from rollup.table.commit import load_latest
+from rollup.table.manifest import Changes
+from rollup.table.storage import StoreAccess
 from store.fs import FileSystemStore
 from tests.rollup.conftest import (
     DATA_START_NS,

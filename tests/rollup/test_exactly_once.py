@@ -11,12 +11,12 @@ from pyspark.sql import SparkSession
 
 from protocol import keys
 from protocol.clock import ManualClock
-from rollup.commit import load_latest
-from rollup.job import RunHooks
-from rollup.ledger import read_ledger
-from rollup.manifest import Changes
-from rollup.owner import OwnerLease, OwnerLost
-from rollup.verify import verify
+from rollup.job.run import RunHooks
+from rollup.read.verify import verify
+from rollup.table.commit import load_latest
+from rollup.table.ledger import read_ledger
+from rollup.table.manifest import Changes
+from rollup.table.owner import OwnerLease, OwnerLost
 from store.fs import FileSystemStore
 from store.lease import LeaseHeld
 from tests.rollup.conftest import (

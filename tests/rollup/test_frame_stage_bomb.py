@@ -15,9 +15,9 @@ import pytest
 import protocol.frame
 from protocol import frame as fr
 from protocol import keys
-from rollup.frame_stage import FrameStage
-from rollup.storage import StoreAccess
-from rollup.tasks import WORK_SCHEMA, WriteOptions
+from rollup.job.frame_stage import FrameStage
+from rollup.job.tasks import WORK_SCHEMA, WriteOptions
+from rollup.table.storage import StoreAccess
 from tests.collector.test_decode_amplification import bomb_frame
 
 

@@ -18,13 +18,13 @@ from structlog.testing import capture_logs
 from protocol import keys
 from protocol.clock import ManualClock
 from protocol.setsum import Setsum
-from rollup import sql
-from rollup.commit import LoadedSnapshot
-from rollup.iceberg_publish import publish, publish_or_log, published_versions, table_url
-from rollup.owner import OwnerLease
-from rollup.reader import scan
-from rollup.schemas import POINTS_SCHEMA, ROLLUP_1M_SCHEMA
-from rollup.vacuum import vacuum
+from rollup.iceberg.publish import publish, publish_or_log, published_versions, table_url
+from rollup.lifecycle.vacuum import vacuum
+from rollup.read import sql
+from rollup.read.reader import scan
+from rollup.table.commit import LoadedSnapshot
+from rollup.table.owner import OwnerLease
+from rollup.table.schemas import POINTS_SCHEMA, ROLLUP_1M_SCHEMA
 from store.fs import FileSystemStore
 from tests.rollup.dataset_builder import (
     commit_rows,
@@ -227,9 +227,9 @@ async def test_a_failed_publish_is_logged_and_left_for_the_next_run(dataset: Dat
 async def test_deleted_rows_are_position_deletes_until_compaction_rewrites_them(
     dataset: Dataset,
 ) -> None:
-    from rollup import compaction
-    from rollup import delete as delete_mod
-    from rollup.storage import StoreAccess
+    from rollup.lifecycle import compaction
+    from rollup.lifecycle import delete as delete_mod
+    from rollup.table.storage import StoreAccess
 
     start = hour_start(hour_at(0))
     for request in (

@@ -6,7 +6,7 @@ import pytest
 
 from protocol.clock import ManualClock
 from protocol.setsum import Setsum
-from rollup.ledger import (
+from rollup.table.ledger import (
     decode_ledger,
     encode_ledger,
     included_manifest_ids,
@@ -16,9 +16,9 @@ from rollup.ledger import (
     ledger_totals,
     read_ledger,
 )
-from rollup.manifest import LedgerHour, RollupManifestError
-from rollup.owner import OwnerLease
-from rollup.schemas import LEDGER_SCHEMA
+from rollup.table.manifest import LedgerHour, RollupManifestError
+from rollup.table.owner import OwnerLease
+from rollup.table.schemas import LEDGER_SCHEMA
 from store.memory import MemoryStore
 from tests.rollup.dataset_builder import commit_rows, hour_at, make_batch, parquet_bytes, points
 

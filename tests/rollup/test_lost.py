@@ -20,15 +20,15 @@ from index.catalog import read_hour
 from protocol import keys
 from protocol.clock import ManualClock
 from protocol.records import ProblemRecord
-from rollup.cli_lifecycle import add_lifecycle_commands
-from rollup.cli_read import add_read_commands
-from rollup.commit import load_latest
-from rollup.ledger import LedgerRow, catalog_totals
-from rollup.lost import NotLost, acknowledge_lost, acknowledged_shas
-from rollup.manifest import Snapshot
-from rollup.owner import OwnerLease
-from rollup.plan import make_plan
-from rollup.verify import verify
+from rollup.cli.lifecycle import add_lifecycle_commands
+from rollup.cli.read import add_read_commands
+from rollup.job.plan import make_plan
+from rollup.lifecycle.lost import NotLost, acknowledge_lost, acknowledged_shas
+from rollup.read.verify import verify
+from rollup.table.commit import load_latest
+from rollup.table.ledger import LedgerRow, catalog_totals
+from rollup.table.manifest import Snapshot
+from rollup.table.owner import OwnerLease
 from store.fs import FileSystemStore
 from tests.rollup.conftest import DATA_START_NS, SentFrame, accept, make_frame
 from tests.rollup.dataset_builder import commit_rows

@@ -10,7 +10,7 @@ import pytest
 
 from protocol import keys
 from protocol.setsum import Setsum
-from rollup.manifest import (
+from rollup.table.manifest import (
     Changes,
     DataFile,
     LedgerHour,
@@ -21,7 +21,7 @@ from rollup.manifest import (
     format_created_at,
     parse_created_at,
 )
-from rollup.schemas import POINTS_SCHEMA, ROLLUP_1M_SCHEMA, columns_json
+from rollup.table.schemas import POINTS_SCHEMA, ROLLUP_1M_SCHEMA, columns_json
 from tests.rollup.dataset_builder import BASE_HOUR
 
 CREATED = "2026-11-21T10:00:00Z"

@@ -9,7 +9,7 @@ import pytest
 from chaos.faulty_store import Fault, FaultyStore
 from protocol.clock import ManualClock
 from protocol.keys import ROLLUP_OWNER_KEY
-from rollup.owner import OwnerLease, OwnerLost
+from rollup.table.owner import OwnerLease, OwnerLost
 from store.lease import LeaseHeld
 from store.memory import MemoryStore
 from tests.rollup.dataset_builder import commit_rows

@@ -12,9 +12,9 @@ import pytest
 from index.rows import IndexFileError, accepted_row, encode
 from protocol import keys
 from protocol.clock import ManualClock
-from rollup.commit import load_latest
-from rollup.owner import OwnerLease
-from rollup.plan import make_plan
+from rollup.job.plan import make_plan
+from rollup.table.commit import load_latest
+from rollup.table.owner import OwnerLease
 from store.memory import MemoryStore
 from tests.rollup.dataset_builder import (
     Batch,
@@ -124,8 +124,8 @@ async def test_both_agent_key_forms_of_one_batch_are_planned_once() -> None:
     rule, and ``agent=h-<sha256>``). Both rows have one ``manifest_id``: the plan includes
     the batch once (before: twice, its points counted twice), and ``verify`` counts the
     catalog hour's batch once too, so the hour is complete with it included once."""
-    from rollup.ledger import read_catalog_totals
-    from rollup.verify import verify
+    from rollup.read.verify import verify
+    from rollup.table.ledger import read_catalog_totals
 
     store = MemoryStore()
     clock = ManualClock(hour_at(5).start_ns)
@@ -163,8 +163,8 @@ async def test_planning_holds_no_python_object_per_batch(monkeypatch: pytest.Mon
     are an Arrow table of `WORK_SCHEMA`. Before: one `IndexRow` per catalog row, the
     ledger as `LedgerRow`s and a Python set, a `WorkItem` per batch."""
     from index.rows import IndexRow
-    from rollup.ledger import LedgerRow
-    from rollup.tasks import WORK_SCHEMA
+    from rollup.job.tasks import WORK_SCHEMA
+    from rollup.table.ledger import LedgerRow
 
     store = MemoryStore()
     clock = ManualClock(hour_at(5).start_ns)

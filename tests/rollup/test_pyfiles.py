@@ -1,4 +1,4 @@
-"""`rollup.pyfiles` builds a zip that is all the job needs of this project: a fresh
+"""`rollup.job.pyfiles` builds a zip that is all the job needs of this project: a fresh
 interpreter that cannot see the source tree imports the job from the zip alone."""
 
 from __future__ import annotations
@@ -8,16 +8,16 @@ import subprocess
 import zipfile
 from pathlib import Path
 
-from rollup.pyfiles import PACKAGES, build_pyfiles, main
+from rollup.job.pyfiles import PACKAGES, build_pyfiles, main
 from tests.rollup.spark_cluster import python_without_the_project
 
 # The driver's modules and the ones executors import to run the stages' functions.
 JOB_MODULES = (
-    "rollup.spark_entry",
-    "rollup.frame_stage",
-    "rollup.hour_stage",
-    "rollup.stages",
-    "rollup.tasks",
+    "rollup.job.spark_entry",
+    "rollup.job.frame_stage",
+    "rollup.job.hour_stage",
+    "rollup.job.stages",
+    "rollup.job.tasks",
     "store.s3",
 )
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -16,11 +16,11 @@ import pyarrow.fs as pafs
 import pytest
 
 from protocol.clock import ManualClock
-from rollup import reader
-from rollup.commit import LoadedSnapshot
-from rollup.owner import OwnerLease
-from rollup.reader import Predicate, ScanStats, parse_predicate, plan_files, scan
-from rollup.schemas import POINTS_SCHEMA, ROLLUP_1M_SCHEMA
+from rollup.read import reader
+from rollup.read.reader import Predicate, ScanStats, parse_predicate, plan_files, scan
+from rollup.table.commit import LoadedSnapshot
+from rollup.table.owner import OwnerLease
+from rollup.table.schemas import POINTS_SCHEMA, ROLLUP_1M_SCHEMA
 from store.fs import FileSystemStore
 from tests.rollup.dataset_builder import commit_rows, hour_at, hour_start, points
 
@@ -324,7 +324,7 @@ def test_query_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 def test_table_output_rounds_float_noise_but_csv_and_json_keep_every_digit() -> None:
     import io
 
-    from rollup.cli_read import render
+    from rollup.cli.read import render
 
     rows = [{"sum": 157.18099999999998, "count": 3}]
     outputs = {}

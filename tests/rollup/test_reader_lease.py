@@ -17,12 +17,12 @@ import pytest
 from protocol import keys
 from protocol.clock import ManualClock, SystemClock
 from protocol.records import RollupReaderLease
-from rollup.commit import LoadedSnapshot, load_latest, load_version
-from rollup.owner import VACUUM_OWNER_PREFIX, OwnerLease
-from rollup.read_guard import ReadGuard, SnapshotFilesGone
-from rollup.reader import scan, scan_snapshot
-from rollup.reader_lease import ReaderLease, ReaderLeaseLost, wait_out_running_vacuum
-from rollup.vacuum import vacuum
+from rollup.lifecycle.vacuum import vacuum
+from rollup.read.read_guard import ReadGuard, SnapshotFilesGone
+from rollup.read.reader import scan, scan_snapshot
+from rollup.read.reader_lease import ReaderLease, ReaderLeaseLost, wait_out_running_vacuum
+from rollup.table.commit import LoadedSnapshot, load_latest, load_version
+from rollup.table.owner import VACUUM_OWNER_PREFIX, OwnerLease
 from store.base import ObjectStore
 from store.fs import FileSystemStore
 from store.s3 import S3Store
@@ -86,7 +86,7 @@ async def test_vacuum_keeps_a_pinned_snapshot_until_its_lease_expires(tmp_path: 
 async def test_vacuum_dry_run_reports_leases_and_deletes_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from rollup.cli_read import describe_leases
+    from rollup.cli.read import describe_leases
 
     clock = ManualClock(hour_at(1).start_ns)
     store = FileSystemStore(tmp_path, clock=clock)
@@ -406,7 +406,7 @@ async def s3_supersede_and_vacuum(store: S3Store, n: int) -> None:
 async def test_a_reader_retries_after_vacuum_removed_its_file_on_s3(
     ministack_server: RunningServer,
 ) -> None:
-    from rollup.storage import arrow_filesystem
+    from rollup.table.storage import arrow_filesystem
 
     bucket = fresh_bucket(ministack_server)
     async with S3Store(
@@ -491,7 +491,7 @@ class DeleteGate(CountingStore):
 async def test_a_pinned_read_waits_out_a_vacuum_that_missed_its_lease(
     ministack_server: RunningServer,
 ) -> None:
-    from rollup.storage import arrow_filesystem
+    from rollup.table.storage import arrow_filesystem
 
     async with S3Store(
         bucket=fresh_bucket(ministack_server),

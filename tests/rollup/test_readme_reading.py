@@ -14,7 +14,7 @@ from pyspark.sql import SparkSession
 
 from protocol import keys
 from rollup.__main__ import main
-from rollup.iceberg_publish import table_url
+from rollup.iceberg.publish import table_url
 from tests.rollup.test_iceberg import Dataset, canonical
 
 README = Path(__file__).resolve().parents[2] / "README.md"

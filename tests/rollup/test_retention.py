@@ -10,10 +10,10 @@ from pyspark.sql import SparkSession
 
 from protocol import keys
 from protocol.clock import ManualClock
-from rollup.commit import load_latest
-from rollup.job import RunSummary, run_rollup
-from rollup.storage import StoreAccess
-from rollup.verify import verify
+from rollup.job.run import RunSummary, run_rollup
+from rollup.read.verify import verify
+from rollup.table.commit import load_latest
+from rollup.table.storage import StoreAccess
 from store.fs import FileSystemStore
 from tests.rollup.conftest import DATA_START_NS, accept, make_frame, read_table, settings
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollup.series import canonical_series, series_array
+from rollup.table.series import canonical_series, series_array
 
 LABELS = pa.map_(pa.string(), pa.string())
 

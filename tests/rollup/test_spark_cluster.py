@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from rollup.__main__ import main as rollup_main
-from rollup.pyfiles import build_pyfiles
+from rollup.job.pyfiles import build_pyfiles
 from store.open import open_store
 from tests.rollup.conftest import (
     DATA_START_NS,

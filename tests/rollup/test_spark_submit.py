@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rollup.commit import load_latest
-from rollup.verify import verify
+from rollup.read.verify import verify
+from rollup.table.commit import load_latest
 from store.fs import FileSystemStore
 from tests.rollup.conftest import (
     DATA_START_NS,
@@ -63,7 +63,7 @@ def test_spark_submit_runs_the_job(tmp_path: Path) -> None:
             "spark.ui.enabled=false",
             "--driver-java-options",
             f"-Djava.io.tmpdir={scratch} -XX:-UsePerfData",
-            "rollup/spark_entry.py",
+            "rollup/job/spark_entry.py",
             "--config",
             str(config),
         ],

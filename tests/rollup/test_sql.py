@@ -20,10 +20,10 @@ import pytest
 from chaos.s3_server import child_env
 from protocol import keys
 from protocol.clock import ManualClock
-from rollup import sql
 from rollup.__main__ import main
-from rollup.owner import OwnerLease
-from rollup.schemas import POINTS_SCHEMA, ROLLUP_1M_SCHEMA
+from rollup.read import sql
+from rollup.table.owner import OwnerLease
+from rollup.table.schemas import POINTS_SCHEMA, ROLLUP_1M_SCHEMA
 from store.base import ObjectStore
 from store.fs import FileSystemStore
 from store.open import open_store

@@ -14,7 +14,7 @@ import pytest
 
 from config.store_url import parse_store_url
 from protocol import keys
-from rollup import sql
+from rollup.read import sql
 from store.fs import FileSystemStore
 from store.open import open_store
 from tests.rollup.test_sql import Built, build, run, write_config

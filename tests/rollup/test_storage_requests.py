@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from chaos.proxy import FaultProxy
-from rollup.storage import StoreAccess, open_parquet_writer, read_object
+from rollup.table.storage import StoreAccess, open_parquet_writer, read_object
 from tests.s3_servers import RunningServer, fresh_bucket
 
 pytestmark = pytest.mark.s3

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rollup.stages import Assignment, assign_tasks, task_blobs, task_count
-from rollup.tasks import WORK_BLOB_SCHEMA, WORK_SCHEMA, WorkBlobs
+from rollup.job.stages import Assignment, assign_tasks, task_blobs, task_count
+from rollup.job.tasks import WORK_BLOB_SCHEMA, WORK_SCHEMA, WorkBlobs
 
 
 def items(sources: dict[str, list[int]]) -> pa.Table:

@@ -1,4 +1,4 @@
-"""`rollup.hour_stage.resolve_committed_ties`: the first/last tie keys of committed
+"""`rollup.job.hour_stage.resolve_committed_ties`: the first/last tie keys of committed
 ``rollup_1m`` rows, looked up in the committed points, and the rule when that point is
 gone (a delete by agent then compaction, or points retention shorter than rollup_1m's):
 the committed sample keeps its place, never an error (issue 24 item 5). Pure pyarrow."""
@@ -10,9 +10,9 @@ from datetime import UTC, datetime
 
 import pyarrow as pa
 
-from rollup import aggregate
-from rollup.hour_stage import resolve_committed_ties
-from rollup.schemas import POINTS_SCHEMA
+from rollup.job.hour_stage import resolve_committed_ties
+from rollup.table import aggregate
+from rollup.table.schemas import POINTS_SCHEMA
 
 T0 = 1_795_000_000_000_000  # µs, a minute boundary (divisible by 60 s)
 SERIES = 'cpu{host="a"}'

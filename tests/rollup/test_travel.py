@@ -1,4 +1,4 @@
-"""`rollup.travel`: the snapshot current at a time, and what finding it costs."""
+"""`rollup.read.travel`: the snapshot current at a time, and what finding it costs."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import pytest
 
 from protocol import keys
 from protocol.clock import ManualClock
-from rollup.commit import VersionNotFound
-from rollup.manifest import parse_created_at
-from rollup.owner import OwnerLease
-from rollup.travel import load_as_of, load_snapshot
+from rollup.read.travel import load_as_of, load_snapshot
+from rollup.table.commit import VersionNotFound
+from rollup.table.manifest import parse_created_at
+from rollup.table.owner import OwnerLease
 from store.memory import MemoryStore
 from tests.rollup.dataset_builder import CountingStore, commit_rows, hour_at, points
 

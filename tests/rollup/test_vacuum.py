@@ -14,7 +14,9 @@ import pytest
 
 from protocol import keys
 from protocol.clock import ManualClock
-from rollup.commit import (
+from rollup.lifecycle.vacuum import retained, same_state, vacuum
+from rollup.read.history import history
+from rollup.table.commit import (
     CommitConflict,
     VersionNotFound,
     commit,
@@ -22,10 +24,8 @@ from rollup.commit import (
     load_version,
     walk_snapshots,
 )
-from rollup.history import history
-from rollup.manifest import Changes, Snapshot, apply, format_created_at
-from rollup.owner import OwnerLease
-from rollup.vacuum import retained, same_state, vacuum
+from rollup.table.manifest import Changes, Snapshot, apply, format_created_at
+from rollup.table.owner import OwnerLease
 from store.base import ObjectStore
 from store.fs import FileSystemStore
 from store.lease import LeaseHeld

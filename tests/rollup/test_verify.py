@@ -13,12 +13,12 @@ from config.settings import Settings, StoreSettings
 from index.rows import IndexFileError
 from protocol import keys
 from protocol.clock import ManualClock
-from rollup.cli_read import add_read_commands
-from rollup.commit import commit, load_latest
-from rollup.ledger import ledger_table, ledger_totals, write_ledger_files
-from rollup.manifest import Changes
-from rollup.owner import OwnerLease
-from rollup.verify import verify
+from rollup.cli.read import add_read_commands
+from rollup.read.verify import verify
+from rollup.table.commit import commit, load_latest
+from rollup.table.ledger import ledger_table, ledger_totals, write_ledger_files
+from rollup.table.manifest import Changes
+from rollup.table.owner import OwnerLease
 from store.base import ObjectStore
 from store.fs import FileSystemStore
 from store.memory import MemoryStore

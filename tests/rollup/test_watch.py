@@ -20,10 +20,10 @@ import pytest
 
 from protocol.clock import ManualClock, SystemClock
 from protocol.keys import ROLLUP_POINTER_KEY
-from rollup.history import VersionInfo
-from rollup.owner import OwnerLease
-from rollup.vacuum import vacuum
-from rollup.watch import WatchStats, version_line, watch
+from rollup.cli.watch import WatchStats, version_line, watch
+from rollup.lifecycle.vacuum import vacuum
+from rollup.read.history import VersionInfo
+from rollup.table.owner import OwnerLease
 from store.fs import FileSystemStore
 from store.s3 import S3Store
 from tests.rollup.dataset_builder import CountingStore, commit_rows, hour_at, make_batch, points

@@ -13,12 +13,12 @@ from pyspark.sql import SparkSession
 
 from protocol import keys
 from protocol.clock import ManualClock
-from rollup.commit import load_latest
-from rollup.job import RunSummary, run_rollup
-from rollup.ledger import read_ledger
-from rollup.owner import OwnerLease
-from rollup.storage import StoreAccess
-from rollup.verify import verify
+from rollup.job.run import RunSummary, run_rollup
+from rollup.read.verify import verify
+from rollup.table.commit import load_latest
+from rollup.table.ledger import read_ledger
+from rollup.table.owner import OwnerLease
+from rollup.table.storage import StoreAccess
 from store.base import ObjectStore
 from store.errors import Unavailable
 from store.fs import FileSystemStore

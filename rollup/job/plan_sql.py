@@ -1,0 +1,241 @@
+"""The planner's engine: catalog hours minus the ledger, in DuckDB, out of core (PROTOCOL
+§3.9).
+
+`pending_items` copies the checked hours' catalog files (`index.catalog_local`, one body
+in memory at a time) and the snapshot's ledger files of those hours into a private
+directory, then in one DuckDB session under ``MergeLimits.memory_limit_mb`` (spilling):
+
+1. checks every catalog row's kind, hash, identity, hour and (accepted rows) record count
+   and raw-blob key, which the items take from the hash (a file holding a row of another
+   hour is refused, as `index.catalog.read_file` does);
+2. keeps one row per (hour, key): the newest file's (PROTOCOL §3.7, copies are named in
+   write order);
+3. keeps the accepted rows, builds ``manifest_id`` in SQL (the agent's hex form, as
+   `protocol.keys.BatchIdentity.manifest_id`) and anti-joins the ledger's rows of the
+   same hour;
+4. keeps one row per ``manifest_id``: the earliest hour's, then the least key (both agent
+   key forms of a batch, PROTOCOL §3). With one hour checked only rows whose agent_id is
+   long enough for two key forms can collide, so the window runs over those rare rows
+   only; with several hours, over the ids that occur more than once.
+
+The rows stream out in record batches, gain ``raw_blob_key`` (the key of their hash,
+which the steady pass checked) and ``accepted_hour``, and are written to a local Arrow
+IPC file that is memory-mapped and unlinked: the plan's items, never a Python object per
+batch, never all on the driver's heap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from index.catalog import RELIST_ATTEMPTS, list_hour_files
+from index.catalog_local import MergeLimits, connect, effective, local_copies, sql_list
+from index.catalog_tables import TWO_FORM_AGENT_BYTES
+from index.row_checks import raw_blob_keys
+from index.rows import IndexFileError
+from protocol import keys
+from rollup.job.tasks import WORK_SCHEMA
+from rollup.table.manifest_errors import RollupManifestError
+from store.base import ObjectStore
+from store.errors import NotFound
+
+HOUR_NS = 3600 * 1_000_000_000
+OUTPUT_BATCH_ROWS = 65_536
+
+_CHECK_SQL = """
+SELECT
+    count(*) FILTER (WHERE kind NOT IN ('accepted', 'quarantine')
+        OR NOT regexp_full_match(frame_sha256, '[0-9a-f]{{64}}') OR agent_id IS NULL
+        OR boot_id IS NULL OR seq_start IS NULL OR seq_end IS NULL
+        OR (kind = 'accepted' AND (record_count IS NULL OR raw_blob_key IS DISTINCT FROM
+            '{raw_prefix}' || substr(frame_sha256, 1, 2) || '/' || substr(frame_sha256, 3, 2)
+            || '/' || frame_sha256 || '.lmbatch'))),
+    count(*) FILTER (WHERE time_unix_ns // {hour_ns} != {hour_index}),
+    min(time_unix_ns) FILTER (WHERE time_unix_ns // {hour_ns} != {hour_index})
+FROM read_parquet({files})
+"""
+_CATALOG_VIEW = """
+CREATE TEMP VIEW cat AS
+SELECT key, kind, agent_id, boot_id, seq_start, seq_end, frame_sha256, record_count,
+    time_unix_ns // {hour_ns} AS h, filename
+FROM read_parquet({files}, filename = true)
+"""
+_NEWEST_SQL = """
+CREATE TEMP TABLE newest AS
+SELECT h, key, max(filename) AS filename FROM cat GROUP BY h, key HAVING count(*) > 1
+"""
+"""(hour, key)s in more than one file and the newest file holding each: a narrow
+aggregate over the rare superseded rows' keys."""
+_DONE_SQL = """
+CREATE TEMP TABLE done AS
+SELECT l.manifest_id, hrs.h FROM read_parquet({files}) AS l JOIN hrs ON l.accepted_hour = hrs.iso
+"""
+_PENDING_VIEW = """
+CREATE TEMP VIEW pending AS
+SELECT a.* FROM (
+    SELECT c.h, c.key, c.frame_sha256, c.record_count, strlen(c.agent_id) AS agent_bytes,
+        'agent=' || lower(hex(c.agent_id)) || '.boot=' || replace(c.boot_id, '-', '') || '.'
+        || lpad(c.seq_start::VARCHAR, 20, '0') || '-' || lpad(c.seq_end::VARCHAR, 20, '0')
+        AS mid
+    FROM cat AS c LEFT JOIN newest AS n ON c.h = n.h AND c.key = n.key
+    WHERE (n.key IS NULL OR c.filename = n.filename) AND c.kind = 'accepted'
+) AS a LEFT JOIN done AS d ON a.h = d.h AND a.mid = d.manifest_id
+WHERE d.manifest_id IS NULL
+"""
+"""Accepted rows (one per hour and key) that the ledger's same hour does not include."""
+_LOSERS_SQL = """
+CREATE TEMP TABLE losers AS
+SELECT h, key FROM (
+    SELECT h, key, row_number() OVER (PARTITION BY mid ORDER BY h, key) AS nth
+    FROM pending WHERE mid IN (SELECT mid FROM pending {where} GROUP BY mid HAVING count(*) > 1)
+) WHERE nth > 1
+"""
+"""Every row of a ``manifest_id`` but the first (earliest hour, then least key)."""
+_ITEMS_SQL = """
+SELECT p.mid AS manifest_id, p.frame_sha256, p.record_count, p.h
+FROM pending AS p LEFT JOIN losers AS l ON p.h = l.h AND p.key = l.key
+WHERE l.key IS NULL
+"""
+
+
+async def pending_items(
+    store: ObjectStore,
+    hours: Sequence[keys.UtcHour],
+    ledger_files: Sequence[str],
+    limits: MergeLimits,
+) -> pa.Table:
+    """The `WORK_SCHEMA` rows of ``hours``' accepted batches that ``ledger_files`` (the
+    snapshot's ledger files of those hours) do not include, one per ``manifest_id``;
+    memory-mapped from a local file. A catalog file gone after the listing (compaction)
+    makes it list again, a bounded number of times."""
+    with tempfile.TemporaryDirectory(prefix="lm-plan-", dir=limits.spill_dir) as tmp:
+        ledger_paths = []
+        for i, key in enumerate(ledger_files):
+            body, _etag = await store.get(key)  # NotFound propagates: the ledger is incomplete
+            path = Path(tmp, f"ledger-{i:08d}.parquet")
+            await asyncio.to_thread(path.write_bytes, body)
+            del body
+            ledger_paths.append((key, str(path)))
+        for _attempt in range(RELIST_ATTEMPTS):
+            listed = [(hour, await list_hour_files(store, hour)) for hour in hours]
+            names = [info.key for _hour, files in listed for info in files]
+            if not names:
+                return WORK_SCHEMA.empty_table()
+            try:
+                async with local_copies(store, names, limits) as (copies, paths):
+                    of_name = dict(zip(names, paths, strict=True))
+                    per_hour = [
+                        (hour, effective([f.key for f in files], [of_name[f.key] for f in files]))
+                        for hour, files in listed
+                    ]
+                    return await asyncio.to_thread(
+                        _plan_in_duckdb, per_hour, ledger_paths, limits, copies
+                    )
+            except NotFound:
+                continue
+    raise IndexFileError("catalog hours kept changing while they were read; try again")
+
+
+def _plan_in_duckdb(
+    per_hour: list[tuple[keys.UtcHour, list[str]]],
+    ledger_paths: list[tuple[str, str]],
+    limits: MergeLimits,
+    tmp: str,
+) -> pa.Table:
+    per_hour = [(hour, paths) for hour, paths in per_hour if paths]
+    if not per_hour:
+        return WORK_SCHEMA.empty_table()
+    files = [p for _hour, paths in per_hour for p in paths]
+    index_of = np.array([hour.start_ns // HOUR_NS for hour, _ in per_hour], dtype=np.int64)
+    isos = pa.array([hour.iso for hour, _ in per_hour], pa.string())
+    try:
+        with connect(limits, tmp) as con:
+            for hour, paths in per_hour:
+                _check_hour(con, hour, paths)
+            con.execute(_CATALOG_VIEW.format(hour_ns=HOUR_NS, files=sql_list(files)))
+            con.execute(_NEWEST_SQL)
+            con.register("hrs_arrow", pa.table({"h": pa.array(index_of), "iso": isos}))
+            con.execute("CREATE TEMP TABLE hrs AS SELECT * FROM hrs_arrow")
+            _load_ledger(con, ledger_paths)
+            con.execute(_PENDING_VIEW)
+            where = f"WHERE agent_bytes >= {TWO_FORM_AGENT_BYTES}" if len(per_hour) == 1 else ""
+            con.execute(_LOSERS_SQL.format(where=where))
+            reader = con.execute(_ITEMS_SQL).to_arrow_reader(OUTPUT_BATCH_ROWS)
+            return _spilled(reader, index_of, isos, limits)
+    except duckdb.Error as exc:
+        raise IndexFileError(f"catalog hours {[h.iso for h, _ in per_hour]}: {exc}") from None
+
+
+def _check_hour(con: duckdb.DuckDBPyConnection, hour: keys.UtcHour, paths: list[str]) -> None:
+    index = hour.start_ns // HOUR_NS
+    row = con.execute(
+        _CHECK_SQL.format(
+            files=sql_list(paths),
+            hour_ns=HOUR_NS,
+            hour_index=index,
+            raw_prefix=keys.RAW_BLOBS_PREFIX,
+        )
+    ).fetchone()
+    assert row is not None
+    malformed, strays, stray_ns = row
+    if strays:
+        other = keys.UtcHour.from_unix_ns(int(stray_ns))
+        raise IndexFileError(
+            f"catalog hour {hour}: {strays} row(s) whose time belongs to hour {other}"
+        )
+    if malformed:
+        raise IndexFileError(f"catalog hour {hour}: {malformed} malformed row(s)")
+
+
+def _load_ledger(con: duckdb.DuckDBPyConnection, ledger_paths: list[tuple[str, str]]) -> None:
+    if not ledger_paths:
+        con.execute("CREATE TEMP TABLE done (manifest_id VARCHAR, h BIGINT)")
+        return
+    try:
+        con.execute(_DONE_SQL.format(files=sql_list([p for _key, p in ledger_paths])))
+    except duckdb.Error as exc:
+        names = [key for key, _p in ledger_paths]
+        raise RollupManifestError(f"ledger files {names} are unreadable: {exc}") from None
+
+
+def _spilled(
+    reader: pa.RecordBatchReader, index_of: np.ndarray, isos: pa.Array, limits: MergeLimits
+) -> pa.Table:
+    """The reader's rows as `WORK_SCHEMA`, written to a local IPC file and memory-mapped
+    (the file is unlinked at once; the mapping keeps it until the table is dropped)."""
+    handle, path = tempfile.mkstemp(prefix="lm-plan-items-", suffix=".arrow", dir=limits.spill_dir)
+    os.close(handle)
+    try:
+        rows = 0
+        with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, WORK_SCHEMA) as writer:
+            for batch in reader:
+                if batch.num_rows == 0:
+                    continue
+                rows += batch.num_rows
+                sha = batch.column("frame_sha256").cast(pa.string())
+                hour_at = np.searchsorted(index_of, batch.column("h").to_numpy())
+                writer.write_batch(
+                    pa.record_batch(
+                        [
+                            batch.column("manifest_id").cast(pa.string()),
+                            sha,
+                            raw_blob_keys(sha),
+                            isos.take(pa.array(hour_at)),
+                            batch.column("record_count").cast(pa.int64()),
+                        ],
+                        schema=WORK_SCHEMA,
+                    )
+                )
+        if rows == 0:
+            return WORK_SCHEMA.empty_table()
+        return pa.ipc.open_file(pa.memory_map(path, "r")).read_all()
+    finally:
+        os.unlink(path)

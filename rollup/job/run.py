@@ -1,0 +1,492 @@
+"""One rollup run: plan → Spark stages → problems → commit (→ re-plan on conflict).
+
+`run_rollup` is what ``lm-rollup run`` and the spark-submit entry call, with a Spark
+session they own. Under the owner lease (taken here unless one is passed in):
+
+1. load the latest snapshot and plan against it (`rollup.job.plan`); nothing pending →
+   done, nothing written ("re-running changes nothing");
+2. run the stages (`rollup.job.stages`) in a thread while the lease is renewed;
+3. record each bad frame (hash mismatch, undecodable, missing blob) as a problem under
+   ``reconciler/v1/problems/``; such batches are left out of the ledger, so they stay
+   pending and ``verify`` shows them missing;
+4. build `Changes` (new points/rollup/ledger files; the superseded ``rollup_1m`` files
+   of every rewritten hour) and `commit` them on top of the planned base;
+5. `CommitConflict` (another commit moved the pointer): delete this attempt's files,
+   re-plan against the new latest snapshot and retry, at most ``max_commit_retries``
+   times. Because every attempt re-plans from the ledger of the snapshot it commits on,
+   a batch is never included twice;
+6. after a commit, once the pointer read back shows it, delete the work markers read,
+   except those of hours with batches the commit left out (bad frames: they stay
+   pending, and the marker makes the next run try them again); a plan with nothing
+   left to do deletes its markers at once;
+7. with ``[rollup] compact_after_run``, compact what the commit left (`rollup.lifecycle.compaction`:
+   its own commit, without changing what the tables hold);
+8. whatever the outcome, publish every committed version not yet published as Iceberg
+   metadata (`rollup.iceberg.publish`): this run's commit, and any a crashed run left
+   unpublished. A failed publish is logged; the commit stands and the next run repairs.
+
+A crash anywhere before the pointer swap leaves only orphan files; the next run plans
+the same batches again and produces exact totals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from config.settings import RollupSettings
+from protocol import keys
+from protocol.clock import Clock, SystemClock
+from protocol.records import ProblemRecord, RecordError
+from rollup.iceberg.publish import publish_or_log
+from rollup.job.plan import Plan, make_plan
+from rollup.job.stages import StageRecord, run_stages
+from rollup.job.tasks import HourInputs, WriteOptions
+from rollup.lifecycle import compaction
+from rollup.table.commit import (
+    CommitConflict,
+    LoadedSnapshot,
+    commit,
+    delete_uncommitted,
+    load_latest,
+)
+from rollup.table.manifest import Changes, DataFile, LedgerHour
+from rollup.table.owner import OwnerLease, OwnerLost
+from rollup.table.storage import StoreAccess
+from store.base import ObjectStore
+from store.errors import PreconditionFailed, StoreError
+from store.time import store_clock
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = structlog.get_logger(__name__)
+
+
+class CommitRetriesExhausted(Exception):
+    """Every attempt lost the pointer race: another writer keeps committing. Nothing of
+    ours is reachable; run again later (the owner lease should make this rare)."""
+
+
+BeforeCommit = Callable[[int, Changes], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class RunHooks:
+    """Test seams. ``before_commit(attempt, changes)`` runs after the files are written
+    and before the commit: raising there is a crash between the two."""
+
+    before_commit: BeforeCommit | None = None
+
+
+@dataclass
+class RunSummary:
+    """What a run did (``lm-rollup run`` prints it as JSON)."""
+
+    outcome: str = "up-to-date"  # "committed", "up-to-date" or "nothing-included"
+    version: int | None = None
+    base_version: int | None = None
+    batches: int = 0
+    points: int = 0
+    rollup_rows: int = 0
+    files_added: int = 0
+    files_removed: int = 0
+    hours_checked: int = 0
+    attempts: int = 0
+    commit_conflicts: int = 0
+    problems: list[dict[str, Any]] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+    compaction: dict[str, Any] | None = None
+    """What ``[rollup] compact_after_run`` compacted after the commit (None: not run)."""
+    late_excluded: int = 0
+    """Batches included in the ledger with no rows: retention had dropped their hours."""
+    iceberg_published: list[int] = field(default_factory=list)
+    """Versions published as Iceberg metadata by this run (`rollup.iceberg.publish`)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+async def run_rollup(
+    spark: SparkSession,
+    store: ObjectStore,
+    *,
+    access: StoreAccess,
+    settings: RollupSettings,
+    owner: OwnerLease | None = None,
+    clock: Clock | None = None,
+    hooks: RunHooks | None = None,
+    progress: bool = False,
+    job_id: str | None = None,
+) -> RunSummary:
+    """Run once; see the module doc. Raises `LeaseHeld` (another owner is active),
+    `OwnerLost`, `CommitRetriesExhausted`, store errors (`OutcomeUnknown` from the
+    commit means the next run's load tells whether it landed)."""
+    clock = clock or SystemClock()
+    hooks = hooks or RunHooks()
+    own = owner or await OwnerLease.acquire(
+        store, job_id or f"lm-rollup-{uuid.uuid4()}", settings.owner_lease_ttl_s, clock
+    )
+    try:
+        summary = await _Run(spark, store, access, settings, own, clock, hooks, progress).run()
+        if settings.compact_after_run and summary.outcome == "committed":
+            summary.compaction = await _compact_after(store, access, settings, clock)
+        summary.iceberg_published = await publish_or_log(
+            store, store_url=access.url, retention_s=settings.retention_s, owner=own
+        )
+        return summary
+    finally:
+        if owner is None:
+            await own.release()
+
+
+async def _compact_after(
+    store: ObjectStore, access: StoreAccess, settings: RollupSettings, clock: Clock
+) -> dict[str, Any]:
+    """``[rollup] compact_after_run``: compact what the commit left (`rollup.lifecycle.compaction`).
+    The run's commit stands whatever happens here: a failure is logged, and the next run
+    or ``lm-rollup compact`` does it."""
+    try:
+        report = await compaction.compact(
+            store,
+            access=access,
+            clock=clock,
+            target_bytes=settings.compact_target_bytes,
+            min_files=settings.compact_min_files,
+            compression=settings.compression,
+        )
+    except (CommitConflict, StoreError, OSError) as exc:
+        log.warning("rollup_compaction_after_run_failed", error=f"{type(exc).__name__}: {exc}")
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {
+        "version": report.version,
+        "hours": len(report.hours),
+        "files_before": report.files_before,
+        "files_after": report.files_after,
+        "rows_masked": report.rows_masked,
+    }
+
+
+class _Run:
+    def __init__(
+        self,
+        spark: SparkSession,
+        store: ObjectStore,
+        access: StoreAccess,
+        settings: RollupSettings,
+        owner: OwnerLease,
+        clock: Clock,
+        hooks: RunHooks,
+        progress: bool,
+    ) -> None:
+        self.spark = spark
+        self.store = store
+        self.settings = settings
+        self.owner = owner
+        self.clock = clock
+        self.hooks = hooks
+        self.progress = progress
+        self.options = WriteOptions(
+            access=access,
+            compression=settings.compression,
+            row_group_size=settings.parquet_row_group_size,
+        )
+        self.summary = RunSummary()
+
+    async def run(self) -> RunSummary:
+        summary = self.summary
+        for attempt in range(self.settings.max_commit_retries + 1):
+            summary.attempts = attempt + 1
+            await self.owner.check()
+            started = time.monotonic()
+            base = await load_latest(self.store)
+            retention = self._retention(base)
+            plan = await make_plan(self.store, base, progress=self.progress)
+            self._note_plan(plan, started)
+            if not plan.batches and not _retention_moves(base, retention):
+                await self._consume_markers(plan)
+                summary.outcome = "up-to-date"
+                return summary
+            # Nothing new but retention drops hours: commit that alone.
+            records = await self._stages(plan, retention) if plan.batches else []
+            changes = self._changes(base, records, retention)
+            await self._record_problems([r.body for r in records if r.kind == "problem"])
+            if not (changes.added_files or changes.added_ledger_files or changes.removed_files):
+                summary.outcome = "nothing-included"
+                return summary
+            if self.hooks.before_commit is not None:
+                await self.hooks.before_commit(attempt, changes)
+            started = time.monotonic()
+            try:
+                committed = await commit(
+                    self.store, base=base, changes=changes, owner=self.owner, clock=self.clock
+                )
+            except CommitConflict as conflict:
+                summary.commit_conflicts += 1
+                deleted = await delete_uncommitted(self.store, changes)
+                log.warning(
+                    "rollup_commit_conflict",
+                    attempt=attempt + 1,
+                    current_version=conflict.current_version,
+                    files_deleted=deleted,
+                )
+                continue
+            except OwnerLost:
+                await delete_uncommitted(self.store, changes)
+                raise
+            summary.seconds["commit"] = round(time.monotonic() - started, 3)
+            self._note_commit(committed, changes, records)
+            await self._consume_markers_after(
+                committed.snapshot.version, plan, _hours_left_pending(plan, changes)
+            )
+            return summary
+        raise CommitRetriesExhausted(
+            f"{summary.commit_conflicts} commit attempts lost the pointer race; run again"
+        )
+
+    def _note_plan(self, plan: Plan, started: float) -> None:
+        summary = self.summary
+        summary.base_version = plan.base.snapshot.version if plan.base else None
+        summary.hours_checked = len(plan.hours_checked)
+        summary.seconds["plan"] = round(time.monotonic() - started, 3)
+        log.info(
+            "rollup_planned",
+            base_version=summary.base_version,
+            batches=plan.batches,
+            records=plan.records,
+            hours_checked=len(plan.hours_checked),
+        )
+
+    def _retention(self, base: LoadedSnapshot | None) -> dict[str, str]:
+        """Per table with retention: the first hour it keeps, as of store time now (never
+        before the base's: retention only moves forward)."""
+        days = {
+            "points": self.settings.retention_points_days,
+            "rollup_1m": self.settings.retention_rollup_1m_days,
+        }
+        now_ns = store_clock(self.store, self.clock).now_ns()
+        cutoffs: dict[str, str] = {}
+        for table, keep_days in days.items():
+            if keep_days is None:
+                continue
+            first_kept = keys.UtcHour.from_unix_ns(now_ns - int(keep_days * 86400e9)).iso
+            before = base.snapshot.retention.get(table) if base is not None else None
+            cutoffs[table] = max(first_kept, before) if before is not None else first_kept
+        return cutoffs
+
+    async def _stages(self, plan: Plan, retention: dict[str, str]) -> list[StageRecord]:
+        started = time.monotonic()
+        log.info("rollup_stages_started", batches=plan.batches, records=plan.records)
+        inputs = _hour_inputs(plan.base, retention)
+        work = asyncio.create_task(
+            asyncio.to_thread(run_stages, self.spark, plan.items, self.options, inputs)
+        )
+        # Keep the lease while Spark works; if it is lost, the commit refuses anyway.
+        renew_every = self.settings.owner_lease_ttl_s / 4
+        while True:
+            done, _ = await asyncio.wait({work}, timeout=renew_every)
+            if done:
+                break
+            try:
+                await self.owner.check()
+            except OwnerLost:
+                self.spark.sparkContext.cancelAllJobs()  # its files become orphans
+                raise
+        records = work.result()
+        self.summary.seconds["stages"] = round(time.monotonic() - started, 3)
+        log.info("rollup_stages_done", seconds=self.summary.seconds["stages"], records=len(records))
+        return records
+
+    def _changes(
+        self, base: LoadedSnapshot | None, records: list[StageRecord], retention: dict[str, str]
+    ) -> Changes:
+        version = (base.snapshot.version if base is not None else 0) + 1
+        added: list[DataFile] = []
+        rewritten: set[str] = set()
+        ledger_files: list[str] = []
+        delta: dict[str, LedgerHour] = {}
+        late: dict[str, LedgerHour] = {}
+        for record in records:
+            body = record.body
+            if record.kind in ("points_file", "rollup_file"):
+                added.append(_data_file(body, version))
+                if record.kind == "rollup_file":
+                    rewritten.add(body["partition"])
+            elif record.kind == "ledger_file":
+                ledger_files.append(body["path"])
+                delta[record.hour] = LedgerHour(body["batches"], body["records"], body["setsum"])
+                if body.get("late_excluded"):
+                    part = body["late_excluded"]
+                    late[record.hour] = LedgerHour(part["batches"], part["records"], part["setsum"])
+        removed = {
+            f.path
+            for f in (base.snapshot.data_files("rollup_1m") if base is not None else ())
+            if f.partition.iso in rewritten
+        }
+        removed |= _expired_files(base, retention)
+        if late:
+            self.summary.late_excluded = sum(h.batches for h in late.values())
+        return Changes(
+            added_files=tuple(sorted(added, key=lambda f: f.path)),
+            removed_files=tuple(sorted(removed)),
+            added_ledger_files=tuple(sorted(ledger_files)),
+            ledger_delta=dict(sorted(delta.items())),
+            retention=retention,
+            late_delta=dict(sorted(late.items())),
+        )
+
+    def _note_commit(
+        self, committed: LoadedSnapshot, changes: Changes, records: list[StageRecord]
+    ) -> None:
+        summary = self.summary
+        summary.outcome = "committed"
+        summary.version = committed.snapshot.version
+        summary.batches = sum(d.batches for d in changes.ledger_delta.values())
+        summary.points = sum(d.records for d in changes.ledger_delta.values())
+        summary.rollup_rows = sum(
+            f.row_count for f in changes.added_files if f.table == "rollup_1m"
+        )
+        summary.files_added = len(changes.added_files) + len(changes.added_ledger_files)
+        summary.files_removed = len(changes.removed_files)
+        log.info(
+            "rollup_run_committed",
+            version=summary.version,
+            batches=summary.batches,
+            points=summary.points,
+            problems=len(summary.problems),
+        )
+
+    async def _record_problems(self, problems: list[dict[str, Any]]) -> None:
+        """One problem record per (kind, blob), created or its ``last_seen`` moved on."""
+        seen: set[tuple[str, str]] = set()
+        self.summary.problems = problems
+        for problem in problems:
+            kind, subject = problem["kind"], problem["subject_key"]
+            log.warning("rollup_bad_frame", **problem)
+            if (kind, subject) in seen:
+                continue
+            seen.add((kind, subject))
+            await _record_problem(self.store, self.clock, kind, subject, problem["detail"])
+
+    async def _consume_markers_after(self, version: int, plan: Plan, pending: set[str]) -> None:
+        """Delete the plan's work markers once the pointer read back shows ``version`` (or
+        a later one) committed: only then is the markers' work durably in the ledger.
+        Markers of the ``pending`` hours (batches planned but not included) stay."""
+        latest = await load_latest(self.store)
+        if latest is None or latest.snapshot.version < version:
+            log.warning("rollup_work_markers_kept", committed_version=version)
+            return
+        await self._consume_markers(plan, keep_hours=pending)
+
+    async def _consume_markers(self, plan: Plan, *, keep_hours: set[str] | None = None) -> None:
+        for key in plan.dirty_markers:
+            if keep_hours and _marker_hour(key) in keep_hours:
+                continue
+            try:
+                await self.store.delete(key)
+            except StoreError as exc:  # harmless: the next run re-checks the hour once more
+                log.warning("rollup_dirty_marker_delete_failed", key=key, error=str(exc))
+
+
+def _hours_left_pending(plan: Plan, changes: Changes) -> set[str]:
+    """Hours with planned batches that the commit's ledger does not include."""
+    planned = plan.batches_per_hour()
+    return {
+        hour
+        for hour, count in planned.items()
+        if (delta := changes.ledger_delta.get(hour)) is None or delta.batches < count
+    }
+
+
+def _marker_hour(marker_key: str) -> str:
+    hour, _epoch, _sequence = keys.parse_index_catalog_key(
+        keys.parse_rollup_work_marker_key(marker_key)
+    )
+    return hour.iso
+
+
+def _data_file(body: dict[str, Any], version: int) -> DataFile:
+    return DataFile(
+        path=body["path"],
+        table=body["table"],
+        partition=keys.UtcHour.parse_iso(body["partition"]),
+        row_count=body["row_count"],
+        size_bytes=body["size_bytes"],
+        min=body["min"],
+        max=body["max"],
+        added_version=version,
+    )
+
+
+def _expired_files(base: LoadedSnapshot | None, retention: dict[str, str]) -> set[str]:
+    """Retention: every file of ``base`` of an hour before its table's first kept hour."""
+    if base is None:
+        return set()
+    return {
+        f.path
+        for table, first_kept in retention.items()
+        for f in base.snapshot.data_files(table)
+        if f.partition.iso < first_kept
+    }
+
+
+def _retention_moves(base: LoadedSnapshot | None, retention: dict[str, str]) -> bool:
+    """Whether ``retention`` drops files of ``base`` or moves a cutoff."""
+    if base is None:
+        return False
+    moved = any(base.snapshot.retention.get(t) != first for t, first in retention.items())
+    return moved or bool(_expired_files(base, retention))
+
+
+def _hour_inputs(base: LoadedSnapshot | None, retention: dict[str, str]) -> HourInputs:
+    first_kept = {
+        table: datetime.fromtimestamp(keys.UtcHour.parse_iso(hour).start_ns / 1e9, tz=UTC)
+        for table, hour in retention.items()
+    }
+    if base is None:
+        return HourInputs(first_kept=first_kept)
+    rollup: dict[str, list[str]] = {}
+    points: dict[str, list[str]] = {}
+    for target, table in ((rollup, "rollup_1m"), (points, "points")):
+        for data_file in base.snapshot.data_files(table):
+            target.setdefault(data_file.partition.iso, []).append(data_file.path)
+    return HourInputs(
+        rollup_files={h: tuple(p) for h, p in rollup.items()},
+        points_files={h: tuple(p) for h, p in points.items()},
+        tombstones=base.snapshot.tombstones,
+        first_kept=first_kept,
+    )
+
+
+async def _record_problem(
+    store: ObjectStore, clock: Clock, kind: str, subject: str, detail: str
+) -> None:
+    """Create the problem record, or move an existing one's ``last_seen`` (If-Match).
+    Best effort: a store error is logged, and the next run finds the frame bad again."""
+    key = keys.problem_key(kind, subject)
+    now = clock.now_ns()
+    record = ProblemRecord(
+        kind=kind, subject_key=subject, detail=detail, first_seen_unix_ns=now, last_seen_unix_ns=now
+    )
+    try:
+        try:
+            await store.put(key, record.to_json(), if_none_match=True)
+            return
+        except PreconditionFailed:
+            pass
+        body, etag = await store.get(key)
+        try:
+            first_seen = ProblemRecord.from_json(body).first_seen_unix_ns
+        except RecordError:
+            first_seen = now
+        updated = record.model_copy(update={"first_seen_unix_ns": first_seen})
+        await store.put(key, updated.to_json(), if_match=etag)
+    except StoreError as exc:
+        log.warning("rollup_problem_record_failed", key=key, error=str(exc))
