@@ -35,10 +35,11 @@ from rollup.table.manifest import (
     RollupInvariantError,
     RollupManifestError,
     Snapshot,
-    apply,
     format_created_at,
 )
+from rollup.table.manifest_codec import snapshot_from_json
 from rollup.table.owner import OwnerLease, OwnerLost
+from rollup.table.transition import apply
 from store.base import ObjectStore
 from store.errors import (
     ConditionConflict,
@@ -101,7 +102,7 @@ async def read_snapshot(store: ObjectStore, key: str) -> Snapshot:
     """The snapshot stored at ``key``; `NotFound` if absent, `RollupManifestError` if it
     is malformed or not stored at its own key."""
     body, _ = await store.get(key)
-    snapshot = Snapshot.from_json(body)
+    snapshot = snapshot_from_json(body)
     if snapshot.manifest_key != key:
         raise RollupManifestError(f"snapshot at {key!r} names itself {snapshot.manifest_key!r}")
     return snapshot

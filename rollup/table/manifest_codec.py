@@ -1,5 +1,5 @@
 """JSON decoding of rollup snapshots (PROTOCOL §4), kept apart from the model in
-`rollup.table.manifest` (whose `Snapshot.from_json` is the public entry point).
+`rollup.table.manifest` (`snapshot_from_json` is the public entry point).
 
 Stored snapshots are read by other processes and by other versions of this code, so
 everything is validated; unknown extra fields are ignored (additive v1 evolution). Every
@@ -8,6 +8,7 @@ problem raises `RollupManifestError` naming the field.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -215,3 +216,13 @@ def _parse_data_file(table: str, entry: Any, where: str) -> DataFile:
     if data_file.row_count < 0 or data_file.size_bytes < 0 or data_file.added_version < 1:
         raise RollupManifestError(f"{where}: negative count/size or added_version < 1")
     return data_file
+
+
+def snapshot_from_json(data: bytes | str) -> Snapshot:
+    """Parse and validate a stored snapshot; `RollupManifestError` on any problem."""
+    try:
+        return parse_snapshot(json.loads(data))
+    except RollupManifestError:
+        raise
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise RollupManifestError(f"invalid rollup snapshot: {exc!r}") from None

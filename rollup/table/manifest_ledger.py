@@ -24,14 +24,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from protocol import keys
 from protocol.setsum import Setsum
 from rollup.table.manifest_errors import RollupInvariantError
-
-if TYPE_CHECKING:
-    from rollup.table.manifest import Changes, Snapshot
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 LOST_PROBLEMS = ("missing-blob", "corrupt-blob")
@@ -189,65 +186,3 @@ def no_duplicates(what: str, items: Iterable[str]) -> None:
         if item in seen:
             raise RollupInvariantError(f"{what} lists {item!r} twice")
         seen.add(item)
-
-
-def next_ledger(
-    base: Snapshot | None, changes: Changes
-) -> tuple[tuple[str, ...], dict[str, LedgerHour]]:
-    """``ledger.files`` and ``ledger.hours`` after ``changes``."""
-    base_files = base.ledger_files if base is not None else ()
-    no_duplicates("added_ledger_files", changes.added_ledger_files)
-    no_duplicates("removed_ledger_files", changes.removed_ledger_files)
-    for path in changes.added_ledger_files:
-        # A ledger file listed twice would include its batches twice.
-        if path in base_files:
-            raise RollupInvariantError(f"ledger file {path!r} is already in the base")
-        if not path.startswith(keys.ROLLUP_LEDGER_PREFIX) or not path.endswith(".parquet"):
-            raise RollupInvariantError(f"ledger file {path!r} is not under rollup/v1/ledger/")
-    removed = set(changes.removed_ledger_files)
-    added_hours = {ledger_file_hour(path) for path in changes.added_ledger_files}
-    for path in changes.removed_ledger_files:
-        # Removing a file the base lacks: the merge was planned on another snapshot.
-        if path not in base_files:
-            raise RollupInvariantError(f"removed ledger file {path!r} is not in the base")
-        # Its rows must live on in a file of the same hour (a merge), or batches vanish.
-        if ledger_file_hour(path) not in added_hours:
-            raise RollupInvariantError(
-                f"ledger file {path!r} is removed, and no file of its hour added"
-            )
-    hours: dict[str, LedgerHour] = dict(base.ledger_hours) if base is not None else {}
-    new_batches = 0
-    for hour, delta in changes.ledger_delta.items():
-        check_ledger_hour(hour, delta)
-        new_batches += delta.batches
-        hours[hour] = hours.get(hour, EMPTY_LEDGER_HOUR) + delta
-    # New batches must be written down somewhere, or verify could never find them.
-    if new_batches and not changes.added_ledger_files:
-        raise RollupInvariantError(f"ledger delta adds {new_batches} batches but no ledger file")
-    files = tuple(f for f in base_files if f not in removed) + tuple(changes.added_ledger_files)
-    return files, dict(sorted(hours.items()))
-
-
-def next_late(base: Snapshot | None, changes: Changes) -> dict[str, LedgerHour]:
-    late = dict(base.ledger_late) if base is not None else {}
-    for hour, delta in changes.late_delta.items():
-        check_ledger_hour(hour, delta)
-        _within_delta(hour, delta, changes, "late")
-        late[hour] = late.get(hour, EMPTY_LEDGER_HOUR) + delta
-    return dict(sorted(late.items()))
-
-
-def next_lost(base: Snapshot | None, changes: Changes, version: int) -> tuple[LostBatch, ...]:
-    existing = base.ledger_lost if base is not None else ()
-    # A batch acknowledged twice would be counted twice in the lost totals.
-    no_duplicates("lost batches", [b.manifest_id for b in (*existing, *changes.added_lost)])
-    for hour, delta in lost_totals(changes.added_lost).items():
-        _within_delta(hour, delta, changes, "lost")
-    return existing + tuple(b.committed_at(version) for b in changes.added_lost)
-
-
-def _within_delta(hour: str, part: LedgerHour, changes: Changes, what: str) -> None:
-    # Late and lost batches are ledger rows too: a part of this commit's delta, never more.
-    included = changes.ledger_delta.get(hour, EMPTY_LEDGER_HOUR)
-    if part.batches > included.batches or part.records > included.records:
-        raise RollupInvariantError(f"ledger hour {hour}: more {what} batches than new ones")

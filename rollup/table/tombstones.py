@@ -33,7 +33,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -41,9 +41,7 @@ import pyarrow.compute as pc
 
 from protocol import keys
 from rollup.table import schemas
-
-if TYPE_CHECKING:
-    from rollup.table.manifest import DataFile  # the manifest imports this module
+from rollup.table.data_file import DataFile
 
 TOMBSTONE_SCHEMA = "lightmetrics.rollup_tombstone.v1"
 _MAX_TEXT = 1024

@@ -21,8 +21,9 @@ from protocol import keys
 from protocol.clock import Clock, SystemClock
 from protocol.records import AcceptedManifest, RollupWorkMarker
 from rollup.table.commit import LoadedSnapshot, commit, load_latest
+from rollup.table.data_file import describe_file
 from rollup.table.ledger import LedgerRow, write_ledger_files
-from rollup.table.manifest import Changes, DataFile, describe_file
+from rollup.table.manifest import Changes, DataFile
 from rollup.table.owner import OwnerLease
 from rollup.table.schemas import POINTS_SCHEMA
 from rollup.table.series import canonical_series

@@ -19,7 +19,7 @@ from rollup.read import history as history_mod
 from rollup.read import reader, sql
 from rollup.table import tombstones
 from rollup.table.commit import load_latest
-from rollup.table.manifest import Snapshot
+from rollup.table.manifest_codec import snapshot_from_json
 from rollup.table.owner import OwnerLease
 from rollup.table.storage import arrow_filesystem
 from rollup.table.tombstones import Tombstone, TombstoneError
@@ -87,7 +87,7 @@ def test_stored_form_round_trips_and_old_snapshots_still_parse() -> None:
         "tombstones": ["rollup/v1/tables/rollup_1m/date=2026-11-21/hour=10/x.parquet"],
         "ledger": {"files": [], "hours": {}},
     }
-    parsed = Snapshot.from_json(json.dumps(old))
+    parsed = snapshot_from_json(json.dumps(old))
     assert parsed.tombstones == ()
     assert parsed.removed_files == tuple(old["tombstones"])  # type: ignore[arg-type]
 

@@ -27,7 +27,7 @@ from rollup.lifecycle.lost import NotLost, acknowledge_lost, acknowledged_shas
 from rollup.read.verify import verify
 from rollup.table.commit import load_latest
 from rollup.table.ledger import LedgerRow, catalog_totals
-from rollup.table.manifest import Snapshot
+from rollup.table.manifest_codec import snapshot_from_json
 from rollup.table.owner import OwnerLease
 from store.fs import FileSystemStore
 from tests.rollup.conftest import DATA_START_NS, SentFrame, accept, make_frame
@@ -131,7 +131,7 @@ async def test_acknowledged_batches_complete_their_hour(world: World) -> None:
     assert (lost["batches"], lost["records"]) == (2, 2)
     assert lost["acknowledged"][0]["by"] == "ops"
     assert lost["acknowledged"][0]["reason"] == "bucket restore failed"
-    assert Snapshot.from_json(latest.snapshot.to_json()) == latest.snapshot
+    assert snapshot_from_json(latest.snapshot.to_json()) == latest.snapshot
 
 
 async def test_refusals_change_nothing(world: World) -> None:

@@ -17,11 +17,12 @@ from rollup.table.manifest import (
     RollupInvariantError,
     RollupManifestError,
     Snapshot,
-    apply,
     format_created_at,
     parse_created_at,
 )
+from rollup.table.manifest_codec import snapshot_from_json
 from rollup.table.schemas import POINTS_SCHEMA, ROLLUP_1M_SCHEMA, columns_json
+from rollup.table.transition import apply
 from tests.rollup.dataset_builder import BASE_HOUR
 
 CREATED = "2026-11-21T10:00:00Z"
@@ -131,8 +132,8 @@ def test_round_trip() -> None:
         ),
     )
     for snapshot in (one, two):
-        assert Snapshot.from_json(snapshot.to_json()) == snapshot
-        assert Snapshot.from_json(snapshot.to_json().decode()).to_json() == snapshot.to_json()
+        assert snapshot_from_json(snapshot.to_json()) == snapshot
+        assert snapshot_from_json(snapshot.to_json().decode()).to_json() == snapshot.to_json()
     assert two.manifest_key == "rollup/v1/manifests/v00000000000000000002-c-2.json"
 
 
@@ -158,19 +159,19 @@ def test_from_json_names_the_problem(mutate: Any, problem: str) -> None:
     document = json.loads(first().to_json())
     mutate(document)
     with pytest.raises(RollupManifestError, match=problem):
-        Snapshot.from_json(json.dumps(document))
+        snapshot_from_json(json.dumps(document))
 
 
 def test_from_json_refuses_garbage() -> None:
     for garbage in (b"", b"[]", b"{", b'{"schema": "lightmetrics.rollup_manifest.v1"}'):
         with pytest.raises(RollupManifestError):
-            Snapshot.from_json(garbage)
+            snapshot_from_json(garbage)
 
 
 def test_unknown_fields_are_ignored() -> None:
     document = json.loads(first().to_json())
     document["future_field"] = {"anything": 1}
-    assert Snapshot.from_json(json.dumps(document)) == first()
+    assert snapshot_from_json(json.dumps(document)) == first()
 
 
 def test_apply_adds_removes_and_accumulates_the_ledger() -> None:
@@ -307,4 +308,4 @@ def test_a_tombstone_leaves_once_retention_dropped_its_range_from_every_table() 
     # rollup_1m's cutoff too: the one ending at 12:00 goes; the one ending at 14:00 stays.
     v4 = second(v3, Changes(retention={"points": "2026-11-21T13", "rollup_1m": "2026-11-21T12"}))
     assert [t.id for t in v4.tombstones] == [later.id]
-    assert Snapshot.from_json(v4.to_json()).tombstones == v4.tombstones
+    assert snapshot_from_json(v4.to_json()).tombstones == v4.tombstones

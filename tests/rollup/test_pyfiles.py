@@ -60,7 +60,10 @@ def test_the_build_is_reproducible_and_has_no_bytecode(tmp_path: Path) -> None:
     assert names == sorted(names)
     assert {name.split("/")[0] for name in names} == set(PACKAGES)
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
-    assert first.entry_path.read_bytes() == (REPO_ROOT / "rollup" / "spark_entry.py").read_bytes()
+    assert (
+        first.entry_path.read_bytes()
+        == (REPO_ROOT / "rollup" / "job" / "spark_entry.py").read_bytes()
+    )
 
 
 def test_the_command_line_writes_both_files(tmp_path: Path) -> None:

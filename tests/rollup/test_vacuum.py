@@ -24,8 +24,9 @@ from rollup.table.commit import (
     load_version,
     walk_snapshots,
 )
-from rollup.table.manifest import Changes, Snapshot, apply, format_created_at
+from rollup.table.manifest import Changes, Snapshot, format_created_at
 from rollup.table.owner import OwnerLease
+from rollup.table.transition import apply
 from store.base import ObjectStore
 from store.fs import FileSystemStore
 from store.lease import LeaseHeld
