@@ -45,7 +45,6 @@ import shutil
 import signal
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,10 +54,9 @@ from agent.load import LoadSpec, SyntheticLoad
 from agent.uploader import Outcome
 from bench import _common as c
 from bench.cost_stack import CostStack
-from bench.counting import Tally
 from bench.ingest_collector import uploader_for
 from bench.proc_exit import ExitedProcess, stop_exit_cpu, uptime, wait_exit_cpu
-from bench.steady_report import render
+from bench.steady_report import CatalogCheck, CollectorRun, ReconcilerRun, Result, render
 from config import Settings
 from index import catalog
 from index.rows import read_table
@@ -72,53 +70,6 @@ from store.lease import LeaseHeld
 
 TARGET_RATIO = 50.0
 WARM_UP_PER_COLLECTOR = 64
-
-
-@dataclass
-class CollectorRun:
-    name: str
-    pid: int
-    accepted: int = 0  # in the measured window (after the warm-up)
-    failures: int = 0
-    retries: int = 0
-    cpu_s: float = 0.0  # end of warm-up to exit
-
-
-@dataclass
-class ReconcilerRun:
-    label: str
-    cpu_s: float
-    seconds: float
-    code: int
-    report: dict[str, Any]
-    requests: Tally
-
-
-@dataclass
-class CatalogCheck:
-    files: int = 0
-    rows: int = 0
-    accepted_keys: int = 0
-    expected: int = 0
-    missing: int = 0
-    missing_from_log: int = 0  # of the missing: named by no log segment
-    unexpected: int = 0
-    read_back_rows: int = 0
-    rows_without_etag: int = 0
-
-
-@dataclass
-class Result:
-    args: dict[str, Any]
-    settings: dict[str, Any]
-    uptime: dict[str, str] = field(default_factory=dict)
-    collectors: list[CollectorRun] = field(default_factory=list)
-    warm_up_batches: int = 0
-    load_seconds: float = 0.0
-    load_cpu: dict[str, float] = field(default_factory=dict)
-    runs: dict[str, ReconcilerRun] = field(default_factory=dict)
-    catalog: CatalogCheck = field(default_factory=CatalogCheck)
-    profile: str | None = None
 
 
 def frame_source(points: int) -> c.FrameSource:

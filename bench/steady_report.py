@@ -1,13 +1,59 @@
-"""`bench.steady`'s report: CPU per batch per process, the ratio, requests, the catalog."""
+"""`bench.steady`'s results (`Result`) and its report: CPU per batch per process, the
+ratio, requests, the catalog."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
-from bench.counting import by_class, describe
+from bench.counting import Tally, by_class, describe
 
-if TYPE_CHECKING:
-    from bench.steady import Result
+
+@dataclass
+class CollectorRun:
+    name: str
+    pid: int
+    accepted: int = 0  # in the measured window (after the warm-up)
+    failures: int = 0
+    retries: int = 0
+    cpu_s: float = 0.0  # end of warm-up to exit
+
+
+@dataclass
+class ReconcilerRun:
+    label: str
+    cpu_s: float
+    seconds: float
+    code: int
+    report: dict[str, Any]
+    requests: Tally
+
+
+@dataclass
+class CatalogCheck:
+    files: int = 0
+    rows: int = 0
+    accepted_keys: int = 0
+    expected: int = 0
+    missing: int = 0
+    missing_from_log: int = 0  # of the missing: named by no log segment
+    unexpected: int = 0
+    read_back_rows: int = 0
+    rows_without_etag: int = 0
+
+
+@dataclass
+class Result:
+    args: dict[str, Any]
+    settings: dict[str, Any]
+    uptime: dict[str, str] = field(default_factory=dict)
+    collectors: list[CollectorRun] = field(default_factory=list)
+    warm_up_batches: int = 0
+    load_seconds: float = 0.0
+    load_cpu: dict[str, float] = field(default_factory=dict)
+    runs: dict[str, ReconcilerRun] = field(default_factory=dict)
+    catalog: CatalogCheck = field(default_factory=CatalogCheck)
+    profile: str | None = None
 
 
 def _ms(seconds: float, batches: int) -> float:
