@@ -75,8 +75,6 @@ KNOWN_CYCLES: set[frozenset[str]] = {
 }
 KNOWN_WRONG_WAY: set[tuple[str, str]] = {
     ("collector.query.coverage", "reconciler.audit_records"),
-    ("collector.query.cli", "rollup.cli.read"),
-    ("collector.query.rows", "rollup.job.hour_stage"),
     ("reconciler.audit_join", "rollup.lifecycle.lost"),
 }
 KNOWN_LONG: set[str] = {

@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 from config import SettingsError
 from config.tokens import client_token
-from rollup.cli.read import render
+from rollup.read.render import render
 
 
 def add_query_command(commands: Any) -> None:

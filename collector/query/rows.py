@@ -27,10 +27,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from protocol.frame import Frame
-from rollup.job.hour_stage import resolve_committed_ties
 from rollup.table import aggregate
 from rollup.table.points import points_rows
 from rollup.table.schemas import POINTS_SCHEMA, ROLLUP_1M_SCHEMA
+from rollup.table.ties import resolve_committed_ties
 
 from .api import LiveQuery
 

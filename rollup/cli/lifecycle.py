@@ -37,11 +37,12 @@ from typing import Any
 
 from config.settings import Settings
 from protocol.clock import SystemClock
-from rollup.cli.read import FORMATS, hour_argument, render, run_with_store, time_argument
+from rollup.cli.read import hour_argument, run_with_store, time_argument
 from rollup.iceberg.publish import publish_or_log
 from rollup.lifecycle import compaction
 from rollup.lifecycle import delete as delete_mod
 from rollup.lifecycle import lost as lost_mod
+from rollup.read.render import FORMATS, render
 from rollup.table import schemas
 from rollup.table.commit import CommitConflict
 from rollup.table.tombstones import TombstoneError

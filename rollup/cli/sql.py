@@ -26,8 +26,9 @@ from typing import Any
 
 from config.settings import Settings
 from config.store_url import S3Location
-from rollup.cli.read import FORMATS, add_snapshot_arguments, read_guard, render, run_with_store
+from rollup.cli.read import add_snapshot_arguments, read_guard, run_with_store
 from rollup.read.read_guard import read_consistently
+from rollup.read.render import FORMATS, render
 from rollup.table.commit import LoadedSnapshot
 from rollup.table.manifest import Snapshot
 from store.base import ObjectStore

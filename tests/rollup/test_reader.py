@@ -324,7 +324,7 @@ def test_query_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 def test_table_output_rounds_float_noise_but_csv_and_json_keep_every_digit() -> None:
     import io
 
-    from rollup.cli.read import render
+    from rollup.read.render import render
 
     rows = [{"sum": 157.18099999999998, "count": 3}]
     outputs = {}

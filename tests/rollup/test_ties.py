@@ -10,9 +10,9 @@ from datetime import UTC, datetime
 
 import pyarrow as pa
 
-from rollup.job.hour_stage import resolve_committed_ties
 from rollup.table import aggregate
 from rollup.table.schemas import POINTS_SCHEMA
+from rollup.table.ties import resolve_committed_ties
 
 T0 = 1_795_000_000_000_000  # µs, a minute boundary (divisible by 60 s)
 SERIES = 'cpu{host="a"}'
