@@ -93,7 +93,6 @@ KNOWN_LONG: set[str] = {
     "reconciler.steady",
     "rollup.iceberg.metadata",
     "rollup.job.run",
-    "rollup.table.aggregate",
     "store.fs",
     "store.s3",
 }

@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 
 from protocol.frame import Frame
 from rollup.table import aggregate
+from rollup.table.columns import int64_column
 from rollup.table.points import points_rows
 from rollup.table.schemas import POINTS_SCHEMA, ROLLUP_1M_SCHEMA
 from rollup.table.ties import resolve_committed_ties
@@ -59,7 +60,7 @@ def frame_matches(frame: Frame, query: LiveQuery, range_ns: tuple[int, int]) -> 
         return POINTS_SCHEMA.empty_table()
     points = frame.points
     low, high = range_ns
-    ts_us = aggregate.int64_column(points.column("ts")) // 1000
+    ts_us = int64_column(points.column("ts")) // 1000
     mask = (ts_us >= -((-low) // 1000)) & (ts_us < -((-high) // 1000))
     keep = pc.and_(pa.array(mask), pc.equal(points.column("metric"), pa.scalar(query.metric)))
     if query.labels:

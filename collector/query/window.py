@@ -29,7 +29,7 @@ import numpy as np
 
 from protocol import keys
 from protocol.frame import Frame
-from rollup.table.aggregate import int64_column
+from rollup.table.columns import int64_column
 
 NS_PER_S = 1_000_000_000
 UNKNOWN_RANGE = (-(2**63), 2**63 - 1)

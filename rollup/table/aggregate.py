@@ -33,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rollup.table.columns import int64_column, nullable, ranks, runs, string_codes
 from rollup.table.schemas import LABELS_TYPE, ROLLUP_1M_SCHEMA, TS_TYPE
 
 US_PER_MINUTE = 60_000_000
@@ -98,21 +99,23 @@ def partials_of_points(
     values = points.column("value").to_numpy()
     finite = np.isfinite(values)
     if sources is not None:
-        ranks = {pair: rank for rank, pair in enumerate(sorted({(a, b) for a, b, _ in sources}))}
+        pair_ranks = {
+            pair: rank for rank, pair in enumerate(sorted({(a, b) for a, b, _ in sources}))
+        }
         pair_rank = np.repeat(
-            np.array([ranks[(a, b)] for a, b, _ in sources], dtype=np.int64),
+            np.array([pair_ranks[(a, b)] for a, b, _ in sources], dtype=np.int64),
             np.array([rows for _, _, rows in sources], dtype=np.int64),
         )
         if len(pair_rank) != points.num_rows:
             raise ValueError(f"sources cover {len(pair_rank)} rows, points has {points.num_rows}")
         agent, boot = pair_rank, np.zeros_like(pair_rank)
     else:
-        agent, boot = _ranks(points.column("agent_id")), _ranks(points.column("boot_id"))
+        agent, boot = ranks(points.column("agent_id")), ranks(points.column("boot_id"))
     tie = _Tie(ts, agent, boot, int64_column(points.column("seq")))
     window = ts - np.mod(ts, US_PER_MINUTE)
     group, _ = _groups(window, points.column("series"))
     order = tie.order(group)
-    starts, ends = _runs(group[order])
+    starts, ends = runs(group[order])
     first, last = order[starts], order[ends]
     total = len(starts)
     return _partial_table(
@@ -142,14 +145,14 @@ def merge_partials(partials: pa.Table) -> pa.Table:
     first_tie = _tie(partials, "first")
     last_tie = _tie(partials, "last")
     order = first_tie.order(group)
-    starts, _ = _runs(group[order])
+    starts, _ = runs(group[order])
     last_order = last_tie.order(group)
-    _, last_ends = _runs(group[last_order])
+    _, last_ends = runs(group[last_order])
     first, last = order[starts], last_order[last_ends]
     counts = np.add.reduceat(int64_column(partials.column("count"))[order], starts)
-    sums, sums_ok = _nullable(partials.column("sum"))
-    mins, mins_ok = _nullable(partials.column("min"))
-    maxs, maxs_ok = _nullable(partials.column("max"))
+    sums, sums_ok = nullable(partials.column("sum"))
+    mins, mins_ok = nullable(partials.column("min"))
+    maxs, maxs_ok = nullable(partials.column("max"))
     first_cols = ("first_ts_us", "first", "first_agent", "first_boot", "first_seq")
     last_cols = ("last_ts_us", "last", "last_agent", "last_boot", "last_seq")
     return _partial_table(
@@ -261,27 +264,12 @@ def _empty_as_null(labels: pa.Array | pa.ChunkedArray) -> pa.Array:
     return labels.take(pa.array(np.arange(len(labels)), mask=no_labels))
 
 
-def int64_column(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """An int64 (or timestamp) column without nulls as numpy int64."""
-    if pa.types.is_timestamp(column.type):
-        column = column.cast(pa.int64())
-    return np.asarray(column.to_numpy(), dtype=np.int64)
-
-
 def _us(column: pa.ChunkedArray) -> pa.ChunkedArray:
     return column.cast(TS_TYPE).cast(pa.int64())
 
 
 def _ts(column: pa.ChunkedArray) -> pa.ChunkedArray:
     return column.cast(TS_TYPE)
-
-
-def string_codes(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, pa.Array]:
-    """Dictionary codes of a non-null string column, and the dictionary."""
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
-    encoded = pc.dictionary_encode(column)
-    return np.asarray(encoded.indices.to_numpy(), dtype=np.int64), encoded.dictionary
 
 
 def _groups(window: np.ndarray, series: pa.ChunkedArray) -> tuple[np.ndarray, int]:
@@ -291,28 +279,13 @@ def _groups(window: np.ndarray, series: pa.ChunkedArray) -> tuple[np.ndarray, in
     return minutes * max(1, len(dictionary)) + codes, len(dictionary)
 
 
-def _ranks(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """Per row, the rank (1-based, code point order) of its string among the column's
-    distinct values; 0 for null (unknown)."""
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
-    encoded = pc.dictionary_encode(column)
-    if len(encoded.dictionary) == 0:
-        return np.zeros(len(column), dtype=np.int64)
-    ranks = np.concatenate(
-        [[0], np.asarray(pc.rank(encoded.dictionary, sort_keys="ascending"), dtype=np.int64)]
-    )
-    shifted = pc.fill_null(pc.add(encoded.indices.cast(pa.int64()), 1), 0)
-    return ranks[np.asarray(shifted.to_numpy(), dtype=np.int64)]
-
-
 def _tie(partials: pa.Table, which: str) -> _Tie:
     """The ordering key of each row's ``which`` candidate. An unknown key (null agent:
     a committed row whose tie key could not be resolved) sorts first for ``first`` and
     last for ``last``, so the committed sample wins an equal ``ts`` either way."""
-    seq, _ = _nullable(partials.column(f"{which}_seq"), fill=0)
-    agent = _ranks(partials.column(f"{which}_agent"))
-    boot = _ranks(partials.column(f"{which}_boot"))
+    seq, _ = nullable(partials.column(f"{which}_seq"), fill=0)
+    agent = ranks(partials.column(f"{which}_agent"))
+    boot = ranks(partials.column(f"{which}_boot"))
     seq = seq.astype(np.int64)
     if which == "last":
         unknown = agent == 0
@@ -321,21 +294,6 @@ def _tie(partials: pa.Table, which: str) -> _Tie:
             boot = np.where(unknown, boot.max() + 1, boot)
             seq = np.where(unknown, np.iinfo(np.int64).max, seq)
     return _Tie(int64_column(partials.column(f"{which}_ts_us")), agent, boot, seq)
-
-
-def _nullable(column: pa.ChunkedArray, fill: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """(values with nulls replaced by ``fill``, validity) as numpy."""
-    valid = np.asarray(pc.is_valid(column).to_numpy(zero_copy_only=False), dtype=bool)
-    values = pc.fill_null(column, pa.scalar(fill, column.type)).to_numpy()
-    return np.asarray(values), valid
-
-
-def _runs(sorted_groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Start and end (inclusive) positions of each run of equal values."""
-    change = np.flatnonzero(sorted_groups[1:] != sorted_groups[:-1]) + 1
-    starts = np.concatenate([[0], change])
-    ends = np.concatenate([change - 1, [len(sorted_groups) - 1]])
-    return starts, ends
 
 
 def _finite_aggregates(

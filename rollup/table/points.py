@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from protocol.frame import Frame
-from rollup.table.aggregate import int64_column, string_codes
+from rollup.table.columns import int64_column, string_codes
 from rollup.table.schemas import POINTS_SCHEMA, TS_TYPE
 from rollup.table.series import series_array
 
