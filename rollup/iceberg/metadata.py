@@ -1,5 +1,5 @@
 """Apache Iceberg table metadata for one rollup table at one committed snapshot. Pure:
-no I/O; the bytes it returns are written by `rollup.iceberg.publish`.
+no I/O; the bytes it returns are written by `rollup.iceberg.publish` (an empty table: `rollup.iceberg.schema`).
 
 Mapping (format version 2, one Iceberg table per rollup table):
 - Iceberg snapshot id = sequence number = the rollup version; ``timestamp-ms`` = its
@@ -33,9 +33,7 @@ import io
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
-import pyarrow as pa
 from pyiceberg.io import InputFile, OutputFile, OutputStream
 from pyiceberg.manifest import (
     DataFile,
@@ -50,13 +48,9 @@ from pyiceberg.manifest import (
     write_manifest,
     write_manifest_list,
 )
-from pyiceberg.partitioning import PartitionField, PartitionSpec
-from pyiceberg.schema import Schema
-from pyiceberg.table.metadata import TableMetadata, TableMetadataUtil, new_table_metadata
-from pyiceberg.table.name_mapping import create_mapping_from_schema
+from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.snapshots import Operation, Snapshot, Summary
-from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
 from pyiceberg.table.update import (
     AddSnapshotUpdate,
     RemoveSnapshotsUpdate,
@@ -64,31 +58,16 @@ from pyiceberg.table.update import (
     TableUpdate,
     update_table_metadata,
 )
-from pyiceberg.transforms import HourTransform
 from pyiceberg.typedef import Record
-from pyiceberg.types import (
-    DoubleType,
-    IcebergType,
-    IntegerType,
-    LongType,
-    MapType,
-    NestedField,
-    StringType,
-    TimestampType,
-    TimestamptzType,
-)
 
 from protocol.keys import UtcHour
 from protocol.setsum import Setsum
 from rollup.iceberg.deletes import PositionDeletes
-from rollup.table import schemas
+from rollup.iceberg.schema import FORMAT_VERSION
 from rollup.table.manifest import Snapshot as RollupSnapshot
 from rollup.table.manifest import parse_created_at
 
-FORMAT_VERSION: Literal[2] = 2
-PARTITION_FIELD_ID = 1000
 _NS_PER_HOUR = 3_600_000_000_000
-_NAMESPACE = uuid.UUID("6b0f3c1e-4a55-4c3f-9d7e-1a2b3c4d5e6f")
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,77 +113,6 @@ class _BytesOutput(OutputFile):
                 super().close()
 
         return Stream()
-
-
-def _field_type(data_type: pa.DataType, next_id: Callable[[], int]) -> IcebergType:
-    if pa.types.is_timestamp(data_type):
-        return TimestamptzType() if data_type.tz is not None else TimestampType()
-    if pa.types.is_map(data_type):
-        key_id, value_id = next_id(), next_id()
-        return MapType(
-            key_id=key_id,
-            key_type=_field_type(data_type.key_type, next_id),
-            value_id=value_id,
-            value_type=_field_type(data_type.item_type, next_id),
-            value_required=False,
-        )
-    simple: dict[pa.DataType, IcebergType] = {
-        pa.string(): StringType(),
-        pa.float64(): DoubleType(),
-        pa.int64(): LongType(),
-        pa.int32(): IntegerType(),
-    }
-    if data_type in simple:
-        return simple[data_type]
-    raise ValueError(f"no Iceberg type for {data_type}")
-
-
-def iceberg_schema(table: str) -> Schema:
-    """The table's Iceberg schema: ids 1..n for the columns in order, then nested ids."""
-    arrow = schemas.table_schema(table)
-    counter = iter(range(len(arrow) + 1, 10_000))
-    fields = [
-        NestedField(
-            field_id=i,
-            name=f.name,
-            field_type=_field_type(f.type, lambda: next(counter)),
-            required=False,
-        )
-        for i, f in enumerate(arrow, start=1)
-    ]
-    return Schema(*fields)
-
-
-def partition_spec(table: str, schema: Schema) -> PartitionSpec:
-    column = schemas.PARTITION_COLUMN[table]
-    return PartitionSpec(
-        PartitionField(
-            source_id=schema.find_field(column).field_id,
-            field_id=PARTITION_FIELD_ID,
-            transform=HourTransform(),
-            name=f"{column}_hour",
-        )
-    )
-
-
-def new_table(table: str, location: str) -> TableMetadata:
-    """Metadata of the table before any snapshot; its uuid is derived from ``location``."""
-    schema = iceberg_schema(table)
-    metadata = new_table_metadata(
-        schema=schema,
-        partition_spec=partition_spec(table, schema),
-        sort_order=UNSORTED_SORT_ORDER,
-        location=location,
-        properties={"format-version": str(FORMAT_VERSION)},
-        table_uuid=uuid.uuid5(_NAMESPACE, location),
-    )
-    mapping = create_mapping_from_schema(metadata.schema()).model_dump_json()
-    properties = {**metadata.properties, "schema.name-mapping.default": mapping}
-    return metadata.model_copy(update={"properties": properties})
-
-
-def parse_metadata(body: bytes) -> TableMetadata:
-    return TableMetadataUtil.parse_raw(body.decode())
 
 
 def ledger_setsum(snapshot: RollupSnapshot) -> str:

@@ -33,7 +33,8 @@ from pyiceberg.table.metadata import TableMetadata
 
 from protocol import keys
 from rollup.iceberg.deletes import position_deletes
-from rollup.iceberg.metadata import new_table, parse_metadata, publish_version
+from rollup.iceberg.metadata import publish_version
+from rollup.iceberg.schema import new_table, parse_metadata
 from rollup.table import schemas
 from rollup.table.commit import LoadedSnapshot, load_latest, walk_snapshots
 from rollup.table.manifest import Snapshot
