@@ -91,7 +91,6 @@ KNOWN_LONG: set[str] = {
     "reconciler.audit",
     "reconciler.daemon",
     "reconciler.steady",
-    "rollup.job.run",
     "store.fs",
     "store.s3",
 }

@@ -36,7 +36,6 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -44,11 +43,19 @@ import structlog
 from config.settings import RollupSettings
 from protocol import keys
 from protocol.clock import Clock, SystemClock
-from protocol.records import ProblemRecord, RecordError
 from rollup.iceberg.publish import publish_or_log
+from rollup.job.base_inputs import (
+    data_file_of,
+    expired_files,
+    hour_inputs,
+    hours_left_pending,
+    marker_hour,
+    retention_moves,
+)
 from rollup.job.plan import Plan, make_plan
+from rollup.job.problems import record_problem
 from rollup.job.stages import StageRecord, run_stages
-from rollup.job.tasks import HourInputs, WriteOptions
+from rollup.job.tasks import WriteOptions
 from rollup.lifecycle import compaction
 from rollup.table.commit import (
     CommitConflict,
@@ -61,7 +68,7 @@ from rollup.table.manifest import Changes, DataFile, LedgerHour
 from rollup.table.owner import OwnerLease, OwnerLost
 from rollup.table.storage import StoreAccess
 from store.base import ObjectStore
-from store.errors import PreconditionFailed, StoreError
+from store.errors import StoreError
 from store.time import store_clock
 
 if TYPE_CHECKING:
@@ -137,7 +144,7 @@ async def run_rollup(
     try:
         summary = await _Run(spark, store, access, settings, own, clock, hooks, progress).run()
         if settings.compact_after_run and summary.outcome == "committed":
-            summary.compaction = await _compact_after(store, access, settings, clock)
+            summary.compaction = await compaction.compact_after_run(store, access, settings, clock)
         summary.iceberg_published = await publish_or_log(
             store, store_url=access.url, retention_s=settings.retention_s, owner=own
         )
@@ -145,33 +152,6 @@ async def run_rollup(
     finally:
         if owner is None:
             await own.release()
-
-
-async def _compact_after(
-    store: ObjectStore, access: StoreAccess, settings: RollupSettings, clock: Clock
-) -> dict[str, Any]:
-    """``[rollup] compact_after_run``: compact what the commit left (`rollup.lifecycle.compaction`).
-    The run's commit stands whatever happens here: a failure is logged, and the next run
-    or ``lm-rollup compact`` does it."""
-    try:
-        report = await compaction.compact(
-            store,
-            access=access,
-            clock=clock,
-            target_bytes=settings.compact_target_bytes,
-            min_files=settings.compact_min_files,
-            compression=settings.compression,
-        )
-    except (CommitConflict, StoreError, OSError) as exc:
-        log.warning("rollup_compaction_after_run_failed", error=f"{type(exc).__name__}: {exc}")
-        return {"error": f"{type(exc).__name__}: {exc}"}
-    return {
-        "version": report.version,
-        "hours": len(report.hours),
-        "files_before": report.files_before,
-        "files_after": report.files_after,
-        "rows_masked": report.rows_masked,
-    }
 
 
 class _Run:
@@ -210,7 +190,7 @@ class _Run:
             retention = self._retention(base)
             plan = await make_plan(self.store, base, progress=self.progress)
             self._note_plan(plan, started)
-            if not plan.batches and not _retention_moves(base, retention):
+            if not plan.batches and not retention_moves(base, retention):
                 await self._consume_markers(plan)
                 summary.outcome = "up-to-date"
                 return summary
@@ -244,7 +224,7 @@ class _Run:
             summary.seconds["commit"] = round(time.monotonic() - started, 3)
             self._note_commit(committed, changes, records)
             await self._consume_markers_after(
-                committed.snapshot.version, plan, _hours_left_pending(plan, changes)
+                committed.snapshot.version, plan, hours_left_pending(plan, changes)
             )
             return summary
         raise CommitRetriesExhausted(
@@ -284,7 +264,7 @@ class _Run:
     async def _stages(self, plan: Plan, retention: dict[str, str]) -> list[StageRecord]:
         started = time.monotonic()
         log.info("rollup_stages_started", batches=plan.batches, records=plan.records)
-        inputs = _hour_inputs(plan.base, retention)
+        inputs = hour_inputs(plan.base, retention)
         work = asyncio.create_task(
             asyncio.to_thread(run_stages, self.spark, plan.items, self.options, inputs)
         )
@@ -316,7 +296,7 @@ class _Run:
         for record in records:
             body = record.body
             if record.kind in ("points_file", "rollup_file"):
-                added.append(_data_file(body, version))
+                added.append(data_file_of(body, version))
                 if record.kind == "rollup_file":
                     rewritten.add(body["partition"])
             elif record.kind == "ledger_file":
@@ -330,7 +310,7 @@ class _Run:
             for f in (base.snapshot.data_files("rollup_1m") if base is not None else ())
             if f.partition.iso in rewritten
         }
-        removed |= _expired_files(base, retention)
+        removed |= expired_files(base, retention)
         if late:
             self.summary.late_excluded = sum(h.batches for h in late.values())
         return Changes(
@@ -373,7 +353,7 @@ class _Run:
             if (kind, subject) in seen:
                 continue
             seen.add((kind, subject))
-            await _record_problem(self.store, self.clock, kind, subject, problem["detail"])
+            await record_problem(self.store, self.clock, kind, subject, problem["detail"])
 
     async def _consume_markers_after(self, version: int, plan: Plan, pending: set[str]) -> None:
         """Delete the plan's work markers once the pointer read back shows ``version`` (or
@@ -387,106 +367,9 @@ class _Run:
 
     async def _consume_markers(self, plan: Plan, *, keep_hours: set[str] | None = None) -> None:
         for key in plan.dirty_markers:
-            if keep_hours and _marker_hour(key) in keep_hours:
+            if keep_hours and marker_hour(key) in keep_hours:
                 continue
             try:
                 await self.store.delete(key)
             except StoreError as exc:  # harmless: the next run re-checks the hour once more
                 log.warning("rollup_dirty_marker_delete_failed", key=key, error=str(exc))
-
-
-def _hours_left_pending(plan: Plan, changes: Changes) -> set[str]:
-    """Hours with planned batches that the commit's ledger does not include."""
-    planned = plan.batches_per_hour()
-    return {
-        hour
-        for hour, count in planned.items()
-        if (delta := changes.ledger_delta.get(hour)) is None or delta.batches < count
-    }
-
-
-def _marker_hour(marker_key: str) -> str:
-    hour, _epoch, _sequence = keys.parse_index_catalog_key(
-        keys.parse_rollup_work_marker_key(marker_key)
-    )
-    return hour.iso
-
-
-def _data_file(body: dict[str, Any], version: int) -> DataFile:
-    return DataFile(
-        path=body["path"],
-        table=body["table"],
-        partition=keys.UtcHour.parse_iso(body["partition"]),
-        row_count=body["row_count"],
-        size_bytes=body["size_bytes"],
-        min=body["min"],
-        max=body["max"],
-        added_version=version,
-    )
-
-
-def _expired_files(base: LoadedSnapshot | None, retention: dict[str, str]) -> set[str]:
-    """Retention: every file of ``base`` of an hour before its table's first kept hour."""
-    if base is None:
-        return set()
-    return {
-        f.path
-        for table, first_kept in retention.items()
-        for f in base.snapshot.data_files(table)
-        if f.partition.iso < first_kept
-    }
-
-
-def _retention_moves(base: LoadedSnapshot | None, retention: dict[str, str]) -> bool:
-    """Whether ``retention`` drops files of ``base`` or moves a cutoff."""
-    if base is None:
-        return False
-    moved = any(base.snapshot.retention.get(t) != first for t, first in retention.items())
-    return moved or bool(_expired_files(base, retention))
-
-
-def _hour_inputs(base: LoadedSnapshot | None, retention: dict[str, str]) -> HourInputs:
-    first_kept = {
-        table: datetime.fromtimestamp(keys.UtcHour.parse_iso(hour).start_ns / 1e9, tz=UTC)
-        for table, hour in retention.items()
-    }
-    if base is None:
-        return HourInputs(first_kept=first_kept)
-    rollup: dict[str, list[str]] = {}
-    points: dict[str, list[str]] = {}
-    for target, table in ((rollup, "rollup_1m"), (points, "points")):
-        for data_file in base.snapshot.data_files(table):
-            target.setdefault(data_file.partition.iso, []).append(data_file.path)
-    return HourInputs(
-        rollup_files={h: tuple(p) for h, p in rollup.items()},
-        points_files={h: tuple(p) for h, p in points.items()},
-        tombstones=base.snapshot.tombstones,
-        first_kept=first_kept,
-    )
-
-
-async def _record_problem(
-    store: ObjectStore, clock: Clock, kind: str, subject: str, detail: str
-) -> None:
-    """Create the problem record, or move an existing one's ``last_seen`` (If-Match).
-    Best effort: a store error is logged, and the next run finds the frame bad again."""
-    key = keys.problem_key(kind, subject)
-    now = clock.now_ns()
-    record = ProblemRecord(
-        kind=kind, subject_key=subject, detail=detail, first_seen_unix_ns=now, last_seen_unix_ns=now
-    )
-    try:
-        try:
-            await store.put(key, record.to_json(), if_none_match=True)
-            return
-        except PreconditionFailed:
-            pass
-        body, etag = await store.get(key)
-        try:
-            first_seen = ProblemRecord.from_json(body).first_seen_unix_ns
-        except RecordError:
-            first_seen = now
-        updated = record.model_copy(update={"first_seen_unix_ns": first_seen})
-        await store.put(key, updated.to_json(), if_match=etag)
-    except StoreError as exc:
-        log.warning("rollup_problem_record_failed", key=key, error=str(exc))

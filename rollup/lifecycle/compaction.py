@@ -39,6 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import structlog
 
+from config.settings import RollupSettings
 from protocol import keys
 from protocol.clock import Clock
 from rollup.read import reader
@@ -54,6 +55,7 @@ from rollup.table.manifest import Changes, DataFile, Snapshot
 from rollup.table.storage import StoreAccess, open_parquet_writer
 from rollup.table.tombstones import pending_on
 from store.base import ObjectStore
+from store.errors import StoreError
 from store.retry import Backoff
 
 log = structlog.get_logger(__name__)
@@ -324,3 +326,30 @@ def _fill(
         report.rows_masked += rows_masked
         report.files_before += len(work.files)
         report.files_after += len(new)
+
+
+async def compact_after_run(
+    store: ObjectStore, access: StoreAccess, settings: RollupSettings, clock: Clock
+) -> dict[str, Any]:
+    """``[rollup] compact_after_run``: compact what the commit left.
+    The run's commit stands whatever happens here: a failure is logged, and the next run
+    or ``lm-rollup compact`` does it."""
+    try:
+        report = await compact(
+            store,
+            access=access,
+            clock=clock,
+            target_bytes=settings.compact_target_bytes,
+            min_files=settings.compact_min_files,
+            compression=settings.compression,
+        )
+    except (CommitConflict, StoreError, OSError) as exc:
+        log.warning("rollup_compaction_after_run_failed", error=f"{type(exc).__name__}: {exc}")
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {
+        "version": report.version,
+        "hours": len(report.hours),
+        "files_before": report.files_before,
+        "files_after": report.files_after,
+        "rows_masked": report.rows_masked,
+    }

@@ -1,0 +1,86 @@
+"""What a rollup run takes from its base snapshot, its plan and stage output: the files
+retention expires and whether it moves a cutoff, stage 2's inputs per hour (committed
+files, tombstones, first kept hours), the `DataFile` record of a written file, the hours
+a commit leaves pending and the hour a work marker names."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from protocol import keys
+from rollup.job.plan import Plan
+from rollup.job.tasks import HourInputs
+from rollup.table.commit import LoadedSnapshot
+from rollup.table.data_file import DataFile
+from rollup.table.manifest import Changes
+
+
+def data_file_of(body: dict[str, Any], version: int) -> DataFile:
+    return DataFile(
+        path=body["path"],
+        table=body["table"],
+        partition=keys.UtcHour.parse_iso(body["partition"]),
+        row_count=body["row_count"],
+        size_bytes=body["size_bytes"],
+        min=body["min"],
+        max=body["max"],
+        added_version=version,
+    )
+
+
+def expired_files(base: LoadedSnapshot | None, retention: dict[str, str]) -> set[str]:
+    """Retention: every file of ``base`` of an hour before its table's first kept hour."""
+    if base is None:
+        return set()
+    return {
+        f.path
+        for table, first_kept in retention.items()
+        for f in base.snapshot.data_files(table)
+        if f.partition.iso < first_kept
+    }
+
+
+def retention_moves(base: LoadedSnapshot | None, retention: dict[str, str]) -> bool:
+    """Whether ``retention`` drops files of ``base`` or moves a cutoff."""
+    if base is None:
+        return False
+    moved = any(base.snapshot.retention.get(t) != first for t, first in retention.items())
+    return moved or bool(expired_files(base, retention))
+
+
+def hour_inputs(base: LoadedSnapshot | None, retention: dict[str, str]) -> HourInputs:
+    first_kept = {
+        table: datetime.fromtimestamp(keys.UtcHour.parse_iso(hour).start_ns / 1e9, tz=UTC)
+        for table, hour in retention.items()
+    }
+    if base is None:
+        return HourInputs(first_kept=first_kept)
+    rollup: dict[str, list[str]] = {}
+    points: dict[str, list[str]] = {}
+    for target, table in ((rollup, "rollup_1m"), (points, "points")):
+        for data_file in base.snapshot.data_files(table):
+            target.setdefault(data_file.partition.iso, []).append(data_file.path)
+    return HourInputs(
+        rollup_files={h: tuple(p) for h, p in rollup.items()},
+        points_files={h: tuple(p) for h, p in points.items()},
+        tombstones=base.snapshot.tombstones,
+        first_kept=first_kept,
+    )
+
+
+def hours_left_pending(plan: Plan, changes: Changes) -> set[str]:
+    """Hours with planned batches that the commit's ledger does not include."""
+    planned = plan.batches_per_hour()
+    return {
+        hour
+        for hour, count in planned.items()
+        if (delta := changes.ledger_delta.get(hour)) is None or delta.batches < count
+    }
+
+
+def marker_hour(marker_key: str) -> str:
+    hour, _epoch, _sequence = keys.parse_index_catalog_key(
+        keys.parse_rollup_work_marker_key(marker_key)
+    )
+    return hour.iso
