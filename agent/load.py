@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from agent.truth import BatchKind, PlannedFrame, finite_sum
-from protocol.frame import encode_frame, points_table
+from protocol.frame_encode import encode_frame, points_table
 from protocol.keys import BatchIdentity
 
 NS_PER_S = 1_000_000_000

@@ -27,7 +27,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from protocol.frame import points_table
+from protocol.frame_encode import points_table
 
 _RFC3339 = re.compile(
     r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?"

@@ -25,7 +25,7 @@ import uuid
 import pyarrow as pa
 
 from agent.spool import Spool, SpoolEntry, SpoolFull
-from protocol.frame import encode_frame
+from protocol.frame_encode import encode_frame
 from protocol.keys import BatchIdentity
 
 

@@ -26,7 +26,8 @@ import aiohttp
 import pyarrow as pa
 from prometheus_client.parser import text_string_to_metric_families
 
-from protocol.frame import FrameError, points_table
+from protocol.frame import FrameError
+from protocol.frame_encode import points_table
 
 ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 

@@ -70,7 +70,7 @@ from chaos.s3_server import (
 from config import GcSettings, LoggingSettings, RetentionSettings, Settings, configure_logging
 from protocol import keys
 from protocol.clock import ManualClock
-from protocol.frame import encode_frame, points_table
+from protocol.frame_encode import encode_frame, points_table
 from protocol.records import AcceptedManifest, AuditRecord
 from reconciler.audit import run_full_audit
 from reconciler.bounded import for_each_bounded

@@ -57,7 +57,7 @@ import pyarrow.compute as pc
 from bench._common import CLOCK_TICKS, busy_cpu_seconds, rss_bytes, wait_for_quiet
 from bench.rollup_cluster import catalog
 from protocol import keys
-from protocol.frame import encode_frame
+from protocol.frame_encode import encode_frame
 from protocol.records import AcceptedManifest
 
 NS_PER_S = 1_000_000_000

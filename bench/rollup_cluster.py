@@ -53,7 +53,7 @@ from chaos.s3_server import (
 )
 from chaos.spark_standalone import spark_submit, start_cluster
 from protocol import keys
-from protocol.frame import encode_frame
+from protocol.frame_encode import encode_frame
 from protocol.records import AcceptedManifest
 from rollup.job.pyfiles import build_pyfiles
 from store.base import ObjectStore

@@ -32,7 +32,7 @@ from collector.accept import AcceptanceUnavailable, Accepted, IdentityConflictFo
 from index.log_writer import IndexLogWriter
 from index.rows import blob_row
 from protocol import keys
-from protocol.frame import encode_frame, points_table
+from protocol.frame_encode import encode_frame, points_table
 from store.base import ObjectStore
 from store.errors import StoreError
 

@@ -47,7 +47,7 @@ from config import SettingsError, configure_logging
 from config.cli import add_settings_flags, settings_flags_given, settings_from_flags
 from demo import lifecycle_step, query_step, receivers_step, reconcile_step, rollup_step
 from protocol import keys, records
-from protocol.frame import encode_frame, points_table
+from protocol.frame_encode import encode_frame, points_table
 from store.fs import FileSystemStore
 
 LAYOUT = (

@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 
 from collector.launch import start_collector
-from protocol.frame import encode_frame, points_table
+from protocol.frame_encode import encode_frame, points_table
 
 DEADLINE_S = 30.0
 METRIC, LABEL = "memory_used_bytes", "host=host-0000"

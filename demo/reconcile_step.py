@@ -28,7 +28,7 @@ from typing import Any
 
 from index.log_reader import read_segment
 from protocol import keys
-from protocol.frame import encode_frame, points_table
+from protocol.frame_encode import encode_frame, points_table
 from store.fs import FileSystemStore
 
 GRACE_S = 4.0

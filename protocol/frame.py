@@ -2,7 +2,8 @@
 
 `decode_header` is the cheap gate the collector runs on every request; `decode_frame`
 adds the payload (zstd, Arrow IPC, column rules) and returns points in one canonical
-shape (`POINTS_SCHEMA`); `encode_frame` builds frames that `decode_frame` accepts.
+shape (`POINTS_SCHEMA`); `protocol.frame_encode.encode_frame` builds frames that
+`decode_frame` accepts.
 Every violation raises `FrameError` (a ValueError) naming the field and the problem;
 decoding raises nothing else on bad input.
 
@@ -45,24 +46,20 @@ import re
 import struct
 import uuid
 import zlib
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
 import zstandard
 
 from protocol._frame_error import FrameError, decoder_errors_as_frame_errors
-from protocol._ipc_stream import MAX_PAYLOAD_MESSAGES, read_ipc_stream, write_ipc_stream
+from protocol._ipc_stream import MAX_PAYLOAD_MESSAGES, read_ipc_stream
 from protocol._points_check import (
-    LABELS_TYPE,
     MAX_LABEL_KEY_BYTES,
     MAX_LABEL_VALUE_BYTES,
     MAX_LABELS_PER_ROW,
     MAX_METRIC_BYTES,
     POINTS_SCHEMA,
-    TS_TYPE,
     CheckedPoints,
-    canonical_points,
     checked_points,
     time_range,
 )
@@ -88,10 +85,8 @@ __all__ = [
     "frame_time_range",
     "decode_frame",
     "decode_header",
-    "encode_frame",
     "open_payload",
     "payload_check_memory_bound",
-    "points_table",
 ]
 
 FRAME_MAGIC = b"LMB1"
@@ -101,17 +96,17 @@ HEADER_LEN = 52
 CRC_LEN = 4
 MAX_AGENT_ID_BYTES = 128
 
-_U32_MAX = 2**32 - 1
-_U64_MAX = 2**64 - 1
+U32_MAX = 2**32 - 1
+U64_MAX = 2**64 - 1
 _MIN_FRAME_LEN = HEADER_LEN + CRC_LEN
 # magic, frame_version, flags, agent_id_len, boot_id, seq_start, seq_end,
 # record_count, payload_len, payload_raw_len — big-endian, offsets as in §1.
-_HEADER = struct.Struct(">4sBBH16sQQIII")
-_CRC = struct.Struct(">I")
+HEADER_STRUCT = struct.Struct(">4sBBH16sQQIII")
+CRC_STRUCT = struct.Struct(">I")
 _CONTROL = re.compile(rb"[\x00-\x1f\x7f]")
 # zstd at levels <= 19 declares at most an 8 MiB window when streaming.
 _MIN_ZSTD_WINDOW = 8 * 1024 * 1024
-assert _HEADER.size == HEADER_LEN
+assert HEADER_STRUCT.size == HEADER_LEN
 # `payload_check_memory_bound`: bytes allocated per byte of decompressed payload (the
 # stream included) and per IPC message, worst case over the shapes measured by
 # tests/protocol/test_frame_memory.py (about 7 and 4 KiB), with headroom.
@@ -153,7 +148,7 @@ class Frame:
     points: pa.Table
 
 
-def _agent_id_text(raw: bytes) -> str:
+def agent_id_text(raw: bytes) -> str:
     """agent_id bytes → str: valid UTF-8, no control characters (< 0x20, 0x7F)."""
     try:
         text = raw.decode("utf-8")
@@ -183,7 +178,7 @@ def decode_header(data: bytes) -> FrameHeader:
             f"(header {HEADER_LEN} + crc32 {CRC_LEN}): truncated"
         )
     (magic, version, flags, agent_id_len, boot_raw, seq_start, seq_end, record_count,
-     payload_len, raw_len) = _HEADER.unpack_from(data)  # fmt: skip
+     payload_len, raw_len) = HEADER_STRUCT.unpack_from(data)  # fmt: skip
     if magic != FRAME_MAGIC:
         raise FrameError(f"magic {magic!r} != {FRAME_MAGIC!r}: not a batch frame")
     if version != FRAME_VERSION:
@@ -194,7 +189,7 @@ def decode_header(data: bytes) -> FrameHeader:
             f"frame length {size} != {_MIN_FRAME_LEN} + agent_id_len {agent_id_len} "
             f"+ payload_len {payload_len} = {expected}"
         )
-    (stated_crc,) = _CRC.unpack_from(data, size - CRC_LEN)
+    (stated_crc,) = CRC_STRUCT.unpack_from(data, size - CRC_LEN)
     computed_crc = zlib.crc32(memoryview(data)[: size - CRC_LEN])
     if stated_crc != computed_crc:
         raise FrameError(
@@ -219,7 +214,7 @@ def decode_header(data: bytes) -> FrameHeader:
             f"payload_raw_len {raw_len} != payload_len {payload_len} "
             "(flag 0x01 is clear, so the payload is stored uncompressed)"
         )
-    agent_id = _agent_id_text(bytes(data[HEADER_LEN : HEADER_LEN + agent_id_len]))
+    agent_id = agent_id_text(bytes(data[HEADER_LEN : HEADER_LEN + agent_id_len]))
     return FrameHeader(
         agent_id=agent_id,
         boot_id=uuid.UUID(bytes=bytes(boot_raw)),
@@ -384,107 +379,3 @@ def _zstd_window_bytes(data: bytes, header: FrameHeader) -> int:
     if params.content_size != zstandard.CONTENTSIZE_UNKNOWN:
         return 0
     return min(int(params.window_size), allowed)
-
-
-def points_table(
-    ts_ns: Sequence[int],
-    metrics: Sequence[str],
-    values: Sequence[float],
-    labels: Sequence[Mapping[str, str] | None],
-) -> pa.Table:
-    """Build a `POINTS_SCHEMA` table from Python sequences (ts as int ns since epoch).
-
-    Raises FrameError if lengths differ, a value can't be converted, or a row breaks
-    a §1 points rule.
-    """
-    lengths = {len(ts_ns), len(metrics), len(values), len(labels)}
-    if len(lengths) != 1:
-        raise FrameError(
-            f"points_table: column lengths differ (ts {len(ts_ns)}, metric {len(metrics)}, "
-            f"value {len(values)}, labels {len(labels)})"
-        )
-    with decoder_errors_as_frame_errors("points_table"):
-        table = pa.Table.from_arrays(
-            [
-                pa.array(ts_ns, type=pa.int64()).cast(TS_TYPE),
-                pa.array(metrics, type=pa.string()),
-                pa.array(values, type=pa.float64()),
-                pa.array(
-                    [None if row is None else list(row.items()) for row in labels],
-                    type=LABELS_TYPE,
-                ),
-            ],
-            schema=POINTS_SCHEMA,
-        )
-        return canonical_points(table)
-
-
-def _check_encode_identity(agent_id: str, boot_id: uuid.UUID, seq_start: int) -> bytes:
-    """Validate the identity inputs of encode_frame; return the agent_id bytes."""
-    if not isinstance(agent_id, str):
-        raise FrameError(f"agent_id must be str, not {type(agent_id).__name__}")
-    try:
-        agent_raw = agent_id.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise FrameError(f"agent_id is not encodable as UTF-8 ({exc.reason})") from None
-    if not 1 <= len(agent_raw) <= MAX_AGENT_ID_BYTES:
-        raise FrameError(f"agent_id is {len(agent_raw)} bytes (must be 1..{MAX_AGENT_ID_BYTES})")
-    _agent_id_text(agent_raw)
-    if not isinstance(boot_id, uuid.UUID):
-        raise FrameError(f"boot_id must be uuid.UUID, not {type(boot_id).__name__}")
-    if boot_id.int == 0:
-        raise FrameError("boot_id is all-zero")
-    if isinstance(seq_start, bool) or not isinstance(seq_start, int):
-        raise FrameError(f"seq_start must be int, not {type(seq_start).__name__}")
-    if not 0 <= seq_start <= _U64_MAX:
-        raise FrameError(f"seq_start {seq_start} not in 0..2**64-1")
-    return agent_raw
-
-
-def encode_frame(
-    *,
-    agent_id: str,
-    boot_id: uuid.UUID,
-    seq_start: int,
-    points: pa.Table,
-    compress: bool = True,
-    zstd_level: int = 3,
-) -> bytes:
-    """Build one frame carrying `points`; seq_end = seq_start + rows - 1.
-
-    `points` is checked by the same rules as decoding and written in canonical form
-    (`POINTS_SCHEMA`: extra columns dropped, dictionaries decoded), so the output is
-    deterministic for given points and always accepted by `decode_frame`. With
-    `compress` the payload is one zstd frame (with content size) at `zstd_level`.
-    Raises FrameError for any input that would make an invalid frame.
-    """
-    agent_raw = _check_encode_identity(agent_id, boot_id, seq_start)
-    if not isinstance(points, pa.Table):
-        raise FrameError(f"points must be a pyarrow.Table, not {type(points).__name__}")
-    with decoder_errors_as_frame_errors("points"):
-        canonical = canonical_points(points)
-        raw = write_ipc_stream(canonical)
-    rows = canonical.num_rows
-    if rows > _U32_MAX:
-        raise FrameError(f"points has {rows} rows (record_count max {_U32_MAX})")
-    seq_end = seq_start + rows - 1
-    if seq_end > _U64_MAX:
-        raise FrameError(f"seq_end {seq_start} + {rows} - 1 overflows u64")
-    with decoder_errors_as_frame_errors("zstd"):
-        payload = zstandard.ZstdCompressor(level=zstd_level).compress(raw) if compress else raw
-    if len(raw) > _U32_MAX or len(payload) > _U32_MAX:
-        raise FrameError(f"payload of {len(raw)} bytes does not fit payload_raw_len (u32)")
-    header = _HEADER.pack(
-        FRAME_MAGIC,
-        FRAME_VERSION,
-        FLAG_ZSTD if compress else 0,
-        len(agent_raw),
-        boot_id.bytes,
-        seq_start,
-        seq_end,
-        rows,
-        len(payload),
-        len(raw),
-    )
-    body = b"".join((header, agent_raw, payload))
-    return body + _CRC.pack(zlib.crc32(body))

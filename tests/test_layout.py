@@ -85,7 +85,6 @@ KNOWN_LONG: set[str] = {
     "chaos.proxy",
     "collector.accept",
     "config.settings",
-    "protocol.frame",
     "protocol.keys",
     "protocol.records",
     "reconciler.audit",

@@ -44,9 +44,8 @@ from protocol.frame import (
     MAX_METRIC_BYTES,
     FrameHeader,
     decode_header,
-    encode_frame,
-    points_table,
 )
+from protocol.frame_encode import encode_frame, points_table
 
 DIGEST_DOMAIN = b"lightmetrics.receiver-points.v1\n"
 TS_NS_MIN = -(2**63)

@@ -9,7 +9,7 @@ import pytest
 
 from agent.producer import BatchProducer
 from agent.spool import Spool
-from protocol.frame import points_table
+from protocol.frame_encode import points_table
 
 
 def make_points(

@@ -17,7 +17,7 @@ import sys
 
 from agent.producer import BatchProducer
 from agent.spool import Spool
-from protocol.frame import points_table
+from protocol.frame_encode import points_table
 
 
 def main() -> None:

@@ -49,7 +49,7 @@ from index.log_writer import IndexLogWriter
 from index.rows import blob_row
 from protocol import keys, records
 from protocol.clock import ManualClock
-from protocol.frame import encode_frame, points_table
+from protocol.frame_encode import encode_frame, points_table
 from reconciler.daemon import Reconciler
 from store.base import SignedDelete
 from store.errors import NotFound, OutcomeUnknown, PreconditionFailed

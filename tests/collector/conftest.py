@@ -36,7 +36,7 @@ from chaos.skewed_collector import SKEW_ENV
 from config import hash_token
 from index.log_reader import read_segment
 from protocol import keys
-from protocol.frame import encode_frame, points_table
+from protocol.frame_encode import encode_frame, points_table
 from store.base import ObjectStore
 from store.errors import NotFound
 

@@ -29,7 +29,8 @@ from collector.intake import HttpLimits
 from collector.readiness import Readiness
 from protocol import keys, records
 from protocol.clock import ManualClock
-from protocol.frame import FrameError, decode_frame, encode_frame, points_table
+from protocol.frame import FrameError, decode_frame
+from protocol.frame_encode import encode_frame, points_table
 from store.memory import MemoryStore
 from tests.collector.conftest import (
     FRAME_TYPE,

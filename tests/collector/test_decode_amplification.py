@@ -22,6 +22,7 @@ from collector.query.window import LiveWindow
 from index.log_writer import IndexLogWriter
 from index.rows import accepted_row
 from protocol import frame as fr
+from protocol import frame_encode as fe
 from protocol.clock import ManualClock
 from protocol.records import AcceptedManifest
 from store.fs import FileSystemStore
@@ -58,10 +59,10 @@ def bomb_frame(rows: int, *, agent_id: str = "agent-bomb", seq_start: int = 0) -
 
 
 def small_frame(seq_start: int, rows: int = 10, agent_id: str = "agent-a") -> bytes:
-    table = fr.points_table(
+    table = fe.points_table(
         [NOW + i for i in range(rows)], ["cpu"] * rows, [1.0] * rows, [{"host": "a"}] * rows
     )
-    return fr.encode_frame(
+    return fe.encode_frame(
         agent_id=agent_id, boot_id=uuid.UUID(int=8), seq_start=seq_start, points=table
     )
 

@@ -29,7 +29,8 @@ from config import Principal, TokenTable, hash_token
 from config.settings import QuerySettings
 from protocol import keys
 from protocol.clock import ManualClock
-from protocol.frame import Frame, decode_frame, encode_frame, points_table
+from protocol.frame import Frame, decode_frame
+from protocol.frame_encode import encode_frame, points_table
 from protocol.records import AcceptedManifest, AuditRecord
 from rollup.table.ledger import LedgerRow
 from rollup.table.manifest import LedgerHour

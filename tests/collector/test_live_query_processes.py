@@ -29,7 +29,7 @@ import pytest
 
 from config import hash_token
 from protocol import keys
-from protocol.frame import encode_frame, points_table
+from protocol.frame_encode import encode_frame, points_table
 from tests.collector.conftest import (
     BOOT,
     CollectorLauncher,

@@ -27,7 +27,7 @@ from collector.receivers.frames import PointRows, content_boot_id
 from collector.receivers.proto.wire_pb2 import WriteRequest
 from config import ReceiverSettings
 from protocol import keys
-from protocol.frame import encode_frame, points_table
+from protocol.frame_encode import encode_frame, points_table
 from tests.collector.conftest import CollectorLauncher, metric_value, post_frame, store_keys
 from tests.collector.inprocess import InProcessCollector
 from tests.collector.receiver_fixtures import (

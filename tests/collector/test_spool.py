@@ -25,7 +25,7 @@ from collector.spool_lander import SpoolLander
 from index.log_writer import IndexLogWriter
 from protocol import keys, records
 from protocol.clock import ManualClock
-from protocol.frame import encode_frame, points_table
+from protocol.frame_encode import encode_frame, points_table
 from store.errors import NotFound, Unavailable
 from store.fs import FileSystemStore
 from store.memory import MemoryStore

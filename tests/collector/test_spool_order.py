@@ -22,7 +22,7 @@ import pytest
 
 from collector.launch import CollectorProcess, start_collector
 from protocol import keys, records
-from protocol.frame import encode_frame, points_table
+from protocol.frame_encode import encode_frame, points_table
 from store.errors import NotFound
 from store.fs import FileSystemStore
 

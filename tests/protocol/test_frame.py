@@ -15,6 +15,7 @@ import pytest
 import zstandard
 
 from protocol import frame as fr
+from protocol import frame_encode as fe
 from tests.protocol import frame_vectors as v
 
 # -- helpers ------------------------------------------------------------------------
@@ -169,12 +170,12 @@ def test_decode_extra_column_is_dropped_and_columns_reordered() -> None:
 def test_encode_reproduces_the_pinned_bytes(
     pinned: str, tbl: Callable[[], pa.Table], seq_start: int
 ) -> None:
-    data = fr.encode_frame(
+    data = fe.encode_frame(
         agent_id="agent-a", boot_id=v.BOOT_ID, seq_start=seq_start, points=tbl(), compress=False
     )
     assert data.hex() == pinned
     # Decoding then re-encoding the canonical points is byte-identical too.
-    again = fr.encode_frame(
+    again = fe.encode_frame(
         agent_id="agent-a",
         boot_id=v.BOOT_ID,
         seq_start=seq_start,
@@ -186,7 +187,7 @@ def test_encode_reproduces_the_pinned_bytes(
 
 def test_encode_canonicalizes_dictionary_and_extra_columns() -> None:
     for source in (v.dictionary_metric_table(), v.extra_column_table()):
-        data = fr.encode_frame(agent_id="a", boot_id=v.BOOT_ID, seq_start=0, points=source)
+        data = fe.encode_frame(agent_id="a", boot_id=v.BOOT_ID, seq_start=0, points=source)
         points = fr.decode_frame(data).points
         assert points.column_names == ["ts", "metric", "value", "labels"]
         assert points.column("metric").to_pylist() == source.column("metric").to_pylist()
@@ -205,7 +206,7 @@ def test_zstd_frame_by_spec() -> None:
 
 
 def test_encode_compressed_round_trip() -> None:
-    data = fr.encode_frame(
+    data = fe.encode_frame(
         agent_id="agent-a", boot_id=v.BOOT_ID, seq_start=5, points=v.labels_table(), zstd_level=9
     )
     header = fr.decode_header(data)
@@ -390,7 +391,7 @@ INVALID_POINTS: list[tuple[str, pa.Table, str]] = [
 def test_invalid_points_are_rejected_by_decode_and_encode(tbl: pa.Table, fragment: str) -> None:
     rejects(frame_of(tbl), fragment)
     with pytest.raises(fr.FrameError) as caught:
-        fr.encode_frame(agent_id="a", boot_id=v.BOOT_ID, seq_start=0, points=tbl)
+        fe.encode_frame(agent_id="a", boot_id=v.BOOT_ID, seq_start=0, points=tbl)
     assert fragment in str(caught.value)
 
 
@@ -522,7 +523,7 @@ def test_entries_under_a_null_labels_row_are_ignored_and_dropped() -> None:
 def test_sliced_input_table_encodes_only_its_rows() -> None:
     sliced = v.labels_table().slice(1, 2)
     got = fr.decode_frame(
-        fr.encode_frame(agent_id="a", boot_id=v.BOOT_ID, seq_start=0, points=sliced)
+        fe.encode_frame(agent_id="a", boot_id=v.BOOT_ID, seq_start=0, points=sliced)
     ).points
     assert labels_of(got) == [None, {}]
 
@@ -605,7 +606,7 @@ def _encode(**overrides: object) -> bytes:
         "points": v.minimal_table(),
     }
     args.update(overrides)
-    return fr.encode_frame(**args)  # type: ignore[arg-type]
+    return fe.encode_frame(**args)  # type: ignore[arg-type]
 
 
 BAD_ENCODE_INPUTS: list[tuple[str, dict[str, object], str]] = [
@@ -644,14 +645,14 @@ def test_encode_at_the_u64_edge() -> None:
 
 
 def test_points_table_builds_the_canonical_table() -> None:
-    built = fr.points_table(
+    built = fe.points_table(
         [v.TS0, v.TS0 + 1, v.TS0 - 5],
         ["cpu.usage", "mem.free", "cpu.usage"],
         [1.25, math.nan, -math.inf],
         v.LABELS_ROWS,
     )
     assert built.schema.equals(fr.POINTS_SCHEMA)
-    data = fr.encode_frame(
+    data = fe.encode_frame(
         agent_id="agent-a", boot_id=v.BOOT_ID, seq_start=v.U64_MAX - 2, points=built, compress=False
     )
     assert data.hex() == v.LABELS_HEX
@@ -669,5 +670,5 @@ def test_points_table_builds_the_canonical_table() -> None:
 )
 def test_points_table_errors(args: tuple[list[object], ...], fragment: str) -> None:
     with pytest.raises(fr.FrameError) as caught:
-        fr.points_table(*args)  # type: ignore[arg-type]
+        fe.points_table(*args)  # type: ignore[arg-type]
     assert fragment in str(caught.value)

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protocol import frame as fr
+from protocol import frame_encode as fe
 from tests.protocol import frame_vectors as v
 
 U64_MAX = 2**64 - 1
@@ -63,8 +64,8 @@ def frames(draw: st.DrawFn) -> tuple[bytes, dict[str, Any]]:
         "rows": rows,
         "compress": draw(st.booleans()),
     }
-    points = fr.points_table(*(list(column) for column in zip(*rows, strict=True)))
-    data = fr.encode_frame(
+    points = fe.points_table(*(list(column) for column in zip(*rows, strict=True)))
+    data = fe.encode_frame(
         agent_id=inputs["agent_id"],
         boot_id=inputs["boot_id"],
         seq_start=seq_start,
@@ -109,7 +110,7 @@ def test_round_trip(case: tuple[bytes, dict[str, Any]]) -> None:
         got.boot_id,
         got.seq_end,
     )
-    again = fr.encode_frame(
+    again = fe.encode_frame(
         agent_id=got.agent_id,
         boot_id=got.boot_id,
         seq_start=got.seq_start,
@@ -153,7 +154,7 @@ def test_any_extension_is_refused(case: tuple[bytes, dict[str, Any]], extra: byt
 def test_every_single_byte_change_of_a_golden_frame_is_refused(name: str, compress: bool) -> None:
     """Exhaustive: every position, every other byte value (~250k decodes, well under 2 s)."""
     golden = fr.decode_frame(bytes.fromhex(getattr(v, name)))
-    good = fr.encode_frame(
+    good = fe.encode_frame(
         agent_id=golden.agent_id,
         boot_id=golden.boot_id,
         seq_start=golden.seq_start,
@@ -241,12 +242,12 @@ def test_nan_and_infinities_keep_their_bits() -> None:
         -0.0,
         struct.unpack(">d", b"\x7f\xf0" + b"\0" * 5 + b"\x01")[0],
     ]
-    points = fr.points_table(
+    points = fe.points_table(
         [0] * len(specials), ["m"] * len(specials), specials, [None] * len(specials)
     )
     for compress in (False, True):
         got = fr.decode_frame(
-            fr.encode_frame(
+            fe.encode_frame(
                 agent_id="a", boot_id=uuid.uuid4(), seq_start=0, points=points, compress=compress
             )
         )

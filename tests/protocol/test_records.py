@@ -10,7 +10,8 @@ import pyarrow as pa
 import pytest
 
 from protocol import keys, records
-from protocol.frame import POINTS_SCHEMA, FrameError, encode_frame
+from protocol.frame import POINTS_SCHEMA, FrameError
+from protocol.frame_encode import encode_frame
 
 SHA = "ab" * 32
 BOOT = "5f0c7a3e-1d2b-4c3a-9e8f-0123456789ab"

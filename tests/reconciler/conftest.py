@@ -31,7 +31,7 @@ from index.log_writer import IndexLogWriter
 from index.rows import IndexRow, accepted_row, blob_row, quarantine_row
 from protocol import keys
 from protocol.clock import Clock, ManualClock
-from protocol.frame import encode_frame, points_table
+from protocol.frame_encode import encode_frame, points_table
 from protocol.records import AcceptedManifest, AuditRecord, IdentityConflict
 from reconciler.context import ReconcilerContext, open_context
 from reconciler.metrics import ReconcilerMetrics

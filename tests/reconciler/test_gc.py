@@ -20,7 +20,8 @@ from config import GcSettings, ReconcilerSettings, Settings
 from index.log_writer import IndexLogWriter
 from protocol import keys, records
 from protocol.clock import ManualClock, SystemClock
-from protocol.frame import decode_header, encode_frame, points_table
+from protocol.frame import decode_header
+from protocol.frame_encode import encode_frame, points_table
 from reconciler.audit import run_full_audit
 from reconciler.context import Fence, ReconcilerContext, open_context
 from reconciler.daemon import Reconciler

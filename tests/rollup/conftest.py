@@ -24,7 +24,8 @@ import pytest
 
 from config.settings import RollupSettings
 from protocol import keys
-from protocol.frame import decode_frame, encode_frame, points_table
+from protocol.frame import decode_frame
+from protocol.frame_encode import encode_frame, points_table
 from protocol.records import AcceptedManifest
 from rollup.job.run import RunHooks, RunSummary, run_rollup
 from rollup.read.reader import scan
