@@ -231,7 +231,7 @@ def test_extensions_load_from_the_wheels_with_no_network(fs_dataset: Built) -> N
     missing or downloaded extension."""
     script = (
         "import sys\n"
-        "from rollup import sql\n"
+        "from rollup.read import sql\n"
         "from rollup.__main__ import main\n"
         f"code = main(['--config', {str(fs_dataset.config)!r}, 'sql', "
         '"SELECT extension_name FROM duckdb_extensions() WHERE loaded AND extension_name '
