@@ -47,7 +47,7 @@ from prometheus_client import start_http_server
 from pydantic import BaseModel
 from tqdm import tqdm  # type: ignore[import-untyped]  # no stubs installed
 
-from config import S3Location, Settings, SettingsError, configure_logging
+from config import Settings, SettingsError, configure_logging
 from config.cli import add_settings_flags, settings_from_flags
 from protocol.clock import SystemClock
 from protocol.records import RecordError
@@ -59,7 +59,7 @@ from store.open import open_store_from_settings
 from .audit import AuditProgress
 from .daemon import PassReport, Reconciler, Stopped
 from .gc import GcRefused
-from .inventory import InventoryError, InventorySource
+from .inventory import InventoryError, inventory_from_settings
 from .problems import ADVICE, list_problems
 from .retractions import RetractRefused, operator_name, retract
 from .status import gather_status
@@ -151,7 +151,7 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _leased_command(store: ObjectStore, settings: Settings, args: argparse.Namespace) -> int:
     try:
-        inventory = _inventory(settings, getattr(args, "inventory", None))
+        inventory = inventory_from_settings(settings, getattr(args, "inventory", None))
     except InventoryError as exc:
         print(f"lm-reconciler: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -164,6 +164,8 @@ async def _leased_command(store: ObjectStore, settings: Settings, args: argparse
         rng=random.Random(),
         inventory=inventory,
         audit_progress=progress.update,
+        # The daemon audits in a child process: a core and a GIL beside the steady pass.
+        audit_in_child=args.command == "run" and not args.once,
     )
     grace_s = min(10.0, settings.reconciler.lease_ttl_s / 2)
     _on_signals(lambda: reconciler.stop(grace_s))
@@ -257,24 +259,6 @@ def _print_pass(report: PassReport) -> int:
         doc["gc"] = _plain(report.gc)
     print(_json(doc))
     return EXIT_OK if report.complete else EXIT_FAILED
-
-
-def _inventory(settings: Settings, url: str | None) -> InventorySource | None:
-    url = url or settings.reconciler.inventory_url
-    if url is None:
-        return None
-    location = settings.store.location
-    prefix, bucket = "", None
-    if isinstance(location, S3Location):
-        prefix = f"{location.prefix}/" if location.prefix else ""
-        bucket = location.bucket
-    return InventorySource.from_url(
-        url,
-        source_prefix=prefix,
-        source_bucket=bucket,
-        endpoint_url=settings.store.endpoint_url,
-        region=settings.store.region,
-    )
 
 
 def _on_signals(stop: Callable[[], Coroutine[Any, Any, None]]) -> None:

@@ -9,7 +9,9 @@ dying. The active instance loops, every ``loop_interval_s``:
 2. a full audit (`reconciler.audit`) when one is due: no audit of the index has completed
    within ``max_audit_interval_s`` (so the first run ever always audits, and so does the
    first run on a version-1 store: that audit is its migration), or one is still running
-   (it is resumed);
+   (it is resumed). `run` starts it beside the loop (`reconciler.audit_schedule`: in a
+   child process with ``audit_in_child``, as ``lm-reconciler run`` does), `run_once`
+   awaits it;
 3. catalog compaction (`reconciler.compaction`) of the hours written to;
 4. the GC (``reconciler.gc.run.run_gc``) when ``gc.enabled``, at most once per
    ``max(loop_interval_s, gc.mark_grace_s)``; with the GC disabled, only its resolution
@@ -100,9 +102,12 @@ class Reconciler:
         inventory: InventorySource | None = None,
         audit_progress: ProgressCallback | None = None,
         gc_store: ObjectStore | None = None,
+        audit_in_child: bool = False,
     ) -> None:
         """``gc_store``: the GC role's store (`ReconcilerContext.gc_store`); by default
-        opened from ``store.gc_credentials_profile`` for each GC run."""
+        opened from ``store.gc_credentials_profile`` for each GC run. ``audit_in_child``:
+        `run` audits in a child process (`AuditSchedule`; ``store`` must then be the store
+        ``settings.store`` opens)."""
         self._store = store
         self._gc_store = gc_store
         self._settings = settings
@@ -124,7 +129,11 @@ class Reconciler:
         self._etags_attest: bool | None = None
         self._last_log_sweep: float | None = None
         self.audits = AuditSchedule(
-            settings=settings, metrics=self.metrics, progress=audit_progress, inventory=inventory
+            settings=settings,
+            metrics=self.metrics,
+            progress=audit_progress,
+            inventory=inventory,
+            in_child=audit_in_child,
         )
 
     @property

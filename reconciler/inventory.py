@@ -37,6 +37,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from config import S3Location, Settings
 from store.base import ObjectStore
 from store.errors import NotFound
 
@@ -285,3 +286,23 @@ def _to_ns(value: Any) -> int | None:
             value = value.replace(tzinfo=UTC)
         return int(value.timestamp() * 1000) * 1_000_000
     return int(value) * 1_000_000  # TIMESTAMP_MILLIS stored as a plain int64
+
+
+def inventory_from_settings(settings: Settings, url: str | None = None) -> InventorySource | None:
+    """The inventory at ``url``, else at ``reconciler.inventory_url``; None without one.
+    Raises `InventoryError` for a location it cannot read."""
+    url = url or settings.reconciler.inventory_url
+    if url is None:
+        return None
+    location = settings.store.location
+    prefix, bucket = "", None
+    if isinstance(location, S3Location):
+        prefix = f"{location.prefix}/" if location.prefix else ""
+        bucket = location.bucket
+    return InventorySource.from_url(
+        url,
+        source_prefix=prefix,
+        source_bucket=bucket,
+        endpoint_url=settings.store.endpoint_url,
+        region=settings.store.region,
+    )
