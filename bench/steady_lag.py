@@ -59,6 +59,7 @@ from bench.steady_lag_report import catalog_check, render
 from bench.steady_lag_watch import (
     Ledger,
     audits_in,
+    children_cpu_seconds,
     daemon_events,
     gauge,
     read_checkpoint_file,
@@ -84,9 +85,11 @@ class Sample:
     written: int  # segments written so far
     audit: str | None  # the newest audit's status
     reconciler_cores: float
+    audit_worker_cores: float  # the daemon's child processes (its audit worker)
     writer_cores: float
     others_cores: float
     reconciler_rss_mib: float
+    audit_worker_rss_mib: float
 
 
 @dataclass
@@ -99,6 +102,10 @@ class Run:
     writer_cpu_s: float = 0.0
     reconciler_cpu_s: float = 0.0
     reconciler_peak_rss_mib: float = 0.0
+    audit_worker_cpu_s: float = 0.0
+    """The daemon's audit workers, up to the last sample."""
+    audit_worker_peak_rss_mib: float = 0.0
+    """The highest sampled resident set of the daemon's audit worker."""
     audits: list[dict[str, Any]] = field(default_factory=list)
     catch_up_s: float = 0.0
     never_consumed: int = 0
@@ -211,6 +218,7 @@ async def sample_until_caught_up(
     writer_pids = [w.pid for w in writers]
     last = {"reconciler": 0.0, "writers": 0.0, "machine": c.busy_cpu_seconds(), "t": started}
     last["reconciler"] = c.cpu_seconds(reconciler.pid)
+    last["worker"] = children_cpu_seconds(reconciler.pid)[0]
     last["writers"] = sum(c.cpu_seconds(pid) for pid in writer_pids)
     writer_cpu_done = 0.0
     running = list(writers)
@@ -233,6 +241,7 @@ async def sample_until_caught_up(
             lag, lag_written = ledger.lag(time.time_ns())
             audit = await latest_audit(store, catalog_only=True)
             rec = c.cpu_seconds(reconciler.pid)
+            worker, worker_rss = children_cpu_seconds(reconciler.pid)
             wri = writer_cpu_done + sum(c.cpu_seconds(p.pid) for p in running)
             machine = c.busy_cpu_seconds()
             dt = now - last["t"]
@@ -248,25 +257,33 @@ async def sample_until_caught_up(
                 written=len(ledger.written),
                 audit=audit.status if audit else None,
                 reconciler_cores=round((rec - last["reconciler"]) / dt, 2),
+                audit_worker_cores=round((worker - last["worker"]) / dt, 2),
                 writer_cores=round((wri - last["writers"]) / dt, 2),
                 others_cores=round(
                     max(
                         0.0,
                         (machine - last["machine"])
                         - (rec - last["reconciler"])
+                        - (worker - last["worker"])
                         - (wri - last["writers"]),
                     )
                     / dt,
                     2,
                 ),
                 reconciler_rss_mib=round(c.rss_bytes(reconciler.pid) / c.MiB, 1),
+                audit_worker_rss_mib=round(worker_rss / c.MiB, 1),
             )
             run.samples.append(sample)
-            last.update(reconciler=rec, writers=wri, machine=machine, t=now)
+            run.audit_worker_cpu_s = worker
+            run.audit_worker_peak_rss_mib = max(
+                run.audit_worker_peak_rss_mib, sample.audit_worker_rss_mib
+            )
+            last.update(reconciler=rec, worker=worker, writers=wri, machine=machine, t=now)
             print(
                 f"t={sample.t_s:6.1f}s lag {sample.lag_s:5.1f}s (written {sample.lag_written_s:5.1f}s,"
                 f" gauge {sample.gauge_s}) waiting {sample.waiting:4d}/{sample.written} "
                 f"audit {sample.audit} cores rec {sample.reconciler_cores} "
+                f"audit worker {sample.audit_worker_cores} "
                 f"writers {sample.writer_cores} others {sample.others_cores} "
                 f"rss {sample.reconciler_rss_mib} MiB",
                 flush=True,

@@ -93,6 +93,8 @@ def render(run: Run) -> tuple[str, dict[str, Any]]:
         f"- daemon CPU {run.reconciler_cpu_s:.1f} s over its life = "
         f"{run.reconciler_cpu_s / batches * 1e6 if batches else 0:.0f} us per batch (audits "
         f"and the first pass included); peak RSS {run.reconciler_peak_rss_mib:.0f} MiB; "
+        f"plus its audit worker processes {run.audit_worker_cpu_s:.1f} s (up to the last "
+        f"sample; peak sampled RSS {run.audit_worker_peak_rss_mib:.0f} MiB); "
         f"writers CPU {run.writer_cpu_s:.1f} s",
         f"- catalog: {run.catalog.get('files')} files, {run.catalog.get('rows')} rows, "
         f"{cataloged} distinct accepted keys of {expected} batches written — "
@@ -107,8 +109,9 @@ def render(run: Run) -> tuple[str, dict[str, Any]]:
         + "; ".join(f"t={t:g} s {event} ({detail})" for t, event, detail in run.events),
         "",
         "| t s | lag s | since written s | gauge s | checkpoint age s | waiting / written "
-        "segments | audit | daemon cores | writer cores | others cores | daemon RSS MiB |",
-        "|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|",
+        "segments | audit | daemon cores | audit worker cores | writer cores | others cores "
+        "| daemon RSS MiB | audit worker RSS MiB |",
+        "|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     step = max(1, round(10 / max(0.5, float(args["sample_s"]))))
     for i, s in enumerate(run.samples):
@@ -118,7 +121,8 @@ def render(run: Run) -> tuple[str, dict[str, Any]]:
             f"| {s.t_s:.0f} | {s.lag_s:.1f} | {s.lag_written_s:.1f} | {_round(s.gauge_s)} "
             f"| {s.checkpoint_age_s} "
             f"| {s.waiting} / {s.written} | {s.audit} | {s.reconciler_cores:.2f} "
-            f"| {s.writer_cores:.2f} | {s.others_cores:.2f} | {s.reconciler_rss_mib:.0f} |"
+            f"| {s.audit_worker_cores:.2f} | {s.writer_cores:.2f} | {s.others_cores:.2f} "
+            f"| {s.reconciler_rss_mib:.0f} | {s.audit_worker_rss_mib:.0f} |"
         )
     summary = {
         **{k: v for k, v in dataclasses.asdict(run).items() if k != "samples"},

@@ -74,7 +74,45 @@ async def gauge(http: aiohttp.ClientSession, url: str) -> float | None:
     return snapshot.value("lm_reconciler_log_lag_seconds")
 
 
-EVENTS = ("audit_started", "audit_finished", "catalog_compacted", "reconciler_stage_failed")
+EVENTS = (
+    "audit_started",
+    "audit_finished",
+    "audit_worker_started",
+    "audit_worker_exited",
+    "catalog_compacted",
+    "reconciler_stage_failed",
+)
+
+
+def child_pids(pid: int) -> list[int]:
+    """The live children of ``pid`` (the daemon's audit worker), from /proc."""
+    found: list[int] = []
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            found += [int(p) for p in (task / "children").read_text().split()]
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return found
+
+
+def children_cpu_seconds(pid: int) -> tuple[float, float]:
+    """(CPU seconds, RSS bytes) of ``pid``'s children: the reaped ones (``cutime`` +
+    ``cstime`` of ``pid``) plus the live ones (their utime + stime), and the live ones'
+    resident set now."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0, 0.0
+    fields = stat[stat.rindex(")") + 2 :].split()
+    cpu = (int(fields[13]) + int(fields[14])) / c.CLOCK_TICKS  # fields 16, 17: cutime, cstime
+    rss = 0.0
+    for child in child_pids(pid):
+        try:
+            cpu += c.cpu_seconds(child)
+            rss += c.rss_bytes(child)
+        except (FileNotFoundError, ProcessLookupError, KeyError):
+            continue
+    return cpu, rss
 
 
 def daemon_events(log: Path, started_unix: float) -> list[tuple[float, str, str]]:
