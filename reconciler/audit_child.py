@@ -89,12 +89,13 @@ class AuditChild:
             code = await process.wait()
         finally:
             renewals.cancel()
-            for task in list(self._writes):
-                task.cancel()
             if process.returncode is None:
                 self._signal(signal.SIGKILL)
-                with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.shield(process.wait())
+            # Reap it; and let a catalog create already under way finish with its
+            # catalog-created entry (bounded by the writer's retries), never half made.
+            waits = [process.wait(), *self._writes]
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(asyncio.gather(*waits, return_exceptions=True))
             ctx.metrics.audit_running.set(0)
         ctx.log.info("audit_worker_exited", pid=process.pid, code=code)
         if "result" in outcome:

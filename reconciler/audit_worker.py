@@ -19,6 +19,11 @@ the daemon's own `CatalogWriter` (`RemoteCatalogWriter` sends the encoded file),
 name of the epoch still comes from one sequence, in creation order, and the position the
 audit records at its start (for the GC's rule 2) covers the steady pass's files too.
 
+It runs at a lower CPU priority (`NICENESS`): on a busy host the scheduler gives the
+steady pass (and everything else) the CPU first, and the audit what is left; it is the
+one piece of work that may take long (it still completes at least every
+``max_audit_interval_s`` unless the host has no spare CPU at all).
+
 It ends when the daemon says so (SIGTERM: the audit finishes the item in hand and saves
 its progress; the daemon SIGKILLs it after a grace), and by itself when its standard
 input closes (the daemon is gone) or the daemon stops sending lease expiries: an audit
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import random
@@ -64,6 +70,9 @@ from .inventory import inventory_from_settings
 from .metrics import ReconcilerMetrics
 
 HOLD_ENV = "LM_AUDIT_WORKER_HOLD"
+NICENESS = 10
+"""Added to the worker's nice value at its start (Linux: about a tenth of the CPU share of
+a nice-0 process that wants the same core)."""
 EXIT_OK, EXIT_FAILED, EXIT_ORPHANED = 0, 1, 3
 log = structlog.get_logger("reconciler.audit_worker")
 
@@ -209,6 +218,8 @@ async def _hold_if_asked() -> None:
 
 
 async def _main() -> int:
+    with contextlib.suppress(OSError):
+        os.nice(NICENESS)
     reader = await _stdin_reader()
     start = json.loads(await reader.readline() or b"null")
     if not isinstance(start, dict):

@@ -21,11 +21,15 @@ import pytest
 
 from config import Settings
 from protocol import keys
-from protocol.clock import SystemClock
+from protocol.clock import ManualClock, SystemClock
 from reconciler.audit_records import latest_audit, latest_completed_audit
-from reconciler.audit_worker import HOLD_ENV
+from reconciler.audit_worker import HOLD_ENV, NICENESS, BorrowedFence
+from reconciler.context import Fence
 from reconciler.daemon import Reconciler
 from store.fs import FileSystemStore
+from store.lease import LeaseLost
+from store.memory import MemoryStore
+from store.time import store_clock
 from tests.reconciler.conftest import (
     Batch,
     catalog_keys,
@@ -74,6 +78,10 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def niceness(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+
 def release(fifo: Path) -> None:
     """Let a held worker go on (opening for writing completes its open; closing, its read)."""
     fd = os.open(fifo, os.O_WRONLY)
@@ -111,6 +119,7 @@ async def test_the_steady_pass_catalogs_while_the_audit_runs_in_a_child_process(
         await until(audit_held, "the audit's child started its audit")
         pid = reconciler.audits.child_pid
         assert pid is not None and pid != os.getpid() and alive(pid)
+        assert niceness(pid) == min(19, os.nice(0) + NICENESS)  # the steady pass goes first
         # A collector logs new batches while the child's audit is held mid-way.
         logged = batches_now(store_dir, agents=4, first_agent=10)
         await log_rows(store, SystemClock(), logged)
@@ -240,3 +249,32 @@ def test_the_child_exits_when_the_daemon_dies(tmp_path: Path, hold: Path) -> Non
         if daemon.poll() is None:
             daemon.kill()
             daemon.wait()
+
+
+async def test_the_workers_fence_holds_only_while_the_daemon_reports_its_lease(
+    memory_store: MemoryStore, clock: ManualClock
+) -> None:
+    """The worker takes no lease: its fence is the daemon's lease as last reported, so a
+    daemon that stops reporting (hung, partitioned, gone) stops its audit within the
+    lease's TTL, before a successor could take the lease over."""
+    ttl_s = 30.0
+    fence = await Fence.acquire(
+        memory_store, owner="daemon", ttl_s=ttl_s, clock=clock, rng=random.Random(1)
+    )
+    borrowed = BorrowedFence(
+        store=memory_store, clock=store_clock(memory_store, clock), lease=fence.lease, ttl_s=ttl_s
+    )
+    await borrowed.check()
+    clock.advance(ttl_s - borrowed.margin_s - 1)
+    await borrowed.check()  # still ahead of the margin
+    borrowed.extend(clock.now_ns() + int(ttl_s * 1e9))  # the daemon renewed and said so
+    clock.advance(ttl_s - borrowed.margin_s - 1)
+    await borrowed.check()
+    clock.advance(2)  # no report since: within the margin of the last expiry heard of
+    with pytest.raises(LeaseLost):
+        await borrowed.check()
+    borrowed.extend(clock.now_ns() + int(ttl_s * 1e9))  # lost stays lost
+    with pytest.raises(LeaseLost):
+        await borrowed.check()
+    assert borrowed.epoch == fence.epoch
+    assert (await memory_store.get(keys.RECONCILER_LEASE_KEY))[1] == fence.lease.etag
