@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -69,7 +69,6 @@ from protocol.frame import FrameError, frame_time_range
 from store.base import ObjectStore
 from store.errors import (
     ConditionConflict,
-    NotFound,
     OutcomeUnknown,
     PreconditionFailed,
     Unavailable,
@@ -78,6 +77,7 @@ from store.retry import Backoff
 from store.time import StoreClock
 
 from .blob_survival import keep_existing_blob
+from .manifest_reads import StoredManifest, manifest_if_readable, read_manifest
 from .quarantine import quarantine_conflict
 from .store_calls import BudgetedRequest, BudgetExhausted, Created, StoreOpObserver
 
@@ -100,15 +100,6 @@ class FrameIdentity(Protocol):
     def seq_end(self) -> int: ...
     @property
     def record_count(self) -> int: ...
-
-
-@dataclass(frozen=True, slots=True)
-class _StoredManifest:
-    """A manifest this request read: its record, where it is stored, and its ETag."""
-
-    manifest: records.AcceptedManifest
-    key: str
-    etag: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,14 +223,14 @@ class BatchAcceptor:
         )
         try:
             if resend:
-                stored = await self._manifest_if_readable(request, identity)
+                stored = await manifest_if_readable(request, self._store, identity)
                 if stored is not None:
                     return await self._settle_from_manifest(
                         request, stored, frame, frame_sha256, ts_range
                     )
             created = await self._put_raw_blob(request, frame, frame_sha256)
             if created is Created.EXISTED and not resend:
-                stored = await self._manifest_if_readable(request, identity)
+                stored = await manifest_if_readable(request, self._store, identity)
                 if stored is not None:
                     return await self._settle_from_manifest(
                         request, stored, frame, frame_sha256, ts_range, created=created
@@ -264,26 +255,10 @@ class BatchAcceptor:
 
     # --- the manifest first (a re-send, or a blob that was already stored) ------------------
 
-    async def _manifest_if_readable(
-        self, request: BudgetedRequest, identity: keys.BatchIdentity
-    ) -> _StoredManifest | None:
-        """One GET of the accepted manifest; None when absent or unanswered (the normal
-        steps then decide the same way)."""
-        key = keys.accepted_manifest_key(identity)
-        try:
-            body, etag = await request.call("get_manifest", key, lambda: self._store.get(key))
-        except (NotFound, Unavailable, ConditionConflict):
-            return None
-        try:
-            return _StoredManifest(records.AcceptedManifest.from_json(body), key, etag)
-        except records.RecordError as exc:
-            log.error("accepted_manifest_unreadable", key=key, error=str(exc))
-            raise BudgetExhausted from None
-
     async def _settle_from_manifest(
         self,
         request: BudgetedRequest,
-        stored: _StoredManifest,
+        stored: StoredManifest,
         frame: bytes,
         sha: str,
         ts_range: tuple[int, int] | None,
@@ -349,7 +324,7 @@ class BatchAcceptor:
         if legacy_key is not None:
             # PROTOCOL §3: a store written before the segment rule may hold this batch
             # under the long form; finding it there counts as a 412 on the h- key.
-            legacy = await self._read_manifest(request, legacy_key, delays, absent_ok=True)
+            legacy = await read_manifest(request, self._store, legacy_key, delays, absent_ok=True)
             if legacy is not None:
                 stored = legacy[1]
                 if stored.manifest.frame_sha256 == sha:
@@ -365,7 +340,7 @@ class BatchAcceptor:
                     "put_manifest", key, lambda: self._store.put(key, body, if_none_match=True)
                 )
             except PreconditionFailed:
-                existing = await self._read_manifest(request, key, delays)
+                existing = await read_manifest(request, self._store, key, delays)
                 if existing is None:
                     continue  # 412 then 404 cannot happen on a sound store; ask again
                 stored_body, stored = existing
@@ -389,34 +364,7 @@ class BatchAcceptor:
             )
             return Accepted(manifest, duplicate=False, store_ops=request.ops)
 
-    async def _read_manifest(
-        self,
-        request: BudgetedRequest,
-        key: str,
-        delays: Iterator[float],
-        *,
-        absent_ok: bool = False,
-    ) -> tuple[bytes, _StoredManifest] | None:
-        """The manifest at ``key``; ``None`` when absent (after a pause unless
-        ``absent_ok``: a 412 then 404 is worth a moment before asking again)."""
-        while True:
-            try:
-                body, etag = await request.call("get_manifest", key, lambda: self._store.get(key))
-            except NotFound:
-                if not absent_ok:
-                    await request.pause(delays)
-                return None
-            except (Unavailable, ConditionConflict):
-                await request.pause(delays)  # safe to repeat: a read
-                continue
-            try:
-                return body, _StoredManifest(records.AcceptedManifest.from_json(body), key, etag)
-            except records.RecordError as exc:
-                # A corrupt acceptance record must not be answered as anything: alert and 503.
-                log.error("accepted_manifest_unreadable", key=key, error=str(exc))
-                raise BudgetExhausted from None
-
-    def _index_read(self, stored: _StoredManifest, ts_range: tuple[int, int] | None) -> None:
+    def _index_read(self, stored: StoredManifest, ts_range: tuple[int, int] | None) -> None:
         """The ``accepted`` row of a manifest this request read (not its own create): the
         reconciler reads it back once (PROTOCOL §3.7). ``ts_range`` is the submitted
         frame's, which has the manifest's hash (the same bytes)."""

@@ -83,7 +83,6 @@ KNOWN_LONG: set[str] = {
     "bench.rollup",
     "chaos.cluster",
     "chaos.proxy",
-    "collector.accept",
     "config.settings",
     "protocol.keys",
     "protocol.records",
