@@ -1,4 +1,4 @@
-"""The README's Spark form of the audit's joins runs as written, on local Spark, over real
+"""The Spark form (docs/scaling.md) of the audit's joins runs as written, on local Spark, over real
 catalog files and an S3-Inventory-shaped Parquet listing, and finds exactly the records
 the catalog lacks, the old unreferenced blobs and the referenced hashes with no blob."""
 
@@ -18,7 +18,7 @@ from index.rows import IndexRow, accepted_row, encode, quarantine_row
 from protocol import keys
 from protocol.records import AcceptedManifest, IdentityConflict
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "scaling.md"
 PREFIX = "lm/"
 NOW = datetime.datetime(2026, 11, 23, 12, tzinfo=datetime.UTC)
 HOUR = keys.UtcHour.from_unix_ns(int(NOW.timestamp()) * keys.NS_PER_S)

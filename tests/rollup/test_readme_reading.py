@@ -1,4 +1,4 @@
-"""The README's "Reading the data" examples run as written (DuckDB over the published
+"""The "Reading the data" examples (docs/reading.md) run as written (DuckDB over the published
 Iceberg table, pyiceberg with time travel, Spark over the snapshot's file list, and the
 ``lm-rollup sql`` commands) and agree with ``lm-rollup query``."""
 
@@ -17,13 +17,11 @@ from rollup.__main__ import main
 from rollup.iceberg.publish import table_url
 from tests.rollup.test_iceberg import Dataset, canonical
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "reading.md"
 
 
 def section() -> str:
-    text = README.read_text()
-    start = text.index("## Reading the data")
-    return text[start : text.index("\n## ", start + 1)]
+    return README.read_text()
 
 
 def snippet(defines: str) -> dict[str, Any]:
