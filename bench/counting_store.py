@@ -71,6 +71,11 @@ class CountingStore:
                 self._count("list", prefix)  # the next page
             yield info
 
+    async def common_prefixes(self, prefix: str) -> AsyncIterator[str]:
+        self._count("list", prefix)
+        async for folder in self.inner.common_prefixes(prefix):
+            yield folder
+
     async def delete(self, key: str) -> None:
         self._count("delete", key)
         await self.inner.delete(key)

@@ -130,6 +130,15 @@ class FaultyStore:
         async for info in self.inner.list(prefix, start_after):
             yield info
 
+    async def common_prefixes(self, prefix: str) -> AsyncIterator[str]:
+        self.calls["list"] += 1
+        fault = self._pick("list", prefix)
+        if fault is not None:
+            self.injected[("list", fault)] += 1
+            raise Unavailable("list", prefix, f"injected {fault.value}")
+        async for folder in self.inner.common_prefixes(prefix):
+            yield folder
+
     async def delete(self, key: str) -> None:
         await self._run("delete", key, lambda: self.inner.delete(key))
 

@@ -83,6 +83,9 @@ class WatchedStore:
     def list(self, prefix: str, start_after: str | None = None) -> AsyncIterator[ObjectInfo]:
         return self.inner.list(prefix, start_after)
 
+    def common_prefixes(self, prefix: str) -> AsyncIterator[str]:
+        return self.inner.common_prefixes(prefix)
+
     async def delete(self, key: str) -> None:
         await self._check_delete(key)
         await self.inner.delete(key)

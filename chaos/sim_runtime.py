@@ -239,6 +239,11 @@ class DelayedStore:
         async for info in self.inner.list(prefix, start_after):
             yield info
 
+    async def common_prefixes(self, prefix: str) -> AsyncIterator[str]:
+        await asyncio.sleep(self._rng.uniform(0.0, self._max))
+        async for folder in self.inner.common_prefixes(prefix):
+            yield folder
+
     async def delete(self, key: str) -> None:
         await self._landing(lambda: self.inner.delete(key), op="delete", key=key)
 
@@ -295,6 +300,9 @@ class S3LikeRetries:
         # surfaces, as it does when every attempt at a page fails.
         async for info in self.inner.list(prefix, start_after):
             yield info
+
+    def common_prefixes(self, prefix: str) -> AsyncIterator[str]:
+        return self.inner.common_prefixes(prefix)
 
     async def delete(self, key: str) -> None:
         await self._retrying(lambda: self.inner.delete(key), repeat_unknown=False)

@@ -20,6 +20,11 @@ Contract, shared by every implementation and checked by ``tests/store/test_contr
 - ``list(prefix, start_after=None)``: async iterator of `ObjectInfo` for every key that
   starts with ``prefix`` and sorts after ``start_after``, in S3 order (bytewise order of
   the UTF-8 encoding of the whole key). Pages are fetched lazily; memory stays bounded.
+- ``common_prefixes(prefix)``: async iterator, in S3 order, of the distinct "folders"
+  directly under ``prefix``: for every key ``prefix + rest`` whose ``rest`` holds a
+  ``/``, ``prefix + rest[: rest.index("/") + 1]`` once (S3's ListObjectsV2 with
+  ``Delimiter="/"``, its ``CommonPrefixes``). Keys with no ``/`` after ``prefix`` are
+  not reported. Paginated like ``list``; memory stays bounded.
 - ``delete(key)``: removes the object; deleting an absent key is not an error (as in S3).
 - ``sign_delete(key, *, expires_in_s) -> SignedDelete`` and
   ``send_signed_delete(request)``: a DELETE that cannot land late (PROTOCOL §3.5 rule 6).
@@ -96,6 +101,8 @@ class ObjectStore(Protocol):
     ) -> str: ...
 
     def list(self, prefix: str, start_after: str | None = None) -> AsyncIterator[ObjectInfo]: ...
+
+    def common_prefixes(self, prefix: str) -> AsyncIterator[str]: ...
 
     async def delete(self, key: str) -> None: ...
 

@@ -337,6 +337,41 @@ class FileSystemStore:
             if done:
                 return
 
+    async def common_prefixes(self, prefix: str) -> AsyncIterator[str]:
+        """The subdirectories under ``prefix`` that hold at least one file (a directory
+        left empty by a racing delete is no folder: S3 has no empty folders)."""
+        folders = await asyncio.to_thread(self._folders, prefix)
+        for folder in folders:
+            yield folder
+
+    def _folders(self, prefix: str) -> builtins.list[str]:
+        dir_part, _, name_prefix = prefix.rpartition("/")
+        segments = dir_part.split("/") if dir_part else []
+        if "\x00" in prefix or any(s in ("", ".", "..") for s in segments):
+            return []
+        if (segments and segments[0] == _RESERVED) or any(
+            len(s.encode("utf-8")) > _NAME_MAX for s in segments
+        ):
+            return []
+        found = []
+        try:
+            with os.scandir(os.path.join(self._root, dir_part)) as scan:
+                for entry in scan:
+                    try:
+                        name = entry.name.encode("utf-8")
+                    except UnicodeEncodeError:
+                        continue  # not UTF-8: cannot be a key
+                    if not name.startswith(name_prefix.encode("utf-8")):
+                        continue
+                    if not dir_part and entry.name == _RESERVED:
+                        continue
+                    if entry.is_dir(follow_symlinks=False) and _holds_a_file(entry.path):
+                        found.append(name + b"/")
+        except _GONE:
+            return []
+        base = (dir_part + "/").encode("utf-8") if dir_part else b""
+        return [(base + name).decode("utf-8") for name in sorted(found)]
+
     def _walk_prefix(self, prefix: str, start_after: str | None) -> Iterator[tuple[str, str]]:
         """(path, key) of every file whose key starts with ``prefix``, after ``start_after``."""
         dir_part, _, name_prefix = prefix.rpartition("/")
@@ -412,6 +447,20 @@ def _read(op: str, key: str, path: str) -> tuple[bytes, ObjectInfo]:
     except OSError as exc:
         raise Unavailable(op, key, str(exc)) from exc
     return body, ObjectInfo(key, len(body), body_etag(body), mtime_ns)
+
+
+def _holds_a_file(directory: str) -> bool:
+    """Whether any regular file lies under ``directory`` (stops at the first)."""
+    try:
+        with os.scandir(directory) as scan:
+            for entry in scan:
+                if entry.is_file(follow_symlinks=False):
+                    return True
+                if entry.is_dir(follow_symlinks=False) and _holds_a_file(entry.path):
+                    return True
+    except _GONE:
+        return False
+    return False
 
 
 def _read_page(files: Iterator[tuple[str, str]]) -> tuple[builtins.list[ObjectInfo], bool]:

@@ -131,6 +131,24 @@ class MemoryStore:
             page.append(self._objects[raw.decode("utf-8")].info)
         return page
 
+    async def common_prefixes(self, prefix: str) -> AsyncIterator[str]:
+        raw_prefix = prefix.encode("utf-8")
+        cursor = raw_prefix
+        while True:
+            with self._lock:
+                start = bisect.bisect_left(self._order, cursor)
+                raw = self._order[start] if start < len(self._order) else b""
+            if not raw.startswith(raw_prefix) or not raw:
+                return
+            slash = raw.find(b"/", len(raw_prefix))
+            if slash < 0:  # a key directly under the prefix: not a folder, skip it
+                cursor = raw + b"\x00"
+                continue
+            folder = raw[: slash + 1]
+            yield folder.decode("utf-8")
+            cursor = folder[:-1] + b"0"  # '0' follows '/': past every key in the folder
+            await asyncio.sleep(0)
+
     async def delete(self, key: str) -> None:
         check_key("delete", key)
         with self._lock:

@@ -421,6 +421,43 @@ class S3Store:
                 ahead.cancel()
                 await asyncio.gather(ahead, return_exceptions=True)
 
+    async def common_prefixes(self, prefix: str) -> AsyncIterator[str]:
+        """ListObjectsV2 with ``Delimiter="/"``: its ``CommonPrefixes``, page by page.
+
+        Pages follow each other by ``ContinuationToken`` (unlike `list`, which resumes
+        after its last key: ``StartAfter`` a folder ``f/`` would list ``f/``'s own keys
+        again). One entry per folder, so such a listing is short."""
+        if prefix.startswith("/"):
+            raise ValueError(f"list {prefix!r}: prefix must not start with '/'")
+        full_prefix = self._root + prefix
+        token: str | None = None
+        while True:
+            page = await self._folder_page(prefix, full_prefix, token)
+            for entry in page.get("CommonPrefixes", []):
+                folder = entry.get("Prefix", "")
+                if not folder.startswith(full_prefix) or not folder.endswith("/"):
+                    raise Unavailable("list", prefix, f"server returned foreign prefix {folder!r}")
+                yield folder[len(self._root) :]
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated"):
+                return
+            if not token:
+                raise Unavailable("list", prefix, "truncated page without a continuation token")
+
+    async def _folder_page(
+        self, prefix: str, full_prefix: str, token: str | None
+    ) -> ListObjectsV2OutputTypeDef:
+        async def attempt(s3: S3Client) -> ListObjectsV2OutputTypeDef:
+            if token is None:
+                return await s3.list_objects_v2(
+                    Bucket=self.bucket, Prefix=full_prefix, Delimiter="/"
+                )
+            return await s3.list_objects_v2(
+                Bucket=self.bucket, Prefix=full_prefix, Delimiter="/", ContinuationToken=token
+            )
+
+        return await self._retrying("list", prefix, attempt)
+
     async def _list_page(
         self, prefix: str, full_prefix: str, after: str | None
     ) -> ListObjectsV2OutputTypeDef:

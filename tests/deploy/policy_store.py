@@ -66,6 +66,15 @@ class PolicyStore:
         )
         return self.inner.list(prefix, start_after)
 
+    def common_prefixes(self, prefix: str) -> AsyncIterator[str]:
+        self._check(
+            "s3:ListBucket",
+            prefix,
+            f"arn:aws:s3:::{self._bucket}",
+            {"s3:prefix": f"{self._prefix}/{prefix}"},
+        )
+        return self.inner.common_prefixes(prefix)
+
     async def delete(self, key: str) -> None:
         self._check("s3:DeleteObject", key, self._object_arn(key))
         await self.inner.delete(key)

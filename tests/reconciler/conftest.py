@@ -309,6 +309,11 @@ class CountingStore:
             self.listed[kind_of(prefix)] += 1
             yield info
 
+    async def common_prefixes(self, prefix: str) -> AsyncIterator[str]:
+        self.calls[f"list {kind_of(prefix)}"] += 1
+        async for folder in self.inner.common_prefixes(prefix):
+            yield folder
+
     async def delete(self, key: str) -> None:
         self.calls[f"delete {kind_of(key)}"] += 1
         await self.inner.delete(key)

@@ -163,6 +163,12 @@ class SlowListings:
         async for info in self.inner.list(prefix, start_after):
             yield info
 
+    async def common_prefixes(self, prefix: str) -> AsyncIterator[str]:
+        if prefix.startswith(self.slow_prefix):
+            await asyncio.sleep(self.delay_s)
+        async for folder in self.inner.common_prefixes(prefix):
+            yield folder
+
 
 def test_a_listing_longer_than_the_ttl_keeps_the_lease_and_the_audit_completes_once() -> None:
     """An active and a standby reconciler; the audit's listing of ``accepted/v1/`` takes

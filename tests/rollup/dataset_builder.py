@@ -243,6 +243,11 @@ class CountingStore:
         finally:
             self.listed += returned
 
+    async def common_prefixes(self, prefix: str) -> AsyncIterator[str]:
+        self.requests.append(("list", prefix))
+        async for folder in self.inner.common_prefixes(prefix):
+            yield folder
+
     async def delete(self, key: str) -> None:
         self.requests.append(("delete", key))
         await self.inner.delete(key)

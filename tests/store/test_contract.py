@@ -335,3 +335,29 @@ async def test_get_if_changed_falls_back_to_a_plain_get(store: ObjectStore) -> N
     etag = await store.put("k", b"body")
     assert await get_if_changed(plain, "k", etag) is None  # type: ignore[arg-type]
     assert await get_if_changed(plain, "k", '"x"') == (b"body", etag)  # type: ignore[arg-type]
+
+
+def _folders(keys: list[str], prefix: str) -> list[str]:
+    found = set()
+    for key in keys:
+        rest = key.removeprefix(prefix) if key.startswith(prefix) else None
+        if rest is not None and "/" in rest:
+            found.add(prefix + rest[: rest.index("/") + 1])
+    return _s3_order(list(found))
+
+
+@pytest.mark.parametrize("prefix", ["", "t", "t/", "t/a", "t/a/", "t/é", "t/z/", "u", "v/"])
+async def test_common_prefixes_are_the_folders_under_a_prefix(
+    store: ObjectStore, prefix: str
+) -> None:
+    await _put_all(store, ORDER_KEYS)
+    assert [f async for f in store.common_prefixes(prefix)] == _folders(ORDER_KEYS, prefix)
+
+
+async def test_common_prefixes_page_past_a_thousand_folders(store: ObjectStore) -> None:
+    # Folders with several keys each, and flat keys between them, so pages end anywhere.
+    keys = [f"g/{i:04d}/{j}" for i in range(1010) for j in range(2)] + [
+        f"g/{i:04d}-flat" for i in range(0, 1010, 100)
+    ]
+    await _put_all(store, keys)
+    assert [f async for f in store.common_prefixes("g/")] == _folders(keys, "g/")
