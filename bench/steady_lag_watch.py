@@ -13,6 +13,7 @@ import aiohttp
 from bench import _common as c
 from protocol import keys
 from protocol.records import IndexCheckpoint, RecordError
+from reconciler.audit_records import audit_keys
 from store.fs import FileSystemStore
 
 NS = 1_000_000_000
@@ -145,8 +146,8 @@ def writer_totals(logs: Path) -> list[dict[str, Any]]:
 
 async def audits_in(store: FileSystemStore) -> list[dict[str, Any]]:
     found = []
-    async for info in store.list(keys.RECONCILER_AUDITS_PREFIX):
-        body, _etag = await store.get(info.key)
+    for key in await audit_keys(store):  # the records, not the audits' listing parts
+        body, _etag = await store.get(key)
         doc = json.loads(body)
         found.append(
             {

@@ -156,7 +156,8 @@ class SimWorld:
         )
 
     def _watch_audits(self, key: str, body: bytes) -> None:
-        if not key.startswith(keys.RECONCILER_AUDITS_PREFIX) or b'"completed"' not in body:
+        record = key.startswith(keys.RECONCILER_AUDITS_PREFIX) and key.endswith(".json")
+        if not record or b'"completed"' not in body:  # not a record: an audit's listing part
             return
         started = AuditRecord.from_json(body).started_at_unix_ns
         if started not in self.audit_starts:

@@ -316,6 +316,20 @@ def audit_key(started_at_unix_ns: int, audit_id: str) -> str:
     return f"{RECONCILER_AUDITS_PREFIX}{started_at_unix_ns:020d}-{audit_id}.json"
 
 
+def audit_folder(started_at_unix_ns: int, audit_id: str) -> str:
+    """The folder of one audit's working files, named like its record without ``.json``
+    (``reconciler/v1/audits/<start:020d>-<audit-id>/``): it sorts right after its record
+    (``.`` < ``/``), and deleting an audit deletes both (`audit_records.trim_old_audits`)."""
+    return audit_key(started_at_unix_ns, audit_id).removesuffix(".json") + "/"
+
+
+def audit_listing_prefix(started_at_unix_ns: int, audit_id: str) -> str:
+    """Where one audit's ranged listing (its plan and Parquet parts) lives: PROTOCOL §3.9's
+    ``reconciler/v1/audits/<audit-id>/listing/``, with the record's name stem
+    ``<start:020d>-<audit-id>`` as ``<audit-id>`` so the folder sorts with its record."""
+    return f"{audit_folder(started_at_unix_ns, audit_id)}listing/"
+
+
 def audit_orphans_key(started_at_unix_ns: int, audit_id: str) -> str:
     """The orphan blobs a completed audit's listing found (Parquet), named like its audit."""
     name = audit_key(started_at_unix_ns, audit_id).removeprefix(RECONCILER_AUDITS_PREFIX)

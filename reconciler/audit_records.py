@@ -32,8 +32,34 @@ class AuditRecordConflict(RuntimeError):
 
 
 async def audit_keys(store: ObjectStore) -> list[str]:
-    """Every audit record key, oldest first (keys only: audits are few)."""
-    return [info.key async for info in store.list(keys.RECONCILER_AUDITS_PREFIX)]
+    """Every audit record key, oldest first (keys only: audits are few).
+
+    Only the ``.json`` records directly under the prefix: each audit's folder of working
+    files (`keys.audit_folder`, its listing parts) is skipped by starting a new listing
+    after it, so finding the audits costs one short listing per folder, not the parts."""
+    found: list[str] = []
+    cursor: str | None = None
+    while True:
+        folder = None
+        async for info in store.list(keys.RECONCILER_AUDITS_PREFIX, cursor):
+            rest = info.key.removeprefix(keys.RECONCILER_AUDITS_PREFIX)
+            if "/" in rest:
+                folder = rest[: rest.index("/")]
+                break
+            if rest.endswith(".json"):
+                found.append(info.key)
+        if folder is None:
+            return found
+        # '0' follows '/': everything inside the folder sorts before this bound.
+        cursor = f"{keys.RECONCILER_AUDITS_PREFIX}{folder}0"
+
+
+async def delete_under(store: ObjectStore, prefix: str) -> int:
+    """Delete every object under ``prefix``; returns how many."""
+    doomed = [info.key async for info in store.list(prefix)]
+    for key in doomed:
+        await store.delete(key)
+    return len(doomed)
 
 
 async def read_audit(store: ObjectStore, key: str) -> AuditRecord | None:
@@ -178,8 +204,8 @@ listing, however long the store has run (nothing re-lists history)."""
 
 
 async def trim_old_audits(ctx: ReconcilerContext) -> int:
-    """Delete all but the newest `KEEP_AUDITS` audit records and their orphan files, oldest
-    first; never the newest completed one. Returns how many records were deleted."""
+    """Delete all but the newest `KEEP_AUDITS` audit records, their orphan files and their
+    folders (listing parts), oldest first; never the newest completed one. Returns how many records were deleted."""
     record_keys = await audit_keys(ctx.store)
     doomed = record_keys[: max(0, len(record_keys) - KEEP_AUDITS)]
     if not doomed:
@@ -194,6 +220,7 @@ async def trim_old_audits(ctx: ReconcilerContext) -> int:
         name = key.removeprefix(keys.RECONCILER_AUDITS_PREFIX).removesuffix(".json")
         started, audit_id = name.split("-", 1)
         await ctx.store.delete(keys.audit_orphans_key(int(started), audit_id))
+        await delete_under(ctx.store, keys.audit_folder(int(started), audit_id))
         await ctx.store.delete(key)
         deleted += 1
     return deleted
