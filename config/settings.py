@@ -244,6 +244,12 @@ class ReconcilerSettings(_Section):
     audit_memory_limit_mb: int = Field(default=1024, ge=64)
     """DuckDB's memory limit for the reconciler's out-of-core work (catalog merges, the
     audit's joins); beyond it DuckDB spills to a temporary directory (PROTOCOL §3.9)."""
+    audit_list_concurrency: int = Field(default=16, ge=1, le=1024)
+    """Key ranges a full audit lists at once (PROTOCOL §3.9): each an independent LIST
+    stream writing its own Parquet listing parts, so the listing's wall time is about
+    the store's per-page latency times the pages of the largest range, divided by this
+    (`reconciler.audit_listing`). Each stream holds at most one part (250k keys) in
+    memory."""
     segment_retention_s: Seconds = 3 * 24 * 3600.0
     """Consumed index log segments are deleted once older than this and a completed
     listing audit started after they were written (PROTOCOL §3.7). At least the GC's
