@@ -55,6 +55,8 @@ class InventoryObject:
     """Relative to the acceptance store (``source_prefix`` removed)."""
     size: int | None
     last_modified_ns: int | None
+    etag: str | None = None
+    """As the report gives it (the optional ``ETag`` field), else ``None``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,13 +161,13 @@ class InventorySource:
             batch = await asyncio.to_thread(_take, rows, _BATCH_ROWS)
             if not batch:
                 return
-            for full_key, size, modified in batch:
+            for full_key, size, modified, etag in batch:
                 row, index = index, index + 1
                 if row < skip_rows or not full_key.startswith(self._source_prefix):
                     continue
                 key = full_key[len(self._source_prefix) :]
                 if key.startswith(prefixes):
-                    yield row, InventoryObject(key, size, modified)
+                    yield row, InventoryObject(key, size, modified, etag)
 
     async def _manifest_key(self) -> str:
         if self._location.endswith("manifest.json"):
@@ -203,7 +205,7 @@ def parse_manifest(key: str, body: bytes) -> InventoryReport:
     return InventoryReport(key, source_bucket, file_format, columns, created_ms * 1_000_000, files)
 
 
-_Row = tuple[str, int | None, int | None]
+_Row = tuple[str, int | None, int | None, str | None]
 
 
 def _take(rows: Iterator[_Row], count: int) -> list[_Row]:
@@ -239,6 +241,7 @@ def _csv_rows(body: bytes, columns: tuple[str, ...]) -> Iterator[_Row]:
             key,
             int(size) if size else None,
             _iso_to_ns(modified) if modified else None,
+            _field(record, position, "ETag") or None,
         )
 
 
@@ -263,7 +266,7 @@ def _parquet_rows(body: bytes) -> Iterator[_Row]:
         raise InventoryError("Parquet inventory file has no 'key' column")
     wanted = [
         c
-        for c in ("key", "size", "last_modified_date", "is_latest", "is_delete_marker")
+        for c in ("key", "size", "last_modified_date", "e_tag", "is_latest", "is_delete_marker")
         if c in names
     ]
     for batch in parquet.iter_batches(batch_size=_BATCH_ROWS, columns=wanted):
@@ -275,7 +278,7 @@ def _parquet_rows(body: bytes) -> Iterator[_Row]:
                 continue
             size = data["size"][i] if "size" in data else None
             modified = data["last_modified_date"][i] if "last_modified_date" in data else None
-            yield key, size, _to_ns(modified)
+            yield key, size, _to_ns(modified), data["e_tag"][i] if "e_tag" in data else None
 
 
 def _to_ns(value: Any) -> int | None:

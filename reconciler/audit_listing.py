@@ -1,0 +1,315 @@
+"""A full audit's listing as Parquet parts: ranged, parallel, resumable (PROTOCOL §3.9).
+
+`list_for_audit` lists this audit's ranges (`reconciler.audit_ranges`, planned once per
+audit) with ``concurrency`` streams over a queue of ranges, each stream writing its
+range's keys as Parquet parts (`LISTING_SCHEMA`, zstd) of at most `PART_KEYS` keys under
+``<audit_dir><kind>/``, named ``<range:05d>-<part:06d>-n<rows>[-final].parquet`` so a
+range's parts sort in key order. The part that ends a range carries ``-final`` (and
+``final`` in its key-value metadata): that range is finished and never listed again by
+this audit. A stream holds one part in memory, and writes it (``put``: a part rewritten
+by a resumed run has the same content) only once the next key proves it is not the last,
+so the last part written is always the final one.
+
+Resume: a range without a final part continues after the last key of its last part
+(``start_after``), numbering on from there; parts already written are kept. One listing
+of ``audit_dir`` finds them all (the name carries the row count, so finished ranges need
+no GET).
+
+`parts_from_inventory` writes the same parts from an S3 Inventory report instead
+(``<audit_dir>inventory/<kind>/``), so the joins read either the same way.
+
+``ListingParts.list_requests`` counts LIST requests as pages of 1000 keys (S3's page
+size): one per stream or delimiter listing plus one per further 1000 keys it returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import re
+from collections.abc import AsyncGenerator, Callable, Iterator
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from store.base import ObjectInfo, ObjectStore
+
+from .audit_ranges import KIND_PREFIXES, KINDS, KeyRange, ListingKind, plan_ranges
+from .inventory import InventorySource
+
+__all__ = [
+    "LISTING_SCHEMA",
+    "PART_KEYS",
+    "ListingKind",
+    "ListingParts",
+    "list_for_audit",
+    "parts_from_inventory",
+]
+
+LISTING_SCHEMA = pa.schema(
+    [
+        ("key", pa.string()),
+        ("etag", pa.string()),
+        ("size", pa.int64()),
+        ("last_modified", pa.timestamp("us", tz="UTC")),
+    ]
+)
+"""ETag exactly as the store returned it (the joins normalize); ``last_modified`` in the
+store's time. From an inventory, ``etag``/``size``/``last_modified`` may be null."""
+PART_KEYS = 250_000
+"""Keys per listing part: what one stream holds in memory (~40 MB of Python objects)."""
+_PAGE_KEYS = 1000
+_PART_RE = re.compile(r"(\d{5})-(\d{6})-n(\d+)(-final)?\.parquet")
+
+
+class ListingPartError(ValueError):
+    """A listing part of the audit cannot be resumed from (names it and the problem)."""
+
+
+@dataclass(frozen=True)
+class ListingParts:
+    parts: dict[ListingKind, list[str]]
+    """Store keys of this audit's Parquet listing parts, per kind, in key order."""
+    keys_listed: dict[ListingKind, int]
+    list_requests: int
+    """LIST requests this call made (0 for ranges finished before it)."""
+    ranges_total: int
+    ranges_resumed: int
+    """Ranges already finished before this call."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Part:
+    key: str
+    range_index: int
+    number: int
+    rows: int
+    final: bool
+
+
+def part_name(kind: ListingKind, range_index: int, number: int, rows: int, final: bool) -> str:
+    return f"{kind}/{range_index:05d}-{number:06d}-n{rows}{'-final' if final else ''}.parquet"
+
+
+def _parse_part(audit_dir: str, key: str) -> tuple[ListingKind, _Part] | None:
+    """The listing part at ``key``; ``None`` for anything else in the folder (the plan,
+    inventory parts, a file of someone else's: never read as a part)."""
+    kind_name, _, name = key.removeprefix(audit_dir).partition("/")
+    match = _PART_RE.fullmatch(name)
+    for kind in KINDS:
+        if kind == kind_name and match is not None:
+            index, number, rows, final = match.groups()
+            return kind, _Part(key, int(index), int(number), int(rows), final is not None)
+    return None
+
+
+@dataclass
+class _Tally:
+    requests: int = 0
+    listed: dict[ListingKind, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    parts: dict[ListingKind, list[str]] = field(default_factory=lambda: {k: [] for k in KINDS})
+    done: int = 0
+
+
+async def list_for_audit(
+    store: ObjectStore,
+    audit_dir: str,
+    *,
+    concurrency: int,
+    progress: Callable[[int, int], None] | None = None,
+) -> ListingParts:
+    """List every range of this audit not finished yet (``concurrency`` at once) into
+    Parquet parts under ``audit_dir`` (`keys.audit_listing_prefix`); the parts of every
+    range, finished before or now. ``progress(done, total)`` after each range."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    ranges, plan_requests = await plan_ranges(store, audit_dir, concurrency=concurrency)
+    tally = _Tally(requests=plan_requests)
+    existing: dict[tuple[ListingKind, int], list[_Part]] = {}
+    async for info in store.list(audit_dir):
+        parsed = _parse_part(audit_dir, info.key)
+        if parsed is not None:
+            existing.setdefault((parsed[0], parsed[1].range_index), []).append(parsed[1])
+    queue: asyncio.Queue[KeyRange] = asyncio.Queue(maxsize=len(ranges) + 1)
+    resumed = 0
+    for key_range in ranges:
+        written = sorted(existing.get((key_range.kind, key_range.index), []), key=_number)
+        if written and written[-1].final:
+            resumed += 1
+            tally.done += 1
+            _count(tally, key_range.kind, written)
+        else:
+            queue.put_nowait(key_range)
+    if progress is not None:
+        progress(tally.done, len(ranges))
+
+    async def stream() -> None:
+        while not queue.empty():
+            key_range = queue.get_nowait()
+            written = sorted(existing.get((key_range.kind, key_range.index), []), key=_number)
+            await _list_range(store, audit_dir, key_range, written, tally)
+            tally.done += 1
+            if progress is not None:
+                progress(tally.done, len(ranges))
+
+    async with asyncio.TaskGroup() as group:
+        for _ in range(min(concurrency, queue.qsize())):
+            group.create_task(stream())
+    return ListingParts(
+        parts={kind: sorted(tally.parts[kind]) for kind in KINDS},
+        keys_listed=tally.listed,
+        list_requests=tally.requests,
+        ranges_total=len(ranges),
+        ranges_resumed=resumed,
+    )
+
+
+def _number(part: _Part) -> int:
+    return part.number
+
+
+def _count(tally: _Tally, kind: ListingKind, parts: list[_Part]) -> None:
+    tally.parts[kind] += [p.key for p in parts]
+    tally.listed[kind] += sum(p.rows for p in parts)
+
+
+async def _list_range(
+    store: ObjectStore, audit_dir: str, key_range: KeyRange, written: list[_Part], tally: _Tally
+) -> None:
+    """List one range on from its last written part, writing parts as they fill."""
+    kind = key_range.kind
+    _count(tally, kind, written)
+    after = key_range.lower
+    if written:
+        after = await _last_key(store, written[-1].key)
+    number = written[-1].number + 1 if written else 0
+    part = _PartBuffer()
+    seen = 0
+    listing = store.list(key_range.prefix, after)
+    try:
+        async for info in listing:
+            seen += 1
+            if key_range.upper is not None and info.key > key_range.upper:
+                break  # past the range: the next range lists it
+            if len(part) == PART_KEYS:  # a key follows: this part is not the last
+                await _write(store, audit_dir, key_range, number, part, False, tally)
+                number, part = number + 1, _PartBuffer()
+            part.add(info)
+    finally:
+        tally.requests += 1 + seen // _PAGE_KEYS
+        if isinstance(listing, AsyncGenerator):
+            await listing.aclose()  # now, not at garbage collection: its page ahead stops
+    await _write(store, audit_dir, key_range, number, part, True, tally)
+
+
+async def _write(
+    store: ObjectStore,
+    audit_dir: str,
+    key_range: KeyRange,
+    number: int,
+    part: _PartBuffer,
+    final: bool,
+    tally: _Tally,
+) -> None:
+    key = audit_dir + part_name(key_range.kind, key_range.index, number, len(part), final)
+    metadata = {"range": str(key_range.index), "final": "true" if final else "false"}
+    body = await asyncio.to_thread(part.parquet, metadata)
+    await store.put(key, body)
+    tally.parts[key_range.kind].append(key)
+    tally.listed[key_range.kind] += len(part)
+
+
+async def _last_key(store: ObjectStore, part_key: str) -> str:
+    body, _etag = await store.get(part_key)
+    keys_column = pq.read_table(io.BytesIO(body), columns=["key"]).column("key")
+    if len(keys_column) == 0:
+        raise ListingPartError(f"{part_key}: a part that is not final must hold keys")
+    last = keys_column[len(keys_column) - 1].as_py()
+    assert isinstance(last, str)
+    return last
+
+
+class _PartBuffer:
+    """One part's columns, filled key by key (plain lists: cheaper per key than Arrow
+    builders from Python)."""
+
+    __slots__ = ("etags", "keys", "modified_us", "sizes")
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+        self.etags: list[str | None] = []
+        self.sizes: list[int | None] = []
+        self.modified_us: list[int | None] = []
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def add(self, info: ObjectInfo) -> None:
+        self.keys.append(info.key)
+        self.etags.append(info.etag)
+        self.sizes.append(info.size)
+        self.modified_us.append(info.last_modified_ns // 1000)
+
+    def add_row(
+        self, key: str, etag: str | None, size: int | None, modified_ns: int | None
+    ) -> None:
+        self.keys.append(key)
+        self.etags.append(etag)
+        self.sizes.append(size)
+        self.modified_us.append(None if modified_ns is None else modified_ns // 1000)
+
+    def parquet(self, metadata: dict[str, str]) -> bytes:
+        table = pa.Table.from_arrays(
+            [
+                pa.array(self.keys, pa.string()),
+                pa.array(self.etags, pa.string()),
+                pa.array(self.sizes, pa.int64()),
+                pa.array(self.modified_us, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+            ],
+            schema=LISTING_SCHEMA.with_metadata(metadata),
+        )
+        sink = io.BytesIO()
+        pq.write_table(table, sink, compression="zstd")
+        return sink.getvalue()
+
+
+async def parts_from_inventory(
+    store: ObjectStore, audit_dir: str, source: InventorySource
+) -> ListingParts:
+    """The same parts from an S3 Inventory report (``source``): each row whose key lies
+    under one of `KIND_PREFIXES` goes to that kind's parts; other rows are skipped. Parts
+    are ``<audit_dir>inventory/<kind>/<part>...`` in the report's row order (one series
+    per kind, the last one final); a run again over the same report rewrites the same
+    parts. No LIST request (the report's files are read with GETs)."""
+    report = await source.report()
+    prefixes = tuple(KIND_PREFIXES.values())
+    tally = _Tally()
+    buffers: dict[ListingKind, _PartBuffer] = {kind: _PartBuffer() for kind in KINDS}
+    numbers = dict.fromkeys(KINDS, 0)
+    inventory_range = {kind: KeyRange(kind, 0, KIND_PREFIXES[kind], None, None) for kind in KINDS}
+    inventory_dir = f"{audit_dir}inventory/"
+    for file_key in report.files:
+        async for _row, obj in source.objects(file_key, prefixes):
+            kind = next(_kinds_of(obj.key))
+            part = buffers[kind]
+            if len(part) == PART_KEYS:
+                await _write(store, inventory_dir, inventory_range[kind], numbers[kind], part,
+                             False, tally)  # fmt: skip
+                numbers[kind] += 1
+                part = buffers[kind] = _PartBuffer()
+            part.add_row(obj.key, obj.etag, obj.size, obj.last_modified_ns)
+    for kind in KINDS:
+        await _write(store, inventory_dir, inventory_range[kind], numbers[kind], buffers[kind],
+                     True, tally)  # fmt: skip
+    return ListingParts(
+        parts={kind: tally.parts[kind] for kind in KINDS},
+        keys_listed=tally.listed,
+        list_requests=0,
+        ranges_total=len(KINDS),
+        ranges_resumed=0,
+    )
+
+
+def _kinds_of(key: str) -> Iterator[ListingKind]:
+    return (kind for kind in KINDS if key.startswith(KIND_PREFIXES[kind]))

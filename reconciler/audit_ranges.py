@@ -1,0 +1,179 @@
+"""The key ranges of a full audit's listing (PROTOCOL §3.9), planned once per audit.
+
+Each listed prefix (`KIND_PREFIXES`) is cut at *bounds* ``b1 < b2 < ... < bm`` into the
+ranges ``(-inf, b1], (b1, b2], ..., (bm, +inf)`` of keys under the prefix: every key lies
+in exactly one of them, whatever the key is, so the ranges tile the prefix with no gap
+and no overlap. A range is listed as ``list(prefix, start_after=lower)`` up to the first
+key past ``upper``.
+
+The bounds are folder names, so a folder's keys always fall in one range (never split):
+
+- ``accepted/v1/``: the folders directly under it (``agent=<hex>/`` groups, found by one
+  delimiter listing; any other folder counts as a group too);
+- ``quarantine/v1/``: the agent folders under ``quarantine/v1/identity-conflict/``;
+- ``raw-blobs/v1/``: the 256 ``sha256/<hh>/`` folders (fixed: no listing needed).
+
+A key outside every group (``accepted/v1/junk``, ``raw-blobs/v1/x``, a flat key between
+two agents) lies in whichever range covers its place in key order, so it is listed and
+the joins report it as not well-formed. Neighbouring groups are merged into about
+``RANGES_PER_STREAM`` x concurrency ranges per kind, by count of groups (their sizes are
+not known before listing them): 10k small agents make ~64 ranges, not 10k part series.
+One agent holding most of a store's keys is still one range (no sub-ranges yet).
+
+The plan is written once per audit (``<audit_dir>plan.json``, create-if-absent) and read
+back by a resumed audit, so the ranges, and the names of their parts, never change within
+an audit whatever its concurrency or the store's folders meanwhile.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from protocol import keys
+from store.base import ObjectStore
+from store.errors import NotFound, PreconditionFailed
+
+ListingKind = Literal["accepted", "quarantine", "raw-blobs"]
+KINDS: tuple[ListingKind, ...] = get_args(ListingKind)
+KIND_PREFIXES: dict[ListingKind, str] = {
+    "accepted": keys.ACCEPTED_PREFIX,
+    "quarantine": "quarantine/v1/",
+    "raw-blobs": "raw-blobs/v1/",
+}
+"""What a full audit lists: the whole version folder of each, not only its well-formed
+part (`keys.QUARANTINE_PREFIX`, `keys.RAW_BLOBS_PREFIX`), so stray keys are reported."""
+_GROUP_PARENTS: dict[ListingKind, str] = {
+    "accepted": keys.ACCEPTED_PREFIX,
+    "quarantine": keys.QUARANTINE_PREFIX,
+}
+RANGES_PER_STREAM = 4
+PLAN_NAME = "plan.json"
+_PLAN_VERSION = 1
+
+
+class ListingPlanError(ValueError):
+    """A stored listing plan is malformed (names the field and the problem)."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRange:
+    """Keys ``k`` under ``prefix`` with ``lower < k <= upper`` (``None``: unbounded)."""
+
+    kind: ListingKind
+    index: int
+    """Position within its kind (ranges of a kind are in key order)."""
+    prefix: str
+    lower: str | None
+    upper: str | None
+
+    def contains(self, key: str) -> bool:
+        # str order is code point order, which is the UTF-8 byte order S3 lists in.
+        return (
+            key.startswith(self.prefix)
+            and (self.lower is None or key > self.lower)
+            and (self.upper is None or key <= self.upper)
+        )
+
+
+def raw_blob_groups() -> list[str]:
+    return [f"{keys.RAW_BLOBS_PREFIX}{i:02x}/" for i in range(256)]
+
+
+async def groups_of(store: ObjectStore, kind: ListingKind) -> tuple[list[str], int]:
+    """The folders whose keys a range never splits, in key order, and the delimiter
+    listings that cost (pages of 1000 folders)."""
+    if kind == "raw-blobs":
+        return raw_blob_groups(), 0
+    found = [folder async for folder in store.common_prefixes(_GROUP_PARENTS[kind])]
+    return found, 1 + len(found) // 1000
+
+
+def ranges_from_groups(kind: ListingKind, groups: list[str], count: int) -> list[KeyRange]:
+    """``count`` (at most; at least 1) ranges tiling ``kind``'s prefix, each starting at a
+    group's folder name: groups are merged in runs of about equal number."""
+    prefix = KIND_PREFIXES[kind]
+    ordered = sorted(set(groups))
+    runs = max(1, min(count, len(ordered)))
+    # Run j starts at group ordered[j * len // runs]; the first run also takes all keys
+    # before its first group, the last all keys after its last one.
+    starts = [ordered[j * len(ordered) // runs] for j in range(1, runs)]
+    bounds: list[str | None] = [None, *starts, None]
+    return [KeyRange(kind, i, prefix, bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
+
+
+async def plan_ranges(
+    store: ObjectStore, audit_dir: str, *, concurrency: int
+) -> tuple[list[KeyRange], int]:
+    """This audit's ranges (every kind, in key order) and the LIST requests spent: read
+    from ``<audit_dir>plan.json`` when an earlier run of the audit wrote it, else planned
+    and created there (a racing creator's plan wins and is read back)."""
+    key = audit_dir + PLAN_NAME
+    try:
+        body, _etag = await store.get(key)
+        return parse_plan(key, body), 0
+    except NotFound:
+        pass
+    ranges: list[KeyRange] = []
+    requests = 0
+    for kind in KINDS:
+        groups, spent = await groups_of(store, kind)
+        requests += spent
+        ranges += ranges_from_groups(kind, groups, RANGES_PER_STREAM * concurrency)
+    try:
+        await store.put(key, plan_json(ranges), if_none_match=True)
+    except PreconditionFailed:
+        body, _etag = await store.get(key)
+        return parse_plan(key, body), requests
+    return ranges, requests
+
+
+def plan_json(ranges: list[KeyRange]) -> bytes:
+    doc = {
+        "version": _PLAN_VERSION,
+        "ranges": [
+            {"kind": r.kind, "prefix": r.prefix, "lower": r.lower, "upper": r.upper} for r in ranges
+        ],
+    }
+    return json.dumps(doc, indent=1).encode("utf-8")
+
+
+def parse_plan(key: str, body: bytes) -> list[KeyRange]:
+    """The ranges of a stored plan, checked to tile each kind's prefix with no gap."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ListingPlanError(f"{key}: not JSON: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("version") != _PLAN_VERSION:
+        raise ListingPlanError(f"{key}: version must be {_PLAN_VERSION}")
+    entries = doc.get("ranges")
+    if not isinstance(entries, list):
+        raise ListingPlanError(f"{key}: ranges must be a list")
+    ranges: list[KeyRange] = []
+    for n, entry in enumerate(entries):
+        if not isinstance(entry, dict) or entry.get("kind") not in KINDS:
+            raise ListingPlanError(f"{key}: ranges[{n}].kind must be one of {KINDS}")
+        kind: ListingKind = entry["kind"]
+        bounds = [entry.get("lower"), entry.get("upper")]
+        if entry.get("prefix") != KIND_PREFIXES[kind]:
+            raise ListingPlanError(f"{key}: ranges[{n}].prefix must be {KIND_PREFIXES[kind]!r}")
+        if any(b is not None and not isinstance(b, str) for b in bounds):
+            raise ListingPlanError(f"{key}: ranges[{n}] bounds must be strings or null")
+        index = sum(1 for r in ranges if r.kind == kind)
+        ranges.append(KeyRange(kind, index, KIND_PREFIXES[kind], bounds[0], bounds[1]))
+    for kind in KINDS:
+        _check_tiling(key, [r for r in ranges if r.kind == kind], kind)
+    return ranges
+
+
+def _check_tiling(key: str, ranges: list[KeyRange], kind: ListingKind) -> None:
+    if not ranges or ranges[0].lower is not None or ranges[-1].upper is not None:
+        raise ListingPlanError(f"{key}: the {kind} ranges must start and end unbounded")
+    for before, after in itertools.pairwise(ranges):
+        if before.upper is None or before.upper != after.lower:
+            raise ListingPlanError(f"{key}: {kind} range {after.index} must start at the end "
+                                   f"of range {before.index}")  # fmt: skip
+        if after.upper is not None and after.upper <= after.lower:
+            raise ListingPlanError(f"{key}: {kind} range {after.index} is empty or reversed")
