@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import hashlib
 import io
+import json
 import os
 import signal
 import subprocess
 import sys
+import urllib.parse
 from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -19,7 +24,12 @@ from protocol import keys
 from protocol.clock import ManualClock
 from protocol.records import AuditRecord
 from reconciler import audit_listing
-from reconciler.audit_listing import LISTING_SCHEMA, ListingParts, list_for_audit
+from reconciler.audit_listing import (
+    LISTING_SCHEMA,
+    ListingParts,
+    list_for_audit,
+    parts_from_inventory,
+)
 from reconciler.audit_ranges import (
     KIND_PREFIXES,
     KINDS,
@@ -29,6 +39,7 @@ from reconciler.audit_ranges import (
     ranges_from_groups,
 )
 from reconciler.audit_records import KEEP_AUDITS, audit_keys, create_audit, trim_old_audits
+from reconciler.inventory import InventorySource
 from store.base import ObjectStore
 from store.memory import MemoryStore
 from store.s3 import S3Store
@@ -262,3 +273,63 @@ async def test_kill_9_mid_listing_resumes_to_the_uninterrupted_listing(
         assert all(n == 1 for n in Counter(k for kind in KINDS for k, _ in got[kind]).values())
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("file_format", ["csv", "parquet"])
+async def test_parts_from_an_inventory_hold_what_a_listing_holds(
+    file_format: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(audit_listing, "PART_KEYS", 64)  # several parts per kind
+    store = MemoryStore()
+    await put_all(store, world(agents=12, per_agent=9, blobs=150) + OUTSIDE)
+    rows = [(f"prod/{i.key}", i.size, i.last_modified_ns, i.etag) async for i in store.list("")]
+    root = tmp_path / "inventory"
+    folder = "inventories/lm-source/daily"
+    name = f"{folder}/data/part-0.{'csv.gz' if file_format == 'csv' else 'parquet'}"
+    (root / name).parent.mkdir(parents=True)
+    if file_format == "csv":
+        text = "".join(
+            f'"lm-source","{urllib.parse.quote_plus(k)}","{s}","{iso(m)}","{e.strip(chr(34))}"\n'
+            for k, s, m, e in rows
+        )
+        (root / name).write_bytes(gzip.compress(text.encode()))
+        schema = "Bucket, Key, Size, LastModifiedDate, ETag"
+    else:
+        columns = list(zip(*rows, strict=True))
+        table = pa.table(
+            {
+                "key": pa.array(columns[0]),
+                "size": pa.array(columns[1], pa.int64()),
+                "last_modified_date": pa.array(
+                    [m // 1_000_000 for m in columns[2]], pa.timestamp("ms")
+                ),
+                "e_tag": pa.array([e.strip('"') for e in columns[3]]),
+            }
+        )
+        pq.write_table(table, root / name)
+        schema = "message s3.inventory { }"
+    manifest = {
+        "sourceBucket": "lm-source",
+        "creationTimestamp": "1759990000000",
+        "fileFormat": "CSV" if file_format == "csv" else "Parquet",
+        "fileSchema": schema,
+        "files": [{"key": name}],
+    }
+    (root / folder / "2025-10-09T00-00Z").mkdir(parents=True)
+    (root / folder / "2025-10-09T00-00Z" / "manifest.json").write_text(json.dumps(manifest))
+    source = InventorySource.from_url(f"file://{root}", source_prefix="prod/")
+    try:
+        from_inventory = await parts_from_inventory(store, AUDIT_DIR, source)
+    finally:
+        await source.close()
+
+    listed = await expected_rows(store)
+    got = await read_parts(store, from_inventory)
+    assert {k: [(key, f'"{e}"') for key, e in v] for k, v in got.items()} == listed
+    assert from_inventory.keys_listed == {kind: len(listed[kind]) for kind in KINDS}
+    assert from_inventory.list_requests == 0
+    assert all(len(from_inventory.parts[kind]) > 1 for kind in ("accepted", "raw-blobs"))
+
+
+def iso(unix_ns: int) -> str:
+    return datetime.fromtimestamp(unix_ns / 1e9, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
