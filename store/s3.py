@@ -78,6 +78,7 @@ from store.errors import (
     Unavailable,
 )
 from store.retry import Backoff, repeat_while_unavailable
+from store.s3_fast_list import use_fast_listings
 from store.s3_request_cache import speed_up_client
 from store.s3_timestamps import use_fast_timestamps
 from store.time import DEFAULT_MAX_CLOCK_SKEW_S, ClockOffset
@@ -261,6 +262,7 @@ class S3Store:
                 # botocore asks for "Expect: 100-continue" on every PutObject: one more round
                 # trip per PUT (measured 46 vs 26 ms at 20 ms RTT). Our bodies are small frames
                 # and manifests, so sending the body at once is cheaper even when a 412 follows.
+                use_fast_listings(self._client)  # listings: botocore's XML walk skipped
                 self._client.meta.events.unregister(
                     "before-call.s3", botohandlers.add_expect_header
                 )
