@@ -27,13 +27,13 @@ from __future__ import annotations
 import asyncio
 import io
 import re
-from collections.abc import AsyncGenerator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from store.base import ObjectInfo, ObjectStore
+from store.base import ObjectInfo, ObjectStore, list_range
 
 from .audit_ranges import KIND_PREFIXES, KINDS, KeyRange, ListingKind, plan_ranges
 from .inventory import InventorySource
@@ -186,20 +186,17 @@ async def _list_range(
     number = written[-1].number + 1 if written else 0
     part = _PartBuffer()
     seen = 0
-    listing = store.list(key_range.prefix, after)
+    listing = list_range(store, key_range.prefix, after, key_range.upper)
     try:
         async for info in listing:
             seen += 1
-            if key_range.upper is not None and info.key > key_range.upper:
-                break  # past the range: the next range lists it
             if len(part) == PART_KEYS:  # a key follows: this part is not the last
                 await _write(store, audit_dir, key_range, number, part, False, tally)
                 number, part = number + 1, _PartBuffer()
             part.add(info)
     finally:
         tally.requests += 1 + seen // _PAGE_KEYS
-        if isinstance(listing, AsyncGenerator):
-            await listing.aclose()  # now, not at garbage collection: its page ahead stops
+        await listing.aclose()
     await _write(store, audit_dir, key_range, number, part, True, tally)
 
 

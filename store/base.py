@@ -43,9 +43,9 @@ ETags are opaque strings: compare them only for equality, and only from the same
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +135,40 @@ async def get_if_changed(
         return await store.get_if_none_match(key, etag)
     body, current = await store.get(key)
     return None if current == etag else (body, current)
+
+
+class BoundedListing(Protocol):
+    """A store that lists up to a last key without reading ahead past it (S3).
+
+    ``list_until(prefix, start_after, until)``: as ``list``, ending after the last key
+    ``<= until``. Kept apart from `ObjectStore` (wrappers need not forward it): use it
+    through `list_range`, which stops a plain ``list`` at the same key (and uses this
+    only where the store's class defines it)."""
+
+    def list_until(
+        self, prefix: str, start_after: str | None, until: str
+    ) -> AsyncIterator[ObjectInfo]: ...
+
+
+async def list_range(
+    store: ObjectStore, prefix: str, start_after: str | None, until: str | None
+) -> AsyncGenerator[ObjectInfo, None]:
+    """Keys under ``prefix`` after ``start_after`` up to ``until`` (``None``: no end); a
+    store that reads pages ahead (`BoundedListing`) reads none past ``until``."""
+    # The class must define it: a wrapper forwarding by ``__getattr__`` would otherwise
+    # hand the listing to its inner store behind its own ``list`` (counting, faults).
+    if until is not None and callable(getattr(type(store), "list_until", None)):
+        listing = cast(BoundedListing, store).list_until(prefix, start_after, until)
+    else:
+        listing = store.list(prefix, start_after)
+    try:
+        async for info in listing:
+            if until is not None and info.key > until:
+                return
+            yield info
+    finally:
+        if isinstance(listing, AsyncGenerator):
+            await listing.aclose()  # now, not at garbage collection: a page ahead stops
 
 
 async def list_prefixes(store: ObjectStore, prefixes: Iterable[str]) -> AsyncIterator[ObjectInfo]:

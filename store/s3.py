@@ -379,11 +379,23 @@ class S3Store:
         # after an unknown outcome converges on what the first attempt meant to do.
         return await self._retrying("put", key, attempt, mutating=True)
 
-    async def list(self, prefix: str, start_after: str | None = None) -> AsyncIterator[ObjectInfo]:
+    def list(self, prefix: str, start_after: str | None = None) -> AsyncIterator[ObjectInfo]:
+        return self._listing(prefix, start_after, None)
+
+    def list_until(
+        self, prefix: str, start_after: str | None, until: str
+    ) -> AsyncIterator[ObjectInfo]:
+        """`store.base.BoundedListing`: no page is asked for once one passed ``until``."""
+        return self._listing(prefix, start_after, until)
+
+    async def _listing(
+        self, prefix: str, start_after: str | None, until: str | None
+    ) -> AsyncIterator[ObjectInfo]:
         if prefix.startswith("/"):
             raise ValueError(f"list {prefix!r}: prefix must not start with '/'")
         full_prefix = self._root + prefix
         after = self._root + start_after if start_after is not None else None
+        bound = self._root + until if until is not None else None
         page = await self._list_page(prefix, full_prefix, after)
         # One page ahead: the next page is asked for as soon as this one names its last
         # key, so the server prepares it while the caller works through this one (a long
@@ -396,7 +408,8 @@ class S3Store:
                 truncated = bool(page.get("IsTruncated"))
                 if truncated and not contents:
                     raise Unavailable("list", prefix, "truncated page without keys")
-                if truncated:
+                past = bound is not None and bool(contents) and contents[-1]["Key"] >= bound
+                if truncated and not past:
                     # Each page resumes after the last key seen rather than from a
                     # continuation token, so a page retried against a restarted server
                     # needs no server state.
@@ -409,6 +422,8 @@ class S3Store:
                         raise Unavailable(
                             "list", prefix, f"server returned foreign key {full_key!r}"
                         )
+                    if bound is not None and full_key > bound:
+                        return
                     yield ObjectInfo(
                         key=full_key[len(self._root) :],
                         size=entry["Size"],

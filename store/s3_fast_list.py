@@ -17,14 +17,20 @@ worst read slower.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
+
+from botocore import handlers as botohandlers
 
 from store.s3_timestamps import parse_s3_timestamp
 
 _CONTENTS = re.compile(rb"<Contents>(.*?)</Contents>", re.S)
 _FIELD = re.compile(rb"<(Key|LastModified|ETag|Size)>([^<]*)</\1>")
 _WANTED = {b"Key", b"LastModified", b"ETag", b"Size"}
+_HANDLE_200_ERROR: Callable[..., None] | None = getattr(botohandlers, "_handle_200_error", None)
+"""botocore's (private) before-parse check of S3's 200 answers, which `use_fast_listings`
+replaces by `_checked_before_parse` (the same check, run after the entries are out)."""
 
 
 def parse_contents(body: bytes) -> tuple[list[dict[str, Any]], bytes] | None:
@@ -86,6 +92,31 @@ def _before_parse(
     customized_response_dict["Contents"] = entries
 
 
+def _checked_before_parse(
+    operation_model: Any,
+    response_dict: dict[str, Any],
+    customized_response_dict: dict[str, Any],
+    **kwargs: Any,
+) -> None:
+    """botocore's check of a 200 answer for an embedded error or a cut-off body (it
+    parses the whole body into a tree), made after the entries were taken out, so it
+    parses only the rest; a cut-off between entries still leaves the rest cut off. When
+    the check turns the answer into an error, botocore reads the original body."""
+    original = response_dict.get("body")
+    if operation_model.name == "ListObjectsV2":
+        _before_parse(response_dict, customized_response_dict)
+    assert _HANDLE_200_ERROR is not None  # installed only with it (`use_fast_listings`)
+    _HANDLE_200_ERROR(operation_model=operation_model, response_dict=response_dict, **kwargs)
+    if response_dict.get("status_code") != 200:
+        response_dict["body"] = original
+        customized_response_dict.pop("Contents", None)
+
+
 def use_fast_listings(client: Any) -> None:
-    """Parse the ``<Contents>`` of ``client``'s ListObjectsV2 answers with `parse_contents`."""
-    client.meta.events.register("before-parse.s3.ListObjectsV2", _before_parse)
+    """Parse the ``<Contents>`` of ``client``'s ListObjectsV2 answers with `parse_contents`,
+    before botocore's check of 200 answers (which then parses only the rest)."""
+    if _HANDLE_200_ERROR is None:  # a botocore without it: leave its listings alone
+        return
+    events = client.meta.events
+    events.unregister("before-parse.s3.*", _HANDLE_200_ERROR)
+    events.register_first("before-parse.s3.*", _checked_before_parse)

@@ -17,7 +17,8 @@ class Crashed(RuntimeError):
 
 class ListRecorder:
     """Forwards everything; records ``(prefix, start_after)`` of every ``list`` and the
-    prefix of every ``common_prefixes``."""
+    prefix of every ``common_prefixes``. (It defines no ``list_until``, so
+    `store.base.list_range` lists through its ``list``.)"""
 
     def __init__(self, inner: ObjectStore) -> None:
         self.inner, self.url = inner, inner.url

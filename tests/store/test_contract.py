@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from store.base import ConditionalGet, ObjectInfo, ObjectStore, get_if_changed
+from store.base import ConditionalGet, ObjectInfo, ObjectStore, get_if_changed, list_range
 from store.errors import NotFound, PreconditionFailed, RequestExpired
 
 
@@ -361,3 +361,17 @@ async def test_common_prefixes_page_past_a_thousand_folders(store: ObjectStore) 
     ]
     await _put_all(store, keys)
     assert [f async for f in store.common_prefixes("g/")] == _folders(keys, "g/")
+
+
+async def test_list_range_stops_at_its_last_key(store: ObjectStore) -> None:
+    keys = [f"r/{i:04d}" for i in range(2100)]
+    await _put_all(store, keys)
+    for after, until in [
+        (None, "r/0999"),
+        ("r/0999", "r/1000"),
+        ("r/0500", "r/1999x"),
+        ("r/2", None),
+    ]:
+        got = [i.key async for i in list_range(store, "r/", after, until)]
+        want = [k for k in keys if (after is None or k > after) and (until is None or k <= until)]
+        assert got == want, (after, until)

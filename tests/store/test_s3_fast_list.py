@@ -7,7 +7,12 @@ from typing import Any
 import pytest
 from botocore.session import get_session
 
-from store.s3_fast_list import _before_parse, parse_contents
+from store.s3_fast_list import (
+    _before_parse,
+    _checked_before_parse,
+    parse_contents,
+    use_fast_listings,
+)
 
 
 def entry(key: str, etag: str, size: int, modified: str, extra: str = "") -> str:
@@ -81,3 +86,32 @@ def test_an_error_answer_is_left_to_botocore() -> None:
     custom: dict[str, Any] = {}
     _before_parse(response_dict=response, customized_response_dict=custom)
     assert custom == {} and response["body"] == BODY
+
+
+def test_a_body_cut_off_between_entries_is_still_an_error_botocore_retries() -> None:
+    model = get_session().get_service_model("s3").operation_model("ListObjectsV2")
+    cut = BODY[: BODY.index(b"<CommonPrefixes>")]  # after the last whole entry
+    response = {"status_code": 200, "headers": {}, "body": cut}
+    custom: dict[str, Any] = {}
+    _checked_before_parse(model, response, custom)
+    assert response == {"status_code": 500, "headers": {}, "body": cut} and custom == {}
+    whole = {"status_code": 200, "headers": {}, "body": BODY}
+    _checked_before_parse(model, whole, custom)
+    assert whole["status_code"] == 200 and len(custom["Contents"]) == 2
+
+
+def test_a_client_checks_200_answers_once_after_the_fast_parse() -> None:
+    client = get_session().create_client("s3", region_name="us-east-1")
+    use_fast_listings(client)
+    called: list[str] = []
+    client.meta.events.register("before-parse.s3.*", lambda **_: called.append("later"))
+    model = client.meta.service_model.operation_model("ListObjectsV2")
+    response = {"status_code": 200, "headers": {}, "body": BODY[: BODY.index(b"<Common")]}
+    custom: dict[str, Any] = {}
+    client.meta.events.emit(
+        "before-parse.s3.ListObjectsV2",
+        operation_model=model,
+        response_dict=response,
+        customized_response_dict=custom,
+    )
+    assert response["status_code"] == 500 and called == ["later"]  # checked, and once
