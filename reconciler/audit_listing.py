@@ -186,7 +186,7 @@ async def _list_range(
     number = written[-1].number + 1 if written else 0
     part = _PartBuffer()
     seen = 0
-    listing = list_range(store, key_range.prefix, after, key_range.upper)
+    listing = list_range(store, key_range.list_prefix, after, key_range.upper)
     try:
         async for info in listing:
             seen += 1

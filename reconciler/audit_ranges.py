@@ -3,8 +3,9 @@
 Each listed prefix (`KIND_PREFIXES`) is cut at *bounds* ``b1 < b2 < ... < bm`` into the
 ranges ``(-inf, b1], (b1, b2], ..., (bm, +inf)`` of keys under the prefix: every key lies
 in exactly one of them, whatever the key is, so the ranges tile the prefix with no gap
-and no overlap. A range is listed as ``list(prefix, start_after=lower)`` up to the first
-key past ``upper``.
+and no overlap. A range is listed as ``list(prefix, start_after=lower)`` up to its last
+key ``<= upper``, under the common prefix of its bounds where it has both
+(`KeyRange.list_prefix`).
 
 The bounds are folder names, so a folder's keys always fall in one range (never split):
 
@@ -69,6 +70,16 @@ class KeyRange:
     lower: str | None
     upper: str | None
 
+    @property
+    def list_prefix(self) -> str:
+        """The longest prefix every key of the range starts with: a key between two
+        strings starts with their common prefix, so a bounded range is listed under it
+        (fewer keys for the server to skip, none past it read ahead)."""
+        if self.lower is None or self.upper is None:
+            return self.prefix
+        common = _common_prefix(self.lower, self.upper)
+        return common if common.startswith(self.prefix) else self.prefix
+
     def contains(self, key: str) -> bool:
         # str order is code point order, which is the UTF-8 byte order S3 lists in.
         return (
@@ -76,6 +87,15 @@ class KeyRange:
             and (self.lower is None or key > self.lower)
             and (self.upper is None or key <= self.upper)
         )
+
+
+def _common_prefix(a: str, b: str) -> str:
+    length = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        length += 1
+    return a[:length]
 
 
 def raw_blob_groups() -> list[str]:

@@ -55,7 +55,20 @@ def parse_contents(body: bytes) -> tuple[list[dict[str, Any]], bytes] | None:
         )
     if body.count(b"<Contents>") != len(entries):
         return None
-    return entries, _CONTENTS.sub(b"", body)
+    return entries, _without_contents(body)
+
+
+def _without_contents(body: bytes) -> bytes:
+    """``body`` without its ``<Contents>`` elements: one cut where they are one block (as
+    S3 and MiniStack send them), else one substitution."""
+    first, last = body.find(b"<Contents>"), body.rfind(b"</Contents>")
+    if first < 0:
+        return body
+    end = last + len(b"</Contents>")
+    block = body[first:end]
+    if block.count(b"<Contents>") == block.count(b"</Contents><Contents>") + 1:
+        return body[:first] + body[end:]
+    return _CONTENTS.sub(b"", body)
 
 
 def _text(raw: bytes) -> str | None:

@@ -152,6 +152,9 @@ def test_merged_ranges_never_split_a_group_and_cover_any_key() -> None:
         holder = [r for r in ranges if r.contains(group + "\x01")]
         assert holder and holder[0].contains(group + "\U0010ffff"), group
     assert len(ranges_from_groups("accepted", [], 8)) == 1  # no agent yet: one range
+    for r in ranges:  # its listing prefix holds every key of the range
+        assert all(k.startswith(r.list_prefix) for k in probes if r.contains(k)), r
+    assert ranges[1].list_prefix == "accepted/v1/agent=000"
 
 
 def test_a_stored_plan_with_a_gap_is_refused() -> None:

@@ -56,8 +56,13 @@ BODY = page(
 )  # fmt: skip
 
 
-def test_the_fast_parse_equals_botocore_on_the_fields_the_store_reads() -> None:
-    slow, fast = botocore_parse(BODY, fast=False), botocore_parse(BODY, fast=True)
+# The entries as one block (cut out at once), and spread out (substituted one by one).
+SPREAD = BODY.replace(b"</Contents><Contents>", b"</Contents>\n  <Contents>")
+
+
+@pytest.mark.parametrize("body", [BODY, SPREAD], ids=["block", "spread"])
+def test_the_fast_parse_equals_botocore_on_the_fields_the_store_reads(body: bytes) -> None:
+    slow, fast = botocore_parse(body, fast=False), botocore_parse(body, fast=True)
     fields = ("Key", "ETag", "Size", "LastModified")
     assert [{f: e[f] for f in fields} for e in slow["Contents"]] == fast["Contents"]
     assert fast["Contents"][1]["Key"] == "p/&<b>' é😀"
