@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from protocol import keys
 from protocol.clock import Clock
 from store.base import ObjectStore
-from store.errors import PreconditionFailed, StoreError, Unavailable
+from store.errors import ConditionConflict, PreconditionFailed, StoreError, Unavailable
 from store.etag_check import check_etags
 from store.retry import Backoff
 
@@ -42,15 +42,21 @@ async def probe_conditional_writes(
     collector_id: str,
     clock: Clock,
     rng: random.Random | None = None,
-    backoff: Backoff = Backoff(attempts=5, base_s=0.2, cap_s=2.0),  # noqa: B008 - frozen value
+    backoff: Backoff = Backoff(attempts=10, base_s=0.2, cap_s=3.0),  # noqa: B008 - frozen value
 ) -> ProbeResult:
-    """Run the probe; raise `ProbeFailed` if conditions are ignored, `StoreError` if unreachable."""
+    """Run the probe; raise `ProbeFailed` if conditions are ignored, `StoreError` if the store
+    did not answer within the backoff (10 tries, about 20 s: a collector restarted during a
+    short outage waits it out rather than exit).
+
+    Retried: `Unavailable` (5xx, timeouts, lost answers) and `ConditionConflict` (409: a
+    conditional write in progress). Repeating is safe: every attempt creates a fresh key
+    of its own, and a probe object an attempt left behind is harmless."""
     rng = rng or random.Random()
     delays = backoff.delays(rng)
     while True:
         try:
             return await _probe_once(store, collector_id, clock)
-        except Unavailable:
+        except (Unavailable, ConditionConflict):
             delay = next(delays, None)
             if delay is None:
                 raise

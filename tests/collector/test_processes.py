@@ -24,11 +24,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from chaos.faulty_store import FaultyStore
+from chaos.faulty_store import Fault, FaultyStore
 from collector.probe import ProbeFailed, probe_conditional_writes
 from protocol import keys, records
-from protocol.clock import SystemClock
+from protocol.clock import ManualClock, SystemClock
 from store.base import ObjectStore
+from store.errors import ConditionConflict
 from store.fs import FileSystemStore
 from store.memory import MemoryStore
 from store.open import open_store
@@ -189,6 +190,22 @@ async def test_probe_refuses_a_store_that_ignores_conditions() -> None:
     assert "ignores conditional writes" in str(refused.value)
     assert "cannot be an acceptance authority" in str(refused.value)
     assert await store_keys(store) == []  # the probe cleans up after itself
+
+
+async def test_probe_waits_out_conflicts_and_lost_answers() -> None:
+    """A collector restarted while the store answers 409s and loses answers (the chaos run's
+    kill rounds) retries the probe with fresh keys instead of exiting; still bounded."""
+    store = FaultyStore(MemoryStore())
+    store.script("put_if_none_match", keys.PROBE_PREFIX, Fault.CONFLICT, Fault.LOST_REPLY)
+    store.script("put_if_none_match", f"{keys.PROBE_PREFIX}c-1-etag-", Fault.CONFLICT)
+    clock = ManualClock()  # the backoff sleeps in virtual time
+    result = await probe_conditional_writes(store, collector_id="c-1", clock=clock)
+    assert result.ok
+
+    always = FaultyStore(MemoryStore())
+    always.script("put_if_none_match", keys.PROBE_PREFIX, *([Fault.CONFLICT] * 50))
+    with pytest.raises(ConditionConflict):
+        await probe_conditional_writes(always, collector_id="c-1", clock=clock)
 
 
 async def test_probe_passes_on_a_store_that_enforces_conditions() -> None:
