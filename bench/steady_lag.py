@@ -47,15 +47,13 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 
 from bench import _common as c
 from bench.proc_exit import stop_exit_cpu, uptime, wait_exit_cpu
-from bench.steady_lag_report import catalog_check, render
+from bench.steady_lag_report import Run, Sample, catalog_check, render
 from bench.steady_lag_watch import (
     Ledger,
     audits_in,
@@ -72,46 +70,6 @@ from reconciler.audit_records import latest_audit, latest_completed_audit
 from store.fs import FileSystemStore
 
 NS = 1_000_000_000
-
-
-@dataclass
-class Sample:
-    t_s: float  # since the writers started
-    lag_s: float  # status's definition: oldest waiting segment, from its first row time
-    lag_written_s: float  # the same, from when its create returned
-    gauge_s: float | None  # lm_reconciler_log_lag_seconds
-    checkpoint_age_s: float | None  # since the checkpoint last moved (a chunk committed)
-    waiting: int  # segments written and not yet consumed
-    written: int  # segments written so far
-    audit: str | None  # the newest audit's status
-    reconciler_cores: float
-    audit_worker_cores: float  # the daemon's child processes (its audit worker)
-    writer_cores: float
-    others_cores: float
-    reconciler_rss_mib: float
-    audit_worker_rss_mib: float
-
-
-@dataclass
-class Run:
-    args: dict[str, Any]
-    settings: dict[str, Any]
-    uptime: dict[str, str] = field(default_factory=dict)
-    samples: list[Sample] = field(default_factory=list)
-    writers: list[dict[str, Any]] = field(default_factory=list)
-    writer_cpu_s: float = 0.0
-    reconciler_cpu_s: float = 0.0
-    reconciler_peak_rss_mib: float = 0.0
-    audit_worker_cpu_s: float = 0.0
-    """The daemon's audit workers, up to the last sample."""
-    audit_worker_peak_rss_mib: float = 0.0
-    """The highest sampled resident set of the daemon's audit worker."""
-    audits: list[dict[str, Any]] = field(default_factory=list)
-    catch_up_s: float = 0.0
-    never_consumed: int = 0
-    catalog: dict[str, Any] = field(default_factory=dict)
-    events: list[tuple[float, str, str]] = field(default_factory=list)
-    """(t s, event, detail) from the daemon's log: audits, compactions, stage failures."""
 
 
 def make_blob_dirs(root: Path) -> None:

@@ -1,10 +1,11 @@
-"""`bench.steady_lag`'s catalog check and report."""
+"""`bench.steady_lag`'s results (`Run`, `Sample`), its catalog check and its report."""
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -13,10 +14,47 @@ import pyarrow.parquet as pq
 from bench._common import percentile
 from protocol import keys
 
-if TYPE_CHECKING:
-    from bench.steady_lag import Run
-
 NS = 1_000_000_000
+
+
+@dataclass
+class Sample:
+    t_s: float  # since the writers started
+    lag_s: float  # status's definition: oldest waiting segment, from its first row time
+    lag_written_s: float  # the same, from when its create returned
+    gauge_s: float | None  # lm_reconciler_log_lag_seconds
+    checkpoint_age_s: float | None  # since the checkpoint last moved (a chunk committed)
+    waiting: int  # segments written and not yet consumed
+    written: int  # segments written so far
+    audit: str | None  # the newest audit's status
+    reconciler_cores: float
+    audit_worker_cores: float  # the daemon's child processes (its audit worker)
+    writer_cores: float
+    others_cores: float
+    reconciler_rss_mib: float
+    audit_worker_rss_mib: float
+
+
+@dataclass
+class Run:
+    args: dict[str, Any]
+    settings: dict[str, Any]
+    uptime: dict[str, str] = field(default_factory=dict)
+    samples: list[Sample] = field(default_factory=list)
+    writers: list[dict[str, Any]] = field(default_factory=list)
+    writer_cpu_s: float = 0.0
+    reconciler_cpu_s: float = 0.0
+    reconciler_peak_rss_mib: float = 0.0
+    audit_worker_cpu_s: float = 0.0
+    """The daemon's audit workers, up to the last sample."""
+    audit_worker_peak_rss_mib: float = 0.0
+    """The highest sampled resident set of the daemon's audit worker."""
+    audits: list[dict[str, Any]] = field(default_factory=list)
+    catch_up_s: float = 0.0
+    never_consumed: int = 0
+    catalog: dict[str, Any] = field(default_factory=dict)
+    events: list[tuple[float, str, str]] = field(default_factory=list)
+    """(t s, event, detail) from the daemon's log: audits, compactions, stage failures."""
 
 
 def catalog_check(root: Path) -> dict[str, Any]:

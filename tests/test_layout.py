@@ -69,7 +69,6 @@ KNOWN_CYCLES: set[frozenset[str]] = {
             "reconciler.verify",
         }
     ),
-    frozenset({"bench.steady_lag", "bench.steady_lag_report"}),
     frozenset({"bench.raw_retention", "bench.raw_retention_report"}),
     frozenset({"bench.cost", "bench.cost_report"}),
 }
