@@ -28,10 +28,18 @@ from pathlib import Path
 
 import structlog
 
+from chaos.processes import (
+    ProcessInfo,
+    kill,
+    kill_group,
+    launch_collector,
+    signal_group,
+    terminate,
+)
 from chaos.proxy import FaultProxy
 from chaos.s3_server import CREDENTIALS, RunningServer, child_env, start_ministack
 from chaos.skewed_collector import SKEW_ENV
-from collector.launch import CollectorProcess, LaunchError, start_collector
+from collector.launch import CollectorProcess, LaunchError
 from store.base import ObjectStore
 from store.open import open_store
 
@@ -71,17 +79,6 @@ class Timing:
 
 
 @dataclass
-class ProcessInfo:
-    name: str
-    process: subprocess.Popen[bytes]
-    log_path: Path
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-
-@dataclass
 class Cluster:
     work_dir: Path
     seed: int
@@ -117,9 +114,9 @@ class Cluster:
     async def stop(self) -> None:
         """Stop everything still running, by PID, in reverse order of need."""
         for name in list(self.rollups):
-            await asyncio.to_thread(self._terminate, self.rollups.pop(name), 10.0)
+            await asyncio.to_thread(terminate, self.rollups.pop(name), 10.0)
         if self.reconciler is not None:
-            await asyncio.to_thread(self._terminate, self.reconciler, 10.0)
+            await asyncio.to_thread(terminate, self.reconciler, 10.0)
             self.reconciler = None
         for name in list(self.collectors):
             await asyncio.to_thread(self.collectors.pop(name).stop, 15.0)
@@ -202,7 +199,7 @@ class Cluster:
         deadline = time.monotonic() + 60.0
         while True:
             try:
-                process = await asyncio.to_thread(_launch_collector, logs, name, env, skew)
+                process = await asyncio.to_thread(launch_collector, logs, name, env, skew)
                 break
             except LaunchError as exc:
                 if time.monotonic() > deadline:
@@ -237,7 +234,7 @@ class Cluster:
     async def kill_reconciler(self) -> None:
         if self.reconciler is not None:
             info, self.reconciler = self.reconciler, None
-            await asyncio.to_thread(_kill, info.process)
+            await asyncio.to_thread(kill, info.process)
             self.event("reconciler_killed", pid=info.pid)
 
     async def stop_reconciler(self) -> int | None:
@@ -247,7 +244,7 @@ class Cluster:
             return None
         info, self.reconciler = self.reconciler, None
         died = info.process.poll()
-        code = await asyncio.to_thread(self._terminate, info, 15.0)
+        code = await asyncio.to_thread(terminate, info, 15.0)
         self.event("reconciler_stopped", exit_code=code, exited_on_its_own=died is not None)
         return died
 
@@ -326,7 +323,7 @@ class Cluster:
         try:
             code = await asyncio.to_thread(info.process.wait, timeout_s)
         except subprocess.TimeoutExpired:
-            code = await asyncio.to_thread(self._terminate, info, 10.0)
+            code = await asyncio.to_thread(terminate, info, 10.0)
             self.event("rollup_timed_out", name=name)
         self.rollups.pop(name, None)
         self.event("rollup_finished", name=name, exit_code=code)
@@ -338,14 +335,14 @@ class Cluster:
         info = self.rollups.get(name)
         if info is None or info.process.poll() is not None:
             return False
-        _signal_group(info.process, signum)
+        signal_group(info.process, signum)
         self.event("rollup_signalled", name=name, signal=signal.Signals(signum).name)
         return True
 
     async def kill_rollup(self, name: str) -> None:
         info = self.rollups.get(name)
         if info is not None and info.process.poll() is None:
-            await asyncio.to_thread(_kill_group, info.process)
+            await asyncio.to_thread(kill_group, info.process)
             self.event("rollup_killed", name=name, pid=info.pid)
 
     # --- children -------------------------------------------------------------------------
@@ -372,71 +369,5 @@ class Cluster:
         try:
             code = await asyncio.to_thread(info.process.wait, timeout_s)
         except subprocess.TimeoutExpired:
-            code = await asyncio.to_thread(self._terminate, info, 10.0)
+            code = await asyncio.to_thread(terminate, info, 10.0)
         return code, info.log_path.read_text(errors="replace")[-4000:]
-
-    @staticmethod
-    def _terminate(info: ProcessInfo, timeout_s: float) -> int:
-        process = info.process
-        if process.poll() is None:
-            _signal_group(process, signal.SIGTERM)
-            try:
-                return process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                _kill_group(process)
-        return process.wait()
-
-
-def _launch_collector(
-    logs: Path, name: str, env: dict[str, str], skew_s: float
-) -> CollectorProcess:
-    if not skew_s:
-        return start_collector(work_dir=logs, name=name, env=env)
-    # The same launch as `collector.launch.start_collector`, through the skewing wrapper.
-    logs.mkdir(parents=True, exist_ok=True)
-    ready_file = logs / f"{name}.ready.json"
-    ready_file.unlink(missing_ok=True)
-    log_path = logs / f"{name}.log"
-    child = {"LM_HTTP__PORT": "0", **env}
-    command = [
-        sys.executable,
-        "-m",
-        "chaos.skewed_collector",
-        "serve",
-        "--ready-file",
-        str(ready_file),
-    ]
-    with log_path.open("ab") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=child)
-    deadline = time.monotonic() + 30.0
-    while not ready_file.exists():
-        if process.poll() is not None or time.monotonic() > deadline:
-            _kill(process)
-            tail = log_path.read_text(errors="replace")[-2000:]
-            raise LaunchError(f"skewed collector {name} did not start:\n{tail}")
-        time.sleep(0.05)  # polling for readiness, bounded by the deadline
-    import json
-
-    info = json.loads(ready_file.read_text())
-    return CollectorProcess(
-        process, f"http://{info['host']}:{info['port']}", log_path, ready_file, env
-    )
-
-
-def _kill(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        os.kill(process.pid, signal.SIGKILL)
-    process.wait()
-
-
-def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
-    try:
-        os.killpg(process.pid, signum)  # our child leads its own group (start_new_session)
-    except ProcessLookupError:
-        pass
-
-
-def _kill_group(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        _signal_group(process, signal.SIGKILL)
-    process.wait()

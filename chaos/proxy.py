@@ -47,10 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-import socket
-import struct
 import time
-import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -78,28 +75,14 @@ from chaos.faults import (
     decide,
     decision_term,
 )
+from chaos.proxy_http import (
+    REQUEST_HEADERS_DROPPED,
+    RESPONSE_HEADERS_DROPPED,
+    reset_connection,
+    s3_error,
+)
 
 log = structlog.get_logger("chaos.proxy")
-
-# Hop-by-hop headers (RFC 9110 §7.6.1) and the ones the proxy recomputes. ``Expect`` is
-# handled by this server (100 Continue) and not signed by SigV4; forwarding it would make
-# the upstream client wait for a second 100.
-_REQUEST_HEADERS_DROPPED = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "expect",
-        "content-length",
-    }
-)
-_RESPONSE_HEADERS_DROPPED = frozenset(
-    {"connection", "keep-alive", "transfer-encoding", "upgrade", "date", "server"}
-)
 
 
 @dataclass
@@ -279,7 +262,7 @@ class FaultProxy:
             if trigger.when == "after":
                 await self._forward(request, body)
             await trigger.action()
-            return _reset(request)
+            return reset_connection(request)
         phase = self.phase
         decision = decide(self.seed, phase, op, key, occurrence)
         if decision.delay_s > 0:
@@ -291,11 +274,11 @@ class FaultProxy:
             case None:
                 return await self._forward(request, body)
             case FaultKind.ERROR_500:
-                return _s3_error(request, 500, "InternalError", "We encountered an internal error.")
+                return s3_error(request, 500, "InternalError", "We encountered an internal error.")
             case FaultKind.SLOWDOWN_503:
-                return _s3_error(request, 503, "SlowDown", "Please reduce your request rate.")
+                return s3_error(request, 503, "SlowDown", "Please reduce your request rate.")
             case FaultKind.CONFLICT_409:
-                return _s3_error(
+                return s3_error(
                     request,
                     409,
                     "ConditionalRequestConflict",
@@ -303,17 +286,17 @@ class FaultProxy:
                     "this resource. Please try again.",
                 )
             case FaultKind.RESET | FaultKind.OUTAGE:
-                return _reset(request)
+                return reset_connection(request)
             case FaultKind.TIMEOUT:
                 await self._hold(request)
-                return _reset(request)
+                return reset_connection(request)
             case FaultKind.LOST_ANSWER:
                 await self._forward(request, body)  # applied upstream; the answer is dropped
                 if decision.lost_mode == "error_500":
-                    return _s3_error(request, 500, "InternalError", "We encountered an error.")
+                    return s3_error(request, 500, "InternalError", "We encountered an error.")
                 if decision.lost_mode == "hold":
                     await self._hold(request)
-                return _reset(request)
+                return reset_connection(request)
             case FaultKind.LATE_APPLY:
                 await self._hold(request)
                 late = asyncio.ensure_future(
@@ -321,7 +304,7 @@ class FaultProxy:
                 )
                 self._late.add(late)
                 late.add_done_callback(self._late.discard)
-                return _reset(request)
+                return reset_connection(request)
         raise AssertionError(f"unhandled decision {decision}")
 
     def _record(self, phase: Phase, op: str, key: str, occurrence: int, decision: Decision) -> None:
@@ -361,7 +344,7 @@ class FaultProxy:
         headers = CIMultiDict(
             (name, value)
             for name, value in request.headers.items()
-            if name.lower() not in _REQUEST_HEADERS_DROPPED
+            if name.lower() not in REQUEST_HEADERS_DROPPED
         )
         target = URL(self.upstream + request.rel_url.raw_path_qs, encoded=True)
         try:
@@ -377,7 +360,7 @@ class FaultProxy:
                 out = CIMultiDict(
                     (name, value)
                     for name, value in answer.headers.items()
-                    if name.lower() not in _RESPONSE_HEADERS_DROPPED
+                    if name.lower() not in RESPONSE_HEADERS_DROPPED
                 )
                 status = answer.status
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
@@ -385,43 +368,13 @@ class FaultProxy:
             # connection, as it would be with no proxy in between.
             self.upstream_failures += 1
             log.debug("chaos_proxy_upstream_failed", error=repr(exc))
-            return _reset(request)
+            return reset_connection(request)
         self.forwarded += 1
         if request.method == "HEAD":
             response = web.Response(status=status, headers=out)
             return response
         out.popall("Content-Length", None)
         return web.Response(status=status, headers=out, body=payload)
-
-
-def _s3_error(request: web.Request, status: int, code: str, message: str) -> web.Response:
-    request_id = uuid.uuid4().hex[:16].upper()
-    headers = {"x-amz-request-id": request_id, "Content-Type": "application/xml"}
-    if status == 503:
-        headers["Retry-After"] = "1"
-    if request.method == "HEAD":  # S3 sends no body with a HEAD error
-        return web.Response(status=status, headers=headers)
-    body = (
-        '<?xml version="1.0" encoding="UTF-8"?>\n'
-        f"<Error><Code>{code}</Code><Message>{message}</Message>"
-        f"<Resource>{request.rel_url.path}</Resource><RequestId>{request_id}</RequestId></Error>"
-    )
-    return web.Response(status=status, headers=headers, body=body.encode())
-
-
-def _reset(request: web.Request) -> web.StreamResponse:
-    """Reset the client's connection (RST, not FIN) and hand aiohttp a response it can
-    no longer send."""
-    transport = request.transport
-    if transport is not None and not transport.is_closing():
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            except OSError:
-                pass  # already gone: closing is enough
-        transport.abort()
-    return web.Response(status=500)
 
 
 __all__ = [

@@ -80,8 +80,6 @@ KNOWN_LONG: set[str] = {
     "bench._common",
     "bench.raw_retention",
     "bench.rollup",
-    "chaos.cluster",
-    "chaos.proxy",
     "config.settings",
     "protocol.keys",
     "protocol.records",
