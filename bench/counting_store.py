@@ -62,6 +62,13 @@ class CountingStore:
         self._count(op, key)
         return await self.inner.put(key, body, if_none_match=if_none_match, if_match=if_match)
 
+    async def put_file(
+        self, key: str, path: str, *, if_none_match: bool = False, if_match: str | None = None
+    ) -> str:
+        op = "put_if_none_match" if if_none_match else "put_if_match" if if_match else "put"
+        self._count(op, key)
+        return await self.inner.put_file(key, path, if_none_match=if_none_match, if_match=if_match)
+
     async def list(self, prefix: str, start_after: str | None = None) -> AsyncIterator[ObjectInfo]:
         self._count("list", prefix)
         returned = 0

@@ -67,6 +67,14 @@ class LedgerStore(FileSystemStore):
             self._ledger.write(f"{key} {time.time_ns()}\n")
         return etag
 
+    async def put_file(
+        self, key: str, path: str, *, if_none_match: bool = False, if_match: str | None = None
+    ) -> str:
+        etag = await super().put_file(key, path, if_none_match=if_none_match, if_match=if_match)
+        if key.startswith(keys.INDEX_LOG_PREFIX):
+            self._ledger.write(f"{key} {time.time_ns()}\n")
+        return etag
+
 
 class Batches:
     """Fresh batches: blob and manifest files written, their log rows returned."""

@@ -121,6 +121,19 @@ class FaultyStore:
             lambda: self.inner.put(key, body, if_none_match=if_none_match, if_match=if_match),
         )
 
+    async def put_file(
+        self, key: str, path: str, *, if_none_match: bool = False, if_match: str | None = None
+    ) -> str:
+        """Faulted as the `put` of the same conditions."""
+        op = "put_if_none_match" if if_none_match else "put_if_match" if if_match else "put"
+        if self.ignore_conditions:
+            if_none_match, if_match = False, None
+        return await self._run(
+            op,
+            key,
+            lambda: self.inner.put_file(key, path, if_none_match=if_none_match, if_match=if_match),
+        )
+
     async def list(self, prefix: str, start_after: str | None = None) -> AsyncIterator[ObjectInfo]:
         self.calls["list"] += 1
         fault = self._pick("list", prefix)

@@ -6,9 +6,11 @@ blob deletions and re-creations, index files written, catalog files deleted."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 from chaos.index_checks import RecordFacts, catalog_problems, read_catalog
 from chaos.sim_retention import RetentionRule
@@ -55,6 +57,20 @@ class WatchedStore:
         self, key: str, body: bytes, *, if_none_match: bool = False, if_match: str | None = None
     ) -> str:
         etag = await self.inner.put(key, body, if_none_match=if_none_match, if_match=if_match)
+        await self._applied(key, body, if_none_match)
+        return etag
+
+    async def put_file(
+        self, key: str, path: str, *, if_none_match: bool = False, if_match: str | None = None
+    ) -> str:
+        """Forwarded as a file; checked as `put` checks (the body read back from the file:
+        the simulation's files are small)."""
+        etag = await self.inner.put_file(key, path, if_none_match=if_none_match, if_match=if_match)
+        await self._applied(key, await asyncio.to_thread(Path(path).read_bytes), if_none_match)
+        return etag
+
+    async def _applied(self, key: str, body: bytes, if_none_match: bool) -> None:
+        """Watch a put that the store applied."""
         self._count_put(key, if_none_match)
         self.on_put(key, body)
         if key == keys.RAW_RETENTION_KEY and self.retention is not None:
@@ -78,7 +94,6 @@ class WatchedStore:
                 await self.inner.head(keys.raw_blob_key(sha))
             except NotFound:
                 self._violation(f"{key} was created while its raw blob {sha[:12]} was missing")
-        return etag
 
     def list(self, prefix: str, start_after: str | None = None) -> AsyncIterator[ObjectInfo]:
         return self.inner.list(prefix, start_after)

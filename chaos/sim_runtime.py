@@ -234,6 +234,15 @@ class DelayedStore:
             key=key,
         )
 
+    async def put_file(
+        self, key: str, path: str, *, if_none_match: bool = False, if_match: str | None = None
+    ) -> str:
+        return await self._landing(
+            lambda: self.inner.put_file(key, path, if_none_match=if_none_match, if_match=if_match),
+            op="put",
+            key=key,
+        )
+
     async def list(self, prefix: str, start_after: str | None = None) -> AsyncIterator[ObjectInfo]:
         await asyncio.sleep(self._rng.uniform(0.0, self._max))
         async for info in self.inner.list(prefix, start_after):
@@ -294,6 +303,15 @@ class S3LikeRetries:
         if if_none_match or if_match is not None:
             return await self.inner.put(key, body, if_none_match=if_none_match, if_match=if_match)
         return await self._retrying(lambda: self.inner.put(key, body))
+
+    async def put_file(
+        self, key: str, path: str, *, if_none_match: bool = False, if_match: str | None = None
+    ) -> str:
+        if if_none_match or if_match is not None:
+            return await self.inner.put_file(
+                key, path, if_none_match=if_none_match, if_match=if_match
+            )
+        return await self._retrying(lambda: self.inner.put_file(key, path))
 
     async def list(self, prefix: str, start_after: str | None = None) -> AsyncIterator[ObjectInfo]:
         # Pages are not re-requested here (S3Store retries per page): a failed listing

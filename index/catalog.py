@@ -28,9 +28,11 @@ merged file records: never a file written after the compaction listed the hour.
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import io
 import random
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -40,7 +42,7 @@ import structlog
 
 from protocol import keys, records
 from protocol.clock import Clock
-from store.base import ObjectInfo, ObjectStore
+from store.base import PUT_FILE_PART_BYTES, ObjectInfo, ObjectStore
 from store.errors import (
     ConditionConflict,
     NotFound,
@@ -198,6 +200,40 @@ class CatalogWriter:
     async def create_encoded(self, hour: keys.UtcHour, body: bytes) -> tuple[str, str | None]:
         """`write_encoded`, also returning the ETag the store answered for the create
         (``None`` when an earlier attempt's lost answer created it: read back instead)."""
+        rows = pq.read_metadata(io.BytesIO(body)).num_rows
+        return await self._create(
+            hour,
+            lambda key: self._store.put(key, body, if_none_match=True),
+            lambda stored: stored == body,
+            rows,
+        )
+
+    async def create_file(self, hour: keys.UtcHour, path: str) -> tuple[str, str | None]:
+        """`create_encoded` of the encoded catalog file at ``path``, uploaded from the file
+        (`ObjectStore.put_file`: never the whole body in memory; a merged hour is
+        hundreds of MB)."""
+        rows = (await asyncio.to_thread(pq.read_metadata, path)).num_rows
+        digest: list[bytes] = []  # the file's hash, computed only if a lost answer needs it
+
+        def same(stored: bytes) -> bool:
+            if not digest:
+                digest.append(file_sha256(path))
+            return hashlib.sha256(stored).digest() == digest[0]
+
+        return await self._create(
+            hour, lambda key: self._store.put_file(key, path, if_none_match=True), same, rows
+        )
+
+    async def _create(
+        self,
+        hour: keys.UtcHour,
+        put: Callable[[str], Awaitable[str]],
+        same: Callable[[bytes], bool],
+        rows: int,
+    ) -> tuple[str, str | None]:
+        """Create a file of ``hour`` by ``put(key)`` (If-None-Match) under the next free
+        name, then its catalog-created entry; ``same(stored)`` says whether a body read
+        back is this one (after a lost answer and a 412)."""
         delays = self._backoff.delays(self._rng)
         key = self._next_key(hour)
         etag: str | None = None
@@ -206,10 +242,10 @@ class CatalogWriter:
             maybe_ours = False
             while True:
                 try:
-                    etag = await self._store.put(key, body, if_none_match=True)
+                    etag = await put(key)
                     break
                 except PreconditionFailed:
-                    if maybe_ours and await self._holds(key, body):
+                    if maybe_ours and await self._holds(key, same):
                         break
                     self._hold(key, -1)
                     key, maybe_ours = self._next_key(hour), False
@@ -222,7 +258,7 @@ class CatalogWriter:
                     if delay is None:
                         raise
                     await self._clock.sleep(delay)
-            await self._create_entry(key, body)
+            await self._create_entry(key, rows)
         finally:
             self._hold(key, -1)
         self.files_written += 1
@@ -236,13 +272,12 @@ class CatalogWriter:
         else:
             self._in_flight.pop(sequence, None)
 
-    async def _create_entry(self, catalog_key: str, body: bytes) -> None:
+    async def _create_entry(self, catalog_key: str, rows: int) -> None:
         """The file's catalog-created entry. A 412 is our own entry: the name is this
         writer's (epoch, sequence), whose file we just created. Raises when bounded retries
         did not settle it."""
         _hour, epoch, sequence = keys.parse_index_catalog_key(catalog_key)
         entry_key = keys.catalog_created_key(epoch, sequence)
-        rows = pq.read_metadata(io.BytesIO(body)).num_rows
         entry = records.CatalogCreated(catalog_key=catalog_key, rows=rows).to_json()
         delays = self._backoff.delays(self._rng)
         while True:
@@ -261,12 +296,12 @@ class CatalogWriter:
         self._sequence = (self._sequence + 1) % 10**10
         return keys.index_catalog_key(hour, self._epoch, self._sequence)
 
-    async def _holds(self, key: str, body: bytes) -> bool:
+    async def _holds(self, key: str, same: Callable[[bytes], bool]) -> bool:
         try:
             stored, _etag = await self._store.get(key)
         except NotFound:
             return False
-        return stored == body
+        return same(stored)
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,6 +350,15 @@ async def _compacted_from(store: ObjectStore, key: str) -> list[str]:
     except Exception as exc:
         raise IndexFileError(f"{key}: unreadable catalog file: {exc}") from None
     return compacted_from_names(meta)
+
+
+def file_sha256(path: str) -> bytes:
+    """SHA-256 of a local file, read a piece at a time."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while piece := file.read(PUT_FILE_PART_BYTES):
+            digest.update(piece)
+    return digest.digest()
 
 
 def compacted_from_names(metadata: dict[bytes, bytes] | None) -> list[str]:

@@ -6,10 +6,10 @@ memory limit, spilling to that directory — keeps the newest file's row per key
 names are ``<epoch>-<sequence>``: name order is write order), sorts by key and writes one
 Parquet file whose key-value metadata names its inputs (``lightmetrics.compacted_from``;
 transitively, so a reader finding an input's input gone knows where its rows are)
-and its level (``lightmetrics.level``). The merged body is created with If-None-Match like
-every catalog file (`CatalogWriter.create_encoded`) and checked by a HEAD: the size and the
-ETag the create answered (the merged file is not held in memory twice; where the ETags
-disagree it is read back and hashed). The inputs are not deleted here: `index.catalog.delete_compacted_inputs` does
+and its level (``lightmetrics.level``). The merged file is created with If-None-Match like
+every catalog file, uploaded from the local file (`CatalogWriter.create_file`,
+`ObjectStore.put_file`: never held in memory whole) and checked by a HEAD: the size and
+the ETag the create answered (where the ETags disagree it is read back and hashed). The inputs are not deleted here: `index.catalog.delete_compacted_inputs` does
 that after the readers' grace, by the names the merged file records.
 
 An input written before a column existed is normalized first (`index.rows.read_table`
@@ -30,7 +30,13 @@ from protocol import keys
 from store.base import ObjectInfo, ObjectStore
 from store.etag_check import normalized_etag
 
-from .catalog import COMPACTED_FROM, CatalogWriter, Compaction, compacted_from_names
+from .catalog import (
+    COMPACTED_FROM,
+    CatalogWriter,
+    Compaction,
+    compacted_from_names,
+    file_sha256,
+)
 from .catalog_local import (
     NEWEST_PER_KEY,
     MergeLimits,
@@ -81,21 +87,22 @@ async def merge_files(
         }
         counted = effective(names, paths)  # inputs of another input are contained in it
         rows = await asyncio.to_thread(_merge, counted, out, metadata, limits, tmp)
-        body = await asyncio.to_thread(out.read_bytes)
-    size, digest = len(body), hashlib.sha256(body).digest()
-    merged, etag = await writer.create_encoded(hour, body)
-    del body
-    # Read back without holding the file twice: the store attests what it holds by a HEAD
-    # (its size, and the ETag its create answered). Only where those disagree (a store
-    # whose ETags differ between PUT and HEAD, PROTOCOL §3.6, or a create whose answer was
-    # lost) is the whole file read back and hashed.
-    info = await store.head(merged)
-    if info.size != size:
-        raise IndexFileError(f"{merged}: the store holds {info.size} bytes, {size} were sent")
-    if etag is None or normalized_etag(info.etag) != normalized_etag(etag):
-        stored, _etag = await store.get(merged)
-        if hashlib.sha256(stored).digest() != digest:
-            raise IndexFileError(f"{merged}: the merged file read back differs from what was sent")
+        size = (await asyncio.to_thread(out.stat)).st_size
+        merged, etag = await writer.create_file(hour, str(out))
+        # Read back without holding the file: the store attests what it holds by a HEAD
+        # (its size, and the ETag its create answered). Only where those disagree (a store
+        # whose ETags differ between PUT and HEAD, PROTOCOL §3.6, or a create whose answer
+        # was lost) is the whole file read back and hashed.
+        info = await store.head(merged)
+        if info.size != size:
+            raise IndexFileError(f"{merged}: the store holds {info.size} bytes, {size} were sent")
+        if etag is None or normalized_etag(info.etag) != normalized_etag(etag):
+            digest = await asyncio.to_thread(file_sha256, str(out))
+            stored, _etag = await store.get(merged)
+            if hashlib.sha256(stored).digest() != digest:
+                raise IndexFileError(
+                    f"{merged}: the merged file read back differs from what was sent"
+                )
     return Compaction(merged, tuple(names), rows)
 
 

@@ -5,8 +5,8 @@ The steady pass writes one catalog file per hour per chunk, and audits one per c
 found records missing, so an hour collects files (level 0). `CatalogCompactor` merges
 them by levels: as soon as an hour holds `FANOUT` files of one level that this process
 knows of, they merge into one file of the next level (`index.catalog_merge`: out of
-core, in DuckDB, under half of ``reconciler.audit_memory_limit_mb``: the merged file is
-held once more in memory for its upload), so no row is rewritten more
+core, in DuckDB, under half of ``reconciler.audit_memory_limit_mb``; the merged file is
+uploaded from its local copy, `ObjectStore.put_file`), so no row is rewritten more
 than a few times however busy the hour (log_FANOUT of its files), and readers (the
 rollup planner, the GC, the live query) open few files per hour. Once the hour is
 *settled* (its end is older than the lookback: the log will add nothing more to it but

@@ -17,6 +17,12 @@ Contract, shared by every implementation and checked by ``tests/store/test_contr
   `PreconditionFailed`); ``if_match=etag`` replaces only if the current ETag equals it
   (else `PreconditionFailed`, also when the key is absent). Both at once is a caller bug.
   Creation and replacement are atomic: readers see the old or the new body, never a mix.
+- ``put_file(key, path, *, if_none_match=False, if_match=None) -> etag``: ``put`` of the
+  local file at ``path`` (its bytes when called), with the same conditions and atomicity,
+  read from the file in bounded pieces: never the whole body in memory (S3: a multipart
+  upload above `PUT_FILE_PART_BYTES`, aborted on failure; fs: copied into a temporary
+  file and published as ``put`` publishes). For big files a store writes (merged catalog
+  files); the file must not change during the call.
 - ``list(prefix, start_after=None)``: async iterator of `ObjectInfo` for every key that
   starts with ``prefix`` and sorts after ``start_after``, in S3 order (bytewise order of
   the UTF-8 encoding of the whole key). Pages are fetched lazily; memory stays bounded.
@@ -58,6 +64,9 @@ class ObjectInfo:
     last_modified_ns: int
 
 
+PUT_FILE_PART_BYTES = 16 * 1024 * 1024
+"""How much of a file `ObjectStore.put_file` holds at once (S3: its multipart part size)."""
+
 MAX_SIGNED_EXPIRY_S = 7 * 24 * 3600
 """S3's longest pre-signed URL lifetime (``X-Amz-Expires``): one week."""
 
@@ -95,6 +104,15 @@ class ObjectStore(Protocol):
         self,
         key: str,
         body: bytes,
+        *,
+        if_none_match: bool = False,
+        if_match: str | None = None,
+    ) -> str: ...
+
+    async def put_file(
+        self,
+        key: str,
+        path: str,
         *,
         if_none_match: bool = False,
         if_match: str | None = None,

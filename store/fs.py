@@ -53,6 +53,7 @@ from pathlib import Path
 
 from protocol.clock import Clock, SystemClock
 from store.base import (
+    PUT_FILE_PART_BYTES,
     ObjectInfo,
     SignedDelete,
     check_key,
@@ -146,8 +147,7 @@ class FileSystemStore:
             path = self._path("head", key)
         except KeySegmentTooLong:
             raise NotFound("head", key) from None  # no object can be there
-        _, info = await asyncio.to_thread(_read, "head", key, path)
-        return info
+        return await asyncio.to_thread(_info, "head", key, path)
 
     async def put(
         self,
@@ -165,6 +165,26 @@ class FileSystemStore:
             self._put_sync, key, path, bytes(body), now_ns, if_none_match, if_match
         )
 
+    async def put_file(
+        self,
+        key: str,
+        path: str,
+        *,
+        if_none_match: bool = False,
+        if_match: str | None = None,
+    ) -> str:
+        """`put` of the file at ``path``: copied into a temporary file a piece at a time
+        (`PUT_FILE_PART_BYTES`), then published exactly as `put` publishes."""
+        target = self._path("put", key)
+        check_put_conditions(key, if_none_match, if_match)
+        now_ns = self._clock.now_ns()
+
+        def put_sync() -> str:
+            tmp, etag = self._copy_temp(key, path, now_ns)
+            return self._publish(key, target, tmp, etag, if_none_match, if_match)
+
+        return await asyncio.to_thread(put_sync)
+
     def _put_sync(
         self,
         key: str,
@@ -175,21 +195,33 @@ class FileSystemStore:
         if_match: str | None,
     ) -> str:
         tmp = self._write_temp(key, body, now_ns)
+        return self._publish(key, path, tmp, body_etag(body), if_none_match, if_match)
+
+    def _publish(
+        self,
+        key: str,
+        path: str,
+        tmp: str,
+        etag: str,
+        if_none_match: bool,
+        if_match: str | None,
+    ) -> str:
+        """Make the written temporary file ``tmp`` (whose ETag is ``etag``) the object."""
         try:
             if if_none_match:
                 self._commit(key, path, lambda: _link_new(key, path, tmp))
-                return body_etag(body)
+                return etag
             with self._key_lock(key):
                 if if_match is not None:
                     try:
-                        current = _read("put", key, path)[1].etag
+                        current = _info("put", key, path).etag
                     except NotFound:
                         current = "no object"
                     if current != if_match:
                         detail = f"If-Match {if_match}, found {current}"
                         raise PreconditionFailed("put", key, detail)
                 self._commit(key, path, lambda: _replace(key, path, tmp))
-            return body_etag(body)
+            return etag
         finally:
             # After a link the temporary name is redundant; after a rename it is gone.
             _unlink_quietly(tmp)
@@ -210,6 +242,23 @@ class FileSystemStore:
             _unlink_quietly(tmp)
             raise Unavailable("put", key, f"writing temporary file: {exc}") from exc
         return tmp
+
+    def _copy_temp(self, key: str, source: str, now_ns: int) -> tuple[str, str]:
+        """A temporary copy of the file ``source`` (fsync'd) and its ETag."""
+        tmp = os.path.join(self._tmp, secrets.token_hex(16))
+        digest = hashlib.md5(usedforsecurity=False)
+        try:
+            with open(source, "rb") as src, open(tmp, "xb") as out:
+                while piece := src.read(PUT_FILE_PART_BYTES):
+                    digest.update(piece)
+                    out.write(piece)
+                out.flush()
+                os.utime(out.fileno(), ns=(now_ns, now_ns))
+                os.fsync(out.fileno())
+        except OSError as exc:
+            _unlink_quietly(tmp)
+            raise Unavailable("put", key, f"copying {source!r} to a temporary file: {exc}") from exc
+        return tmp, f'"{digest.hexdigest()}"'
 
     def _commit(self, key: str, path: str, publish: Callable[[], None]) -> None:
         """Run ``publish`` (link or rename onto ``path``), creating parent directories as
@@ -463,11 +512,28 @@ def _holds_a_file(directory: str) -> bool:
     return False
 
 
+def _info(op: str, key: str, path: str) -> ObjectInfo:
+    """`_read`'s metadata without holding the body: its MD5 is computed a piece at a time."""
+    digest = hashlib.md5(usedforsecurity=False)
+    size = 0
+    try:
+        with open(path, "rb") as file:
+            mtime_ns = os.fstat(file.fileno()).st_mtime_ns
+            while piece := file.read(PUT_FILE_PART_BYTES):
+                digest.update(piece)
+                size += len(piece)
+    except _GONE:
+        raise NotFound(op, key) from None
+    except OSError as exc:
+        raise Unavailable(op, key, str(exc)) from exc
+    return ObjectInfo(key, size, f'"{digest.hexdigest()}"', mtime_ns)
+
+
 def _read_page(files: Iterator[tuple[str, str]]) -> tuple[builtins.list[ObjectInfo], bool]:
     page = []
     for path, key in files:
         try:
-            page.append(_read("list", key, path)[1])
+            page.append(_info("list", key, path))
         except NotFound:
             continue  # deleted after the directory was read: S3 would not list it either
         if len(page) == _LIST_BATCH:

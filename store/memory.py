@@ -19,6 +19,7 @@ import hashlib
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from protocol.clock import Clock, SystemClock
 from store.base import (
@@ -105,6 +106,20 @@ class MemoryStore:
                 bisect.insort(self._order, key.encode("utf-8"))
             self._objects[key] = _Object(body, info)
         return info.etag
+
+    async def put_file(
+        self,
+        key: str,
+        path: str,
+        *,
+        if_none_match: bool = False,
+        if_match: str | None = None,
+    ) -> str:
+        """`put` of the file's bytes (this store holds every body in memory anyway);
+        through ``self.put``, so a subclass that watches puts sees this one too."""
+        check_key("put", key)
+        body = await asyncio.to_thread(Path(path).read_bytes)
+        return await self.put(key, body, if_none_match=if_none_match, if_match=if_match)
 
     async def list(self, prefix: str, start_after: str | None = None) -> AsyncIterator[ObjectInfo]:
         raw_prefix = prefix.encode("utf-8")

@@ -35,20 +35,22 @@ with aiohttp on a fresh connection. S3 refuses it with 403 "Request has expired"
 clock is past ``X-Amz-Date`` + ``X-Amz-Expires`` (`RequestExpired`); other answers and
 transport failures are mapped as above (a DELETE is mutating).
 
-Only this module and its helpers (`store.s3_timestamps`, `store.s3_request_cache`)
-import aiobotocore/botocore.
+Only this module and its helpers (`store.s3_timestamps`, `store.s3_request_cache`,
+`store.s3_upload`) import aiobotocore/botocore.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
+import os
 import random
 import re
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
@@ -62,6 +64,7 @@ from yarl import URL
 
 from protocol.clock import Clock, SystemClock
 from store.base import (
+    PUT_FILE_PART_BYTES,
     ObjectInfo,
     SignedDelete,
     check_key,
@@ -81,6 +84,7 @@ from store.retry import Backoff, repeat_while_unavailable
 from store.s3_fast_list import use_fast_listings
 from store.s3_request_cache import speed_up_client
 from store.s3_timestamps import use_fast_timestamps
+from store.s3_upload import upload_file
 from store.time import DEFAULT_MAX_CLOCK_SKEW_S, ClockOffset
 
 if TYPE_CHECKING:
@@ -115,6 +119,7 @@ _TRANSPORT_ERRORS = (
 )
 _CONFLICT_CODES = frozenset({"ConditionalRequestConflict", "OperationAborted"})
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
+MIN_PART_BYTES = 5 * 1024 * 1024  # S3's least part size (all parts but the last)
 
 
 class S3Credentials(NamedTuple):
@@ -152,8 +157,12 @@ class S3Store:
         rng: random.Random | None = None,
         clock: Clock | None = None,
         max_clock_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S,
+        upload_part_bytes: int = PUT_FILE_PART_BYTES,
     ) -> None:
         check_bucket_name(bucket)
+        if upload_part_bytes < MIN_PART_BYTES:
+            raise StoreConfigError(f"upload_part_bytes must be at least {MIN_PART_BYTES} (S3)")
+        self.upload_part_bytes = upload_part_bytes
         prefix = _normalize_prefix(prefix)
         if credentials is not None and profile is not None:
             raise StoreConfigError("give explicit credentials or a profile, not both")
@@ -379,6 +388,36 @@ class S3Store:
         # after an unknown outcome converges on what the first attempt meant to do.
         return await self._retrying("put", key, attempt, mutating=True)
 
+    async def put_file(
+        self,
+        key: str,
+        path: str,
+        *,
+        if_none_match: bool = False,
+        if_match: str | None = None,
+    ) -> str:
+        """`put` of the file at ``path``: up to ``upload_part_bytes`` one PutObject of its
+        bytes, beyond that a multipart upload of parts read one at a time
+        (`store.s3_upload`), the condition on its completion, aborted on failure."""
+        check_key("put", key)
+        check_put_conditions(key, if_none_match, if_match)
+        size = await asyncio.to_thread(os.path.getsize, path)
+        if size <= self.upload_part_bytes:
+            body = await asyncio.to_thread(Path(path).read_bytes)
+            return await self.put(key, body, if_none_match=if_none_match, if_match=if_match)
+        etag = await upload_file(
+            self._send,
+            bucket=self.bucket,
+            key=key,
+            full_key=self._root + key,
+            path=path,
+            size=size,
+            part_bytes=self.upload_part_bytes,
+            if_none_match=if_none_match,
+            if_match=if_match,
+        )
+        return _etag(etag)
+
     def list(self, prefix: str, start_after: str | None = None) -> AsyncIterator[ObjectInfo]:
         return self._listing(prefix, start_after, None)
 
@@ -574,6 +613,23 @@ class S3Store:
             TimeoutError,
         ) as exc:
             raise map_s3_error(op, key, exc, mutating=mutating) from exc
+
+    async def _send(
+        self,
+        op: str,
+        key: str,
+        attempt: Callable[[S3Client], Awaitable[T]],
+        *,
+        mutating: bool,
+        repeat: str | None,
+    ) -> T:
+        """`_once` (``repeat=None``) or `_retrying`, repeating after an unknown outcome
+        too when ``repeat == "always"`` (`store.s3_upload.Send`)."""
+        if repeat is None:
+            return await self._once(op, key, attempt, mutating=mutating)
+        return await self._retrying(
+            op, key, attempt, mutating=mutating, repeat_unknown=repeat == "always"
+        )
 
     async def _retrying(
         self,

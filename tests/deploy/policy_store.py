@@ -57,6 +57,15 @@ class PolicyStore:
         self._check("s3:PutObject", key, self._object_arn(key), extra)
         return await self.inner.put(key, body, if_none_match=if_none_match, if_match=if_match)
 
+    async def put_file(
+        self, key: str, path: str, *, if_none_match: bool = False, if_match: str | None = None
+    ) -> str:
+        # A multipart upload is s3:PutObject too (its abort: s3:AbortMultipartUpload).
+        extra = {"s3:if-none-match": "*"} if if_none_match else {}
+        self._check("s3:PutObject", key, self._object_arn(key), extra)
+        self._check("s3:AbortMultipartUpload", key, self._object_arn(key))
+        return await self.inner.put_file(key, path, if_none_match=if_none_match, if_match=if_match)
+
     def list(self, prefix: str, start_after: str | None = None) -> AsyncIterator[ObjectInfo]:
         self._check(
             "s3:ListBucket",

@@ -302,6 +302,14 @@ class CountingStore:
             lambda: self.inner.put(key, body, if_none_match=if_none_match, if_match=if_match)
         )
 
+    async def put_file(
+        self, key: str, path: str, *, if_none_match: bool = False, if_match: str | None = None
+    ) -> str:
+        self.calls[f"{'create' if if_none_match else 'put'} {kind_of(key)}"] += 1
+        return await self._counted(
+            lambda: self.inner.put_file(key, path, if_none_match=if_none_match, if_match=if_match)
+        )
+
     async def list(self, prefix: str, start_after: str | None = None) -> AsyncIterator[ObjectInfo]:
         self.calls[f"list {kind_of(prefix)}"] += 1
         self.lists.append((prefix, start_after))

@@ -231,6 +231,12 @@ class CountingStore:
         self.requests.append(("put", key))
         return await self.inner.put(key, body, if_none_match=if_none_match, if_match=if_match)
 
+    async def put_file(
+        self, key: str, path: str, *, if_none_match: bool = False, if_match: str | None = None
+    ) -> str:
+        self.requests.append(("put", key))
+        return await self.inner.put_file(key, path, if_none_match=if_none_match, if_match=if_match)
+
     async def list(self, prefix: str, start_after: str | None = None) -> AsyncIterator[ObjectInfo]:
         self.requests.append(("list", prefix))
         returned = 0

@@ -28,7 +28,7 @@ import pytest
 from store.base import ObjectStore
 from store.fs import FileSystemStore
 from store.memory import MemoryStore
-from store.s3 import S3Store
+from store.s3 import MIN_PART_BYTES, S3Store
 from tests.s3_servers import RunningServer, fresh_bucket
 
 StoreFactory = Callable[[pytest.FixtureRequest], AbstractAsyncContextManager[ObjectStore]]
@@ -75,6 +75,7 @@ def _s3_store(server_fixture: str) -> StoreFactory:
             endpoint_url=server.endpoint_url,
             connect_timeout_s=2.0,
             read_timeout_s=30.0,
+            upload_part_bytes=MIN_PART_BYTES,  # put_file's tests span parts at 11 MiB
         )
         try:
             yield store

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
+from pathlib import Path
 
 import pytest
 
 from store.base import ConditionalGet, ObjectInfo, ObjectStore, get_if_changed, list_range
 from store.errors import NotFound, PreconditionFailed, RequestExpired
+from store.s3 import MIN_PART_BYTES
 
 
 async def _list(store: ObjectStore, prefix: str, start_after: str | None = None) -> list[str]:
@@ -56,6 +59,58 @@ async def test_empty_body_round_trip(store: ObjectStore) -> None:
     etag = await store.put("empty", b"")
     assert await store.get("empty") == (b"", etag)
     assert (await store.head("empty")).size == 0
+
+
+# Larger than two S3 parts as the S3 backends are configured (conftest.py): a multipart
+# upload of three parts there, the last a short one.
+BIG_FILE_BYTES = 2 * MIN_PART_BYTES + 12345
+
+
+def _file(tmp_path: Path, name: str, body: bytes) -> str:
+    path = tmp_path / name
+    path.write_bytes(body)
+    return str(path)
+
+
+async def test_put_file_round_trips_a_file_larger_than_a_part(
+    store: ObjectStore, tmp_path: Path
+) -> None:
+    body = os.urandom(BIG_FILE_BYTES)
+    etag = await store.put_file("files/big.parquet", _file(tmp_path, "big", body))
+    assert await store.get("files/big.parquet") == (body, etag)
+    info = await store.head("files/big.parquet")
+    assert (info.size, info.etag) == (len(body), etag)
+    listed = [i async for i in store.list("files/")]
+    assert [(i.key, i.size, i.etag) for i in listed] == [("files/big.parquet", len(body), etag)]
+
+
+async def test_put_file_of_a_small_file_and_an_empty_one(
+    store: ObjectStore, tmp_path: Path
+) -> None:
+    etag = await store.put_file("small", _file(tmp_path, "small", b"small body"))
+    assert await store.get("small") == (b"small body", etag)
+    empty = await store.put_file("empty", _file(tmp_path, "empty", b""))
+    assert await store.get("empty") == (b"", empty)
+
+
+async def test_put_file_keeps_the_conditions_of_put(store: ObjectStore, tmp_path: Path) -> None:
+    """If-None-Match and If-Match as `put` has them, above and below one part; a refused
+    file leaves the object as it was."""
+    big = os.urandom(BIG_FILE_BYTES)
+    big_path, small_path = _file(tmp_path, "big", big), _file(tmp_path, "small", b"small")
+    first = await store.put_file("k", big_path, if_none_match=True)
+    for path in (big_path, small_path):
+        with pytest.raises(PreconditionFailed):
+            await store.put_file("k", path, if_none_match=True)
+    assert await store.get("k") == (big, first)
+    with pytest.raises(PreconditionFailed):
+        await store.put_file("absent", small_path, if_match=first)
+    second = await store.put_file("k", small_path, if_match=first)
+    with pytest.raises(PreconditionFailed):
+        await store.put_file("k", small_path, if_match=first)  # stale now
+    assert await store.get("k") == (b"small", second)
+    with pytest.raises(NotFound):
+        await store.head("absent")
 
 
 async def test_unconditional_put_replaces_and_changes_etag(store: ObjectStore) -> None:

@@ -12,6 +12,7 @@ The shared `ObjectStore` contract runs separately in test_contract.py.
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import struct
 import time
@@ -33,7 +34,7 @@ from store.errors import (
     Unavailable,
 )
 from store.retry import Backoff
-from store.s3 import S3Credentials, S3Store, parse_s3_url
+from store.s3 import MIN_PART_BYTES, S3Credentials, S3Store, parse_s3_url
 from tests.s3_servers import RunningServer, fresh_bucket, start_ministack
 
 ATTEMPTS = 3
@@ -115,6 +116,28 @@ async def test_if_match_current_stale_and_missing(s3_store: S3Store) -> None:
     assert await s3_store.get("pointer") == (b"v2", v2)
     with pytest.raises(NotFound):
         await s3_store.head("absent")
+
+
+@pytest.mark.s3
+async def test_a_refused_multipart_upload_is_aborted(
+    s3_server: RunningServer, tmp_path: Path
+) -> None:
+    """A `put_file` in parts whose completion is refused (412: If-None-Match on the
+    completion) leaves no incomplete upload behind: its parts are not left billed."""
+    path = tmp_path / "big"
+    path.write_bytes(os.urandom(MIN_PART_BYTES + 1))
+    bucket = fresh_bucket(s3_server)
+    async with make_store(
+        s3_server.endpoint_url, bucket, "lm", upload_part_bytes=MIN_PART_BYTES
+    ) as store:
+        etag = await store.put_file("catalog/f.parquet", str(path), if_none_match=True)
+        assert etag.endswith('-2"')  # a multipart ETag: two parts
+        with pytest.raises(PreconditionFailed):
+            await store.put_file("catalog/f.parquet", str(path), if_none_match=True)
+        client = await store._s3()
+        uploads = await client.list_multipart_uploads(Bucket=bucket)
+        assert uploads.get("Uploads", []) == []
+        assert (await store.head("catalog/f.parquet")).etag == etag
 
 
 @pytest.mark.s3
