@@ -10,7 +10,7 @@ own, read from ``/proc/<pid>/status`` VmHWM):
   ``--memory-limit-mb`` (DuckDB spills beyond it);
 - **totals**: `index.catalog_tables.read_hour_totals` of the hour (all its files, out of
   core in DuckDB: what raw retention and the live query's seal check do);
-- **baseline** (same run): the code this replaced, `index.catalog.read_hour` (one Python
+- **baseline** (same run): the code this replaced, `chaos.catalog_rows.read_hour` (one Python
   row object per key) on ``--baseline-rows`` rows (default a tenth), whose RSS per row
   above the interpreter's own (measured after imports) is scaled to the whole hour.
 
@@ -35,7 +35,8 @@ import pyarrow.compute as pc
 
 from bench import child_process
 from bench.child_process import status_bytes
-from index.catalog import CatalogWriter, list_hour_files, read_hour
+from chaos.catalog_rows import read_hour
+from index.catalog import CatalogWriter, list_hour_files
 from index.catalog_local import MergeLimits
 from index.catalog_merge import merge_files
 from index.catalog_tables import read_hour_totals

@@ -8,7 +8,7 @@ its own (peak RSS from ``/proc/self/status`` VmHWM, minus the RSS after imports)
 
 - **empty**: `rollup.job.plan.make_plan` against no snapshot (every batch pending);
 - **half**: `make_plan` against a snapshot whose ledger holds half of the hour's batches;
-- **baseline**: what the planner did before (`index.catalog.read_hour`, one `IndexRow`
+- **baseline**: what the planner did before (`chaos.catalog_rows.read_hour`, one `IndexRow`
   per key, the ledger's ids as a Python set, a tuple per work item) on ``--baseline-rows``
   rows (default a tenth), scaled per row to the whole hour.
 
@@ -36,7 +36,8 @@ import pyarrow as pa
 from bench import child_process
 from bench.catalog_hour import HOUR, seed, synthetic_rows
 from bench.child_process import status_bytes
-from index.catalog import list_hour_files, read_hour
+from chaos.catalog_rows import read_hour
+from index.catalog import list_hour_files
 from index.catalog_tables import manifest_ids
 from protocol import keys
 from rollup.job.plan import make_plan

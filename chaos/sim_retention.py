@@ -1,9 +1,9 @@
 """Raw retention in the simulation (PROTOCOL §4.1): a simulated rollup, and the checks.
 
 `SimRollup` stands in for the rollup job: every ``interval_s`` it reads the catalog's
-accepted rows (`index.catalog.read_hour`) and commits, with `rollup.table.commit.commit` under
-an `OwnerLease`, one snapshot whose ledger files include the batches it has seen for at
-least their seeded lag (``U(0, lag_s)`` from when it first saw them). A seeded share of
+accepted rows (`chaos.catalog_rows.read_hour`: the simulation is small) and commits, with
+`rollup.table.commit.commit` under an `OwnerLease`, one snapshot whose ledger files include
+the batches it has seen for at least their seeded lag (``U(0, lag_s)`` from when it first saw them). A seeded share of
 batches (``withhold_rate``) is never included: their hour's ledger never matches its
 catalog, so raw retention must never retire it.
 
@@ -28,7 +28,8 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable
 
-from index.catalog import list_all_files, read_hour
+from chaos.catalog_rows import read_hour
+from index.catalog import list_all_files
 from index.rows import IndexFileError
 from protocol import keys, records
 from protocol.clock import Clock

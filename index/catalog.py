@@ -1,9 +1,11 @@
 """The reconciler's catalog (PROTOCOL §3.7): verified rows, one set of Parquet files per hour.
 
-Reading: an hour's catalog is the union of its files, a key counted once
-(`read_hour`). A listed file that is gone when read (compaction deleted it after its
-grace) makes the reader list the hour again, a bounded number of times; a file that does
-not decode raises `IndexFileError`: nobody may take an unreadable catalog for "no rows".
+Reading: an hour's catalog is the union of its files, a key counted once (the newest
+file's row). Product code reads an hour column-wise or out of core, never as one Python
+object per row (PROTOCOL §3.9): `index.catalog_tables`. A listed file that is gone when
+read (compaction deleted it after its grace) makes the reader list the hour again, a
+bounded number of times (`RELIST_ATTEMPTS`); a file that does not decode raises
+`IndexFileError`: nobody may take an unreadable catalog for "no rows".
 
 Writing (the lease holder only): `CatalogWriter.write` creates
 ``<epoch:010d>-<sequence:010d>.parquet`` with If-None-Match. The sequence starts at the
@@ -33,7 +35,7 @@ import hashlib
 import io
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -62,28 +64,6 @@ COMPACTED_FROM = b"lightmetrics.compacted_from"
 HOUR_NS = 3600 * 1_000_000_000
 
 
-@dataclass
-class CatalogHour:
-    hour: keys.UtcHour
-    rows: dict[str, IndexRow] = field(default_factory=dict)
-    files: list[ObjectInfo] = field(default_factory=list)
-
-    def accepted(self) -> list[IndexRow]:
-        return [row for row in self.rows.values() if row.kind == "accepted"]
-
-    def batches(self) -> list[IndexRow]:
-        """The hour's accepted *batches*, in key order: one row per ``manifest_id``. A
-        batch cataloged under both agent key forms (PROTOCOL §3: the long form a
-        collector of before the segment rule wrote and the ``h-`` form, in a
-        mixed-version upgrade) is one batch: its row with the least key counts (the long
-        form, ``agent=<hex>`` sorting before ``agent=h-``). What the rollup plans and
-        what its ledger is compared with (``verify``, raw retention, ``sealed_through``)."""
-        chosen: dict[str, IndexRow] = {}
-        for row in sorted(self.accepted(), key=lambda r: r.key):
-            chosen.setdefault(row.manifest_id, row)
-        return list(chosen.values())
-
-
 async def list_hour_files(store: ObjectStore, hour: keys.UtcHour) -> list[ObjectInfo]:
     prefix = keys.index_catalog_hour_prefix(hour)
     return [info async for info in store.list(prefix) if _is_catalog_file(info.key)]
@@ -107,22 +87,6 @@ async def read_file(store: ObjectStore, key: str) -> list[IndexRow]:
         if row.hour != hour:
             raise IndexFileError(f"{key}: row {row.key!r} belongs to hour {row.hour}, not {hour}")
     return rows
-
-
-async def read_hour(store: ObjectStore, hour: keys.UtcHour) -> CatalogHour:
-    """The hour's catalog: every file's rows, a key counted once: the newest file's row
-    (PROTOCOL §3.7: names sort by epoch and sequence, so the last listed is the newest)."""
-    for _attempt in range(RELIST_ATTEMPTS):
-        files = await list_hour_files(store, hour)
-        result = CatalogHour(hour, files=files)
-        try:
-            for info in reversed(files):
-                for row in await read_file(store, info.key):
-                    result.rows.setdefault(row.key, row)
-        except NotFound:
-            continue  # compaction removed a file after we listed it: list again
-        return result
-    raise IndexFileError(f"catalog hour {hour} kept changing while it was read; try again")
 
 
 class CatalogWriter:

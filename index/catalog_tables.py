@@ -22,6 +22,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from protocol import keys
 from protocol.setsum import MODULUS, Setsum
@@ -36,6 +37,7 @@ from .catalog_local import (
     effective,
     local_copies,
     sql_list,
+    sql_string,
 )
 from .row_checks import first_problems, well_formed
 from .rows import FILE_SCHEMA, IndexFileError, iter_batches
@@ -151,7 +153,8 @@ class HourTotals:
 
 
 _ACCEPTED_ROWS = """
-    SELECT r.key, r.record_count, r.frame_sha256, strlen(r.agent_id) AS agent_bytes,
+    SELECT r.key, r.record_count, r.frame_sha256, r.time_unix_ns, r.filename,
+        strlen(r.agent_id) AS agent_bytes,
         'agent=' || lower(hex(r.agent_id)) || '.boot=' || replace(r.boot_id, '-', '') || '.'
         || lpad(r.seq_start::VARCHAR, 20, '0') || '-' || lpad(r.seq_end::VARCHAR, 20, '0') AS mid
     FROM read_parquet({files}, filename = true) AS r
@@ -168,7 +171,7 @@ SELECT key FROM (
 """
 """A batch cataloged under both agent key forms (PROTOCOL §3: only agent_ids long enough
 for the ``h-`` form, a mixed-version upgrade) is one batch: every key of it but the least
-(the long form, as `index.catalog.CatalogHour.batches` row by row). A window over those
+(the long form: ``agent=<hex>`` sorts before ``agent=h-``). A window over those
 rare rows only."""
 _TOTALS_SQL = """
 SELECT count(*) AS batches, coalesce(sum(record_count), 0) AS records, {limbs}
@@ -181,6 +184,26 @@ FROM (
 TWO_FORM_AGENT_BYTES = (keys.SEGMENT_MAX_BYTES - len("agent=")) // 2 + 1
 """The shortest agent_id (UTF-8 bytes) whose ``agent=<hex>`` segment is too long, so its
 accepted key is ``agent=h-...`` and a store may also hold the long form (PROTOCOL §3)."""
+_BATCHES_SQL = """
+COPY (
+    SELECT a.key, a.mid AS manifest_id, a.frame_sha256, a.record_count, a.time_unix_ns,
+        f.name AS catalog_file, {hour} AS accepted_hour
+    FROM ({accepted}) AS a LEFT JOIN other_forms AS o ON a.key = o.key
+    JOIN files AS f ON a.filename = f.path
+    WHERE o.key IS NULL
+) TO {out} (FORMAT parquet, COMPRESSION zstd)
+"""
+"""The hour's batches as `BATCH_COLUMNS` (``catalog_file``: the name of the catalog file
+the counted row came from; names sort in write order across hours too)."""
+BATCH_COLUMNS = (
+    "key",
+    "manifest_id",
+    "frame_sha256",
+    "record_count",
+    "time_unix_ns",
+    "catalog_file",
+    "accepted_hour",
+)
 _CHECK_SQL = """
 SELECT count(*) FROM read_parquet({files})
 WHERE kind NOT IN ('accepted', 'quarantine') OR NOT regexp_full_match(frame_sha256, '[0-9a-f]{{64}}')
@@ -199,31 +222,58 @@ def _setsum_of_limbs(sums: Sequence[object]) -> Setsum:
 
 
 async def read_hour_totals(
-    store: ObjectStore, hour: keys.UtcHour, limits: MergeLimits | None = None
+    store: ObjectStore,
+    hour: keys.UtcHour,
+    limits: MergeLimits | None = None,
+    *,
+    batches_to: str | None = None,
 ) -> HourTotals:
     """`hour_totals` of the hour's catalog, out of core: the files are copied locally one
     at a time and DuckDB keeps the newest row per key and sums the setsum, under the
     memory limit (an hour of millions of batches in bounded memory). Rows are checked for
     kind, hash, identity presence and hour in SQL (the writer checked each in full).
     `IndexFileError` when a file is not a catalog file of the hour; a file gone after the
-    listing makes it list again, a bounded number of times."""
+    listing makes it list again, a bounded number of times. ``batches_to``: also write
+    the hour's batches (the rows the totals count, `BATCH_COLUMNS`) to a local Parquet
+    file there, for checks against the ledger (`index.catalog_ledger`)."""
     limits = limits or MergeLimits()
     for _attempt in range(RELIST_ATTEMPTS):
         files = await list_hour_files(store, hour)
         if not files:
+            if batches_to is not None:
+                await asyncio.to_thread(write_empty_batches, batches_to)
             return HourTotals(0, 0, Setsum())
         try:
             names = [f.key for f in files]
             async with local_copies(store, names, limits) as (tmp, paths):
                 counted = effective(names, paths)
-                return await asyncio.to_thread(_totals_in_duckdb, counted, hour, limits, tmp)
+                named = {path: name for name, path in zip(names, paths, strict=True)}
+                return await asyncio.to_thread(
+                    _totals_in_duckdb, counted, hour, limits, tmp, named, batches_to
+                )
         except NotFound:
             continue
     raise IndexFileError(f"catalog hour {hour} kept changing while it was read; try again")
 
 
+def write_empty_batches(path: str) -> None:
+    """An empty batches file (`BATCH_COLUMNS`): an hour without catalog files."""
+    schema = pa.schema(
+        [
+            pa.field(name, pa.int64() if name in ("record_count", "time_unix_ns") else pa.string())
+            for name in BATCH_COLUMNS
+        ]
+    )
+    pq.write_table(schema.empty_table(), path)
+
+
 def _totals_in_duckdb(
-    paths: list[str], hour: keys.UtcHour, limits: MergeLimits, tmp: str
+    paths: list[str],
+    hour: keys.UtcHour,
+    limits: MergeLimits,
+    tmp: str,
+    named: dict[str, str],
+    batches_to: str | None,
 ) -> HourTotals:
     files = sql_list(paths)
     try:
@@ -239,6 +289,19 @@ def _totals_in_duckdb(
                 _OTHER_FORMS_SQL.format(accepted=accepted, two_form_bytes=TWO_FORM_AGENT_BYTES)
             )
             row = con.execute(_TOTALS_SQL.format(accepted=accepted, limbs=_limbs("h"))).fetchone()
+            if batches_to is not None:
+                mapping = pa.table(
+                    {
+                        "path": pa.array(list(named), pa.string()),
+                        "name": pa.array([n.rsplit("/", 1)[-1] for n in named.values()]),
+                    }
+                )
+                con.register("files", mapping)
+                con.execute(
+                    _BATCHES_SQL.format(
+                        accepted=accepted, hour=sql_string(hour.iso), out=sql_string(batches_to)
+                    )
+                )
     except duckdb.Error as exc:
         raise IndexFileError(f"catalog hour {hour}: {exc}") from None
     assert row is not None

@@ -11,8 +11,9 @@ acknowledges the loss, with who and why.
 
 `acknowledge_lost` checks, and refuses with `NotLost` naming the problem otherwise:
 1. the key is an accepted manifest that exists (either agent key form, PROTOCOL §3);
-2. its batch is the one the catalog hour counts (`index.catalog.CatalogHour.batches`):
-   the ledger must match the catalog, so an uncataloged batch cannot be acknowledged;
+2. its batch is the one the catalog hour counts (one per ``manifest_id``, read out of
+   core: `index.catalog_tables.read_hour_totals`): the ledger must match the catalog, so
+   an uncataloged batch cannot be acknowledged;
 3. the blob really is lost: absent (``missing-blob``), or present but failing its hash,
    decode or identity check (``corrupt-blob``), judged exactly as a rollup run judges it;
 4. the latest snapshot's ledger does not hold the batch yet.
@@ -32,13 +33,17 @@ hour's ledger files), one ledger PUT and a commit (2 PUTs).
 
 from __future__ import annotations
 
+import asyncio
 import random
+import tempfile
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
+import pyarrow.parquet as pq
 import structlog
 
-from index.catalog import read_hour
+from index.catalog_tables import read_hour_totals
 from protocol import keys
 from protocol.clock import Clock
 from protocol.records import AcceptedManifest, RecordError
@@ -92,11 +97,7 @@ async def _cataloged_batch(store: ObjectStore, manifest_key: str) -> AcceptedMan
     ):
         raise NotLost(f"{manifest_key} holds the manifest of another batch")
     manifest_id = manifest.identity.manifest_id
-    cataloged = {
-        row.manifest_id: row for row in (await read_hour(store, manifest.accepted_hour)).batches()
-    }
-    row = cataloged.get(manifest_id)
-    if row is None or (row.frame_sha256, row.record_count) != (
+    if await _cataloged_as(store, manifest.accepted_hour, manifest_id) != (
         manifest.frame_sha256,
         manifest.record_count,
     ):
@@ -105,6 +106,26 @@ async def _cataloged_batch(store: ObjectStore, manifest_key: str) -> AcceptedMan
             "manifest (the reconciler catalogs it first; the ledger must match the catalog)"
         )
     return manifest
+
+
+async def _cataloged_as(
+    store: ObjectStore, hour: keys.UtcHour, manifest_id: str
+) -> tuple[str, int] | None:
+    """``(frame_sha256, record_count)`` of the batch the catalog hour counts for
+    ``manifest_id`` (`index.catalog_tables.read_hour_totals`: out of core, the hour's
+    batches written locally and filtered there), None when it counts none."""
+    with tempfile.TemporaryDirectory(prefix="lm-rollup-lost-") as tmp:
+        path = str(Path(tmp, "batches.parquet"))
+        await read_hour_totals(store, hour, batches_to=path)
+        found = await asyncio.to_thread(
+            pq.read_table,
+            path,
+            columns=["frame_sha256", "record_count"],
+            filters=[("manifest_id", "==", manifest_id)],
+        )
+    if found.num_rows == 0:
+        return None
+    return str(found["frame_sha256"][0]), int(found["record_count"][0].as_py())
 
 
 async def _blob_problem(store: ObjectStore, manifest: AcceptedManifest) -> BadFrame:

@@ -27,30 +27,40 @@ report lists the batches still *waiting* (at most `MAX_WAITING`), each with the 
 the rollup recorded for its blob (``missing-blob``/``corrupt-blob``: what
 ``lm-rollup acknowledge-lost`` settles) or none (the rollup is behind).
 
+A batch the ledger already holds otherwise than the catalog row that counts for its key
+fails its hour, naming the key and the differing fields (PROTOCOL §3.7: an audit wrote a
+superseding row after the rollup included the batch; the hour must be rebuilt): another
+``frame_sha256`` or ``record_count`` than the ledger's, or the key's newest row in another
+of the checked hours (`rollup.read.verify_ledger`; a key moved to an hour outside
+``first_hour``/``last_hour`` is not seen: check the whole range).
+
 Cost: the catalog's files (or one GET per manifest); ledger files only for mismatching
-hours, whose batches are read a second time. Memory: per-hour totals, plus the batches
-of mismatching hours. Store errors propagate (a verification that could not read
-everything has proved nothing).
+hours and hours holding a superseded key's older row. Memory: bounded, never an hour as
+Python objects (PROTOCOL §3.9): each hour's batches are written out of core by DuckDB to
+a local work directory (``limits.spill_dir``; disk grows with the hours checked), and
+compared with the ledger there (`rollup.read.verify_sources`, `rollup.read.verify_ledger`). Store
+errors propagate (a verification that could not read everything has proved nothing).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field, replace
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
 
-from index.catalog import list_all_files, read_hour
+import pyarrow as pa
+
+from index.catalog_local import MergeLimits
+from index.catalog_tables import write_empty_batches
 from protocol import keys
-from protocol.records import AcceptedManifest, RecordError
-from protocol.setsum import Setsum
+from rollup.read.verify_ledger import compare_hour, moved_rows
+from rollup.read.verify_sources import catalog_hours, in_range, manifest_batches
 from rollup.table import schemas
 from rollup.table.commit import load_latest, load_version
-from rollup.table.ledger import ledger_rows, read_ledger
 from rollup.table.manifest import EMPTY_LEDGER_HOUR, LedgerHour, LostBatch, Snapshot
 from rollup.table.manifest_ledger import LOST_PROBLEMS
 from store.base import ObjectStore
-from store.errors import NotFound
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,10 +79,15 @@ class HourReport:
     """Retention dropped this hour's data from every table; its ledger still proves it."""
     lost: LedgerHour = EMPTY_LEDGER_HOUR
     """The part of ``ledger`` acknowledged as lost (`rollup.lifecycle.lost`): no rows anywhere."""
+    superseded: tuple[str, ...] = ()
+    """Batches the ledger holds otherwise than the catalog row that counts (another hash
+    or record count, or the key's newest row in another hour), each naming its key and
+    the fields (`rollup.read.verify_ledger`, at most `MAX_NAMED`)."""
+    superseded_total: int = 0
 
     @property
     def complete(self) -> bool:
-        return self.accepted == self.ledger and not self.detail
+        return self.accepted == self.ledger and not self.detail and not self.superseded_total
 
     def describe(self) -> str:
         if self.complete:
@@ -87,7 +102,13 @@ class HourReport:
                 text += f"; {self.lost.batches} lost ({self.lost.records} records), acknowledged"
             return text
         text = f"missing {self.missing} / extra {self.extra}"
-        return f"{text} ({self.detail})" if self.detail else text
+        text = f"{text} ({self.detail})" if self.detail else text
+        if self.superseded_total:
+            text += (
+                f"; {self.superseded_total} batch(es) in the ledger superseded in the catalog "
+                f"(rebuild the hour): " + "; ".join(self.superseded)
+            )
+        return text
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,98 +152,6 @@ class VerifyReport:
         return all(h.complete for h in self.hours) and self.unparseable_keys == 0
 
 
-@dataclass(slots=True)
-class _HourTotals:
-    batches: int = 0
-    records: int = 0
-    setsum: Setsum = field(default_factory=Setsum)
-
-    def frozen(self) -> LedgerHour:
-        return LedgerHour(self.batches, self.records, self.setsum.hex)
-
-
-AcceptedRow = tuple[str, str, str, int]
-"""``(accepted hour, manifest_id, frame_sha256, record_count)`` of one accepted batch."""
-
-
-async def _from_catalog(
-    store: ObjectStore,
-    first: keys.UtcHour | None,
-    last: keys.UtcHour | None,
-    hours: set[str] | None,
-) -> AsyncIterator[AcceptedRow]:
-    """The accepted rows of every catalog hour in range (one listing, the hours' files)."""
-    seen: set[keys.UtcHour] = set()
-    async for info in list_all_files(store):
-        hour, _epoch, _sequence = keys.parse_index_catalog_key(info.key)
-        if hour in seen or not _in_range(hour.iso, first, last):
-            continue
-        if hours is not None and hour.iso not in hours:
-            continue
-        seen.add(hour)
-        for row in (await read_hour(store, hour)).batches():
-            assert row.record_count is not None
-            yield hour.iso, row.manifest_id, row.frame_sha256, row.record_count
-
-
-async def _from_manifests(
-    store: ObjectStore, concurrency: int, hours: set[str] | None, bad: list[str]
-) -> AsyncIterator[AcceptedRow]:
-    """Every accepted manifest under ``accepted/v1/``, read one by one (bounded
-    concurrency): independent of the index, the authority itself. A batch stored under
-    both agent key forms (PROTOCOL §3) counts once, as the catalog counts it
-    (`index.catalog.CatalogHour.batches`): the first listed, the long form (only ids of
-    agents long enough to have two forms are remembered)."""
-    limit = asyncio.Semaphore(concurrency)
-    two_forms: set[str] = set()
-
-    async def one(key: str) -> tuple[AcceptedRow, bool] | None:
-        """The row, and whether its agent has two key forms."""
-        async with limit:
-            try:
-                body, _ = await store.get(key)
-                manifest = AcceptedManifest.from_json(body)
-            except (NotFound, RecordError):
-                bad.append(key)
-                return None
-        legacy = keys.legacy_accepted_manifest_key(manifest.identity)
-        if key not in (manifest.manifest_key, legacy):
-            bad.append(key)
-            return None
-        hour = manifest.accepted_hour.iso
-        row = (hour, manifest.identity.manifest_id, manifest.frame_sha256, manifest.record_count)
-        return row, legacy is not None
-
-    chunk: list[str] = []
-
-    async def flush() -> list[AcceptedRow]:
-        rows: list[AcceptedRow] = []
-        for found in await asyncio.gather(*(one(k) for k in chunk)):  # in listing order
-            if found is None:
-                continue
-            row, two_form = found
-            if two_form:
-                if row[1] in two_forms:
-                    continue  # its other key form was listed first
-                two_forms.add(row[1])
-            rows.append(row)
-        chunk.clear()
-        return [r for r in rows if hours is None or r[0] in hours]
-
-    async for info in store.list(keys.ACCEPTED_PREFIX):
-        chunk.append(info.key)
-        if len(chunk) >= 1000:
-            for row in await flush():
-                yield row
-    for row in await flush():
-        yield row
-
-
-def _in_range(hour: str, first: keys.UtcHour | None, last: keys.UtcHour | None) -> bool:
-    parsed = keys.UtcHour.parse_iso(hour)
-    return (first is None or parsed >= first) and (last is None or parsed <= last)
-
-
 async def verify(
     store: ObjectStore,
     *,
@@ -231,51 +160,72 @@ async def verify(
     last_hour: keys.UtcHour | None = None,
     concurrency: int = 32,
     from_manifests: bool = False,
+    limits: MergeLimits | None = None,
 ) -> VerifyReport:
     """Check every accepted hour in ``[first_hour, last_hour]`` (default: all) against
     the latest snapshot (or ``version``). Before the first commit every accepted hour is
     missing everything. ``from_manifests``: the accepted batches come from
-    ``accepted/v1/`` itself instead of the catalog."""
+    ``accepted/v1/`` itself instead of the catalog. ``limits``: DuckDB's memory limit and
+    the local work directory (the checked hours' batches are written there)."""
     loaded = await (load_latest(store) if version is None else load_version(store, version))
     snapshot = loaded.snapshot if loaded is not None else None
+    limits = limits or MergeLimits()
     bad: list[str] = []
-    totals: dict[str, _HourTotals] = {}
-
-    def source(hours: set[str] | None) -> AsyncIterator[AcceptedRow]:
+    with tempfile.TemporaryDirectory(prefix="lm-verify-", dir=limits.spill_dir) as work:
         if from_manifests:
-            return _from_manifests(store, concurrency, hours, bad)
-        return _from_catalog(store, first_hour, last_hour, hours)
-
-    async for hour, manifest_id, sha, records in source(None):
-        if not _in_range(hour, first_hour, last_hour):
-            continue
-        hour_totals = totals.setdefault(hour, _HourTotals())
-        hour_totals.batches += 1
-        hour_totals.records += records
-        hour_totals.setsum = hour_totals.setsum.add(manifest_id, sha)
-    ledger_hours = snapshot.ledger_hours if snapshot is not None else {}
-    checked = sorted(
-        h for h in set(totals) | set(ledger_hours) if _in_range(h, first_hour, last_hour)
-    )
-    reports: dict[str, HourReport] = {}
-    late = snapshot.ledger_late if snapshot is not None else {}
-    lost = snapshot.lost_hours if snapshot is not None else {}
-    retired_before = _retired_before(snapshot)
-    for hour in checked:
-        accepted = totals[hour].frozen() if hour in totals else EMPTY_LEDGER_HOUR
-        reports[hour] = HourReport(
-            hour,
-            accepted,
-            ledger_hours.get(hour, EMPTY_LEDGER_HOUR),
-            late=late.get(hour, EMPTY_LEDGER_HOUR),
-            retired=retired_before is not None and hour < retired_before,
-            lost=lost.get(hour, EMPTY_LEDGER_HOUR),
+            path = str(Path(work, "manifests.parquet"))
+            totals = await manifest_batches(store, concurrency, first_hour, last_hour, bad, path)
+            files = {hour: path for hour in totals}
+            moved = pa.table({})  # a manifest is in one hour
+        else:
+            totals, files = await catalog_hours(store, first_hour, last_hour, work, limits)
+            moved = await asyncio.to_thread(moved_rows, sorted(set(files.values())), limits, work)
+        ledger_hours = snapshot.ledger_hours if snapshot is not None else {}
+        checked = sorted(
+            h for h in set(totals) | set(ledger_hours) if in_range(h, first_hour, last_hour)
         )
-    wrong = {h for h, r in reports.items() if not r.complete}
-    waiting: list[tuple[str, str, str]] = []
-    if wrong:
-        explained, waiting = await _explain(store, snapshot, reports, wrong, source)
-        reports.update(explained)
+        reports: dict[str, HourReport] = {}
+        late = snapshot.ledger_late if snapshot is not None else {}
+        lost = snapshot.lost_hours if snapshot is not None else {}
+        retired_before = _retired_before(snapshot)
+        for hour in checked:
+            reports[hour] = HourReport(
+                hour,
+                totals.get(hour, EMPTY_LEDGER_HOUR),
+                ledger_hours.get(hour, EMPTY_LEDGER_HOUR),
+                late=late.get(hour, EMPTY_LEDGER_HOUR),
+                retired=retired_before is not None and hour < retired_before,
+                lost=lost.get(hour, EMPTY_LEDGER_HOUR),
+            )
+        # Batch by batch: hours whose totals disagree, and hours holding a row of a key
+        # whose newest row is in another hour (their totals may agree: PROTOCOL §3.7).
+        moved_hours = set(moved.column("accepted_hour").to_pylist()) if moved.num_rows else set()
+        explain = {h for h, r in reports.items() if not r.complete} | (moved_hours & set(reports))
+        waiting: list[tuple[str, str, str]] = []
+        waiting_total = 0
+        for hour in sorted(explain):
+            batches = files.get(hour) or str(Path(work, f"empty-{hour}.parquet"))
+            if hour not in files:
+                await asyncio.to_thread(write_empty_batches, batches)
+            found = await compare_hour(
+                store, snapshot, hour, batches, moved, limits, limit=MAX_WAITING
+            )
+            report = reports[hour]
+            detail = ""
+            if found.ledger_totals != report.ledger:
+                detail = "ledger totals disagree with the ledger files"
+            if report.complete and not detail and not found.superseded_total:
+                continue  # a moved key this hour's ledger does not hold
+            reports[hour] = replace(
+                report,
+                missing=found.missing,
+                extra=found.extra,
+                detail=detail,
+                superseded=tuple(found.superseded),
+                superseded_total=found.superseded_total,
+            )
+            waiting += [(hour, mid, sha) for mid, sha in found.absent]
+            waiting_total += found.missing
     return VerifyReport(
         version=snapshot.version if snapshot is not None else None,
         hours=[reports[h] for h in checked],
@@ -284,7 +234,7 @@ async def verify(
             b for b in (snapshot.ledger_lost if snapshot else ()) if b.accepted_hour in reports
         ),
         waiting=await _waiting(store, sorted(waiting)[:MAX_WAITING]),
-        waiting_total=len(waiting),
+        waiting_total=waiting_total,
     )
 
 
@@ -307,42 +257,6 @@ async def _waiting(store: ObjectStore, missing: list[tuple[str, str, str]]) -> t
         )
         found.append(Waiting(hour, keys.accepted_manifest_key(identity), blob, problem))
     return tuple(found)
-
-
-async def _explain(
-    store: ObjectStore,
-    snapshot: Snapshot | None,
-    reports: dict[str, HourReport],
-    wrong: set[str],
-    source: Callable[[set[str] | None], AsyncIterator[AcceptedRow]],
-) -> tuple[dict[str, HourReport], list[tuple[str, str, str]]]:
-    """Batch-by-batch comparison of the mismatching hours (their batches read again), and
-    the batches missing from the ledger as ``(hour, manifest_id, frame_sha256)``."""
-    accepted: dict[str, Counter[tuple[str, str]]] = {h: Counter() for h in wrong}
-    async for row_hour, manifest_id, sha, _ in source(wrong):
-        accepted[row_hour][(manifest_id, sha)] += 1
-    included: dict[str, Counter[tuple[str, str]]] = {h: Counter() for h in wrong}
-    file_totals: dict[str, _HourTotals] = {h: _HourTotals() for h in wrong}
-    if snapshot is not None:
-        for row in ledger_rows(await read_ledger(store, snapshot, wrong)):
-            included[row.accepted_hour][(row.manifest_id, row.frame_sha256)] += 1
-            totals = file_totals[row.accepted_hour]
-            totals.batches += 1
-            totals.records += row.record_count
-            totals.setsum = totals.setsum.add(row.manifest_id, row.frame_sha256)
-    explained: dict[str, HourReport] = {}
-    waiting: list[tuple[str, str, str]] = []
-    for hour in wrong:
-        report = reports[hour]
-        absent = accepted[hour] - included[hour]
-        waiting += [(hour, mid, sha) for mid, sha in absent]
-        missing = sum(absent.values())
-        extra = sum((included[hour] - accepted[hour]).values())
-        detail = ""
-        if file_totals[hour].frozen() != report.ledger:
-            detail = "ledger totals disagree with the ledger files"
-        explained[hour] = replace(report, missing=missing, extra=extra, detail=detail)
-    return explained, waiting
 
 
 def _retired_before(snapshot: Snapshot | None) -> str | None:

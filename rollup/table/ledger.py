@@ -26,7 +26,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from index.catalog_tables import read_hour_totals
-from index.rows import IndexRow
 from protocol import keys
 from protocol.records import AcceptedManifest
 from protocol.setsum import Setsum
@@ -98,20 +97,10 @@ def ledger_totals(table: pa.Table) -> dict[str, LedgerHour]:
     return {h: LedgerHour(batches[h], records[h], sums[h].hex) for h in sorted(batches)}
 
 
-def catalog_totals(rows: Iterable[IndexRow]) -> LedgerHour:
-    """A catalog hour's ``accepted`` rows as the ledger hour that includes exactly them
-    (batches, records, setsum): equal totals mean the ledger has every batch of the hour."""
-    batches, records, total = 0, 0, Setsum()
-    for row in rows:
-        batches += 1
-        records += row.record_count or 0
-        total = total.add(row.manifest_id, row.frame_sha256)
-    return LedgerHour(batches, records, total.hex)
-
-
 async def read_catalog_totals(store: ObjectStore, hour: keys.UtcHour) -> LedgerHour:
-    """`catalog_totals` of the hour's batches (one per manifest_id: a batch under both
-    agent key forms counts once), out of core: DuckDB over local copies of its files
+    """A catalog hour's batches (one per manifest_id: a batch under both agent key forms
+    counts once) as the ledger hour that includes exactly them (batches, records, setsum:
+    equal totals mean the ledger has every batch of the hour), out of core: DuckDB over local copies of its files
     (`index.catalog_tables.read_hour_totals`), so an hour of millions of batches is never
     a list of Python rows, nor all in memory (PROTOCOL §3.9)."""
     totals = await read_hour_totals(store, hour)

@@ -10,6 +10,7 @@ import uuid
 import numpy as np
 import pytest
 
+from chaos.catalog_rows import read_hour
 from index import catalog, log_reader
 from index.catalog_merge import merge_files
 from index.digests import KeyDigestSet, ShaPrefixSet, digests_of, sha_prefixes
@@ -160,7 +161,7 @@ async def test_catalog_hour_is_the_union_of_its_files_and_compaction_keeps_every
     first = await writer.write(hour, [accepted_row(manifest(1)), accepted_row(manifest(2))])
     second = await writer.write(hour, [accepted_row(manifest(2)), quarantine_row(conflict(1))])
     assert first != second
-    read = await catalog.read_hour(store, hour)
+    read = await read_hour(store, hour)
     assert len(read.rows) == 3 and len(read.files) == 2
     with pytest.raises(ValueError, match="belongs to"):
         await writer.write(hour.next(), [accepted_row(manifest(1))])
@@ -176,7 +177,7 @@ async def test_catalog_hour_is_the_union_of_its_files_and_compaction_keeps_every
         await catalog.delete_compacted_inputs(store, hour, store_now_ns=clock.now_ns(), grace_s=60)
         == 2
     )
-    after = await catalog.read_hour(store, hour)
+    after = await read_hour(store, hour)
     assert [info.key for info in after.files] == [compaction.merged_key] and len(after.rows) == 3
 
 
@@ -186,7 +187,7 @@ async def test_an_unreadable_catalog_file_is_never_read_as_no_rows() -> None:
     hour = keys.UtcHour.from_unix_ns(T0)
     await store.put(keys.index_catalog_key(hour, 1, 1), b"garbage")
     with pytest.raises(IndexFileError):
-        await catalog.read_hour(store, hour)
+        await read_hour(store, hour)
 
 
 def test_digest_sets_answer_membership_in_bulk() -> None:

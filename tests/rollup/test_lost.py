@@ -16,7 +16,6 @@ import pytest
 from collector.query.coverage import first_uncovered_ns
 from config import Settings
 from config.settings import StoreSettings
-from index.catalog import read_hour
 from protocol import keys
 from protocol.clock import ManualClock
 from protocol.records import ProblemRecord
@@ -26,7 +25,7 @@ from rollup.job.plan import make_plan
 from rollup.lifecycle.lost import NotLost, acknowledge_lost, acknowledged_shas
 from rollup.read.verify import verify
 from rollup.table.commit import load_latest
-from rollup.table.ledger import LedgerRow, catalog_totals
+from rollup.table.ledger import LedgerRow, read_catalog_totals
 from rollup.table.manifest_codec import snapshot_from_json
 from rollup.table.owner import OwnerLease
 from store.fs import FileSystemStore
@@ -121,7 +120,7 @@ async def test_acknowledged_batches_complete_their_hour(world: World) -> None:
     # What compared the ledger with the catalog moves past the hour.
     latest = await load_latest(store)
     assert latest is not None
-    catalog = {HOUR.iso: catalog_totals((await read_hour(store, HOUR)).batches())}
+    catalog = {HOUR.iso: await read_catalog_totals(store, HOUR)}
     limit = HOUR.shifted(5).start_ns
     assert first_uncovered_ns(latest.snapshot, catalog, limit) == limit
     assert latest.snapshot.ledger_hours[HOUR.iso] == catalog[HOUR.iso]

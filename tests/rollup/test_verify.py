@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 from pathlib import Path
+from random import Random
 
 import pytest
 
 from config.settings import Settings, StoreSettings
-from index.rows import IndexFileError
+from index.catalog import CatalogWriter
+from index.rows import IndexFileError, accepted_row
 from protocol import keys
 from protocol.clock import ManualClock
+from protocol.records import AcceptedManifest
 from rollup.cli.read import add_read_commands
 from rollup.read.verify import verify
 from rollup.table.commit import commit, load_latest
@@ -169,3 +173,62 @@ def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert '"missing": 1' in capsys.readouterr().out
     assert run_cli(tmp_path, "verify", "--version", "7") == 2
     assert "version 7 does not exist" in capsys.readouterr().err
+
+
+async def _supersede(store: ObjectStore, manifest: AcceptedManifest) -> None:
+    """What a full audit does on finding the store's record differ from the catalog's row
+    (PROTOCOL §3.7): it writes the record as a superseding row (``source = "audit"``) in a
+    newer catalog file (a later writer epoch) of the record's hour."""
+    writer = CatalogWriter(
+        store=store, clock=ManualClock(hour_at(4).start_ns), rng=Random(9), epoch=7
+    )
+    row = dataclasses.replace(accepted_row(manifest), source="audit")
+    await writer.write(manifest.accepted_hour, [row])
+
+
+async def test_a_key_superseded_with_another_hash_after_the_rollup_fails_its_hour() -> None:
+    """The ledger holds batch 1 of hour 0 with the hash its first catalog row had; an audit
+    then supersedes that key with the store's record, which names another hash: verify
+    fails hour 0 naming the key and both hashes. Without the superseding row it passes."""
+    store = MemoryStore()
+    owner, clock, batches = await setup(store)
+    await commit_rows(store, owner, clock, ledger=[b.row for b in batches])
+    assert (await verify(store)).ok
+
+    old = batches[1].manifest
+    sha = "ab" * 32
+    await _supersede(
+        store, old.model_copy(update={"frame_sha256": sha, "raw_blob_key": keys.raw_blob_key(sha)})
+    )
+
+    report = await verify(store)
+    assert not report.ok
+    by_hour = {h.hour: h for h in report.hours}
+    assert by_hour[H1].complete
+    hour0 = by_hour[H0]
+    assert not hour0.complete and hour0.superseded_total == 1
+    (named,) = hour0.superseded
+    assert old.manifest_key in named and old.frame_sha256 in named and sha in named
+    assert old.manifest_key in hour0.describe()
+
+
+async def test_a_key_superseded_into_another_hour_fails_the_hour_whose_ledger_holds_it() -> None:
+    """The store's record of batch 1 has another accepted_at, in hour 1: the audit writes
+    it as a superseding row of hour 1, and hour 0's old row stays in hour 0's files. Hour
+    0's totals still agree with its ledger, but the row that counts for the key is in
+    hour 1: verify fails hour 0 naming the key and the hour (and hour 1 lacks it)."""
+    store = MemoryStore()
+    owner, clock, batches = await setup(store)
+    await commit_rows(store, owner, clock, ledger=[b.row for b in batches])
+    old = batches[1].manifest
+    moved = old.model_copy(update={"accepted_at_unix_ns": hour_at(1).start_ns + 5 * 10**9})
+    await _supersede(store, moved)
+
+    report = await verify(store)
+    by_hour = {h.hour: h for h in report.hours}
+    hour0 = by_hour[H0]
+    assert hour0.accepted == hour0.ledger  # the totals alone would call it complete
+    assert not hour0.complete and hour0.superseded_total == 1
+    (named,) = hour0.superseded
+    assert old.manifest_key in named and f"in hour {H1}" in named
+    assert (by_hour[H1].missing, by_hour[H1].extra) == (1, 0)
