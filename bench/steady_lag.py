@@ -19,8 +19,9 @@
      and the stored checkpoint (``log_through_ns`` and ``log_seen``), with no listing;
      also **since written** (the same, from the moment the segment's create returned:
      the reconciler's own share, without the flush age);
-   - the daemon's gauge ``lm_reconciler_log_lag_seconds`` from its ``/metrics`` (set
-     once per pass, at the pass's start time: it lags by up to a pass);
+   - the daemon's gauge ``lm_reconciler_log_lag_seconds`` from its ``/metrics`` (read at
+     each scrape from what the steady pass listed and has not consumed yet,
+     `reconciler.log_lag`: an upper bound of the lag, fresh also while a pass runs);
    - whether a full audit is running (the newest audit record's status);
    - CPU (``/proc``) of the daemon, the writers and everything else, and the daemon's RSS.
 4. When the writers are done, sampling goes on until every segment is consumed; then the

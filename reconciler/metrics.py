@@ -41,8 +41,9 @@ class ReconcilerMetrics:
         )
         self.log_lag = Gauge(
             "lm_reconciler_log_lag_seconds",
-            "Store time minus the first time of the newest index log segment consumed, as "
-            "of the last steady pass",
+            "How long the oldest index log segment not yet consumed has waited (store time "
+            "minus its first time), from what the steady pass listed: fresh at each scrape, "
+            "also while a pass runs (reconciler.log_lag)",
             registry=r,
         )
         self.log_segments = Counter(

@@ -35,6 +35,7 @@ from store.base import ObjectStore
 from store.errors import NotFound
 
 from .audit_records import latest_audit, latest_completed_audit
+from .log_lag import lag_seconds
 from .problems import count_problems
 from .raw_retention import read_state
 from .steady import read_checkpoint
@@ -70,9 +71,7 @@ class ReconcilerStatus:
     @property
     def lag_seconds(self) -> float:
         """How long the oldest waiting segment has waited (0: nothing waits)."""
-        if self.oldest_waiting_ns is None:
-            return 0.0
-        return max(0.0, (self.now_unix_ns - self.oldest_waiting_ns) / 1e9)
+        return lag_seconds(self.now_unix_ns, self.oldest_waiting_ns)
 
     @property
     def index_requests_per_batch(self) -> float | None:

@@ -58,6 +58,7 @@ from store.lease import LeaseLost
 
 from .cataloger import Cataloger
 from .context import ReconcilerContext
+from .log_lag import LogLag
 from .problems import ProblemBook
 from .steady_rows import RecentKeys, digest_words, sort_chunk
 from .suspects import OrphanSuspects
@@ -122,6 +123,8 @@ class SteadyScanner:
         self._recent = RecentKeys()  # keys cataloged within the lookback
         self._position: LogPosition | None = None  # as last saved by this scanner
         self._rng = random.Random(ctx.rng.getrandbits(64))
+        self.lag = LogLag(ctx.clock)  # what the lag gauge reads at each scrape
+        ctx.metrics.log_lag.set_function(self.lag.seconds)
 
     @property
     def _lookback_ns(self) -> int:
@@ -137,6 +140,8 @@ class SteadyScanner:
         now_ns = ctx.clock.now_ns()
         group: list[tuple[str, int]] = []
         going = True
+        listed_all = True
+        self.lag.listing_started(now_ns)
 
         async def read_group() -> bool:
             """Read the listed group into the chunk, committing full chunks; False stops."""
@@ -164,21 +169,24 @@ class SteadyScanner:
         ):
             if ctx.stopping.is_set():
                 result.complete = False
+                listed_all = False
                 break
             group.append((info.key, name.first_time_ns))
+            self.lag.listed(info.key, name.first_time_ns)
             if len(group) >= READ_AHEAD:
                 going = await read_group()
                 group = []
                 if not going:
+                    listed_all = False
                     break
+        if listed_all:
+            self.lag.listing_complete()
         if going and group and not ctx.stopping.is_set():
             await read_group()
         await self._commit(chunk, position, cataloger, problems, result, now_ns)
         self.suspects.forget_refs_before(now_ns - self._lookback_ns)
         self._recent.forget_before(now_ns - self._lookback_ns)
         ctx.metrics.steady_passes.labels("complete" if result.complete else "incomplete").inc()
-        if position.through_ns:
-            ctx.metrics.log_lag.set(max(0.0, (now_ns - position.through_ns) / 1e9))
         return result
 
     async def _read_segments(
@@ -297,6 +305,8 @@ class SteadyScanner:
         # This term's leader is the checkpoint's only writer: keep the position for the
         # next pass (no GET) unless the save failed, which leaves memory ahead of the store.
         self._position = position if result.checkpoint is not None else None
+        if result.checkpoint is not None:
+            self.lag.consumed([key for key, _first_ns in chunk.segments])
         return result.checkpoint is not None
 
     def _note_references(self, table: pa.Table, blobs: pa.Table) -> None:
