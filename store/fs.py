@@ -244,20 +244,22 @@ class FileSystemStore:
         return tmp
 
     def _copy_temp(self, key: str, source: str, now_ns: int) -> tuple[str, str]:
-        """A temporary copy of the file ``source`` (fsync'd) and its ETag."""
+        """A temporary copy of the file ``source`` (fsync'd) and its ETag. A source that
+        cannot be opened raises its `OSError` (the caller's file, as on every store)."""
         tmp = os.path.join(self._tmp, secrets.token_hex(16))
         digest = hashlib.md5(usedforsecurity=False)
-        try:
-            with open(source, "rb") as src, open(tmp, "xb") as out:
-                while piece := src.read(PUT_FILE_PART_BYTES):
-                    digest.update(piece)
-                    out.write(piece)
-                out.flush()
-                os.utime(out.fileno(), ns=(now_ns, now_ns))
-                os.fsync(out.fileno())
-        except OSError as exc:
-            _unlink_quietly(tmp)
-            raise Unavailable("put", key, f"copying {source!r} to a temporary file: {exc}") from exc
+        with open(source, "rb") as src:
+            try:
+                with open(tmp, "xb") as out:
+                    while piece := src.read(PUT_FILE_PART_BYTES):
+                        digest.update(piece)
+                        out.write(piece)
+                    out.flush()
+                    os.utime(out.fileno(), ns=(now_ns, now_ns))
+                    os.fsync(out.fileno())
+            except OSError as exc:
+                _unlink_quietly(tmp)
+                raise Unavailable("put", key, f"writing temporary file: {exc}") from exc
         return tmp, f'"{digest.hexdigest()}"'
 
     def _commit(self, key: str, path: str, publish: Callable[[], None]) -> None:

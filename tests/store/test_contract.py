@@ -91,6 +91,10 @@ async def test_put_file_of_a_small_file_and_an_empty_one(
     assert await store.get("small") == (b"small body", etag)
     empty = await store.put_file("empty", _file(tmp_path, "empty", b""))
     assert await store.get("empty") == (b"", empty)
+    with pytest.raises(FileNotFoundError):  # the caller's file: no store error, no object
+        await store.put_file("never", str(tmp_path / "absent"))
+    with pytest.raises(NotFound):
+        await store.head("never")
 
 
 async def test_put_file_keeps_the_conditions_of_put(store: ObjectStore, tmp_path: Path) -> None:
