@@ -13,17 +13,26 @@ one (S3's ListObjectsV2 page size, which `store.s3.S3Store` uses); ``sign_delete
 (signing is local) and ``send_signed_delete`` one DELETE. Store-level retries (a 503 the
 store repeats) are not seen here: on a calm server there are none, and `bench.raw_retention`
 cross-checks the count against the S3 client's own on MiniStack.
+
+`CountingStore.scope` also counts, apart, the requests made *within* a named scope: by the
+code under a ``with`` block and by every task that code starts (a task copies the context
+it is created in), never by tasks started before it. `bench.gc` counts one GC run's
+requests that way while the daemon's background audit and lease renewal use the same
+store.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextvars import ContextVar
 
 from bench.counting import Tally, area_of
 from store.base import ConditionalGet, ObjectInfo, ObjectStore, SignedDelete
 
 LIST_PAGE_KEYS = 1000
+_SCOPE: ContextVar[str | None] = ContextVar("bench_counting_scope", default=None)
 
 
 class CountingStore:
@@ -34,12 +43,27 @@ class CountingStore:
         self.inner = inner
         self.url = inner.url
         self.tally: Tally = Counter()
+        self.scoped: dict[str, Tally] = {}
+        """Requests made within each `scope`, by name (also counted in `tally`)."""
 
     def snapshot(self) -> Tally:
         return Counter(self.tally)
 
+    @contextlib.contextmanager
+    def scope(self, name: str) -> Iterator[Tally]:
+        """Count the requests made within the block (and by the tasks it starts) in
+        ``scoped[name]`` too; yields that tally. Scopes do not nest: the inner one wins."""
+        tally = self.scoped.setdefault(name, Counter())
+        token = _SCOPE.set(name)
+        try:
+            yield tally
+        finally:
+            _SCOPE.reset(token)
+
     def _count(self, op: str, key: str) -> None:
         self.tally[(op, area_of(key))] += 1
+        if (name := _SCOPE.get()) is not None and name in self.scoped:
+            self.scoped[name][(op, area_of(key))] += 1
 
     async def get(self, key: str) -> tuple[bytes, str]:
         self._count("get", key)
