@@ -1,0 +1,424 @@
+"""`bench.gc`: what the GC costs per orphan it deletes, run by the reconciler daemon's own
+schedule (issue 22: "1,000 planted orphans past the horizon are deleted after one
+scheduled audit with <= 16 store requests per candidate in the GC runs, no audit started
+by the GC, one GC log file per run").
+
+In process, on MiniStack:
+
+1. **seed** (real time, as collectors do it; not counted): ``--accepted`` batches through
+   `collector.accept.BatchAcceptor` with its index log (blob, manifest, log rows);
+   ``--conflicts`` of them sent again with other content, so the acceptor's conflict path
+   writes a quarantine record naming the submitted blob (that blob must survive too); and
+   ``--orphans`` raw blobs no record names (`bench.gc_seed`): most of fresh identities,
+   half of those with a ``blob`` log row (a batch whose manifest never came: the steady
+   pass nominates it) and half without (the row was lost: only the audit's orphan file
+   finds it), some the losing twin of an accepted batch (the proof reads a manifest naming
+   another hash) and some of 128-byte agent ids (two agent key forms: the proof reads two
+   manifest keys and lists two quarantine prefixes).
+2. **the daemon**: `reconciler.daemon.Reconciler.run()` as deployed (background audit,
+   steady passes every ``loop_interval_s``, compaction, GC at most every
+   ``max(loop_interval_s, gc.mark_grace_s)``), on a clock running ahead of MiniStack by
+   ``retry_horizon_s`` + 60 s, so every blob is past the horizon when its first pass starts
+   the first scheduled audit. Each GC run is counted through
+   `bench.counting_store.CountingStore.scope` (its own requests and its tasks', not the
+   audit's or the lease renewer's running beside it). When a run ends, the benchmark waits
+   (real time, bounded) for a running audit to finish and moves the clock on by
+   ``gc.mark_grace_s`` + 1 s: the daemon's next pass runs the next GC at once, as it would
+   one grace later. It stops one run after the last planted orphan is gone (that last run
+   shows a GC run's fixed cost).
+
+Checked at the end (a failed check is printed as FAIL): every planted orphan deleted,
+every accepted batch's blob and every quarantine record's submitted blob still there, no
+mark left, no problem recorded, exactly one audit record (the scheduled one), no audit
+record written by a GC run's requests, one GC log file per run that deleted something.
+
+Why the clock runs ahead instead of ages being waited out: MiniStack stamps LastModified
+with its own clock, and store time (PROTOCOL §3.8) is the reconciler's clock plus the
+offset measured from MiniStack's ``Date`` headers against the S3 client's clock (the
+system clock here). A reconciler clock ahead by D sees every object D older: the "caller
+with a clock of its own" of `store.time`. Its real-time sleeps keep the lease renewal
+honest (a `ManualClock` would race ahead as the renewer sleeps on it). D must stay small:
+`store.time.ClockOffset` widens its bounds by 1e-3 of D, which comes off the 30 s lease's
+margin; hence ``gc.retry_horizon_s`` = 300 s by default (the deployment's is 2 days; the
+ages change no request). ``gc.max_delete_fraction`` is 1.0: 1,000 orphans beside a few
+hundred batches would trip the default 0.1 guard, which is there for a broken index, not
+for this.
+
+    .venv/bin/python -m bench.gc                    # 1,000 orphans beside 200 batches
+    .venv/bin/python -m bench.gc --orphans 200 --markdown /tmp/gc.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import random
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import reconciler.daemon
+from bench.counting import Tally
+from bench.counting_store import CountingStore
+from bench.gc_report import render
+from bench.gc_seed import Seeded, seed
+from chaos.s3_server import (
+    AWS_ENV_TO_REMOVE,
+    CREDENTIALS,
+    REGION,
+    dummy_aws_env,
+    fresh_bucket,
+    start_ministack,
+)
+from config import GcSettings, LoggingSettings, Settings, configure_logging
+from protocol import keys
+from protocol.clock import SystemClock
+from reconciler.audit_records import audit_keys, read_audit
+from reconciler.context import ReconcilerContext
+from reconciler.daemon import Reconciler
+from reconciler.gc.policy import GcOutcome
+from reconciler.gc.run import run_gc as real_run_gc
+from store.base import ObjectStore
+from store.errors import NotFound
+from store.fs import FileSystemStore
+from store.s3 import S3Store
+
+RETRY_HORIZON_S = 300.0
+MAX_GC_RUNS = 12
+WAIT_STEP_S = 0.2
+AUDIT_WAIT_S = 300.0
+RUN_TIMEOUT_S = 1800.0
+
+
+class AheadClock(SystemClock):
+    """The system clock plus a shift that only grows (`advance`); sleeps are real."""
+
+    def __init__(self) -> None:
+        self.shift_s = 0.0
+
+    def now_ns(self) -> int:
+        return time.time_ns() + int(self.shift_s * 1e9)
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.shift_s
+
+    def advance(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError("a clock never goes backwards")
+        self.shift_s += seconds
+
+
+@dataclass
+class GcRun:
+    """One GC run of the daemon, as counted."""
+
+    index: int
+    tally: Tally
+    seconds: float
+    outcome: GcOutcome | None
+    error: str | None
+    audit_running_at_start: bool
+    audits_before: int
+    audits_after: int
+    orphans_left: int
+    loadavg: tuple[float, float, float]
+
+
+@dataclass
+class Result:
+    args: argparse.Namespace
+    settings: Settings
+    seeded: Seeded
+    runs: list[GcRun] = field(default_factory=list)
+    checks: list[tuple[str, bool, str]] = field(default_factory=list)
+    audits: list[str] = field(default_factory=list)
+    gc_log_files: list[str] = field(default_factory=list)
+    uptime: list[str] = field(default_factory=list)
+    seed_seconds: float = 0.0
+    total_seconds: float = 0.0
+    shift_s: float = 0.0
+
+
+def bench_settings(args: argparse.Namespace) -> Settings:
+    """The deployment's defaults but for the short retry horizon and the guard (see the
+    module docstring)."""
+    return Settings(
+        gc=GcSettings(enabled=True, retry_horizon_s=args.retry_horizon_s, max_delete_fraction=1.0)
+    )
+
+
+async def count_under(store: ObjectStore, prefix: str) -> int:
+    return sum([1 async for _info in store.list(prefix)])
+
+
+async def audit_records(store: ObjectStore) -> list[str]:
+    """The audit records (not their orphan files), by key."""
+    found = []
+    for key in await audit_keys(store):
+        if await read_audit(store, key) is not None:
+            found.append(key)
+    return found
+
+
+async def orphans_left(store: ObjectStore, orphans: set[str]) -> int:
+    present = {info.key async for info in store.list(keys.RAW_BLOBS_PREFIX)}
+    return len(present & {keys.raw_blob_key(sha) for sha in orphans})
+
+
+class ScheduleDriver:
+    """Stands in for `reconciler.daemon.run_gc` while the daemon runs: counts each GC run
+    in its own scope, then moves the clock one grace on (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        counting: CountingStore,
+        clock: AheadClock,
+        settings: Settings,
+        seeded: Seeded,
+        result: Result,
+    ) -> None:
+        self.counting, self.clock, self.settings = counting, clock, settings
+        self.seeded, self.result = seeded, result
+        self.reconciler: Reconciler | None = None
+        self.finished = asyncio.Event()
+        self._cleared_at: int | None = None
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        with mock.patch.object(reconciler.daemon, "run_gc", self.run_gc):
+            yield
+
+    async def run_gc(self, ctx: ReconcilerContext, *, dry_run: bool) -> GcOutcome:
+        assert self.reconciler is not None
+        inner = self.counting.inner
+        index = len(self.result.runs) + 1
+        audits_before = len(await audit_records(inner))
+        running = self.reconciler.audits.running
+        outcome: GcOutcome | None = None
+        error: str | None = None
+        started = time.perf_counter()
+        try:
+            with self.counting.scope(f"gc run {index}"):
+                outcome = await real_run_gc(ctx, dry_run=dry_run)
+        except Exception as exc:
+            error = repr(exc)
+            raise
+        finally:
+            seconds = time.perf_counter() - started
+            left = await orphans_left(inner, self.seeded.orphans)
+            self.result.runs.append(
+                GcRun(
+                    index=index,
+                    tally=self.counting.scoped[f"gc run {index}"],
+                    seconds=seconds,
+                    outcome=outcome,
+                    error=error,
+                    audit_running_at_start=running,
+                    audits_before=audits_before,
+                    audits_after=len(await audit_records(inner)),
+                    orphans_left=left,
+                    loadavg=os.getloadavg(),
+                )
+            )
+            print(self._progress(self.result.runs[-1]), flush=True)
+            await self._next(left)
+        assert outcome is not None
+        return outcome
+
+    @staticmethod
+    def _progress(run: GcRun) -> str:
+        record = run.outcome.record if run.outcome else None
+        what = (
+            f"candidates {record.candidates}, marked {record.marked}, deleted {record.deleted}"
+            if record
+            else f"failed: {run.error}"
+        )
+        return (
+            f"GC run {run.index}: {what}; {sum(run.tally.values())} requests in "
+            f"{run.seconds:.1f} s; orphans left {run.orphans_left}"
+        )
+
+    async def _next(self, left: int) -> None:
+        """End after the run that follows the last deletion, or after `MAX_GC_RUNS`;
+        else wait out a running audit and move one grace on."""
+        runs = self.result.runs
+        if left == 0 and self._cleared_at is None:
+            self._cleared_at = len(runs)
+        if (self._cleared_at is not None and len(runs) > self._cleared_at) or len(
+            runs
+        ) >= MAX_GC_RUNS:
+            self.finished.set()
+            return
+        assert self.reconciler is not None
+        waited = 0.0
+        while self.reconciler.audits.running and waited < AUDIT_WAIT_S:
+            await asyncio.sleep(WAIT_STEP_S)  # bounded: an audit of ~1,400 objects
+            waited += WAIT_STEP_S
+        self.clock.advance(self.settings.gc.mark_grace_s + 1)
+
+
+async def run_daemon(
+    counting: CountingStore, clock: AheadClock, settings: Settings, seeded: Seeded, result: Result
+) -> None:
+    driver = ScheduleDriver(
+        counting=counting, clock=clock, settings=settings, seeded=seeded, result=result
+    )
+    daemon = Reconciler(
+        store=counting,
+        settings=settings,
+        clock=clock,
+        rng=random.Random(22),
+        owner="bench-gc-reconciler",
+    )
+    driver.reconciler = daemon
+    with driver.installed():
+        task = asyncio.create_task(daemon.run(), name="bench-gc-daemon")
+        try:
+            await asyncio.wait_for(driver.finished.wait(), RUN_TIMEOUT_S)
+        finally:
+            await daemon.stop(grace_s=60.0)
+            await task
+
+
+async def exists(store: ObjectStore, key: str) -> bool:
+    try:
+        await store.head(key)
+    except NotFound:
+        return False
+    return True
+
+
+async def check_end_state(store: ObjectStore, seeded: Seeded, result: Result) -> None:
+    def check(what: str, ok: bool, detail: str) -> None:
+        result.checks.append((what, ok, detail))
+
+    left = await orphans_left(store, seeded.orphans)
+    check("every planted orphan deleted", left == 0, f"{left} of {len(seeded.orphans)} left")
+    kept = [await exists(store, keys.raw_blob_key(sha)) for sha in seeded.kept]
+    check(
+        "every accepted batch's blob and every quarantined blob still there",
+        all(kept),
+        f"{sum(kept)} of {len(kept)} present",
+    )
+    marks = await count_under(store, keys.GC_MARKS_PREFIX)
+    check("no GC mark left", marks == 0, f"{marks} marks")
+    problems = [info.key async for info in store.list(keys.RECONCILER_PROBLEMS_PREFIX)]
+    check("no problem recorded", not problems, ", ".join(problems) or "none")
+    result.audits = await audit_records(store)
+    check("exactly one audit (the scheduled one)", len(result.audits) == 1, f"{result.audits}")
+    by_gc = sum(
+        n
+        for run in result.runs
+        for (op, area), n in run.tally.items()
+        if area == "reconciler/audits" and op.startswith("put")
+    )
+    check("no audit record written by a GC run", by_gc == 0, f"{by_gc} audit-record PUTs")
+    result.gc_log_files = [info.key async for info in store.list(keys.GC_LOG_PREFIX)]
+    deleting = sum(1 for run in result.runs if run.outcome and run.outcome.deleted)
+    check(
+        "one GC log file per run that deleted something",
+        len(result.gc_log_files) == deleting,
+        f"{len(result.gc_log_files)} files, {deleting} runs deleted",
+    )
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
+
+
+async def open_store(args: argparse.Namespace, work_dir: Path) -> tuple[ObjectStore, Any]:
+    """MiniStack (and its server, to stop), or the fs store stamping the system clock."""
+    if args.store == "fs":
+        return FileSystemStore(work_dir / "store", clock=SystemClock()), None
+    server = await asyncio.to_thread(start_ministack, work_dir / "ministack")
+    s3 = S3Store(
+        bucket=fresh_bucket(server, "lm-bench-gc"),
+        endpoint_url=server.endpoint_url,
+        region=REGION,
+        credentials=CREDENTIALS,
+    )
+    await s3.open()
+    return s3, server
+
+
+async def run(args: argparse.Namespace, work_dir: Path) -> Result:
+    settings = bench_settings(args)
+    inner, server = await open_store(args, work_dir)
+    try:
+        counting = CountingStore(inner)
+        try:
+            started = time.perf_counter()
+            seeded = await seed(inner, args, rng=random.Random(args.seed))
+            result = Result(args=args, settings=settings, seeded=seeded)
+            result.seed_seconds = time.perf_counter() - started
+            print(f"seeded in {result.seed_seconds:.1f} s: {seeded.describe()}", flush=True)
+            clock = AheadClock()
+            clock.advance(settings.gc.retry_horizon_s + 60)  # every blob past the horizon
+            started = time.perf_counter()
+            await run_daemon(counting, clock, settings, seeded, result)
+            result.total_seconds = time.perf_counter() - started
+            result.shift_s = clock.shift_s
+            await check_end_state(inner, seeded, result)
+        finally:
+            await counting.close()
+    finally:
+        if server is not None:
+            await asyncio.to_thread(server.stop)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.gc", description=__doc__.split("\n")[0])
+    parser.add_argument("--orphans", type=int, default=1000)
+    parser.add_argument("--accepted", type=int, default=200, help="accepted batches beside them")
+    parser.add_argument(
+        "--conflicts", type=int, default=20, help="accepted batches re-sent with other content"
+    )
+    parser.add_argument(
+        "--twin-orphans", type=int, default=100, help="orphans that are twins of accepted batches"
+    )
+    parser.add_argument(
+        "--long-agent-orphans", type=int, default=10, help="orphans of 128-byte agent ids"
+    )
+    parser.add_argument("--retry-horizon-s", type=float, default=RETRY_HORIZON_S)
+    parser.add_argument("--seed", type=int, default=22)
+    parser.add_argument(
+        "--store",
+        choices=("ministack", "fs"),
+        default="ministack",
+        help="fs: the file store (stamps the system clock), for a quick check of the harness",
+    )
+    parser.add_argument("--markdown", type=Path, default=None, help="also write the report here")
+    args = parser.parse_args(argv)
+    configure_logging(LoggingSettings(level="warning", format="console"))
+    for name in AWS_ENV_TO_REMOVE:  # only the dummy credentials, never a real account
+        os.environ.pop(name, None)
+    os.environ.update(dummy_aws_env())
+    shm = Path("/dev/shm")
+    root = str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else tempfile.gettempdir()
+    work_dir = Path(tempfile.mkdtemp(prefix="lm-bench-gc-", dir=root))
+    uptimes = [uptime()]
+    try:
+        result = asyncio.run(run(args, work_dir))
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
+    uptimes.append(uptime())
+    result.uptime = uptimes
+    report = render(result)
+    print(report)
+    if args.markdown:
+        args.markdown.write_text(report + "\n")
+    return 0 if all(ok for _what, ok, _detail in result.checks) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
