@@ -5,7 +5,8 @@ older than the horizon, and the orphans of the latest completed listing audit (s
 orphans whose log row was lost are found too; each audit's orphans are marked once per
 process). A candidate with no mark and no veto (both known from the run's one listing
 of ``gc/v1/marks/`` and ``gc/v1/vetoes/``) gets a ``marked`` mark (If-None-Match). No
-per-blob HEAD or LIST here: a run's requests grow with the candidates and the marks.
+per-blob HEAD or LIST here: a run's requests grow with the candidates and the marks. The
+run's later steps never read the marks it wrote (younger than the grace: not eligible).
 """
 
 from __future__ import annotations
@@ -91,7 +92,8 @@ async def mark_candidates(
         try:
             await work.store.put(keys.gc_mark_key(sha), record.to_json(), if_none_match=True)
             counts["marked"] += 1
-            work.marks.add(sha)
+            # Not added to work.marks: a mark this run wrote is younger than the grace
+            # (> 0), so step 3 would read it back only to find it not yet eligible.
         except PreconditionFailed:
             pass
 
