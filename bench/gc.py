@@ -60,15 +60,13 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
 import reconciler.daemon
-from bench.counting import Tally
 from bench.counting_store import CountingStore
-from bench.gc_report import render
+from bench.gc_report import GcRun, Result, render
 from bench.gc_seed import Seeded, seed
 from chaos.s3_server import (
     AWS_ENV_TO_REMOVE,
@@ -114,37 +112,6 @@ class AheadClock(SystemClock):
         if seconds < 0:
             raise ValueError("a clock never goes backwards")
         self.shift_s += seconds
-
-
-@dataclass
-class GcRun:
-    """One GC run of the daemon, as counted."""
-
-    index: int
-    tally: Tally
-    seconds: float
-    outcome: GcOutcome | None
-    error: str | None
-    audit_running_at_start: bool
-    audits_before: int
-    audits_after: int
-    orphans_left: int
-    loadavg: tuple[float, float, float]
-
-
-@dataclass
-class Result:
-    args: argparse.Namespace
-    settings: Settings
-    seeded: Seeded
-    runs: list[GcRun] = field(default_factory=list)
-    checks: list[tuple[str, bool, str]] = field(default_factory=list)
-    audits: list[str] = field(default_factory=list)
-    gc_log_files: list[str] = field(default_factory=list)
-    uptime: list[str] = field(default_factory=list)
-    seed_seconds: float = 0.0
-    total_seconds: float = 0.0
-    shift_s: float = 0.0
 
 
 def bench_settings(args: argparse.Namespace) -> Settings:

@@ -1,19 +1,53 @@
 """The report of `bench.gc`: requests per GC run and per candidate, by operation and S3
-class, the audits and GC log files the runs made, and the end-state checks."""
+class, the audits and GC log files the runs made, and the end-state checks; and the
+result records the benchmark fills (`GcRun`, `Result`), here so that the report need not
+import the benchmark."""
 
 from __future__ import annotations
 
+import argparse
 from collections import Counter
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 from bench.counting import Tally, by_class
-
-if TYPE_CHECKING:
-    from bench.gc import GcRun, Result
+from bench.gc_seed import Seeded
+from config import Settings
+from reconciler.gc.policy import GcOutcome
 
 TARGET_PER_CANDIDATE = 16
 OPS = ("GET", "HEAD", "LIST", "PUT", "DELETE")
+
+
+@dataclass
+class GcRun:
+    """One GC run of the daemon, as counted."""
+
+    index: int
+    tally: Tally
+    seconds: float
+    outcome: GcOutcome | None
+    error: str | None
+    audit_running_at_start: bool
+    audits_before: int
+    audits_after: int
+    orphans_left: int
+    loadavg: tuple[float, float, float]
+
+
+@dataclass
+class Result:
+    args: argparse.Namespace
+    settings: Settings
+    seeded: Seeded
+    runs: list[GcRun] = field(default_factory=list)
+    checks: list[tuple[str, bool, str]] = field(default_factory=list)
+    audits: list[str] = field(default_factory=list)
+    gc_log_files: list[str] = field(default_factory=list)
+    uptime: list[str] = field(default_factory=list)
+    seed_seconds: float = 0.0
+    total_seconds: float = 0.0
+    shift_s: float = 0.0
 
 
 def op_name(op: str) -> str:
