@@ -14,7 +14,8 @@ from index.log_writer import IndexLogWriter
 from index.rows import blob_row
 from protocol import keys
 from protocol.clock import SystemClock
-from protocol.frame import decode_header, encode_frame, points_table
+from protocol.frame import decode_header
+from protocol.frame_encode import encode_frame, points_table
 from reconciler.bounded import for_each_bounded
 from store.base import ObjectStore
 
