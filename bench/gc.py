@@ -16,6 +16,8 @@ In process, on MiniStack:
    another hash) and some of 128-byte agent ids (two agent key forms: the proof reads two
    manifest keys and lists two quarantine prefixes).
 2. **the daemon**: `reconciler.daemon.Reconciler.run()` as deployed (background audit,
+   here a task of the daemon's process — the class's default; ``lm-reconciler run`` runs it
+   in a child process, which could not share this benchmark's clock; no GC request differs —
    steady passes every ``loop_interval_s``, compaction, GC at most every
    ``max(loop_interval_s, gc.mark_grace_s)``), on a clock running ahead of MiniStack by
    ``retry_horizon_s`` + 60 s, so every blob is past the horizon when its first pass starts
