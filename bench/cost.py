@@ -42,7 +42,6 @@ import shutil
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -50,10 +49,10 @@ import aiohttp
 from agent.load import LoadSpec, SyntheticLoad
 from agent.truth import PlannedFrame
 from agent.uploader import CONTENT_TYPE, RESEND_HEADER, Outcome, Uploader, UploadPolicy
-from bench.cost_history import HistoryRun, history_run
-from bench.cost_report import render
+from bench.cost_history import history_run
+from bench.cost_report import Measured, render
 from bench.cost_stack import CostStack
-from bench.counting import Tally, since
+from bench.counting import since
 from config import Settings
 from index import catalog
 from protocol import keys
@@ -64,23 +63,6 @@ from store.retry import Backoff
 WAIT_STEP_S = 0.5
 RESEND_LOST = "collectors: re-sends after a lost answer (resend header)"
 RESEND_RESTART = "collectors: re-sends after an agent restart (no header)"
-
-
-@dataclass
-class Measured:
-    args: dict[str, object]
-    settings: dict[str, object]
-    phases: dict[str, Tally] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    accepted: int = 0
-    resent: dict[str, int] = field(default_factory=dict)
-    outcomes: dict[str, int] = field(default_factory=dict)
-    load_seconds: float = 0.0
-    reconciler_seconds: float = 0.0
-    idle_seconds: float = 0.0
-    catalog_wait_s: float = 0.0
-    history: list[HistoryRun] = field(default_factory=list)
-    loadavg: dict[str, tuple[float, float, float]] = field(default_factory=dict)
 
 
 def deployment_settings(gc: bool, flush_max_age_ms: int | None) -> dict[str, object]:

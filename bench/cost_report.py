@@ -5,12 +5,29 @@ from __future__ import annotations
 
 import platform
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
+from bench.cost_history import HistoryRun
 from bench.counting import Tally, by_class, describe, dollars, select
 
-if TYPE_CHECKING:
-    from bench.cost import Measured
+
+@dataclass
+class Measured:
+    args: dict[str, object]
+    settings: dict[str, object]
+    phases: dict[str, Tally] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    accepted: int = 0
+    resent: dict[str, int] = field(default_factory=dict)
+    outcomes: dict[str, int] = field(default_factory=dict)
+    load_seconds: float = 0.0
+    reconciler_seconds: float = 0.0
+    idle_seconds: float = 0.0
+    catalog_wait_s: float = 0.0
+    history: list[HistoryRun] = field(default_factory=list)
+    loadavg: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+
 
 BEFORE = {"PUT": 9.24, "GET": 8.2, "dollars": 49.50}
 """The per-object design (derived entries), same setup: 2 collectors, 2,000 batches +

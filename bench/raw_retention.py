@@ -50,14 +50,13 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from bench._common import CpuMeter, start_delay_proxy
-from bench.counting import Tally, since
+from bench.counting import since
 from bench.counting_store import CountingStore
-from bench.raw_retention_report import render
+from bench.raw_retention_report import Variant, render
 from chaos.s3_server import (
     AWS_ENV_TO_REMOVE,
     CREDENTIALS,
@@ -98,25 +97,6 @@ the manual clock plus an offset measured on the real clock, whose uncertainty gr
 jump) the reconciler's 30 s lease looks expired to itself (`LeaseLost`)."""
 BOOT_ID = str(uuid.UUID("0b5e0b5e-0000-4000-8000-000000000001"))
 STEPS = ("audit 1", "GC: retiring", "audit 2", "GC: marking", "audit 3", "GC: deleting")
-
-
-@dataclass
-class Variant:
-    """One concurrency's store, clock, reconciler context and measurements."""
-
-    concurrency: int
-    store: CountingStore
-    clock: ManualClock
-    ctx: ReconcilerContext | None = None
-    wire: Counter[str] | None = None
-    phases: dict[str, Tally] = field(default_factory=dict)
-    seconds: dict[str, float] = field(default_factory=dict)
-    others_cores: dict[str, float] = field(default_factory=dict)
-    cpu_s: dict[str, dict[str, float]] = field(default_factory=dict)
-
-    def context(self) -> ReconcilerContext:
-        assert self.ctx is not None, "seed first"
-        return self.ctx
 
 
 def bench_settings(concurrency: int) -> Settings:

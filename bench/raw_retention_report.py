@@ -6,12 +6,32 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 from bench.counting import PRICE_PER_1K, Tally, by_class, describe, dollars
+from bench.counting_store import CountingStore
+from protocol.clock import ManualClock
+from reconciler.context import ReconcilerContext
 
-if TYPE_CHECKING:
-    from bench.raw_retention import Variant
+
+@dataclass
+class Variant:
+    """One concurrency's store, clock, reconciler context and measurements."""
+
+    concurrency: int
+    store: CountingStore
+    clock: ManualClock
+    ctx: ReconcilerContext | None = None
+    wire: Counter[str] | None = None
+    phases: dict[str, Tally] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    others_cores: dict[str, float] = field(default_factory=dict)
+    cpu_s: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def context(self) -> ReconcilerContext:
+        assert self.ctx is not None, "seed first"
+        return self.ctx
+
 
 GC_PHASES = ("GC: retiring", "GC: marking", "GC: deleting")
 AUDIT_PHASES = ("audit 1", "audit 2", "audit 3")

@@ -69,8 +69,6 @@ KNOWN_CYCLES: set[frozenset[str]] = {
             "reconciler.verify",
         }
     ),
-    frozenset({"bench.raw_retention", "bench.raw_retention_report"}),
-    frozenset({"bench.cost", "bench.cost_report"}),
 }
 KNOWN_WRONG_WAY: set[tuple[str, str]] = {
     ("collector.query.coverage", "reconciler.audit_records"),
