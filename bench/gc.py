@@ -79,9 +79,9 @@ from chaos.s3_server import (
     start_ministack,
 )
 from config import GcSettings, LoggingSettings, Settings, configure_logging
+from index.audits import audit_keys, read_audit
 from protocol import keys
 from protocol.clock import SystemClock
-from reconciler.audit_records import audit_keys, read_audit
 from reconciler.context import ReconcilerContext
 from reconciler.daemon import Reconciler
 from reconciler.gc.policy import GcOutcome

@@ -11,9 +11,9 @@ from typing import Any
 import aiohttp
 
 from bench import _common as c
+from index.audits import audit_keys
 from protocol import keys
 from protocol.records import IndexCheckpoint, RecordError
-from reconciler.audit_records import audit_keys
 from store.fs import FileSystemStore
 
 NS = 1_000_000_000

@@ -51,8 +51,8 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from index.audits import sealed_limit_ns
 from protocol import keys, records
-from reconciler.audit_records import sealed_limit_ns
 from rollup.table.commit import load_latest
 from rollup.table.ledger import read_catalog_totals
 from rollup.table.manifest import LedgerHour, RollupManifestError

@@ -33,8 +33,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from index.audits import iter_audits_newest_first, sealed_limit_ns
 from protocol import keys
-from reconciler.audit_records import iter_audits_newest_first, sealed_limit_ns
 from rollup.table.ledger import read_catalog_totals
 from rollup.table.manifest import LedgerHour, Snapshot
 from store.base import ObjectStore

@@ -151,7 +151,7 @@ async def latest_listing_audit(store: ObjectStore) -> records.AuditRecord | None
     is not an exact snapshot (objects written shortly before it may be missing), so it
     proves nothing about references for GC; an audit of the previous version (no
     ``catalog``) wrote no orphan file."""
-    from reconciler.audit_records import iter_audits_newest_first
+    from index.audits import iter_audits_newest_first
 
     async for audit in iter_audits_newest_first(store):
         if audit.status == "completed" and audit.source == "listing" and audit.catalog:

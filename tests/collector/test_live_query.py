@@ -21,12 +21,13 @@ from collector.auth import Authenticator
 from collector.metrics import CollectorMetrics
 from collector.query.api import LiveQuery, QueryError, parse_query
 from collector.query.committed import SnapshotSource
-from collector.query.coverage import Coverage, first_uncovered_ns, sealed_limit_ns
+from collector.query.coverage import Coverage, first_uncovered_ns
 from collector.query.endpoint import QueryEndpoint
 from collector.query.rows import json_rows, merge_points, rollup_of_points
 from collector.query.window import LiveWindow, missing_dropped
 from config import Principal, TokenTable, hash_token
 from config.settings import QuerySettings
+from index.audits import sealed_limit_ns
 from protocol import keys
 from protocol.clock import ManualClock
 from protocol.frame import Frame, decode_frame

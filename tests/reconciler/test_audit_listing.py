@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from index.audits import audit_keys
 from protocol import keys
 from protocol.clock import ManualClock
 from protocol.records import AuditRecord
@@ -38,7 +39,7 @@ from reconciler.audit_ranges import (
     plan_json,
     ranges_from_groups,
 )
-from reconciler.audit_records import KEEP_AUDITS, audit_keys, create_audit, trim_old_audits
+from reconciler.audit_records import KEEP_AUDITS, create_audit, trim_old_audits
 from reconciler.inventory import InventorySource
 from store.base import ObjectStore
 from store.memory import MemoryStore

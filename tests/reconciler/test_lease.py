@@ -11,10 +11,11 @@ import pytest
 
 from chaos.faulty_store import Fault, FaultyStore
 from chaos.sim_runtime import SimClock, run_virtual
+from index.audits import audit_keys, read_audit
 from protocol import keys
 from protocol.clock import ManualClock
 from protocol.records import LeaseRecord
-from reconciler.audit_records import audit_keys, latest_completed_audit, read_audit
+from reconciler.audit_records import latest_completed_audit
 from reconciler.context import Fence
 from reconciler.daemon import Reconciler
 from reconciler.steady import SteadyScanner, read_checkpoint
