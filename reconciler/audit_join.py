@@ -46,7 +46,7 @@ from index import catalog
 from index.digests import KeyDigestSet, ShaPrefixSet, digests_from_arrow, digests_of, sha_prefixes
 from index.rows import IndexRow
 from protocol import keys
-from rollup.lifecycle.lost import acknowledged_shas
+from rollup.read.lost import acknowledged_shas
 from store.base import ObjectStore
 from store.errors import NotFound, StoreError
 

@@ -25,7 +25,7 @@ owner lease like ``delete`` (the pointer CAS serializes; a run that planned the 
 loses its CAS and re-plans without it), or under it before the first commit. A lost race
 is retried on the new snapshot, bounded, after checking step 4 again. Finally the
 problem records for the blob are removed (a ``missing-blob`` audit finding is not
-recorded again for an acknowledged batch: `acknowledged_shas`).
+recorded again for an acknowledged batch: `rollup.read.lost.acknowledged_shas`).
 
 Cost: a few GETs (the manifest, the catalog hour's files, the blob, the snapshot and the
 hour's ledger files), one ledger PUT and a commit (2 PUTs).
@@ -56,7 +56,7 @@ from rollup.table.commit import (
     load_latest,
 )
 from rollup.table.ledger import LedgerRow, included_manifest_ids, write_ledger_files
-from rollup.table.manifest import Changes, LostBatch, RollupManifestError, format_created_at
+from rollup.table.manifest import Changes, LostBatch, format_created_at
 from rollup.table.manifest_ledger import LOST_PROBLEMS
 from rollup.table.owner import OwnerLease
 from store.base import ObjectStore
@@ -258,15 +258,3 @@ async def _settle_problems(store: ObjectStore, blob_key: str) -> None:
             continue
         except (StoreError, StoreConfigError) as exc:
             log.warning("rollup_lost_problem_left", kind=kind, blob=blob_key, error=str(exc))
-
-
-async def acknowledged_shas(store: ObjectStore) -> set[str]:
-    """The ``frame_sha256`` of every batch the latest snapshot records as lost: an audit
-    does not report their blobs as missing again. Empty when there is no readable
-    snapshot (the audit then reports what it finds, as before)."""
-    try:
-        latest = await load_latest(store)
-    except (StoreError, RollupManifestError) as exc:
-        log.warning("rollup_lost_unreadable", error=str(exc))
-        return set()
-    return {b.frame_sha256 for b in latest.snapshot.ledger_lost} if latest is not None else set()

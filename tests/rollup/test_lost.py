@@ -22,7 +22,8 @@ from protocol.records import ProblemRecord
 from rollup.cli.lifecycle import add_lifecycle_commands
 from rollup.cli.read import add_read_commands
 from rollup.job.plan import make_plan
-from rollup.lifecycle.lost import NotLost, acknowledge_lost, acknowledged_shas
+from rollup.lifecycle.lost import NotLost, acknowledge_lost
+from rollup.read.lost import acknowledged_shas
 from rollup.read.verify import verify
 from rollup.table.commit import load_latest
 from rollup.table.ledger import LedgerRow, read_catalog_totals
