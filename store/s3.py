@@ -42,11 +42,8 @@ Only this module and its helpers (`store.s3_timestamps`, `store.s3_request_cache
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import os
 import random
-import re
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
@@ -72,19 +69,19 @@ from store.base import (
     check_signed_expiry,
 )
 from store.errors import (
-    ConditionConflict,
     NotFound,
-    OutcomeUnknown,
     PreconditionFailed,
     RequestExpired,
     StoreConfigError,
     Unavailable,
 )
 from store.retry import Backoff, repeat_while_unavailable
+from store.s3_errors import ERROR_BODY_MAX, error_code_and_message, map_error_answer, map_s3_error
 from store.s3_fast_list import use_fast_listings
 from store.s3_request_cache import speed_up_client
 from store.s3_timestamps import use_fast_timestamps
 from store.s3_upload import upload_file
+from store.s3_url import check_bucket_name, normalize_prefix, parse_s3_url
 from store.time import DEFAULT_MAX_CLOCK_SKEW_S, ClockOffset
 
 if TYPE_CHECKING:
@@ -94,31 +91,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_THROTTLING_CODES = frozenset(
-    {
-        "SlowDown",
-        "ServiceUnavailable",
-        "Throttling",
-        "ThrottlingException",
-        "ThrottledException",
-        "RequestThrottled",
-        "RequestThrottledException",
-        "TooManyRequestsException",
-        "RequestLimitExceeded",
-        "BandwidthLimitExceeded",
-        "RequestTimeout",  # the server gave up reading our body: nothing was applied
-    }
-)
-# Failures of the connection itself (after `_request_not_sent` has picked out connects).
-_TRANSPORT_ERRORS = (
-    botoexc.HTTPClientError,
-    botoexc.ConnectionError,
-    botoexc.IncompleteReadError,
-    aiohttp.ClientError,
-    TimeoutError,
-)
-_CONFLICT_CODES = frozenset({"ConditionalRequestConflict", "OperationAborted"})
-_NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
 MIN_PART_BYTES = 5 * 1024 * 1024  # S3's least part size (all parts but the last)
 
 
@@ -163,7 +135,7 @@ class S3Store:
         if upload_part_bytes < MIN_PART_BYTES:
             raise StoreConfigError(f"upload_part_bytes must be at least {MIN_PART_BYTES} (S3)")
         self.upload_part_bytes = upload_part_bytes
-        prefix = _normalize_prefix(prefix)
+        prefix = normalize_prefix(prefix)
         if credentials is not None and profile is not None:
             raise StoreConfigError("give explicit credentials or a profile, not both")
         if max_pool_connections < 1 or connect_timeout_s <= 0 or read_timeout_s <= 0:
@@ -564,15 +536,15 @@ class S3Store:
         try:
             async with session.delete(URL(request.url, encoded=True)) as answer:
                 status = answer.status
-                body = await answer.content.read(_ERROR_BODY_MAX)
+                body = await answer.content.read(ERROR_BODY_MAX)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise map_s3_error("delete", request.key, exc, mutating=True) from exc
         if status < 300:
             return
-        code, message = _error_code_and_message(body)
+        code, message = error_code_and_message(body)
         if status == 403 and "expired" in message.lower():
             raise RequestExpired("delete", request.key, f"{code} (HTTP 403): {message}")
-        error = _map_error_answer("delete", request.key, status, code, message, mutating=True)
+        error = map_error_answer("delete", request.key, status, code, message, mutating=True)
         if isinstance(error, NotFound):
             return  # no such key: deleted already, as `delete` treats it
         raise error
@@ -664,146 +636,6 @@ class _SendOnceHTTPSession(AIOHTTPSession):
         session: aiohttp.ClientSession = await super()._get_session(proxy_url)  # type: ignore[misc]
         session._retry_connection = False
         return session
-
-
-def map_s3_error(op: str, key: str, exc: BaseException, *, mutating: bool) -> Exception:
-    """The `store.errors` exception for a botocore/aiohttp failure (see module docstring).
-
-    Returns ``exc`` itself for failures that are bugs in the call (bad parameters).
-    """
-    if isinstance(exc, botoexc.ClientError):
-        return _map_client_error(op, key, exc, mutating=mutating)
-    if isinstance(
-        exc,
-        botoexc.NoCredentialsError
-        | botoexc.PartialCredentialsError
-        | botoexc.ProfileNotFound
-        | botoexc.NoRegionError,
-    ):
-        return StoreConfigError(f"{op} {key!r}: {exc}")
-    if isinstance(exc, botoexc.CredentialRetrievalError):
-        return Unavailable(op, key, f"credentials: {exc}")
-    if _request_not_sent(exc):
-        return Unavailable(op, key, f"not sent: {exc}")
-    if isinstance(exc, _TRANSPORT_ERRORS):
-        # Possibly sent, answer lost: read timeout, reset, closed, truncated body.
-        kind = OutcomeUnknown if mutating else Unavailable
-        return kind(op, key, f"answer lost: {exc}")
-    return exc if isinstance(exc, Exception) else RuntimeError(str(exc))
-
-
-def _request_not_sent(exc: BaseException) -> bool:
-    """True when the failure happened before any byte of the request could arrive."""
-    if isinstance(
-        exc, botoexc.ConnectTimeoutError | botoexc.SSLError | botoexc.ProxyConnectionError
-    ):
-        return True
-    if isinstance(exc, botoexc.EndpointConnectionError):
-        # aiobotocore also wraps resets of an established connection (ClientOSError)
-        # in EndpointConnectionError; only a failed connect proves nothing was sent.
-        cause = exc.kwargs.get("error")
-        return cause is None or isinstance(cause, aiohttp.ClientConnectorError | socket.gaierror)
-    return isinstance(exc, aiohttp.ClientConnectorError)
-
-
-def _map_client_error(op: str, key: str, exc: botoexc.ClientError, *, mutating: bool) -> Exception:
-    error = exc.response.get("Error", {})
-    code = str(error.get("Code", ""))
-    status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
-    message = str(error.get("Message", ""))
-    return _map_error_answer(op, key, status, code, message, mutating=mutating)
-
-
-def _map_error_answer(
-    op: str, key: str, status: int, code: str, message: str, *, mutating: bool
-) -> Exception:
-    """The `store.errors` exception for an S3 error answer (status, error code, message)."""
-    detail = f"{code or 'error'} (HTTP {status}): {message}".rstrip(": ")
-    if status == 412 or code == "PreconditionFailed":
-        return PreconditionFailed(op, key, detail)
-    if status == 409 or code in _CONFLICT_CODES:
-        return ConditionConflict(op, key, detail)
-    if code == "NoSuchBucket":
-        return StoreConfigError(f"{op} {key!r}: bucket does not exist: {detail}")
-    if status == 404 or code in _NOT_FOUND_CODES:
-        return NotFound(op, key, detail)
-    if status in (429, 503) or code in _THROTTLING_CODES:
-        return Unavailable(op, key, detail)
-    if status >= 500:
-        # 500 InternalError (and a gateway's 502/504) may come after the write applied.
-        return (OutcomeUnknown if mutating else Unavailable)(op, key, detail)
-    # 400/403/405/501...: credentials, policy, clock skew or an unsupported feature.
-    # Repeating cannot help; the configuration (or the server) has to change.
-    return StoreConfigError(f"{op} {key!r}: {detail}")
-
-
-_BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
-_BUCKET_BAD_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
-_BUCKET_BAD_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
-
-
-def check_bucket_name(bucket: str) -> None:
-    """Raise `StoreConfigError` unless ``bucket`` follows S3's general-purpose naming rules."""
-    problem = None
-    if not 3 <= len(bucket) <= 63:
-        problem = "must be 3-63 characters long"
-    elif not _BUCKET_RE.fullmatch(bucket):
-        problem = "only lowercase letters, digits, '.' and '-', starting and ending alphanumeric"
-    elif ".." in bucket or ".-" in bucket or "-." in bucket:
-        problem = "no '..', '.-' or '-.'"
-    elif bucket.startswith(_BUCKET_BAD_PREFIXES) or bucket.endswith(_BUCKET_BAD_SUFFIXES):
-        problem = "uses a prefix or suffix S3 reserves"
-    elif _is_ip_address(bucket):
-        problem = "must not look like an IP address"
-    if problem is not None:
-        raise StoreConfigError(f"invalid S3 bucket name {bucket!r}: {problem}")
-
-
-def parse_s3_url(url: str) -> tuple[str, str]:
-    """Split ``s3://bucket[/prefix]`` into ``(bucket, prefix)``; prefix without slashes
-    at either end (``""`` for the whole bucket). `StoreConfigError` names the problem."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or scheme.lower() != "s3":
-        raise StoreConfigError(f"store URL {url!r}: expected s3://bucket/prefix")
-    if "?" in rest or "#" in rest:
-        raise StoreConfigError(f"store URL {url!r}: no query or fragment allowed")
-    bucket, _, prefix = rest.partition("/")
-    if not bucket:
-        raise StoreConfigError(f"store URL {url!r}: no bucket name")
-    check_bucket_name(bucket)
-    return bucket, _normalize_prefix(prefix, url=url)
-
-
-def _normalize_prefix(prefix: str, *, url: str | None = None) -> str:
-    prefix = prefix.rstrip("/")
-    if prefix:
-        try:
-            check_key("prefix", prefix)
-        except ValueError as exc:
-            where = f"store URL {url!r}" if url is not None else "S3 prefix"
-            raise StoreConfigError(f"{where}: {exc}") from exc
-    return prefix
-
-
-def _is_ip_address(text: str) -> bool:
-    try:
-        ipaddress.IPv4Address(text)
-    except ValueError:
-        return False
-    return True
-
-
-_ERROR_BODY_MAX = 64 * 1024
-_ERROR_FIELD = re.compile(rb"<(Code|Message)>([^<]{0,1024})</\1>")
-
-
-def _error_code_and_message(body: bytes) -> tuple[str, str]:
-    """``Code`` and ``Message`` of an S3 XML error body (empty when absent or garbled)."""
-    found = {m.group(1): m.group(2) for m in _ERROR_FIELD.finditer(body)}
-    return (
-        found.get(b"Code", b"").decode("utf-8", "replace"),
-        found.get(b"Message", b"").decode("utf-8", "replace"),
-    )
 
 
 def _signed_at_ns(key: str, url: str) -> int:
