@@ -8,17 +8,19 @@ naming the key and what is wrong with it.
 
 Identities in keys, PROTOCOL §3's segment rule (``agent=h-<sha256>`` where an agent_id in
 hex would make a segment longer than 255 bytes) and the `KeyIdentity` parsers return are
-in ``_identity_keys.py``; the names imported ``as`` themselves below are part of this
-module's API (``keys.BatchIdentity``, ``keys.KeyFormatError``, ...).
+in ``_identity_keys.py``, hours (`UtcHour`) in ``_hours.py``, the rollup dataset's keys in
+``_rollup_keys.py``, the index's (PROTOCOL §3.7) in ``_index_keys.py``; the names imported ``as`` themselves below are part of this module's
+API (``keys.BatchIdentity``, ``keys.UtcHour``, ``keys.rollup_data_key``, ...).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
-from datetime import UTC, date, datetime
 
+from protocol._hours import NS_PER_S as NS_PER_S
+from protocol._hours import UtcHour as UtcHour
+from protocol._hours import hours_between as hours_between
 from protocol._identity_keys import AGENT_DIGEST_MARK as AGENT_DIGEST_MARK
 from protocol._identity_keys import (
     IDENTITY_RE,
@@ -36,8 +38,41 @@ from protocol._identity_keys import identity_name as identity_name
 from protocol._identity_keys import long_agent_segment as long_agent_segment
 from protocol._identity_keys import parse_identity_name as parse_identity_name
 from protocol._identity_keys import parse_manifest_id as parse_manifest_id
-
-NS_PER_S = 1_000_000_000
+from protocol._index_keys import INDEX_CATALOG_CREATED_PREFIX as INDEX_CATALOG_CREATED_PREFIX
+from protocol._index_keys import INDEX_CATALOG_PREFIX as INDEX_CATALOG_PREFIX
+from protocol._index_keys import INDEX_LOG_PREFIX as INDEX_LOG_PREFIX
+from protocol._index_keys import INDEX_UNREADABLE_PREFIX as INDEX_UNREADABLE_PREFIX
+from protocol._index_keys import ROLLUP_WORK_PREFIX as ROLLUP_WORK_PREFIX
+from protocol._index_keys import LogSegmentName as LogSegmentName
+from protocol._index_keys import catalog_created_key as catalog_created_key
+from protocol._index_keys import index_catalog_hour_prefix as index_catalog_hour_prefix
+from protocol._index_keys import index_catalog_key as index_catalog_key
+from protocol._index_keys import index_log_segment_key as index_log_segment_key
+from protocol._index_keys import index_log_start_after as index_log_start_after
+from protocol._index_keys import index_writer_id as index_writer_id
+from protocol._index_keys import parse_catalog_created_key as parse_catalog_created_key
+from protocol._index_keys import parse_index_catalog_key as parse_index_catalog_key
+from protocol._index_keys import parse_index_log_segment_key as parse_index_log_segment_key
+from protocol._index_keys import parse_rollup_work_marker_key as parse_rollup_work_marker_key
+from protocol._index_keys import rollup_work_marker_key as rollup_work_marker_key
+from protocol._rollup_keys import ROLLUP_ICEBERG_PREFIX as ROLLUP_ICEBERG_PREFIX
+from protocol._rollup_keys import ROLLUP_LEDGER_PREFIX as ROLLUP_LEDGER_PREFIX
+from protocol._rollup_keys import ROLLUP_MANIFESTS_PREFIX as ROLLUP_MANIFESTS_PREFIX
+from protocol._rollup_keys import ROLLUP_OWNER_KEY as ROLLUP_OWNER_KEY
+from protocol._rollup_keys import ROLLUP_POINTER_KEY as ROLLUP_POINTER_KEY
+from protocol._rollup_keys import ROLLUP_PREFIX as ROLLUP_PREFIX
+from protocol._rollup_keys import ROLLUP_READERS_PREFIX as ROLLUP_READERS_PREFIX
+from protocol._rollup_keys import ROLLUP_TABLES_PREFIX as ROLLUP_TABLES_PREFIX
+from protocol._rollup_keys import ROLLUP_TOMBSTONES_PREFIX as ROLLUP_TOMBSTONES_PREFIX
+from protocol._rollup_keys import TOMBSTONE_ID_PATTERN as TOMBSTONE_ID_PATTERN
+from protocol._rollup_keys import rollup_data_key as rollup_data_key
+from protocol._rollup_keys import rollup_iceberg_file_key as rollup_iceberg_file_key
+from protocol._rollup_keys import rollup_iceberg_metadata_key as rollup_iceberg_metadata_key
+from protocol._rollup_keys import rollup_iceberg_version_hint_key as rollup_iceberg_version_hint_key
+from protocol._rollup_keys import rollup_ledger_key as rollup_ledger_key
+from protocol._rollup_keys import rollup_manifest_key as rollup_manifest_key
+from protocol._rollup_keys import rollup_reader_key as rollup_reader_key
+from protocol._rollup_keys import rollup_tombstone_key as rollup_tombstone_key
 
 RAW_BLOBS_PREFIX = "raw-blobs/v1/sha256/"
 RAW_BLOBS_BY_TIME_PREFIX = "raw-blobs-by-time/v1/"
@@ -53,73 +88,7 @@ RAW_RETENTION_KEY = "gc/v1/raw-retention.json"
 """How far raw retention has retired accepted hours (`records.RawRetention`)."""
 RECONCILER_PREFIX = "reconciler/v1/"
 ROLLUP_DIRTY_PREFIX = "work/v1/rollup-dirty/"
-ROLLUP_PREFIX = "rollup/v1/"
 PROBE_PREFIX = "probe/v1/"
-
-_HOUR_RE = r"date=(\d{4}-\d{2}-\d{2})/hour=(\d{2})"
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class UtcHour:
-    """One UTC hour: the partition unit of every by-time index and rollup table."""
-
-    day: date
-    hour: int
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.hour <= 23:
-            raise KeyFormatError(f"hour must be 0..23, got {self.hour}")
-
-    @classmethod
-    def from_unix_ns(cls, unix_ns: int) -> UtcHour:
-        moment = datetime.fromtimestamp(unix_ns // NS_PER_S, tz=UTC)
-        return cls(moment.date(), moment.hour)
-
-    @classmethod
-    def parse_partition(cls, text: str) -> UtcHour:
-        """Parse ``date=YYYY-MM-DD/hour=HH``."""
-        match = re.fullmatch(_HOUR_RE, text)
-        if not match:
-            raise KeyFormatError(f"not a date=YYYY-MM-DD/hour=HH partition: {text!r}")
-        return cls._from_parts(match.group(1), match.group(2), text)
-
-    @classmethod
-    def parse_iso(cls, text: str) -> UtcHour:
-        """Parse the ledger's ``YYYY-MM-DDTHH``."""
-        match = re.fullmatch(r"(\d{4}-\d{2}-\d{2})T(\d{2})", text)
-        if not match:
-            raise KeyFormatError(f"not a YYYY-MM-DDTHH hour: {text!r}")
-        return cls._from_parts(match.group(1), match.group(2), text)
-
-    @classmethod
-    def _from_parts(cls, day_text: str, hour_text: str, whole: str) -> UtcHour:
-        try:
-            day = date.fromisoformat(day_text)
-        except ValueError as exc:
-            raise KeyFormatError(f"bad date in {whole!r}: {exc}") from None
-        return cls(day, int(hour_text))
-
-    @property
-    def partition(self) -> str:
-        return f"date={self.day.isoformat()}/hour={self.hour:02d}"
-
-    @property
-    def iso(self) -> str:
-        return f"{self.day.isoformat()}T{self.hour:02d}"
-
-    @property
-    def start_ns(self) -> int:
-        start = datetime(self.day.year, self.day.month, self.day.day, self.hour, tzinfo=UTC)
-        return int(start.timestamp()) * NS_PER_S
-
-    def next(self) -> UtcHour:
-        return UtcHour.from_unix_ns(self.start_ns + 3600 * NS_PER_S)
-
-    def shifted(self, hours: int) -> UtcHour:
-        return UtcHour.from_unix_ns(self.start_ns + hours * 3600 * NS_PER_S)
-
-    def __str__(self) -> str:
-        return self.iso
 
 
 def _sha_dirs(sha: str) -> str:
@@ -371,205 +340,6 @@ def probe_key(token: str) -> str:
     if not re.fullmatch(r"[0-9A-Za-z._-]{1,128}", token):
         raise KeyFormatError(f"probe token must be 1..128 of [0-9A-Za-z._-], got {token!r}")
     return f"{PROBE_PREFIX}{token}.json"
-
-
-ROLLUP_POINTER_KEY = f"{ROLLUP_PREFIX}_latest_manifest"
-ROLLUP_OWNER_KEY = f"{ROLLUP_PREFIX}owner.json"
-ROLLUP_MANIFESTS_PREFIX = f"{ROLLUP_PREFIX}manifests/"
-ROLLUP_TABLES_PREFIX = f"{ROLLUP_PREFIX}tables/"
-ROLLUP_LEDGER_PREFIX = f"{ROLLUP_PREFIX}ledger/"
-ROLLUP_READERS_PREFIX = f"{ROLLUP_PREFIX}readers/"
-
-
-def rollup_manifest_key(version: int, commit_id: str) -> str:
-    if version < 1:
-        raise KeyFormatError(f"rollup version must be >= 1, got {version}")
-    return f"{ROLLUP_MANIFESTS_PREFIX}v{version:020d}-{commit_id}.json"
-
-
-def rollup_reader_key(reader_id: str) -> str:
-    """A reader lease pinning one snapshot for a long read (PROTOCOL §4.1, readers and
-    vacuum): ``rollup/v1/readers/<id>.json``."""
-    if not re.fullmatch(r"[0-9A-Za-z._-]{1,128}", reader_id) or reader_id.startswith("."):
-        raise KeyFormatError(f"reader id must be 1..128 of [0-9A-Za-z._-], got {reader_id!r}")
-    return f"{ROLLUP_READERS_PREFIX}{reader_id}.json"
-
-
-def rollup_data_key(table: str, hour: UtcHour, file_id: str) -> str:
-    if not re.fullmatch(r"[a-z][a-z0-9_]*", table):
-        raise KeyFormatError(f"table name must be [a-z][a-z0-9_]*, got {table!r}")
-    return f"{ROLLUP_TABLES_PREFIX}{table}/{hour.partition}/{file_id}.parquet"
-
-
-def rollup_ledger_key(hour: UtcHour, file_id: str) -> str:
-    return f"{ROLLUP_LEDGER_PREFIX}{hour.partition}/{file_id}.parquet"
-
-
-ROLLUP_TOMBSTONES_PREFIX = f"{ROLLUP_PREFIX}tombstones/"
-TOMBSTONE_ID_PATTERN = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-
-
-def rollup_tombstone_key(tombstone_id: str) -> str:
-    """A delete request's record (PROTOCOL §4.1): ``rollup/v1/tombstones/<uuid>.json``."""
-    if not TOMBSTONE_ID_PATTERN.fullmatch(tombstone_id):
-        raise KeyFormatError(f"tombstone id must be a lowercase uuid, got {tombstone_id!r}")
-    return f"{ROLLUP_TOMBSTONES_PREFIX}{tombstone_id}.json"
-
-
-ROLLUP_ICEBERG_PREFIX = f"{ROLLUP_PREFIX}iceberg/"
-
-
-def rollup_iceberg_file_key(table: str, name: str) -> str:
-    """A file of ``table``'s published Iceberg metadata (PROTOCOL §4.1): Hadoop-table
-    layout, ``rollup/v1/iceberg/<table>/metadata/<name>``."""
-    if not re.fullmatch(r"[a-z][a-z0-9_]*", table):
-        raise KeyFormatError(f"table name must be [a-z][a-z0-9_]*, got {table!r}")
-    if not re.fullmatch(r"[0-9A-Za-z._-]{1,128}", name):
-        raise KeyFormatError(f"iceberg file name must be 1..128 of [0-9A-Za-z._-], got {name!r}")
-    return f"{ROLLUP_ICEBERG_PREFIX}{table}/metadata/{name}"
-
-
-def rollup_iceberg_metadata_key(table: str, version: int) -> str:
-    """The Iceberg metadata of ``table`` at rollup ``version`` (``v<N>.metadata.json``,
-    unpadded, as engines reading ``version-hint.text`` expect)."""
-    if version < 1:
-        raise KeyFormatError(f"rollup version must be >= 1, got {version}")
-    return rollup_iceberg_file_key(table, f"v{version}.metadata.json")
-
-
-def rollup_iceberg_version_hint_key(table: str) -> str:
-    """The newest published version of ``table`` (text, the number alone)."""
-    return rollup_iceberg_file_key(table, "version-hint.text")
-
-
-def hours_between(first: UtcHour, last: UtcHour) -> list[UtcHour]:
-    """Every hour from ``first`` to ``last`` inclusive (empty when last < first)."""
-    hours: list[UtcHour] = []
-    current = first
-    while current <= last:
-        hours.append(current)
-        current = current.next()
-    return hours
-
-
-# --- the index (PROTOCOL §3.7) ------------------------------------------------------------
-
-INDEX_LOG_PREFIX = "index/v1/log/"
-INDEX_CATALOG_PREFIX = "index/v1/catalog/"
-INDEX_UNREADABLE_PREFIX = "index/v1/unreadable/"
-INDEX_CATALOG_CREATED_PREFIX = "index/v1/catalog-created/"
-ROLLUP_WORK_PREFIX = "work/v1/rollup-dirty/catalog/"
-_WRITER_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
-_LOG_SEGMENT_RE = re.compile(
-    r"index/v1/log/(date=\d{4}-\d{2}-\d{2}/hour=\d{2})/(\d{20})-([A-Za-z0-9._-]{1,64})-([0-9a-f]{16})\.parquet"
-)
-_CATALOG_FILE_RE = re.compile(
-    r"index/v1/catalog/(date=\d{4}-\d{2}-\d{2}/hour=\d{2})/(\d{10})-(\d{10})\.parquet"
-)
-_WORK_MARKER_RE = re.compile(
-    r"work/v1/rollup-dirty/catalog/(date=\d{4}-\d{2}-\d{2}/hour=\d{2})/(\d{10})-(\d{10})\.json"
-)
-
-
-def index_writer_id(collector_id: str) -> str:
-    """The ``<writer-id>`` of a log segment name for a collector: its id with every
-    character outside ``[A-Za-z0-9._-]`` replaced by ``_``, at most 64 characters. Names
-    stay unique without it being unique: each segment name ends in 64 random bits."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", collector_id)[:64] or "_"
-
-
-@dataclass(frozen=True, slots=True)
-class LogSegmentName:
-    hour: UtcHour
-    first_time_ns: int
-    writer_id: str
-    random: int
-
-
-def index_log_segment_key(first_time_ns: int, writer_id: str, random64: int) -> str:
-    """``index/v1/log/date=…/hour=HH/<first-time-ns:020d>-<writer-id>-<random:016x>.parquet``:
-    the partition is the hour of ``first_time_ns`` (the segment's oldest row), so listing
-    order is first-time order across hours."""
-    if not _WRITER_ID_RE.fullmatch(writer_id):
-        raise KeyFormatError(f"writer id must be 1..64 of [A-Za-z0-9._-], got {writer_id!r}")
-    if not 0 <= random64 < 2**64 or first_time_ns < 0:
-        raise KeyFormatError("segment time must be >= 0 and the random part 64 bits")
-    hour = UtcHour.from_unix_ns(first_time_ns)
-    return f"{INDEX_LOG_PREFIX}{hour.partition}/{first_time_ns:020d}-{writer_id}-{random64:016x}.parquet"
-
-
-def parse_index_log_segment_key(key: str) -> LogSegmentName:
-    match = _LOG_SEGMENT_RE.fullmatch(key)
-    if not match:
-        raise KeyFormatError(f"not an index log segment key: {key!r}")
-    hour = UtcHour.parse_partition(match.group(1))
-    first = int(match.group(2))
-    if UtcHour.from_unix_ns(first) != hour:
-        raise KeyFormatError(f"segment time is outside its hour partition: {key!r}")
-    return LogSegmentName(hour, first, match.group(3), int(match.group(4), 16))
-
-
-def index_log_start_after(time_ns: int) -> str:
-    """The StartAfter key that lists every segment whose first time is >= ``time_ns``
-    (and nothing older): segment names sort by first time (PROTOCOL §3.7)."""
-    if time_ns <= 0:
-        return INDEX_LOG_PREFIX
-    hour = UtcHour.from_unix_ns(time_ns)
-    return f"{INDEX_LOG_PREFIX}{hour.partition}/{time_ns - 1:020d}~"
-
-
-def index_catalog_hour_prefix(hour: UtcHour) -> str:
-    return f"{INDEX_CATALOG_PREFIX}{hour.partition}/"
-
-
-def index_catalog_key(hour: UtcHour, epoch: int, sequence: int) -> str:
-    """``index/v1/catalog/date=…/hour=HH/<epoch:010d>-<sequence:010d>.parquet``."""
-    if not (0 <= epoch < 10**10 and 0 <= sequence < 10**10):
-        raise KeyFormatError(
-            f"catalog epoch and sequence must be 0..10^10-1, got {epoch}, {sequence}"
-        )
-    return f"{index_catalog_hour_prefix(hour)}{epoch:010d}-{sequence:010d}.parquet"
-
-
-def parse_index_catalog_key(key: str) -> tuple[UtcHour, int, int]:
-    """``(hour, epoch, sequence)`` of a catalog file key."""
-    match = _CATALOG_FILE_RE.fullmatch(key)
-    if not match:
-        raise KeyFormatError(f"not an index catalog key: {key!r}")
-    return UtcHour.parse_partition(match.group(1)), int(match.group(2)), int(match.group(3))
-
-
-def catalog_created_key(epoch: int, sequence: int) -> str:
-    """``index/v1/catalog-created/<epoch:010d>-<sequence:010d>``: the entry naming the
-    catalog file of that epoch and sequence (PROTOCOL §3.7). Entries sort in creation
-    order: a writer's sequence only grows within its epoch, and epochs only grow."""
-    if not (0 <= epoch < 10**10 and 0 <= sequence < 10**10):
-        raise KeyFormatError(
-            f"catalog epoch and sequence must be 0..10^10-1, got {epoch}, {sequence}"
-        )
-    return f"{INDEX_CATALOG_CREATED_PREFIX}{epoch:010d}-{sequence:010d}"
-
-
-def parse_catalog_created_key(key: str) -> tuple[int, int]:
-    """``(epoch, sequence)`` of a catalog-created entry key."""
-    match = re.fullmatch(r"index/v1/catalog-created/(\d{10})-(\d{10})", key)
-    if not match:
-        raise KeyFormatError(f"not a catalog-created key: {key!r}")
-    return int(match.group(1)), int(match.group(2))
-
-
-def rollup_work_marker_key(catalog_key: str) -> str:
-    """The rollup's work marker for one catalog file (PROTOCOL §3.7): same hour and name."""
-    hour, epoch, sequence = parse_index_catalog_key(catalog_key)
-    return f"{ROLLUP_WORK_PREFIX}{hour.partition}/{epoch:010d}-{sequence:010d}.json"
-
-
-def parse_rollup_work_marker_key(key: str) -> str:
-    """The catalog file key a work marker names."""
-    match = _WORK_MARKER_RE.fullmatch(key)
-    if not match:
-        raise KeyFormatError(f"not a rollup work marker key: {key!r}")
-    return f"{INDEX_CATALOG_PREFIX}{match.group(1)}/{match.group(2)}-{match.group(3)}.parquet"
 
 
 # --- version 1 before the index (PROTOCOL §3, §3.7) ----------------------------------------

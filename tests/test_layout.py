@@ -64,7 +64,6 @@ KNOWN_LONG: set[str] = {
     "bench.raw_retention",
     "bench.rollup",
     "config.settings",
-    "protocol.keys",
     "protocol.records",
     "reconciler.audit",
     "reconciler.daemon",
