@@ -6,7 +6,10 @@ and unknown sections are errors. Defaults alone give a working single-host colle
 ``auth.tokens_file``, ``ingest.spool_dir``) are made absolute against the working
 directory when the settings are validated. Durations are seconds (``_s``) unless the
 name says milliseconds (``_ms``). Load with `config.load_settings`; building the models
-directly (tests) validates the same way.
+directly (tests) validates the same way. The base of every section is in
+`config.section`; the reconciler's ``[reconciler]``, ``[gc]`` and ``[retention]`` in
+`config.reconciler_settings`; ``[query]`` in `config.query_settings`; the agent's
+``[scrape]`` in `config.scrape_settings`.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -29,37 +31,17 @@ from pydantic import (
 )
 
 from config.errors import CrossFieldError
+from config.query_settings import QuerySettings as QuerySettings
+from config.reconciler_settings import GcSettings as GcSettings
+from config.reconciler_settings import ReconcilerSettings as ReconcilerSettings
+from config.reconciler_settings import RetentionSettings as RetentionSettings
+from config.scrape_settings import ScrapeSettings as ScrapeSettings
+from config.scrape_settings import ScrapeTarget as ScrapeTarget
+from config.section import AbsolutePath, MiB, Port, Seconds, Section
 from config.store_url import StoreLocation, parse_store_url
 
-MiB = 1024 * 1024
 
-
-def _not_empty(value: Any) -> Any:
-    # Path("") is ".", which would silently become the working directory.
-    if isinstance(value, str) and not value.strip():
-        raise ValueError("must not be empty (leave the key out instead)")
-    return value
-
-
-def _absolute(path: Path) -> Path:
-    return Path(os.path.abspath(path))
-
-
-AbsolutePath = Annotated[Path, BeforeValidator(_not_empty), AfterValidator(_absolute)]
-"""A path made absolute against the working directory at validation time."""
-
-Seconds = Annotated[float, Field(gt=0)]
-Port = Annotated[int, Field(ge=0, le=65535)]  # 0 = any free port (tests)
-
-
-class _Section(BaseModel):
-    """Base of every section: immutable, unknown keys rejected, defaults validated too
-    (so default paths and URLs are normalized like configured ones)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
-
-
-class StoreSettings(_Section):
+class StoreSettings(Section):
     """``[store]``: the object store that is the acceptance authority. Credentials come
     from the standard AWS chain (env, shared files, instance role)."""
 
@@ -99,7 +81,7 @@ class StoreSettings(_Section):
         return parse_store_url(self.url)
 
 
-class HttpSettings(_Section):
+class HttpSettings(Section):
     """``[http]``: the collector's listener and its admission limits."""
 
     host: str = Field(default="127.0.0.1", min_length=1)
@@ -151,7 +133,7 @@ class HttpSettings(_Section):
             return False
 
 
-class AuthSettings(_Section):
+class AuthSettings(Section):
     """``[auth]``: bearer tokens. Without a tokens file, requests are not authenticated
     (allowed only on loopback). The file is read by `config.load_tokens`, not here, so a
     host that does not serve HTTP needs no tokens file."""
@@ -167,7 +149,7 @@ def _default_collector_id() -> str:
 CollectorId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")]
 
 
-class IngestSettings(_Section):
+class IngestSettings(Section):
     """``[ingest]``: the acceptance protocol (PROTOCOL.md §3)."""
 
     collector_id: CollectorId = Field(default_factory=_default_collector_id)
@@ -204,7 +186,7 @@ class IngestSettings(_Section):
 HeaderName = Annotated[str, Field(pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$")]
 
 
-class ReceiverSettings(_Section):
+class ReceiverSettings(Section):
     """``[receivers]``: Prometheus remote_write (``POST /api/v1/write``) and OTLP/HTTP
     metrics (``POST /v1/metrics``) on the collector's port (`collector.receivers`)."""
 
@@ -216,94 +198,7 @@ class ReceiverSettings(_Section):
     """A request carrying more points (after mapping) is refused with 413."""
 
 
-class ReconcilerSettings(_Section):
-    """``[reconciler]``: repair loop, audits and the active/standby lease."""
-
-    lease_ttl_s: Seconds = 30.0
-    loop_interval_s: Seconds = 10.0
-    lookback_s: Seconds = 300.0
-    """How far behind its position the steady pass lists the index log again, for
-    segments that appear late (PROTOCOL §3.7): at least the collectors' clock skew plus
-    their flush age plus a PUT's latency and retries."""
-    max_audit_interval_s: Seconds = 24 * 3600.0
-    """A full (listing) audit completes at least this often (PROTOCOL §3.7): the backstop
-    for log rows lost in a crash, and what the GC's deletions wait for."""
-    catalog_grace_s: Seconds = 600.0
-    """How long after compacting an hour's catalog files their inputs are deleted; longer
-    than any reader's listing-to-read time (`reconciler.compaction`)."""
-    audit_pin_s: Seconds = 3600.0
-    """How long a running audit's pin on the catalog files it reads lasts unless renewed
-    (it renews as it goes): compaction deletes none of them meanwhile; an audit whose pin
-    lapsed starts again with a new start time (PROTOCOL §3.7)."""
-    verify_rate_per_s: float = Field(default=200.0, gt=0)
-    """Raw blobs per second read back and SHA-256-checked while a full audit runs (bounds
-    store load). Verification walks ``raw-blobs/v1/`` with a cursor kept in the audit
-    records, so a round over every blob spans audits (`reconciler.verify`)."""
-    concurrency: int = Field(default=16, ge=1)
-    """Store requests in flight at once."""
-    audit_memory_limit_mb: int = Field(default=1024, ge=64)
-    """DuckDB's memory limit for the reconciler's out-of-core work (catalog merges, the
-    audit's joins); beyond it DuckDB spills to a temporary directory (PROTOCOL §3.9)."""
-    audit_list_concurrency: int = Field(default=16, ge=1, le=1024)
-    """Key ranges a full audit lists at once (PROTOCOL §3.9): each an independent LIST
-    stream writing its own Parquet listing parts, so the listing's wall time is about
-    the store's per-page latency times the pages of the largest range, divided by this
-    (`reconciler.audit_listing`). Each stream holds at most one part (250k keys) in
-    memory."""
-    segment_retention_s: Seconds = 3 * 24 * 3600.0
-    """Consumed index log segments are deleted once older than this and a completed
-    listing audit started after they were written (PROTOCOL §3.7). At least the GC's
-    retry horizon plus a day, the lookback and the live query's window."""
-    verify_sample_rate: float = Field(default=0.001, ge=0, le=1)
-    """Fraction of the log rows of collectors' own creates (cataloged without a request,
-    PROTOCOL §3.7) that the steady pass also reads back and compares field by field."""
-    inventory_url: str | None = Field(default=None, pattern=r"^(s3|file)://.+")
-    """S3 Inventory report of the store's bucket for full audits instead of listing it:
-    ``s3://BUCKET/PATH`` (a ``manifest.json``, or the configuration folder whose newest
-    report is used) or ``file://DIR``; ``None`` = list the bucket."""
-
-
-class GcSettings(_Section):
-    """``[gc]``: deletion of orphan raw blobs (PROTOCOL.md §3.5)."""
-
-    enabled: bool = True
-    dry_run: bool = False
-    """Mark, wait and audit as usual, log what would be deleted, delete nothing."""
-    retry_horizon_s: Seconds = 2 * 24 * 3600.0
-    """A blob younger than this is never a candidate: an agent may still retry it. A
-    ``local_spool`` collector remembers the batches it landed for as long."""
-    mark_grace_s: Seconds = 600.0
-    """Wait between marking a blob and trusting an audit about it; must exceed the
-    longest a collector request can take (checked against the ingest budget)."""
-    max_delete_fraction: float = Field(default=0.1, gt=0, le=1)
-    """A GC run that would delete more than this fraction of the blobs it saw stops and
-    reports instead (a safety valve against a broken index or audit)."""
-    concurrency: int = Field(default=8, ge=1)
-    """Blobs a GC run works on at once (marking, reading marks, deleting): each blob's
-    steps are a few small requests, independent of every other blob's, so a run over many
-    (raw retention retires every rolled-up batch) is bound by latency, not the store."""
-    delete_expiry_s: int = Field(default=5, ge=1, le=7 * 24 * 3600)
-    """Lifetime of each pre-signed blob DELETE (``X-Amz-Expires``, PROTOCOL §3.5 rule 6).
-    It is sent only while the reconciler lease outlives it (plus the clock skew), and the
-    store refuses it once expired, so a stalled former leader cannot delete late. Long
-    enough for the request to reach the store; with ``store.max_clock_skew_s`` and
-    ``store.connect_timeout_s`` at most 2/3 of ``reconciler.lease_ttl_s``."""
-
-
-class RetentionSettings(_Section):
-    """``[retention]``: raw retention (PROTOCOL §4.1). Table retention is
-    ``[rollup] retention_points_days`` / ``retention_rollup_1m_days``."""
-
-    raw_days: float | None = Field(default=None, gt=0)
-    """Delete the raw blob of an accepted batch once its accepted hour ended more than
-    this many days ago *and* the rollup's ledger includes every batch of that hour; the
-    GC deletes it by its mark/grace/veto procedure (`reconciler.raw_retention`). The
-    manifest stays, so a re-send is still answered as a duplicate. None (default): keep
-    raw blobs for ever. Off also means a reconciler never retires more hours; hours it
-    retired before stay retired."""
-
-
-class RollupSettings(_Section):
+class RollupSettings(Section):
     """``[rollup]``: the Spark job and its dataset commit."""
 
     spark_master: str = Field(default="local[*,4]", min_length=1)
@@ -349,52 +244,11 @@ class RollupSettings(_Section):
     this many files, or rows that deletes still mask."""
 
 
-class QuerySettings(_Section):
-    """``[query]``: ``GET /v1/query`` (`collector.query.endpoint`): the latest committed
-    rollup snapshot plus accepted batches not yet in it (PROTOCOL §2)."""
-
-    designated: bool = False
-    """Follow the whole authority through the index log (PROTOCOL §3.7) and keep its
-    recent batches in memory: the designated query collector. One process only
-    (``--workers 1``): the window is per process."""
-    own_batches: bool = False
-    """Keep the batches this collector accepts itself in the window (any collector).
-    With neither this nor ``designated``, answers hold the committed snapshot only."""
-    window_s: Seconds = 3600.0
-    """How far back (by accepted time) the window keeps batches."""
-    max_window_points: int = Field(default=2_000_000, ge=1)
-    """Points the window holds at most; the oldest batches are evicted beyond it (an
-    answer that needs an evicted batch says ``complete: false``)."""
-    max_window_bytes: int = Field(default=512 * MiB, ge=1)
-    """Memory the window's decoded points take at most, decodes in progress included
-    (`collector.query.decode`); the oldest batches are evicted beyond it, as for
-    ``max_window_points``. A dictionary-encoded frame can decode to many times its size
-    (at most ``ingest.max_raw_bytes``: larger is refused at intake)."""
-    max_pending_batches: int = Field(default=1000, ge=1)
-    """Designated: batches named by the log and waiting for their blob; beyond it the
-    collector stops following (answers say ``complete: false``) until it catches up."""
-    poll_interval_s: Seconds = 2.0
-    """Designated: how often the index log is listed for new segments."""
-    refresh_interval_s: Seconds = 10.0
-    """The rollup pointer is read again at most this often (the snapshot is cached per
-    version)."""
-    max_result_rows: int = Field(default=100_000, ge=1)
-    """An answer with more rows is refused (400 ``too_many_rows``): narrow the query."""
-    max_concurrent_queries: int = Field(default=4, ge=1)
-    """More queries in flight at once (per process) are answered 429."""
-    max_travel_versions: int = Field(default=1000, ge=1)
-    """``version=``/``as_of=`` reach back at most this many versions from the latest
-    (further: 400 ``travel_too_far``): one request never walks more snapshot manifests
-    than this, and each version's manifest key is remembered, so a later request walks
-    only what no earlier one did. The default covers the default vacuum retention
-    (``rollup.retention_s``, 7 days) of hourly runs with compaction and deletes."""
-
-
 def _lowercase(value: Any) -> Any:
     return value.lower() if isinstance(value, str) else value
 
 
-class LoggingSettings(_Section):
+class LoggingSettings(Section):
     """``[logging]``: see `config.configure_logging`."""
 
     format: Literal["json", "console", "auto"] = "auto"
@@ -404,76 +258,13 @@ class LoggingSettings(_Section):
     ] = "info"
 
 
-class MetricsSettings(_Section):
+class MetricsSettings(Section):
     """``[metrics]``: Prometheus exposition. The collector serves ``/metrics`` on its HTTP
     port; the other daemons on ``host:port`` here."""
 
     enabled: bool = True
     host: str = Field(default="127.0.0.1", min_length=1)
     port: Port = 9108
-
-
-def _default_agent_id() -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", socket.gethostname()).strip("-.")[:128] or "lm-agent"
-
-
-AgentId = Annotated[str, Field(pattern=r"^[^\x00-\x1f\x7f]+$")]
-
-
-class ScrapeTarget(_Section):
-    """One ``[[scrape.targets]]`` entry: a Prometheus text endpoint and the labels added
-    to every sample scraped from it (as Prometheus target labels: they win over scraped
-    labels of the same name, which are kept as ``exported_<name>``)."""
-
-    url: str = Field(pattern=r"^https?://[^/?#\s]+")
-    labels: dict[str, str] = Field(default_factory=dict)
-
-
-class ScrapeSettings(_Section):
-    """``[scrape]``: ``lm-agent scrape`` (`agent.scrape`), a long-running agent that scrapes
-    Prometheus text endpoints and delivers the samples as frames through its spool."""
-
-    agent_id: AgentId = Field(default_factory=_default_agent_id, max_length=128)
-    """The agent_id of every frame (default: the host name)."""
-    collector_urls: list[Annotated[str, Field(pattern=r"^https?://[^/?#\s]+")]] = Field(
-        default_factory=lambda: ["http://127.0.0.1:8080"], min_length=1
-    )
-    """Collectors to deliver to, round-robin (a retry goes to the next one)."""
-    token_file: AbsolutePath | None = None
-    """File holding the bearer token; ``None`` = no Authorization header."""
-    spool_dir: AbsolutePath = Path("./lm-agent-spool")
-    """Durable spool; frames wait here until a collector answers 200 (survives restarts)."""
-    targets: list[ScrapeTarget] = Field(default_factory=list)
-    interval_s: Seconds = 15.0
-    """Time between scrape starts (a slow scrape delays the next one, never overlaps it)."""
-    timeout_s: Seconds = 10.0
-    """Longest one scrape of one target may take; must be <= interval_s."""
-    max_target_bytes: int = Field(default=16 * MiB, ge=1)
-    """A target answering more than this is a failed scrape (up = 0)."""
-    flush_interval_s: Seconds = 60.0
-    """Scraped points are framed and spooled at least this often (and on stop): fewer,
-    larger frames cost fewer store requests; what is not yet spooled is lost on kill -9."""
-    max_batch_points: int = Field(default=50_000, ge=1)
-    """A frame is spooled as soon as this many points are waiting."""
-    max_buffered_points: int = Field(default=500_000, ge=1)
-    """Points held in memory while the spool is full; scrapes beyond it are dropped (logged)."""
-    max_pending_frames: int = Field(default=10_000, ge=1)
-    max_pending_bytes: int = Field(default=1024 * MiB, ge=1)
-    upload_concurrency: int = Field(default=4, ge=1)
-    request_timeout_s: Seconds = 30.0
-    shutdown_grace_s: Seconds = 10.0
-    """On SIGTERM: finish the scrape under way, spool what was scraped, then try this long
-    to deliver what is pending (the rest stays in the spool for the next start)."""
-
-    @model_validator(mode="after")
-    def _timeout_fits_interval(self) -> ScrapeSettings:
-        if self.timeout_s > self.interval_s:
-            raise CrossFieldError(
-                "scrape.timeout_s",
-                f"must be <= scrape.interval_s = {self.interval_s:g}, got {self.timeout_s:g}",
-                related=("scrape.interval_s",),
-            )
-        return self
 
 
 class Settings(BaseModel):
