@@ -50,7 +50,7 @@ async def local_copies(
         for i, name in enumerate(names):
             body, _etag = await store.get(name)
             path = Path(tmp, f"{i:08d}.parquet")
-            await asyncio.to_thread(_write_normalized, path, body, name)
+            await asyncio.to_thread(write_normalized, path, body, name)
             del body
             paths.append(str(path))
         yield tmp, paths
@@ -97,7 +97,9 @@ Join ``read_parquet(..., filename = true) AS r`` with ``LEFT JOIN newest AS n ON
 n.key WHERE n.key IS NULL OR r.filename = n.filename`` to keep one row per key."""
 
 
-def _write_normalized(path: Path, body: bytes, name: str) -> None:
+def write_normalized(path: Path, body: bytes, name: str) -> None:
+    """``body`` (the catalog file ``name``) at ``path`` with every `FILE_SCHEMA` column.
+    Raises `IndexFileError` when it is not an index file."""
     try:
         present = set(pq.read_schema(io.BytesIO(body)).names)
     except Exception as exc:

@@ -1,0 +1,270 @@
+"""The full audit's joins out of core, in DuckDB (`reconciler.audit_sql` holds the SQL).
+
+Inputs are local files: the audit's listing parts (`reconciler.audit_listing`'s schema:
+``key``, ``etag``, ``size``, ``last_modified``) and copies of the catalog files the audit
+pinned (`fetch_catalog`: a pinned file that is gone is `PinnedFileMissing`, never "no
+rows"; one that is not an index file is returned as unreadable, for the caller to move
+aside and report as today). Only the columns the joins need are read.
+
+`AuditJoins` opens DuckDB with ``memory_limit`` (``reconciler.audit_memory_limit_mb``),
+``temp_directory`` in the spill directory (it spills there beyond the limit),
+``preserve_insertion_order = false`` and bounded threads, and writes each result as a
+Parquet file in the spill directory, which callers read in bounded batches
+(`iter_batches`): nothing is returned as one Python object per row.
+
+Results (`JoinResults`): ``records.parquet`` (records to read, and phantom candidates:
+see `reconciler.audit_sql.RECORD_JOIN`), ``blobs.parquet`` (orphans and missing-blob
+candidates, `reconciler.audit_sql.BLOB_JOIN`), ``referencing.parquet`` (a record that
+references each missing-blob candidate), and the counts of what was listed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from index.catalog_local import sql_list, sql_string, write_normalized
+from index.rows import IndexFileError
+from protocol import keys
+from store.base import ObjectStore
+from store.errors import NotFound
+
+from . import audit_sql
+
+ListingKind = Literal["accepted", "quarantine", "raw-blobs"]
+LISTING_KINDS: tuple[ListingKind, ...] = ("accepted", "quarantine", "raw-blobs")
+CATALOG_COLUMNS = ["key", "kind", "etag", "frame_sha256", "accepted_frame_sha256", "time_unix_ns"]
+BATCH_ROWS = 4096
+"""Rows per batch when results are read back (`iter_batches`)."""
+
+
+class PinnedFileMissing(RuntimeError):
+    """A catalog file the audit pinned is gone: compaction broke the pin, or the store
+    lost it. The audit stops incomplete (its joins would count the file's rows missing)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogCopy:
+    """A local copy of one pinned catalog file; ``rank``: its place in write order."""
+
+    name: str
+    path: str
+    hour: keys.UtcHour
+    rank: int
+
+
+async def fetch_catalog(
+    store: ObjectStore, names: Sequence[str], directory: str
+) -> tuple[list[CatalogCopy], list[tuple[str, str]]]:
+    """Local copies of the catalog files ``names`` (each with every column: one written
+    before a column existed gets it as nulls), ranked by name (epoch, then sequence), and
+    the names that are not index files, each with why (unreadable). Raises `PinnedFileMissing`."""
+    os.makedirs(directory, exist_ok=True)
+    parsed = sorted(
+        ((keys.parse_index_catalog_key(name), name) for name in names),
+        key=lambda item: (item[0][1], item[0][2]),
+    )
+    copies: list[CatalogCopy] = []
+    unreadable: list[tuple[str, str]] = []
+    for rank, ((hour, _epoch, _sequence), name) in enumerate(parsed):
+        try:
+            body, _etag = await store.get(name)
+        except NotFound:
+            raise PinnedFileMissing(f"pinned catalog file {name!r} is gone") from None
+        path = os.path.join(directory, f"{rank:08d}.parquet")
+        try:
+            await asyncio.to_thread(write_normalized, Path(path), body, name)
+            await asyncio.to_thread(pq.read_metadata, path)
+        except (IndexFileError, pa.ArrowException, OSError) as exc:
+            unreadable.append((name, str(exc)))
+            continue
+        copies.append(CatalogCopy(name, path, hour, rank))
+    return copies, unreadable
+
+
+@dataclass(frozen=True, slots=True)
+class JoinLimits:
+    born_before_ns: int
+    """The audit's start plus the settle margin: later records are the steady pass's."""
+    phantom_before_ns: int
+    """The audit's start minus the settle margin: a phantom's newest hour ended before."""
+    orphan_before_ns: int
+    """Store time minus the retry horizon: an orphan was last modified before."""
+
+
+@dataclass
+class JoinResults:
+    records: str
+    blobs: str
+    referencing: str
+    listed_old: dict[str, int] = field(default_factory=dict)
+    listed_young: dict[str, int] = field(default_factory=dict)
+    blobs_listed: int = 0
+    """Listed keys that name a blob (others under ``raw-blobs/v1/`` are skipped)."""
+    reasons: dict[str, int] = field(default_factory=dict)
+
+
+def iter_batches(path: str, *, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
+    """A result file in batches of `BATCH_ROWS` rows."""
+    parquet = pq.ParquetFile(path)
+    try:
+        yield from parquet.iter_batches(batch_size=BATCH_ROWS, columns=columns)
+    finally:
+        parquet.close()
+
+
+class AuditJoins:
+    """One DuckDB session over the listing parts and catalog copies (see module)."""
+
+    def __init__(
+        self,
+        listing: Mapping[ListingKind, Sequence[str]],
+        catalog: Sequence[CatalogCopy],
+        spill_dir: str,
+        *,
+        memory_limit_mb: int,
+        threads: int = 2,
+    ) -> None:
+        self._dir = spill_dir
+        os.makedirs(os.path.join(spill_dir, "duckdb-spill"), exist_ok=True)
+        self._con = duckdb.connect(
+            config={
+                "memory_limit": f"{memory_limit_mb}MB",
+                "temp_directory": os.path.join(spill_dir, "duckdb-spill"),
+                "threads": max(1, threads),
+                "preserve_insertion_order": False,
+            }
+        )
+        self._catalog = list(catalog)
+        self._create_views(listing)
+
+    def close(self) -> None:
+        self._con.close()
+
+    def __enter__(self) -> AuditJoins:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def _create_views(self, listing: Mapping[ListingKind, Sequence[str]]) -> None:
+        con = self._con
+        parts = []
+        for kind in LISTING_KINDS:
+            paths = list(listing.get(kind, ()))
+            if paths:
+                parts.append(
+                    f"SELECT {sql_string(kind)} AS kind, key, etag, size, "
+                    f"epoch_us(last_modified) * 1000 AS last_modified_ns "
+                    f"FROM read_parquet({sql_list(paths)})"
+                )
+        if not parts:
+            parts.append(
+                "SELECT NULL::VARCHAR AS kind, NULL::VARCHAR AS key, NULL::VARCHAR AS etag, "
+                "NULL::BIGINT AS size, NULL::BIGINT AS last_modified_ns WHERE false"
+            )
+        con.execute("CREATE TEMP VIEW listing AS " + " UNION ALL ".join(parts))
+        con.execute(
+            "CREATE TEMP TABLE catalog_files (path VARCHAR, file_rank INTEGER, "
+            "hour_start_ns BIGINT, retired BOOLEAN)"
+        )
+        self.set_retired(frozenset())
+        columns = ", ".join(CATALOG_COLUMNS)
+        if self._catalog:
+            source = (
+                f"SELECT {columns}, filename FROM read_parquet("
+                f"{sql_list([c.path for c in self._catalog])}, filename = true)"
+            )
+        else:
+            source = (
+                "SELECT NULL::VARCHAR AS key, NULL::VARCHAR AS kind, NULL::VARCHAR AS etag, "
+                "NULL::VARCHAR AS frame_sha256, NULL::VARCHAR AS accepted_frame_sha256, "
+                "NULL::BIGINT AS time_unix_ns, NULL::VARCHAR AS filename WHERE false"
+            )
+        con.execute(
+            "CREATE TEMP VIEW catalog_rows AS SELECT r.key, r.kind, r.etag, r.frame_sha256, "
+            "r.accepted_frame_sha256, r.time_unix_ns, "
+            "('0x' || substr(r.frame_sha256, 1, 15))::BIGINT AS sha_prefix, f.file_rank, "
+            "(f.retired AND r.kind = 'accepted') AS retired, f.hour_start_ns "
+            f"FROM ({source}) r JOIN catalog_files f ON r.filename = f.path"
+        )
+
+    def set_retired(self, hours: frozenset[int]) -> None:
+        """The hours (start, ns) whose accepted rows keep no blob alive (raw retention's
+        retired hours that hold, `reconciler.raw_retention.Retired.holds`)."""
+        con = self._con
+        con.execute("DELETE FROM catalog_files")
+        if self._catalog:
+            rows = [
+                (c.path, c.rank, c.hour.start_ns, c.hour.start_ns in hours) for c in self._catalog
+            ]
+            con.executemany("INSERT INTO catalog_files VALUES (?, ?, ?, ?)", rows)
+
+    def accepted_batches(self, hours: Sequence[int]) -> dict[int, int]:
+        """Unique accepted batches per catalog hour of ``hours`` (start, ns)."""
+        if not hours:
+            return {}
+        con = self._con
+        con.execute(
+            "CREATE OR REPLACE TEMP VIEW catalog_rows_of_covered_hours AS "
+            "SELECT * FROM catalog_rows WHERE hour_start_ns IN ("
+            + ", ".join(str(int(h)) for h in hours)
+            + ")"
+        )
+        found = dict(con.execute(audit_sql.RETIRED_HOUR_BATCHES).fetchall())
+        return {int(h): int(found.get(h, 0)) for h in hours}
+
+    def run(self, limits: JoinLimits) -> JoinResults:
+        """Run the joins; results land in the spill directory (see module)."""
+        con = self._con
+        params = {
+            "born_before_ns": int(limits.born_before_ns),
+            "phantom_before_ns": int(limits.phantom_before_ns),
+            "orphan_before_ns": int(limits.orphan_before_ns),
+        }
+        results = JoinResults(
+            records=os.path.join(self._dir, "records.parquet"),
+            blobs=os.path.join(self._dir, "blobs.parquet"),
+            referencing=os.path.join(self._dir, "referencing.parquet"),
+        )
+        for kind, old, young in con.execute(
+            audit_sql.bind(audit_sql.LISTED_COUNTS, **params)
+        ).fetchall():
+            results.listed_old[kind] = int(old)
+            results.listed_young[kind] = int(young)
+        [(blobs,)] = con.execute(audit_sql.BLOBS_LISTED).fetchall()
+        results.blobs_listed = int(blobs)
+        self._copy(
+            audit_sql.bind(audit_sql.RECORD_JOIN, **params) + " ORDER BY key", results.records
+        )
+        self._copy(audit_sql.bind(audit_sql.BLOB_JOIN, **params), results.blobs)
+        con.execute(
+            "CREATE OR REPLACE TEMP VIEW missing_blobs AS SELECT frame_sha256 FROM "
+            f"read_parquet({sql_string(results.blobs)}) WHERE reason = 'missing'"
+        )
+        self._copy(audit_sql.REFERENCING_KEYS, results.referencing)
+        for name, path in (("record", results.records), ("blob", results.blobs)):
+            for reason, count in con.execute(
+                f"SELECT reason, count(*) FROM read_parquet({sql_string(path)}) GROUP BY reason"
+            ).fetchall():
+                results.reasons[f"{name} {reason}"] = int(count)
+        return results
+
+    def _copy(self, query: str, path: str) -> None:
+        self._con.execute(
+            f"COPY ({query}) TO {sql_string(path)} (FORMAT parquet, COMPRESSION zstd)"
+        )
+
+    def references(self, sha: str) -> bool:
+        """Whether a live catalog row references the blob ``sha`` (for blob verification's
+        message: a query over the catalog copies, rare)."""
+        row = self._con.execute(audit_sql.IS_REFERENCED, [sha, sha]).fetchone()
+        return bool(row and row[0])

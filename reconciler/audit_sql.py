@@ -1,0 +1,207 @@
+"""The full audit's joins as SQL text (PROTOCOL §3.7, §3.9 "full audit", §3.5 rule 5).
+
+One engine runs them today (`reconciler.audit_duckdb`, DuckDB); the text is written for the
+Spark engine to run as well, over temp views of the same names and columns:
+
+- ``listing(kind, key, etag, size, last_modified_ns)``: the audit's listing parts
+  (`reconciler.audit_listing.LISTING_SCHEMA`, ``last_modified`` as integer nanoseconds),
+  ``kind`` one of ``accepted``, ``quarantine``, ``raw-blobs``;
+- ``catalog_rows(key, kind, etag, frame_sha256, accepted_frame_sha256, time_unix_ns,
+  sha_prefix, file_rank, retired)``: every row of the catalog files the audit pinned, with its file's
+  rank in write order (file name: epoch, then sequence; the newest file's row of a key is
+  the one that counts), ``sha_prefix`` (the first 60 bits of ``frame_sha256`` as a
+  ``BIGINT``: the dialect's hex conversion lives in the view) and ``retired`` (an accepted row of an hour raw retention retired
+  and that still holds, `reconciler.raw_retention`: it keeps no blob alive).
+
+Only portable SQL: ``max_by``, ``bool_and``/``bool_or``, ``regexp_extract``, ``regexp_replace`` with anchored
+patterns (one match, however the dialect counts them), integer ``%``, ``CASE``, no
+``FILTER``, no ``QUALIFY``, no dialect's division. Parameters (``{name}`` in the text)
+are integers, put in by `bind`.
+
+The results (each small unless the store is being migrated, when every record is
+missing once):
+
+- `RECORD_JOIN`: listed records to read (not cataloged; the newest row's normalized ETag
+  differs; the key's rows disagree: two hours or two hashes; a key that is not
+  well-formed) and cataloged keys never listed whose newest row's hour ended before the
+  phantom limit (phantom candidates), with the newest row's values for the act phase;
+- `BLOB_JOIN`: listed blobs referenced by no live row and older than the orphan limit
+  (orphans, flagged ``raw_retention`` when only retired rows reference them), and
+  referenced hashes not listed and referenced by no retired row (missing-blob
+  candidates).
+"""
+
+from __future__ import annotations
+
+HOUR_NS = 3600 * 1_000_000_000
+
+
+def normalized_etag(column: str) -> str:
+    """`store.etag_check.normalized_etag` in SQL: a ``W/`` prefix and surrounding quotes
+    removed (null stays null)."""
+    unweak = f"regexp_replace({column}, '^W/', '')"
+    return f"regexp_replace(regexp_replace({unweak}, '^\"+', ''), '\"+$', '')"
+
+
+def bind(sql: str, **params: int) -> str:
+    """``sql`` with each ``{name}`` replaced by the integer ``params[name]``."""
+    for name, value in params.items():
+        sql = sql.replace("{" + name + "}", str(int(value)))
+    return sql
+
+
+def _hour(column: str) -> str:
+    return f"({column} - {column} % {HOUR_NS})"
+
+
+ACCEPTED_KEY_RE = r"^accepted/v1/agent=[^/]+/boot=[0-9a-f]{32}/[0-9]{20}-[0-9]{20}\.json$"
+QUARANTINE_KEY_RE = (
+    r"^quarantine/v1/identity-conflict/agent=[^/]+/boot=[0-9a-f]{32}/"
+    r"[0-9]{20}-[0-9]{20}/[0-9a-f]{64}\.json$"
+)
+"""The shape of a well-formed record key (`protocol.keys`); a key that does not match is
+read all the same (the cataloger records what it is), but is reported as ``junk``."""
+RAW_BLOB_KEY_RE = r"^raw-blobs/v1/sha256/([0-9a-f]{2})/([0-9a-f]{2})/([0-9a-f]{64})\.lmbatch$"
+
+NEWEST = f"""
+WITH per_key AS (
+  SELECT key, max(file_rank) AS file_rank,
+         (min({_hour("time_unix_ns")}) <> max({_hour("time_unix_ns")})
+          OR min(sha_prefix) <> max(sha_prefix)) AS conflict
+  FROM catalog_rows
+  GROUP BY key
+)
+SELECT r.key AS key, r.etag AS etag, r.frame_sha256 AS frame_sha256,
+       r.accepted_frame_sha256 AS accepted_frame_sha256, r.time_unix_ns AS time_unix_ns,
+       p.conflict AS conflict
+FROM catalog_rows r JOIN per_key p ON r.key = p.key AND r.file_rank = p.file_rank
+"""
+"""Per cataloged key: the newest row's values and whether its rows disagree (two hours,
+or two hashes: compared by ``sha_prefix``, a 64-bit prefix of ``frame_sha256`` the
+engine's view computes, so every aggregate state is fixed-size and spills; a false
+equal has a chance of 2^-64 a key). The newest file's row is found by joining back on
+``(key, file_rank)``: a file holds one row a key."""
+
+RECORD_JOIN = f"""
+WITH newest AS ({NEWEST}),
+listed AS (
+  SELECT kind, key, etag, last_modified_ns FROM listing
+  WHERE kind = 'accepted' OR kind = 'quarantine'
+),
+joined AS (
+  SELECT coalesce(l.key, n.key) AS key,
+         l.kind AS kind,
+         l.etag AS listed_etag,
+         l.key IS NOT NULL AS listed,
+         n.key IS NOT NULL AS cataloged,
+         l.last_modified_ns AS last_modified_ns,
+         {normalized_etag("n.etag")} AS etag,
+         n.frame_sha256 AS frame_sha256,
+         n.accepted_frame_sha256 AS accepted_frame_sha256,
+         n.time_unix_ns AS time_unix_ns,
+         coalesce(n.conflict, false) AS conflict,
+         CASE WHEN l.kind = 'accepted' THEN regexp_extract(l.key, '{ACCEPTED_KEY_RE}', 0) <> ''
+              WHEN l.kind = 'quarantine' THEN regexp_extract(l.key, '{QUARANTINE_KEY_RE}', 0) <> ''
+              ELSE true END AS well_formed
+  FROM listed l FULL OUTER JOIN newest n ON l.key = n.key
+)
+SELECT key, kind, listed_etag, last_modified_ns, etag, frame_sha256, accepted_frame_sha256,
+       time_unix_ns, conflict,
+       CASE WHEN NOT listed THEN 'phantom'
+            WHEN NOT well_formed THEN 'junk'
+            WHEN NOT cataloged THEN 'missing'
+            WHEN conflict THEN 'conflict'
+            ELSE 'etag' END AS reason
+FROM joined
+WHERE (NOT listed AND {_hour("time_unix_ns")} + {HOUR_NS} <= {{phantom_before_ns}})
+   OR (listed AND last_modified_ns <= {{born_before_ns}} AND (
+         NOT well_formed OR NOT cataloged OR conflict
+         OR (listed_etag IS NOT NULL AND etag IS NOT NULL
+             AND {normalized_etag("listed_etag")} <> etag)))
+"""
+"""``reason``: ``phantom`` (cataloged, never listed, hour ended before
+``phantom_before_ns``), ``junk`` (listed key not well-formed), ``missing`` (not
+cataloged), ``conflict`` (rows in two hours or with two hashes), ``etag`` (the newest
+row's ETag, normalized, differs from the listed one; a row without an ETag takes the
+listed one). Listed records last modified after ``born_before_ns`` (the audit's start plus
+the settle margin) are the steady pass's and are left out; they still count as listed."""
+
+LISTED_COUNTS = """
+SELECT kind,
+       sum(CASE WHEN kind = 'raw-blobs' OR last_modified_ns <= {born_before_ns}
+                THEN 1 ELSE 0 END) AS old,
+       sum(CASE WHEN kind <> 'raw-blobs' AND last_modified_ns > {born_before_ns}
+                THEN 1 ELSE 0 END) AS young
+FROM listing
+GROUP BY kind
+"""
+"""Keys listed per kind: the old ones (audited) and the young ones (the steady pass's)."""
+
+_BLOBS = f"""
+SELECT sha, size, last_modified_ns FROM (
+  SELECT regexp_extract(key, '{RAW_BLOB_KEY_RE}', 3) AS sha,
+         regexp_extract(key, '{RAW_BLOB_KEY_RE}', 1) AS d1,
+         regexp_extract(key, '{RAW_BLOB_KEY_RE}', 2) AS d2,
+         size, last_modified_ns
+  FROM listing WHERE kind = 'raw-blobs'
+) b
+WHERE sha <> '' AND substr(sha, 1, 2) = d1 AND substr(sha, 3, 2) = d2
+"""
+
+_REFERENCED = """
+SELECT sha, bool_and(retired) AS retired_only, bool_or(retired) AS any_retired FROM (
+  SELECT frame_sha256 AS sha, retired FROM catalog_rows
+  UNION ALL
+  SELECT accepted_frame_sha256 AS sha, false AS retired FROM catalog_rows
+  WHERE accepted_frame_sha256 IS NOT NULL
+) r
+GROUP BY sha
+"""
+
+BLOBS_LISTED = f"SELECT count(*) FROM ({_BLOBS}) b"
+"""Listed keys under ``raw-blobs/v1/`` that name a blob (others are skipped, as always)."""
+
+BLOB_JOIN = f"""
+WITH blobs AS ({_BLOBS}), referenced AS ({_REFERENCED})
+SELECT coalesce(b.sha, r.sha) AS frame_sha256,
+       b.size AS size,
+       b.last_modified_ns AS last_modified_ns,
+       coalesce(r.retired_only, false) AS raw_retention,
+       CASE WHEN b.sha IS NULL THEN 'missing' ELSE 'orphan' END AS reason
+FROM blobs b FULL OUTER JOIN referenced r ON b.sha = r.sha
+WHERE (b.sha IS NOT NULL AND (r.sha IS NULL OR r.retired_only)
+       AND b.last_modified_ns < {{orphan_before_ns}})
+   OR (b.sha IS NULL AND NOT r.any_retired)
+"""
+"""``orphan``: listed, referenced by no live row, last modified before ``orphan_before_ns``
+(store time minus the retry horizon); ``raw_retention`` when retired rows alone reference
+it. ``missing``: referenced, not listed, referenced by no retired row (a blob raw
+retention may have deleted is never missing)."""
+
+REFERENCING_KEYS = """
+SELECT m.frame_sha256 AS frame_sha256, min(r.key) AS record_key
+FROM missing_blobs m JOIN (
+  SELECT key, frame_sha256 AS sha FROM catalog_rows
+  UNION ALL
+  SELECT key, accepted_frame_sha256 AS sha FROM catalog_rows
+  WHERE accepted_frame_sha256 IS NOT NULL
+) r ON r.sha = m.frame_sha256
+GROUP BY m.frame_sha256
+"""
+"""A record that references each missing-blob candidate (view ``missing_blobs``)."""
+
+RETIRED_HOUR_BATCHES = """
+SELECT hour_start_ns, count(DISTINCT key) AS batches
+FROM catalog_rows_of_covered_hours
+WHERE kind = 'accepted'
+GROUP BY hour_start_ns
+"""
+"""Per hour raw retention covers: its unique accepted batches (`Retired.holds`; the view
+``catalog_rows_of_covered_hours`` is ``catalog_rows`` of those hours' files, with the
+file's ``hour_start_ns``)."""
+
+IS_REFERENCED = """
+SELECT count(*) FROM catalog_rows
+WHERE NOT retired AND (frame_sha256 = ? OR accepted_frame_sha256 = ?)
+"""
+"""Whether a live row references a hash (blob verification's message; rare)."""
