@@ -15,6 +15,7 @@ import pytest
 
 from index.rows import IndexRow, encode
 from protocol import keys
+from protocol.clock import ManualClock
 from reconciler.audit_duckdb import (
     AuditJoins,
     JoinLimits,
@@ -22,7 +23,12 @@ from reconciler.audit_duckdb import (
     fetch_catalog,
     iter_batches,
 )
+from reconciler.audit_retired import settle_retired
+from reconciler.problems import ProblemBook
+from reconciler.raw_retention import Retired
+from rollup.table.manifest import LedgerHour
 from store.memory import MemoryStore
+from tests.reconciler.conftest import context
 
 LISTING_SCHEMA = pa.schema(
     [
@@ -257,3 +263,43 @@ def test_no_inputs_give_empty_results(tmp_path: Path) -> None:
         result = joins.run(LIMITS)
         assert results_of(result.records) == [] and results_of(result.blobs) == []
         assert result.blobs_listed == 0
+
+
+def test_a_retired_hour_lets_go_of_its_blobs_only_while_it_holds(tmp_path: Path) -> None:
+    """`settle_retired`: an hour whose catalog agrees with the ledger retires its accepted
+    rows' blobs (orphans flagged raw_retention); one that does not keeps them, with a
+    raw-retention-mismatch problem, resolved once it holds."""
+
+    async def scenario() -> None:
+        store = MemoryStore()
+        clock = ManualClock(START)
+        ctx = await context(store, clock)
+        problems = ProblemBook(ctx)
+        await problems.load()
+        hour0 = await put_catalog(store, 0, 1, 1, [row(1), row(2)])
+        hour1 = await put_catalog(store, 1, 1, 2, [row(3, hour=1)])
+        copies, _ = await fetch_catalog(store, [hour0, hour1], str(tmp_path / "c"))
+        listing = {
+            "raw-blobs": [write_part(tmp_path / "b.parquet", [blob_entry(sha(n)) for n in (1, 3)])]
+        }
+        subject = keys.index_catalog_hour_prefix(keys.UtcHour.from_unix_ns(T0))
+        with AuditJoins(listing, copies, str(tmp_path / "spill"), memory_limit_mb=64) as joins:
+            hour = keys.UtcHour.from_unix_ns(T0)
+            wrong = Retired(T0 + HOUR_NS, {hour.iso: LedgerHour(3, 30, "0" * 64)})
+            assert await settle_retired(joins, copies, [], wrong, problems) == 0
+            blobs = {r["frame_sha256"]: r["reason"] for r in results_of(joins.run(LIMITS).blobs)}
+            assert blobs == {sha(2): "missing"}
+            assert [s async for s in problems.subjects("raw-retention-mismatch")] == [subject]
+            right = Retired(T0 + HOUR_NS, {hour.iso: LedgerHour(2, 20, "0" * 64)})
+            assert await settle_retired(joins, copies, [], right, problems) == 2
+            result = joins.run(LIMITS)
+            blobs = {
+                r["frame_sha256"]: (r["reason"], r["raw_retention"])
+                for r in results_of(result.blobs)
+            }
+            assert blobs == {sha(1): ("orphan", True)}
+            assert [s async for s in problems.subjects("raw-retention-mismatch")] == []
+            # A moved-aside file of the hour: it does not hold.
+            assert await settle_retired(joins, copies, [hour0], right, problems) == 0
+
+    asyncio.run(scenario())
