@@ -61,7 +61,6 @@ QUARANTINE_KEY_RE = (
 )
 """The shape of a well-formed record key (`protocol.keys`); a key that does not match is
 read all the same (the cataloger records what it is), but is reported as ``junk``."""
-RAW_BLOB_KEY_RE = r"^raw-blobs/v1/sha256/([0-9a-f]{2})/([0-9a-f]{2})/([0-9a-f]{64})\.lmbatch$"
 
 NEWEST = f"""
 WITH per_key AS (
@@ -95,35 +94,39 @@ joined AS (
          l.key IS NOT NULL AS listed,
          n.key IS NOT NULL AS cataloged,
          l.last_modified_ns AS last_modified_ns,
-         {normalized_etag("n.etag")} AS etag,
+         n.etag AS etag,
          n.frame_sha256 AS frame_sha256,
          n.accepted_frame_sha256 AS accepted_frame_sha256,
          n.time_unix_ns AS time_unix_ns,
-         coalesce(n.conflict, false) AS conflict,
-         CASE WHEN l.kind = 'accepted' THEN regexp_extract(l.key, '{ACCEPTED_KEY_RE}', 0) <> ''
-              WHEN l.kind = 'quarantine' THEN regexp_extract(l.key, '{QUARANTINE_KEY_RE}', 0) <> ''
-              ELSE true END AS well_formed
+         coalesce(n.conflict, false) AS conflict
   FROM listed l FULL OUTER JOIN newest n ON l.key = n.key
+),
+found AS (
+  SELECT * FROM joined
+  WHERE (NOT listed AND {_hour("time_unix_ns")} + {HOUR_NS} <= {{phantom_before_ns}})
+     OR (listed AND last_modified_ns <= {{born_before_ns}} AND (
+           NOT cataloged OR conflict
+           OR (listed_etag IS NOT NULL AND etag IS NOT NULL AND listed_etag <> etag
+               AND {normalized_etag("listed_etag")} <> {normalized_etag("etag")})))
 )
-SELECT key, kind, listed_etag, last_modified_ns, etag, frame_sha256, accepted_frame_sha256,
-       time_unix_ns, conflict,
+SELECT key, kind, listed_etag, last_modified_ns, {normalized_etag("etag")} AS etag,
+       frame_sha256, accepted_frame_sha256, time_unix_ns, conflict,
        CASE WHEN NOT listed THEN 'phantom'
-            WHEN NOT well_formed THEN 'junk'
+            WHEN NOT cataloged AND kind = 'accepted'
+                 AND regexp_extract(key, '{ACCEPTED_KEY_RE}', 0) = '' THEN 'junk'
+            WHEN NOT cataloged AND kind = 'quarantine'
+                 AND regexp_extract(key, '{QUARANTINE_KEY_RE}', 0) = '' THEN 'junk'
             WHEN NOT cataloged THEN 'missing'
             WHEN conflict THEN 'conflict'
             ELSE 'etag' END AS reason
-FROM joined
-WHERE (NOT listed AND {_hour("time_unix_ns")} + {HOUR_NS} <= {{phantom_before_ns}})
-   OR (listed AND last_modified_ns <= {{born_before_ns}} AND (
-         NOT well_formed OR NOT cataloged OR conflict
-         OR (listed_etag IS NOT NULL AND etag IS NOT NULL
-             AND {normalized_etag("listed_etag")} <> etag)))
+FROM found
 """
 """``reason``: ``phantom`` (cataloged, never listed, hour ended before
-``phantom_before_ns``), ``junk`` (listed key not well-formed), ``missing`` (not
-cataloged), ``conflict`` (rows in two hours or with two hashes), ``etag`` (the newest
+``phantom_before_ns``), ``junk`` (listed key not well-formed: never cataloged, so only
+keys not cataloged are matched against the shapes), ``missing`` (not cataloged), ``conflict`` (rows in two hours or with two hashes), ``etag`` (the newest
 row's ETag, normalized, differs from the listed one; a row without an ETag takes the
-listed one). Listed records last modified after ``born_before_ns`` (the audit's start plus
+listed one; the raw ETags are compared first, so the normalization runs only on the few
+that differ). Listed records last modified after ``born_before_ns`` (the audit's start plus
 the settle margin) are the steady pass's and are left out; they still count as listed."""
 
 LISTED_COUNTS = """
@@ -139,14 +142,16 @@ GROUP BY kind
 
 _BLOBS = f"""
 SELECT sha, size, last_modified_ns FROM (
-  SELECT regexp_extract(key, '{RAW_BLOB_KEY_RE}', 3) AS sha,
-         regexp_extract(key, '{RAW_BLOB_KEY_RE}', 1) AS d1,
-         regexp_extract(key, '{RAW_BLOB_KEY_RE}', 2) AS d2,
-         size, last_modified_ns
+  SELECT substr(key, {len("raw-blobs/v1/sha256/hh/hh/") + 1}, 64) AS sha, key, size,
+         last_modified_ns
   FROM listing WHERE kind = 'raw-blobs'
 ) b
-WHERE sha <> '' AND substr(sha, 1, 2) = d1 AND substr(sha, 3, 2) = d2
+WHERE key = 'raw-blobs/v1/sha256/' || substr(sha, 1, 2) || '/' || substr(sha, 3, 2) || '/'
+            || sha || '.lmbatch'
+  AND regexp_extract(sha, '^[0-9a-f]{{64}}$', 0) <> ''
 """
+"""Listed blobs by hash: a key that is not `protocol.keys.raw_blob_key` of a hash is
+skipped (as it always was); compared as a string before the one regular expression."""
 
 _REFERENCED = """
 SELECT sha, bool_and(retired) AS retired_only, bool_or(retired) AS any_retired FROM (
