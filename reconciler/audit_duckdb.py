@@ -42,6 +42,8 @@ from . import audit_sql
 ListingKind = Literal["accepted", "quarantine", "raw-blobs"]
 LISTING_KINDS: tuple[ListingKind, ...] = ("accepted", "quarantine", "raw-blobs")
 CATALOG_COLUMNS = ["key", "kind", "etag", "frame_sha256", "accepted_frame_sha256", "time_unix_ns"]
+ROWS_PER_FILE_RANK = 1 << 32
+"""``row_rank`` = file rank x this + the row's position in its file (files hold far fewer)."""
 BATCH_ROWS = 4096
 """Rows per batch when results are read back (`iter_batches`)."""
 
@@ -180,19 +182,22 @@ class AuditJoins:
         columns = ", ".join(CATALOG_COLUMNS)
         if self._catalog:
             source = (
-                f"SELECT {columns}, filename FROM read_parquet("
-                f"{sql_list([c.path for c in self._catalog])}, filename = true)"
+                f"SELECT {columns}, filename, file_row_number FROM read_parquet("
+                f"{sql_list([c.path for c in self._catalog])}, filename = true, "
+                "file_row_number = true)"
             )
         else:
             source = (
                 "SELECT NULL::VARCHAR AS key, NULL::VARCHAR AS kind, NULL::VARCHAR AS etag, "
                 "NULL::VARCHAR AS frame_sha256, NULL::VARCHAR AS accepted_frame_sha256, "
-                "NULL::BIGINT AS time_unix_ns, NULL::VARCHAR AS filename WHERE false"
+                "NULL::BIGINT AS time_unix_ns, NULL::VARCHAR AS filename, "
+                "NULL::BIGINT AS file_row_number WHERE false"
             )
         con.execute(
             "CREATE TEMP VIEW catalog_rows AS SELECT r.key, r.kind, r.etag, r.frame_sha256, "
             "r.accepted_frame_sha256, r.time_unix_ns, "
-            "('0x' || substr(r.frame_sha256, 1, 15))::BIGINT AS sha_prefix, f.file_rank, "
+            "('0x' || substr(r.frame_sha256, 1, 15))::BIGINT AS sha_prefix, "
+            f"f.file_rank::BIGINT * {ROWS_PER_FILE_RANK} + r.file_row_number AS row_rank, "
             "(f.retired AND r.kind = 'accepted') AS retired, f.hour_start_ns "
             f"FROM ({source}) r JOIN catalog_files f ON r.filename = f.path"
         )

@@ -7,15 +7,20 @@ Spark engine to run as well, over temp views of the same names and columns:
   (`reconciler.audit_listing.LISTING_SCHEMA`, ``last_modified`` as integer nanoseconds),
   ``kind`` one of ``accepted``, ``quarantine``, ``raw-blobs``;
 - ``catalog_rows(key, kind, etag, frame_sha256, accepted_frame_sha256, time_unix_ns,
-  sha_prefix, file_rank, retired)``: every row of the catalog files the audit pinned, with its file's
-  rank in write order (file name: epoch, then sequence; the newest file's row of a key is
-  the one that counts), ``sha_prefix`` (the first 60 bits of ``frame_sha256`` as a
-  ``BIGINT``: the dialect's hex conversion lives in the view) and ``retired`` (an accepted row of an hour raw retention retired
-  and that still holds, `reconciler.raw_retention`: it keeps no blob alive).
+  sha_prefix, row_rank, retired)``: every row of the catalog files the audit pinned, with
+  ``row_rank`` unique a row and increasing in write order (its file's rank by name: epoch,
+  then sequence; then its place in the file: the newest row of a key is the one that
+  counts), ``sha_prefix`` (the first 60 bits of ``frame_sha256`` as a ``BIGINT``: the
+  dialect's hex conversion lives in the view) and ``retired`` (an accepted row of an hour
+  raw retention retired and that still holds, `reconciler.raw_retention`: it keeps no
+  blob alive). The dialect-specific parts (file names, row positions, hex) live in the
+  views: in Spark, ``input_file_name()`` ranked by name, and a row's position from
+  ``monotonically_increasing_id()`` within its file.
 
-Only portable SQL: ``max_by``, ``bool_and``/``bool_or``, ``regexp_extract``, ``regexp_replace`` with anchored
-patterns (one match, however the dialect counts them), integer ``%``, ``CASE``, no
-``FILTER``, no ``QUALIFY``, no dialect's division. Parameters (``{name}`` in the text)
+Only portable SQL: ``min``/``max``, ``bool_and``/``bool_or``, ``regexp_extract``,
+``regexp_replace`` with anchored patterns (one match, however the dialect counts them),
+``||``, ``substr``, integer ``%``, ``CASE``, no ``FILTER``, no ``QUALIFY``, no dialect's
+division, and no aggregate whose state is a string (they do not spill in DuckDB). Parameters (``{name}`` in the text)
 are integers, put in by `bind`.
 
 The results (each small unless the store is being migrated, when every record is
@@ -64,7 +69,7 @@ read all the same (the cataloger records what it is), but is reported as ``junk`
 
 NEWEST = f"""
 WITH per_key AS (
-  SELECT key, max(file_rank) AS file_rank,
+  SELECT key, max(row_rank) AS row_rank,
          (min({_hour("time_unix_ns")}) <> max({_hour("time_unix_ns")})
           OR min(sha_prefix) <> max(sha_prefix)) AS conflict
   FROM catalog_rows
@@ -73,13 +78,13 @@ WITH per_key AS (
 SELECT r.key AS key, r.etag AS etag, r.frame_sha256 AS frame_sha256,
        r.accepted_frame_sha256 AS accepted_frame_sha256, r.time_unix_ns AS time_unix_ns,
        p.conflict AS conflict
-FROM catalog_rows r JOIN per_key p ON r.key = p.key AND r.file_rank = p.file_rank
+FROM catalog_rows r JOIN per_key p ON r.row_rank = p.row_rank
 """
 """Per cataloged key: the newest row's values and whether its rows disagree (two hours,
 or two hashes: compared by ``sha_prefix``, a 64-bit prefix of ``frame_sha256`` the
 engine's view computes, so every aggregate state is fixed-size and spills; a false
-equal has a chance of 2^-64 a key). The newest file's row is found by joining back on
-``(key, file_rank)``: a file holds one row a key."""
+equal has a chance of 2^-60 a key). The newest row is found by joining back on its
+``row_rank`` (unique: one row a key comes out, even if a file holds a key twice)."""
 
 RECORD_JOIN = f"""
 WITH newest AS ({NEWEST}),

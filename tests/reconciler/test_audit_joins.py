@@ -141,8 +141,12 @@ def test_every_planted_difference_is_found_exactly(tmp_path: Path) -> None:
         late = await put_catalog(store, 9, 2, 2, phantom_rows[1:])
         # Key 5: cataloged without an ETag (takes the listed one): no read.
         no_etag = await put_catalog(store, 0, 2, 3, [replace(row(5), etag=None)])
+        # Key 6: a file holding it twice, with two hashes (the later row is the newest).
+        twice = await put_catalog(store, 0, 2, 4, [row(6), row(6, frame=sha(106))])
         copies, unreadable = await fetch_catalog(
-            store, [first, later, second_hour, phantoms, late, no_etag], str(tmp_path / "cat")
+            store,
+            [first, later, second_hour, phantoms, late, no_etag, twice],
+            str(tmp_path / "cat"),
         )
         assert unreadable == []
         listed = [(mkey(n), f'"e{n}"', T0) for n in range(10)]
@@ -160,7 +164,7 @@ def test_every_planted_difference_is_found_exactly(tmp_path: Path) -> None:
                 write_part(
                     tmp_path / "b.parquet",
                     [blob_entry(sha(n)) for n in range(0, 10) if n != 7]  # 7: missing blob
-                    + [blob_entry(sha(103)), blob_entry(sha(20))]
+                    + [blob_entry(sha(103)), blob_entry(sha(20)), blob_entry(sha(106))]
                     + [blob_entry(sha(500)), blob_entry(sha(501), START)]  # old / young orphan
                     + [("raw-blobs/v1/sha256/zz/junk", None, T0)],
                 )
@@ -168,11 +172,14 @@ def test_every_planted_difference_is_found_exactly(tmp_path: Path) -> None:
         }
         with AuditJoins(listing, copies, str(tmp_path / "spill"), memory_limit_mb=64) as joins:
             result = joins.run(LIMITS)
-            by_key = {r["key"]: r for r in results_of(result.records)}
+            records = results_of(result.records)
+            by_key = {r["key"]: r for r in records}
+            assert len(by_key) == len(records)  # one a key
             assert {k: r["reason"] for k, r in by_key.items()} == {
                 mkey(1): "etag",
                 mkey(2): "conflict",
                 mkey(3): "conflict",
+                mkey(6): "conflict",
                 mkey(20): "phantom",
                 mkey(30): "missing",
                 "accepted/v1/stray.txt": "junk",
@@ -181,6 +188,7 @@ def test_every_planted_difference_is_found_exactly(tmp_path: Path) -> None:
             assert by_key[mkey(1)]["etag"] == "other"  # normalized
             assert by_key[mkey(2)]["time_unix_ns"] == T0 + HOUR_NS + 2  # the newest row's
             assert by_key[mkey(3)]["frame_sha256"] == sha(103)
+            assert by_key[mkey(6)]["frame_sha256"] == sha(106)
             assert by_key[q]["kind"] == "quarantine"
             blobs = {r["frame_sha256"]: r for r in results_of(result.blobs)}
             orphans = sorted(s for s, r in blobs.items() if r["reason"] == "orphan")
@@ -192,9 +200,9 @@ def test_every_planted_difference_is_found_exactly(tmp_path: Path) -> None:
                 r["frame_sha256"]: r["record_key"] for r in results_of(result.referencing)
             }
             assert referencing == {sha(7): mkey(7), sha(21): mkey(21)}
-            assert result.listed_old == {"accepted": 12, "quarantine": 1, "raw-blobs": 14}
+            assert result.listed_old == {"accepted": 12, "quarantine": 1, "raw-blobs": 15}
             assert result.listed_young == {"accepted": 1, "quarantine": 0, "raw-blobs": 0}
-            assert result.blobs_listed == 13
+            assert result.blobs_listed == 14
             assert joins.references(sha(103)) and not joins.references(sha(500))
 
     asyncio.run(scenario())
