@@ -64,32 +64,56 @@ class CatalogCopy:
 
 
 async def fetch_catalog(
-    store: ObjectStore, names: Sequence[str], directory: str
+    store: ObjectStore, names: Sequence[str], directory: str, *, concurrency: int = 8
 ) -> tuple[list[CatalogCopy], list[tuple[str, str]]]:
     """Local copies of the catalog files ``names`` (each with every column: one written
-    before a column existed gets it as nulls), ranked by name (epoch, then sequence), and
-    the names that are not index files, each with why (unreadable). Raises `PinnedFileMissing`."""
+    before a column existed gets it as nulls), ranked by name (epoch, then sequence; ties
+    in the given order), and the names that are not index files, each with why
+    (unreadable). ``concurrency`` GETs at a time (one body each in memory). Raises
+    `PinnedFileMissing`."""
     os.makedirs(directory, exist_ok=True)
     parsed = sorted(
         ((keys.parse_index_catalog_key(name), name) for name in names),
         key=lambda item: (item[0][1], item[0][2]),
     )
-    copies: list[CatalogCopy] = []
-    unreadable: list[tuple[str, str]] = []
-    for rank, ((hour, _epoch, _sequence), name) in enumerate(parsed):
-        try:
-            body, _etag = await store.get(name)
-        except NotFound:
-            raise PinnedFileMissing(f"pinned catalog file {name!r} is gone") from None
-        path = os.path.join(directory, f"{rank:08d}.parquet")
-        try:
-            await asyncio.to_thread(write_normalized, Path(path), body, name)
-            await asyncio.to_thread(pq.read_metadata, path)
-        except (IndexFileError, pa.ArrowException, OSError) as exc:
-            unreadable.append((name, str(exc)))
-            continue
-        copies.append(CatalogCopy(name, path, hour, rank))
-    return copies, unreadable
+    copies: dict[int, CatalogCopy] = {}
+    unreadable: dict[int, tuple[str, str]] = {}
+    slots = asyncio.Semaphore(max(1, concurrency))
+
+    async def one(rank: int, hour: keys.UtcHour, name: str) -> None:
+        async with slots:
+            try:
+                body, _etag = await store.get(name)
+            except NotFound:
+                raise PinnedFileMissing(f"pinned catalog file {name!r} is gone") from None
+            path = os.path.join(directory, f"{rank:08d}.parquet")
+            try:
+                await asyncio.to_thread(write_normalized, Path(path), body, name)
+                await asyncio.to_thread(pq.read_metadata, path)
+            except (IndexFileError, pa.ArrowException, OSError) as exc:
+                unreadable[rank] = (name, str(exc))
+                return
+            copies[rank] = CatalogCopy(name, path, hour, rank)
+
+    window = max(1, concurrency) * 4  # tasks created at a time: bounded, not one per file
+    try:
+        for start in range(0, len(parsed), window):
+            async with asyncio.TaskGroup() as group:
+                for rank in range(start, min(len(parsed), start + window)):
+                    (hour, _epoch, _sequence), name = parsed[rank]
+                    group.create_task(one(rank, hour, name))
+    except BaseExceptionGroup as errors:  # one error as itself (a missing file first)
+        flat = list(_leaves(errors))
+        raise next((e for e in flat if isinstance(e, PinnedFileMissing)), flat[0]) from None
+    return [copies[r] for r in sorted(copies)], [unreadable[r] for r in sorted(unreadable)]
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:
+    for error in group.exceptions:
+        if isinstance(error, BaseExceptionGroup):
+            yield from _leaves(error)
+        else:
+            yield error
 
 
 @dataclass(frozen=True, slots=True)
