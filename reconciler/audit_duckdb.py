@@ -271,9 +271,12 @@ class AuditJoins:
             results.listed_young[kind] = int(young)
         [(blobs,)] = con.execute(audit_sql.BLOBS_LISTED).fetchall()
         results.blobs_listed = int(blobs)
-        self._copy(
-            audit_sql.bind(audit_sql.RECORD_JOIN, **params) + " ORDER BY key", results.records
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE record_candidates AS "
+            + audit_sql.bind(audit_sql.RECORD_CANDIDATES, **params)
         )
+        self._copy(audit_sql.RECORD_JOIN + " ORDER BY key", results.records)
+        con.execute("DROP TABLE record_candidates")
         self._copy(audit_sql.bind(audit_sql.BLOB_JOIN, **params), results.blobs)
         con.execute(
             "CREATE OR REPLACE TEMP VIEW missing_blobs AS SELECT frame_sha256 FROM "

@@ -75,18 +75,21 @@ WITH per_key AS (
   FROM catalog_rows
   GROUP BY key
 )
-SELECT r.key AS key, r.etag AS etag, r.frame_sha256 AS frame_sha256,
-       r.accepted_frame_sha256 AS accepted_frame_sha256, r.time_unix_ns AS time_unix_ns,
+SELECT r.key AS key, r.etag AS etag, r.time_unix_ns AS time_unix_ns, r.row_rank AS row_rank,
        p.conflict AS conflict
-FROM catalog_rows r JOIN per_key p ON r.row_rank = p.row_rank
+FROM catalog_rows r JOIN (SELECT row_rank, conflict FROM per_key) p
+  ON r.row_rank = p.row_rank
 """
-"""Per cataloged key: the newest row's values and whether its rows disagree (two hours,
-or two hashes: compared by ``sha_prefix``, a 64-bit prefix of ``frame_sha256`` the
-engine's view computes, so every aggregate state is fixed-size and spills; a false
-equal has a chance of 2^-60 a key). The newest row is found by joining back on its
-``row_rank`` (unique: one row a key comes out, even if a file holds a key twice)."""
+"""Per cataloged key: the newest row's ETag, time and ``row_rank``, and whether its rows
+disagree (two hours, or two hashes: compared by ``sha_prefix``, a 60-bit prefix of
+``frame_sha256`` the engine's view computes, so every aggregate state is fixed-size and
+spills; a false equal has a chance of 2^-60 a key). The newest row is found by joining
+back on its ``row_rank`` (unique: one row a key, even if a file holds a key twice), with
+only ``(row_rank, conflict)`` on the aggregate's side. Only what the comparison needs goes
+through the big joins; the hashes of the few rows found are fetched after
+(`RECORD_JOIN`)."""
 
-RECORD_JOIN = f"""
+RECORD_CANDIDATES = f"""
 WITH newest AS ({NEWEST}),
 listed AS (
   SELECT kind, key, etag, last_modified_ns FROM listing
@@ -100,35 +103,42 @@ joined AS (
          n.key IS NOT NULL AS cataloged,
          l.last_modified_ns AS last_modified_ns,
          n.etag AS etag,
-         n.frame_sha256 AS frame_sha256,
-         n.accepted_frame_sha256 AS accepted_frame_sha256,
          n.time_unix_ns AS time_unix_ns,
+         n.row_rank AS row_rank,
          coalesce(n.conflict, false) AS conflict
   FROM listed l FULL OUTER JOIN newest n ON l.key = n.key
-),
-found AS (
-  SELECT * FROM joined
-  WHERE (NOT listed AND {_hour("time_unix_ns")} + {HOUR_NS} <= {{phantom_before_ns}})
-     OR (listed AND last_modified_ns <= {{born_before_ns}} AND (
-           NOT cataloged OR conflict
-           OR (listed_etag IS NOT NULL AND etag IS NOT NULL AND listed_etag <> etag
-               AND {normalized_etag("listed_etag")} <> {normalized_etag("etag")})))
 )
-SELECT key, kind, listed_etag, last_modified_ns, {normalized_etag("etag")} AS etag,
-       frame_sha256, accepted_frame_sha256, time_unix_ns, conflict,
-       CASE WHEN NOT listed THEN 'phantom'
-            WHEN NOT cataloged AND kind = 'accepted'
-                 AND regexp_extract(key, '{ACCEPTED_KEY_RE}', 0) = '' THEN 'junk'
-            WHEN NOT cataloged AND kind = 'quarantine'
-                 AND regexp_extract(key, '{QUARANTINE_KEY_RE}', 0) = '' THEN 'junk'
-            WHEN NOT cataloged THEN 'missing'
-            WHEN conflict THEN 'conflict'
+SELECT * FROM joined
+WHERE (NOT listed AND {_hour("time_unix_ns")} + {HOUR_NS} <= {{phantom_before_ns}})
+   OR (listed AND last_modified_ns <= {{born_before_ns}} AND (
+         NOT cataloged OR conflict
+         OR (listed_etag IS NOT NULL AND etag IS NOT NULL AND listed_etag <> etag
+             AND {normalized_etag("listed_etag")} <> {normalized_etag("etag")})))
+"""
+"""The record join's rows (see `RECORD_JOIN`), to be kept as the table
+``record_candidates`` (few rows, unless the store is being migrated)."""
+
+RECORD_JOIN = f"""
+SELECT f.key AS key, f.kind AS kind, f.listed_etag AS listed_etag,
+       f.last_modified_ns AS last_modified_ns, {normalized_etag("f.etag")} AS etag,
+       c.frame_sha256 AS frame_sha256, c.accepted_frame_sha256 AS accepted_frame_sha256,
+       f.time_unix_ns AS time_unix_ns, f.conflict AS conflict,
+       CASE WHEN NOT f.listed THEN 'phantom'
+            WHEN NOT f.cataloged AND f.kind = 'accepted'
+                 AND regexp_extract(f.key, '{ACCEPTED_KEY_RE}', 0) = '' THEN 'junk'
+            WHEN NOT f.cataloged AND f.kind = 'quarantine'
+                 AND regexp_extract(f.key, '{QUARANTINE_KEY_RE}', 0) = '' THEN 'junk'
+            WHEN NOT f.cataloged THEN 'missing'
+            WHEN f.conflict THEN 'conflict'
             ELSE 'etag' END AS reason
-FROM found
+FROM record_candidates f
+LEFT JOIN (SELECT row_rank, frame_sha256, accepted_frame_sha256 FROM catalog_rows) c
+  ON f.row_rank = c.row_rank
 """
 """``reason``: ``phantom`` (cataloged, never listed, hour ended before
 ``phantom_before_ns``), ``junk`` (listed key not well-formed: never cataloged, so only
-keys not cataloged are matched against the shapes), ``missing`` (not cataloged), ``conflict`` (rows in two hours or with two hashes), ``etag`` (the newest
+keys not cataloged are matched against the shapes), ``missing`` (not cataloged),
+``conflict`` (rows in two hours or with two hashes), ``etag`` (the newest
 row's ETag, normalized, differs from the listed one; a row without an ETag takes the
 listed one; the raw ETags are compared first, so the normalization runs only on the few
 that differ). Listed records last modified after ``born_before_ns`` (the audit's start plus
