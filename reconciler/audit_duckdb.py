@@ -161,13 +161,18 @@ class AuditJoins:
     ) -> None:
         self._dir = spill_dir
         os.makedirs(os.path.join(spill_dir, "duckdb-spill"), exist_ok=True)
+        # A database file in the spill directory: the stages' tables live on disk.
+        database = os.path.join(spill_dir, "audit.duckdb")
+        if os.path.exists(database):
+            os.remove(database)  # a crashed run's: the joins are re-run from their inputs
         self._con = duckdb.connect(
+            database,
             config={
                 "memory_limit": f"{memory_limit_mb}MB",
                 "temp_directory": os.path.join(spill_dir, "duckdb-spill"),
                 "threads": max(1, threads),
                 "preserve_insertion_order": False,
-            }
+            },
         )
         self._catalog = list(catalog)
         self._create_views(listing)
@@ -199,7 +204,7 @@ class AuditJoins:
             )
         con.execute("CREATE TEMP VIEW listing AS " + " UNION ALL ".join(parts))
         con.execute(
-            "CREATE TEMP TABLE catalog_files (path VARCHAR, file_rank INTEGER, "
+            "CREATE OR REPLACE TABLE catalog_files (path VARCHAR, file_rank INTEGER, "
             "hour_start_ns BIGINT, retired BOOLEAN)"
         )
         self.set_retired(frozenset())
@@ -271,13 +276,20 @@ class AuditJoins:
             results.listed_young[kind] = int(young)
         [(blobs,)] = con.execute(audit_sql.BLOBS_LISTED).fetchall()
         results.blobs_listed = int(blobs)
-        con.execute(
-            "CREATE OR REPLACE TEMP TABLE record_candidates AS "
-            + audit_sql.bind(audit_sql.RECORD_CANDIDATES, **params)
-        )
+        for table, query in (
+            ("per_key", audit_sql.PER_KEY),
+            ("newest", audit_sql.NEWEST),
+            ("record_candidates", audit_sql.bind(audit_sql.RECORD_CANDIDATES, **params)),
+        ):
+            con.execute(f"CREATE OR REPLACE TABLE {table} AS {query}")
+            if table == "newest":
+                con.execute("DROP TABLE per_key")
+        con.execute("DROP TABLE newest")
         self._copy(audit_sql.RECORD_JOIN + " ORDER BY key", results.records)
         con.execute("DROP TABLE record_candidates")
+        con.execute(f"CREATE OR REPLACE TABLE referenced AS {audit_sql.REFERENCED}")
         self._copy(audit_sql.bind(audit_sql.BLOB_JOIN, **params), results.blobs)
+        con.execute("DROP TABLE referenced")
         con.execute(
             "CREATE OR REPLACE TEMP VIEW missing_blobs AS SELECT frame_sha256 FROM "
             f"read_parquet({sql_string(results.blobs)}) WHERE reason = 'missing'"

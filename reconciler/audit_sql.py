@@ -67,31 +67,31 @@ QUARANTINE_KEY_RE = (
 """The shape of a well-formed record key (`protocol.keys`); a key that does not match is
 read all the same (the cataloger records what it is), but is reported as ``junk``."""
 
-NEWEST = f"""
-WITH per_key AS (
-  SELECT key, max(row_rank) AS row_rank,
-         (min({_hour("time_unix_ns")}) <> max({_hour("time_unix_ns")})
-          OR min(sha_prefix) <> max(sha_prefix)) AS conflict
-  FROM catalog_rows
-  GROUP BY key
-)
+PER_KEY = f"""
+SELECT max(row_rank) AS row_rank,
+       (min({_hour("time_unix_ns")}) <> max({_hour("time_unix_ns")})
+        OR min(sha_prefix) <> max(sha_prefix)) AS conflict
+FROM catalog_rows
+GROUP BY key
+"""
+"""Per cataloged key: its newest row's ``row_rank`` and whether its rows disagree (two
+hours, or two hashes: compared by ``sha_prefix``, a 60-bit prefix of ``frame_sha256`` the
+engine's view computes, so every aggregate state is fixed-size and spills; a false equal
+has a chance of 2^-60 a key). Kept as the table ``per_key``."""
+
+NEWEST = """
 SELECT r.key AS key, r.etag AS etag, r.time_unix_ns AS time_unix_ns, r.row_rank AS row_rank,
        p.conflict AS conflict
-FROM catalog_rows r JOIN (SELECT row_rank, conflict FROM per_key) p
-  ON r.row_rank = p.row_rank
+FROM catalog_rows r JOIN per_key p ON r.row_rank = p.row_rank
 """
-"""Per cataloged key: the newest row's ETag, time and ``row_rank``, and whether its rows
-disagree (two hours, or two hashes: compared by ``sha_prefix``, a 60-bit prefix of
-``frame_sha256`` the engine's view computes, so every aggregate state is fixed-size and
-spills; a false equal has a chance of 2^-60 a key). The newest row is found by joining
-back on its ``row_rank`` (unique: one row a key, even if a file holds a key twice), with
-only ``(row_rank, conflict)`` on the aggregate's side. Only what the comparison needs goes
-through the big joins; the hashes of the few rows found are fetched after
-(`RECORD_JOIN`)."""
+"""The newest row of each key (``row_rank`` is unique: one row a key, even if a file
+holds a key twice): what the comparison needs of it, kept as the table ``newest``; the
+hashes of the few rows found are fetched after (`RECORD_JOIN`). Each stage is its own
+statement, so each has the whole memory limit (a pipeline of an aggregate and two joins
+over 50M keys ran out of 512 MB)."""
 
 RECORD_CANDIDATES = f"""
-WITH newest AS ({NEWEST}),
-listed AS (
+WITH listed AS (
   SELECT kind, key, etag, last_modified_ns FROM listing
   WHERE kind = 'accepted' OR kind = 'quarantine'
 ),
@@ -168,7 +168,7 @@ WHERE key = 'raw-blobs/v1/sha256/' || substr(sha, 1, 2) || '/' || substr(sha, 3,
 """Listed blobs by hash: a key that is not `protocol.keys.raw_blob_key` of a hash is
 skipped (as it always was); compared as a string before the one regular expression."""
 
-_REFERENCED = """
+REFERENCED = """
 SELECT sha, bool_and(retired) AS retired_only, bool_or(retired) AS any_retired FROM (
   SELECT frame_sha256 AS sha, retired FROM catalog_rows
   UNION ALL
@@ -177,12 +177,14 @@ SELECT sha, bool_and(retired) AS retired_only, bool_or(retired) AS any_retired F
 ) r
 GROUP BY sha
 """
+"""Per referenced hash: whether only retired rows reference it, and whether any does.
+Kept as the table ``referenced`` (a stage of its own, as `NEWEST`)."""
 
 BLOBS_LISTED = f"SELECT count(*) FROM ({_BLOBS}) b"
 """Listed keys under ``raw-blobs/v1/`` that name a blob (others are skipped, as always)."""
 
 BLOB_JOIN = f"""
-WITH blobs AS ({_BLOBS}), referenced AS ({_REFERENCED})
+WITH blobs AS ({_BLOBS})
 SELECT coalesce(b.sha, r.sha) AS frame_sha256,
        b.size AS size,
        b.last_modified_ns AS last_modified_ns,
