@@ -226,6 +226,7 @@ class AuditJoins:
             "CREATE TEMP VIEW catalog_rows AS SELECT r.key, r.kind, r.etag, r.frame_sha256, "
             "r.accepted_frame_sha256, r.time_unix_ns, "
             "('0x' || substr(r.frame_sha256, 1, 15))::BIGINT AS sha_prefix, "
+            "md5_number(r.key) AS key_id, "
             f"f.file_rank::BIGINT * {ROWS_PER_FILE_RANK} + r.file_row_number AS row_rank, "
             "(f.retired AND r.kind = 'accepted') AS retired, f.hour_start_ns "
             f"FROM ({source}) r JOIN catalog_files f ON r.filename = f.path"
