@@ -63,7 +63,6 @@ KNOWN_LONG: set[str] = {
     "bench._common",
     "bench.raw_retention",
     "bench.rollup",
-    "protocol.records",
     "reconciler.audit",
     "reconciler.daemon",
     "reconciler.steady",
