@@ -65,33 +65,21 @@ from store.errors import (
     OutcomeUnknown,
     PreconditionFailed,
     RequestExpired,
-    StoreError,
     Unavailable,
 )
+from store.fs_files import KeyNotStorable as KeyNotStorable
+from store.fs_files import KeyPathConflict as KeyPathConflict
+from store.fs_files import KeySegmentTooLong as KeySegmentTooLong
+from store.fs_files import fsync_dir, fsync_nearest_dir, link_new, read, replace, unlink_quietly
+from store.fs_listing import GONE, NAME_MAX, RESERVED, folders, object_info, read_page, walk_prefix
 from store.memory import body_etag
 
-_RESERVED = ".lm-store"
 _LOCK_STRIPES = 1024
 # A racing delete may prune a parent directory between our mkdir and our link; each
 # round recreates it. More rounds than this means something keeps deleting: give up.
 _COMMIT_ROUNDS = 8
 # Objects read per thread hop while listing: large enough to amortise the hop, small
 # enough that the first results arrive quickly.
-_LIST_BATCH = 256
-_NAME_MAX = 255
-_GONE = (FileNotFoundError, NotADirectoryError, IsADirectoryError)
-
-
-class KeyNotStorable(StoreError, ValueError):
-    """The filesystem store cannot hold this key. Final: the key layout must change."""
-
-
-class KeyPathConflict(KeyNotStorable):
-    """One path would have to be both a file and a directory (keys ``a`` and ``a/b``)."""
-
-
-class KeySegmentTooLong(KeyNotStorable):
-    """A segment of the key is longer than a file name may be (255 UTF-8 bytes)."""
 
 
 class FileSystemStore:
@@ -107,8 +95,8 @@ class FileSystemStore:
         self._root = os.path.abspath(root)
         self.url = f"file://{self._root}"
         self._clock: Clock = clock if clock is not None else SystemClock()
-        self._tmp = os.path.join(self._root, _RESERVED, "tmp")
-        self._locks = os.path.join(self._root, _RESERVED, "locks")
+        self._tmp = os.path.join(self._root, RESERVED, "tmp")
+        self._locks = os.path.join(self._root, RESERVED, "locks")
         os.makedirs(self._tmp, exist_ok=True)
         os.makedirs(self._locks, exist_ok=True)
 
@@ -121,10 +109,10 @@ class FileSystemStore:
         `KeySegmentTooLong` for one no file can have."""
         check_key(op, key)
         segments = key.split("/")
-        if segments[0] == _RESERVED:
-            raise ValueError(f"{op} {key!r}: {_RESERVED!r} is reserved by the filesystem store")
-        if any(len(segment.encode("utf-8")) > _NAME_MAX for segment in segments):
-            detail = f"a path segment is longer than {_NAME_MAX} bytes"
+        if segments[0] == RESERVED:
+            raise ValueError(f"{op} {key!r}: {RESERVED!r} is reserved by the filesystem store")
+        if any(len(segment.encode("utf-8")) > NAME_MAX for segment in segments):
+            detail = f"a path segment is longer than {NAME_MAX} bytes"
             raise KeySegmentTooLong(op, key, detail)
         return os.path.join(self._root, key)
 
@@ -133,7 +121,7 @@ class FileSystemStore:
             path = self._path("get", key)
         except KeySegmentTooLong:
             raise NotFound("get", key) from None  # no object can be there
-        body, info = await asyncio.to_thread(_read, "get", key, path)
+        body, info = await asyncio.to_thread(read, "get", key, path)
         return body, info.etag
 
     async def get_if_none_match(self, key: str, etag: str) -> tuple[bytes, str] | None:
@@ -147,7 +135,7 @@ class FileSystemStore:
             path = self._path("head", key)
         except KeySegmentTooLong:
             raise NotFound("head", key) from None  # no object can be there
-        return await asyncio.to_thread(_info, "head", key, path)
+        return await asyncio.to_thread(object_info, "head", key, path)
 
     async def put(
         self,
@@ -209,22 +197,22 @@ class FileSystemStore:
         """Make the written temporary file ``tmp`` (whose ETag is ``etag``) the object."""
         try:
             if if_none_match:
-                self._commit(key, path, lambda: _link_new(key, path, tmp))
+                self._commit(key, path, lambda: link_new(key, path, tmp))
                 return etag
             with self._key_lock(key):
                 if if_match is not None:
                     try:
-                        current = _info("put", key, path).etag
+                        current = object_info("put", key, path).etag
                     except NotFound:
                         current = "no object"
                     if current != if_match:
                         detail = f"If-Match {if_match}, found {current}"
                         raise PreconditionFailed("put", key, detail)
-                self._commit(key, path, lambda: _replace(key, path, tmp))
+                self._commit(key, path, lambda: replace(key, path, tmp))
             return etag
         finally:
             # After a link the temporary name is redundant; after a rename it is gone.
-            _unlink_quietly(tmp)
+            unlink_quietly(tmp)
 
     def _write_temp(self, key: str, body: bytes, now_ns: int) -> str:
         tmp = os.path.join(self._tmp, secrets.token_hex(16))
@@ -239,7 +227,7 @@ class FileSystemStore:
             finally:
                 os.close(fd)
         except OSError as exc:
-            _unlink_quietly(tmp)
+            unlink_quietly(tmp)
             raise Unavailable("put", key, f"writing temporary file: {exc}") from exc
         return tmp
 
@@ -258,7 +246,7 @@ class FileSystemStore:
                     os.utime(out.fileno(), ns=(now_ns, now_ns))
                     os.fsync(out.fileno())
             except OSError as exc:
-                _unlink_quietly(tmp)
+                unlink_quietly(tmp)
                 raise Unavailable("put", key, f"writing temporary file: {exc}") from exc
         return tmp, f'"{digest.hexdigest()}"'
 
@@ -289,7 +277,7 @@ class FileSystemStore:
             raise Unavailable("put", key, "parent directories kept disappearing")
         try:
             for directory in {parent, *(os.path.dirname(d) for d in created)}:
-                _fsync_dir(directory)
+                fsync_dir(directory)
         except OSError as exc:
             raise OutcomeUnknown("put", key, f"written, but directory fsync failed: {exc}") from exc
 
@@ -344,14 +332,14 @@ class FileSystemStore:
                 raise RequestExpired("delete", key, "the signed request has expired")
             try:
                 os.unlink(path)
-            except _GONE:
+            except GONE:
                 return  # absent, or a directory of other keys (EISDIR): no object here
             except OSError as exc:
                 if os.path.isdir(path):
                     return  # some systems refuse unlink(dir) with EPERM instead
                 raise Unavailable("delete", key, str(exc)) from exc
             try:
-                _fsync_nearest_dir(parent, self._root)
+                fsync_nearest_dir(parent, self._root)
             except OSError as exc:
                 raise OutcomeUnknown("delete", key, f"deleted, but fsync failed: {exc}") from exc
         # Prune directories the delete left empty, so the tree does not fill with husks.
@@ -380,9 +368,9 @@ class FileSystemStore:
         await asyncio.to_thread(self._delete_sync, request.key, path, expired)
 
     async def list(self, prefix: str, start_after: str | None = None) -> AsyncIterator[ObjectInfo]:
-        files = self._walk_prefix(prefix, start_after)
+        files = walk_prefix(self._root, prefix, start_after)
         while True:
-            page, done = await asyncio.to_thread(_read_page, files)
+            page, done = await asyncio.to_thread(read_page, files)
             for info in page:
                 yield info
             if done:
@@ -391,207 +379,8 @@ class FileSystemStore:
     async def common_prefixes(self, prefix: str) -> AsyncIterator[str]:
         """The subdirectories under ``prefix`` that hold at least one file (a directory
         left empty by a racing delete is no folder: S3 has no empty folders)."""
-        folders = await asyncio.to_thread(self._folders, prefix)
-        for folder in folders:
+        for folder in await asyncio.to_thread(folders, self._root, prefix):
             yield folder
-
-    def _folders(self, prefix: str) -> builtins.list[str]:
-        dir_part, _, name_prefix = prefix.rpartition("/")
-        segments = dir_part.split("/") if dir_part else []
-        if "\x00" in prefix or any(s in ("", ".", "..") for s in segments):
-            return []
-        if (segments and segments[0] == _RESERVED) or any(
-            len(s.encode("utf-8")) > _NAME_MAX for s in segments
-        ):
-            return []
-        found = []
-        try:
-            with os.scandir(os.path.join(self._root, dir_part)) as scan:
-                for entry in scan:
-                    try:
-                        name = entry.name.encode("utf-8")
-                    except UnicodeEncodeError:
-                        continue  # not UTF-8: cannot be a key
-                    if not name.startswith(name_prefix.encode("utf-8")):
-                        continue
-                    if not dir_part and entry.name == _RESERVED:
-                        continue
-                    if entry.is_dir(follow_symlinks=False) and _holds_a_file(entry.path):
-                        found.append(name + b"/")
-        except _GONE:
-            return []
-        base = (dir_part + "/").encode("utf-8") if dir_part else b""
-        return [(base + name).decode("utf-8") for name in sorted(found)]
-
-    def _walk_prefix(self, prefix: str, start_after: str | None) -> Iterator[tuple[str, str]]:
-        """(path, key) of every file whose key starts with ``prefix``, after ``start_after``."""
-        dir_part, _, name_prefix = prefix.rpartition("/")
-        segments = dir_part.split("/") if dir_part else []
-        if "\x00" in prefix or any(s in ("", ".", "..") for s in segments):
-            return iter(())  # no valid key starts with this prefix
-        if segments and segments[0] == _RESERVED:
-            return iter(())
-        if any(len(s.encode("utf-8")) > _NAME_MAX for s in segments):
-            return iter(())  # no directory can have this name: no key starts with it
-        dir_key = (dir_part + "/").encode("utf-8") if dir_part else b""
-        after = start_after.encode("utf-8") if start_after is not None else None
-        directory = os.path.join(self._root, dir_part)
-        return self._walk(directory, dir_key, name_prefix.encode("utf-8"), after)
-
-    def _walk(
-        self, directory: str, dir_key: bytes, name_prefix: bytes, after: bytes | None
-    ) -> Iterator[tuple[str, str]]:
-        """Depth-first, lazily, in S3 order.
-
-        S3 order is bytewise order of whole keys, and ``a-c`` < ``a/b`` < ``a0``, so a
-        directory ``a`` must sort as ``a/``: its keys are exactly those starting with
-        ``a/``. Sorting each directory's files by name and its subdirectories by name + "/"
-        therefore yields keys in S3 order; only one directory listing per level is held.
-        """
-        entries = []
-        try:
-            with os.scandir(directory) as scan:
-                for entry in scan:
-                    try:
-                        name = entry.name.encode("utf-8")
-                    except UnicodeEncodeError:
-                        continue  # not UTF-8: cannot be a key
-                    if not name.startswith(name_prefix):
-                        continue
-                    if not dir_key and entry.name == _RESERVED:
-                        continue  # the store's own bookkeeping
-                    if entry.is_dir(follow_symlinks=False):
-                        entries.append((name + b"/", entry.path, True))
-                    elif entry.is_file(follow_symlinks=False):
-                        entries.append((name, entry.path, False))
-        except _GONE:
-            return  # pruned or replaced while we walked: nothing here now
-        entries.sort()
-        for sort_name, path, is_dir in entries:
-            key = dir_key + sort_name
-            if after is not None:
-                if is_dir and after.startswith(key):
-                    yield from self._walk(path, key, b"", after)
-                    after = None
-                    continue
-                if key <= after:
-                    continue  # the file, or the whole subtree, sorts before start_after
-                after = None  # entries are sorted: everything from here on is after it
-            if is_dir:
-                yield from self._walk(path, key, b"", None)
-            else:
-                yield path, key.decode("utf-8")
 
     async def close(self) -> None:
         """Nothing is held between operations."""
-
-
-def _read(op: str, key: str, path: str) -> tuple[bytes, ObjectInfo]:
-    """Body and metadata of the object at ``path``, both from one open file (consistent
-    even if the key is replaced meanwhile)."""
-    try:
-        with open(path, "rb") as file:
-            mtime_ns = os.fstat(file.fileno()).st_mtime_ns
-            body = file.read()
-    except _GONE:
-        raise NotFound(op, key) from None
-    except OSError as exc:
-        raise Unavailable(op, key, str(exc)) from exc
-    return body, ObjectInfo(key, len(body), body_etag(body), mtime_ns)
-
-
-def _holds_a_file(directory: str) -> bool:
-    """Whether any regular file lies under ``directory`` (stops at the first)."""
-    try:
-        with os.scandir(directory) as scan:
-            for entry in scan:
-                if entry.is_file(follow_symlinks=False):
-                    return True
-                if entry.is_dir(follow_symlinks=False) and _holds_a_file(entry.path):
-                    return True
-    except _GONE:
-        return False
-    return False
-
-
-def _info(op: str, key: str, path: str) -> ObjectInfo:
-    """`_read`'s metadata without holding the body: its MD5 is computed a piece at a time."""
-    digest = hashlib.md5(usedforsecurity=False)
-    size = 0
-    try:
-        with open(path, "rb") as file:
-            mtime_ns = os.fstat(file.fileno()).st_mtime_ns
-            while piece := file.read(PUT_FILE_PART_BYTES):
-                digest.update(piece)
-                size += len(piece)
-    except _GONE:
-        raise NotFound(op, key) from None
-    except OSError as exc:
-        raise Unavailable(op, key, str(exc)) from exc
-    return ObjectInfo(key, size, f'"{digest.hexdigest()}"', mtime_ns)
-
-
-def _read_page(files: Iterator[tuple[str, str]]) -> tuple[builtins.list[ObjectInfo], bool]:
-    page = []
-    for path, key in files:
-        try:
-            page.append(_info("list", key, path))
-        except NotFound:
-            continue  # deleted after the directory was read: S3 would not list it either
-        if len(page) == _LIST_BATCH:
-            return page, False
-    return page, True
-
-
-def _link_new(key: str, path: str, tmp: str) -> None:
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        if os.path.isdir(path):
-            raise IsADirectoryError(path) from None  # _commit decides: husk or conflict
-        raise PreconditionFailed("put", key, "object exists (If-None-Match: *)") from None
-    except NotADirectoryError:
-        raise KeyPathConflict("put", key, "a parent path is an object") from None
-    except (FileNotFoundError, IsADirectoryError):
-        raise
-    except OSError as exc:
-        raise Unavailable("put", key, str(exc)) from exc
-
-
-def _replace(key: str, path: str, tmp: str) -> None:
-    try:
-        os.replace(tmp, path)
-    except NotADirectoryError:
-        raise KeyPathConflict("put", key, "a parent path is an object") from None
-    except (FileNotFoundError, IsADirectoryError):
-        raise
-    except OSError as exc:
-        raise Unavailable("put", key, str(exc)) from exc
-
-
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_nearest_dir(directory: str, root: str) -> None:
-    """fsync ``directory``, or, when a concurrent delete pruned it (it was left empty,
-    our unlink included), the nearest ancestor still there: the one that rmdir changed."""
-    while True:
-        try:
-            _fsync_dir(directory)
-            return
-        except FileNotFoundError:
-            if directory == root:
-                raise
-            directory = os.path.dirname(directory)
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass

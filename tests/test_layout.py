@@ -66,7 +66,6 @@ KNOWN_LONG: set[str] = {
     "reconciler.audit",
     "reconciler.daemon",
     "reconciler.steady",
-    "store.fs",
     "store.s3",
 }
 
