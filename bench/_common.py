@@ -9,7 +9,6 @@ tied to this process's life get ``PR_SET_PDEATHSIG`` as well.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging
@@ -23,7 +22,7 @@ import time
 import uuid
 import zlib
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,7 +30,15 @@ import aiohttp
 import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
-from chaos.s3_server import die_with_parent_hook
+from bench.proc_stats import CpuMeter as CpuMeter
+from bench.proc_stats import busy_cpu_seconds as busy_cpu_seconds
+from bench.proc_stats import cpu_seconds as cpu_seconds
+from bench.proc_stats import listen_overflows as listen_overflows
+from bench.proc_stats import machine_cpu_seconds as machine_cpu_seconds
+from bench.proc_stats import peak_rss_bytes as peak_rss_bytes
+from bench.proc_stats import rss_bytes as rss_bytes
+from bench.proc_stats import rss_split_bytes as rss_split_bytes
+from bench.proc_stats import wait_for_quiet as wait_for_quiet
 from collector.launch import CollectorProcess, LaunchError, start_collector
 from protocol.keys import BatchIdentity
 
@@ -41,101 +48,6 @@ MiB = 1024 * 1024
 STOP_TIMEOUT_S = 20.0
 
 # --- /proc accounting ----------------------------------------------------------------------
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of ``pid`` (its own threads, not its children), in seconds."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    # Field 2 (comm) may contain spaces and parentheses: split after the last ')'.
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # fields 14 and 15 of stat
-
-
-def _status_kib(pid: int, field_name: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field_name + ":"):
-            return int(line.split()[1])
-    raise KeyError(f"{field_name} not in /proc/{pid}/status")
-
-
-def peak_rss_bytes(pid: int) -> int:
-    """VmHWM: the highest resident set size ``pid`` has had since it started."""
-    return _status_kib(pid, "VmHWM") * 1024
-
-
-def rss_bytes(pid: int) -> int:
-    """VmRSS: the resident set size of ``pid`` now."""
-    return _status_kib(pid, "VmRSS") * 1024
-
-
-def rss_split_bytes(pid: int) -> tuple[int, int]:
-    """(RssAnon, RssFile + RssShmem) of ``pid`` now: private heap vs. mapped files
-    (shared libraries such as libarrow, whose pages other workers share)."""
-    anon = _status_kib(pid, "RssAnon")
-    shared = _status_kib(pid, "RssFile") + _status_kib(pid, "RssShmem")
-    return anon * 1024, shared * 1024
-
-
-def machine_cpu_seconds() -> tuple[float, float]:
-    """(process time, interrupt time) all CPUs spent since boot, from /proc/stat: user +
-    nice + system, which processes are charged with, and irq + softirq, which no process
-    is (loopback network traffic, including our own, lands partly there)."""
-    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    user, nice, system, _idle, _iowait, irq, softirq = values[:7]
-    return (user + nice + system) / CLOCK_TICKS, (irq + softirq) / CLOCK_TICKS
-
-
-def busy_cpu_seconds() -> float:
-    return sum(machine_cpu_seconds())
-
-
-class CpuMeter:
-    """CPU seconds each named process used between `start` and `stop`, plus ``others``:
-    what the rest of the machine used meanwhile (other people's tests disturb a
-    2-core benchmark; this says how much)."""
-
-    def __init__(self, pids: Mapping[str, Sequence[int]]) -> None:
-        self._pids = {role: list(ids) for role, ids in pids.items()}
-        self._before: dict[str, float] = {}
-        self.used: dict[str, float] = {}
-
-    def _read(self) -> dict[str, float]:
-        sample = {role: sum(cpu_seconds(pid) for pid in ids) for role, ids in self._pids.items()}
-        sample["_processes"], sample["irq"] = machine_cpu_seconds()
-        return sample
-
-    def start(self) -> None:
-        self._before = self._read()
-
-    def stop(self) -> dict[str, float]:
-        after = self._read()
-        used = {role: after[role] - self._before[role] for role in after}
-        processes = used.pop("_processes")
-        ours = sum(v for role, v in used.items() if role != "irq")
-        used["others"] = max(0.0, processes - ours)
-        self.used = used
-        return used
-
-
-def listen_overflows() -> int:
-    """Machine-wide count of connections dropped because a listening socket's accept
-    queue was full (TcpExt ListenOverflows)."""
-    header, values = (
-        line.split() for line in Path("/proc/net/netstat").read_text().splitlines()[:2]
-    )
-    return int(dict(zip(header, values, strict=True))["ListenOverflows"])
-
-
-def wait_for_quiet(*, max_wait_s: float, busy_cores: float = 0.25) -> float:
-    """Wait (at most ``max_wait_s``) until the machine's busy CPU over one second is below
-    ``busy_cores``; returns the last second's busy cores (what the phase starts with)."""
-    deadline = time.monotonic() + max_wait_s
-    while True:
-        before = busy_cpu_seconds()
-        time.sleep(1.0)  # one sampling interval of the load measurement
-        busy = busy_cpu_seconds() - before
-        if busy < busy_cores or time.monotonic() >= deadline:
-            return busy
 
 
 def percentile(sorted_values: Sequence[float], percent: float) -> float:
@@ -237,126 +149,6 @@ def free_ports(count: int) -> list[int]:
 
 
 # --- the delay-line proxy ------------------------------------------------------------------
-
-
-@dataclass
-class DelayProxy:
-    """A TCP proxy process that holds every byte going *to* the server ``delay_ms`` before
-    forwarding it (answers pass at once): each request's round trip grows by
-    ``delay_ms``, whatever the client. Both the collector and the baseline reach the
-    store through it, so both pay the same latency per store request."""
-
-    process: subprocess.Popen[bytes]
-    port: int
-    delay_ms: float
-
-    @property
-    def endpoint_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def stop(self) -> None:
-        stop_pid_process(self.process)
-
-
-def start_delay_proxy(
-    *, upstream_port: int, delay_ms: float, work_dir: Path, timeout_s: float = 20.0
-) -> DelayProxy:
-    work_dir.mkdir(parents=True, exist_ok=True)
-    ready = work_dir / f"delay-proxy-{upstream_port}-{delay_ms:g}.port"
-    ready.unlink(missing_ok=True)
-    log = (work_dir / "delay-proxy.log").open("ab")
-    code = "import sys; from bench._common import delay_proxy_main; delay_proxy_main(sys.argv[1:])"
-    process = subprocess.Popen(
-        [sys.executable, "-c", code, str(upstream_port), str(delay_ms), str(ready)],
-        cwd=REPO_ROOT,
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        preexec_fn=die_with_parent_hook(),
-    )
-    log.close()
-    deadline = time.monotonic() + timeout_s
-    while not ready.exists():
-        if process.poll() is not None or time.monotonic() > deadline:
-            stop_pid_process(process)
-            raise RuntimeError(f"delay proxy did not start; see {work_dir / 'delay-proxy.log'}")
-        time.sleep(0.02)  # polling for readiness, bounded by the deadline
-    return DelayProxy(process, int(ready.read_text()), delay_ms)
-
-
-def delay_proxy_main(argv: list[str]) -> None:
-    """Entry point of the proxy process: ``UPSTREAM_PORT DELAY_MS READY_FILE``."""
-    import uvloop
-
-    upstream_port, delay_s, ready = int(argv[0]), float(argv[1]) / 1000.0, Path(argv[2])
-    uvloop.run(_serve_delay_proxy(upstream_port, delay_s, ready))
-
-
-async def _serve_delay_proxy(upstream_port: int, delay_s: float, ready: Path) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-
-    async def connection(
-        client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter
-    ) -> None:
-        try:
-            server_reader, server_writer = await asyncio.open_connection("127.0.0.1", upstream_port)
-        except OSError:
-            client_writer.close()
-            return
-        await asyncio.gather(
-            _pipe(client_reader, server_writer, delay_s),
-            _pipe(server_reader, client_writer, 0.0),
-            return_exceptions=True,
-        )
-        for writer in (client_writer, server_writer):
-            writer.close()
-
-    server = await asyncio.start_server(connection, "127.0.0.1", 0, limit=1 << 20)
-    port = server.sockets[0].getsockname()[1]
-    temporary = ready.with_suffix(".tmp")
-    temporary.write_text(str(port))
-    temporary.replace(ready)
-    async with server:
-        await stop.wait()
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay_s: float) -> None:
-    """Copy until EOF; with a delay, each chunk leaves ``delay_s`` after it arrived, in
-    order (a delay line, so a request's body is not delayed once per chunk)."""
-    loop = asyncio.get_running_loop()
-    if delay_s <= 0:
-        while chunk := await reader.read(1 << 16):
-            writer.write(chunk)
-            await writer.drain()
-        writer.write_eof()
-        return
-    line: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
-
-    async def release() -> None:
-        while True:
-            due, chunk = await line.get()
-            if not chunk:
-                writer.write_eof()
-                return
-            wait = due - loop.time()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            writer.write(chunk)
-            await writer.drain()
-
-    releaser = asyncio.create_task(release())
-    try:
-        while chunk := await reader.read(1 << 16):
-            line.put_nowait((loop.time() + delay_s, chunk))
-    finally:
-        line.put_nowait((0.0, b""))
-    await releaser
 
 
 # --- collectors ----------------------------------------------------------------------------

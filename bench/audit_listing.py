@@ -6,7 +6,7 @@ the throughput of 1 over the same store).
     .venv/bin/python -m bench.audit_listing --manifests 20000 --delay-ms 10,100 --profile
 
 One MiniStack seeded on disk (`bench.reconcile_seed`: N manifests and N raw blobs, and a
-catalog the listing ignores), reached through `bench._common.start_delay_proxy` (every
+catalog the listing ignores), reached through `bench.delay_proxy.start_delay_proxy` (every
 request's round trip + ``--delay-ms``). Each phase lists every range of a fresh audit into
 Parquet parts (written to the same store, as the audit does) and checks that it listed
 every manifest and blob. Reported: wall time, keys/s, LIST requests, CPU of this process
@@ -32,6 +32,7 @@ from pathlib import Path
 import uvloop
 
 from bench import _common as c
+from bench.delay_proxy import DelayProxy, start_delay_proxy
 from bench.reconcile import default_work_root
 from bench.reconcile_seed import MINISTACK_ACCOUNT, Fleet, seed_on_disk
 from chaos.s3_server import AWS_ENV_TO_REMOVE, CREDENTIALS, REGION, dummy_aws_env, start_ministack
@@ -118,7 +119,7 @@ async def run(args: argparse.Namespace, work_dir: Path, fleet: Fleet) -> tuple[l
     )
     print(f"seeded {objects} objects in {seconds:.1f} s", flush=True)
     server = await asyncio.to_thread(start_ministack, work_dir / "ministack", timeout_s=1800.0)
-    proxies: list[c.DelayProxy] = []
+    proxies: list[DelayProxy] = []
     try:
         assert server.pid is not None
         direct = s3(server.endpoint_url, bucket, 64)
@@ -127,7 +128,7 @@ async def run(args: argparse.Namespace, work_dir: Path, fleet: Fleet) -> tuple[l
             [_ async for _ in direct.list(keys.ACCEPTED_PREFIX)]
             runs: list[Run] = []
             for delay_ms in args.delay_ms:
-                proxy = c.start_delay_proxy(
+                proxy = start_delay_proxy(
                     upstream_port=server.port, delay_ms=delay_ms, work_dir=work_dir
                 )
                 proxies.append(proxy)

@@ -42,6 +42,7 @@ from typing import Any
 
 from agent.load import LoadSpec, SyntheticLoad
 from bench import _common as c
+from bench.delay_proxy import start_delay_proxy
 from bench.ingest_baselines import (
     expect_continue_cost,
     fs_baseline,
@@ -140,7 +141,7 @@ async def run(
             bench.ministack = start_ministack(work_dir / "ministack")
             for latency in args.latency_ms:
                 if latency:
-                    bench.proxies[latency] = c.start_delay_proxy(
+                    bench.proxies[latency] = start_delay_proxy(
                         upstream_port=bench.ministack.port, delay_ms=latency, work_dir=work_dir
                     )
             for latency in args.latency_ms:

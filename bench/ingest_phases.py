@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import _common as c
+from bench.delay_proxy import DelayProxy
 from chaos.s3_server import (
     RunningServer,
 )
@@ -159,7 +160,7 @@ class Bench:
     work_dir: Path
     retry_tally: c.RetryTally = field(default_factory=c.RetryTally)
     ministack: RunningServer | None = None
-    proxies: dict[float, c.DelayProxy] = field(default_factory=dict)
+    proxies: dict[float, DelayProxy] = field(default_factory=dict)
 
     def store_pids(self, latency_ms: float) -> dict[str, list[int]]:
         pids: dict[str, list[int]] = {"driver": [os.getpid()]}

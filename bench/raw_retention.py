@@ -53,9 +53,10 @@ from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bench._common import CpuMeter, start_delay_proxy
+from bench._common import CpuMeter
 from bench.counting import since
 from bench.counting_store import CountingStore
+from bench.delay_proxy import start_delay_proxy
 from bench.raw_retention_report import Variant, render
 from chaos.s3_server import (
     AWS_ENV_TO_REMOVE,
@@ -376,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=0.0,
         help="MiniStack only: reach it through a delay-line proxy adding this much to every "
-        "request's round trip (bench._common.DelayProxy), as a real S3 would",
+        "request's round trip (bench.delay_proxy.DelayProxy), as a real S3 would",
     )
     parser.add_argument(
         "--concurrency",
