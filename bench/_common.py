@@ -30,6 +30,7 @@ import aiohttp
 import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.proc_stats import CLOCK_TICKS as CLOCK_TICKS
 from bench.proc_stats import CpuMeter as CpuMeter
 from bench.proc_stats import busy_cpu_seconds as busy_cpu_seconds
 from bench.proc_stats import cpu_seconds as cpu_seconds
@@ -43,7 +44,6 @@ from collector.launch import CollectorProcess, LaunchError, start_collector
 from protocol.keys import BatchIdentity
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 MiB = 1024 * 1024
 STOP_TIMEOUT_S = 20.0
 

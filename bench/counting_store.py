@@ -27,6 +27,7 @@ import contextlib
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextvars import ContextVar
+from typing import Any
 
 from bench.counting import Tally, area_of
 from store.base import ConditionalGet, ObjectInfo, ObjectStore, SignedDelete
@@ -120,3 +121,15 @@ class CountingStore:
 
     async def close(self) -> None:
         await self.inner.close()
+
+
+def attach_wire_count(client: Any) -> Counter[str]:
+    """Count the S3 client's own requests (signed DELETEs bypass it: aiohttp)."""
+    counts: Counter[str] = Counter()
+
+    def after(model: Any, **_: Any) -> None:
+        counts[model.name] += 1
+
+    client.meta.events.register("after-call.s3", after)
+    client.meta.events.register("after-call-error.s3", after)
+    return counts

@@ -44,19 +44,18 @@ import hashlib
 import os
 import random
 import shutil
-import subprocess
 import tempfile
 import time
 import uuid
-from collections import Counter
 from collections.abc import Awaitable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from bench._common import CpuMeter
 from bench.counting import since
-from bench.counting_store import CountingStore
+from bench.counting_store import CountingStore, attach_wire_count
 from bench.delay_proxy import start_delay_proxy
+from bench.proc_exit import uptime
 from bench.raw_retention_report import Variant, render
 from chaos.s3_server import (
     AWS_ENV_TO_REMOVE,
@@ -276,18 +275,6 @@ async def check_end_state(variant: Variant, batches: int, meter: CpuMeter) -> No
     expect("problems recorded", problems, [])
 
 
-def attach_wire_count(client: Any) -> Counter[str]:
-    """Count the S3 client's own requests (signed DELETEs bypass it: aiohttp)."""
-    counts: Counter[str] = Counter()
-
-    def after(model: Any, **_: Any) -> None:
-        counts[model.name] += 1
-
-    client.meta.events.register("after-call.s3", after)
-    client.meta.events.register("after-call-error.s3", after)
-    return counts
-
-
 async def open_variants(
     args: argparse.Namespace, work_dir: Path, server: RunningServer | None, endpoint_url: str
 ) -> list[Variant]:
@@ -310,10 +297,6 @@ async def open_variants(
             inner = s3
         variants.append(Variant(concurrency, CountingStore(inner), clock, wire=wire))
     return variants
-
-
-def uptime() -> str:
-    return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
 
 
 async def run(args: argparse.Namespace, work_dir: Path, uptimes: list[str]) -> str:

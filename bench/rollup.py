@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
 import os
 import platform
@@ -44,132 +43,19 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bench._common import CLOCK_TICKS, busy_cpu_seconds, rss_bytes, wait_for_quiet
-from bench.rollup_cluster import catalog
-from protocol import keys
-from protocol.frame_encode import encode_frame
-from protocol.records import AcceptedManifest
+from bench._common import busy_cpu_seconds, wait_for_quiet
+from bench.proc_tree import PeakSampler, TreeMeter
+from bench.rollup_seed import restore_markers, seed_store
 
 NS_PER_S = 1_000_000_000
 TARGET_RATIO = 1.8  # issue 15 (was 1.5)
-_LABELS = pa.map_(pa.string(), pa.string())
-_POINTS_FRAME_SCHEMA = pa.schema(
-    [
-        pa.field("ts", pa.timestamp("ns", tz="UTC")),
-        pa.field("metric", pa.string()),
-        pa.field("value", pa.float64()),
-        pa.field("labels", _LABELS),
-    ]
-)
-
-
-# --- dataset --------------------------------------------------------------------------------
-
-
-def _agent_series(agent: int) -> tuple[pa.Array, pa.Array, np.ndarray, np.ndarray]:
-    """(metric, labels, low, high) of one agent's 15 series."""
-    base = {"host": f"host-{agent:04d}", "region": ("us-east-1", "eu-west-1")[agent % 2]}
-    series: list[tuple[str, dict[str, str], float, float]] = [
-        ("cpu_usage_percent", {**base, "cpu": str(c)}, 0.0, 100.0) for c in range(4)
-    ]
-    series.append(("memory_used_bytes", dict(base), 2e8, 8e9))
-    series += [
-        ("http_requests_total", {**base, "method": m, "status": s}, 0.0, 50.0)
-        for m in ("GET", "POST", "PUT")
-        for s in ("200", "404", "500")
-    ]
-    series.append(("disk_written_bytes_total", {**base, "device": "sda"}, 0.0, 1e7))
-    return (
-        pa.array([s[0] for s in series]),
-        pa.array([list(s[1].items()) for s in series], _LABELS),
-        np.array([s[2] for s in series]),
-        np.array([s[3] for s in series]),
-    )
-
-
-def seed_store(
-    root: Path, *, points: int, agents: int, per_frame: int, data_hours: int, seed: int
-) -> dict[str, Any]:
-    """Write accepted batches under ``root`` (the fs store layout: object K = file root/K)."""
-    rng = np.random.default_rng(seed)
-    per_agent = points // agents
-    frames_per_agent = max(1, per_agent // per_frame)
-    interval_ns = data_hours * 3600 * NS_PER_S // per_agent
-    start_ns = keys.UtcHour.parse_iso("2026-11-21T00").start_ns
-    accepted_at = time.time_ns()
-    total_points = 0
-    total_bytes = 0
-    for agent in range(agents):
-        metric, labels, low, high = _agent_series(agent)
-        boot = uuid.UUID(int=agent + 1, version=4)
-        agent_id = f"bench-agent-{agent:04d}"
-        for batch in range(frames_per_agent):
-            first = batch * per_frame
-            count = per_frame if batch < frames_per_agent - 1 else per_agent - first
-            pick = rng.integers(0, len(low), count)
-            ts = start_ns + agent * 1_000_000 + (first + np.arange(count)) * interval_ns
-            values = np.round(rng.uniform(low[pick], high[pick]), 3)
-            table = pa.Table.from_arrays(
-                [
-                    pa.array(ts, pa.int64()).cast(pa.timestamp("ns", tz="UTC")),
-                    metric.take(pick),
-                    pa.array(values),
-                    labels.take(pick),
-                ],
-                schema=_POINTS_FRAME_SCHEMA,
-            )
-            frame = encode_frame(agent_id=agent_id, boot_id=boot, seq_start=first, points=table)
-            manifest = AcceptedManifest.of_frame(
-                frame, accepted_at_unix_ns=accepted_at, collector_id="bench"
-            )
-            objects = [(manifest.raw_blob_key, frame), (manifest.manifest_key, manifest.to_json())]
-            for key, body in objects:
-                path = root / key
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_bytes(body)
-            total_points += count
-            total_bytes += len(frame)
-    _catalog(root)
-    return {
-        "points": total_points,
-        "frames": agents * frames_per_agent,
-        "frame_bytes": total_bytes,
-        "series": agents * 15,
-    }
-
-
-def _catalog(root: Path) -> None:
-    """Catalog the batches as production does: ``lm-reconciler run --once`` (its first
-    pass audits the store: catalog files and the rollup's work markers), then keep a copy
-    of the markers, which every timed run consumes (`restore_markers`)."""
-    config = root.parent / f"{root.name}-reconciler.toml"
-    config.write_text(
-        f'[store]\nurl = "file://{root}"\n[gc]\nenabled = false\n[logging]\nlevel = "warning"\n'
-    )
-    catalog(config)
-    saved = root.parent / f"{root.name}-markers"
-    shutil.copytree(root / keys.ROLLUP_WORK_PREFIX, saved / keys.ROLLUP_WORK_PREFIX)
-
-
-def restore_markers(store_dir: Path) -> None:
-    """Nothing rolled up, every batch pending again: no ``rollup/``, the work markers back."""
-    shutil.rmtree(store_dir / "rollup", ignore_errors=True)
-    saved = store_dir.parent / f"{store_dir.name}-markers" / keys.ROLLUP_WORK_PREFIX
-    shutil.rmtree(store_dir / keys.ROLLUP_WORK_PREFIX, ignore_errors=True)
-    shutil.copytree(saved, store_dir / keys.ROLLUP_WORK_PREFIX)
-
-
-# --- the two contestants (each runs in a child process) ------------------------------------
 
 
 def baseline_main(store_dir: Path) -> dict[str, Any]:
@@ -225,7 +111,7 @@ def job_main(store_dir: Path, rounds: int) -> dict[str, Any]:
     store = FileSystemStore(store_dir)
     access = StoreAccess(store.url)
     settings = RollupSettings()
-    sampler = _PeakSampler(os.getpid())
+    sampler = PeakSampler(os.getpid())
 
     async def once(spark: Any) -> dict[str, Any]:
         summary = await run_rollup(
@@ -235,7 +121,7 @@ def job_main(store_dir: Path, rounds: int) -> dict[str, Any]:
         return {"points": summary.points, "seconds": dict(summary.seconds)}
 
     started = time.monotonic()
-    cold_meter = _Meter(os.getpid(), sampler)
+    cold_meter = TreeMeter(os.getpid(), sampler)
     with sampler, local_spark(master="local[*]") as spark:
         session_s = time.monotonic() - started
         cold = asyncio.run(once(spark))
@@ -247,7 +133,7 @@ def job_main(store_dir: Path, rounds: int) -> dict[str, Any]:
             restore_markers(store_dir)
             baseline.append(run_baseline(store_dir, sampler))
             restore_markers(store_dir)  # everything is pending again
-            meter = _Meter(os.getpid(), sampler)
+            meter = TreeMeter(os.getpid(), sampler)
             result = asyncio.run(once(spark))
             result.update(meter.stop())
             warm.append(result)
@@ -262,7 +148,7 @@ def job_main(store_dir: Path, rounds: int) -> dict[str, Any]:
     }
 
 
-def run_baseline(store_dir: Path, sampler: _PeakSampler) -> dict[str, Any]:
+def run_baseline(store_dir: Path, sampler: PeakSampler) -> dict[str, Any]:
     """One baseline child: its timed work, peak RSS, and the load around it."""
     out = store_dir.parent / "baseline.json"
     command = [sys.executable, "-m", "bench.rollup", "_baseline", str(store_dir), str(out)]
@@ -284,102 +170,6 @@ def run_baseline(store_dir: Path, sampler: _PeakSampler) -> dict[str, Any]:
 
 
 # --- measuring a child ------------------------------------------------------------------------
-
-
-def _tree(pid: int) -> list[int]:
-    found = [pid]
-    for member in found:
-        # A child is listed under the thread that forked it (the JVM forks from many).
-        for task in Path(f"/proc/{member}/task").glob("*"):
-            try:
-                found += [int(c) for c in (task / "children").read_text().split()]
-            except OSError:
-                continue
-    return found
-
-
-def _rss(pid: int) -> int:
-    try:
-        return rss_bytes(pid)
-    except (OSError, KeyError):  # gone, or a zombie
-        return 0
-
-
-def _tree_cpu(pid: int) -> float:
-    """CPU seconds of ``pid``'s process tree, including children they reaped."""
-    total = 0.0
-    for member in _tree(pid):
-        try:
-            stat = Path(f"/proc/{member}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        total += sum(int(v) for v in fields[11:15]) / CLOCK_TICKS  # utime stime cutime cstime
-    return total
-
-
-class _Meter:
-    """Wall seconds, the tree's CPU (less the sampler's: it measures, it is not the job),
-    the cores the rest of the machine used, and the tree's new processes (Python workers
-    forked afresh), from creation to `stop`."""
-
-    def __init__(self, pid: int, sampler: _PeakSampler) -> None:
-        self._pid, self._sampler = pid, sampler
-        self._members = set(_tree(pid))
-        self._wall, self._busy = time.monotonic(), busy_cpu_seconds()
-        self._ours, self._sampler_cpu = _tree_cpu(pid), sampler.cpu_s
-
-    def stop(self) -> dict[str, float]:
-        wall = time.monotonic() - self._wall
-        ours = _tree_cpu(self._pid) - self._ours
-        others = max(0.0, busy_cpu_seconds() - self._busy - ours)
-        sampler = self._sampler.cpu_s - self._sampler_cpu
-        return {
-            "wall": wall,
-            "cpu_s": ours - sampler,
-            "sampler_cpu_s": sampler,
-            "others_cores": others / wall,
-            "new_processes": len(set(_tree(self._pid)) - self._members),
-        }
-
-
-class _PeakSampler:
-    """Samples the summed RSS of a process tree (minus excluded children) every 100 ms;
-    the tree (walking every JVM thread's children) is listed again once a second."""
-
-    def __init__(self, pid: int) -> None:
-        self._pid = pid
-        self._excluded: set[int] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self.peak = 0
-        self.cpu_s = 0.0  # this thread's own CPU
-
-    def exclude(self, pid: int) -> None:
-        self._excluded.add(pid)
-
-    def _run(self) -> None:
-        started = time.thread_time()
-        members: list[int] = []
-        for tick in itertools.count():
-            if self._stop.is_set():
-                break
-            if tick % 10 == 0:
-                members = _tree(self._pid)
-            self.peak = max(self.peak, sum(_rss(p) for p in members if p not in self._excluded))
-            self.cpu_s = time.thread_time() - started
-            time.sleep(0.1)
-
-    def __enter__(self) -> _PeakSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-# --- report ---------------------------------------------------------------------------------
 
 
 def measure(size: int, args: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
