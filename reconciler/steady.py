@@ -40,45 +40,37 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from index.log_reader import LogPosition, new_segments, read_segment_table
 from index.row_checks import first_problems
-from index.rows import FILE_SCHEMA, IndexFileError, IndexRow, rows_of, table_of
+from index.rows import FILE_SCHEMA, IndexFileError
 from protocol import keys
 from protocol.records import IndexCheckpoint, RecordError
 from store.base import ObjectStore
 from store.cas import update_object
 from store.errors import NotFound, StoreError
-from store.etag_check import normalized_etag
 from store.lease import LeaseLost
 
 from .cataloger import Cataloger
 from .context import ReconcilerContext
 from .log_lag import LogLag
 from .problems import ProblemBook
-from .steady_rows import RecentKeys, digest_words, sort_chunk
+from .steady_rows import (
+    RecentKeys,
+    compare_sample,
+    digest_words,
+    read_back_table,
+    sort_chunk,
+)
 from .suspects import OrphanSuspects
 
 CHUNK_ROWS = 50_000  # log rows cataloged before the checkpoint moves
 READ_AHEAD = 64  # segments listed before they are read (concurrently) as one group
 NS_PER_S = 1_000_000_000
-COMPARED_FIELDS = (
-    "kind",
-    "frame_sha256",
-    "accepted_frame_sha256",
-    "raw_blob_key",
-    "agent_id",
-    "boot_id",
-    "seq_start",
-    "seq_end",
-    "record_count",
-    "frame_bytes",
-    "time_unix_ns",
-)
 
 __all__ = ["OrphanSuspects", "SteadyResult", "SteadyScanner", "read_checkpoint"]
 
@@ -263,7 +255,7 @@ class SteadyScanner:
         if batch.failed:
             result.failed += len(batch.failed)
             result.complete = False
-        superseding, mismatched = self._compare_sample(sorted_rows.sample, batch.rows)
+        superseding, mismatched = compare_sample(self._ctx, sorted_rows.sample, batch.rows)
         result.mismatches += len(mismatched)
         attested = sorted_rows.attested
         if mismatched:
@@ -272,7 +264,7 @@ class SteadyScanner:
         sampled = set(sorted_rows.sample.column("key").to_pylist())
         read_rows = [row for row in batch.rows if row.key not in sampled]
         catalog = pa.concat_tables(
-            [attested, self._read_back_table(read_rows, sorted_rows.read_back), superseding]
+            [attested, read_back_table(read_rows, sorted_rows.read_back), superseding]
         )
         try:
             written = await cataloger.commit_table(catalog)
@@ -335,43 +327,6 @@ class SteadyScanner:
             )
             result.problems += 1
 
-    def _compare_sample(self, sample: pa.Table, read: list[IndexRow]) -> tuple[pa.Table, list[str]]:
-        """Sampled attested rows against the store's records: the superseding rows (from
-        the store) and the keys whose fields differed."""
-        if sample.num_rows == 0:
-            return FILE_SCHEMA.empty_table(), []
-        stored = {row.key: row for row in read}
-        superseding: list[IndexRow] = []
-        for claim in rows_of(sample):
-            truth = stored.get(claim.key)
-            if truth is None:
-                continue  # missing or failed: counted by the read; the claim stays
-            differs = [f for f in COMPARED_FIELDS if getattr(claim, f) != getattr(truth, f)]
-            if normalized_etag(claim.etag) != normalized_etag(truth.etag):
-                differs.append("etag")
-            if differs:
-                self._ctx.log.error(
-                    "catalog_mismatch", key=claim.key, source=claim.source, fields=differs
-                )
-                self._ctx.metrics.catalog_mismatches.inc()
-                superseding.append(_with_times(truth, claim, "read-back"))
-        return table_of(superseding), [row.key for row in superseding]
-
-    def _read_back_table(self, read: list[IndexRow], claims: pa.Table) -> pa.Table:
-        """Rows read from the store, with ``source`` and the point times of the log row
-        that named them (same hash: the same frame)."""
-        if not read:
-            return FILE_SCHEMA.empty_table()
-        by_key = {
-            row.key: row
-            for row in rows_of(
-                claims.filter(
-                    pc.is_in(claims.column("key"), value_set=pa.array([r.key for r in read]))
-                )
-            )
-        }
-        return table_of([_with_times(row, by_key.get(row.key), "read-back") for row in read])
-
     async def _position_at_start(self) -> LogPosition:
         """Where the log was consumed through: the stored checkpoint, read once a term."""
         if self._position is None:
@@ -431,14 +386,3 @@ class SteadyScanner:
         checkpoint = IndexCheckpoint.from_json(stored.body)
         ctx.metrics.note_checkpoint(checkpoint.updated_at_unix_ns)
         return checkpoint
-
-
-def _with_times(truth: IndexRow, claim: IndexRow | None, source: str) -> IndexRow:
-    """The store's row, with the point times of a log row naming the same frame."""
-    same = claim is not None and claim.frame_sha256 == truth.frame_sha256
-    return replace(
-        truth,
-        source=source,
-        min_ts_ns=claim.min_ts_ns if same and claim is not None else None,
-        max_ts_ns=claim.max_ts_ns if same and claim is not None else None,
-    )

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -31,7 +31,24 @@ import pyarrow.compute as pc
 
 from index.digests import DIGEST_BYTES, digests_from_arrow
 from index.row_checks import well_formed
-from index.rows import FILE_SCHEMA
+from index.rows import FILE_SCHEMA, IndexRow, rows_of, table_of
+from store.etag_check import normalized_etag
+
+from .context import ReconcilerContext
+
+COMPARED_FIELDS = (  # what a sampled read-back compares with the claim (and the ETag)
+    "kind",
+    "frame_sha256",
+    "accepted_frame_sha256",
+    "raw_blob_key",
+    "agent_id",
+    "boot_id",
+    "seq_start",
+    "seq_end",
+    "record_count",
+    "frame_bytes",
+    "time_unix_ns",
+)
 
 MAX_RECENT_KEYS = 20_000_000
 
@@ -141,3 +158,51 @@ def _sample(table: pa.Table, rate: float, rng: random.Random) -> pa.Table:
         return table.slice(0, 0)
     picks = np.random.default_rng(rng.getrandbits(64)).random(table.num_rows) < rate
     return table.filter(pa.array(picks))
+
+
+def compare_sample(
+    ctx: ReconcilerContext, sample: pa.Table, read: list[IndexRow]
+) -> tuple[pa.Table, list[str]]:
+    """Sampled attested rows against the store's records: the superseding rows (from
+    the store) and the keys whose fields differed."""
+    if sample.num_rows == 0:
+        return FILE_SCHEMA.empty_table(), []
+    stored = {row.key: row for row in read}
+    superseding: list[IndexRow] = []
+    for claim in rows_of(sample):
+        truth = stored.get(claim.key)
+        if truth is None:
+            continue  # missing or failed: counted by the read; the claim stays
+        differs = [f for f in COMPARED_FIELDS if getattr(claim, f) != getattr(truth, f)]
+        if normalized_etag(claim.etag) != normalized_etag(truth.etag):
+            differs.append("etag")
+        if differs:
+            ctx.log.error("catalog_mismatch", key=claim.key, source=claim.source, fields=differs)
+            ctx.metrics.catalog_mismatches.inc()
+            superseding.append(with_times(truth, claim, "read-back"))
+    return table_of(superseding), [row.key for row in superseding]
+
+
+def read_back_table(read: list[IndexRow], claims: pa.Table) -> pa.Table:
+    """Rows read from the store, with ``source`` and the point times of the log row
+    that named them (same hash: the same frame)."""
+    if not read:
+        return FILE_SCHEMA.empty_table()
+    by_key = {
+        row.key: row
+        for row in rows_of(
+            claims.filter(pc.is_in(claims.column("key"), value_set=pa.array([r.key for r in read])))
+        )
+    }
+    return table_of([with_times(row, by_key.get(row.key), "read-back") for row in read])
+
+
+def with_times(truth: IndexRow, claim: IndexRow | None, source: str) -> IndexRow:
+    """The store's row, with the point times of a log row naming the same frame."""
+    same = claim is not None and claim.frame_sha256 == truth.frame_sha256
+    return replace(
+        truth,
+        source=source,
+        min_ts_ns=claim.min_ts_ns if same and claim is not None else None,
+        max_ts_ns=claim.max_ts_ns if same and claim is not None else None,
+    )

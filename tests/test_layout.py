@@ -62,7 +62,6 @@ KNOWN_WRONG_WAY: set[tuple[str, str]] = set()
 KNOWN_LONG: set[str] = {
     "reconciler.audit",
     "reconciler.daemon",
-    "reconciler.steady",
     "store.s3",
 }
 
