@@ -34,7 +34,6 @@ import asyncio
 import contextlib
 import random
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import structlog
@@ -52,41 +51,20 @@ from store.time import store_clock
 
 from .audit import ProgressCallback, run_full_audit
 from .audit_schedule import AuditSchedule
-from .compaction import CatalogCompactor, CompactionResult
+from .compaction import CatalogCompactor
 from .context import Fence, GcMemory, ReconcilerContext, default_owner_id
-from .gc.run import latest_listing_audit, run_gc, settle_stale_deletions
+from .gc.run import run_gc, settle_stale_deletions
 from .inventory import InventorySource
-from .log_retention import LogRetentionResult, delete_consumed_segments
+from .log_retention import sweep_log
 from .metrics import ReconcilerMetrics
-from .steady import OrphanSuspects, SteadyResult, SteadyScanner, read_checkpoint
+from .pass_report import PassReport as PassReport
+from .pass_report import Stopped as Stopped
+from .steady import OrphanSuspects, SteadyScanner
 from .v1_index import V1DropResult, drop_v1_index
 
 log = structlog.get_logger(__name__)
 LOG_SWEEP_INTERVAL_S = 600.0  # consumed log segments are looked for this often
 T = TypeVar("T")
-
-
-class Stopped(Exception):
-    """`Reconciler.stop` was called before a one-shot command got the lease."""
-
-
-@dataclass
-class PassReport:
-    """What one pass did. ``None`` for a stage that did not run (or failed in ``run()``)."""
-
-    epoch: int
-    steady: SteadyResult | None = None
-    audit: AuditRecord | None = None
-    compaction: CompactionResult | None = None
-    log_retention: LogRetentionResult | None = None
-    gc: Any = None
-
-    @property
-    def complete(self) -> bool:
-        """The steady pass finished and any audit that ran completed."""
-        steady_ok = self.steady is not None and self.steady.complete
-        audit_ok = self.audit is None or self.audit.status == "completed"
-        return steady_ok and audit_ok
 
 
 class Reconciler:
@@ -262,7 +240,7 @@ class Reconciler:
         if not self._stopping.is_set() and self._log_sweep_due():
             self._last_log_sweep = self._clock.monotonic()
             report.log_retention = await self._stage(
-                "log_retention", lambda: self._sweep_log(ctx, report.steady), isolate_errors
+                "log_retention", lambda: sweep_log(ctx, report.steady), isolate_errors
             )
         if not self._stopping.is_set() and self._gc_due():
             self._last_gc = self._clock.monotonic()
@@ -292,20 +270,6 @@ class Reconciler:
         return (
             self._last_log_sweep is None
             or self._clock.monotonic() - self._last_log_sweep >= LOG_SWEEP_INTERVAL_S
-        )
-
-    async def _sweep_log(
-        self, ctx: ReconcilerContext, steady: SteadyResult | None
-    ) -> LogRetentionResult:
-        """Delete consumed segments (`reconciler.log_retention`): one short LIST a sweep."""
-        checkpoint = steady.checkpoint if steady is not None else None
-        if checkpoint is None:
-            checkpoint = await read_checkpoint(ctx.store)
-        audit = await latest_listing_audit(ctx.store)
-        return await delete_consumed_segments(
-            ctx,
-            log_through_ns=checkpoint.log_through_ns if checkpoint else 0,
-            audit_started_ns=audit.started_at_unix_ns if audit else None,
         )
 
     def _gc_due(self) -> bool:

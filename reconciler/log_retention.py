@@ -32,6 +32,8 @@ from protocol import keys
 from store.errors import NotFound, StoreError
 
 from .context import ReconcilerContext
+from .gc.run import latest_listing_audit
+from .steady import SteadyResult, read_checkpoint
 
 NS_PER_S = 1_000_000_000
 MAX_PER_RUN = 100_000
@@ -92,3 +94,16 @@ async def delete_consumed_segments(
     if result.deleted:
         ctx.log.info("log_segments_deleted", deleted=result.deleted, failed=result.failed)
     return result
+
+
+async def sweep_log(ctx: ReconcilerContext, steady: SteadyResult | None) -> LogRetentionResult:
+    """Delete consumed segments (`reconciler.log_retention`): one short LIST a sweep."""
+    checkpoint = steady.checkpoint if steady is not None else None
+    if checkpoint is None:
+        checkpoint = await read_checkpoint(ctx.store)
+    audit = await latest_listing_audit(ctx.store)
+    return await delete_consumed_segments(
+        ctx,
+        log_through_ns=checkpoint.log_through_ns if checkpoint else 0,
+        audit_started_ns=audit.started_at_unix_ns if audit else None,
+    )

@@ -61,7 +61,6 @@ KNOWN_CYCLES: set[frozenset[str]] = set()
 KNOWN_WRONG_WAY: set[tuple[str, str]] = set()
 KNOWN_LONG: set[str] = {
     "reconciler.audit",
-    "reconciler.daemon",
     "store.s3",
 }
 
