@@ -56,7 +56,7 @@ from store.errors import StoreError
 from store.lease import LeaseHeld
 from store.open import open_store_from_settings
 
-from .audit import AuditProgress
+from .audit_progress import AuditProgress
 from .daemon import PassReport, Reconciler, Stopped
 from .gc import GcRefused
 from .inventory import InventoryError, inventory_from_settings

@@ -40,8 +40,6 @@ audit scans the catalog again: rows cataloged before the crash are then known).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from dataclasses import dataclass
 
 from protocol import keys
 from protocol.records import AuditRecord
@@ -49,6 +47,10 @@ from store.errors import StoreError
 
 from .audit_checks import RecordJoin, check_phantoms
 from .audit_join import BlobJoin, CatalogScan, join_blobs, record_missing_blobs
+from .audit_progress import PROGRESS_INTERVAL_S as PROGRESS_INTERVAL_S
+from .audit_progress import PROGRESS_RECORDS as PROGRESS_RECORDS
+from .audit_progress import AuditProgress as AuditProgress
+from .audit_progress import ProgressCallback as ProgressCallback
 from .audit_records import (
     latest_audit,
     latest_completed_audit,
@@ -74,29 +76,6 @@ __all__ = [
     "latest_completed_audit",
     "run_full_audit",
 ]
-
-PROGRESS_INTERVAL_S = 2.0
-PROGRESS_RECORDS = 1000
-"""Progress is saved every `PROGRESS_INTERVAL_S` or once this many records were cataloged
-since the last save, whichever comes first: a crash re-reads at most that much."""
-
-
-@dataclass(frozen=True, slots=True)
-class AuditProgress:
-    """Handed to the ``progress`` callback after every chunk."""
-
-    audit_id: str
-    resumed: bool
-    manifests_seen: int
-    quarantines_seen: int
-    groups_done: int
-    repaired: int
-    """Records this audit cataloged (the name predates the index)."""
-    problems: int
-    blobs_verified: int = 0
-
-
-ProgressCallback = Callable[[AuditProgress], None]
 
 
 async def run_full_audit(

@@ -37,7 +37,7 @@ from protocol.records import AuditRecord
 from store.lease import LeaseLost
 
 from . import audit_wire as wire
-from .audit import ProgressCallback
+from .audit_progress import ProgressCallback
 from .context import ReconcilerContext
 
 log = structlog.get_logger(__name__)

@@ -11,7 +11,7 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from .audit import AuditProgress
+from .audit_progress import AuditProgress
 from .metrics import ReconcilerMetrics
 
 LINE_LIMIT = 64 * 1024 * 1024

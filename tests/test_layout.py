@@ -60,7 +60,6 @@ ROLLUP_ALLOWED: dict[str, set[str]] = {
 KNOWN_CYCLES: set[frozenset[str]] = set()
 KNOWN_WRONG_WAY: set[tuple[str, str]] = set()
 KNOWN_LONG: set[str] = {
-    "reconciler.audit",
     "store.s3",
 }
 
