@@ -88,13 +88,20 @@ def sql_list(paths: Sequence[str]) -> str:
 
 NEWEST_PER_KEY = """
 CREATE TEMP TABLE newest AS
-SELECT key, max(filename) AS filename FROM read_parquet({files}, filename = true)
+SELECT key, max(struct_pack(f := filename, r := file_row_number)) AS pick
+FROM read_parquet({files}, filename = true, file_row_number = true)
 GROUP BY key HAVING count(*) > 1
 """
-"""Keys in more than one file (a superseding row, a row cataloged twice) and the newest
-file holding each (copies are named in write order): a narrow aggregate that spills.
-Join ``read_parquet(..., filename = true) AS r`` with ``LEFT JOIN newest AS n ON r.key =
-n.key WHERE n.key IS NULL OR r.filename = n.filename`` to keep one row per key."""
+"""Keys held more than once — in more than one file (a superseding row, a row cataloged
+twice) or twice in one file (two log rows of one key in one chunk) — and the one row
+that counts for each: the newest file's (copies are named in write order), its last. A
+narrow aggregate that spills. Read the files with `ONE_ROW_PER_KEY`."""
+
+ONE_ROW_PER_KEY = """read_parquet({files}, filename = true, file_row_number = true) AS r
+    LEFT JOIN newest AS n ON r.key = n.key
+    WHERE (n.key IS NULL OR (r.filename = n.pick.f AND r.file_row_number = n.pick.r))"""
+"""``FROM`` this (after `NEWEST_PER_KEY`) gives every key's one row as ``r``; more
+conditions go after an ``AND``."""
 
 
 def write_normalized(path: Path, body: bytes, name: str) -> None:

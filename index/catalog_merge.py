@@ -39,6 +39,7 @@ from .catalog import (
 )
 from .catalog_local import (
     NEWEST_PER_KEY,
+    ONE_ROW_PER_KEY,
     MergeLimits,
     connect,
     effective,
@@ -116,9 +117,7 @@ def _merge(
         with connect(limits, tmp) as con:
             con.execute(NEWEST_PER_KEY.format(files=files))
             con.execute(
-                f"COPY (SELECT {qualified} FROM read_parquet({files}, filename = true) AS r "
-                "LEFT JOIN newest AS n ON r.key = n.key "
-                "WHERE n.key IS NULL OR r.filename = n.filename "
+                f"COPY (SELECT {qualified} FROM {ONE_ROW_PER_KEY.format(files=files)} "
                 f"ORDER BY r.key) TO {sql_string(str(out))} "
                 f"(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 16384, KV_METADATA {kv})"
             )

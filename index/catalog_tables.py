@@ -32,6 +32,7 @@ from store.errors import NotFound
 from .catalog import RELIST_ATTEMPTS, list_hour_files
 from .catalog_local import (
     NEWEST_PER_KEY,
+    ONE_ROW_PER_KEY,
     MergeLimits,
     connect,
     effective,
@@ -157,9 +158,7 @@ _ACCEPTED_ROWS = """
         strlen(r.agent_id) AS agent_bytes,
         'agent=' || lower(hex(r.agent_id)) || '.boot=' || replace(r.boot_id, '-', '') || '.'
         || lpad(r.seq_start::VARCHAR, 20, '0') || '-' || lpad(r.seq_end::VARCHAR, 20, '0') AS mid
-    FROM read_parquet({files}, filename = true) AS r
-    LEFT JOIN newest AS n ON r.key = n.key
-    WHERE (n.key IS NULL OR r.filename = n.filename) AND r.kind = 'accepted'
+    FROM {one_row_per_key} AND r.kind = 'accepted'
 """
 """The hour's accepted rows, one per key (the newest file's), with their ``manifest_id``."""
 _OTHER_FORMS_SQL = """
@@ -284,7 +283,7 @@ def _totals_in_duckdb(
             if bad is not None and bad[0]:
                 raise IndexFileError(f"catalog hour {hour}: {bad[0]} malformed row(s)")
             con.execute(NEWEST_PER_KEY.format(files=files))
-            accepted = _ACCEPTED_ROWS.format(files=files)
+            accepted = _ACCEPTED_ROWS.format(one_row_per_key=ONE_ROW_PER_KEY.format(files=files))
             con.execute(
                 _OTHER_FORMS_SQL.format(accepted=accepted, two_form_bytes=TWO_FORM_AGENT_BYTES)
             )

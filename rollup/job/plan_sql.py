@@ -65,15 +65,18 @@ FROM read_parquet({files})
 _CATALOG_VIEW = """
 CREATE TEMP VIEW cat AS
 SELECT key, kind, agent_id, boot_id, seq_start, seq_end, frame_sha256, record_count,
-    time_unix_ns // {hour_ns} AS h, filename
-FROM read_parquet({files}, filename = true)
+    time_unix_ns // {hour_ns} AS h, filename, file_row_number
+FROM read_parquet({files}, filename = true, file_row_number = true)
 """
 _NEWEST_SQL = """
 CREATE TEMP TABLE newest AS
-SELECT h, key, max(filename) AS filename FROM cat GROUP BY h, key HAVING count(*) > 1
+SELECT h, key, max(struct_pack(f := filename, r := file_row_number)) AS pick
+FROM cat GROUP BY h, key HAVING count(*) > 1
 """
-"""(hour, key)s in more than one file and the newest file holding each: a narrow
-aggregate over the rare superseded rows' keys."""
+"""(hour, key)s held more than once — in more than one file, or twice in one (a merge of
+two files that both cataloged the key) — and the one row that counts for each: the
+newest file's, its last. A narrow aggregate over the rare repeated keys; the others
+pass through untouched."""
 _DONE_SQL = """
 CREATE TEMP TABLE done AS
 SELECT l.manifest_id, hrs.h FROM read_parquet({files}) AS l JOIN hrs ON l.accepted_hour = hrs.iso
@@ -86,7 +89,8 @@ SELECT a.* FROM (
         || lpad(c.seq_start::VARCHAR, 20, '0') || '-' || lpad(c.seq_end::VARCHAR, 20, '0')
         AS mid
     FROM cat AS c LEFT JOIN newest AS n ON c.h = n.h AND c.key = n.key
-    WHERE (n.key IS NULL OR c.filename = n.filename) AND c.kind = 'accepted'
+    WHERE (n.key IS NULL OR (c.filename = n.pick.f AND c.file_row_number = n.pick.r))
+        AND c.kind = 'accepted'
 ) AS a LEFT JOIN done AS d ON a.h = d.h AND a.mid = d.manifest_id
 WHERE d.manifest_id IS NULL
 """

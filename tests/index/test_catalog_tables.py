@@ -114,3 +114,24 @@ async def test_files_merged_into_another_are_counted_once_through_it() -> None:
     assert after.setsum == before.setsum + Setsum.of(
         [(accepted_row(manifest(4)).manifest_id, manifest(4).frame_sha256)]
     )
+
+
+async def test_a_key_twice_in_one_file_counts_once_and_merges_into_one_row() -> None:
+    """Two log rows of one key can land in one catalog file (one chunk met the key twice).
+    The hour totals count it once, and compaction merges such a file (before: the newest
+    file's two rows both counted, and the merge refused its own output for holding a key
+    twice, so the hour could never be compacted)."""
+    store = MemoryStore()
+    writer = CatalogWriter(store=store, clock=ManualClock(T0), rng=random.Random(1), epoch=1)
+    hour = keys.UtcHour.from_unix_ns(T0)
+    once, twice = accepted_row(manifest(1)), accepted_row(manifest(2))
+    await writer.write(hour, [once, twice])
+    await writer.write(hour, [twice, twice])  # newest file: the key twice
+
+    totals = await read_hour_totals(store, hour)
+    merged = await merge_files(store, writer, hour, await list_hour_files(store, hour), level=1)
+
+    assert totals.batches == 2
+    assert totals.setsum == Setsum.of((r.manifest_id, r.frame_sha256) for r in (once, twice))
+    assert merged.rows == 2
+    assert (await read_hour_totals(store, hour)).batches == 2

@@ -217,3 +217,27 @@ async def test_a_batch_cataloged_in_two_hours_is_planned_once_in_the_earlier() -
     assert plan.manifest_ids() == ids([first])
     assert plan.batches_per_hour() == {hour_at(0).iso: 1}
     assert plan.hours_checked == (hour_at(0).iso, hour_at(1).iso)
+
+
+async def test_a_key_held_twice_by_the_newest_catalog_file_is_planned_once() -> None:
+    """A catalog file can hold one key twice (a compaction merge of two files that both
+    cataloged it, or a chunk that met the key twice); with another file also holding it,
+    the newest file's rows both matched "the newest file" and the batch was planned twice:
+    the 30-minute chaos run (seed 2029, round 5) committed two batches twice, their
+    points counted twice. One row per (hour, key), the newest file's last."""
+    store = MemoryStore()
+    doubled, single = make_batch(hour_at(0), 0), make_batch(hour_at(0), 1)
+    await accept(store, [doubled, single])  # one catalog file holding both, and a marker
+    merged = keys.index_catalog_key(hour_at(0), 9, 1)  # newer than the file accept wrote
+    doubled_row = accepted_row(doubled.manifest)
+    await store.put(merged, encode([doubled_row, doubled_row]))
+    await put_work_marker(store, merged, rows=2)
+    alone = keys.index_catalog_key(hour_at(0), 9, 2)  # a key twice in its only file
+    single_row = accepted_row(single.manifest)
+    await store.put(alone, encode([single_row, single_row]))
+    await put_work_marker(store, alone, rows=2)
+
+    plan = await make_plan(store, None)
+
+    assert sorted(plan.manifest_ids()) == ids([doubled, single])
+    assert plan.batches_per_hour() == {hour_at(0).iso: 2}
