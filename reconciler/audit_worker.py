@@ -120,15 +120,15 @@ class RemoteCatalogWriter(CatalogWriter):
         super().__init__(store=channel.store, clock=clock, rng=random.Random(), epoch=epoch)
         self._channel = channel
         self._position = position
-        self._held = False
+        self._released: asyncio.Future[None] | None = None
 
     def position(self) -> str:
         return self._position
 
     async def create_encoded(self, hour: keys.UtcHour, body: bytes) -> tuple[str, str | None]:
-        if not self._held:
-            self._held = True
-            await _hold_if_asked()
+        if self._released is None:  # every write waits for the one hold (they run at once)
+            self._released = asyncio.ensure_future(_hold_if_asked())
+        await asyncio.shield(self._released)
         answer = await self._channel.request(
             {"hour_ns": hour.start_ns, "body": base64.b64encode(body).decode()}
         )
