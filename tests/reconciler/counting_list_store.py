@@ -47,6 +47,7 @@ class HangAfterParts:
         self.inner, self.url = inner, inner.url
         self._audit_dir, self._limit, self._hang = audit_dir, limit, hang
         self.parts_written = 0
+        self._announced = False
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -56,8 +57,9 @@ class HangAfterParts:
         if is_part and self.parts_written >= self._limit:
             if not self._hang:
                 raise Crashed(key)
-            if self.parts_written == self._limit:
-                self.parts_written += 1
+            if not self._announced:  # the first put past the limit (two streams' puts
+                # can both finish at limit - 1: the count then jumps past the limit)
+                self._announced = True
                 print("parts-written", flush=True, file=sys.stdout)
             await asyncio.Event().wait()
         etag = await self.inner.put(key, body, **conditions)

@@ -248,7 +248,8 @@ async def test_kill_9_mid_listing_resumes_to_the_uninterrupted_listing(
         child = start_child(ministack_server.endpoint_url, bucket, part_keys=100, hang_after=8)
         try:
             assert child.stdout is not None
-            line = await asyncio.to_thread(child.stdout.readline)
+            # Bounded: a child that never announces is killed below, closing its stdout.
+            line = await asyncio.wait_for(asyncio.to_thread(child.stdout.readline), 120)
             assert line == b"parts-written\n"
             os.kill(child.pid, signal.SIGKILL)
         finally:
