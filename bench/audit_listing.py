@@ -1,4 +1,4 @@
-"""`bench.audit_listing`: a full audit's ranged listing (`reconciler.audit_listing`) with
+"""`bench.audit_listing`: a full audit's ranged listing (`reconciler.audit.listing`) with
 1 stream and with 16, on MiniStack behind a 10 ms delay line (issue 23: 16 streams >= 8x
 the throughput of 1 over the same store).
 
@@ -37,7 +37,7 @@ from bench.reconcile import default_work_root
 from bench.reconcile_seed import MINISTACK_ACCOUNT, Fleet, seed_on_disk
 from chaos.s3_server import AWS_ENV_TO_REMOVE, CREDENTIALS, REGION, dummy_aws_env, start_ministack
 from protocol import keys
-from reconciler.audit_listing import ListingParts, list_for_audit
+from reconciler.audit.listing import ListingParts, list_for_audit
 from store.s3 import S3Store
 
 TARGET = 8.0

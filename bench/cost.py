@@ -56,7 +56,7 @@ from bench.counting import since
 from config import Settings
 from index import catalog
 from protocol import keys
-from reconciler.audit_records import latest_completed_audit
+from reconciler.audit.records import latest_completed_audit
 from store.base import ObjectStore
 from store.retry import Backoff
 

@@ -16,7 +16,7 @@ from protocol import keys
 from protocol.clock import SystemClock
 from protocol.frame import decode_header
 from protocol.frame_encode import encode_frame, points_table
-from reconciler.bounded import for_each_bounded
+from reconciler.gc.bounded import for_each_bounded
 from store.base import ObjectStore
 
 BOOT = uuid.UUID("9c0b0e5e-0000-4000-8000-000000000022")

@@ -71,13 +71,13 @@ from protocol import keys
 from protocol.clock import ManualClock
 from protocol.frame_encode import encode_frame, points_table
 from protocol.records import AcceptedManifest, AuditRecord
-from reconciler.audit import run_full_audit
-from reconciler.bounded import for_each_bounded
+from reconciler.audit.run import run_full_audit
 from reconciler.compaction import CatalogCompactor
 from reconciler.context import ReconcilerContext, open_context
 from reconciler.gc import GcOutcome
+from reconciler.gc.bounded import for_each_bounded
+from reconciler.gc.raw_retention import read_state
 from reconciler.gc.run import run_gc
-from reconciler.raw_retention import read_state
 from rollup.table.commit import commit, load_latest
 from rollup.table.ledger import LedgerRow, write_ledger_files
 from rollup.table.owner import OwnerLease

@@ -50,7 +50,7 @@ from chaos.s3_server import AWS_ENV_TO_REMOVE, CREDENTIALS, REGION, dummy_aws_en
 from config import GcSettings, LoggingSettings, ReconcilerSettings, Settings, configure_logging
 from protocol import keys
 from protocol.clock import SystemClock
-from reconciler.audit import run_full_audit
+from reconciler.audit.run import run_full_audit
 from reconciler.context import ReconcilerContext, open_context
 from store.s3 import S3Store
 

@@ -67,7 +67,7 @@ from bench.steady_lag_watch import (
 from chaos.s3_server import child_env
 from config import Settings
 from protocol import keys
-from reconciler.audit_records import latest_audit, latest_completed_audit
+from reconciler.audit.records import latest_audit, latest_completed_audit
 from store.fs import FileSystemStore
 
 NS = 1_000_000_000

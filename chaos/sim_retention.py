@@ -34,7 +34,7 @@ from index.rows import IndexFileError
 from protocol import keys, records
 from protocol.clock import Clock
 from reconciler.gc.log import read_gc_log
-from reconciler.raw_retention import read_state
+from reconciler.gc.raw_retention import read_state
 from rollup.table.commit import LoadedSnapshot, commit, load_latest
 from rollup.table.ledger import LedgerRow, read_ledger, write_ledger_files
 from rollup.table.manifest import RollupManifestError

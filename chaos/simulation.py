@@ -59,7 +59,7 @@ from chaos.sim_retention import gc_deletions_by_reason, retention_problems, reti
 from chaos.sim_runtime import run_virtual
 from chaos.sim_world import RECONCILER_OWNER, SimWorld
 from protocol import keys, records
-from reconciler.audit import run_full_audit
+from reconciler.audit.run import run_full_audit
 from reconciler.context import open_context
 from reconciler.gc.log import read_gc_log
 from reconciler.metrics import ReconcilerMetrics

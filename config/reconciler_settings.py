@@ -30,7 +30,7 @@ class ReconcilerSettings(Section):
     verify_rate_per_s: float = Field(default=200.0, gt=0)
     """Raw blobs per second read back and SHA-256-checked while a full audit runs (bounds
     store load). Verification walks ``raw-blobs/v1/`` with a cursor kept in the audit
-    records, so a round over every blob spans audits (`reconciler.verify`)."""
+    records, so a round over every blob spans audits (`reconciler.audit.blob_verify`)."""
     concurrency: int = Field(default=16, ge=1)
     """Store requests in flight at once."""
     audit_memory_limit_mb: int = Field(default=1024, ge=64)
@@ -40,7 +40,7 @@ class ReconcilerSettings(Section):
     """Key ranges a full audit lists at once (PROTOCOL §3.9): each an independent LIST
     stream writing its own Parquet listing parts, so the listing's wall time is about
     the store's per-page latency times the pages of the largest range, divided by this
-    (`reconciler.audit_listing`). Each stream holds at most one part (250k keys) in
+    (`reconciler.audit.listing`). Each stream holds at most one part (250k keys) in
     memory."""
     segment_retention_s: Seconds = 3 * 24 * 3600.0
     """Consumed index log segments are deleted once older than this and a completed
@@ -89,7 +89,7 @@ class RetentionSettings(Section):
     raw_days: float | None = Field(default=None, gt=0)
     """Delete the raw blob of an accepted batch once its accepted hour ended more than
     this many days ago *and* the rollup's ledger includes every batch of that hour; the
-    GC deletes it by its mark/grace/veto procedure (`reconciler.raw_retention`). The
+    GC deletes it by its mark/grace/veto procedure (`reconciler.gc.raw_retention`). The
     manifest stays, so a re-send is still answered as a duplicate. None (default): keep
     raw blobs for ever. Off also means a reconciler never retires more hours; hours it
     retired before stay retired."""

@@ -1,6 +1,6 @@
 """Reading the audit records (``reconciler/v1/audits/<start>-<id>.json``, PROTOCOL §3.7):
 which exist, each one, newest first, and the hours a completed listing audit seals. The
-reconciler writes them (`reconciler.audit_records`); the reconciler, the GC and the live
+reconciler writes them (`reconciler.audit.records`); the reconciler, the GC and the live
 query's coverage (`collector.query.coverage`) read them here."""
 
 from __future__ import annotations

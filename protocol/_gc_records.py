@@ -102,7 +102,7 @@ class RawRetention(Record):
     (its catalog holds every batch accepted in it), and the rollup ledger included every
     one of its batches (same count and setsum). A retired hour's accepted rows no longer
     keep their raw blobs alive; quarantine rows still do. It only ever moves forward
-    (`reconciler.raw_retention`), and the audit re-checks each retired hour against the
+    (`reconciler.gc.raw_retention`), and the audit re-checks each retired hour against the
     ledger before it lets go of a blob."""
 
     schema_: Literal["lightmetrics.raw_retention.v1"] = Field(

@@ -51,19 +51,18 @@ from config import Settings, SettingsError, configure_logging
 from config.cli import add_settings_flags, settings_from_flags
 from protocol.clock import SystemClock
 from protocol.records import RecordError
+from reconciler.audit.inventory import InventoryError, inventory_from_settings
+from reconciler.audit.progress import AuditProgress
+from reconciler.daemon import PassReport, Reconciler, Stopped
+from reconciler.gc import GcRefused
+from reconciler.problems import ADVICE, list_problems
+from reconciler.retractions import RetractRefused, operator_name, retract
+from reconciler.status import gather_status
+from reconciler.v1_index import V1DropRefused
 from store.base import ObjectStore
 from store.errors import StoreError
 from store.lease import LeaseHeld
 from store.open import open_store_from_settings
-
-from .audit_progress import AuditProgress
-from .daemon import PassReport, Reconciler, Stopped
-from .gc import GcRefused
-from .inventory import InventoryError, inventory_from_settings
-from .problems import ADVICE, list_problems
-from .retractions import RetractRefused, operator_name, retract
-from .status import gather_status
-from .v1_index import V1DropRefused
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_LEASE_HELD = 0, 1, 2, 3
 

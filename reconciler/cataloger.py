@@ -33,10 +33,9 @@ import pyarrow.compute as pc
 from index.rows import IndexFileError, IndexRow, accepted_row, check_row, quarantine_row
 from protocol import keys
 from protocol.records import AcceptedManifest, IdentityConflict, RecordError, RollupWorkMarker
-
-from . import store_calls
-from .context import ReconcilerContext
-from .problems import ProblemBook
+from reconciler import store_calls
+from reconciler.context import ReconcilerContext
+from reconciler.problems import ProblemBook
 
 HOUR_NS = 3600 * 1_000_000_000
 

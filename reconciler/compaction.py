@@ -20,7 +20,7 @@ or, finding it gone, lists the hour again and finds the merged file — and only
 names the merged file records (`index.catalog.delete_compacted_inputs`); never a file a
 running audit pinned (PROTOCOL §3.7): none while an audit of this process runs
 (``hold_deletes``), and none that the newest audit record's live pin covers
-(`reconciler.audit_records.live_pin`: read from the store, so an audit of another process
+(`reconciler.audit.records.live_pin`: read from the store, so an audit of another process
 or a crashed one counts until its pin lapses). An hour with a pinned input keeps waiting. Levels and hours
 waiting for that deletion are kept in memory; after a restart an hour's files are
 merged when it settles, and until then it is read from a few more files.
@@ -35,13 +35,12 @@ from index.catalog_local import MergeLimits
 from index.catalog_merge import merge_files
 from index.rows import IndexFileError
 from protocol import keys
+from reconciler.audit.records import live_pin
+from reconciler.cataloger import Cataloger
+from reconciler.context import ReconcilerContext
+from reconciler.problems import ProblemBook
 from store.base import ObjectInfo
 from store.errors import NotFound, StoreError
-
-from .audit_records import live_pin
-from .cataloger import Cataloger
-from .context import ReconcilerContext
-from .problems import ProblemBook
 
 FANOUT = 8  # files of one level that merge into one of the next
 MAX_LEVELS = 8  # 8^8 level-0 files in one hour: more than any hour holds

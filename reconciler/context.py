@@ -51,6 +51,8 @@ from index.catalog import CatalogWriter
 from protocol import keys
 from protocol.clock import Clock
 from protocol.keys import RECONCILER_LEASE_KEY
+from reconciler.audit.inventory import InventorySource
+from reconciler.metrics import ReconcilerMetrics
 from store import lease as leases
 from store.base import ObjectStore
 from store.errors import StoreError
@@ -59,11 +61,9 @@ from store.retry import Backoff
 from store.time import store_clock
 
 from .gc.delete import LeaseTerm
-from .inventory import InventorySource
-from .metrics import ReconcilerMetrics
 
 if TYPE_CHECKING:
-    from .raw_retention import RawRetentionAdvance
+    from reconciler.gc.raw_retention import RawRetentionAdvance
 
 log = structlog.get_logger(__name__)
 
@@ -243,7 +243,7 @@ class GcMemory:
 
     audits_marked: set[str] = field(default_factory=set)
     raw_retention: RawRetentionAdvance | None = None
-    """Raw retention's progress step (`reconciler.raw_retention`), made at the first GC
+    """Raw retention's progress step (`reconciler.gc.raw_retention`), made at the first GC
     run that has ``retention.raw_days``."""
 
 

@@ -6,10 +6,10 @@ expires and try again, so a standby takes over within about one TTL of the activ
 dying. The active instance loops, every ``loop_interval_s``:
 
 1. a steady pass over the index log (`reconciler.steady`);
-2. a full audit (`reconciler.audit`) when one is due: no audit of the index has completed
+2. a full audit (`reconciler.audit.run`) when one is due: no audit of the index has completed
    within ``max_audit_interval_s`` (so the first run ever always audits, and so does the
    first run on a version-1 store: that audit is its migration), or one is still running
-   (it is resumed). `run` starts it beside the loop (`reconciler.audit_schedule`: in a
+   (it is resumed). `run` starts it beside the loop (`reconciler.audit.schedule`: in a
    child process with ``audit_in_child``, as ``lm-reconciler run`` does), `run_once`
    awaits it;
 3. catalog compaction (`reconciler.compaction`) of the hours written to;
@@ -42,6 +42,17 @@ from config import Settings
 from protocol import keys
 from protocol.clock import Clock
 from protocol.records import AuditRecord, RecordError
+from reconciler.audit.inventory import InventorySource
+from reconciler.audit.run import ProgressCallback, run_full_audit
+from reconciler.audit.schedule import AuditSchedule
+from reconciler.compaction import CatalogCompactor
+from reconciler.context import Fence, GcMemory, ReconcilerContext, default_owner_id
+from reconciler.log_retention import sweep_log
+from reconciler.metrics import ReconcilerMetrics
+from reconciler.pass_report import PassReport as PassReport
+from reconciler.pass_report import Stopped as Stopped
+from reconciler.steady import OrphanSuspects, SteadyScanner
+from reconciler.v1_index import V1DropResult, drop_v1_index
 from store.base import ObjectStore
 from store.cas import CasExhausted
 from store.errors import StoreError
@@ -49,18 +60,7 @@ from store.etag_check import check_etags
 from store.lease import LeaseHeld, LeaseLost
 from store.time import store_clock
 
-from .audit import ProgressCallback, run_full_audit
-from .audit_schedule import AuditSchedule
-from .compaction import CatalogCompactor
-from .context import Fence, GcMemory, ReconcilerContext, default_owner_id
 from .gc.run import run_gc, settle_stale_deletions
-from .inventory import InventorySource
-from .log_retention import sweep_log
-from .metrics import ReconcilerMetrics
-from .pass_report import PassReport as PassReport
-from .pass_report import Stopped as Stopped
-from .steady import OrphanSuspects, SteadyScanner
-from .v1_index import V1DropResult, drop_v1_index
 
 log = structlog.get_logger(__name__)
 LOG_SWEEP_INTERVAL_S = 600.0  # consumed log segments are looked for this often

@@ -29,11 +29,11 @@ import asyncio
 from dataclasses import dataclass
 
 from protocol import keys
+from reconciler.context import ReconcilerContext
+from reconciler.steady import SteadyResult, read_checkpoint
 from store.errors import NotFound, StoreError
 
-from .context import ReconcilerContext
 from .gc.run import latest_listing_audit
-from .steady import SteadyResult, read_checkpoint
 
 NS_PER_S = 1_000_000_000
 MAX_PER_RUN = 100_000

@@ -7,10 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from protocol.records import AuditRecord
-
-from .compaction import CompactionResult
-from .log_retention import LogRetentionResult
-from .steady import SteadyResult
+from reconciler.compaction import CompactionResult
+from reconciler.log_retention import LogRetentionResult
+from reconciler.steady import SteadyResult
 
 
 class Stopped(Exception):

@@ -12,9 +12,9 @@ references it), ``unparseable-manifest`` and ``unparseable-quarantine`` (subject
 record's key), ``unreadable-index-file`` (subject: a log segment that does not decode, or
 a catalog file, which is then moved aside), ``raw-retention-mismatch`` (subject: a
 retired accepted hour's catalog prefix whose batches no longer match the rollup ledger,
-so its raw blobs are kept: `reconciler.raw_retention`), ``catalog-mismatch`` (subject:
+so its raw blobs are kept: `reconciler.gc.raw_retention`), ``catalog-mismatch`` (subject:
 a record whose catalog row differed from the store's record, until the audit's
-superseding row is written: `reconciler.audit_checks`), ``phantom-row`` (subject: a
+superseding row is written: `reconciler.audit.checks`), ``phantom-row`` (subject: a
 cataloged record the store does not hold; closed by a later audit that lists it or by
 ``lm-reconciler retract``: `reconciler.retractions`). ``gc-guard`` and
 ``unreadable-gc-mark`` (subject: a GC mark that does not parse; collectors wait on it
@@ -31,11 +31,10 @@ from collections.abc import AsyncIterator
 
 from protocol import keys
 from protocol.records import ProblemRecord, RecordError
+from reconciler import store_calls
+from reconciler.context import ReconcilerContext
 from store.base import ObjectStore
 from store.errors import NotFound, StoreError
-
-from . import store_calls
-from .context import ReconcilerContext
 
 ADVICE = {
     "missing-blob": "a record references a raw blob that does not exist: restore it from a "

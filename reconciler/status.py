@@ -31,14 +31,13 @@ from protocol.records import (
     RawRetention,
     RecordError,
 )
+from reconciler.audit.records import latest_audit, latest_completed_audit
+from reconciler.gc.raw_retention import read_state
+from reconciler.log_lag import lag_seconds
+from reconciler.problems import count_problems
+from reconciler.steady import read_checkpoint
 from store.base import ObjectStore
 from store.errors import NotFound
-
-from .audit_records import latest_audit, latest_completed_audit
-from .log_lag import lag_seconds
-from .problems import count_problems
-from .raw_retention import read_state
-from .steady import read_checkpoint
 
 INDEX_PUT_TOTALS = ("segments", "catalog_files", "markers", "checkpoints")
 

@@ -50,23 +50,22 @@ from index.row_checks import first_problems
 from index.rows import FILE_SCHEMA, IndexFileError
 from protocol import keys
 from protocol.records import IndexCheckpoint, RecordError
-from store.base import ObjectStore
-from store.cas import update_object
-from store.errors import NotFound, StoreError
-from store.lease import LeaseLost
-
-from .cataloger import Cataloger
-from .context import ReconcilerContext
-from .log_lag import LogLag
-from .problems import ProblemBook
-from .steady_rows import (
+from reconciler.cataloger import Cataloger
+from reconciler.context import ReconcilerContext
+from reconciler.gc.suspects import OrphanSuspects
+from reconciler.log_lag import LogLag
+from reconciler.problems import ProblemBook
+from reconciler.steady_rows import (
     RecentKeys,
     compare_sample,
     digest_words,
     read_back_table,
     sort_chunk,
 )
-from .suspects import OrphanSuspects
+from store.base import ObjectStore
+from store.cas import update_object
+from store.errors import NotFound, StoreError
+from store.lease import LeaseLost
 
 CHUNK_ROWS = 50_000  # log rows cataloged before the checkpoint moves
 READ_AHEAD = 64  # segments listed before they are read (concurrently) as one group

@@ -32,9 +32,8 @@ import pyarrow.compute as pc
 from index.digests import DIGEST_BYTES, digests_from_arrow
 from index.row_checks import well_formed
 from index.rows import FILE_SCHEMA, IndexRow, rows_of, table_of
+from reconciler.context import ReconcilerContext
 from store.etag_check import normalized_etag
-
-from .context import ReconcilerContext
 
 COMPARED_FIELDS = (  # what a sampled read-back compares with the claim (and the ETag)
     "kind",

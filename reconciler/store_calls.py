@@ -16,6 +16,7 @@ import enum
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from reconciler.context import ReconcilerContext
 from store.errors import (
     ConditionConflict,
     NotFound,
@@ -24,8 +25,6 @@ from store.errors import (
     StoreError,
     Unavailable,
 )
-
-from .context import ReconcilerContext
 
 T = TypeVar("T")
 

@@ -30,11 +30,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from protocol import keys
+from reconciler.audit.partitions import closing
+from reconciler.audit.records import latest_completed_audit
+from reconciler.context import ReconcilerContext
 from store.errors import ConditionConflict, OutcomeUnknown, Unavailable
-
-from .audit_records import latest_completed_audit
-from .context import ReconcilerContext
-from .listing import closing
 
 CHUNK = 1_000  # deletes between fence checks
 

@@ -4,7 +4,7 @@
 ``accepted_at``) before ``sealed_through_ns`` is in the snapshot. It is the start of the
 earliest accepted hour that is not both
 
-(a) **sealed** by a completed listing audit of the index (`reconciler.audit_records`:
+(a) **sealed** by a completed listing audit of the index (`reconciler.audit.records`:
     ``status = completed``, ``catalog = true``, ``source = listing``): the audit started
     at least a *settle margin* after the hour ended — the margin is the longest a batch
     stamped in the hour can still be landing (``ingest.request_budget_s`` + the store's

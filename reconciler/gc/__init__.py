@@ -25,7 +25,7 @@ to the reconciler (`run_gc`, `settle_stale_deletions`).
 
 from __future__ import annotations
 
-from .collector import GarbageCollector
-from .policy import GcOutcome, GcPolicy, GcRefused
+from reconciler.gc.collector import GarbageCollector
+from reconciler.gc.policy import GcOutcome, GcPolicy, GcRefused
 
 __all__ = ["GarbageCollector", "GcOutcome", "GcPolicy", "GcRefused"]

@@ -14,14 +14,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from protocol import keys, records
+from reconciler.audit.orphans import decode_orphans
+from reconciler.gc.bounded import for_each_bounded
+from reconciler.gc.work import GcWork
 from store.errors import PreconditionFailed
 
-from ..bounded import for_each_bounded
-from ..orphans import decode_orphans
-from .work import GcWork
-
 OrphanFile = dict[str, tuple[int, int, bool]]
-"""``{sha: (size, last_modified_ns, raw_retention)}`` (`reconciler.orphans`)."""
+"""``{sha: (size, last_modified_ns, raw_retention)}`` (`reconciler.audit.orphans`)."""
 Suspects = Callable[[int], list[tuple[str, int]]]
 """Blob hashes (and creation times) a log says nobody referenced, created before the
 given time, handed over once (`reconciler.steady.OrphanSuspects.take_older_than`)."""

@@ -23,22 +23,27 @@ import structlog
 
 from protocol import keys, records
 from protocol.clock import Clock
+from reconciler.gc.bounded import for_each_bounded
+from reconciler.gc.candidates import (
+    LatestAudit,
+    OrphanFiles,
+    Suspects,
+    list_marks_and_vetoes,
+    mark_candidates,
+)
+from reconciler.gc.catalog_since import trim_entries
+from reconciler.gc.delete import LeaseTerm
+from reconciler.gc.deletion import Candidate, Deleter
+from reconciler.gc.log import RunLog
+from reconciler.gc.policy import GcOutcome, GcPolicy, GcRefused
+from reconciler.gc.problems import GcProblems
+from reconciler.gc.proof import TargetedProof
+from reconciler.gc.settle import finish_stale_deletions, remove_logged_marks
+from reconciler.gc.vetoes import clear_settled_vetoes
+from reconciler.gc.work import Fence, GcWork
 from store.base import ObjectStore
 from store.errors import StoreError
 from store.time import store_clock
-
-from ..bounded import for_each_bounded
-from .candidates import LatestAudit, OrphanFiles, Suspects, list_marks_and_vetoes, mark_candidates
-from .catalog_since import trim_entries
-from .delete import LeaseTerm
-from .deletion import Candidate, Deleter
-from .log import RunLog
-from .policy import GcOutcome, GcPolicy, GcRefused
-from .problems import GcProblems
-from .proof import TargetedProof
-from .settle import finish_stale_deletions, remove_logged_marks
-from .vetoes import clear_settled_vetoes
-from .work import Fence, GcWork
 
 log = structlog.get_logger("reconciler.gc")
 KEEP_GC_RUNS = 50

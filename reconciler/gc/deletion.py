@@ -45,16 +45,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from protocol import keys, records
+from reconciler.gc.bounded import for_each_bounded
+from reconciler.gc.candidates import OrphanFile
+from reconciler.gc.catalog_since import references_since
+from reconciler.gc.delete import DeleteOutcome, delete_within_lease
+from reconciler.gc.log import RunLog
+from reconciler.gc.policy import GcRefused
+from reconciler.gc.proof import TargetedProof, Verdict
+from reconciler.gc.work import GcWork, log
 from store.errors import ConditionConflict, Unavailable
-
-from ..bounded import for_each_bounded
-from .candidates import OrphanFile
-from .catalog_since import references_since
-from .delete import DeleteOutcome, delete_within_lease
-from .log import RunLog
-from .policy import GcRefused
-from .proof import TargetedProof, Verdict
-from .work import GcWork, log
 
 
 @dataclass(frozen=True, slots=True)

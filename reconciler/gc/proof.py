@@ -40,13 +40,12 @@ from dataclasses import dataclass, field
 
 from protocol import keys, records
 from protocol.frame import FrameError, decode_header
+from reconciler.gc.problems import GcProblems
 from rollup.table.commit import LoadedSnapshot, load_latest
 from rollup.table.ledger import read_ledger
 from rollup.table.manifest import RollupManifestError
 from store.base import ObjectStore
 from store.errors import NotFound
-
-from .problems import GcProblems
 
 _HASH_IN_THREAD_BYTES = 1 << 20
 

@@ -14,15 +14,14 @@ import structlog
 
 from index.rows import IndexFileError
 from protocol import keys, records
+from reconciler.gc.collector import GarbageCollector
+from reconciler.gc.policy import GcOutcome, GcPolicy, GcRefused
+from reconciler.gc.raw_retention import RawRetentionAdvance
 from rollup.table.manifest import RollupManifestError
 from store.base import ObjectStore
 from store.errors import StoreError
 from store.open import open_store
 from store.time import store_clock
-
-from ..raw_retention import RawRetentionAdvance
-from .collector import GarbageCollector
-from .policy import GcOutcome, GcPolicy, GcRefused
 
 if TYPE_CHECKING:
     from config import StoreSettings
@@ -40,7 +39,7 @@ async def run_gc(ctx: ReconcilerContext, *, dry_run: bool) -> GcOutcome:
 
 
 async def advance_raw_retention(ctx: ReconcilerContext, *, dry_run: bool) -> None:
-    """Retire the accepted hours raw retention may (`reconciler.raw_retention`). A failure
+    """Retire the accepted hours raw retention may (`reconciler.gc.raw_retention`). A failure
     is logged and the GC goes on: retiring later only keeps blobs longer."""
     raw_days = ctx.settings.retention.raw_days
     if raw_days is None:

@@ -23,12 +23,11 @@ every earlier run of ours ended: anything in flight then lands within ``settle_s
 from __future__ import annotations
 
 from protocol import keys, records
-
-from ..bounded import for_each_bounded
-from .delete import resolvable_at_ns
-from .log import RunLog
-from .policy import NS
-from .work import GcWork, log
+from reconciler.gc.bounded import for_each_bounded
+from reconciler.gc.delete import resolvable_at_ns
+from reconciler.gc.log import RunLog
+from reconciler.gc.policy import NS
+from reconciler.gc.work import GcWork, log
 
 UNREADABLE_DETAIL = (
     "the GC mark does not parse; collectors wait on it as on a deletion under way. "

@@ -14,9 +14,8 @@ from __future__ import annotations
 import structlog
 
 from protocol import keys, records
+from reconciler.gc.work import GcWork
 from store.base import ObjectInfo
-
-from .work import GcWork
 
 log = structlog.get_logger("reconciler.gc")
 

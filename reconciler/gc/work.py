@@ -14,6 +14,9 @@ from typing import TypeVar
 import structlog
 
 from protocol import records
+from reconciler.gc.delete import LeaseTerm
+from reconciler.gc.policy import GcPolicy
+from reconciler.gc.problems import GcProblems
 from store.base import ObjectInfo, ObjectStore
 from store.errors import (
     ConditionConflict,
@@ -24,10 +27,6 @@ from store.errors import (
     Unavailable,
 )
 from store.time import StoreClock
-
-from .delete import LeaseTerm
-from .policy import GcPolicy
-from .problems import GcProblems
 
 log = structlog.get_logger("reconciler.gc")
 T = TypeVar("T")

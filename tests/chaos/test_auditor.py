@@ -19,7 +19,7 @@ from index.catalog import CatalogWriter
 from index.rows import accepted_row
 from protocol import keys, records
 from protocol.clock import ManualClock
-from reconciler.audit import run_full_audit
+from reconciler.audit.run import run_full_audit
 from reconciler.context import open_context
 from reconciler.gc.log import encode_gc_log
 from rollup.table.ledger import LedgerRow

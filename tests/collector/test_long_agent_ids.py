@@ -23,7 +23,7 @@ from collector.accept import Accepted, BatchAcceptor, IdentityConflictFound
 from index.log_writer import IndexLogWriter
 from protocol import keys, records
 from protocol.clock import ManualClock
-from reconciler.audit import run_full_audit
+from reconciler.audit.run import run_full_audit
 from reconciler.steady import SteadyScanner
 from rollup.job.plan import make_plan
 from rollup.read.verify import verify

@@ -223,8 +223,8 @@ async def audits_until_a_verification_round_ends(
     ctx: ReconcilerContext, clock: ManualClock, *, max_audits: int = 100
 ) -> list[AuditRecord]:
     """Full audits, a minute apart, until one ends a round of blob verification (each
-    audit moves verification on by at least one blob: `reconciler.verify`)."""
-    from reconciler.audit import VERIFY_CURSOR, run_full_audit
+    audit moves verification on by at least one blob: `reconciler.audit.blob_verify`)."""
+    from reconciler.audit.run import VERIFY_CURSOR, run_full_audit
 
     records = []
     for _ in range(max_audits):

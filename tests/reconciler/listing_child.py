@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from reconciler import audit_listing
+from reconciler.audit import listing as audit_listing
 from store.s3 import S3Store
 from tests.reconciler.counting_list_store import HangAfterParts
 

@@ -12,13 +12,13 @@ from chaos.faulty_store import Fault, FaultyStore
 from protocol import keys
 from protocol.clock import ManualClock
 from protocol.records import AuditRecord, ProblemRecord
-from reconciler.audit import DONE, FRONTIER, VERIFY_CURSOR, AuditProgress, run_full_audit
-from reconciler.audit_records import create_audit, latest_audit, latest_completed_audit
-from reconciler.listing import groups
-from reconciler.orphans import decode_orphans
+from reconciler.audit.blob_verify import BlobVerifier
+from reconciler.audit.orphans import decode_orphans
+from reconciler.audit.partitions import groups
+from reconciler.audit.records import create_audit, latest_audit, latest_completed_audit
+from reconciler.audit.run import DONE, FRONTIER, VERIFY_CURSOR, AuditProgress, run_full_audit
 from reconciler.problems import ProblemBook, count_problems
 from reconciler.steady import SteadyScanner
-from reconciler.verify import BlobVerifier
 from store.memory import MemoryStore
 from tests.reconciler.conftest import (
     T0_NS,

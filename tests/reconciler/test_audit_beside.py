@@ -10,8 +10,8 @@ import random
 from chaos.sim_runtime import SimClock, run_virtual
 from protocol import keys
 from protocol.clock import ManualClock
-from reconciler.audit import run_full_audit
-from reconciler.audit_records import latest_audit, latest_completed_audit
+from reconciler.audit.records import latest_audit, latest_completed_audit
+from reconciler.audit.run import run_full_audit
 from reconciler.daemon import Reconciler
 from store.memory import MemoryStore
 from tests.reconciler.conftest import (

@@ -16,8 +16,8 @@ from index import catalog
 from index.rows import IndexRow, accepted_row
 from protocol import keys
 from protocol.clock import ManualClock
-from reconciler.audit import run_full_audit
-from reconciler.audit_keys import etag_hashes
+from reconciler.audit.catalog_keys import etag_hashes
+from reconciler.audit.run import run_full_audit
 from reconciler.context import ReconcilerContext
 from reconciler.gc.run import unresolved_manifest_problems
 from reconciler.problems import list_problems
@@ -317,7 +317,7 @@ async def test_compaction_deletes_no_input_a_running_audit_of_another_process_pi
 async def test_an_audit_whose_pin_lapsed_starts_again_with_a_new_start(
     memory_store: MemoryStore, clock: ManualClock
 ) -> None:
-    from reconciler.audit_records import latest_audit
+    from reconciler.audit.records import latest_audit
 
     await write_batches(memory_store, agents=4, per_agent=40)
     ctx = await context(memory_store, clock, settings=make_settings(concurrency=1))
@@ -346,7 +346,7 @@ async def test_an_audit_whose_pin_lapsed_starts_again_with_a_new_start(
 async def test_a_running_audit_renews_its_pin_as_it_saves(
     memory_store: MemoryStore, clock: ManualClock
 ) -> None:
-    from reconciler.audit_records import latest_audit
+    from reconciler.audit.records import latest_audit
 
     await write_batches(memory_store, agents=4, per_agent=40)
     ctx = await context(memory_store, clock, settings=make_settings(concurrency=1))
@@ -376,7 +376,7 @@ def test_catalog_keys_keep_the_newest_row_and_flag_disagreeing_rows() -> None:
     import numpy as np
 
     from index.digests import digests_of
-    from reconciler.audit_keys import CatalogKeys
+    from reconciler.audit.catalog_keys import CatalogKeys
 
     def file(names: list[str], shas: list[int], hours: list[int], etag: str) -> dict[str, object]:
         return {

@@ -1,5 +1,5 @@
-"""The daemon's full audit in a child process (`reconciler.audit_child`,
-`reconciler.audit_worker`; PROTOCOL §3.9: the audit never blocks the steady pass): real
+"""The daemon's full audit in a child process (`reconciler.audit.child`,
+`reconciler.audit.worker`; PROTOCOL §3.9: the audit never blocks the steady pass): real
 processes on the filesystem store. A test holds the worker before its first catalog
 write through a FIFO (``LM_AUDIT_WORKER_HOLD``), so nothing here waits for a duration to
 pass: each wait is for a condition, with a deadline."""
@@ -22,8 +22,8 @@ import pytest
 from config import Settings
 from protocol import keys
 from protocol.clock import ManualClock, SystemClock
-from reconciler.audit_records import latest_audit, latest_completed_audit
-from reconciler.audit_worker import HOLD_ENV, NICENESS, BorrowedFence
+from reconciler.audit.records import latest_audit, latest_completed_audit
+from reconciler.audit.worker import HOLD_ENV, NICENESS, BorrowedFence
 from reconciler.context import Fence
 from reconciler.daemon import Reconciler
 from store.fs import FileSystemStore

@@ -1,4 +1,4 @@
-"""The audit's out-of-core joins (`reconciler.audit_duckdb`, `reconciler.audit_sql`): listing
+"""The audit's out-of-core joins (`reconciler.audit.duckdb_joins`, `reconciler.audit.sql`): listing
 parts and pinned catalog files in, records to read, phantom candidates, orphans and
 missing-blob candidates out, each difference found exactly (issue 23 item 2)."""
 
@@ -16,16 +16,16 @@ import pytest
 from index.rows import IndexRow, encode
 from protocol import keys
 from protocol.clock import ManualClock
-from reconciler.audit_duckdb import (
+from reconciler.audit.duckdb_joins import (
     AuditJoins,
     JoinLimits,
     PinnedFileMissing,
     fetch_catalog,
     iter_batches,
 )
-from reconciler.audit_retired import settle_retired
+from reconciler.audit.retired import settle_retired
+from reconciler.gc.raw_retention import Retired
 from reconciler.problems import ProblemBook
-from reconciler.raw_retention import Retired
 from rollup.table.manifest import LedgerHour
 from store.memory import MemoryStore
 from tests.reconciler.conftest import context

@@ -24,14 +24,15 @@ from index.audits import audit_keys
 from protocol import keys
 from protocol.clock import ManualClock
 from protocol.records import AuditRecord
-from reconciler import audit_listing
-from reconciler.audit_listing import (
+from reconciler.audit import listing as audit_listing
+from reconciler.audit.inventory import InventorySource
+from reconciler.audit.listing import (
     LISTING_SCHEMA,
     ListingParts,
     list_for_audit,
     parts_from_inventory,
 )
-from reconciler.audit_ranges import (
+from reconciler.audit.ranges import (
     KIND_PREFIXES,
     KINDS,
     ListingPlanError,
@@ -39,8 +40,7 @@ from reconciler.audit_ranges import (
     plan_json,
     ranges_from_groups,
 )
-from reconciler.audit_records import KEEP_AUDITS, create_audit, trim_old_audits
-from reconciler.inventory import InventorySource
+from reconciler.audit.records import KEEP_AUDITS, create_audit, trim_old_audits
 from store.base import ObjectStore
 from store.memory import MemoryStore
 from store.s3 import S3Store

@@ -13,9 +13,9 @@ import pytest
 
 from protocol import keys
 from protocol.clock import ManualClock
-from reconciler.audit import run_full_audit
+from reconciler.audit.orphans import decode_orphans
+from reconciler.audit.run import run_full_audit
 from reconciler.compaction import CatalogCompactor
-from reconciler.orphans import decode_orphans
 from reconciler.problems import count_problems
 from reconciler.status import gather_status
 from reconciler.steady import SteadyScanner

@@ -1,4 +1,4 @@
-"""`reconciler.bounded.for_each_bounded`: at most ``limit`` at once, every item done, the
+"""`reconciler.gc.bounded.for_each_bounded`: at most ``limit`` at once, every item done, the
 first error raised as itself and the rest cancelled."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from reconciler.bounded import for_each_bounded
+from reconciler.gc.bounded import for_each_bounded
 
 
 async def numbers(n: int) -> AsyncIterator[int]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from protocol import keys
 from protocol.clock import SystemClock
 from protocol.records import AuditRecord, GcRunRecord, LeaseRecord
-from reconciler.audit import DONE, FRONTIER
+from reconciler.audit.run import DONE, FRONTIER
 from reconciler.daemon import Reconciler
 from store.fs import FileSystemStore
 from tests.reconciler.conftest import (

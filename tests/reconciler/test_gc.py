@@ -22,7 +22,7 @@ from protocol import keys, records
 from protocol.clock import ManualClock, SystemClock
 from protocol.frame import decode_header
 from protocol.frame_encode import encode_frame, points_table
-from reconciler.audit import run_full_audit
+from reconciler.audit.run import run_full_audit
 from reconciler.context import Fence, ReconcilerContext, open_context
 from reconciler.daemon import Reconciler
 from reconciler.gc import GarbageCollector, GcPolicy, GcRefused

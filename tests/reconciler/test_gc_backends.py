@@ -15,7 +15,7 @@ import pytest
 from config import GcSettings, ReconcilerSettings, Settings
 from protocol import keys, records
 from protocol.clock import ManualClock
-from reconciler.audit import run_full_audit
+from reconciler.audit.run import run_full_audit
 from reconciler.context import ReconcilerContext, open_context
 from reconciler.gc.run import run_gc
 from reconciler.metrics import ReconcilerMetrics
@@ -150,7 +150,7 @@ async def test_raw_retention_deletes_rolled_up_blobs_and_the_audit_finds_nothing
     store: ObjectStore, clock: ManualClock
 ) -> None:
     from config import RetentionSettings
-    from reconciler.raw_retention import read_state
+    from reconciler.gc.raw_retention import read_state
     from rollup.table.ledger import LedgerRow
     from rollup.table.owner import OwnerLease
     from tests.reconciler.conftest import write_conflict

@@ -16,8 +16,8 @@ import pytest
 
 from protocol import keys
 from protocol.clock import ManualClock
-from reconciler.audit import AuditProgress, run_full_audit
-from reconciler.inventory import InventoryError, InventorySource
+from reconciler.audit.inventory import InventoryError, InventorySource
+from reconciler.audit.run import AuditProgress, run_full_audit
 from store.base import ObjectStore
 from store.fs import FileSystemStore
 from tests.reconciler.conftest import (

@@ -15,7 +15,7 @@ from index.audits import audit_keys, read_audit
 from protocol import keys
 from protocol.clock import ManualClock
 from protocol.records import LeaseRecord
-from reconciler.audit_records import latest_completed_audit
+from reconciler.audit.records import latest_completed_audit
 from reconciler.context import Fence
 from reconciler.daemon import Reconciler
 from reconciler.steady import SteadyScanner, read_checkpoint

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 from config import GcSettings, ReconcilerSettings, Settings
 from protocol import keys
 from protocol.clock import ManualClock
-from reconciler.audit import run_full_audit
+from reconciler.audit.run import run_full_audit
 from reconciler.gc.run import latest_listing_audit
 from reconciler.log_retention import delete_consumed_segments
 from reconciler.steady import SteadyScanner

@@ -12,7 +12,7 @@ from prometheus_client import generate_latest
 from protocol import keys
 from protocol.clock import ManualClock, SystemClock
 from protocol.records import LeaseRecord
-from reconciler.audit import run_full_audit
+from reconciler.audit.run import run_full_audit
 from reconciler.daemon import Reconciler
 from reconciler.metrics import ReconcilerMetrics
 from reconciler.steady import SteadyScanner

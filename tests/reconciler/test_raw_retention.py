@@ -1,4 +1,4 @@
-"""Raw retention (PROTOCOL §4.1, `reconciler.raw_retention`): blobs of batches the rollup
+"""Raw retention (PROTOCOL §4.1, `reconciler.gc.raw_retention`): blobs of batches the rollup
 ledger includes and whose accepted hour ended ``raw_days`` ago are deleted by the GC's
 whole procedure; manifests stay, quarantine references keep their blobs, the audit never
 reports such blobs missing and re-checks every retired hour against the ledger.
@@ -20,10 +20,10 @@ from collector.accept import Accepted, IdentityConflictFound
 from config import RetentionSettings
 from protocol import keys, records
 from protocol.clock import ManualClock
+from reconciler.audit.orphans import decode_orphans, encode_orphans
 from reconciler.gc import GcPolicy
+from reconciler.gc.raw_retention import RawRetentionAdvance, read_state
 from reconciler.gc.run import latest_listing_audit, run_gc
-from reconciler.orphans import decode_orphans, encode_orphans
-from reconciler.raw_retention import RawRetentionAdvance, read_state
 from rollup.table.ledger import LedgerRow
 from rollup.table.owner import OwnerLease
 from store.base import ObjectInfo

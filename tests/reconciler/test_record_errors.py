@@ -5,7 +5,7 @@ one such record crashed on every pass and the GC, waiting for an audit, never ra
 from __future__ import annotations
 
 from protocol.clock import ManualClock
-from reconciler.audit import latest_completed_audit, run_full_audit
+from reconciler.audit.run import latest_completed_audit, run_full_audit
 from reconciler.steady import SteadyScanner
 from store.memory import MemoryStore
 from tests.reconciler.conftest import catalog_keys, context, log_rows, write_batches

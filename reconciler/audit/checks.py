@@ -3,7 +3,7 @@ cataloged keys the listing lacked (PROTOCOL §3.7, §3.9).
 
 Per listed record (`RecordJoin.process`):
 - **not cataloged**: read, and cataloged if well-formed (``source = "audit"``);
-- **ETag differs** (both normalized: `reconciler.audit_keys.etag_hashes`) from the
+- **ETag differs** (both normalized: `reconciler.audit.catalog_keys.etag_hashes`) from the
   newest row's, or the key's rows **disagree** (cataloged in two hours, or with two
   different ``frame_sha256``): read, and the store's record written as a *superseding
   row* (``source = "audit"``) unless the newest row already is the store's record (ETag
@@ -54,15 +54,14 @@ from index import catalog
 from index.digests import KeyDigestSet, digests_from_arrow, digests_of, sha_prefixes
 from index.rows import IndexRow
 from protocol import keys
+from reconciler.audit.catalog_keys import NO_SHA, etag_hashes, fields_hashes
+from reconciler.audit.join import BlobJoin, CatalogScan
+from reconciler.audit.walks import Listed
+from reconciler.cataloger import CatalogBatch, Cataloger
+from reconciler.context import ReconcilerContext
+from reconciler.problems import ProblemBook
+from reconciler.retractions import retracted_keys
 from store.errors import NotFound
-
-from .audit_join import BlobJoin, CatalogScan
-from .audit_keys import NO_SHA, etag_hashes, fields_hashes
-from .audit_walks import Listed
-from .cataloger import CatalogBatch, Cataloger
-from .context import ReconcilerContext
-from .problems import ProblemBook
-from .retractions import retracted_keys
 
 SOURCE = "audit"
 

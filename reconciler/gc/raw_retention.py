@@ -2,7 +2,7 @@
 
 Off by default (``[retention] raw_days``). Raw retention never deletes anything itself:
 it *retires* accepted hours, and a retired hour's accepted rows stop counting as
-references in the audit's blob join (`reconciler.audit_join`). A blob referenced only by
+references in the audit's blob join (`reconciler.audit.join`). A blob referenced only by
 such rows is then an orphan of kind ``raw-retention`` in the audit's orphan file, and the
 GC deletes it by the whole procedure of PROTOCOL §3.5 — mark, grace, veto, the targeted
 proof in raw retention's variant (the manifest names the blob, its hour is still retired,
@@ -59,7 +59,7 @@ from rollup.table.manifest import LedgerHour, RollupManifestError
 from store.base import ObjectInfo, ObjectStore
 from store.errors import NotFound, PreconditionFailed, StoreError
 
-log = structlog.get_logger("reconciler.raw_retention")
+log = structlog.get_logger("reconciler.gc.raw_retention")
 Fence = Callable[[], Awaitable[None]]
 NS_PER_DAY = 86_400 * keys.NS_PER_S
 MAX_HOURS_PER_RUN = 1_000

@@ -3,7 +3,7 @@
 One Parquet row per raw blob the audit's listing showed older than the retry horizon and
 referenced by no catalog row: ``frame_sha256``, ``size``, ``last_modified_ns`` (the
 listing's LastModified, store time), ``raw_retention`` (true when only accepted rows of
-retired hours reference it, `reconciler.raw_retention`; files written before that column
+retired hours reference it, `reconciler.gc.raw_retention`; files written before that column
 existed read as false). The GC proves rules 1 and 2 of PROTOCOL §3.5 from it.
 """
 

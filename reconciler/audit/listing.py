@@ -1,6 +1,6 @@
 """A full audit's listing as Parquet parts: ranged, parallel, resumable (PROTOCOL §3.9).
 
-`list_for_audit` lists this audit's ranges (`reconciler.audit_ranges`, planned once per
+`list_for_audit` lists this audit's ranges (`reconciler.audit.ranges`, planned once per
 audit) with ``concurrency`` streams over a queue of ranges, each stream writing its
 range's keys as Parquet parts (`LISTING_SCHEMA`, zstd) of at most `PART_KEYS` keys under
 ``<audit_dir><kind>/``, named ``<range:05d>-<part:06d>-n<rows>[-final].parquet`` so a
@@ -33,10 +33,9 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from reconciler.audit.inventory import InventorySource
+from reconciler.audit.ranges import KIND_PREFIXES, KINDS, KeyRange, ListingKind, plan_ranges
 from store.base import ObjectInfo, ObjectStore, list_range
-
-from .audit_ranges import KIND_PREFIXES, KINDS, KeyRange, ListingKind, plan_ranges
-from .inventory import InventorySource
 
 __all__ = [
     "LISTING_SCHEMA",

@@ -24,7 +24,7 @@ audits.
 audit's in-memory set of referenced hashes — naming the referencing record would mean
 reading catalog files per corrupt blob, so ``lm-reconciler problems`` leaves that to the
 operator). A blob that verifies resolves an open ``corrupt-blob`` problem. Missing blobs
-are the audit's blob join's business (`reconciler.audit_join`): a blob deleted between
+are the audit's blob join's business (`reconciler.audit.join`): a blob deleted between
 listing and reading is skipped. A store error stops verification for this audit (logged
 and counted); it never keeps the audit from completing.
 """
@@ -37,13 +37,12 @@ import hashlib
 from collections.abc import AsyncIterator, Callable
 
 from protocol import keys
+from reconciler import store_calls
+from reconciler.audit.partitions import closing
+from reconciler.audit.rate import TokenBucket
+from reconciler.context import ReconcilerContext
+from reconciler.problems import ProblemBook
 from store.errors import StoreError
-
-from . import store_calls
-from .context import ReconcilerContext
-from .listing import closing
-from .problems import ProblemBook
-from .rate import TokenBucket
 
 VERIFY_CURSOR = "verify:" + keys.RAW_BLOBS_PREFIX
 """Key of the verification cursor in `AuditRecord.cursors`."""

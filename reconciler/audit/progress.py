@@ -1,5 +1,5 @@
 """How a full audit reports and saves its progress (the ``progress`` callback of
-`reconciler.audit.run_full_audit`, relayed by the audit worker, shown by
+`reconciler.audit.run.run_full_audit`, relayed by the audit worker, shown by
 ``lm-reconciler audit``)."""
 
 from __future__ import annotations

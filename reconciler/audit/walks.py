@@ -6,7 +6,7 @@ every write succeeded) and keep `WalkState.cursors`, which the
 audit saves in its `AuditRecord` (their meaning is below).
 
 - `ListingWalk`: agent groups (``accepted/v1/agent=<hex>/``) discovered in key order by
-  one listing of ``accepted/v1/`` that skips past large groups (`reconciler.listing.groups`),
+  one listing of ``accepted/v1/`` that skips past large groups (`reconciler.audit.partitions.groups`),
   ``concurrency`` groups at a time (the quarantine prefix is one more group). A group of
   at most `HANDOFF_KEYS` keys comes with the keys discovery read, so it is not listed
   again; a larger one is listed lazily from its cursor. Either way it is audited in chunks
@@ -24,7 +24,7 @@ Cursors (in the audit's record, saved now and then):
   ``"done"``; the quarantine group likewise; the discovery frontier (`FRONTIER`).
 - inventory audits: ``cursors["inventory:manifest"]`` names the report, and
   ``cursors["file:<data file key>"]`` holds the next row to read, or ``"done"``.
-- ``cursors[VERIFY_CURSOR]``: where blob verification stands (`reconciler.verify`); the
+- ``cursors[VERIFY_CURSOR]``: where blob verification stands (`reconciler.audit.blob_verify`); the
   only cursor a completed record keeps, and the one a new audit's record starts with.
 """
 
@@ -36,13 +36,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from protocol import keys
+from reconciler.audit.inventory import InventorySource
+from reconciler.audit.partitions import SKIP_AFTER_KEYS, Group, closing, groups
+from reconciler.context import ReconcilerContext
 from store.base import ObjectInfo
 from store.errors import StoreError
 from store.lease import LeaseLost
-
-from .context import ReconcilerContext
-from .inventory import InventorySource
-from .listing import SKIP_AFTER_KEYS, Group, closing, groups
 
 CHUNK = 32
 HANDOFF_KEYS = SKIP_AFTER_KEYS

@@ -1,5 +1,5 @@
-"""The lines the daemon and its audit worker exchange (`reconciler.audit_child`,
-`reconciler.audit_worker`): one JSON object per line, on the worker's standard input and
+"""The lines the daemon and its audit worker exchange (`reconciler.audit.child`,
+`reconciler.audit.worker`): one JSON object per line, on the worker's standard input and
 output. Also the worker's counters, relayed as snapshots so the daemon's metrics count
 the audit's work as they did when it ran in the daemon's own process."""
 
@@ -11,8 +11,8 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from .audit_progress import AuditProgress
-from .metrics import ReconcilerMetrics
+from reconciler.audit.progress import AuditProgress
+from reconciler.metrics import ReconcilerMetrics
 
 LINE_LIMIT = 64 * 1024 * 1024
 """Longest line either side reads (a catalog file, base64): an audit chunk's file is far

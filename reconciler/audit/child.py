@@ -1,6 +1,6 @@
-"""The daemon's side of a full audit run in a child process (`reconciler.audit_worker`).
+"""The daemon's side of a full audit run in a child process (`reconciler.audit.worker`).
 
-`AuditChild.run` starts ``python -m reconciler.audit_worker`` with pipes on its standard
+`AuditChild.run` starts ``python -m reconciler.audit.worker`` with pipes on its standard
 input and output, sends it the daemon's settings, lease and catalog writer position, and
 then serves it until it exits:
 
@@ -34,14 +34,13 @@ import structlog
 
 from protocol import keys
 from protocol.records import AuditRecord
+from reconciler.audit import wire
+from reconciler.audit.progress import ProgressCallback
+from reconciler.context import ReconcilerContext
 from store.lease import LeaseLost
 
-from . import audit_wire as wire
-from .audit_progress import ProgressCallback
-from .context import ReconcilerContext
-
 log = structlog.get_logger(__name__)
-WORKER_MODULE = "reconciler.audit_worker"
+WORKER_MODULE = "reconciler.audit.worker"
 
 
 class AuditWorkerFailed(RuntimeError):

@@ -1,6 +1,6 @@
-"""The full audit's joins out of core, in DuckDB (`reconciler.audit_sql` holds the SQL).
+"""The full audit's joins out of core, in DuckDB (`reconciler.audit.sql` holds the SQL).
 
-Inputs are local files: the audit's listing parts (`reconciler.audit_listing`'s schema:
+Inputs are local files: the audit's listing parts (`reconciler.audit.listing`'s schema:
 ``key``, ``etag``, ``size``, ``last_modified``) and copies of the catalog files the audit
 pinned (`fetch_catalog`: a pinned file that is gone is `PinnedFileMissing`, never "no
 rows"; one that is not an index file is returned as unreadable, for the caller to move
@@ -13,8 +13,8 @@ Parquet file in the spill directory, which callers read in bounded batches
 (`iter_batches`): nothing is returned as one Python object per row.
 
 Results (`JoinResults`): ``records.parquet`` (records to read, and phantom candidates:
-see `reconciler.audit_sql.RECORD_JOIN`), ``blobs.parquet`` (orphans and missing-blob
-candidates, `reconciler.audit_sql.BLOB_JOIN`), ``referencing.parquet`` (a record that
+see `reconciler.audit.sql.RECORD_JOIN`), ``blobs.parquet`` (orphans and missing-blob
+candidates, `reconciler.audit.sql.BLOB_JOIN`), ``referencing.parquet`` (a record that
 references each missing-blob candidate), and the counts of what was listed.
 """
 
@@ -34,10 +34,9 @@ import pyarrow.parquet as pq
 from index.catalog_local import sql_list, sql_string, write_normalized
 from index.rows import IndexFileError
 from protocol import keys
+from reconciler.audit import sql as audit_sql
 from store.base import ObjectStore
 from store.errors import NotFound
-
-from . import audit_sql
 
 ListingKind = Literal["accepted", "quarantine", "raw-blobs"]
 LISTING_KINDS: tuple[ListingKind, ...] = ("accepted", "quarantine", "raw-blobs")
@@ -234,7 +233,7 @@ class AuditJoins:
 
     def set_retired(self, hours: frozenset[int]) -> None:
         """The hours (start, ns) whose accepted rows keep no blob alive (raw retention's
-        retired hours that hold, `reconciler.raw_retention.Retired.holds`)."""
+        retired hours that hold, `reconciler.gc.raw_retention.Retired.holds`)."""
         con = self._con
         con.execute("DELETE FROM catalog_files")
         if self._catalog:

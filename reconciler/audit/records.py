@@ -13,15 +13,14 @@ from __future__ import annotations
 from index.audits import audit_keys, iter_audits_newest_first
 from protocol import keys
 from protocol.records import AuditRecord
+from reconciler import store_calls
+from reconciler.audit.blob_verify import VERIFY_CURSOR
+from reconciler.audit.inventory import InventorySource
+from reconciler.audit.walks import INVENTORY_CURSOR
+from reconciler.context import ReconcilerContext
 from store.base import ObjectStore
 from store.cas import update_object
 from store.lease import LeaseLost
-
-from . import store_calls
-from .audit_walks import INVENTORY_CURSOR
-from .context import ReconcilerContext
-from .inventory import InventorySource
-from .verify import VERIFY_CURSOR
 
 
 class AuditRecordConflict(RuntimeError):
@@ -97,7 +96,7 @@ async def resume_or_start(
         owner_epoch=ctx.epoch,
         cursors=cursors,
         catalog=True,
-        # Pins every catalog file from the start (PROTOCOL §3.7); `reconciler.audit`
+        # Pins every catalog file from the start (PROTOCOL §3.7); `reconciler.audit.run`
         # narrows and renews it.
         pin_expires_at_unix_ns=ctx.clock.now_ns() + int(ctx.settings.reconciler.audit_pin_s * 1e9),
     )

@@ -2,10 +2,10 @@
 
 1. **Records ↔ catalog**: `CatalogScan.load` reads every catalog file's ``key_digest``,
    ``etag``, ``frame_sha256``, ``accepted_frame_sha256`` and ``time_unix_ns`` columns into
-   `reconciler.audit_keys.CatalogKeys` (per key: the newest row's ETag hash, hashes and
+   `reconciler.audit.catalog_keys.CatalogKeys` (per key: the newest row's ETag hash, hashes and
    time, and whether its rows disagree) and a `ShaPrefixSet` of referenced blob hashes
    (8 bytes a hash). The audit walk looks up each listed chunk
-   (`reconciler.audit_checks`): keys the catalog lacks are read and cataloged; keys whose
+   (`reconciler.audit.checks`): keys the catalog lacks are read and cataloged; keys whose
    ETag differs or whose rows disagree are read and superseded; keys it never shows may
    be phantom rows.
 2. **Blobs ↔ references**: `join_blobs` lists ``raw-blobs/v1/`` once; a blob whose hash the
@@ -13,7 +13,7 @@
    store time) is an *orphan* (written to the audit's orphan file for the GC); the listed
    hashes form a `ShaPrefixSet`, and the referenced hashes it lacks are the candidates
    for ``missing-blob`` problems (confirmed by a HEAD: a blob created after the listing
-   passed its key is not missing). With raw retention (`reconciler.raw_retention`), the
+   passed its key is not missing). With raw retention (`reconciler.gc.raw_retention`), the
    accepted rows of retired hours go to a set of their own, `CatalogScan.retired`: a blob
    only they reference is an orphan flagged ``raw_retention``, and is never missing.
 
@@ -46,15 +46,14 @@ from index import catalog
 from index.digests import KeyDigestSet, ShaPrefixSet, digests_from_arrow, digests_of, sha_prefixes
 from index.rows import IndexRow
 from protocol import keys
+from reconciler.audit.catalog_keys import NO_SHA, CatalogKeys, etag_hashes
+from reconciler.audit.orphans import Orphan
+from reconciler.context import ReconcilerContext
+from reconciler.gc.raw_retention import NOTHING_RETIRED, Retired
+from reconciler.problems import ProblemBook
 from rollup.read.lost import acknowledged_shas
 from store.base import ObjectStore
 from store.errors import NotFound, StoreError
-
-from .audit_keys import NO_SHA, CatalogKeys, etag_hashes
-from .context import ReconcilerContext
-from .orphans import Orphan
-from .problems import ProblemBook
-from .raw_retention import NOTHING_RETIRED, Retired
 
 JOIN_COLUMNS = ["key_digest", "frame_sha256", "accepted_frame_sha256", "time_unix_ns"]
 """What the scan reads of a catalog file (with ``etag`` when the file has it): 16 bytes of
@@ -79,7 +78,7 @@ class CatalogScan:
     record_keys: CatalogKeys = field(default_factory=CatalogKeys)
     referenced: ShaPrefixSet = field(default_factory=ShaPrefixSet)
     retired: ShaPrefixSet = field(default_factory=ShaPrefixSet)
-    """Blobs referenced by accepted rows of retired hours (`reconciler.raw_retention`):
+    """Blobs referenced by accepted rows of retired hours (`reconciler.gc.raw_retention`):
     they do not keep a blob alive, and a blob they alone reference is never missing."""
     retired_batches: int = 0
     files: int = 0
@@ -90,7 +89,7 @@ class CatalogScan:
     async def load(
         cls, ctx: ReconcilerContext, problems: ProblemBook, retired: Retired = NOTHING_RETIRED
     ) -> CatalogScan:
-        """``retired``: raw retention's retired hours (`reconciler.raw_retention`); an
+        """``retired``: raw retention's retired hours (`reconciler.gc.raw_retention`); an
         accepted row of such an hour references its blob only as `retired` does."""
         scan = cls()
         pending: _RetiredHour | None = None

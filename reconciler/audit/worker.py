@@ -1,9 +1,9 @@
-"""The daemon's full audit in a child process: ``python -m reconciler.audit_worker``.
+"""The daemon's full audit in a child process: ``python -m reconciler.audit.worker``.
 
-The daemon (`reconciler.audit_child`) starts this so that the audit's listing parses,
+The daemon (`reconciler.audit.child`) starts this so that the audit's listing parses,
 record reads and joins run on a core (and a GIL) of their own, beside the steady pass
 (PROTOCOL §3.9: "a separate task (or process)"). Internal: started only by the daemon,
-which speaks to it in JSON lines (`reconciler.audit_wire`).
+which speaks to it in JSON lines (`reconciler.audit.wire`).
 
 Standard input, from the daemon: first the start document (the daemon's settings, its
 lease as it holds it, and its catalog writer's position), then lease expiries as the
@@ -57,24 +57,23 @@ from index.catalog import CatalogWriter
 from protocol import keys
 from protocol.clock import Clock, SystemClock
 from protocol.records import LeaseRecord
+from reconciler.audit import wire
+from reconciler.audit.inventory import inventory_from_settings
+from reconciler.audit.run import AuditProgress, run_full_audit
+from reconciler.context import Fence, ReconcilerContext
+from reconciler.metrics import ReconcilerMetrics
 from store import errors as store_errors
 from store.base import ObjectStore
 from store.lease import Lease, LeaseLost
 from store.open import open_store_from_settings
 from store.time import store_clock
 
-from . import audit_wire as wire
-from .audit import AuditProgress, run_full_audit
-from .context import Fence, ReconcilerContext
-from .inventory import inventory_from_settings
-from .metrics import ReconcilerMetrics
-
 HOLD_ENV = "LM_AUDIT_WORKER_HOLD"
 NICENESS = 10
 """Added to the worker's nice value at its start (Linux: about a tenth of the CPU share of
 a nice-0 process that wants the same core)."""
 EXIT_OK, EXIT_FAILED, EXIT_ORPHANED = 0, 1, 3
-log = structlog.get_logger("reconciler.audit_worker")
+log = structlog.get_logger("reconciler.audit.worker")
 
 
 class BorrowedFence(Fence):

@@ -7,7 +7,7 @@ is older than ``reconciler.max_audit_interval_s``. The GC never starts one.
 The daemon starts a due audit as a background task (`start_if_due`) and goes on with its
 steady passes beside it: an audit lists the whole history and must never hold back the
 cataloging of new batches. With ``in_child`` (``lm-reconciler run``) that task runs the
-audit in a child process (`reconciler.audit_child`, `reconciler.audit_worker`), so the
+audit in a child process (`reconciler.audit.child`, `reconciler.audit.worker`), so the
 audit's listing parses, reads and joins take a core and a GIL of their own instead of the
 steady pass's; without it (tests and simulations on in-memory stores) the audit runs in
 the task itself. One audit runs at a time; a failed one is counted and logged, and the
@@ -26,14 +26,13 @@ import structlog
 
 from config import Settings
 from protocol.records import AuditRecord
+from reconciler.audit.child import AuditChild
+from reconciler.audit.inventory import InventorySource
+from reconciler.audit.records import latest_audit, latest_completed_audit
+from reconciler.audit.run import ProgressCallback, run_full_audit
+from reconciler.context import ReconcilerContext
+from reconciler.metrics import ReconcilerMetrics
 from store.lease import LeaseLost
-
-from .audit import ProgressCallback, run_full_audit
-from .audit_child import AuditChild
-from .audit_records import latest_audit, latest_completed_audit
-from .context import ReconcilerContext
-from .inventory import InventorySource
-from .metrics import ReconcilerMetrics
 
 log = structlog.get_logger(__name__)
 STOP_GRACE_S = 3.0

@@ -1,23 +1,23 @@
 """Full audit of ``accepted/v1/`` and ``quarantine/v1/`` against the catalog: an anti-join,
 then the blob join; resumable after a crash from its `AuditRecord` (PROTOCOL §3.7).
 
-1. `CatalogScan.load` (`reconciler.audit_join`): per cataloged key its newest row's ETag
+1. `CatalogScan.load` (`reconciler.audit.join`): per cataloged key its newest row's ETag
    hash, hashes and time, and the referenced hashes, in compact sorted arrays, read from
    the catalog files the audit pinned (``pin_expires_at_unix_ns`` in its record, renewed
    at each save; compaction deletes no pinned file: PROTOCOL §3.7).
-2. The walk (`reconciler.audit_walks`: a listing, or an S3 Inventory report's data files,
+2. The walk (`reconciler.audit.walks`: a listing, or an S3 Inventory report's data files,
    which also holds the cursors' meaning) hands chunks of listed records to `process`
-   (`reconciler.audit_checks`): keys the catalog lacks are read and cataloged, keys whose
+   (`reconciler.audit.checks`): keys the catalog lacks are read and cataloged, keys whose
    ETag differs or whose rows disagree are read and superseded, before the chunk's cursor
    moves. A version-1 store is migrated this way: every record is missing once.
 3. `join_blobs`: one listing of ``raw-blobs/v1/`` joined with the references: orphans
    older than the retry horizon go to the audit's orphan file
    (``reconciler/v1/audit-orphans/...``) for the GC; referenced blobs neither listed nor
    found by a HEAD become ``missing-blob`` problems (resolved when seen again). Accepted
-   rows of hours raw retention retired (`reconciler.raw_retention`) keep no blob alive:
+   rows of hours raw retention retired (`reconciler.gc.raw_retention`) keep no blob alive:
    their blobs are orphans flagged ``raw_retention``, never missing.
 4. A listing audit that walked everything in one run then reports ``phantom-row``s.
-SHA-256 verification of blobs (`reconciler.verify`) runs alongside in rate-limited rounds.
+SHA-256 verification of blobs (`reconciler.audit.blob_verify`) runs alongside in rate-limited rounds.
 
 **What a completed audit promises** (what the GC's rules 1, 2 and 5 rely on, PROTOCOL
 §3.5): every accepted manifest and quarantine record that existed when the audit started
@@ -43,29 +43,28 @@ import asyncio
 
 from protocol import keys
 from protocol.records import AuditRecord
-from store.errors import StoreError
-
-from .audit_checks import RecordJoin, check_phantoms
-from .audit_join import BlobJoin, CatalogScan, join_blobs, record_missing_blobs
-from .audit_progress import PROGRESS_INTERVAL_S as PROGRESS_INTERVAL_S
-from .audit_progress import PROGRESS_RECORDS as PROGRESS_RECORDS
-from .audit_progress import AuditProgress as AuditProgress
-from .audit_progress import ProgressCallback as ProgressCallback
-from .audit_records import (
+from reconciler.audit.blob_verify import VERIFY_CURSOR, BlobVerifier, split_concurrency
+from reconciler.audit.checks import RecordJoin, check_phantoms
+from reconciler.audit.inventory import InventorySource
+from reconciler.audit.join import BlobJoin, CatalogScan, join_blobs, record_missing_blobs
+from reconciler.audit.orphans import encode_orphans
+from reconciler.audit.progress import PROGRESS_INTERVAL_S as PROGRESS_INTERVAL_S
+from reconciler.audit.progress import PROGRESS_RECORDS as PROGRESS_RECORDS
+from reconciler.audit.progress import AuditProgress as AuditProgress
+from reconciler.audit.progress import ProgressCallback as ProgressCallback
+from reconciler.audit.records import (
     latest_audit,
     latest_completed_audit,
     resume_or_start,
     save_audit,
     trim_old_audits,
 )
-from .audit_walks import DONE, FRONTIER, InventoryWalk, Listed, ListingWalk, WalkState
-from .cataloger import Cataloger
-from .context import ReconcilerContext
-from .inventory import InventorySource
-from .orphans import encode_orphans
-from .problems import ProblemBook
-from .raw_retention import retired_for_audit
-from .verify import VERIFY_CURSOR, BlobVerifier, split_concurrency
+from reconciler.audit.walks import DONE, FRONTIER, InventoryWalk, Listed, ListingWalk, WalkState
+from reconciler.cataloger import Cataloger
+from reconciler.context import ReconcilerContext
+from reconciler.gc.raw_retention import retired_for_audit
+from reconciler.problems import ProblemBook
+from store.errors import StoreError
 
 __all__ = [
     "DONE",
@@ -204,7 +203,7 @@ class _AuditRun:
 
     async def process(self, chunk: list[Listed], quarantine: bool) -> bool:
         """Catalog the listed records the catalog lacks or holds otherwise
-        (`reconciler.audit_checks`); True if all went well."""
+        (`reconciler.audit.checks`); True if all went well."""
         result = await self._join.process(chunk)  # each GET takes one of our slots
         batch = result.batch
         try:
@@ -263,7 +262,7 @@ class _AuditRun:
         return self._blobs is not None
 
     async def check_phantoms(self) -> None:
-        """Cataloged keys this run's listing lacked (`reconciler.audit_checks`)."""
+        """Cataloged keys this run's listing lacked (`reconciler.audit.checks`)."""
         self._phantoms = await check_phantoms(
             self._ctx, self.scan, self.problems, started_ns=self._record.started_at_unix_ns
         )

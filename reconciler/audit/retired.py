@@ -1,4 +1,4 @@
-"""Raw retention's retired hours in the audit's joins (`reconciler.raw_retention`).
+"""Raw retention's retired hours in the audit's joins (`reconciler.gc.raw_retention`).
 
 An accepted row of an hour raw retention retired keeps no blob alive (a blob only such
 rows reference is an orphan flagged ``raw_retention``, and is never missing), but only
@@ -13,10 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from protocol import keys
-
-from .audit_duckdb import AuditJoins, CatalogCopy
-from .problems import ProblemBook
-from .raw_retention import Retired
+from reconciler.audit.duckdb_joins import AuditJoins, CatalogCopy
+from reconciler.gc.raw_retention import Retired
+from reconciler.problems import ProblemBook
 
 
 async def settle_retired(

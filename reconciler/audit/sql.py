@@ -1,10 +1,10 @@
 """The full audit's joins as SQL text (PROTOCOL §3.7, §3.9 "full audit", §3.5 rule 5).
 
-One engine runs them today (`reconciler.audit_duckdb`, DuckDB); the text is written for the
+One engine runs them today (`reconciler.audit.duckdb_joins`, DuckDB); the text is written for the
 Spark engine to run as well, over temp views of the same names and columns:
 
 - ``listing(kind, key, etag, size, last_modified_ns)``: the audit's listing parts
-  (`reconciler.audit_listing.LISTING_SCHEMA`, ``last_modified`` as integer nanoseconds),
+  (`reconciler.audit.listing.LISTING_SCHEMA`, ``last_modified`` as integer nanoseconds),
   ``kind`` one of ``accepted``, ``quarantine``, ``raw-blobs``;
 - ``catalog_rows(key, kind, etag, frame_sha256, accepted_frame_sha256, time_unix_ns,
   sha_prefix, key_id, row_rank, retired)``: every row of the catalog files the audit pinned, with
@@ -12,7 +12,7 @@ Spark engine to run as well, over temp views of the same names and columns:
   then sequence; then its place in the file: the newest row of a key is the one that
   counts), ``sha_prefix`` (the first 60 bits of ``frame_sha256`` as a ``BIGINT``: the
   dialect's hex conversion lives in the view) and ``retired`` (an accepted row of an hour
-  raw retention retired and that still holds, `reconciler.raw_retention`: it keeps no
+  raw retention retired and that still holds, `reconciler.gc.raw_retention`: it keeps no
   blob alive). The dialect-specific parts (file names, row positions, hex) live in the
   views: in Spark, ``input_file_name()`` ranked by name, and a row's position from
   ``monotonically_increasing_id()`` within its file.

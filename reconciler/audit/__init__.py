@@ -1,0 +1,9 @@
+"""The full audit (PROTOCOL §3.7, §3.9): `run` (`run_full_audit`: **the audit's steps**,
+resumable from its `records`), the listing (`ranges`, `listing`, `partitions`, `inventory`),
+the joins (`sql` run by `duckdb_joins`; `join`, `catalog_keys`, `checks`, `walks`), the
+orphan file the GC reads (`orphans`), blob verification (`blob_verify`, `rate`), the schedule
+(`schedule`), and the child process the daemon runs it in (`child`, `worker`, `wire`).
+Imports `protocol`, `store`, `index`, `config` and the reconciler's shared modules
+(`context`, `cataloger`, `store_calls`, `problems`); never `reconciler.gc` except
+`gc.raw_retention`'s retired hours.
+"""
