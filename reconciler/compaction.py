@@ -28,7 +28,10 @@ merged when it settles, and until then it is read from a few more files.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
+
+import structlog
 
 from index.catalog import delete_compacted_inputs, list_hour_files
 from index.catalog_local import MergeLimits
@@ -42,6 +45,7 @@ from reconciler.problems import ProblemBook
 from store.base import ObjectInfo
 from store.errors import NotFound, StoreError
 
+log = structlog.get_logger(__name__)
 FANOUT = 8  # files of one level that merge into one of the next
 MAX_LEVELS = 8  # 8^8 level-0 files in one hour: more than any hour holds
 NS_PER_S = 1_000_000_000
@@ -73,26 +77,37 @@ class CatalogCompactor:
     async def run(
         self, ctx: ReconcilerContext, *, force: bool = False, hold_deletes: bool = False
     ) -> CompactionResult:
-        """Merge full levels and settled hours; delete inputs past the grace.
-        ``hold_deletes``: a running audit pinned the catalog files it reads, so no input is
-        deleted now (they wait for a later run)."""
+        """Delete inputs past the grace, then merge full levels and settled hours (in line:
+        `run_once`, tests). ``hold_deletes``: a running audit pinned the catalog files it
+        reads, so no input is deleted now (they wait for a later run)."""
+        result = await self.delete_inputs(ctx, force=force, hold_deletes=hold_deletes)
+        merged = await self.merge(ctx, force=force)
+        merged.inputs_deleted, merged.failed = result.inputs_deleted, result.failed + merged.failed
+        return merged
+
+    async def delete_inputs(
+        self, ctx: ReconcilerContext, *, force: bool = False, hold_deletes: bool = False
+    ) -> CompactionResult:
+        """Delete the inputs of merges older than the grace (a few DELETEs an hour: the
+        daemon runs this in line, so it never overlaps the start of an audit)."""
         result = CompactionResult()
+        if hold_deletes:
+            return result
         now = ctx.clock.now_ns()
-        lookback_ns = int(ctx.settings.reconciler.lookback_s * NS_PER_S)
         grace_s = ctx.settings.reconciler.catalog_grace_s
-        pinned: int | None = None
         due = [
-            hour
+            (hour, at)
             for hour, at in sorted(self._merged_at.items())
-            if not hold_deletes and (force or now - at >= grace_s * NS_PER_S)
+            if force or now - at >= grace_s * NS_PER_S
         ]
-        if due:
-            try:
-                pinned = await live_pin(ctx.store, now)
-            except StoreError as exc:
-                ctx.log.warning("catalog_pin_read_failed", error=str(exc))
-                due = []  # the audits' pins are unknown: delete nothing now
-        for hour in due:
+        if not due:
+            return result
+        try:
+            pinned = await live_pin(ctx.store, now)
+        except StoreError as exc:
+            ctx.log.warning("catalog_pin_read_failed", error=str(exc))
+            return result  # the audits' pins are unknown: delete nothing now
+        for hour, at in due:
             try:
                 await ctx.check_fence()
                 result.inputs_deleted += await delete_compacted_inputs(
@@ -102,11 +117,23 @@ class CatalogCompactor:
                     grace_s=0 if force else grace_s,
                     pinned_through_ns=pinned,
                 )
-                if pinned is None:
-                    del self._merged_at[hour]  # else pinned inputs wait for a later run
+                # Else pinned inputs wait for a later run; and a merge of the hour that
+                # finished meanwhile (`merge` runs beside this in the daemon) keeps its entry.
+                if pinned is None and self._merged_at.get(hour) == at:
+                    del self._merged_at[hour]
             except (StoreError, IndexFileError) as exc:
                 result.failed += 1
                 ctx.log.warning("catalog_input_delete_failed", hour=hour.iso, error=str(exc))
+        if result.inputs_deleted:
+            ctx.log.info("catalog_inputs_deleted", **vars(result))
+        return result
+
+    async def merge(self, ctx: ReconcilerContext, *, force: bool = False) -> CompactionResult:
+        """Merge full levels and settled hours. Deletes nothing, so the daemon runs it as a
+        task beside the steady pass (`CompactionBeside`); `touched` may add files meanwhile."""
+        result = CompactionResult()
+        now = ctx.clock.now_ns()
+        lookback_ns = int(ctx.settings.reconciler.lookback_s * NS_PER_S)
         cataloger = Cataloger(ctx, ProblemBook(ctx))
         limits = MergeLimits(
             memory_limit_mb=max(64, ctx.settings.reconciler.audit_memory_limit_mb // 4)
@@ -115,11 +142,15 @@ class CatalogCompactor:
             settled = hour.next().start_ns + lookback_ns <= now
             try:
                 if settled or force:
+                    covered = set(self._levels[hour])  # what `touched` added so far
                     files = await list_hour_files(ctx.store, hour)
+                    covered.update(info.key for info in files)
                     if len(files) >= 2:
                         level = 1 + max(self._levels[hour].values(), default=0)
-                        await self._merge(ctx, cataloger, hour, files, level, limits, result)
-                    del self._levels[hour]
+                        covered.add(
+                            await self._merge(ctx, cataloger, hour, files, level, limits, result)
+                        )
+                    self._forget(hour, covered)
                     continue
                 for _cascade in range(MAX_LEVELS):  # a merge may fill the next level
                     full = self._full_levels(hour)
@@ -130,9 +161,19 @@ class CatalogCompactor:
             except (StoreError, IndexFileError, NotFound) as exc:
                 result.failed += 1
                 ctx.log.warning("catalog_compaction_failed", hour=hour.iso, error=str(exc))
-        if result.hours_compacted or result.inputs_deleted:
+        if result.hours_compacted:
             ctx.log.info("catalog_compacted", **vars(result))
         return result
+
+    def _forget(self, hour: keys.UtcHour, merged: set[str]) -> None:
+        """A settled hour was merged whole: forget the files known before its listing, the
+        files listed and the merged output; a file `touched` while it ran stays, for the
+        next run to merge with that output."""
+        known = self._levels.get(hour, {})
+        for name in merged:
+            known.pop(name, None)
+        if not known:
+            self._levels.pop(hour, None)
 
     def _full_levels(self, hour: keys.UtcHour) -> list[tuple[int, list[ObjectInfo]]]:
         """Each level of the hour holding `FANOUT` or more known files (lowest first)."""
@@ -154,7 +195,8 @@ class CatalogCompactor:
         level: int,
         limits: MergeLimits,
         result: CompactionResult,
-    ) -> None:
+    ) -> str:
+        """Merge ``files`` into one of ``level``; returns the merged file's key."""
         await ctx.check_fence()
         compaction = await merge_files(
             ctx.store, ctx.catalog_writer, hour, files, level=level, limits=limits
@@ -168,8 +210,49 @@ class CatalogCompactor:
         self._merged_at[hour] = ctx.clock.now_ns()
         result.hours_compacted += 1
         result.files_merged += len(compaction.inputs)
+        return compaction.merged_key
 
 
 def _info(key: str) -> ObjectInfo:
     """A file known by name only (`merge_files` reads inputs by key)."""
     return ObjectInfo(key=key, size=0, etag="", last_modified_ns=0)
+
+
+class CompactionBeside:
+    """The daemon's compaction (PROTOCOL §3.9: nothing holds the steady pass for long): the
+    deletes due run in line, each pass, where they cannot overlap the start of an audit;
+    the merges — one DuckDB merge can take seconds to minutes while an audit writes many
+    small files — run as one task beside the loop, a new run started when the last one
+    finished. Merges delete nothing, and check the fence before each merge."""
+
+    def __init__(self, compactor: CatalogCompactor) -> None:
+        self._compactor = compactor
+        self._task: asyncio.Task[CompactionResult] | None = None
+
+    async def step(self, ctx: ReconcilerContext, *, hold_deletes: bool) -> CompactionResult:
+        """The deletes due now, plus what the merge run that finished since the last step
+        did (its error, such as `LeaseLost`, is raised here); starts the next merge run."""
+        result = await self._compactor.delete_inputs(ctx, hold_deletes=hold_deletes)
+        task = self._task
+        if task is not None and task.done():
+            self._task = None
+            merged = task.result()
+            result.hours_compacted, result.files_merged = (
+                merged.hours_compacted,
+                merged.files_merged,
+            )
+            result.failed += merged.failed
+        if self._task is None:
+            self._task = asyncio.create_task(self._compactor.merge(ctx), name="catalog-compaction")
+        return result
+
+    async def stop(self) -> None:
+        """Let a running merge run finish (a lost lease ends it at its next merge); its
+        error is logged, not raised: the term is over either way."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        try:
+            await task
+        except Exception as exc:  # logged: the loop ends or goes standby either way
+            log.warning("catalog_compaction_ended", error=f"{type(exc).__name__}: {exc}")

@@ -45,7 +45,7 @@ from protocol.records import AuditRecord, RecordError
 from reconciler.audit.inventory import InventorySource
 from reconciler.audit.run import ProgressCallback, run_full_audit
 from reconciler.audit.schedule import AuditSchedule
-from reconciler.compaction import CatalogCompactor
+from reconciler.compaction import CatalogCompactor, CompactionBeside
 from reconciler.context import Fence, GcMemory, ReconcilerContext, default_owner_id
 from reconciler.log_retention import sweep_log
 from reconciler.metrics import ReconcilerMetrics
@@ -102,6 +102,7 @@ class Reconciler:
         self._fence: Fence | None = None
         self._last_gc: float | None = None
         self.compactor = CatalogCompactor()
+        self.compaction_beside = CompactionBeside(self.compactor)
         self.suspects = OrphanSuspects()
         self.gc_memory = GcMemory()
         self._etags_attest: bool | None = None
@@ -144,6 +145,7 @@ class Reconciler:
                 except LeaseLost as exc:
                     log.warning("reconciler_now_standby", reason=str(exc))
                 finally:
+                    await self.compaction_beside.stop()
                     await self.audits.stop()
                     await self._end_term(fence)
         finally:
@@ -232,9 +234,12 @@ class Reconciler:
         if not self._stopping.is_set():
             # An audit running here pinned the catalog files it will read: compaction
             # merges, but deletes no input until it is done (PROTOCOL §3.7 pins).
+            hold = self.audits.running
             report.compaction = await self._stage(
                 "compaction",
-                lambda: self.compactor.run(ctx, hold_deletes=self.audits.running),
+                (lambda: self.compaction_beside.step(ctx, hold_deletes=hold))
+                if background_audit  # the daemon: merges beside the steady pass
+                else (lambda: self.compactor.run(ctx, hold_deletes=hold)),
                 isolate_errors,
             )
         if not self._stopping.is_set() and self._log_sweep_due():
