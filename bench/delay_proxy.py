@@ -16,6 +16,8 @@ from pathlib import Path
 from bench._common import REPO_ROOT, stop_pid_process
 from chaos.s3_server import die_with_parent_hook
 
+LINE_CHUNKS = 64  # chunks (of up to 64 KiB) the delay line holds per direction
+
 
 @dataclass
 class DelayProxy:
@@ -116,7 +118,9 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
             await writer.drain()
         writer.write_eof()
         return
-    line: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+    # Bounded (64 chunks of up to 64 KiB in flight): a slow receiver makes the reader wait
+    # instead of the proxy buffering a whole upload.
+    line: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(maxsize=LINE_CHUNKS)
 
     async def release() -> None:
         while True:
@@ -131,9 +135,18 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
             await writer.drain()
 
     releaser = asyncio.create_task(release())
+
+    async def enqueue(item: tuple[float, bytes]) -> None:
+        """Put ``item`` on the line, or end if the releaser ended (its peer closed)."""
+        putter = asyncio.ensure_future(line.put(item))
+        await asyncio.wait({putter, releaser}, return_when=asyncio.FIRST_COMPLETED)
+        if not putter.done():
+            putter.cancel()
+            await releaser  # raises the releaser's error
+
     try:
         while chunk := await reader.read(1 << 16):
-            line.put_nowait((loop.time() + delay_s, chunk))
+            await enqueue((loop.time() + delay_s, chunk))
     finally:
-        line.put_nowait((0.0, b""))
+        await enqueue((0.0, b""))
     await releaser
