@@ -74,6 +74,20 @@ class GcSettings(Section):
     """Blobs a GC run works on at once (marking, reading marks, deleting): each blob's
     steps are a few small requests, independent of every other blob's, so a run over many
     (raw retention retires every rolled-up batch) is bound by latency, not the store."""
+    inventory_proves: bool = False
+    """Let a completed audit read from an S3 Inventory report (``[reconciler]
+    inventory``) serve as the GC's rule-5 audit (PROTOCOL §3.5). Off: an Inventory only
+    nominates, and the GC waits for a listing audit. **The risk**: a report is not a
+    snapshot — objects written shortly before its ``creationTimestamp`` may be missing —
+    so a record the report omits and no log row named is not cataloged, and the blob it
+    references looks orphan. The GC therefore trusts a report only for blobs whose
+    LastModified + ``retry_horizon_s`` + ``inventory_lag_s`` is before the report (every
+    record naming such a blob was created at least ``inventory_lag_s`` before it), and
+    still checks presence by a HEAD (rule 1) and proves each candidate (rule 7). Turn it
+    on only if your Inventory's delivery lag is well within ``inventory_lag_s``."""
+    inventory_lag_s: Seconds = 2 * 24 * 3600.0
+    """How long before a report's ``creationTimestamp`` an object must exist to be surely
+    in it (with ``inventory_proves``)."""
     delete_expiry_s: int = Field(default=5, ge=1, le=7 * 24 * 3600)
     """Lifetime of each pre-signed blob DELETE (``X-Amz-Expires``, PROTOCOL §3.5 rule 6).
     It is sent only while the reconciler lease outlives it (plus the clock skew), and the

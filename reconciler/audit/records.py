@@ -84,9 +84,12 @@ async def resume_or_start(
     if latest is not None and VERIFY_CURSOR in latest.cursors:
         cursors[VERIFY_CURSOR] = latest.cursors[VERIFY_CURSOR]  # verification goes on
     # Before the start time is taken: every catalog file created after the start is named
-    # by an entry from here on (the GC's rule 2 reads them). Not for an inventory, which
-    # counts from the report's creation, before now.
-    position = ctx.catalog_writer.position() if report is None else None
+    # by an entry from here on (the GC's rule 2 reads them). Also for an inventory, whose
+    # audit counts as started at the report's creation, before now: the catalog files
+    # created between the report and this position are among those the audit reads (it
+    # pins and joins every catalog file there is when it starts), so rule 2 still sees
+    # every row — needed only where ``gc.inventory_proves`` lets such an audit prove.
+    position = ctx.catalog_writer.position()
     record = AuditRecord(
         audit_id=f"{ctx.rng.getrandbits(64):016x}",
         # An inventory shows the bucket as of its creation: the audit counts from then.

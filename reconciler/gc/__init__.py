@@ -4,9 +4,11 @@ Only raw blobs are ever deleted; manifests and quarantine records never are. A b
 deleted only when every rule of §3.5 holds, each checked where its module says:
 
 - rule 3 (marked, then ``mark_grace``): `candidates` marks, `collector` waits;
-- rules 1, 2, 4, 5 against the *rule-5 audit* — the latest completed listing audit,
-  which the daemon runs on schedule and **the GC never starts** (a candidate waits for
-  the next one) — its orphan file, a HEAD after the mark unless the audit listed after
+- rules 1, 2, 4, 5 against the *rule-5 audit* — the latest completed listing audit (or,
+  with ``gc.inventory_proves``, one read from an S3 Inventory report: then only for blobs
+  older than the report by the horizon plus ``gc.inventory_lag_s``, and presence by a
+  HEAD), which the daemon runs on schedule and **the GC never starts** (a candidate
+  waits for the next one) — its orphan file, a HEAD after the mark unless the audit listed after
   it, the catalog files created since it started (`catalog_since`), vetoes: `deletion`;
 - rule 7, the targeted proof (B read whole, its identity's manifest in both agent key
   forms, one LIST of its quarantine prefix per form; raw retention's variant for the

@@ -97,10 +97,13 @@ class Deleter:
 
         async def one(item: tuple[str, records.GcMark]) -> None:
             mark_key, mark = item
-            listed_after_mark = audit.started_at_unix_ns > mark.marked_at_unix_ns
+            audit_after_mark = audit.started_at_unix_ns > mark.marked_at_unix_ns
+            # An Inventory report (gc.inventory_proves) may still list an object deleted
+            # shortly before it: its presence is checked by a HEAD (rule 1's other way).
+            listed_after_mark = audit_after_mark and audit.source == "listing"
             found = orphans.get(mark.frame_sha256)
             if found is None:
-                if listed_after_mark:  # referenced, gone or young in a listing after it
+                if audit_after_mark:  # referenced, gone or young in a listing after it
                     await self.withdraw(mark_key)
                 return  # else: wait for an audit that listed after the mark
             if mark.frame_sha256 in work.vetoes:
@@ -113,7 +116,8 @@ class Deleter:
                     await self.withdraw(mark_key)
                     return
                 last_modified = info.last_modified_ns
-            if last_modified + work.policy.horizon_ns >= audit.started_at_unix_ns:
+            horizon = work.policy.audit_horizon_ns(audit)
+            if horizon is None or last_modified + horizon >= audit.started_at_unix_ns:
                 return  # rule 5: wait for an audit through the blob's age horizon
             chosen.append(Candidate(mark_key, mark, last_modified, by_retention))
 

@@ -26,6 +26,10 @@ class GcPolicy:
     max_frame_bytes: int = 8 * 1024 * 1024
     """No valid blob is larger (``ingest.max_frame_bytes``): rule 7 reads a candidate
     whole only up to this; a larger one is a ``corrupt-blob`` problem, never deleted."""
+    inventory_lag_s: float | None = None
+    """``gc.inventory_lag_s`` when ``gc.inventory_proves``: an audit read from an S3
+    Inventory report then serves as the rule-5 audit for blobs older than the report by
+    the horizon plus this; None: such an audit proves nothing (the default)."""
     concurrency: int = 1
     """Marks, mark reads, proofs and deletions in flight at once (``gc.concurrency``):
     each blob's steps are independent of every other blob's, and `for_each_bounded`
@@ -45,6 +49,8 @@ class GcPolicy:
             raise ValueError(f"max_item_errors must be >= 0, got {self.max_item_errors}")
         if self.delete_expiry_s < 1 or self.max_clock_skew_s < 0:
             raise ValueError("delete_expiry_s must be >= 1 and max_clock_skew_s >= 0")
+        if self.inventory_lag_s is not None and self.inventory_lag_s < 0:
+            raise ValueError(f"inventory_lag_s must be >= 0, got {self.inventory_lag_s}")
         if self.max_network_delay_s < 0 or self.max_frame_bytes < 1:
             raise ValueError("max_network_delay_s must be >= 0 and max_frame_bytes >= 1")
         settle = self.delete_expiry_s + self.max_clock_skew_s + self.max_network_delay_s
@@ -61,6 +67,16 @@ class GcPolicy:
     @property
     def horizon_ns(self) -> int:
         return int(self.retry_horizon_s * NS)
+
+    def audit_horizon_ns(self, audit: records.AuditRecord) -> int | None:
+        """How much older than ``audit``'s start a blob must be for the audit to prove it
+        (rule 5): the retry horizon after a listing; plus ``inventory_lag_s`` after an
+        Inventory report; None when the audit proves nothing."""
+        if audit.source == "listing":
+            return self.horizon_ns
+        if self.inventory_lag_s is None:
+            return None
+        return self.horizon_ns + int(self.inventory_lag_s * NS)
 
 
 class GcRefused(Exception):

@@ -102,8 +102,11 @@ def _collector(ctx: ReconcilerContext, delete_store: ObjectStore | None) -> Garb
             max_network_delay_s=settings.store.connect_timeout_s,
             max_frame_bytes=settings.ingest.max_frame_bytes,
             concurrency=settings.gc.concurrency,
+            inventory_lag_s=settings.gc.inventory_lag_s if settings.gc.inventory_proves else None,
         ),
-        latest_audit=lambda: latest_listing_audit(ctx.store),
+        latest_audit=lambda: latest_listing_audit(
+            ctx.store, inventory_proves=settings.gc.inventory_proves
+        ),
         fence=ctx.check_fence,
         lease=ctx.fence.term,
         delete_store=delete_store,
@@ -145,15 +148,19 @@ async def _gc_role_store(ctx: ReconcilerContext) -> AsyncIterator[ObjectStore | 
         await opened.close()
 
 
-async def latest_listing_audit(store: ObjectStore) -> records.AuditRecord | None:
+async def latest_listing_audit(
+    store: ObjectStore, *, inventory_proves: bool = False
+) -> records.AuditRecord | None:
     """The newest completed catalog audit that *listed* the store. An S3 Inventory report
     is not an exact snapshot (objects written shortly before it may be missing), so it
-    proves nothing about references for GC; an audit of the previous version (no
-    ``catalog``) wrote no orphan file."""
+    proves nothing about references for GC unless ``inventory_proves`` (``gc.inventory_
+    proves``: then only for blobs old enough, `GcPolicy.audit_horizon_ns`); an audit of the
+    previous version (no ``catalog``) wrote no orphan file."""
     from index.audits import iter_audits_newest_first
 
+    sources = ("listing", "inventory") if inventory_proves else ("listing",)
     async for audit in iter_audits_newest_first(store):
-        if audit.status == "completed" and audit.source == "listing" and audit.catalog:
+        if audit.status == "completed" and audit.source in sources and audit.catalog:
             return audit
     return None
 

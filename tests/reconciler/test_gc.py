@@ -150,7 +150,9 @@ class World:
             store=self.store,
             clock=self.clock,
             policy=self.policy,
-            latest_audit=lambda: latest_listing_audit(self.store),
+            latest_audit=lambda: latest_listing_audit(  # as `reconciler.gc.run` wires it
+                self.store, inventory_proves=self.policy.inventory_lag_s is not None
+            ),
             fence=fence.check,
             lease=fence.term,
             delete_store=delete_store,
