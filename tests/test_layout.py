@@ -59,9 +59,7 @@ ROLLUP_ALLOWED: dict[str, set[str]] = {
 # What is still to be done (issue 25): each entry goes when it is fixed.
 KNOWN_CYCLES: set[frozenset[str]] = set()
 KNOWN_WRONG_WAY: set[tuple[str, str]] = set()
-KNOWN_LONG: set[str] = {
-    "store.s3",
-}
+KNOWN_LONG: set[str] = set()
 
 
 def _modules() -> dict[str, Path]:
