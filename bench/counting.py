@@ -6,52 +6,26 @@ and the *area* of the key it touches (`area_of`: ``raw-blobs``, ``accepted``,
 ``index-log``, ``reconciler/audits``, ...). One proxy per process role (collectors,
 reconciler, rollup, ...) makes the counts attributable without asking the processes.
 
-S3 prices requests by class: **PUT-class** = PUT, COPY, POST, LIST (`PUT_CLASS`);
-**GET-class** = GET, HEAD and everything else (DELETE is free on S3, counted GET-class
-here to be conservative). Prices: $0.005 per 1,000 PUT-class and $0.0004 per 1,000
-GET-class requests (S3 Standard, us-east-1).
+In-process benchmarks count at the store instead (`store.counting.CountingStore`), in the
+same vocabulary: the request classes (`PUT_CLASS`, `request_class`, `by_class`), `area_of`
+and `Tally` are `store.counting`'s, so one place says how S3 bills a request. Prices:
+$0.005 per 1,000 PUT-class and $0.0004 per 1,000 GET-class requests (S3 Standard,
+us-east-1).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from aiohttp import web
 
 from chaos.faults import classify
 from chaos.proxy import FaultProxy
+from store.counting import PUT_CLASS, Tally, area_of, by_class, request_class
 
-PUT_CLASS = frozenset({"put", "put_if_none_match", "put_if_match", "post", "list"})
 PRICE_PER_1K = {"PUT": 0.005, "GET": 0.0004}
-Tally = Counter[tuple[str, str]]
-"""Requests by ``(operation, area)``."""
-
-
-def request_class(op: str) -> str:
-    """``"PUT"`` or ``"GET"``: how S3 bills an operation of `chaos.faults.classify`."""
-    return "PUT" if op in PUT_CLASS else "GET"
-
-
-def area_of(key: str) -> str:
-    """The part of the layout a key (or a LIST prefix) belongs to (PROTOCOL §3)."""
-    parts = key.split("/")
-    top = parts[0]
-    if top == "index" and len(parts) > 2:
-        return f"index-{parts[2]}"  # index-log, index-catalog, index-unreadable
-    if top in ("reconciler", "gc", "rollup") and len(parts) > 2 and parts[2]:
-        name = parts[2].removesuffix(".json")
-        return f"{top}/{name}"
-    if top == "work":
-        return "work-markers"
-    return top or "(root)"
-
-
-def by_class(tally: Tally) -> dict[str, int]:
-    totals = {"PUT": 0, "GET": 0}
-    for (op, _area), count in tally.items():
-        totals[request_class(op)] += count
-    return totals
 
 
 def dollars(put: float, get: float) -> float:
@@ -88,3 +62,32 @@ class CountingProxy(FaultProxy):
 def since(now: Tally, before: Mapping[tuple[str, str], int]) -> Tally:
     """What was counted between two snapshots."""
     return Counter({k: n - before.get(k, 0) for k, n in now.items() if n - before.get(k, 0)})
+
+
+def attach_wire_count(client: Any) -> Counter[str]:
+    """Count an S3 client's own requests by operation (signed DELETEs bypass it: aiohttp),
+    to cross-check a `store.counting.CountingStore` on MiniStack."""
+    counts: Counter[str] = Counter()
+
+    def after(model: Any, **_: Any) -> None:
+        counts[model.name] += 1
+
+    client.meta.events.register("after-call.s3", after)
+    client.meta.events.register("after-call-error.s3", after)
+    return counts
+
+
+__all__ = [
+    "PRICE_PER_1K",
+    "PUT_CLASS",
+    "CountingProxy",
+    "Tally",
+    "area_of",
+    "attach_wire_count",
+    "by_class",
+    "describe",
+    "dollars",
+    "request_class",
+    "select",
+    "since",
+]

@@ -22,7 +22,7 @@ In process, on MiniStack:
    ``max(loop_interval_s, gc.mark_grace_s)``), on a clock running ahead of MiniStack by
    ``retry_horizon_s`` + 60 s, so every blob is past the horizon when its first pass starts
    the first scheduled audit. Each GC run is counted through
-   `bench.counting_store.CountingStore.scope` (its own requests and its tasks', not the
+   `store.counting.CountingStore.scope` (its own requests and its tasks', not the
    audit's or the lease renewer's running beside it). When a run ends, the benchmark waits
    (real time, bounded) for a running audit to finish and moves the clock on by
    ``gc.mark_grace_s`` + 1 s: the daemon's next pass runs the next GC at once, as it would
@@ -67,7 +67,6 @@ from typing import Any
 from unittest import mock
 
 import reconciler.daemon
-from bench.counting_store import CountingStore
 from bench.gc_report import GcRun, Result, render
 from bench.gc_seed import Seeded, seed
 from chaos.s3_server import (
@@ -87,6 +86,7 @@ from reconciler.daemon import Reconciler
 from reconciler.gc.policy import GcOutcome
 from reconciler.gc.run import run_gc as real_run_gc
 from store.base import ObjectStore
+from store.counting import CountingStore
 from store.errors import NotFound
 from store.fs import FileSystemStore
 from store.s3 import S3Store

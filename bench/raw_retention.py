@@ -23,7 +23,7 @@ deleted by raw retention, ``raw-blobs/v1/`` empty and every manifest still prese
 mark left and no problem recorded. The report says whether the GC phases' requests were
 identical across the concurrencies (they should be: concurrency changes only the order).
 
-Requests are counted by a `bench.counting_store.CountingStore` around each store and
+Requests are counted by a `store.counting.CountingStore` around each store and
 classed as `bench.counting` does (PUT-class: PUT, COPY, POST, LIST; GET-class: the rest,
 DELETE included though S3 does not bill it); on MiniStack the S3 client's own request
 count is printed beside the wrapper's. Wall times are of the whole `run_gc` call, with
@@ -52,8 +52,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from bench._common import CpuMeter
-from bench.counting import since
-from bench.counting_store import CountingStore, attach_wire_count
+from bench.counting import attach_wire_count, since
 from bench.delay_proxy import start_delay_proxy
 from bench.proc_exit import uptime
 from bench.raw_retention_report import Variant, render
@@ -82,6 +81,7 @@ from rollup.table.commit import commit, load_latest
 from rollup.table.ledger import LedgerRow, write_ledger_files
 from rollup.table.owner import OwnerLease
 from store.base import ObjectStore
+from store.counting import CountingStore
 from store.fs import FileSystemStore
 from store.s3 import S3Store
 

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from bench.counting import PRICE_PER_1K, Tally, by_class, describe, dollars
-from bench.counting_store import CountingStore
 from protocol.clock import ManualClock
 from reconciler.context import ReconcilerContext
+from store.counting import CountingStore
 
 
 @dataclass

@@ -28,8 +28,9 @@ from rollup.table.commit import VersionNotFound
 from rollup.table.manifest import parse_created_at
 from rollup.table.owner import OwnerLease
 from rollup.table.storage import arrow_filesystem
+from store.counting import CountingStore
 from store.memory import MemoryStore
-from tests.rollup.dataset_builder import CountingStore, commit_rows, hour_at, points
+from tests.rollup.dataset_builder import commit_rows, hour_at, points
 
 VERSIONS = 12
 MANIFESTS = keys.ROLLUP_MANIFESTS_PREFIX

@@ -10,18 +10,15 @@ a per-object derived entry: the index is the log and the catalog (PROTOCOL §3.7
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import os
 import random
 import subprocess
 import sys
 import uuid
-from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
@@ -35,10 +32,9 @@ from protocol.frame_encode import encode_frame, points_table
 from protocol.records import AcceptedManifest, AuditRecord, IdentityConflict
 from reconciler.context import ReconcilerContext, open_context
 from reconciler.metrics import ReconcilerMetrics
-from store.base import ObjectInfo, ObjectStore
+from store.base import ObjectStore
 from store.memory import MemoryStore
 
-T = TypeVar("T")
 T0_NS = 1_760_000_000_000_000_000  # 2025-10-09T08:53:20Z
 HOUR_NS = 3600 * keys.NS_PER_S
 
@@ -239,98 +235,6 @@ async def audits_until_a_verification_round_ends(
 
 async def keys_under(store: ObjectStore, prefix: str = "") -> set[str]:
     return {info.key async for info in store.list(prefix)}
-
-
-def kind_of(key: str) -> str:
-    """What a request is about: ``log``/``catalog``/``unreadable`` under ``index/v1/``,
-    else the key's first segment (``accepted``, ``quarantine``, ``raw-blobs``, ``work``,
-    ``reconciler``, ...)."""
-    parts = key.split("/")
-    return parts[2] if parts[0] == "index" and len(parts) > 2 else parts[0]
-
-
-class CountingStore:
-    """Wraps any store: counts requests as ``"<op> <kind>"`` (`kind_of`; puts split into
-    ``put``/``create``), the keys each LIST returned, and every key read; with
-    ``overlap``, yields before each call so that concurrent calls really overlap (as on
-    S3) and records the most in flight at once."""
-
-    def __init__(self, inner: ObjectStore, *, overlap: bool = False) -> None:
-        self.inner = inner
-        self.url = inner.url
-        self.calls: Counter[str] = Counter()
-        self.listed: Counter[str] = Counter()
-        self.gets: list[str] = []
-        self.heads: list[str] = []
-        self.lists: list[tuple[str, str | None]] = []
-        self._overlap = overlap
-        self.in_flight = 0
-        self.max_in_flight = 0
-
-    def clear(self) -> None:
-        self.calls.clear()
-        self.listed.clear()
-        self.gets.clear()
-        self.heads.clear()
-        self.lists.clear()
-
-    async def _counted(self, call: Callable[[], Awaitable[T]]) -> T:
-        self.in_flight += 1
-        self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        try:
-            if self._overlap:
-                await asyncio.sleep(0)  # let other tasks start theirs
-            return await call()
-        finally:
-            self.in_flight -= 1
-
-    async def get(self, key: str) -> tuple[bytes, str]:
-        self.calls[f"get {kind_of(key)}"] += 1
-        self.gets.append(key)
-        return await self._counted(lambda: self.inner.get(key))
-
-    async def head(self, key: str) -> ObjectInfo:
-        self.calls[f"head {kind_of(key)}"] += 1
-        self.heads.append(key)
-        return await self._counted(lambda: self.inner.head(key))
-
-    async def put(
-        self, key: str, body: bytes, *, if_none_match: bool = False, if_match: str | None = None
-    ) -> str:
-        self.calls[f"{'create' if if_none_match else 'put'} {kind_of(key)}"] += 1
-        return await self._counted(
-            lambda: self.inner.put(key, body, if_none_match=if_none_match, if_match=if_match)
-        )
-
-    async def put_file(
-        self, key: str, path: str, *, if_none_match: bool = False, if_match: str | None = None
-    ) -> str:
-        self.calls[f"{'create' if if_none_match else 'put'} {kind_of(key)}"] += 1
-        return await self._counted(
-            lambda: self.inner.put_file(key, path, if_none_match=if_none_match, if_match=if_match)
-        )
-
-    async def list(self, prefix: str, start_after: str | None = None) -> AsyncIterator[ObjectInfo]:
-        self.calls[f"list {kind_of(prefix)}"] += 1
-        self.lists.append((prefix, start_after))
-        async for info in self.inner.list(prefix, start_after):
-            self.listed[kind_of(prefix)] += 1
-            yield info
-
-    async def common_prefixes(self, prefix: str) -> AsyncIterator[str]:
-        self.calls[f"list {kind_of(prefix)}"] += 1
-        async for folder in self.inner.common_prefixes(prefix):
-            yield folder
-
-    async def delete(self, key: str) -> None:
-        self.calls[f"delete {kind_of(key)}"] += 1
-        await self.inner.delete(key)
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    def gets_under(self, prefix: str) -> list[str]:
-        return [key for key in self.gets if key.startswith(prefix)]
 
 
 @pytest.fixture

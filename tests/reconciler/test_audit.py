@@ -19,10 +19,10 @@ from reconciler.audit.records import create_audit, latest_audit, latest_complete
 from reconciler.audit.run import DONE, FRONTIER, VERIFY_CURSOR, AuditProgress, run_full_audit
 from reconciler.problems import ProblemBook, count_problems
 from reconciler.steady import SteadyScanner
+from store.counting import CountingStore
 from store.memory import MemoryStore
 from tests.reconciler.conftest import (
     T0_NS,
-    CountingStore,
     audits_until_a_verification_round_ends,
     catalog_keys,
     context,
@@ -57,9 +57,11 @@ async def test_an_audit_catalogs_exactly_what_the_log_lost(
     assert record.status == "completed" and record.catalog
     assert (record.manifests_seen, record.quarantines_seen, record.cataloged) == (12, 1, 6)
     lost = {b.key for b in batches[7:]}
-    assert sorted(store.gets_under(keys.ACCEPTED_PREFIX)) == sorted(lost)  # only those
-    assert store.gets_under(keys.QUARANTINE_PREFIX) == [conflict.quarantine_key]
-    assert store.calls["get catalog"] == 1  # the steady pass's one file, read once
+    assert sorted(store.keys_of("get", keys.ACCEPTED_PREFIX)) == sorted(lost)  # only those
+    assert store.keys_of("get", keys.QUARANTINE_PREFIX) == [conflict.quarantine_key]
+    assert (
+        store.count("get", keys.INDEX_CATALOG_PREFIX) == 1
+    )  # the steady pass's one file, read once
     assert await catalog_keys(memory_store) == {b.key for b in batches} | {conflict.quarantine_key}
     markers = await keys_under(memory_store, keys.ROLLUP_WORK_PREFIX)
     assert {keys.parse_rollup_work_marker_key(m) for m in markers} == await keys_under(
@@ -70,8 +72,8 @@ async def test_an_audit_catalogs_exactly_what_the_log_lost(
     clock.advance(60)
     again = await run_full_audit(ctx)
     assert again.status == "completed" and again.cataloged == 0
-    assert store.gets_under(keys.ACCEPTED_PREFIX) == []  # known records cost nothing more
-    assert store.gets_under(keys.QUARANTINE_PREFIX) == []
+    assert store.keys_of("get", keys.ACCEPTED_PREFIX) == []  # known records cost nothing more
+    assert store.keys_of("get", keys.QUARANTINE_PREFIX) == []
 
 
 async def test_the_orphan_file_holds_unreferenced_blobs_older_than_the_horizon(
@@ -110,7 +112,9 @@ async def test_a_missing_blob_is_a_problem_naming_its_record_until_it_is_back(
     record = await run_full_audit(ctx)
 
     assert record.status == "completed" and record.problems == 1
-    assert store.heads == [victim.manifest.raw_blob_key]  # the one not listed is confirmed
+    assert store.keys_of("head") == [
+        victim.manifest.raw_blob_key
+    ]  # the one not listed is confirmed
     body, _ = await memory_store.get(keys.problem_key("missing-blob", victim.manifest.raw_blob_key))
     assert victim.key in ProblemRecord.from_json(body).detail
 
@@ -156,7 +160,7 @@ async def test_an_interrupted_audit_resumes_where_it_stopped_with_its_start(
     assert not listed & finished
     discovery = [after for prefix, after in store.lists if prefix == keys.ACCEPTED_PREFIX]
     assert discovery and all(after is not None and after > frontier for after in discovery)
-    assert not set(store.gets_under(keys.ACCEPTED_PREFIX)) & cataloged_before
+    assert not set(store.keys_of("get", keys.ACCEPTED_PREFIX)) & cataloged_before
     assert await catalog_keys(memory_store) == {b.key for b in batches} | {conflict.quarantine_key}
     assert await latest_completed_audit(memory_store) == resumed
 
@@ -235,7 +239,7 @@ async def test_an_unreadable_catalog_file_is_moved_aside_and_its_records_catalog
     record = await run_full_audit(ctx)
 
     assert record.status == "completed" and record.cataloged == 3
-    assert sorted(store.gets_under(keys.ACCEPTED_PREFIX)) == sorted(b.key for b in batches[:3])
+    assert sorted(store.keys_of("get", keys.ACCEPTED_PREFIX)) == sorted(b.key for b in batches[:3])
     aside = keys.INDEX_UNREADABLE_PREFIX + broken.removeprefix("index/v1/")
     assert await memory_store.get(aside) and broken not in await keys_under(memory_store)
     assert kept in await keys_under(memory_store, keys.INDEX_CATALOG_PREFIX)

@@ -22,12 +22,12 @@ from reconciler.context import ReconcilerContext
 from reconciler.gc.run import unresolved_manifest_problems
 from reconciler.problems import list_problems
 from reconciler.retractions import RetractRefused, retract
+from store.counting import CountingStore
 from store.etag_check import normalized_etag
 from store.memory import MemoryStore
 from tests.reconciler.conftest import (
     HOUR_NS,
     Batch,
-    CountingStore,
     context,
     make_batch,
     make_settings,
@@ -152,7 +152,7 @@ async def test_a_different_etag_alone_is_superseded_and_no_mismatch(
     assert rows[batches[0].key].source == "audit"
     assert rows[batches[1].key].source is None  # a weak, quoted form of the same ETag
     assert rows[batches[2].key].etag is None  # takes the listed ETag: nothing written
-    record_reads = counting.gets_under(keys.ACCEPTED_PREFIX)
+    record_reads = counting.keys_of("get", keys.ACCEPTED_PREFIX)
     assert record_reads == [batches[0].key]  # only the one whose ETag differs is read
     assert ctx.metrics.catalog_mismatches._value.get() == 0
     assert await problem_subjects(memory_store, "catalog-mismatch") == set()

@@ -17,10 +17,10 @@ from protocol.clock import SystemClock
 from protocol.records import AuditRecord, GcRunRecord, LeaseRecord
 from reconciler.audit.run import DONE, FRONTIER
 from reconciler.daemon import Reconciler
+from store.counting import CountingStore
 from store.fs import FileSystemStore
 from tests.reconciler.conftest import (
     Batch,
-    CountingStore,
     catalog_keys,
     cli_env,
     log_rows,
@@ -204,7 +204,7 @@ async def test_kill_9_mid_audit_then_the_next_run_resumes(tmp_path: Path) -> Non
             not (p.startswith(keys.ACCEPTED_PREFIX) and p <= frontier)
             for p in listed - {keys.ACCEPTED_PREFIX}
         )
-    assert not set(store.gets_under(keys.ACCEPTED_PREFIX)) & cataloged_before  # none re-read
+    assert not set(store.keys_of("get", keys.ACCEPTED_PREFIX)) & cataloged_before  # none re-read
     assert len(await catalog_keys(FileSystemStore(store_dir))) == 4500
 
 

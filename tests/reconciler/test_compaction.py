@@ -17,10 +17,10 @@ from reconciler.compaction import FANOUT, CatalogCompactor
 from reconciler.context import ReconcilerContext
 from reconciler.steady import SteadyScanner
 from rollup.job.plan import make_plan
+from store.counting import CountingStore
 from store.memory import MemoryStore
 from tests.reconciler.conftest import (
     T0_NS,
-    CountingStore,
     catalog_keys,
     context,
     keys_under,
@@ -71,7 +71,7 @@ async def test_a_settled_hour_is_merged_its_inputs_deleted_after_the_grace(
     plan = await make_plan(store, None)  # the rollup plans from the markers' hours only
     assert sorted(plan.manifest_ids()) == sorted(b.manifest.identity.manifest_id for b in batches)
     assert plan.hours_checked == (HOUR.iso,)
-    assert store.gets_under(keys.ACCEPTED_PREFIX) == []  # no manifest read to plan
+    assert store.keys_of("get", keys.ACCEPTED_PREFIX) == []  # no manifest read to plan
 
 
 async def test_a_file_written_after_the_merge_is_never_deleted_with_the_inputs(

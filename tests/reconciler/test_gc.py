@@ -30,7 +30,7 @@ from reconciler.gc.log import read_gc_log
 from reconciler.gc.run import latest_listing_audit
 from reconciler.metrics import ReconcilerMetrics
 from reconciler.steady import OrphanSuspects, SteadyScanner
-from store.base import SignedDelete
+from store.base import ObjectStore, SignedDelete
 from store.errors import NotFound, Unavailable
 from store.lease import LeaseLost
 from store.memory import MemoryStore
@@ -108,7 +108,7 @@ class World:
     """Collectors (acceptors with an index log), the steady pass feeding orphan suspects,
     the real audit, and the GC under test."""
 
-    def __init__(self, policy: GcPolicy = POLICY, *, store: MemoryStore | None = None) -> None:
+    def __init__(self, policy: GcPolicy = POLICY, *, store: ObjectStore | None = None) -> None:
         self.policy = policy
         self.clock = ManualClock()
         self.store = store or FlakyStore(clock=self.clock)

@@ -13,9 +13,9 @@ from reconciler.audit.run import run_full_audit
 from reconciler.gc.run import latest_listing_audit
 from reconciler.log_retention import delete_consumed_segments
 from reconciler.steady import SteadyScanner
+from store.counting import CountingStore, area_of
 from store.memory import MemoryStore
 from tests.reconciler.conftest import (
-    CountingStore,
     catalog_keys,
     context,
     keys_under,
@@ -73,7 +73,7 @@ async def test_consumed_segments_go_after_retention_and_an_audit_and_only_those(
     again = await delete_consumed_segments(
         ctx, log_through_ns=through, audit_started_ns=audit.started_at_unix_ns
     )
-    assert again.deleted == 0 and counting.listed[keys.INDEX_LOG_PREFIX] <= len(young)
+    assert again.deleted == 0 and counting.listed[area_of(keys.INDEX_LOG_PREFIX)] <= len(young)
 
 
 async def test_retention_shorter_than_the_retry_horizon_plus_a_day_is_refused() -> None:

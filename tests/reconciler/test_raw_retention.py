@@ -26,10 +26,11 @@ from reconciler.gc.raw_retention import RawRetentionAdvance, read_state
 from reconciler.gc.run import latest_listing_audit, run_gc
 from rollup.table.ledger import LedgerRow
 from rollup.table.owner import OwnerLease
-from store.base import ObjectInfo
+from store.counting import CountingStore
+from store.memory import MemoryStore
 from tests.reconciler.conftest import make_batch, write_batch
-from tests.reconciler.test_gc import HOUR_S, FlakyStore, World, frame_bytes, header_of, sha
-from tests.rollup.dataset_builder import CountingStore, commit_rows
+from tests.reconciler.test_gc import HOUR_S, World, frame_bytes, header_of, sha
+from tests.rollup.dataset_builder import commit_rows
 
 RAW_DAYS = 2 / 24  # two hours
 GUARDED = GcPolicy(
@@ -78,40 +79,21 @@ async def latest_orphans(world: World) -> dict[str, tuple[int, int, bool]]:
     return decode_orphans((await world.store.get(key))[0])
 
 
-class RequestLog(FlakyStore):
-    """Records every request on a key holding ``watched`` (a blob hash): its cost."""
-
-    watched = ""
-    requests: list[str]
-
-    def _note(self, op: str, key: str) -> None:
-        if self.watched and self.watched in key:
-            self.requests.append(f"{op} {key.split('/')[0]}/{key.split('/')[2]}")
-
-    async def get(self, key: str) -> tuple[bytes, str]:
-        self._note("GET", key)
-        return await super().get(key)
-
-    async def head(self, key: str) -> ObjectInfo:
-        self._note("HEAD", key)
-        return await super().head(key)
-
-    async def put(self, key: str, body: bytes, **kwargs: Any) -> str:
-        self._note("PUT", key)
-        return await super().put(key, body, **kwargs)
-
-    async def delete(self, key: str) -> None:
-        self._note("DELETE", key)
-        await super().delete(key)
+def requests_naming(store: CountingStore, digest: str) -> Counter[str]:
+    """The requests on keys that hold ``digest`` (a blob hash), LISTs aside, as
+    ``"GET gc/marks"``: what one blob costs."""
+    return Counter(
+        f"{method.upper()} {key.split('/')[0]}/{key.split('/')[2]}"
+        for method, key in store.requests
+        if digest in key and method != "list"
+    )
 
 
 async def accepted_world() -> tuple[World, list[Accepted], IdentityConflictFound]:
     """Three batches accepted in the first hour; the third also has a conflicting re-send
     (its quarantine record references the accepted blob and the submitted one)."""
     clock = ManualClock()
-    store = RequestLog(clock=clock)
-    store.requests = []
-    world = World(GUARDED, store=store)
+    world = World(GUARDED, store=CountingStore(MemoryStore(clock=clock)))
     world.clock = clock
     batches = [await world.accept(frame_bytes(100 + seq), seq=seq) for seq in (1, 2, 3)]
     other = frame_bytes(200, seq=103)
@@ -133,8 +115,8 @@ async def test_rolled_up_blobs_past_raw_days_are_deleted_by_the_gc_and_manifests
 
     await audit_now(world)  # the first audit that knows the hour is retired
     store = world.store
-    assert isinstance(store, RequestLog)
-    store.watched = a.manifest.frame_sha256
+    assert isinstance(store, CountingStore)
+    store.clear()
     flagged = {
         s for s, (_size, _lm, by_retention) in (await latest_orphans(world)).items() if by_retention
     }
@@ -159,7 +141,8 @@ async def test_rolled_up_blobs_past_raw_days_are_deleted_by_the_gc_and_manifests
     # the marking run reads none of the marks it wrote). Besides: rule 7 reads
     # the blob whole twice (not counted here), and twice GETs its manifest and LISTs its
     # quarantine prefix; the run's one log file is shared by all its deletions.
-    assert Counter(r for r in store.requests if not r.startswith("GET raw-blobs")) == {
+    cost = requests_naming(store, a.manifest.frame_sha256)
+    assert Counter({r: n for r, n in cost.items() if not r.startswith("GET raw-blobs")}) == {
         "PUT gc/marks": 2,
         "HEAD raw-blobs/sha256": 1,
         "GET gc/marks": 4,
@@ -167,7 +150,6 @@ async def test_rolled_up_blobs_past_raw_days_are_deleted_by_the_gc_and_manifests
         "DELETE raw-blobs/sha256": 1,
         "DELETE gc/marks": 1,
     }
-    store.watched = ""
     for accepted in (a, b):
         assert not await world.exists(accepted.manifest.raw_blob_key)
         assert await world.exists(accepted.manifest.manifest_key)  # manifests stay

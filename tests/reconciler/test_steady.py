@@ -16,12 +16,12 @@ from protocol import keys
 from protocol.clock import ManualClock
 from protocol.records import IndexCheckpoint, ProblemRecord
 from reconciler.steady import SteadyScanner, read_checkpoint
+from store.counting import CountingStore, Tally
 from store.lease import LeaseLost
 from store.memory import MemoryStore
 from tests.reconciler.conftest import (
     HOUR_NS,
     T0_NS,
-    CountingStore,
     catalog_keys,
     catalog_rows,
     context,
@@ -51,8 +51,8 @@ async def test_a_pass_catalogs_what_the_log_names_once_and_advances_the_checkpoi
 
     assert result.complete and result.segments_read == 2
     assert (result.records_read, result.rows_cataloged, result.problems) == (11, 11, 0)
-    assert sorted(store.gets_under(keys.ACCEPTED_PREFIX)) == sorted(b.key for b in batches)
-    assert store.gets_under(keys.QUARANTINE_PREFIX) == [conflict.quarantine_key]
+    assert sorted(store.keys_of("get", keys.ACCEPTED_PREFIX)) == sorted(b.key for b in batches)
+    assert store.keys_of("get", keys.QUARANTINE_PREFIX) == [conflict.quarantine_key]
     rows = await catalog_rows(store)
     assert set(rows) == {b.key for b in batches} | {conflict.quarantine_key}
     # Rows written before own_create existed are read back: the store's record and ETag.
@@ -80,8 +80,8 @@ async def test_a_pass_catalogs_what_the_log_names_once_and_advances_the_checkpoi
     store.clear()
     again = await SteadyScanner(ctx).run_pass()  # a new scanner: nothing remembered in memory
     assert (again.segments_read, again.records_read) == (0, 0)
-    assert store.gets_under(keys.INDEX_LOG_PREFIX) == []
-    assert not [call for call in store.calls if call.startswith(("create", "put"))]
+    assert store.keys_of("get", keys.INDEX_LOG_PREFIX) == []
+    assert store.count("put") == 0
 
 
 async def test_an_idle_pass_of_the_same_term_is_one_log_listing(clock: ManualClock) -> None:
@@ -100,7 +100,7 @@ async def test_an_idle_pass_of_the_same_term_is_one_log_listing(clock: ManualClo
 
     assert idle.complete and idle.segments_read == 0
     assert len(store.lists) == 1 and store.lists[0][0].startswith(keys.INDEX_LOG_PREFIX)
-    assert sum(store.calls.values()) == 1
+    assert len(store.requests) == 1
 
     await log_rows(store, clock, batches[2:], writer_id="c2")
     store.clear()
@@ -136,10 +136,12 @@ async def test_consumed_segments_are_never_read_again_and_late_ones_are_found(
     result = await scanner.run_pass()
 
     assert result.complete and result.segments_read == 2
-    assert sorted(store.gets_under(keys.INDEX_LOG_PREFIX)) == sorted([*late, *fresh])
-    assert not set(store.gets_under(keys.INDEX_LOG_PREFIX)) & set(consumed)
+    assert sorted(store.keys_of("get", keys.INDEX_LOG_PREFIX)) == sorted([*late, *fresh])
+    assert not set(store.keys_of("get", keys.INDEX_LOG_PREFIX)) & set(consumed)
     # Each new record once; the duplicate's record was cataloged already: not read again.
-    assert sorted(store.gets_under(keys.ACCEPTED_PREFIX)) == sorted(b.key for b in [*early, *newer])
+    assert sorted(store.keys_of("get", keys.ACCEPTED_PREFIX)) == sorted(
+        b.key for b in [*early, *newer]
+    )
     # The listing starts from the position minus the lookback, never at the log's start.
     through = keys.parse_index_log_segment_key(consumed[0]).first_time_ns
     lookback_ns = int(ctx.settings.reconciler.lookback_s * S)
@@ -150,7 +152,7 @@ async def test_consumed_segments_are_never_read_again_and_late_ones_are_found(
 
     store.clear()
     assert (await scanner.run_pass()).segments_read == 0
-    assert store.gets_under(keys.INDEX_LOG_PREFIX) == []
+    assert store.keys_of("get", keys.INDEX_LOG_PREFIX) == []
 
 
 async def test_an_unreadable_segment_is_a_problem_and_does_not_block_the_log(
@@ -174,7 +176,7 @@ async def test_an_unreadable_segment_is_a_problem_and_does_not_block_the_log(
     assert checkpoint is not None and broken in checkpoint.log_seen  # passed, not retried
     store.clear()
     await scanner.run_pass()
-    assert store.gets_under(keys.INDEX_LOG_PREFIX) == []
+    assert store.keys_of("get", keys.INDEX_LOG_PREFIX) == []
 
 
 async def test_a_store_error_reading_one_record_fails_that_record_only(
@@ -201,14 +203,14 @@ async def test_a_store_error_reading_one_record_fails_that_record_only(
     retried = await scanner.run_pass()
 
     assert retried.complete and retried.rows_cataloged == 1
-    assert store.gets_under(keys.INDEX_LOG_PREFIX) == segments  # read again...
-    assert store.gets_under(keys.ACCEPTED_PREFIX) == [victim.key]  # ...but only the victim
+    assert store.keys_of("get", keys.INDEX_LOG_PREFIX) == segments  # read again...
+    assert store.keys_of("get", keys.ACCEPTED_PREFIX) == [victim.key]  # ...but only the victim
     assert await catalog_keys(inner) == {b.key for b in batches}
     checkpoint = await read_checkpoint(inner)
     assert checkpoint is not None and set(checkpoint.log_seen) == set(segments)
 
 
-async def steady_pass_requests(history_hours: int) -> tuple[Counter[str], Counter[str]]:
+async def steady_pass_requests(history_hours: int) -> tuple[Tally, Counter[str]]:
     """Requests and listed keys of one steady pass over the same new work, on a store
     whose consumed history spans ``history_hours`` hours (two segments an hour)."""
     clock = ManualClock(T0_NS - (history_hours + 1) * HOUR_NS)
@@ -232,7 +234,7 @@ async def steady_pass_requests(history_hours: int) -> tuple[Counter[str], Counte
     result = await scanner.run_pass()
 
     assert result.complete and result.rows_cataloged == 10 and result.segments_read == 2
-    return store.calls, store.listed
+    return store.tally, store.listed
 
 
 async def test_a_pass_costs_the_same_whatever_the_history() -> None:
@@ -240,10 +242,10 @@ async def test_a_pass_costs_the_same_whatever_the_history() -> None:
     old_calls, old_listed = await steady_pass_requests(history_hours=30)
 
     assert old_calls == young_calls and old_listed == young_listed
-    assert young_calls["get log"] == 2 and young_calls["get accepted"] == 10
+    assert young_calls[("get", "index-log")] == 2 and young_calls[("get", "accepted")] == 10
     # Listed: the two new segments and the newest consumed one, within the lookback behind
     # the position; the rest of the history is not even listed.
-    assert young_listed["log"] == 3
+    assert young_listed["index-log"] == 3
 
 
 async def test_a_checkpoint_written_by_a_newer_epoch_refuses_our_update(

@@ -11,10 +11,10 @@ from protocol import keys
 from protocol.clock import ManualClock
 from protocol.records import ProblemRecord
 from reconciler.steady import SteadyScanner
+from store.counting import CountingStore
 from store.memory import MemoryStore
 from tests.reconciler.conftest import (
     Batch,
-    CountingStore,
     catalog_rows,
     context,
     keys_under,
@@ -48,8 +48,8 @@ async def test_own_create_rows_are_cataloged_without_a_request(
 
     assert result.complete and result.rows_attested == len(batches)
     assert result.records_read == 0
-    assert store.gets_under(keys.ACCEPTED_PREFIX) == []  # not one record read
-    assert sorted(store.gets_under(keys.INDEX_LOG_PREFIX)) == sorted(segments)
+    assert store.keys_of("get", keys.ACCEPTED_PREFIX) == []  # not one record read
+    assert sorted(store.keys_of("get", keys.INDEX_LOG_PREFIX)) == sorted(segments)
     cataloged = await catalog_rows(memory_store)
     for i, batch in enumerate(batches):
         row = cataloged[batch.key]
@@ -111,7 +111,7 @@ async def test_a_store_whose_etags_cannot_attest_reads_back_every_record(
     result = await SteadyScanner(ctx).run_pass()
 
     assert result.rows_attested == 0 and result.records_read == 5
-    assert sorted(store.gets_under(keys.ACCEPTED_PREFIX)) == sorted(b.key for b in batches)
+    assert sorted(store.keys_of("get", keys.ACCEPTED_PREFIX)) == sorted(b.key for b in batches)
 
 
 async def test_read_derived_rows_are_read_once_and_not_when_attested_in_the_same_chunk(
@@ -128,7 +128,7 @@ async def test_read_derived_rows_are_read_once_and_not_when_attested_in_the_same
 
     result = await SteadyScanner(ctx).run_pass()
 
-    assert sorted(store.gets_under(keys.ACCEPTED_PREFIX)) == sorted(b.key for b in batches[2:])
+    assert sorted(store.keys_of("get", keys.ACCEPTED_PREFIX)) == sorted(b.key for b in batches[2:])
     assert set(await catalog_rows(memory_store)) == {b.key for b in batches}
     assert result.rows_attested == 2 and result.records_read == 2
     assert await keys_under(memory_store, keys.INDEX_CATALOG_PREFIX)

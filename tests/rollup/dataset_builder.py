@@ -8,7 +8,7 @@ import io
 import random
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 
@@ -27,7 +27,7 @@ from rollup.table.manifest import Changes, DataFile
 from rollup.table.owner import OwnerLease
 from rollup.table.schemas import POINTS_SCHEMA
 from rollup.table.series import canonical_series
-from store.base import ConditionalGet, ObjectInfo, ObjectStore
+from store.base import ObjectStore
 
 BASE_HOUR = keys.UtcHour(date(2026, 11, 21), 10)
 BOOT = uuid.UUID("5f0c6a2e-0000-4000-8000-000000000001")
@@ -193,70 +193,3 @@ async def commit_rows(
         ledger_delta=ledger_part.ledger_delta,
     )
     return await commit(store, base=base, changes=changes, owner=owner, clock=clock)
-
-
-class CountingStore:
-    """Wraps a store and records every request (``op``, key) in order: a LIST counts one
-    request per 1,000 keys it returns (an S3 page), at least one; ``listed`` counts keys."""
-
-    def __init__(self, inner: ObjectStore) -> None:
-        self.inner = inner
-        self.url = inner.url
-        self.requests: list[tuple[str, str]] = []
-        self.listed = 0
-
-    def clear(self) -> None:
-        self.requests.clear()
-        self.listed = 0
-
-    def count(self, op: str, prefix: str = "") -> int:
-        return sum(1 for o, k in self.requests if o == op and k.startswith(prefix))
-
-    async def get(self, key: str) -> tuple[bytes, str]:
-        self.requests.append(("get", key))
-        return await self.inner.get(key)
-
-    async def get_if_none_match(self, key: str, etag: str) -> tuple[bytes, str] | None:
-        self.requests.append(("get", key))  # one GET, answered 304 or 200
-        assert isinstance(self.inner, ConditionalGet)
-        return await self.inner.get_if_none_match(key, etag)
-
-    async def head(self, key: str) -> ObjectInfo:
-        self.requests.append(("head", key))
-        return await self.inner.head(key)
-
-    async def put(
-        self, key: str, body: bytes, *, if_none_match: bool = False, if_match: str | None = None
-    ) -> str:
-        self.requests.append(("put", key))
-        return await self.inner.put(key, body, if_none_match=if_none_match, if_match=if_match)
-
-    async def put_file(
-        self, key: str, path: str, *, if_none_match: bool = False, if_match: str | None = None
-    ) -> str:
-        self.requests.append(("put", key))
-        return await self.inner.put_file(key, path, if_none_match=if_none_match, if_match=if_match)
-
-    async def list(self, prefix: str, start_after: str | None = None) -> AsyncIterator[ObjectInfo]:
-        self.requests.append(("list", prefix))
-        returned = 0
-        try:
-            async for info in self.inner.list(prefix, start_after):
-                returned += 1
-                if returned % 1000 == 1 and returned > 1:
-                    self.requests.append(("list", prefix))  # the next page
-                yield info
-        finally:
-            self.listed += returned
-
-    async def common_prefixes(self, prefix: str) -> AsyncIterator[str]:
-        self.requests.append(("list", prefix))
-        async for folder in self.inner.common_prefixes(prefix):
-            yield folder
-
-    async def delete(self, key: str) -> None:
-        self.requests.append(("delete", key))
-        await self.inner.delete(key)
-
-    async def close(self) -> None:
-        await self.inner.close()

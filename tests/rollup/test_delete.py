@@ -299,7 +299,7 @@ def test_tombstone_sql_agrees_with_the_arrow_predicate() -> None:
 async def test_a_delete_costs_the_same_few_requests_whatever_the_data_size(
     tmp_path: Path, files: int
 ) -> None:
-    from tests.rollup.dataset_builder import CountingStore
+    from store.counting import CountingStore
 
     inner = FileSystemStore(tmp_path / "store")
     clock = ManualClock(hour_at(3).start_ns)

@@ -24,9 +24,10 @@ from rollup.read.reader_lease import ReaderLease, ReaderLeaseLost, wait_out_runn
 from rollup.table.commit import LoadedSnapshot, load_latest, load_version
 from rollup.table.owner import VACUUM_OWNER_PREFIX, OwnerLease
 from store.base import ObjectStore
+from store.counting import CountingStore
 from store.fs import FileSystemStore
 from store.s3 import S3Store
-from tests.rollup.dataset_builder import CountingStore, commit_rows, hour_at, make_batch, points
+from tests.rollup.dataset_builder import commit_rows, hour_at, make_batch, points
 from tests.rollup.test_reader import CountingHandler
 from tests.rollup.test_vacuum import build_history
 from tests.s3_servers import RunningServer, fresh_bucket

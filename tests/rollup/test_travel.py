@@ -12,8 +12,9 @@ from rollup.read.travel import load_as_of, load_snapshot
 from rollup.table.commit import VersionNotFound
 from rollup.table.manifest import parse_created_at
 from rollup.table.owner import OwnerLease
+from store.counting import CountingStore
 from store.memory import MemoryStore
-from tests.rollup.dataset_builder import CountingStore, commit_rows, hour_at, points
+from tests.rollup.dataset_builder import commit_rows, hour_at, points
 
 
 async def five_versions() -> tuple[CountingStore, list[datetime]]:

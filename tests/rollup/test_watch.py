@@ -24,9 +24,10 @@ from rollup.cli.watch import WatchStats, version_line, watch
 from rollup.lifecycle.vacuum import vacuum
 from rollup.read.history import VersionInfo
 from rollup.table.owner import OwnerLease
+from store.counting import CountingStore
 from store.fs import FileSystemStore
 from store.s3 import S3Store
-from tests.rollup.dataset_builder import CountingStore, commit_rows, hour_at, make_batch, points
+from tests.rollup.dataset_builder import commit_rows, hour_at, make_batch, points
 from tests.s3_servers import RunningServer, dummy_aws_env, fresh_bucket
 
 EXIT_DEADLINE_S = 60.0
