@@ -78,7 +78,7 @@ def default_owner_id() -> str:
     return f"reconciler-{host}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
-class Fence:
+class Fence(leases.LeaseHolder):
     """Our hold on the reconciler lease. Create with `Fence.acquire`."""
 
     def __init__(self, *, store: ObjectStore, clock: Clock, lease: Lease, ttl_s: float) -> None:
@@ -111,14 +111,6 @@ class Fence:
         taken = await leases.acquire(store, key, owner=owner, ttl_s=ttl_s, clock=clock, rng=rng)
         log.info("reconciler_lease_acquired", owner=owner, epoch=taken.record.epoch)
         return cls(store=store, clock=clock, lease=taken, ttl_s=ttl_s)
-
-    @property
-    def epoch(self) -> int:
-        return self._lease.record.epoch
-
-    @property
-    def owner(self) -> str:
-        return self._lease.record.owner
 
     @property
     def lease(self) -> Lease:

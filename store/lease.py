@@ -80,6 +80,26 @@ class Lease:
         return now_ns + int(margin_s * 1e9) < self.record.expires_at_unix_ns
 
 
+class LeaseHolder:
+    """What a holder of a lease shows of the one it holds now (``_lease``, replaced at
+    each renewal): the base of `rollup.table.owner.OwnerLease` and the reconciler's
+    `Fence`."""
+
+    _lease: Lease
+
+    @property
+    def epoch(self) -> int:
+        return self._lease.record.epoch
+
+    @property
+    def owner(self) -> str:
+        return self._lease.record.owner
+
+    @property
+    def expires_at_unix_ns(self) -> int:
+        return self._lease.record.expires_at_unix_ns
+
+
 async def acquire(
     store: ObjectStore,
     key: str,

@@ -40,7 +40,7 @@ class OwnerLost(Exception):
     more under this epoch. Another job may be (or soon be) the owner."""
 
 
-class OwnerLease:
+class OwnerLease(leases.LeaseHolder):
     """The lease this job holds. Create with `OwnerLease.acquire`."""
 
     def __init__(
@@ -85,18 +85,6 @@ class OwnerLease:
         )
         log.info("rollup_owner_acquired", owner=job_id, epoch=held.record.epoch)
         return cls(store=store, lease=held, ttl_s=ttl_s, clock=clock, margin_s=margin)
-
-    @property
-    def epoch(self) -> int:
-        return self._lease.record.epoch
-
-    @property
-    def owner(self) -> str:
-        return self._lease.record.owner
-
-    @property
-    def expires_at_unix_ns(self) -> int:
-        return self._lease.record.expires_at_unix_ns
 
     async def check(self) -> None:
         """Make sure we may act now: renew past half the TTL; `OwnerLost` if we may not.
