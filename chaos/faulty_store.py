@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from store.base import ObjectInfo, ObjectStore, SignedDelete
+from store.counting import put_operation
 from store.errors import ConditionConflict, OutcomeUnknown, Unavailable
 
 T = TypeVar("T")
@@ -112,27 +113,41 @@ class FaultyStore:
     async def put(
         self, key: str, body: bytes, *, if_none_match: bool = False, if_match: str | None = None
     ) -> str:
-        op = "put_if_none_match" if if_none_match else "put_if_match" if if_match else "put"
-        if self.ignore_conditions:
-            if_none_match, if_match = False, None
-        return await self._run(
-            op,
+        return await self._put(
             key,
-            lambda: self.inner.put(key, body, if_none_match=if_none_match, if_match=if_match),
+            if_none_match,
+            if_match,
+            lambda none_match, match: self.inner.put(
+                key, body, if_none_match=none_match, if_match=match
+            ),
         )
 
     async def put_file(
         self, key: str, path: str, *, if_none_match: bool = False, if_match: str | None = None
     ) -> str:
         """Faulted as the `put` of the same conditions."""
-        op = "put_if_none_match" if if_none_match else "put_if_match" if if_match else "put"
+        return await self._put(
+            key,
+            if_none_match,
+            if_match,
+            lambda none_match, match: self.inner.put_file(
+                key, path, if_none_match=none_match, if_match=match
+            ),
+        )
+
+    async def _put(
+        self,
+        key: str,
+        if_none_match: bool,
+        if_match: str | None,
+        send: Callable[[bool, str | None], Awaitable[str]],
+    ) -> str:
+        """Fault the put named by its conditions (`store.counting.put_operation`), then
+        ``send`` it with them, or with none under ``ignore_conditions``."""
+        op = put_operation(if_none_match, if_match)
         if self.ignore_conditions:
             if_none_match, if_match = False, None
-        return await self._run(
-            op,
-            key,
-            lambda: self.inner.put_file(key, path, if_none_match=if_none_match, if_match=if_match),
-        )
+        return await self._run(op, key, lambda: send(if_none_match, if_match))
 
     async def list(self, prefix: str, start_after: str | None = None) -> AsyncIterator[ObjectInfo]:
         self.calls["list"] += 1
