@@ -14,10 +14,12 @@ import json
 import logging
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 import zlib
@@ -48,6 +50,16 @@ MiB = 1024 * 1024
 STOP_TIMEOUT_S = 20.0
 
 # --- /proc accounting ----------------------------------------------------------------------
+
+
+def fast_temp_root(need_bytes: int = 0) -> str:
+    """/dev/shm when it is writable and has room for ``need_bytes`` three times over
+    (creating files on this VM's shared disk is slow), else the system's temp directory."""
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        if not need_bytes or shutil.disk_usage(shm).free > 3 * need_bytes:
+            return str(shm)
+    return tempfile.gettempdir()
 
 
 def percentile(sorted_values: Sequence[float], percent: float) -> float:

@@ -35,7 +35,7 @@ from bench import _common as c
 from bench.delay_proxy import DelayProxy, start_delay_proxy
 from bench.reconcile import default_work_root
 from bench.reconcile_seed import MINISTACK_ACCOUNT, Fleet, seed_on_disk
-from chaos.s3_server import AWS_ENV_TO_REMOVE, CREDENTIALS, REGION, dummy_aws_env, start_ministack
+from chaos.s3_server import CREDENTIALS, REGION, start_ministack, use_dummy_aws_credentials
 from protocol import keys
 from reconciler.audit.listing import ListingParts, list_for_audit
 from store.s3 import S3Store
@@ -199,9 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--markdown", type=Path, default=None)
     args = parser.parse_args(argv)
-    for name in AWS_ENV_TO_REMOVE:
-        os.environ.pop(name, None)
-    os.environ.update(dummy_aws_env())
+    use_dummy_aws_credentials()
     now_ns = time.time_ns()
     fleet = Fleet(
         args.manifests, args.agents, 1, 64, first_ns=now_ns - 23 * HOUR_NS, span_ns=22 * HOUR_NS

@@ -67,15 +67,15 @@ from typing import Any
 from unittest import mock
 
 import reconciler.daemon
+from bench._common import fast_temp_root
 from bench.gc_report import GcRun, Result, render
 from bench.gc_seed import Seeded, seed
 from chaos.s3_server import (
-    AWS_ENV_TO_REMOVE,
     CREDENTIALS,
     REGION,
-    dummy_aws_env,
     fresh_bucket,
     start_ministack,
+    use_dummy_aws_credentials,
 )
 from config import GcSettings, LoggingSettings, Settings, configure_logging
 from index.audits import audit_keys, read_audit
@@ -369,12 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", type=Path, default=None, help="also write the report here")
     args = parser.parse_args(argv)
     configure_logging(LoggingSettings(level="warning", format="console"))
-    for name in AWS_ENV_TO_REMOVE:  # only the dummy credentials, never a real account
-        os.environ.pop(name, None)
-    os.environ.update(dummy_aws_env())
-    shm = Path("/dev/shm")
-    root = str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else tempfile.gettempdir()
-    work_dir = Path(tempfile.mkdtemp(prefix="lm-bench-gc-", dir=root))
+    use_dummy_aws_credentials()
+    work_dir = Path(tempfile.mkdtemp(prefix="lm-bench-gc-", dir=fast_temp_root()))
     uptimes = [uptime()]
     try:
         result = asyncio.run(run(args, work_dir))

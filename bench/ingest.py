@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -55,9 +54,8 @@ from bench.ingest_phases import Bench, PhaseResult, RssResult, Scenario
 from bench.ingest_profile import profile_collector
 from bench.ingest_report import header, render_report
 from chaos.s3_server import (
-    AWS_ENV_TO_REMOVE,
-    dummy_aws_env,
     start_ministack,
+    use_dummy_aws_credentials,
 )
 from config import LoggingSettings, configure_logging
 
@@ -238,9 +236,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    for name in AWS_ENV_TO_REMOVE:
-        os.environ.pop(name, None)
-    os.environ.update(dummy_aws_env())  # collectors inherit it; nothing reads ~/.aws
+    use_dummy_aws_credentials()  # collectors inherit it; nothing reads ~/.aws
     configure_logging(LoggingSettings(level="warning", format="console"))
     import uvloop
 

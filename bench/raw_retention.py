@@ -51,19 +51,18 @@ from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from bench._common import CpuMeter
+from bench._common import CpuMeter, fast_temp_root
 from bench.counting import attach_wire_count, since
 from bench.delay_proxy import start_delay_proxy
 from bench.proc_exit import uptime
 from bench.raw_retention_report import Variant, render
 from chaos.s3_server import (
-    AWS_ENV_TO_REMOVE,
     CREDENTIALS,
     REGION,
     RunningServer,
-    dummy_aws_env,
     fresh_bucket,
     start_ministack,
+    use_dummy_aws_credentials,
 )
 from config import GcSettings, LoggingSettings, RetentionSettings, Settings, configure_logging
 from protocol import keys
@@ -372,12 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", type=Path, default=None, help="also write the report here")
     args = parser.parse_args(argv)
     configure_logging(LoggingSettings(level="warning", format="console"))
-    for name in AWS_ENV_TO_REMOVE:  # only the dummy credentials, never a real account
-        os.environ.pop(name, None)
-    os.environ.update(dummy_aws_env())
-    shm = Path("/dev/shm")
-    root = str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else tempfile.gettempdir()
-    work_dir = Path(tempfile.mkdtemp(prefix="lm-bench-retention-", dir=root))
+    use_dummy_aws_credentials()
+    work_dir = Path(tempfile.mkdtemp(prefix="lm-bench-retention-", dir=fast_temp_root()))
     try:
         report = asyncio.run(run(args, work_dir, [uptime()]))
     finally:

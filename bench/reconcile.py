@@ -46,7 +46,7 @@ import uvloop
 
 from bench import _common as c
 from bench.reconcile_seed import MINISTACK_ACCOUNT, Fleet, seed_on_disk, spot_check
-from chaos.s3_server import AWS_ENV_TO_REMOVE, CREDENTIALS, REGION, dummy_aws_env, start_ministack
+from chaos.s3_server import CREDENTIALS, REGION, start_ministack, use_dummy_aws_credentials
 from config import GcSettings, LoggingSettings, ReconcilerSettings, Settings, configure_logging
 from protocol import keys
 from protocol.clock import SystemClock
@@ -267,12 +267,8 @@ def markdown(
 
 
 def default_work_root(fleet: Fleet) -> str:
-    """/dev/shm when it has room (creating files on this VM's shared disk is slow)."""
-    need = fleet.manifests * (2 * 2 * 4096 + fleet.blob_bytes)
-    shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > 3 * need:
-        return str(shm)
-    return tempfile.gettempdir()
+    """`bench._common.fast_temp_root` for the fleet's objects."""
+    return c.fast_temp_root(fleet.manifests * (2 * 2 * 4096 + fleet.blob_bytes))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -294,9 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", type=Path, default=None)
     args = parser.parse_args(argv)
     manifests = args.manifests or (10_000 if args.quick else 100_000)
-    for name in AWS_ENV_TO_REMOVE:
-        os.environ.pop(name, None)
-    os.environ.update(dummy_aws_env())
+    use_dummy_aws_credentials()
     configure_logging(LoggingSettings(level="warning", format="console"))
     now_ns = time.time_ns()
     fleet = Fleet(

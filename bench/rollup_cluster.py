@@ -45,11 +45,10 @@ import pyarrow as pa
 from bench._common import busy_cpu_seconds
 from bench.cpu_by_role import CpuByRole
 from chaos.s3_server import (
-    AWS_ENV_TO_REMOVE,
     child_env,
-    dummy_aws_env,
     fresh_bucket,
     start_ministack,
+    use_dummy_aws_credentials,
 )
 from chaos.spark_standalone import spark_submit, start_cluster
 from protocol import keys
@@ -198,9 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
-    for name in AWS_ENV_TO_REMOVE:  # the dummy credentials only, never a real account
-        os.environ.pop(name, None)
-    os.environ.update(dummy_aws_env())
+    use_dummy_aws_credentials()
 
     with tempfile.TemporaryDirectory(prefix="lm-bench-cluster-") as temp:
         root = Path(temp)

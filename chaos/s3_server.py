@@ -71,6 +71,15 @@ def dummy_aws_env() -> dict[str, str]:
     }
 
 
+def use_dummy_aws_credentials() -> None:
+    """Make this process, and every child it starts after, use the dummy credentials
+    only: the variables that would pick up anything else (`AWS_ENV_TO_REMOVE`) are
+    removed and `dummy_aws_env` is set."""
+    for name in AWS_ENV_TO_REMOVE:
+        os.environ.pop(name, None)
+    os.environ.update(dummy_aws_env())
+
+
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """This process's environment for a child: no AWS profile or session, no ``LM_*``
     settings of ours, the dummy credentials, then ``extra``."""
