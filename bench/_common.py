@@ -9,6 +9,7 @@ tied to this process's life get ``PR_SET_PDEATHSIG`` as well.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import logging
@@ -50,6 +51,21 @@ MiB = 1024 * 1024
 STOP_TIMEOUT_S = 20.0
 
 # --- /proc accounting ----------------------------------------------------------------------
+
+
+def publish(text: str, summary: object, args: argparse.Namespace) -> None:
+    """Print a benchmark's report, and write it to ``args.markdown`` and its summary as
+    JSON to ``args.json`` when given."""
+    print(text, flush=True)
+    if args.markdown:
+        args.markdown.write_text(text)
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=2, default=str))
+
+
+def exit_on_sigterm(signum: int, _frame: object) -> None:
+    """A SIGTERM handler that ends the run like Ctrl-C (``finally`` blocks stop children)."""
+    raise SystemExit(128 + signum)
 
 
 def fast_temp_root(need_bytes: int = 0) -> str:

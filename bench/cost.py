@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import shutil
@@ -49,9 +48,10 @@ import aiohttp
 from agent.load import LoadSpec, SyntheticLoad
 from agent.truth import PlannedFrame
 from agent.uploader import CONTENT_TYPE, RESEND_HEADER, Outcome, Uploader, UploadPolicy
+from bench._common import publish
 from bench.cost_history import history_run
 from bench.cost_report import Measured, render
-from bench.cost_stack import CostStack
+from bench.cost_stack import CostStack, on_cost_stack
 from bench.counting import since
 from config import Settings
 from index import catalog
@@ -306,29 +306,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-async def _main(args: argparse.Namespace, work_dir: Path) -> Measured:
-    stack = CostStack(work_dir)
-    try:
-        await stack.start()
-        return await measure(args, stack)
-    finally:
-        await stack.stop()
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="lm-cost-"))
     try:
-        result = asyncio.run(_main(args, work_dir))
+        result = asyncio.run(on_cost_stack(work_dir, lambda stack: measure(args, stack)))
     finally:
         if not args.keep_work_dir:
             shutil.rmtree(work_dir, ignore_errors=True)
     text, summary = render(result)
-    print(text)
-    if args.markdown:
-        args.markdown.write_text(text)
-    if args.json:
-        args.json.write_text(json.dumps(summary, indent=2, default=str))
+    publish(text, summary, args)
     return 0
 
 

@@ -17,8 +17,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from bench._common import REPO_ROOT
 from bench.counting import CountingProxy
@@ -187,3 +189,16 @@ class CostStack:
             await proxy.stop()
         if self.ministack is not None:
             await asyncio.to_thread(self.ministack.stop)
+
+
+T = TypeVar("T")
+
+
+async def on_cost_stack(work_dir: Path, measure: Callable[[CostStack], Awaitable[T]]) -> T:
+    """``measure`` on a `CostStack` started in ``work_dir``, stopped however it ends."""
+    stack = CostStack(work_dir)
+    try:
+        await stack.start()
+        return await measure(stack)
+    finally:
+        await stack.stop()

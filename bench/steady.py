@@ -53,7 +53,7 @@ import pyarrow.compute as pc
 from agent.load import LoadSpec, SyntheticLoad
 from agent.uploader import Outcome
 from bench import _common as c
-from bench.cost_stack import CostStack
+from bench.cost_stack import CostStack, on_cost_stack
 from bench.ingest_collector import uploader_for
 from bench.proc_exit import ExitedProcess, stop_exit_cpu, uptime, wait_exit_cpu
 from bench.steady_report import CatalogCheck, CollectorRun, ReconcilerRun, Result, render
@@ -281,11 +281,7 @@ async def measure(args: argparse.Namespace, stack: CostStack) -> Result:
 
 def emit(result: Result, args: argparse.Namespace) -> None:
     text, summary = render(result, TARGET_RATIO)
-    print(text, flush=True)
-    if args.markdown:
-        args.markdown.write_text(text)
-    if args.json:
-        args.json.write_text(json.dumps(summary, indent=2, default=str))
+    c.publish(text, summary, args)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -304,26 +300,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-async def _main(args: argparse.Namespace, work_dir: Path) -> Result:
-    stack = CostStack(work_dir)
-    try:
-        await stack.start()
-        return await measure(args, stack)
-    finally:
-        await stack.stop()
-
-
-def _exit_on_sigterm(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # SIGTERM ends the run like Ctrl-C: the finally blocks stop every child by its PID.
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    signal.signal(signal.SIGTERM, c.exit_on_sigterm)
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="bench-steady-"))
     try:
-        result = asyncio.run(_main(args, work_dir))
+        result = asyncio.run(on_cost_stack(work_dir, lambda stack: measure(args, stack)))
     finally:
         if not args.keep_work_dir:
             shutil.rmtree(work_dir, ignore_errors=True)

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
 import signal
@@ -305,14 +304,10 @@ def memory_check(args: argparse.Namespace) -> str | None:
     return None
 
 
-def _exit_on_sigterm(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # SIGTERM ends the run like Ctrl-C: the finally blocks stop every child by its PID.
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    signal.signal(signal.SIGTERM, c.exit_on_sigterm)
     on_tmpfs = args.work_dir is None and TMPFS.is_dir()
     if on_tmpfs and (problem := memory_check(args)):
         print(f"bench.steady_lag: {problem}", file=sys.stderr)
@@ -326,11 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep_work_dir:
             shutil.rmtree(work, ignore_errors=True)
     text, summary = render(run)
-    print(text)
-    if args.markdown:
-        args.markdown.write_text(text)
-    if args.json:
-        args.json.write_text(json.dumps(summary, indent=2, default=str))
+    c.publish(text, summary, args)
     return 0
 
 
