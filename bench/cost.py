@@ -51,7 +51,7 @@ from agent.uploader import CONTENT_TYPE, RESEND_HEADER, Outcome, Uploader, Uploa
 from bench._common import publish
 from bench.cost_history import history_run
 from bench.cost_report import Measured, render
-from bench.cost_stack import CostStack, on_cost_stack
+from bench.cost_stack import CostStack, on_cost_stack, stop_child
 from bench.counting import since
 from config import Settings
 from index import catalog
@@ -232,7 +232,7 @@ async def measure(args: argparse.Namespace, stack: CostStack) -> Measured:
         return await cataloged_manifests(direct) >= result.accepted
 
     result.catalog_wait_s = await wait_until(all_cataloged, 300, "cataloging every batch")
-    await asyncio.to_thread(reconciler.stop)
+    await asyncio.to_thread(stop_child, reconciler)
     stack.children.remove(reconciler)
     result.reconciler_seconds = time.monotonic() - reconciler_started
     result.phases["reconciler: run (whole life)"] = proxies["reconciler"].snapshot()

@@ -13,9 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import signal
 import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -24,6 +22,7 @@ from typing import TypeVar
 
 from bench._common import REPO_ROOT
 from bench.counting import CountingProxy
+from chaos.processes import ProcessInfo, spawn_python, terminate
 from chaos.s3_server import CREDENTIALS, RunningServer, child_env, start_ministack
 from collector.launch import CollectorProcess, start_collector
 from store.base import ObjectStore
@@ -31,33 +30,6 @@ from store.open import open_store
 
 STORE_PREFIX = "lm"
 STOP_TIMEOUT_S = 30.0
-
-
-@dataclass
-class Child:
-    name: str
-    process: subprocess.Popen[bytes]
-    log_path: Path
-
-    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
-        """SIGTERM our child's group, wait, then SIGKILL it."""
-        if self.process.poll() is None:
-            _signal_group(self.process, signal.SIGTERM)
-            try:
-                return self.process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                _signal_group(self.process, signal.SIGKILL)
-        return self.process.wait()
-
-    def tail(self, chars: int = 3000) -> str:
-        return self.log_path.read_text(errors="replace")[-chars:]
-
-
-def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
-    try:
-        os.killpg(process.pid, signum)  # our child leads its own group (start_new_session)
-    except ProcessLookupError:
-        pass
 
 
 @dataclass
@@ -69,7 +41,7 @@ class CostStack:
     proxies: dict[tuple[str, str], CountingProxy] = field(default_factory=dict)
     buckets: list[str] = field(default_factory=list)
     collectors: list[CollectorProcess] = field(default_factory=list)
-    children: list[Child] = field(default_factory=list)
+    children: list[ProcessInfo] = field(default_factory=list)
     stores: list[ObjectStore] = field(default_factory=list)
 
     async def start(self) -> None:
@@ -138,21 +110,9 @@ class CostStack:
         stopping, self.collectors = self.collectors, []
         await asyncio.gather(*(asyncio.to_thread(c.stop, STOP_TIMEOUT_S) for c in stopping))
 
-    def spawn(self, name: str, args: list[str], env: dict[str, str]) -> Child:
-        logs = self.work_dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        log_path = logs / f"{name}.log"
-        with log_path.open("ab") as out:
-            process = subprocess.Popen(
-                [sys.executable, *args],
-                env=env,
-                cwd=REPO_ROOT,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own group: a Spark JVM goes with it
-            )
-        child = Child(name, process, log_path)
+    def spawn(self, name: str, args: list[str], env: dict[str, str]) -> ProcessInfo:
+        """`chaos.processes.spawn_python` from the repository root; `stop_child` stops it."""
+        child = spawn_python(self.work_dir / "logs", name, args, env, cwd=REPO_ROOT)
         self.children.append(child)
         return child
 
@@ -169,7 +129,7 @@ class CostStack:
         try:
             code = await asyncio.to_thread(child.process.wait, timeout_s)
         except subprocess.TimeoutExpired:
-            code = await asyncio.to_thread(child.stop)
+            code = await asyncio.to_thread(stop_child, child)
         finally:
             self.children.remove(child)
             shutil.rmtree(self.work_dir / "spark-tmp" / name, ignore_errors=True)
@@ -180,7 +140,7 @@ class CostStack:
     async def stop(self) -> None:
         """Stop everything still running, by PID or own group, then the proxies."""
         for child in list(self.children):
-            await asyncio.to_thread(child.stop)
+            await asyncio.to_thread(stop_child, child)
         self.children.clear()
         await self.stop_collectors()
         for store in self.stores:
@@ -189,6 +149,11 @@ class CostStack:
             await proxy.stop()
         if self.ministack is not None:
             await asyncio.to_thread(self.ministack.stop)
+
+
+def stop_child(child: ProcessInfo) -> int:
+    """SIGTERM the child's group, wait up to `STOP_TIMEOUT_S`, then SIGKILL it."""
+    return terminate(child, STOP_TIMEOUT_S)
 
 
 T = TypeVar("T")

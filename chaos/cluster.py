@@ -21,7 +21,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +33,7 @@ from chaos.processes import (
     kill_group,
     launch_collector,
     signal_group,
+    spawn_python,
     terminate,
 )
 from chaos.proxy import FaultProxy
@@ -348,19 +348,7 @@ class Cluster:
     # --- children -------------------------------------------------------------------------
 
     def _spawn(self, name: str, args: list[str], env: dict[str, str]) -> ProcessInfo:
-        logs = self.work_dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        log_path = logs / f"{name}.log"
-        with log_path.open("ab") as out:
-            process = subprocess.Popen(
-                [sys.executable, *args],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own group: Spark's JVM goes with it
-            )
-        return ProcessInfo(name, process, log_path)
+        return spawn_python(self.work_dir / "logs", name, args, env)
 
     async def _run_to_end(
         self, args: list[str], env: dict[str, str], timeout_s: float

@@ -26,6 +26,29 @@ class ProcessInfo:
     def pid(self) -> int:
         return self.process.pid
 
+    def tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+
+def spawn_python(
+    logs: Path, name: str, args: list[str], env: dict[str, str], *, cwd: Path | None = None
+) -> ProcessInfo:
+    """``python args`` in its own process group (a Spark JVM it starts goes with it), its
+    output appended to ``logs/<name>.log``."""
+    logs.mkdir(parents=True, exist_ok=True)
+    log_path = logs / f"{name}.log"
+    with log_path.open("ab") as out:
+        process = subprocess.Popen(
+            [sys.executable, *args],
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return ProcessInfo(name, process, log_path)
+
 
 def terminate(info: ProcessInfo, timeout_s: float) -> int:
     process = info.process
