@@ -34,7 +34,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from bench import child_process
-from bench.child_process import status_bytes
 from chaos.catalog_rows import read_hour
 from index.catalog import CatalogWriter, list_hour_files
 from index.catalog_local import MergeLimits
@@ -161,17 +160,15 @@ def _named(key: str) -> ObjectInfo:
 
 def child(argv: list[str]) -> None:
     what, url = argv[0], argv[1]
-    base_rss = status_bytes("VmRSS")  # the interpreter and its imports, before any work
-    started = time.perf_counter()
-    if what == "levels":
-        result = asyncio.run(compact_by_levels(url, int(argv[2]), argv[3]))
-    elif what == "totals":
-        result = asyncio.run(totals(url, int(argv[2]), argv[3]))
-    else:
-        result = asyncio.run(baseline(url))
-    seconds = time.perf_counter() - started
-    hwm = status_bytes("VmHWM")
-    print(json.dumps({**result, "seconds": seconds, "peak_rss": hwm, "base_rss": base_rss}))
+
+    def phase() -> dict[str, object]:
+        if what == "levels":
+            return asyncio.run(compact_by_levels(url, int(argv[2]), argv[3]))
+        if what == "totals":
+            return asyncio.run(totals(url, int(argv[2]), argv[3]))
+        return asyncio.run(baseline(url))
+
+    print(json.dumps(child_process.measure(phase)))
 
 
 def run_child(*args: str) -> dict[str, object]:
@@ -204,9 +201,7 @@ def main() -> None:
         summed = run_child("totals", big, str(args.memory_limit_mb), spill)
         base = run_child("baseline", small)
 
-    def work(result: dict[str, object]) -> float:
-        return float(str(result["peak_rss"])) - float(str(result["base_rss"]))
-
+    work = child_process.above_imports
     per_row = work(base) / baseline_rows
     print(f"levels:   {levels}")
     print(f"totals:   {summed}")

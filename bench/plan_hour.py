@@ -135,19 +135,18 @@ async def baseline(url: str) -> dict[str, object]:
 
 def child(argv: list[str]) -> None:
     what, url = argv[0], argv[1]
-    base_rss = status_bytes("VmRSS")
-    started = time.perf_counter()
-    if what == "baseline":
-        result = asyncio.run(baseline(url))
-    else:
+
+    def phase() -> dict[str, object]:
+        if what == "baseline":
+            return asyncio.run(baseline(url))
         ledger_keys = json.loads(argv[3]) if what == "half" else []
-        result = asyncio.run(plan(url, ledger_keys, argv[2]))
-    seconds = time.perf_counter() - started
-    hwm = status_bytes("VmHWM")
+        return asyncio.run(plan(url, ledger_keys, argv[2]))
+
+    result = child_process.measure(phase)
     handed = cast(dict[str, object] | None, result.get("handoff"))
     if handed is not None:  # the planning phase's own peak, before the handoff reset it
-        hwm = int(str(handed["plan_peak_rss"]))
-    print(json.dumps({**result, "seconds": seconds, "peak_rss": hwm, "base_rss": base_rss}))
+        result["peak_rss"] = int(str(handed["plan_peak_rss"]))
+    print(json.dumps(result))
 
 
 def run_child(*args: str) -> dict[str, object]:
@@ -178,9 +177,7 @@ def main() -> None:
         half = run_child("half", big, spill, json.dumps(ledger_keys))
         base = run_child("baseline", small)
 
-    def work(result: dict[str, object]) -> float:
-        return float(str(result["peak_rss"])) - float(str(result["base_rss"]))
-
+    work = child_process.above_imports
     per_row = work(base) / baseline_rows
     print(f"empty ledger: {empty}")
     print(f"half ledger:  {half}")
