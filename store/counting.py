@@ -88,7 +88,12 @@ class CountingStore:
     With ``overlap``, each single request first yields to the event loop, so that
     concurrent calls really overlap (as on S3); ``max_in_flight`` is the most at once."""
 
-    def __init__(self, inner: ObjectStore, *, overlap: bool = False) -> None:
+    def __init__(
+        self, inner: ObjectStore, *, overlap: bool = False, max_logged: int = 2_000_000
+    ) -> None:
+        """``max_logged``: the most requests (and list calls) `requests` and `lists` hold;
+        one more raises `OverflowError` (the tally has no bound: it holds counts only).
+        `clear` between phases of a long benchmark."""
         self.inner = inner
         self.url = inner.url
         self.tally: Tally = Counter()
@@ -98,6 +103,7 @@ class CountingStore:
         self.lists: list[tuple[str, str | None]] = []
         self.listed: Counter[str] = Counter()
         self._overlap = overlap
+        self._max_logged = max_logged
         self.in_flight = 0
         self.max_in_flight = 0
 
@@ -143,6 +149,11 @@ class CountingStore:
         self.tally[(op, area)] += 1
         if (name := _SCOPE.get()) is not None and name in self.scoped:
             self.scoped[name][(op, area)] += 1
+        if len(self.requests) >= self._max_logged:
+            raise OverflowError(
+                f"CountingStore logged {self._max_logged} requests: clear() it between "
+                "phases, or pass a larger max_logged"
+            )
         self.requests.append((op.partition("_if_")[0], key))
 
     async def _sent(self, call: Callable[[], Awaitable[T]]) -> T:

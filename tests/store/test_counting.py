@@ -152,3 +152,13 @@ def test_store_time_looks_through_the_wrapper() -> None:
     inner.clock_offset = ClockOffset()  # type: ignore[attr-defined]  # as S3Store has
     clock = ManualClock()
     assert store_clock(CountingStore(inner), clock).offset is inner.clock_offset  # type: ignore[attr-defined]
+
+
+async def test_the_request_log_is_bounded() -> None:
+    counting = CountingStore(MemoryStore(), max_logged=3)
+    for n in range(3):
+        await counting.put(f"k{n}", b"x")
+    with pytest.raises(OverflowError, match="logged 3 requests"):
+        await counting.get("k0")
+    counting.clear()
+    assert (await counting.get("k0"))[0] == b"x"  # cleared: logging again
