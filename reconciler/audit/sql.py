@@ -14,8 +14,11 @@ Spark engine to run as well, over temp views of the same names and columns:
   dialect's hex conversion lives in the view) and ``retired`` (an accepted row of an hour
   raw retention retired and that still holds, `reconciler.gc.raw_retention`: it keeps no
   blob alive). The dialect-specific parts (file names, row positions, hex) live in the
-  views: in Spark, ``input_file_name()`` ranked by name, and a row's position from
-  ``monotonically_increasing_id()`` within its file.
+  views: in Spark (`reconciler.audit.spark_joins`), ``row_rank`` is computed by the task
+  that reads the file, ``sha_prefix`` with ``conv`` and ``key_id`` is the key itself.
+
+Spark runs the same text through `for_spark` (its string literals treat a backslash as an
+escape, DuckDB's do not); no statement needs a Spark variant.
 
 Only portable SQL: ``min``/``max``, ``bool_and``/``bool_or``, ``regexp_extract``,
 ``regexp_replace`` with anchored patterns (one match, however the dialect counts them),
@@ -53,6 +56,13 @@ def bind(sql: str, **params: int) -> str:
     for name, value in params.items():
         sql = sql.replace("{" + name + "}", str(int(value)))
     return sql
+
+
+def for_spark(sql: str) -> str:
+    """``sql`` for Spark SQL: every backslash doubled. Backslashes appear only inside
+    string literals here (the regular expressions), which DuckDB reads verbatim and Spark
+    unescapes (``'\\.'`` would become ``'.'``, any character)."""
+    return sql.replace("\\", "\\\\")
 
 
 def _hour(column: str) -> str:

@@ -1,0 +1,304 @@
+"""The full audit's joins on Spark (``reconciler.audit_engine = "spark"``, PROTOCOL §3.9).
+
+The same statements as the local engine (`reconciler.audit.sql`, run by
+`reconciler.audit.duckdb_joins.AuditJoins`) in Spark SQL over temp views of the same names
+and columns, producing the same `JoinResults` files (same columns, same rows; records
+ordered by key, blobs by hash, referencing keys by hash).
+
+Inputs are objects in the store, read on the executors (each with its own client,
+`rollup.table.storage.StoreAccess`: the store is all the executors share with the driver),
+so neither the driver nor the executors need a copy of the whole history (the tasks are
+`reconciler.audit.spark_tasks`):
+
+- the audit's listing parts (store keys, `reconciler.audit.listing`'s schema), read by
+  ``mapInArrow`` tasks into the ``listing`` view (``last_modified`` as nanoseconds);
+- the catalog files the audit pinned (store keys), read whole per task (every column of
+  `index.rows.FILE_SCHEMA`, as `fetch_catalog`'s copies; only `CATALOG_COLUMNS` are kept)
+  into the ``catalog_rows`` view. ``row_rank`` is computed where the file is read: its
+  rank (epoch, then sequence, as `fetch_catalog` ranks them) x `ROWS_PER_FILE_RANK` + the
+  row's place in the file. ``sha_prefix`` is ``conv(substr(frame_sha256, 1, 15), 16, 10)``
+  and ``key_id`` is the key itself (Spark's aggregates spill string keys; no digest, so no
+  collision to reason about).
+
+A pinned file that is gone fails the task, and the constructor raises `PinnedFileMissing`
+(never "no rows"; ``spark.sql.files.ignoreMissingFiles`` is not involved, as no Spark file
+source is used, and the constructor refuses a session that sets it). A file that is not an
+index file is listed in `SparkAuditJoins.unreadable`, as `fetch_catalog` returns it (a file
+whose pages are corrupt counts as unreadable here; in DuckDB the joins fail on it).
+
+Results: each is written by the executors as Parquet parts under ``results_prefix`` in the
+store (one a partition of the sorted result), then concatenated in partition order by the
+driver into one local file in ``out_dir`` (one part in memory at a time).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from protocol import keys
+from reconciler.audit import sql as audit_sql
+from reconciler.audit.duckdb_joins import (
+    BATCH_ROWS,
+    LISTING_KINDS,
+    CatalogCopy,
+    JoinLimits,
+    JoinResults,
+    ListingKind,
+    PinnedFileMissing,
+)
+from reconciler.audit.spark_tasks import (
+    CATALOG_DDL,
+    LISTING_DDL,
+    MISSING,
+    PART_DDL,
+    ReadCatalog,
+    ReadListing,
+    WriteResult,
+)
+from rollup.table.storage import StoreAccess, read_object
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+RECORDS_SCHEMA = pa.schema(
+    [
+        ("key", pa.string()),
+        ("kind", pa.string()),
+        ("listed_etag", pa.string()),
+        ("last_modified_ns", pa.int64()),
+        ("etag", pa.string()),
+        ("frame_sha256", pa.string()),
+        ("accepted_frame_sha256", pa.string()),
+        ("time_unix_ns", pa.int64()),
+        ("conflict", pa.bool_()),
+        ("reason", pa.string()),
+    ]
+)
+BLOBS_SCHEMA = pa.schema(
+    [
+        ("frame_sha256", pa.string()),
+        ("size", pa.int64()),
+        ("last_modified_ns", pa.int64()),
+        ("raw_retention", pa.bool_()),
+        ("reason", pa.string()),
+    ]
+)
+REFERENCING_SCHEMA = pa.schema([("frame_sha256", pa.string()), ("record_key", pa.string())])
+"""The result files' schemas: those DuckDB writes for the same statements
+(``tests/reconciler/test_audit_spark_joins.py`` checks they agree)."""
+
+
+def rank_catalog(names: Sequence[str]) -> list[tuple[int, keys.UtcHour, str]]:
+    """``(rank, hour, name)`` in write order: by epoch, then sequence (as `fetch_catalog`)."""
+    parsed = sorted(
+        ((keys.parse_index_catalog_key(name), name) for name in names),
+        key=lambda item: (item[0][1], item[0][2]),
+    )
+    return [(rank, hour, name) for rank, ((hour, _e, _s), name) in enumerate(parsed)]
+
+
+class SparkAuditJoins:
+    """One Spark session's views over the listing parts and pinned catalog files (see
+    module); the methods of `AuditJoins` that the audit uses, with the same results."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        access: StoreAccess,
+        listing: Mapping[ListingKind, Sequence[str]],
+        catalog: Sequence[str],
+        *,
+        results_prefix: str,
+        out_dir: str,
+    ) -> None:
+        conf = spark.conf.get("spark.sql.files.ignoreMissingFiles", "false")
+        if str(conf).lower() != "false":
+            raise ValueError("spark.sql.files.ignoreMissingFiles must stay false for the audit")
+        self._spark = spark
+        self._access = access
+        self._prefix = results_prefix
+        self._dir = out_dir
+        os.makedirs(out_dir, exist_ok=True)
+        self._persisted: list[DataFrame] = []
+        ranked = rank_catalog(catalog)
+        listing_files = [(kind, key) for kind in LISTING_KINDS for key in listing.get(kind, ())]
+        self._listing = self._keep(
+            self._files(listing_files, "kind string, key string").mapInArrow(
+                ReadListing(access), LISTING_DDL
+            )
+        )
+        self._listing.createOrReplaceTempView("listing")
+        rows = [(name, rank, hour.start_ns) for rank, hour, name in ranked]
+        self._catalog_base = self._keep(
+            self._files(rows, "name string, rank long, hour_start_ns long").mapInArrow(
+                ReadCatalog(access), CATALOG_DDL
+            )
+        )
+        try:
+            errors = {
+                int(r["file_rank"]): str(r["error"])
+                for r in self._catalog_base.where("error IS NOT NULL")
+                .select("file_rank", "error")
+                .distinct()
+                .collect()
+            }
+        except Exception as exc:  # Spark wraps the task's error: find ours in its text
+            text = str(exc)
+            if MISSING in text:
+                name = text.split(MISSING, 1)[1].strip().split("'")[1]
+                raise PinnedFileMissing(f"pinned catalog file {name!r} is gone") from None
+            raise
+        self.unreadable = [(name, errors[rank]) for rank, _h, name in ranked if rank in errors]
+        """Pinned files that are not index files, each with why (as `fetch_catalog`)."""
+        self.readable = [
+            CatalogCopy(name, name, hour, rank) for rank, hour, name in ranked if rank not in errors
+        ]
+        """The readable pinned files (``path`` is the store key), for `settle_retired`."""
+        self.set_retired(frozenset())
+
+    def _files(self, rows: list[tuple[Any, ...]], ddl: str) -> DataFrame:
+        """One row a file, spread over the cluster's task slots (a few files a task)."""
+        frame = self._spark.createDataFrame(rows, ddl)
+        slots = max(1, min(len(rows), 4 * self._spark.sparkContext.defaultParallelism))
+        return frame.repartition(slots)
+
+    def _keep(self, frame: DataFrame) -> DataFrame:
+        from pyspark import StorageLevel
+
+        kept = frame.persist(StorageLevel.MEMORY_AND_DISK)
+        self._persisted.append(kept)
+        return kept
+
+    def close(self) -> None:
+        for frame in self._persisted:
+            frame.unpersist()
+        self._persisted.clear()
+
+    def __enter__(self) -> SparkAuditJoins:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def _sql(self, text: str) -> DataFrame:
+        return self._spark.sql(audit_sql.for_spark(text))
+
+    def set_retired(self, hours: frozenset[int]) -> None:
+        """As `AuditJoins.set_retired`."""
+        retired = (
+            f"(kind = 'accepted' AND hour_start_ns IN ({', '.join(str(int(h)) for h in sorted(hours))}))"
+            if hours
+            else "false"
+        )
+        self._catalog_base.createOrReplaceTempView("catalog_base")
+        self._sql(
+            "SELECT key, kind, etag, frame_sha256, accepted_frame_sha256, time_unix_ns, "
+            "CAST(conv(substr(frame_sha256, 1, 15), 16, 10) AS BIGINT) AS sha_prefix, "
+            f"key AS key_id, row_rank, {retired} AS retired, hour_start_ns "
+            "FROM catalog_base WHERE error IS NULL"
+        ).createOrReplaceTempView("catalog_rows")
+
+    def accepted_batches(self, hours: Sequence[int]) -> dict[int, int]:
+        """As `AuditJoins.accepted_batches`."""
+        if not hours:
+            return {}
+        self._sql(
+            "SELECT * FROM catalog_rows WHERE hour_start_ns IN ("
+            + ", ".join(str(int(h)) for h in hours)
+            + ")"
+        ).createOrReplaceTempView("catalog_rows_of_covered_hours")
+        found = {int(r[0]): int(r[1]) for r in self._sql(audit_sql.RETIRED_HOUR_BATCHES).collect()}
+        return {int(h): found.get(int(h), 0) for h in hours}
+
+    def run(self, limits: JoinLimits) -> JoinResults:
+        """Run the joins; results land in ``out_dir`` (see module)."""
+        params = {
+            "born_before_ns": int(limits.born_before_ns),
+            "phantom_before_ns": int(limits.phantom_before_ns),
+            "orphan_before_ns": int(limits.orphan_before_ns),
+        }
+        results = JoinResults(
+            records=os.path.join(self._dir, "records.parquet"),
+            blobs=os.path.join(self._dir, "blobs.parquet"),
+            referencing=os.path.join(self._dir, "referencing.parquet"),
+        )
+        for kind, old, young in self._sql(
+            audit_sql.bind(audit_sql.LISTED_COUNTS, **params)
+        ).collect():
+            results.listed_old[str(kind)] = int(old)
+            results.listed_young[str(kind)] = int(young)
+        results.blobs_listed = int(self._sql(audit_sql.BLOBS_LISTED).collect()[0][0])
+        for view, query in (
+            ("per_key", audit_sql.PER_KEY),
+            ("newest", audit_sql.NEWEST),
+            ("record_candidates", audit_sql.bind(audit_sql.RECORD_CANDIDATES, **params)),
+        ):
+            self._sql(query).createOrReplaceTempView(view)
+        self._write(
+            self._sql(audit_sql.RECORD_JOIN).orderBy("key"),
+            RECORDS_SCHEMA,
+            "records",
+            results.records,
+        )
+        self._sql(audit_sql.REFERENCED).createOrReplaceTempView("referenced")
+        blobs = self._keep(self._sql(audit_sql.bind(audit_sql.BLOB_JOIN, **params)))
+        self._write(blobs.orderBy("frame_sha256"), BLOBS_SCHEMA, "blobs", results.blobs)
+        blobs.where("reason = 'missing'").select("frame_sha256").createOrReplaceTempView(
+            "missing_blobs"
+        )
+        self._write(
+            self._sql(audit_sql.REFERENCING_KEYS).orderBy("frame_sha256"),
+            REFERENCING_SCHEMA,
+            "referencing",
+            results.referencing,
+        )
+        for name, path in (("record", results.records), ("blob", results.blobs)):
+            for reason, count in _reasons(path).items():
+                results.reasons[f"{name} {reason}"] = count
+        return results
+
+    def _write(self, frame: DataFrame, schema: pa.Schema, name: str, path: str) -> None:
+        """``frame`` as one local Parquet file at ``path`` (see module)."""
+        prefix = f"{self._prefix}{name}/"
+        written = frame.mapInArrow(WriteResult(self._access, prefix, schema), PART_DDL).collect()
+        tmp = path + ".tmp"
+        with pq.ParquetWriter(tmp, schema, compression="zstd") as out:
+            for row in sorted(written, key=lambda r: int(r["part"])):
+                body = read_object(self._access, str(row["key"]))
+                part = pq.ParquetFile(io.BytesIO(body))
+                for batch in part.iter_batches(batch_size=BATCH_ROWS):
+                    out.write_table(pa.Table.from_batches([batch], schema=schema))
+        os.replace(tmp, path)
+
+    def references(self, sha: str) -> bool:
+        """As `AuditJoins.references`."""
+        from pyspark.sql import functions as f
+
+        rows = self._spark.table("catalog_rows").where(
+            ~f.col("retired")
+            & (
+                (f.col("frame_sha256") == f.lit(sha))
+                | (f.col("accepted_frame_sha256") == f.lit(sha))
+            )
+        )
+        return bool(rows.limit(1).count())
+
+
+def _reasons(path: str) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    parquet = pq.ParquetFile(path)
+    try:
+        for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=["reason"]):
+            for item in pc.value_counts(batch.column(0)).to_pylist():
+                counts[str(item["values"])] += int(item["counts"])
+    finally:
+        parquet.close()
+    return counts
