@@ -42,7 +42,12 @@ __all__ = [
     "PART_KEYS",
     "ListingKind",
     "ListingParts",
+    "ListingPlan",
+    "RangeWork",
+    "Tally",
     "list_for_audit",
+    "list_one_range",
+    "plan_listing",
     "parts_from_inventory",
 ]
 
@@ -104,11 +109,74 @@ def _parse_part(audit_dir: str, key: str) -> tuple[ListingKind, _Part] | None:
 
 
 @dataclass
-class _Tally:
+class Tally:
+    """What the streams listed (picklable: a Spark task returns its own)."""
+
     requests: int = 0
     listed: dict[ListingKind, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     parts: dict[ListingKind, list[str]] = field(default_factory=lambda: {k: [] for k in KINDS})
     done: int = 0
+
+    def add(self, other: Tally) -> None:
+        self.requests += other.requests
+        self.done += other.done
+        for kind in KINDS:
+            self.listed[kind] += other.listed[kind]
+            self.parts[kind] += other.parts[kind]
+
+    def parts_of(self, plan: ListingPlan) -> ListingParts:
+        return ListingParts(
+            parts={kind: sorted(self.parts[kind]) for kind in KINDS},
+            keys_listed=self.listed,
+            list_requests=self.requests,
+            ranges_total=len(plan.ranges),
+            ranges_resumed=sum(1 for w in plan.work if w.finished),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RangeWork:
+    """One range of the plan and the parts already written for it (by number): what a
+    stream needs to list it or resume it. Picklable (the Spark engine ships it)."""
+
+    key_range: KeyRange
+    written: tuple[_Part, ...]
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.written) and self.written[-1].final
+
+
+@dataclass(frozen=True)
+class ListingPlan:
+    ranges: list[KeyRange]
+    """Every range of this audit (`plan_ranges`), in order."""
+    requests: int
+    """LIST requests the plan cost (0 when read back)."""
+    work: list[RangeWork]
+    """One a range, in order: finished ones and those to list."""
+
+    @property
+    def pending(self) -> list[RangeWork]:
+        return [w for w in self.work if not w.finished]
+
+
+async def plan_listing(store: ObjectStore, audit_dir: str, *, concurrency: int) -> ListingPlan:
+    """This audit's ranges (`plan_ranges`) and, found by one listing of ``audit_dir``, the
+    parts each already has."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    ranges, plan_requests = await plan_ranges(store, audit_dir, concurrency=concurrency)
+    existing: dict[tuple[ListingKind, int], list[_Part]] = {}
+    async for info in store.list(audit_dir):
+        parsed = _parse_part(audit_dir, info.key)
+        if parsed is not None:
+            existing.setdefault((parsed[0], parsed[1].range_index), []).append(parsed[1])
+    work = [
+        RangeWork(r, tuple(sorted(existing.get((r.kind, r.index), []), key=_number)))
+        for r in ranges
+    ]
+    return ListingPlan(ranges, plan_requests, work)
 
 
 async def list_for_audit(
@@ -121,64 +189,51 @@ async def list_for_audit(
     """List every range of this audit not finished yet (``concurrency`` at once) into
     Parquet parts under ``audit_dir`` (`keys.audit_listing_prefix`); the parts of every
     range, finished before or now. ``progress(done, total)`` after each range."""
-    if concurrency < 1:
-        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-    ranges, plan_requests = await plan_ranges(store, audit_dir, concurrency=concurrency)
-    tally = _Tally(requests=plan_requests)
-    existing: dict[tuple[ListingKind, int], list[_Part]] = {}
-    async for info in store.list(audit_dir):
-        parsed = _parse_part(audit_dir, info.key)
-        if parsed is not None:
-            existing.setdefault((parsed[0], parsed[1].range_index), []).append(parsed[1])
-    queue: asyncio.Queue[KeyRange] = asyncio.Queue(maxsize=len(ranges) + 1)
-    resumed = 0
-    for key_range in ranges:
-        written = sorted(existing.get((key_range.kind, key_range.index), []), key=_number)
-        if written and written[-1].final:
-            resumed += 1
-            tally.done += 1
-            _count(tally, key_range.kind, written)
-        else:
-            queue.put_nowait(key_range)
+    plan = await plan_listing(store, audit_dir, concurrency=concurrency)
+    tally = finished_tally(plan)
+    total = len(plan.ranges)
     if progress is not None:
-        progress(tally.done, len(ranges))
+        progress(tally.done, total)
+    queue: asyncio.Queue[RangeWork] = asyncio.Queue(maxsize=total + 1)
+    for work in plan.pending:
+        queue.put_nowait(work)
 
     async def stream() -> None:
         while not queue.empty():
-            key_range = queue.get_nowait()
-            written = sorted(existing.get((key_range.kind, key_range.index), []), key=_number)
-            await _list_range(store, audit_dir, key_range, written, tally)
-            tally.done += 1
+            await list_one_range(store, audit_dir, queue.get_nowait(), tally)
             if progress is not None:
-                progress(tally.done, len(ranges))
+                progress(tally.done, total)
 
     async with asyncio.TaskGroup() as group:
         for _ in range(min(concurrency, queue.qsize())):
             group.create_task(stream())
-    return ListingParts(
-        parts={kind: sorted(tally.parts[kind]) for kind in KINDS},
-        keys_listed=tally.listed,
-        list_requests=tally.requests,
-        ranges_total=len(ranges),
-        ranges_resumed=resumed,
-    )
+    return tally.parts_of(plan)
+
+
+def finished_tally(plan: ListingPlan) -> Tally:
+    """A tally holding the plan's requests and its finished ranges' parts."""
+    tally = Tally(requests=plan.requests)
+    for work in plan.work:
+        if work.finished:
+            tally.done += 1
+            _count(tally, work.key_range.kind, list(work.written))
+    return tally
 
 
 def _number(part: _Part) -> int:
     return part.number
 
 
-def _count(tally: _Tally, kind: ListingKind, parts: list[_Part]) -> None:
+def _count(tally: Tally, kind: ListingKind, parts: list[_Part]) -> None:
     tally.parts[kind] += [p.key for p in parts]
     tally.listed[kind] += sum(p.rows for p in parts)
 
 
-async def _list_range(
-    store: ObjectStore, audit_dir: str, key_range: KeyRange, written: list[_Part], tally: _Tally
-) -> None:
+async def list_one_range(store: ObjectStore, audit_dir: str, work: RangeWork, tally: Tally) -> None:
     """List one range on from its last written part, writing parts as they fill."""
+    key_range, written = work.key_range, work.written
     kind = key_range.kind
-    _count(tally, kind, written)
+    _count(tally, kind, list(written))
     after = key_range.lower
     if written:
         after = await _last_key(store, written[-1].key)
@@ -197,6 +252,7 @@ async def _list_range(
         tally.requests += 1 + seen // _PAGE_KEYS
         await listing.aclose()
     await _write(store, audit_dir, key_range, number, part, True, tally)
+    tally.done += 1
 
 
 async def _write(
@@ -206,7 +262,7 @@ async def _write(
     number: int,
     part: _PartBuffer,
     final: bool,
-    tally: _Tally,
+    tally: Tally,
 ) -> None:
     key = audit_dir + part_name(key_range.kind, key_range.index, number, len(part), final)
     metadata = {"range": str(key_range.index), "final": "true" if final else "false"}
@@ -280,7 +336,7 @@ async def parts_from_inventory(
     parts. No LIST request (the report's files are read with GETs)."""
     report = await source.report()
     prefixes = tuple(KIND_PREFIXES.values())
-    tally = _Tally()
+    tally = Tally()
     buffers: dict[ListingKind, _PartBuffer] = {kind: _PartBuffer() for kind in KINDS}
     numbers = dict.fromkeys(KINDS, 0)
     inventory_range = {kind: KeyRange(kind, 0, KIND_PREFIXES[kind], None, None) for kind in KINDS}

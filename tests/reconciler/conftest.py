@@ -16,9 +16,10 @@ import random
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -34,6 +35,9 @@ from reconciler.context import ReconcilerContext, open_context
 from reconciler.metrics import ReconcilerMetrics
 from store.base import ObjectStore
 from store.memory import MemoryStore
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 T0_NS = 1_760_000_000_000_000_000  # 2025-10-09T08:53:20Z
 HOUR_NS = 3600 * keys.NS_PER_S
@@ -301,3 +305,16 @@ def write_batch_files(root: Path, batch: Batch) -> None:
         path = root / key
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(body)
+
+
+@pytest.fixture(scope="module")
+def audit_spark() -> Iterator[SparkSession]:
+    """A local Spark session (local[2]) for one module's tests of the audit's Spark engine
+    (module scope: never two sessions in one process, whatever else the run starts)."""
+    import logging
+
+    from rollup.job.spark_session import local_spark
+
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    with local_spark(master="local[2]", app_name="lm-audit-tests") as session:
+        yield session

@@ -6,8 +6,6 @@ error. A local Spark session (local[2]) over a filesystem store in tmp_path."""
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,15 +41,6 @@ from tests.reconciler.test_audit_joins import (
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    from rollup.job.spark_session import local_spark
-
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    with local_spark(master="local[2]", app_name="lm-audit-tests") as session:
-        yield session
 
 
 async def planted(store: FileSystemStore, tmp: Path) -> tuple[dict[str, list[str]], list[str]]:
@@ -133,7 +122,7 @@ def rows_of(path: str) -> list[dict[str, Any]]:
 
 
 def test_spark_writes_the_local_engines_results_row_for_row(
-    spark: SparkSession, tmp_path: Path
+    audit_spark: SparkSession, tmp_path: Path
 ) -> None:
     store = FileSystemStore(tmp_path / "store")
     listing, names = asyncio.run(planted(store, tmp_path))
@@ -143,7 +132,7 @@ def test_spark_writes_the_local_engines_results_row_for_row(
     with (
         AuditJoins(local_paths, copies, str(tmp_path / "duck"), memory_limit_mb=64) as duck,  # type: ignore[arg-type]
         SparkAuditJoins(
-            spark,
+            audit_spark,
             access,
             listing,  # type: ignore[arg-type]
             names,
@@ -187,14 +176,14 @@ def test_spark_writes_the_local_engines_results_row_for_row(
 
 
 def test_a_pinned_file_that_is_gone_stops_the_spark_joins(
-    spark: SparkSession, tmp_path: Path
+    audit_spark: SparkSession, tmp_path: Path
 ) -> None:
     store = FileSystemStore(tmp_path / "store")
     listing, names = asyncio.run(planted(store, tmp_path))
     gone = keys.index_catalog_key(keys.UtcHour.from_unix_ns(T0), 1, 9)
     with pytest.raises(PinnedFileMissing, match="is gone"):
         SparkAuditJoins(
-            spark,
+            audit_spark,
             StoreAccess(store.url),
             listing,  # type: ignore[arg-type]
             [*names, gone],
