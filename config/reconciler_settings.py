@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from config.section import Seconds, Section
@@ -42,6 +44,14 @@ class ReconcilerSettings(Section):
     the store's per-page latency times the pages of the largest range, divided by this
     (`reconciler.audit.listing`). Each stream holds at most one part (250k keys) in
     memory."""
+    audit_engine: Literal["local", "spark"] = "local"
+    """What runs a full audit's listing and joins (PROTOCOL §3.9): ``local``, this process
+    (DuckDB, `reconciler.audit.duckdb_joins`); ``spark``, a Spark application: executors
+    list the ranges, the joins run in Spark SQL (`reconciler.audit.spark_joins`), started
+    with ``lm-reconciler audit --engine spark`` or through ``spark-submit``
+    (`reconciler.audit.spark_entry`). ``lm-reconciler audit --engine`` overrides it. The
+    daemon's scheduled audits run locally for now, and so does an audit of an S3
+    Inventory report (the Spark engine lists the store)."""
     segment_retention_s: Seconds = 3 * 24 * 3600.0
     """Consumed index log segments are deleted once older than this and a completed
     listing audit started after they were written (PROTOCOL §3.7). At least the GC's

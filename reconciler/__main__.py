@@ -7,8 +7,11 @@ Commands (each takes ``--config PATH``; settings also come from ``LM_*`` variabl
 - ``run --once``: one pass of everything due: the steady pass over the index log, a full
   audit when due (a first run ever, or the first on a version-1 store, includes one),
   catalog compaction, GC.
-- ``audit [--inventory URL]``: a full audit now (resumes an interrupted one): catalogs
-  what the catalog lacks, writes the orphan file, records missing blobs.
+- ``audit [--inventory URL] [--engine local|spark]``: a full audit now (resumes an
+  interrupted one): catalogs what the catalog lacks, writes the orphan file, records
+  missing blobs. ``--engine spark`` (default ``[reconciler] audit_engine``) lists and
+  joins on Spark (``reconciler.audit.spark_run``; under ``spark-submit``:
+  ``reconciler/audit/spark_entry.py``).
 - ``gc [--dry-run]``: one GC run (``reconciler.gc.run``).
 - ``drop-v1-index [--dry-run]``: delete a migrated version-1 store's per-object index
   (``reconciler.v1_index``); refused before a completed audit of the index.
@@ -36,11 +39,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import json
 import random
 import signal
 import sys
+import tempfile
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import start_http_server
@@ -80,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument(
         "--inventory", help="read an S3 Inventory report (s3://BUCKET/PATH or file://DIR)"
     )
+    audit.add_argument("--engine", choices=["local", "spark"], help="default: audit_engine")
     gc = commands.add_parser("gc", help="one garbage-collection run")
     gc.add_argument("--dry-run", action="store_true", help="decide, log, delete nothing")
     drop = commands.add_parser(
@@ -173,6 +180,12 @@ async def _leased_command(store: ObjectStore, settings: Settings, args: argparse
             return await _daemon(reconciler, settings)
         if args.command == "run":
             return _print_pass(await reconciler.run_once())
+        engine = getattr(args, "engine", None) or settings.reconciler.audit_engine
+        if args.command == "audit" and engine == "spark":
+            if inventory is not None:
+                print("lm-reconciler: the spark engine lists the store", file=sys.stderr)
+                return EXIT_USAGE
+            return await _spark_audit(reconciler)
         if args.command == "audit":
             record = await reconciler.audit_once()
             progress.close()
@@ -203,6 +216,21 @@ async def _leased_command(store: ObjectStore, settings: Settings, args: argparse
         progress.close()
         if inventory is not None:
             await inventory.close()
+
+
+async def _spark_audit(reconciler: Reconciler) -> int:
+    """The audit's listing and joins on Spark, as the lease holder (module doc)."""
+    from reconciler.audit.spark_run import audit_spark_session, spark_audit
+
+    spark = audit_spark_session()
+    try:
+        out_dir = Path(tempfile.mkdtemp(prefix="lm-audit-spark-"))
+        work = functools.partial(spark_audit, spark=spark, out_dir=out_dir)
+        outcome = await reconciler.one_shot(work, None)
+    finally:
+        spark.stop()
+    print(_json(outcome.summary()))
+    return EXIT_OK if outcome.completed else EXIT_FAILED
 
 
 def _load_arrow_lazy_imports() -> None:

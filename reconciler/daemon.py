@@ -170,14 +170,14 @@ class Reconciler:
     async def run_once(self, *, lease_wait_s: float | None = None) -> PassReport:
         """One pass of everything due. Raises `LeaseHeld` if another instance stays active
         for ``lease_wait_s`` (default 1.5 TTL: a crashed holder's lease runs out in one)."""
-        return await self._one_shot(
+        return await self.one_shot(
             lambda ctx: self._pass(ctx, SteadyScanner(ctx, self.suspects), isolate_errors=False),
             lease_wait_s,
         )
 
     async def audit_once(self, *, lease_wait_s: float | None = None) -> AuditRecord:
         """A full audit now (resuming a running one). Raises `LeaseHeld` like `run_once`."""
-        return await self._one_shot(
+        return await self.one_shot(
             lambda ctx: run_full_audit(
                 ctx, progress=self._audit_progress, inventory=self._inventory
             ),
@@ -186,16 +186,16 @@ class Reconciler:
 
     async def gc_once(self, *, dry_run: bool, lease_wait_s: float | None = None) -> Any:
         """One GC run (`reconciler.gc.run.run_gc`). Raises `GcRefused` when the guard trips."""
-        return await self._one_shot(lambda ctx: run_gc(ctx, dry_run=dry_run), lease_wait_s)
+        return await self.one_shot(lambda ctx: run_gc(ctx, dry_run=dry_run), lease_wait_s)
 
     async def drop_v1_index_once(
         self, *, dry_run: bool, lease_wait_s: float | None = None
     ) -> V1DropResult:
         """Delete a migrated version-1 store's old index (`reconciler.v1_index`). Raises
         `V1DropRefused` before a completed audit of the index, `LeaseHeld` like `run_once`."""
-        return await self._one_shot(lambda ctx: drop_v1_index(ctx, dry_run=dry_run), lease_wait_s)
+        return await self.one_shot(lambda ctx: drop_v1_index(ctx, dry_run=dry_run), lease_wait_s)
 
-    async def _one_shot(
+    async def one_shot(
         self, work: Callable[[ReconcilerContext], Awaitable[T]], lease_wait_s: float | None
     ) -> T:
         wait = lease_wait_s if lease_wait_s is not None else 1.5 * self._ttl_s

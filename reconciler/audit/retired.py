@@ -10,16 +10,25 @@ As `CatalogScan` did in memory, here as one small query over the pinned copies.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 from protocol import keys
-from reconciler.audit.duckdb_joins import AuditJoins, CatalogCopy
+from reconciler.audit.duckdb_joins import CatalogCopy
 from reconciler.gc.raw_retention import Retired
 from reconciler.problems import ProblemBook
 
 
+class RetiredJoins(Protocol):
+    """What `settle_retired` needs of an engine's joins (`AuditJoins`, `SparkAuditJoins`)."""
+
+    def accepted_batches(self, hours: Sequence[int]) -> dict[int, int]: ...
+
+    def set_retired(self, hours: frozenset[int]) -> None: ...
+
+
 async def settle_retired(
-    joins: AuditJoins,
+    joins: RetiredJoins,
     copies: Iterable[CatalogCopy],
     unreadable: Iterable[str],
     retired: Retired,
