@@ -19,6 +19,7 @@ The blocking Spark calls run in threads, so the lease keeps being renewed meanwh
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -73,6 +74,7 @@ class SparkAuditOutcome:
     results: JoinResults
     unreadable: list[tuple[str, str]]
     """Pinned catalog files that are not index files (to be moved aside and reported)."""
+    limits: JoinLimits
     completed: bool = False
 
     def summary(self) -> dict[str, Any]:
@@ -92,6 +94,7 @@ class SparkAuditOutcome:
                 "referencing": self.results.referencing,
             },
             "reasons": dict(self.results.reasons),
+            "limits": dataclasses.asdict(self.limits),
             "unreadable_catalog_files": [name for name, _why in self.unreadable],
             "message": None if self.completed else NOT_WIRED,
         }
@@ -148,7 +151,7 @@ async def spark_audit(
     finally:
         await asyncio.to_thread(joins.close)
     ctx.log.warning("audit_spark_not_completed", audit_id=record.audit_id, reason=NOT_WIRED)
-    return SparkAuditOutcome(record, resumed, listing, results, list(joins.unreadable))
+    return SparkAuditOutcome(record, resumed, listing, results, list(joins.unreadable), limits)
 
 
 async def _renew_pin(ctx: ReconcilerContext, record: AuditRecord) -> AuditRecord:
