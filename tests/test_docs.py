@@ -1,7 +1,8 @@
 """The README and docs/ hang together: every doc is reachable from the README, every
 relative link and every repository path a doc names exists, and every Python block
 compiles (the blocks that are run are run by their own tests: tests/rollup/
-test_readme_reading.py, test_readme_index_joins.py)."""
+test_readme_reading.py; docs/scaling.md's Spark audit commands: tests/reconciler/
+test_audit_spark_docs.py)."""
 
 from __future__ import annotations
 
