@@ -220,13 +220,16 @@ async def _leased_command(store: ObjectStore, settings: Settings, args: argparse
 
 async def _spark_audit(reconciler: Reconciler) -> int:
     """The audit's listing and joins on Spark, as the lease holder (module doc)."""
-    from reconciler.audit.spark_run import audit_spark_session, spark_audit
+    from reconciler.audit.spark_run import PinnedFileMissing, audit_spark_session, spark_audit
 
     spark = audit_spark_session()
+    out_dir = Path(tempfile.mkdtemp(prefix="lm-audit-spark-"))
     try:
-        out_dir = Path(tempfile.mkdtemp(prefix="lm-audit-spark-"))
         work = functools.partial(spark_audit, spark=spark, out_dir=out_dir)
         outcome = await reconciler.one_shot(work, None)
+    except PinnedFileMissing as exc:  # the audit stays running: a rerun starts again
+        print(f"lm-reconciler: audit incomplete: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     finally:
         spark.stop()
     print(_json(outcome.summary()))

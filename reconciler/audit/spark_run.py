@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from index import catalog
 from protocol import keys
 from protocol.records import AuditRecord
-from reconciler.audit.duckdb_joins import JoinLimits, JoinResults
+from reconciler.audit.duckdb_joins import JoinLimits, JoinResults, PinnedFileMissing
 from reconciler.audit.listing import ListingParts
 from reconciler.audit.records import resume_or_start, save_audit
 from reconciler.audit.retired import settle_retired
@@ -40,6 +40,15 @@ from rollup.table.storage import StoreAccess
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+__all__ = [
+    "NOT_WIRED",
+    "SPARK_CONF",
+    "PinnedFileMissing",
+    "SparkAuditOutcome",
+    "audit_spark_session",
+    "spark_audit",
+]
 
 SPARK_CONF: dict[str, str] = {
     "spark.sql.session.timeZone": "UTC",
