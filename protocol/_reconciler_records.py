@@ -59,6 +59,20 @@ class AuditRecord(Record):
     phantoms_checked: bool = False
     """The joins looked for ``phantom-row``s: cataloged keys the listing lacked (only a
     listing audit that walked everything in one run can)."""
+    engine: Literal["local", "spark"] = "local"
+    """What ran the listing and the joins (``reconciler.audit_engine``)."""
+    ran_from_unix_ns: int | None = Field(default=None, ge=0)
+    """Store time the audit's first run began (``started_at_unix_ns`` is an Inventory
+    report's time for an inventory audit): ``completed - ran_from`` is its duration,
+    crashes and resumptions included."""
+    keys_listed: dict[str, int] = Field(default_factory=dict)
+    """Keys listed (or read from an Inventory report) per prefix: ``accepted``,
+    ``quarantine``, ``raw-blobs``."""
+    requests: dict[str, int] = Field(default_factory=dict)
+    """Store requests the audit made, by kind (``LIST``, ``GET``, ``HEAD``, ``PUT``,
+    ``DELETE``), across its runs; on Spark the executors' listing LISTs included."""
+    spilled_bytes: int = Field(default=0, ge=0)
+    """The most the joins held in their spill directory at once (local engine)."""
 
 
 class CatalogCreated(Record):

@@ -7,9 +7,10 @@ the reconciler's store clock (`watch_store_clock`).
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Info
 
 from protocol.clock import Clock, SystemClock
+from protocol.records import AuditRecord
 from store.time import StoreClock
 
 
@@ -156,12 +157,49 @@ class ReconcilerMetrics:
             "ages and leases use store time regardless",
             registry=r,
         )
+        self.audit_info = Info(
+            "lm_reconciler_audit", "The newest full audit's engine and source", registry=r
+        )
+        self.audit_duration = Gauge(
+            "lm_reconciler_last_audit_duration_seconds",
+            "Store time from the newest completed audit's first run to its completion",
+            registry=r,
+        )
+        self.audit_keys_listed = Gauge(
+            "lm_reconciler_audit_keys_listed",
+            "Keys the newest audit listed (or read from an Inventory), per prefix",
+            ["prefix"],
+            registry=r,
+        )
+        self.audit_requests = Gauge(
+            "lm_reconciler_audit_requests",
+            "Store requests the newest audit made, by kind (LIST, GET, HEAD, PUT, DELETE)",
+            ["kind"],
+            registry=r,
+        )
+        self.audit_spilled = Gauge(
+            "lm_reconciler_audit_spilled_bytes",
+            "The most the newest audit's joins held in their spill directory",
+            registry=r,
+        )
         self.stage_errors = Counter(
             "lm_reconciler_stage_errors",
             "Daemon stages (steady, audit, compaction, gc) that ended with an error",
             ["stage"],
             registry=r,
         )
+
+    def observe_audit(self, record: AuditRecord) -> None:
+        """The newest audit's cost (its record, as the schedule reads it each pass)."""
+        self.audit_info.info({"engine": record.engine, "source": record.source})
+        end = record.completed_at_unix_ns
+        if end is not None and record.ran_from_unix_ns is not None:
+            self.audit_duration.set(max(0, end - record.ran_from_unix_ns) / 1e9)
+        for prefix, count in record.keys_listed.items():
+            self.audit_keys_listed.labels(prefix).set(count)
+        for kind, count in record.requests.items():
+            self.audit_requests.labels(kind).set(count)
+        self.audit_spilled.set(record.spilled_bytes)
 
     def record_gc(
         self, *, candidates: int = 0, marked: int = 0, vetoed: int = 0, deleted: int = 0

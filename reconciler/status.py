@@ -286,6 +286,13 @@ def _audit_json(record: AuditRecord | None) -> dict[str, Any] | None:
         "blobs_listed": record.blobs_listed,
         "orphans": record.orphans,
         "problems": record.problems,
+        "engine": record.engine,
+        "duration_s": (record.completed_at_unix_ns - record.ran_from_unix_ns) / 1e9
+        if record.completed_at_unix_ns is not None and record.ran_from_unix_ns is not None
+        else None,
+        "keys_listed": dict(record.keys_listed),
+        "requests": dict(record.requests),
+        "spilled_bytes": record.spilled_bytes,
     }
 
 
@@ -298,8 +305,26 @@ def _audit_line(audit: dict[str, Any] | None) -> str:
         f"{audit['manifests_seen']} manifests, {audit['quarantines_seen']} quarantined, "
         f"{audit['cataloged']} cataloged, {audit['blobs_listed']} blobs listed, "
         f"{audit['orphans'] if audit['orphans'] is not None else '-'} orphans, "
-        f"{audit['problems']} problems"
+        f"{audit['problems']} problems{_audit_cost(audit)}"
     )
+
+
+def _audit_cost(audit: dict[str, Any]) -> str:
+    """``; engine local, 812 s, listed accepted=…, requests LIST=… GET=…, spilled 1.2 GiB``."""
+    parts = [f"engine {audit['engine']}"]
+    if audit["duration_s"] is not None:
+        parts.append(f"{audit['duration_s']:.0f} s")
+    if audit["keys_listed"]:
+        parts.append(
+            "listed " + " ".join(f"{k}={v}" for k, v in sorted(audit["keys_listed"].items()))
+        )
+    if audit["requests"]:
+        parts.append(
+            "requests " + " ".join(f"{k}={v}" for k, v in sorted(audit["requests"].items()))
+        )
+    if audit["spilled_bytes"]:
+        parts.append(f"spilled {audit['spilled_bytes'] / 2**20:.1f} MiB")
+    return "; " + ", ".join(parts)
 
 
 def _iso(unix_ns: int) -> str:

@@ -94,6 +94,7 @@ async def resume_or_start(
         audit_id=f"{ctx.rng.getrandbits(64):016x}",
         # An inventory shows the bucket as of its creation: the audit counts from then.
         started_at_unix_ns=report.created_at_unix_ns if report else ctx.clock.now_ns(),
+        ran_from_unix_ns=ctx.clock.now_ns(),
         catalog_created_from=position,
         source=source,
         owner_epoch=ctx.epoch,

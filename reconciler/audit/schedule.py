@@ -110,6 +110,8 @@ class AuditSchedule:
 
     async def due(self, ctx: ReconcilerContext) -> bool:
         latest = await latest_audit(ctx.store, catalog_only=True)
+        if latest is not None:
+            self._metrics.observe_audit(latest)  # read each pass anyway: no extra request
         if latest is None or latest.status == "running":
             return True  # the first audit ever (or of the index: a migration), or one to resume
         completed = await latest_completed_audit(ctx.store)

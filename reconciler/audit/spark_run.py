@@ -130,7 +130,15 @@ async def spark_audit(
         audit_dir,
         concurrency=ctx.settings.reconciler.audit_list_concurrency,
     )
-    record = await _renew_pin(ctx, record)
+    requests = dict(record.requests)
+    requests["LIST"] = requests.get("LIST", 0) + listing.list_requests
+    record = await _renew_pin(
+        ctx,
+        record,
+        engine="spark",
+        keys_listed={kind: int(n) for kind, n in listing.keys_listed.items()},
+        requests=requests,
+    )
     margin_ns = int(ctx.settings.settle_margin_s() * keys.NS_PER_S)
     limits = JoinLimits(
         born_before_ns=start + margin_ns,
@@ -163,11 +171,15 @@ async def spark_audit(
     return SparkAuditOutcome(record, resumed, listing, results, list(joins.unreadable), limits)
 
 
-async def _renew_pin(ctx: ReconcilerContext, record: AuditRecord) -> AuditRecord:
-    """The record with its pin renewed for another ``audit_pin_s`` (saved)."""
+async def _renew_pin(ctx: ReconcilerContext, record: AuditRecord, **update: Any) -> AuditRecord:
+    """The record with its pin renewed for another ``audit_pin_s`` and ``update``d (saved)."""
     pin_ns = int(ctx.settings.reconciler.audit_pin_s * 1e9)
     renewed = record.model_copy(
-        update={"pin_expires_at_unix_ns": ctx.clock.now_ns() + pin_ns, "owner_epoch": ctx.epoch}
+        update={
+            "pin_expires_at_unix_ns": ctx.clock.now_ns() + pin_ns,
+            "owner_epoch": ctx.epoch,
+            **update,
+        }
     )
     await save_audit(ctx, renewed)
     return renewed

@@ -69,6 +69,11 @@ def test_the_spark_engine_matches_the_local_one_and_leaves_the_audit_running(
         stored = await latest_audit(store)
         assert stored is not None and stored.audit_id == record.audit_id
         assert stored.status == "running" and stored.pin_expires_at_unix_ns is not None
+        # What the audit cost so far, for `status` and the metrics (issue 23 item 5).
+        assert stored.engine == "spark" and stored.ran_from_unix_ns is not None
+        assert stored.keys_listed == {k: int(n) for k, n in outcome.listing.keys_listed.items()}
+        assert stored.keys_listed["accepted"] > 0
+        assert stored.requests["LIST"] == outcome.listing.list_requests > 0
         audit_dir = keys.audit_listing_prefix(record.started_at_unix_ns, record.audit_id)
         assert all(p.startswith(audit_dir) for ps in outcome.listing.parts.values() for p in ps)
 

@@ -100,7 +100,10 @@ def test_run_once_and_status_show_the_log_the_catalog_and_the_cost(tmp_path: Pat
     assert doc["last_completed_audit"]["manifests_seen"] == 12
     assert doc["last_completed_audit"]["cataloged"] == 4
     assert doc["last_gc"] is None and doc["problems"] == {"total": 0, "by_kind": {}}
-    assert "last GC         none" in run_cli("status", env=env).stdout
+    completed = doc["last_completed_audit"]  # what it cost (issue 23 item 5)
+    assert completed["engine"] == "local" and completed["duration_s"] >= 0
+    text = run_cli("status", env=env).stdout
+    assert "last GC         none" in text and "; engine local, " in text
     assert doc["lease"]["active"] is False  # released on exit
     assert run_cli("status", "--check", env=env).returncode == 0
     gc_run = GcRunRecord(run_id="00c0ffee", started_at_unix_ns=time.time_ns(), candidates=3)

@@ -11,7 +11,7 @@ from prometheus_client import generate_latest
 
 from protocol import keys
 from protocol.clock import ManualClock, SystemClock
-from protocol.records import LeaseRecord
+from protocol.records import AuditRecord, LeaseRecord
 from reconciler.audit.run import run_full_audit
 from reconciler.daemon import Reconciler
 from reconciler.metrics import ReconcilerMetrics
@@ -28,6 +28,8 @@ from tests.reconciler.conftest import (
     write_conflict,
 )
 from tests.s3_servers import RunningServer, fresh_bucket
+
+NS = 1_000_000_000
 
 HOUR_NS = 3600 * 10**9
 
@@ -51,6 +53,32 @@ def test_exposition_names_and_gc_counters() -> None:
         assert line in text
     with pytest.raises(ValueError):
         metrics.record_gc(deleted=-1)
+
+
+def test_the_newest_audits_cost_is_exported() -> None:
+    metrics = ReconcilerMetrics(clock=ManualClock())
+    record = AuditRecord(
+        audit_id="00c0ffee",
+        started_at_unix_ns=1_000 * NS,
+        ran_from_unix_ns=2_000 * NS,
+        completed_at_unix_ns=2_812 * NS,
+        status="completed",
+        owner_epoch=1,
+        engine="spark",
+        keys_listed={"accepted": 7, "raw-blobs": 9},
+        requests={"LIST": 3, "GET": 5},
+        spilled_bytes=4096,
+    )
+    metrics.observe_audit(record)
+    text = generate_latest(metrics.registry).decode()
+    for line in (
+        'lm_reconciler_audit_info{engine="spark",source="listing"} 1.0',
+        "lm_reconciler_last_audit_duration_seconds 812.0",
+        'lm_reconciler_audit_keys_listed{prefix="raw-blobs"} 9.0',
+        'lm_reconciler_audit_requests{kind="LIST"} 3.0',
+        "lm_reconciler_audit_spilled_bytes 4096.0",
+    ):
+        assert line in text, line
 
 
 async def test_a_pass_and_an_audit_count_what_they_read_and_cataloged(
