@@ -1,5 +1,6 @@
 """The reference agent: a durable spool, an uploader that follows the agent contract
 (PROTOCOL §2), a synthetic load generator with ground truth, and ``lm-agent send``.
+Imports `protocol`, `store`, `config` only.
 
 Programmatic use (demo, benchmarks, collector tests)::
 

@@ -1,6 +1,7 @@
 """Typed settings for every Lightmetrics process: defaults → TOML file → environment.
 
-Only this package reads configuration files and environment variables. Entry points do::
+Only this package reads configuration files and environment variables; it imports nothing
+of this project (every other package may import it). Entry points do::
 
     settings = load_settings(args.config)          # SettingsError: print it, exit 2
     configure_logging(settings.logging)

@@ -7,7 +7,8 @@ Each request becomes at most one frame, under an identity derived from its point
 (`collector.receivers.frames`), and goes through the same checks, limits, in-flight caps
 and acceptance as ``POST /v1/batches`` (`collector.receivers.intake`,
 `collector.receivers.landing`). `add_receiver_routes` registers them on the collector's
-application (``[receivers] enabled``).
+application (``[receivers] enabled``). Imports the acceptance core (`collector.intake`,
+`accept`, `metrics`, ...), `protocol`, `store`, `config`; the core never imports it.
 """
 
 from collector.receivers.routes import ReceiverMetrics, add_receiver_routes
