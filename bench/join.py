@@ -36,7 +36,8 @@ from bench.child_process import run_child
 from bench.join_parts import Plan, generate
 from config import Settings
 from protocol import keys
-from reconciler.audit.duckdb_joins import AuditJoins, JoinLimits, fetch_catalog, iter_batches
+from reconciler.audit.audit_inputs import fetch_catalog
+from reconciler.audit.duckdb_joins import AuditJoins, JoinLimits, iter_batches
 from store.base import ObjectInfo
 from store.errors import NotFound
 from store.memory import MemoryStore

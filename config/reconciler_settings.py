@@ -36,8 +36,15 @@ class ReconcilerSettings(Section):
     concurrency: int = Field(default=16, ge=1)
     """Store requests in flight at once."""
     audit_memory_limit_mb: int = Field(default=1024, ge=64)
-    """DuckDB's memory limit for the reconciler's out-of-core work (catalog merges, the
-    audit's joins); beyond it DuckDB spills to a temporary directory (PROTOCOL §3.9)."""
+    """Memory for the reconciler's out-of-core work in DuckDB: catalog merges take a
+    quarter of it, the audit's joins half (the audit's process needs the rest); beyond
+    it DuckDB spills to a temporary directory (PROTOCOL §3.9)."""
+    audit_spill_dir: str | None = None
+    """Where a full audit keeps its working files (copies of the pinned catalog files, of
+    its listing parts, DuckDB's tables and spill), in a temporary directory of its own,
+    removed when the audit ends; ``None`` = the system's temporary directory. Needs about
+    the catalog's and the listing's size plus what DuckDB spills (~12 GB at 50M
+    manifests, bench/RESULTS.md)."""
     audit_list_concurrency: int = Field(default=16, ge=1, le=1024)
     """Key ranges a full audit lists at once (PROTOCOL §3.9): each an independent LIST
     stream writing its own Parquet listing parts, so the listing's wall time is about

@@ -126,7 +126,7 @@ class ReconcilerMetrics:
         )
         self.audit_groups_done = Gauge(
             "lm_reconciler_audit_groups_done",
-            "Listing groups (agent prefixes, inventory files) the current audit finished",
+            "Listing ranges (PROTOCOL §3.9) the current audit finished",
             registry=r,
         )
         self.audits = Counter(

@@ -14,7 +14,7 @@ a catalog file, which is then moved aside), ``raw-retention-mismatch`` (subject:
 retired accepted hour's catalog prefix whose batches no longer match the rollup ledger,
 so its raw blobs are kept: `reconciler.gc.raw_retention`), ``catalog-mismatch`` (subject:
 a record whose catalog row differed from the store's record, until the audit's
-superseding row is written: `reconciler.audit.checks`), ``phantom-row`` (subject: a
+superseding row is written: `reconciler.audit.records_act`), ``phantom-row`` (subject: a
 cataloged record the store does not hold; closed by a later audit that lists it or by
 ``lm-reconciler retract``: `reconciler.retractions`). ``gc-guard`` and
 ``unreadable-gc-mark`` (subject: a GC mark that does not parse; collectors wait on it

@@ -24,7 +24,7 @@ audits.
 audit's in-memory set of referenced hashes — naming the referencing record would mean
 reading catalog files per corrupt blob, so ``lm-reconciler problems`` leaves that to the
 operator). A blob that verifies resolves an open ``corrupt-blob`` problem. Missing blobs
-are the audit's blob join's business (`reconciler.audit.join`): a blob deleted between
+are the audit's blob join's business (`reconciler.audit.blobs_act`): a blob deleted between
 listing and reading is skipped. A store error stops verification for this audit (logged
 and counted); it never keeps the audit from completing.
 """
@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from protocol import keys
 from reconciler import store_calls
@@ -61,8 +61,12 @@ class BlobVerifier:
         cursor: str,
         limit: asyncio.Semaphore,
         is_referenced: Callable[[str], bool],
+        after_wait: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
+        """``after_wait``: called after each wait for the rate (the audit saves its
+        progress and renews its pin there when due: a wait may be long)."""
         self._ctx = ctx
+        self._after_wait = after_wait
         self._problems = problems
         self._limit = limit
         self._is_referenced = is_referenced
@@ -151,6 +155,8 @@ class BlobVerifier:
         except keys.KeyFormatError:
             return  # not a blob this protocol writes: not ours to judge
         await self._bucket.acquire()
+        if self._after_wait is not None:
+            await self._after_wait()
         async with self._limit:
             body = await store_calls.read(self._ctx, blob_key)
         if body is None:

@@ -2,15 +2,16 @@
 
 Inputs are local files: the audit's listing parts (`reconciler.audit.listing`'s schema:
 ``key``, ``etag``, ``size``, ``last_modified``) and copies of the catalog files the audit
-pinned (`fetch_catalog`: a pinned file that is gone is `PinnedFileMissing`, never "no
-rows"; one that is not an index file is returned as unreadable, for the caller to move
-aside and report as today). Only the columns the joins need are read.
+pinned (`reconciler.audit.audit_inputs.fetch_catalog`). Only the columns the joins need
+are read.
 
-`AuditJoins` opens DuckDB with ``memory_limit`` (``reconciler.audit_memory_limit_mb``),
-``temp_directory`` in the spill directory (it spills there beyond the limit),
-``preserve_insertion_order = false`` and bounded threads, and writes each result as a
-Parquet file in the spill directory, which callers read in bounded batches
-(`iter_batches`): nothing is returned as one Python object per row.
+`AuditJoins` opens an in-memory DuckDB with ``memory_limit`` (the audit passes half of
+``reconciler.audit_memory_limit_mb``), ``temp_directory`` in the spill directory (tables
+and operators spill there beyond the limit), ``preserve_insertion_order = false`` and
+bounded threads, and writes each result as a Parquet file in the spill directory, which
+callers read in bounded batches (`iter_batches`): nothing is returned as one Python
+object per row. The record join (`run_records`) and the blob join (`run_blobs`) run
+apart, so the blob join counts the rows the audit wrote meanwhile as references.
 
 Results (`JoinResults`): ``records.parquet`` (records to read, and phantom candidates:
 see `reconciler.audit.sql.RECORD_JOIN`), ``blobs.parquet`` (orphans and missing-blob
@@ -20,23 +21,20 @@ references each missing-blob candidate), and the counts of what was listed.
 
 from __future__ import annotations
 
-import asyncio
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
 import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from index.catalog_local import sql_list, sql_string, write_normalized
-from index.rows import IndexFileError
-from protocol import keys
+from index.catalog_local import sql_list, sql_string
 from reconciler.audit import sql as audit_sql
-from store.base import ObjectStore
-from store.errors import NotFound
+from reconciler.audit.audit_inputs import CatalogCopy as CatalogCopy
+from reconciler.audit.audit_inputs import PinnedFileMissing as PinnedFileMissing
+from reconciler.audit.audit_inputs import fetch_catalog as fetch_catalog
 
 ListingKind = Literal["accepted", "quarantine", "raw-blobs"]
 LISTING_KINDS: tuple[ListingKind, ...] = ("accepted", "quarantine", "raw-blobs")
@@ -45,74 +43,6 @@ ROWS_PER_FILE_RANK = 1 << 32
 """``row_rank`` = file rank x this + the row's position in its file (files hold far fewer)."""
 BATCH_ROWS = 4096
 """Rows per batch when results are read back (`iter_batches`)."""
-
-
-class PinnedFileMissing(RuntimeError):
-    """A catalog file the audit pinned is gone: compaction broke the pin, or the store
-    lost it. The audit stops incomplete (its joins would count the file's rows missing)."""
-
-
-@dataclass(frozen=True, slots=True)
-class CatalogCopy:
-    """A local copy of one pinned catalog file; ``rank``: its place in write order."""
-
-    name: str
-    path: str
-    hour: keys.UtcHour
-    rank: int
-
-
-async def fetch_catalog(
-    store: ObjectStore, names: Sequence[str], directory: str, *, concurrency: int = 8
-) -> tuple[list[CatalogCopy], list[tuple[str, str]]]:
-    """Local copies of the catalog files ``names`` (each with every column: one written
-    before a column existed gets it as nulls), ranked by name (epoch, then sequence; ties
-    in the given order), and the names that are not index files, each with why
-    (unreadable). ``concurrency`` GETs at a time (one body each in memory). Raises
-    `PinnedFileMissing`."""
-    os.makedirs(directory, exist_ok=True)
-    parsed = sorted(
-        ((keys.parse_index_catalog_key(name), name) for name in names),
-        key=lambda item: (item[0][1], item[0][2]),
-    )
-    copies: dict[int, CatalogCopy] = {}
-    unreadable: dict[int, tuple[str, str]] = {}
-    slots = asyncio.Semaphore(max(1, concurrency))
-
-    async def one(rank: int, hour: keys.UtcHour, name: str) -> None:
-        async with slots:
-            try:
-                body, _etag = await store.get(name)
-            except NotFound:
-                raise PinnedFileMissing(f"pinned catalog file {name!r} is gone") from None
-            path = os.path.join(directory, f"{rank:08d}.parquet")
-            try:
-                await asyncio.to_thread(write_normalized, Path(path), body, name)
-                await asyncio.to_thread(pq.read_metadata, path)
-            except (IndexFileError, pa.ArrowException, OSError) as exc:
-                unreadable[rank] = (name, str(exc))
-                return
-            copies[rank] = CatalogCopy(name, path, hour, rank)
-
-    window = max(1, concurrency) * 4  # tasks created at a time: bounded, not one per file
-    try:
-        for start in range(0, len(parsed), window):
-            async with asyncio.TaskGroup() as group:
-                for rank in range(start, min(len(parsed), start + window)):
-                    (hour, _epoch, _sequence), name = parsed[rank]
-                    group.create_task(one(rank, hour, name))
-    except BaseExceptionGroup as errors:  # one error as itself (a missing file first)
-        flat = list(_leaves(errors))
-        raise next((e for e in flat if isinstance(e, PinnedFileMissing)), flat[0]) from None
-    return [copies[r] for r in sorted(copies)], [unreadable[r] for r in sorted(unreadable)]
-
-
-def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:
-    for error in group.exceptions:
-        if isinstance(error, BaseExceptionGroup):
-            yield from _leaves(error)
-        else:
-            yield error
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,12 +90,11 @@ class AuditJoins:
     ) -> None:
         self._dir = spill_dir
         os.makedirs(os.path.join(spill_dir, "duckdb-spill"), exist_ok=True)
-        # A database file in the spill directory: the stages' tables live on disk.
-        database = os.path.join(spill_dir, "audit.duckdb")
-        if os.path.exists(database):
-            os.remove(database)  # a crashed run's: the joins are re-run from their inputs
+        # An in-memory database: the stages' tables are evicted to the spill directory
+        # beyond the limit, and nothing is checkpointed at close (a file database cost
+        # ~0.1 s an audit even for a small store).
         self._con = duckdb.connect(
-            database,
+            ":memory:",
             config={
                 "memory_limit": f"{memory_limit_mb}MB",
                 "temp_directory": os.path.join(spill_dir, "duckdb-spill"),
@@ -179,6 +108,10 @@ class AuditJoins:
     def close(self) -> None:
         self._con.close()
 
+    def interrupt(self) -> None:
+        """Stop the query running in another thread (it raises there)."""
+        self._con.interrupt()
+
     def __enter__(self) -> AuditJoins:
         return self
 
@@ -186,14 +119,24 @@ class AuditJoins:
         self.close()
 
     def _create_views(self, listing: Mapping[ListingKind, Sequence[str]]) -> None:
+        self.set_listing(listing)
+        self._create_catalog_views()
+
+    def set_listing(self, listing: Mapping[ListingKind, Sequence[str]]) -> None:
+        """The listing parts (local Parquet files) the joins read, per kind."""
         con = self._con
         parts = []
         for kind in LISTING_KINDS:
             paths = list(listing.get(kind, ()))
             if paths:
+                # A record without a LastModified (an S3 Inventory's row) counts as
+                # old: an inventory shows the bucket as of its creation, the audit's start.
+                modified = "epoch_us(last_modified) * 1000"
+                if kind != "raw-blobs":
+                    modified = f"coalesce({modified}, 0)"
                 parts.append(
                     f"SELECT {sql_string(kind)} AS kind, key, etag, size, "
-                    f"epoch_us(last_modified) * 1000 AS last_modified_ns "
+                    f"{modified} AS last_modified_ns "
                     f"FROM read_parquet({sql_list(paths)})"
                 )
         if not parts:
@@ -201,7 +144,10 @@ class AuditJoins:
                 "SELECT NULL::VARCHAR AS kind, NULL::VARCHAR AS key, NULL::VARCHAR AS etag, "
                 "NULL::BIGINT AS size, NULL::BIGINT AS last_modified_ns WHERE false"
             )
-        con.execute("CREATE TEMP VIEW listing AS " + " UNION ALL ".join(parts))
+        con.execute("CREATE OR REPLACE VIEW listing AS " + " UNION ALL ".join(parts))
+
+    def _create_catalog_views(self) -> None:
+        con = self._con
         con.execute(
             "CREATE OR REPLACE TABLE catalog_files (path VARCHAR, file_rank INTEGER, "
             "hour_start_ns BIGINT, retired BOOLEAN)"
@@ -222,7 +168,7 @@ class AuditJoins:
                 "NULL::BIGINT AS file_row_number WHERE false"
             )
         con.execute(
-            "CREATE TEMP VIEW catalog_rows AS SELECT r.key, r.kind, r.etag, r.frame_sha256, "
+            "CREATE OR REPLACE VIEW catalog_rows AS SELECT r.key, r.kind, r.etag, r.frame_sha256, "
             "r.accepted_frame_sha256, r.time_unix_ns, "
             "('0x' || substr(r.frame_sha256, 1, 15))::BIGINT AS sha_prefix, "
             "md5_number(r.key) AS key_id, "
@@ -256,14 +202,17 @@ class AuditJoins:
         found = dict(con.execute(audit_sql.RETIRED_HOUR_BATCHES).fetchall())
         return {int(h): int(found.get(h, 0)) for h in hours}
 
-    def run(self, limits: JoinLimits) -> JoinResults:
-        """Run the joins; results land in the spill directory (see module)."""
+    def run(self, limits: JoinLimits, added: Sequence[str] = ()) -> JoinResults:
+        """Both joins (`run_records`, then `run_blobs`); results land in the spill directory."""
+        results = self.run_records(limits)
+        self.run_blobs(limits, results, added)
+        return results
+
+    def run_records(self, limits: JoinLimits) -> JoinResults:
+        """The listed counts and the record join (``records.parquet``); the blob join's
+        fields of the result are filled by `run_blobs`."""
         con = self._con
-        params = {
-            "born_before_ns": int(limits.born_before_ns),
-            "phantom_before_ns": int(limits.phantom_before_ns),
-            "orphan_before_ns": int(limits.orphan_before_ns),
-        }
+        params = _params(limits)
         results = JoinResults(
             records=os.path.join(self._dir, "records.parquet"),
             blobs=os.path.join(self._dir, "blobs.parquet"),
@@ -287,20 +236,79 @@ class AuditJoins:
         con.execute("DROP TABLE newest")
         self._copy(audit_sql.RECORD_JOIN + " ORDER BY key", results.records)
         con.execute("DROP TABLE record_candidates")
+        self._count_reasons(results, "record", results.records)
+        return results
+
+    def run_blobs(self, limits: JoinLimits, results: JoinResults, added: Sequence[str]) -> None:
+        """The blob join (``blobs.parquet``, ``referencing.parquet``). ``added``: Parquet
+        files of rows the audit wrote after `run_records` (``key``, ``frame_sha256``,
+        ``accepted_frame_sha256``: `ADDED_SCHEMA`): they reference blobs as catalog rows do."""
+        con = self._con
+        if added:
+            source = f"SELECT key, frame_sha256, accepted_frame_sha256 FROM read_parquet({sql_list(list(added))})"
+        else:
+            source = (
+                "SELECT NULL::VARCHAR AS key, NULL::VARCHAR AS frame_sha256, "
+                "NULL::VARCHAR AS accepted_frame_sha256 WHERE false"
+            )
+        con.execute(f"CREATE OR REPLACE TEMP VIEW added_rows AS {source}")
         con.execute(f"CREATE OR REPLACE TABLE referenced AS {audit_sql.REFERENCED}")
-        self._copy(audit_sql.bind(audit_sql.BLOB_JOIN, **params), results.blobs)
+        self._copy(audit_sql.bind(audit_sql.BLOB_JOIN, **_params(limits)), results.blobs)
         con.execute("DROP TABLE referenced")
         con.execute(
             "CREATE OR REPLACE TEMP VIEW missing_blobs AS SELECT frame_sha256 FROM "
             f"read_parquet({sql_string(results.blobs)}) WHERE reason = 'missing'"
         )
         self._copy(audit_sql.REFERENCING_KEYS, results.referencing)
-        for name, path in (("record", results.records), ("blob", results.blobs)):
-            for reason, count in con.execute(
-                f"SELECT reason, count(*) FROM read_parquet({sql_string(path)}) GROUP BY reason"
-            ).fetchall():
-                results.reasons[f"{name} {reason}"] = int(count)
-        return results
+        self._count_reasons(results, "blob", results.blobs)
+
+    def _count_reasons(self, results: JoinResults, name: str, path: str) -> None:
+        for reason, count in self._con.execute(
+            f"SELECT reason, count(*) FROM read_parquet({sql_string(path)}) GROUP BY reason"
+        ).fetchall():
+            results.reasons[f"{name} {reason}"] = int(count)
+
+    def pending(self, results: JoinResults) -> dict[str, int]:
+        """Listed records the record join found to act on, per kind (``accepted``,
+        ``quarantine``; phantom candidates are not listed)."""
+        rows = self._con.execute(
+            f"SELECT kind, count(*) FROM read_parquet({sql_string(results.records)}) "
+            "WHERE reason <> 'phantom' GROUP BY kind"
+        ).fetchall()
+        return {str(kind): int(count) for kind, count in rows}
+
+    def write_orphans(self, results: JoinResults, path: str, *, keep: Iterable[str] = ()) -> int:
+        """The orphan file's Parquet (`reconciler.audit.orphans.ORPHAN_SCHEMA`, zstd, by
+        hash) at ``path``: the blob join's orphans but those of ``keep`` (hashes rows
+        written since reference, few); returns how many."""
+        kept = sorted(set(keep))
+        unless = (
+            f" AND frame_sha256 NOT IN ({', '.join(sql_string(k) for k in kept)})" if kept else ""
+        )
+        query = (
+            "SELECT frame_sha256, size::BIGINT AS size, last_modified_ns::BIGINT AS "
+            "last_modified_ns, raw_retention FROM "
+            f"read_parquet({sql_string(results.blobs)}) WHERE reason = 'orphan'{unless} "
+            "ORDER BY frame_sha256"
+        )
+        self._copy(query, path)
+        rows: int = pq.read_metadata(path).num_rows
+        return rows
+
+    def newest_rows(
+        self, record_keys: Sequence[str]
+    ) -> dict[str, tuple[str | None, str, str | None, int]]:
+        """Per key of ``record_keys`` (few): its newest catalog row's ``etag``,
+        ``frame_sha256``, ``accepted_frame_sha256`` and ``time_unix_ns``."""
+        if not record_keys:
+            return {}
+        found = self._con.execute(
+            "SELECT key, arg_max(etag, row_rank), arg_max(frame_sha256, row_rank), "
+            "arg_max(accepted_frame_sha256, row_rank), arg_max(time_unix_ns, row_rank) "
+            f"FROM catalog_rows WHERE key IN ({', '.join(sql_string(k) for k in record_keys)}) "
+            "GROUP BY key"
+        ).fetchall()
+        return {str(k): (etag, sha, accepted, int(time)) for k, etag, sha, accepted, time in found}
 
     def _copy(self, query: str, path: str) -> None:
         self._con.execute(
@@ -309,6 +317,29 @@ class AuditJoins:
 
     def references(self, sha: str) -> bool:
         """Whether a live catalog row references the blob ``sha`` (for blob verification's
-        message: a query over the catalog copies, rare)."""
-        row = self._con.execute(audit_sql.IS_REFERENCED, [sha, sha]).fetchone()
+        message: a query over the catalog copies, rare). Its own cursor: safe while a
+        join runs in another thread."""
+        cursor = self._con.cursor()
+        try:
+            row = cursor.execute(audit_sql.IS_REFERENCED, [sha, sha]).fetchone()
+        finally:
+            cursor.close()
         return bool(row and row[0])
+
+
+def _params(limits: JoinLimits) -> dict[str, int]:
+    return {
+        "born_before_ns": int(limits.born_before_ns),
+        "phantom_before_ns": int(limits.phantom_before_ns),
+        "orphan_before_ns": int(limits.orphan_before_ns),
+    }
+
+
+ADDED_SCHEMA = pa.schema(
+    [
+        ("key", pa.string()),
+        ("frame_sha256", pa.string()),
+        ("accepted_frame_sha256", pa.string()),
+    ]
+)
+"""Rows the audit wrote itself, as `AuditJoins.run_blobs` reads them."""

@@ -27,13 +27,14 @@ from __future__ import annotations
 import asyncio
 import io
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Collection, Iterator
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from reconciler.audit.inventory import InventorySource
+from reconciler.audit.offload import offload
 from reconciler.audit.ranges import KIND_PREFIXES, KINDS, KeyRange, ListingKind, plan_ranges
 from store.base import ObjectInfo, ObjectStore, list_range
 
@@ -64,6 +65,8 @@ store's time. From an inventory, ``etag``/``size``/``last_modified`` may be null
 PART_KEYS = 250_000
 """Keys per listing part: what one stream holds in memory (~40 MB of Python objects)."""
 _PAGE_KEYS = 1000
+_BYTES_PER_KEY = 160
+"""About what one key costs a part in memory (`PART_KEYS`), to size the encoding's work."""
 _PART_RE = re.compile(r"(\d{5})-(\d{6})-n(\d+)(-final)?\.parquet")
 
 
@@ -184,16 +187,24 @@ async def list_for_audit(
     audit_dir: str,
     *,
     concurrency: int,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Callable[[int, int], Awaitable[None] | None] | None = None,
+    kinds: Collection[ListingKind] = KINDS,
 ) -> ListingParts:
     """List every range of this audit not finished yet (``concurrency`` at once) into
     Parquet parts under ``audit_dir`` (`keys.audit_listing_prefix`); the parts of every
-    range, finished before or now. ``progress(done, total)`` after each range."""
+    range, finished before or now. ``progress(done, total)`` after each range (awaited
+    if it returns an awaitable: the audit saves its progress there). Only the ranges of
+    ``kinds`` (an inventory audit lists only the raw blobs)."""
     plan = await plan_listing(store, audit_dir, concurrency=concurrency)
+    plan = ListingPlan(
+        [r for r in plan.ranges if r.kind in kinds],
+        plan.requests,
+        [w for w in plan.work if w.key_range.kind in kinds],
+    )
     tally = finished_tally(plan)
     total = len(plan.ranges)
     if progress is not None:
-        progress(tally.done, total)
+        await _maybe_await(progress(tally.done, total))
     queue: asyncio.Queue[RangeWork] = asyncio.Queue(maxsize=total + 1)
     for work in plan.pending:
         queue.put_nowait(work)
@@ -202,7 +213,7 @@ async def list_for_audit(
         while not queue.empty():
             await list_one_range(store, audit_dir, queue.get_nowait(), tally)
             if progress is not None:
-                progress(tally.done, total)
+                await _maybe_await(progress(tally.done, total))
 
     async with asyncio.TaskGroup() as group:
         for _ in range(min(concurrency, queue.qsize())):
@@ -218,6 +229,11 @@ def finished_tally(plan: ListingPlan) -> Tally:
             tally.done += 1
             _count(tally, work.key_range.kind, list(work.written))
     return tally
+
+
+async def _maybe_await(result: Awaitable[None] | None) -> None:
+    if result is not None:
+        await result
 
 
 def _number(part: _Part) -> int:
@@ -266,7 +282,7 @@ async def _write(
 ) -> None:
     key = audit_dir + part_name(key_range.kind, key_range.index, number, len(part), final)
     metadata = {"range": str(key_range.index), "final": "true" if final else "false"}
-    body = await asyncio.to_thread(part.parquet, metadata)
+    body = await offload(len(part) * _BYTES_PER_KEY, part.parquet, metadata)
     await store.put(key, body)
     tally.parts[key_range.kind].append(key)
     tally.listed[key_range.kind] += len(part)

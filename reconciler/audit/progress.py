@@ -22,6 +22,7 @@ class AuditProgress:
     manifests_seen: int
     quarantines_seen: int
     groups_done: int
+    """Listing ranges done (`reconciler.audit.ranges`; the name predates them)."""
     repaired: int
     """Records this audit cataloged (the name predates the index)."""
     problems: int

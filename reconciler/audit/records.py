@@ -16,11 +16,14 @@ from protocol.records import AuditRecord
 from reconciler import store_calls
 from reconciler.audit.blob_verify import VERIFY_CURSOR
 from reconciler.audit.inventory import InventorySource
-from reconciler.audit.walks import INVENTORY_CURSOR
 from reconciler.context import ReconcilerContext
 from store.base import ObjectStore
 from store.cas import update_object
 from store.lease import LeaseLost
+
+INVENTORY_CURSOR = "inventory:manifest"
+"""Cursor key naming the inventory report an inventory audit reads (a resumed inventory
+audit must read the same report)."""
 
 
 class AuditRecordConflict(RuntimeError):

@@ -5,7 +5,7 @@ rows reference is an orphan flagged ``raw_retention``, and is never missing), bu
 while the hour *holds*: its catalog's unique accepted batches equal the rollup ledger's
 (`Retired.holds`) and none of its files was moved aside. Otherwise its rows count as
 references and a ``raw-retention-mismatch`` problem says why (resolved once it holds).
-As `CatalogScan` did in memory, here as one small query over the pinned copies.
+One small query over the pinned copies (`AuditJoins.accepted_batches`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from protocol import keys
-from reconciler.audit.duckdb_joins import CatalogCopy
+from reconciler.audit.audit_inputs import CatalogCopy
 from reconciler.gc.raw_retention import Retired
 from reconciler.problems import ProblemBook
 

@@ -136,6 +136,12 @@ class SparkAuditJoins:
             )
         )
         self._listing.createOrReplaceTempView("listing")
+        # Rows the audit writes after the record join reference blobs too
+        # (`reconciler.audit.sql.REFERENCED`); none before the act phase runs.
+        self._sql(
+            "SELECT CAST(NULL AS STRING) AS key, CAST(NULL AS STRING) AS frame_sha256, "
+            "CAST(NULL AS STRING) AS accepted_frame_sha256 WHERE false"
+        ).createOrReplaceTempView("added_rows")
         rows = [(name, rank, hour.start_ns) for rank, hour, name in ranked]
         self._catalog_base = self._keep(
             self._files(rows, "name string, rank long, hour_start_ns long").mapInArrow(

@@ -186,11 +186,18 @@ SELECT sha, bool_and(retired) AS retired_only, bool_or(retired) AS any_retired F
   UNION ALL
   SELECT accepted_frame_sha256 AS sha, false AS retired FROM catalog_rows
   WHERE accepted_frame_sha256 IS NOT NULL
+  UNION ALL
+  SELECT frame_sha256 AS sha, false AS retired FROM added_rows
+  UNION ALL
+  SELECT accepted_frame_sha256 AS sha, false AS retired FROM added_rows
+  WHERE accepted_frame_sha256 IS NOT NULL
 ) r
 GROUP BY sha
 """
 """Per referenced hash: whether only retired rows reference it, and whether any does.
-Kept as the table ``referenced`` (a stage of its own, as `NEWEST`)."""
+Kept as the table ``referenced`` (a stage of its own, as `NEWEST`). The view
+``added_rows(key, frame_sha256, accepted_frame_sha256)`` holds the rows the audit wrote
+after the record join (records it cataloged or superseded): live references too."""
 
 BLOBS_LISTED = f"SELECT count(*) FROM ({_BLOBS}) b"
 """Listed keys under ``raw-blobs/v1/`` that name a blob (others are skipped, as always)."""
@@ -218,6 +225,11 @@ FROM missing_blobs m JOIN (
   SELECT key, frame_sha256 AS sha FROM catalog_rows
   UNION ALL
   SELECT key, accepted_frame_sha256 AS sha FROM catalog_rows
+  WHERE accepted_frame_sha256 IS NOT NULL
+  UNION ALL
+  SELECT key, frame_sha256 AS sha FROM added_rows
+  UNION ALL
+  SELECT key, accepted_frame_sha256 AS sha FROM added_rows
   WHERE accepted_frame_sha256 IS NOT NULL
 ) r ON r.sha = m.frame_sha256
 GROUP BY m.frame_sha256

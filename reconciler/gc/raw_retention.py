@@ -2,7 +2,7 @@
 
 Off by default (``[retention] raw_days``). Raw retention never deletes anything itself:
 it *retires* accepted hours, and a retired hour's accepted rows stop counting as
-references in the audit's blob join (`reconciler.audit.join`). A blob referenced only by
+references in the audit's blob join (`reconciler.audit.sql`, `reconciler.audit.retired`). A blob referenced only by
 such rows is then an orphan of kind ``raw-retention`` in the audit's orphan file, and the
 GC deletes it by the whole procedure of PROTOCOL §3.5 — mark, grace, veto, the targeted
 proof in raw retention's variant (the manifest names the blob, its hour is still retired,
@@ -21,7 +21,7 @@ moves forward. An hour H is retired when all hold:
 3. the rollup's latest snapshot includes every one of them: its ledger hour has the
    catalog hour's batch count and setsum (PROTOCOL §4).
 
-**Re-checked by every audit** (`Retired.holds`, in `CatalogScan.load`): a retired hour
+**Re-checked by every audit** (`Retired.holds`, in `reconciler.audit.retired.settle_retired`): a retired hour
 lets go of its accepted rows' blobs only while its catalog holds exactly as many
 accepted batches as the ledger hour (unique keys) and none of its catalog files was
 moved aside. The catalog of a sealed hour only grows, and at retirement its batches were

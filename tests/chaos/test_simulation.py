@@ -70,7 +70,7 @@ BUG_1_WORLD = SimConfig(
 """With "no mark" taken as "the blob stays" (`collector.blob_survival.keep_existing_blob`
 returning at once when it reads no mark): t=22.06 s a manifest is created while its
 raw blob is missing."""
-BUG_2_WORLD = SimConfig(seed=206, connect_timeout_s=2.0, late_rate=0.1)
+BUG_2_WORLD = SimConfig(seed=209, connect_timeout_s=2.0, late_rate=0.1)
 """A world where a raw-blob DELETE lands late and a blob is re-created after a deletion.
 Seed 164 (which ended in a violation with the bug put back: t=24.91 s the GC deleted a
 referenced raw blob) no longer has both once the request-cost changes of 2026-11-23
@@ -84,7 +84,9 @@ again: 194 is the first later seed with both, likewise not re-checked. The colle
 of issue 22 (a HEAD of the accepted blob on every conflict; agents that send
 X-Lightmetrics-Resend) moved it again: 202 is the first later seed with both, likewise
 not re-checked. A GC run no longer reading back the marks it just wrote (bench.gc) moved it
-again: 206 is the first later seed with both, likewise not re-checked."""
+again: 206 is the first later seed with both, likewise not re-checked. The audit's
+out-of-core joins over a ranged listing (issue 23 item 2) moved it again: 209 is the
+first later seed with both, likewise not re-checked."""
 
 RESEND_CONFLICT_WORLD = SimConfig(
     seed=4,

@@ -34,6 +34,7 @@ from protocol.records import AcceptedManifest, AuditRecord, IdentityConflict
 from reconciler.context import ReconcilerContext, open_context
 from reconciler.metrics import ReconcilerMetrics
 from store.base import ObjectStore
+from store.errors import NotFound
 from store.memory import MemoryStore
 
 if TYPE_CHECKING:
@@ -318,3 +319,25 @@ def audit_spark() -> Iterator[SparkSession]:
     logging.getLogger("py4j").setLevel(logging.WARNING)
     with local_spark(master="local[2]", app_name="lm-audit-tests") as session:
         yield session
+
+
+async def finished_listing_ranges(
+    store: ObjectStore, record: AuditRecord
+) -> set[tuple[str, str | None]]:
+    """The ranges of ``record``'s listing that have their final part, each as the LIST call
+    that lists it from its start: ``(list prefix, lower bound)`` (`reconciler.audit.ranges`)."""
+    from reconciler.audit.ranges import PLAN_NAME, parse_plan
+
+    audit_dir = keys.audit_listing_prefix(record.started_at_unix_ns, record.audit_id)
+    try:
+        body, _etag = await store.get(audit_dir + PLAN_NAME)
+    except NotFound:
+        return set()
+    ranges = {(r.kind, r.index): r for r in parse_plan(audit_dir + PLAN_NAME, body)}
+    finished = set()
+    async for info in store.list(audit_dir):
+        kind, _, name = info.key.removeprefix(audit_dir).partition("/")
+        if name.endswith("-final.parquet") and (kind, int(name[:5])) in ranges:
+            key_range = ranges[(kind, int(name[:5]))]  # type: ignore[index]
+            finished.add((key_range.list_prefix, key_range.lower))
+    return finished

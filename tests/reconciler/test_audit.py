@@ -14,9 +14,8 @@ from protocol.clock import ManualClock
 from protocol.records import AuditRecord, ProblemRecord
 from reconciler.audit.blob_verify import BlobVerifier
 from reconciler.audit.orphans import decode_orphans
-from reconciler.audit.partitions import groups
 from reconciler.audit.records import create_audit, latest_audit, latest_completed_audit
-from reconciler.audit.run import DONE, FRONTIER, VERIFY_CURSOR, AuditProgress, run_full_audit
+from reconciler.audit.run import VERIFY_CURSOR, AuditProgress, run_full_audit
 from reconciler.problems import ProblemBook, count_problems
 from reconciler.steady import SteadyScanner
 from store.counting import CountingStore
@@ -26,6 +25,7 @@ from tests.reconciler.conftest import (
     audits_until_a_verification_round_ends,
     catalog_keys,
     context,
+    finished_listing_ranges,
     keys_under,
     log_rows,
     make_settings,
@@ -139,11 +139,10 @@ async def test_an_interrupted_audit_resumes_where_it_stopped_with_its_start(
     interrupted = await run_full_audit(first, progress=stop_early, progress_interval_s=0)
     assert interrupted.status == "running" and interrupted.catalog
     assert await latest_audit(memory_store) == interrupted
-    finished = {g for g, cursor in interrupted.cursors.items() if cursor == DONE}
-    frontier = interrupted.cursors[FRONTIER]
-    finished |= {agent_group(a) for a in range(12) if agent_group(a) <= frontier}
-    assert 4 <= len(finished) < 12
+    finished = await finished_listing_ranges(memory_store, interrupted)
+    assert finished  # its listing's ranges are kept for the resume
     cataloged_before = await catalog_keys(memory_store)
+    assert 20 <= len(cataloged_before) < 61
 
     clock.advance(5)
     await first.fence.release()
@@ -156,10 +155,7 @@ async def test_an_interrupted_audit_resumes_where_it_stopped_with_its_start(
     assert resumed.started_at_unix_ns == interrupted.started_at_unix_ns
     assert resumed.owner_epoch == second.epoch == first.epoch + 1
     assert (resumed.manifests_seen, resumed.quarantines_seen) == (60, 1)
-    listed = {prefix for prefix, _after in store.lists}
-    assert not listed & finished
-    discovery = [after for prefix, after in store.lists if prefix == keys.ACCEPTED_PREFIX]
-    assert discovery and all(after is not None and after > frontier for after in discovery)
+    assert not set(store.lists) & finished  # no finished range is listed again
     assert not set(store.keys_of("get", keys.ACCEPTED_PREFIX)) & cataloged_before
     assert await catalog_keys(memory_store) == {b.key for b in batches} | {conflict.quarantine_key}
     assert await latest_completed_audit(memory_store) == resumed
@@ -281,7 +277,7 @@ async def test_an_audit_left_running_by_a_version_1_reconciler_is_not_resumed(
         audit_id="00000000000000aa",
         started_at_unix_ns=clock.now_ns() - 60 * S,
         owner_epoch=0,
-        cursors={FRONTIER: agent_group(2), keys.QUARANTINE_PREFIX: DONE},
+        cursors={"accepted/v1/": agent_group(2), keys.QUARANTINE_PREFIX: "done"},
         manifests_seen=6,
     )
     await create_audit(ctx, v1)
@@ -305,34 +301,6 @@ async def test_groups_larger_than_a_page_are_listed_by_their_worker(
 
     assert record.status == "completed" and record.manifests_seen == 1036
     assert record.cataloged == 1036 and len(await catalog_keys(memory_store)) == 1036
-
-
-async def test_discovery_follows_s3_order_and_skips_past_large_groups(
-    memory_store: MemoryStore,
-) -> None:
-    prefix = "p/"
-    # '-' (0x2d) < '/' (0x2f) < '0' (0x30): "a-x/" and "a0/" sort around "a/".
-    layout = {"a": 1, "a-x/": 2, "a/": 5, "a0/": 1, "b/": 3}  # "a" is a whole key
-    for group, count in layout.items():
-        if group.endswith("/"):
-            for i in range(count):
-                await memory_store.put(f"{prefix}{group}{i}", b"")
-        else:
-            await memory_store.put(prefix + group, b"")
-
-    found = [g async for g in groups(memory_store, prefix, depth=1, max_keys=3, keep_keys=True)]
-
-    assert [g.prefix for g in found] == ["p/a", "p/a-x/", "p/a/", "p/a0/", "p/b/"]
-    assert [None if g.keys is None else len(g.keys) for g in found] == [1, 2, None, 1, 3]
-    # Resuming past a group never skips a neighbour that sorts between it and its PAST.
-    after_whole = [
-        g.prefix async for g in groups(memory_store, prefix, depth=1, start_after=found[0].past)
-    ]
-    assert after_whole == ["p/a-x/", "p/a/", "p/a0/", "p/b/"]
-    after_a = [
-        g.prefix async for g in groups(memory_store, prefix, depth=1, start_after=found[2].past)
-    ]
-    assert after_a == ["p/a0/", "p/b/"]
 
 
 # --- verification --------------------------------------------------------------------

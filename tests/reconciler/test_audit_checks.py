@@ -16,7 +16,6 @@ from index import catalog
 from index.rows import IndexRow, accepted_row
 from protocol import keys
 from protocol.clock import ManualClock
-from reconciler.audit.catalog_keys import etag_hashes
 from reconciler.audit.run import run_full_audit
 from reconciler.context import ReconcilerContext
 from reconciler.gc.run import unresolved_manifest_problems
@@ -70,10 +69,20 @@ async def problem_subjects(store: MemoryStore, kind: str) -> set[str]:
     return {r.subject_key async for _k, r in list_problems(store, kind) if r is not None}
 
 
-def test_etag_hashes_normalize_quotes_and_the_weak_prefix() -> None:
-    hashes = etag_hashes(['"abc"', 'W/"abc"', "abc", '"abd"', None, ""])
-    assert hashes[0] == hashes[1] == hashes[2] != hashes[3]
-    assert hashes[4] == 0 and hashes[5] not in (0, hashes[0])
+def test_the_joins_normalize_etags_as_the_store_does() -> None:
+    import duckdb
+
+    from reconciler.audit.sql import normalized_etag as sql_normalized
+
+    etags = ['"abc"', 'W/"abc"', "abc", '"abd"', None, ""]
+    con = duckdb.connect()
+    found = [
+        con.execute(
+            f"SELECT {sql_normalized('e')} FROM (SELECT ?::VARCHAR AS e)", [etag]
+        ).fetchone()
+        for etag in etags
+    ]
+    assert [row[0] if row else None for row in found] == [normalized_etag(e) for e in etags]
     assert normalized_etag('W/"abc"') == "abc"
 
 
@@ -370,39 +379,6 @@ async def test_a_running_audit_renews_its_pin_as_it_saves(
         watcher.cancel()
     assert done.status == "completed"  # never lapsed: renewed at every half pin
     assert len(set(seen)) > 2 and max(seen) > min(seen) + pin_ns
-
-
-def test_catalog_keys_keep_the_newest_row_and_flag_disagreeing_rows() -> None:
-    import numpy as np
-
-    from index.digests import digests_of
-    from reconciler.audit.catalog_keys import CatalogKeys
-
-    def file(names: list[str], shas: list[int], hours: list[int], etag: str) -> dict[str, object]:
-        return {
-            "digests": digests_of(names),
-            "etags": etag_hashes([etag] * len(names)),
-            "shas": np.array(shas, dtype=np.uint64),
-            "accepted_shas": np.zeros(len(names), dtype=np.uint64),
-            "times": np.array([h * HOUR_NS + 5 for h in hours], dtype=np.int64),
-        }
-
-    table = CatalogKeys()
-    # Added out of write order: (epoch 2, seq 1) is the newest file, (1, 9) the oldest.
-    table.add(**file(["a", "b", "c"], [1, 2, 3], [10, 10, 10], '"new"'), epoch=2, sequence=1)  # type: ignore[arg-type]
-    table.add(**file(["a", "b", "c"], [1, 9, 3], [10, 10, 11], '"old"'), epoch=1, sequence=9)  # type: ignore[arg-type]
-    table.add(**file(["d"], [4], [12], '"d"'), epoch=1, sequence=10)  # type: ignore[arg-type]
-    table.finish()
-
-    at = table.lookup(digests_of(["a", "b", "c", "d", "e"]))
-    assert at[4] == -1 and (at[:4] >= 0).all()
-    assert table.conflict[at[:4]].tolist() == [False, True, True, False]  # b: hashes; c: hours
-    assert table.etag[at[0]] == etag_hashes(['"new"'])[0]  # the newest file's row counts
-    assert table.hour[at[2]] == 10
-    table.mark_seen(at[:1])
-    unseen = table.lookup(table.unseen_before(13 * HOUR_NS))
-    assert sorted(unseen.tolist()) == sorted(at[1:4].tolist())
-    assert len(table.unseen_before(12 * HOUR_NS)) == 2  # d's hour has not ended by then
 
 
 async def test_an_audit_reads_a_compacted_catalog_file_whose_digests_duckdb_wrote_as_blobs(

@@ -16,13 +16,8 @@ import pytest
 from index.rows import IndexRow, encode
 from protocol import keys
 from protocol.clock import ManualClock
-from reconciler.audit.duckdb_joins import (
-    AuditJoins,
-    JoinLimits,
-    PinnedFileMissing,
-    fetch_catalog,
-    iter_batches,
-)
+from reconciler.audit.audit_inputs import PinnedFileMissing, fetch_catalog
+from reconciler.audit.duckdb_joins import AuditJoins, JoinLimits, iter_batches
 from reconciler.audit.retired import settle_retired
 from reconciler.gc.raw_retention import Retired
 from reconciler.problems import ProblemBook

@@ -1,0 +1,108 @@
+"""Acting on the blob join's results (``blobs.parquet``, ``referencing.parquet``:
+`reconciler.audit.sql.BLOB_JOIN`), PROTOCOL §3.5, §3.7.
+
+- **Missing blobs**: a referenced hash the listing lacked (and that no retired row
+  references) is HEADed (`confirm_missing`: a blob created after the listing passed its
+  key is not missing), then the record the join names as referencing it is read
+  (`supersede_for_missing`): if the store's record names another hash, the catalog row
+  was wrong (a log row with a wrong hash whose ETag was right, which the record join
+  cannot see) — the store's record is written as a superseding row (a
+  ``catalog-mismatch``), the hash is not missing, and the blobs that record references
+  are no orphans. A wrong hash that names a blob which exists is not seen by the audit
+  (the steady pass's read-backs and sample catch it; the GC's targeted proof reads the
+  manifest before deleting its blob). The rest become ``missing-blob`` problems
+  (`record_missing_blobs`), resolved when seen again.
+- **Orphans** (listed, referenced by no live row, older than the retry horizon in store
+  time; ``raw_retention`` when only retired rows reference them) go to the audit's orphan
+  file (`reconciler.audit.orphans`), written by `AuditJoins.write_orphans`.
+"""
+
+from __future__ import annotations
+
+from index.rows import IndexRow
+from protocol import keys
+from reconciler.audit.duckdb_joins import AuditJoins, JoinResults, iter_batches
+from reconciler.audit.records_act import Newest, RecordActs, etag_differs, fields_differ
+from reconciler.cataloger import CatalogBatch, Cataloger
+from reconciler.context import ReconcilerContext
+from reconciler.problems import ProblemBook
+from rollup.read.lost import acknowledged_shas
+from store.base import ObjectStore
+from store.errors import NotFound
+from store.etag_check import normalized_etag
+
+
+async def confirm_missing(ctx: ReconcilerContext, results: JoinResults) -> dict[str, str]:
+    """The missing-blob candidates a HEAD does not find either, each with a record that
+    references it (normally none: held in memory)."""
+    missing: dict[str, str] = {}
+    for batch in iter_batches(results.referencing):
+        for sha, record_key in zip(
+            batch.column("frame_sha256").to_pylist(),
+            batch.column("record_key").to_pylist(),
+            strict=True,
+        ):
+            try:
+                await ctx.store.head(keys.raw_blob_key(sha))
+            except NotFound:
+                missing[sha] = record_key
+    return missing
+
+
+async def supersede_for_missing(
+    acts: RecordActs, cataloger: Cataloger, joins: AuditJoins, missing: dict[str, str]
+) -> tuple[CatalogBatch, list[str]]:
+    """The rows to write for missing blobs whose record names another hash (see module),
+    and the keys whose mismatch their write resolves; ``missing`` is updated in place."""
+    if not missing:
+        return CatalogBatch(), []
+    batch = await cataloger.read(sorted(set(missing.values())), source="audit")
+    wrong_of: dict[str, list[str]] = {}
+    for row in batch.rows:
+        wrong = [s for s, key in missing.items() if key == row.key]
+        wrong = [sha for sha in wrong if sha not in row.referenced_shas]
+        if wrong:
+            wrong_of[row.key] = wrong
+    newest = joins.newest_rows(sorted(wrong_of))
+    rows: list[IndexRow] = []
+    for row in batch.rows:
+        found = wrong_of.get(row.key)
+        if not found:
+            continue  # the record names that blob: it is missing indeed
+        for sha in found:
+            del missing[sha]  # only a stale or wrong row references it
+        if row.key in acts.written or _is_newest(row, newest.get(row.key)):
+            continue  # an older row of the key, superseded already (compaction drops it)
+        rows.append(row)
+        acts.written.add(row.key)
+        await acts.mismatch(row, [f"frame_sha256 (the catalog's {found[0]} has no blob)"])
+    return CatalogBatch(rows=rows), [row.key for row in rows]
+
+
+def _is_newest(row: IndexRow, newest: tuple[str | None, str, str | None, int] | None) -> bool:
+    if newest is None:
+        return False
+    etag, sha, accepted, time_ns = newest
+    found = Newest(normalized_etag(etag), sha, accepted, time_ns, conflict=False)
+    return not (fields_differ(row, found) or etag_differs(row, found))
+
+
+async def record_missing_blobs(
+    store: ObjectStore, problems: ProblemBook, missing: dict[str, str]
+) -> int:
+    """Record a ``missing-blob`` problem per hash of ``missing`` (with a record that
+    references it), except those an operator acknowledged as lost (`rollup.lifecycle.lost`:
+    settled); resolve the open ones no longer missing. Returns how many."""
+    if missing:
+        for sha in await acknowledged_shas(store) & set(missing):
+            del missing[sha]
+    for sha, record_key in sorted(missing.items()):
+        await problems.record(
+            "missing-blob",
+            keys.raw_blob_key(sha),
+            f"raw blob does not exist; referenced by {record_key}",
+        )
+    async for subject in problems.subjects("missing-blob"):
+        if keys.parse_raw_blob_key(subject) not in missing:
+            await problems.resolve("missing-blob", subject)
+    return len(missing)
