@@ -134,15 +134,22 @@ class AuditJoins:
                 modified = "epoch_us(last_modified) * 1000"
                 if kind != "raw-blobs":
                     modified = f"coalesce({modified}, 0)"
+                blob_sha = f"substr(key, {len('raw-blobs/v1/sha256/hh/hh/') + 1}, 64)"
+                if kind == "raw-blobs":  # each kind's ids only: the rest stay null
+                    ids = ("NULL::UHUGEINT", "NULL::UBIGINT", f"md5_number({blob_sha})")
+                else:
+                    ids = ("md5_number(key)", _etag_id("etag"), "NULL::UHUGEINT")
                 parts.append(
                     f"SELECT {sql_string(kind)} AS kind, key, etag, size, "
-                    f"{modified} AS last_modified_ns "
-                    f"FROM read_parquet({sql_list(paths)})"
+                    f"{modified} AS last_modified_ns, {ids[0]} AS key_id, {ids[1]} AS etag_id, "
+                    f"{ids[2]} AS sha_id FROM read_parquet({sql_list(paths)})"
                 )
         if not parts:
             parts.append(
                 "SELECT NULL::VARCHAR AS kind, NULL::VARCHAR AS key, NULL::VARCHAR AS etag, "
-                "NULL::BIGINT AS size, NULL::BIGINT AS last_modified_ns WHERE false"
+                "NULL::BIGINT AS size, NULL::BIGINT AS last_modified_ns, "
+                "NULL::UHUGEINT AS key_id, NULL::UBIGINT AS etag_id, NULL::UHUGEINT AS sha_id "
+                "WHERE false"
             )
         con.execute("CREATE OR REPLACE VIEW listing AS " + " UNION ALL ".join(parts))
 
@@ -172,6 +179,8 @@ class AuditJoins:
             "r.accepted_frame_sha256, r.time_unix_ns, "
             "('0x' || substr(r.frame_sha256, 1, 15))::BIGINT AS sha_prefix, "
             "md5_number(r.key) AS key_id, "
+            f"{_etag_id('r.etag')} AS etag_id, md5_number(r.frame_sha256) AS sha_id, "
+            "md5_number(r.accepted_frame_sha256) AS accepted_sha_id, "
             f"f.file_rank::BIGINT * {ROWS_PER_FILE_RANK} + r.file_row_number AS row_rank, "
             "(f.retired AND r.kind = 'accepted') AS retired, f.hour_start_ns "
             f"FROM ({source}) r JOIN catalog_files f ON r.filename = f.path"
@@ -251,15 +260,24 @@ class AuditJoins:
                 "SELECT NULL::VARCHAR AS key, NULL::VARCHAR AS frame_sha256, "
                 "NULL::VARCHAR AS accepted_frame_sha256 WHERE false"
             )
-        con.execute(f"CREATE OR REPLACE TEMP VIEW added_rows AS {source}")
-        con.execute(f"CREATE OR REPLACE TABLE referenced AS {audit_sql.REFERENCED}")
-        self._copy(audit_sql.bind(audit_sql.BLOB_JOIN, **_params(limits)), results.blobs)
-        con.execute("DROP TABLE referenced")
         con.execute(
-            "CREATE OR REPLACE TEMP VIEW missing_blobs AS SELECT frame_sha256 FROM "
-            f"read_parquet({sql_string(results.blobs)}) WHERE reason = 'missing'"
+            "CREATE OR REPLACE TEMP VIEW added_rows AS SELECT *, md5_number(frame_sha256) AS "
+            f"sha_id, md5_number(accepted_frame_sha256) AS accepted_sha_id FROM ({source})"
         )
-        self._copy(audit_sql.REFERENCING_KEYS, results.referencing)
+        con.execute(f"CREATE OR REPLACE TABLE referenced AS {audit_sql.REFERENCED}")
+        blob_join = audit_sql.bind(audit_sql.BLOB_JOIN, **_params(limits))
+        con.execute(f"CREATE OR REPLACE TABLE blob_results AS {blob_join}")
+        con.execute("DROP TABLE referenced")
+        con.execute(f"CREATE OR REPLACE TABLE referencing AS {audit_sql.REFERENCING_KEYS}")
+        self._copy(
+            "SELECT coalesce(b.frame_sha256, r.frame_sha256) AS frame_sha256, b.size, "
+            "b.last_modified_ns, b.raw_retention, b.reason "
+            "FROM blob_results b LEFT JOIN referencing r ON b.sha_id = r.sha_id",
+            results.blobs,
+        )
+        self._copy("SELECT frame_sha256, record_key FROM referencing", results.referencing)
+        con.execute("DROP TABLE blob_results")
+        con.execute("DROP TABLE referencing")
         self._count_reasons(results, "blob", results.blobs)
 
     def _count_reasons(self, results: JoinResults, name: str, path: str) -> None:
@@ -325,6 +343,13 @@ class AuditJoins:
         finally:
             cursor.close()
         return bool(row and row[0])
+
+
+def _etag_id(column: str) -> str:
+    """DuckDB's 64-bit ``hash`` of the normalized ETag, null for none (`reconciler.audit.sql`)."""
+    return (
+        f"CASE WHEN {column} IS NULL THEN NULL ELSE hash({audit_sql.normalized_etag(column)}) END"
+    )
 
 
 def _params(limits: JoinLimits) -> dict[str, int]:

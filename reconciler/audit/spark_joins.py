@@ -17,7 +17,8 @@ so neither the driver nor the executors need a copy of the whole history (the ta
   into the ``catalog_rows`` view. ``row_rank`` is computed where the file is read: its
   rank (epoch, then sequence, as `fetch_catalog` ranks them) x `ROWS_PER_FILE_RANK` + the
   row's place in the file. ``sha_prefix`` is ``conv(substr(frame_sha256, 1, 15), 16, 10)``
-  and ``key_id`` is the key itself (Spark's aggregates spill string keys; no digest, so no
+  and ``key_id`` is the key itself, ``sha_id`` the hash, ``etag_id`` the normalized ETag
+  (Spark's aggregates spill string keys; no digest, so no
   collision to reason about).
 
 A pinned file that is gone fails the task, and the constructor raises `PinnedFileMissing`
@@ -135,12 +136,21 @@ class SparkAuditJoins:
                 ReadListing(access), LISTING_DDL
             )
         )
-        self._listing.createOrReplaceTempView("listing")
+        self._listing.createOrReplaceTempView("listing_base")
+        # The ids of `reconciler.audit.sql` are the strings themselves here.
+        blob_sha = f"substr(key, {len('raw-blobs/v1/sha256/hh/hh/') + 1}, 64)"
+        self._sql(
+            "SELECT *, CASE WHEN kind <> 'raw-blobs' THEN key END AS key_id, "
+            f"CASE WHEN kind <> 'raw-blobs' THEN {audit_sql.normalized_etag('etag')} END "
+            f"AS etag_id, CASE WHEN kind = 'raw-blobs' THEN {blob_sha} END AS sha_id "
+            "FROM listing_base"
+        ).createOrReplaceTempView("listing")
         # Rows the audit writes after the record join reference blobs too
         # (`reconciler.audit.sql.REFERENCED`); none before the act phase runs.
         self._sql(
             "SELECT CAST(NULL AS STRING) AS key, CAST(NULL AS STRING) AS frame_sha256, "
-            "CAST(NULL AS STRING) AS accepted_frame_sha256 WHERE false"
+            "CAST(NULL AS STRING) AS accepted_frame_sha256, CAST(NULL AS STRING) AS sha_id, "
+            "CAST(NULL AS STRING) AS accepted_sha_id WHERE false"
         ).createOrReplaceTempView("added_rows")
         rows = [(name, rank, hour.start_ns) for rank, hour, name in ranked]
         self._catalog_base = self._keep(
@@ -208,7 +218,9 @@ class SparkAuditJoins:
         self._sql(
             "SELECT key, kind, etag, frame_sha256, accepted_frame_sha256, time_unix_ns, "
             "CAST(conv(substr(frame_sha256, 1, 15), 16, 10) AS BIGINT) AS sha_prefix, "
-            f"key AS key_id, row_rank, {retired} AS retired, hour_start_ns "
+            f"key AS key_id, {audit_sql.normalized_etag('etag')} AS etag_id, "
+            "frame_sha256 AS sha_id, accepted_frame_sha256 AS accepted_sha_id, "
+            f"row_rank, {retired} AS retired, hour_start_ns "
             "FROM catalog_base WHERE error IS NULL"
         ).createOrReplaceTempView("catalog_rows")
 
@@ -255,13 +267,18 @@ class SparkAuditJoins:
             results.records,
         )
         self._sql(audit_sql.REFERENCED).createOrReplaceTempView("referenced")
-        blobs = self._keep(self._sql(audit_sql.bind(audit_sql.BLOB_JOIN, **params)))
-        self._write(blobs.orderBy("frame_sha256"), BLOBS_SCHEMA, "blobs", results.blobs)
-        blobs.where("reason = 'missing'").select("frame_sha256").createOrReplaceTempView(
-            "missing_blobs"
+        self._keep(
+            self._sql(audit_sql.bind(audit_sql.BLOB_JOIN, **params))
+        ).createOrReplaceTempView("blob_results")
+        self._keep(self._sql(audit_sql.REFERENCING_KEYS)).createOrReplaceTempView("referencing")
+        blobs = self._sql(
+            "SELECT coalesce(b.frame_sha256, r.frame_sha256) AS frame_sha256, b.size, "
+            "b.last_modified_ns, b.raw_retention, b.reason "
+            "FROM blob_results b LEFT JOIN referencing r ON b.sha_id = r.sha_id"
         )
+        self._write(blobs.orderBy("frame_sha256"), BLOBS_SCHEMA, "blobs", results.blobs)
         self._write(
-            self._sql(audit_sql.REFERENCING_KEYS).orderBy("frame_sha256"),
+            self._sql("SELECT frame_sha256, record_key FROM referencing").orderBy("frame_sha256"),
             REFERENCING_SCHEMA,
             "referencing",
             results.referencing,

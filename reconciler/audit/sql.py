@@ -1,29 +1,39 @@
 """The full audit's joins as SQL text (PROTOCOL §3.7, §3.9 "full audit", §3.5 rule 5).
 
 One engine runs them today (`reconciler.audit.duckdb_joins`, DuckDB); the text is written for the
-Spark engine to run as well, over temp views of the same names and columns:
+Spark engine to run as well, over views of the same names and columns:
 
-- ``listing(kind, key, etag, size, last_modified_ns)``: the audit's listing parts
-  (`reconciler.audit.listing.LISTING_SCHEMA`, ``last_modified`` as integer nanoseconds),
-  ``kind`` one of ``accepted``, ``quarantine``, ``raw-blobs``;
+- ``listing(kind, key, etag, size, last_modified_ns, key_id, etag_id, sha_id)``: the
+  audit's listing parts (`reconciler.audit.listing.LISTING_SCHEMA`, ``last_modified`` as
+  integer nanoseconds), ``kind`` one of ``accepted``, ``quarantine``, ``raw-blobs``;
 - ``catalog_rows(key, kind, etag, frame_sha256, accepted_frame_sha256, time_unix_ns,
-  sha_prefix, key_id, row_rank, retired)``: every row of the catalog files the audit pinned, with
-  ``row_rank`` unique a row and increasing in write order (its file's rank by name: epoch,
-  then sequence; then its place in the file: the newest row of a key is the one that
-  counts), ``sha_prefix`` (the first 60 bits of ``frame_sha256`` as a ``BIGINT``: the
-  dialect's hex conversion lives in the view) and ``retired`` (an accepted row of an hour
-  raw retention retired and that still holds, `reconciler.gc.raw_retention`: it keeps no
-  blob alive). The dialect-specific parts (file names, row positions, hex) live in the
-  views: in Spark (`reconciler.audit.spark_joins`), ``row_rank`` is computed by the task
-  that reads the file, ``sha_prefix`` with ``conv`` and ``key_id`` is the key itself.
+  sha_prefix, key_id, etag_id, sha_id, accepted_sha_id, row_rank, retired)``: every row
+  of the catalog files the audit pinned, with ``row_rank`` unique a row and increasing in
+  write order (its file's rank by name: epoch, then sequence; then its place in the file:
+  the newest row of a key is the one that counts), ``sha_prefix`` (the first 60 bits of
+  ``frame_sha256`` as a ``BIGINT``) and ``retired`` (an accepted row of an hour raw
+  retention retired and that still holds, `reconciler.gc.raw_retention`: it keeps no
+  blob alive);
+- ``added_rows(key, frame_sha256, accepted_frame_sha256, sha_id, accepted_sha_id)``: rows
+  the audit wrote after the record join.
+
+The big joins and aggregates run on fixed-size ids the views compute, never on strings
+(a string-keyed aggregate or join over 50M keys did not fit 512 MB in DuckDB): ``key_id``
+a 128-bit digest of ``key`` (the catalog's ``key_digest``), ``sha_id``/``accepted_sha_id``
+a 128-bit digest of a blob's hash (for a listed blob, of its key's hash part), ``etag_id``
+a 64-bit hash of the normalized ETag (`normalized_etag`; null for no ETag). The
+dialect-specific parts (digests, file names, row positions, hex) live in the views: in
+Spark (`reconciler.audit.spark_joins`), ``row_rank`` is computed by the task that reads
+the file, ``sha_prefix`` with ``conv``, and the ids are the strings themselves (``key``,
+the hash, the normalized ETag: Spark's joins and aggregates spill strings).
 
 Spark runs the same text through `for_spark` (its string literals treat a backslash as an
 escape, DuckDB's do not); no statement needs a Spark variant.
 
 Only portable SQL: ``min``/``max``, ``bool_and``/``bool_or``, ``regexp_extract``,
-``regexp_replace`` with anchored patterns (one match, however the dialect counts them),
-``||``, ``substr``, integer ``%``, ``CASE``, no ``FILTER``, no ``QUALIFY``, no dialect's
-division, and no aggregate whose state is a string (they do not spill in DuckDB). Parameters (``{name}`` in the text)
+``trim(BOTH ... FROM ...)``, ``||``, ``substr``, integer ``%``, ``CASE``, no ``FILTER``,
+no ``QUALIFY``, no dialect's division, and no aggregate whose state is a string over
+more than a few rows (they do not spill in DuckDB). Parameters (``{name}`` in the text)
 are integers, put in by `bind`.
 
 The results (each small unless the store is being migrated, when every record is
@@ -46,9 +56,10 @@ HOUR_NS = 3600 * 1_000_000_000
 
 def normalized_etag(column: str) -> str:
     """`store.etag_check.normalized_etag` in SQL: a ``W/`` prefix and surrounding quotes
-    removed (null stays null)."""
-    unweak = f"regexp_replace({column}, '^W/', '')"
-    return f"regexp_replace(regexp_replace({unweak}, '^\"+', ''), '\"+$', '')"
+    removed (null stays null); plain string functions, no regular expression (it runs on
+    every listed and cataloged ETag)."""
+    unweak = f"CASE WHEN substr({column}, 1, 2) = 'W/' THEN substr({column}, 3) ELSE {column} END"
+    return f"trim(BOTH '\"' FROM {unweak})"
 
 
 def bind(sql: str, **params: int) -> str:
@@ -92,47 +103,56 @@ has a chance of 2^-60 a key). Grouped by ``key_id``, a fixed-size 128-bit digest
 spill 50M string keys under 512 MB, nor 10M under 100 MB. Kept as the table ``per_key``."""
 
 NEWEST = """
-SELECT r.key AS key, r.etag AS etag, r.time_unix_ns AS time_unix_ns, r.row_rank AS row_rank,
-       p.conflict AS conflict
+SELECT r.key_id AS key_id, r.etag_id AS etag_id, r.time_unix_ns AS time_unix_ns,
+       r.row_rank AS row_rank, p.conflict AS conflict
 FROM catalog_rows r JOIN per_key p ON r.row_rank = p.row_rank
 """
 """The newest row of each key (``row_rank`` is unique: one row a key, even if a file
-holds a key twice): what the comparison needs of it, kept as the table ``newest``; the
-hashes of the few rows found are fetched after (`RECORD_JOIN`). Each stage is its own
-statement, so each has the whole memory limit (a pipeline of an aggregate and two joins
-over 50M keys ran out of 512 MB)."""
+holds a key twice), fixed-size columns only (``key_id``; ``etag_id``, the view's 64-bit
+hash of the normalized ETag): what the comparison needs of it, kept as the table
+``newest``; the key, ETag and hashes of the few rows found are fetched after by
+``row_rank`` (`RECORD_JOIN`). Each stage is its own statement, so each has the whole
+memory limit (a pipeline of an aggregate and two joins over 50M keys ran out of 512 MB;
+so did a join that carried the key and ETag strings)."""
 
 RECORD_CANDIDATES = f"""
 WITH listed AS (
-  SELECT kind, key, etag, last_modified_ns FROM listing
+  SELECT kind, key, key_id, etag, etag_id, last_modified_ns FROM listing
   WHERE kind = 'accepted' OR kind = 'quarantine'
 ),
 joined AS (
-  SELECT coalesce(l.key, n.key) AS key,
+  SELECT l.key AS key,
          l.kind AS kind,
          l.etag AS listed_etag,
-         l.key IS NOT NULL AS listed,
-         n.key IS NOT NULL AS cataloged,
+         l.key_id IS NOT NULL AS listed,
+         n.key_id IS NOT NULL AS cataloged,
          l.last_modified_ns AS last_modified_ns,
-         n.etag AS etag,
+         l.etag_id AS listed_etag_id,
+         n.etag_id AS etag_id,
          n.time_unix_ns AS time_unix_ns,
          n.row_rank AS row_rank,
          coalesce(n.conflict, false) AS conflict
-  FROM listed l FULL OUTER JOIN newest n ON l.key = n.key
+  FROM listed l FULL OUTER JOIN newest n ON l.key_id = n.key_id
 )
-SELECT * FROM joined
+SELECT key, kind, listed_etag, listed, cataloged, last_modified_ns, time_unix_ns, row_rank,
+       conflict
+FROM joined
 WHERE (NOT listed AND {_hour("time_unix_ns")} + {HOUR_NS} <= {{phantom_before_ns}})
    OR (listed AND last_modified_ns <= {{born_before_ns}} AND (
          NOT cataloged OR conflict
-         OR (listed_etag IS NOT NULL AND etag IS NOT NULL AND listed_etag <> etag
-             AND {normalized_etag("listed_etag")} <> {normalized_etag("etag")})))
+         OR (listed_etag_id IS NOT NULL AND etag_id IS NOT NULL
+             AND listed_etag_id <> etag_id)))
 """
 """The record join's rows (see `RECORD_JOIN`), to be kept as the table
-``record_candidates`` (few rows, unless the store is being migrated)."""
+``record_candidates`` (few rows, unless the store is being migrated). Joined on
+``key_id`` (the views' 128-bit digest of ``key``, as the catalog's ``key_digest``): a
+false equal has a chance of about 2^-128 a pair; ETags compared by ``etag_id`` (a
+64-bit hash of the normalized ETag: a changed ETag taken for equal, ~2^-64 a key, is
+a record not re-read by this audit)."""
 
 RECORD_JOIN = f"""
-SELECT f.key AS key, f.kind AS kind, f.listed_etag AS listed_etag,
-       f.last_modified_ns AS last_modified_ns, {normalized_etag("f.etag")} AS etag,
+SELECT coalesce(f.key, c.key) AS key, f.kind AS kind, f.listed_etag AS listed_etag,
+       f.last_modified_ns AS last_modified_ns, {normalized_etag("c.etag")} AS etag,
        c.frame_sha256 AS frame_sha256, c.accepted_frame_sha256 AS accepted_frame_sha256,
        f.time_unix_ns AS time_unix_ns, f.conflict AS conflict,
        CASE WHEN NOT f.listed THEN 'phantom'
@@ -144,16 +164,16 @@ SELECT f.key AS key, f.kind AS kind, f.listed_etag AS listed_etag,
             WHEN f.conflict THEN 'conflict'
             ELSE 'etag' END AS reason
 FROM record_candidates f
-LEFT JOIN (SELECT row_rank, frame_sha256, accepted_frame_sha256 FROM catalog_rows) c
-  ON f.row_rank = c.row_rank
+LEFT JOIN (
+  SELECT row_rank, key, etag, frame_sha256, accepted_frame_sha256 FROM catalog_rows
+) c ON f.row_rank = c.row_rank
 """
 """``reason``: ``phantom`` (cataloged, never listed, hour ended before
 ``phantom_before_ns``), ``junk`` (listed key not well-formed: never cataloged, so only
 keys not cataloged are matched against the shapes), ``missing`` (not cataloged),
 ``conflict`` (rows in two hours or with two hashes), ``etag`` (the newest
 row's ETag, normalized, differs from the listed one; a row without an ETag takes the
-listed one; the raw ETags are compared first, so the normalization runs only on the few
-that differ). Listed records last modified after ``born_before_ns`` (the audit's start plus
+listed one). Listed records last modified after ``born_before_ns`` (the audit's start plus
 the settle margin) are the steady pass's and are left out; they still count as listed."""
 
 LISTED_COUNTS = """
@@ -168,8 +188,8 @@ GROUP BY kind
 """Keys listed per kind: the old ones (audited) and the young ones (the steady pass's)."""
 
 _BLOBS = f"""
-SELECT sha, size, last_modified_ns FROM (
-  SELECT substr(key, {len("raw-blobs/v1/sha256/hh/hh/") + 1}, 64) AS sha, key, size,
+SELECT sha, sha_id, size, last_modified_ns FROM (
+  SELECT substr(key, {len("raw-blobs/v1/sha256/hh/hh/") + 1}, 64) AS sha, sha_id, key, size,
          last_modified_ns
   FROM listing WHERE kind = 'raw-blobs'
 ) b
@@ -177,64 +197,70 @@ WHERE key = 'raw-blobs/v1/sha256/' || substr(sha, 1, 2) || '/' || substr(sha, 3,
             || sha || '.lmbatch'
   AND regexp_extract(sha, '^[0-9a-f]{{64}}$', 0) <> ''
 """
-"""Listed blobs by hash: a key that is not `protocol.keys.raw_blob_key` of a hash is
-skipped (as it always was); compared as a string before the one regular expression."""
+"""Listed blobs by hash (``sha_id``: the listing view's 128-bit digest of the key's hash
+part): a key that is not `protocol.keys.raw_blob_key` of a hash is skipped (as it always
+was); compared as a string before the one regular expression."""
 
 REFERENCED = """
-SELECT sha, bool_and(retired) AS retired_only, bool_or(retired) AS any_retired FROM (
-  SELECT frame_sha256 AS sha, retired FROM catalog_rows
+SELECT sha_id, bool_and(retired) AS retired_only, bool_or(retired) AS any_retired FROM (
+  SELECT sha_id, retired FROM catalog_rows
   UNION ALL
-  SELECT accepted_frame_sha256 AS sha, false AS retired FROM catalog_rows
-  WHERE accepted_frame_sha256 IS NOT NULL
+  SELECT accepted_sha_id AS sha_id, false AS retired FROM catalog_rows
+  WHERE accepted_sha_id IS NOT NULL
   UNION ALL
-  SELECT frame_sha256 AS sha, false AS retired FROM added_rows
+  SELECT sha_id, false AS retired FROM added_rows
   UNION ALL
-  SELECT accepted_frame_sha256 AS sha, false AS retired FROM added_rows
-  WHERE accepted_frame_sha256 IS NOT NULL
+  SELECT accepted_sha_id AS sha_id, false AS retired FROM added_rows
+  WHERE accepted_sha_id IS NOT NULL
 ) r
-GROUP BY sha
+GROUP BY sha_id
 """
-"""Per referenced hash: whether only retired rows reference it, and whether any does.
-Kept as the table ``referenced`` (a stage of its own, as `NEWEST`). The view
-``added_rows(key, frame_sha256, accepted_frame_sha256)`` holds the rows the audit wrote
-after the record join (records it cataloged or superseded): live references too."""
+"""Per referenced hash (by ``sha_id``, the views' 128-bit digest of ``frame_sha256`` or
+``accepted_frame_sha256``: fixed-size, so the aggregate spills): whether only retired
+rows reference it, and whether any does. Kept as the table ``referenced`` (a stage of its
+own, as `NEWEST`). The view ``added_rows(key, frame_sha256, accepted_frame_sha256,
+sha_id, accepted_sha_id)`` holds the rows the audit wrote after the record join (records
+it cataloged or superseded): live references too."""
 
 BLOBS_LISTED = f"SELECT count(*) FROM ({_BLOBS}) b"
 """Listed keys under ``raw-blobs/v1/`` that name a blob (others are skipped, as always)."""
 
 BLOB_JOIN = f"""
 WITH blobs AS ({_BLOBS})
-SELECT coalesce(b.sha, r.sha) AS frame_sha256,
+SELECT b.sha AS frame_sha256,
+       coalesce(b.sha_id, r.sha_id) AS sha_id,
        b.size AS size,
        b.last_modified_ns AS last_modified_ns,
        coalesce(r.retired_only, false) AS raw_retention,
-       CASE WHEN b.sha IS NULL THEN 'missing' ELSE 'orphan' END AS reason
-FROM blobs b FULL OUTER JOIN referenced r ON b.sha = r.sha
-WHERE (b.sha IS NOT NULL AND (r.sha IS NULL OR r.retired_only)
+       CASE WHEN b.sha_id IS NULL THEN 'missing' ELSE 'orphan' END AS reason
+FROM blobs b FULL OUTER JOIN referenced r ON b.sha_id = r.sha_id
+WHERE (b.sha_id IS NOT NULL AND (r.sha_id IS NULL OR r.retired_only)
        AND b.last_modified_ns < {{orphan_before_ns}})
-   OR (b.sha IS NULL AND NOT r.any_retired)
+   OR (b.sha_id IS NULL AND NOT r.any_retired)
 """
 """``orphan``: listed, referenced by no live row, last modified before ``orphan_before_ns``
 (store time minus the retry horizon); ``raw_retention`` when retired rows alone reference
 it. ``missing``: referenced, not listed, referenced by no retired row (a blob raw
-retention may have deleted is never missing)."""
+retention may have deleted is never missing); its hash is found by `REFERENCING_KEYS`.
+Kept as the table ``blob_results`` (small unless orphans abound)."""
 
 REFERENCING_KEYS = """
-SELECT m.frame_sha256 AS frame_sha256, min(r.key) AS record_key
-FROM missing_blobs m JOIN (
-  SELECT key, frame_sha256 AS sha FROM catalog_rows
+SELECT m.sha_id AS sha_id, min(r.sha) AS frame_sha256, min(r.key) AS record_key
+FROM (SELECT sha_id FROM blob_results WHERE reason = 'missing') m JOIN (
+  SELECT key, frame_sha256 AS sha, sha_id FROM catalog_rows
   UNION ALL
-  SELECT key, accepted_frame_sha256 AS sha FROM catalog_rows
-  WHERE accepted_frame_sha256 IS NOT NULL
+  SELECT key, accepted_frame_sha256 AS sha, accepted_sha_id AS sha_id FROM catalog_rows
+  WHERE accepted_sha_id IS NOT NULL
   UNION ALL
-  SELECT key, frame_sha256 AS sha FROM added_rows
+  SELECT key, frame_sha256 AS sha, sha_id FROM added_rows
   UNION ALL
-  SELECT key, accepted_frame_sha256 AS sha FROM added_rows
-  WHERE accepted_frame_sha256 IS NOT NULL
-) r ON r.sha = m.frame_sha256
-GROUP BY m.frame_sha256
+  SELECT key, accepted_frame_sha256 AS sha, accepted_sha_id AS sha_id FROM added_rows
+  WHERE accepted_sha_id IS NOT NULL
+) r ON r.sha_id = m.sha_id
+GROUP BY m.sha_id
 """
-"""A record that references each missing-blob candidate (view ``missing_blobs``)."""
+"""Each missing-blob candidate's hash and a record that references it (kept as the table
+``referencing``)."""
 
 RETIRED_HOUR_BATCHES = """
 SELECT hour_start_ns, count(DISTINCT key) AS batches
