@@ -39,6 +39,7 @@ import hashlib
 import random
 import uuid
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -126,6 +127,10 @@ worlds = st.builds(
 )
 
 
+# 200 worlds, each auditing a few times in DuckDB (~0.14 s an audit since the audit's
+# out-of-core joins): ~2 min on an idle 2-core machine, ~4 min on a loaded one; the
+# suite's 300 s default would make it fail on load, not on a bug.
+@pytest.mark.timeout(600)
 @settings(
     max_examples=200,
     deadline=None,
