@@ -69,10 +69,13 @@ class AuditRecord(Record):
     """Keys listed (or read from an Inventory report) per prefix: ``accepted``,
     ``quarantine``, ``raw-blobs``."""
     requests: dict[str, int] = Field(default_factory=dict)
-    """Store requests the audit made, by kind (``LIST``, ``GET``, ``HEAD``, ``PUT``,
-    ``DELETE``), across its runs; on Spark the executors' listing LISTs included."""
+    """Store requests of the audit's bulk reads, by kind, across its runs: ``LIST`` (the
+    catalog's listing and every listing page, the executors' on Spark) and ``GET`` (the
+    catalog files and listing parts copied, local engine). The reads of the few records
+    the joins name are not counted here."""
     spilled_bytes: int = Field(default=0, ge=0)
-    """The most the joins held in their spill directory at once (local engine)."""
+    """The most the audit's spill directory held at a progress save (the local engine's
+    catalog and listing copies and DuckDB's spill files): the local disk it needs."""
 
 
 class CatalogCreated(Record):

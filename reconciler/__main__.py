@@ -317,8 +317,9 @@ class _Progress:
             verb = "resuming audit" if progress.resumed else "auditing"
             self._bar = tqdm(desc=f"{verb} {progress.audit_id}", unit=" records", file=sys.stderr)
         self._bar.n = progress.manifests_seen + progress.quarantines_seen
+        ranges = f"{progress.groups_done}/{progress.ranges_total}" if progress.ranges_total else "-"
         self._bar.set_postfix(
-            cataloged=progress.repaired, problems=progress.problems, refresh=False
+            ranges=ranges, cataloged=progress.repaired, problems=progress.problems, refresh=False
         )
         self._bar.refresh()
 

@@ -27,6 +27,8 @@ class AuditProgress:
     """Records this audit cataloged (the name predates the index)."""
     problems: int
     blobs_verified: int = 0
+    ranges_total: int = 0
+    """The listing's ranges; ``groups_done`` counts those listed."""
 
 
 ProgressCallback = Callable[[AuditProgress], None]

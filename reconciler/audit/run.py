@@ -148,9 +148,12 @@ class _AuditRun(AuditState):
                 ctx.settings.store.max_clock_skew_s * 1e9
             )
             self._last_save = float("-inf")  # save the narrowed pin at the next checkpoint
+            self.spill_dir = spill
             pinned = await self.run_phase(
                 fetch_pinned_catalog(ctx, self.problems, names, spill, self._streams)
             )
+            self.count_requests("LIST", 1 + len(names) // 1000)  # the catalog's listing
+            self.count_requests("GET", len(names))
         except StoreError as exc:
             self._store_failure("audit_catalog", exc)
             return
@@ -176,9 +179,12 @@ class _AuditRun(AuditState):
             listing = await self.run_phase(self._list())
             if listing is None or not self._going():
                 return
+            self._keys_listed = {kind: int(n) for kind, n in listing.keys_listed.items()}
+            self.count_requests("LIST", listing.list_requests)
             local = await self.run_phase(copy_parts(ctx.store, listing, spill, self._streams))
             if local is None or not self._going():
                 return
+            self.count_requests("GET", sum(len(paths) for paths in local.values()))
             retired = await retired_for_audit(ctx.store)
         except StoreError as exc:
             self._store_failure("audit_listing", exc)
@@ -212,8 +218,8 @@ class _AuditRun(AuditState):
             keys_listed={**report.keys_listed, "raw-blobs": listed.keys_listed["raw-blobs"]},
         )
 
-    async def _listed(self, done: int, _total: int) -> None:
-        self._ranges_done = done
+    async def _listed(self, done: int, total: int) -> None:
+        self._ranges_done, self.ranges_total = done, total
         self._report()
         await self.checkpoint()
 

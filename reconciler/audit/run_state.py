@@ -5,6 +5,8 @@ or the pin lapses (`run_phase`), and the final record (`finish`). PROTOCOL §3.7
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager, suppress
 from typing import Any, TypeVar
@@ -74,6 +76,13 @@ class AuditState:
         self.lapsed = False
         self._input_bytes = 0
         """The joins' inputs (catalog copies and listing parts), in bytes."""
+        # What the audit cost (issue 23 item 5), carried across runs by its record.
+        self._keys_listed: dict[str, int] = dict(record.keys_listed)
+        self._requests: dict[str, int] = dict(record.requests)
+        self._spilled = record.spilled_bytes
+        self.spill_dir: str | None = None
+        self.ranges_total = 0
+        """The listing's ranges (known once planned): ``groups_done`` of them are listed."""
         self.verifier = BlobVerifier(
             ctx,
             self.problems,
@@ -178,9 +187,28 @@ class AuditState:
                 "pin_expires_at_unix_ns": self._pin_expires,
                 "pinned_through_unix_ns": self._pinned_through,
                 "phantoms_checked": self._phantoms is not None,
+                "engine": "local",
+                "keys_listed": self._keys_listed,
+                "requests": self._requests,
+                "spilled_bytes": self._spill_peak(),
                 **changes,
             }
         )
+
+    def count_requests(self, kind: str, n: int) -> None:
+        self._requests[kind] = self._requests.get(kind, 0) + n
+
+    def _spill_peak(self) -> int:
+        """The most the spill directory held at any save so far (catalog and listing
+        copies, DuckDB's spill files): what an audit needs of local disk."""
+        if self.spill_dir is not None:
+            held = 0
+            for root, _dirs, files in os.walk(self.spill_dir):
+                for name in files:
+                    with contextlib.suppress(OSError):  # DuckDB removes its files as it goes
+                        held += os.stat(os.path.join(root, name)).st_size
+            self._spilled = max(self._spilled, held)
+        return self._spilled
 
     def _save_due(self) -> bool:
         renew = self._pin_expires is not None and (
@@ -276,6 +304,7 @@ class AuditState:
                     manifests_seen=self._manifests,
                     quarantines_seen=self._quarantines,
                     groups_done=self._ranges_done,
+                    ranges_total=self.ranges_total,
                     repaired=self._cataloged,
                     problems=self._problem_count + self.verifier.problems,
                     blobs_verified=self.verifier.verified,

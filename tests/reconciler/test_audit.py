@@ -132,12 +132,19 @@ async def test_an_interrupted_audit_resumes_where_it_stopped_with_its_start(
     settings = make_settings(concurrency=2)
     first = await context(memory_store, clock, settings=settings)
 
+    seen: list[AuditProgress] = []
+
     def stop_early(progress: AuditProgress) -> None:
+        seen.append(progress)
         if progress.manifests_seen >= 20:
             first.stopping.set()
 
     interrupted = await run_full_audit(first, progress=stop_early, progress_interval_s=0)
     assert interrupted.status == "running" and interrupted.catalog
+    # Progress by ranges (what `lm-reconciler audit` shows on a terminal).
+    listed = [p for p in seen if p.ranges_total]
+    assert listed and listed[-1].groups_done == listed[-1].ranges_total
+    assert [p.groups_done for p in listed] == sorted(p.groups_done for p in listed)
     assert await latest_audit(memory_store) == interrupted
     finished = await finished_listing_ranges(memory_store, interrupted)
     assert finished  # its listing's ranges are kept for the resume
@@ -155,6 +162,8 @@ async def test_an_interrupted_audit_resumes_where_it_stopped_with_its_start(
     assert resumed.started_at_unix_ns == interrupted.started_at_unix_ns
     assert resumed.owner_epoch == second.epoch == first.epoch + 1
     assert (resumed.manifests_seen, resumed.quarantines_seen) == (60, 1)
+    assert resumed.engine == "local" and resumed.keys_listed["accepted"] == 60
+    assert resumed.requests["LIST"] > interrupted.requests["LIST"] > 0  # across its runs
     assert not set(store.lists) & finished  # no finished range is listed again
     assert not set(store.keys_of("get", keys.ACCEPTED_PREFIX)) & cataloged_before
     assert await catalog_keys(memory_store) == {b.key for b in batches} | {conflict.quarantine_key}

@@ -102,6 +102,8 @@ def test_run_once_and_status_show_the_log_the_catalog_and_the_cost(tmp_path: Pat
     assert doc["last_gc"] is None and doc["problems"] == {"total": 0, "by_kind": {}}
     completed = doc["last_completed_audit"]  # what it cost (issue 23 item 5)
     assert completed["engine"] == "local" and completed["duration_s"] >= 0
+    assert completed["keys_listed"]["accepted"] == 12 and completed["requests"]["LIST"] >= 3
+    assert completed["requests"]["GET"] >= 1 and completed["spilled_bytes"] > 0
     text = run_cli("status", env=env).stdout
     assert "last GC         none" in text and "; engine local, " in text
     assert doc["lease"]["active"] is False  # released on exit
