@@ -66,6 +66,15 @@ class JoinResults:
     """Listed keys that name a blob (others under ``raw-blobs/v1/`` are skipped)."""
     reasons: dict[str, int] = field(default_factory=dict)
 
+    @classmethod
+    def in_dir(cls, directory: str) -> JoinResults:
+        """The result files of either engine, named in ``directory``."""
+        return cls(
+            records=os.path.join(directory, "records.parquet"),
+            blobs=os.path.join(directory, "blobs.parquet"),
+            referencing=os.path.join(directory, "referencing.parquet"),
+        )
+
 
 def iter_batches(path: str, *, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
     """A result file in batches of `BATCH_ROWS` rows."""
@@ -222,11 +231,7 @@ class AuditJoins:
         fields of the result are filled by `run_blobs`."""
         con = self._con
         params = _params(limits)
-        results = JoinResults(
-            records=os.path.join(self._dir, "records.parquet"),
-            blobs=os.path.join(self._dir, "blobs.parquet"),
-            referencing=os.path.join(self._dir, "referencing.parquet"),
-        )
+        results = JoinResults.in_dir(self._dir)
         for kind, old, young in con.execute(
             audit_sql.bind(audit_sql.LISTED_COUNTS, **params)
         ).fetchall():

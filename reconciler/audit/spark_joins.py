@@ -243,11 +243,7 @@ class SparkAuditJoins:
             "phantom_before_ns": int(limits.phantom_before_ns),
             "orphan_before_ns": int(limits.orphan_before_ns),
         }
-        results = JoinResults(
-            records=os.path.join(self._dir, "records.parquet"),
-            blobs=os.path.join(self._dir, "blobs.parquet"),
-            referencing=os.path.join(self._dir, "referencing.parquet"),
-        )
+        results = JoinResults.in_dir(self._dir)
         for kind, old, young in self._sql(
             audit_sql.bind(audit_sql.LISTED_COUNTS, **params)
         ).collect():
