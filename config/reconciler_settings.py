@@ -41,8 +41,9 @@ class ReconcilerSettings(Section):
     it DuckDB spills to a temporary directory (PROTOCOL §3.9)."""
     audit_spill_dir: str | None = None
     """Where a full audit keeps its working files (copies of the pinned catalog files, of
-    its listing parts, DuckDB's tables and spill), in a temporary directory of its own,
-    removed when the audit ends; ``None`` = the system's temporary directory. Needs about
+    its listing parts, DuckDB's tables and spill), in a directory ``lm-audit-*`` of its
+    own, removed when the audit ends (one a killed audit left is removed by the next
+    audit: `reconciler.audit.spill`); ``None`` = the system's temporary directory. Needs about
     the catalog's and the listing's size plus what DuckDB spills (~12 GB at 50M
     manifests, bench/RESULTS.md)."""
     audit_list_concurrency: int = Field(default=16, ge=1, le=1024)

@@ -53,7 +53,6 @@ listing's ranges done.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Awaitable
 from dataclasses import replace
 
@@ -90,6 +89,7 @@ from reconciler.audit.records import (
 from reconciler.audit.records_act import CHUNK, ChunkResult, RecordActs
 from reconciler.audit.retired import settle_retired
 from reconciler.audit.run_state import AuditState
+from reconciler.audit.spill import spill_directory
 from reconciler.context import ReconcilerContext
 from reconciler.gc.raw_retention import Retired, retired_for_audit
 from store.errors import StoreError
@@ -124,10 +124,7 @@ async def run_full_audit(
         await run.problems.load()
         if not await run.pin():
             return await run.finish()
-        spill_root = ctx.settings.reconciler.audit_spill_dir
-        if spill_root is not None:
-            os.makedirs(spill_root, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="lm-audit-", dir=spill_root) as spill:
+        with spill_directory(ctx.settings.reconciler.audit_spill_dir) as spill:
             async with run.saving():
                 await run.execute(spill)
         return await run.finish()
