@@ -87,6 +87,7 @@ from reconciler.audit.records import (
     resume_or_start,
 )
 from reconciler.audit.records_act import CHUNK, ChunkResult, RecordActs
+from reconciler.audit.remark import remark_since
 from reconciler.audit.retired import settle_retired
 from reconciler.audit.run_state import AuditState
 from reconciler.audit.spill import spill_directory
@@ -118,6 +119,8 @@ async def run_full_audit(
     engine is `reconciler.audit.spark_run`). Raises `LeaseLost` (stop: no longer the
     leader), `InventoryError`, and store errors met while creating the record."""
     record, resumed = await resume_or_start(ctx, inventory)
+    if resumed and record.catalog_created_from is not None:
+        await remark_since(ctx, record.catalog_created_from)  # a kill between file and marker
     run = _AuditRun(ctx, record, resumed, progress, progress_interval_s, inventory)
     ctx.metrics.audit_running.set(1)
     try:

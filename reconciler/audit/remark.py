@@ -1,0 +1,54 @@
+"""Work markers for the catalog files a killed audit run left without one (PROTOCOL §3.7:
+every catalog file has a marker naming it).
+
+`reconciler.cataloger.Cataloger.commit` writes a catalog file, then its rollup work
+marker. A run killed between the two leaves a file whose rows the resumed audit sees as
+cataloged (it joins every catalog file there is), so nothing would mark it again, and the
+rollup would never count those batches (`lm-chaos` ``kill`` found it: 32 batches, one act
+chunk, "neither rolled up nor in a file a work marker names"). So a resumed audit first
+creates, if absent, the marker of every catalog file created since the audit started
+that still exists: its ``index/v1/catalog-created/`` entries from the audit's recorded
+position. A marker the rollup already consumed comes back too; the rollup then finds
+every row of that file in its ledger and removes it again (it never counts a batch
+twice). Cost, on a resume only: per catalog file created since the audit started, one
+GET of its entry, a HEAD and a conditional PUT.
+"""
+
+from __future__ import annotations
+
+from protocol import keys
+from protocol.records import CatalogCreated, RecordError, RollupWorkMarker
+from reconciler import store_calls
+from reconciler.context import ReconcilerContext
+from store.errors import NotFound
+
+
+async def remark_since(ctx: ReconcilerContext, position: str) -> int:
+    """Create the missing markers of the catalog files created from ``position`` on
+    (see module); returns how many entries were looked at."""
+    first = f"{keys.INDEX_CATALOG_CREATED_PREFIX}{position}"
+    entries = [
+        info.key
+        # Fixed-width names: listing after ``first`` minus its last digit reaches it.
+        async for info in ctx.store.list(keys.INDEX_CATALOG_CREATED_PREFIX, start_after=first[:-1])
+        if info.key >= first
+    ]
+    for entry in entries:
+        try:
+            body, _etag = await ctx.store.get(entry)
+            created = CatalogCreated.from_json(body)
+            hour = keys.parse_index_catalog_key(created.catalog_key)[0]
+            await ctx.store.head(created.catalog_key)
+        except (NotFound, RecordError, keys.KeyFormatError):
+            continue  # trimmed, unreadable (the GC reports those), or compacted away
+        marker = RollupWorkMarker(
+            catalog_key=created.catalog_key,
+            hour=hour.iso,
+            rows=created.rows,
+            written_at_unix_ns=ctx.clock.now_ns(),
+        )
+        await ctx.check_fence()
+        await store_calls.create_if_absent(
+            ctx, keys.rollup_work_marker_key(created.catalog_key), marker.to_json()
+        )
+    return len(entries)
