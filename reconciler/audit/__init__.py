@@ -6,5 +6,5 @@ orphan file the GC reads (`orphans`), blob verification (`blob_verify`, `rate`),
 (`schedule`), and the child process the daemon runs it in (`child`, `worker`, `wire`).
 Imports `protocol`, `store`, `index`, `config` and the reconciler's shared modules
 (`context`, `cataloger`, `store_calls`, `problems`); never `reconciler.gc` except
-`gc.raw_retention`'s retired hours.
+`gc.raw_retention`'s retired hours and `gc.catalog_since`'s entry listing.
 """

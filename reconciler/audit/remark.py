@@ -20,19 +20,14 @@ from protocol import keys
 from protocol.records import CatalogCreated, RecordError, RollupWorkMarker
 from reconciler import store_calls
 from reconciler.context import ReconcilerContext
+from reconciler.gc.catalog_since import entries_since
 from store.errors import NotFound
 
 
 async def remark_since(ctx: ReconcilerContext, position: str) -> int:
     """Create the missing markers of the catalog files created from ``position`` on
     (see module); returns how many entries were looked at."""
-    first = f"{keys.INDEX_CATALOG_CREATED_PREFIX}{position}"
-    entries = [
-        info.key
-        # Fixed-width names: listing after ``first`` minus its last digit reaches it.
-        async for info in ctx.store.list(keys.INDEX_CATALOG_CREATED_PREFIX, start_after=first[:-1])
-        if info.key >= first
-    ]
+    entries = await entries_since(ctx.store, position)
     for entry in entries:
         try:
             body, _etag = await ctx.store.get(entry)

@@ -57,6 +57,18 @@ def _position_key(position: str) -> str:
     return f"{keys.INDEX_CATALOG_CREATED_PREFIX}{position}"
 
 
+async def entries_since(store: ObjectStore, position: str) -> list[str]:
+    """The ``index/v1/catalog-created/`` entry keys from ``position`` on, in order."""
+    first = _position_key(position)
+    return [
+        info.key
+        # Names are fixed-width: after ``first`` minus its last digit comes ``first``,
+        # preceded only by its up to nine neighbours below (filtered out).
+        async for info in store.list(keys.INDEX_CATALOG_CREATED_PREFIX, start_after=first[:-1])
+        if info.key >= first
+    ]
+
+
 async def references_since(
     store: ObjectStore,
     position: str,
@@ -68,14 +80,7 @@ async def references_since(
     """Which ``candidates`` the catalog files created from ``position`` on reference (of
     ``by_retention``, the blobs raw retention nominates: which a quarantine row does)."""
     result = CatalogSince()
-    first = _position_key(position)
-    entry_keys = [
-        info.key
-        # Names are fixed-width: after ``first`` minus its last digit comes ``first``,
-        # preceded only by its up to nine neighbours below (filtered out).
-        async for info in store.list(keys.INDEX_CATALOG_CREATED_PREFIX, start_after=first[:-1])
-        if info.key >= first
-    ]
+    entry_keys = await entries_since(store, position)
     result.entries = len(entry_keys)
     if not candidates or not entry_keys:
         return result
