@@ -44,9 +44,7 @@ import json
 import random
 import signal
 import sys
-import tempfile
 from collections.abc import Callable, Coroutine
-from pathlib import Path
 from typing import Any
 
 from prometheus_client import start_http_server
@@ -185,7 +183,7 @@ async def _leased_command(store: ObjectStore, settings: Settings, args: argparse
             if inventory is not None:
                 print("lm-reconciler: the spark engine lists the store", file=sys.stderr)
                 return EXIT_USAGE
-            return await _spark_audit(reconciler)
+            return await _spark_audit(reconciler, progress)
         if args.command == "audit":
             record = await reconciler.audit_once()
             progress.close()
@@ -218,22 +216,20 @@ async def _leased_command(store: ObjectStore, settings: Settings, args: argparse
             await inventory.close()
 
 
-async def _spark_audit(reconciler: Reconciler) -> int:
-    """The audit's listing and joins on Spark, as the lease holder (module doc)."""
-    from reconciler.audit.spark_run import PinnedFileMissing, audit_spark_session, spark_audit
+async def _spark_audit(reconciler: Reconciler, progress: _Progress) -> int:
+    """The audit with its listing and joins on Spark, as the lease holder (module doc);
+    prints its record as ``audit`` does."""
+    from reconciler.audit.spark_run import audit_spark_session, spark_audit
 
     spark = audit_spark_session()
-    out_dir = Path(tempfile.mkdtemp(prefix="lm-audit-spark-"))
     try:
-        work = functools.partial(spark_audit, spark=spark, out_dir=out_dir)
-        outcome = await reconciler.one_shot(work, None)
-    except PinnedFileMissing as exc:  # the audit stays running: a rerun starts again
-        print(f"lm-reconciler: audit incomplete: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        work = functools.partial(spark_audit, spark=spark, progress=progress.update)
+        record = await reconciler.one_shot(work, None)
     finally:
         spark.stop()
-    print(_json(outcome.summary()))
-    return EXIT_OK if outcome.completed else EXIT_FAILED
+    progress.close()
+    print(_json(record.model_dump(mode="json", by_alias=True)))
+    return EXIT_OK if record.status == "completed" else EXIT_FAILED
 
 
 def _load_arrow_lazy_imports() -> None:

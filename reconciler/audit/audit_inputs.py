@@ -125,6 +125,16 @@ async def fetch_pinned_catalog(
         ctx.log.error("audit_pinned_file_missing", error=str(exc))
         ctx.metrics.store_failures.labels("audit_catalog").inc()
         return None
+    await set_aside(ctx, problems, unreadable)
+    ctx.log.info("audit_catalog_fetched", files=len(copies), moved_aside=len(unreadable))
+    return PinnedCatalog(copies, unreadable)
+
+
+async def set_aside(
+    ctx: ReconcilerContext, problems: ProblemBook, unreadable: Sequence[tuple[str, str]]
+) -> None:
+    """Record each pinned file that is not an index file (``unreadable-index-file``, with
+    why) and move it aside. Raises `StoreError`."""
     for name, why in unreadable:
         await problems.record("unreadable-index-file", name, why)
         await ctx.check_fence()
@@ -134,8 +144,6 @@ async def fetch_pinned_catalog(
         except StoreError as exc:
             ctx.log.warning("catalog_move_aside_failed", key=name, error=str(exc))
             raise
-    ctx.log.info("audit_catalog_fetched", files=len(copies), moved_aside=len(unreadable))
-    return PinnedCatalog(copies, unreadable)
 
 
 async def copy_parts(

@@ -14,14 +14,15 @@
   (`record_missing_blobs`), resolved when seen again.
 - **Orphans** (listed, referenced by no live row, older than the retry horizon in store
   time; ``raw_retention`` when only retired rows reference them) go to the audit's orphan
-  file (`reconciler.audit.orphans`), written by `AuditJoins.write_orphans`.
+  file (`reconciler.audit.orphans`), written by the engine's `write_orphans` (`reconciler.audit.duckdb_joins.write_orphan_file`).
 """
 
 from __future__ import annotations
 
 from index.rows import IndexRow
 from protocol import keys
-from reconciler.audit.duckdb_joins import AuditJoins, JoinResults, iter_batches
+from reconciler.audit.duckdb_joins import JoinResults, iter_batches
+from reconciler.audit.engine import EngineJoins
 from reconciler.audit.records_act import Newest, RecordActs, etag_differs, fields_differ
 from reconciler.cataloger import CatalogBatch, Cataloger
 from reconciler.context import ReconcilerContext
@@ -50,7 +51,7 @@ async def confirm_missing(ctx: ReconcilerContext, results: JoinResults) -> dict[
 
 
 async def supersede_for_missing(
-    acts: RecordActs, cataloger: Cataloger, joins: AuditJoins, missing: dict[str, str]
+    acts: RecordActs, cataloger: Cataloger, joins: EngineJoins, missing: dict[str, str]
 ) -> tuple[CatalogBatch, list[str]]:
     """The rows to write for missing blobs whose record names another hash (see module),
     and the keys whose mismatch their write resolves; ``missing`` is updated in place."""

@@ -230,7 +230,7 @@ class AuditJoins:
         """The listed counts and the record join (``records.parquet``); the blob join's
         fields of the result are filled by `run_blobs`."""
         con = self._con
-        params = _params(limits)
+        params = limit_params(limits)
         results = JoinResults.in_dir(self._dir)
         for kind, old, young in con.execute(
             audit_sql.bind(audit_sql.LISTED_COUNTS, **params)
@@ -270,7 +270,7 @@ class AuditJoins:
             f"sha_id, md5_number(accepted_frame_sha256) AS accepted_sha_id FROM ({source})"
         )
         con.execute(f"CREATE OR REPLACE TABLE referenced AS {audit_sql.REFERENCED}")
-        blob_join = audit_sql.bind(audit_sql.BLOB_JOIN, **_params(limits))
+        blob_join = audit_sql.bind(audit_sql.BLOB_JOIN, **limit_params(limits))
         con.execute(f"CREATE OR REPLACE TABLE blob_results AS {blob_join}")
         con.execute("DROP TABLE referenced")
         con.execute(f"CREATE OR REPLACE TABLE referencing AS {audit_sql.REFERENCING_KEYS}")
@@ -286,37 +286,17 @@ class AuditJoins:
         self._count_reasons(results, "blob", results.blobs)
 
     def _count_reasons(self, results: JoinResults, name: str, path: str) -> None:
-        for reason, count in self._con.execute(
-            f"SELECT reason, count(*) FROM read_parquet({sql_string(path)}) GROUP BY reason"
-        ).fetchall():
-            results.reasons[f"{name} {reason}"] = int(count)
+        for reason, count in reason_counts(self._con, path).items():
+            results.reasons[f"{name} {reason}"] = count
 
     def pending(self, results: JoinResults) -> dict[str, int]:
         """Listed records the record join found to act on, per kind (``accepted``,
         ``quarantine``; phantom candidates are not listed)."""
-        rows = self._con.execute(
-            f"SELECT kind, count(*) FROM read_parquet({sql_string(results.records)}) "
-            "WHERE reason <> 'phantom' GROUP BY kind"
-        ).fetchall()
-        return {str(kind): int(count) for kind, count in rows}
+        return pending_counts(self._con, results)
 
     def write_orphans(self, results: JoinResults, path: str, *, keep: Iterable[str] = ()) -> int:
-        """The orphan file's Parquet (`reconciler.audit.orphans.ORPHAN_SCHEMA`, zstd, by
-        hash) at ``path``: the blob join's orphans but those of ``keep`` (hashes rows
-        written since reference, few); returns how many."""
-        kept = sorted(set(keep))
-        unless = (
-            f" AND frame_sha256 NOT IN ({', '.join(sql_string(k) for k in kept)})" if kept else ""
-        )
-        query = (
-            "SELECT frame_sha256, size::BIGINT AS size, last_modified_ns::BIGINT AS "
-            "last_modified_ns, raw_retention FROM "
-            f"read_parquet({sql_string(results.blobs)}) WHERE reason = 'orphan'{unless} "
-            "ORDER BY frame_sha256"
-        )
-        self._copy(query, path)
-        rows: int = pq.read_metadata(path).num_rows
-        return rows
+        """The orphan file (`write_orphan_file`)."""
+        return write_orphan_file(self._con, results, path, keep=keep)
 
     def newest_rows(
         self, record_keys: Sequence[str]
@@ -334,9 +314,7 @@ class AuditJoins:
         return {str(k): (etag, sha, accepted, int(time)) for k, etag, sha, accepted, time in found}
 
     def _copy(self, query: str, path: str) -> None:
-        self._con.execute(
-            f"COPY ({query}) TO {sql_string(path)} (FORMAT parquet, COMPRESSION zstd)"
-        )
+        copy_to_parquet(self._con, query, path)
 
     def references(self, sha: str) -> bool:
         """Whether a live catalog row references the blob ``sha`` (for blob verification's
@@ -350,6 +328,47 @@ class AuditJoins:
         return bool(row and row[0])
 
 
+def copy_to_parquet(con: duckdb.DuckDBPyConnection, query: str, path: str) -> None:
+    con.execute(f"COPY ({query}) TO {sql_string(path)} (FORMAT parquet, COMPRESSION zstd)")
+
+
+def reason_counts(con: duckdb.DuckDBPyConnection, path: str) -> dict[str, int]:
+    """Rows of a result file per ``reason``."""
+    found = con.execute(
+        f"SELECT reason, count(*) FROM read_parquet({sql_string(path)}) GROUP BY reason"
+    ).fetchall()
+    return {str(reason): int(count) for reason, count in found}
+
+
+def pending_counts(con: duckdb.DuckDBPyConnection, results: JoinResults) -> dict[str, int]:
+    """Listed records the record join found to act on, per kind (``accepted``,
+    ``quarantine``; phantom candidates are not listed): a query over ``records.parquet``."""
+    rows = con.execute(
+        f"SELECT kind, count(*) FROM read_parquet({sql_string(results.records)}) "
+        "WHERE reason <> 'phantom' GROUP BY kind"
+    ).fetchall()
+    return {str(kind): int(count) for kind, count in rows}
+
+
+def write_orphan_file(
+    con: duckdb.DuckDBPyConnection, results: JoinResults, path: str, *, keep: Iterable[str] = ()
+) -> int:
+    """The orphan file's Parquet (`reconciler.audit.orphans.ORPHAN_SCHEMA`, zstd, by hash)
+    at ``path`` from ``blobs.parquet``: its orphans but those of ``keep`` (hashes rows
+    written since reference, few); returns how many. Either engine's results."""
+    kept = sorted(set(keep))
+    unless = f" AND frame_sha256 NOT IN ({', '.join(sql_string(k) for k in kept)})" if kept else ""
+    query = (
+        "SELECT frame_sha256, size::BIGINT AS size, last_modified_ns::BIGINT AS "
+        "last_modified_ns, raw_retention FROM "
+        f"read_parquet({sql_string(results.blobs)}) WHERE reason = 'orphan'{unless} "
+        "ORDER BY frame_sha256"
+    )
+    copy_to_parquet(con, query, path)
+    rows: int = pq.read_metadata(path).num_rows
+    return rows
+
+
 def _etag_id(column: str) -> str:
     """DuckDB's 64-bit ``hash`` of the normalized ETag, null for none (`reconciler.audit.sql`)."""
     return (
@@ -357,7 +376,7 @@ def _etag_id(column: str) -> str:
     )
 
 
-def _params(limits: JoinLimits) -> dict[str, int]:
+def limit_params(limits: JoinLimits) -> dict[str, int]:
     return {
         "born_before_ns": int(limits.born_before_ns),
         "phantom_before_ns": int(limits.phantom_before_ns),

@@ -53,8 +53,9 @@ listing's ranges done.
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from typing import ParamSpec, TypeVar
 
 from index import catalog
 from protocol import keys
@@ -73,6 +74,7 @@ from reconciler.audit.duckdb_joins import (
     JoinResults,
     iter_batches,
 )
+from reconciler.audit.engine import EngineJoins
 from reconciler.audit.inventory import InventorySource
 from reconciler.audit.listing import ListingParts, list_for_audit, parts_from_inventory
 from reconciler.audit.offload import offload
@@ -95,9 +97,13 @@ from reconciler.context import ReconcilerContext
 from reconciler.gc.raw_retention import Retired, retired_for_audit
 from store.errors import StoreError
 
+P = ParamSpec("P")
+T = TypeVar("T")
+
 __all__ = [
     "VERIFY_CURSOR",
     "AuditProgress",
+    "AuditRun",
     "latest_audit",
     "latest_completed_audit",
     "run_full_audit",
@@ -119,24 +125,38 @@ async def run_full_audit(
     engine is `reconciler.audit.spark_run`). Raises `LeaseLost` (stop: no longer the
     leader), `InventoryError`, and store errors met while creating the record."""
     record, resumed = await resume_or_start(ctx, inventory)
-    if resumed and record.catalog_created_from is not None:
-        await remark_since(ctx, record.catalog_created_from)  # a kill between file and marker
-    run = _AuditRun(ctx, record, resumed, progress, progress_interval_s, inventory)
-    ctx.metrics.audit_running.set(1)
-    try:
-        await run.problems.load()
-        if not await run.pin():
-            return await run.finish()
-        with spill_directory(ctx.settings.reconciler.audit_spill_dir) as spill:
-            async with run.saving():
-                await run.execute(spill)
-        return await run.finish()
-    finally:
-        ctx.metrics.audit_running.set(0)
+    run = AuditRun(ctx, record, resumed, progress, progress_interval_s, inventory)
+    return await run.perform()
 
 
-class _AuditRun(AuditState):
-    """The phases of one run (see module)."""
+class AuditRun(AuditState):
+    """The phases of one run (see module); the Spark engine's run
+    (`reconciler.audit.spark_run.SparkAuditRun`) lists and joins otherwise and shares the
+    rest: `perform`, the acts on the join results, `finish`."""
+
+    async def perform(self) -> AuditRecord:
+        """The whole run: repair markers on a resume, pin, `execute` in a spill directory
+        while progress is saved, then the final record."""
+        ctx = self._ctx
+        created_from = self._record.catalog_created_from
+        if self._resumed and created_from is not None:
+            await remark_since(ctx, created_from)  # a kill between a file and its marker
+        ctx.metrics.audit_running.set(1)
+        try:
+            await self.problems.load()
+            if not await self.pin():
+                return await self.finish()
+            with spill_directory(ctx.settings.reconciler.audit_spill_dir) as spill:
+                async with self.saving():
+                    await self.execute(spill)
+            return await self.finish()
+        finally:
+            ctx.metrics.audit_running.set(0)
+
+    async def _work(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """A join or a result file's work: in a thread when its inputs are big enough
+        (`offload`)."""
+        return await offload(self._input_bytes, fn, *args, **kwargs)
 
     async def execute(self, spill: str) -> None:
         """Catalog, then (blob verification alongside) listing, joins, acts (see module);
@@ -225,7 +245,7 @@ class _AuditRun(AuditState):
 
     async def _join_and_act(
         self,
-        joins: AuditJoins,
+        joins: EngineJoins,
         copies: list[CatalogCopy],
         unreadable: list[tuple[str, str]],
         retired: Retired,
@@ -243,9 +263,7 @@ class _AuditRun(AuditState):
         try:
             aside = [name for name, _why in unreadable]
             await settle_retired(joins, copies, aside, retired, self.problems)
-            results = await self.run_phase(
-                offload(self._input_bytes, joins.run_records, limits), joins
-            )
+            results = await self.run_phase(self._work(joins.run_records, limits), joins.interrupt)
             if results is None or not self._going():
                 return
             pending = joins.pending(results)
@@ -257,8 +275,8 @@ class _AuditRun(AuditState):
             if not await self._act_on_records(acts, results):
                 return
             limits = replace(limits, orphan_before_ns=ctx.clock.now_ns() - horizon)
-            blobs = offload(self._input_bytes, joins.run_blobs, limits, results, acts.added)
-            if await self.run_phase(_done(blobs), joins) is None or not self._going():
+            blobs = self._work(joins.run_blobs, limits, results, acts.added)
+            if await self.run_phase(_done(blobs), joins.interrupt) is None or not self._going():
                 return
             await self._act_on_blobs(joins, acts, results, spill)
             if self._blobs is not None and self._inventory is None:
@@ -311,7 +329,7 @@ class _AuditRun(AuditState):
         return True
 
     async def _act_on_blobs(
-        self, joins: AuditJoins, acts: RecordActs, results: JoinResults, spill: str
+        self, joins: EngineJoins, acts: RecordActs, results: JoinResults, spill: str
     ) -> None:
         """Missing blobs (confirmed, superseded where the record names another hash,
         recorded), then the orphan file (`reconciler.audit.blobs_act`)."""
@@ -324,9 +342,8 @@ class _AuditRun(AuditState):
         await acts.written_ok(result)
         kept = {sha for row in batch.rows for sha in row.referenced_shas}
         path = os.path.join(spill, "orphans.parquet")
-        size = self._input_bytes
-        orphans = await offload(size, joins.write_orphans, results, path, keep=kept)
-        body = await offload(size, _read_bytes, path)
+        orphans = await self._work(joins.write_orphans, results, path, keep=kept)
+        body = await self._work(_read_bytes, path)
         await ctx.check_fence()
         record = self._record
         await ctx.store.put(

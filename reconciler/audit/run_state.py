@@ -7,13 +7,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from typing import Any, TypeVar
 
 from protocol.records import AuditRecord
 from reconciler.audit.blob_verify import VERIFY_CURSOR, BlobVerifier, split_concurrency
-from reconciler.audit.duckdb_joins import AuditJoins
+from reconciler.audit.engine import EngineJoins
 from reconciler.audit.inventory import InventorySource
 from reconciler.audit.progress import PROGRESS_RECORDS, AuditProgress, ProgressCallback
 from reconciler.audit.records import save_audit, trim_old_audits
@@ -30,6 +30,9 @@ checked this often."""
 
 
 class AuditState:
+    ENGINE = "local"
+    """The engine's name in the audit record (``audit_engine``)."""
+
     def __init__(
         self,
         ctx: ReconcilerContext,
@@ -71,7 +74,7 @@ class AuditState:
         self._pinned_through: int | None = None
         self._phantoms: int | None = None
         self._blobs: tuple[int, int] | None = None  # (blobs listed, orphans)
-        self._joins: AuditJoins | None = None
+        self._joins: EngineJoins | None = None
         self._phase: asyncio.Future[Any] | None = None
         self.lapsed = False
         self._input_bytes = 0
@@ -127,10 +130,12 @@ class AuditState:
         self._ctx.log.warning("audit_store_failure", stage=stage, error=str(exc))
         self.failed = True
 
-    async def run_phase(self, work: Awaitable[T], joins: AuditJoins | None = None) -> T | None:
+    async def run_phase(
+        self, work: Awaitable[T], interrupt: Callable[[], None] | None = None
+    ) -> T | None:
         """``work``, unless the reconciler stops or the pin lapses first (``None``; the
-        listing is cancelled: what it wrote is kept for the resume; the joins are
-        interrupted). Errors propagate."""
+        listing is cancelled: what it wrote is kept for the resume; work in a thread is
+        stopped by ``interrupt``: the joins'). Errors propagate."""
         task: asyncio.Future[T] = asyncio.ensure_future(work)
         stop = asyncio.ensure_future(self._ctx.stopping.wait())
         self._phase = task
@@ -146,8 +151,8 @@ class AuditState:
             except BaseExceptionGroup as errors:  # a task group's: one error as itself
                 raise _first_error(errors) from None
         self.stopped = True
-        if joins is not None:
-            joins.interrupt()
+        if interrupt is not None:
+            interrupt()
         task.cancel()
         with suppress(asyncio.CancelledError, Exception):
             await task
@@ -187,7 +192,7 @@ class AuditState:
                 "pin_expires_at_unix_ns": self._pin_expires,
                 "pinned_through_unix_ns": self._pinned_through,
                 "phantoms_checked": self._phantoms is not None,
-                "engine": "local",
+                "engine": self.ENGINE,
                 "keys_listed": self._keys_listed,
                 "requests": self._requests,
                 "spilled_bytes": self._spill_peak(),

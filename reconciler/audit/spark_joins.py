@@ -29,72 +29,60 @@ whose pages are corrupt counts as unreadable here; in DuckDB the joins fail on i
 
 Results: each is written by the executors as Parquet parts under ``results_prefix`` in the
 store (one a partition of the sorted result), then concatenated in partition order by the
-driver into one local file in ``out_dir`` (one part in memory at a time).
+driver into one local file in ``out_dir`` (one part in memory at a time;
+`reconciler.audit.spark_results`). As the local engine, the record join (`run_records`)
+and the blob join (`run_blobs`) run apart: the rows the audit wrote in between (local files
+on the driver) go to the store as parts under ``results_prefix`` ``added/`` and are read by
+the executors as references. The driver's queries over the result files (`pending`,
+`write_orphans`) run in a small local DuckDB, the same functions as the local engine's.
 """
 
 from __future__ import annotations
 
-import io
 import os
-from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import duckdb
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from protocol import keys
 from reconciler.audit import sql as audit_sql
 from reconciler.audit.duckdb_joins import (
-    BATCH_ROWS,
+    ADDED_SCHEMA,
     LISTING_KINDS,
     CatalogCopy,
     JoinLimits,
     JoinResults,
     ListingKind,
     PinnedFileMissing,
+    limit_params,
+    pending_counts,
+    reason_counts,
+    write_orphan_file,
+)
+from reconciler.audit.spark_results import (
+    BLOBS_SCHEMA,
+    RECORDS_SCHEMA,
+    REFERENCING_SCHEMA,
+    download_parts,
+    upload_parts,
 )
 from reconciler.audit.spark_tasks import (
+    ADDED_DDL,
     CATALOG_DDL,
     LISTING_DDL,
     MISSING,
     PART_DDL,
     ReadCatalog,
     ReadListing,
+    ReadParts,
     WriteResult,
 )
-from rollup.table.storage import StoreAccess, read_object
+from rollup.table.storage import StoreAccess
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
-
-RECORDS_SCHEMA = pa.schema(
-    [
-        ("key", pa.string()),
-        ("kind", pa.string()),
-        ("listed_etag", pa.string()),
-        ("last_modified_ns", pa.int64()),
-        ("etag", pa.string()),
-        ("frame_sha256", pa.string()),
-        ("accepted_frame_sha256", pa.string()),
-        ("time_unix_ns", pa.int64()),
-        ("conflict", pa.bool_()),
-        ("reason", pa.string()),
-    ]
-)
-BLOBS_SCHEMA = pa.schema(
-    [
-        ("frame_sha256", pa.string()),
-        ("size", pa.int64()),
-        ("last_modified_ns", pa.int64()),
-        ("raw_retention", pa.bool_()),
-        ("reason", pa.string()),
-    ]
-)
-REFERENCING_SCHEMA = pa.schema([("frame_sha256", pa.string()), ("record_key", pa.string())])
-"""The result files' schemas: those DuckDB writes for the same statements
-(``tests/reconciler/test_audit_spark_joins.py`` checks they agree)."""
 
 
 def rank_catalog(names: Sequence[str]) -> list[tuple[int, keys.UtcHour, str]]:
@@ -119,6 +107,7 @@ class SparkAuditJoins:
         *,
         results_prefix: str,
         out_dir: str,
+        memory_limit_mb: int = 256,
     ) -> None:
         conf = spark.conf.get("spark.sql.files.ignoreMissingFiles", "false")
         if str(conf).lower() != "false":
@@ -127,7 +116,16 @@ class SparkAuditJoins:
         self._access = access
         self._prefix = results_prefix
         self._dir = out_dir
-        os.makedirs(out_dir, exist_ok=True)
+        os.makedirs(os.path.join(out_dir, "duckdb-spill"), exist_ok=True)
+        # The driver's own queries over the result files (`pending`, `write_orphans`).
+        self._local = duckdb.connect(
+            ":memory:",
+            config={
+                "memory_limit": f"{memory_limit_mb}MB",
+                "temp_directory": os.path.join(out_dir, "duckdb-spill"),
+                "threads": 2,
+            },
+        )
         self._persisted: list[DataFrame] = []
         ranked = rank_catalog(catalog)
         listing_files = [(kind, key) for kind in LISTING_KINDS for key in listing.get(kind, ())]
@@ -145,13 +143,6 @@ class SparkAuditJoins:
             f"AS etag_id, CASE WHEN kind = 'raw-blobs' THEN {blob_sha} END AS sha_id "
             "FROM listing_base"
         ).createOrReplaceTempView("listing")
-        # Rows the audit writes after the record join reference blobs too
-        # (`reconciler.audit.sql.REFERENCED`); none before the act phase runs.
-        self._sql(
-            "SELECT CAST(NULL AS STRING) AS key, CAST(NULL AS STRING) AS frame_sha256, "
-            "CAST(NULL AS STRING) AS accepted_frame_sha256, CAST(NULL AS STRING) AS sha_id, "
-            "CAST(NULL AS STRING) AS accepted_sha_id WHERE false"
-        ).createOrReplaceTempView("added_rows")
         rows = [(name, rank, hour.start_ns) for rank, hour, name in ranked]
         self._catalog_base = self._keep(
             self._files(rows, "name string, rank long, hour_start_ns long").mapInArrow(
@@ -197,6 +188,7 @@ class SparkAuditJoins:
         for frame in self._persisted:
             frame.unpersist()
         self._persisted.clear()
+        self._local.close()
 
     def __enter__(self) -> SparkAuditJoins:
         return self
@@ -236,13 +228,15 @@ class SparkAuditJoins:
         found = {int(r[0]): int(r[1]) for r in self._sql(audit_sql.RETIRED_HOUR_BATCHES).collect()}
         return {int(h): found.get(int(h), 0) for h in hours}
 
-    def run(self, limits: JoinLimits) -> JoinResults:
-        """Run the joins; results land in ``out_dir`` (see module)."""
-        params = {
-            "born_before_ns": int(limits.born_before_ns),
-            "phantom_before_ns": int(limits.phantom_before_ns),
-            "orphan_before_ns": int(limits.orphan_before_ns),
-        }
+    def run(self, limits: JoinLimits, added: Sequence[str] = ()) -> JoinResults:
+        """Both joins (`run_records`, then `run_blobs`); results land in ``out_dir``."""
+        results = self.run_records(limits)
+        self.run_blobs(limits, results, added)
+        return results
+
+    def run_records(self, limits: JoinLimits) -> JoinResults:
+        """As `AuditJoins.run_records` (``records.parquet`` in ``out_dir``)."""
+        params = limit_params(limits)
         results = JoinResults.in_dir(self._dir)
         for kind, old, young in self._sql(
             audit_sql.bind(audit_sql.LISTED_COUNTS, **params)
@@ -262,11 +256,20 @@ class SparkAuditJoins:
             "records",
             results.records,
         )
+        self._count_reasons(results, "record", results.records)
+        return results
+
+    def run_blobs(self, limits: JoinLimits, results: JoinResults, added: Sequence[str]) -> None:
+        """As `AuditJoins.run_blobs`: ``added`` (local files of the rows the audit wrote
+        since `run_records`) goes to the store first, as parts the executors read."""
+        self._set_added(added)
         self._sql(audit_sql.REFERENCED).createOrReplaceTempView("referenced")
-        self._keep(
-            self._sql(audit_sql.bind(audit_sql.BLOB_JOIN, **params))
-        ).createOrReplaceTempView("blob_results")
-        self._keep(self._sql(audit_sql.REFERENCING_KEYS)).createOrReplaceTempView("referencing")
+        blob_results = self._keep(
+            self._sql(audit_sql.bind(audit_sql.BLOB_JOIN, **limit_params(limits)))
+        )
+        blob_results.createOrReplaceTempView("blob_results")
+        referencing = self._keep(self._sql(audit_sql.REFERENCING_KEYS))
+        referencing.createOrReplaceTempView("referencing")
         blobs = self._sql(
             "SELECT coalesce(b.frame_sha256, r.frame_sha256) AS frame_sha256, b.size, "
             "b.last_modified_ns, b.raw_retention, b.reason "
@@ -279,23 +282,76 @@ class SparkAuditJoins:
             "referencing",
             results.referencing,
         )
-        for name, path in (("record", results.records), ("blob", results.blobs)):
-            for reason, count in _reasons(path).items():
-                results.reasons[f"{name} {reason}"] = count
-        return results
+        self._count_reasons(results, "blob", results.blobs)
+
+    def _set_added(self, added: Sequence[str]) -> None:
+        """The ``added_rows`` view (`reconciler.audit.sql.REFERENCED`) over ``added``,
+        copied to the store (`_upload_added`) for the executors to read."""
+        parts = upload_parts(self._access, f"{self._prefix}added/", added, ADDED_SCHEMA)
+        if parts:
+            frame = self._files([(key,) for key in parts], "key string").mapInArrow(
+                ReadParts(self._access, tuple(ADDED_SCHEMA.names)), ADDED_DDL
+            )
+        else:
+            frame = self._spark.createDataFrame([], ADDED_DDL)
+        self._keep(frame).createOrReplaceTempView("added_base")
+        self._sql(
+            "SELECT key, frame_sha256, accepted_frame_sha256, frame_sha256 AS sha_id, "
+            "accepted_frame_sha256 AS accepted_sha_id FROM added_base"
+        ).createOrReplaceTempView("added_rows")
+
+    def _count_reasons(self, results: JoinResults, name: str, path: str) -> None:
+        for reason, count in reason_counts(self._local, path).items():
+            results.reasons[f"{name} {reason}"] = count
+
+    def pending(self, results: JoinResults) -> dict[str, int]:
+        """As `AuditJoins.pending` (a local query over ``records.parquet``)."""
+        return pending_counts(self._local, results)
+
+    def write_orphans(self, results: JoinResults, path: str, *, keep: Iterable[str] = ()) -> int:
+        """As `AuditJoins.write_orphans` (local, from ``blobs.parquet``)."""
+        return write_orphan_file(self._local, results, path, keep=keep)
+
+    def newest_rows(
+        self, record_keys: Sequence[str]
+    ) -> dict[str, tuple[str | None, str, str | None, int]]:
+        """As `AuditJoins.newest_rows` (a Spark query: a few keys)."""
+        if not record_keys:
+            return {}
+        from pyspark.sql import functions as f
+
+        found = (
+            self._spark.table("catalog_rows")
+            .where(f.col("key").isin(list(record_keys)))
+            .groupBy("key")
+            .agg(
+                *(
+                    f.max_by(column, "row_rank").alias(column)
+                    for column in ("etag", "frame_sha256", "accepted_frame_sha256", "time_unix_ns")
+                )
+            )
+            .collect()
+        )
+        return {
+            str(r["key"]): (
+                r["etag"],
+                str(r["frame_sha256"]),
+                r["accepted_frame_sha256"],
+                int(r["time_unix_ns"]),
+            )
+            for r in found
+        }
+
+    def interrupt(self) -> None:
+        """Cancel the session's running jobs (the call waiting on one raises)."""
+        self._spark.sparkContext.cancelAllJobs()
 
     def _write(self, frame: DataFrame, schema: pa.Schema, name: str, path: str) -> None:
         """``frame`` as one local Parquet file at ``path`` (see module)."""
         prefix = f"{self._prefix}{name}/"
         written = frame.mapInArrow(WriteResult(self._access, prefix, schema), PART_DDL).collect()
-        tmp = path + ".tmp"
-        with pq.ParquetWriter(tmp, schema, compression="zstd") as out:
-            for row in sorted(written, key=lambda r: int(r["part"])):
-                body = read_object(self._access, str(row["key"]))
-                part = pq.ParquetFile(io.BytesIO(body))
-                for batch in part.iter_batches(batch_size=BATCH_ROWS):
-                    out.write_table(pa.Table.from_batches([batch], schema=schema))
-        os.replace(tmp, path)
+        parts = [str(r["key"]) for r in sorted(written, key=lambda r: int(r["part"]))]
+        download_parts(self._access, parts, schema, path)
 
     def references(self, sha: str) -> bool:
         """As `AuditJoins.references`."""
@@ -309,15 +365,3 @@ class SparkAuditJoins:
             )
         )
         return bool(rows.limit(1).count())
-
-
-def _reasons(path: str) -> Counter[str]:
-    counts: Counter[str] = Counter()
-    parquet = pq.ParquetFile(path)
-    try:
-        for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=["reason"]):
-            for item in pc.value_counts(batch.column(0)).to_pylist():
-                counts[str(item["values"])] += int(item["counts"])
-    finally:
-        parquet.close()
-    return counts

@@ -2,50 +2,49 @@
 (this process, the Spark driver) records the audit's start and pins the catalog
 (`reconciler.audit.records.resume_or_start`, as the local engine), the executors list the
 ranges (`reconciler.audit.spark_listing`), the joins run in Spark SQL over the listing
-parts and the pinned catalog files (`reconciler.audit.spark_joins`), and their results
-land as the same `JoinResults` files the local engine writes.
+parts and the pinned catalog files (`reconciler.audit.spark_joins`), their results land
+as the local engine's `JoinResults` files in the audit's spill directory, and the lease
+holder acts on them with the local engine's code (`reconciler.audit.run.AuditRun`):
+catalogs what is missing, supersedes what differs, writes the orphan file, records the
+``missing-blob``, ``catalog-mismatch`` and ``phantom-row`` problems and completes the
+audit. Resumable as the local engine's: a rerun resumes an audit left running (its
+listing's finished ranges are not listed again; its markers repaired).
 
-**Not yet done here**: acting on the results (cataloging what is missing, superseding,
-the orphan file, ``missing-blob``, ``catalog-mismatch`` and ``phantom-row`` problems) and
-completing the audit. That step belongs to `run_full_audit`'s act-on-`JoinResults`
-phase, being written for the local engine; once it exists, `spark_audit` hands it these
-files. Until then the audit record stays ``running`` (a later ``lm-reconciler audit``
-resumes it: its listing's finished ranges are not listed again) and
-`SparkAuditOutcome.summary` says so.
-
-The blocking Spark calls run in threads, so the lease keeps being renewed meanwhile.
+The blocking Spark calls run in threads, so the lease keeps being renewed meanwhile; a stop
+or a lapsed pin cancels the session's running jobs.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from index import catalog
 from protocol import keys
 from protocol.records import AuditRecord
-from reconciler.audit.duckdb_joins import JoinLimits, JoinResults, PinnedFileMissing
-from reconciler.audit.listing import ListingParts
-from reconciler.audit.records import resume_or_start, save_audit
-from reconciler.audit.retired import settle_retired
+from reconciler.audit.audit_inputs import set_aside
+from reconciler.audit.duckdb_joins import PinnedFileMissing
+from reconciler.audit.progress import PROGRESS_INTERVAL_S, ProgressCallback
+from reconciler.audit.records import resume_or_start
+from reconciler.audit.run import AuditRun
 from reconciler.audit.spark_joins import SparkAuditJoins
 from reconciler.audit.spark_listing import list_on_spark
 from reconciler.context import ReconcilerContext
 from reconciler.gc.raw_retention import retired_for_audit
-from reconciler.problems import ProblemBook
 from rollup.table.storage import StoreAccess
+from store.errors import StoreError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+P = ParamSpec("P")
+T = TypeVar("T")
+
 __all__ = [
-    "NOT_WIRED",
     "SPARK_CONF",
     "PinnedFileMissing",
-    "SparkAuditOutcome",
+    "SparkAuditRun",
     "audit_spark_session",
     "spark_audit",
 ]
@@ -57,11 +56,6 @@ SPARK_CONF: dict[str, str] = {
     "spark.sql.adaptive.enabled": "true",
 }
 """What every audit session sets, local or under ``spark-submit``."""
-NOT_WIRED = (
-    "the Spark engine wrote the audit's join results; acting on them (cataloging, the "
-    "orphan file, problems) and completing the audit is not wired to the Spark engine "
-    "yet: the audit stays running"
-)
 
 
 def audit_spark_session(app_name: str = "lm-reconciler-audit") -> SparkSession:
@@ -75,111 +69,106 @@ def audit_spark_session(app_name: str = "lm-reconciler-audit") -> SparkSession:
     return builder.getOrCreate()
 
 
-@dataclass
-class SparkAuditOutcome:
-    record: AuditRecord
-    resumed: bool
-    listing: ListingParts
-    results: JoinResults
-    unreadable: list[tuple[str, str]]
-    """Pinned catalog files that are not index files (to be moved aside and reported)."""
-    limits: JoinLimits
-    completed: bool = False
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            "audit_id": self.record.audit_id,
-            "started_at_unix_ns": self.record.started_at_unix_ns,
-            "engine": "spark",
-            "resumed": self.resumed,
-            "status": "completed" if self.completed else "running",
-            "ranges": self.listing.ranges_total,
-            "ranges_resumed": self.listing.ranges_resumed,
-            "keys_listed": dict(self.listing.keys_listed),
-            "list_requests": self.listing.list_requests,
-            "results": {
-                "records": self.results.records,
-                "blobs": self.results.blobs,
-                "referencing": self.results.referencing,
-            },
-            "reasons": dict(self.results.reasons),
-            "limits": dataclasses.asdict(self.limits),
-            "unreadable_catalog_files": [name for name, _why in self.unreadable],
-            "message": None if self.completed else NOT_WIRED,
-        }
-
-
 async def spark_audit(
-    ctx: ReconcilerContext, spark: SparkSession, *, out_dir: Path
-) -> SparkAuditOutcome:
-    """Start (or resume) a listing audit and run its listing and joins on ``spark``; the
-    results land in ``out_dir`` (see module). Raises `PinnedFileMissing`, `LeaseLost`
-    and store errors."""
+    ctx: ReconcilerContext, spark: SparkSession, *, progress: ProgressCallback | None = None
+) -> AuditRecord:
+    """Run (or resume) a listing audit with its listing and joins on ``spark`` and return
+    its final record, as `reconciler.audit.run.run_full_audit` does (``completed`` only
+    when it finished with every catalog write done; ``running`` otherwise: call again).
+    Raises `LeaseLost` and store errors met while creating the record."""
     record, resumed = await resume_or_start(ctx, None)
-    start = record.started_at_unix_ns
-    audit_dir = keys.audit_listing_prefix(start, record.audit_id)
-    access = StoreAccess.of(ctx.settings.store)
-    record = await _renew_pin(ctx, record)
-    # Every catalog file there is now (listed after the start): the audit's pin keeps
-    # compaction from deleting any of them (PROTOCOL §3.7).
-    names = [info.key async for info in catalog.list_all_files(ctx.store)]
-    listing = await list_on_spark(
-        spark,
-        ctx.store,
-        access,
-        audit_dir,
-        concurrency=ctx.settings.reconciler.audit_list_concurrency,
-    )
-    requests = dict(record.requests)
-    requests["LIST"] = requests.get("LIST", 0) + listing.list_requests
-    record = await _renew_pin(
-        ctx,
-        record,
-        engine="spark",
-        keys_listed={kind: int(n) for kind, n in listing.keys_listed.items()},
-        requests=requests,
-    )
-    margin_ns = int(ctx.settings.settle_margin_s() * keys.NS_PER_S)
-    limits = JoinLimits(
-        born_before_ns=start + margin_ns,
-        phantom_before_ns=start - margin_ns,
-        orphan_before_ns=ctx.clock.now_ns() - int(ctx.settings.gc.retry_horizon_s * 1e9),
-    )
-    joins = await asyncio.to_thread(
-        SparkAuditJoins,
-        spark,
-        access,
-        listing.parts,
-        names,
-        results_prefix=f"{keys.audit_folder(start, record.audit_id)}spark-results/",
-        out_dir=str(out_dir),
-    )
-    try:
-        problems = ProblemBook(ctx)
-        await problems.load()
-        await settle_retired(
-            joins,
-            joins.readable,
-            [name for name, _why in joins.unreadable],
-            await retired_for_audit(ctx.store),
-            problems,
-        )
-        results = await asyncio.to_thread(joins.run, limits)
-    finally:
-        await asyncio.to_thread(joins.close)
-    ctx.log.warning("audit_spark_not_completed", audit_id=record.audit_id, reason=NOT_WIRED)
-    return SparkAuditOutcome(record, resumed, listing, results, list(joins.unreadable), limits)
+    run = SparkAuditRun(ctx, record, resumed, spark, progress)
+    return await run.perform()
 
 
-async def _renew_pin(ctx: ReconcilerContext, record: AuditRecord, **update: Any) -> AuditRecord:
-    """The record with its pin renewed for another ``audit_pin_s`` and ``update``d (saved)."""
-    pin_ns = int(ctx.settings.reconciler.audit_pin_s * 1e9)
-    renewed = record.model_copy(
-        update={
-            "pin_expires_at_unix_ns": ctx.clock.now_ns() + pin_ns,
-            "owner_epoch": ctx.epoch,
-            **update,
-        }
-    )
-    await save_audit(ctx, renewed)
-    return renewed
+class SparkAuditRun(AuditRun):
+    """`AuditRun` with the listing and the joins on Spark (see module)."""
+
+    ENGINE = "spark"
+
+    def __init__(
+        self,
+        ctx: ReconcilerContext,
+        record: AuditRecord,
+        resumed: bool,
+        spark: SparkSession,
+        progress: ProgressCallback | None = None,
+    ) -> None:
+        super().__init__(ctx, record, resumed, progress, PROGRESS_INTERVAL_S, None)
+        self._spark = spark
+
+    async def _work(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """Every Spark call blocks: always in a thread."""
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    def _cancel_jobs(self) -> None:
+        self._spark.sparkContext.cancelAllJobs()
+
+    async def execute(self, spill: str) -> None:
+        """The catalog's listing (the files the pin covers), the listing on the executors,
+        the joins in Spark, then `AuditRun`'s acts; sets ``failed``/``stopped``."""
+        ctx = self._ctx
+        record = self._record
+        start = record.started_at_unix_ns
+        access = StoreAccess.of(ctx.settings.store)
+        self.spill_dir = spill
+        try:
+            names = [info.key async for info in catalog.list_all_files(ctx.store)]
+            self._pinned_through = ctx.clock.now_ns() + int(
+                ctx.settings.store.max_clock_skew_s * 1e9
+            )
+            self._last_save = float("-inf")  # save the narrowed pin at the next checkpoint
+            self.count_requests("LIST", 1 + len(names) // 1000)
+            listing = await self.run_phase(
+                list_on_spark(
+                    self._spark,
+                    ctx.store,
+                    access,
+                    keys.audit_listing_prefix(start, record.audit_id),
+                    concurrency=ctx.settings.reconciler.audit_list_concurrency,
+                ),
+                self._cancel_jobs,
+            )
+            if listing is None or not self._going():
+                return
+            self._keys_listed = {kind: int(n) for kind, n in listing.keys_listed.items()}
+            self.count_requests("LIST", listing.list_requests)
+            # The executors' reads: each pinned catalog file and each listing part once.
+            parts = sum(len(p) for p in listing.parts.values())
+            self.count_requests("GET", len(names) + parts)
+            retired = await retired_for_audit(ctx.store)
+        except StoreError as exc:
+            self._store_failure("audit_listing", exc)
+            return
+        memory_mb = max(64, ctx.settings.reconciler.audit_memory_limit_mb // 2)
+        try:
+            joins = await self.run_phase(
+                asyncio.to_thread(
+                    SparkAuditJoins,
+                    self._spark,
+                    access,
+                    listing.parts,
+                    names,
+                    results_prefix=f"{keys.audit_folder(start, record.audit_id)}spark-results/",
+                    out_dir=spill,
+                    memory_limit_mb=memory_mb,
+                ),
+                self._cancel_jobs,
+            )
+        except PinnedFileMissing as exc:
+            ctx.log.error("audit_pinned_file_missing", error=str(exc))
+            ctx.metrics.store_failures.labels("audit_catalog").inc()
+            self.failed = True
+            return
+        if joins is None or not self._going():
+            return
+        try:
+            await set_aside(ctx, self.problems, joins.unreadable)
+            self._joins = joins
+            async with self.verifier.running():
+                await self._join_and_act(joins, joins.readable, joins.unreadable, retired, spill)
+        except StoreError as exc:
+            self._store_failure("audit_catalog", exc)
+        finally:
+            self._joins = None
+            await asyncio.to_thread(joins.close)

@@ -8,6 +8,7 @@ callables for ``mapInArrow``, each reaching the store with its own client
   ``error`` (`fetch_catalog`'s "unreadable"); a file that is gone fails the task with
   `MISSING` in its message (the driver raises `PinnedFileMissing`).
 - `ReadListing`: listing parts → ``listing`` rows (`LISTING_DDL`).
+- `ReadParts`: Parquet parts → their rows (the audit's own rows, `ADDED_DDL`).
 - `WriteResult`: one partition of a result → one Parquet part in the store.
 """
 
@@ -31,6 +32,8 @@ CATALOG_DDL = (
     "time_unix_ns long, row_rank long, hour_start_ns long, file_rank long, error string"
 )
 PART_DDL = "part long, key string, rows long"
+ADDED_DDL = "key string, frame_sha256 string, accepted_frame_sha256 string"
+"""The rows the audit wrote itself (`reconciler.audit.duckdb_joins.ADDED_SCHEMA`)."""
 MISSING = "pinned catalog file gone:"
 _BATCH_ROWS = 65_536
 
@@ -103,6 +106,21 @@ class ReadListing:
                         "last_modified_ns": modified,
                     }
                 ).to_batches(max_chunksize=_BATCH_ROWS)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadParts:
+    """``mapInArrow``: Parquet objects (``key``) → their ``columns``."""
+
+    access: StoreAccess
+    columns: tuple[str, ...]
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for key in batch.column("key").to_pylist():
+                body = read_object(self.access, str(key))
+                part = pq.read_table(io.BytesIO(body), columns=list(self.columns))
+                yield from part.to_batches(max_chunksize=_BATCH_ROWS)
 
 
 @dataclass(frozen=True, slots=True)

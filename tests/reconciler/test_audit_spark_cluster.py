@@ -2,30 +2,33 @@
 workers (separate JVMs, `tests.rollup.spark_cluster`), the project shipped as the built
 audit zip through ``--py-files`` (``python -m rollup.job.pyfiles --audit``), the store on
 MiniStack (S3 is all the executors share with the driver). ``spark-submit`` runs
-``audit_spark_entry.py`` (= ``lm-reconciler audit --engine spark``); its result files equal
-the local engine's over the same store, pinned catalog files and limits: records to
-catalog (missing), ETag differences (catalog-mismatch candidates), conflicts, phantom
-candidates, orphans and missing blobs."""
+``audit_spark_entry.py`` (= ``lm-reconciler audit --engine spark``) over one copy of a
+world (`tests.reconciler.audit_world`), the local engine audits another in this process,
+and both complete with the same outcome: the records cataloged (missing ones, the wrong
+hash superseded: a catalog-mismatch), the orphan file, the ``missing-blob``,
+``phantom-row`` and ``unreadable-index-file`` problems."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import random
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
 import pytest
 
-from index import catalog
-from protocol import keys
-from reconciler.audit.duckdb_joins import AuditJoins, JoinLimits, fetch_catalog
-from reconciler.audit.listing import list_for_audit
+from config import Settings
+from config.loader import load_settings
+from protocol.clock import SystemClock
+from protocol.records import AuditRecord
+from reconciler.audit.records import latest_audit
+from reconciler.audit.run import run_full_audit
+from reconciler.context import open_context
 from rollup.job.pyfiles import build_pyfiles
-from store.base import ObjectStore
 from store.open import open_store
-from tests.reconciler.test_audit_joins import mkey, put_catalog, row, sha
+from tests.reconciler.audit_world import World, audit_outcome, build_world
 from tests.rollup.spark_cluster import StandaloneCluster, spark_submit, start_cluster
 from tests.s3_servers import TEST_REGION, RunningServer
 
@@ -39,75 +42,71 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalo
         cluster.stop()
 
 
-async def fill(store: ObjectStore) -> list[str]:
-    """Records 0..11 and their blobs (not 7's), a stray blob; a catalog of 0..9 (1 with
-    two hashes in two files) and 20 (cataloged, never stored)."""
-    for n in range(12):
-        await store.put(mkey(n), b"{}")
-        if n != 7:
-            await store.put(keys.raw_blob_key(sha(n)), b"x")
-    await store.put(keys.raw_blob_key(sha(500)), b"x")
-    await put_catalog(store, 0, 1, 1, [row(n) for n in range(10)])  # type: ignore[arg-type]
-    await put_catalog(store, 0, 1, 2, [row(1, frame=sha(101)), row(20)])  # type: ignore[arg-type]
-    return [info.key async for info in catalog.list_all_files(store)]
+def config_text(url: str, endpoint: str) -> str:
+    """Both engines' settings; a retry horizon of a millisecond, so the orphan (seconds old by the store's clock) counts."""
+    return (
+        f'[store]\nurl = "{url}"\nendpoint_url = "{endpoint}"\nregion = "{TEST_REGION}"\n\n'
+        "[reconciler]\nlease_ttl_s = 60.0\naudit_list_concurrency = 2\n\n"
+        "[gc]\nretry_horizon_s = 0.001\n\n"
+        '[logging]\nformat = "json"\n'
+    )
 
 
-async def local_engine(
-    url: str, endpoint: str, names: list[str], limits: JoinLimits, tmp: Path
-) -> dict[str, list[dict[str, Any]]]:
-    store = open_store(url, endpoint_url=endpoint, region=TEST_REGION)
+async def seed_and_maybe_audit(
+    url: str, settings: Settings, *, audit: bool
+) -> tuple[World, dict[str, Any] | None]:
+    """Build the world under ``url``; with ``audit``, run the local engine on it too."""
+    store = open_store(url, endpoint_url=settings.store.endpoint_url, region=TEST_REGION)
     try:
-        listed = await list_for_audit(store, "local-engine/listing/", concurrency=16)
-        paths: dict[str, list[str]] = {}
-        for kind, parts in listed.parts.items():
-            for i, key in enumerate(parts):
-                body, _etag = await store.get(key)
-                path = tmp / f"{kind}-{i}.parquet"
-                await asyncio.to_thread(path.write_bytes, body)
-                paths.setdefault(kind, []).append(str(path))
-        copies, _ = await fetch_catalog(store, names, str(tmp / "copies"))
+        ctx = await open_context(
+            store, settings=settings, clock=SystemClock(), rng=random.Random(1), owner="test"
+        )
+        try:
+            world = await build_world(store, ctx)
+            outcome = None
+            if audit:
+                record = await run_full_audit(ctx)
+                assert record.status == "completed" and record.engine == "local"
+                outcome = await audit_outcome(store, record)
+        finally:
+            await ctx.fence.release()  # the engine under spark-submit takes the lease
+        return world, outcome
     finally:
         await store.close()
-    with AuditJoins(paths, copies, str(tmp / "duck"), memory_limit_mb=64) as duck:  # type: ignore[arg-type]
-        got = duck.run(limits)
-        return {
-            "records": sorted(rows_of(got.records), key=lambda r: str(r["key"])),
-            "blobs": sorted(rows_of(got.blobs), key=lambda r: str(r["frame_sha256"])),
-            "referencing": sorted(rows_of(got.referencing), key=lambda r: str(r["frame_sha256"])),
-        }
 
 
-def rows_of(path: str) -> list[dict[str, Any]]:
-    return pq.read_table(path).to_pylist()
+async def spark_outcome(url: str, endpoint: str) -> tuple[AuditRecord, dict[str, Any]]:
+    store = open_store(url, endpoint_url=endpoint, region=TEST_REGION)
+    try:
+        record = await latest_audit(store)
+        assert record is not None
+        return record, await audit_outcome(store, record)
+    finally:
+        await store.close()
 
 
 @pytest.mark.s3
 @pytest.mark.slow  # ~1-2 min
-def test_the_audit_runs_on_the_cluster_and_matches_the_local_engine(
+def test_the_spark_engine_completes_the_audit_on_the_cluster_as_the_local_engine_does(
     spark_cluster: StandaloneCluster,
     ministack_server: RunningServer,
     ministack_bucket: str,
     tmp_path: Path,
 ) -> None:
-    url = f"s3://{ministack_bucket}/lm"
     endpoint = ministack_server.endpoint_url
-
-    async def seed() -> list[str]:
-        store = open_store(url, endpoint_url=endpoint, region=TEST_REGION)
-        try:
-            return await fill(store)
-        finally:
-            await store.close()
-
-    names = asyncio.run(seed())
+    spark_url, local_url = f"s3://{ministack_bucket}/spark", f"s3://{ministack_bucket}/local"
+    config = tmp_path / "reconciler.toml"
+    config.write_text(config_text(spark_url, endpoint))
+    local_config = tmp_path / "local.toml"
+    local_config.write_text(config_text(local_url, endpoint))
+    world, _ = asyncio.run(
+        seed_and_maybe_audit(spark_url, load_settings(config, environ={}), audit=False)
+    )
+    _, want = asyncio.run(
+        seed_and_maybe_audit(local_url, load_settings(local_config, environ={}), audit=True)
+    )
     dist = tmp_path / "dist"
     built = build_pyfiles(dist, audit=True)
-    config = tmp_path / "reconciler.toml"
-    config.write_text(
-        f'[store]\nurl = "{url}"\nendpoint_url = "{endpoint}"\nregion = "{TEST_REGION}"\n\n'
-        "[reconciler]\nlease_ttl_s = 60.0\naudit_list_concurrency = 2\n\n"
-        '[logging]\nformat = "json"\n'
-    )
     completed = spark_submit(
         spark_cluster.master_url,
         tmp_path,
@@ -116,24 +115,23 @@ def test_the_audit_runs_on_the_cluster_and_matches_the_local_engine(
             *(str(built.entry_path), "--config", str(config)),
         ],
     )
-    # Exit 1: the results are written, acting on them is not wired to this engine yet.
-    assert completed.returncode == 1, completed.stdout[-3000:] + completed.stderr[-3000:]
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     [line] = [x for x in completed.stdout.splitlines() if '"engine": "spark"' in x]
-    summary = json.loads(line)
-    assert summary["status"] == "running" and summary["ranges_resumed"] == 0
-    assert summary["keys_listed"] == {"accepted": 12, "quarantine": 0, "raw-blobs": 12}
+    printed = json.loads(line)
+    assert printed["status"] == "completed"
+    assert printed["keys_listed"] == {"accepted": 8, "quarantine": 1, "raw-blobs": 9}
 
-    limits = JoinLimits(**summary["limits"])
-    want = asyncio.run(local_engine(url, endpoint, names, limits, tmp_path))
-    got = {name: rows_of(path) for name, path in summary["results"].items()}
+    record, got = asyncio.run(spark_outcome(spark_url, endpoint))
+    assert record.audit_id == printed["audit_id"] and record.engine == "spark"
     assert got == want
-    reasons = {r["reason"] for r in want["records"]}
-    assert reasons == {"etag", "conflict", "missing", "phantom"}
-    assert {r["frame_sha256"] for r in want["blobs"] if r["reason"] == "missing"} == {
-        sha(7),
-        sha(20),
-        sha(101),
-    }
+    assert [kind for kind, _subject in got["problems"]] == [
+        "missing-blob",
+        "missing-blob",
+        "phantom-row",
+        "unreadable-index-file",
+    ]
+    assert world.orphan_sha in got["orphans"] and len(got["orphans"]) == 1
+    assert got["rows"][world.wrong_hash.key][1] == world.wrong_hash.sha
     # It ran on the cluster, as one application.
     state = spark_cluster.state()
     assert [app["name"] for app in state["completedapps"]] == ["lm-reconciler-audit"]

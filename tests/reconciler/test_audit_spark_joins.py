@@ -16,12 +16,8 @@ import pytest
 from index.rows import IndexRow
 from protocol import keys
 from reconciler.audit.duckdb_joins import AuditJoins, PinnedFileMissing, fetch_catalog
-from reconciler.audit.spark_joins import (
-    BLOBS_SCHEMA,
-    RECORDS_SCHEMA,
-    REFERENCING_SCHEMA,
-    SparkAuditJoins,
-)
+from reconciler.audit.spark_joins import SparkAuditJoins
+from reconciler.audit.spark_results import BLOBS_SCHEMA, RECORDS_SCHEMA, REFERENCING_SCHEMA
 from rollup.table.storage import StoreAccess
 from store.fs import FileSystemStore
 from tests.reconciler.test_audit_joins import (

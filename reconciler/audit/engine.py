@@ -1,0 +1,47 @@
+"""What the audit's act phase (`reconciler.audit.run.AuditRun`) needs of an engine's joins:
+`AuditJoins` (DuckDB, ``audit_engine = "local"``) and `SparkAuditJoins` (``"spark"``)
+both provide it, and both write their results as the same local files (`JoinResults`), so
+the acts, the orphan file and the problems are one code path whatever engine joined.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+from reconciler.audit.duckdb_joins import JoinLimits, JoinResults
+from reconciler.audit.retired import RetiredJoins
+
+
+class EngineJoins(RetiredJoins, Protocol):
+    def run_records(self, limits: JoinLimits) -> JoinResults:
+        """The listed counts and the record join (``records.parquet``)."""
+        ...
+
+    def run_blobs(self, limits: JoinLimits, results: JoinResults, added: Sequence[str]) -> None:
+        """The blob join (``blobs.parquet``, ``referencing.parquet``); ``added``: local
+        Parquet files of the rows the audit wrote after `run_records` (`ADDED_SCHEMA`)."""
+        ...
+
+    def pending(self, results: JoinResults) -> dict[str, int]:
+        """Listed records the record join found to act on, per kind."""
+        ...
+
+    def write_orphans(self, results: JoinResults, path: str, *, keep: Iterable[str] = ()) -> int:
+        """The orphan file's Parquet at ``path`` but the hashes of ``keep``; how many."""
+        ...
+
+    def newest_rows(
+        self, record_keys: Sequence[str]
+    ) -> dict[str, tuple[str | None, str, str | None, int]]:
+        """Per key of ``record_keys`` (few): its newest catalog row's ``etag``,
+        ``frame_sha256``, ``accepted_frame_sha256`` and ``time_unix_ns``."""
+        ...
+
+    def references(self, sha: str) -> bool:
+        """Whether a live catalog row references the blob ``sha`` (rare)."""
+        ...
+
+    def interrupt(self) -> None:
+        """Stop the join running in another thread (it raises there)."""
+        ...

@@ -1,0 +1,110 @@
+"""A store with one of everything a full audit finds, and what an audit left in it: the
+worlds the Spark engine's tests audit with both engines and compare (issue 23 item 3).
+
+`build_world`: 8 batches of 2 agents and an identity conflict; 5 batches logged and
+cataloged by a steady pass, the rest (and the quarantine record) only in the store; a
+wrong hash cataloged over a true row (two hashes: read, superseded, a catalog-mismatch);
+a row for a manifest never created (a phantom, and its blob missing); a cataloged batch whose blob is gone (a
+missing blob); an unreferenced blob (an orphan once older than the retry horizon); a
+catalog file that is not an index file (moved aside, its rows cataloged again).
+
+`audit_outcome`: what an audit decided, engine-independent: every key's newest catalog
+row (fields, not file names), the orphan file, the problem records, the catalog files
+moved aside."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Any
+
+from index import catalog
+from index.rows import accepted_row
+from protocol import keys
+from protocol.records import AuditRecord
+from reconciler.audit.orphans import decode_orphans
+from reconciler.context import ReconcilerContext
+from reconciler.problems import list_problems
+from reconciler.steady import SteadyScanner
+from store.base import ObjectStore
+from tests.reconciler.conftest import (
+    T0_NS,
+    Batch,
+    keys_under,
+    log_rows,
+    make_batch,
+    write_batches,
+    write_conflict,
+)
+
+WRONG_SHA = hashlib.sha256(b"not the frame this manifest names").hexdigest()
+ORPHAN = b"a blob no record names"
+
+
+@dataclasses.dataclass(frozen=True)
+class World:
+    batches: list[Batch]
+    quarantine_key: str
+    wrong_hash: Batch
+    phantom: Batch
+    blob_gone: Batch
+    orphan_sha: str
+    broken_file: str
+
+
+async def build_world(store: ObjectStore, ctx: ReconcilerContext) -> World:
+    batches = await write_batches(store, agents=2, per_agent=4)
+    conflict = await write_conflict(store, batches[0], T0_NS + 5 * keys.NS_PER_S)
+    await log_rows(store, ctx.clock, batches[:5])
+    await SteadyScanner(ctx).run_pass()
+    [steady_file] = await keys_under(store, keys.INDEX_CATALOG_PREFIX)
+    wrong = batches[1]
+    etag = (await store.head(wrong.key)).etag
+    row = dataclasses.replace(
+        accepted_row(wrong.manifest, etag=etag),
+        frame_sha256=WRONG_SHA,
+        raw_blob_key=keys.raw_blob_key(WRONG_SHA),
+        source="index/v1/log/buggy-segment.parquet",
+    )
+    await ctx.catalog_writer.write(row.hour, [row])
+    never = make_batch(7, 0, T0_NS)  # logged, but its manifest was never created
+    phantom = accepted_row(never.manifest, etag='"abc"')
+    await ctx.catalog_writer.write(phantom.hour, [phantom])
+    gone = batches[2]
+    await store.delete(keys.raw_blob_key(gone.sha))
+    orphan_sha = hashlib.sha256(ORPHAN).hexdigest()
+    await store.put(keys.raw_blob_key(orphan_sha), ORPHAN)
+    # The steady pass's file turns unreadable: its 5 batches are cataloged again.
+    await store.put(steady_file, b"PAR1 garbage where a catalog file was")
+    return World(batches, conflict.quarantine_key, wrong, never, gone, orphan_sha, steady_file)
+
+
+async def audit_outcome(store: ObjectStore, record: AuditRecord) -> dict[str, Any]:
+    newest: dict[str, tuple[tuple[int, int], tuple[Any, ...]]] = {}
+    async for info in catalog.list_all_files(store):
+        _hour, epoch, sequence = keys.parse_index_catalog_key(info.key)
+        for row in await catalog.read_file(store, info.key):
+            fields = (
+                row.kind,
+                row.frame_sha256,
+                row.accepted_frame_sha256,
+                row.time_unix_ns,
+                row.etag,
+                row.source,
+            )
+            if row.key not in newest or newest[row.key][0] < (epoch, sequence):
+                newest[row.key] = ((epoch, sequence), fields)
+    body, _etag = await store.get(
+        keys.audit_orphans_key(record.started_at_unix_ns, record.audit_id)
+    )
+    orphans = {sha: (size, raw) for sha, (size, _modified, raw) in decode_orphans(body).items()}
+    problems = sorted(
+        [(r.kind, r.subject_key) async for _key, r in list_problems(store) if r is not None]
+    )
+    return {
+        "rows": {key: fields for key, (_rank, fields) in newest.items()},
+        "orphans": orphans,
+        "problems": problems,
+        "aside": sorted(await keys_under(store, keys.INDEX_UNREADABLE_PREFIX)),
+        "counts": (record.manifests_seen, record.quarantines_seen, record.cataloged),
+    }
