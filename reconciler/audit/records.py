@@ -16,6 +16,7 @@ from protocol.records import AuditRecord
 from reconciler import store_calls
 from reconciler.audit.blob_verify import VERIFY_CURSOR
 from reconciler.audit.inventory import InventorySource
+from reconciler.audit.remark import remark_since
 from reconciler.context import ReconcilerContext
 from store.base import ObjectStore
 from store.cas import update_object
@@ -67,11 +68,19 @@ async def resume_or_start(
     left running, whose finished groups were never cataloged) to resume if it is still
     ``running``, of the same source (and, for inventories, the same report), and its pin
     has not lapsed (PROTOCOL §3.7: then it starts again, with a new start time); else a
-    new audit's record, created. Returns (record, resumed)."""
+    new audit's record, created. Returns (record, resumed).
+
+    First, when the newest audit was left ``running`` (killed, stopped, or failed), the
+    markers its runs may have left unwritten are created (`remark_since` from its
+    position), whether it is resumed or not: a new audit joins that run's catalog files
+    as cataloged too. Done before a new record exists, so a kill meanwhile leaves the
+    same audit newest and the next call does it again."""
     await ctx.check_fence()
     source = "listing" if inventory is None else "inventory"
     report = await inventory.report() if inventory is not None else None
     latest = await latest_audit(ctx.store, catalog_only=True)
+    if latest is not None and latest.status == "running" and latest.catalog_created_from:
+        await remark_since(ctx, latest.catalog_created_from)  # a kill between file and marker
     if (
         latest is not None
         and latest.status == "running"

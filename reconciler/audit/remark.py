@@ -5,13 +5,16 @@ every catalog file has a marker naming it).
 marker. A run killed between the two leaves a file whose rows the resumed audit sees as
 cataloged (it joins every catalog file there is), so nothing would mark it again, and the
 rollup would never count those batches (`lm-chaos` ``kill`` found it: 32 batches, one act
-chunk, "neither rolled up nor in a file a work marker names"). So a resumed audit first
-creates, if absent, the marker of every catalog file created since the audit started
-that still exists: its ``index/v1/catalog-created/`` entries from the audit's recorded
-position. A marker the rollup already consumed comes back too; the rollup then finds
-every row of that file in its ledger and removes it again (it never counts a batch
-twice). Cost, on a resume only: per catalog file created since the audit started, one
-GET of its entry, a HEAD and a conditional PUT.
+chunk, "neither rolled up nor in a file a work marker names"). A new audit started after
+that run (its pin lapsed) joins the file as cataloged too. So whenever the newest audit
+was left ``running``, before it is resumed or a new one starts
+(`reconciler.audit.records.resume_or_start`), the marker of every catalog file created
+since it started that still exists is created if absent: its
+``index/v1/catalog-created/`` entries from the audit's recorded position. A marker the
+rollup already consumed comes back too; the rollup then finds every row of that file in
+its ledger and removes it again (it never counts a batch twice). Cost, only after an audit
+was left running: per catalog file created since it started, one GET of its entry, a HEAD
+and a conditional PUT.
 """
 
 from __future__ import annotations

@@ -89,7 +89,6 @@ from reconciler.audit.records import (
     resume_or_start,
 )
 from reconciler.audit.records_act import CHUNK, ChunkResult, RecordActs
-from reconciler.audit.remark import remark_since
 from reconciler.audit.retired import settle_retired
 from reconciler.audit.run_state import AuditState
 from reconciler.audit.spill import spill_directory
@@ -135,12 +134,9 @@ class AuditRun(AuditState):
     rest: `perform`, the acts on the join results, `finish`."""
 
     async def perform(self) -> AuditRecord:
-        """The whole run: repair markers on a resume, pin, `execute` in a spill directory
-        while progress is saved, then the final record."""
+        """The whole run: pin, `execute` in a spill directory while progress is saved, then
+        the final record."""
         ctx = self._ctx
-        created_from = self._record.catalog_created_from
-        if self._resumed and created_from is not None:
-            await remark_since(ctx, created_from)  # a kill between a file and its marker
         ctx.metrics.audit_running.set(1)
         try:
             await self.problems.load()

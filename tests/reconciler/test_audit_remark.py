@@ -1,10 +1,13 @@
 """A run killed between a catalog file and its rollup work marker (PROTOCOL §3.7: every
-catalog file has one): the resumed audit marks that file, so the rollup counts its rows
-(`reconciler.audit.remark`; `lm-chaos` ``kill`` found the hole)."""
+catalog file has one): the resumed audit, or a new one started after the killed one's pin
+lapsed, marks that file, so the rollup counts its rows (`reconciler.audit.remark`;
+`lm-chaos` ``kill`` found the hole)."""
 
 from __future__ import annotations
 
 from typing import Any
+
+import pytest
 
 from index import catalog
 from protocol import keys
@@ -27,8 +30,9 @@ class MarkersFail(MemoryStore):
         return await super().put(key, body, **conditions)
 
 
-async def test_a_resumed_audit_marks_the_files_a_killed_run_left_unmarked(
-    clock: ManualClock,
+@pytest.mark.parametrize("pin_lapsed", [False, True], ids=["resumed", "restarted"])
+async def test_the_next_audit_marks_the_files_a_killed_run_left_unmarked(
+    clock: ManualClock, pin_lapsed: bool
 ) -> None:
     store = MarkersFail(clock=clock)
     batches = await write_batches(store, agents=2, per_agent=3)  # no log rows: audit catalogs
@@ -39,10 +43,12 @@ async def test_a_resumed_audit_marks_the_files_a_killed_run_left_unmarked(
     assert files and await keys_under(store, keys.ROLLUP_WORK_PREFIX) == set()
 
     store.failing = False
-    clock.advance(1)
     await killed.fence.release()
-    resumed = await run_full_audit(await context(store, clock, owner="reconciler-b"))
-    assert resumed.status == "completed" and resumed.audit_id == first.audit_id
+    settings = killed.settings.reconciler
+    clock.advance(settings.audit_pin_s + 1 if pin_lapsed else 1)
+    after = await run_full_audit(await context(store, clock, owner="reconciler-b"))
+    assert after.status == "completed"
+    assert (after.started_at_unix_ns != first.started_at_unix_ns) == pin_lapsed  # a new audit
     markers = await keys_under(store, keys.ROLLUP_WORK_PREFIX)
     assert {keys.rollup_work_marker_key(f) for f in files} <= markers  # the unmarked file too
     cataloged = {row.key for f in files for row in await catalog.read_file(store, f)}
