@@ -58,8 +58,10 @@ class ReconcilerSettings(Section):
     list the ranges, the joins run in Spark SQL (`reconciler.audit.spark_joins`), started
     with ``lm-reconciler audit --engine spark`` or through ``spark-submit``
     (`reconciler.audit.spark_entry`). ``lm-reconciler audit --engine`` overrides it. The
-    daemon's scheduled audits run locally for now, and so does an audit of an S3
-    Inventory report (the Spark engine lists the store)."""
+    daemon's scheduled audits follow it, in its audit child (the Spark driver, under the
+    daemon's lease; the session from standard PySpark configuration:
+    `reconciler.audit.spark_run.audit_spark_session`); an audit of an S3 Inventory
+    report runs locally (the Spark engine lists the store)."""
     segment_retention_s: Seconds = 3 * 24 * 3600.0
     """Consumed index log segments are deleted once older than this and a completed
     listing audit started after they were written (PROTOCOL §3.7). At least the GC's

@@ -12,11 +12,19 @@ listing's finished ranges are not listed again; its markers repaired).
 
 The blocking Spark calls run in threads, so the lease keeps being renewed meanwhile; a stop
 or a lapsed pin cancels the session's running jobs.
+
+Where it runs: under ``spark-submit`` (`reconciler.audit.spark_entry`: that process takes
+the lease, so no daemon may be active meanwhile), from ``lm-reconciler audit --engine
+spark`` (the same, with the session `audit_spark_session` finds), or in the daemon's audit
+child when ``[reconciler] audit_engine = "spark"`` (`reconciler.audit.worker`: under the
+daemon's lease, beside its steady pass, PROTOCOL §3.9).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
@@ -56,13 +64,21 @@ SPARK_CONF: dict[str, str] = {
     "spark.sql.adaptive.enabled": "true",
 }
 """What every audit session sets, local or under ``spark-submit``."""
+SUBMITTED = "PYSPARK_GATEWAY_PORT"
+"""Set by ``spark-submit`` for the Python driver it starts (its JVM is already up)."""
 
 
 def audit_spark_session(app_name: str = "lm-reconciler-audit") -> SparkSession:
-    """The session ``spark-submit`` configured (or a local one when run without it),
-    plus `SPARK_CONF`."""
+    """The session ``spark-submit`` configured, plus `SPARK_CONF`. Outside spark-submit
+    (``lm-reconciler audit --engine spark``, the daemon's audit child), what standard
+    PySpark configuration gives: ``spark-defaults.conf`` under ``SPARK_CONF_DIR`` or
+    ``PYSPARK_SUBMIT_ARGS`` (``--master``, ``--py-files`` with the audit zip for a cluster),
+    else a local session; its Python workers run this interpreter unless
+    ``PYSPARK_PYTHON`` says otherwise (they import this project's packages)."""
     from pyspark.sql import SparkSession
 
+    if SUBMITTED not in os.environ:
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     for key, value in SPARK_CONF.items():
         builder = builder.config(key, value)

@@ -60,12 +60,14 @@ def batches_now(root: Path, agents: int, first_agent: int = 0) -> list[Batch]:
     return made
 
 
-async def until(check: Callable[[], Awaitable[bool]], what: str) -> None:
-    """Wait for ``check`` (a condition, never a duration), failing after `DEADLINE_S`."""
-    deadline = time.monotonic() + DEADLINE_S
+async def until(
+    check: Callable[[], Awaitable[bool]], what: str, deadline_s: float = DEADLINE_S
+) -> None:
+    """Wait for ``check`` (a condition, never a duration), failing after ``deadline_s``."""
+    deadline = time.monotonic() + deadline_s
     while not await check():
         if time.monotonic() > deadline:
-            raise AssertionError(f"not within {DEADLINE_S} s: {what}")
+            raise AssertionError(f"not within {deadline_s} s: {what}")
         await asyncio.sleep(0.05)
 
 
@@ -214,6 +216,41 @@ async def test_stop_kills_a_held_child_and_the_next_term_resumes_its_audit(
         assert {b.key for b in unlogged} <= await catalog_keys(store)
     finally:
         await second.stop(grace_s=10.0)
+        await task
+        await store.close()
+
+
+@pytest.mark.slow  # a Spark JVM in the child: ~20-40 s
+async def test_with_the_spark_engine_the_daemons_child_audits_on_spark(tmp_path: Path) -> None:
+    store_dir = tmp_path / "store"
+    unlogged = batches_now(store_dir, agents=3)  # only an audit catalogs these
+    store = FileSystemStore(store_dir)
+    settings = fs_settings(store_dir)
+    settings = settings.model_copy(
+        update={"reconciler": settings.reconciler.model_copy(update={"audit_engine": "spark"})}
+    )
+    reconciler = Reconciler(
+        store=store,
+        settings=settings,
+        clock=SystemClock(),
+        rng=random.Random(1),
+        audit_in_child=True,
+    )
+    task = asyncio.create_task(reconciler.run())
+    try:
+
+        async def completed() -> bool:
+            done = await latest_completed_audit(store) is not None
+            return done and not reconciler.audits.running
+
+        await until(completed, "the child's Spark audit completed", deadline_s=240.0)
+        done = await latest_completed_audit(store)
+        assert done is not None and done.engine == "spark"
+        assert done.owner_epoch == reconciler.metrics.lease_epoch._value.get()  # its lease
+        assert {b.key for b in unlogged} <= await catalog_keys(store)
+        assert reconciler.metrics.audits.labels("completed")._value.get() == 1
+    finally:
+        await reconciler.stop(grace_s=10.0)
         await task
         await store.close()
 
