@@ -300,9 +300,7 @@ async def _audit(
     return {"result": json.loads(record.to_json())}
 
 
-async def _spark(
-    ctx: ReconcilerContext, progress: Callable[[AuditProgress], None]
-) -> AuditRecord:
+async def _spark(ctx: ReconcilerContext, progress: Callable[[AuditProgress], None]) -> AuditRecord:
     """The audit on Spark (``audit_engine = "spark"``): the session standard PySpark
     configuration gives (`reconciler.audit.spark_run.audit_spark_session`), stopped after."""
     from reconciler.audit.spark_run import audit_spark_session, spark_audit
