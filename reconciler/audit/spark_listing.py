@@ -31,6 +31,7 @@ from reconciler.audit.listing import (
     list_one_range,
     plan_listing,
 )
+from reconciler.audit.offload import in_thread
 from rollup.table.storage import StoreAccess
 from store.base import ObjectStore
 from store.errors import StoreConfigError
@@ -84,7 +85,7 @@ async def list_on_spark(
     pending = plan.pending
     if pending:
         rdd = spark.sparkContext.parallelize(pending, numSlices=len(pending))
-        listed = await asyncio.to_thread(rdd.mapPartitions(ListRanges(access, audit_dir)).collect)
+        listed = await in_thread(rdd.mapPartitions(ListRanges(access, audit_dir)).collect)
         for part in listed:
             tally.add(part)
     return tally.parts_of(plan)

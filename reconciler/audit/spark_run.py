@@ -33,6 +33,7 @@ from protocol import keys
 from protocol.records import AuditRecord
 from reconciler.audit.audit_inputs import set_aside
 from reconciler.audit.duckdb_joins import PinnedFileMissing
+from reconciler.audit.offload import in_thread
 from reconciler.audit.progress import PROGRESS_INTERVAL_S, ProgressCallback
 from reconciler.audit.records import resume_or_start
 from reconciler.audit.run import AuditRun
@@ -115,7 +116,7 @@ class SparkAuditRun(AuditRun):
 
     async def _work(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Every Spark call blocks: always in a thread."""
-        return await asyncio.to_thread(fn, *args, **kwargs)
+        return await in_thread(fn, *args, **kwargs)
 
     def _cancel_jobs(self) -> None:
         self._spark.sparkContext.cancelAllJobs()
@@ -159,7 +160,7 @@ class SparkAuditRun(AuditRun):
         memory_mb = max(64, ctx.settings.reconciler.audit_memory_limit_mb // 2)
         try:
             joins = await self.run_phase(
-                asyncio.to_thread(
+                in_thread(
                     SparkAuditJoins,
                     self._spark,
                     access,
