@@ -14,7 +14,8 @@
   (`record_missing_blobs`), resolved when seen again.
 - **Orphans** (listed, referenced by no live row, older than the retry horizon in store
   time; ``raw_retention`` when only retired rows reference them) go to the audit's orphan
-  file (`reconciler.audit.orphans`), written by the engine's `write_orphans` (`reconciler.audit.duckdb_joins.write_orphan_file`).
+  file (`reconciler.audit.orphans`), written by either engine's
+  `reconciler.audit.duckdb_joins.ResultFiles.write_orphans`.
 """
 
 from __future__ import annotations

@@ -85,7 +85,52 @@ def iter_batches(path: str, *, columns: list[str] | None = None) -> Iterator[pa.
         parquet.close()
 
 
-class AuditJoins:
+def copy_to_parquet(con: duckdb.DuckDBPyConnection, query: str, path: str) -> None:
+    con.execute(f"COPY ({query}) TO {sql_string(path)} (FORMAT parquet, COMPRESSION zstd)")
+
+
+class ResultFiles:
+    """Queries over the result files (`JoinResults`) in a local DuckDB connection
+    (``_results_con``): both engines' (`AuditJoins`, `SparkAuditJoins`)."""
+
+    _results_con: duckdb.DuckDBPyConnection
+
+    def _count_reasons(self, results: JoinResults, name: str, path: str) -> None:
+        found = self._results_con.execute(
+            f"SELECT reason, count(*) FROM read_parquet({sql_string(path)}) GROUP BY reason"
+        ).fetchall()
+        for reason, count in found:
+            results.reasons[f"{name} {reason}"] = int(count)
+
+    def pending(self, results: JoinResults) -> dict[str, int]:
+        """Listed records the record join found to act on, per kind (``accepted``,
+        ``quarantine``; phantom candidates are not listed)."""
+        rows = self._results_con.execute(
+            f"SELECT kind, count(*) FROM read_parquet({sql_string(results.records)}) "
+            "WHERE reason <> 'phantom' GROUP BY kind"
+        ).fetchall()
+        return {str(kind): int(count) for kind, count in rows}
+
+    def write_orphans(self, results: JoinResults, path: str, *, keep: Iterable[str] = ()) -> int:
+        """The orphan file's Parquet (`reconciler.audit.orphans.ORPHAN_SCHEMA`, zstd, by
+        hash) at ``path`` from ``blobs.parquet``: its orphans but those of ``keep`` (hashes
+        rows written since reference, few); returns how many."""
+        kept = sorted(set(keep))
+        unless = (
+            f" AND frame_sha256 NOT IN ({', '.join(sql_string(k) for k in kept)})" if kept else ""
+        )
+        query = (
+            "SELECT frame_sha256, size::BIGINT AS size, last_modified_ns::BIGINT AS "
+            "last_modified_ns, raw_retention FROM "
+            f"read_parquet({sql_string(results.blobs)}) WHERE reason = 'orphan'{unless} "
+            "ORDER BY frame_sha256"
+        )
+        copy_to_parquet(self._results_con, query, path)
+        rows: int = pq.read_metadata(path).num_rows
+        return rows
+
+
+class AuditJoins(ResultFiles):
     """One DuckDB session over the listing parts and catalog copies (see module)."""
 
     def __init__(
@@ -111,6 +156,7 @@ class AuditJoins:
                 "preserve_insertion_order": False,
             },
         )
+        self._results_con = self._con
         self._catalog = list(catalog)
         self._create_views(listing)
 
@@ -285,19 +331,6 @@ class AuditJoins:
         con.execute("DROP TABLE referencing")
         self._count_reasons(results, "blob", results.blobs)
 
-    def _count_reasons(self, results: JoinResults, name: str, path: str) -> None:
-        for reason, count in reason_counts(self._con, path).items():
-            results.reasons[f"{name} {reason}"] = count
-
-    def pending(self, results: JoinResults) -> dict[str, int]:
-        """Listed records the record join found to act on, per kind (``accepted``,
-        ``quarantine``; phantom candidates are not listed)."""
-        return pending_counts(self._con, results)
-
-    def write_orphans(self, results: JoinResults, path: str, *, keep: Iterable[str] = ()) -> int:
-        """The orphan file (`write_orphan_file`)."""
-        return write_orphan_file(self._con, results, path, keep=keep)
-
     def newest_rows(
         self, record_keys: Sequence[str]
     ) -> dict[str, tuple[str | None, str, str | None, int]]:
@@ -326,47 +359,6 @@ class AuditJoins:
         finally:
             cursor.close()
         return bool(row and row[0])
-
-
-def copy_to_parquet(con: duckdb.DuckDBPyConnection, query: str, path: str) -> None:
-    con.execute(f"COPY ({query}) TO {sql_string(path)} (FORMAT parquet, COMPRESSION zstd)")
-
-
-def reason_counts(con: duckdb.DuckDBPyConnection, path: str) -> dict[str, int]:
-    """Rows of a result file per ``reason``."""
-    found = con.execute(
-        f"SELECT reason, count(*) FROM read_parquet({sql_string(path)}) GROUP BY reason"
-    ).fetchall()
-    return {str(reason): int(count) for reason, count in found}
-
-
-def pending_counts(con: duckdb.DuckDBPyConnection, results: JoinResults) -> dict[str, int]:
-    """Listed records the record join found to act on, per kind (``accepted``,
-    ``quarantine``; phantom candidates are not listed): a query over ``records.parquet``."""
-    rows = con.execute(
-        f"SELECT kind, count(*) FROM read_parquet({sql_string(results.records)}) "
-        "WHERE reason <> 'phantom' GROUP BY kind"
-    ).fetchall()
-    return {str(kind): int(count) for kind, count in rows}
-
-
-def write_orphan_file(
-    con: duckdb.DuckDBPyConnection, results: JoinResults, path: str, *, keep: Iterable[str] = ()
-) -> int:
-    """The orphan file's Parquet (`reconciler.audit.orphans.ORPHAN_SCHEMA`, zstd, by hash)
-    at ``path`` from ``blobs.parquet``: its orphans but those of ``keep`` (hashes rows
-    written since reference, few); returns how many. Either engine's results."""
-    kept = sorted(set(keep))
-    unless = f" AND frame_sha256 NOT IN ({', '.join(sql_string(k) for k in kept)})" if kept else ""
-    query = (
-        "SELECT frame_sha256, size::BIGINT AS size, last_modified_ns::BIGINT AS "
-        "last_modified_ns, raw_retention FROM "
-        f"read_parquet({sql_string(results.blobs)}) WHERE reason = 'orphan'{unless} "
-        "ORDER BY frame_sha256"
-    )
-    copy_to_parquet(con, query, path)
-    rows: int = pq.read_metadata(path).num_rows
-    return rows
 
 
 def _etag_id(column: str) -> str:

@@ -34,13 +34,13 @@ driver into one local file in ``out_dir`` (one part in memory at a time;
 and the blob join (`run_blobs`) run apart: the rows the audit wrote in between (local files
 on the driver) go to the store as parts under ``results_prefix`` ``added/`` and are read by
 the executors as references. The driver's queries over the result files (`pending`,
-`write_orphans`) run in a small local DuckDB, the same functions as the local engine's.
+`write_orphans`: `ResultFiles`) run in a small local DuckDB, as the local engine's do.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import duckdb
@@ -56,10 +56,8 @@ from reconciler.audit.duckdb_joins import (
     JoinResults,
     ListingKind,
     PinnedFileMissing,
+    ResultFiles,
     limit_params,
-    pending_counts,
-    reason_counts,
-    write_orphan_file,
 )
 from reconciler.audit.spark_results import (
     BLOBS_SCHEMA,
@@ -94,7 +92,7 @@ def rank_catalog(names: Sequence[str]) -> list[tuple[int, keys.UtcHour, str]]:
     return [(rank, hour, name) for rank, ((hour, _e, _s), name) in enumerate(parsed)]
 
 
-class SparkAuditJoins:
+class SparkAuditJoins(ResultFiles):
     """One Spark session's views over the listing parts and pinned catalog files (see
     module); the methods of `AuditJoins` that the audit uses, with the same results."""
 
@@ -118,7 +116,7 @@ class SparkAuditJoins:
         self._dir = out_dir
         os.makedirs(os.path.join(out_dir, "duckdb-spill"), exist_ok=True)
         # The driver's own queries over the result files (`pending`, `write_orphans`).
-        self._local = duckdb.connect(
+        self._results_con = duckdb.connect(
             ":memory:",
             config={
                 "memory_limit": f"{memory_limit_mb}MB",
@@ -188,7 +186,7 @@ class SparkAuditJoins:
         for frame in self._persisted:
             frame.unpersist()
         self._persisted.clear()
-        self._local.close()
+        self._results_con.close()
 
     def __enter__(self) -> SparkAuditJoins:
         return self
@@ -299,18 +297,6 @@ class SparkAuditJoins:
             "SELECT key, frame_sha256, accepted_frame_sha256, frame_sha256 AS sha_id, "
             "accepted_frame_sha256 AS accepted_sha_id FROM added_base"
         ).createOrReplaceTempView("added_rows")
-
-    def _count_reasons(self, results: JoinResults, name: str, path: str) -> None:
-        for reason, count in reason_counts(self._local, path).items():
-            results.reasons[f"{name} {reason}"] = count
-
-    def pending(self, results: JoinResults) -> dict[str, int]:
-        """As `AuditJoins.pending` (a local query over ``records.parquet``)."""
-        return pending_counts(self._local, results)
-
-    def write_orphans(self, results: JoinResults, path: str, *, keep: Iterable[str] = ()) -> int:
-        """As `AuditJoins.write_orphans` (local, from ``blobs.parquet``)."""
-        return write_orphan_file(self._local, results, path, keep=keep)
 
     def newest_rows(
         self, record_keys: Sequence[str]
