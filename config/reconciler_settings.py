@@ -60,8 +60,8 @@ class ReconcilerSettings(Section):
     (`reconciler.audit.spark_entry`). ``lm-reconciler audit --engine`` overrides it. The
     daemon's scheduled audits follow it, in its audit child (the Spark driver, under the
     daemon's lease; the session from standard PySpark configuration:
-    `reconciler.audit.spark_run.audit_spark_session`); an audit of an S3 Inventory
-    report runs locally (the Spark engine lists the store)."""
+    `reconciler.audit.spark_run.audit_spark_session`). Either engine reads an S3
+    Inventory report in place of the records' listing (``inventory_url``)."""
     segment_retention_s: Seconds = 3 * 24 * 3600.0
     """Consumed index log segments are deleted once older than this and a completed
     listing audit started after they were written (PROTOCOL §3.7). At least the GC's

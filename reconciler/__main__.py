@@ -55,7 +55,7 @@ from config import Settings, SettingsError, configure_logging
 from config.cli import add_settings_flags, settings_from_flags
 from protocol.clock import SystemClock
 from protocol.records import RecordError
-from reconciler.audit.inventory import InventoryError, inventory_from_settings
+from reconciler.audit.inventory import InventoryError, InventorySource, inventory_from_settings
 from reconciler.audit.progress import AuditProgress
 from reconciler.daemon import PassReport, Reconciler, Stopped
 from reconciler.gc import GcRefused
@@ -180,10 +180,7 @@ async def _leased_command(store: ObjectStore, settings: Settings, args: argparse
             return _print_pass(await reconciler.run_once())
         engine = getattr(args, "engine", None) or settings.reconciler.audit_engine
         if args.command == "audit" and engine == "spark":
-            if inventory is not None:
-                print("lm-reconciler: the spark engine lists the store", file=sys.stderr)
-                return EXIT_USAGE
-            return await _spark_audit(reconciler, progress)
+            return await _spark_audit(reconciler, progress, inventory)
         if args.command == "audit":
             record = await reconciler.audit_once()
             progress.close()
@@ -216,14 +213,18 @@ async def _leased_command(store: ObjectStore, settings: Settings, args: argparse
             await inventory.close()
 
 
-async def _spark_audit(reconciler: Reconciler, progress: _Progress) -> int:
+async def _spark_audit(
+    reconciler: Reconciler, progress: _Progress, inventory: InventorySource | None
+) -> int:
     """The audit with its listing and joins on Spark, as the lease holder (module doc);
     prints its record as ``audit`` does."""
     from reconciler.audit.spark_run import audit_spark_session, spark_audit
 
     spark = audit_spark_session()
     try:
-        work = functools.partial(spark_audit, spark=spark, progress=progress.update)
+        work = functools.partial(
+            spark_audit, spark=spark, progress=progress.update, inventory=inventory
+        )
         record = await reconciler.one_shot(work, None)
     finally:
         spark.stop()

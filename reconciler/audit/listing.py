@@ -28,7 +28,7 @@ import asyncio
 import io
 import re
 from collections.abc import Awaitable, Callable, Collection, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -164,9 +164,15 @@ class ListingPlan:
         return [w for w in self.work if not w.finished]
 
 
-async def plan_listing(store: ObjectStore, audit_dir: str, *, concurrency: int) -> ListingPlan:
-    """This audit's ranges (`plan_ranges`) and, found by one listing of ``audit_dir``, the
-    parts each already has."""
+async def plan_listing(
+    store: ObjectStore,
+    audit_dir: str,
+    *,
+    concurrency: int,
+    kinds: Collection[ListingKind] = KINDS,
+) -> ListingPlan:
+    """This audit's ranges (`plan_ranges`) of ``kinds`` (an inventory audit lists only the
+    raw blobs) and, found by one listing of ``audit_dir``, the parts each already has."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     ranges, plan_requests = await plan_ranges(store, audit_dir, concurrency=concurrency)
@@ -175,6 +181,7 @@ async def plan_listing(store: ObjectStore, audit_dir: str, *, concurrency: int) 
         parsed = _parse_part(audit_dir, info.key)
         if parsed is not None:
             existing.setdefault((parsed[0], parsed[1].range_index), []).append(parsed[1])
+    ranges = [r for r in ranges if r.kind in kinds]
     work = [
         RangeWork(r, tuple(sorted(existing.get((r.kind, r.index), []), key=_number)))
         for r in ranges
@@ -195,12 +202,7 @@ async def list_for_audit(
     range, finished before or now. ``progress(done, total)`` after each range (awaited
     if it returns an awaitable: the audit saves its progress there). Only the ranges of
     ``kinds`` (an inventory audit lists only the raw blobs)."""
-    plan = await plan_listing(store, audit_dir, concurrency=concurrency)
-    plan = ListingPlan(
-        [r for r in plan.ranges if r.kind in kinds],
-        plan.requests,
-        [w for w in plan.work if w.key_range.kind in kinds],
-    )
+    plan = await plan_listing(store, audit_dir, concurrency=concurrency, kinds=kinds)
     tally = finished_tally(plan)
     total = len(plan.ranges)
     if progress is not None:
@@ -376,6 +378,16 @@ async def parts_from_inventory(
         list_requests=0,
         ranges_total=len(KINDS),
         ranges_resumed=0,
+    )
+
+
+def with_inventory(listed: ListingParts, report: ListingParts) -> ListingParts:
+    """An inventory audit's parts: the records' from the report (`parts_from_inventory`),
+    the raw blobs' from the listing (as they always were)."""
+    return replace(
+        report,
+        parts={**report.parts, "raw-blobs": listed.parts["raw-blobs"]},
+        keys_listed={**report.keys_listed, "raw-blobs": listed.keys_listed["raw-blobs"]},
     )
 
 

@@ -76,7 +76,12 @@ from reconciler.audit.duckdb_joins import (
 )
 from reconciler.audit.engine import EngineJoins
 from reconciler.audit.inventory import InventorySource
-from reconciler.audit.listing import ListingParts, list_for_audit, parts_from_inventory
+from reconciler.audit.listing import (
+    ListingParts,
+    list_for_audit,
+    parts_from_inventory,
+    with_inventory,
+)
 from reconciler.audit.offload import offload
 from reconciler.audit.progress import PROGRESS_INTERVAL_S as PROGRESS_INTERVAL_S
 from reconciler.audit.progress import PROGRESS_RECORDS as PROGRESS_RECORDS
@@ -226,12 +231,8 @@ class AuditRun(AuditState):
         )
         if self._inventory is None:
             return listed
-        # The report nominates the records; the raw blobs are listed (as they always were).
-        report = await parts_from_inventory(ctx.store, audit_dir, self._inventory)
-        return replace(
-            report,
-            parts={**report.parts, "raw-blobs": listed.parts["raw-blobs"]},
-            keys_listed={**report.keys_listed, "raw-blobs": listed.keys_listed["raw-blobs"]},
+        return with_inventory(
+            listed, await parts_from_inventory(ctx.store, audit_dir, self._inventory)
         )
 
     async def _listed(self, done: int, total: int) -> None:

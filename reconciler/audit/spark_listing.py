@@ -19,7 +19,7 @@ refused (executors cannot reach it).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,6 +32,7 @@ from reconciler.audit.listing import (
     plan_listing,
 )
 from reconciler.audit.offload import in_thread
+from reconciler.audit.ranges import KINDS, ListingKind
 from rollup.table.storage import StoreAccess
 from store.base import ObjectStore
 from store.errors import StoreConfigError
@@ -72,15 +73,17 @@ async def list_on_spark(
     audit_dir: str,
     *,
     concurrency: int,
+    kinds: Collection[ListingKind] = KINDS,
 ) -> ListingParts:
     """`list_for_audit` with the ranges listed by Spark tasks (one a range); ``store`` is
     the driver's client (the plan and the resume state), ``access`` what executors open.
-    ``concurrency`` sizes the plan as `list_for_audit`'s does (ranges per kind)."""
+    ``concurrency`` sizes the plan as `list_for_audit`'s does (ranges per kind); only the
+    ranges of ``kinds``."""
     if access.url.startswith("memory://"):
         raise StoreConfigError(
             f"store url {access.url!r}: Spark executors cannot reach a memory:// store"
         )
-    plan = await plan_listing(store, audit_dir, concurrency=concurrency)
+    plan = await plan_listing(store, audit_dir, concurrency=concurrency, kinds=kinds)
     tally = finished_tally(plan)
     pending = plan.pending
     if pending:

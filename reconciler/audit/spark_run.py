@@ -33,8 +33,11 @@ from protocol import keys
 from protocol.records import AuditRecord
 from reconciler.audit.audit_inputs import set_aside
 from reconciler.audit.duckdb_joins import PinnedFileMissing
+from reconciler.audit.inventory import InventorySource
+from reconciler.audit.listing import parts_from_inventory, with_inventory
 from reconciler.audit.offload import in_thread
 from reconciler.audit.progress import PROGRESS_INTERVAL_S, ProgressCallback
+from reconciler.audit.ranges import KINDS
 from reconciler.audit.records import resume_or_start
 from reconciler.audit.run import AuditRun
 from reconciler.audit.spark_joins import SparkAuditJoins
@@ -87,14 +90,18 @@ def audit_spark_session(app_name: str = "lm-reconciler-audit") -> SparkSession:
 
 
 async def spark_audit(
-    ctx: ReconcilerContext, spark: SparkSession, *, progress: ProgressCallback | None = None
+    ctx: ReconcilerContext,
+    spark: SparkSession,
+    *,
+    progress: ProgressCallback | None = None,
+    inventory: InventorySource | None = None,
 ) -> AuditRecord:
     """Run (or resume) a listing audit with its listing and joins on ``spark`` and return
     its final record, as `reconciler.audit.run.run_full_audit` does (``completed`` only
     when it finished with every catalog write done; ``running`` otherwise: call again).
     Raises `LeaseLost` and store errors met while creating the record."""
-    record, resumed = await resume_or_start(ctx, None)
-    run = SparkAuditRun(ctx, record, resumed, spark, progress)
+    record, resumed = await resume_or_start(ctx, inventory)
+    run = SparkAuditRun(ctx, record, resumed, spark, progress, inventory)
     return await run.perform()
 
 
@@ -110,8 +117,9 @@ class SparkAuditRun(AuditRun):
         resumed: bool,
         spark: SparkSession,
         progress: ProgressCallback | None = None,
+        inventory: InventorySource | None = None,
     ) -> None:
-        super().__init__(ctx, record, resumed, progress, PROGRESS_INTERVAL_S, None)
+        super().__init__(ctx, record, resumed, progress, PROGRESS_INTERVAL_S, inventory)
         self._spark = spark
 
     async def _work(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
@@ -136,18 +144,23 @@ class SparkAuditRun(AuditRun):
             )
             self._last_save = float("-inf")  # save the narrowed pin at the next checkpoint
             self.count_requests("LIST", 1 + len(names) // 1000)
+            audit_dir = keys.audit_listing_prefix(start, record.audit_id)
             listing = await self.run_phase(
                 list_on_spark(
                     self._spark,
                     ctx.store,
                     access,
-                    keys.audit_listing_prefix(start, record.audit_id),
+                    audit_dir,
                     concurrency=ctx.settings.reconciler.audit_list_concurrency,
+                    kinds=KINDS if self._inventory is None else ("raw-blobs",),
                 ),
                 self._cancel_jobs,
             )
             if listing is None or not self._going():
                 return
+            if self._inventory is not None:  # it nominates the records
+                report = await parts_from_inventory(ctx.store, audit_dir, self._inventory)
+                listing = with_inventory(listing, report)
             self._keys_listed = {kind: int(n) for kind, n in listing.keys_listed.items()}
             self.count_requests("LIST", listing.list_requests)
             # The executors' reads: each pinned catalog file and each listing part once.

@@ -290,7 +290,7 @@ async def _audit(
 ) -> dict[str, Any]:
     try:
         await ctx.check_fence()
-        if ctx.settings.reconciler.audit_engine == "spark" and ctx.inventory is None:
+        if ctx.settings.reconciler.audit_engine == "spark":
             record = await _spark(ctx, progress)
         else:
             record = await run_full_audit(ctx, progress=progress, inventory=ctx.inventory)
@@ -307,7 +307,7 @@ async def _spark(ctx: ReconcilerContext, progress: Callable[[AuditProgress], Non
 
     spark = await asyncio.to_thread(audit_spark_session)
     try:
-        return await spark_audit(ctx, spark, progress=progress)
+        return await spark_audit(ctx, spark, progress=progress, inventory=ctx.inventory)
     finally:
         await asyncio.to_thread(spark.stop)
 

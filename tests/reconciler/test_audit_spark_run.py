@@ -2,8 +2,9 @@
 issue 23 item 3): as the lease holder it records the audit's start, Spark lists the ranges
 and runs the joins, and the lease holder acts on the results and completes the audit. Over
 two copies of one world (`tests.reconciler.audit_world`), the Spark engine and the local
-one catalog the same rows, write the same orphan file and record the same problems. Local
-Spark session, filesystem stores."""
+one catalog the same rows, write the same orphan file and record the same problems,
+whether the records are listed or nominated by an S3 Inventory report (issue 23 item 4:
+"read by either engine"). Local Spark session, filesystem stores."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pytest
+
 from protocol import keys
 from protocol.clock import ManualClock
+from reconciler.audit.inventory import InventorySource
 from reconciler.audit.records import latest_audit
 from reconciler.audit.run import run_full_audit
 from reconciler.audit.spark_run import spark_audit
@@ -20,6 +24,12 @@ from reconciler.context import ReconcilerContext
 from store.fs import FileSystemStore
 from tests.reconciler.audit_world import World, audit_outcome, build_world
 from tests.reconciler.conftest import T0_NS, context, keys_under, make_settings
+from tests.reconciler.test_inventory import (
+    SOURCE_BUCKET,
+    SOURCE_PREFIX,
+    store_rows,
+    write_parquet_inventory,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -39,22 +49,34 @@ async def world_on_disk(
     return store, ctx, await build_world(store, ctx)
 
 
+@pytest.mark.parametrize("source", ["listing", "inventory"])
 def test_the_spark_engine_completes_the_audit_as_the_local_engine_does(
-    audit_spark: SparkSession, tmp_path: Path
+    audit_spark: SparkSession, tmp_path: Path, source: str
 ) -> None:
     clock = ManualClock(T0_NS + 3600 * keys.NS_PER_S)
 
     async def scenario() -> None:
         local_store, local_ctx, world = await world_on_disk(tmp_path / "local", clock)
         spark_store, spark_ctx, _same = await world_on_disk(tmp_path / "spark", clock)
+        inventory = None
+        if source == "inventory":  # one report: both stores hold the same keys and sizes
+            write_parquet_inventory(tmp_path / "inventory", await store_rows(spark_store))
+            inventory = InventorySource.from_url(
+                f"file://{tmp_path / 'inventory'}",
+                source_prefix=SOURCE_PREFIX,
+                source_bucket=SOURCE_BUCKET,
+            )
         clock.advance(DAYS * 24 * 3600)  # every blob older than the retry horizon
 
-        local = await run_full_audit(local_ctx)
-        record = await spark_audit(spark_ctx, audit_spark)
+        local = await run_full_audit(local_ctx, inventory=inventory)
+        record = await spark_audit(spark_ctx, audit_spark, inventory=inventory)
 
         assert local.status == record.status == "completed"
         assert (local.engine, record.engine) == ("local", "spark")
-        assert record.phantoms_checked and record.pin_expires_at_unix_ns is None
+        assert local.source == record.source == source
+        assert record.pin_expires_at_unix_ns is None
+        # A listing shows phantoms; an inventory may lack recent objects: none checked.
+        assert record.phantoms_checked == (source == "listing")
         want = await audit_outcome(local_store, local)
         got = await audit_outcome(spark_store, record)
         assert got == want
@@ -70,14 +92,14 @@ def test_the_spark_engine_completes_the_audit_as_the_local_engine_does(
         }
         assert rows[world.wrong_hash.key][1] == world.wrong_hash.sha
         assert rows[world.wrong_hash.key][5] == "audit"
-        assert got["problems"] == sorted(
-            [
-                ("missing-blob", keys.raw_blob_key(world.blob_gone.sha)),
-                ("missing-blob", keys.raw_blob_key(world.phantom.sha)),
-                ("phantom-row", world.phantom.key),
-                ("unreadable-index-file", world.broken_file),
-            ]
-        )
+        problems = [
+            ("missing-blob", keys.raw_blob_key(world.blob_gone.sha)),
+            ("missing-blob", keys.raw_blob_key(world.phantom.sha)),
+            ("unreadable-index-file", world.broken_file),
+        ]
+        if source == "listing":
+            problems.append(("phantom-row", world.phantom.key))
+        assert got["problems"] == sorted(problems)
         assert got["orphans"] == {world.orphan_sha: (len(b"a blob no record names"), False)}
         assert len(got["aside"]) == 1
         assert spark_ctx.metrics.catalog_mismatches._value.get() == 1
@@ -87,8 +109,11 @@ def test_the_spark_engine_completes_the_audit_as_the_local_engine_does(
         assert stored is not None and stored.audit_id == record.audit_id
         assert stored.engine == "spark" and stored.keys_listed["accepted"] == 8
         assert stored.requests["LIST"] > 0 and stored.requests["GET"] > 0
+        assert stored.keys_listed["raw-blobs"] == 9  # listed, whatever the source
         # The rows it wrote itself went to the executors through the store.
         folder = keys.audit_folder(record.started_at_unix_ns, record.audit_id)
         assert await keys_under(spark_store, f"{folder}spark-results/added/")
+        if inventory is not None:
+            await inventory.close()
 
     asyncio.run(scenario())
