@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
 import signal
 import sys
@@ -28,7 +27,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from chaos.s3_server import dummy_aws_env
+from chaos.s3_server import use_dummy_aws_credentials
 from chaos.scenarios import SCENARIOS
 from config import LoggingSettings, SettingsError, configure_logging
 from config.cli import add_settings_flags, settings_flags_given, settings_from_flags
@@ -104,7 +103,7 @@ def _configure_logging(args: argparse.Namespace) -> None:
 def _run(args: argparse.Namespace, duration: float) -> int:
     from chaos.runner import ChaosOptions, run_scenario
 
-    os.environ.update(dummy_aws_env())  # dummy credentials: never a real account
+    use_dummy_aws_credentials()  # dummy credentials only: never a real account or profile
     temporary = args.work_dir is None
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix=f"lm-chaos-{args.scenario}-"))
     options = ChaosOptions(
