@@ -29,7 +29,8 @@ from protocol.records import AuditRecord
 from reconciler.audit.child import AuditChild
 from reconciler.audit.inventory import InventorySource
 from reconciler.audit.records import latest_audit, latest_completed_audit
-from reconciler.audit.run import ProgressCallback, run_full_audit
+from reconciler.audit.run import ProgressCallback
+from reconciler.audit.spark_run import configured_audit
 from reconciler.context import ReconcilerContext
 from reconciler.metrics import ReconcilerMetrics
 from store.lease import LeaseLost
@@ -121,7 +122,7 @@ class AuditSchedule:
         return completed.completed_at_unix_ns <= ctx.clock.now_ns() - interval_ns
 
     async def _run(self, ctx: ReconcilerContext) -> AuditRecord:
-        return await run_full_audit(ctx, progress=self._progress, inventory=self._inventory)
+        return await configured_audit(ctx, progress=self._progress, inventory=self._inventory)
 
     async def _run_child(self, ctx: ReconcilerContext) -> AuditRecord:
         child = self._child = AuditChild(ctx, progress=self._progress)

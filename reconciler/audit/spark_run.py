@@ -39,7 +39,7 @@ from reconciler.audit.offload import in_thread
 from reconciler.audit.progress import PROGRESS_INTERVAL_S, ProgressCallback
 from reconciler.audit.ranges import KINDS
 from reconciler.audit.records import resume_or_start
-from reconciler.audit.run import AuditRun
+from reconciler.audit.run import AuditRun, run_full_audit
 from reconciler.audit.spark_joins import SparkAuditJoins
 from reconciler.audit.spark_listing import list_on_spark
 from reconciler.context import ReconcilerContext
@@ -58,6 +58,7 @@ __all__ = [
     "PinnedFileMissing",
     "SparkAuditRun",
     "audit_spark_session",
+    "configured_audit",
     "spark_audit",
 ]
 
@@ -87,6 +88,24 @@ def audit_spark_session(app_name: str = "lm-reconciler-audit") -> SparkSession:
     for key, value in SPARK_CONF.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+async def configured_audit(
+    ctx: ReconcilerContext,
+    *,
+    progress: ProgressCallback | None = None,
+    inventory: InventorySource | None = None,
+) -> AuditRecord:
+    """A full audit (run or resumed) on the engine ``[reconciler] audit_engine`` names: the
+    local one (`run_full_audit`), or Spark with the session `audit_spark_session` finds
+    (stopped after). What the daemon's audits run, in its child or in line."""
+    if ctx.settings.reconciler.audit_engine != "spark":
+        return await run_full_audit(ctx, progress=progress, inventory=inventory)
+    spark = await in_thread(audit_spark_session)
+    try:
+        return await spark_audit(ctx, spark, progress=progress, inventory=inventory)
+    finally:
+        await in_thread(spark.stop)
 
 
 async def spark_audit(

@@ -11,9 +11,9 @@ daemon renews, and the answers to catalog writes. Standard output, to the daemon
 progress, counter snapshots, catalog writes to make, the hours written, and at the end
 the audit's record (or why it failed). Logs go to standard error, as the daemon's do.
 
-**It holds no lease of its own.** It runs `run_full_audit` (or, with ``[reconciler]
-audit_engine = "spark"``, `reconciler.audit.spark_run.spark_audit`: this process is then
-the Spark driver) under the daemon's epoch:
+**It holds no lease of its own.** It runs the audit on the configured engine
+(`reconciler.audit.spark_run.configured_audit`: with ``[reconciler] audit_engine =
+"spark"`` this process is the Spark driver) under the daemon's epoch:
 its fence (`BorrowedFence`) is valid while the expiry the daemon last sent lies ahead
 (minus the fence's usual margin, in store time); the audit record's compare-and-swap
 refuses a newer ``owner_epoch`` as it does in one process. Catalog files are created by
@@ -58,10 +58,11 @@ from config import Settings, configure_logging
 from index.catalog import CatalogWriter
 from protocol import keys
 from protocol.clock import Clock, SystemClock
-from protocol.records import AuditRecord, LeaseRecord
+from protocol.records import LeaseRecord
 from reconciler.audit import wire
 from reconciler.audit.inventory import inventory_from_settings
-from reconciler.audit.run import AuditProgress, run_full_audit
+from reconciler.audit.run import AuditProgress
+from reconciler.audit.spark_run import configured_audit
 from reconciler.context import Fence, ReconcilerContext
 from reconciler.metrics import ReconcilerMetrics
 from store import errors as store_errors
@@ -290,26 +291,11 @@ async def _audit(
 ) -> dict[str, Any]:
     try:
         await ctx.check_fence()
-        if ctx.settings.reconciler.audit_engine == "spark":
-            record = await _spark(ctx, progress)
-        else:
-            record = await run_full_audit(ctx, progress=progress, inventory=ctx.inventory)
+        record = await configured_audit(ctx, progress=progress, inventory=ctx.inventory)
     except Exception as exc:
         ctx.log.warning("audit_worker_failed", error=repr(exc))
         return {"failed": type(exc).__name__, "message": str(exc)}
     return {"result": json.loads(record.to_json())}
-
-
-async def _spark(ctx: ReconcilerContext, progress: Callable[[AuditProgress], None]) -> AuditRecord:
-    """The audit on Spark (``audit_engine = "spark"``): the session standard PySpark
-    configuration gives (`reconciler.audit.spark_run.audit_spark_session`), stopped after."""
-    from reconciler.audit.spark_run import audit_spark_session, spark_audit
-
-    spark = await asyncio.to_thread(audit_spark_session)
-    try:
-        return await spark_audit(ctx, spark, progress=progress, inventory=ctx.inventory)
-    finally:
-        await asyncio.to_thread(spark.stop)
 
 
 def main() -> int:
