@@ -22,7 +22,6 @@ daemon's lease, beside its steady pass, PROTOCOL §3.9).
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 from collections.abc import Callable
@@ -209,9 +208,11 @@ class SparkAuditRun(AuditRun):
             ctx.metrics.store_failures.labels("audit_catalog").inc()
             self.failed = True
             return
-        if joins is None or not self._going():
+        if joins is None:
             return
         try:
+            if not self._going():
+                return
             await set_aside(ctx, self.problems, joins.unreadable)
             self._joins = joins
             async with self.verifier.running():
@@ -220,4 +221,4 @@ class SparkAuditRun(AuditRun):
             self._store_failure("audit_catalog", exc)
         finally:
             self._joins = None
-            await asyncio.to_thread(joins.close)
+            await in_thread(joins.close)
