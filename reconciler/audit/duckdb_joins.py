@@ -315,20 +315,24 @@ class AuditJoins(ResultFiles):
             "CREATE OR REPLACE TEMP VIEW added_rows AS SELECT *, md5_number(frame_sha256) AS "
             f"sha_id, md5_number(accepted_frame_sha256) AS accepted_sha_id FROM ({source})"
         )
-        con.execute(f"CREATE OR REPLACE TABLE referenced AS {audit_sql.REFERENCED}")
+        # Each stage its own table, so each has the whole memory limit; only fixed-size
+        # columns go through the join, the few hashes found are fetched after.
         blob_join = audit_sql.bind(audit_sql.BLOB_JOIN, **limit_params(limits))
-        con.execute(f"CREATE OR REPLACE TABLE blob_results AS {blob_join}")
-        con.execute("DROP TABLE referenced")
-        con.execute(f"CREATE OR REPLACE TABLE referencing AS {audit_sql.REFERENCING_KEYS}")
-        self._copy(
-            "SELECT coalesce(b.frame_sha256, r.frame_sha256) AS frame_sha256, b.size, "
-            "b.last_modified_ns, b.raw_retention, b.reason "
-            "FROM blob_results b LEFT JOIN referencing r ON b.sha_id = r.sha_id",
-            results.blobs,
-        )
+        for table, query in (
+            ("referenced", audit_sql.REFERENCED),
+            ("listed_blobs", audit_sql.LISTED_BLOBS),
+            ("blob_results", blob_join),
+            ("orphan_hashes", audit_sql.ORPHAN_HASHES),
+            ("referencing", audit_sql.REFERENCING_KEYS),
+        ):
+            con.execute(f"CREATE OR REPLACE TABLE {table} AS {query}")
+            if table == "blob_results":
+                con.execute("DROP TABLE referenced")
+                con.execute("DROP TABLE listed_blobs")
+        self._copy(audit_sql.BLOB_RESULTS, results.blobs)
         self._copy("SELECT frame_sha256, record_key FROM referencing", results.referencing)
-        con.execute("DROP TABLE blob_results")
-        con.execute("DROP TABLE referencing")
+        for table in ("blob_results", "orphan_hashes", "referencing"):
+            con.execute(f"DROP TABLE {table}")
         self._count_reasons(results, "blob", results.blobs)
 
     def newest_rows(

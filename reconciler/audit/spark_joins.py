@@ -262,17 +262,16 @@ class SparkAuditJoins(ResultFiles):
         since `run_records`) goes to the store first, as parts the executors read."""
         self._set_added(added)
         self._sql(audit_sql.REFERENCED).createOrReplaceTempView("referenced")
+        self._sql(audit_sql.LISTED_BLOBS).createOrReplaceTempView("listed_blobs")
         blob_results = self._keep(
             self._sql(audit_sql.bind(audit_sql.BLOB_JOIN, **limit_params(limits)))
         )
         blob_results.createOrReplaceTempView("blob_results")
+        orphan_hashes = self._keep(self._sql(audit_sql.ORPHAN_HASHES))
+        orphan_hashes.createOrReplaceTempView("orphan_hashes")
         referencing = self._keep(self._sql(audit_sql.REFERENCING_KEYS))
         referencing.createOrReplaceTempView("referencing")
-        blobs = self._sql(
-            "SELECT coalesce(b.frame_sha256, r.frame_sha256) AS frame_sha256, b.size, "
-            "b.last_modified_ns, b.raw_retention, b.reason "
-            "FROM blob_results b LEFT JOIN referencing r ON b.sha_id = r.sha_id"
-        )
+        blobs = self._sql(audit_sql.BLOB_RESULTS)
         self._write(blobs.orderBy("frame_sha256"), BLOBS_SCHEMA, "blobs", results.blobs)
         self._write(
             self._sql("SELECT frame_sha256, record_key FROM referencing").orderBy("frame_sha256"),

@@ -225,24 +225,37 @@ it cataloged or superseded): live references too."""
 BLOBS_LISTED = f"SELECT count(*) FROM ({_BLOBS}) b"
 """Listed keys under ``raw-blobs/v1/`` that name a blob (others are skipped, as always)."""
 
-BLOB_JOIN = f"""
-WITH blobs AS ({_BLOBS})
-SELECT b.sha AS frame_sha256,
-       coalesce(b.sha_id, r.sha_id) AS sha_id,
+LISTED_BLOBS = f"SELECT sha_id, size, last_modified_ns FROM ({_BLOBS}) b"
+"""The listed blobs' fixed-size columns (no hash string), kept as the table
+``listed_blobs``: the stage before `BLOB_JOIN`, with the whole memory limit to itself."""
+
+BLOB_JOIN = """
+SELECT coalesce(b.sha_id, r.sha_id) AS sha_id,
        b.size AS size,
        b.last_modified_ns AS last_modified_ns,
        coalesce(r.retired_only, false) AS raw_retention,
        CASE WHEN b.sha_id IS NULL THEN 'missing' ELSE 'orphan' END AS reason
-FROM blobs b FULL OUTER JOIN referenced r ON b.sha_id = r.sha_id
+FROM listed_blobs b FULL OUTER JOIN referenced r ON b.sha_id = r.sha_id
 WHERE (b.sha_id IS NOT NULL AND (r.sha_id IS NULL OR r.retired_only)
-       AND b.last_modified_ns < {{orphan_before_ns}})
+       AND b.last_modified_ns < {orphan_before_ns})
    OR (b.sha_id IS NULL AND NOT r.any_retired)
 """
 """``orphan``: listed, referenced by no live row, last modified before ``orphan_before_ns``
 (store time minus the retry horizon); ``raw_retention`` when retired rows alone reference
 it. ``missing``: referenced, not listed, referenced by no retired row (a blob raw
-retention may have deleted is never missing); its hash is found by `REFERENCING_KEYS`.
-Kept as the table ``blob_results`` (small unless orphans abound)."""
+retention may have deleted is never missing). Fixed-size columns only, joined on
+``sha_id`` (a join that carried every listed blob's 64-character hash ran out of 512 MB
+at 50M manifests in DuckDB); the hashes of the rows found are fetched after:
+`ORPHAN_HASHES` from the listing, `REFERENCING_KEYS` from the catalog. Kept as the table
+``blob_results`` (small unless orphans abound)."""
+
+ORPHAN_HASHES = f"""
+SELECT o.sha_id AS sha_id, min(b.sha) AS frame_sha256
+FROM (SELECT sha_id FROM blob_results WHERE reason = 'orphan') o
+JOIN ({_BLOBS}) b ON b.sha_id = o.sha_id
+GROUP BY o.sha_id
+"""
+"""Each orphan's hash, from its listed key (kept as the table ``orphan_hashes``)."""
 
 REFERENCING_KEYS = """
 SELECT m.sha_id AS sha_id, min(r.sha) AS frame_sha256, min(r.key) AS record_key
@@ -261,6 +274,16 @@ GROUP BY m.sha_id
 """
 """Each missing-blob candidate's hash and a record that references it (kept as the table
 ``referencing``)."""
+
+BLOB_RESULTS = """
+SELECT coalesce(o.frame_sha256, r.frame_sha256) AS frame_sha256, b.size AS size,
+       b.last_modified_ns AS last_modified_ns, b.raw_retention AS raw_retention,
+       b.reason AS reason
+FROM blob_results b
+LEFT JOIN orphan_hashes o ON b.sha_id = o.sha_id
+LEFT JOIN referencing r ON b.sha_id = r.sha_id
+"""
+"""The blob join's rows with their hashes (``blobs.parquet``)."""
 
 RETIRED_HOUR_BATCHES = """
 SELECT hour_start_ns, count(DISTINCT key) AS batches

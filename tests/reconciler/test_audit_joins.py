@@ -16,6 +16,7 @@ import pytest
 from index.rows import IndexRow, encode
 from protocol import keys
 from protocol.clock import ManualClock
+from reconciler.audit import sql as audit_sql
 from reconciler.audit.audit_inputs import PinnedFileMissing, fetch_catalog
 from reconciler.audit.duckdb_joins import AuditJoins, JoinLimits, iter_batches
 from reconciler.audit.retired import settle_retired
@@ -199,6 +200,61 @@ def test_every_planted_difference_is_found_exactly(tmp_path: Path) -> None:
             assert result.listed_young == {"accepted": 1, "quarantine": 0, "raw-blobs": 0}
             assert result.blobs_listed == 14
             assert joins.references(sha(103)) and not joins.references(sha(500))
+
+    asyncio.run(scenario())
+
+
+def test_the_blob_join_carries_fixed_size_columns_and_fetches_the_hashes_back(
+    tmp_path: Path,
+) -> None:
+    """The stages with a row per listed blob or per referenced hash hold no string (a
+    join that carried every listed blob's hash ran out of 512 MB at 50M manifests,
+    `bench.join`); the hashes of the orphans come back from the listing (a key that
+    only looks like the blob's is not one), those of missing blobs from the catalog."""
+
+    async def scenario() -> None:
+        store = MemoryStore()
+        name = await put_catalog(store, 0, 1, 1, [row(1), row(2)])
+        copies, _ = await fetch_catalog(store, [name], str(tmp_path / "c"))
+        look_alike = "raw-blobs/v1/sha256/00/00/" + sha(501) + ".lmbatch"
+        listing = {
+            "raw-blobs": [
+                write_part(
+                    tmp_path / "b.parquet",
+                    [
+                        blob_entry(sha(1)),
+                        blob_entry(sha(500)),
+                        blob_entry(sha(501), T0 + 7),
+                        (look_alike, '"b"', T0),  # not a blob key: skipped
+                        blob_entry(sha(502), START),  # young: not an orphan yet
+                    ],
+                )
+            ]
+        }
+        with AuditJoins(listing, copies, str(tmp_path / "spill"), memory_limit_mb=64) as joins:
+            result = joins.run(LIMITS)
+            blobs = {
+                r["frame_sha256"]: (r["reason"], r["size"], r["last_modified_ns"])
+                for r in results_of(result.blobs)
+            }
+            assert blobs == {
+                sha(500): ("orphan", 100, T0),
+                sha(501): ("orphan", 100, T0 + 7 - 7 % 1000),  # listed in microseconds
+                sha(2): ("missing", None, None),
+            }
+            assert result.blobs_listed == 4
+            con = joins._con  # the stages as `run_blobs` builds them, for their columns
+            stages = (
+                ("referenced", audit_sql.REFERENCED),
+                ("listed_blobs", audit_sql.LISTED_BLOBS),
+                ("blob_results", audit_sql.bind(audit_sql.BLOB_JOIN, orphan_before_ns=START)),
+            )
+            for table, query in stages:
+                con.execute(f"CREATE TABLE {table} AS {query}")
+                types = {c: t for c, t, *_ in con.execute(f"DESCRIBE {table}").fetchall()}
+                strings = [c for c, t in types.items() if t == "VARCHAR"]
+                # blob_results' reason is a constant of a few bytes, set after the join.
+                assert strings == ([] if table != "blob_results" else ["reason"]), types
 
     asyncio.run(scenario())
 
