@@ -25,9 +25,14 @@ A run longer than ``--timeout-s`` is stopped (the phases done so far are on stde
 
     .venv/bin/python -m bench.join_spark --manifests 1000000 --work-dir /tmp/jsb --keep
     .venv/bin/python -m bench.join --manifests 1000000 --work-dir /tmp/jsb --keep --threads 2
+    .venv/bin/python -m bench.join_spark --manifests 10000000 --work-dir /tmp/jsb --keep \
+        --driver-memory 8g   # 1g and 4g ran out of heap at 10M (bench/RESULTS.md)
 
 (the second, the local engine on the same data, for the ratio). Data are generated as
 `bench.join` generates them, in the same directory, and reused when present.
+``--driver-memory`` is the local session's heap (driver and executors are one JVM in
+local mode); ``--conf KEY=VALUE`` adds Spark settings (e.g. ``spark.default.parallelism``,
+which sets how many partitions the engine splits its inputs into: 4 a core by default).
 """
 
 from __future__ import annotations
@@ -127,7 +132,9 @@ def diff(before: tuple[float, float, float], after: tuple[float, float, float]) 
     }
 
 
-def run_spark_join(data_dir: Path, store: Path, master: str, driver_memory: str) -> dict[str, Any]:
+def run_spark_join(
+    data_dir: Path, store: Path, master: str, driver_memory: str, extra: dict[str, str]
+) -> dict[str, Any]:
     """Start a session, join, check; in this process (run it in a fresh one)."""
     import logging
 
@@ -152,7 +159,7 @@ def run_spark_join(data_dir: Path, store: Path, master: str, driver_memory: str)
     access = StoreAccess(store.resolve().as_uri())
     prefix = f"results/{uuid.uuid4().hex}/"
     out_dir = Path(tempfile.mkdtemp(prefix="spark-out-", dir=store.parent))
-    conf = {**SPARK_CONF, "spark.driver.memory": driver_memory}
+    conf = {**SPARK_CONF, "spark.driver.memory": driver_memory, **extra}
     started = time.monotonic()
     driver_cpu0 = cpu_seconds(os.getpid())
     sampler = PeakSampler(os.getpid())
@@ -279,11 +286,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-dir", type=Path, default=None, help="default: a temp dir")
     parser.add_argument("--keep", action="store_true", help="keep (and reuse) the data")
     parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--conf", action="append", default=[], metavar="KEY=VALUE", help="more Spark settings"
+    )
+    parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        data_dir, store, master, memory = args.child
-        print(json.dumps(run_spark_join(Path(data_dir), Path(store), master, memory)))
+        data_dir, store, master, memory, extra = args.child
+        conf = json.loads(extra)
+        print(json.dumps(run_spark_join(Path(data_dir), Path(store), master, memory, conf)))
         return 0
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="lm-join-spark-"))
     try:
@@ -294,12 +305,14 @@ def main(argv: list[str] | None = None) -> int:
         load_before = os.getloadavg()
         print(f"data: {disk / MiB:.0f} MiB on disk; load average {load_before}", flush=True)
         started = time.monotonic()
-        child = [str(data_dir), str(store), args.master, args.driver_memory]
+        extra = dict(item.split("=", 1) for item in args.conf)
+        child = [str(data_dir), str(store), args.master, args.driver_memory, json.dumps(extra)]
         result = run_child(child, args.timeout_s)
         result.update(
             manifests=args.manifests,
             master=args.master,
             driver_memory=args.driver_memory,
+            conf=extra,
             generated_s=generated_s,
             data_mib=round(disk / MiB),
             child_wall_s=round(time.monotonic() - started, 1),
@@ -320,7 +333,7 @@ def report(result: dict[str, Any]) -> None:
     cpu = audit["driver_cpu_s"] + audit["jvm_cpu_s"]
     print(
         f"\nSpark joins of {result['manifests']:,} manifests on {result['master']} "
-        f"(driver memory {result['driver_memory']})"
+        f"(driver memory {result['driver_memory']}, more conf {result['conf']})"
     )
     print("| phase | wall s | CPU s driver | CPU s JVM |\n|---|---:|---:|---:|")
     for name, p in {"session start": result["session"], **result["phases"]}.items():
