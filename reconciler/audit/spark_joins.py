@@ -176,9 +176,14 @@ class SparkAuditJoins(ResultFiles):
         return frame.repartition(slots)
 
     def _keep(self, frame: DataFrame) -> DataFrame:
+        """``frame`` computed once (the inputs are read from the store once) and kept on
+        the executors' local disks, not in their heap: with ``MEMORY_AND_DISK`` a local[2]
+        session ran out of a 4 GiB heap at 10M manifests (8 GiB worked); with ``DISK_ONLY``
+        4 GiB completed the same run, faster (1 GiB still ran out, in the record join:
+        `bench.join_spark`, bench/RESULTS.md)."""
         from pyspark import StorageLevel
 
-        kept = frame.persist(StorageLevel.MEMORY_AND_DISK)
+        kept = frame.persist(StorageLevel.DISK_ONLY)
         self._persisted.append(kept)
         return kept
 
