@@ -28,7 +28,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 from bench._common import MiB, cpu_seconds, peak_rss_bytes, rss_bytes
@@ -37,7 +37,7 @@ from bench.join_parts import Plan, generate
 from config import Settings
 from protocol import keys
 from reconciler.audit.audit_inputs import fetch_catalog
-from reconciler.audit.duckdb_joins import AuditJoins, JoinLimits, iter_batches
+from reconciler.audit.duckdb_joins import AuditJoins, JoinLimits, JoinResults, iter_batches
 from store.base import ObjectInfo
 from store.errors import NotFound
 from store.memory import MemoryStore
@@ -72,6 +72,33 @@ def _sorted_column(path: str, column: str, where: str, equal: set[str]) -> list[
         data = batch.to_pydict()
         values.extend(v for v, w in zip(data[column], data[where], strict=True) if w in equal)
     return sorted(values)
+
+
+def check_results(
+    result: JoinResults, unreadable: Sequence[object], expected: dict[str, list[str]]
+) -> dict[str, bool]:
+    """Either engine's results against every planted difference (`bench.join_parts`)."""
+    records, blobs = result.records, result.blobs
+    got = {
+        "missing": _sorted_column(records, "key", "reason", {"missing"}),
+        "etag": _sorted_column(records, "key", "reason", {"etag"}),
+        "conflict": _sorted_column(records, "key", "reason", {"conflict"}),
+        "phantom": _sorted_column(records, "key", "reason", {"phantom"}),
+        "junk": _sorted_column(records, "key", "reason", {"junk"}),
+        "orphan": _sorted_column(blobs, "frame_sha256", "reason", {"orphan"}),
+        "missing_blob": _sorted_column(blobs, "frame_sha256", "reason", {"missing"}),
+    }
+    return {
+        "no unreadable catalog file": not unreadable,
+        "missing records = the planted ones": got["missing"] == expected["missing"],
+        "ETag differences = the planted ones": got["etag"] == expected["etag"],
+        "two hours or two hashes = the planted ones": got["conflict"]
+        == sorted(expected["two_hours"] + expected["two_hashes"]),
+        "phantom candidates = the planted ones": got["phantom"] == expected["phantom"],
+        "no junk": got["junk"] == [],
+        "orphans = the old unreferenced blobs": got["orphan"] == expected["orphan"],
+        "missing blobs = the planted ones": got["missing_blob"] == expected["missing_blob_sha"],
+    }
 
 
 async def run_join(data_dir: Path, memory_limit_mb: int, threads: int) -> dict[str, object]:
@@ -111,27 +138,7 @@ async def run_join(data_dir: Path, memory_limit_mb: int, threads: int) -> dict[s
         ) as joins:
             result = joins.run(limits)
             phase("joins (records, blobs)", started, cpu)
-            records, blobs = result.records, result.blobs
-            got = {
-                "missing": _sorted_column(records, "key", "reason", {"missing"}),
-                "etag": _sorted_column(records, "key", "reason", {"etag"}),
-                "conflict": _sorted_column(records, "key", "reason", {"conflict"}),
-                "phantom": _sorted_column(records, "key", "reason", {"phantom"}),
-                "junk": _sorted_column(records, "key", "reason", {"junk"}),
-                "orphan": _sorted_column(blobs, "frame_sha256", "reason", {"orphan"}),
-                "missing_blob": _sorted_column(blobs, "frame_sha256", "reason", {"missing"}),
-            }
-        checks = {
-            "no unreadable catalog file": not unreadable,
-            "missing records = the planted ones": got["missing"] == expected["missing"],
-            "ETag differences = the planted ones": got["etag"] == expected["etag"],
-            "two hours or two hashes = the planted ones": got["conflict"]
-            == sorted(expected["two_hours"] + expected["two_hashes"]),
-            "phantom candidates = the planted ones": got["phantom"] == expected["phantom"],
-            "no junk": got["junk"] == [],
-            "orphans = the old unreferenced blobs": got["orphan"] == expected["orphan"],
-            "missing blobs = the planted ones": got["missing_blob"] == expected["missing_blob_sha"],
-        }
+        checks = check_results(result, unreadable, expected)
         return {
             "phases": phases,
             "listed": result.listed_old,

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._common import REPO_ROOT, MiB, cpu_seconds, peak_rss_bytes
-from bench.join import _sorted_column
+from bench.join import check_results
 from bench.join_parts import Plan, generate
 from bench.proc_tree import PeakSampler, tree_cpu, tree_pids
 from config import Settings
@@ -196,30 +196,10 @@ def run_spark_join(
             audit = meter.total()
             jvm_tree = tree_pids(jvm)
             jvm_peak = peak_rss_bytes(jvm)
-            got = {
-                "missing": _sorted_column(result.records, "key", "reason", {"missing"}),
-                "etag": _sorted_column(result.records, "key", "reason", {"etag"}),
-                "conflict": _sorted_column(result.records, "key", "reason", {"conflict"}),
-                "phantom": _sorted_column(result.records, "key", "reason", {"phantom"}),
-                "junk": _sorted_column(result.records, "key", "reason", {"junk"}),
-                "orphan": _sorted_column(result.blobs, "frame_sha256", "reason", {"orphan"}),
-                "missing_blob": _sorted_column(result.blobs, "frame_sha256", "reason", {"missing"}),
-            }
+            checks = check_results(result, unreadable, expected)
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
         shutil.rmtree(store / "results", ignore_errors=True)
-    # As bench.join.run_join checks them.
-    checks = {
-        "no unreadable catalog file": not unreadable,
-        "missing records = the planted ones": got["missing"] == expected["missing"],
-        "ETag differences = the planted ones": got["etag"] == expected["etag"],
-        "two hours or two hashes = the planted ones": got["conflict"]
-        == sorted(expected["two_hours"] + expected["two_hashes"]),
-        "phantom candidates = the planted ones": got["phantom"] == expected["phantom"],
-        "no junk": got["junk"] == [],
-        "orphans = the old unreferenced blobs": got["orphan"] == expected["orphan"],
-        "missing blobs = the planted ones": got["missing_blob"] == expected["missing_blob_sha"],
-    }
     return {
         "session": session,
         "phases": meter.phases,
