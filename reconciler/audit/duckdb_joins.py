@@ -30,7 +30,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from index.catalog_local import MergeLimits, connect, sql_list, sql_string
+from index.catalog_local import sql_list, sql_string
 from reconciler.audit import sql as audit_sql
 from reconciler.audit.audit_inputs import CatalogCopy as CatalogCopy
 from reconciler.audit.audit_inputs import PinnedFileMissing as PinnedFileMissing
@@ -147,7 +147,15 @@ class AuditJoins(ResultFiles):
         # An in-memory database: the stages' tables are evicted to the spill directory
         # beyond the limit, and nothing is checkpointed at close (a file database cost
         # ~0.1 s an audit even for a small store).
-        self._con = connect(MergeLimits(memory_limit_mb, threads=max(1, threads)), spill_dir)
+        self._con = duckdb.connect(
+            ":memory:",
+            config={
+                "memory_limit": f"{memory_limit_mb}MB",
+                "temp_directory": os.path.join(spill_dir, "duckdb-spill"),
+                "threads": max(1, threads),
+                "preserve_insertion_order": False,
+            },
+        )
         self._results_con = self._con
         self._catalog = list(catalog)
         self._create_views(listing)

@@ -43,9 +43,9 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import duckdb
 import pyarrow as pa
 
-from index.catalog_local import MergeLimits, connect
 from protocol import keys
 from reconciler.audit import sql as audit_sql
 from reconciler.audit.duckdb_joins import (
@@ -116,7 +116,14 @@ class SparkAuditJoins(ResultFiles):
         self._dir = out_dir
         os.makedirs(os.path.join(out_dir, "duckdb-spill"), exist_ok=True)
         # The driver's own queries over the result files (`pending`, `write_orphans`).
-        self._results_con = connect(MergeLimits(memory_limit_mb, threads=2), out_dir)
+        self._results_con = duckdb.connect(
+            ":memory:",
+            config={
+                "memory_limit": f"{memory_limit_mb}MB",
+                "temp_directory": os.path.join(out_dir, "duckdb-spill"),
+                "threads": 2,
+            },
+        )
         self._persisted: list[DataFrame] = []
         ranked = rank_catalog(catalog)
         listing_files = [(kind, key) for kind in LISTING_KINDS for key in listing.get(kind, ())]
