@@ -14,12 +14,11 @@ from pathlib import Path
 
 from config import Settings, SettingsError, configure_logging, generate_token
 from config.cli import add_settings_flags, settings_from_flags
-from protocol import keys, records
 from protocol.clock import SystemClock
-from store.base import list_prefixes
 from store.errors import StoreConfigError, StoreError
 from store.open import open_store_from_settings
 
+from .conflicts_api import DEFAULT_CONFLICTS_LIMIT, ConflictQuery, read_conflicts_page
 from .probe import ProbeFailed, probe_conditional_writes
 from .query.cli import add_query_command, run_query
 from .server import StartupError, serve
@@ -112,26 +111,25 @@ async def _probe(settings: Settings) -> int:
 
 
 async def _conflicts(settings: Settings, agent_id: str | None, limit: int) -> int:
+    """Up to ``limit`` conflicts, a page of `read_conflicts_page` at a time (as
+    ``GET /v1/conflicts`` answers them), following each page's ``next``."""
     store = open_store_from_settings(settings.store)
-    prefixes = (
-        keys.quarantine_agent_prefixes(agent_id)
-        if agent_id is not None
-        else [keys.QUARANTINE_PREFIX]
-    )
     shown = 0
+    after: str | None = None
     try:
-        async for info in list_prefixes(store, prefixes):
-            if shown == limit:
-                print("... more (raise --limit to see them)", file=sys.stderr)
-                break
-            body, _ = await store.get(info.key)
-            conflict = records.IdentityConflict.from_json(body)
-            print(
-                json.dumps(
-                    {**conflict.model_dump(mode="json", by_alias=True), "quarantine_key": info.key}
-                )
+        while shown < limit:
+            page = await read_conflicts_page(
+                store,
+                ConflictQuery(agent_id, None, min(limit - shown, DEFAULT_CONFLICTS_LIMIT), after),
             )
-            shown += 1
+            for conflict in page.conflicts:
+                print(json.dumps(conflict))
+            shown += len(page.conflicts)
+            after = page.next
+            if after is None:
+                break
+        if after is not None:
+            print("... more (raise --limit to see them)", file=sys.stderr)
     finally:
         await store.close()
     print(f"{shown} identity conflict(s)", file=sys.stderr)

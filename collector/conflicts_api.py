@@ -1,17 +1,34 @@
-"""``GET /v1/conflicts`` (admin token): the quarantine records (PROTOCOL §2, §3.3).
+"""``GET /v1/conflicts`` (admin token): the quarantine records, a bounded page at a time
+(PROTOCOL §2, §3.3).
 
-Optional filters ``agent_id``, ``since`` (unix ns or RFC 3339 with a timezone) and
-``limit`` (1..10000, default 1000; ``truncated`` says when more matched). A bad or
+The records are read from the store's ``quarantine/v1/identity-conflict/`` prefix (with
+``agent_id``, under both of that agent's key forms, `keys.quarantine_agent_prefixes`),
+not from the reconciler's catalog: a conflict is listed as soon as its record exists. A
+request reads (GETs) at most ``limit`` records (1..10000, default 1000), in key order,
+whatever its filters: the records ``since`` leaves out count against that budget, so a
+page may hold fewer than ``limit`` conflicts, even none, and still go on. The answer is
+``{"conflicts", "next", "truncated"}``: ``next`` is the key of the last record read when
+more records follow (else ``null``), and passing it back as ``after`` (with the same
+filters) lists the next page, resuming after that key (S3's StartAfter); ``truncated``
+is ``next is not null``. A walk by ``next`` reads every record that exists throughout
+it exactly once; one created during the walk is listed when the walk has not yet passed
+its place. A key under the prefix that is not a quarantine key is logged and skipped,
+never read (and never a ``next``, which the next request checks as a quarantine key).
+
+Optional filters ``agent_id``, ``since`` (unix ns or RFC 3339 with a timezone). A bad or
 unknown parameter, or one given twice, is 400 ``{"error": "invalid_query", "param",
 "detail"}`` (`collector.params`): an ``agent_id`` that is not 1..128 bytes of UTF-8
 without control characters (a lone surrogate included), a ``since`` that is neither
-ASCII digits nor RFC 3339 with an offset, a ``limit`` that is not ASCII digits in range.
+ASCII digits nor RFC 3339 with an offset, a ``limit`` that is not ASCII digits in range,
+an ``after`` that is not a quarantine key under the prefixes listed (another agent's,
+when ``agent_id`` is given). A store that fails is 503 with ``Retry-After``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import structlog
 from aiohttp import web
@@ -23,12 +40,31 @@ from store.errors import StoreConfigError, StoreError
 
 from .auth import Authenticator
 from .intake import authorize, error_response
-from .params import QueryError, check_names, integer, one, text, unix_ns_or_rfc3339
+from .params import QueryError, check_names, integer, invalid, one, quoted, text, unix_ns_or_rfc3339
 
 log = structlog.get_logger("collector.http")
 
 MAX_CONFLICTS_LIMIT = 10_000
-PARAMS = frozenset({"agent_id", "since", "limit"})
+DEFAULT_CONFLICTS_LIMIT = 1000
+PARAMS = frozenset({"agent_id", "since", "limit", "after"})
+
+
+class ConflictQuery(NamedTuple):
+    """A checked ``GET /v1/conflicts`` request."""
+
+    agent_id: str | None
+    since_ns: int | None
+    limit: int
+    after: str | None
+    """The quarantine key the page resumes after (a previous page's ``next``)."""
+
+
+@dataclass(frozen=True)
+class ConflictsPage:
+    conflicts: list[dict[str, Any]]
+    """The records read that pass ``since``, as JSON, each with its ``quarantine_key``."""
+    next: str | None
+    """The last key read when more records follow, else ``None``."""
 
 
 class ConflictsEndpoint:
@@ -43,47 +79,76 @@ class ConflictsEndpoint:
         if isinstance(refused := authorize(self.authenticator, request, "admin"), web.Response):
             return refused
         try:
-            agent_id, since_ns, limit = conflict_filters(
-                {name: request.query.getall(name) for name in request.query}
-            )
+            query = conflict_filters({name: request.query.getall(name) for name in request.query})
         except QueryError as exc:
             return web.json_response(exc.body(), status=exc.status)
-        # Both agent forms (PROTOCOL §3): a store written before the segment rule may hold
-        # a long agent's records under the hex form.
-        prefixes = (
-            keys.quarantine_agent_prefixes(agent_id)
-            if agent_id is not None
-            else [keys.QUARANTINE_PREFIX]
-        )
-        conflicts: list[dict[str, Any]] = []
-        truncated = False
         try:
-            async for info in list_prefixes(self.store, prefixes):
-                body, _ = await self.store.get(info.key)
-                try:
-                    conflict = records.IdentityConflict.from_json(body)
-                except records.RecordError as exc:
-                    log.warning("quarantine_record_unreadable", key=info.key, error=str(exc))
-                    continue
-                if since_ns is not None and conflict.observed_at_unix_ns < since_ns:
-                    continue
-                if len(conflicts) == limit:
-                    truncated = True
-                    break
-                conflicts.append(
-                    {**conflict.model_dump(mode="json", by_alias=True), "quarantine_key": info.key}
-                )
+            page = await read_conflicts_page(self.store, query)
         except (StoreError, StoreConfigError) as exc:
             log.warning("conflicts_listing_failed", error=str(exc))
             return error_response(
                 503, "store_unavailable", {"Retry-After": str(self.retry_after_s)}
             )
-        return web.json_response({"conflicts": conflicts, "truncated": truncated})
+        return web.json_response(
+            {"conflicts": page.conflicts, "next": page.next, "truncated": page.next is not None}
+        )
 
 
-def conflict_filters(query: Mapping[str, Sequence[str]]) -> tuple[str | None, int | None, int]:
-    """``(agent_id, since_ns, limit)`` of a request's parameters (name → every value);
-    `QueryError` naming the parameter otherwise (`collector.params`)."""
+def quarantine_prefixes(agent_id: str | None) -> list[str]:
+    """What a query lists: every quarantine record, or one agent's under both key forms
+    (PROTOCOL §3: a store written before the segment rule may hold a long agent's
+    records under the hex form)."""
+    if agent_id is None:
+        return [keys.QUARANTINE_PREFIX]
+    return keys.quarantine_agent_prefixes(agent_id)
+
+
+def is_quarantine_key(key: str) -> bool:
+    try:
+        keys.parse_quarantine_key(key)
+    except keys.KeyFormatError:
+        return False
+    return True
+
+
+async def read_conflicts_page(store: ObjectStore, query: ConflictQuery) -> ConflictsPage:
+    """One page of ``query``: at most ``query.limit`` GETs, after ``query.after``.
+
+    A record that does not parse is logged and skipped (it was read: it counts). After
+    the last read the listing goes on only to the next quarantine key, to tell whether
+    there is a next page (no GET). Raises the store's errors."""
+    conflicts: list[dict[str, Any]] = []
+    read = 0
+    last: str | None = None
+    listing = list_prefixes(store, quarantine_prefixes(query.agent_id), start_after=query.after)
+    try:
+        async for info in listing:
+            if not is_quarantine_key(info.key):
+                log.warning("quarantine_key_malformed", key=info.key)
+                continue
+            if read == query.limit:
+                return ConflictsPage(conflicts, last)  # one more exists
+            body, _ = await store.get(info.key)
+            read += 1
+            last = info.key
+            try:
+                conflict = records.IdentityConflict.from_json(body)
+            except records.RecordError as exc:
+                log.warning("quarantine_record_unreadable", key=info.key, error=str(exc))
+                continue
+            if query.since_ns is not None and conflict.observed_at_unix_ns < query.since_ns:
+                continue
+            conflicts.append(
+                {**conflict.model_dump(mode="json", by_alias=True), "quarantine_key": info.key}
+            )
+    finally:
+        await listing.aclose()
+    return ConflictsPage(conflicts, None)
+
+
+def conflict_filters(query: Mapping[str, Sequence[str]]) -> ConflictQuery:
+    """The checked parameters of a request (name → every value); `QueryError` naming the
+    parameter otherwise (`collector.params`)."""
     check_names(query, PARAMS)
     agent_id = one(query, "agent_id")
     if agent_id is not None:
@@ -91,8 +156,22 @@ def conflict_filters(query: Mapping[str, Sequence[str]]) -> tuple[str | None, in
     since = one(query, "since")
     since_ns = unix_ns_or_rfc3339("since", since) if since is not None else None
     limit = one(query, "limit")
-    return (
-        agent_id,
-        since_ns,
-        integer("limit", limit, low=1, high=MAX_CONFLICTS_LIMIT) if limit is not None else 1000,
+    page_size = (
+        integer("limit", limit, low=1, high=MAX_CONFLICTS_LIMIT)
+        if limit is not None
+        else DEFAULT_CONFLICTS_LIMIT
     )
+    after = one(query, "after")
+    if after is not None:
+        resume_key(after, quarantine_prefixes(agent_id))
+    return ConflictQuery(agent_id, since_ns, page_size, after)
+
+
+def resume_key(after: str, prefixes: Sequence[str]) -> str:
+    """``after`` if it is a quarantine key under one of ``prefixes``: it is network input,
+    and the listing starts from it."""
+    if not is_quarantine_key(after):
+        raise invalid("after", f"not a quarantine key (a page's next): {quoted(after)}")
+    if not any(after.startswith(prefix) for prefix in prefixes):
+        raise invalid("after", f"{quoted(after)} is not a key of the agent_id given")
+    return after

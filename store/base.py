@@ -189,11 +189,31 @@ async def list_range(
             await listing.aclose()  # now, not at garbage collection: a page ahead stops
 
 
-async def list_prefixes(store: ObjectStore, prefixes: Iterable[str]) -> AsyncIterator[ObjectInfo]:
-    """Every object under each of ``prefixes`` in turn (prefixes that do not overlap)."""
-    for prefix in prefixes:
-        async for info in store.list(prefix):
-            yield info
+async def list_prefixes(
+    store: ObjectStore, prefixes: Iterable[str], *, start_after: str | None = None
+) -> AsyncGenerator[ObjectInfo, None]:
+    """Every object under each of ``prefixes`` in turn (prefixes that do not overlap).
+
+    ``start_after`` resumes a listing after a key it returned: the prefixes before the
+    one holding it are skipped and that one is listed after it (S3's StartAfter), the
+    rest in full. A ``start_after`` under none of ``prefixes`` is a caller bug
+    (`ValueError`): check untrusted input before."""
+    todo = list(prefixes)
+    after = start_after
+    if after is not None:
+        holding = [i for i, prefix in enumerate(todo) if after.startswith(prefix)]
+        if not holding:
+            raise ValueError(f"start_after {after!r} is under none of {todo!r}")
+        todo = todo[holding[0] :]
+    for prefix in todo:
+        listing = store.list(prefix, after)
+        try:
+            async for info in listing:
+                yield info
+        finally:
+            if isinstance(listing, AsyncGenerator):
+                await listing.aclose()  # when the caller stops early: no page read ahead
+        after = None
 
 
 def check_key(op: str, key: str) -> None:

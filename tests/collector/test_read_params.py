@@ -20,7 +20,7 @@ from aiohttp import http_parser
 from aiohttp.test_utils import make_mocked_request
 
 from collector.auth import Authenticator
-from collector.conflicts_api import conflict_filters
+from collector.conflicts_api import ConflictQuery, conflict_filters
 from collector.metrics import CollectorMetrics
 from collector.query.api import LiveQuery, QueryError, parse_query
 from collector.query.committed import SnapshotSource
@@ -30,6 +30,7 @@ from config import Principal, TokenTable, hash_token
 from config.settings import QuerySettings
 from protocol import keys
 from store.memory import MemoryStore
+from tests.collector.conftest import BOOT
 from tests.collector.inprocess import ADMIN_TOKEN, in_process_collector
 
 NS = 1_000_000_000
@@ -136,16 +137,18 @@ async def test_the_endpoint_answers_400_not_500() -> None:
 # --- /v1/conflicts ----------------------------------------------------------------------
 
 
-def filters(**params: str) -> tuple[str | None, int | None, int]:
+def filters(**params: str) -> ConflictQuery:
     return conflict_filters({k: [v] for k, v in params.items()})
 
 
 def test_conflict_filters() -> None:
-    assert filters() == (None, None, 1000)
-    assert filters(agent_id="agent-a", since="1795755366000000000", limit="5") == (
+    assert filters() == (None, None, 1000, None)
+    after = keys.quarantine_key(keys.BatchIdentity("agent-a", BOOT, 1, 2), "a" * 64)
+    assert filters(agent_id="agent-a", since="1795755366000000000", limit="5", after=after) == (
         "agent-a",
         1795755366 * NS,
         5,
+        after,
     )
     assert filters(since="2026-11-21T10:00:00Z")[1] == NOW_NS
     assert filters(since="2999-01-01T00:00:00Z")[1] == 32472144000 * NS  # matches nothing
@@ -169,6 +172,16 @@ def test_conflict_filters() -> None:
         ({"since": str(2**63)}, "since"),
         ({"limit": "²"}, "limit"),
         ({"limit": "0"}, "limit"),
+        ({"after": "quarantine/v1/identity-conflict/"}, "after"),
+        ({"after": "\udcff"}, "after"),
+        ({"after": "9" * 5000}, "after"),
+        (
+            {
+                "agent_id": "agent-b",
+                "after": keys.quarantine_key(keys.BatchIdentity("agent-a", BOOT, 1, 2), "a" * 64),
+            },
+            "after",
+        ),
         ({"agent": "a"}, "agent"),  # a typo must not list every agent's conflicts
     ],
 )
@@ -208,6 +221,7 @@ async def test_conflicts_with_a_lone_surrogate_is_400_naming_agent_id(
             (b"/v1/conflicts?agent_id=agent-\xff", "agent_id"),
             (b"/v1/conflicts?since=\xff", "since"),
             (b"/v1/conflicts?limit=%C2%B2", "limit"),
+            (b"/v1/conflicts?after=quarantine/v1/identity-conflict/\xff", "after"),
         ):
             status, body = await raw_get(collector.port, target)
             assert (status, body.get("error"), body.get("param")) == (
@@ -218,4 +232,4 @@ async def test_conflicts_with_a_lone_surrogate_is_400_naming_agent_id(
         # Percent-encoded bytes that are not UTF-8 decode to U+FFFD (yarl): a valid
         # agent_id that simply has no conflicts.
         status, body = await raw_get(collector.port, b"/v1/conflicts?agent_id=%ED%A0%80")
-        assert (status, body) == (200, {"conflicts": [], "truncated": False})
+        assert (status, body) == (200, {"conflicts": [], "next": None, "truncated": False})
