@@ -92,6 +92,9 @@ class GcRunRecord(Record):
     # Candidates or marks left for the next run because a store request failed.
     skipped_on_error: int = Field(default=0, ge=0)
     refused: str | None = None
+    stalled: str | None = None
+    """Why the run's rule-2 catalog read proved nothing, so it deleted nothing (a reason of
+    `reconciler.gc.catalog_since.STALL_REASONS`); None when it did not stall."""
 
 
 class RawRetention(Record):

@@ -150,6 +150,14 @@ class ReconcilerMetrics:
         self.gc_deletions = Counter(
             "lm_reconciler_gc_deletions", "Raw blobs deleted by the GC", registry=r
         )
+        self.gc_stalled = Counter(
+            "lm_reconciler_gc_stalled",
+            "GC runs whose rule-2 catalog read proved nothing, so they deleted nothing, by "
+            "reason (reconciler.gc.catalog_since.STALL_REASONS); compaction between audits "
+            "must never cause one",
+            ["reason"],
+            registry=r,
+        )
         self.store_clock_skew = Gauge(
             "lm_reconciler_store_clock_skew_seconds",
             "This host's clock minus the object store's, from the Date header of its answers "

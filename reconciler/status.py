@@ -181,6 +181,11 @@ class ReconcilerStatus:
                 else ""
             )
             + (f", refused: {gc['refused']}" if gc.get("refused") else "")
+            + (
+                f", STALLED ({gc['stalled']}): its catalog read proved nothing, nothing deleted"
+                if gc.get("stalled")
+                else ""
+            )
         )
         raw = doc["raw_retention"]
         lines.append(

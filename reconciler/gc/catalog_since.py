@@ -12,12 +12,21 @@ reads them).
 Each entry's file is read for its ``kind`` and two hash columns (Arrow, never one Python
 object per row). For a blob raw retention nominates, rule 2 is replaced (PROTOCOL §4.1):
 only quarantine rows count against it (accepted rows of retired hours are what let it go;
-rule 7's variant checks its manifest against the rollup ledger). Newest first: a compacted file names its inputs (`index.catalog.COMPACTED_FROM`),
-and an input whose merged file was read need not be read (compaction deletes inputs by
-those names after a grace, so finding one gone is expected). Any other file that is gone,
-an entry that is gone or unreadable, or a file that does not decode makes the whole read
-untrusted: the run deletes nothing (PROTOCOL §3.7: nobody treats an unreadable or
-vanished catalog file as "no rows").
+rule 7's variant checks its manifest against the rollup ledger).
+
+Compaction runs between audits (normal, PROTOCOL §3.5 rule 2), so a file listed here may
+be gone by the time it is read: its merged file names it (`index.catalog.COMPACTED_FROM`,
+transitively). A run therefore first reads every entry it can — newest first, at most
+``chunk`` at once, skipping a file some merged file already read names — and only then
+judges the files it found gone, whatever the order its reads finished in: a gone file
+that a merged file it read names is covered. One that none names makes it list
+``catalog-created/`` again after its last entry (a merge may have landed during the run)
+and read those files too, a bounded number of times (`RELIST_ATTEMPTS`), before the file
+counts as uncovered. Then, and for an entry that is gone or unreadable or a file that
+does not decode, the whole read is untrusted: the run deletes nothing (PROTOCOL §3.7:
+nobody treats an unreadable or vanished catalog file as "no rows"), and says why in
+`CatalogSince.stalled` (one of `STALL_REASONS`: a counted event,
+``lm_reconciler_gc_stalled_total{reason}``, and the GC run record's ``stalled``).
 
 `trim_entries` deletes the entries before a position: once no audit's GC read needs them
 (`reconciler.gc.collector`: before the rule-5 audit's position, which is the latest
@@ -34,13 +43,21 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from index.catalog import COMPACTED_FROM
+from index.catalog import compacted_from_names
 from protocol import keys, records
 from store.base import ObjectStore
 from store.errors import NotFound
 
 HASH_COLUMNS = ["frame_sha256", "accepted_frame_sha256"]
 KIND_COLUMN = "kind"
+RELIST_ATTEMPTS = 3
+STALL_REASONS = (
+    "catalog-file-vanished",
+    "catalog-file-unreadable",
+    "entry-vanished",
+    "entry-unreadable",
+)
+"""Why a GC run's catalog read proves nothing (the ``reason`` label of the stall metric)."""
 
 
 @dataclass
@@ -49,8 +66,14 @@ class CatalogSince:
     """The candidates some row of those files references."""
     files_read: int = 0
     entries: int = 0
+    relists: int = 0
+    """Listings of ``catalog-created/`` made again because a file was found gone."""
+    covered_gone: int = 0
+    """Files found gone whose rows a merged file read holds (compaction meanwhile)."""
     untrusted: str | None = None
     """Why the read proves nothing (then no candidate may be deleted), or None."""
+    stalled: str | None = None
+    """With ``untrusted``: which of `STALL_REASONS` it is."""
 
 
 def _position_key(position: str) -> str:
@@ -69,6 +92,111 @@ async def entries_since(store: ObjectStore, position: str) -> list[str]:
     ]
 
 
+async def entries_after(store: ObjectStore, entry_key: str) -> list[str]:
+    """The entry keys listed after ``entry_key`` (exclusive), in order."""
+    return [
+        info.key
+        async for info in store.list(keys.INDEX_CATALOG_CREATED_PREFIX, start_after=entry_key)
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class _Untrusted:
+    reason: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Gone:
+    catalog_key: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    catalog_key: str
+    hits: set[str]
+    inputs: set[str]
+
+
+class _Reads:
+    """The state of one run's read: what merged files read cover, which files were gone."""
+
+    def __init__(self, store: ObjectStore, wanted: pa.Array, retained: pa.Array) -> None:
+        self.store = store
+        self.wanted = wanted
+        self.retained = retained
+        self.covered: set[str] = set()  # catalog keys a merged file we read holds the rows of
+        self.gone: set[str] = set()
+        self.result = CatalogSince()
+
+    async def read(self, entry_keys: list[str], chunk: int) -> bool:
+        """Read ``entry_keys``' files (newest first, ``chunk`` at once); False when one
+        makes the read untrusted (recorded in ``result``)."""
+        ordered = list(reversed(entry_keys))  # merged files come before their inputs
+        for start in range(0, len(ordered), chunk):
+            outcomes = await asyncio.gather(
+                *(self._one(key) for key in ordered[start : start + chunk])
+            )
+            for outcome in outcomes:
+                if isinstance(outcome, _Untrusted):
+                    self.result.untrusted = outcome.detail
+                    self.result.stalled = outcome.reason
+                    return False
+                if isinstance(outcome, _Gone):
+                    self.gone.add(outcome.catalog_key)
+                elif isinstance(outcome, _Read):
+                    self.result.referenced |= outcome.hits
+                    self.covered |= outcome.inputs
+                    self.result.files_read += 1
+        return True
+
+    def uncovered(self) -> list[str]:
+        return sorted(self.gone - self.covered)
+
+    async def _one(self, entry_key: str) -> _Read | _Gone | _Untrusted | None:
+        """The entry's file read; None when its rows are in a merged file already read."""
+        try:
+            body, _etag = await self.store.get(entry_key)
+            catalog_key = records.CatalogCreated.from_json(body).catalog_key
+            keys.parse_index_catalog_key(catalog_key)
+        except NotFound:
+            return _Untrusted("entry-vanished", f"catalog-created entry {entry_key} vanished")
+        except (records.RecordError, keys.KeyFormatError) as exc:
+            return _Untrusted(
+                "entry-unreadable", f"catalog-created entry {entry_key} is unreadable: {exc}"
+            )
+        if catalog_key in self.covered:
+            return None
+        try:
+            body, _etag = await self.store.get(catalog_key)
+        except NotFound:
+            return _Gone(catalog_key)  # judged after every read (`uncovered`)
+        try:
+            parquet = pq.ParquetFile(io.BytesIO(body))
+            inputs = compacted_from_names(parquet.schema_arrow.metadata)
+            present = [name for name in HASH_COLUMNS if name in parquet.schema_arrow.names]
+            table = parquet.read(columns=[KIND_COLUMN, *present])
+        except (pa.ArrowException, OSError, ValueError, KeyError) as exc:
+            return _Untrusted(
+                "catalog-file-unreadable", f"catalog file {catalog_key} is unreadable: {exc}"
+            )
+        return _Read(catalog_key, self._hits(table, present), set(inputs))
+
+    def _hits(self, table: pa.Table, present: list[str]) -> set[str]:
+        hits: set[str] = set()
+        quarantine = pc.equal(table.column(KIND_COLUMN), "quarantine")
+        for name in present:
+            column = table.column(name)
+            for value_set, rows in ((self.wanted, None), (self.retained, quarantine)):
+                if len(value_set) == 0:
+                    continue
+                mask = pc.fill_null(pc.is_in(column, value_set=value_set), False)
+                if rows is not None:
+                    mask = pc.and_(mask, pc.fill_null(rows, False))
+                hits.update(value for value in pc.filter(column, mask).to_pylist() if value)
+        return hits
+
+
 async def references_since(
     store: ObjectStore,
     position: str,
@@ -79,76 +207,39 @@ async def references_since(
 ) -> CatalogSince:
     """Which ``candidates`` the catalog files created from ``position`` on reference (of
     ``by_retention``, the blobs raw retention nominates: which a quarantine row does)."""
-    result = CatalogSince()
     entry_keys = await entries_since(store, position)
-    result.entries = len(entry_keys)
     if not candidates or not entry_keys:
+        return CatalogSince(entries=len(entry_keys))
+    reads = _Reads(
+        store,
+        pa.array(sorted(candidates - by_retention), pa.string()),
+        pa.array(sorted(candidates & by_retention), pa.string()),
+    )
+    result = reads.result
+    result.entries = len(entry_keys)
+    if not await reads.read(entry_keys, chunk):
         return result
-    wanted = pa.array(sorted(candidates - by_retention), pa.string())
-    retained = pa.array(sorted(candidates & by_retention), pa.string())
-    covered: set[str] = set()  # catalog keys a merged file we read holds the rows of
-    entry_keys.reverse()  # newest first: merged files come before their inputs
-    for start in range(0, len(entry_keys), chunk):
-        outcomes = await asyncio.gather(
-            *(
-                _read_entry(store, key, wanted, retained, covered)
-                for key in entry_keys[start : start + chunk]
-            )
+    last = entry_keys[-1]
+    for _attempt in range(RELIST_ATTEMPTS):
+        if not reads.uncovered():
+            break
+        # A merge may have landed during the run: its entry comes after our last one.
+        newer = await entries_after(store, last)
+        result.relists += 1
+        if not newer:
+            break
+        result.entries += len(newer)
+        last = newer[-1]
+        if not await reads.read(newer, chunk):
+            return result
+    if uncovered := reads.uncovered():
+        result.untrusted = (
+            f"catalog file {uncovered[0]} vanished and no merged file read names it"
+            + (f" ({len(uncovered) - 1} more)" if len(uncovered) > 1 else "")
         )
-        for outcome in outcomes:
-            if isinstance(outcome, str):
-                result.untrusted = outcome
-                return result
-            if outcome is None:
-                continue  # a compacted input whose merged file was read
-            hits, inputs = outcome
-            result.referenced |= hits
-            covered |= inputs
-            result.files_read += 1
+        result.stalled = "catalog-file-vanished"
+    result.covered_gone = len(reads.gone) - len(uncovered)
     return result
-
-
-async def _read_entry(
-    store: ObjectStore, entry_key: str, wanted: pa.Array, retained: pa.Array, covered: set[str]
-) -> tuple[set[str], set[str]] | str | None:
-    """(referenced candidates, inputs it compacted) of the entry's file; None when its
-    rows are in a merged file already read; a string saying why it cannot be trusted."""
-    try:
-        body, _etag = await store.get(entry_key)
-        catalog_key = records.CatalogCreated.from_json(body).catalog_key
-        keys.parse_index_catalog_key(catalog_key)
-    except NotFound:
-        return f"catalog-created entry {entry_key} vanished"
-    except (records.RecordError, keys.KeyFormatError) as exc:
-        return f"catalog-created entry {entry_key} is unreadable: {exc}"
-    if catalog_key in covered:
-        return None
-    try:
-        body, _etag = await store.get(catalog_key)
-    except NotFound:
-        if catalog_key in covered:
-            return None
-        return f"catalog file {catalog_key} vanished and no merged file read names it"
-    try:
-        parquet = pq.ParquetFile(io.BytesIO(body))
-        metadata = parquet.schema_arrow.metadata or {}
-        names = metadata.get(COMPACTED_FROM, b"").decode()
-        present = [name for name in HASH_COLUMNS if name in parquet.schema_arrow.names]
-        table = parquet.read(columns=[KIND_COLUMN, *present])
-    except (pa.ArrowException, OSError, ValueError, KeyError) as exc:
-        return f"catalog file {catalog_key} is unreadable: {exc}"
-    hits: set[str] = set()
-    quarantine = pc.equal(table.column(KIND_COLUMN), "quarantine")
-    for name in present:
-        column = table.column(name)
-        for value_set, rows in ((wanted, None), (retained, quarantine)):
-            if len(value_set) == 0:
-                continue
-            mask = pc.fill_null(pc.is_in(column, value_set=value_set), False)
-            if rows is not None:
-                mask = pc.and_(mask, pc.fill_null(rows, False))
-            hits.update(value for value in pc.filter(column, mask).to_pylist() if value)
-    return hits, {name for name in names.split("\n") if name}
 
 
 async def trim_entries(store: ObjectStore, before_position: str) -> int:

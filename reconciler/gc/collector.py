@@ -159,6 +159,7 @@ class GarbageCollector:
                 "deleted": len(outcome.deleted),
                 "deleted_raw_retention": outcome.deleted_raw_retention,
                 "skipped_on_error": work.item_errors,
+                "stalled": outcome.stalled,
                 "completed_at_unix_ns": work.clock.now_ns(),
             }
         )
@@ -246,6 +247,7 @@ class GarbageCollector:
         chosen = await deleter.select(eligible, await orphans.of(audit))
         proven = await deleter.prove(chosen) if chosen else []
         if proven is None:
+            outcome.stalled = deleter.stalled
             return  # the catalog read cannot be trusted: delete nothing this run
         outcome.would_delete = [c.mark.frame_sha256 for c in proven]
         await deleter.guard(proven)

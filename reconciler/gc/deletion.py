@@ -83,6 +83,8 @@ class Deleter:
         self._recently_referenced = recently_referenced
         self._store_now_ns = store_now_ns
         self._dry_run = dry_run
+        self.stalled: str | None = None
+        """Why this run's catalog read proved nothing (`catalog_since.STALL_REASONS`)."""
 
     async def withdraw(self, mark_key: str) -> None:
         if not self._dry_run:
@@ -141,8 +143,23 @@ class Deleter:
             chunk=work.policy.concurrency,
         )
         if since.untrusted is not None:
-            log.error("gc_catalog_read_untrusted", reason=since.untrusted, candidates=len(chosen))
+            log.error(
+                "gc_catalog_read_untrusted",
+                reason=since.untrusted,
+                stalled=since.stalled,
+                candidates=len(chosen),
+                relists=since.relists,
+            )
+            self.stalled = since.stalled
+            work.observe(f"stalled:{since.stalled}", 1)
             return None
+        if since.covered_gone:
+            log.info(
+                "gc_catalog_read_covered",
+                files_read=since.files_read,
+                compacted_meanwhile=since.covered_gone,
+                relists=since.relists,
+            )
         proven: list[Candidate] = []
 
         async def one(candidate: Candidate) -> None:

@@ -89,3 +89,4 @@ class GcOutcome:
     would_delete: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     deleted_raw_retention: int = 0
+    stalled: str | None = None

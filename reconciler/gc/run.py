@@ -79,7 +79,9 @@ def _collector(ctx: ReconcilerContext, delete_store: ObjectStore | None) -> Garb
     }
 
     def observe(event: str, count: int) -> None:
-        if event in names:
+        if event.startswith("stalled:"):
+            ctx.metrics.gc_stalled.labels(event.removeprefix("stalled:")).inc(count)
+        elif event in names:
             ctx.metrics.record_gc(**{names[event]: count})
 
     if problem := settings.gc_lease_problem():
