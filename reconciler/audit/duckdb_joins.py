@@ -184,11 +184,10 @@ class AuditJoins(ResultFiles):
         for kind in LISTING_KINDS:
             paths = list(listing.get(kind, ()))
             if paths:
-                # A record without a LastModified (an S3 Inventory's row) counts as
-                # old: an inventory shows the bucket as of its creation, the audit's start.
-                modified = "epoch_us(last_modified) * 1000"
-                if kind != "raw-blobs":
-                    modified = f"coalesce({modified}, 0)"
+                # A record without a LastModified counts as old (as on Spark).
+                modified = audit_sql.listed_modified_ns(
+                    sql_string(kind), "epoch_us(last_modified) * 1000"
+                )
                 blob_sha = f"substr(key, {len('raw-blobs/v1/sha256/hh/hh/') + 1}, 64)"
                 if kind == "raw-blobs":  # each kind's ids only: the rest stay null
                     ids = ("NULL::UHUGEINT", "NULL::UBIGINT", f"md5_number({blob_sha})")

@@ -164,16 +164,11 @@ class AuditRun(AuditState):
         sets ``failed``/``stopped``."""
         ctx = self._ctx
         try:
-            names = [info.key async for info in catalog.list_all_files(ctx.store)]
-            self._pinned_through = ctx.clock.now_ns() + int(
-                ctx.settings.store.max_clock_skew_s * 1e9
-            )
-            self._last_save = float("-inf")  # save the narrowed pin at the next checkpoint
+            names = await self.list_catalog()
             self.spill_dir = spill
             pinned = await self.run_phase(
                 fetch_pinned_catalog(ctx, self.problems, names, spill, self._streams)
             )
-            self.count_requests("LIST", 1 + len(names) // 1000)  # the catalog's listing
             self.count_requests("GET", len(names))
         except StoreError as exc:
             self._store_failure("audit_catalog", exc)
@@ -191,6 +186,18 @@ class AuditRun(AuditState):
                     await self._list_join_and_act(joins, pinned, spill)
             finally:
                 self._joins = None
+
+    async def list_catalog(self) -> list[str]:
+        """The catalog's files (the pin covers them all, `pin`), then the pin narrowed to
+        the files last modified by now plus the clock skew allowed (saved at the next
+        checkpoint); the LIST requests counted. Either engine's first step. Raises
+        `StoreError`."""
+        ctx = self._ctx
+        names = [info.key async for info in catalog.list_all_files(ctx.store)]
+        self._pinned_through = ctx.clock.now_ns() + int(ctx.settings.store.max_clock_skew_s * 1e9)
+        self._last_save = float("-inf")  # save the narrowed pin at the next checkpoint
+        self.count_requests("LIST", 1 + len(names) // 1000)
+        return names
 
     async def _list_join_and_act(
         self, joins: AuditJoins, pinned: PinnedCatalog, spill: str

@@ -11,7 +11,8 @@ so neither the driver nor the executors need a copy of the whole history (the ta
 `reconciler.audit.spark_tasks`):
 
 - the audit's listing parts (store keys, `reconciler.audit.listing`'s schema), read by
-  ``mapInArrow`` tasks into the ``listing`` view (``last_modified`` as nanoseconds);
+  ``mapInArrow`` tasks into the ``listing`` view (``last_modified`` as nanoseconds, a
+  record without one old: `reconciler.audit.sql.listed_modified_ns`, as in DuckDB);
 - the catalog files the audit pinned (store keys), read whole per task (every column of
   `index.rows.FILE_SCHEMA`, as `fetch_catalog`'s copies; only `CATALOG_COLUMNS` are kept)
   into the ``catalog_rows`` view. ``row_rank`` is computed where the file is read: its
@@ -135,8 +136,10 @@ class SparkAuditJoins(ResultFiles):
         self._listing.createOrReplaceTempView("listing_base")
         # The ids of `reconciler.audit.sql` are the strings themselves here.
         blob_sha = f"substr(key, {len('raw-blobs/v1/sha256/hh/hh/') + 1}, 64)"
+        modified = audit_sql.listed_modified_ns("kind", "last_modified_ns")
         self._sql(
-            "SELECT *, CASE WHEN kind <> 'raw-blobs' THEN key END AS key_id, "
+            f"SELECT kind, key, etag, size, {modified} AS last_modified_ns, "
+            "CASE WHEN kind <> 'raw-blobs' THEN key END AS key_id, "
             f"CASE WHEN kind <> 'raw-blobs' THEN {audit_sql.normalized_etag('etag')} END "
             f"AS etag_id, CASE WHEN kind = 'raw-blobs' THEN {blob_sha} END AS sha_id "
             "FROM listing_base"

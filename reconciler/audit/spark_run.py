@@ -27,7 +27,6 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
-from index import catalog
 from protocol import keys
 from protocol.records import AuditRecord
 from reconciler.audit.audit_inputs import set_aside
@@ -156,12 +155,7 @@ class SparkAuditRun(AuditRun):
         access = StoreAccess.of(ctx.settings.store)
         self.spill_dir = spill
         try:
-            names = [info.key async for info in catalog.list_all_files(ctx.store)]
-            self._pinned_through = ctx.clock.now_ns() + int(
-                ctx.settings.store.max_clock_skew_s * 1e9
-            )
-            self._last_save = float("-inf")  # save the narrowed pin at the next checkpoint
-            self.count_requests("LIST", 1 + len(names) // 1000)
+            names = await self.list_catalog()
             audit_dir = keys.audit_listing_prefix(start, record.audit_id)
             listing = await self.run_phase(
                 list_on_spark(

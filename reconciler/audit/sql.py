@@ -5,7 +5,8 @@ Spark engine to run as well, over views of the same names and columns:
 
 - ``listing(kind, key, etag, size, last_modified_ns, key_id, etag_id, sha_id)``: the
   audit's listing parts (`reconciler.audit.listing.LISTING_SCHEMA`, ``last_modified`` as
-  integer nanoseconds), ``kind`` one of ``accepted``, ``quarantine``, ``raw-blobs``;
+  integer nanoseconds through `listed_modified_ns`: a record without one counts as old),
+  ``kind`` one of ``accepted``, ``quarantine``, ``raw-blobs``;
 - ``catalog_rows(key, kind, etag, frame_sha256, accepted_frame_sha256, time_unix_ns,
   sha_prefix, key_id, etag_id, sha_id, accepted_sha_id, row_rank, retired)``: every row
   of the catalog files the audit pinned, with ``row_rank`` unique a row and increasing in
@@ -60,6 +61,16 @@ def normalized_etag(column: str) -> str:
     every listed and cataloged ETag)."""
     unweak = f"CASE WHEN substr({column}, 1, 2) = 'W/' THEN substr({column}, 3) ELSE {column} END"
     return f"trim(BOTH '\"' FROM {unweak})"
+
+
+def listed_modified_ns(kind: str, modified_ns: str) -> str:
+    """The ``listing`` view's ``last_modified_ns`` in both engines, from ``modified_ns`` (the
+    part's ``last_modified`` in nanoseconds) and ``kind`` (SQL expressions): a record
+    without a LastModified (an S3 Inventory report may lack the column) counts as old,
+    0: the report shows the bucket as of its creation, the audit's start (PROTOCOL §3.9:
+    "the same in both"; a comparison with null would drop the record). A blob's stays
+    null: never old enough to be an orphan."""
+    return f"CASE WHEN {kind} = 'raw-blobs' THEN {modified_ns} ELSE coalesce({modified_ns}, 0) END"
 
 
 def bind(sql: str, **params: int) -> str:

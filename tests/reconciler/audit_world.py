@@ -8,6 +8,10 @@ a row for a manifest never created (a phantom, and its blob missing); a cataloge
 missing blob); an unreferenced blob (an orphan once older than the retry horizon); a
 catalog file that is not an index file (moved aside, its rows cataloged again).
 
+`inventory_rows`: the world as an S3 Inventory report's rows, some records without a
+LastModified (a report may lack the column: such a record counts as old in both engines,
+PROTOCOL §3.9, issue 31 item 4).
+
 `audit_outcome`: what an audit decided, engine-independent: every key's newest catalog
 row (fields, not file names), the orphan file, the problem records, the catalog files
 moved aside."""
@@ -77,6 +81,30 @@ async def build_world(store: ObjectStore, ctx: ReconcilerContext) -> World:
     # The steady pass's file turns unreadable: its 5 batches are cataloged again.
     await store.put(steady_file, b"PAR1 garbage where a catalog file was")
     return World(batches, conflict.quarantine_key, wrong, never, gone, orphan_sha, steady_file)
+
+
+def undated_records(world: World) -> set[str]:
+    """The records `inventory_rows` reports without a LastModified: the quarantine record
+    and every other batch's manifest (cataloged ones, one cataloged with a wrong hash, and
+    ones never logged); the others keep theirs."""
+    return {world.quarantine_key, *(b.key for b in world.batches[1::2])}
+
+
+async def inventory_rows(
+    store: ObjectStore, world: World, prefix: str
+) -> list[tuple[str, int, int | None]]:
+    """``(bucket key with prefix, size, last modified ms or None)`` of every object in
+    ``store`` (as `tests.reconciler.test_inventory.store_rows`), None for the
+    `undated_records`."""
+    undated = undated_records(world)
+    return [
+        (
+            prefix + info.key,
+            info.size,
+            None if info.key in undated else info.last_modified_ns // 1_000_000,
+        )
+        async for info in store.list("")
+    ]
 
 
 async def audit_outcome(store: ObjectStore, record: AuditRecord) -> dict[str, Any]:

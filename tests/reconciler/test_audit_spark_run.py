@@ -4,7 +4,8 @@ and runs the joins, and the lease holder acts on the results and completes the a
 two copies of one world (`tests.reconciler.audit_world`), the Spark engine and the local
 one catalog the same rows, write the same orphan file and record the same problems,
 whether the records are listed or nominated by an S3 Inventory report (issue 23 item 4:
-"read by either engine"). Local Spark session, filesystem stores."""
+"read by either engine"), some of whose records lack a LastModified (old in both engines,
+issue 31 item 4). Local Spark session, filesystem stores."""
 
 from __future__ import annotations
 
@@ -22,12 +23,17 @@ from reconciler.audit.run import run_full_audit
 from reconciler.audit.spark_run import spark_audit
 from reconciler.context import ReconcilerContext
 from store.fs import FileSystemStore
-from tests.reconciler.audit_world import World, audit_outcome, build_world
+from tests.reconciler.audit_world import (
+    World,
+    audit_outcome,
+    build_world,
+    inventory_rows,
+    undated_records,
+)
 from tests.reconciler.conftest import T0_NS, context, keys_under, make_settings
 from tests.reconciler.test_inventory import (
     SOURCE_BUCKET,
     SOURCE_PREFIX,
-    store_rows,
     write_parquet_inventory,
 )
 
@@ -60,7 +66,10 @@ def test_the_spark_engine_completes_the_audit_as_the_local_engine_does(
         spark_store, spark_ctx, _same = await world_on_disk(tmp_path / "spark", clock)
         inventory = None
         if source == "inventory":  # one report: both stores hold the same keys and sizes
-            write_parquet_inventory(tmp_path / "inventory", await store_rows(spark_store))
+            # Some records without a LastModified: old in both engines (issue 31 item 4).
+            rows = await inventory_rows(spark_store, world, SOURCE_PREFIX)
+            assert sum(m is None for _k, _s, m in rows) == len(undated_records(world)) == 5
+            write_parquet_inventory(tmp_path / "inventory", rows)  # type: ignore[arg-type]
             inventory = InventorySource.from_url(
                 f"file://{tmp_path / 'inventory'}",
                 source_prefix=SOURCE_PREFIX,
