@@ -40,7 +40,7 @@ class Ledger:
         for line in data[:end].decode().splitlines():
             key, written_ns = line.split()
             self.written[key] = (
-                keys.parse_index_log_segment_key(key).first_time_ns,
+                keys.parse_index_log_segment_key(key).time_ns,
                 int(written_ns),
             )
             if key not in self.consumed:

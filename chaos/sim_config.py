@@ -39,6 +39,8 @@ class SimConfig:
     """How long the reconciler keeps running after the last agent is done."""
     audit_interval_s: float = 20.0
     lookback_s: float = 30.0
+    index_put_budget_s: float = 5.0
+    """``ingest.index_put_budget_s``: with the default skew limit (10 s) within the lookback."""
     catalog_grace_s: float = 5.0
     flush_s: float = 1.0
     late_rate: float = 0.04
@@ -104,7 +106,11 @@ def daemon_settings(config: SimConfig) -> Settings:
             connect_timeout_s=config.connect_timeout_s,
             read_timeout_s=config.read_timeout_s,
         ),
-        ingest=IngestSettings(request_budget_s=config.budget_s, collector_id="sim"),
+        ingest=IngestSettings(
+            request_budget_s=config.budget_s,
+            collector_id="sim",
+            index_put_budget_s=config.index_put_budget_s,
+        ),
         reconciler=ReconcilerSettings(
             lease_ttl_s=10 * 24 * 3600.0,
             loop_interval_s=config.reconciler_interval_s,

@@ -141,6 +141,8 @@ class SimWorld:
             flush_max_age_s=config.flush_s,
             max_buffered_rows=1024,
             backoff=Backoff(attempts=3, base_s=0.05, cap_s=0.5),
+            put_budget_s=config.index_put_budget_s,
+            landing_s=config.connect_timeout_s + config.read_timeout_s,
         )
         self.logs.append(log)
         self.acceptors.append(

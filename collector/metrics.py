@@ -94,7 +94,8 @@ class CollectorMetrics:
         )
         self.index_rows = Counter(
             "lm_collector_index_log_rows",
-            "Index log rows by fate (written, dropped_full, dropped_failed)",
+            "Index log rows by fate (written, dropped_full, dropped_failed; held_skewed: rows "
+            "kept buffered at a flush because this host's clock is off the store's)",
             ["fate"],
             registry=r,
         )

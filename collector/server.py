@@ -116,6 +116,9 @@ class Worker:
             flush_max_age_s=s.ingest.index_flush_max_age_ms / 1000,
             max_buffered_rows=s.ingest.index_buffer_rows,
             on_event=lambda fate, rows: self.metrics.index_rows.labels(fate=fate).inc(rows),
+            put_budget_s=s.ingest.index_put_budget_s,
+            landing_s=s.store.connect_timeout_s + s.store.read_timeout_s,
+            skewed=lambda: store_time.skewed,  # PROTOCOL §3.7: a skewed clock cuts nothing
         )
         tokens = load_tokens(s.auth.tokens_file) if s.auth.tokens_file else None
         authenticator = Authenticator(tokens)

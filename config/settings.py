@@ -166,6 +166,12 @@ class IngestSettings(Section):
     index_flush_max_age_ms: int = Field(default=1000, ge=1)
     """... or once its oldest row is this old. Segments per hour ≈ writers x flushes:
     choose it so that (segments + catalog files + markers) ÷ batches stays ≤ 0.05."""
+    index_put_budget_s: Seconds = 60.0
+    """The longest a log segment's create may take from its cut to its landing, retries
+    included (PROTOCOL §3.7): an attempt is sent only while the cut plus this budget leaves
+    room for the store's connect and read timeouts; after that its rows are cut again
+    under a new name. Readers list from their position minus a lookback of at least
+    ``store.max_clock_skew_s`` plus this (checked when settings load)."""
     index_buffer_rows: int = Field(default=100_000, ge=1)
     """Rows the index log buffer holds at most; further rows are dropped and counted (the
     reconciler's full audit finds their records)."""
@@ -311,6 +317,36 @@ class Settings(BaseModel):
                 ),
             )
         return self
+
+    @model_validator(mode="after")
+    def _lookbacks_cover_late_segments(self) -> Settings:
+        # PROTOCOL §3.7: a segment cut at T (the writer's clock) lands by T + the put
+        # budget and may be off the reader's clock by the skew limit; a reader listing
+        # from its position minus a shorter lookback would never see it.
+        landing = self.store.connect_timeout_s + self.store.read_timeout_s
+        if self.ingest.index_put_budget_s <= landing:
+            raise CrossFieldError(
+                "ingest.index_put_budget_s",
+                f"must be > store.connect_timeout_s + store.read_timeout_s = {landing:g} (an "
+                f"attempt sent must land within it), got {self.ingest.index_put_budget_s:g}",
+                related=("store.connect_timeout_s", "store.read_timeout_s"),
+            )
+        floor = self.log_lookback_floor_s()
+        if self.reconciler.lookback_s < floor:
+            raise CrossFieldError(
+                "reconciler.lookback_s",
+                f"must be >= store.max_clock_skew_s + ingest.index_put_budget_s = {floor:g} "
+                f"(a segment may land that long after its cut), got "
+                f"{self.reconciler.lookback_s:g}",
+                related=("store.max_clock_skew_s", "ingest.index_put_budget_s"),
+            )
+        return self
+
+    def log_lookback_floor_s(self) -> float:
+        """The shortest lookback a reader of the index log may use (PROTOCOL §3.7): the
+        skew limit plus the segment create's budget. The live follower uses exactly this;
+        ``reconciler.lookback_s`` is checked against it."""
+        return self.store.max_clock_skew_s + self.ingest.index_put_budget_s
 
     @model_validator(mode="after")
     def _segments_outlive_their_readers(self) -> Settings:

@@ -1,17 +1,19 @@
 """Reading the collectors' log segments (PROTOCOL §3.7) from a durable position.
 
-Segment names start with their oldest row's time, so listing order is time order and a
-reader resumes with StartAfter: `new_segments` lists from ``position - lookback`` and
-skips the names it already consumed inside that window (``seen``). The lookback covers
-segments that appear late: clock skew between collectors, the flush age, and the PUT's
-latency. A segment that appears later still is the full audit's to find (its records
+Segment names start with their cut time (the writer's clock when it cut the segment;
+older segments, their oldest row's time), so listing order is time order and a reader
+resumes with StartAfter: `new_segments` lists from ``position - lookback`` and skips the
+names it already consumed inside that window (``seen``). The lookback covers segments
+that appear late: clock skew between collectors plus the create's budget
+(``store.max_clock_skew_s`` + ``ingest.index_put_budget_s``, checked when settings load:
+`config.settings.Settings.log_lookback_floor_s`). A segment that appears later still is the full audit's to find (its records
 are listed from ``accepted/v1/`` and ``quarantine/v1/``); a blob row lost that way is
 found by the GC's listing merge.
 
 `LogPosition` is what a consumer keeps in its checkpoint: the newest first-time it has
-consumed and the names consumed within the lookback window before it. Its size is
+consumed (by name time) and the names consumed within the lookback window before it. Its size is
 bounded by the segments written in one lookback window, and it forgets names in time
-order (a heap by first time), so consuming a segment costs O(log n), never a pass over
+order (a heap by name time), so consuming a segment costs O(log n), never a pass over
 every name it remembers (PROTOCOL §3.9).
 """
 
@@ -42,17 +44,15 @@ class LogPosition:
     _by_time: list[tuple[int, str]] = field(default_factory=list, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self._by_time = [
-            (keys.parse_index_log_segment_key(key).first_time_ns, key) for key in self.seen
-        ]
+        self._by_time = [(keys.parse_index_log_segment_key(key).time_ns, key) for key in self.seen]
         heapq.heapify(self._by_time)
 
-    def consumed(self, key: str, first_time_ns: int, lookback_ns: int) -> None:
+    def consumed(self, key: str, time_ns: int, lookback_ns: int) -> None:
         if key not in self.seen:
             self.seen.add(key)
-            heapq.heappush(self._by_time, (first_time_ns, key))
-        if first_time_ns > self.through_ns:
-            self.through_ns = first_time_ns
+            heapq.heappush(self._by_time, (time_ns, key))
+        if time_ns > self.through_ns:
+            self.through_ns = time_ns
             self._forget_before(self.through_ns - lookback_ns)
 
     def _forget_before(self, horizon_ns: int) -> None:
@@ -77,7 +77,7 @@ async def new_segments(
 ) -> AsyncIterator[tuple[ObjectInfo, keys.LogSegmentName]]:
     """Segments not consumed yet, oldest first: listed from ``through - lookback``
     (never from the start of history), minus the names in ``position.seen``. With
-    ``until_ns``, stops before the first segment whose first time is later."""
+    ``until_ns``, stops before the first segment whose name time is later."""
     start_ns = position.through_ns - int(lookback_s * NS_PER_S) if position.through_ns else 0
     async for info in store.list(
         keys.INDEX_LOG_PREFIX, start_after=keys.index_log_start_after(start_ns)
@@ -86,7 +86,7 @@ async def new_segments(
             name = keys.parse_index_log_segment_key(info.key)
         except keys.KeyFormatError:
             continue  # not a segment (an operator's file): never ours to read
-        if until_ns is not None and name.first_time_ns > until_ns:
+        if until_ns is not None and name.time_ns > until_ns:
             return
         if info.key in position.seen:
             continue

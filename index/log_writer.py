@@ -2,8 +2,23 @@
 
 PROTOCOL §3.7: a collector appends an ``accepted``, ``blob`` or ``quarantine`` row for
 what it did (never waiting: the acknowledgement path only appends to memory) and writes
-one segment per hour partition present in the buffer when the buffer reaches
-``flush_rows`` or its oldest row reaches ``flush_max_age_s``, and on graceful shutdown.
+the buffer as one segment when it reaches ``flush_rows`` or its oldest row reaches
+``flush_max_age_s``, and on graceful shutdown.
+
+A segment is named and partitioned by its **cut time**: this writer's clock when it cut
+the segment, never a row's record time. A duplicate's or a re-send's row carries the
+stored record's old ``accepted_at``; a segment named by it would sort before the readers'
+positions (checkpoint minus lookback) and never be listed, hiding the new rows cut with
+it. A segment may hold rows of any hour. Readers list from their position minus a
+lookback of at least ``store.max_clock_skew_s`` + ``put_budget_s``
+(`config.settings.Settings.log_lookback_floor_s`), so the create must land within
+``put_budget_s`` of the cut: an attempt is sent only while the cut plus the budget leaves
+room for the store's connect and read timeouts (``landing_s``); after that the rows go
+back into the buffer and are cut again, under a new name, at the next flush. While
+``skewed()`` says this host's clock is off the store's by more than
+``store.max_clock_skew_s`` (PROTOCOL §3.8), no segment is cut: the rows stay buffered
+(bounded, as below), since a name from a wrong clock could sort before the readers'
+positions.
 
 Bounds and losses:
 - the buffer holds at most ``max_buffered_rows``; an append beyond that is dropped and
@@ -24,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -46,6 +60,8 @@ from .rows import IndexRow, encode
 
 log = structlog.get_logger(__name__)
 DEFAULT_BACKOFF = Backoff(attempts=5, base_s=0.05, cap_s=1.0)
+DEFAULT_PUT_BUDGET_S = 60.0  # config.settings.IngestSettings.index_put_budget_s
+DEFAULT_LANDING_S = 35.0  # the store's default connect (5 s) plus read (30 s) timeouts
 
 
 @dataclass
@@ -56,6 +72,8 @@ class LogWriterStats:
     dropped_full: int = 0
     dropped_failed: int = 0
     flush_failures: int = 0
+    held_skewed: int = 0
+    """Flushes that cut nothing because this host's clock was skewed."""
 
 
 class IndexLogWriter:
@@ -71,9 +89,18 @@ class IndexLogWriter:
         max_buffered_rows: int = 100_000,
         backoff: Backoff = DEFAULT_BACKOFF,
         on_event: Callable[[str, int], None] | None = None,
+        put_budget_s: float = DEFAULT_PUT_BUDGET_S,
+        landing_s: float = DEFAULT_LANDING_S,
+        skewed: Callable[[], bool] | None = None,
     ) -> None:
+        """``put_budget_s``: the longest from a segment's cut to the landing of its create
+        (``ingest.index_put_budget_s``); ``landing_s``: how long an attempt may take to
+        land once sent (the store's connect plus read timeout); ``skewed``: whether this
+        host's clock is off the store's beyond the limit (then no segment is cut)."""
         if flush_rows < 1 or max_buffered_rows < flush_rows or flush_max_age_s <= 0:
             raise ValueError("need 1 <= flush_rows <= max_buffered_rows and flush_max_age_s > 0")
+        if put_budget_s <= landing_s:
+            raise ValueError("put_budget_s must exceed landing_s: no attempt could be sent")
         self._store = store
         self._clock = clock
         self._rng = rng
@@ -83,6 +110,8 @@ class IndexLogWriter:
         self._max_rows = max_buffered_rows
         self._backoff = backoff
         self._on_event = on_event or (lambda _event, _n: None)
+        self._send_window_s = put_budget_s - landing_s
+        self._skewed = skewed or (lambda: False)
         self._buffer: list[IndexRow] = []
         self._oldest_mono: float | None = None
         self._wake = asyncio.Event()
@@ -154,32 +183,30 @@ class IndexLogWriter:
                 await asyncio.sleep(self._max_age_s)
 
     async def flush(self) -> None:
-        """Write every buffered row now: one segment per hour partition present."""
+        """Write every buffered row now, as one segment named by its cut time; while this
+        host's clock is skewed, cut nothing (the rows stay buffered)."""
         async with self._flush_lock:
-            rows, self._buffer, self._oldest_mono = self._buffer, [], None
-            if not rows:
+            if not self._buffer:
                 return
-            by_hour: dict[keys.UtcHour, list[IndexRow]] = defaultdict(list)
-            for row in rows:
-                by_hour[row.hour].append(row)
-            failed: list[IndexRow] = []
-            pending = list(by_hour.values())
+            if self._skewed():
+                self.stats.held_skewed += 1
+                self.stats.flush_failures += 1  # the loop waits a flush interval, not spins
+                self._on_event("held_skewed", len(self._buffer))
+                log.warning("index_log_held_clock_skewed", buffered_rows=len(self._buffer))
+                return
+            rows, self._buffer, self._oldest_mono = self._buffer, [], None
             try:
-                while pending:
-                    hour_rows = pending[0]
-                    if not await self._write_segment(hour_rows):
-                        failed.extend(hour_rows)
-                    pending.pop(0)
+                written = await self._write_segment(rows)
             except asyncio.CancelledError:
-                # `stop` cancels the loop mid-flush: the rows not written go back into the
-                # buffer (its final flush writes them), never silently lost. A segment
-                # whose create may have landed is written again under a new name: the
-                # reconciler counts a key once.
-                self._requeue([row for rows in pending for row in rows] + failed)
+                # `stop` cancels the loop mid-flush: the rows go back into the buffer (its
+                # final flush writes them), never silently lost. A segment whose create may
+                # have landed is written again under a new name: the reconciler counts a
+                # key once.
+                self._requeue(rows)
                 raise
-            if failed:
+            if not written:
                 self.stats.flush_failures += 1
-                self._requeue(failed)
+                self._requeue(rows)
 
     def _requeue(self, rows: list[IndexRow]) -> None:
         room = max(0, self._max_rows - len(self._buffer))
@@ -195,24 +222,27 @@ class IndexLogWriter:
             log.warning("index_log_rows_dropped", rows=len(lost))
 
     async def _write_segment(self, rows: list[IndexRow]) -> bool:
+        """Create one segment of ``rows`` under a name of its cut time (now); False when
+        the create did not land within the budget (the caller requeues the rows)."""
         rows.sort(key=lambda row: row.time_unix_ns)
-        key = keys.index_log_segment_key(
-            rows[0].time_unix_ns, self._writer_id, self._rng.getrandbits(64)
-        )
+        cut_ns, cut_mono = self._clock.now_ns(), self._clock.monotonic()
+        key = keys.index_log_segment_key(cut_ns, self._writer_id, self._rng.getrandbits(64))
         body = await asyncio.to_thread(encode, rows)
         delays = self._backoff.delays(self._rng)
         maybe_ours = False
         while True:
+            if self._clock.monotonic() - cut_mono > self._send_window_s:
+                # Sent now, it could land after cut + budget: past the readers' lookback.
+                log.warning("index_log_segment_budget_spent", key=key, rows=len(rows))
+                return False
             try:
                 await self._store.put(key, body, if_none_match=True)
                 break
             except PreconditionFailed:
                 if maybe_ours:
                     break  # an earlier attempt whose answer was lost created it
-                # 64 random bits collided with another segment of this second: a new name.
-                key = keys.index_log_segment_key(
-                    rows[0].time_unix_ns, self._writer_id, self._rng.getrandbits(64)
-                )
+                # 64 random bits collided with another segment of this instant: a new name.
+                key = keys.index_log_segment_key(cut_ns, self._writer_id, self._rng.getrandbits(64))
             except (OutcomeUnknown, Unavailable, ConditionConflict) as exc:
                 # Safe to repeat: If-None-Match on a name only this writer uses.
                 maybe_ours = maybe_ours or isinstance(exc, OutcomeUnknown)

@@ -37,21 +37,25 @@ def index_writer_id(collector_id: str) -> str:
 @dataclass(frozen=True, slots=True)
 class LogSegmentName:
     hour: UtcHour
-    first_time_ns: int
+    time_ns: int
+    """The cut time (PROTOCOL §3.7); for a segment written before that rule, its oldest
+    row's time. Readers order and position by it either way."""
     writer_id: str
     random: int
 
 
-def index_log_segment_key(first_time_ns: int, writer_id: str, random64: int) -> str:
-    """``index/v1/log/date=…/hour=HH/<first-time-ns:020d>-<writer-id>-<random:016x>.parquet``:
-    the partition is the hour of ``first_time_ns`` (the segment's oldest row), so listing
-    order is first-time order across hours."""
+def index_log_segment_key(time_ns: int, writer_id: str, random64: int) -> str:
+    """``index/v1/log/date=…/hour=HH/<cut-time-ns:020d>-<writer-id>-<random:016x>.parquet``:
+    ``time_ns`` is the segment's cut time (the writer's clock when it cut the segment,
+    PROTOCOL §3.7, never a row's record time) and the partition its hour, so listing order
+    is cut-time order across hours. Segments written before that rule carry their oldest
+    row's time in the same place and are read the same way."""
     if not _WRITER_ID_RE.fullmatch(writer_id):
         raise KeyFormatError(f"writer id must be 1..64 of [A-Za-z0-9._-], got {writer_id!r}")
-    if not 0 <= random64 < 2**64 or first_time_ns < 0:
+    if not 0 <= random64 < 2**64 or time_ns < 0:
         raise KeyFormatError("segment time must be >= 0 and the random part 64 bits")
-    hour = UtcHour.from_unix_ns(first_time_ns)
-    return f"{INDEX_LOG_PREFIX}{hour.partition}/{first_time_ns:020d}-{writer_id}-{random64:016x}.parquet"
+    hour = UtcHour.from_unix_ns(time_ns)
+    return f"{INDEX_LOG_PREFIX}{hour.partition}/{time_ns:020d}-{writer_id}-{random64:016x}.parquet"
 
 
 def parse_index_log_segment_key(key: str) -> LogSegmentName:
@@ -66,8 +70,8 @@ def parse_index_log_segment_key(key: str) -> LogSegmentName:
 
 
 def index_log_start_after(time_ns: int) -> str:
-    """The StartAfter key that lists every segment whose first time is >= ``time_ns``
-    (and nothing older): segment names sort by first time (PROTOCOL §3.7)."""
+    """The StartAfter key that lists every segment whose name's time is >= ``time_ns``
+    (and nothing older): segment names sort by cut time (PROTOCOL §3.7)."""
     if time_ns <= 0:
         return INDEX_LOG_PREFIX
     hour = UtcHour.from_unix_ns(time_ns)

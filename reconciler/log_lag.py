@@ -1,13 +1,13 @@
 """How far the steady pass is behind the index log (PROTOCOL §3.7): one definition.
 
 The lag is how long the oldest log segment not yet consumed has waited: store time minus
-that segment's first time (its name's), 0 when none waits (`lag_seconds`).
+that segment's cut time (its name's), 0 when none waits (`lag_seconds`).
 ``lm-reconciler status`` lists the log from the checkpoint to find that segment
 (`reconciler.status`); the daemon's gauge ``lm_reconciler_log_lag_seconds`` cannot list
 at every scrape, so it uses what the steady pass already knows (`LogLag`), with no
 request of its own:
 
-- every segment the pass has listed and not yet consumed (its first time), kept from
+- every segment the pass has listed and not yet consumed (its cut time), kept from
   the listing until the chunk holding it is committed (the checkpoint moved past it):
   a pass stuck reading or cataloging shows its oldest waiting segment growing older;
 - segments not listed yet are newer than the last listing that reached the end of the
@@ -58,10 +58,10 @@ class LogLag:
             self._waiting.clear()
         self._refresh()
 
-    def listed(self, key: str, first_time_ns: int) -> None:
-        self._waiting[key] = first_time_ns
-        if self._oldest is None or first_time_ns < self._oldest:
-            self._oldest = first_time_ns
+    def listed(self, key: str, time_ns: int) -> None:
+        self._waiting[key] = time_ns
+        if self._oldest is None or time_ns < self._oldest:
+            self._oldest = time_ns
 
     def listing_complete(self) -> None:
         """The listing reached the end of the log: every segment not listed by now was

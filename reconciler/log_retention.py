@@ -8,14 +8,14 @@ A segment is deleted once all of these hold:
   retry horizon plus a day (blob rows nominate orphans until then), the steady pass's
   lookback and the live query's window (the designated query collector follows the log),
   checked when settings load;
-- its first time lies before the steady pass's position minus its lookback: the pass has
+- its name time (cut time) lies before the steady pass's position minus its lookback: the pass has
   consumed it, or will never list it again (a segment that came later still is the audit's
   to find);
 - a completed *listing* audit started after it was written (its LastModified): every
   record its rows name existed then, so that audit catalogued it, and every blob it named
   was listed and joined (the orphan file).
 
-Segment names start with their first time, so the oldest segments come first in a
+Segment names start with their cut time, so the oldest segments come first in a
 listing: each run lists from the start of ``index/v1/log/`` and stops at the first segment
 too young to go. Since everything before it was deleted by earlier runs, a run lists the
 deletable segments plus one page, never the retained history again and again. Deletes
@@ -65,9 +65,9 @@ async def delete_consumed_segments(
             name = keys.parse_index_log_segment_key(info.key)
         except keys.KeyFormatError:
             continue  # not a segment: never ours to delete
-        if name.first_time_ns >= consumed_before or name.first_time_ns >= old_before:
+        if name.time_ns >= consumed_before or name.time_ns >= old_before:
             result.oldest_kept = info.key
-            break  # names sort by first time: every later segment is younger still
+            break  # names sort by cut time: every later segment is younger still
         if info.last_modified_ns >= min(old_before, audit_started_ns):
             continue  # written late (a straggler): kept until an audit and the age pass it
         doomed.append(info.key)

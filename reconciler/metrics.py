@@ -43,7 +43,7 @@ class ReconcilerMetrics:
         self.log_lag = Gauge(
             "lm_reconciler_log_lag_seconds",
             "How long the oldest index log segment not yet consumed has waited (store time "
-            "minus its first time), from what the steady pass listed: fresh at each scrape, "
+            "minus its cut time), from what the steady pass listed: fresh at each scrape, "
             "also while a pass runs (reconciler.log_lag)",
             registry=r,
         )

@@ -214,7 +214,7 @@ async def gather_status(store: ObjectStore, clock: Clock, *, lookback_s: float) 
     behind, oldest = 0, None
     async for _info, name in new_segments(store, position, lookback_s=lookback_s):
         behind += 1
-        oldest = name.first_time_ns if oldest is None else min(oldest, name.first_time_ns)
+        oldest = name.time_ns if oldest is None else min(oldest, name.time_ns)
     hours: set[str] = set()
     files = 0
     async for info in store.list(keys.INDEX_CATALOG_PREFIX):

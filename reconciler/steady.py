@@ -162,8 +162,8 @@ class SteadyScanner:
                 result.complete = False
                 listed_all = False
                 break
-            group.append((info.key, name.first_time_ns))
-            self.lag.listed(info.key, name.first_time_ns)
+            group.append((info.key, name.time_ns))
+            self.lag.listed(info.key, name.time_ns)
             if len(group) >= READ_AHEAD:
                 going = await read_group()
                 group = []
@@ -266,7 +266,7 @@ class SteadyScanner:
             [attested, read_back_table(read_rows, sorted_rows.read_back), superseding]
         )
         try:
-            written = await cataloger.commit_table(catalog)
+            written = await cataloger.commit_table(catalog, writer="steady")
         except StoreError as exc:
             ctx.log.warning("catalog_write_failed", error=str(exc))
             ctx.metrics.store_failures.labels("catalog_write").inc()

@@ -29,7 +29,8 @@ The answer (PROTOCOL §2)::
   answer that were accepted at or after ``sealed_through_ns`` and whose points' span
   overlaps the range (never fewer than there are).
 - ``live_through_ns``: designated, the store time through which the log has been
-  followed; own batches, now; neither, ``sealed_through_ns`` (nothing live is held).
+  followed (every segment cut before it was listed; a batch accepted earlier may still
+  appear later, PROTOCOL §3.7); own batches, now; neither, ``sealed_through_ns`` (nothing live is held).
 
 Errors: 400 ``invalid_query`` / ``too_many_rows`` (over ``max_result_rows``) /
 ``travel_too_far`` (over ``max_travel_versions``), 404 ``version_not_found``, 429

@@ -8,8 +8,9 @@ window and answers are the committed part only.
 The settle margin of `collector.query.coverage` is the longest a batch stamped with an
 ``accepted_at`` can still be landing — ``ingest.request_budget_s`` plus the store's
 connect and read timeouts — plus ``store.max_clock_skew_s``. The log lookback of the
-follower is the flush age plus the same margin (a segment's name carries its first row's
-time; it appears at most that much later).
+follower is `config.settings.Settings.log_lookback_floor_s`: a segment's name carries its
+cut time, and it lands at most ``ingest.index_put_budget_s`` later, on a clock off by at
+most the skew limit (PROTOCOL §3.7).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def build_query(
             window,
             clock=clock,
             poll_interval_s=q.poll_interval_s,
-            lookback_s=settings.ingest.index_flush_max_age_ms / 1000 + margin,
+            lookback_s=settings.log_lookback_floor_s(),
             max_pending=q.max_pending_batches,
             max_raw_bytes=settings.ingest.max_raw_bytes,
         )

@@ -16,8 +16,10 @@
   listing there (those segments are not consumed), fetches what it has, and the follower
   reports itself ``behind`` (answers are not ``complete``) until a poll reaches the end of
   the log again. ``followed_through_ns`` (an answer's ``live_through_ns``) is the store
-  time of the last poll that reached the end, minus the log lookback: every segment with
-  rows before it has been listed.
+  time of the last poll that reached the end, minus the log lookback: every segment *cut*
+  before it has been listed (PROTOCOL §3.7). A batch accepted earlier may still appear
+  later: a re-send's row carries its stored record's old ``accepted_at`` and is cut with
+  whatever the collector flushes next.
 """
 
 from __future__ import annotations
@@ -150,7 +152,7 @@ class LogFollower:
                 reached_end = False
                 break
             pending.update(wanted)
-            self._position.consumed(info.key, name.first_time_ns, self._lookback_ns)
+            self._position.consumed(info.key, name.time_ns, self._lookback_ns)
         await self._fetch_all(list(pending.values()))
         self._window.expire(self._clock.now_ns())
         self.behind = not reached_end or bool(self._retry)

@@ -281,6 +281,24 @@ def test_mark_grace_must_outlast_a_collector_request(tmp_path: Path) -> None:
     assert problem.problem.endswith("got 30")
 
 
+def test_log_lookback_must_cover_the_skew_and_a_segment_creates_budget(tmp_path: Path) -> None:
+    # PROTOCOL §3.7: a segment cut at T lands by T + ingest.index_put_budget_s.
+    path = write(tmp_path, "[reconciler]\nlookback_s = 60\n")
+    with pytest.raises(SettingsError) as exc:
+        load_settings(path, environ={})
+    [problem] = exc.value.problems
+    assert problem.key == "reconciler.lookback_s"
+    assert "must be >= store.max_clock_skew_s + ingest.index_put_budget_s = 70" in problem.problem
+    assert problem.problem.endswith("got 60")
+    fits = load_settings(path, environ={"LM_INGEST__INDEX_PUT_BUDGET_S": "40"})
+    assert fits.log_lookback_floor_s() == 50.0  # the live follower's lookback
+    with pytest.raises(SettingsError) as exc:
+        load_settings(path, environ={"LM_INGEST__INDEX_PUT_BUDGET_S": "30"})
+    [problem] = exc.value.problems
+    assert problem.key == "ingest.index_put_budget_s"
+    assert "must be > store.connect_timeout_s + store.read_timeout_s = 35" in problem.problem
+
+
 def test_signed_delete_expiry_must_fit_well_within_the_lease(tmp_path: Path) -> None:
     path = write(tmp_path, "[reconciler]\nlease_ttl_s = 6\n")
     settings = load_settings(path, environ={})  # a collector may load this file

@@ -101,29 +101,85 @@ def test_segment_names_sort_by_first_time_across_hours() -> None:
     assert keys.index_log_start_after(T0 + HOUR_NS) > early
     assert keys.index_log_start_after(T0 + HOUR_NS + 2) > late
     name = keys.parse_index_log_segment_key(late)
-    assert (name.first_time_ns, name.writer_id, name.random) == (T0 + HOUR_NS + 1, "a", 1)
+    assert (name.time_ns, name.writer_id, name.random) == (T0 + HOUR_NS + 1, "a", 1)
     assert keys.index_writer_id("host:1/x") == "host_1_x"
 
 
-async def test_log_writer_writes_one_segment_per_hour_and_a_reader_resumes() -> None:
-    clock = ManualClock(T0)
+async def test_log_writer_cuts_one_segment_named_by_its_cut_time_and_a_reader_resumes() -> None:
+    clock = ManualClock(T0 + 2 * HOUR_NS)
     store = MemoryStore(clock=clock)
     writer = IndexLogWriter(store=store, clock=clock, rng=random.Random(1), writer_id="c1")
-    for seq, at in enumerate([T0, T0 + 1, T0 + HOUR_NS]):
+    for seq, at in enumerate([T0, T0 + 1, T0 + HOUR_NS]):  # rows of two earlier hours
         assert writer.append(accepted_row(manifest(seq, at)))
     await writer.flush()
-    assert writer.stats.segments_written == 2 and writer.buffered == 0
+    assert writer.stats.segments_written == 1 and writer.buffered == 0
     position = log_reader.LogPosition()
     seen = [info.key async for info, _ in log_reader.new_segments(store, position, lookback_s=60)]
-    assert len(seen) == 2
-    rows = [row for key in seen for row in await log_reader.read_segment(store, key)]
+    assert len(seen) == 1
+    name = keys.parse_index_log_segment_key(seen[0])
+    assert name.time_ns == T0 + 2 * HOUR_NS  # the cut time, never a row's record time
+    assert name.hour == keys.UtcHour.from_unix_ns(T0 + 2 * HOUR_NS)
+    rows = await log_reader.read_segment(store, seen[0])
     assert [row.seq_start for row in rows] == [0, 1, 2]
-    for key in seen:
-        position.consumed(key, keys.parse_index_log_segment_key(key).first_time_ns, 60 * 10**9)
+    position.consumed(seen[0], name.time_ns, 60 * 10**9)
+    clock.advance(1)
     writer.append(accepted_row(manifest(9, T0 + HOUR_NS + 10)))
     await writer.flush()
     fresh = [info.key async for info, _ in log_reader.new_segments(store, position, lookback_s=60)]
     assert len(fresh) == 1 and fresh[0] not in seen
+
+
+async def test_a_segment_create_is_not_sent_past_its_budget_and_its_rows_are_cut_again() -> None:
+    clock = ManualClock(T0)
+    store = MemoryStore(clock=clock)
+    writer = IndexLogWriter(
+        store=store,
+        clock=clock,
+        rng=random.Random(1),
+        writer_id="c1",
+        put_budget_s=60.0,
+        landing_s=35.0,  # sends only within 25 s of the cut
+    )
+    writer.append(accepted_row(manifest(1)))
+    sent: list[float] = []
+
+    async def slow_failure(*_args: object, **_kwargs: object) -> str:
+        sent.append(clock.monotonic())
+        clock.advance(20.0)  # each attempt times out after 20 s
+        raise Unavailable("put", "k", "timed out")
+
+    real_put = store.put
+    store.put = slow_failure  # type: ignore[method-assign]
+    await writer.flush()
+    assert len(sent) == 2 and sent[-1] <= 25.0  # a third would be sent 40 s after the cut
+    assert writer.buffered == 1 and writer.stats.flush_failures == 1
+    store.put = real_put  # type: ignore[method-assign]
+    await writer.flush()
+    [segment] = [info.key async for info in store.list(keys.INDEX_LOG_PREFIX)]
+    assert keys.parse_index_log_segment_key(segment).time_ns == clock.now_ns()  # cut anew
+
+
+async def test_a_writer_whose_clock_is_skewed_cuts_no_segment_and_keeps_its_rows() -> None:
+    clock = ManualClock(T0)
+    store = MemoryStore(clock=clock)
+    skewed = [True]
+    events: dict[str, int] = {}
+    writer = IndexLogWriter(
+        store=store,
+        clock=clock,
+        rng=random.Random(1),
+        writer_id="c1",
+        skewed=lambda: skewed[0],
+        on_event=lambda fate, n: events.__setitem__(fate, events.get(fate, 0) + n),
+    )
+    writer.append(accepted_row(manifest(1)))
+    await writer.flush()
+    assert [info async for info in store.list(keys.INDEX_LOG_PREFIX)] == []
+    assert writer.buffered == 1 and writer.stats.held_skewed == 1
+    assert events == {"held_skewed": 1}
+    skewed[0] = False
+    await writer.flush()
+    assert writer.buffered == 0 and writer.stats.segments_written == 1
 
 
 async def test_log_writer_bounds_its_buffer_and_keeps_rows_through_a_failed_flush() -> None:

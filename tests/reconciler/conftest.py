@@ -158,7 +158,7 @@ async def log_rows(
     seed: int = 3,
 ) -> list[str]:
     """Append the batches' and conflicts' rows (and ``rows``) to an `IndexLogWriter` and
-    flush it, as a collector does: one segment per hour present. Returns the new segment
+    flush it, as a collector does: one segment named by its cut time. Returns the new segment
     keys."""
     before = await keys_under(store, keys.INDEX_LOG_PREFIX)
     writer = IndexLogWriter(store=store, clock=clock, rng=random.Random(seed), writer_id=writer_id)
@@ -186,7 +186,7 @@ def make_settings(**reconciler: object) -> Settings:
     defaults: dict[str, object] = {
         "lease_ttl_s": 30.0,
         "loop_interval_s": 10.0,
-        "lookback_s": 7200.0,
+        "lookback_s": 300.0,  # the default: a longer one hid segments sorting too early
         "verify_rate_per_s": 1000.0,
         "concurrency": 4,
     }

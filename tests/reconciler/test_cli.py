@@ -77,10 +77,16 @@ def test_run_once_and_status_show_the_log_the_catalog_and_the_cost(tmp_path: Pat
         "catalog_created_entries": 0,
     }
     assert doc["index_requests_per_batch"] is None and doc["last_audit"] is None
-    # Its segment has waited longer than a 1-second lookback: lag.
-    assert (
-        run_cli("status", "--check", env={**env, "LM_RECONCILER__LOOKBACK_S": "1"}).returncode == 1
-    )
+    # Its segment has waited longer than a 1-second lookback: lag. (A lookback that short
+    # needs a segment create's budget and the skew limit within it, PROTOCOL §3.7.)
+    short = {
+        "LM_RECONCILER__LOOKBACK_S": "1",
+        "LM_STORE__MAX_CLOCK_SKEW_S": "0.2",
+        "LM_STORE__CONNECT_TIMEOUT_S": "0.1",
+        "LM_STORE__READ_TIMEOUT_S": "0.2",
+        "LM_INGEST__INDEX_PUT_BUDGET_S": "0.5",
+    }
+    assert run_cli("status", "--check", env={**env, **short}).returncode == 1
 
     once = run_cli("run", "--once", env=env)
     assert once.returncode == 0, once.stderr

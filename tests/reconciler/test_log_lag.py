@@ -37,7 +37,8 @@ async def test_a_pass_stuck_on_a_slow_store_makes_the_gauge_grow(clock: ManualCl
     store = StallingLogReads(clock=clock)
     batches = await write_batches(store, agents=1, per_agent=3)
     (segment,) = await log_rows(store, clock, batches, writer_id="c1")
-    first_ns = keys.parse_index_log_segment_key(segment).first_time_ns
+    first_ns = keys.parse_index_log_segment_key(segment).time_ns  # its cut time: now
+    clock.advance(3)  # it waits 3 s before a pass lists it
     ctx = await context(store, clock)
     scanner = SteadyScanner(ctx)
 

@@ -32,7 +32,7 @@ async def test_consumed_segments_go_after_retention_and_an_audit_and_only_those(
 ) -> None:
     batches = await write_batches(memory_store, agents=1, per_agent=2)
     old = await log_rows(memory_store, clock, batches, writer_id="c1")
-    settings = make_settings(lookback_s=60.0)
+    settings = make_settings(lookback_s=70.0)
     ctx = await context(memory_store, clock, settings=settings)
     scanner = SteadyScanner(ctx)
     first = await scanner.run_pass()

@@ -67,7 +67,7 @@ async def test_a_pass_catalogs_what_the_log_names_once_and_advances_the_checkpoi
     assert checkpoint is not None and checkpoint == result.checkpoint
     assert checkpoint.owner_epoch == ctx.epoch
     assert set(checkpoint.log_seen) == {*first, *second}
-    assert checkpoint.log_through_ns == keys.parse_index_log_segment_key(second[0]).first_time_ns
+    assert checkpoint.log_through_ns == keys.parse_index_log_segment_key(second[0]).time_ns
     assert checkpoint.totals == {
         "segments": 2,
         "accepted_rows": 13,
@@ -143,7 +143,7 @@ async def test_consumed_segments_are_never_read_again_and_late_ones_are_found(
         b.key for b in [*early, *newer]
     )
     # The listing starts from the position minus the lookback, never at the log's start.
-    through = keys.parse_index_log_segment_key(consumed[0]).first_time_ns
+    through = keys.parse_index_log_segment_key(consumed[0]).time_ns
     lookback_ns = int(ctx.settings.reconciler.lookback_s * S)
     assert [after for prefix, after in store.lists if prefix == keys.INDEX_LOG_PREFIX] == [
         keys.index_log_start_after(through - lookback_ns)
@@ -267,7 +267,7 @@ async def test_a_checkpoint_written_by_a_newer_epoch_refuses_our_update(
 async def test_a_segment_from_a_clock_ahead_does_not_move_the_position_past_now(
     memory_store: MemoryStore, clock: ManualClock
 ) -> None:
-    ctx = await context(memory_store, clock, settings=make_settings(lookback_s=60.0))
+    ctx = await context(memory_store, clock, settings=make_settings(lookback_s=70.0))
     scanner = SteadyScanner(ctx)
     ahead = await write_batches(memory_store, agents=1, per_agent=1, start_ns=T0_NS + HOUR_NS)
     await log_rows(memory_store, clock, ahead, writer_id="fast-clock")
