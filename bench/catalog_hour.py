@@ -110,7 +110,7 @@ async def seed(url: str, rows: int, files: int) -> None:
     per_file = rows // files
     for i in range(files):
         count = per_file if i < files - 1 else rows - per_file * (files - 1)
-        await writer.write_table(HOUR, synthetic_rows(i * per_file, count, rng))
+        await writer.write_table(HOUR, synthetic_rows(i * per_file, count, rng), writer="steady")
 
 
 async def compact_by_levels(url: str, memory_limit_mb: int, spill: str) -> dict[str, object]:

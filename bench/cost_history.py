@@ -106,7 +106,9 @@ async def catalog(store: ObjectStore, manifests: Sequence[AcceptedManifest]) -> 
     """Catalog files and work markers for ``manifests``, as the reconciler writes them."""
     ctx = await open_context(store, settings=Settings(), clock=SystemClock(), rng=random.Random(7))
     try:
-        await Cataloger(ctx, ProblemBook(ctx)).commit(accepted_row(m) for m in manifests)
+        await Cataloger(ctx, ProblemBook(ctx)).commit(
+            (accepted_row(m) for m in manifests), writer="steady"
+        )
     finally:
         await ctx.fence.release()
 

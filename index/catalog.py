@@ -15,7 +15,10 @@ earlier attempt's answer was lost and the body read back is ours), so the writer
 on to the next sequence. Right after the file, it creates the file's entry
 ``index/v1/catalog-created/<epoch:010d>-<sequence:010d>`` (`records.CatalogCreated`):
 entries list every catalog file in creation order, so the GC reads the files created
-since an audit started without listing history (PROTOCOL §3.5 rule 2). A write whose
+since an audit started without listing history (PROTOCOL §3.5 rule 2). Each entry holds
+the file's hour and its writer, which every write names (``writer``: ``steady``,
+``audit-<id>``, ``compaction``, ``retraction``): re-marking after a stopped audit marks
+only that audit's files (`reconciler.audit.remark`). A write whose
 entry could not be made raises like one whose file could not: the caller redoes its
 rows, in a file with an entry. `CatalogWriter.position` is where an audit starting now
 records that the files created after its start begin.
@@ -124,20 +127,23 @@ class CatalogWriter:
         hour: keys.UtcHour,
         rows: Iterable[IndexRow],
         *,
+        writer: str,
         metadata: dict[bytes, bytes] | None = None,
     ) -> str:
         """`write_table` for a few rows given as objects."""
-        return await self.write_table(hour, table_of(list(rows)), metadata=metadata)
+        return await self.write_table(hour, table_of(list(rows)), writer=writer, metadata=metadata)
 
     async def write_table(
         self,
         hour: keys.UtcHour,
         table: pa.Table,
         *,
+        writer: str,
         metadata: dict[bytes, bytes] | None = None,
     ) -> str:
         """Create one catalog file for ``hour`` holding ``table``'s rows (a `FILE_SCHEMA`
-        table, sorted here by key); returns its key.
+        table, sorted here by key); returns its key. ``writer`` is who writes it, recorded
+        in its catalog-created entry (`records.CatalogCreated.writer`).
 
         Raises the store's error when bounded retries did not settle the create; then no
         file was written, or one whose rows are all true (a later read counts them once).
@@ -153,15 +159,17 @@ class CatalogWriter:
         ordered = table.take(pc.sort_indices(table, [("key", "ascending")]))
         if metadata:
             ordered = ordered.replace_schema_metadata(metadata)
-        return await self.write_encoded(hour, encode_table(ordered))
+        return await self.write_encoded(hour, encode_table(ordered), writer=writer)
 
-    async def write_encoded(self, hour: keys.UtcHour, body: bytes) -> str:
+    async def write_encoded(self, hour: keys.UtcHour, body: bytes, *, writer: str) -> str:
         """Create one catalog file for ``hour`` from an encoded body; returns its key.
         Retries as `write_table` says."""
-        key, _etag = await self.create_encoded(hour, body)
+        key, _etag = await self.create_encoded(hour, body, writer=writer)
         return key
 
-    async def create_encoded(self, hour: keys.UtcHour, body: bytes) -> tuple[str, str | None]:
+    async def create_encoded(
+        self, hour: keys.UtcHour, body: bytes, *, writer: str
+    ) -> tuple[str, str | None]:
         """`write_encoded`, also returning the ETag the store answered for the create
         (``None`` when an earlier attempt's lost answer created it: read back instead)."""
         rows = pq.read_metadata(io.BytesIO(body)).num_rows
@@ -169,10 +177,12 @@ class CatalogWriter:
             hour,
             lambda key: self._store.put(key, body, if_none_match=True),
             lambda stored: stored == body,
-            rows,
+            _entry(hour, rows, writer),
         )
 
-    async def create_file(self, hour: keys.UtcHour, path: str) -> tuple[str, str | None]:
+    async def create_file(
+        self, hour: keys.UtcHour, path: str, *, writer: str
+    ) -> tuple[str, str | None]:
         """`create_encoded` of the encoded catalog file at ``path``, uploaded from the file
         (`ObjectStore.put_file`: never the whole body in memory; a merged hour is
         hundreds of MB)."""
@@ -184,8 +194,9 @@ class CatalogWriter:
                 digest.append(file_sha256(path))
             return hashlib.sha256(stored).digest() == digest[0]
 
+        entry = _entry(hour, rows, writer)
         return await self._create(
-            hour, lambda key: self._store.put_file(key, path, if_none_match=True), same, rows
+            hour, lambda key: self._store.put_file(key, path, if_none_match=True), same, entry
         )
 
     async def _create(
@@ -193,11 +204,11 @@ class CatalogWriter:
         hour: keys.UtcHour,
         put: Callable[[str], Awaitable[str]],
         same: Callable[[bytes], bool],
-        rows: int,
+        entry: records.CatalogCreated,
     ) -> tuple[str, str | None]:
         """Create a file of ``hour`` by ``put(key)`` (If-None-Match) under the next free
-        name, then its catalog-created entry; ``same(stored)`` says whether a body read
-        back is this one (after a lost answer and a 412)."""
+        name, then its catalog-created entry (``entry`` with the name); ``same(stored)``
+        says whether a body read back is this one (after a lost answer and a 412)."""
         delays = self._backoff.delays(self._rng)
         key = self._next_key(hour)
         etag: str | None = None
@@ -222,7 +233,7 @@ class CatalogWriter:
                     if delay is None:
                         raise
                     await self._clock.sleep(delay)
-            await self._create_entry(key, rows)
+            await self._create_entry(entry.model_copy(update={"catalog_key": key}))
         finally:
             self._hold(key, -1)
         self.files_written += 1
@@ -236,13 +247,13 @@ class CatalogWriter:
         else:
             self._in_flight.pop(sequence, None)
 
-    async def _create_entry(self, catalog_key: str, rows: int) -> None:
+    async def _create_entry(self, created: records.CatalogCreated) -> None:
         """The file's catalog-created entry. A 412 is our own entry: the name is this
         writer's (epoch, sequence), whose file we just created. Raises when bounded retries
         did not settle it."""
-        _hour, epoch, sequence = keys.parse_index_catalog_key(catalog_key)
+        _hour, epoch, sequence = keys.parse_index_catalog_key(created.catalog_key)
         entry_key = keys.catalog_created_key(epoch, sequence)
-        entry = records.CatalogCreated(catalog_key=catalog_key, rows=rows).to_json()
+        entry = created.to_json()
         delays = self._backoff.delays(self._rng)
         while True:
             try:
@@ -266,6 +277,13 @@ class CatalogWriter:
         except NotFound:
             return False
         return same(stored)
+
+
+def _entry(hour: keys.UtcHour, rows: int, writer: str) -> records.CatalogCreated:
+    """A file's catalog-created entry, its name still to be chosen: built before the file is
+    created, so a writer label that is not one (`records.CatalogCreated.writer`) raises
+    before anything is written."""
+    return records.CatalogCreated(catalog_key="-", rows=rows, hour=hour.iso, writer=writer)
 
 
 @dataclass(frozen=True, slots=True)

@@ -89,7 +89,7 @@ async def merge_files(
         counted = effective(names, paths)  # inputs of another input are contained in it
         rows = await asyncio.to_thread(_merge, counted, out, metadata, limits, tmp)
         size = (await asyncio.to_thread(out.stat)).st_size
-        merged, etag = await writer.create_file(hour, str(out))
+        merged, etag = await writer.create_file(hour, str(out), writer="compaction")
         # Read back without holding the file: the store attests what it holds by a HEAD
         # (its size, and the ETag its create answered). Only where those disagree (a store
         # whose ETags differ between PUT and HEAD, PROTOCOL §3.6, or a create whose answer

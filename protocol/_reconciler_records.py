@@ -78,15 +78,32 @@ class AuditRecord(Record):
     catalog and listing copies and DuckDB's spill files): the local disk it needs."""
 
 
+CATALOG_WRITER_PATTERN = r"^(steady|compaction|retraction|audit-[0-9a-f]{8,32})$"
+"""Who wrote a catalog file (`CatalogCreated.writer`): the steady pass, compaction, a
+retraction, or the audit of that id (`CatalogCreated.audit_writer`)."""
+
+
 class CatalogCreated(Record):
     """``index/v1/catalog-created/<epoch:010d>-<sequence:010d>``: one catalog file was
-    created (PROTOCOL §3.7), written by the catalog writer right after the file."""
+    created (PROTOCOL §3.5 rule 2, §3.7), written by the catalog writer right after the
+    file. ``hour`` and ``writer`` are ``None`` in entries written before they existed."""
 
     schema_: Literal["lightmetrics.catalog_created.v1"] = Field(
         default="lightmetrics.catalog_created.v1", alias="schema"
     )
     catalog_key: str = Field(min_length=1)
     rows: int = NonNegative
+    hour: str | None = Field(default=None, pattern=r"^\d{4}-\d{2}-\d{2}T\d{2}$")
+    """The file's UTC hour, ``YYYY-MM-DDTHH`` (`keys.UtcHour.iso`, as a work marker's)."""
+    writer: str | None = Field(default=None, pattern=CATALOG_WRITER_PATTERN)
+    """Who wrote the file: ``steady``, ``audit-<audit id>``, ``compaction`` or
+    ``retraction``. Re-marking after a stopped audit (`reconciler.audit.remark`) marks
+    only that audit's files, and those of entries without a writer."""
+
+    @staticmethod
+    def audit_writer(audit_id: str) -> str:
+        """The ``writer`` of the catalog files the audit ``audit_id`` writes."""
+        return f"audit-{audit_id}"
 
 
 class ProblemRecord(Record):

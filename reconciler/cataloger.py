@@ -17,7 +17,8 @@ the caller keeps its cursor before it).
 
 `Cataloger.commit` writes one catalog file per hour present, then one rollup work marker
 per file (PROTOCOL §3.7: the caller advances its checkpoint or cursor only after both).
-The fence is checked before the writes.
+The fence is checked before the writes. The caller names itself as the files' writer
+(``steady``, or ``audit-<id>``: `records.CatalogCreated.writer`).
 """
 
 from __future__ import annotations
@@ -115,8 +116,9 @@ class Cataloger:
         result.rows.append(row)
         return result
 
-    async def commit(self, rows: Iterable[IndexRow]) -> list[str]:
-        """Write the rows' catalog files (one per hour) and their work markers."""
+    async def commit(self, rows: Iterable[IndexRow], *, writer: str) -> list[str]:
+        """Write the rows' catalog files (one per hour) and their work markers; ``writer``
+        is recorded in each file's catalog-created entry."""
         by_hour: dict[keys.UtcHour, list[IndexRow]] = defaultdict(list)
         for row in rows:
             by_hour[row.hour].append(row)
@@ -125,7 +127,7 @@ class Cataloger:
         await self._ctx.check_fence()
         written: list[str] = []
         for hour, hour_rows in sorted(by_hour.items()):
-            catalog_key = await self._writer.write(hour, hour_rows)
+            catalog_key = await self._writer.write(hour, hour_rows, writer=writer)
             await self.mark_work(catalog_key, hour, len(hour_rows))
             self._ctx.on_catalog_written(hour, catalog_key)
             written.append(catalog_key)
@@ -137,7 +139,7 @@ class Cataloger:
                 metrics.cataloged_rows.labels(row.kind).inc()
         return written
 
-    async def commit_table(self, table: pa.Table) -> list[str]:
+    async def commit_table(self, table: pa.Table, *, writer: str) -> list[str]:
         """`commit` for a `index.rows.FILE_SCHEMA` table: one file per hour present (the
         hours are found column-wise; a chunk spans one or two)."""
         if table.num_rows == 0:
@@ -149,7 +151,7 @@ class Cataloger:
         for hour_index in sorted(pc.unique(hour_of).to_pylist()):
             rows = table.filter(pc.equal(hour_of, hour_index))
             hour = keys.UtcHour.from_unix_ns(hour_index * HOUR_NS)
-            catalog_key = await self._writer.write_table(hour, rows)
+            catalog_key = await self._writer.write_table(hour, rows, writer=writer)
             await self.mark_work(catalog_key, hour, rows.num_rows)
             self._ctx.on_catalog_written(hour, catalog_key)
             written.append(catalog_key)

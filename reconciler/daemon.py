@@ -13,7 +13,11 @@ dying. The active instance loops, every ``loop_interval_s``:
    child process with ``audit_in_child``, as ``lm-reconciler run`` does), `run_once`
    awaits it;
 3. catalog compaction (`reconciler.compaction`) of the hours written to;
-4. the GC (``reconciler.gc.run.run_gc``) when ``gc.enabled``, at most once per
+4. every ``LOG_SWEEP_INTERVAL_S``, housekeeping, whether or not the GC is enabled: the
+   consumed log segments (`reconciler.log_retention`) and the ``catalog-created``
+   entries no rule reads any more (`trim_catalog_created`: those before the latest
+   completed audit's position and a running audit's);
+5. the GC (``reconciler.gc.run.run_gc``) when ``gc.enabled``, at most once per
    ``max(loop_interval_s, gc.mark_grace_s)``; with the GC disabled, only its resolution
    of stale ``deleting`` marks (which would otherwise keep collectors waiting).
 
@@ -47,6 +51,7 @@ from reconciler.audit.run import ProgressCallback, run_full_audit
 from reconciler.audit.schedule import AuditSchedule
 from reconciler.compaction import CatalogCompactor, CompactionBeside
 from reconciler.context import Fence, GcMemory, ReconcilerContext, default_owner_id
+from reconciler.gc.catalog_since import trim_unneeded_entries
 from reconciler.log_retention import sweep_log
 from reconciler.metrics import ReconcilerMetrics
 from reconciler.pass_report import PassReport as PassReport
@@ -63,8 +68,20 @@ from store.time import store_clock
 from .gc.run import run_gc, settle_stale_deletions
 
 log = structlog.get_logger(__name__)
-LOG_SWEEP_INTERVAL_S = 600.0  # consumed log segments are looked for this often
+LOG_SWEEP_INTERVAL_S = 600.0  # consumed log segments and entries are looked for this often
 T = TypeVar("T")
+
+
+async def trim_catalog_created(ctx: ReconcilerContext) -> int:
+    """The lease holder's trim of the ``catalog-created`` entries no rule reads any more
+    (PROTOCOL §3.5 rule 2, `reconciler.gc.catalog_since.trim_unneeded_entries`): without
+    it, entries would pile up forever while the GC is disabled. Returns how many went."""
+    position, trimmed = await trim_unneeded_entries(
+        ctx.store, fence=ctx.check_fence, concurrency=ctx.settings.reconciler.concurrency
+    )
+    if trimmed:
+        ctx.log.info("catalog_created_trimmed", entries=trimmed, before=position)
+    return trimmed
 
 
 class Reconciler:
@@ -247,6 +264,7 @@ class Reconciler:
             report.log_retention = await self._stage(
                 "log_retention", lambda: sweep_log(ctx, report.steady), isolate_errors
             )
+            await self._stage("catalog_created", lambda: trim_catalog_created(ctx), isolate_errors)
         if not self._stopping.is_set() and self._gc_due():
             self._last_gc = self._clock.monotonic()
             if self._settings.gc.enabled:

@@ -154,7 +154,7 @@ class AuditChild:
             await ctx.check_fence()
             hour = keys.UtcHour.from_unix_ns(int(message["hour_ns"]))
             key, etag = await ctx.catalog_writer.create_encoded(
-                hour, base64.b64decode(message["body"])
+                hour, base64.b64decode(message["body"]), writer=str(message["writer"])
             )
             answer.update(key=key, etag=etag)
         except Exception as exc:

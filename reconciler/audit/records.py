@@ -71,8 +71,8 @@ async def resume_or_start(
     new audit's record, created. Returns (record, resumed).
 
     First, when the newest audit was left ``running`` (killed, stopped, or failed), the
-    markers its runs may have left unwritten are created (`remark_since` from its
-    position), whether it is resumed or not: a new audit joins that run's catalog files
+    markers its runs may have left unwritten are created (`remark_since`: its own
+    files), whether it is resumed or not: a new audit joins that run's catalog files
     as cataloged too. Done before a new record exists, so a kill meanwhile leaves the
     same audit newest and the next call does it again."""
     await ctx.check_fence()
@@ -80,7 +80,7 @@ async def resume_or_start(
     report = await inventory.report() if inventory is not None else None
     latest = await latest_audit(ctx.store, catalog_only=True)
     if latest is not None and latest.status == "running" and latest.catalog_created_from:
-        await remark_since(ctx, latest.catalog_created_from)  # a kill between file and marker
+        await remark_since(ctx, latest)  # a kill between file and marker
     if (
         latest is not None
         and latest.status == "running"

@@ -59,7 +59,7 @@ from typing import ParamSpec, TypeVar
 
 from index import catalog
 from protocol import keys
-from protocol.records import AuditRecord
+from protocol.records import AuditRecord, CatalogCreated
 from reconciler.audit.audit_inputs import (
     CatalogCopy,
     PinnedCatalog,
@@ -323,7 +323,9 @@ class AuditRun(AuditState):
         rows = result.batch.rows
         try:
             async with self._limit:
-                await self._cataloger.commit(rows)
+                await self._cataloger.commit(
+                    rows, writer=CatalogCreated.audit_writer(self._record.audit_id)
+                )
         except StoreError as exc:
             self._ctx.metrics.store_failures.labels("catalog_write").inc()
             self._ctx.log.warning("audit_catalog_write_failed", error=str(exc))

@@ -127,12 +127,14 @@ class RemoteCatalogWriter(CatalogWriter):
     def position(self) -> str:
         return self._position
 
-    async def create_encoded(self, hour: keys.UtcHour, body: bytes) -> tuple[str, str | None]:
+    async def create_encoded(
+        self, hour: keys.UtcHour, body: bytes, *, writer: str
+    ) -> tuple[str, str | None]:
         if self._released is None:  # every write waits for the one hold (they run at once)
             self._released = asyncio.ensure_future(_hold_if_asked())
         await asyncio.shield(self._released)
         answer = await self._channel.request(
-            {"hour_ns": hour.start_ns, "body": base64.b64encode(body).decode()}
+            {"hour_ns": hour.start_ns, "body": base64.b64encode(body).decode(), "writer": writer}
         )
         if "error" in answer:
             raise _error(answer, self._epoch)

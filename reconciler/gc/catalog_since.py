@@ -28,29 +28,39 @@ nobody treats an unreadable or vanished catalog file as "no rows"), and says why
 `CatalogSince.stalled` (one of `STALL_REASONS`: a counted event,
 ``lm_reconciler_gc_stalled_total{reason}``, and the GC run record's ``stalled``).
 
-`trim_entries` deletes the entries before a position: once no audit's GC read needs them
-(`reconciler.gc.collector`: before the rule-5 audit's position, which is the latest
-completed audit's).
+`trim_unneeded_entries` deletes the entries before the oldest position a rule still reads
+from (`needed_position`): the latest completed audit's (the GC's rule-5 audit: of a
+listing, or with ``gc.inventory_proves`` of either source), and the newest audit's while it
+is left running (re-marking its files, `reconciler.audit.remark`). The lease holder runs it
+with its periodic housekeeping, whether or not the GC is enabled (`reconciler.daemon`).
+Each run lists ``catalog-created/`` from its start up to that
+position only (`trim_entries`): what earlier runs deleted is not listed again, so its cost
+is the entries that go plus one page.
 """
 
 from __future__ import annotations
 
 import asyncio
 import io
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from index.audits import iter_audits_newest_first
 from index.catalog import compacted_from_names
 from protocol import keys, records
-from store.base import ObjectStore
+from reconciler.gc.bounded import for_each_bounded
+from store.base import ObjectStore, list_range
 from store.errors import NotFound
 
 HASH_COLUMNS = ["frame_sha256", "accepted_frame_sha256"]
 KIND_COLUMN = "kind"
 RELIST_ATTEMPTS = 3
+MAX_TRIMMED_PER_RUN = 100_000
+"""Entries one `trim_entries` call deletes at most (the rest go next time): its memory."""
 STALL_REASONS = (
     "catalog-file-vanished",
     "catalog-file-unreadable",
@@ -242,12 +252,59 @@ async def references_since(
     return result
 
 
-async def trim_entries(store: ObjectStore, before_position: str) -> int:
-    """Delete the catalog-created entries before ``before_position``; how many."""
+async def trim_entries(store: ObjectStore, before_position: str, *, concurrency: int = 8) -> int:
+    """Delete the catalog-created entries before ``before_position``, ``concurrency`` at a
+    time; how many. Lists from the start of ``catalog-created/`` up to the position only
+    (`store.base.list_range`: no page past it), at most `MAX_TRIMMED_PER_RUN` entries."""
     bound = _position_key(before_position)
-    doomed = [
-        info.key async for info in store.list(keys.INDEX_CATALOG_CREATED_PREFIX) if info.key < bound
-    ]
-    for key in doomed:
-        await store.delete(key)
+    doomed: list[str] = []
+    async for info in list_range(store, keys.INDEX_CATALOG_CREATED_PREFIX, None, bound):
+        if info.key >= bound or len(doomed) >= MAX_TRIMMED_PER_RUN:
+            break
+        doomed.append(info.key)
+    await for_each_bounded(doomed, store.delete, concurrency)
     return len(doomed)
+
+
+async def needed_position(store: ObjectStore) -> str | None:
+    """The oldest catalog-created position a rule still reads from, or None when no audit
+    records one (then nothing may go). Among the audits of the index (``catalog``): the
+    latest completed listing audit's (PROTOCOL §3.5 rule 2: the GC reads from its rule-5
+    audit's position), the latest completed audit's of either source (an inventory audit
+    serves rule 5 with ``gc.inventory_proves``, a setting that may change while its entries
+    are kept), and the newest audit's while it is ``running`` (re-marking its files after it
+    stopped, `reconciler.audit.remark`; an older one left running needs nothing: the audit
+    after it re-marked its files before starting). A position only grows: a new audit
+    records the writer's position when it starts, at or after every entry then written."""
+    positions: list[str] = []
+    newest = True
+    any_completed = False
+    async for audit in iter_audits_newest_first(store):
+        if not audit.catalog:
+            continue  # an audit of the version before the index: no position
+        position = audit.catalog_created_from
+        if newest and audit.status == "running" and position is not None:
+            positions.append(position)
+        newest = False
+        if audit.status != "completed":
+            continue
+        if not any_completed and position is not None:
+            positions.append(position)
+        any_completed = True
+        if audit.source == "listing":
+            if position is not None:
+                positions.append(position)
+            break  # every later rule-5 audit started after this one
+    return min(positions, default=None)
+
+
+async def trim_unneeded_entries(
+    store: ObjectStore, *, fence: Callable[[], Awaitable[None]], concurrency: int = 8
+) -> tuple[str | None, int]:
+    """Delete the catalog-created entries before `needed_position` (``fence()`` checked
+    first: the lease holder's); returns that position (None: nothing went) and how many."""
+    position = await needed_position(store)
+    if position is None:
+        return None, 0
+    await fence()
+    return position, await trim_entries(store, position, concurrency=concurrency)

@@ -4,8 +4,11 @@
 2. mark the candidates (`reconciler.gc.candidates`);
 3. prove and delete (`reconciler.gc.deletion`), then write the run's log file and only
    then remove the marks of the blobs it records (`reconciler.gc.log`);
-4. clear the vetoes that have done their work (`reconciler.gc.vetoes`), and the
-   catalog-created entries no audit needs any more (`reconciler.gc.catalog_since`).
+4. clear the vetoes that have done their work (`reconciler.gc.vetoes`).
+
+The catalog-created entries no rule reads any more are not the GC's to trim: the lease
+holder's housekeeping does, whether or not the GC is enabled (`reconciler.daemon`,
+`reconciler.gc.catalog_since.trim_unneeded_entries`).
 
 A store failure on one candidate or mark (503, a lost answer, a 409) skips that one and
 the run goes on: skipping never deletes, and the next run starts over from the store.
@@ -31,7 +34,6 @@ from reconciler.gc.candidates import (
     list_marks_and_vetoes,
     mark_candidates,
 )
-from reconciler.gc.catalog_since import trim_entries
 from reconciler.gc.delete import LeaseTerm
 from reconciler.gc.deletion import Candidate, Deleter
 from reconciler.gc.log import RunLog
@@ -147,12 +149,6 @@ class GarbageCollector:
         if not dry_run:
             await self._write_log(run_log, started)
             await clear_settled_vetoes(work, audit)
-            if audit is not None and audit.catalog_created_from is not None:
-                await work.per_item(
-                    "trim-entries",
-                    keys.INDEX_CATALOG_CREATED_PREFIX,
-                    self._trim_entries(audit.catalog_created_from),
-                )
         outcome.record = run.model_copy(
             update={
                 **counts,
@@ -267,12 +263,6 @@ class GarbageCollector:
         await for_each_bounded(proven, delete, work.policy.concurrency)
         outcome.deleted.sort()
         work.observe("deletions", len(outcome.deleted))
-
-    async def _trim_entries(self, position: str) -> None:
-        await self._work.fence()
-        trimmed = await trim_entries(self._work.store, position)
-        if trimmed:
-            log.info("gc_catalog_created_trimmed", entries=trimmed, before=position)
 
     async def _trim_runs(self) -> None:
         """Keep the newest `KEEP_GC_RUNS` run records, so finding the last one (status)

@@ -127,7 +127,9 @@ async def test_catalog_gaps_are_violations() -> None:
     stranger = manifest_for(b"a frame nobody stored " * 3, 9, world.clock.now_ns())
     writer = CatalogWriter(store=world.store, clock=world.clock, rng=random.Random(2), epoch=99)
     await writer.write(
-        keys.UtcHour.from_unix_ns(stranger.accepted_at_unix_ns), [accepted_row(stranger)]
+        keys.UtcHour.from_unix_ns(stranger.accepted_at_unix_ns),
+        [accepted_row(stranger)],
+        writer="steady",
     )
     hour = keys.UtcHour.from_unix_ns(world.clock.now_ns())
     await world.store.put(keys.index_catalog_key(hour, 98, 1), b"not parquet")

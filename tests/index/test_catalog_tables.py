@@ -60,8 +60,12 @@ async def test_read_hour_table_reads_only_the_columns_asked_for() -> None:
     store = MemoryStore()
     writer = CatalogWriter(store=store, clock=ManualClock(T0), rng=random.Random(1), epoch=1)
     hour = keys.UtcHour.from_unix_ns(T0)
-    await writer.write(hour, [accepted_row(manifest(1)), quarantine_row(conflict(1))])
-    await writer.write(hour, [accepted_row(manifest(1)), accepted_row(manifest(2))])
+    await writer.write(
+        hour, [accepted_row(manifest(1)), quarantine_row(conflict(1))], writer="steady"
+    )
+    await writer.write(
+        hour, [accepted_row(manifest(1)), accepted_row(manifest(2))], writer="steady"
+    )
     read = await read_hour_table(store, hour, ["key", "kind", "frame_sha256"])
     assert read.table.column_names == ["key", "kind", "frame_sha256"]
     assert read.table.num_rows == 3 and read.accepted().num_rows == 2 and len(read.files) == 2
@@ -73,12 +77,12 @@ async def test_read_hour_totals_out_of_core_equal_the_reference_with_superseding
     hour = keys.UtcHour.from_unix_ns(T0)
     long_agent = accepted_row(manifest(3, agent="é" * 60))
     first = [accepted_row(manifest(1)), accepted_row(manifest(2)), long_agent]
-    await writer.write(hour, [*first, quarantine_row(conflict(1))])
+    await writer.write(hour, [*first, quarantine_row(conflict(1))], writer="steady")
     # A superseding row for seq 2 (the store's record differs from the claim) and a repeat.
     truth = dataclasses.replace(
         first[1], frame_sha256="ab" * 32, raw_blob_key=keys.raw_blob_key("ab" * 32)
     )
-    await writer.write(hour, [truth, first[0]])
+    await writer.write(hour, [truth, first[0]], writer="steady")
 
     totals = await read_hour_totals(store, hour)
 
@@ -101,11 +105,13 @@ async def test_files_merged_into_another_are_counted_once_through_it() -> None:
     store = MemoryStore()
     writer = CatalogWriter(store=store, clock=ManualClock(T0), rng=random.Random(1), epoch=1)
     hour = keys.UtcHour.from_unix_ns(T0)
-    await writer.write(hour, [accepted_row(manifest(1)), accepted_row(manifest(2))])
-    await writer.write(hour, [accepted_row(manifest(3))])
+    await writer.write(
+        hour, [accepted_row(manifest(1)), accepted_row(manifest(2))], writer="steady"
+    )
+    await writer.write(hour, [accepted_row(manifest(3))], writer="steady")
     before = await read_hour_totals(store, hour)
     merged = await merge_files(store, writer, hour, await list_hour_files(store, hour), level=1)
-    await writer.write(hour, [accepted_row(manifest(4))])  # written after the merge
+    await writer.write(hour, [accepted_row(manifest(4))], writer="steady")  # after the merge
 
     after = await read_hour_totals(store, hour)
 
@@ -125,8 +131,8 @@ async def test_a_key_twice_in_one_file_counts_once_and_merges_into_one_row() -> 
     writer = CatalogWriter(store=store, clock=ManualClock(T0), rng=random.Random(1), epoch=1)
     hour = keys.UtcHour.from_unix_ns(T0)
     once, twice = accepted_row(manifest(1)), accepted_row(manifest(2))
-    await writer.write(hour, [once, twice])
-    await writer.write(hour, [twice, twice])  # newest file: the key twice
+    await writer.write(hour, [once, twice], writer="steady")
+    await writer.write(hour, [twice, twice], writer="steady")  # newest file: the key twice
 
     totals = await read_hour_totals(store, hour)
     merged = await merge_files(store, writer, hour, await list_hour_files(store, hour), level=1)

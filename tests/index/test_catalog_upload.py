@@ -49,8 +49,12 @@ async def _two_files(
 ) -> tuple[catalog.CatalogWriter, keys.UtcHour, list[ObjectInfo]]:
     writer = catalog.CatalogWriter(store=store, clock=clock, rng=random.Random(1), epoch=3)
     hour = keys.UtcHour.from_unix_ns(T0)
-    await writer.write(hour, [accepted_row(manifest(1)), accepted_row(manifest(2))])
-    await writer.write(hour, [accepted_row(manifest(2)), accepted_row(manifest(3))])
+    await writer.write(
+        hour, [accepted_row(manifest(1)), accepted_row(manifest(2))], writer="steady"
+    )
+    await writer.write(
+        hour, [accepted_row(manifest(2)), accepted_row(manifest(3))], writer="steady"
+    )
     return writer, hour, await catalog.list_hour_files(store, hour)
 
 

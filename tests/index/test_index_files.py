@@ -214,13 +214,17 @@ async def test_catalog_hour_is_the_union_of_its_files_and_compaction_keeps_every
     store = MemoryStore(clock=clock)
     writer = catalog.CatalogWriter(store=store, clock=clock, rng=random.Random(1), epoch=3)
     hour = keys.UtcHour.from_unix_ns(T0)
-    first = await writer.write(hour, [accepted_row(manifest(1)), accepted_row(manifest(2))])
-    second = await writer.write(hour, [accepted_row(manifest(2)), quarantine_row(conflict(1))])
+    first = await writer.write(
+        hour, [accepted_row(manifest(1)), accepted_row(manifest(2))], writer="steady"
+    )
+    second = await writer.write(
+        hour, [accepted_row(manifest(2)), quarantine_row(conflict(1))], writer="steady"
+    )
     assert first != second
     read = await read_hour(store, hour)
     assert len(read.rows) == 3 and len(read.files) == 2
     with pytest.raises(ValueError, match="belongs to"):
-        await writer.write(hour.next(), [accepted_row(manifest(1))])
+        await writer.write(hour.next(), [accepted_row(manifest(1))], writer="steady")
 
     compaction = await merge_files(store, writer, hour, read.files, level=1)
     assert compaction.rows == 3 and set(compaction.inputs) == {first, second}

@@ -70,10 +70,10 @@ async def build_world(store: ObjectStore, ctx: ReconcilerContext) -> World:
         raw_blob_key=keys.raw_blob_key(WRONG_SHA),
         source="index/v1/log/buggy-segment.parquet",
     )
-    await ctx.catalog_writer.write(row.hour, [row])
+    await ctx.catalog_writer.write(row.hour, [row], writer="steady")
     never = make_batch(7, 0, T0_NS)  # logged, but its manifest was never created
     phantom = accepted_row(never.manifest, etag='"abc"')
-    await ctx.catalog_writer.write(phantom.hour, [phantom])
+    await ctx.catalog_writer.write(phantom.hour, [phantom], writer="steady")
     gone = batches[2]
     await store.delete(keys.raw_blob_key(gone.sha))
     orphan_sha = hashlib.sha256(ORPHAN).hexdigest()

@@ -40,7 +40,7 @@ WRONG_SHA = hashlib.sha256(WRONG_FRAME).hexdigest()
 
 async def plant(ctx: ReconcilerContext, row: IndexRow) -> str:
     """A catalog file holding ``row``, as the steady pass writes one from a log row."""
-    return await ctx.catalog_writer.write(row.hour, [row])
+    return await ctx.catalog_writer.write(row.hour, [row], writer="steady")
 
 
 def wrong_hash_row(batch: Batch, *, etag: str | None) -> IndexRow:

@@ -32,7 +32,7 @@ async def _files_of_one_hour(world: World, count: int) -> keys.UtcHour:
     ctx = await world.ctx()
     rows = [accepted_row((await world.accept(frame_bytes(100 + n))).manifest) for n in range(count)]
     for row in rows:
-        await ctx.catalog_writer.write(rows[0].hour, [row])
+        await ctx.catalog_writer.write(rows[0].hour, [row], writer="steady")
     return rows[0].hour
 
 

@@ -144,6 +144,7 @@ async def catalog_manifests(
         catalog_key = await writer.write(
             hour,
             [accepted_row(m, ts_range=spans.get(m.identity.manifest_id)) for m in hour_manifests],
+            writer="steady",
         )
         if markers:
             await put_work_marker(store, catalog_key, rows=len(hour_manifests), clock=clock)

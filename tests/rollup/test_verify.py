@@ -183,7 +183,7 @@ async def _supersede(store: ObjectStore, manifest: AcceptedManifest) -> None:
         store=store, clock=ManualClock(hour_at(4).start_ns), rng=Random(9), epoch=7
     )
     row = dataclasses.replace(accepted_row(manifest), source="audit")
-    await writer.write(manifest.accepted_hour, [row])
+    await writer.write(manifest.accepted_hour, [row], writer="steady")
 
 
 async def test_a_key_superseded_with_another_hash_after_the_rollup_fails_its_hour() -> None:
