@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from index.catalog import RELIST_ATTEMPTS, list_hour_files, read_file
-from index.rows import IndexFileError, IndexRow
+from index.catalog_tables import read_hour_table
+from index.rows import IndexRow, rows_of
 from protocol import keys
 from store.base import ObjectInfo, ObjectStore
-from store.errors import NotFound
 
 
 @dataclass
@@ -43,16 +42,8 @@ class CatalogHour:
 
 
 async def read_hour(store: ObjectStore, hour: keys.UtcHour) -> CatalogHour:
-    """The hour's catalog: every file's rows, a key counted once: the newest file's row
-    (PROTOCOL §3.7: names sort by epoch and sequence, so the last listed is the newest)."""
-    for _attempt in range(RELIST_ATTEMPTS):
-        files = await list_hour_files(store, hour)
-        result = CatalogHour(hour, files=files)
-        try:
-            for info in reversed(files):
-                for row in await read_file(store, info.key):
-                    result.rows.setdefault(row.key, row)
-        except NotFound:
-            continue  # compaction removed a file after we listed it: list again
-        return result
-    raise IndexFileError(f"catalog hour {hour} kept changing while it was read; try again")
+    """The hour's catalog: every file's rows, a key counted once: the row that counts
+    (PROTOCOL §3.7, the product's one definition: `index.catalog_tables.read_hour_table`,
+    `index.catalog_rank`), as objects."""
+    read = await read_hour_table(store, hour)
+    return CatalogHour(hour, {row.key: row for row in rows_of(read.table)}, files=list(read.files))

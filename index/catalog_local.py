@@ -3,7 +3,8 @@
 `local_copies` fetches catalog files from the store one at a time into a private
 temporary directory (``MergeLimits.spill_dir``; nothing of an hour is held in memory but
 one file's body at a time), normalizing a file written before a column existed
-(`index.rows.read_table` adds it as nulls) so every copy has `FILE_SCHEMA`. `connect` opens
+(`index.rows.read_table` adds it as nulls) so every copy has `FILE_SCHEMA`, with every
+row's rank filled in (`index.catalog_rank`: which row of a key counts). `connect` opens
 DuckDB under the memory limit, spilling into the same directory. `index.catalog_merge`
 (compaction) and `index.catalog_tables.read_hour_totals` (ledger checks) run on these.
 """
@@ -25,6 +26,7 @@ import pyarrow.parquet as pq
 from store.base import ObjectStore
 
 from .catalog import COMPACTED_FROM
+from .catalog_rank import DUCKDB_RANK_STRUCT, RANK_COLUMNS, with_rank
 from .rows import FILE_SCHEMA, IndexFileError, read_table
 
 DEFAULT_MEMORY_LIMIT_MB = 256
@@ -88,14 +90,17 @@ def sql_list(paths: Sequence[str]) -> str:
 
 NEWEST_PER_KEY = """
 CREATE TEMP TABLE newest AS
-SELECT key, max(struct_pack(f := filename, r := file_row_number)) AS pick
+SELECT key, max(struct_pack(
+    rank := {rank}, f := filename, r := file_row_number)) AS pick
 FROM read_parquet({files}, filename = true, file_row_number = true)
 GROUP BY key HAVING count(*) > 1
-"""
+""".replace("{rank}", DUCKDB_RANK_STRUCT.format(p=""))
 """Keys held more than once — in more than one file (a superseding row, a row cataloged
-twice) or twice in one file (two log rows of one key in one chunk) — and the one row
-that counts for each: the newest file's (copies are named in write order), its last. A
-narrow aggregate that spills. Read the files with `ONE_ROW_PER_KEY`."""
+twice, a merged file and its input not yet deleted) or twice in one file (two log rows of
+one key in one chunk) — and the one row that counts for each: the highest rank
+(`index.catalog_rank`: the copies' rank columns are filled, `write_normalized`); a tie is
+one row held twice, and the copy and row number pick one. A narrow aggregate that spills.
+Read the files with `ONE_ROW_PER_KEY`."""
 
 ONE_ROW_PER_KEY = """read_parquet({files}, filename = true, file_row_number = true) AS r
     LEFT JOIN newest AS n ON r.key = n.key
@@ -105,13 +110,31 @@ conditions go after an ``AND``."""
 
 
 def write_normalized(path: Path, body: bytes, name: str) -> None:
-    """``body`` (the catalog file ``name``) at ``path`` with every `FILE_SCHEMA` column.
-    Raises `IndexFileError` when it is not an index file."""
+    """``body`` (the catalog file ``name``) at ``path`` with every `FILE_SCHEMA` column and
+    every row's rank filled (`index.catalog_rank.with_rank`: a row first written in this
+    file, or a file written before the rank columns, ranks as this file). Raises
+    `IndexFileError` when it is not an index file."""
     try:
-        present = set(pq.read_schema(io.BytesIO(body)).names)
+        parquet = pq.ParquetFile(io.BytesIO(body))
+        present = set(parquet.schema_arrow.names)
     except Exception as exc:
         raise IndexFileError(f"{name}: not an index file: {exc}") from None
-    if present >= set(FILE_SCHEMA.names):
-        path.write_bytes(body)
+    if present >= set(FILE_SCHEMA.names) and _ranked(parquet):
+        path.write_bytes(body)  # a merged file of this version: as it is
         return
-    pq.write_table(read_table(body, source=name), path, compression="zstd")
+    table = with_rank(read_table(body, source=name), name).cast(FILE_SCHEMA)
+    # Its key-value metadata too: a merged file's inputs (`COMPACTED_FROM`) and level.
+    table = table.replace_schema_metadata(parquet.schema_arrow.metadata)
+    pq.write_table(table, path, compression="zstd")
+
+
+def _ranked(parquet: pq.ParquetFile) -> bool:
+    """Whether the footer's statistics show no null in any rank column."""
+    meta = parquet.metadata
+    names = parquet.schema_arrow.names
+    for group in range(meta.num_row_groups):
+        for name in RANK_COLUMNS:
+            stats = meta.row_group(group).column(names.index(name)).statistics
+            if stats is None or not stats.has_null_count or stats.null_count:
+                return False
+    return True

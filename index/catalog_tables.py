@@ -1,8 +1,9 @@
 """A catalog hour as Arrow columns, never one Python object per row (PROTOCOL §3.9).
 
 `read_hour_table` reads an hour's catalog files (only the columns asked for) and keeps, for
-each key, the row of the newest file (PROTOCOL §3.7: a superseding row wins; file names
-are ``<epoch>-<sequence>``, so name order is write order). `hour_totals` is an hour's
+each key, the row that counts (PROTOCOL §3.7: the one written last, by the rank of the
+file it was first written in, `index.catalog_rank`; a superseding row wins, also after
+merges). `hour_totals` is an hour's
 batch count and setsum of its accepted rows (PROTOCOL §4), computed in DuckDB: SHA-256 of
 each ``manifest_id + "\\n" + frame_sha256`` and the sum of the digests as eight 32-bit
 limbs (exact: no limb sum can overflow a HUGEINT), so the ledger check of raw retention,
@@ -19,7 +20,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import duckdb
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -40,6 +40,8 @@ from .catalog_local import (
     sql_list,
     sql_string,
 )
+from .catalog_rank import RANK_COLUMNS, with_rank
+from .catalog_rank import newest_per_key as rank_newest_per_key
 from .row_checks import first_problems, well_formed
 from .rows import FILE_SCHEMA, IndexFileError, iter_batches
 
@@ -50,7 +52,7 @@ HOUR_NS = 3600 * 1_000_000_000
 class HourTable:
     hour: keys.UtcHour
     table: pa.Table
-    """One row per key (the newest file's), sorted by key."""
+    """One row per key (the one that counts, `index.catalog_rank`), sorted by key."""
     files: list[ObjectInfo]
 
     def accepted(self) -> pa.Table:
@@ -62,7 +64,8 @@ async def read_file_table(
 ) -> pa.Table:
     """One catalog file, checked column-wise a batch at a time (every row well-formed and
     of the file's hour): `IndexFileError` otherwise, `NotFound` when gone. ``columns``:
-    keep only these (what is held is the body and those columns, never the whole file)."""
+    keep only these (what is held is the body and those columns, never the whole file),
+    plus the rank columns, filled (`index.catalog_rank.with_rank`)."""
     hour, _epoch, _sequence = keys.parse_index_catalog_key(key)
     body, _etag = await store.get(key)
     return await asyncio.to_thread(_checked_columns, body, key, hour, columns)
@@ -71,9 +74,13 @@ async def read_file_table(
 def _checked_columns(
     body: bytes, key: str, hour: keys.UtcHour, columns: Sequence[str] | None
 ) -> pa.Table:
+    """The file's ``columns`` (default: all), checked, with its rows' ranks filled in
+    (`index.catalog_rank.with_rank`)."""
     wanted = list(columns) if columns is not None else FILE_SCHEMA.names
+    wanted += [name for name in RANK_COLUMNS if name not in wanted]
     kept: list[pa.RecordBatch] = []
     hour_index = hour.start_ns // HOUR_NS
+    position = 0
     for batch in iter_batches(body, source=key):
         table = pa.Table.from_batches([batch])
         mask = well_formed(table)
@@ -82,33 +89,20 @@ def _checked_columns(
         hours = pc.unique(pc.divide(table.column("time_unix_ns"), HOUR_NS)).to_pylist()
         if hours != [hour_index]:
             raise IndexFileError(f"{key}: rows of other hours than {hour}")
-        kept.extend(table.select(wanted).to_batches())
+        ranked = with_rank(table, key, first_position=position)
+        position += table.num_rows
+        kept.extend(ranked.select(wanted).to_batches())
     schema = pa.schema([FILE_SCHEMA.field(name) for name in wanted])
     return pa.Table.from_batches(kept, schema=schema)
 
 
 def newest_per_key(tables: Sequence[pa.Table]) -> pa.Table:
-    """The rows of ``tables`` (oldest file first), one per key: the newest file's, sorted
-    by key. Vectorized: a sort by (key, file rank descending) and a first-of-run mask."""
+    """The rows of ``tables`` (catalog files' rows with their ranks filled:
+    `read_file_table`), one per key: the one that counts (`index.catalog_rank`), sorted
+    by key."""
     if not tables:
         raise ValueError("no tables")
-    ranked = pa.concat_tables(
-        [
-            t.append_column("_rank", pa.repeat(pa.scalar(i, pa.int32()), t.num_rows))
-            for i, t in enumerate(tables)
-        ]
-    )
-    if ranked.num_rows == 0:
-        return ranked.drop_columns(["_rank"])
-    order = pc.sort_indices(ranked, [("key", "ascending"), ("_rank", "descending")])
-    ranked = ranked.take(order)
-    key = ranked.column("key").combine_chunks()
-    first = np.ones(len(key), dtype=bool)
-    if len(key) > 1:
-        first[1:] = pc.not_equal(key.slice(1), key.slice(0, len(key) - 1)).to_numpy(
-            zero_copy_only=False
-        )
-    return ranked.filter(pa.array(first)).drop_columns(["_rank"])
+    return rank_newest_per_key(pa.concat_tables(tables))
 
 
 async def read_hour_table(
@@ -128,7 +122,7 @@ async def read_hour_table(
             continue
         if not tables:
             return HourTable(hour, FILE_SCHEMA.empty_table().select(wanted), files)
-        return HourTable(hour, newest_per_key(tables), files)
+        return HourTable(hour, newest_per_key(tables).select(wanted), files)
     raise IndexFileError(f"catalog hour {hour} kept changing while it was read; try again")
 
 

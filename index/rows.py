@@ -20,6 +20,7 @@ itself. One `IndexRow` type serves both:
 | ``min_ts_ns``, ``max_ts_ns`` | int64? | the batch's point times (from the frame) | null | null |
 | ``source`` | string? | catalog only: the log segment's key, ``audit`` or ``read-back`` | | |
 | ``key_digest`` | binary(16) | BLAKE2b-128 of ``key`` (`index.digests`) | | |
+| ``first_epoch``, ``first_sequence``, ``first_position`` | int64? | catalog only: the row's rank (`index.catalog_rank`) | | |
 
 Every field of an ``accepted``/``quarantine`` row is the stored record's value (the body
 the collector created or read), never recomputed (PROTOCOL §3.7). Files written before
@@ -36,7 +37,7 @@ from __future__ import annotations
 
 import io
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -46,6 +47,7 @@ import pyarrow.parquet as pq
 from protocol import keys
 from protocol.records import AcceptedManifest, IdentityConflict
 
+from .catalog_rank import RANK_FIELDS
 from .digests import DIGEST_BYTES, key_digest
 
 RowKind = Literal["accepted", "quarantine", "blob"]
@@ -74,9 +76,11 @@ SCHEMA = pa.schema(
 )
 OPTIONAL_COLUMNS = frozenset({"etag", "own_create", "min_ts_ns", "max_ts_ns", "source"})
 """Columns later versions added: a file without them reads them as null."""
-FILE_SCHEMA = SCHEMA.append(pa.field("key_digest", pa.binary(DIGEST_BYTES)))
+FILE_SCHEMA = pa.schema([*SCHEMA, pa.field("key_digest", pa.binary(DIGEST_BYTES)), *RANK_FIELDS])
 """Files also carry ``key_digest`` (BLAKE2b-128 of ``key``, `index.digests`), so a full
-audit joins 16 bytes a row without hashing the catalog side."""
+audit joins 16 bytes a row without hashing the catalog side, and a catalog row's rank
+(`index.catalog_rank.RANK_COLUMNS`: where it was first written; null in the file it was
+first written in, and in every file written before the columns existed)."""
 
 
 class IndexFileError(ValueError):
@@ -222,6 +226,8 @@ def table_of(rows: Sequence[IndexRow]) -> pa.Table:
         name: [getattr(row, name) for row in rows] for name in SCHEMA.names
     }
     columns["key_digest"] = [key_digest(row.key) for row in rows]
+    for field in RANK_FIELDS:
+        columns[field.name] = [None] * len(rows)  # first written here (`index.catalog_rank`)
     return pa.Table.from_pydict(columns, schema=FILE_SCHEMA)
 
 
@@ -293,11 +299,3 @@ def _problem(row: IndexRow) -> str | None:
     except (keys.KeyFormatError, ValueError) as exc:
         return str(exc)
     return None
-
-
-def newest_per_key(rows: Iterable[IndexRow]) -> dict[str, IndexRow]:
-    """The rows by key, one per key (the union of files counts a key once)."""
-    by_key: dict[str, IndexRow] = {}
-    for row in rows:
-        by_key.setdefault(row.key, row)
-    return by_key

@@ -56,6 +56,12 @@ class AuditRecord(Record):
     """The pinned files: every catalog file last modified at or before this store time
     (the end of the audit's catalog listing); ``None`` with a pin: every catalog file
     (the listing is still going)."""
+    reread_ranks: bool | None = None
+    """Whether this audit reads back every listed key whose catalog rows are of more than
+    one rank (PROTOCOL §3.7: the first audit after the rank columns came, since a merge of
+    before may have made a stale row outrank a superseding one). ``None``: an audit of a
+    version before ranks; a new audit rereads unless a completed one says ``False`` or
+    ``True`` (its reread, or an earlier one, is done)."""
     phantoms_checked: bool = False
     """The joins looked for ``phantom-row``s: cataloged keys the listing lacked (only a
     listing audit that walked everything in one run can)."""

@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from index.catalog_local import sql_list, sql_string
+from index.catalog_rank import RANK_COLUMNS, duckdb_write_rank
 from reconciler.audit import sql as audit_sql
 from reconciler.audit.audit_inputs import CatalogCopy as CatalogCopy
 from reconciler.audit.audit_inputs import PinnedFileMissing as PinnedFileMissing
@@ -38,7 +39,15 @@ from reconciler.audit.audit_inputs import fetch_catalog as fetch_catalog
 
 ListingKind = Literal["accepted", "quarantine", "raw-blobs"]
 LISTING_KINDS: tuple[ListingKind, ...] = ("accepted", "quarantine", "raw-blobs")
-CATALOG_COLUMNS = ["key", "kind", "etag", "frame_sha256", "accepted_frame_sha256", "time_unix_ns"]
+CATALOG_COLUMNS = [
+    "key",
+    "kind",
+    "etag",
+    "frame_sha256",
+    "accepted_frame_sha256",
+    "time_unix_ns",
+    *RANK_COLUMNS,
+]
 ROWS_PER_FILE_RANK = 1 << 32
 """``row_rank`` = file rank x this + the row's position in its file (files hold far fewer)."""
 BATCH_ROWS = 4096
@@ -53,6 +62,9 @@ class JoinLimits:
     """The audit's start minus the settle margin: a phantom's newest hour ended before."""
     orphan_before_ns: int
     """Store time minus the retry horizon: an orphan was last modified before."""
+    reread_repeated: bool = False
+    """Read back every listed key with rows of more than one rank (the first audit after
+    the rank columns came, PROTOCOL §3.7: `reconciler.audit.sql.PER_KEY`)."""
 
 
 @dataclass
@@ -225,8 +237,9 @@ class AuditJoins(ResultFiles):
             source = (
                 "SELECT NULL::VARCHAR AS key, NULL::VARCHAR AS kind, NULL::VARCHAR AS etag, "
                 "NULL::VARCHAR AS frame_sha256, NULL::VARCHAR AS accepted_frame_sha256, "
-                "NULL::BIGINT AS time_unix_ns, NULL::VARCHAR AS filename, "
-                "NULL::BIGINT AS file_row_number WHERE false"
+                "NULL::BIGINT AS time_unix_ns, NULL::BIGINT AS first_epoch, "
+                "NULL::BIGINT AS first_sequence, NULL::BIGINT AS first_position, "
+                "NULL::VARCHAR AS filename, NULL::BIGINT AS file_row_number WHERE false"
             )
         con.execute(
             "CREATE OR REPLACE VIEW catalog_rows AS SELECT r.key, r.kind, r.etag, r.frame_sha256, "
@@ -236,6 +249,7 @@ class AuditJoins(ResultFiles):
             f"{_etag_id('r.etag')} AS etag_id, md5_number(r.frame_sha256) AS sha_id, "
             "md5_number(r.accepted_frame_sha256) AS accepted_sha_id, "
             f"f.file_rank::BIGINT * {ROWS_PER_FILE_RANK} + r.file_row_number AS row_rank, "
+            f"{duckdb_write_rank('r.')} AS write_rank, "
             "(f.retired AND r.kind = 'accepted') AS retired, f.hour_start_ns "
             f"FROM ({source}) r JOIN catalog_files f ON r.filename = f.path"
         )
@@ -342,8 +356,8 @@ class AuditJoins(ResultFiles):
         if not record_keys:
             return {}
         found = self._con.execute(
-            "SELECT key, arg_max(etag, row_rank), arg_max(frame_sha256, row_rank), "
-            "arg_max(accepted_frame_sha256, row_rank), arg_max(time_unix_ns, row_rank) "
+            "SELECT key, arg_max(etag, write_rank), arg_max(frame_sha256, write_rank), "
+            "arg_max(accepted_frame_sha256, write_rank), arg_max(time_unix_ns, write_rank) "
             f"FROM catalog_rows WHERE key IN ({', '.join(sql_string(k) for k in record_keys)}) "
             "GROUP BY key"
         ).fetchall()
@@ -376,6 +390,7 @@ def limit_params(limits: JoinLimits) -> dict[str, int]:
         "born_before_ns": int(limits.born_before_ns),
         "phantom_before_ns": int(limits.phantom_before_ns),
         "orphan_before_ns": int(limits.orphan_before_ns),
+        "reread_repeated": int(limits.reread_repeated),
     }
 
 

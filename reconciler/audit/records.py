@@ -102,6 +102,10 @@ async def resume_or_start(
     # pins and joins every catalog file there is when it starts), so rule 2 still sees
     # every row — needed only where ``gc.inventory_proves`` lets such an audit prove.
     position = ctx.catalog_writer.position()
+    # PROTOCOL §3.7: the first audit of the rank era (no completed audit recorded whether it
+    # reread) reads back every key with rows of more than one rank.
+    completed = await latest_completed_audit(ctx.store)
+    reread = completed is None or completed.reread_ranks is None
     record = AuditRecord(
         audit_id=f"{ctx.rng.getrandbits(64):016x}",
         # An inventory shows the bucket as of its creation: the audit counts from then.
@@ -112,6 +116,7 @@ async def resume_or_start(
         owner_epoch=ctx.epoch,
         cursors=cursors,
         catalog=True,
+        reread_ranks=reread,
         # Pins every catalog file from the start (PROTOCOL §3.7); `reconciler.audit.run`
         # narrows and renews it.
         pin_expires_at_unix_ns=ctx.clock.now_ns() + int(ctx.settings.reconciler.audit_pin_s * 1e9),

@@ -11,6 +11,11 @@ Per listed record the join names (``reason``):
   store's record (ETag and fields equal: an old row of another hour stays in its hour, and
   only costs this read at each audit). A row without an ETag takes the listed one (the
   join does not flag it); the two-hours and two-hashes checks apply to it all the same.
+- ``rank`` (the first audit after the rank columns came, `index.catalog_rank`: the key
+  has rows of more than one rank, and a merge of before may have made a stale row
+  outrank a superseding one): read, and checked as ``etag`` is — a superseding row
+  (a ``catalog-mismatch`` when the fields differed) unless the row that counts already is
+  the store's record.
 - **fields differed** (the store's ``frame_sha256``, ``accepted_frame_sha256`` or
   ``time_unix_ns`` is not the newest row's, or the rows disagreed): a ``catalog-mismatch``.
   It is an event (log ``catalog_mismatch`` and the ``lm_reconciler_catalog_mismatches``
@@ -108,7 +113,7 @@ class RecordActs:
                 continue
             listed[key] = str(entry["kind"])
             read.append(key)
-            if entry["reason"] in ("etag", "conflict"):
+            if entry["reason"] in ("etag", "conflict", "rank"):
                 check[key] = Newest(
                     _opt(entry["etag"]),
                     _opt(entry["frame_sha256"]),

@@ -262,7 +262,12 @@ class AuditRun(AuditState):
         # An inventory's records all existed at its creation (the audit's start): none is
         # left to the steady pass as younger.
         born_before = start + margin if self._inventory is None else 2**63 - 1
-        limits = JoinLimits(born_before, start - margin, ctx.clock.now_ns() - horizon)
+        limits = JoinLimits(
+            born_before,
+            start - margin,
+            ctx.clock.now_ns() - horizon,
+            reread_repeated=bool(self._record.reread_ranks),
+        )
         acts = RecordActs(ctx, self._cataloger, self.problems, os.path.join(spill, "added"))
         try:
             aside = [name for name, _why in unreadable]

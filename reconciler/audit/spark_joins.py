@@ -15,9 +15,11 @@ so neither the driver nor the executors need a copy of the whole history (the ta
   record without one old: `reconciler.audit.sql.listed_modified_ns`, as in DuckDB);
 - the catalog files the audit pinned (store keys), read whole per task (every column of
   `index.rows.FILE_SCHEMA`, as `fetch_catalog`'s copies; only `CATALOG_COLUMNS` are kept)
-  into the ``catalog_rows`` view. ``row_rank`` is computed where the file is read: its
-  rank (epoch, then sequence, as `fetch_catalog` ranks them) x `ROWS_PER_FILE_RANK` + the
-  row's place in the file. ``sha_prefix`` is ``conv(substr(frame_sha256, 1, 15), 16, 10)``
+  into the ``catalog_rows`` view. ``row_rank`` (a unique row id) is computed where the
+  file is read: its rank (epoch, then sequence, as `fetch_catalog` ranks them) x
+  `ROWS_PER_FILE_RANK` + the row's place in the file; so are the rows' ranks
+  (`index.catalog_rank.with_rank`), packed in the view as ``write_rank``
+  (`index.catalog_rank.spark_write_rank`, the value DuckDB's ``HUGEINT`` holds). ``sha_prefix`` is ``conv(substr(frame_sha256, 1, 15), 16, 10)``
   and ``key_id`` is the key itself, ``sha_id`` the hash, ``etag_id`` the normalized ETag
   (Spark's aggregates spill string keys; no digest, so no
   collision to reason about).
@@ -47,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 import duckdb
 import pyarrow as pa
 
+from index.catalog_rank import spark_write_rank
 from protocol import keys
 from reconciler.audit import sql as audit_sql
 from reconciler.audit.duckdb_joins import (
@@ -218,7 +221,7 @@ class SparkAuditJoins(ResultFiles):
             "CAST(conv(substr(frame_sha256, 1, 15), 16, 10) AS BIGINT) AS sha_prefix, "
             f"key AS key_id, {audit_sql.normalized_etag('etag')} AS etag_id, "
             "frame_sha256 AS sha_id, accepted_frame_sha256 AS accepted_sha_id, "
-            f"row_rank, {retired} AS retired, hour_start_ns "
+            f"row_rank, {spark_write_rank()} AS write_rank, {retired} AS retired, hour_start_ns "
             "FROM catalog_base WHERE error IS NULL"
         ).createOrReplaceTempView("catalog_rows")
 
@@ -319,7 +322,7 @@ class SparkAuditJoins(ResultFiles):
             .groupBy("key")
             .agg(
                 *(
-                    f.max_by(column, "row_rank").alias(column)
+                    f.max_by(column, "write_rank").alias(column)
                     for column in ("etag", "frame_sha256", "accepted_frame_sha256", "time_unix_ns")
                 )
             )

@@ -3,7 +3,8 @@ callables for ``mapInArrow``, each reaching the store with its own client
 (`rollup.table.storage.StoreAccess`, cached per Python worker).
 
 - `ReadCatalog`: pinned catalog files → ``catalog_base`` rows (`CATALOG_DDL`): every row's
-  `CATALOG_COLUMNS`, its ``row_rank`` (file rank x `ROWS_PER_FILE_RANK` + its place in
+  `CATALOG_COLUMNS` (its rank filled in by `index.catalog_rank.with_rank`, as the local
+  engine's copies are), its ``row_rank`` (file rank x `ROWS_PER_FILE_RANK` + its place in
   the file), its file's hour and rank; a file that is not an index file is one row with
   ``error`` (`fetch_catalog`'s "unreadable"); a file that is gone fails the task with
   `MISSING` in its message (the driver raises `PinnedFileMissing`).
@@ -22,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from index.catalog_rank import RANK_COLUMNS, with_rank
 from index.rows import IndexFileError, read_table
 from reconciler.audit.duckdb_joins import CATALOG_COLUMNS, ROWS_PER_FILE_RANK
 from rollup.table.storage import StoreAccess, open_parquet_writer, read_object
@@ -29,7 +31,8 @@ from rollup.table.storage import StoreAccess, open_parquet_writer, read_object
 LISTING_DDL = "kind string, key string, etag string, size long, last_modified_ns long"
 CATALOG_DDL = (
     "key string, kind string, etag string, frame_sha256 string, accepted_frame_sha256 string, "
-    "time_unix_ns long, row_rank long, hour_start_ns long, file_rank long, error string"
+    "time_unix_ns long, first_epoch long, first_sequence long, first_position long, "
+    "row_rank long, hour_start_ns long, file_rank long, error string"
 )
 PART_DDL = "part long, key string, rows long"
 ADDED_DDL = "key string, frame_sha256 string, accepted_frame_sha256 string"
@@ -56,7 +59,7 @@ class ReadCatalog:
         except FileNotFoundError:
             raise FileNotFoundError(f"{MISSING} {name!r}") from None
         try:
-            table = read_table(body, source=name).select(CATALOG_COLUMNS)
+            table = with_rank(read_table(body, source=name), name).select(CATALOG_COLUMNS)
         except (IndexFileError, pa.ArrowException) as exc:
             yield _catalog_batch(
                 pa.table({c: pa.nulls(1) for c in CATALOG_COLUMNS}), rank, hour_ns, str(exc), 0
@@ -74,7 +77,10 @@ def _catalog_batch(
     return pa.RecordBatch.from_pydict(
         {
             **{c: columns[c].combine_chunks() for c in columns},
-            "time_unix_ns": table.column("time_unix_ns").cast(pa.int64()).combine_chunks(),
+            **{
+                c: table.column(c).cast(pa.int64()).combine_chunks()
+                for c in ("time_unix_ns", *RANK_COLUMNS)
+            },
             "row_rank": pa.array(
                 range(rank * ROWS_PER_FILE_RANK + offset, rank * ROWS_PER_FILE_RANK + offset + n),
                 pa.int64(),

@@ -8,10 +8,11 @@ Spark engine to run as well, over views of the same names and columns:
   integer nanoseconds through `listed_modified_ns`: a record without one counts as old),
   ``kind`` one of ``accepted``, ``quarantine``, ``raw-blobs``;
 - ``catalog_rows(key, kind, etag, frame_sha256, accepted_frame_sha256, time_unix_ns,
-  sha_prefix, key_id, etag_id, sha_id, accepted_sha_id, row_rank, retired)``: every row
-  of the catalog files the audit pinned, with ``row_rank`` unique a row and increasing in
-  write order (its file's rank by name: epoch, then sequence; then its place in the file:
-  the newest row of a key is the one that counts), ``sha_prefix`` (the first 60 bits of
+  sha_prefix, key_id, etag_id, sha_id, accepted_sha_id, row_rank, write_rank, retired)``:
+  every row of the catalog files the audit pinned, with ``row_rank`` unique a row (its
+  copy's place and its row number: how a row found is fetched back), ``write_rank`` the
+  row's rank as one fixed-size number (`index.catalog_rank`, rendered for each engine:
+  the row of a key with the highest counts, PROTOCOL §3.7), ``sha_prefix`` (the first 60 bits of
   ``frame_sha256`` as a ``BIGINT``) and ``retired`` (an accepted row of an hour raw
   retention retired and that still holds, `reconciler.gc.raw_retention`: it keeps no
   blob alive);
@@ -100,13 +101,17 @@ QUARANTINE_KEY_RE = (
 read all the same (the cataloger records what it is), but is reported as ``junk``."""
 
 PER_KEY = f"""
-SELECT max(row_rank) AS row_rank,
+SELECT max_by(row_rank, write_rank) AS row_rank,
        (min({_hour("time_unix_ns")}) <> max({_hour("time_unix_ns")})
-        OR min(sha_prefix) <> max(sha_prefix)) AS conflict
+        OR min(sha_prefix) <> max(sha_prefix)) AS conflict,
+       min(write_rank) <> max(write_rank) AS repeated
 FROM catalog_rows
 GROUP BY key_id
 """
-"""Per cataloged key: its newest row's ``row_rank`` and whether its rows disagree (two
+"""Per cataloged key: the ``row_rank`` of the row that counts (the highest
+``write_rank``; a tie is one row held by a merged file and its input, either will do),
+whether the key has rows of more than one rank (``repeated``: the first audit after the
+rank columns came reads those back, `JoinLimits.reread_repeated`), and whether its rows disagree (two
 hours, or two hashes: compared by ``sha_prefix``, a 60-bit prefix of ``frame_sha256`` the
 engine's view computes, so every aggregate state is fixed-size and spills; a false equal
 has a chance of 2^-60 a key). Grouped by ``key_id``, a fixed-size 128-bit digest of
@@ -115,7 +120,7 @@ spill 50M string keys under 512 MB, nor 10M under 100 MB. Kept as the table ``pe
 
 NEWEST = """
 SELECT r.key_id AS key_id, r.etag_id AS etag_id, r.time_unix_ns AS time_unix_ns,
-       r.row_rank AS row_rank, p.conflict AS conflict
+       r.row_rank AS row_rank, p.conflict AS conflict, p.repeated AS repeated
 FROM catalog_rows r JOIN per_key p ON r.row_rank = p.row_rank
 """
 """The newest row of each key (``row_rank`` is unique: one row a key, even if a file
@@ -142,15 +147,16 @@ joined AS (
          n.etag_id AS etag_id,
          n.time_unix_ns AS time_unix_ns,
          n.row_rank AS row_rank,
-         coalesce(n.conflict, false) AS conflict
+         coalesce(n.conflict, false) AS conflict,
+         coalesce(n.repeated, false) AND {{reread_repeated}} = 1 AS reread
   FROM listed l FULL OUTER JOIN newest n ON l.key_id = n.key_id
 )
 SELECT key, kind, listed_etag, listed, cataloged, last_modified_ns, time_unix_ns, row_rank,
-       conflict
+       conflict, reread
 FROM joined
 WHERE (NOT listed AND {_hour("time_unix_ns")} + {HOUR_NS} <= {{phantom_before_ns}})
    OR (listed AND last_modified_ns <= {{born_before_ns}} AND (
-         NOT cataloged OR conflict
+         NOT cataloged OR conflict OR reread
          OR (listed_etag_id IS NOT NULL AND etag_id IS NOT NULL
              AND listed_etag_id <> etag_id)))
 """
@@ -173,6 +179,7 @@ SELECT coalesce(f.key, c.key) AS key, f.kind AS kind, f.listed_etag AS listed_et
                  AND regexp_extract(f.key, '{QUARANTINE_KEY_RE}', 0) = '' THEN 'junk'
             WHEN NOT f.cataloged THEN 'missing'
             WHEN f.conflict THEN 'conflict'
+            WHEN f.reread THEN 'rank'
             ELSE 'etag' END AS reason
 FROM record_candidates f
 LEFT JOIN (
@@ -182,9 +189,11 @@ LEFT JOIN (
 """``reason``: ``phantom`` (cataloged, never listed, hour ended before
 ``phantom_before_ns``), ``junk`` (listed key not well-formed: never cataloged, so only
 keys not cataloged are matched against the shapes), ``missing`` (not cataloged),
-``conflict`` (rows in two hours or with two hashes), ``etag`` (the newest
-row's ETag, normalized, differs from the listed one; a row without an ETag takes the
-listed one). Listed records last modified after ``born_before_ns`` (the audit's start plus
+``conflict`` (rows in two hours or with two hashes), ``rank`` (rows of more than one
+rank, in the first audit after the rank columns came: a merge written before them may
+have made a stale row outrank a superseding one, so the store decides), ``etag`` (the
+newest row's ETag, normalized, differs from the listed one; a row without an ETag takes
+the listed one). Listed records last modified after ``born_before_ns`` (the audit's start plus
 the settle margin) are the steady pass's and are left out; they still count as listed."""
 
 LISTED_COUNTS = """

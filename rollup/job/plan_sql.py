@@ -8,8 +8,8 @@ directory, then in one DuckDB session under ``MergeLimits.memory_limit_mb`` (spi
 1. checks every catalog row's kind, hash, identity, hour and (accepted rows) record count
    and raw-blob key, which the items take from the hash (a file holding a row of another
    hour is refused, as `index.catalog.read_file` does);
-2. keeps one row per (hour, key): the newest file's (PROTOCOL §3.7, copies are named in
-   write order);
+2. keeps one row per (hour, key): the one that counts (PROTOCOL §3.7: the highest rank,
+   `index.catalog_rank`; the copies' rank columns are filled);
 3. keeps the accepted rows, builds ``manifest_id`` in SQL (the agent's hex form, as
    `protocol.keys.BatchIdentity.manifest_id`) and anti-joins the ledger's rows of the
    same hour;
@@ -38,6 +38,7 @@ import pyarrow as pa
 
 from index.catalog import RELIST_ATTEMPTS, list_hour_files
 from index.catalog_local import MergeLimits, connect, effective, local_copies, sql_list
+from index.catalog_rank import DUCKDB_RANK_STRUCT
 from index.catalog_tables import TWO_FORM_AGENT_BYTES
 from index.row_checks import raw_blob_keys
 from index.rows import IndexFileError
@@ -65,18 +66,20 @@ FROM read_parquet({files})
 _CATALOG_VIEW = """
 CREATE TEMP VIEW cat AS
 SELECT key, kind, agent_id, boot_id, seq_start, seq_end, frame_sha256, record_count,
-    time_unix_ns // {hour_ns} AS h, filename, file_row_number
+    time_unix_ns // {hour_ns} AS h, first_epoch, first_sequence, first_position, filename,
+    file_row_number
 FROM read_parquet({files}, filename = true, file_row_number = true)
 """
 _NEWEST_SQL = """
 CREATE TEMP TABLE newest AS
-SELECT h, key, max(struct_pack(f := filename, r := file_row_number)) AS pick
+SELECT h, key, max(struct_pack(rank := {rank}, f := filename, r := file_row_number)) AS pick
 FROM cat GROUP BY h, key HAVING count(*) > 1
-"""
-"""(hour, key)s held more than once — in more than one file, or twice in one (a merge of
-two files that both cataloged the key) — and the one row that counts for each: the
-newest file's, its last. A narrow aggregate over the rare repeated keys; the others
-pass through untouched."""
+""".replace("{rank}", DUCKDB_RANK_STRUCT.format(p=""))
+"""(hour, key)s held more than once — in more than one file, or twice in one (two log
+rows of one key in one chunk) — and the one row that counts for each: the highest rank
+(`index.catalog_rank`), a tie (one row held by a merged file and its input) broken by the
+copy and row. A narrow aggregate over the rare repeated keys; the others pass through
+untouched."""
 _DONE_SQL = """
 CREATE TEMP TABLE done AS
 SELECT l.manifest_id, hrs.h FROM read_parquet({files}) AS l JOIN hrs ON l.accepted_hour = hrs.iso

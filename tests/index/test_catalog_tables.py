@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from index.catalog import CatalogWriter, list_hour_files
 from index.catalog_merge import merge_files
+from index.catalog_rank import with_rank
 from index.catalog_tables import (
     hour_totals,
     manifest_ids,
@@ -48,7 +49,10 @@ def test_the_newest_file_row_counts_for_a_key() -> None:
     old = accepted_row(manifest(1))
     newer = dataclasses.replace(old, etag="new", source="audit")
     other = accepted_row(manifest(2))
-    table = newest_per_key([table_of([old, other]), table_of([newer]), table_of([])])
+    named = [([old, other], 5), ([newer], 6), ([], 7)]  # catalog files of epoch 1
+    table = newest_per_key(
+        [with_rank(table_of(rows), keys.index_catalog_key(old.hour, 1, seq)) for rows, seq in named]
+    )
     assert table.column("key").to_pylist() == sorted([old.key, other.key])
     by_key = dict(
         zip(table.column("key").to_pylist(), table.column("etag").to_pylist(), strict=True)
