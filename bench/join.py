@@ -1,6 +1,6 @@
 """`bench.join`: the full audit's joins out of core (DuckDB) at 10M and 50M manifests.
 
-The audit's code does the work (`reconciler.audit.duckdb_joins`): `fetch_catalog` copies the
+The audit's code does the work (`reconciler.audit.engines.duckdb_joins`): `fetch_catalog` copies the
 pinned catalog files (served from local disk by a store, one GET each) into the spill
 directory, and `AuditJoins.run` joins them with the listing parts under
 ``reconciler.audit_memory_limit_mb`` (``--memory-limit-mb``), spilling to disk beyond it.
@@ -37,7 +37,7 @@ from bench.join_parts import Plan, generate
 from config import Settings
 from protocol import keys
 from reconciler.audit.audit_inputs import fetch_catalog
-from reconciler.audit.duckdb_joins import AuditJoins, JoinLimits, JoinResults, iter_batches
+from reconciler.audit.engines.duckdb_joins import AuditJoins, JoinLimits, JoinResults, iter_batches
 from store.base import ObjectInfo
 from store.errors import NotFound
 from store.memory import MemoryStore

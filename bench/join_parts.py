@@ -7,7 +7,7 @@ Layout of the data directory:
 - ``catalog/index/v1/catalog/date=…/hour=HH/0000000001-<n>.parquet``: catalog files of
   ``rows_per_file`` rows, one per hour, every `index.rows.FILE_SCHEMA` column (the joins
   read six of them);
-- ``listing/<kind>-<n>.parquet``: the audit's listing parts (`reconciler.audit.duckdb_joins`'s
+- ``listing/<kind>-<n>.parquet``: the audit's listing parts (`reconciler.audit.engines.duckdb_joins`'s
   schema: ``key``, ``etag``, ``size``, ``last_modified``) of ``accepted``, ``quarantine``
   and ``raw-blobs``, at most `PART_ROWS` rows each;
 - ``expected.json``: what the joins must find.

@@ -1,11 +1,11 @@
 """`bench.join_spark`: the full audit's joins on the Spark engine, on a local session.
 
 What it measures (issue 23 item 5, "what an audit costs on each engine"): the audit's code
-(`reconciler.audit.spark_joins.SparkAuditJoins`, the same SQL as the local engine that
+(`reconciler.audit.engines.spark_joins.SparkAuditJoins`, the same SQL as the local engine that
 `bench.join` measures) over the same synthetic data (`bench.join_parts.generate`: listing
 parts, pinned catalog files, ``expected.json``), in a fresh child process that is the Spark
 driver of a ``local[2]`` session (`rollup.job.spark_session.local_spark` with the audit's
-`reconciler.audit.spark_run.SPARK_CONF`).
+`reconciler.audit.engines.spark_run.SPARK_CONF`).
 
 The inputs are store keys under one ``file://`` store root (`StoreAccess`), laid out by
 symbolic links into the data directory: ``index/`` (the catalog files,
@@ -138,9 +138,9 @@ def run_spark_join(
     """Start a session, join, check; in this process (run it in a fresh one)."""
     import logging
 
-    from reconciler.audit.duckdb_joins import JoinLimits
-    from reconciler.audit.spark_joins import SparkAuditJoins
-    from reconciler.audit.spark_run import SPARK_CONF
+    from reconciler.audit.engines.duckdb_joins import JoinLimits
+    from reconciler.audit.engines.spark_joins import SparkAuditJoins
+    from reconciler.audit.engines.spark_run import SPARK_CONF
     from rollup.job.spark_session import local_spark
     from rollup.table.storage import StoreAccess
 

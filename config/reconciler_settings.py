@@ -54,13 +54,13 @@ class ReconcilerSettings(Section):
     memory."""
     audit_engine: Literal["local", "spark"] = "local"
     """What runs a full audit's listing and joins (PROTOCOL §3.9): ``local``, this process
-    (DuckDB, `reconciler.audit.duckdb_joins`); ``spark``, a Spark application: executors
-    list the ranges, the joins run in Spark SQL (`reconciler.audit.spark_joins`), started
+    (DuckDB, `reconciler.audit.engines.duckdb_joins`); ``spark``, a Spark application: executors
+    list the ranges, the joins run in Spark SQL (`reconciler.audit.engines.spark_joins`), started
     with ``lm-reconciler audit --engine spark`` or through ``spark-submit``
     (`reconciler.audit.spark_entry`). ``lm-reconciler audit --engine`` overrides it. The
     daemon's scheduled audits follow it, in its audit child (the Spark driver, under the
     daemon's lease; the session from standard PySpark configuration:
-    `reconciler.audit.spark_run.audit_spark_session`). Either engine reads an S3
+    `reconciler.audit.engines.spark_run.audit_spark_session`). Either engine reads an S3
     Inventory report in place of the records' listing (``inventory_url``)."""
     segment_retention_s: Seconds = 3 * 24 * 3600.0
     """Consumed index log segments are deleted once older than this and a completed

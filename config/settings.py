@@ -168,10 +168,8 @@ class IngestSettings(Section):
     choose it so that (segments + catalog files + markers) ÷ batches stays ≤ 0.05."""
     index_put_budget_s: Seconds = 60.0
     """The longest a log segment's create may take from its cut to its landing, retries
-    included (PROTOCOL §3.7): an attempt is sent only while the cut plus this budget leaves
-    room for the store's connect and read timeouts; after that its rows are cut again
-    under a new name. Readers list from their position minus a lookback of at least
-    ``store.max_clock_skew_s`` plus this (checked when settings load)."""
+    included (PROTOCOL §3.7; its rows are cut again after): readers' lookbacks must be at
+    least ``store.max_clock_skew_s`` plus this (checked when settings load)."""
     index_buffer_rows: int = Field(default=100_000, ge=1)
     """Rows the index log buffer holds at most; further rows are dropped and counted (the
     reconciler's full audit finds their records)."""

@@ -10,7 +10,7 @@ Commands (each takes ``--config PATH``; settings also come from ``LM_*`` variabl
 - ``audit [--inventory URL] [--engine local|spark]``: a full audit now (resumes an
   interrupted one): catalogs what the catalog lacks, writes the orphan file, records
   missing blobs. ``--engine spark`` (default ``[reconciler] audit_engine``) lists and
-  joins on Spark (``reconciler.audit.spark_run``; under ``spark-submit``:
+  joins on Spark (``reconciler.audit.engines.spark_run``; under ``spark-submit``:
   ``reconciler/audit/spark_entry.py``).
 - ``gc [--dry-run]``: one GC run (``reconciler.gc.run``).
 - ``drop-v1-index [--dry-run]``: delete a migrated version-1 store's per-object index
@@ -218,7 +218,7 @@ async def _spark_audit(
 ) -> int:
     """The audit with its listing and joins on Spark, as the lease holder (module doc);
     prints its record as ``audit`` does."""
-    from reconciler.audit.spark_run import audit_spark_session, spark_audit
+    from reconciler.audit.engines.spark_run import audit_spark_session, spark_audit
 
     spark = audit_spark_session()
     try:

@@ -14,9 +14,8 @@ dying. The active instance loops, every ``loop_interval_s``:
    awaits it;
 3. catalog compaction (`reconciler.compaction`) of the hours written to;
 4. every ``LOG_SWEEP_INTERVAL_S``, housekeeping, whether or not the GC is enabled: the
-   consumed log segments (`reconciler.log_retention`) and the ``catalog-created``
-   entries no rule reads any more (`trim_catalog_created`: those before the latest
-   completed audit's position and a running audit's);
+   consumed log segments and the ``catalog-created`` entries no rule reads any more
+   (`reconciler.log_retention`);
 5. the GC (``reconciler.gc.run.run_gc``) when ``gc.enabled``, at most once per
    ``max(loop_interval_s, gc.mark_grace_s)``; with the GC disabled, only its resolution
    of stale ``deleting`` marks (which would otherwise keep collectors waiting).
@@ -51,8 +50,7 @@ from reconciler.audit.run import ProgressCallback, run_full_audit
 from reconciler.audit.schedule import AuditSchedule
 from reconciler.compaction import CatalogCompactor, CompactionBeside
 from reconciler.context import Fence, GcMemory, ReconcilerContext, default_owner_id
-from reconciler.gc.catalog_since import trim_unneeded_entries
-from reconciler.log_retention import sweep_log
+from reconciler.log_retention import sweep_log, trim_catalog_created
 from reconciler.metrics import ReconcilerMetrics
 from reconciler.pass_report import PassReport as PassReport
 from reconciler.pass_report import Stopped as Stopped
@@ -70,18 +68,6 @@ from .gc.run import run_gc, settle_stale_deletions
 log = structlog.get_logger(__name__)
 LOG_SWEEP_INTERVAL_S = 600.0  # consumed log segments and entries are looked for this often
 T = TypeVar("T")
-
-
-async def trim_catalog_created(ctx: ReconcilerContext) -> int:
-    """The lease holder's trim of the ``catalog-created`` entries no rule reads any more
-    (PROTOCOL §3.5 rule 2, `reconciler.gc.catalog_since.trim_unneeded_entries`): without
-    it, entries would pile up forever while the GC is disabled. Returns how many went."""
-    position, trimmed = await trim_unneeded_entries(
-        ctx.store, fence=ctx.check_fence, concurrency=ctx.settings.reconciler.concurrency
-    )
-    if trimmed:
-        ctx.log.info("catalog_created_trimmed", entries=trimmed, before=position)
-    return trimmed
 
 
 class Reconciler:

@@ -1,5 +1,5 @@
 """Deleting consumed index log segments (PROTOCOL §3.7, §3.9: the log does not grow without
-bound).
+bound), and the ``catalog-created`` entries no rule reads any more (`trim_catalog_created`).
 
 A segment is deleted once all of these hold:
 
@@ -33,6 +33,7 @@ from reconciler.context import ReconcilerContext
 from reconciler.steady import SteadyResult, read_checkpoint
 from store.errors import NotFound, StoreError
 
+from .gc.catalog_since import trim_unneeded_entries
 from .gc.run import latest_listing_audit
 
 NS_PER_S = 1_000_000_000
@@ -107,3 +108,15 @@ async def sweep_log(ctx: ReconcilerContext, steady: SteadyResult | None) -> LogR
         log_through_ns=checkpoint.log_through_ns if checkpoint else 0,
         audit_started_ns=audit.started_at_unix_ns if audit else None,
     )
+
+
+async def trim_catalog_created(ctx: ReconcilerContext) -> int:
+    """The lease holder's trim of the ``catalog-created`` entries no rule reads any more
+    (PROTOCOL §3.5 rule 2, `reconciler.gc.catalog_since.trim_unneeded_entries`): without
+    it, entries would pile up forever while the GC is disabled. Returns how many went."""
+    position, trimmed = await trim_unneeded_entries(
+        ctx.store, fence=ctx.check_fence, concurrency=ctx.settings.reconciler.concurrency
+    )
+    if trimmed:
+        ctx.log.info("catalog_created_trimmed", entries=trimmed, before=position)
+    return trimmed

@@ -28,6 +28,9 @@ PACKAGES = (
     "demo",
 )
 MAX_LINES = 400
+MAX_MODULES_PER_FOLDER = 25
+"""Rooms (issue 31 item 8): a product folder holding more modules is split into
+subpackages (tests/ and bench/ mirror or measure, and are exempt)."""
 
 # Top-level packages and what each may import (besides itself and third parties):
 # protocol <- store <- index <- the daemons <- chaos, bench, demo (DESIGN.md).
@@ -183,6 +186,19 @@ def test_dependencies_point_one_way() -> None:
         f"imports against DESIGN.md: {sorted(wrong - KNOWN_WRONG_WAY)}"
     )
     assert not KNOWN_WRONG_WAY - wrong, f"gone (take them off): {sorted(KNOWN_WRONG_WAY - wrong)}"
+
+
+def test_no_product_folder_holds_more_than_25_modules() -> None:
+    crowded = {
+        str(folder.relative_to(ROOT)): count
+        for package in PACKAGES
+        if package != "bench"
+        for folder in [ROOT / package, *(ROOT / package).rglob("*")]
+        if folder.is_dir()
+        and "__pycache__" not in folder.parts
+        and (count := len(list(folder.glob("*.py")))) > MAX_MODULES_PER_FOLDER
+    }
+    assert crowded == {}
 
 
 def test_no_module_over_400_lines() -> None:

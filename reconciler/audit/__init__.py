@@ -1,13 +1,22 @@
-"""The full audit (PROTOCOL §3.7, §3.9): `run` (`run_full_audit`: **the audit's steps**,
-resumable from its `records`), its inputs (`ranges`, `listing`, `inventory`, `audit_inputs`;
-`partitions` closes listings), the joins (`sql` run by `duckdb_joins`, `retired`; what the
-acts need of an engine: `engine`) and what the audit does with their results
-(`records_act`, `blobs_act`), the Spark engine (`spark_run`: its listing `spark_listing`,
-joins `spark_joins`, executors' tasks `spark_tasks`, result files `spark_results`,
-``spark-submit`` entry `spark_entry`), the
-orphan file the GC reads (`orphans`), blob verification (`blob_verify`, `rate`), the schedule
-(`schedule`), and the child process the daemon runs it in (`child`, `worker`, `wire`).
-Imports `protocol`, `store`, `index`, `config` and the reconciler's shared modules
-(`context`, `cataloger`, `store_calls`, `problems`); never `reconciler.gc` except
-`gc.raw_retention`'s retired hours and `gc.catalog_since`'s entry listing.
+"""The full audit (PROTOCOL §3.7, §3.9), in its phases and where each lives:
+
+1. **start** — `records` (`resume_or_start`: resume the newest audit or create a record;
+   a run left running first gets its missing markers, `remark`); `schedule` says when;
+2. **pin** — `run` (`AuditRun.list_catalog`: list the catalog files and narrow the pin,
+   renewed as it goes; compaction honours it through `records.live_pin`);
+3. **list** — `ranges` (disjoint key ranges), `listing` (streams of ranges written as
+   Parquet parts), `partitions` (closing a listing), or an S3 Inventory (`inventory`);
+4. **join** — `audit_inputs` (local copies of the pinned catalog and the listing),
+   `retired` (raw retention's hours), and the engines in `engines` (the SQL both run,
+   DuckDB out of core or Spark), run off the loop by `offload`, spilling under `spill`;
+5. **act** — `records_act` (catalog what is missing, supersede what differs, phantoms)
+   and `blobs_act` (the orphan file, `orphans`; missing blobs), `blob_verify` and `rate`
+   (SHA-256 verification in rate-limited rounds);
+6. **complete** — `run` (`run_full_audit`: the steps above, resumable from the record,
+   and its completion), `progress` (reporting).
+
+The daemon runs audits in a child process (`child`, `worker`, `wire`); ``spark-submit``
+runs `spark_entry`. Imports `protocol`, `store`, `index`, `config` and the reconciler's
+shared modules (`context`, `cataloger`, `store_calls`, `problems`); never `reconciler.gc`
+except `gc.raw_retention`'s retired hours and `gc.catalog_since`'s entry listing.
 """

@@ -1,4 +1,4 @@
-"""The full audit's inputs as local files for its joins (`reconciler.audit.duckdb_joins`):
+"""The full audit's inputs as local files for its joins (`reconciler.audit.engines.duckdb_joins`):
 copies of the pinned catalog files and of the listing parts, in the audit's spill
 directory (PROTOCOL §3.7, §3.9).
 

@@ -1,5 +1,5 @@
 """Acting on the blob join's results (``blobs.parquet``, ``referencing.parquet``:
-`reconciler.audit.sql.BLOB_JOIN`), PROTOCOL §3.5, §3.7.
+`reconciler.audit.engines.sql.BLOB_JOIN`), PROTOCOL §3.5, §3.7.
 
 - **Missing blobs**: a referenced hash the listing lacked (and that no retired row
   references) is HEADed (`confirm_missing`: a blob created after the listing passed its
@@ -15,15 +15,15 @@
 - **Orphans** (listed, referenced by no live row, older than the retry horizon in store
   time; ``raw_retention`` when only retired rows reference them) go to the audit's orphan
   file (`reconciler.audit.orphans`), written by either engine's
-  `reconciler.audit.duckdb_joins.ResultFiles.write_orphans`.
+  `reconciler.audit.engines.duckdb_joins.ResultFiles.write_orphans`.
 """
 
 from __future__ import annotations
 
 from index.rows import IndexRow
 from protocol import keys
-from reconciler.audit.duckdb_joins import JoinResults, iter_batches
-from reconciler.audit.engine import EngineJoins
+from reconciler.audit.engines.duckdb_joins import JoinResults, iter_batches
+from reconciler.audit.engines.engine import EngineJoins
 from reconciler.audit.records_act import Newest, RecordActs, etag_differs, fields_differ
 from reconciler.cataloger import CatalogBatch, Cataloger
 from reconciler.context import ReconcilerContext

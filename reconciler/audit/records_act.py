@@ -1,4 +1,4 @@
-"""Acting on the record join's results (``records.parquet``, `reconciler.audit.sql.RECORD_JOIN`),
+"""Acting on the record join's results (``records.parquet``, `reconciler.audit.engines.sql.RECORD_JOIN`),
 in bounded batches (PROTOCOL §3.7, §3.9).
 
 Per listed record the join names (``reason``):
@@ -46,7 +46,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from index.rows import IndexRow
-from reconciler.audit.duckdb_joins import ADDED_SCHEMA
+from reconciler.audit.engines.duckdb_joins import ADDED_SCHEMA
 from reconciler.cataloger import CatalogBatch, Cataloger
 from reconciler.context import ReconcilerContext
 from reconciler.problems import ProblemBook

@@ -11,7 +11,7 @@ catalog, as out-of-core joins (PROTOCOL §3.7, §3.9 "full audit"); resumable af
    Parquet listing parts in the store (``keys.audit_listing_prefix``), or, with an S3
    Inventory, the records' parts from the report (`parts_from_inventory`) and the raw
    blobs listed. Then copied into the spill directory.
-3. **Joins** (`reconciler.audit.duckdb_joins`, SQL in `reconciler.audit.sql`), DuckDB under
+3. **Joins** (`reconciler.audit.engines.duckdb_joins`, SQL in `reconciler.audit.engines.sql`), DuckDB under
    half of ``audit_memory_limit_mb`` (the process needs the rest), spilling to disk:
    the record join first, acted on in bounded batches (`reconciler.audit.records_act`:
    records to read and catalog, ETag differences and keys in two hours or with two hashes
@@ -68,13 +68,13 @@ from reconciler.audit.audit_inputs import (
 )
 from reconciler.audit.blob_verify import VERIFY_CURSOR
 from reconciler.audit.blobs_act import confirm_missing, record_missing_blobs, supersede_for_missing
-from reconciler.audit.duckdb_joins import (
+from reconciler.audit.engines.duckdb_joins import (
     AuditJoins,
     JoinLimits,
     JoinResults,
     iter_batches,
 )
-from reconciler.audit.engine import EngineJoins
+from reconciler.audit.engines.engine import EngineJoins
 from reconciler.audit.inventory import InventorySource
 from reconciler.audit.listing import (
     ListingParts,
@@ -126,7 +126,7 @@ async def run_full_audit(
     ``status == "completed"`` only when it finished with every catalog write done; otherwise
     ``running`` (call again to resume). This is the local engine (``audit_engine =
     "local"``; the daemon's scheduled audits run here whatever the setting, the Spark
-    engine is `reconciler.audit.spark_run`). Raises `LeaseLost` (stop: no longer the
+    engine is `reconciler.audit.engines.spark_run`). Raises `LeaseLost` (stop: no longer the
     leader), `InventoryError`, and store errors met while creating the record."""
     record, resumed = await resume_or_start(ctx, inventory)
     run = AuditRun(ctx, record, resumed, progress, progress_interval_s, inventory)
@@ -135,7 +135,7 @@ async def run_full_audit(
 
 class AuditRun(AuditState):
     """The phases of one run (see module); the Spark engine's run
-    (`reconciler.audit.spark_run.SparkAuditRun`) lists and joins otherwise and shares the
+    (`reconciler.audit.engines.spark_run.SparkAuditRun`) lists and joins otherwise and shares the
     rest: `perform`, the acts on the join results, `finish`."""
 
     async def perform(self) -> AuditRecord:

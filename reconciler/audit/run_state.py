@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from protocol.records import AuditRecord
 from reconciler.audit.blob_verify import VERIFY_CURSOR, BlobVerifier, split_concurrency
-from reconciler.audit.engine import EngineJoins
+from reconciler.audit.engines.engine import EngineJoins
 from reconciler.audit.inventory import InventorySource
 from reconciler.audit.progress import PROGRESS_RECORDS, AuditProgress, ProgressCallback
 from reconciler.audit.records import save_audit, trim_old_audits

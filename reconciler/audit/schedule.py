@@ -27,10 +27,10 @@ import structlog
 from config import Settings
 from protocol.records import AuditRecord
 from reconciler.audit.child import AuditChild
+from reconciler.audit.engines.spark_run import configured_audit
 from reconciler.audit.inventory import InventorySource
 from reconciler.audit.records import latest_audit, latest_completed_audit
 from reconciler.audit.run import ProgressCallback
-from reconciler.audit.spark_run import configured_audit
 from reconciler.context import ReconcilerContext
 from reconciler.metrics import ReconcilerMetrics
 from store.lease import LeaseLost

@@ -1,7 +1,7 @@
 """The ``.py`` entry file for ``spark-submit``: ``lm-reconciler audit --engine spark``.
 
 spark-submit owns the session (master, resources); this file runs the audit's Spark engine
-(`reconciler.audit.spark_run`) as the lease holder and exits with ``lm-reconciler``'s exit
+(`reconciler.audit.engines.spark_run`) as the lease holder and exits with ``lm-reconciler``'s exit
 codes. Its arguments are the settings flags (``--config PATH``); an ``audit`` argument is
 accepted and ignored. From the repository root, on this machine::
 

@@ -12,7 +12,7 @@ progress, counter snapshots, catalog writes to make, the hours written, and at t
 the audit's record (or why it failed). Logs go to standard error, as the daemon's do.
 
 **It holds no lease of its own.** It runs the audit on the configured engine
-(`reconciler.audit.spark_run.configured_audit`: with ``[reconciler] audit_engine =
+(`reconciler.audit.engines.spark_run.configured_audit`: with ``[reconciler] audit_engine =
 "spark"`` this process is the Spark driver) under the daemon's epoch:
 its fence (`BorrowedFence`) is valid while the expiry the daemon last sent lies ahead
 (minus the fence's usual margin, in store time); the audit record's compare-and-swap
@@ -60,9 +60,9 @@ from protocol import keys
 from protocol.clock import Clock, SystemClock
 from protocol.records import LeaseRecord
 from reconciler.audit import wire
+from reconciler.audit.engines.spark_run import configured_audit
 from reconciler.audit.inventory import inventory_from_settings
 from reconciler.audit.run import AuditProgress
-from reconciler.audit.spark_run import configured_audit
 from reconciler.context import Fence, ReconcilerContext
 from reconciler.metrics import ReconcilerMetrics
 from store import errors as store_errors

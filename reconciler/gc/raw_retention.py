@@ -2,7 +2,7 @@
 
 Off by default (``[retention] raw_days``). Raw retention never deletes anything itself:
 it *retires* accepted hours, and a retired hour's accepted rows stop counting as
-references in the audit's blob join (`reconciler.audit.sql`, `reconciler.audit.retired`). A blob referenced only by
+references in the audit's blob join (`reconciler.audit.engines.sql`, `reconciler.audit.retired`). A blob referenced only by
 such rows is then an orphan of kind ``raw-retention`` in the audit's orphan file, and the
 GC deletes it by the whole procedure of PROTOCOL §3.5 — mark, grace, veto, the targeted
 proof in raw retention's variant (the manifest names the blob, its hour is still retired,

@@ -5,7 +5,7 @@ every merge. Ranking by the merged file's own name let a merge of a stale row ou
 superseding row written after the stale row's first merge. Every reader goes through the
 one definition: the Arrow hour (`read_hour_table`, the live query's), DuckDB hour totals
 (ledger checks, verify), the rollup planner (`rollup.job.plan_sql`), the merge itself,
-the audit's joins (`reconciler.audit.duckdb_joins`) and the chaos auditor
+the audit's joins (`reconciler.audit.engines.duckdb_joins`) and the chaos auditor
 (`chaos.catalog_rows`); the Spark audit is compared with the local one in
 `tests/reconciler/test_audit_spark_run.py`.
 """
@@ -31,7 +31,7 @@ from index.catalog_tables import hour_totals, read_hour_table, read_hour_totals
 from index.rows import IndexRow, accepted_row, table_of
 from protocol import keys
 from protocol.clock import ManualClock
-from reconciler.audit.duckdb_joins import AuditJoins, fetch_catalog
+from reconciler.audit.engines.duckdb_joins import AuditJoins, fetch_catalog
 from rollup.job.plan_sql import pending_items
 from store.memory import MemoryStore
 from tests.index.test_index_files import T0, manifest

@@ -72,7 +72,7 @@ async def problem_subjects(store: MemoryStore, kind: str) -> set[str]:
 def test_the_joins_normalize_etags_as_the_store_does() -> None:
     import duckdb
 
-    from reconciler.audit.sql import normalized_etag as sql_normalized
+    from reconciler.audit.engines.sql import normalized_etag as sql_normalized
 
     etags = ['"abc"', 'W/"abc"', "abc", '"abd"', None, ""]
     con = duckdb.connect()

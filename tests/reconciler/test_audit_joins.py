@@ -1,4 +1,4 @@
-"""The audit's out-of-core joins (`reconciler.audit.duckdb_joins`, `reconciler.audit.sql`): listing
+"""The audit's out-of-core joins (`reconciler.audit.engines.duckdb_joins`, `reconciler.audit.engines.sql`): listing
 parts and pinned catalog files in, records to read, phantom candidates, orphans and
 missing-blob candidates out, each difference found exactly (issue 23 item 2)."""
 
@@ -16,9 +16,9 @@ import pytest
 from index.rows import IndexRow, encode
 from protocol import keys
 from protocol.clock import ManualClock
-from reconciler.audit import sql as audit_sql
 from reconciler.audit.audit_inputs import PinnedFileMissing, fetch_catalog
-from reconciler.audit.duckdb_joins import AuditJoins, JoinLimits, iter_batches
+from reconciler.audit.engines import sql as audit_sql
+from reconciler.audit.engines.duckdb_joins import AuditJoins, JoinLimits, iter_batches
 from reconciler.audit.retired import settle_retired
 from reconciler.gc.raw_retention import Retired
 from reconciler.problems import ProblemBook

@@ -1,6 +1,6 @@
-"""The audit's joins on Spark (`reconciler.audit.spark_joins`, issue 23 item 3): from the
+"""The audit's joins on Spark (`reconciler.audit.engines.spark_joins`, issue 23 item 3): from the
 same listing parts and pinned catalog files, the same result files as the local engine
-(`reconciler.audit.duckdb_joins.AuditJoins`), row for row; a pinned file that is gone is an
+(`reconciler.audit.engines.duckdb_joins.AuditJoins`), row for row; a pinned file that is gone is an
 error. A local Spark session (local[2]) over a filesystem store in tmp_path."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import pytest
 
 from index.rows import IndexRow
 from protocol import keys
-from reconciler.audit.duckdb_joins import AuditJoins, PinnedFileMissing, fetch_catalog
-from reconciler.audit.spark_joins import SparkAuditJoins
-from reconciler.audit.spark_results import BLOBS_SCHEMA, RECORDS_SCHEMA, REFERENCING_SCHEMA
+from reconciler.audit.engines.duckdb_joins import AuditJoins, PinnedFileMissing, fetch_catalog
+from reconciler.audit.engines.spark_joins import SparkAuditJoins
+from reconciler.audit.engines.spark_results import BLOBS_SCHEMA, RECORDS_SCHEMA, REFERENCING_SCHEMA
 from rollup.table.storage import StoreAccess
 from store.fs import FileSystemStore
 from tests.reconciler.test_audit_joins import (

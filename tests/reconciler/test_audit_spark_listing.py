@@ -1,4 +1,4 @@
-"""The audit's listing on Spark executors (`reconciler.audit.spark_listing`, issue 23 item
+"""The audit's listing on Spark executors (`reconciler.audit.engines.spark_listing`, issue 23 item
 3): the parts written by Spark tasks, each with its own store client, are the files
 `list_for_audit` writes (same names, same rows) over the same store, and resume the same
 way (a finished range is not listed again; an unfinished one is). A local Spark session
@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 import pyarrow.parquet as pq
 import pytest
 
+from reconciler.audit.engines.spark_listing import list_on_spark
 from reconciler.audit.listing import ListingParts, list_for_audit
-from reconciler.audit.spark_listing import list_on_spark
 from rollup.table.storage import StoreAccess
 from store.errors import StoreConfigError
 from store.fs import FileSystemStore

@@ -1,4 +1,4 @@
-"""``lm-reconciler audit --engine spark``'s work (`reconciler.audit.spark_run.spark_audit`,
+"""``lm-reconciler audit --engine spark``'s work (`reconciler.audit.engines.spark_run.spark_audit`,
 issue 23 item 3): as the lease holder it records the audit's start, Spark lists the ranges
 and runs the joins, and the lease holder acts on the results and completes the audit. Over
 two copies of one world (`tests.reconciler.audit_world`), the Spark engine and the local
@@ -17,10 +17,10 @@ import pytest
 
 from protocol import keys
 from protocol.clock import ManualClock
+from reconciler.audit.engines.spark_run import spark_audit
 from reconciler.audit.inventory import InventorySource
 from reconciler.audit.records import latest_audit
 from reconciler.audit.run import run_full_audit
-from reconciler.audit.spark_run import spark_audit
 from reconciler.context import ReconcilerContext
 from store.fs import FileSystemStore
 from tests.reconciler.audit_world import (

@@ -15,7 +15,7 @@ import uuid
 
 from index.rows import IndexRow, accepted_row
 from protocol import keys, records
-from reconciler.daemon import trim_catalog_created
+from reconciler.log_retention import trim_catalog_created
 from store.errors import Unavailable
 from tests.reconciler.test_gc import HOUR_S, POLICY, FlakyStore, World, frame_bytes, header_of, sha
 

@@ -1,8 +1,8 @@
 """A full audit with ``reconciler.audit_engine = "spark"`` (PROTOCOL §3.9): the lease holder
 (this process, the Spark driver) records the audit's start and pins the catalog
 (`reconciler.audit.records.resume_or_start`, as the local engine), the executors list the
-ranges (`reconciler.audit.spark_listing`), the joins run in Spark SQL over the listing
-parts and the pinned catalog files (`reconciler.audit.spark_joins`), their results land
+ranges (`reconciler.audit.engines.spark_listing`), the joins run in Spark SQL over the listing
+parts and the pinned catalog files (`reconciler.audit.engines.spark_joins`), their results land
 as the local engine's `JoinResults` files in the audit's spill directory, and the lease
 holder acts on them with the local engine's code (`reconciler.audit.run.AuditRun`):
 catalogs what is missing, supersedes what differs, writes the orphan file, records the
@@ -30,7 +30,9 @@ from typing import TYPE_CHECKING, ParamSpec, TypeVar
 from protocol import keys
 from protocol.records import AuditRecord
 from reconciler.audit.audit_inputs import set_aside
-from reconciler.audit.duckdb_joins import PinnedFileMissing
+from reconciler.audit.engines.duckdb_joins import PinnedFileMissing
+from reconciler.audit.engines.spark_joins import SparkAuditJoins
+from reconciler.audit.engines.spark_listing import list_on_spark
 from reconciler.audit.inventory import InventorySource
 from reconciler.audit.listing import parts_from_inventory, with_inventory
 from reconciler.audit.offload import in_thread
@@ -38,8 +40,6 @@ from reconciler.audit.progress import PROGRESS_INTERVAL_S, ProgressCallback
 from reconciler.audit.ranges import KINDS
 from reconciler.audit.records import resume_or_start
 from reconciler.audit.run import AuditRun, run_full_audit
-from reconciler.audit.spark_joins import SparkAuditJoins
-from reconciler.audit.spark_listing import list_on_spark
 from reconciler.context import ReconcilerContext
 from reconciler.gc.raw_retention import retired_for_audit
 from rollup.table.storage import StoreAccess

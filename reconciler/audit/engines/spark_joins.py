@@ -1,18 +1,18 @@
 """The full audit's joins on Spark (``reconciler.audit_engine = "spark"``, PROTOCOL §3.9).
 
-The same statements as the local engine (`reconciler.audit.sql`, run by
-`reconciler.audit.duckdb_joins.AuditJoins`) in Spark SQL over temp views of the same names
+The same statements as the local engine (`reconciler.audit.engines.sql`, run by
+`reconciler.audit.engines.duckdb_joins.AuditJoins`) in Spark SQL over temp views of the same names
 and columns, producing the same `JoinResults` files (same columns, same rows; records
 ordered by key, blobs by hash, referencing keys by hash).
 
 Inputs are objects in the store, read on the executors (each with its own client,
 `rollup.table.storage.StoreAccess`: the store is all the executors share with the driver),
 so neither the driver nor the executors need a copy of the whole history (the tasks are
-`reconciler.audit.spark_tasks`):
+`reconciler.audit.engines.spark_tasks`):
 
 - the audit's listing parts (store keys, `reconciler.audit.listing`'s schema), read by
   ``mapInArrow`` tasks into the ``listing`` view (``last_modified`` as nanoseconds, a
-  record without one old: `reconciler.audit.sql.listed_modified_ns`, as in DuckDB);
+  record without one old: `reconciler.audit.engines.sql.listed_modified_ns`, as in DuckDB);
 - the catalog files the audit pinned (store keys), read whole per task (every column of
   `index.rows.FILE_SCHEMA`, as `fetch_catalog`'s copies; only `CATALOG_COLUMNS` are kept)
   into the ``catalog_rows`` view. ``row_rank`` (a unique row id) is computed where the
@@ -33,7 +33,7 @@ whose pages are corrupt counts as unreadable here; in DuckDB the joins fail on i
 Results: each is written by the executors as Parquet parts under ``results_prefix`` in the
 store (one a partition of the sorted result), then concatenated in partition order by the
 driver into one local file in ``out_dir`` (one part in memory at a time;
-`reconciler.audit.spark_results`). As the local engine, the record join (`run_records`)
+`reconciler.audit.engines.spark_results`). As the local engine, the record join (`run_records`)
 and the blob join (`run_blobs`) run apart: the rows the audit wrote in between (local files
 on the driver) go to the store as parts under ``results_prefix`` ``added/`` and are read by
 the executors as references. The driver's queries over the result files (`pending`,
@@ -51,8 +51,8 @@ import pyarrow as pa
 
 from index.catalog_rank import spark_write_rank
 from protocol import keys
-from reconciler.audit import sql as audit_sql
-from reconciler.audit.duckdb_joins import (
+from reconciler.audit.engines import sql as audit_sql
+from reconciler.audit.engines.duckdb_joins import (
     ADDED_SCHEMA,
     LISTING_KINDS,
     CatalogCopy,
@@ -63,14 +63,14 @@ from reconciler.audit.duckdb_joins import (
     ResultFiles,
     limit_params,
 )
-from reconciler.audit.spark_results import (
+from reconciler.audit.engines.spark_results import (
     BLOBS_SCHEMA,
     RECORDS_SCHEMA,
     REFERENCING_SCHEMA,
     download_parts,
     upload_parts,
 )
-from reconciler.audit.spark_tasks import (
+from reconciler.audit.engines.spark_tasks import (
     ADDED_DDL,
     CATALOG_DDL,
     LISTING_DDL,
@@ -137,7 +137,7 @@ class SparkAuditJoins(ResultFiles):
             )
         )
         self._listing.createOrReplaceTempView("listing_base")
-        # The ids of `reconciler.audit.sql` are the strings themselves here.
+        # The ids of `reconciler.audit.engines.sql` are the strings themselves here.
         blob_sha = f"substr(key, {len('raw-blobs/v1/sha256/hh/hh/') + 1}, 64)"
         modified = audit_sql.listed_modified_ns("kind", "last_modified_ns")
         self._sql(
@@ -293,7 +293,7 @@ class SparkAuditJoins(ResultFiles):
         self._count_reasons(results, "blob", results.blobs)
 
     def _set_added(self, added: Sequence[str]) -> None:
-        """The ``added_rows`` view (`reconciler.audit.sql.REFERENCED`) over ``added``,
+        """The ``added_rows`` view (`reconciler.audit.engines.sql.REFERENCED`) over ``added``,
         copied to the store (`_upload_added`) for the executors to read."""
         parts = upload_parts(self._access, f"{self._prefix}added/", added, ADDED_SCHEMA)
         if parts:

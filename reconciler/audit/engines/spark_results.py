@@ -1,5 +1,5 @@
 """The Spark audit's result files between the store and the driver
-(`reconciler.audit.spark_joins`): the schemas of the results (those DuckDB writes for the
+(`reconciler.audit.engines.spark_joins`): the schemas of the results (those DuckDB writes for the
 same statements: ``tests/reconciler/test_audit_spark_joins.py`` checks they agree), the
 driver's local files copied to the store as parts for the executors (`upload_parts`), and
 the parts the executors wrote concatenated into one local file (`download_parts`). One
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from reconciler.audit.duckdb_joins import BATCH_ROWS, iter_batches
+from reconciler.audit.engines.duckdb_joins import BATCH_ROWS, iter_batches
 from rollup.table.storage import StoreAccess, open_parquet_writer, read_object
 
 RECORDS_SCHEMA = pa.schema(

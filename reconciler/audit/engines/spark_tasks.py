@@ -1,4 +1,4 @@
-"""What the Spark audit's executors run (`reconciler.audit.spark_joins`): picklable
+"""What the Spark audit's executors run (`reconciler.audit.engines.spark_joins`): picklable
 callables for ``mapInArrow``, each reaching the store with its own client
 (`rollup.table.storage.StoreAccess`, cached per Python worker).
 
@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from index.catalog_rank import RANK_COLUMNS, with_rank
 from index.rows import IndexFileError, read_table
-from reconciler.audit.duckdb_joins import CATALOG_COLUMNS, ROWS_PER_FILE_RANK
+from reconciler.audit.engines.duckdb_joins import CATALOG_COLUMNS, ROWS_PER_FILE_RANK
 from rollup.table.storage import StoreAccess, open_parquet_writer, read_object
 
 LISTING_DDL = "kind string, key string, etag string, size long, last_modified_ns long"
@@ -36,7 +36,7 @@ CATALOG_DDL = (
 )
 PART_DDL = "part long, key string, rows long"
 ADDED_DDL = "key string, frame_sha256 string, accepted_frame_sha256 string"
-"""The rows the audit wrote itself (`reconciler.audit.duckdb_joins.ADDED_SCHEMA`)."""
+"""The rows the audit wrote itself (`reconciler.audit.engines.duckdb_joins.ADDED_SCHEMA`)."""
 MISSING = "pinned catalog file gone:"
 _BATCH_ROWS = 65_536
 

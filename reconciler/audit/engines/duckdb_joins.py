@@ -1,4 +1,4 @@
-"""The full audit's joins out of core, in DuckDB (`reconciler.audit.sql` holds the SQL).
+"""The full audit's joins out of core, in DuckDB (`reconciler.audit.engines.sql` holds the SQL).
 
 Inputs are local files: the audit's listing parts (`reconciler.audit.listing`'s schema:
 ``key``, ``etag``, ``size``, ``last_modified``) and copies of the catalog files the audit
@@ -14,8 +14,8 @@ object per row. The record join (`run_records`) and the blob join (`run_blobs`) 
 apart, so the blob join counts the rows the audit wrote meanwhile as references.
 
 Results (`JoinResults`): ``records.parquet`` (records to read, and phantom candidates:
-see `reconciler.audit.sql.RECORD_JOIN`), ``blobs.parquet`` (orphans and missing-blob
-candidates, `reconciler.audit.sql.BLOB_JOIN`), ``referencing.parquet`` (a record that
+see `reconciler.audit.engines.sql.RECORD_JOIN`), ``blobs.parquet`` (orphans and missing-blob
+candidates, `reconciler.audit.engines.sql.BLOB_JOIN`), ``referencing.parquet`` (a record that
 references each missing-blob candidate), and the counts of what was listed.
 """
 
@@ -32,22 +32,15 @@ import pyarrow.parquet as pq
 
 from index.catalog_local import sql_list, sql_string
 from index.catalog_rank import RANK_COLUMNS, duckdb_write_rank
-from reconciler.audit import sql as audit_sql
 from reconciler.audit.audit_inputs import CatalogCopy as CatalogCopy
 from reconciler.audit.audit_inputs import PinnedFileMissing as PinnedFileMissing
 from reconciler.audit.audit_inputs import fetch_catalog as fetch_catalog
+from reconciler.audit.engines import sql as audit_sql
 
 ListingKind = Literal["accepted", "quarantine", "raw-blobs"]
 LISTING_KINDS: tuple[ListingKind, ...] = ("accepted", "quarantine", "raw-blobs")
-CATALOG_COLUMNS = [
-    "key",
-    "kind",
-    "etag",
-    "frame_sha256",
-    "accepted_frame_sha256",
-    "time_unix_ns",
-    *RANK_COLUMNS,
-]
+_ROW_COLUMNS = ["key", "kind", "etag", "frame_sha256", "accepted_frame_sha256", "time_unix_ns"]
+CATALOG_COLUMNS = [*_ROW_COLUMNS, *RANK_COLUMNS]
 ROWS_PER_FILE_RANK = 1 << 32
 """``row_rank`` = file rank x this + the row's position in its file (files hold far fewer)."""
 BATCH_ROWS = 4096
@@ -64,7 +57,7 @@ class JoinLimits:
     """Store time minus the retry horizon: an orphan was last modified before."""
     reread_repeated: bool = False
     """Read back every listed key with rows of more than one rank (the first audit after
-    the rank columns came, PROTOCOL §3.7: `reconciler.audit.sql.PER_KEY`)."""
+    the rank columns came, PROTOCOL §3.7: `reconciler.audit.engines.sql.PER_KEY`)."""
 
 
 @dataclass
@@ -379,7 +372,7 @@ class AuditJoins(ResultFiles):
 
 
 def _etag_id(column: str) -> str:
-    """DuckDB's 64-bit ``hash`` of the normalized ETag, null for none (`reconciler.audit.sql`)."""
+    """DuckDB's 64-bit ``hash`` of the normalized ETag, null for none (`reconciler.audit.engines.sql`)."""
     return (
         f"CASE WHEN {column} IS NULL THEN NULL ELSE hash({audit_sql.normalized_etag(column)}) END"
     )

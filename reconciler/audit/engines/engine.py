@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
-from reconciler.audit.duckdb_joins import JoinLimits, JoinResults
+from reconciler.audit.engines.duckdb_joins import JoinLimits, JoinResults
 from reconciler.audit.retired import RetiredJoins
 
 

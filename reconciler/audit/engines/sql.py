@@ -1,6 +1,6 @@
 """The full audit's joins as SQL text (PROTOCOL §3.7, §3.9 "full audit", §3.5 rule 5).
 
-One engine runs them today (`reconciler.audit.duckdb_joins`, DuckDB); the text is written for the
+One engine runs them today (`reconciler.audit.engines.duckdb_joins`, DuckDB); the text is written for the
 Spark engine to run as well, over views of the same names and columns:
 
 - ``listing(kind, key, etag, size, last_modified_ns, key_id, etag_id, sha_id)``: the
@@ -25,7 +25,7 @@ a 128-bit digest of ``key`` (the catalog's ``key_digest``), ``sha_id``/``accepte
 a 128-bit digest of a blob's hash (for a listed blob, of its key's hash part), ``etag_id``
 a 64-bit hash of the normalized ETag (`normalized_etag`; null for no ETag). The
 dialect-specific parts (digests, file names, row positions, hex) live in the views: in
-Spark (`reconciler.audit.spark_joins`), ``row_rank`` is computed by the task that reads
+Spark (`reconciler.audit.engines.spark_joins`), ``row_rank`` is computed by the task that reads
 the file, ``sha_prefix`` with ``conv``, and the ids are the strings themselves (``key``,
 the hash, the normalized ETag: Spark's joins and aggregates spill strings).
 
