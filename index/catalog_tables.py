@@ -199,7 +199,8 @@ BATCH_COLUMNS = (
 )
 _CHECK_SQL = """
 SELECT count(*) FROM read_parquet({files})
-WHERE kind NOT IN ('accepted', 'quarantine') OR NOT regexp_full_match(frame_sha256, '[0-9a-f]{{64}}')
+WHERE kind NOT IN ('accepted', 'quarantine', 'retracted')
+   OR NOT regexp_full_match(frame_sha256, '[0-9a-f]{{64}}')
    OR time_unix_ns // {hour_ns} != {hour_index} OR agent_id IS NULL OR boot_id IS NULL
    OR seq_start IS NULL OR seq_end IS NULL
 """

@@ -8,14 +8,17 @@ agent_id (its two key spellings), never per row. `well_formed` answers a boolean
 problem records and logs; `decode` reads one index file as validated rows.
 
 A row is well-formed when:
-- ``kind`` is ``accepted``, ``quarantine`` or ``blob``; ``key``, ``frame_sha256`` and
+- ``kind`` is ``accepted``, ``quarantine``, ``blob`` or (catalog files only: a log
+  segment's are refused by `log_rows_well_formed`) ``retracted``; ``key``, ``frame_sha256`` and
   ``time_unix_ns`` are present; ``frame_sha256`` is 64 lowercase hex digits;
 - a ``blob`` row's key is the raw-blob key of its hash;
 - an ``accepted``/``quarantine`` row's ``raw_blob_key`` is the key of ``frame_sha256``,
   its identity (agent_id, canonical boot_id UUID, seq_end >= seq_start) is the one its
   key names, in either agent form (``agent=<hex>`` or ``agent=h-<sha256>``, PROTOCOL §3),
   and a quarantine key ends in the submitted hash; a quarantine row also has a valid
-  ``accepted_frame_sha256``.
+  ``accepted_frame_sha256``;
+- a ``retracted`` row is well-formed as the ``accepted`` or ``quarantine`` row it copies
+  (by its key's prefix).
 """
 
 from __future__ import annotations
@@ -95,6 +98,7 @@ def well_formed(table: pa.Table) -> pa.ChunkedArray | pa.Array:
     is_blob = _true(pc.equal(kind, "blob"))
     is_accepted = _true(pc.equal(kind, "accepted"))
     is_quarantine = _true(pc.equal(kind, "quarantine"))
+    is_retracted = _true(pc.equal(kind, "retracted"))
     blob_ok = _true(pc.equal(table.column("key"), blob_key))
 
     boot = table.column("boot_id")
@@ -121,11 +125,19 @@ def well_formed(table: pa.Table) -> pa.ChunkedArray | pa.Array:
     record_ok = pc.and_(
         pc.and_(identity_ok, _true(pc.equal(table.column("raw_blob_key"), blob_key))),
         pc.or_(
-            pc.and_(is_accepted, accepted_key_ok),
-            pc.and_(is_quarantine, _true(quarantine_key_ok)),
+            pc.and_(pc.or_(is_accepted, is_retracted), accepted_key_ok),
+            pc.and_(pc.or_(is_quarantine, is_retracted), _true(quarantine_key_ok)),
         ),
     )
     return pc.and_(basics, pc.or_(pc.and_(is_blob, blob_ok), record_ok))
+
+
+def log_rows_well_formed(table: pa.Table) -> pa.ChunkedArray | pa.Array:
+    """`well_formed` for a log segment's rows: a ``retracted`` row is the lease holder's,
+    never a collector's claim."""
+    if table.num_rows == 0:
+        return pa.array([], pa.bool_())
+    return pc.and_(well_formed(table), _true(pc.not_equal(table.column("kind"), "retracted")))
 
 
 def first_problems(table: pa.Table, mask: pa.ChunkedArray | pa.Array, limit: int = 10) -> list[str]:

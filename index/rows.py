@@ -7,6 +7,10 @@ itself. One `IndexRow` type serves both:
 | column | type | accepted | quarantine | blob (log only) |
 |---|---|---|---|---|
 | ``kind`` | string | ``accepted`` | ``quarantine`` | ``blob`` |
+
+(A fourth kind, ``retracted``, is catalog only: the copy of an ``accepted`` or
+``quarantine`` row that a retraction writes after it, with that row's columns.)
+
 | ``key`` | string | manifest key | quarantine key | raw-blob key |
 | ``frame_sha256`` | string | the batch's hash | the *submitted* hash | the blob's hash |
 | ``accepted_frame_sha256`` | string? | null | the accepted hash | null |
@@ -50,8 +54,12 @@ from protocol.records import AcceptedManifest, IdentityConflict
 from .catalog_rank import RANK_FIELDS
 from .digests import DIGEST_BYTES, key_digest
 
-RowKind = Literal["accepted", "quarantine", "blob"]
-ROW_KINDS: tuple[RowKind, ...] = ("accepted", "quarantine", "blob")
+RowKind = Literal["accepted", "quarantine", "blob", "retracted"]
+ROW_KINDS: tuple[RowKind, ...] = ("accepted", "quarantine", "blob", "retracted")
+LOG_ROW_KINDS: tuple[RowKind, ...] = ("accepted", "quarantine", "blob")
+"""A collector's log holds these; ``retracted`` rows are the lease holder's, catalog only
+(PROTOCOL §3.7 retraction: a copy of a key's row, written after it, so the key counts as
+absent everywhere until a record the store returns supersedes it)."""
 
 SCHEMA = pa.schema(
     [
@@ -293,7 +301,9 @@ def _problem(row: IndexRow) -> str | None:
             return None
         if row.raw_blob_key != keys.raw_blob_key(row.frame_sha256):
             return "raw_blob_key is not the key of frame_sha256"
-        if row.kind == "quarantine":
+        if row.kind == "quarantine" or (
+            row.kind == "retracted" and row.key.startswith(keys.QUARANTINE_PREFIX)
+        ):
             keys.check_sha256(row.accepted_frame_sha256 or "")
         row.identity  # noqa: B018  (validates agent, boot, seq)
     except (keys.KeyFormatError, ValueError) as exc:

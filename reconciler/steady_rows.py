@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from index.digests import DIGEST_BYTES, digests_from_arrow
-from index.row_checks import well_formed
+from index.row_checks import log_rows_well_formed
 from index.rows import FILE_SCHEMA, IndexRow, rows_of, table_of
 from reconciler.context import ReconcilerContext
 from store.etag_check import normalized_etag
@@ -122,7 +122,7 @@ def sort_chunk(
 ) -> SortedChunk:
     """Split a chunk (see the module docstring). ``attest=False`` (a store whose ETags
     cannot attest a record, PROTOCOL §3.6) reads back every record row."""
-    mask = well_formed(table)
+    mask = log_rows_well_formed(table)
     malformed = table.filter(pc.invert(mask))
     good = table.filter(mask)
     is_blob = pc.equal(good.column("kind"), "blob")

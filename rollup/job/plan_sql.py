@@ -53,7 +53,7 @@ OUTPUT_BATCH_ROWS = 65_536
 
 _CHECK_SQL = """
 SELECT
-    count(*) FILTER (WHERE kind NOT IN ('accepted', 'quarantine')
+    count(*) FILTER (WHERE kind NOT IN ('accepted', 'quarantine', 'retracted')
         OR NOT regexp_full_match(frame_sha256, '[0-9a-f]{{64}}') OR agent_id IS NULL
         OR boot_id IS NULL OR seq_start IS NULL OR seq_end IS NULL
         OR (kind = 'accepted' AND (record_count IS NULL OR raw_blob_key IS DISTINCT FROM

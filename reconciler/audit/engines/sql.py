@@ -104,14 +104,17 @@ PER_KEY = f"""
 SELECT max_by(row_rank, write_rank) AS row_rank,
        (min({_hour("time_unix_ns")}) <> max({_hour("time_unix_ns")})
         OR min(sha_prefix) <> max(sha_prefix)) AS conflict,
-       min(write_rank) <> max(write_rank) AS repeated
+       min(write_rank) <> max(write_rank) AS repeated,
+       max_by(CASE WHEN kind = 'retracted' THEN 1 ELSE 0 END, write_rank) AS retracted
 FROM catalog_rows
 GROUP BY key_id
 """
 """Per cataloged key: the ``row_rank`` of the row that counts (the highest
 ``write_rank``; a tie is one row held by a merged file and its input, either will do),
 whether the key has rows of more than one rank (``repeated``: the first audit after the
-rank columns came reads those back, `JoinLimits.reread_repeated`), and whether its rows disagree (two
+rank columns came reads those back, `JoinLimits.reread_repeated`), whether the row that
+counts is ``retracted`` (PROTOCOL §3.7: the key counts as not cataloged, and is no
+phantom), and whether its rows disagree (two
 hours, or two hashes: compared by ``sha_prefix``, a 60-bit prefix of ``frame_sha256`` the
 engine's view computes, so every aggregate state is fixed-size and spills; a false equal
 has a chance of 2^-60 a key). Grouped by ``key_id``, a fixed-size 128-bit digest of
@@ -120,7 +123,8 @@ spill 50M string keys under 512 MB, nor 10M under 100 MB. Kept as the table ``pe
 
 NEWEST = """
 SELECT r.key_id AS key_id, r.etag_id AS etag_id, r.time_unix_ns AS time_unix_ns,
-       r.row_rank AS row_rank, p.conflict AS conflict, p.repeated AS repeated
+       r.row_rank AS row_rank, p.conflict AS conflict, p.repeated AS repeated,
+       p.retracted AS retracted
 FROM catalog_rows r JOIN per_key p ON r.row_rank = p.row_rank
 """
 """The newest row of each key (``row_rank`` is unique: one row a key, even if a file
@@ -141,7 +145,8 @@ joined AS (
          l.kind AS kind,
          l.etag AS listed_etag,
          l.key_id IS NOT NULL AS listed,
-         n.key_id IS NOT NULL AS cataloged,
+         n.key_id IS NOT NULL AND coalesce(n.retracted, 0) = 0 AS cataloged,
+         coalesce(n.retracted, 0) = 1 AS retracted,
          l.last_modified_ns AS last_modified_ns,
          l.etag_id AS listed_etag_id,
          n.etag_id AS etag_id,
@@ -154,7 +159,8 @@ joined AS (
 SELECT key, kind, listed_etag, listed, cataloged, last_modified_ns, time_unix_ns, row_rank,
        conflict, reread
 FROM joined
-WHERE (NOT listed AND {_hour("time_unix_ns")} + {HOUR_NS} <= {{phantom_before_ns}})
+WHERE (NOT listed AND NOT retracted
+       AND {_hour("time_unix_ns")} + {HOUR_NS} <= {{phantom_before_ns}})
    OR (listed AND last_modified_ns <= {{born_before_ns}} AND (
          NOT cataloged OR conflict OR reread
          OR (listed_etag_id IS NOT NULL AND etag_id IS NOT NULL
