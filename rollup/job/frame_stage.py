@@ -9,7 +9,8 @@ with the ``hour`` that routes it to stage 2:
 
 - ``partials`` / ``series``: per hour, the task's merged partials and the metric and
   labels of their series, as Arrow IPC blobs;
-- ``points_file``, ``ledger`` (one per included batch, routed by its accepted hour) and
+- ``points_file``, ``ledger`` (one per included batch, routed by its accepted hour, with
+  its point range ``min_ts``/``max_ts``) and
   ``problem`` (a frame that is missing, fails its hash, decode or identity check): JSON.
 
 Rows in hours a table's retention dropped, and rows that the base snapshot's tombstones
@@ -106,6 +107,7 @@ class _FrameTask:
                     "record_count": points.num_rows,
                     "accepted_hour": item["accepted_hour"],
                     "late_excluded": late,
+                    **point_range(points),
                 },
             )
         )
@@ -203,6 +205,16 @@ def table_rows(inputs: HourInputs, points: pa.Table) -> tuple[pa.Table, pa.Table
     late = points.num_rows > 0 and all(rows.num_rows == 0 for rows in kept)
     for_points, for_rollup = drop_from_points(inputs.tombstones, kept[0], kept[1])
     return for_points, for_rollup, late
+
+
+def point_range(points: pa.Table) -> dict[str, int | None]:
+    """A batch's ledger ``min_ts``/``max_ts`` (µs since the epoch) from its decoded
+    ``points`` rows, before retention or deletes drop any (PROTOCOL §4: where a
+    retraction finds its points)."""
+    if points.num_rows == 0:
+        return {"min_ts": None, "max_ts": None}
+    bounds = pc.min_max(points.column("ts").cast(pa.int64()))
+    return {"min_ts": bounds["min"].as_py(), "max_ts": bounds["max"].as_py()}
 
 
 def _blob_rows(merged: pa.Table, info: pa.Table) -> pa.Table:

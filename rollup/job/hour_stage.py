@@ -102,7 +102,14 @@ def _write_rollup_hour(
 def _write_ledger_hour(options: WriteOptions, hour: str, rows: pa.Table) -> dict[str, Any]:
     bodies = [json.loads(text) for text in rows.column("body").to_pylist()]
     table = ledger_table(
-        LedgerRow(b["manifest_id"], b["frame_sha256"], b["record_count"], b["accepted_hour"])
+        LedgerRow(
+            b["manifest_id"],
+            b["frame_sha256"],
+            b["record_count"],
+            b["accepted_hour"],
+            b.get("min_ts"),
+            b.get("max_ts"),
+        )
         for b in bodies
     )
     path = keys.rollup_ledger_key(keys.UtcHour.parse_iso(hour), str(uuid.uuid4()))

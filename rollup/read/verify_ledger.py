@@ -40,6 +40,7 @@ import pyarrow.parquet as pq
 
 from index.catalog_local import MergeLimits, connect, sql_list, sql_string
 from index.catalog_tables import _limbs, _setsum_of_limbs
+from rollup.table.ledger import conform_ledger
 from rollup.table.manifest import LedgerHour, RollupManifestError, Snapshot
 from rollup.table.manifest_ledger import ledger_file_hour
 from rollup.table.schemas import LEDGER_SCHEMA
@@ -161,7 +162,7 @@ async def compare_hour(
 
 def _write_ledger_copy(body: bytes, key: str, path: str) -> None:
     try:
-        table = pq.read_table(io.BytesIO(body)).select(LEDGER_SCHEMA.names).cast(LEDGER_SCHEMA)
+        table = conform_ledger(pq.read_table(io.BytesIO(body)))
     except (pa.ArrowException, KeyError, ValueError) as exc:
         raise RollupManifestError(f"ledger file {key!r} is unreadable: {exc}") from None
     pq.write_table(table, path)

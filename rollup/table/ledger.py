@@ -1,7 +1,8 @@
 """Ledger files (PROTOCOL §4): which accepted batches a snapshot includes.
 
 A ledger file is Parquet with `schemas.LEDGER_SCHEMA`, one row per included batch
-(``manifest_id, frame_sha256, record_count, accepted_hour``), stored at
+(``manifest_id, frame_sha256, record_count, accepted_hour, min_ts, max_ts``: the last two
+the batch's point range, null in files written before them), stored at
 ``rollup/v1/ledger/date=YYYY-MM-DD/hour=HH/<uuid>.parquet`` where the partition is the
 rows' ``accepted_hour`` (decision: one accepted hour per ledger file, so readers of an
 hour open only that hour's files). A snapshot's ``ledger.files`` lists every ledger file
@@ -31,7 +32,7 @@ from protocol.records import AcceptedManifest
 from protocol.setsum import Setsum
 from rollup.table.manifest import Changes, LedgerHour, RollupManifestError, Snapshot
 from rollup.table.manifest_ledger import ledger_file_hour
-from rollup.table.schemas import LEDGER_SCHEMA
+from rollup.table.schemas import LEDGER_OPTIONAL, LEDGER_SCHEMA, TS_TYPE
 from store.base import ObjectStore
 
 
@@ -43,6 +44,9 @@ class LedgerRow:
     frame_sha256: str
     record_count: int
     accepted_hour: str  # "YYYY-MM-DDTHH"
+    min_ts: int | None = None
+    """The batch's first point time, µs since the epoch (None: a row written before)."""
+    max_ts: int | None = None
 
     @classmethod
     def of_manifest(cls, manifest: AcceptedManifest) -> LedgerRow:
@@ -64,20 +68,35 @@ def ledger_table(rows: Iterable[LedgerRow]) -> pa.Table:
             "frame_sha256": pa.array([r.frame_sha256 for r in listed], pa.string()),
             "record_count": pa.array([r.record_count for r in listed], pa.int64()),
             "accepted_hour": pa.array([r.accepted_hour for r in listed], pa.string()),
+            "min_ts": pa.array([r.min_ts for r in listed], pa.int64()).cast(TS_TYPE),
+            "max_ts": pa.array([r.max_ts for r in listed], pa.int64()).cast(TS_TYPE),
         },
         schema=LEDGER_SCHEMA,
     )
 
 
+def conform_ledger(table: pa.Table) -> pa.Table:
+    """A ledger file's rows as `LEDGER_SCHEMA`: the columns of a file written before
+    `LEDGER_OPTIONAL` existed are added as nulls. `KeyError`/`ArrowException` when it is
+    not a ledger file."""
+    for name in LEDGER_OPTIONAL:
+        if name not in table.column_names:
+            table = table.append_column(name, pa.nulls(table.num_rows, TS_TYPE))
+    return table.select(LEDGER_SCHEMA.names).cast(LEDGER_SCHEMA)
+
+
 def ledger_rows(table: pa.Table) -> list[LedgerRow]:
     """The rows of a ledger table, in order."""
+    table = conform_ledger(table)
     return [
-        LedgerRow(m, s, c, h)
-        for m, s, c, h in zip(
+        LedgerRow(m, s, c, h, low, high)
+        for m, s, c, h, low, high in zip(
             table.column("manifest_id").to_pylist(),
             table.column("frame_sha256").to_pylist(),
             table.column("record_count").to_pylist(),
             table.column("accepted_hour").to_pylist(),
+            table.column("min_ts").cast(pa.int64()).to_pylist(),
+            table.column("max_ts").cast(pa.int64()).to_pylist(),
             strict=True,
         )
     ]
@@ -141,8 +160,7 @@ def encode_ledger(table: pa.Table, *, compression: str = "zstd") -> bytes:
 def decode_ledger(body: bytes, *, key: str = "<ledger>") -> pa.Table:
     """A ledger file's rows; `RollupManifestError` if it is not a ledger file."""
     try:
-        table = pq.read_table(pa.BufferReader(body))
-        return table.select(LEDGER_SCHEMA.names).cast(LEDGER_SCHEMA)
+        return conform_ledger(pq.read_table(pa.BufferReader(body)))
     except (pa.ArrowException, KeyError, ValueError) as exc:
         raise RollupManifestError(f"ledger file {key!r} is unreadable: {exc}") from None
 

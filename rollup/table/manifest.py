@@ -44,6 +44,7 @@ from typing import Any
 
 from protocol import keys
 from rollup.table.data_file import DataFile
+from rollup.table.ledger_retracted import RetractedBatch, retracted_json, retracted_totals
 from rollup.table.manifest_errors import RollupInvariantError, RollupManifestError
 from rollup.table.manifest_ledger import (
     EMPTY_LEDGER_HOUR,
@@ -99,6 +100,13 @@ class Snapshot:
     retention: Mapping[str, str] = field(default_factory=dict)
     ledger_late: Mapping[str, LedgerHour] = field(default_factory=dict)
     ledger_lost: tuple[LostBatch, ...] = ()
+    ledger_retracted: tuple[RetractedBatch, ...] = ()
+    """Batches removed after their key was retracted (`rollup.table.ledger_retracted`)."""
+
+    @property
+    def retracted_hours(self) -> dict[str, LedgerHour]:
+        """Per accepted hour, the totals of the retracted batches."""
+        return retracted_totals(self.ledger_retracted)
 
     @property
     def lost_hours(self) -> dict[str, LedgerHour]:
@@ -160,6 +168,8 @@ class Snapshot:
                 }
                 for hour, totals in self.lost_hours.items()
             }
+        if self.ledger_retracted:
+            document["ledger"]["retracted"] = retracted_json(self.ledger_retracted)
         return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
 
 
@@ -187,6 +197,11 @@ class Changes:
     """Ledger files this commit merged into one of ``added_ledger_files`` (same hour)."""
     added_lost: tuple[LostBatch, ...] = ()
     """Batches acknowledged as lost: part of ``ledger_delta`` (their ledger file added)."""
+    added_retracted: tuple[RetractedBatch, ...] = ()
+    """Included batches removed because their key was retracted: their digests leave the
+    hours' totals for ``retracted`` (their hours' ledger files rewritten without them)."""
+    restored: tuple[tuple[str, str], ...] = ()
+    """``(accepted_hour, manifest_id)`` of retracted batches this commit includes again."""
 
 
 def format_created_at(unix_ns: int) -> str:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from protocol import keys
+from rollup.table.ledger_retracted import parse_retracted
 from rollup.table.manifest import (
     COMMIT_ID_PATTERN,
     MANIFEST_SCHEMA,
@@ -123,6 +124,7 @@ def parse_snapshot(document: Any) -> Snapshot:
             for hour, totals in late.items()
         },
         ledger_lost=lost,
+        ledger_retracted=parse_retracted(ledger.get("retracted", {})),
     )
 
 

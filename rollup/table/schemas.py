@@ -61,15 +61,20 @@ ROLLUP_1M_SCHEMA = pa.schema(
     ]
 )
 
-# One row per accepted batch included in a snapshot; accepted_hour is "YYYY-MM-DDTHH".
+# One row per accepted batch included in a snapshot; accepted_hour is "YYYY-MM-DDTHH";
+# min_ts/max_ts the batch's point range (null in rows written before them, PROTOCOL §4).
 LEDGER_SCHEMA = pa.schema(
     [
         pa.field("manifest_id", pa.string(), nullable=False),
         pa.field("frame_sha256", pa.string(), nullable=False),
         pa.field("record_count", pa.int64(), nullable=False),
         pa.field("accepted_hour", pa.string(), nullable=False),
+        pa.field("min_ts", TS_TYPE),
+        pa.field("max_ts", TS_TYPE),
     ]
 )
+LEDGER_OPTIONAL = ("min_ts", "max_ts")
+"""Ledger columns that files written before them lack (read as null)."""
 
 TABLES: dict[str, pa.Schema] = {"points": POINTS_SCHEMA, "rollup_1m": ROLLUP_1M_SCHEMA}
 

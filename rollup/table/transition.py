@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from protocol import keys
 from rollup.table import schemas
 from rollup.table.data_file import DataFile
+from rollup.table.ledger_retracted import next_retracted
 from rollup.table.manifest import (
     COMMIT_ID_PATTERN,
     Changes,
@@ -77,6 +78,17 @@ def apply(
         tables[name] = TableState(columns, kept + new)
 
     ledger_files, ledger_hours = next_ledger(base, changes)
+    moved = next_retracted(
+        base.ledger_retracted if base is not None else (),
+        ledger_hours,
+        next_late(base, changes),
+        next_lost(base, changes, version),
+        added=changes.added_retracted,
+        restored=changes.restored,
+        included=changes.ledger_delta,
+        ledger_file_hours={ledger_file_hour(p) for p in changes.added_ledger_files},
+        version=version,
+    )
     retention = _next_retention(base, changes, tables)
     return Snapshot(
         version=version,
@@ -88,10 +100,11 @@ def apply(
         tombstones=_next_tombstones(base, changes, version, retention),
         removed_files=tuple(changes.removed_files),
         ledger_files=ledger_files,
-        ledger_hours=ledger_hours,
+        ledger_hours=moved.hours,
         retention=retention,
-        ledger_late=next_late(base, changes),
-        ledger_lost=next_lost(base, changes, version),
+        ledger_late=moved.late,
+        ledger_lost=moved.lost,
+        ledger_retracted=moved.retracted,
     )
 
 

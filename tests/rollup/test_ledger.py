@@ -69,3 +69,30 @@ async def test_read_ledger_by_hour() -> None:
         hour_at(5).iso: set(),
     }
     assert ledger_totals(everything) == dict(snapshot.ledger_hours)
+
+
+def test_ledger_rows_carry_the_point_range_and_old_files_read_as_null() -> None:
+    """PROTOCOL §4: ledger rows record the batch's point range (``min_ts``, ``max_ts``);
+    a file written before those columns reads with them null."""
+    from io import BytesIO
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rollup.table.ledger import LedgerRow
+
+    row = LedgerRow("m", "a" * 64, 3, "2026-11-21T10", 1_000_000, 2_000_000)
+    assert ledger_rows(decode_ledger(encode_ledger(ledger_table([row])))) == [row]
+    old = pa.table(
+        {
+            "manifest_id": ["m"],
+            "frame_sha256": ["a" * 64],
+            "record_count": pa.array([3], pa.int64()),
+            "accepted_hour": ["2026-11-21T10"],
+        }
+    )
+    sink = BytesIO()
+    pq.write_table(old, sink)
+    (read,) = ledger_rows(decode_ledger(sink.getvalue()))
+    assert (read.min_ts, read.max_ts) == (None, None)
+    assert read.record_count == 3
