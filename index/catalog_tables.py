@@ -126,6 +126,27 @@ async def read_hour_table(
     raise IndexFileError(f"catalog hour {hour} kept changing while it was read; try again")
 
 
+async def read_key_rows(store: ObjectStore, hour: keys.UtcHour, wanted: Sequence[str]) -> pa.Table:
+    """The rows that count (`index.catalog_rank`) of the keys ``wanted`` (few) in the
+    hour's catalog, every column: each file is read once, one at a time, and only its rows
+    of those keys are kept (a retraction copies a key's rows, PROTOCOL §3.7)."""
+    names = pa.array(sorted(set(wanted)), pa.string())
+    for _attempt in range(RELIST_ATTEMPTS):
+        files = await list_hour_files(store, hour)
+        try:
+            tables = [
+                table.filter(pc.is_in(table.column("key"), value_set=names))
+                for info in files
+                for table in [await read_file_table(store, info.key)]
+            ]
+        except NotFound:
+            continue
+        if not tables:
+            return FILE_SCHEMA.empty_table()
+        return newest_per_key(tables)
+    raise IndexFileError(f"catalog hour {hour} kept changing while it was read; try again")
+
+
 def manifest_ids(table: pa.Table) -> pa.Array:
     """``agent=<agent>.boot=<boot-hex>.<seq-start>-<seq-end>`` of each row
     (`protocol.keys.BatchIdentity.manifest_id`), column-wise."""

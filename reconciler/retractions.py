@@ -6,19 +6,24 @@ audit reports it as a ``phantom-row`` problem, and the GC deletes nothing while 
 open (PROTOCOL §3.5 rule 5). It closes when a later audit lists the key, or when an
 operator *retracts* the row, having looked into it.
 
-Design (the simplest sound one): a retraction is a small record at
-``reconciler/v1/retractions/<sha256 of key>.json`` (`protocol.records.RetractionRecord`:
-the key, who — ``--by`` or the OS user — why, and when), created with If-None-Match; the
-command then removes the key's ``phantom-row`` problem. It needs no lease: it writes no
-catalog file, and catalog files stay immutable (no reader has to learn a new row kind or
-column). Every later audit honours it: a retracted key the listing lacks is no phantom
-(`retracted_keys`). Retracting is refused while the store holds the record (a HEAD finds
-it): that row is no phantom, and the audit supersedes it if it differs.
+A retraction is a small record at ``reconciler/v1/retractions/<sha256 of key>.json``
+(`protocol.records.RetractionRecord`: the key, who — ``--by`` or the OS user — why, and
+when), created with If-None-Match; the command then removes the key's ``phantom-row``
+problem. It needs no lease: it writes no catalog file. Retracting is refused while the
+store holds the record (a HEAD finds it): that row is no phantom, and the audit
+supersedes it if it differs.
 
-What a retraction does not do: remove the row from the catalog hour. The rollup, the
-live query and the GC's references still see it (a reference only keeps a blob, which is
-safe); an hour whose ledger already counted the phantom batch is one `lm-rollup verify`
-reports against ``accepted/v1/``, and is rebuilt like any catalog mismatch.
+The lease holder does the rest (PROTOCOL §3.7). Its next listing audit finds the key a
+phantom candidate with a retraction and writes a ``retracted`` row — a copy of the row
+that counts, in every hour where the key has a row
+(`reconciler.audit.records_act.retraction_rows`), in the audit's own files — so the key
+counts as absent everywhere: hour totals and the rollup planner count only accepted rows,
+the live query likewise, and the audit's joins take it for not cataloged (no phantom; a
+record listed later is read and cataloged again, superseding it). The steady pass reads
+back every log row of a retracted key before it counts (`RetractedKeys`): only a record
+the store returns supersedes the ``retracted`` row. The rollup then removes a batch it
+had included (PROTOCOL §3.7; `rollup`). The GC's references are untouched: a retracted
+row still keeps its blob, which is safe.
 """
 
 from __future__ import annotations
@@ -101,3 +106,28 @@ async def retracted_keys(store: ObjectStore) -> set[str]:
         except (NotFound, RecordError):
             continue
     return found
+
+
+RETRACTIONS_REFRESH_S = 60.0
+
+
+class RetractedKeys:
+    """The retracted keys as the steady pass needs them (PROTOCOL §3.7: after a
+    retraction, a log row of the key is read back before it counts), listed at most every
+    `RETRACTIONS_REFRESH_S`: one LIST of a prefix of a few objects per interval, not per
+    pass. A retraction made meanwhile is honoured from the next listing; a row of the key
+    cataloged before that outranks the ``retracted`` row, and the next audit, finding the
+    key a phantom again, writes another one."""
+
+    def __init__(self, store: ObjectStore, clock: Clock) -> None:
+        self._store = store
+        self._clock = clock
+        self._keys: frozenset[str] = frozenset()
+        self._listed_at: float | None = None
+
+    async def current(self) -> frozenset[str]:
+        now = self._clock.monotonic()
+        if self._listed_at is None or now - self._listed_at >= RETRACTIONS_REFRESH_S:
+            self._keys = frozenset(await retracted_keys(self._store))
+            self._listed_at = now
+        return self._keys

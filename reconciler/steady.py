@@ -55,6 +55,7 @@ from reconciler.context import ReconcilerContext
 from reconciler.gc.suspects import OrphanSuspects
 from reconciler.log_lag import LogLag
 from reconciler.problems import ProblemBook
+from reconciler.retractions import RetractedKeys
 from reconciler.steady_rows import (
     RecentKeys,
     compare_sample,
@@ -112,6 +113,7 @@ class SteadyScanner:
         self._ctx = ctx
         self.suspects = suspects if suspects is not None else OrphanSuspects()
         self._recent = RecentKeys()  # keys cataloged within the lookback
+        self._retracted = RetractedKeys(ctx.store, ctx.clock)  # read back their rows
         self._position: LogPosition | None = None  # as last saved by this scanner
         self._rng = random.Random(ctx.rng.getrandbits(64))
         self.lag = LogLag(ctx.clock)  # what the lag gauge reads at each scrape
@@ -242,6 +244,7 @@ class SteadyScanner:
             sample_rate=ctx.settings.reconciler.verify_sample_rate,
             rng=self._rng,
             attest=ctx.etags_attest,
+            retracted=await self._retracted.current(),
         )
         await self._report_malformed(sorted_rows.malformed, problems, result)
         self._note_references(table, sorted_rows.blobs)

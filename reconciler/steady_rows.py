@@ -119,9 +119,12 @@ def sort_chunk(
     sample_rate: float,
     rng: random.Random,
     attest: bool = True,
+    retracted: frozenset[str] = frozenset(),
 ) -> SortedChunk:
     """Split a chunk (see the module docstring). ``attest=False`` (a store whose ETags
-    cannot attest a record, PROTOCOL §3.6) reads back every record row."""
+    cannot attest a record, PROTOCOL §3.6) reads back every record row; so are the rows
+    of ``retracted`` keys (PROTOCOL §3.7: after a retraction, only a record the store
+    returns supersedes the ``retracted`` row)."""
     mask = log_rows_well_formed(table)
     malformed = table.filter(pc.invert(mask))
     good = table.filter(mask)
@@ -133,6 +136,10 @@ def sort_chunk(
     )
     if not attest:
         own = pc.and_(own, pa.scalar(False))
+    is_retracted = pc.is_in(
+        records.column("key"), value_set=pa.array(sorted(retracted), pa.string())
+    )
+    own = pc.and_(own, pc.invert(is_retracted))
     attested = records.filter(own)
     others = records.filter(pc.invert(own))
     sample = _sample(attested, sample_rate, rng)
@@ -140,6 +147,10 @@ def sort_chunk(
     others = _first_per_key(others)
     words = digest_words(others)
     skip = recent.contains(words) | np.isin(words, digest_words(attested))
+    if retracted:  # read back even if cataloged lately
+        skip &= ~pc.is_in(others.column("key"), value_set=pa.array(sorted(retracted))).to_numpy(
+            zero_copy_only=False
+        )
     read_back = others.filter(pa.array(~skip))
     return SortedChunk(blobs, attested, sample, read_back, malformed)
 

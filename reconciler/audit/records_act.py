@@ -31,7 +31,10 @@ Per listed record the join names (``reason``):
   (`reconciler.retractions`) is a ``phantom-row`` problem; open phantom-row problems that
   are no longer candidates are resolved (`finish_phantoms`). A resumed audit checks
   phantoms too: its listing parts, kept in the store, cover every range (the part before
-  the crash included).
+  the crash included). A candidate an operator retracted (`reconciler.retractions`) is
+  no phantom: the audit writes its ``retracted`` rows (`retraction_rows`: a copy of the
+  row that counts in every hour where the key has a row, PROTOCOL §3.7), so the key
+  counts as absent everywhere from then on — and is no candidate again.
 
 Every row written is also appended to a local Parquet file (`ADDED_SCHEMA`, one per
 batch) for the blob join: it references its blobs as catalog rows do.
@@ -39,14 +42,18 @@ batch) for the blob join: it references its blobs as catalog rows do.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from index.rows import IndexRow
+from index.catalog_tables import read_key_rows
+from index.rows import IndexRow, rows_of
+from protocol import keys
 from reconciler.audit.engines.duckdb_joins import ADDED_SCHEMA
+from reconciler.audit.engines.engine import EngineJoins
 from reconciler.cataloger import CatalogBatch, Cataloger
 from reconciler.context import ReconcilerContext
 from reconciler.problems import ProblemBook
@@ -100,6 +107,8 @@ class RecordActs:
         self.superseded = 0
         self.mismatches = 0
         self.phantom_candidates: list[str] = []
+        self.retracted_candidates: list[str] = []
+        """Phantom candidates an operator retracted: their ``retracted`` rows are due."""
 
     async def process(self, chunk: list[dict[str, object]]) -> ChunkResult:
         """Read what ``chunk`` (rows of ``records.parquet``) names; the rows to write."""
@@ -186,6 +195,7 @@ class RecordActs:
             retracted = await retracted_keys(self._ctx.store)
             for key in sorted(set(self.phantom_candidates)):
                 if key in retracted:
+                    self.retracted_candidates.append(key)
                     continue
                 try:
                     await self._ctx.store.head(key)
@@ -235,3 +245,26 @@ def _opt(value: object) -> str | None:
 
 def _opt_int(value: object) -> int | None:
     return None if value is None else int(str(value))
+
+
+async def retraction_rows(
+    ctx: ReconcilerContext, joins: EngineJoins, retracted: list[str]
+) -> list[IndexRow]:
+    """The ``retracted`` rows of the keys ``retracted`` (few: each an operator's act): in
+    every hour whose catalog holds a row of the key, a copy of the row that counts there
+    (PROTOCOL §3.7), first written now, so it outranks every row of the key before it."""
+    by_hour: dict[int, list[str]] = {}
+    for key, hours in joins.key_hours(sorted(set(retracted))).items():
+        for hour_ns in hours:
+            by_hour.setdefault(hour_ns, []).append(key)
+    rows: list[IndexRow] = []
+    for hour_ns, hour_keys in sorted(by_hour.items()):
+        table = await read_key_rows(ctx.store, keys.UtcHour.from_unix_ns(hour_ns), hour_keys)
+        for row in rows_of(table):
+            if row.kind in ("accepted", "quarantine"):
+                rows.append(
+                    dataclasses.replace(
+                        row, kind="retracted", source="retraction", etag=None, own_create=None
+                    )
+                )
+    return rows

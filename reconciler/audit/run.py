@@ -93,10 +93,11 @@ from reconciler.audit.records import (
     latest_completed_audit,
     resume_or_start,
 )
-from reconciler.audit.records_act import CHUNK, ChunkResult, RecordActs
+from reconciler.audit.records_act import CHUNK, ChunkResult, RecordActs, retraction_rows
 from reconciler.audit.retired import settle_retired
 from reconciler.audit.run_state import AuditState
 from reconciler.audit.spill import spill_directory
+from reconciler.cataloger import CatalogBatch
 from reconciler.context import ReconcilerContext
 from reconciler.gc.raw_retention import Retired, retired_for_audit
 from store.errors import StoreError
@@ -291,6 +292,7 @@ class AuditRun(AuditState):
             if self._blobs is not None and self._inventory is None:
                 self._phantoms = await acts.finish_phantoms()
                 self._problem_count += self._phantoms
+                await self._write_retractions(joins, acts.retracted_candidates)
         except StoreError as exc:
             self._store_failure("audit_acts", exc)
 
@@ -323,6 +325,15 @@ class AuditRun(AuditState):
             return False
         await self.checkpoint()
         return self._going()
+
+    async def _write_retractions(self, joins: EngineJoins, retracted: list[str]) -> None:
+        """The retracted rows of the retracted phantom candidates (PROTOCOL §3.7), in this
+        audit's files (its markers, re-marked like its other files after a kill)."""
+        if not retracted:
+            return
+        rows = await retraction_rows(self._ctx, joins, retracted)
+        if rows and await self._commit(ChunkResult(CatalogBatch(rows), [])):
+            self._ctx.log.info("retractions_written", keys=len(set(retracted)), rows=len(rows))
 
     async def _commit(self, result: ChunkResult) -> bool:
         rows = result.batch.rows

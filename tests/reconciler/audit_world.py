@@ -4,7 +4,8 @@ worlds the Spark engine's tests audit with both engines and compare (issue 23 it
 `build_world`: 8 batches of 2 agents and an identity conflict; 5 batches logged and
 cataloged by a steady pass, the rest (and the quarantine record) only in the store; a
 wrong hash cataloged over a true row (two hashes: read, superseded, a catalog-mismatch);
-a row for a manifest never created (a phantom, and its blob missing); a cataloged batch whose blob is gone (a
+a row for a manifest never created (a phantom, and its blob missing), and another that an
+operator retracted (its retracted row written, issue 31 item 5); a cataloged batch whose blob is gone (a
 missing blob); an unreferenced blob (an orphan once older than the retry horizon); a
 catalog file that is not an index file (moved aside, its rows cataloged again).
 
@@ -12,8 +13,8 @@ catalog file that is not an index file (moved aside, its rows cataloged again).
 LastModified (a report may lack the column: such a record counts as old in both engines,
 PROTOCOL §3.9, issue 31 item 4).
 
-`audit_outcome`: what an audit decided, engine-independent: every key's newest catalog
-row (fields, not file names), the orphan file, the problem records, the catalog files
+`audit_outcome`: what an audit decided, engine-independent: every key's catalog row that
+counts (fields, not file names; `index.catalog_tables`, the index's one rule), the orphan file, the problem records, the catalog files
 moved aside."""
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ import hashlib
 from typing import Any
 
 from index import catalog
-from index.rows import accepted_row
+from index.catalog_tables import read_hour_table
+from index.rows import accepted_row, rows_of
 from protocol import keys
 from protocol.records import AuditRecord
 from reconciler.audit.orphans import decode_orphans
 from reconciler.context import ReconcilerContext
 from reconciler.problems import list_problems
+from reconciler.retractions import retract
 from reconciler.steady import SteadyScanner
 from store.base import ObjectStore
 from tests.reconciler.conftest import (
@@ -51,6 +54,8 @@ class World:
     quarantine_key: str
     wrong_hash: Batch
     phantom: Batch
+    retracted: Batch
+    """A phantom an operator retracted before the audit."""
     blob_gone: Batch
     orphan_sha: str
     broken_file: str
@@ -74,13 +79,27 @@ async def build_world(store: ObjectStore, ctx: ReconcilerContext) -> World:
     never = make_batch(7, 0, T0_NS)  # logged, but its manifest was never created
     phantom = accepted_row(never.manifest, etag='"abc"')
     await ctx.catalog_writer.write(phantom.hour, [phantom], writer="steady")
+    # Another phantom, which an operator retracted: the audit writes its retracted row.
+    retracted_batch = make_batch(8, 0, T0_NS)
+    retracted = accepted_row(retracted_batch.manifest, etag='"abd"')
+    await ctx.catalog_writer.write(retracted.hour, [retracted], writer="steady")
+    await retract(store, ctx.clock, retracted.key, reason="no manifest", by="test")
     gone = batches[2]
     await store.delete(keys.raw_blob_key(gone.sha))
     orphan_sha = hashlib.sha256(ORPHAN).hexdigest()
     await store.put(keys.raw_blob_key(orphan_sha), ORPHAN)
     # The steady pass's file turns unreadable: its 5 batches are cataloged again.
     await store.put(steady_file, b"PAR1 garbage where a catalog file was")
-    return World(batches, conflict.quarantine_key, wrong, never, gone, orphan_sha, steady_file)
+    return World(
+        batches,
+        conflict.quarantine_key,
+        wrong,
+        never,
+        retracted_batch,
+        gone,
+        orphan_sha,
+        steady_file,
+    )
 
 
 def undated_records(world: World) -> set[str]:
@@ -108,11 +127,13 @@ async def inventory_rows(
 
 
 async def audit_outcome(store: ObjectStore, record: AuditRecord) -> dict[str, Any]:
-    newest: dict[str, tuple[tuple[int, int], tuple[Any, ...]]] = {}
-    async for info in catalog.list_all_files(store):
-        _hour, epoch, sequence = keys.parse_index_catalog_key(info.key)
-        for row in await catalog.read_file(store, info.key):
-            fields = (
+    hours = {
+        keys.parse_index_catalog_key(info.key)[0] async for info in catalog.list_all_files(store)
+    }
+    newest: dict[str, tuple[Any, ...]] = {}
+    for hour in sorted(hours, key=lambda h: h.start_ns):
+        for row in rows_of((await read_hour_table(store, hour)).table):  # the index's rule
+            newest[row.key] = (
                 row.kind,
                 row.frame_sha256,
                 row.accepted_frame_sha256,
@@ -120,8 +141,6 @@ async def audit_outcome(store: ObjectStore, record: AuditRecord) -> dict[str, An
                 row.etag,
                 row.source,
             )
-            if row.key not in newest or newest[row.key][0] < (epoch, sequence):
-                newest[row.key] = ((epoch, sequence), fields)
     body, _etag = await store.get(
         keys.audit_orphans_key(record.started_at_unix_ns, record.audit_id)
     )
@@ -130,7 +149,7 @@ async def audit_outcome(store: ObjectStore, record: AuditRecord) -> dict[str, An
         [(r.kind, r.subject_key) async for _key, r in list_problems(store) if r is not None]
     )
     return {
-        "rows": {key: fields for key, (_rank, fields) in newest.items()},
+        "rows": newest,
         "orphans": orphans,
         "problems": problems,
         "aside": sorted(await keys_under(store, keys.INDEX_UNREADABLE_PREFIX)),

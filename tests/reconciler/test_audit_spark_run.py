@@ -93,17 +93,21 @@ def test_the_spark_engine_completes_the_audit_as_the_local_engine_does(
         # 3 never logged, the quarantine record), the wrong hash (then the only readable
         # row of its key: its blob is missing, its record names another) superseded, the
         # phantom, the missing blob, the orphan, the unreadable file moved aside.
-        assert got["counts"] == (8, 1, 8 + 1)
+        # A listing audit also writes the retracted phantom's retracted row (issue 31).
+        assert got["counts"] == (8, 1, 8 + 1 + (source == "listing"))
         rows = got["rows"]
         assert set(rows) == {b.key for b in world.batches} | {
             world.quarantine_key,
             world.phantom.key,
+            world.retracted.key,
         }
+        assert rows[world.retracted.key][0] == ("retracted" if source == "listing" else "accepted")
         assert rows[world.wrong_hash.key][1] == world.wrong_hash.sha
         assert rows[world.wrong_hash.key][5] == "audit"
         problems = [
             ("missing-blob", keys.raw_blob_key(world.blob_gone.sha)),
             ("missing-blob", keys.raw_blob_key(world.phantom.sha)),
+            ("missing-blob", keys.raw_blob_key(world.retracted.sha)),
             ("unreadable-index-file", world.broken_file),
         ]
         if source == "listing":

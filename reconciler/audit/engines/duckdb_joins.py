@@ -36,6 +36,7 @@ from reconciler.audit.audit_inputs import CatalogCopy as CatalogCopy
 from reconciler.audit.audit_inputs import PinnedFileMissing as PinnedFileMissing
 from reconciler.audit.audit_inputs import fetch_catalog as fetch_catalog
 from reconciler.audit.engines import sql as audit_sql
+from reconciler.audit.engines.duckdb_queries import CatalogQueries
 
 ListingKind = Literal["accepted", "quarantine", "raw-blobs"]
 LISTING_KINDS: tuple[ListingKind, ...] = ("accepted", "quarantine", "raw-blobs")
@@ -135,7 +136,7 @@ class ResultFiles:
         return rows
 
 
-class AuditJoins(ResultFiles):
+class AuditJoins(ResultFiles, CatalogQueries):
     """One DuckDB session over the listing parts and catalog copies (see module)."""
 
     def __init__(
@@ -341,34 +342,8 @@ class AuditJoins(ResultFiles):
             con.execute(f"DROP TABLE {table}")
         self._count_reasons(results, "blob", results.blobs)
 
-    def newest_rows(
-        self, record_keys: Sequence[str]
-    ) -> dict[str, tuple[str | None, str, str | None, int]]:
-        """Per key of ``record_keys`` (few): its newest catalog row's ``etag``,
-        ``frame_sha256``, ``accepted_frame_sha256`` and ``time_unix_ns``."""
-        if not record_keys:
-            return {}
-        found = self._con.execute(
-            "SELECT key, arg_max(etag, write_rank), arg_max(frame_sha256, write_rank), "
-            "arg_max(accepted_frame_sha256, write_rank), arg_max(time_unix_ns, write_rank) "
-            f"FROM catalog_rows WHERE key IN ({', '.join(sql_string(k) for k in record_keys)}) "
-            "GROUP BY key"
-        ).fetchall()
-        return {str(k): (etag, sha, accepted, int(time)) for k, etag, sha, accepted, time in found}
-
     def _copy(self, query: str, path: str) -> None:
         copy_to_parquet(self._con, query, path)
-
-    def references(self, sha: str) -> bool:
-        """Whether a live catalog row references the blob ``sha`` (for blob verification's
-        message: a query over the catalog copies, rare). Its own cursor: safe while a
-        join runs in another thread."""
-        cursor = self._con.cursor()
-        try:
-            row = cursor.execute(audit_sql.IS_REFERENCED, [sha, sha]).fetchone()
-        finally:
-            cursor.close()
-        return bool(row and row[0])
 
 
 def _etag_id(column: str) -> str:

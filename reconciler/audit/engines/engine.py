@@ -38,6 +38,11 @@ class EngineJoins(RetiredJoins, Protocol):
         ``frame_sha256``, ``accepted_frame_sha256`` and ``time_unix_ns``."""
         ...
 
+    def key_hours(self, record_keys: Sequence[str]) -> dict[str, list[int]]:
+        """Per key of ``record_keys`` (few): the hours (start, ns) whose catalog holds a
+        row of it, ascending."""
+        ...
+
     def references(self, sha: str) -> bool:
         """Whether a live catalog row references the blob ``sha`` (rare)."""
         ...

@@ -308,6 +308,24 @@ class SparkAuditJoins(ResultFiles):
             "accepted_frame_sha256 AS accepted_sha_id FROM added_base"
         ).createOrReplaceTempView("added_rows")
 
+    def key_hours(self, record_keys: Sequence[str]) -> dict[str, list[int]]:
+        """As `AuditJoins.key_hours` (a Spark query: a few keys)."""
+        if not record_keys:
+            return {}
+        from pyspark.sql import functions as f
+
+        found = (
+            self._spark.table("catalog_rows")
+            .where(f.col("key").isin(list(record_keys)))
+            .select("key", "hour_start_ns")
+            .distinct()
+            .collect()
+        )
+        hours: dict[str, list[int]] = {}
+        for row in found:
+            hours.setdefault(str(row["key"]), []).append(int(row["hour_start_ns"]))
+        return {key: sorted(found_hours) for key, found_hours in hours.items()}
+
     def newest_rows(
         self, record_keys: Sequence[str]
     ) -> dict[str, tuple[str | None, str, str | None, int]]:
