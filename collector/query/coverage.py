@@ -22,10 +22,14 @@ that were accepted later and overlap their range (``sources.late_batches``,
 `collector.query.late`).
 
 Cost: the audit records are listed at most every ``refresh_interval_s`` (few: the
-reconciler trims them). A sealed hour's catalog never changes, so each is read once per
-process (its totals kept: a few dozen bytes an hour of history), at most
-`MAX_HOURS_PER_CALL` per query (until all are read, ``sealed_through_ns`` stops at the
-first unread one); the catalog is listed only from the first hour not yet read.
+reconciler trims them). A sealed hour's catalog changes rarely — an audit's superseding
+row, a retraction's ``retracted`` row (PROTOCOL §3.7) — so each is read once per process
+(its totals kept: a few dozen bytes an hour of history), at most `MAX_HOURS_PER_CALL` per
+query (until all are read, ``sealed_through_ns`` stops at the first unread one), and read
+again when a ``catalog-created`` entry names a new file in it: at the same refresh, the
+entries created since the last one seen are listed (one LIST, and one small GET per new
+catalog file: the files the reconciler wrote meanwhile, never history). The catalog is
+listed only from the first hour not yet read.
 """
 
 from __future__ import annotations
@@ -35,9 +39,11 @@ from collections.abc import Callable
 
 from index.audits import iter_audits_newest_first, sealed_limit_ns
 from protocol import keys
+from protocol.records import CatalogCreated, RecordError
 from rollup.table.ledger import read_catalog_totals
 from rollup.table.manifest import LedgerHour, Snapshot
 from store.base import ObjectStore
+from store.errors import NotFound
 
 NS_PER_S = 1_000_000_000
 MAX_HOURS_PER_CALL = 256
@@ -78,6 +84,8 @@ class Coverage:
         self._checked_at: float | None = None
         self._catalog: dict[str, LedgerHour] = {}
         self._read_through_ns = 0  # sealed catalog hours before this are in _catalog
+        self._entries_after: str | None = None  # catalog-created entries seen through here
+        self._changed: set[str] = set()  # cached hours a new catalog file landed in
 
     async def _audit_started_ns(self) -> int | None:
         now = self._monotonic()
@@ -86,8 +94,28 @@ class Coverage:
                 if record.status == "completed" and record.catalog and record.source == "listing":
                     self._audit_started = record.started_at_unix_ns
                     break
+            await self._note_new_catalog_files()
             self._checked_at = now
         return self._audit_started
+
+    async def _note_new_catalog_files(self) -> None:
+        """The cached hours a catalog file created since the last look landed in
+        (PROTOCOL §3.7: a reader caching an hour's totals reads it again then)."""
+        prefix = keys.INDEX_CATALOG_CREATED_PREFIX
+        start = self._entries_after
+        listed = [info.key async for info in self._store.list(prefix, start_after=start)]
+        if listed:
+            self._entries_after = listed[-1]
+        if start is None:
+            return  # the first look: every hour is read afresh anyway
+        for entry_key in listed:
+            try:
+                body, _etag = await self._store.get(entry_key)
+                hour = keys.parse_index_catalog_key(CatalogCreated.from_json(body).catalog_key)[0]
+            except (NotFound, RecordError, keys.KeyFormatError):
+                continue  # trimmed, or not an entry: nothing cached to refresh by it
+            if hour.iso in self._catalog:
+                self._changed.add(hour.iso)
 
     async def _read_sealed_catalog(self, limit_ns: int) -> None:
         """Read sealed catalog hours not read yet, oldest first, at most
@@ -119,7 +147,13 @@ class Coverage:
             self._catalog[hour.iso] = await read_catalog_totals(self._store, hour)
         self._read_through_ns = read_through
 
+    async def _reread_changed(self) -> None:
+        for iso in sorted(self._changed):
+            self._catalog[iso] = await read_catalog_totals(self._store, keys.UtcHour.parse_iso(iso))
+            self._changed.discard(iso)
+
     async def sealed_through_ns(self, snapshot: Snapshot | None) -> int:
         limit = sealed_limit_ns(await self._audit_started_ns(), self.margin_ns)
+        await self._reread_changed()
         await self._read_sealed_catalog(limit)
         return first_uncovered_ns(snapshot, self._catalog, min(limit, self._read_through_ns))

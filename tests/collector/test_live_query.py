@@ -5,7 +5,9 @@ and the ``rollup_1m`` shape equal to aggregating all points at once."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import random
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +30,8 @@ from collector.query.window import LiveWindow, missing_dropped
 from config import Principal, TokenTable, hash_token
 from config.settings import QuerySettings
 from index.audits import sealed_limit_ns
+from index.catalog import CatalogWriter
+from index.rows import accepted_row
 from protocol import keys
 from protocol.clock import ManualClock
 from protocol.frame import Frame, decode_frame
@@ -608,3 +612,20 @@ async def _latest(store: FileSystemStore) -> Any:
     loaded = await load_latest(store)
     assert loaded is not None
     return loaded.snapshot
+
+
+async def test_a_new_catalog_file_in_a_sealed_hour_is_read_again_without_a_restart(
+    world: World,
+) -> None:
+    """PROTOCOL §3.7: a reader caching an hour's totals re-reads the hour when a
+    ``catalog-created`` entry names a new file in it (a retraction's ``retracted`` row)."""
+    await completed_audit(world.store, H1.next().start_ns + 60 * NS)
+    await commit(world.store, world.clock, [B3, B4])
+    assert (await world.endpoint.answer(query_ns()))["sealed_through_ns"] == H1.next().start_ns
+    # B4 retracted (say it was a phantom): its hour's catalog no longer counts it, while
+    # the snapshot's ledger still includes it (until the rollup removes it).
+    retracted = dataclasses.replace(accepted_row(B4.manifest), kind="retracted")
+    writer = CatalogWriter(store=world.store, clock=world.clock, rng=random.Random(5), epoch=9)
+    await writer.write(retracted.hour, [retracted], writer="audit-00000000000000a2")
+    answer = await world.endpoint.answer(query_ns())
+    assert answer["sealed_through_ns"] == retracted.hour.start_ns and not answer["complete"]
