@@ -1,6 +1,7 @@
 """The index invariants chaos checks (PROTOCOL §3.7), for the simulation and the auditor.
 
-`read_catalog` reads every catalog file of a settled store (no reconciler running) and
+`read_catalog` reads every catalog file of a settled store (no reconciler running), a key
+counted once by the index's one rule (`index.catalog_rank`: the row written last), and
 which files a rollup work marker names; `catalog_problems` compares it with the records
 themselves. After a completed full audit:
 
@@ -21,8 +22,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from index.catalog import list_all_files, read_file
-from index.rows import IndexFileError, IndexRow
+import pyarrow as pa
+
+from index.catalog import list_all_files
+from index.catalog_rank import newest_per_key
+from index.catalog_tables import read_file_table
+from index.rows import IndexFileError, IndexRow, rows_of
 from protocol import keys
 from protocol.setsum import Setsum
 from store.base import ObjectStore
@@ -31,7 +36,8 @@ from store.errors import NotFound
 
 @dataclass
 class CatalogView:
-    """Every catalog row by key (the union of the files, a key counted once)."""
+    """Every catalog row by key (the union of the files, a key counted once: the row that
+    counts, `index.catalog_rank`)."""
 
     rows: dict[str, IndexRow] = field(default_factory=dict)
     marked: set[str] = field(default_factory=set)
@@ -50,20 +56,22 @@ async def read_catalog(store: ObjectStore) -> CatalogView:
             marked_files.add(keys.parse_rollup_work_marker_key(info.key))
         except keys.KeyFormatError:
             continue
+    tables: list[pa.Table] = []
     async for info in list_all_files(store):
         view.files += 1
         try:
-            rows = await read_file(store, info.key)
+            table = await read_file_table(store, info.key)
         except NotFound:
             view.vanished += 1
             continue
         except IndexFileError as exc:
             view.unreadable.append(str(exc))
             continue
-        for row in rows:
-            view.rows.setdefault(row.key, row)
-            if info.key in marked_files:
-                view.marked.add(row.key)
+        tables.append(table)
+        if info.key in marked_files:
+            view.marked.update(table.column("key").to_pylist())
+    if tables:
+        view.rows = {row.key: row for row in rows_of(newest_per_key(pa.concat_tables(tables)))}
     return view
 
 

@@ -23,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chaos.catalog_rows import read_hour
+from chaos.index_checks import read_catalog
 from index.catalog import CatalogWriter, list_hour_files
 from index.catalog_local import MergeLimits
 from index.catalog_merge import merge_files
@@ -103,6 +104,8 @@ async def readers_agree(history: History, tmp: str) -> None:
     assert got == want, "read_hour_table"
     chaos = await read_hour(history.store, HOUR)
     assert {k: (r.frame_sha256, r.etag) for k, r in chaos.rows.items()} == want, "chaos"
+    auditor = await read_catalog(history.store)  # the chaos auditor's view
+    assert {k: (r.frame_sha256, r.etag) for k, r in auditor.rows.items()} == want, "auditor"
     rows = table_of(list(history.last.values()))
     reference = hour_totals(rows)
     totals = await read_hour_totals(history.store, HOUR, MergeLimits(spill_dir=tmp))
