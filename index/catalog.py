@@ -1,7 +1,7 @@
 """The reconciler's catalog (PROTOCOL §3.7): verified rows, one set of Parquet files per hour.
 
-Reading: an hour's catalog is the union of its files, a key counted once (the newest
-file's row). Product code reads an hour column-wise or out of core, never as one Python
+Reading: an hour's catalog is the union of its files, a key counted once (the row written
+last, by the rank of the file it was first written in: `index.catalog_rank`). Product code reads an hour column-wise or out of core, never as one Python
 object per row (PROTOCOL §3.9): `index.catalog_tables`. A listed file that is gone when
 read (compaction deleted it after its grace) makes the reader list the hour again, a
 bounded number of times (`RELIST_ATTEMPTS`); a file that does not decode raises

@@ -2,8 +2,9 @@
 
 `merge_files` merges some of an hour's catalog files into one: each input is fetched to a
 local spill directory one at a time (never the hour in memory), and DuckDB — under a
-memory limit, spilling to that directory — keeps the newest file's row per key (file
-names are ``<epoch>-<sequence>``: name order is write order), sorts by key and writes one
+memory limit, spilling to that directory — keeps the row that counts per key
+(`index.catalog_rank`; every row keeps the rank of the file it was first written in, so a
+merge never makes an old row newer than a superseding one), sorts by key and writes one
 Parquet file whose key-value metadata names its inputs (``lightmetrics.compacted_from``;
 transitively, so a reader finding an input's input gone knows where its rows are)
 and its level (``lightmetrics.level``). The merged file is created with If-None-Match like

@@ -108,7 +108,8 @@ def newest_per_key(tables: Sequence[pa.Table]) -> pa.Table:
 async def read_hour_table(
     store: ObjectStore, hour: keys.UtcHour, columns: Sequence[str] | None = None
 ) -> HourTable:
-    """The hour's catalog, a key counted once (the newest file's row). A file gone after
+    """The hour's catalog, a key counted once (the row that counts, `index.catalog_rank`).
+    A file gone after
     the listing (compaction) makes it list again, a bounded number of times. ``columns``
     must include ``key``."""
     wanted = list(columns) if columns is not None else FILE_SCHEMA.names
@@ -175,7 +176,7 @@ _ACCEPTED_ROWS = """
         || lpad(r.seq_start::VARCHAR, 20, '0') || '-' || lpad(r.seq_end::VARCHAR, 20, '0') AS mid
     FROM {one_row_per_key} AND r.kind = 'accepted'
 """
-"""The hour's accepted rows, one per key (the newest file's), with their ``manifest_id``."""
+"""The hour's accepted rows, one per key (the row that counts), with their ``manifest_id``."""
 _OTHER_FORMS_SQL = """
 CREATE TEMP TABLE other_forms AS
 SELECT key FROM (

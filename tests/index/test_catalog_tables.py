@@ -1,4 +1,4 @@
-"""Catalog hours as Arrow columns (`index.catalog_tables`): the newest file's row per key,
+"""Catalog hours as Arrow columns (`index.catalog_tables`): the row that counts per key,
 and the hour's totals computed in DuckDB equal to the row-by-row reference."""
 
 from __future__ import annotations
