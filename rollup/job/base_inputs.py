@@ -70,13 +70,19 @@ def hour_inputs(base: LoadedSnapshot | None, retention: dict[str, str]) -> HourI
 
 
 def hours_left_pending(plan: Plan, changes: Changes) -> set[str]:
-    """Hours with planned batches that the commit's ledger does not include."""
+    """Hours with planned batches that the commit's ledger does not include, or with
+    batches the plan refused (their markers stay: the next run tries them again)."""
     planned = plan.batches_per_hour()
-    return {
+    return refused_hours(plan) | {
         hour
         for hour, count in planned.items()
         if (delta := changes.ledger_delta.get(hour)) is None or delta.batches < count
     }
+
+
+def refused_hours(plan: Plan) -> set[str]:
+    """Hours of the batches the plan refused (``overlapping-identity``)."""
+    return {str(h) for h in plan.refused.column("accepted_hour").to_pylist()}
 
 
 def marker_hour(marker_key: str) -> str:

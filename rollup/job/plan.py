@@ -39,7 +39,7 @@ import structlog
 
 from index.catalog_local import MergeLimits
 from protocol import keys
-from rollup.job.plan_sql import pending_items
+from rollup.job.plan_sql import REFUSED_SCHEMA, RETRACTED_SCHEMA, PlannedHours, plan_hours
 from rollup.job.tasks import WORK_SCHEMA
 from rollup.table.commit import LoadedSnapshot
 from rollup.table.manifest_ledger import ledger_file_hour
@@ -57,6 +57,11 @@ class Plan:
     hours_checked: tuple[str, ...]
     dirty_markers: tuple[str, ...] = ()
     skipped: tuple[str, ...] = field(default_factory=tuple)
+    retracted: pa.Table = field(default_factory=RETRACTED_SCHEMA.empty_table)
+    """Included batches whose key's counting catalog row is ``retracted``
+    (`rollup.job.plan_sql.RETRACTED_SCHEMA`): the run removes them first."""
+    refused: pa.Table = field(default_factory=REFUSED_SCHEMA.empty_table)
+    """Batches not planned: ``overlapping-identity`` (`rollup.job.plan_sql.REFUSED_SCHEMA`)."""
 
     @property
     def batches(self) -> int:
@@ -65,6 +70,22 @@ class Plan:
     @property
     def records(self) -> int:
         return int(pc.sum(self.items.column("record_count")).as_py() or 0)
+
+    def refused_problems(self) -> list[dict[str, str]]:
+        """One ``overlapping-identity`` problem per refused batch (PROTOCOL §3.7)."""
+        return [
+            {
+                "kind": "overlapping-identity",
+                "subject_key": keys.accepted_manifest_key(
+                    keys.parse_manifest_id(row["manifest_id"]).identity  # type: ignore[arg-type]
+                ),
+                "detail": f"its seq range overlaps batch {row['other']} of the same agent "
+                f"and boot (accepted batch {row['manifest_id']})",
+                "manifest_id": row["manifest_id"],
+                "accepted_hour": row["accepted_hour"],
+            }
+            for row in self.refused.to_pylist()
+        ]
 
     def manifest_ids(self) -> list[str]:
         """The planned ``manifest_id``s (for tests and small plans)."""
@@ -108,11 +129,12 @@ async def make_plan(
         if base is not None and checked
         else []
     )
-    items = (
-        await pending_items(store, checked, ledger_files, limits or MergeLimits())
+    planned = (
+        await plan_hours(store, checked, ledger_files, limits or MergeLimits())
         if checked
-        else WORK_SCHEMA.empty_table()
+        else PlannedHours(WORK_SCHEMA.empty_table())
     )
+    items = planned.items
     log.info(
         "rollup_plan_read",
         hours_checked=len(checked),
@@ -125,6 +147,8 @@ async def make_plan(
         hours_listed=len(checked),
         hours_checked=tuple(h.iso for h in checked),
         dirty_markers=tuple(markers),
+        retracted=planned.retracted,
+        refused=planned.refused,
     )
 
 

@@ -18,6 +18,11 @@ directory, then in one DuckDB session under ``MergeLimits.memory_limit_mb`` (spi
    long enough for two key forms can collide, so the window runs over those rare rows
    only; with several hours, over the ids that occur more than once.
 
+5. (`plan_hours`) finds the included batches whose key's counting row is ``retracted``
+   (`_RETRACTED_SQL`) and refuses planned batches whose seq range overlaps another batch
+   of the same agent and boot under another identity (`_OVERLAP_SQL`; the included
+   batches compared are those of the checked hours' ledger files).
+
 The rows stream out in record batches, gain ``raw_blob_key`` (the key of their hash,
 which the steady pass checked) and ``accepted_hour``, and are written to a local Arrow
 IPC file that is memory-mapped and unlinked: the plan's items, never a Python object per
@@ -30,6 +35,7 @@ import asyncio
 import os
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
@@ -107,10 +113,79 @@ SELECT h, key FROM (
 """
 """Every row of a ``manifest_id`` but the first (earliest hour, then least key)."""
 _ITEMS_SQL = """
+CREATE TEMP TABLE items AS
 SELECT p.mid AS manifest_id, p.frame_sha256, p.record_count, p.h
 FROM pending AS p LEFT JOIN losers AS l ON p.h = l.h AND p.key = l.key
 WHERE l.key IS NULL
 """
+_RETRACTED_SQL = """
+WITH counting AS (
+    SELECT c.h, c.key, c.kind,
+        'agent=' || lower(hex(c.agent_id)) || '.boot=' || replace(c.boot_id, '-', '') || '.'
+        || lpad(c.seq_start::VARCHAR, 20, '0') || '-' || lpad(c.seq_end::VARCHAR, 20, '0')
+        AS mid
+    FROM cat AS c LEFT JOIN newest AS n ON c.h = n.h AND c.key = n.key
+    WHERE n.key IS NULL OR (c.filename = n.pick.f AND c.file_row_number = n.pick.r)
+)
+SELECT DISTINCT r.h, r.mid AS manifest_id
+FROM counting AS r JOIN done AS d ON d.h = r.h AND d.manifest_id = r.mid
+WHERE r.kind = 'retracted' AND starts_with(r.key, '{accepted_prefix}')
+    AND r.mid NOT IN (SELECT mid FROM counting WHERE kind = 'accepted')
+ORDER BY 1, 2
+"""
+"""Included batches (the ledger's same hour holds them) whose key's counting row is
+``retracted`` and that no accepted row counts for under another key form: the rollup
+removes them (PROTOCOL §3.7 "Retraction"). A retracted quarantine row never names an
+included batch (its key is a quarantine key)."""
+_OVERLAP_SQL = """
+WITH batches AS (
+    SELECT h, manifest_id, pending, left(manifest_id, length(manifest_id) - 42) AS source,
+        substr(manifest_id, length(manifest_id) - 40, 20)::UBIGINT AS lo,
+        right(manifest_id, 20)::UBIGINT AS hi
+    FROM (SELECT h, manifest_id, true AS pending FROM items
+          UNION ALL SELECT h, manifest_id, false FROM done)
+)
+SELECT DISTINCT p.h, p.manifest_id, min(o.manifest_id) AS other
+FROM batches AS p JOIN batches AS o ON p.source = o.source AND p.manifest_id != o.manifest_id
+    AND o.lo <= p.hi AND p.lo <= o.hi
+WHERE p.pending GROUP BY p.h, p.manifest_id ORDER BY 1, 2
+"""
+"""Planned batches whose seq range overlaps another batch of the same agent and boot (an
+included one of the checked hours, or another planned one) under another identity: the
+rollup refuses them (``overlapping-identity``), so the points of one identity come from
+one batch and a retraction never removes a real batch's points."""
+_REFUSED_TABLE = """
+CREATE TEMP TABLE refused AS SELECT * FROM arrow_refused
+"""
+_KEPT_SQL = """
+SELECT i.* FROM items AS i
+WHERE NOT EXISTS (SELECT 1 FROM refused AS r WHERE r.h = i.h AND r.manifest_id = i.manifest_id)
+"""
+
+
+REFUSED_SCHEMA = pa.schema(
+    [
+        pa.field("accepted_hour", pa.string()),
+        pa.field("manifest_id", pa.string()),
+        pa.field("other", pa.string()),
+    ]
+)
+"""A planned batch refused as ``overlapping-identity`` and one batch it overlaps."""
+RETRACTED_SCHEMA = pa.schema(
+    [pa.field("accepted_hour", pa.string()), pa.field("manifest_id", pa.string())]
+)
+"""An included batch whose key's counting catalog row is ``retracted``."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedHours:
+    """What the checked hours ask of a run: ``items`` to include (`WORK_SCHEMA`), included
+    batches to remove (``retracted``, `RETRACTED_SCHEMA`) and batches refused
+    (``refused``, `REFUSED_SCHEMA`). The last two are rare and small."""
+
+    items: pa.Table
+    retracted: pa.Table = field(default_factory=RETRACTED_SCHEMA.empty_table)
+    refused: pa.Table = field(default_factory=REFUSED_SCHEMA.empty_table)
 
 
 async def pending_items(
@@ -119,9 +194,20 @@ async def pending_items(
     ledger_files: Sequence[str],
     limits: MergeLimits,
 ) -> pa.Table:
+    """`plan_hours`' items."""
+    return (await plan_hours(store, hours, ledger_files, limits)).items
+
+
+async def plan_hours(
+    store: ObjectStore,
+    hours: Sequence[keys.UtcHour],
+    ledger_files: Sequence[str],
+    limits: MergeLimits,
+) -> PlannedHours:
     """The `WORK_SCHEMA` rows of ``hours``' accepted batches that ``ledger_files`` (the
     snapshot's ledger files of those hours) do not include, one per ``manifest_id``;
-    memory-mapped from a local file. A catalog file gone after the listing (compaction)
+    memory-mapped from a local file; and the included batches that are retracted and the
+    refused ones (`PlannedHours`). A catalog file gone after the listing (compaction)
     makes it list again, a bounded number of times."""
     with tempfile.TemporaryDirectory(prefix="lm-plan-", dir=limits.spill_dir) as tmp:
         ledger_paths = []
@@ -135,7 +221,7 @@ async def pending_items(
             listed = [(hour, await list_hour_files(store, hour)) for hour in hours]
             names = [info.key for _hour, files in listed for info in files]
             if not names:
-                return WORK_SCHEMA.empty_table()
+                return PlannedHours(WORK_SCHEMA.empty_table())
             try:
                 async with local_copies(store, names, limits) as (copies, paths):
                     of_name = dict(zip(names, paths, strict=True))
@@ -156,10 +242,10 @@ def _plan_in_duckdb(
     ledger_paths: list[tuple[str, str]],
     limits: MergeLimits,
     tmp: str,
-) -> pa.Table:
+) -> PlannedHours:
     per_hour = [(hour, paths) for hour, paths in per_hour if paths]
     if not per_hour:
-        return WORK_SCHEMA.empty_table()
+        return PlannedHours(WORK_SCHEMA.empty_table())
     files = [p for _hour, paths in per_hour for p in paths]
     index_of = np.array([hour.start_ns // HOUR_NS for hour, _ in per_hour], dtype=np.int64)
     isos = pa.array([hour.iso for hour, _ in per_hour], pa.string())
@@ -175,8 +261,19 @@ def _plan_in_duckdb(
             con.execute(_PENDING_VIEW)
             where = f"WHERE agent_bytes >= {TWO_FORM_AGENT_BYTES}" if len(per_hour) == 1 else ""
             con.execute(_LOSERS_SQL.format(where=where))
-            reader = con.execute(_ITEMS_SQL).to_arrow_reader(OUTPUT_BATCH_ROWS)
-            return _spilled(reader, index_of, isos, limits)
+            con.execute(_ITEMS_SQL)
+            retracted = con.execute(
+                _RETRACTED_SQL.format(accepted_prefix=keys.ACCEPTED_PREFIX)
+            ).to_arrow_table()
+            refused = con.execute(_OVERLAP_SQL).to_arrow_table()
+            con.register("arrow_refused", refused)
+            con.execute(_REFUSED_TABLE)
+            reader = con.execute(_KEPT_SQL).to_arrow_reader(OUTPUT_BATCH_ROWS)
+            return PlannedHours(
+                _spilled(reader, index_of, isos, limits),
+                _with_hours(retracted, index_of, isos, RETRACTED_SCHEMA),
+                _with_hours(refused, index_of, isos, REFUSED_SCHEMA),
+            )
     except duckdb.Error as exc:
         raise IndexFileError(f"catalog hours {[h.iso for h, _ in per_hour]}: {exc}") from None
 
@@ -211,6 +308,16 @@ def _load_ledger(con: duckdb.DuckDBPyConnection, ledger_paths: list[tuple[str, s
     except duckdb.Error as exc:
         names = [key for key, _p in ledger_paths]
         raise RollupManifestError(f"ledger files {names} are unreadable: {exc}") from None
+
+
+def _with_hours(
+    table: pa.Table, index_of: np.ndarray, isos: pa.Array, schema: pa.Schema
+) -> pa.Table:
+    """``table``'s hour numbers (``h``) as ``accepted_hour``, in ``schema``."""
+    hour_at = np.searchsorted(index_of, table.column("h").to_numpy())
+    columns = [isos.take(pa.array(hour_at))]
+    columns += [table.column(name).cast(pa.string()) for name in schema.names[1:]]
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def _spilled(

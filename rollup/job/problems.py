@@ -3,6 +3,8 @@ records: created once, ``last_seen`` moved on each sighting)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import structlog
 
 from protocol import keys
@@ -39,3 +41,17 @@ async def record_problem(
         await store.put(key, updated.to_json(), if_match=etag)
     except StoreError as exc:
         log.warning("rollup_problem_record_failed", key=key, error=str(exc))
+
+
+async def record_problems(store: ObjectStore, clock: Clock, problems: list[dict[str, Any]]) -> None:
+    """One problem record per (kind, subject) of a run's ``problems`` (each logged),
+    created or its ``last_seen`` moved on. A kind `protocol.keys.PROBLEM_KINDS` does not
+    know yet (``overlapping-identity``) is logged and reported in the run's summary only."""
+    seen: set[tuple[str, str]] = set()
+    for problem in problems:
+        kind, subject = problem["kind"], problem["subject_key"]
+        log.warning("rollup_bad_frame", **problem)
+        if (kind, subject) in seen or kind not in keys.PROBLEM_KINDS:
+            continue
+        seen.add((kind, subject))
+        await record_problem(store, clock, kind, subject, problem["detail"])

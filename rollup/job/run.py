@@ -3,27 +3,24 @@
 `run_rollup` is what ``lm-rollup run`` and the spark-submit entry call, with a Spark
 session they own. Under the owner lease (taken here unless one is passed in):
 
-1. load the latest snapshot and plan against it (`rollup.job.plan`); nothing pending →
-   done, nothing written ("re-running changes nothing");
+1. load the latest snapshot and plan against it (`rollup.job.plan`); included batches
+   whose key was retracted are removed first, in a commit of their own
+   (`rollup.lifecycle.retraction`), and the plan made again; nothing pending → done;
 2. run the stages (`rollup.job.stages`) in a thread while the lease is renewed;
-3. record each bad frame (hash mismatch, undecodable, missing blob) as a problem under
-   ``reconciler/v1/problems/``; such batches are left out of the ledger, so they stay
-   pending and ``verify`` shows them missing;
+3. record each bad frame (hash mismatch, undecodable, missing blob, another batch's) and
+   each refused batch (``overlapping-identity``) as a problem; such batches are left out
+   of the ledger, so they stay pending and ``verify`` shows them missing;
 4. build `Changes` (new points/rollup/ledger files; the superseded ``rollup_1m`` files
-   of every rewritten hour) and `commit` them on top of the planned base;
+   of every rewritten hour; retracted batches included again) and `commit` them;
 5. `CommitConflict` (another commit moved the pointer): delete this attempt's files,
    re-plan against the new latest snapshot and retry, at most ``max_commit_retries``
-   times. Because every attempt re-plans from the ledger of the snapshot it commits on,
-   a batch is never included twice;
+   times. Every attempt re-plans from the ledger it commits on: never twice;
 6. after a commit, once the pointer read back shows it, delete the work markers read,
-   except those of hours with batches the commit left out (bad frames: they stay
-   pending, and the marker makes the next run try them again); a plan with nothing
-   left to do deletes its markers at once;
-7. with ``[rollup] compact_after_run``, compact what the commit left (`rollup.lifecycle.compaction`:
-   its own commit, without changing what the tables hold);
+   except those of hours with batches left out (they stay pending, and the marker makes
+   the next run try them again); a plan with nothing to do deletes its markers at once;
+7. with ``[rollup] compact_after_run``, compact what the commit left (its own commit);
 8. whatever the outcome, publish every committed version not yet published as Iceberg
-   metadata (`rollup.iceberg.publish`): this run's commit, and any a crashed run left
-   unpublished. A failed publish is logged; the commit stands and the next run repairs.
+   metadata (`rollup.iceberg.publish`); a failed publish is logged, the next run repairs.
 
 A crash anywhere before the pointer swap leaves only orphan files; the next run plans
 the same batches again and produces exact totals.
@@ -35,7 +32,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -50,13 +47,15 @@ from rollup.job.base_inputs import (
     hour_inputs,
     hours_left_pending,
     marker_hour,
+    refused_hours,
     retention_moves,
 )
 from rollup.job.plan import Plan, make_plan
-from rollup.job.problems import record_problem
+from rollup.job.problems import record_problems
 from rollup.job.stages import StageRecord, run_stages
 from rollup.job.tasks import WriteOptions
 from rollup.lifecycle import compaction
+from rollup.lifecycle.retraction import commit_retraction, restored_batches
 from rollup.table.commit import (
     CommitConflict,
     LoadedSnapshot,
@@ -81,6 +80,8 @@ class CommitRetriesExhausted(Exception):
     """Every attempt lost the pointer race: another writer keeps committing. Nothing of
     ours is reachable; run again later (the owner lease should make this rare)."""
 
+
+MAX_RETRACTION_COMMITS = 3  # retraction commits a run tries before it includes batches
 
 BeforeCommit = Callable[[int, Changes], Awaitable[None]]
 
@@ -114,6 +115,8 @@ class RunSummary:
     """What ``[rollup] compact_after_run`` compacted after the commit (None: not run)."""
     late_excluded: int = 0
     """Batches included in the ledger with no rows: retention had dropped their hours."""
+    retracted: list[dict[str, Any]] = field(default_factory=list)
+    """Retraction commits of this run (`rollup.lifecycle.retraction.RetractionReport`)."""
     iceberg_published: list[int] = field(default_factory=list)
     """Versions published as Iceberg metadata by this run (`rollup.iceberg.publish`)."""
 
@@ -186,18 +189,24 @@ class _Run:
             summary.attempts = attempt + 1
             await self.owner.check()
             started = time.monotonic()
-            base = await load_latest(self.store)
+            base, plan = await self._plan(await load_latest(self.store))
             retention = self._retention(base)
-            plan = await make_plan(self.store, base, progress=self.progress)
             self._note_plan(plan, started)
             if not plan.batches and not retention_moves(base, retention):
-                await self._consume_markers(plan)
+                summary.problems = plan.refused_problems()
+                await record_problems(self.store, self.clock, summary.problems)
+                await self._consume_markers(plan, keep_hours=refused_hours(plan))
                 summary.outcome = "up-to-date"
                 return summary
             # Nothing new but retention drops hours: commit that alone.
             records = await self._stages(plan, retention) if plan.batches else []
-            changes = self._changes(base, records, retention)
-            await self._record_problems([r.body for r in records if r.kind == "problem"])
+            problems = [r.body for r in records if r.kind == "problem"]
+            changes = replace(
+                self._changes(base, records, retention),
+                restored=restored_batches(base, plan.items, {p["manifest_id"] for p in problems}),
+            )
+            summary.problems = problems + plan.refused_problems()
+            await record_problems(self.store, self.clock, summary.problems)
             if not (changes.added_files or changes.added_ledger_files or changes.removed_files):
                 summary.outcome = "nothing-included"
                 return summary
@@ -343,17 +352,29 @@ class _Run:
             problems=len(summary.problems),
         )
 
-    async def _record_problems(self, problems: list[dict[str, Any]]) -> None:
-        """One problem record per (kind, blob), created or its ``last_seen`` moved on."""
-        seen: set[tuple[str, str]] = set()
-        self.summary.problems = problems
-        for problem in problems:
-            kind, subject = problem["kind"], problem["subject_key"]
-            log.warning("rollup_bad_frame", **problem)
-            if (kind, subject) in seen:
-                continue
-            seen.add((kind, subject))
-            await record_problem(self.store, self.clock, kind, subject, problem["detail"])
+    async def _plan(self, base: LoadedSnapshot | None) -> tuple[LoadedSnapshot | None, Plan]:
+        """The plan on the latest snapshot, after included batches whose key was
+        retracted left in commits of their own (`rollup.lifecycle.retraction`)."""
+        plan = await make_plan(self.store, base, progress=self.progress)
+        for _ in range(MAX_RETRACTION_COMMITS):
+            if base is None or not plan.retracted.num_rows:
+                break
+            report = await commit_retraction(
+                self.store,
+                base,
+                plan.retracted,
+                access=self.options.access,
+                compression=self.options.parquet_compression,
+                owner=self.owner,
+                clock=self.clock,
+            )
+            if report is None:  # the pointer moved: plan again on the newer snapshot
+                self.summary.commit_conflicts += 1
+            else:
+                self.summary.retracted.append(asdict(report))
+            base = await load_latest(self.store)
+            plan = await make_plan(self.store, base, progress=self.progress)
+        return base, plan
 
     async def _consume_markers_after(self, version: int, plan: Plan, pending: set[str]) -> None:
         """Delete the plan's work markers once the pointer read back shows ``version`` (or
