@@ -126,6 +126,11 @@ def remove_identities(
             result.added.append(
                 _write(access, "points", data_file.partition, kept, version, compression)
             )
+    with_points = {f.partition for f in snapshot.data_files("points")}
+    with_rollup = {f.partition for f in snapshot.data_files("rollup_1m")}
+    for _identity, hours in removals:
+        for hour in sorted((hours or set()) & (with_rollup - with_points)):
+            result.hours_unrecomputed.append(hour.iso)  # points gone: cells left as they are
     for hour, parts in sorted(removed_by_hour.items()):
         _recompute_rollup(
             snapshot, hour, pa.concat_tables(parts), result, access, version, compression

@@ -20,6 +20,10 @@ Where the accepted batches come from:
 - Hours with accepted batches but no ledger yet are *missing* (the rollup is behind):
   limit the check with ``first_hour``/``last_hour`` to the hours the rollup has done.
 
+Per hour, the catalog without retracted rows = included + retired + late_excluded + lost
+(all in ``ledger.hours``); batches removed after their key was retracted are beside it
+(``ledger.retracted``, shown per hour) and no longer in the ledger files.
+
 Batches acknowledged as lost (`rollup.lifecycle.lost`: the blob is gone or corrupt) are ledger
 rows like any other, so their hour is complete; the hour says how many, and the report
 lists each (who acknowledged it, when and why). For hours that are not complete the
@@ -84,6 +88,9 @@ class HourReport:
     or record count, or the key's newest row in another hour), each naming its key and
     the fields (`rollup.read.verify_ledger`, at most `MAX_NAMED`)."""
     superseded_total: int = 0
+    retracted: LedgerHour = EMPTY_LEDGER_HOUR
+    """Batches removed after their key was retracted (`rollup.table.ledger_retracted`):
+    beside ``ledger``, which the catalog without retracted rows must equal."""
 
     @property
     def complete(self) -> bool:
@@ -100,6 +107,8 @@ class HourReport:
                 text += ")"
             if self.lost.batches:
                 text += f"; {self.lost.batches} lost ({self.lost.records} records), acknowledged"
+            if self.retracted.batches:
+                text += f"; {self.retracted.batches} retracted"
             return text
         text = f"missing {self.missing} / extra {self.extra}"
         text = f"{text} ({self.detail})" if self.detail else text
@@ -187,6 +196,7 @@ async def verify(
         reports: dict[str, HourReport] = {}
         late = snapshot.ledger_late if snapshot is not None else {}
         lost = snapshot.lost_hours if snapshot is not None else {}
+        retracted = snapshot.retracted_hours if snapshot is not None else {}
         retired_before = _retired_before(snapshot)
         for hour in checked:
             reports[hour] = HourReport(
@@ -196,6 +206,7 @@ async def verify(
                 late=late.get(hour, EMPTY_LEDGER_HOUR),
                 retired=retired_before is not None and hour < retired_before,
                 lost=lost.get(hour, EMPTY_LEDGER_HOUR),
+                retracted=retracted.get(hour, EMPTY_LEDGER_HOUR),
             )
         # Batch by batch: hours whose totals disagree, and hours holding a row of a key
         # whose newest row is in another hour (their totals may agree: PROTOCOL §3.7).
