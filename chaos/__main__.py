@@ -8,6 +8,9 @@
 - ``lm-chaos simulate --seed S [--count N]``: the deterministic in-process simulation of
   acceptance, the index, the reconciler and its GC (`chaos.simulation`) for seeds
   S..S+N-1; prints the worlds with violations and the GC coverage of true orphans.
+- ``lm-chaos longrun [--ci] [--seed S] [--hours H]``: the long simulated run of issue 31
+  (`chaos.longrun.run`): one world for two simulated days (``--ci``: the test's version,
+  a day and three hours); prints its figures and whether every claim held.
 - ``lm-chaos list``: the scenarios.
 
 Everything listens on 127.0.0.1 and uses dummy credentials. Exit codes: 0 every
@@ -64,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument(
         "--connect-timeout", type=float, default=None, help="how late they may land (s)"
     )
+    longrun = commands.add_parser("longrun", help="the long simulated run (two simulated days)")
+    longrun.add_argument("--ci", action="store_true", help="the CI version (under a minute)")
+    longrun.add_argument("--seed", type=int, default=None, help="default: the version's (31)")
+    longrun.add_argument("--hours", type=float, default=None, help="simulated hours to run")
     commands.add_parser("list", help="list the scenarios")
     add_settings_flags(
         parser, config_help="settings file (lm-chaos uses [logging]; default: console, errors)"
@@ -84,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "simulate":
         return _simulate(args.seed, args.count, args.late_rate, args.connect_timeout)
+    if args.command == "longrun":
+        return _longrun(args.ci, args.seed, args.hours)
     duration = args.duration if args.duration is not None else args.minutes * 60.0
     if duration <= 0 or args.round_minutes <= 0:
         print("lm-chaos: the duration and round length must be positive", file=sys.stderr)
@@ -166,6 +175,21 @@ def _simulate(seed: int, count: int, late_rate: float | None, connect_s: float |
             file=sys.stderr,
         )
     return 1 if failed else 0
+
+
+def _longrun(ci: bool, seed: int | None, hours: float | None) -> int:
+    import dataclasses
+
+    from chaos.longrun.run import CI, FULL, run_longrun
+
+    config = CI if ci else FULL
+    if seed is not None:
+        config = dataclasses.replace(config, seed=seed)
+    if hours is not None:
+        config = dataclasses.replace(config, duration_s=hours * 3600.0)
+    report = run_longrun(config)
+    print(report.render())
+    return 0 if report.ok else 1
 
 
 if __name__ == "__main__":

@@ -46,6 +46,8 @@ class WatchedStore:
         """With raw retention: when a blob accepted manifests name may still be deleted."""
         self.on_put: Callable[[str, bytes], None] = lambda _key, _body: None
         """Told of every PUT applied (the world watches audits complete)."""
+        self.on_delete: Callable[[str], None] = lambda _key: None
+        """Told of every DELETE applied (signed or not)."""
 
     async def get(self, key: str) -> tuple[bytes, str]:
         return await self.inner.get(key)
@@ -104,6 +106,7 @@ class WatchedStore:
     async def delete(self, key: str) -> None:
         await self._check_delete(key)
         await self.inner.delete(key)
+        self.on_delete(key)
 
     async def sign_delete(self, key: str, *, expires_in_s: int) -> SignedDelete:
         return await self.inner.sign_delete(key, expires_in_s=expires_in_s)
@@ -111,6 +114,7 @@ class WatchedStore:
     async def send_signed_delete(self, request: SignedDelete) -> None:
         await self.inner.send_signed_delete(request)  # raises when refused: nothing deleted
         await self._check_delete(request.key)
+        self.on_delete(request.key)
 
     async def _check_delete(self, key: str) -> None:
         """Only orphans are deleted (PROTOCOL §3.5); with raw retention also blobs that
@@ -176,11 +180,14 @@ async def check_store(
     conflict_views: list[tuple[keys.BatchIdentity, str]],
     *,
     retired: set[str] | frozenset[str] = frozenset(),
+    rolled_up: set[str] | frozenset[str] = frozenset(),
 ) -> list[str]:
     """The end-state invariants over a settled store (after a completed audit).
 
     ``retired``: manifest_ids whose blobs raw retention may have deleted (in the rollup
-    ledger, in a retired hour); every other accepted manifest's blob must exist."""
+    ledger, in a retired hour); every other accepted manifest's blob must exist.
+    ``rolled_up``: manifest_ids the committed ledger includes (a rollup that consumes
+    work markers: their markers may be gone)."""
     problems: list[str] = []
     present = {info.key async for info in store.list("")}
     manifests: dict[keys.BatchIdentity, records.AcceptedManifest] = {}
@@ -198,9 +205,9 @@ async def check_store(
         conflict = records.IdentityConflict.from_json((await store.get(key))[0])
         facts[key] = RecordFacts("quarantine", conflict.submitted_frame_sha256)
         problems += await _blob_problems(store, present, key, conflict.submitted_frame_sha256)
-    # The rollup consumes no work marker in the simulation: every cataloged batch must
-    # have its marker.
-    problems += catalog_problems(await read_catalog(store), facts)
+    # Unless a rollup consumed them (``rolled_up``), every cataloged batch must have its
+    # marker.
+    problems += catalog_problems(await read_catalog(store), facts, rolled_up=rolled_up)
     for identity, shas in acked.items():
         if len(shas) > 1:
             problems.append(f"{identity} was acknowledged with {len(shas)} different hashes")

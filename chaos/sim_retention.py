@@ -26,7 +26,7 @@ import asyncio
 import random
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 
 from chaos.catalog_rows import read_hour
 from index.catalog import list_all_files
@@ -164,15 +164,25 @@ class SimRollup:
 class RetentionRule:
     """When raw retention may delete a blob (see the module docstring)."""
 
-    def __init__(self, store: ObjectStore, *, raw_s: float, now_ns: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        *,
+        raw_s: float,
+        now_ns: Callable[[], int],
+        ledger_ids: Callable[[], Awaitable[set[str]]] | None = None,
+    ) -> None:
+        """``ledger_ids``: the latest ledger's manifest_ids (default: read whole each time,
+        `ledger_manifest_ids`; a long world passes a cached reader)."""
         self._store = store
         self._raw_ns = int(raw_s * keys.NS_PER_S)
         self._now_ns = now_ns
+        self._ledger_ids = ledger_ids or (lambda: ledger_manifest_ids(store))
 
     async def why_not(self, sha: str, manifests: Iterable[records.AcceptedManifest]) -> str | None:
         """Why deleting ``sha`` now breaks raw retention's rule, or None if it may go."""
         now_ns = self._now_ns()
-        ledger = await ledger_manifest_ids(self._store)
+        ledger = await self._ledger_ids()
         for manifest in manifests:
             if manifest.identity.manifest_id not in ledger:
                 return f"{manifest.manifest_key} is not in the latest rollup ledger"
