@@ -275,6 +275,8 @@ PROBLEM_KINDS = (
     "malformed-log-row",
     "catalog-mismatch",
     "phantom-row",
+    "identity-mismatch",
+    "overlapping-identity",
 )
 
 

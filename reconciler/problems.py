@@ -16,7 +16,9 @@ so its raw blobs are kept: `reconciler.gc.raw_retention`), ``catalog-mismatch`` 
 a record whose catalog row differed from the store's record, until the audit's
 superseding row is written: `reconciler.audit.records_act`), ``phantom-row`` (subject: a
 cataloged record the store does not hold; closed by a later audit that lists it or by
-``lm-reconciler retract``: `reconciler.retractions`). ``gc-guard`` and
+``lm-reconciler retract``: `reconciler.retractions`). The rollup records
+``identity-mismatch`` and ``overlapping-identity`` (subject: the raw blob; batches it left
+out, PROTOCOL §3.7). ``gc-guard`` and
 ``unreadable-gc-mark`` (subject: a GC mark that does not parse; collectors wait on it
 as on a deletion under way, and the GC removes it after the settle time: nothing to do
 unless it stays) belong to the GC (`reconciler.gc.problems`). `ADVICE` says what an
@@ -58,6 +60,12 @@ ADVICE = {
     "phantom-row": "the GC deletes nothing meanwhile: the catalog holds a row for a record the "
     "store does not have (a collector bug, or a deleted record). Find out why; restore the "
     "record (the next audit lists it) or run lm-reconciler retract KEY --reason TEXT",
+    "identity-mismatch": "the rollup left a batch out: its catalog row names a frame whose "
+    "header is another batch (a phantom row naming a real frame?). Look at the key; retract "
+    "it if the store does not hold it (lm-reconciler retract KEY --reason TEXT)",
+    "overlapping-identity": "the rollup left a batch out: its seq range overlaps an included "
+    "batch of the same agent and boot under another identity (an agent bug?); its points "
+    "are not counted until this is understood and the batch retracted or the hour rebuilt",
 }
 """What to do about each kind of problem (shown by ``lm-reconciler problems``)."""
 

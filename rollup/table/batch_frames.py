@@ -56,7 +56,11 @@ def check_frame(
         frame = decode_frame(data, max_raw_bytes=max_raw_bytes)
         identity = keys.BatchIdentity(frame.agent_id, frame.boot_id, frame.seq_start, frame.seq_end)
         if identity.manifest_id != manifest_id:
-            raise BadFrame("corrupt-blob", blob_key, f"the frame is batch {identity.manifest_id}")
+            # PROTOCOL §3.7: a catalog row (a phantom's, say) naming another batch's frame;
+            # never counted, and never acknowledged as lost (not a `LOST_PROBLEMS` kind).
+            raise BadFrame(
+                "identity-mismatch", blob_key, f"the frame is batch {identity.manifest_id}"
+            )
         return frame, points_rows(frame)
     except (FrameError, PointsError) as exc:
         raise BadFrame("corrupt-blob", blob_key, f"undecodable: {exc}") from None

@@ -84,6 +84,7 @@ async def test_a_phantom_row_naming_another_batchs_frame_is_never_counted(
 
     assert summary.outcome == "committed" and summary.batches == 1 and summary.points == 5
     (problem,) = summary.problems
+    assert problem["kind"] == "identity-mismatch"  # never corrupt-blob: no loss to accept
     assert problem["manifest_id"] == identity.manifest_id
     assert f"the frame is batch {real.manifest_id}" in problem["detail"]
     latest = await load_latest(fs_store)
