@@ -26,10 +26,12 @@ The commit is the run's: under its owner lease, If-Match on the planned base. On
 race its files are deleted and the run plans again (nothing of it is reachable).
 
 Which part a batch's digest leaves: ``lost`` when it was acknowledged lost;
-``late_excluded`` when its hour's late part is all of the hour, or is one batch whose
-digest is this one's; else included. (Ledger rows do not say whether a batch was late:
-an hour holding late and on-time batches attributes a retracted one to its included
-totals, which ``verify`` compares all the same.)
+``late_excluded`` when it is one of the batches whose setsum is its hour's late part;
+else included (`rollup.table.ledger_retracted.in_late_part`: ledger rows do not say
+whether a batch was late, so the hour's other rows are searched for the rest of the late
+part, or for the part that is not late, whichever has fewer batches). In the rare hour
+where both sides hold more than ``MAX_LATE_SEARCH`` + 1 batches it is attributed to the
+included totals and logged; ``verify`` compares the hour's totals all the same.
 """
 
 from __future__ import annotations
@@ -59,9 +61,9 @@ from rollup.table.ledger import (
     ledger_rows,
     ledger_table,
 )
-from rollup.table.ledger_retracted import RetractedBatch
+from rollup.table.ledger_retracted import RetractedBatch, in_late_part
 from rollup.table.manifest import Changes, Snapshot
-from rollup.table.manifest_ledger import ledger_file_hour
+from rollup.table.manifest_ledger import EMPTY_LEDGER_HOUR, ledger_file_hour
 from rollup.table.owner import OwnerLease
 from rollup.table.schemas import LEDGER_SCHEMA
 from rollup.table.storage import StoreAccess, read_object
@@ -142,7 +144,7 @@ async def retraction_changes(
             log.warning("rollup_retraction_not_in_ledger", hour=hour)
             continue
         for row in gone:
-            batches.append(_retracted_batch(snapshot, row))
+            batches.append(_retracted_batch(snapshot, row, rows))
             removals.append((Identity.of_manifest_id(row.manifest_id), _point_hours(access, row)))
             report.batches.append(row.manifest_id)
         kept = [row for row in rows if (hour, row.manifest_id) not in wanted]
@@ -197,19 +199,27 @@ def restored_batches(
     )
 
 
-def _retracted_batch(snapshot: Snapshot, row: LedgerRow) -> RetractedBatch:
+def _retracted_batch(snapshot: Snapshot, row: LedgerRow, rows: list[LedgerRow]) -> RetractedBatch:
+    """``row``'s batch and the part of its hour's totals it leaves (module doc); ``rows``:
+    every ledger row of its hour."""
     batch = RetractedBatch(row.manifest_id, row.frame_sha256, row.record_count, row.accepted_hour)
     if any(b.manifest_id == row.manifest_id for b in snapshot.ledger_lost):
         return replace(batch, part="lost")
     late = snapshot.ledger_late.get(row.accepted_hour)
-    hour = snapshot.ledger_hours.get(row.accepted_hour)
-    if (
-        late is not None
-        and late.batches
-        and (late == hour or (late.batches == 1 and late == batch.totals))
-    ):
-        return replace(batch, part="late_excluded")
-    return batch
+    if late is None:
+        return batch
+    hour = snapshot.ledger_hours.get(row.accepted_hour, EMPTY_LEDGER_HOUR)
+    others = [(r.manifest_id, r.frame_sha256) for r in rows if r.manifest_id != row.manifest_id]
+    found = in_late_part(late, hour, (row.manifest_id, row.frame_sha256), others)
+    if found is None:
+        log.warning(
+            "rollup_retraction_late_part_unknown",
+            manifest_id=row.manifest_id,
+            hour=row.accepted_hour,
+            late_batches=late.batches,
+            batches=hour.batches,
+        )
+    return replace(batch, part="late_excluded") if found else batch
 
 
 def _point_hours(access: StoreAccess, row: LedgerRow) -> set[keys.UtcHour] | None:

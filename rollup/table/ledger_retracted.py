@@ -24,11 +24,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from protocol import keys
-from protocol.setsum import Setsum
+from protocol.setsum import MODULUS, Setsum, batch_term
 from rollup.table.manifest_errors import RollupInvariantError, RollupManifestError
 from rollup.table.manifest_ledger import EMPTY_LEDGER_HOUR, LedgerHour, LostBatch
 
 PARTS = ("included", "late_excluded", "lost")
+MAX_LATE_SEARCH = 2
+"""The largest subset `in_late_part` searches for (its cost is linear in the hour's rows)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +91,44 @@ def minus(total: LedgerHour, part: LedgerHour, what: str) -> LedgerHour:
         raise RollupInvariantError(f"{what}: cannot remove {part} from {total}")
     setsum = Setsum.from_hex(total.setsum) - Setsum.from_hex(part.setsum)
     return LedgerHour(total.batches - part.batches, total.records - part.records, setsum.hex)
+
+
+def in_late_part(
+    late: LedgerHour,
+    hour: LedgerHour,
+    batch: tuple[str, str],
+    others: Iterable[tuple[str, str]],
+) -> bool | None:
+    """Whether ``batch`` ((manifest_id, frame_sha256), one of the hour's ledger rows) is in
+    the hour's ``late_excluded`` part ``late`` of its totals ``hour``; ``others`` are the
+    hour's other ledger rows. Ledger rows do not say which batches were late; the setsums
+    do: the late part is the setsum of exactly its batches, so ``batch`` is in it when
+    ``late.batches - 1`` of the others make up the rest of it (or, searching the smaller
+    side, when ``hour.batches - late.batches - 1`` of them make up the part that is not
+    late, it is not). None when both sides are larger than `MAX_LATE_SEARCH` + 1."""
+    if not late.batches:
+        return False
+    if late.batches == hour.batches:
+        return True
+    term = batch_term(*batch)
+    late_sum = Setsum.from_hex(late.setsum).value
+    rest_sum = (Setsum.from_hex(hour.setsum).value - late_sum) % MODULUS
+    in_late, in_rest = late.batches - 1, hour.batches - late.batches - 1
+    if min(in_late, in_rest) > MAX_LATE_SEARCH:
+        return None
+    terms = {batch_term(*other) for other in others}
+    if in_late <= in_rest:
+        return _sums_to((late_sum - term) % MODULUS, in_late, terms)
+    return not _sums_to((rest_sum - term) % MODULUS, in_rest, terms)
+
+
+def _sums_to(target: int, size: int, terms: set[int]) -> bool:
+    """Whether ``size`` (at most 2) distinct ``terms`` sum to ``target`` modulo 2^256."""
+    if size == 0:
+        return target == 0
+    if size == 1:
+        return target in terms
+    return any((other := (target - t) % MODULUS) in terms and other != t for t in terms)
 
 
 def retracted_totals(batches: Iterable[RetractedBatch]) -> dict[str, LedgerHour]:

@@ -1,6 +1,7 @@
 """The ledger's retracted part (PROTOCOL §3.7 "Retraction", §4.1): a retraction moves an
 included batch's digest from its hour's totals to ``retracted`` and a later inclusion of
-the same batch moves it back, each in one commit; the JSON round-trips."""
+the same batch moves it back, each in one commit; the JSON round-trips. Which part of an
+hour a batch leaves (``late_excluded`` or not) is found from the setsums."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 from protocol import keys
 from protocol.setsum import Setsum
-from rollup.table.ledger_retracted import RetractedBatch
+from rollup.table.ledger_retracted import MAX_LATE_SEARCH, RetractedBatch, in_late_part
 from rollup.table.manifest import Changes, LedgerHour, RollupInvariantError
 from rollup.table.manifest_codec import snapshot_from_json
 from tests.rollup.dataset_builder import BOOT
@@ -85,3 +86,29 @@ def test_a_retraction_needs_its_hour_rewritten_and_a_restore_needs_an_inclusion(
     with pytest.raises(RollupInvariantError, match="is not retracted"):
         second(one, Changes(restored=((HOUR, PHANTOM),)))
     assert LEDGER_1 in one.ledger_files
+
+
+def _batches(count: int) -> list[tuple[str, str]]:
+    return [
+        (keys.BatchIdentity("agent-r", BOOT, 10 * i, 10 * i + 9).manifest_id, f"{i:064x}")
+        for i in range(count)
+    ]
+
+
+def _totals(batches: list[tuple[str, str]]) -> LedgerHour:
+    return LedgerHour(len(batches), 10 * len(batches), Setsum.of(batches).hex)
+
+
+@pytest.mark.parametrize(
+    ("late", "on_time"), [(0, 4), (1, 5), (2, 6), (3, 40), (40, 3), (6, 0), (4, 4)]
+)
+def test_which_batches_are_in_the_late_part_is_found_from_the_setsums(
+    late: int, on_time: int
+) -> None:
+    batches = _batches(late + on_time)
+    late_part, hour = _totals(batches[:late]), _totals(batches)
+    found = [in_late_part(late_part, hour, b, [o for o in batches if o != b]) for b in batches]
+    if min(late, on_time) - 1 > MAX_LATE_SEARCH:
+        assert set(found) == {None}  # the caller attributes it to the included totals
+    else:
+        assert found == [True] * late + [False] * on_time

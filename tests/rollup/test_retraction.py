@@ -10,6 +10,10 @@ through the real job on the local Spark session.
   its digest moves to ``ledger.retracted``, ``verify`` passes;
 - (e) the key then really accepted (a row written after the retracted one) is included
   again, counted once, its digest moved back;
+- (c) the same in a retired hour and in a late-excluded one (retention, PROTOCOL §4.1):
+  the batch has no rows left in any table, so only its digest moves, from the retired
+  hour's totals resp. from its hour's ``late_excluded`` part to ``retracted``; the real
+  batches' rows stay as they are and ``verify`` passes;
 - (d) a batch whose seq range overlaps an included batch of its agent and boot under
   another identity is refused (``overlapping-identity``) and its marker kept.
 """
@@ -24,11 +28,15 @@ from pyspark.sql import SparkSession
 from index.catalog import CatalogWriter
 from index.rows import accepted_row
 from protocol import keys
-from protocol.clock import SystemClock
+from protocol.clock import ManualClock, SystemClock
 from protocol.records import AcceptedManifest
+from protocol.setsum import Setsum
+from rollup.job.run import RunSummary, run_rollup
 from rollup.read.verify import verify
 from rollup.table.commit import load_latest
 from rollup.table.ledger import read_ledger
+from rollup.table.manifest_ledger import EMPTY_LEDGER_HOUR, LedgerHour
+from rollup.table.storage import StoreAccess
 from store.fs import FileSystemStore
 from tests.rollup.conftest import (
     DATA_START_NS,
@@ -40,10 +48,12 @@ from tests.rollup.conftest import (
     make_frame,
     read_table,
     run,
+    settings,
 )
 from tests.rollup.dataset_builder import catalog_manifests, put_work_marker, work_markers
 
 S = 1_000_000_000
+H = 3600 * S
 HOUR = keys.UtcHour.from_unix_ns(DATA_START_NS)
 
 
@@ -168,3 +178,135 @@ async def test_a_batch_overlapping_an_included_identity_is_refused(
     assert len(await work_markers(fs_store)) == 1  # kept: the next run tries it again
     report = await verify(fs_store)
     assert not report.ok and report.waiting_total == 1
+
+
+# --- (c) retired and late-excluded hours (retention, PROTOCOL §4.1) -----------------------
+
+
+def frame_at(
+    seq: int, count: int, *, value: float, points_h: float, accepted_h: float
+) -> SentFrame:
+    """A batch of ``count`` points from ``points_h`` hours after the data start, accepted
+    ``accepted_h`` hours after it."""
+    start = DATA_START_NS + int(points_h * H)
+    rows = [(start + i * S, "cpu", value + i, {"host": "h"}) for i in range(count)]
+    return make_frame(rows, seq_start=seq, accepted_at_ns=DATA_START_NS + int(accepted_h * H))
+
+
+async def run_at(spark: SparkSession, store: FileSystemStore, at_h: float) -> RunSummary:
+    """A run at ``at_h`` hours after the data start (store clock): ``points`` keep one
+    day, ``rollup_1m`` two."""
+    return await run_rollup(
+        spark,
+        store,
+        access=StoreAccess(store.url),
+        settings=settings(retention_points_days=1, retention_rollup_1m_days=2),
+        clock=ManualClock(DATA_START_NS + int(at_h * H)),
+    )
+
+
+def totals(*frames: SentFrame) -> LedgerHour:
+    """The ledger totals of ``frames`` (batches, records, setsum)."""
+    hour = EMPTY_LEDGER_HOUR
+    for sent in frames:
+        digest = Setsum().add(sent.manifest_id, sent.sha256).hex
+        hour = hour + LedgerHour(1, sent.manifest.record_count, digest)
+    return hour
+
+
+async def test_c_a_retracted_phantom_in_a_retired_hour(
+    spark: SparkSession, fs_store: FileSystemStore
+) -> None:
+    real = frame_at(0, 5, value=1.0, points_h=0, accepted_h=0.01)
+    phantom = frame_at(5, 5, value=1000.0, points_h=0.001, accepted_h=0.02)  # same minute
+    later = frame_at(20, 5, value=7.0, points_h=59, accepted_h=59)
+    await accept(fs_store, [real])
+    await fs_store.put(phantom.manifest.raw_blob_key, phantom.frame)  # no manifest created
+    await catalog_manifests(fs_store, [phantom.manifest])
+    first = await run_at(spark, fs_store, 1)
+    assert first.batches == 2 and first.points == 10
+    assert_rollup_equal(await committed_rollup(fs_store), expected_rollup([real, phantom]))
+
+    # H0+60h: points keep from H0+36h, rollup_1m from H0+12h, so the accepted hour H0 is
+    # retired; raw retention has deleted the blobs of its (rolled-up) batches.
+    await accept(fs_store, [later])
+    second = await run_at(spark, fs_store, 60)
+    assert second.batches == 1
+    for sent in (real, phantom):
+        await fs_store.delete(sent.manifest.raw_blob_key)
+    report = await verify(fs_store)
+    assert report.ok
+    assert {h.hour: h.describe() for h in report.hours}[HOUR.iso] == "retired (2 batches)"
+
+    await retract(fs_store, phantom.manifest)
+    third = await run_at(spark, fs_store, 60)
+
+    (removed,) = third.retracted
+    assert removed["batches"] == [phantom.manifest_id] and removed["points_removed"] == 0
+    assert removed["hours_unrecomputed"] == []  # neither table holds the hour any more
+    assert await points_of(fs_store) == [("agent-a", s) for s in range(20, 25)]
+    assert_rollup_equal(await committed_rollup(fs_store), expected_rollup([later]))
+    latest = await load_latest(fs_store)
+    assert latest is not None
+    snapshot = latest.snapshot
+    (batch,) = snapshot.ledger_retracted
+    assert (batch.manifest_id, batch.part) == (phantom.manifest_id, "included")
+    assert snapshot.ledger_hours[HOUR.iso] == totals(real)  # the retired hour's totals
+    assert snapshot.retracted_hours[HOUR.iso] == totals(phantom)
+    ledger = await read_ledger(fs_store, snapshot)
+    assert sorted(ledger["manifest_id"].to_pylist()) == sorted(
+        [real.manifest_id, later.manifest_id]
+    )
+    report = await verify(fs_store)
+    assert report.ok, [h.describe() for h in report.hours]
+    described = {h.hour: h.describe() for h in report.hours}
+    assert described[HOUR.iso] == "retired (1 batches); 1 retracted"
+    assert await work_markers(fs_store) == []
+    assert (await run_at(spark, fs_store, 60)).outcome == "up-to-date"
+
+
+async def test_c_a_retracted_late_excluded_phantom(
+    spark: SparkSession, fs_store: FileSystemStore
+) -> None:
+    # An agent replaying its spool: two batches accepted in real's hour whose points fall
+    # wholly before both tables' cutoffs at H0+60h (late, excluded); one is a phantom.
+    real = frame_at(0, 5, value=1.0, points_h=59, accepted_h=59)  # on time
+    late_real = frame_at(10, 5, value=3.0, points_h=0.5, accepted_h=59.005)
+    phantom = frame_at(5, 5, value=1000.0, points_h=0.501, accepted_h=59.01)
+    await accept(fs_store, [real, late_real])
+    await fs_store.put(phantom.manifest.raw_blob_key, phantom.frame)  # no manifest created
+    await catalog_manifests(fs_store, [phantom.manifest])
+    first = await run_at(spark, fs_store, 60)
+    assert first.batches == 3 and first.late_excluded == 2
+    assert await points_of(fs_store) == [("agent-a", s) for s in range(5)]  # real's only
+    late_hour = phantom.manifest.accepted_hour.iso
+    assert late_real.manifest.accepted_hour.iso == late_hour
+    latest = await load_latest(fs_store)
+    assert latest is not None
+    assert latest.snapshot.ledger_late[late_hour] == totals(late_real, phantom)
+    assert latest.snapshot.ledger_hours[late_hour] == totals(real, late_real, phantom)
+
+    await retract(fs_store, phantom.manifest)
+    second = await run_at(spark, fs_store, 60)
+
+    (removed,) = second.retracted
+    assert removed["batches"] == [phantom.manifest_id] and removed["points_removed"] == 0
+    assert await points_of(fs_store) == [("agent-a", s) for s in range(5)]
+    assert_rollup_equal(await committed_rollup(fs_store), expected_rollup([real]))
+    latest = await load_latest(fs_store)
+    assert latest is not None
+    snapshot = latest.snapshot
+    (batch,) = snapshot.ledger_retracted
+    assert (batch.manifest_id, batch.part) == (phantom.manifest_id, "late_excluded")
+    # Its digest left the hour's late part, not the on-time one: the ledger rows do not
+    # say which batches were late, the late part's setsum does.
+    assert snapshot.ledger_late[late_hour] == totals(late_real)
+    assert snapshot.ledger_hours[late_hour] == totals(real, late_real)
+    assert snapshot.retracted_hours[late_hour] == totals(phantom)
+    report = await verify(fs_store)
+    assert report.ok, [h.describe() for h in report.hours]
+    described = {h.hour: h.describe() for h in report.hours}
+    assert described[late_hour] == (
+        "complete (2 batches, 10 records; 1 late, excluded); 1 retracted"
+    )
+    assert await work_markers(fs_store) == []
