@@ -73,7 +73,7 @@ returning at once when it reads no mark): t=22.06 s a manifest is created while 
 raw blob is missing (seed 13). The audit's out-of-core joins (issue 23 item 2) moved the
 world's timing: seed 13 re-creates no blob any more; 14 is the next seed that does, not
 re-checked against the reinstated bug."""
-BUG_2_WORLD = SimConfig(seed=209, connect_timeout_s=2.0, late_rate=0.1)
+BUG_2_WORLD = SimConfig(seed=210, connect_timeout_s=2.0, late_rate=0.1)
 """A world where a raw-blob DELETE lands late and a blob is re-created after a deletion.
 Seed 164 (which ended in a violation with the bug put back: t=24.91 s the GC deleted a
 referenced raw blob) no longer has both once the request-cost changes of 2026-11-23
@@ -89,7 +89,9 @@ X-Lightmetrics-Resend) moved it again: 202 is the first later seed with both, li
 not re-checked. A GC run no longer reading back the marks it just wrote (bench.gc) moved it
 again: 206 is the first later seed with both, likewise not re-checked. The audit's
 out-of-core joins over a ranged listing (issue 23 item 2) moved it again: 209 is the
-first later seed with both, likewise not re-checked."""
+first later seed with both, likewise not re-checked. Issue 31 (segments cut by cut time,
+one segment a flush; the catalog's row ranks) moved it again: 210 is the first later seed
+with both (1 late delete, 2 re-creations), likewise not re-checked."""
 
 RESEND_CONFLICT_WORLD = SimConfig(
     seed=4,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import re
 from typing import Any
 
 from index import catalog
@@ -126,6 +127,16 @@ async def inventory_rows(
     ]
 
 
+CATALOG_FILE_NAME = re.compile(r"\d{10}-\d{10}\.parquet$")
+
+
+def without_file_name(key: str) -> str:
+    """``key`` with a catalog file's ``<epoch>-<sequence>`` name replaced: two copies of a
+    world built a second apart name their files apart (the sequence starts at the clock's
+    second), and the outcome is the same."""
+    return CATALOG_FILE_NAME.sub("<file>.parquet", key)
+
+
 async def audit_outcome(store: ObjectStore, record: AuditRecord) -> dict[str, Any]:
     hours = {
         keys.parse_index_catalog_key(info.key)[0] async for info in catalog.list_all_files(store)
@@ -146,12 +157,18 @@ async def audit_outcome(store: ObjectStore, record: AuditRecord) -> dict[str, An
     )
     orphans = {sha: (size, raw) for sha, (size, _modified, raw) in decode_orphans(body).items()}
     problems = sorted(
-        [(r.kind, r.subject_key) async for _key, r in list_problems(store) if r is not None]
+        [
+            (r.kind, without_file_name(r.subject_key))
+            async for _key, r in list_problems(store)
+            if r is not None
+        ]
     )
     return {
         "rows": newest,
         "orphans": orphans,
         "problems": problems,
-        "aside": sorted(await keys_under(store, keys.INDEX_UNREADABLE_PREFIX)),
+        "aside": sorted(
+            map(without_file_name, await keys_under(store, keys.INDEX_UNREADABLE_PREFIX))
+        ),
         "counts": (record.manifests_seen, record.quarantines_seen, record.cataloged),
     }

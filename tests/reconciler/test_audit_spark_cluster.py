@@ -5,8 +5,8 @@ MiniStack (S3 is all the executors share with the driver). ``spark-submit`` runs
 ``audit_spark_entry.py`` (= ``lm-reconciler audit --engine spark``) over one copy of a
 world (`tests.reconciler.audit_world`), the local engine audits another in this process,
 and both complete with the same outcome: the records cataloged (missing ones, the wrong
-hash superseded: a catalog-mismatch), the orphan file, the ``missing-blob``,
-``phantom-row`` and ``unreadable-index-file`` problems."""
+hash superseded: a catalog-mismatch; a retracted phantom's retracted row), the orphan
+file, the ``missing-blob``, ``phantom-row`` and ``unreadable-index-file`` problems."""
 
 from __future__ import annotations
 
@@ -127,9 +127,11 @@ def test_the_spark_engine_completes_the_audit_on_the_cluster_as_the_local_engine
     assert [kind for kind, _subject in got["problems"]] == [
         "missing-blob",
         "missing-blob",
+        "missing-blob",  # the retracted phantom's blob (its rows still reference it)
         "phantom-row",
         "unreadable-index-file",
     ]
+    assert got["rows"][world.retracted.key][0] == "retracted"  # written on the cluster too
     assert world.orphan_sha in got["orphans"] and len(got["orphans"]) == 1
     assert got["rows"][world.wrong_hash.key][1] == world.wrong_hash.sha
     # It ran on the cluster, as one application.
