@@ -21,13 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from store.base import ObjectStore
 
 from .catalog import COMPACTED_FROM
 from .catalog_rank import DUCKDB_RANK_STRUCT, RANK_COLUMNS, with_rank
-from .rows import FILE_SCHEMA, IndexFileError, read_table
+from .rows import FILE_SCHEMA, IndexFileError, iter_batches
 
 DEFAULT_MEMORY_LIMIT_MB = 256
 
@@ -122,10 +123,15 @@ def write_normalized(path: Path, body: bytes, name: str) -> None:
     if present >= set(FILE_SCHEMA.names) and _ranked(parquet):
         path.write_bytes(body)  # a merged file of this version: as it is
         return
-    table = with_rank(read_table(body, source=name), name).cast(FILE_SCHEMA)
-    # Its key-value metadata too: a merged file's inputs (`COMPACTED_FROM`) and level.
-    table = table.replace_schema_metadata(parquet.schema_arrow.metadata)
-    pq.write_table(table, path, compression="zstd")
+    # A batch at a time (a merged hour of before the rank columns holds millions of rows),
+    # with its key-value metadata: a merged file's inputs (`COMPACTED_FROM`) and level.
+    schema = FILE_SCHEMA.with_metadata(parquet.schema_arrow.metadata)
+    with pq.ParquetWriter(path, schema, compression="zstd") as writer:
+        position = 0
+        for batch in iter_batches(body, source=name):
+            table = with_rank(pa.Table.from_batches([batch]), name, first_position=position)
+            writer.write_table(table.cast(FILE_SCHEMA).replace_schema_metadata(schema.metadata))
+            position += batch.num_rows
 
 
 def _ranked(parquet: pq.ParquetFile) -> bool:
