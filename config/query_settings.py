@@ -1,10 +1,52 @@
-"""``[query]``: the live query endpoint ``GET /v1/query`` (`collector.query`)."""
+"""``[query]``: the live query endpoint ``GET /v1/query`` (`collector.query`) and the
+Prometheus read path (PROTOCOL §5, `collector.promql`); ``[query.promql]``: its engine."""
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from config.section import MiB, Seconds, Section
+from config.section import AbsolutePath, MiB, Seconds, Section
+
+DAY_S = 86_400.0
+
+
+class PromqlSettings(Section):
+    """``[query.promql]``: the Prometheus server that evaluates PromQL for this
+    collector, reading everything through its remote read (PROTOCOL §5). Neither key:
+    ``/api/v1/query`` and ``/api/v1/query_range`` answer 503; the names endpoints and
+    remote read work without an engine."""
+
+    prometheus: AbsolutePath | None = None
+    """The engine's binary (Prometheus 2.x >= 2.42), supervised by the collector: a fresh
+    loopback port and TSDB directory per start, restarted with backoff (1 s to 60 s)."""
+    url: str | None = None
+    """An operator-run engine (a sidecar): its base URL, e.g. ``http://127.0.0.1:9091``."""
+    credentials_dir: AbsolutePath | None = None
+    """Where the supervised engine's configuration, credentials (mode 0600, directory
+    0700) and TSDB directory go; default a private temporary directory per start."""
+    basic_auth_password_file: AbsolutePath | None = None
+    """With ``url``: the file holding the password of the engine's basic auth user
+    ``lightmetrics`` (as written by ``lm-collector promql-config``)."""
+    lookback_delta_s: Seconds = 300.0
+    """The engine's ``--query.lookback-delta`` (Prometheus' default, 5 m)."""
+    remote_timeout_s: Seconds = 60.0
+    """The engine's ``remote_timeout`` for a read of this collector."""
+    query_timeout_s: Seconds = 90.0
+    """The engine's ``--query.timeout``: more than ``remote_timeout_s``."""
+    forward_timeout_s: Seconds = 120.0
+    """The collector's timeout for a forwarded request: more than ``query_timeout_s``;
+    a caller's ``timeout`` parameter is capped by it."""
+
+    @model_validator(mode="after")
+    def _one_engine_and_nested_timeouts(self) -> PromqlSettings:
+        if self.prometheus is not None and self.url is not None:
+            raise ValueError("give query.promql.prometheus (supervised) or url (sidecar), not both")
+        if not self.remote_timeout_s < self.query_timeout_s < self.forward_timeout_s:
+            raise ValueError(
+                "timeouts must nest: remote_timeout_s < query_timeout_s < forward_timeout_s, got "
+                f"{self.remote_timeout_s:g}, {self.query_timeout_s:g}, {self.forward_timeout_s:g}"
+            )
+        return self
 
 
 class QuerySettings(Section):
@@ -46,3 +88,26 @@ class QuerySettings(Section):
     than this, and each version's manifest key is remembered, so a later request walks
     only what no earlier one did. The default covers the default vacuum retention
     (``rollup.retention_s``, 7 days) of hourly runs with compaction and deletes."""
+    max_read_samples: int = Field(default=10_000_000, ge=1)
+    """A remote read (``POST /api/v1/read``) selecting more samples is refused, 400
+    naming this limit, never cut short (PROTOCOL §5)."""
+    max_read_request_bytes: int = Field(default=4 * MiB, ge=1024)
+    """A remote read request's decoded (snappy) length at most."""
+    max_read_bytes_in_flight: int = Field(default=512 * MiB, ge=1 * MiB)
+    """Estimated answer bytes of all remote reads in flight at once (about 18 bytes a
+    sample for ``SAMPLES``, a frame for a stream); a read that cannot reserve waits."""
+    max_read_frame_bytes: int = Field(default=16 * MiB, ge=64 * 1024, le=50 * 1000 * 1000)
+    """One ``STREAMED_XOR_CHUNKS`` frame at most (one series with all its chunks); a
+    series that would exceed it is refused with 400 before the first frame. Under the
+    clients' 50 MB frame limit."""
+    max_concurrent_promql: int = Field(default=8, ge=1)
+    """Forwarded PromQL requests in flight at once; more are answered 429 (the engine's
+    ``--query.max-concurrency`` is the same number)."""
+    cache_bytes: int = Field(default=256 * MiB, ge=0)
+    """Snapshot files and footers the read path keeps in memory."""
+    names_default_range_s: Seconds = DAY_S
+    """``/api/v1/labels``, ``label/<name>/values`` and ``series`` without ``start`` and
+    ``end`` cover this much time back from now."""
+    names_max_range_s: Seconds = 366 * DAY_S
+    """A names request over a longer range is refused (400)."""
+    promql: PromqlSettings = Field(default_factory=PromqlSettings)
