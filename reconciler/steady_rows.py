@@ -136,9 +136,8 @@ def sort_chunk(
     )
     if not attest:
         own = pc.and_(own, pa.scalar(False))
-    is_retracted = pc.is_in(
-        records.column("key"), value_set=pa.array(sorted(retracted), pa.string())
-    )
+    retracted_values = pa.array(sorted(retracted), pa.string())
+    is_retracted = pc.is_in(records.column("key"), value_set=retracted_values)
     own = pc.and_(own, pc.invert(is_retracted))
     attested = records.filter(own)
     others = records.filter(pc.invert(own))
@@ -148,7 +147,7 @@ def sort_chunk(
     words = digest_words(others)
     skip = recent.contains(words) | np.isin(words, digest_words(attested))
     if retracted:  # read back even if cataloged lately
-        skip &= ~pc.is_in(others.column("key"), value_set=pa.array(sorted(retracted))).to_numpy(
+        skip &= ~pc.is_in(others.column("key"), value_set=retracted_values).to_numpy(
             zero_copy_only=False
         )
     read_back = others.filter(pa.array(~skip))
