@@ -27,9 +27,9 @@ row, a retraction's ``retracted`` row (PROTOCOL §3.7) — so each is read once 
 (its totals kept: a few dozen bytes an hour of history), at most `MAX_HOURS_PER_CALL` per
 query (until all are read, ``sealed_through_ns`` stops at the first unread one), and read
 again when a ``catalog-created`` entry names a new file in it: at the same refresh, the
-entries created since the last one seen are listed (one LIST, and one small GET per new
-catalog file: the files the reconciler wrote meanwhile, never history). The catalog is
-listed only from the first hour not yet read.
+entries created since the last one seen are listed (one LIST, and, once an hour is cached,
+one small GET per new catalog file: the files the reconciler wrote meanwhile, never
+history). The catalog is listed only from the first hour not yet read.
 """
 
 from __future__ import annotations
@@ -106,8 +106,10 @@ class Coverage:
         listed = [info.key async for info in self._store.list(prefix, start_after=start)]
         if listed:
             self._entries_after = listed[-1]
-        if start is None:
-            return  # the first look: every hour is read afresh anyway
+        if start is None or not self._catalog:
+            # The first look, or nothing cached yet: every hour is read afresh anyway (an
+            # entry is created after its file, so such a read holds the file).
+            return
         for entry_key in listed:
             try:
                 body, _etag = await self._store.get(entry_key)

@@ -629,3 +629,32 @@ async def test_a_new_catalog_file_in_a_sealed_hour_is_read_again_without_a_resta
     await writer.write(retracted.hour, [retracted], writer="audit-00000000000000a2")
     answer = await world.endpoint.answer(query_ns())
     assert answer["sealed_through_ns"] == retracted.hour.start_ns and not answer["complete"]
+
+
+async def test_no_catalog_created_entry_is_read_while_no_hour_is_cached(world: World) -> None:
+    """With no sealed hour cached there is nothing to read again: new ``catalog-created``
+    entries are listed (the position moves on) but not read; once hours are cached, only
+    the entries created after that are read."""
+    from store.counting import CountingStore
+
+    counting = CountingStore(world.store)
+    coverage = Coverage(
+        counting, settle_margin_s=5, refresh_interval_s=0.0, monotonic=world.clock.monotonic
+    )
+    snapshot = await _latest(world.store)
+    entries = keys.INDEX_CATALOG_CREATED_PREFIX
+    writer = CatalogWriter(store=world.store, clock=world.clock, rng=random.Random(6), epoch=9)
+    b4_row = accepted_row(B4.manifest)  # an audit's superseding row: the same record again
+
+    assert await coverage.sealed_through_ns(snapshot) == 0  # no audit: nothing cached
+    await writer.write(b4_row.hour, [b4_row], writer="audit-00000000000000a2")
+    assert await coverage.sealed_through_ns(snapshot) == 0
+    await completed_audit(world.store, H1.next().start_ns + 60 * NS)
+    await commit(world.store, world.clock, [B3, B4])
+    snapshot = await _latest(world.store)
+    assert await coverage.sealed_through_ns(snapshot) == H1.next().start_ns  # read afresh
+    assert counting.count("get", entries) == 0 and counting.count("list", entries) == 3
+
+    await writer.write(b4_row.hour, [b4_row], writer="audit-00000000000000a2")
+    assert await coverage.sealed_through_ns(snapshot) == H1.next().start_ns
+    assert len(counting.keys_of("get", entries)) == 1  # the new entry only
