@@ -246,6 +246,11 @@ class RollupSettings(Section):
     compact_min_files: int = Field(default=2, ge=2)
     """``lm-rollup compact`` without ``--hour`` rewrites a table's hour when it has at least
     this many files, or rows that deletes still mask."""
+    series_day_settle_s: Seconds = 3600.0
+    """The settle margin of the series index (PROTOCOL §4 ``series_day``): a run writes a
+    UTC day's ``series_day`` rows once store time is past the day's end plus this. Points
+    of a day keep arriving after it ends (agents' spools, the reconciler's cataloging, the
+    run's own cadence); a shorter margin only means more late rows added to the day."""
 
 
 def _lowercase(value: Any) -> Any:
