@@ -1,0 +1,207 @@
+"""Remote read answers (PROTOCOL §5), encoded column-wise from `SeriesColumns`.
+
+What the endpoint (`POST /api/v1/read`) calls, per response type:
+
+- ``SAMPLES``: `samples_query_result` per query, then `read_response` over the queries
+  in request order (snappy block format, ``Content-Type: application/x-protobuf``,
+  ``Content-Encoding: snappy``). Reserve `samples_answer_bytes` first.
+- ``STREAMED_XOR_CHUNKS``: `ChunkStream.of` per query; refuse the read with 400 when
+  `ChunkStream.largest_frame_bytes` exceeds ``query.max_read_frame_bytes`` (before the
+  first frame is sent); then send `ChunkStream.frames` (``Content-Type:
+  application/x-streamed-protobuf; proto=prometheus.ChunkedReadResponse``, no content
+  encoding). `chunked_frames`, `frame_sizes` and `largest_frame_bytes` take either a
+  `SeriesColumns` or a `ChunkStream` (pass the stream to encode once).
+
+The protobuf bytes are written by hand, column-wise (numpy): no Python object per
+sample. Every field is written, zero-valued ones included (proto3's canonical form
+leaves those out; a reader, Prometheus' or `collector.promql.proto.read_pb2`, gets the
+same values either way). Values are the stored float64 bit for bit (staleness markers
+and NaN payloads survive); timestamps are int64 (a negative one is a 10-byte varint).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import cramjam
+import crc32c
+import numpy as np
+import numpy.typing as npt
+
+from .pbwire import delimited, delimited_size, labels_bytes, varint, varint_matrix, varint_size
+from .series_columns import SeriesColumns
+from .xor_chunks import XorChunks, encode_xor_chunks
+
+SAMPLES_CONTENT_TYPE = "application/x-protobuf"
+STREAM_CONTENT_TYPE = "application/x-streamed-protobuf; proto=prometheus.ChunkedReadResponse"
+SAMPLES_BYTES_PER_SAMPLE = 18
+"""A ``Sample`` on the wire: tag, length, the double's 9 bytes, the timestamp's tag and
+its varint (6 bytes for a millisecond time of this century): 18 bytes."""
+_SAMPLE_FIXED = 12  # 0x12, length, 0x09 + 8 bytes, 0x10
+_BLOCK_SAMPLES = 1 << 20
+
+
+def samples_answer_bytes(sample_count: int, series_count: int = 0) -> int:
+    """The reservation for a ``SAMPLES`` answer of this many samples (uncompressed: the
+    answer is built whole before snappy): 18 bytes a sample, plus 256 a series for its
+    header and labels."""
+    return SAMPLES_BYTES_PER_SAMPLE * sample_count + 256 * series_count
+
+
+def samples_query_result(columns: SeriesColumns) -> bytes:
+    """The serialized ``prometheus.QueryResult`` of one query: one ``TimeSeries`` per
+    series of ``columns`` in their order, its labels in their order, its samples in time
+    order."""
+    sample_bytes, sample_at = _samples_bytes(columns.timestamps_ms, columns.values)
+    parts: list[bytes] = []
+    for i, label_set in enumerate(columns.label_sets):
+        labels = labels_bytes(label_set)
+        start = int(columns.offsets[i])
+        end = int(columns.offsets[i + 1])
+        samples = sample_bytes[int(sample_at[start]) : int(sample_at[end])]
+        size = len(labels) + len(samples)
+        parts += (b"\x0a", varint(size), labels, samples)
+    return b"".join(parts)
+
+
+def read_response(query_results: Iterable[bytes]) -> bytes:
+    """The snappy-compressed (block format) ``prometheus.ReadResponse`` holding the
+    given `samples_query_result` answers in request order."""
+    body = b"".join(delimited(0x0A, result) for result in query_results)
+    return bytes(cramjam.snappy.compress_raw(body))
+
+
+def _samples_bytes(
+    timestamps_ms: npt.NDArray[np.int64], values: npt.NDArray[np.float64]
+) -> tuple[bytes, npt.NDArray[np.int64]]:
+    """Every ``Sample`` field (``samples = 2`` of a TimeSeries) back to back, and the
+    byte offset of each (with the total appended), in blocks of a bounded size."""
+    n = len(values)
+    blocks: list[bytes] = []
+    at = np.zeros(n + 1, np.int64)
+    for b0 in range(0, n, _BLOCK_SAMPLES):
+        b1 = min(n, b0 + _BLOCK_SAMPLES)
+        ts_rows, ts_len = varint_matrix(np.ascontiguousarray(timestamps_ms[b0:b1]).view(np.uint64))
+        rows = b1 - b0
+        matrix = np.zeros((rows, _SAMPLE_FIXED + ts_rows.shape[1]), np.uint8)
+        matrix[:, 0] = 0x12
+        matrix[:, 1] = 10 + ts_len  # the Sample message: 9 + 1 + varint
+        matrix[:, 2] = 0x09
+        matrix[:, 3:11] = (
+            np.ascontiguousarray(values[b0:b1]).astype("<f8").view(np.uint8).reshape(rows, 8)
+        )
+        matrix[:, 11] = 0x10
+        matrix[:, 12:] = ts_rows
+        lengths = _SAMPLE_FIXED + ts_len
+        used = np.arange(matrix.shape[1])[None, :] < lengths[:, None]
+        blocks.append(matrix[used].tobytes())
+        np.cumsum(lengths, out=at[b0 + 1 : b1 + 1])
+        at[b0 + 1 : b1 + 1] += at[b0]
+    return b"".join(blocks), at
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkStream:
+    """The ``STREAMED_XOR_CHUNKS`` answer of one query, encoded once: XOR chunks of at
+    most 120 samples per series (`collector.promql.xor_chunks`) and each series' frame
+    size, known before any frame is sent."""
+
+    columns: SeriesColumns
+    chunks: XorChunks
+    label_bytes: tuple[bytes, ...]
+    frame_sizes: npt.NDArray[np.int64]
+    """Bytes of each series' whole frame (length prefix, CRC and message) for
+    ``query_index`` 0; a larger index adds at most 9 bytes (`QUERY_INDEX_SLACK`)."""
+
+    @classmethod
+    def of(cls, columns: SeriesColumns) -> ChunkStream:
+        chunks = encode_xor_chunks(columns.offsets, columns.timestamps_ms, columns.values)
+        label_bytes = tuple(labels_bytes(label_set) for label_set in columns.label_sets)
+        records = chunks.series_records_bytes()
+        sizes = np.zeros(len(label_bytes), np.int64)
+        for i, labels in enumerate(label_bytes):
+            message = delimited_size(len(labels) + int(records[i])) + 2  # + query_index 0
+            sizes[i] = varint_size(message) + 4 + message
+        return cls(columns=columns, chunks=chunks, label_bytes=label_bytes, frame_sizes=sizes)
+
+    @property
+    def largest_frame_bytes(self) -> int:
+        """The largest frame this stream sends for any query index (0 without series)."""
+        return int(self.frame_sizes.max(initial=-QUERY_INDEX_SLACK)) + QUERY_INDEX_SLACK
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the encoded chunks (what a reservation covers beside a frame)."""
+        return int(self.chunks.records.nbytes)
+
+    def frames(self, query_index: int, max_frame_bytes: int) -> Iterator[bytes]:
+        """One frame per series, in the columns' order: ``uvarint(len(message))``, the
+        big-endian CRC32-Castagnoli of the message, then the message, a
+        ``ChunkedReadResponse`` holding exactly one ``ChunkedSeries`` with all of the
+        series' chunks and ``query_index``. Raises `FrameTooLarge` before yielding
+        anything if a frame would exceed ``max_frame_bytes``."""
+        if self.largest_frame_bytes > max_frame_bytes:
+            check_frames(self, max_frame_bytes)
+        return self._frames(query_index)
+
+    def _frames(self, query_index: int) -> Iterator[bytes]:
+        tail = b"\x10" + varint(query_index)
+        for i, labels in enumerate(self.label_bytes):
+            records = self.chunks.series_records(i)
+            series = b"\x0a" + varint(len(labels) + len(records)) + labels + records
+            message = series + tail
+            checksum = crc32c.crc32c(message).to_bytes(4, "big")
+            yield varint(len(message)) + checksum + message
+
+
+QUERY_INDEX_SLACK = 9
+"""A query index's varint beyond the 1 byte `ChunkStream.frame_sizes` counts."""
+
+
+class FrameTooLarge(ValueError):
+    """A series' frame exceeds the frame limit: the read is refused (400) before the
+    first frame. Names the series and both sizes."""
+
+    def __init__(self, label_set: object, frame_bytes: int, max_frame_bytes: int) -> None:
+        super().__init__(
+            f"series {label_set} needs a {frame_bytes}-byte remote read frame, over "
+            f"query.max_read_frame_bytes ({max_frame_bytes}); narrow the query's time range"
+        )
+        self.frame_bytes = frame_bytes
+        self.max_frame_bytes = max_frame_bytes
+
+
+def check_frames(stream: ChunkStream, max_frame_bytes: int) -> None:
+    """Raise `FrameTooLarge` for the first series whose frame could exceed the limit."""
+    over = np.flatnonzero(stream.frame_sizes + QUERY_INDEX_SLACK > max_frame_bytes)
+    if len(over):
+        i = int(over[0])
+        raise FrameTooLarge(
+            dict(stream.columns.label_sets[i]),
+            int(stream.frame_sizes[i]) + QUERY_INDEX_SLACK,
+            max_frame_bytes,
+        )
+
+
+def _stream(source: SeriesColumns | ChunkStream) -> ChunkStream:
+    return source if isinstance(source, ChunkStream) else ChunkStream.of(source)
+
+
+def chunked_frames(
+    source: SeriesColumns | ChunkStream, query_index: int, max_frame_bytes: int
+) -> Iterator[bytes]:
+    """The frames of one query's ``STREAMED_XOR_CHUNKS`` answer (`ChunkStream.frames`);
+    raises `FrameTooLarge` at the call, before any frame, when one would be too big."""
+    return _stream(source).frames(query_index, max_frame_bytes)
+
+
+def frame_sizes(source: SeriesColumns | ChunkStream) -> npt.NDArray[np.int64]:
+    """Each series' frame size in bytes (`ChunkStream.frame_sizes`)."""
+    return _stream(source).frame_sizes
+
+
+def largest_frame_bytes(source: SeriesColumns | ChunkStream) -> int:
+    """The largest frame of the answer, for any query index: compare it with
+    ``query.max_read_frame_bytes`` before sending anything (PROTOCOL §5)."""
+    return _stream(source).largest_frame_bytes
