@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import shutil
 import signal
 import subprocess
 import time
@@ -32,13 +31,14 @@ from tests.collector.receiver_fixtures import (
     open_test_store,
 )
 from tests.collector.test_processes import opened
+from tests.prometheus_binary import require_prometheus
 
-PROMETHEUS = shutil.which("prometheus")
-pytestmark = pytest.mark.skipif(
-    PROMETHEUS is None,
-    reason="the prometheus binary is not installed (scripts/setup test installs Debian's "
-    "'prometheus' package; or: apt-get install prometheus)",
-)
+
+@pytest.fixture(autouse=True)
+def _prometheus() -> None:
+    require_prometheus()  # skips without the binary; fails with CI=true
+
+
 DEADLINE_S = 90.0
 OUTAGE_S = 4.0
 
@@ -101,12 +101,11 @@ def prometheus_runner(tmp_path: Path) -> Iterator[list[subprocess.Popen[bytes]]]
 def start_prometheus(
     tmp_path: Path, config: str, started: list[subprocess.Popen[bytes]]
 ) -> subprocess.Popen[bytes]:
-    assert PROMETHEUS is not None
     (tmp_path / "prometheus.yml").write_text(config)
     with (tmp_path / "prometheus.log").open("ab") as log:
         process = subprocess.Popen(
             [
-                PROMETHEUS,
+                require_prometheus(),
                 "--enable-feature=agent",
                 f"--config.file={tmp_path / 'prometheus.yml'}",
                 f"--storage.agent.path={tmp_path / 'prometheus-data'}",
