@@ -7,7 +7,9 @@ through the real job on the local Spark session.
   included; once a ``retracted`` row for its key is cataloged (as the lease holder writes
   it: epoch above the row's, writer ``retraction``, with its work marker), the next run
   removes it in one commit: ``points`` and ``rollup_1m`` hold exactly the real batches,
-  its digest moves to ``ledger.retracted``, ``verify`` passes;
+  its digest moves to ``ledger.retracted``, ``verify`` passes (the whole chain, with the
+  real steady pass, audits and retraction command under one live query endpoint whose
+  ``sealed_through_ns`` moves on without a restart: `tests.rollup.test_retraction_live_query`);
 - (e) the key then really accepted (a row written after the retracted one) is included
   again, counted once, its digest moved back;
 - (c) the same in a retired hour and in a late-excluded one (retention, PROTOCOL §4.1):
