@@ -13,7 +13,9 @@ so the last part written is always the final one.
 Resume: a range without a final part continues after the last key of its last part
 (``start_after``), numbering on from there; parts already written are kept. One listing
 of ``audit_dir`` finds them all (the name carries the row count, so finished ranges need
-no GET).
+no GET). A kind the plan's size probe listed whole (`reconciler.audit.ranges.range_count`:
+a small store) has its one range's parts written by `plan_listing` from the probe's keys,
+right after the plan: that range is then finished like any other.
 
 `parts_from_inventory` writes the same parts from an S3 Inventory report instead
 (``<audit_dir>inventory/<kind>/``), so the joins read either the same way.
@@ -26,15 +28,21 @@ from __future__ import annotations
 
 import asyncio
 import io
-import re
-from collections.abc import Awaitable, Callable, Collection, Iterator
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from reconciler.audit.inventory import InventorySource
 from reconciler.audit.offload import offload
+from reconciler.audit.parts import (
+    BYTES_PER_KEY,
+    LISTING_SCHEMA,
+    Part,
+    PartBuffer,
+    parse_part,
+    part_name,
+)
 from reconciler.audit.ranges import KIND_PREFIXES, KINDS, KeyRange, ListingKind, plan_ranges
 from store.base import ObjectInfo, ObjectStore, list_range
 
@@ -52,22 +60,9 @@ __all__ = [
     "parts_from_inventory",
 ]
 
-LISTING_SCHEMA = pa.schema(
-    [
-        ("key", pa.string()),
-        ("etag", pa.string()),
-        ("size", pa.int64()),
-        ("last_modified", pa.timestamp("us", tz="UTC")),
-    ]
-)
-"""ETag exactly as the store returned it (the joins normalize); ``last_modified`` in the
-store's time. From an inventory, ``etag``/``size``/``last_modified`` may be null."""
 PART_KEYS = 250_000
 """Keys per listing part: what one stream holds in memory (~40 MB of Python objects)."""
 _PAGE_KEYS = 1000
-_BYTES_PER_KEY = 160
-"""About what one key costs a part in memory (`PART_KEYS`), to size the encoding's work."""
-_PART_RE = re.compile(r"(\d{5})-(\d{6})-n(\d+)(-final)?\.parquet")
 
 
 class ListingPartError(ValueError):
@@ -84,31 +79,6 @@ class ListingParts:
     ranges_total: int
     ranges_resumed: int
     """Ranges already finished before this call."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Part:
-    key: str
-    range_index: int
-    number: int
-    rows: int
-    final: bool
-
-
-def part_name(kind: ListingKind, range_index: int, number: int, rows: int, final: bool) -> str:
-    return f"{kind}/{range_index:05d}-{number:06d}-n{rows}{'-final' if final else ''}.parquet"
-
-
-def _parse_part(audit_dir: str, key: str) -> tuple[ListingKind, _Part] | None:
-    """The listing part at ``key``; ``None`` for anything else in the folder (the plan,
-    inventory parts, a file of someone else's: never read as a part)."""
-    kind_name, _, name = key.removeprefix(audit_dir).partition("/")
-    match = _PART_RE.fullmatch(name)
-    for kind in KINDS:
-        if kind == kind_name and match is not None:
-            index, number, rows, final = match.groups()
-            return kind, _Part(key, int(index), int(number), int(rows), final is not None)
-    return None
 
 
 @dataclass
@@ -133,7 +103,7 @@ class Tally:
             keys_listed=self.listed,
             list_requests=self.requests,
             ranges_total=len(plan.ranges),
-            ranges_resumed=sum(1 for w in plan.work if w.finished),
+            ranges_resumed=sum(1 for w in plan.work if w.finished) - plan.probed,
         )
 
 
@@ -143,7 +113,7 @@ class RangeWork:
     stream needs to list it or resume it. Picklable (the Spark engine ships it)."""
 
     key_range: KeyRange
-    written: tuple[_Part, ...]
+    written: tuple[Part, ...]
 
     @property
     def finished(self) -> bool:
@@ -158,6 +128,8 @@ class ListingPlan:
     """LIST requests the plan cost (0 when read back)."""
     work: list[RangeWork]
     """One a range, in order: finished ones and those to list."""
+    probed: int = 0
+    """Ranges the plan's size probe listed (finished, but not before this call)."""
 
     @property
     def pending(self) -> list[RangeWork]:
@@ -170,23 +142,45 @@ async def plan_listing(
     *,
     concurrency: int,
     kinds: Collection[ListingKind] = KINDS,
+    previous: Mapping[str, int] | None = None,
 ) -> ListingPlan:
-    """This audit's ranges (`plan_ranges`) of ``kinds`` (an inventory audit lists only the
-    raw blobs) and, found by one listing of ``audit_dir``, the parts each already has."""
+    """This audit's ranges (`plan_ranges`, sized by ``previous``: the previous completed
+    audit's ``keys_listed``) of ``kinds`` (an inventory audit lists only the raw blobs)
+    and, found by one listing of ``audit_dir``, the parts each already has."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-    ranges, plan_requests = await plan_ranges(store, audit_dir, concurrency=concurrency)
-    existing: dict[tuple[ListingKind, int], list[_Part]] = {}
+    planned = await plan_ranges(
+        store, audit_dir, concurrency=concurrency, previous=previous, kinds=kinds
+    )
+    for kind, found in planned.listed.items():  # the probe listed these ranges whole
+        if kind in kinds:
+            only = next(r for r in planned.ranges if r.kind == kind)
+            await _write_listed(store, audit_dir, only, found)
+    existing: dict[tuple[ListingKind, int], list[Part]] = {}
     async for info in store.list(audit_dir):
-        parsed = _parse_part(audit_dir, info.key)
+        parsed = parse_part(audit_dir, info.key)
         if parsed is not None:
             existing.setdefault((parsed[0], parsed[1].range_index), []).append(parsed[1])
-    ranges = [r for r in ranges if r.kind in kinds]
+    ranges = [r for r in planned.ranges if r.kind in kinds]
     work = [
         RangeWork(r, tuple(sorted(existing.get((r.kind, r.index), []), key=_number)))
         for r in ranges
     ]
-    return ListingPlan(ranges, plan_requests, work)
+    probed = sum(1 for kind in planned.listed if kind in kinds)
+    return ListingPlan(ranges, planned.requests, work, probed)
+
+
+async def _write_listed(
+    store: ObjectStore, audit_dir: str, key_range: KeyRange, found: list[ObjectInfo]
+) -> None:
+    """``key_range``'s parts from its keys already listed, as `list_one_range` cuts them."""
+    tally = Tally()
+    for number, start in enumerate(range(0, max(1, len(found)), PART_KEYS)):
+        part = PartBuffer()
+        for info in found[start : start + PART_KEYS]:
+            part.add(info)
+        final = start + PART_KEYS >= len(found)
+        await _write(store, audit_dir, key_range, number, part, final, tally)
 
 
 async def list_for_audit(
@@ -196,13 +190,17 @@ async def list_for_audit(
     concurrency: int,
     progress: Callable[[int, int], Awaitable[None] | None] | None = None,
     kinds: Collection[ListingKind] = KINDS,
+    previous: Mapping[str, int] | None = None,
 ) -> ListingParts:
     """List every range of this audit not finished yet (``concurrency`` at once) into
     Parquet parts under ``audit_dir`` (`keys.audit_listing_prefix`); the parts of every
     range, finished before or now. ``progress(done, total)`` after each range (awaited
     if it returns an awaitable: the audit saves its progress there). Only the ranges of
-    ``kinds`` (an inventory audit lists only the raw blobs)."""
-    plan = await plan_listing(store, audit_dir, concurrency=concurrency, kinds=kinds)
+    ``kinds`` (an inventory audit lists only the raw blobs); ``previous`` sizes a new plan
+    (`plan_listing`)."""
+    plan = await plan_listing(
+        store, audit_dir, concurrency=concurrency, kinds=kinds, previous=previous
+    )
     tally = finished_tally(plan)
     total = len(plan.ranges)
     if progress is not None:
@@ -238,11 +236,11 @@ async def _maybe_await(result: Awaitable[None] | None) -> None:
         await result
 
 
-def _number(part: _Part) -> int:
+def _number(part: Part) -> int:
     return part.number
 
 
-def _count(tally: Tally, kind: ListingKind, parts: list[_Part]) -> None:
+def _count(tally: Tally, kind: ListingKind, parts: list[Part]) -> None:
     tally.parts[kind] += [p.key for p in parts]
     tally.listed[kind] += sum(p.rows for p in parts)
 
@@ -256,7 +254,7 @@ async def list_one_range(store: ObjectStore, audit_dir: str, work: RangeWork, ta
     if written:
         after = await _last_key(store, written[-1].key)
     number = written[-1].number + 1 if written else 0
-    part = _PartBuffer()
+    part = PartBuffer()
     seen = 0
     listing = list_range(store, key_range.list_prefix, after, key_range.upper)
     try:
@@ -264,7 +262,7 @@ async def list_one_range(store: ObjectStore, audit_dir: str, work: RangeWork, ta
             seen += 1
             if len(part) == PART_KEYS:  # a key follows: this part is not the last
                 await _write(store, audit_dir, key_range, number, part, False, tally)
-                number, part = number + 1, _PartBuffer()
+                number, part = number + 1, PartBuffer()
             part.add(info)
     finally:
         tally.requests += 1 + seen // _PAGE_KEYS
@@ -278,13 +276,13 @@ async def _write(
     audit_dir: str,
     key_range: KeyRange,
     number: int,
-    part: _PartBuffer,
+    part: PartBuffer,
     final: bool,
     tally: Tally,
 ) -> None:
     key = audit_dir + part_name(key_range.kind, key_range.index, number, len(part), final)
     metadata = {"range": str(key_range.index), "final": "true" if final else "false"}
-    body = await offload(len(part) * _BYTES_PER_KEY, part.parquet, metadata)
+    body = await offload(len(part) * BYTES_PER_KEY, part.parquet, metadata)
     await store.put(key, body)
     tally.parts[key_range.kind].append(key)
     tally.listed[key_range.kind] += len(part)
@@ -300,50 +298,6 @@ async def _last_key(store: ObjectStore, part_key: str) -> str:
     return last
 
 
-class _PartBuffer:
-    """One part's columns, filled key by key (plain lists: cheaper per key than Arrow
-    builders from Python)."""
-
-    __slots__ = ("etags", "keys", "modified_us", "sizes")
-
-    def __init__(self) -> None:
-        self.keys: list[str] = []
-        self.etags: list[str | None] = []
-        self.sizes: list[int | None] = []
-        self.modified_us: list[int | None] = []
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    def add(self, info: ObjectInfo) -> None:
-        self.keys.append(info.key)
-        self.etags.append(info.etag)
-        self.sizes.append(info.size)
-        self.modified_us.append(info.last_modified_ns // 1000)
-
-    def add_row(
-        self, key: str, etag: str | None, size: int | None, modified_ns: int | None
-    ) -> None:
-        self.keys.append(key)
-        self.etags.append(etag)
-        self.sizes.append(size)
-        self.modified_us.append(None if modified_ns is None else modified_ns // 1000)
-
-    def parquet(self, metadata: dict[str, str]) -> bytes:
-        table = pa.Table.from_arrays(
-            [
-                pa.array(self.keys, pa.string()),
-                pa.array(self.etags, pa.string()),
-                pa.array(self.sizes, pa.int64()),
-                pa.array(self.modified_us, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
-            ],
-            schema=LISTING_SCHEMA.with_metadata(metadata),
-        )
-        sink = io.BytesIO()
-        pq.write_table(table, sink, compression="zstd")
-        return sink.getvalue()
-
-
 async def parts_from_inventory(
     store: ObjectStore, audit_dir: str, source: InventorySource
 ) -> ListingParts:
@@ -355,7 +309,7 @@ async def parts_from_inventory(
     report = await source.report()
     prefixes = tuple(KIND_PREFIXES.values())
     tally = Tally()
-    buffers: dict[ListingKind, _PartBuffer] = {kind: _PartBuffer() for kind in KINDS}
+    buffers: dict[ListingKind, PartBuffer] = {kind: PartBuffer() for kind in KINDS}
     numbers = dict.fromkeys(KINDS, 0)
     inventory_range = {kind: KeyRange(kind, 0, KIND_PREFIXES[kind], None, None) for kind in KINDS}
     inventory_dir = f"{audit_dir}inventory/"
@@ -367,7 +321,7 @@ async def parts_from_inventory(
                 await _write(store, inventory_dir, inventory_range[kind], numbers[kind], part,
                              False, tally)  # fmt: skip
                 numbers[kind] += 1
-                part = buffers[kind] = _PartBuffer()
+                part = buffers[kind] = PartBuffer()
             part.add_row(obj.key, obj.etag, obj.size, obj.last_modified_ns)
     for kind in KINDS:
         await _write(store, inventory_dir, inventory_range[kind], numbers[kind], buffers[kind],

@@ -16,10 +16,20 @@ The bounds are folder names, so a folder's keys always fall in one range (never 
 
 A key outside every group (``accepted/v1/junk``, ``raw-blobs/v1/x``, a flat key between
 two agents) lies in whichever range covers its place in key order, so it is listed and
-the joins report it as not well-formed. Neighbouring groups are merged into about
-``RANGES_PER_STREAM`` x concurrency ranges per kind, by count of groups (their sizes are
-not known before listing them): 10k small agents make ~64 ranges, not 10k part series.
-One agent holding most of a store's keys is still one range (no sub-ranges yet).
+the joins report it as not well-formed. Neighbouring groups are merged into ranges by
+count of groups (their sizes are not known before listing them): 10k small agents make
+at most the cap of ranges, not 10k part series. One agent holding most of a store's keys
+is still one range (no sub-ranges yet).
+
+How many ranges a kind gets follows what the store holds (`range_count`): about one per
+`KEYS_PER_RANGE` keys the previous completed audit listed there (its record's
+``keys_listed``, carried in this audit's cursors: `PREVIOUS_KEYS_CURSOR`), at most
+``RANGES_PER_STREAM`` x concurrency. A kind the previous audit found small, or that no
+audit listed yet, is probed: its prefix listed up to one range's worth. All of it → one
+range, and the probe's keys are that range's listing (written as its parts by
+`reconciler.audit.listing`, never listed again); more → the cap. A small store's audit
+then costs a few LISTs and one part per kind, not ~64 ranges' LIST and part each; a
+kind with only one range needs no delimiter listing of its groups either.
 
 The plan is written once per audit (``<audit_dir>plan.json``, create-if-absent) and read
 back by a resumed audit, so the ranges, and the names of their parts, never change within
@@ -30,11 +40,12 @@ from __future__ import annotations
 
 import itertools
 import json
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from protocol import keys
-from store.base import ObjectStore
+from store.base import ObjectInfo, ObjectStore, list_range
 from store.errors import NotFound, PreconditionFailed
 
 ListingKind = Literal["accepted", "quarantine", "raw-blobs"]
@@ -51,6 +62,20 @@ _GROUP_PARENTS: dict[ListingKind, str] = {
     "quarantine": keys.QUARANTINE_PREFIX,
 }
 RANGES_PER_STREAM = 4
+"""The cap on a kind's ranges is this many per listing stream: a stream that ends early
+takes another, so the streams finish about together."""
+KEYS_PER_RANGE = 50_000
+"""About how many keys one range holds when a kind is cut by its previous count: 50 LIST
+pages. A range's fixed cost (a LIST for its last, partial page, one listing-part PUT, a
+progress save) is then at most ~5% of its LISTs; one stream lists it in a few seconds
+(10-50 pages a second), so a resume from its start loses little; and a kind of
+16 streams x 4 x 50k = 3.2M keys already gets the cap. Smaller ranges buy no
+parallelism a small store needs and cost two requests each; larger ones leave streams
+idle below a few million keys."""
+PREVIOUS_KEYS_CURSOR = "plan:previous-keys-listed"
+"""`AuditRecord.cursors` entry of a new audit: the ``keys_listed`` of the completed audit
+before it (JSON), what its plan is sized by (`resume_or_start` reads that audit anyway).
+In the record, so a run resumed before the plan was written sizes it alike."""
 PLAN_NAME = "plan.json"
 _PLAN_VERSION = 1
 
@@ -124,35 +149,114 @@ def ranges_from_groups(kind: ListingKind, groups: list[str], count: int) -> list
     return [KeyRange(kind, i, prefix, bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
 
 
+@dataclass(frozen=True)
+class PlannedRanges:
+    ranges: list[KeyRange]
+    """Every range of this audit (every kind, in key order)."""
+    requests: int
+    """LIST requests the planning cost (0 when read back)."""
+    listed: dict[ListingKind, list[ObjectInfo]] = field(default_factory=dict)
+    """The kinds whose one range the size probe listed whole, with their keys in key
+    order: to be written as that range's parts (only when this call wrote the plan)."""
+
+
 async def plan_ranges(
-    store: ObjectStore, audit_dir: str, *, concurrency: int
-) -> tuple[list[KeyRange], int]:
-    """This audit's ranges (every kind, in key order) and the LIST requests spent: read
-    from ``<audit_dir>plan.json`` when an earlier run of the audit wrote it, else planned
-    and created there (a racing creator's plan wins and is read back)."""
+    store: ObjectStore,
+    audit_dir: str,
+    *,
+    concurrency: int,
+    previous: Mapping[str, int] | None = None,
+    kinds: Collection[ListingKind] = KINDS,
+) -> PlannedRanges:
+    """This audit's ranges, read from ``<audit_dir>plan.json`` when an earlier run of the
+    audit wrote it, else planned and created there (a racing creator's plan wins and is
+    read back). ``previous``: the previous completed audit's ``keys_listed`` (sizes the
+    ranges, `range_count`); only ``kinds`` are probed (the others are not listed)."""
     key = audit_dir + PLAN_NAME
     try:
         body, _etag = await store.get(key)
-        return parse_plan(key, body), 0
+        return PlannedRanges(parse_plan(key, body), 0)
     except NotFound:
         pass
     ranges: list[KeyRange] = []
+    listed: dict[ListingKind, list[ObjectInfo]] = {}
+    sized_by: dict[str, str] = {}
     requests = 0
     for kind in KINDS:
-        groups, spent = await groups_of(store, kind)
+        count, probed, spent, sized_by[kind] = await range_count(
+            store, kind, (previous or {}).get(kind), RANGES_PER_STREAM * concurrency,
+            probe=kind in kinds,
+        )  # fmt: skip
         requests += spent
-        ranges += ranges_from_groups(kind, groups, RANGES_PER_STREAM * concurrency)
+        if probed is not None:
+            listed[kind] = probed
+        groups: list[str] = []
+        if count > 1:
+            groups, spent = await groups_of(store, kind)
+            requests += spent
+        ranges += ranges_from_groups(kind, groups, count)
     try:
-        await store.put(key, plan_json(ranges), if_none_match=True)
+        await store.put(key, plan_json(ranges, sized_by), if_none_match=True)
     except PreconditionFailed:
         body, _etag = await store.get(key)
-        return parse_plan(key, body), requests
-    return ranges, requests
+        return PlannedRanges(parse_plan(key, body), requests)
+    return PlannedRanges(ranges, requests, listed)
 
 
-def plan_json(ranges: list[KeyRange]) -> bytes:
-    doc = {
+async def range_count(
+    store: ObjectStore, kind: ListingKind, previous: int | None, cap: int, *, probe: bool
+) -> tuple[int, list[ObjectInfo] | None, int, str]:
+    """How many ranges ``kind`` is cut into (1 to ``cap``): ``ceil(previous /
+    KEYS_PER_RANGE)`` when the previous audit listed more than one range's worth there;
+    else the probe lists the prefix up to one range's worth: all of it → 1 (and its
+    keys), more → ``cap`` (the store outgrew the previous count, or none is known; the
+    probe's pages are then spent for nothing, at most 51 LISTs against a listing at least
+    that long). Without ``probe`` (a kind this audit does not list): 1, no request.
+    Returns (count, the probe's keys when they are the whole kind, LIST requests, how
+    the count was found)."""
+    if previous is not None and previous > KEYS_PER_RANGE:
+        count = min(cap, -(-previous // KEYS_PER_RANGE))
+        return max(1, count), None, 0, f"previous audit: {previous} keys"
+    if not probe:
+        return 1, None, 0, "not listed"
+    found: list[ObjectInfo] = []
+    listing = list_range(store, KIND_PREFIXES[kind], None, None)
+    try:
+        async for info in listing:
+            found.append(info)
+            if len(found) > KEYS_PER_RANGE:
+                break
+    finally:
+        await listing.aclose()  # no page read ahead is left running
+    requests = 1 + len(found) // 1000
+    if len(found) > KEYS_PER_RANGE:
+        return max(1, cap), None, requests, f"probe: over {KEYS_PER_RANGE} keys"
+    return 1, found, requests, f"probe: {len(found)} keys"
+
+
+def previous_keys_cursor(keys_listed: Mapping[str, int]) -> str:
+    """The `PREVIOUS_KEYS_CURSOR` value of a completed audit's ``keys_listed``."""
+    return json.dumps(dict(sorted(keys_listed.items())))
+
+
+def previous_keys(cursors: Mapping[str, str]) -> dict[str, int] | None:
+    """The previous audit's ``keys_listed`` from an audit's cursors (`None` when absent
+    or malformed: the plan then probes, it never fails over a size)."""
+    try:
+        found = json.loads(cursors[PREVIOUS_KEYS_CURSOR])
+    except (KeyError, ValueError):
+        return None
+    if not isinstance(found, dict):
+        return None
+    return {k: v for k, v in found.items() if isinstance(v, int) and v >= 0}
+
+
+def plan_json(ranges: list[KeyRange], sized_by: Mapping[str, str] | None = None) -> bytes:
+    """The stored plan; ``sized_by`` (per kind, how its number of ranges was found) is
+    for people reading it, never read back."""
+    doc: dict[str, object] = {
         "version": _PLAN_VERSION,
+        **({"sized_by": dict(sized_by)} if sized_by else {}),
         "ranges": [
             {"kind": r.kind, "prefix": r.prefix, "lower": r.lower, "upper": r.upper} for r in ranges
         ],

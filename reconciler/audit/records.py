@@ -16,6 +16,7 @@ from protocol.records import AuditRecord
 from reconciler import store_calls
 from reconciler.audit.blob_verify import VERIFY_CURSOR
 from reconciler.audit.inventory import InventorySource
+from reconciler.audit.ranges import PREVIOUS_KEYS_CURSOR, previous_keys_cursor
 from reconciler.audit.remark import remark_since
 from reconciler.context import ReconcilerContext
 from store.base import ObjectStore
@@ -106,6 +107,8 @@ async def resume_or_start(
     # reread) reads back every key with rows of more than one rank.
     completed = await latest_completed_audit(ctx.store)
     reread = completed is None or completed.reread_ranks is None
+    if completed is not None and completed.keys_listed:  # sizes the listing's plan
+        cursors[PREVIOUS_KEYS_CURSOR] = previous_keys_cursor(completed.keys_listed)
     record = AuditRecord(
         audit_id=f"{ctx.rng.getrandbits(64):016x}",
         # An inventory shows the bucket as of its creation: the audit counts from then.

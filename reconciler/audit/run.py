@@ -87,7 +87,7 @@ from reconciler.audit.progress import PROGRESS_INTERVAL_S as PROGRESS_INTERVAL_S
 from reconciler.audit.progress import PROGRESS_RECORDS as PROGRESS_RECORDS
 from reconciler.audit.progress import AuditProgress as AuditProgress
 from reconciler.audit.progress import ProgressCallback as ProgressCallback
-from reconciler.audit.ranges import KINDS, ListingKind
+from reconciler.audit.ranges import KINDS, ListingKind, previous_keys
 from reconciler.audit.records import (
     latest_audit,
     latest_completed_audit,
@@ -236,6 +236,7 @@ class AuditRun(AuditState):
             concurrency=self._streams,
             progress=self._listed,
             kinds=kinds,
+            previous=previous_keys(self._cursors),
         )
         if self._inventory is None:
             return listed

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 BOOT = "0" * 31 + "1"
 LOCAL_DIR = "reconciler/v1/audits/00000000000000000001-local/listing/"
 SPARK_DIR = "reconciler/v1/audits/00000000000000000001-spark/listing/"
+BIG = {"accepted": 10**9, "quarantine": 10**9, "raw-blobs": 10**9}
+"""Previous counts that cut each prefix into the most ranges (Spark tasks to run)."""
 
 
 async def fill(store: FileSystemStore) -> None:
@@ -68,8 +70,10 @@ def test_spark_writes_the_parts_list_for_audit_writes(
 
     async def scenario() -> None:
         await fill(store)
-        local = await list_for_audit(store, LOCAL_DIR, concurrency=2)
-        sparked = await list_on_spark(audit_spark, store, access, SPARK_DIR, concurrency=2)
+        local = await list_for_audit(store, LOCAL_DIR, concurrency=2, previous=BIG)
+        sparked = await list_on_spark(
+            audit_spark, store, access, SPARK_DIR, concurrency=2, previous=BIG
+        )
         assert relative(sparked, SPARK_DIR) == relative(local, LOCAL_DIR)
         assert sparked.keys_listed == local.keys_listed
         assert sum(sparked.keys_listed.values()) == 30 + 1 + 40 + 3
@@ -90,6 +94,15 @@ def test_spark_writes_the_parts_list_for_audit_writes(
         assert resumed.ranges_resumed == resumed.ranges_total - 1
         assert resumed.list_requests == 1
         assert part_files(root, SPARK_DIR) == part_files(root, LOCAL_DIR)
+
+        # Sized by the store (small: one range a prefix, listed by the plan's probe): the
+        # driver writes the same parts, and no range is left for a task.
+        small_local, small_spark = LOCAL_DIR + "small/", SPARK_DIR + "small/"
+        local = await list_for_audit(store, small_local, concurrency=2)
+        sparked = await list_on_spark(audit_spark, store, access, small_spark, concurrency=2)
+        assert local.ranges_total == sparked.ranges_total == 3
+        assert relative(sparked, small_spark) == relative(local, small_local)
+        assert part_files(root, small_spark) == part_files(root, small_local)
 
     asyncio.run(scenario())
 

@@ -19,7 +19,7 @@ refused (executors cannot reach it).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -74,16 +74,19 @@ async def list_on_spark(
     *,
     concurrency: int,
     kinds: Collection[ListingKind] = KINDS,
+    previous: Mapping[str, int] | None = None,
 ) -> ListingParts:
     """`list_for_audit` with the ranges listed by Spark tasks (one a range); ``store`` is
     the driver's client (the plan and the resume state), ``access`` what executors open.
-    ``concurrency`` sizes the plan as `list_for_audit`'s does (ranges per kind); only the
-    ranges of ``kinds``."""
+    ``concurrency`` and ``previous`` size the plan as `list_for_audit`'s do (ranges per
+    kind); only the ranges of ``kinds``."""
     if access.url.startswith("memory://"):
         raise StoreConfigError(
             f"store url {access.url!r}: Spark executors cannot reach a memory:// store"
         )
-    plan = await plan_listing(store, audit_dir, concurrency=concurrency, kinds=kinds)
+    plan = await plan_listing(
+        store, audit_dir, concurrency=concurrency, kinds=kinds, previous=previous
+    )
     tally = finished_tally(plan)
     pending = plan.pending
     if pending:

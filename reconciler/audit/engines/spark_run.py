@@ -37,7 +37,7 @@ from reconciler.audit.inventory import InventorySource
 from reconciler.audit.listing import parts_from_inventory, with_inventory
 from reconciler.audit.offload import in_thread
 from reconciler.audit.progress import PROGRESS_INTERVAL_S, ProgressCallback
-from reconciler.audit.ranges import KINDS
+from reconciler.audit.ranges import KINDS, previous_keys
 from reconciler.audit.records import resume_or_start
 from reconciler.audit.run import AuditRun, run_full_audit
 from reconciler.context import ReconcilerContext
@@ -165,6 +165,7 @@ class SparkAuditRun(AuditRun):
                     audit_dir,
                     concurrency=ctx.settings.reconciler.audit_list_concurrency,
                     kinds=KINDS if self._inventory is None else ("raw-blobs",),
+                    previous=previous_keys(self._cursors),
                 ),
                 self._cancel_jobs,
             )
