@@ -4,8 +4,9 @@
    a run left running first gets its missing markers, `remark`); `schedule` says when;
 2. **pin** — `run` (`AuditRun.list_catalog`: list the catalog files and narrow the pin,
    renewed as it goes; compaction honours it through `records.live_pin`);
-3. **list** — `ranges` (disjoint key ranges), `listing` (streams of ranges written as
-   Parquet parts), `partitions` (closing a listing), or an S3 Inventory (`inventory`);
+3. **list** — `ranges` (disjoint key ranges, as many as the store's size asks),
+   `listing` (streams of ranges written as Parquet parts, `parts`), `partitions`
+   (closing a listing), or an S3 Inventory (`inventory`);
 4. **join** — `audit_inputs` (local copies of the pinned catalog and the listing),
    `retired` (raw retention's hours), and the engines in `engines` (the SQL both run,
    DuckDB out of core or Spark), run off the loop by `offload`, spilling under `spill`;

@@ -211,14 +211,15 @@ async def range_count(
     else the probe lists the prefix up to one range's worth: all of it → 1 (and its
     keys), more → ``cap`` (the store outgrew the previous count, or none is known; the
     probe's pages are then spent for nothing, at most 51 LISTs against a listing at least
-    that long). Without ``probe`` (a kind this audit does not list): 1, no request.
+    that long). Without ``probe`` (a kind this audit does not list, an inventory audit's
+    records): 1, no request.
     Returns (count, the probe's keys when they are the whole kind, LIST requests, how
     the count was found)."""
+    if not probe:
+        return 1, None, 0, "not listed"
     if previous is not None and previous > KEYS_PER_RANGE:
         count = min(cap, -(-previous // KEYS_PER_RANGE))
         return max(1, count), None, 0, f"previous audit: {previous} keys"
-    if not probe:
-        return 1, None, 0, "not listed"
     found: list[ObjectInfo] = []
     listing = list_range(store, KIND_PREFIXES[kind], None, None)
     try:
@@ -248,7 +249,7 @@ def previous_keys(cursors: Mapping[str, str]) -> dict[str, int] | None:
         return None
     if not isinstance(found, dict):
         return None
-    return {k: v for k, v in found.items() if isinstance(v, int) and v >= 0}
+    return {k: v for k, v in found.items() if type(v) is int and v >= 0}
 
 
 def plan_json(ranges: list[KeyRange], sized_by: Mapping[str, str] | None = None) -> bytes:

@@ -137,6 +137,13 @@ async def test_ranges_grow_with_the_previous_count_up_to_the_cap() -> None:
                             previous={"accepted": 10**9})  # fmt: skip
     assert 40 < len(folders) < cap
     assert sum(1 for r in few.ranges if r.kind == "accepted") == len(folders)
+    # An inventory audit lists only the raw blobs: the records' prefixes cost nothing.
+    recorder = ListRecorder(store)
+    raw_only = await plan_ranges(recorder, AUDIT_DIR + "inventory/", concurrency=16,
+                                 previous=previous, kinds=("raw-blobs",))  # fmt: skip
+    counts = {kind: sum(1 for r in raw_only.ranges if r.kind == kind) for kind in KINDS}
+    assert counts == {"accepted": 1, "quarantine": 1, "raw-blobs": cap}
+    assert (recorder.lists, recorder.folder_lists, raw_only.requests) == ([], [], 0)
 
 
 async def test_a_store_grown_past_its_previous_count_gets_the_cap(
