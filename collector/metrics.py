@@ -12,6 +12,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from store.time import StoreClock
+from store.timed import StoreLatency
 
 LATENCY_BUCKETS = (
     0.001,
@@ -112,10 +113,31 @@ class CollectorMetrics:
             "[store] max_clock_skew_s batches are answered 503 and /readyz fails",
             registry=r,
         )
+        self.store_latency = StoreLatency(r)
+        """``lm_store_request_seconds{op, result}`` (`store.timed`: every daemon's store)."""
         self.queries = Counter(
             "lm_collector_queries",
             "GET /v1/query answers by status (ok, or the HTTP status)",
             ["status"],
+            registry=r,
+        )
+        self.remote_reads = Counter(
+            "lm_collector_remote_reads",
+            "POST /api/v1/read answers by status (ok, or the HTTP status; aborted: a stream "
+            "cut after its first byte) and response type",
+            ["status", "type"],
+            registry=r,
+        )
+        self.query_dropped_labels = Counter(
+            "lm_query_dropped_labels",
+            "Stored labels left out of a presented series because another stored label of "
+            "the series presents the same name (PROTOCOL §5), per series read",
+            registry=r,
+        )
+        self.query_name_collisions = Counter(
+            "lm_query_name_collisions",
+            "Samples left out of a read because another stored series presenting the same "
+            "label set has a sample at the same millisecond (PROTOCOL §5)",
             registry=r,
         )
         self.live_window = Gauge(
