@@ -20,6 +20,7 @@ from reconciler.audit.ranges import (
     PLAN_NAME,
     PREVIOUS_KEYS_CURSOR,
     RANGES_PER_STREAM,
+    ListingKind,
     parse_plan,
     plan_ranges,
     previous_keys,
@@ -139,8 +140,9 @@ async def test_ranges_grow_with_the_previous_count_up_to_the_cap() -> None:
     assert sum(1 for r in few.ranges if r.kind == "accepted") == len(folders)
     # An inventory audit lists only the raw blobs: the records' prefixes cost nothing.
     recorder = ListRecorder(store)
+    only: tuple[ListingKind, ...] = ("raw-blobs",)
     raw_only = await plan_ranges(recorder, AUDIT_DIR + "inventory/", concurrency=16,
-                                 previous=previous, kinds=("raw-blobs",))  # fmt: skip
+                                 previous=previous, kinds=only)  # fmt: skip
     counts = {kind: sum(1 for r in raw_only.ranges if r.kind == kind) for kind in KINDS}
     assert counts == {"accepted": 1, "quarantine": 1, "raw-blobs": cap}
     assert (recorder.lists, recorder.folder_lists, raw_only.requests) == ([], [], 0)
