@@ -66,9 +66,16 @@ def frame_matches(frame: Frame, query: LiveQuery, range_ns: tuple[int, int]) -> 
     if query.labels:
         keep = pc.and_(keep, label_mask(points.column("labels"), query.labels))
     indices = np.flatnonzero(np.asarray(keep.to_numpy(zero_copy_only=False), dtype=bool))
+    return frame_rows(frame, indices)
+
+
+def frame_rows(frame: Frame, indices: np.ndarray) -> pa.Table:
+    """The ``points`` rows of ``frame``'s points at ``indices`` (ascending), each with its
+    own ``seq`` (``seq_start`` + its index in the frame). Shared with remote read
+    (`collector.promql.points_scan`)."""
     if len(indices) == 0:
         return POINTS_SCHEMA.empty_table()
-    picked = dataclasses.replace(frame, points=points.take(pa.array(indices)))
+    picked = dataclasses.replace(frame, points=frame.points.take(pa.array(indices)))
     rows = points_rows(picked)
     seq = pa.array(frame.seq_start + indices.astype(np.int64), pa.int64())
     return rows.set_column(rows.schema.get_field_index("seq"), "seq", seq)

@@ -1,0 +1,234 @@
+"""The ``points`` rows a remote read looks at, one unit of work at a time (PROTOCOL §5).
+
+Two parts, as ``/v1/query`` merges them (`collector.query.endpoint`):
+
+- `committed_parts`: the snapshot's ``points`` files its range and metric bounds can
+  touch (`rollup.read.reader.plan_files`: the manifest's per-file statistics), each read
+  one row group at a time, a row group skipped when its own ``ts``/``metric`` statistics
+  rule it out; the rows the snapshot's tombstones mask are dropped as
+  `rollup.read.reader.read_files` drops them (only tombstones a file's version has not
+  applied, `rollup.table.tombstones.pending_on`);
+- `live_parts`: the live window's batches the snapshot's ledger lacks (chosen by the
+  caller, by ``manifest_id``), each frame filtered column-wise before its rows are built
+  (`collector.query.rows.frame_rows`), every tombstone of the snapshot masking them.
+
+Each yields ``points``-shaped tables (`rollup.table.schemas.POINTS_SCHEMA`) within
+``[low_us, high_us)`` and the metric bounds; before each unit of work it calls
+``check()``, which raises to stop the read (a client that went away): a read stops
+within one row group or one frame. Blocking: run on a thread.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from collector.query.rows import frame_rows
+from protocol.frame import Frame
+from rollup.read import reader
+from rollup.table import tombstones as tombstones_mod
+from rollup.table.columns import int64_column
+from rollup.table.manifest import DataFile, Snapshot
+from rollup.table.schemas import POINTS_SCHEMA
+
+
+@dataclass(frozen=True, slots=True)
+class MetricBounds:
+    """Stored metric names a read can need: ``exact`` (one name) or ``[low, high)``
+    (a prefix range), or anything (all None)."""
+
+    exact: str | None = None
+    low: str | None = None
+    high: str | None = None
+
+    def predicates(self) -> list[reader.Predicate]:
+        if self.exact is not None:
+            return [reader.Predicate("metric", "=", self.exact)]
+        found = []
+        if self.low is not None:
+            found.append(reader.Predicate("metric", ">=", self.low))
+        if self.high is not None:
+            found.append(reader.Predicate("metric", "<", self.high))
+        return found
+
+    def may_hold(self, low: Any, high: Any) -> bool:
+        """Whether metric statistics ``[low, high]`` may hold a wanted name."""
+        if not isinstance(low, str) or not isinstance(high, str):
+            return True
+        if self.exact is not None:
+            return low <= self.exact <= high
+        return (self.low is None or high >= self.low) and (self.high is None or low < self.high)
+
+    def mask(self, metric: pa.Array | pa.ChunkedArray) -> np.ndarray | None:
+        """Rows whose metric is within the bounds (None: every row)."""
+        if self.exact is not None:
+            return _numpy(pc.equal(metric, pa.scalar(self.exact, pa.string())))
+        keep = None
+        if self.low is not None:
+            keep = _numpy(pc.greater_equal(metric, pa.scalar(self.low, pa.string())))
+        if self.high is not None:
+            below = _numpy(pc.less(metric, pa.scalar(self.high, pa.string())))
+            keep = below if keep is None else keep & below
+        return keep
+
+
+def _numpy(mask: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    if isinstance(mask, pa.ChunkedArray):
+        mask = mask.combine_chunks() if mask.num_chunks else pa.array([], pa.bool_())
+    return np.asarray(pc.fill_null(mask, False).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+@dataclass(slots=True)
+class ScanWork:
+    """Units of work done (a test counts them after a client went away)."""
+
+    files: int = 0
+    row_groups_read: int = 0
+    row_groups_skipped: int = 0
+    frames: int = 0
+    rows_masked: int = 0
+    paths: list[str] = field(default_factory=list)
+
+
+def _us(moment: Any) -> int | None:
+    if isinstance(moment, datetime):
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        delta = moment - datetime(1970, 1, 1, tzinfo=UTC)
+        return int((delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds)
+    return None
+
+
+def _ts_bounds_us(stats: Any) -> tuple[int, int] | None:
+    """A row group's ``ts`` statistics in microseconds, or None (no pruning)."""
+    if stats is None or not stats.has_min_max:
+        return None
+    if stats.physical_type == "INT64":
+        logical = stats.logical_type
+        try:
+            unit = json.loads(logical.to_json()).get("timeUnit") if logical is not None else None
+        except (ValueError, AttributeError):
+            unit = None
+        scale = {"milliseconds": 1000, "microseconds": 1}.get(unit or "")
+        if scale is not None:
+            return int(stats.min_raw) * scale, int(stats.max_raw) * scale
+    low, high = _us(stats.min), _us(stats.max)
+    return (low, high) if low is not None and high is not None else None
+
+
+def _row_group_may_match(
+    metadata: pq.FileMetaData, index: int, low_us: int, high_us: int, bounds: MetricBounds
+) -> bool:
+    group = metadata.row_group(index)
+    for c in range(group.num_columns):
+        column = group.column(c)
+        if column.path_in_schema == "ts":
+            found = _ts_bounds_us(column.statistics)
+            if found is not None and (found[1] < low_us or found[0] >= high_us):
+                return False
+        elif column.path_in_schema == "metric":
+            stats = column.statistics
+            if (
+                stats is not None
+                and stats.has_min_max
+                and not bounds.may_hold(stats.min, stats.max)
+            ):
+                return False
+    return True
+
+
+def _ts_us(rows: pa.Table) -> np.ndarray:
+    return int64_column(rows.column("ts"))
+
+
+def _in_range(rows: pa.Table, low_us: int, high_us: int, bounds: MetricBounds) -> pa.Table:
+    ts = _ts_us(rows)
+    keep = (ts >= low_us) & (ts < high_us)
+    metric = bounds.mask(rows.column("metric"))
+    if metric is not None:
+        keep &= metric
+    return rows if keep.all() else rows.filter(pa.array(keep))
+
+
+def committed_parts(
+    snapshot: Snapshot | None,
+    filesystem: pafs.FileSystem,
+    root: str,
+    *,
+    low_us: int,
+    high_us: int,
+    bounds: MetricBounds,
+    check: Callable[[], None],
+    work: ScanWork,
+) -> Iterator[pa.Table]:
+    """The snapshot's ``points`` rows in ``[low_us, high_us)`` within ``bounds``, one row
+    group at a time, tombstones masking (see the module doc)."""
+    if snapshot is None:
+        return
+    start = datetime.fromtimestamp(low_us // 1_000_000, tz=UTC)
+    end = datetime.fromtimestamp(-(-high_us // 1_000_000), tz=UTC)
+    files: Sequence[DataFile] = reader.plan_files(
+        snapshot, "points", where=bounds.predicates(), start=start, end=end
+    )
+    masking = tombstones_mod.for_table(snapshot.tombstones, "points")
+    for data_file in files:
+        check()
+        work.files += 1
+        work.paths.append(data_file.path)
+        pending = tombstones_mod.pending_on(masking, data_file)
+        with filesystem.open_input_file(f"{root}/{data_file.path}") as handle:
+            parquet = pq.ParquetFile(handle)
+            metadata = parquet.metadata
+            for index in range(metadata.num_row_groups):
+                if not _row_group_may_match(metadata, index, low_us, high_us, bounds):
+                    work.row_groups_skipped += 1
+                    continue
+                check()
+                work.row_groups_read += 1
+                rows = parquet.read_row_group(index, columns=POINTS_SCHEMA.names)
+                rows = rows.select(POINTS_SCHEMA.names).cast(POINTS_SCHEMA)
+                rows = _in_range(rows, low_us, high_us, bounds)
+                rows, masked = tombstones_mod.drop_masked(pending, "points", rows)
+                work.rows_masked += masked
+                if rows.num_rows:
+                    yield rows
+
+
+def live_parts(
+    frames: Sequence[Frame],
+    snapshot: Snapshot | None,
+    *,
+    low_us: int,
+    high_us: int,
+    bounds: MetricBounds,
+    check: Callable[[], None],
+    work: ScanWork,
+) -> Iterator[pa.Table]:
+    """The ``points`` rows of ``frames`` (the live part) in ``[low_us, high_us)`` within
+    ``bounds``, every tombstone of ``snapshot`` masking them, one frame at a time."""
+    masking = tombstones_mod.for_table(snapshot.tombstones, "points") if snapshot else ()
+    for frame in frames:
+        check()
+        work.frames += 1
+        points = frame.points
+        ts_us = int64_column(points.column("ts")) // 1000  # ns → µs, floored (as the tables)
+        keep = (ts_us >= low_us) & (ts_us < high_us)
+        metric = bounds.mask(points.column("metric"))
+        if metric is not None:
+            keep &= metric
+        indices = np.flatnonzero(keep)
+        if len(indices) == 0:
+            continue
+        rows, masked = tombstones_mod.drop_masked(masking, "points", frame_rows(frame, indices))
+        work.rows_masked += masked
+        if rows.num_rows:
+            yield rows
