@@ -2,7 +2,7 @@
 
 Given a checked `ReadQuery` (matchers compiled, ``[start_ms, end_ms]`` already narrowed
 to the hints), `select_series` reads the latest committed snapshot's ``points`` and the
-live window's batches the snapshot's ledger lacks (`collector.promql.points_scan`: the
+live window's batches the snapshot's ledger lacks (`collector.query.points_scan`: the
 merge of ``/v1/query``, tombstones masking both parts) and returns a `SeriesColumns`:
 
 - a stored series (its ``series`` string) is presented once (`protocol.prom_names`:
@@ -44,13 +44,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
+from collector.query.points_scan import MetricBounds, ScanWork, committed_parts, live_parts
 from protocol.frame import Frame
 from protocol.prom_names import NAME_LABEL, escape_metric_array, presented_labels_array
 from rollup.table.columns import int64_column
 from rollup.table.manifest import Snapshot
 
 from .matchers import LabelMatcher, select_label_sets
-from .points_scan import MetricBounds, ScanWork, committed_parts, live_parts
 from .series_columns import LabelSet, SeriesColumns, label_order_key
 
 

@@ -72,7 +72,7 @@ def frame_matches(frame: Frame, query: LiveQuery, range_ns: tuple[int, int]) -> 
 def frame_rows(frame: Frame, indices: np.ndarray) -> pa.Table:
     """The ``points`` rows of ``frame``'s points at ``indices`` (ascending), each with its
     own ``seq`` (``seq_start`` + its index in the frame). Shared with remote read
-    (`collector.promql.points_scan`)."""
+    (`collector.query.points_scan`)."""
     if len(indices) == 0:
         return POINTS_SCHEMA.empty_table()
     picked = dataclasses.replace(frame, points=frame.points.take(pa.array(indices)))

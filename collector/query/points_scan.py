@@ -32,13 +32,14 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from collector.query.rows import frame_rows
 from protocol.frame import Frame
 from rollup.read import reader
 from rollup.table import tombstones as tombstones_mod
 from rollup.table.columns import int64_column
 from rollup.table.manifest import DataFile, Snapshot
 from rollup.table.schemas import POINTS_SCHEMA
+
+from .rows import frame_rows
 
 
 @dataclass(frozen=True, slots=True)
