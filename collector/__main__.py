@@ -20,6 +20,7 @@ from store.open import open_store_from_settings
 
 from .conflicts_api import DEFAULT_CONFLICTS_LIMIT, ConflictQuery, read_conflicts_page
 from .probe import ProbeFailed, probe_conditional_writes
+from .promql.config_cli import add_promql_config_command, run_promql_config
 from .query.cli import add_query_command, run_query
 from .server import StartupError, serve
 
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--read", action="store_true", help="may read points (GET /v1/query, lm-collector query)"
     )
     add_query_command(commands)
+    add_promql_config_command(commands)
     add_settings_flags(parser)
     return parser
 
@@ -70,6 +72,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lm-collector: configuration error:\n{exc}", file=sys.stderr)
         return 2
     configure_logging(settings.logging)
+    if args.command == "promql-config":
+        try:
+            return run_promql_config(args, settings)
+        except (ValueError, OSError) as exc:
+            print(f"lm-collector promql-config: {exc}", file=sys.stderr)
+            return 2
     try:
         if args.command == "serve":
             return serve(

@@ -1,0 +1,74 @@
+"""The PromQL engine and the forward, assembled from ``[query.promql]``
+(`collector.server.Worker` through `collector.app.CollectorApp`).
+
+`PromqlEngineParts.add_routes` registers ``/api/v1/query`` and ``/api/v1/query_range``
+(503 without an engine) and ends the engine with the application (``on_cleanup``);
+`PromqlEngineParts.listening` starts it once the collector's port is known, since the
+engine reads from this collector's ``/api/v1/read``.
+
+One collector process only (``--workers 1``, `one_process_reason`): the engine's read
+token is made per process, and with ``SO_REUSEPORT`` its reads would land on any worker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from config import Settings
+
+from ..auth import Authenticator
+from .engine import Engine, SupervisedEngine
+from .engine_sidecar import SidecarEngine, default_read_url
+from .forward import EngineReads, PromqlForward
+
+
+@dataclass
+class PromqlEngineParts:
+    forward: PromqlForward
+    engine: Engine | None
+
+    def add_routes(self, app: web.Application) -> None:
+        self.forward.add_routes(app)
+        if self.engine is not None:
+            app.on_cleanup.append(self._stop)
+
+    async def listening(self, host: str, port: int) -> None:
+        if self.engine is not None:
+            await self.engine.start(default_read_url(host, port))
+
+    async def _stop(self, _app: web.Application) -> None:
+        assert self.engine is not None
+        await self.engine.stop()
+
+
+def one_process_reason(settings: Settings) -> str | None:
+    """Why this configuration allows one collector process, or None."""
+    promql = settings.query.promql
+    if promql.prometheus is None and promql.url is None:
+        return None
+    return (
+        "a PromQL engine ([query.promql] prometheus or url) allows one collector process "
+        "(--workers 1): its read token is made per process"
+    )
+
+
+def build_promql_engine(
+    settings: Settings, *, authenticator: Authenticator, reads: EngineReads | None = None
+) -> PromqlEngineParts:
+    promql = settings.query.promql
+    engine: Engine | None = None
+    if promql.prometheus is not None:
+        engine = SupervisedEngine(
+            binary=promql.prometheus,
+            settings=promql,
+            max_concurrency=settings.query.max_concurrent_promql,
+            read_token=authenticator.engine_read,
+        )
+    elif promql.url is not None:
+        engine = SidecarEngine(settings=promql, read_token=authenticator.engine_read)
+    forward = PromqlForward(
+        authenticator=authenticator, settings=settings.query, engine=engine, reads=reads
+    )
+    return PromqlEngineParts(forward, engine)
