@@ -10,7 +10,9 @@ after the first is XORed with the one before: ``0`` if equal; else ``1`` then ei
 ``0`` + the XOR's meaningful bits inside the previous window (when its leading and
 trailing zero counts are at least the window's), or ``1`` + 5 bits of leading zeros
 (at most 31) + 6 bits of meaningful bit count (64 written as 0) + the meaningful bits,
-which becomes the window. The last byte is zero-padded.
+which becomes the window. The last byte is zero-padded, followed by one empty byte where
+Prometheus' bit stream writes one (after a whole-byte write ending on a byte boundary), so
+a chunk holding the same samples as one of Prometheus' is the same bytes.
 
 Series are cut into chunks of at most `SAMPLES_PER_CHUNK` consecutive samples (what
 Prometheus' head aims for), so chunks are in time order, never overlap and their
@@ -172,7 +174,13 @@ def _encode_batch(ts: I64, bits: U64, starts: I64) -> tuple[npt.NDArray[np.uint8
     # chunk sizes, then each record's header (Chunk field tag and length, the times, type)
     field_bits = nbits.reshape(-1)
     chunk_bits = np.add.reduceat(field_bits, starts[:-1] * 4) if m else np.zeros(0, np.int64)
-    data_len = 2 + (chunk_bits + 7) // 8
+    # Prometheus' bstream leaves one empty byte after a whole-byte write (writeByte always
+    # appends the byte its remainder goes to): a chunk whose last field is a multiple of 8
+    # bits long ending on a byte boundary has it too, so a chunk cut alike is the same bytes
+    last = starts[1:] - 1
+    last_field = np.where(nbits[last, 3] > 0, nbits[last, 3], nbits[last, 2])
+    empty_byte = (chunk_bits % 8 == 0) & (last_field % 8 == 0)
+    data_len = 2 + (chunk_bits + 7) // 8 + empty_byte
     min_rows, min_len = varint_matrix(ts[starts[:-1]].view(np.uint64))
     max_rows, max_len = varint_matrix(ts[starts[1:] - 1].view(np.uint64))
     dlen_rows, dlen_len = varint_matrix(data_len.astype(np.uint64))

@@ -11,77 +11,85 @@ import crc32c
 
 from collector.promql.proto import read_pb2
 
+_DOD_SIZES = {0b0: 0, 0b10: 14, 0b110: 17, 0b1110: 20, 0b1111: 64}
+_M64 = (1 << 64) - 1
 
-class _Bits:
-    def __init__(self, data: bytes) -> None:
-        self.value = int.from_bytes(data, "big")
-        self.size = len(data) * 8
-        self.pos = 0
 
-    def read(self, n: int) -> int:
-        if self.pos + n > self.size:
+def _signed(u: int) -> int:
+    u &= _M64
+    return u - (1 << 64) if u >> 63 else u
+
+
+def decode_xor(data: bytes) -> list[tuple[int, int]]:
+    """(timestamp ms, value bits) of every sample of one XOR chunk, read as Prometheus'
+    xorIterator reads it (one loop; each read takes a 9-byte window at its bit offset)."""
+    count = int.from_bytes(data[:2], "big")
+    body = data[2:] + bytes(9)  # a read near the end takes a 9-byte window
+    size = (len(data) - 2) * 8
+    pos = 0
+
+    def read(n: int) -> int:
+        nonlocal pos
+        at = pos
+        pos += n
+        if pos > size:
             raise ValueError("chunk ends inside a field")
-        self.pos += n
-        return (self.value >> (self.size - self.pos)) & ((1 << n) - 1)
+        window = int.from_bytes(body[at >> 3 : (at >> 3) + 9], "big")
+        return (window >> (72 - (at & 7) - n)) & ((1 << n) - 1)
 
-    def uvarint(self) -> int:
+    def uvarint() -> int:
         out = shift = 0
         while True:
-            byte = self.read(8)
+            byte = read(8)
             out |= (byte & 0x7F) << shift
             shift += 7
             if byte < 0x80:
                 return out
 
+    def read_tail(n: int, at: int) -> int:
+        window = int.from_bytes(body[at >> 3 : (at >> 3) + 9], "big")
+        return (window >> (72 - (at & 7) - n)) & ((1 << n) - 1)
 
-def _signed(u: int) -> int:
-    u &= (1 << 64) - 1
-    return u - (1 << 64) if u >> 63 else u
-
-
-def decode_xor(data: bytes) -> list[tuple[int, int]]:
-    """(timestamp ms, value bits) of every sample of one XOR chunk."""
-    count = int.from_bytes(data[:2], "big")
-    bits = _Bits(data[2:])
     out: list[tuple[int, int]] = []
     t = tdelta = vbits = leading = trailing = 0
     for n in range(count):
         if n == 0:
-            zz = bits.uvarint()
+            zz = uvarint()
             t = (zz >> 1) ^ -(zz & 1)
-            vbits = bits.read(64)
+            vbits = read(64)
             out.append((t, vbits))
             continue
         if n == 1:
-            tdelta = bits.uvarint()
+            tdelta = uvarint()
         else:
             d = 0
             for _ in range(4):
                 d <<= 1
-                if bits.read(1) == 0:
+                if read(1) == 0:
                     break
                 d |= 1
-            size = {0b0: 0, 0b10: 14, 0b110: 17, 0b1110: 20, 0b1111: 64}[d]
+            width = _DOD_SIZES[d]
             dod = 0
-            if size == 64:
-                dod = _signed(bits.read(64))
-            elif size:
-                raw = bits.read(size)
-                if raw > (1 << (size - 1)):
-                    raw -= 1 << size
+            if width == 64:
+                dod = _signed(read(64))
+            elif width:
+                raw = read(width)
+                if raw > (1 << (width - 1)):
+                    raw -= 1 << width
                 dod = raw
-            tdelta = (tdelta + dod) & ((1 << 64) - 1)
+            tdelta = (tdelta + dod) & _M64
         t = _signed(t + tdelta)
-        if bits.read(1) == 1:
-            if bits.read(1) == 1:
-                leading = bits.read(5)
-                mbits = bits.read(6) or 64
+        if read(1) == 1:
+            if read(1) == 1:
+                leading = read(5)
+                mbits = read(6) or 64
                 trailing = 64 - leading - mbits
-            mbits = 64 - leading - trailing
-            vbits ^= bits.read(mbits) << trailing
+            vbits ^= read(64 - leading - trailing) << trailing
         out.append((t, vbits))
-    if bits.size - bits.pos >= 8:
-        raise ValueError("chunk has whole bytes after its last sample")
+    # Prometheus' bstream ends a chunk with the partial byte, or, when its last write was
+    # a whole byte (writeByte), with one more empty byte: never more, never a set bit
+    if size - pos > 8 or (size > pos and read_tail(size - pos, pos)):
+        raise ValueError(f"{size - pos} bits after the last of {count} samples")
     return out
 
 
