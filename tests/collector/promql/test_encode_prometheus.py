@@ -103,8 +103,31 @@ def _dataset() -> Dataset:
             _mixed_values(rng, 1000),
         )
     # 120 samples about a minute apart from a 2 h boundary: one Prometheus head chunk
+    # (it cuts at the boundary, or at 240 samples, or earlier only when the first 30
+    # samples span less than a quarter of the 2 h)
     one = T0 + np.concatenate([[0], np.cumsum(59_000 + rng.integers(0, 500, 119))])
-    series[(("__name__", "lm_rr_one_chunk"),)] = (one, _mixed_values(rng, 120))
+    counter = np.cumsum(rng.integers(0, 5, 120)).astype(np.float64)
+    counter[60:] -= counter[60]  # a reset
+    stale_end = _mixed_values(rng, 120).view(np.uint64).copy()
+    stale_end[-3:] = STALE_NAN
+    patterns = {
+        "mixed": _mixed_values(rng, 120),
+        "counter": counter,
+        "random_bits": rng.integers(0, 1 << 64, 120, dtype=np.uint64).view(np.float64),
+        "constant": np.full(120, 42.5),
+        "stale_end": stale_end.view(np.float64),
+    }
+    for pattern, values in patterns.items():
+        series[(("__name__", "lm_rr_one_chunk"), ("pattern", pattern))] = (one, values)
+    # under 30 samples (no early cut) whose deltas of deltas sit on every bucket edge
+    edges = [8192, -8191, 8193, -8192, 65536, -65535, 65537, -65536]
+    edges += [524288, -524287, 524289, -524288, 1_000_000, -1_000_000]
+    deltas = np.cumsum([100_000, *edges])
+    edge_ts = T0 + np.concatenate([[0], np.cumsum(deltas)])
+    series[(("__name__", "lm_rr_one_chunk"), ("pattern", "dod_edges"))] = (
+        edge_ts,
+        _mixed_values(rng, len(edge_ts)),
+    )
     # over 3 MiB of chunk data: random 64-bit patterns take about 10 bytes a sample
     n = 310_000
     big_ts = T0 + 1 + np.cumsum(rng.integers(5, 40, n))
@@ -297,16 +320,15 @@ def test_two_series_decode_alike(reference: Reference) -> None:
     assert len(stream.chunks.min_time_ms) == 2 * 9  # 1000 samples: 9 chunks of <= 120 each
 
 
-def test_a_chunk_cut_alike_is_the_same_bytes(reference: Reference) -> None:
-    (their_frame,) = _prometheus_stream(reference, "lm_rr_one_chunk")
-    (their_chunk,) = their_frame.chunked_series[0].chunks
-    stream, _ = _ours(reference, "lm_rr_one_chunk")
-    assert stream.chunks.chunk_count == 1
-    assert stream.chunks.chunk_data(0) == their_chunk.data
-    assert (int(stream.chunks.min_time_ms[0]), int(stream.chunks.max_time_ms[0])) == (
-        their_chunk.min_time_ms,
-        their_chunk.max_time_ms,
-    )
+def test_chunks_cut_alike_are_the_same_bytes(reference: Reference) -> None:
+    their_frames = _prometheus_stream(reference, "lm_rr_one_chunk")
+    stream, frames = _ours(reference, "lm_rr_one_chunk")
+    assert len(their_frames) == len(frames) == 6
+    for i, (theirs, ours) in enumerate(zip(their_frames, frames, strict=True)):
+        assert theirs.chunked_series[0].labels == ours.chunked_series[0].labels
+        (their_chunk,) = theirs.chunked_series[0].chunks
+        assert stream.chunks.series_chunks[i + 1] - stream.chunks.series_chunks[i] == 1
+        assert ours.chunked_series[0].chunks[0] == their_chunk  # times, type and bytes
 
 
 def test_a_series_over_3_mib_is_one_frame_of_ours_and_decodes_alike(
@@ -328,11 +350,11 @@ def test_every_series_comes_out_whole_reading_only_the_first_series_of_each_fram
     reference: Reference, our_stream: OurStream
 ) -> None:
     frames = our_stream.frames
-    assert [len(f.chunked_series) for f in frames] == [1, 1, 1, 1]
+    assert [len(f.chunked_series) for f in frames] == [1] * 9
     keys = [
         tuple((label.name, label.value) for label in f.chunked_series[0].labels) for f in frames
     ]
-    assert keys == sorted(keys, key=label_order_key) and len(set(keys)) == 4
+    assert keys == sorted(keys, key=label_order_key) and len(set(keys)) == 9
     assert list(our_stream.decoded) == keys
     for key in keys:
         assert our_stream.decoded[key] == reference.data.samples(key)
@@ -371,7 +393,7 @@ def test_samples_answers_are_the_same(reference: Reference) -> None:
             [samples_query_result(first), samples_query_result(reference.data.columns("lm_rr_big"))]
         )
     )
-    assert [len(r) for r in theirs] == [3, 1]
+    assert [len(r) for r in theirs] == [8, 1]
     # Prometheus' SAMPLES encoder (gogo protobuf) leaves a double out when it == 0, so
     # its answers turn a stored -0.0 into 0.0 (its chunks keep it); ours keep the bits
     negative_zero = 0x8000000000000000
