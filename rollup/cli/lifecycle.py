@@ -215,7 +215,7 @@ def add_lifecycle_commands(subparsers: Any) -> None:
     remove.add_argument(
         "--table",
         action="append",
-        choices=sorted(schemas.TABLES),
+        choices=sorted(schemas.DELETABLE_TABLES),
         help="tables to delete from (repeatable; default: all, points only with --agent)",
     )
     remove.add_argument("--reason", required=True, help="why (recorded in the history)")

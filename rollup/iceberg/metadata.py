@@ -14,8 +14,9 @@ Mapping (format version 2, one Iceberg table per rollup table):
 - Schema from `rollup.table.schemas` with field ids 1..n in column order, then the map key and
   value; the Parquet files carry no field ids, so the table property
   ``schema.name-mapping.default`` maps names to ids (as ``add_files`` does).
-- Partition spec ``hour(<partition column>)`` (``ts``, ``window_start``), the value
-  being hours since the epoch of the file's partition hour.
+- Partition spec ``hour(<partition column>)`` (``ts``, ``window_start``, ``hour_start``),
+  the value being hours since the epoch of the file's partition hour; ``series_day``'s
+  is ``day(day_start)``, days since the epoch (`rollup.iceberg.schema.partition_value`).
 - Locations are absolute (`rollup.table.storage.engine_url`): a plain path on a ``file://``
   store, ``s3://bucket/prefix/...`` on S3; a store moved elsewhere needs republishing.
 - Expiry: the new metadata keeps the snapshots created within ``retention_s`` of the new
@@ -63,11 +64,9 @@ from pyiceberg.typedef import Record
 from protocol.keys import UtcHour
 from protocol.setsum import Setsum
 from rollup.iceberg.deletes import PositionDeletes
-from rollup.iceberg.schema import FORMAT_VERSION
+from rollup.iceberg.schema import FORMAT_VERSION, partition_value
 from rollup.table.manifest import Snapshot as RollupSnapshot
 from rollup.table.manifest import parse_created_at
-
-_NS_PER_HOUR = 3_600_000_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +128,7 @@ def _created_ms(snapshot: RollupSnapshot) -> int:
 def _entry(
     content: DataFileContent,
     location: str,
+    table: str,
     partition: UtcHour,
     record_count: int,
     size_bytes: int,
@@ -145,7 +145,7 @@ def _entry(
         content=content,
         file_path=location,
         file_format=FileFormat.PARQUET,
-        partition=Record(partition.start_ns // _NS_PER_HOUR),  # hour(): hours since epoch
+        partition=Record(partition_value(table, partition)),
         record_count=record_count,
         file_size_in_bytes=size_bytes,
         sort_order_id=None,
@@ -172,6 +172,7 @@ def table_files(
         _entry(
             DataFileContent.DATA,
             data_url_of(f.path),
+            table,
             f.partition,
             f.row_count,
             f.size_bytes,
@@ -201,6 +202,7 @@ def _delete_entries(
         _entry(
             DataFileContent.POSITION_DELETES,
             url_of(deleted.key),
+            deleted.data_file.table,
             deleted.data_file.partition,
             deleted.record_count,
             deleted.size_bytes,

@@ -15,7 +15,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table.metadata import TableMetadata, TableMetadataUtil, new_table_metadata
 from pyiceberg.table.name_mapping import create_mapping_from_schema
 from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
-from pyiceberg.transforms import HourTransform
+from pyiceberg.transforms import DayTransform, HourTransform
 from pyiceberg.types import (
     DoubleType,
     IcebergType,
@@ -28,6 +28,7 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
+from protocol.keys import UtcHour
 from rollup.table import schemas
 
 FORMAT_VERSION: Literal[2] = 2
@@ -75,15 +76,25 @@ def iceberg_schema(table: str) -> Schema:
 
 
 def partition_spec(table: str, schema: Schema) -> PartitionSpec:
+    """``hour(<partition column>)``; ``day(day_start)`` for ``series_day``, whose files sit
+    in their day's last hour (an hour transform would prune its rows wrongly)."""
     column = schemas.PARTITION_COLUMN[table]
+    daily = schemas.partition_span_hours(table) == 24
     return PartitionSpec(
         PartitionField(
             source_id=schema.find_field(column).field_id,
             field_id=PARTITION_FIELD_ID,
-            transform=HourTransform(),
-            name=f"{column}_hour",
+            transform=DayTransform() if daily else HourTransform(),
+            name=f"{column}_{'day' if daily else 'hour'}",
         )
     )
+
+
+def partition_value(table: str, partition: UtcHour) -> int:
+    """A file's value under `partition_spec`: hours (days for ``series_day``) since the
+    epoch of its partition."""
+    hours = partition.start_ns // (3600 * 10**9)
+    return hours // 24 if schemas.partition_span_hours(table) == 24 else hours
 
 
 def new_table(table: str, location: str) -> TableMetadata:

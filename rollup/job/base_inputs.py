@@ -8,9 +8,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from config.settings import RollupSettings
 from protocol import keys
 from rollup.job.plan import Plan
 from rollup.job.tasks import HourInputs
+from rollup.table import schemas
 from rollup.table.commit import LoadedSnapshot
 from rollup.table.data_file import DataFile
 from rollup.table.manifest import Changes
@@ -27,6 +29,27 @@ def data_file_of(body: dict[str, Any], version: int) -> DataFile:
         max=body["max"],
         added_version=version,
     )
+
+
+def retention_cutoffs(
+    settings: RollupSettings, base: LoadedSnapshot | None, now_ns: int
+) -> dict[str, str]:
+    """Per table with retention: the first hour it keeps, as of store time ``now_ns``
+    (never before the base's: retention only moves forward). The series index
+    (``series``, ``series_day``) keeps what ``points`` keeps."""
+    days = {
+        "points": settings.retention_points_days,
+        "rollup_1m": settings.retention_rollup_1m_days,
+    }
+    days.update({table: settings.retention_points_days for table in schemas.SERIES_TABLES})
+    cutoffs: dict[str, str] = {}
+    for table, keep_days in days.items():
+        if keep_days is None:
+            continue
+        first_kept = keys.UtcHour.from_unix_ns(now_ns - int(keep_days * 86400e9)).iso
+        before = base.snapshot.retention.get(table) if base is not None else None
+        cutoffs[table] = max(first_kept, before) if before is not None else first_kept
+    return cutoffs
 
 
 def expired_files(base: LoadedSnapshot | None, retention: dict[str, str]) -> set[str]:

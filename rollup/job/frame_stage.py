@@ -9,6 +9,8 @@ with the ``hour`` that routes it to stage 2:
 
 - ``partials`` / ``series``: per hour, the task's merged partials and the metric and
   labels of their series, as Arrow IPC blobs;
+- ``series_counts``: per hour, the task's points per series (count, first and last
+  ``ts``, `rollup.table.series_rows`) of the points it wrote, as an Arrow IPC blob;
 - ``points_file``, ``ledger`` (one per included batch, routed by its accepted hour, with
   its point range ``min_ts``/``max_ts``) and
   ``problem`` (a frame that is missing, fails its hash, decode or identity check): JSON.
@@ -44,7 +46,7 @@ from rollup.job.tasks import (
     to_ipc,
     utc_hour,
 )
-from rollup.table import aggregate
+from rollup.table import aggregate, series_rows
 from rollup.table.batch_frames import BadFrame, check_frame
 from rollup.table.points import hour_index, split_by_hour
 from rollup.table.schemas import POINTS_SCHEMA, file_stats, merged_stats
@@ -89,6 +91,7 @@ class _FrameTask:
         self._infos: list[pa.Table] = []
         self._files: dict[int, _PointsFile] = {}
         self._records: list[dict[str, Any]] = []
+        self._series_counts: list[pa.Table] = []
 
     def add(self, item: dict[str, Any]) -> None:
         try:
@@ -143,7 +146,9 @@ class _FrameTask:
         for hour, parts in self._by_hour.items():
             if hour not in self._files:
                 self._files[hour] = _PointsFile(self._options, utc_hour(hour))
-            self._files[hour].write(pa.concat_tables(parts))
+            rows = pa.concat_tables(parts)
+            self._files[hour].write(rows)
+            self._series_counts.append(series_rows.hour_counts(rows))
         self._buffered, self._sources, self._by_hour, self._buffered_rows = [], [], {}, 0
 
     def finish(self) -> pa.Table:
@@ -155,6 +160,9 @@ class _FrameTask:
             merged = aggregate.merge_partials(pa.concat_tables(self._partials))
             info = distinct_series_info(pa.concat_tables(self._infos))
             parts.append(_blob_rows(merged, info))
+        if self._series_counts:
+            counts = series_rows.combine(pa.concat_tables(self._series_counts), "hour_start")
+            parts.append(_series_count_rows(counts))
         parts.append(records_table(self._records))
         return pa.concat_tables(parts)
 
@@ -173,7 +181,12 @@ class _PointsFile:
         self._stats: list[tuple[dict[str, Any], dict[str, Any]]] = []
 
     def write(self, rows: pa.Table) -> None:
-        self._writer.write_table(rows, row_group_size=self._options.row_group_size)
+        # Sorted by (series, ts) in small row groups, so that a selector of one series
+        # reads few of them (PROTOCOL §5). A file written in one chunk (up to
+        # `WriteOptions.chunk_rows` rows of a task and hour: the usual case) is sorted
+        # whole; a larger one is a few sorted runs, and compaction sorts it whole.
+        rows = series_rows.sort_points(rows)
+        self._writer.write_table(rows, row_group_size=self._options.points_row_group_size)
         self._rows += rows.num_rows
         self._stats.append(file_stats(rows))
 
@@ -215,6 +228,24 @@ def point_range(points: pa.Table) -> dict[str, int | None]:
         return {"min_ts": None, "max_ts": None}
     bounds = pc.min_max(points.column("ts").cast(pa.int64()))
     return {"min_ts": bounds["min"].as_py(), "max_ts": bounds["max"].as_py()}
+
+
+def _series_count_rows(counts: pa.Table) -> pa.Table:
+    """Per hour of ``counts`` (`series_rows.HOUR_COUNTS_SCHEMA`), its rows as one Arrow
+    IPC blob (kind ``series_counts``): stage 2 combines every task's and writes ``series``."""
+    hours = hour_index(counts.column("hour_start").cast(pa.int64()).to_numpy())
+    kinds: list[str] = []
+    names: list[str] = []
+    blobs: list[bytes] = []
+    for hour in np.unique(hours):
+        kinds.append("series_counts")
+        names.append(utc_hour(int(hour)).iso)
+        blobs.append(to_ipc(counts.filter(pa.array(hours == hour))))
+    count = len(kinds)
+    return pa.Table.from_arrays(
+        [pa.array(kinds), pa.array(names), pa.nulls(count, pa.string()), pa.array(blobs)],
+        schema=STAGE1_SCHEMA,
+    )
 
 
 def _blob_rows(merged: pa.Table, info: pa.Table) -> pa.Table:

@@ -1,9 +1,11 @@
-"""Stage 2 of a rollup run: one hour's partials → its ``rollup_1m`` and ledger files.
+"""Stage 2 of a rollup run: one hour's partials → its ``rollup_1m``, ``series`` and ledger
+files.
 
 `hour_stage` (one call per hour, through ``groupBy("hour").applyInArrow``) merges the
 hour's partials from every stage-1 task with the ``rollup_1m`` rows already committed
 for that hour (`rollup.table.ties.resolve_committed_ties` supplies the tie keys those rows do not keep),
-writes the replacement ``rollup_1m`` file and the hour's ledger file, and passes stage
+writes the replacement ``rollup_1m`` file, the hour's ``series`` file (every task's
+series counts of this run's points combined) and the hour's ledger file, and passes stage
 1's file and problem records through. Out come `rollup.job.tasks.RESULT_SCHEMA` rows for the
 driver.
 """
@@ -34,7 +36,14 @@ from rollup.job.tasks import (
 from rollup.table import aggregate
 from rollup.table.aggregate import PARTIAL_SCHEMA, SERIES_INFO_SCHEMA
 from rollup.table.ledger import LedgerRow, ledger_table, ledger_totals
-from rollup.table.schemas import LEDGER_SCHEMA, POINTS_SCHEMA, ROLLUP_1M_SCHEMA, file_stats
+from rollup.table.schemas import (
+    LEDGER_SCHEMA,
+    POINTS_SCHEMA,
+    ROLLUP_1M_SCHEMA,
+    SERIES_SCHEMA,
+    file_stats,
+)
+from rollup.table.series_rows import HOUR_COUNTS_SCHEMA, series_table
 from rollup.table.storage import read_parquet
 from rollup.table.ties import resolve_committed_ties
 from rollup.table.tombstones import drop_masked, for_table
@@ -62,6 +71,10 @@ def write_hour(options: WriteOptions, inputs: HourInputs, hour: str, rows: pa.Ta
     if partials.num_rows:
         info = from_ipc(rows.filter(pc.equal(kinds, "series")).column("data"), SERIES_INFO_SCHEMA)
         written = _write_rollup_hour(options, inputs, hour, partials, info)
+        out.append(records_table([written]).select(RESULT_SCHEMA.names))
+    counts = rows.filter(pc.equal(kinds, "series_counts"))
+    if counts.num_rows:
+        written = _write_series_hour(options, hour, counts)
         out.append(records_table([written]).select(RESULT_SCHEMA.names))
     ledger = rows.filter(pc.equal(kinds, "ledger"))
     if ledger.num_rows:
@@ -96,6 +109,20 @@ def _write_rollup_hour(
     low, high = file_stats(rows)
     return record(
         "rollup_file", hour, file_body("rollup_1m", path, utc_hour, rows.num_rows, size, low, high)
+    )
+
+
+def _write_series_hour(options: WriteOptions, hour: str, rows: pa.Table) -> dict[str, Any]:
+    """The hour's ``series`` file: every task's counts of the points this run wrote,
+    one row per series (PROTOCOL §4: committed rows of the hour stay in their own files;
+    readers combine them)."""
+    table = series_table(from_ipc(rows.column("data"), HOUR_COUNTS_SCHEMA))
+    utc_hour = keys.UtcHour.parse_iso(hour)
+    path = keys.rollup_data_key("series", utc_hour, str(uuid.uuid4()))
+    size = write_parquet(options, path, table, SERIES_SCHEMA)
+    low, high = file_stats(table)
+    return record(
+        "series_file", hour, file_body("series", path, utc_hour, table.num_rows, size, low, high)
     )
 
 

@@ -10,8 +10,9 @@ session they own. Under the owner lease (taken here unless one is passed in):
 3. record each bad frame (hash mismatch, undecodable, missing blob, another batch's) and
    each refused batch (``overlapping-identity``) as a problem; such batches are left out
    of the ledger, so they stay pending and ``verify`` shows them missing;
-4. build `Changes` (new points/rollup/ledger files; the superseded ``rollup_1m`` files
-   of every rewritten hour; retracted batches included again) and `commit` them;
+4. build `Changes` (new points/rollup/series/ledger files; the superseded ``rollup_1m``
+   files of every rewritten hour; ``series_day`` files of days written late or settled,
+   `rollup.lifecycle.series_files`; retracted batches included again) and `commit` them;
 5. `CommitConflict` (another commit moved the pointer): delete this attempt's files,
    re-plan against the new latest snapshot and retry, at most ``max_commit_retries``
    times. Every attempt re-plans from the ledger it commits on: never twice;
@@ -38,7 +39,6 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from config.settings import RollupSettings
-from protocol import keys
 from protocol.clock import Clock, SystemClock
 from rollup.iceberg.publish import publish_or_log
 from rollup.job.base_inputs import (
@@ -48,13 +48,14 @@ from rollup.job.base_inputs import (
     hours_left_pending,
     marker_hour,
     refused_hours,
+    retention_cutoffs,
     retention_moves,
 )
 from rollup.job.plan import Plan, make_plan
 from rollup.job.problems import record_problems
 from rollup.job.stages import StageRecord, run_stages
 from rollup.job.tasks import WriteOptions
-from rollup.lifecycle import compaction
+from rollup.lifecycle import compaction, series_files
 from rollup.lifecycle.retraction import commit_retraction, restored_batches
 from rollup.table.commit import (
     CommitConflict,
@@ -190,7 +191,8 @@ class _Run:
             await self.owner.check()
             started = time.monotonic()
             base, plan = await self._plan(await load_latest(self.store))
-            retention = self._retention(base)
+            now_ns = store_clock(self.store, self.clock).now_ns()
+            retention = retention_cutoffs(self.settings, base, now_ns)
             self._note_plan(plan, started)
             if not plan.batches and not retention_moves(base, retention):
                 summary.problems = plan.refused_problems()
@@ -205,6 +207,7 @@ class _Run:
                 self._changes(base, records, retention),
                 restored=restored_batches(base, plan.items, {p["manifest_id"] for p in problems}),
             )
+            changes = await self._with_days(base, changes, retention)
             summary.problems = problems + plan.refused_problems()
             await record_problems(self.store, self.clock, summary.problems)
             if not (changes.added_files or changes.added_ledger_files or changes.removed_files):
@@ -253,22 +256,23 @@ class _Run:
             hours_checked=len(plan.hours_checked),
         )
 
-    def _retention(self, base: LoadedSnapshot | None) -> dict[str, str]:
-        """Per table with retention: the first hour it keeps, as of store time now (never
-        before the base's: retention only moves forward)."""
-        days = {
-            "points": self.settings.retention_points_days,
-            "rollup_1m": self.settings.retention_rollup_1m_days,
-        }
-        now_ns = store_clock(self.store, self.clock).now_ns()
-        cutoffs: dict[str, str] = {}
-        for table, keep_days in days.items():
-            if keep_days is None:
-                continue
-            first_kept = keys.UtcHour.from_unix_ns(now_ns - int(keep_days * 86400e9)).iso
-            before = base.snapshot.retention.get(table) if base is not None else None
-            cutoffs[table] = max(first_kept, before) if before is not None else first_kept
-        return cutoffs
+    async def _with_days(
+        self, base: LoadedSnapshot | None, changes: Changes, retention: dict[str, str]
+    ) -> Changes:
+        """Plus the ``series_day`` files of days written late or settled (`run_days`)."""
+        days = await asyncio.to_thread(
+            series_files.run_days,
+            base.snapshot if base is not None else None,
+            [f for f in changes.added_files if f.table == "series"],
+            removed=changes.removed_files,
+            first_kept=retention.get("series_day"),
+            now_us=store_clock(self.store, self.clock).now_ns() // 1000,
+            settle_us=int(self.settings.series_day_settle_s * 1e6),
+            access=self.options.access,
+            version=(base.snapshot.version if base is not None else 0) + 1,
+            compression=self.options.parquet_compression,
+        )
+        return replace(changes, added_files=(*changes.added_files, *days))
 
     async def _stages(self, plan: Plan, retention: dict[str, str]) -> list[StageRecord]:
         started = time.monotonic()
@@ -304,7 +308,7 @@ class _Run:
         late: dict[str, LedgerHour] = {}
         for record in records:
             body = record.body
-            if record.kind in ("points_file", "rollup_file"):
+            if record.kind in ("points_file", "rollup_file", "series_file"):
                 added.append(data_file_of(body, version))
                 if record.kind == "rollup_file":
                     rewritten.add(body["partition"])

@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 
 from protocol import keys
 from rollup.table.batch_frames import MAX_RAW_BYTES
+from rollup.table.schemas import POINTS_ROW_GROUP_ROWS
 from rollup.table.storage import StoreAccess, open_parquet_writer
 from rollup.table.tombstones import Tombstone
 
@@ -55,13 +56,14 @@ STAGE1_SCHEMA = pa.schema(
         pa.field("data", pa.binary()),
     ]
 )
-"""Stage 1's rows: ``partials``/``series`` carry an Arrow IPC stream in ``data``; the
-record kinds carry JSON in ``body``."""
+"""Stage 1's rows: ``partials``/``series``/``series_counts`` carry an Arrow IPC stream in
+``data``; the record kinds carry JSON in ``body``."""
 
 RESULT_SCHEMA = pa.schema(
     [pa.field("kind", pa.string()), pa.field("hour", pa.string()), pa.field("body", pa.string())]
 )
-"""Stage 2's rows for the driver: ``points_file``/``rollup_file`` (a written data file),
+"""Stage 2's rows for the driver: ``points_file``/``rollup_file``/``series_file`` (a
+written data file),
 ``ledger_file``, ``problem``; ``body`` is JSON."""
 
 HourFunction = Callable[[tuple[pa.Scalar, ...], pa.Table], pa.Table]
@@ -78,6 +80,8 @@ class WriteOptions:
     compression: str = "zstd"
     row_group_size: int = 1_000_000
     max_raw_bytes: int = MAX_RAW_BYTES
+    points_row_group_size: int = POINTS_ROW_GROUP_ROWS
+    """Rows per ``points`` row group (small, for single-series reads: PROTOCOL §5)."""
 
     @property
     def parquet_compression(self) -> str:

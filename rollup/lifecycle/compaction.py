@@ -21,6 +21,12 @@ hour that has at least ``min_files`` of them (or of the ``hours`` given) into on
 (`rollup.table.ledger_merge`: the same rows, their totals checked against ``ledger.hours``), so
 ``ledger.files`` stays at about one file per hour however many runs wrote it.
 
+The series index: an hour of ``series`` or a day of ``series_day`` is rewritten as one
+file with one row per series (counts added, first/last widened). A ``points`` hour whose
+rewrite applies a delete has its ``series`` rows recomputed from the new files in the
+same commit, and its day's ``series_day`` rewritten if the day is written
+(`rollup.lifecycle.series_files.recompute_hours`).
+
 Counts: total rows after = rows before - rows masked (`CompactionReport`); no batch is
 added to or removed from the ledger. Cost per hour rewritten: one GET per input
 file, one multipart/PUT per output file; plus 2 GETs and 2 PUTs for the commit.
@@ -42,8 +48,9 @@ import structlog
 from config.settings import RollupSettings
 from protocol import keys
 from protocol.clock import Clock
+from rollup.lifecycle import series_files
 from rollup.read import reader
-from rollup.table import ledger_merge, schemas
+from rollup.table import ledger_merge, schemas, series_rows
 from rollup.table.commit import (
     CommitConflict,
     LoadedSnapshot,
@@ -130,6 +137,8 @@ class _Output:
         self._rows_per_file = rows_per_file
         self._compression = compression
         self._schema = schemas.table_schema(work.table)
+        # points: small row groups, for single-series reads (PROTOCOL §5)
+        self._group_rows = schemas.POINTS_ROW_GROUP_ROWS if work.table == "points" else None
         self.files: list[DataFile] = []
         self._open: tuple[str, pq.ParquetWriter, pa.NativeFile] | None = None
         self._rows = 0
@@ -145,7 +154,7 @@ class _Output:
                 )
                 self._open, self._rows, self._stats = (path, writer, stream), 0, []
             part = rows.slice(offset, self._rows_per_file - self._rows)
-            self._open[1].write_table(part.cast(self._schema))
+            self._open[1].write_table(part.cast(self._schema), row_group_size=self._group_rows)
             self._stats.append(schemas.file_stats(part))
             self._rows += part.num_rows
             offset += part.num_rows
@@ -191,6 +200,12 @@ def rewrite_hour(
     rows_per_file = max(1, int(target_bytes / max(1.0, in_bytes / in_rows)))
     output = _Output(access, work, version, rows_per_file, compression)
     stats = reader.ScanStats()  # counts over every input file
+    if work.table in schemas.SERIES_TABLES:
+        # The series index's hour is small: its files' rows combined into one per series.
+        rows = reader.read_files(work.files, work.table, filesystem, root)
+        output.write(series_rows.combine(rows, schemas.PARTITION_COLUMN[work.table]))
+        output.close()
+        return output.files, 0
     try:
         for data_file in work.files:  # one input file in memory at a time
             rows = reader.read_files(
@@ -230,6 +245,7 @@ async def compact(
         if base is None:
             return report
         chosen = choose(base.snapshot, hours=hours, tables=tables, min_files=min_files)
+        chosen, recompute = series_files.recomputed_by_compaction(base.snapshot, chosen)
         ledger_hours: dict[str, tuple[str, ...]] = {}
         if tables is None:  # the ledger is compacted with every table, not with one
             ledger_hours = ledger_merge.choose_hours(
@@ -239,6 +255,15 @@ async def compact(
             report.version = base.snapshot.version
             return report
         changes, rows = await _rewrite(base, chosen, access, target_bytes, compression, progress)
+        if recompute:  # a delete left points: their hours' series rows follow them
+            changes = await asyncio.to_thread(
+                series_files.with_recomputed,
+                base.snapshot,
+                changes,
+                recompute,
+                access=access,
+                compression=compression,
+            )
         merges = await ledger_merge.merge_hours(store, base.snapshot, ledger_hours)
         if not chosen and not merges:
             report.version = base.snapshot.version

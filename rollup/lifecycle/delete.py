@@ -73,7 +73,7 @@ class DeleteRequest:
         now = datetime.fromtimestamp(now_ns / 1e9, tz=UTC)
         tables = self.tables
         if tables is None:  # by default every table that can express the delete
-            tables = ("points",) if self.agent_id is not None else tuple(sorted(schemas.TABLES))
+            tables = ("points",) if self.agent_id is not None else tuple(schemas.DELETABLE_TABLES)
         return Tombstone(
             id=tombstone_id or str(uuid.uuid4()),
             metric=self.metric,

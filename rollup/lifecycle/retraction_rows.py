@@ -10,7 +10,9 @@ deletes are applied as compaction applies them (`rollup.lifecycle.compaction`); 
 other files stay. For each hour that lost points, the ``rollup_1m`` rows of the
 (minute, series) cells those points fed are recomputed from the hour's remaining points
 (masked as ``rollup_1m``'s deletes say, `rollup.table.tombstones.drop_from_rollup`); the
-hour's other rows are kept as they are; its files are replaced by one.
+hour's other rows are kept as they are; its files are replaced by one. The hour's
+``series`` rows are recomputed from its points left, and a written day's ``series_day``
+rewritten from them (`rollup.lifecycle.series_files.recompute_hours`).
 
 A cell is exact when ``points`` still holds every sample ``rollup_1m`` aggregated there;
 where a delete of ``points`` only (by agent) or a shorter ``points`` retention removed
@@ -29,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from protocol import keys
+from rollup.lifecycle import series_files
 from rollup.read import reader
 from rollup.table import aggregate, schemas
 from rollup.table.data_file import DataFile, describe_file
@@ -135,6 +138,18 @@ def remove_identities(
         _recompute_rollup(
             snapshot, hour, pa.concat_tables(parts), result, access, version, compression
         )
+    if removed_by_hour:  # the series index follows the points (PROTOCOL §4)
+        index = series_files.recompute_hours(
+            snapshot,
+            removed_by_hour,
+            added=result.added,
+            removed=result.removed,
+            access=access,
+            version=version,
+            compression=compression,
+        )
+        result.added += index.added
+        result.removed += index.removed
     return result
 
 

@@ -133,8 +133,10 @@ def _file_may_match(
 
 
 def _partition_bounds(data_file: DataFile) -> tuple[datetime, datetime]:
-    start = schemas.parse_timestamp(f"{data_file.partition.iso}:00:00Z")
-    return start, start + timedelta(hours=1) - timedelta(microseconds=1)
+    # A series_day file sits in its day's last hour and holds the whole day's rows.
+    end = schemas.parse_timestamp(f"{data_file.partition.iso}:00:00Z") + timedelta(hours=1)
+    span = timedelta(hours=schemas.partition_span_hours(data_file.table))
+    return end - span, end - timedelta(microseconds=1)
 
 
 def _range_may_match(low: Any, high: Any, op: str, value: Any) -> bool:

@@ -76,10 +76,72 @@ LEDGER_SCHEMA = pa.schema(
 LEDGER_OPTIONAL = ("min_ts", "max_ts")
 """Ledger columns that files written before them lack (read as null)."""
 
-TABLES: dict[str, pa.Schema] = {"points": POINTS_SCHEMA, "rollup_1m": ROLLUP_1M_SCHEMA}
+# The series index (PROTOCOL §4, §5): per (hour, series) with points in that hour, its
+# metric, labels, presented name and labels (`protocol.prom_names`), point count and time
+# range. A file holds at most one row per (hour, series); readers combine rows of several
+# files (counts add, first/last widen).
+SERIES_SCHEMA = pa.schema(
+    [
+        pa.field("hour_start", TS_TYPE, nullable=False),
+        pa.field("series", pa.string(), nullable=False),
+        pa.field("metric", pa.string(), nullable=False),
+        pa.field("labels", LABELS_TYPE),
+        pa.field("presented_name", pa.string(), nullable=False),
+        pa.field("presented_labels", LABELS_TYPE),
+        pa.field("count", pa.int64(), nullable=False),
+        pa.field("first_ts", TS_TYPE, nullable=False),
+        pa.field("last_ts", TS_TYPE, nullable=False),
+    ]
+)
 
-# The timestamp column whose UTC date/hour names each table's partitions.
-PARTITION_COLUMN: dict[str, str] = {"points": "ts", "rollup_1m": "window_start"}
+# The same per settled UTC day; a day's files are partitioned with its last hour (23).
+SERIES_DAY_SCHEMA = pa.schema(
+    [pa.field("day_start", TS_TYPE, nullable=False), *list(SERIES_SCHEMA)[1:]]
+)
+
+TABLES: dict[str, pa.Schema] = {
+    "points": POINTS_SCHEMA,
+    "rollup_1m": ROLLUP_1M_SCHEMA,
+    "series": SERIES_SCHEMA,
+    "series_day": SERIES_DAY_SCHEMA,
+}
+
+# The timestamp column whose UTC date/hour names each table's partitions (series_day:
+# its date; the hour is always 23, `partition_of_day`).
+PARTITION_COLUMN: dict[str, str] = {
+    "points": "ts",
+    "rollup_1m": "window_start",
+    "series": "hour_start",
+    "series_day": "day_start",
+}
+
+SERIES_TABLES = ("series", "series_day")
+"""Tables derived from ``points`` alone (the series index): their retention is that of
+``points``, deletes never name them (a tombstone masks points; the compaction or
+retraction that removes the points recomputes these rows), and a rewrite combines rows."""
+
+DELETABLE_TABLES = ("points", "rollup_1m")
+"""The tables a tombstone (`rollup.table.tombstones`) may name."""
+
+POINTS_ROW_GROUP_ROWS = 65_536
+"""Rows per ``points`` row group (PROTOCOL §5 "Matchers"): files are sorted by ``series``
+then ``ts``, so a selector of one series reads the row groups whose ``series``
+statistics hold it — usually one. At ~10-20 bytes a point compressed, a group is ~1 MB:
+large enough that a full scan is not dominated by per-group overhead, small enough that
+a single-series read fetches about a megabyte, not the file."""
+
+
+def partition_of_day(day_start_us: int) -> int:
+    """The partition hour (hours since the epoch) of the ``series_day`` rows of the UTC
+    day starting at ``day_start_us``: the day's last hour, so that ``points`` retention
+    drops the day only after it dropped every hour of it."""
+    return day_start_us // 3_600_000_000 + 23
+
+
+def partition_span_hours(table: str) -> int:
+    """How many hours of ``PARTITION_COLUMN`` values a partition covers, counted back from
+    the partition's hour + 1 (``series_day``: the whole day, 24; every other table: 1)."""
+    return 24 if table == "series_day" else 1
 
 
 def columns_json(schema: pa.Schema) -> list[dict[str, str]]:

@@ -91,6 +91,11 @@ class Tombstone:
         if not self.tables or len(set(self.tables)) != len(self.tables):
             raise TombstoneError("tables: name at least one table, each once")
         for table in self.tables:
+            if table in schemas.SERIES_TABLES:
+                raise TombstoneError(
+                    f"tables: {table} is the series index, derived from points: delete the "
+                    "points (compaction then recomputes its rows)"
+                )
             if table not in schemas.TABLES:
                 raise TombstoneError(f"tables: unknown table {table!r} ({sorted(schemas.TABLES)})")
         if self.agent_id is not None and "rollup_1m" in self.tables:

@@ -155,16 +155,22 @@ async def test_compact_after_run_leaves_one_file_per_table_hour(
         await accept(fs_store, [frame])
         summary = await run(spark, fs_store, compact_after_run=True)
         assert summary.compaction is not None
-    # Runs commit v1, v2 and v4; compactions v3 and v5 (hour 0's 2 points files -> 1).
+    # Runs commit v1, v2 and v4; compactions v3 and v5: hour 0's 2 points files -> 1, and
+    # its 2 series files and its day's 2 series_day files (the day settled long ago: each
+    # run adds its rows to the written day) -> 1 each.
     assert summary.compaction == {
         "version": 5,
-        "hours": 1,
-        "files_before": 2,
-        "files_after": 1,
+        "hours": 3,
+        "files_before": 6,
+        "files_after": 3,
         "rows_masked": 0,
     }
     latest = await load_latest(fs_store)
     assert latest is not None and len(latest.snapshot.data_files("points")) == 1
+    for table in ("series", "series_day"):  # merged: one row per series, counts added
+        assert len(latest.snapshot.data_files(table)) == 1
+        rows = await read_table(fs_store, table)
+        assert rows.column("count").to_pylist() == [120]
     assert _hosts(await read_table(fs_store, "points")) == {"b": 120}
     assert_rollup_equal(await committed_rollup(fs_store), expected_rollup(frames))
     assert (await verify(fs_store)).ok

@@ -21,7 +21,13 @@ from rollup.table.manifest import (
     parse_created_at,
 )
 from rollup.table.manifest_codec import snapshot_from_json
-from rollup.table.schemas import POINTS_SCHEMA, ROLLUP_1M_SCHEMA, columns_json
+from rollup.table.schemas import (
+    POINTS_SCHEMA,
+    ROLLUP_1M_SCHEMA,
+    SERIES_DAY_SCHEMA,
+    SERIES_SCHEMA,
+    columns_json,
+)
 from rollup.table.transition import apply
 from tests.rollup.dataset_builder import BASE_HOUR
 
@@ -98,6 +104,8 @@ def test_json_is_exactly_the_protocol_shape() -> None:
                 ],
             },
             "rollup_1m": {"columns": columns_json(ROLLUP_1M_SCHEMA), "data_files": []},
+            "series": {"columns": columns_json(SERIES_SCHEMA), "data_files": []},
+            "series_day": {"columns": columns_json(SERIES_DAY_SCHEMA), "data_files": []},
         },
         "tombstones": [],
         "removed_files": [],
@@ -120,6 +128,15 @@ def test_json_is_exactly_the_protocol_shape() -> None:
     ]
     assert columns_json(POINTS_SCHEMA)[0] == {"name": "ts", "type": "timestamp[us, tz=UTC]"}
     assert {"name": "labels", "type": "map<string, string>"} in columns_json(POINTS_SCHEMA)
+    assert [c["name"] for c in columns_json(SERIES_SCHEMA)] == [
+        "hour_start", "series", "metric", "labels", "presented_name", "presented_labels",
+        "count", "first_ts", "last_ts",
+    ]  # fmt: skip
+    assert columns_json(SERIES_DAY_SCHEMA)[0] == {
+        "name": "day_start",
+        "type": "timestamp[us, tz=UTC]",
+    }
+    assert columns_json(SERIES_DAY_SCHEMA)[1:] == columns_json(SERIES_SCHEMA)[1:]
 
 
 def test_round_trip() -> None:

@@ -6,6 +6,7 @@ depends on today's date."""
 
 from __future__ import annotations
 
+import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from protocol import keys
@@ -44,6 +45,13 @@ def _hours(table: object, column: str) -> set[int]:
     }
 
 
+async def _index(store: FileSystemStore, table: str) -> list[tuple[int, int]]:
+    """``(hour_start or day_start ns, count)`` of every row of a series-index table."""
+    rows = await read_table(store, table)
+    starts = rows.column(0).cast(pa.int64()).to_pylist()
+    return sorted(zip([v * 1000 for v in starts], rows.column("count").to_pylist(), strict=True))
+
+
 async def test_retention_drops_expired_hours_and_late_batches_are_excluded(
     spark: SparkSession, fs_store: FileSystemStore
 ) -> None:
@@ -55,6 +63,10 @@ async def test_retention_drops_expired_hours_and_late_batches_are_excluded(
     assert first.version == 1 and first.batches == 2 and first.late_excluded == 0
     assert (await read_table(fs_store, "points")).num_rows == 20  # a's hour is gone
     assert sum((await read_table(fs_store, "rollup_1m")).column("count").to_pylist()) == 50
+    # The series index keeps what points keep: b's hour; b's day (H0+14h..H0+38h) ended
+    # more than series_day_settle_s (1 h) ago, so it is written too.
+    assert await _index(fs_store, "series") == [(DATA_START_NS + 30 * H, 20)]
+    assert await _index(fs_store, "series_day") == [(DATA_START_NS + 14 * H, 20)]
 
     # Now H0+60h: points keep from H0+36h, rollup_1m from H0+12h. c falls wholly before
     # both (late: excluded), d is recent.
@@ -65,10 +77,16 @@ async def test_retention_drops_expired_hours_and_late_batches_are_excluded(
     assert second.version == 2 and second.batches == 2 and second.late_excluded == 1
     latest = await load_latest(fs_store)
     assert latest is not None
+    points_kept = keys.UtcHour.from_unix_ns(DATA_START_NS + 36 * H).iso
     assert latest.snapshot.retention == {
-        "points": keys.UtcHour.from_unix_ns(DATA_START_NS + 36 * H).iso,
+        "points": points_kept,
         "rollup_1m": keys.UtcHour.from_unix_ns(DATA_START_NS + 12 * H).iso,
+        "series": points_kept,
+        "series_day": points_kept,
     }
+    # b's hour left with its points; its day stays while its last hour (H0+37h) is kept.
+    assert await _index(fs_store, "series") == [(DATA_START_NS + 59 * H, 5)]
+    assert await _index(fs_store, "series_day") == [(DATA_START_NS + 14 * H, 20)]
     points = await read_table(fs_store, "points")
     assert points.num_rows == 5 and _hours(points, "ts") == {DATA_START_NS + 59 * H}
     rollup = await read_table(fs_store, "rollup_1m")
@@ -82,6 +100,7 @@ async def test_retention_drops_expired_hours_and_late_batches_are_excluded(
     third = await _run(spark, fs_store, 100)
     assert third.outcome == "committed" and third.version == 3 and third.batches == 0
     assert (await read_table(fs_store, "points")).num_rows == 0
+    assert await _index(fs_store, "series") == await _index(fs_store, "series_day") == []
     rollup = await read_table(fs_store, "rollup_1m")
     assert sum(rollup.column("count").to_pylist()) == 5
     report = await verify(fs_store)
