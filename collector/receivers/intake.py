@@ -57,7 +57,7 @@ class Decoded:
 
     ``rejected``: data points refused, by reason (OTLP reports them in
     ``partial_success``); ``dropped``: samples that are not measurements and are left
-    out on purpose (staleness markers, native histograms), by reason."""
+    out on purpose (native histograms, exemplars), by reason."""
 
     rows: PointRows = field(default_factory=PointRows)
     rejected: Counter[str] = field(default_factory=Counter)

@@ -24,7 +24,7 @@ match ``explicit_bounds``, and any row a frame could not carry (PROTOCOL §1: a 
 name the kind maps to over 256 bytes — every data point of that metric —, more than 64
 attributes on the data point, as sent, or more than 64 labels in all, a label key or
 value over its size). Data points flagged "no recorded value" are left out (counted as
-dropped), as staleness markers are. Integer values become float64 (exact up to 2^53).
+dropped). Integer values become float64 (exact up to 2^53).
 
 Work is bounded before it is done, whatever the request holds:
 

@@ -7,10 +7,12 @@ asks of a v1-only receiver.
 
 Mapping: each sample of each series is one point, in request order: metric = the
 ``__name__`` label, labels = the other labels, ts = the sample's milliseconds as ns,
-value as sent. Left out and counted (``dropped`` in the answer and
-``lm_collector_receiver_dropped_points``): staleness markers (the StaleNaN bit pattern
-Prometheus writes when a series disappears; not a measurement), native histogram
-samples (not stored by this receiver), exemplars. Metadata is ignored.
+value as sent, bit for bit: a staleness marker (the StaleNaN bit pattern Prometheus
+writes when a series disappears) is stored like any sample, so a PromQL engine reading
+it back (PROTOCOL §5: "staleness markers survive") ends the series where the sender's
+Prometheus does, not a lookback delta later. Left out and counted (``dropped`` in the
+answer and ``lm_collector_receiver_dropped_points``): native histogram samples (not
+stored by this receiver), exemplars. Metadata is ignored.
 
 One request is one frame (identity rule: `collector.receivers.frames`), accepted like
 any frame. Answers, per the remote_write spec (senders retry 5xx, and 429 only when
@@ -32,8 +34,6 @@ detail names the series and the problem.
 
 from __future__ import annotations
 
-import math
-import struct
 from typing import Any
 
 import cramjam
@@ -46,9 +46,6 @@ from .proto.wire_pb2 import WriteRequest
 
 PATH = "/api/v1/write"
 NAME = "remote_write"
-STALE_NAN_BITS = 0x7FF0000000000002
-_DOUBLE = struct.Struct("<d")
-_U64 = struct.Struct("<Q")
 _V2_PROTO = "io.prometheus.write.v2.Request"
 
 
@@ -126,10 +123,7 @@ def write_request_points(write: WriteRequest) -> Decoded:
         if problem is not None:
             raise WireError(f"series {index} ({_describe(metric, labels)}): {problem}")
         for sample in series.samples:
-            value = sample.value
-            if math.isnan(value) and _U64.unpack(_DOUBLE.pack(value))[0] == STALE_NAN_BITS:
-                decoded.dropped["stale_marker"] += 1
-                continue
+            value = sample.value  # a Python float: a staleness marker keeps its NaN bits
             ts_ns = sample.timestamp * 1_000_000
             if not TS_NS_MIN <= ts_ns <= TS_NS_MAX:
                 raise WireError(

@@ -36,7 +36,7 @@ class ReceiverMetrics:
         )
         self.dropped_points = Counter(
             "lm_collector_receiver_dropped_points",
-            "Samples left out on purpose (staleness markers, native histograms, exemplars, "
+            "Samples left out on purpose (native histograms, exemplars, "
             "no recorded value), by receiver and reason",
             ["receiver", "reason"],
             registry=registry,

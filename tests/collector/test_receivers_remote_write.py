@@ -312,23 +312,30 @@ async def test_bad_data_is_400_with_the_problem_and_stores_nothing(
     assert await accepted_batches(collector.memory) == []
 
 
-async def test_staleness_markers_and_native_histograms_are_left_out_and_counted(
+async def test_staleness_markers_are_stored_bit_for_bit_and_native_histograms_counted(
     collector: InProcessCollector, session: aiohttp.ClientSession
 ) -> None:
+    """A staleness marker is a sample (PROTOCOL §5: it survives, bit for bit, so a PromQL
+    engine ends the series where the sender did); native histograms are left out."""
     body = write_body(
         [([("__name__", "up")], [(1.0, MS0), (STALE_NAN, MS0 + 1), (float("nan"), MS0 + 2)])],
         histograms=2,
     )
     status, answer, _ = await post(session, collector.base_url, body)
-    assert status == 200 and answer["points"] == 2, answer
-    assert answer["dropped"] == {"stale_marker": 1, "native_histogram": 2}
+    assert status == 200 and answer["points"] == 3, answer
+    assert answer["dropped"] == {"native_histogram": 2}
     (batch,) = await accepted_batches(collector.memory)
-    assert [p["ts"] for p in batch.points] == [MS0 * 10**6, (MS0 + 2) * 10**6]
+    assert [p["ts"] for p in batch.points] == [MS0 * 10**6, (MS0 + 1) * 10**6, (MS0 + 2) * 10**6]
+    bits = [struct.unpack("<Q", struct.pack("<d", p["value"]))[0] for p in batch.points]
+    assert bits[1] == 0x7FF0000000000002  # the marker's own NaN, not an ordinary one
+    assert bits[2] != 0x7FF0000000000002 and batch.points[0]["value"] == 1.0
     async with aiohttp.ClientSession() as metrics_session:
         async with metrics_session.get(f"{collector.base_url}/metrics") as response:
             text = await response.text()
-    labels = 'reason="stale_marker",receiver="remote_write"'
-    assert metric_value(text, "lm_collector_receiver_dropped_points_total", labels) == 1.0
+    labels = 'reason="native_histogram",receiver="remote_write"'
+    assert metric_value(text, "lm_collector_receiver_dropped_points_total", labels) == 2.0
+    stale = 'reason="stale_marker",receiver="remote_write"'
+    assert metric_value(text, "lm_collector_receiver_dropped_points_total", stale) is None
     outcome = 'outcome="accepted",receiver="remote_write"'
     assert metric_value(text, "lm_collector_receiver_requests_total", outcome) == 1.0
 
