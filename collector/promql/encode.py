@@ -29,7 +29,15 @@ import crc32c
 import numpy as np
 import numpy.typing as npt
 
-from .pbwire import delimited, delimited_size, labels_bytes, varint, varint_matrix, varint_size
+from .pbwire import (
+    delimited,
+    delimited_size,
+    flatten_rows,
+    labels_bytes,
+    varint,
+    varint_matrix,
+    varint_size,
+)
 from .series_columns import SeriesColumns
 from .xor_chunks import XorChunks, encode_xor_chunks
 
@@ -94,8 +102,7 @@ def _samples_bytes(
         matrix[:, 11] = 0x10
         matrix[:, 12:] = ts_rows
         lengths = _SAMPLE_FIXED + ts_len
-        used = np.arange(matrix.shape[1])[None, :] < lengths[:, None]
-        blocks.append(matrix[used].tobytes())
+        blocks.append(flatten_rows(matrix, lengths))
         np.cumsum(lengths, out=at[b0 + 1 : b1 + 1])
         at[b0 + 1 : b1 + 1] += at[b0]
     return b"".join(blocks), at

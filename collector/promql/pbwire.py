@@ -37,20 +37,22 @@ def varint_lengths(values: U64) -> npt.NDArray[np.int64]:
 
 
 def varint_matrix(values: U64) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
-    """Each value's varint bytes as a row of a (n, 10) matrix (bytes past its length are
-    zero), with the lengths."""
+    """Each value's varint bytes as a row of a (n, width) matrix, width the longest
+    varint's length (bytes past a row's length are zero), with the lengths."""
     lengths = varint_lengths(values)
-    groups = (values[:, None] >> _SHIFTS[None, :]) & np.uint64(0x7F)
-    more = np.arange(MAX_VARINT_BYTES)[None, :] < (lengths[:, None] - 1)
-    used = np.arange(MAX_VARINT_BYTES)[None, :] < lengths[:, None]
-    rows = (groups | (more.astype(np.uint64) << np.uint64(7))) * used
-    return rows.astype(np.uint8), lengths
+    width = int(lengths.max(initial=1))
+    cols = np.arange(width)
+    groups = (values[:, None] >> _SHIFTS[None, :width]) & np.uint64(0x7F)
+    rows = groups.astype(np.uint8)
+    rows[cols[None, :] < (lengths[:, None] - 1)] |= 0x80
+    rows[cols[None, :] >= lengths[:, None]] = 0
+    return rows, lengths
 
 
 def varints(values: U64) -> bytes:
     """The varints of ``values``, concatenated."""
     rows, lengths = varint_matrix(values)
-    return rows[np.arange(MAX_VARINT_BYTES)[None, :] < lengths[:, None]].tobytes()
+    return flatten_rows(rows, lengths)
 
 
 def varint(value: int) -> bytes:
@@ -116,4 +118,6 @@ def fixed_row(rows: int, *byte_values: int) -> tuple[npt.NDArray[np.uint8], npt.
 
 def flatten_rows(matrix: npt.NDArray[np.uint8], lengths: npt.NDArray[np.int64]) -> bytes:
     """The rows' used bytes, back to back."""
+    if len(lengths) and int(lengths.min()) == matrix.shape[1]:
+        return matrix.tobytes()  # every row full: no mask (the common case)
     return matrix[np.arange(matrix.shape[1])[None, :] < lengths[:, None]].tobytes()

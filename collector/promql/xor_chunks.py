@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from .pbwire import bit_length, concat_rows, fixed_row, varint_matrix
+from .pbwire import MAX_VARINT_BYTES, bit_length, concat_rows, fixed_row, varint_matrix
 
 SAMPLES_PER_CHUNK = 120
 BATCH_SAMPLES = 1 << 18
@@ -146,30 +146,25 @@ def _encode_batch(ts: I64, bits: U64, starts: I64) -> tuple[npt.NDArray[np.uint8
     n_chunks = len(lengths)
     chunk = np.repeat(np.arange(n_chunks), lengths)
     pos = np.arange(m) - starts[chunk]
-    first = pos == 0
-    second = pos == 1
-    later = pos >= 2
-
-    val = np.zeros((m, 4), np.uint64)
-    nbits = np.zeros((m, 4), np.int64)
+    val = np.empty((m, 4), np.uint64)
+    nbits = np.empty((m, 4), np.int64)
 
     # timestamps: zig-zag varint of the first, uvarint delta of the second, dod after
     delta = np.zeros(m, np.int64)
     delta[1:] = ts[1:] - ts[:-1]
-    zigzag = (ts.view(np.uint64) << _U(1)) ^ (ts >> np.int64(63)).view(np.uint64)
-    head = np.where(first, zigzag, delta.view(np.uint64))
-    head_rows = first | second
-    _varint_fields(head[head_rows], val, nbits, np.flatnonzero(head_rows))
     dod = np.zeros(m, np.int64)
     dod[1:] = delta[1:] - delta[:-1]
-    _dod_fields(dod, later, val, nbits)
+    _dod_fields(dod, pos >= 2, val, nbits)
+    head_rows = np.flatnonzero(pos < 2)
+    head_ts = ts[head_rows]
+    zigzag = (head_ts.view(np.uint64) << _U(1)) ^ (head_ts >> np.int64(63)).view(np.uint64)
+    head = np.where(pos[head_rows] == 0, zigzag, delta[head_rows].view(np.uint64))
+    _varint_fields(head, val, nbits, head_rows)
 
     # values: raw 64 bits first, then XOR with the previous value of the chunk
-    val[first, 2] = bits[first]
-    nbits[first, 2] = 64
     xor = np.zeros(m, np.uint64)
     xor[1:] = bits[1:] ^ bits[:-1]
-    _value_fields(xor, ~first, chunk, pos, n_chunks, int(lengths.max(initial=0)), val, nbits)
+    _value_fields(xor, bits, chunk, pos, n_chunks, int(lengths.max(initial=0)), val, nbits)
 
     # chunk sizes, then each record's header (Chunk field tag and length, the times, type)
     field_bits = nbits.reshape(-1)
@@ -205,10 +200,9 @@ def _encode_batch(ts: I64, bits: U64, starts: I64) -> tuple[npt.NDArray[np.uint8
     data_at = record_at + header_len
 
     # bit offsets: the chunk's data start + 16 (count header) + bits before the field
-    before = np.cumsum(field_bits) - field_bits
-    field_chunk = np.repeat(chunk, 4)
-    chunk_first_field = before[starts[:-1] * 4]
-    position = data_at[field_chunk] * 8 + 16 + before - chunk_first_field[field_chunk]
+    position = np.cumsum(field_bits) - field_bits
+    chunk_base = data_at * 8 + 16 - position[starts[:-1] * 4]
+    position += np.repeat(chunk_base, lengths * 4)
     out = _pack(val.reshape(-1), field_bits, position, total)
 
     cols = np.arange(header.shape[1])[None, :]
@@ -222,7 +216,8 @@ def _encode_batch(ts: I64, bits: U64, starts: I64) -> tuple[npt.NDArray[np.uint8
 def _varint_fields(values: U64, val: U64, nbits: I64, rows: I64) -> None:
     """Fields 0 and 1 of ``rows``: the varint's first (up to) 8 bytes, then the rest."""
     matrix, lengths = varint_matrix(values)
-    m64 = matrix.astype(np.uint64)
+    m64 = np.zeros((len(values), MAX_VARINT_BYTES), np.uint64)
+    m64[:, : matrix.shape[1]] = matrix
     first_n = np.minimum(lengths, 8)
     hi = np.zeros(len(values), np.uint64)
     for k in range(8):
@@ -235,32 +230,32 @@ def _varint_fields(values: U64, val: U64, nbits: I64, rows: I64) -> None:
     nbits[rows, 1] = rest_n * 8
 
 
+# by bucket (0: dod == 0; 1, 2, 3: it fits 14, 17, 20 bits; 4: 64 bits)
+_DOD_PREFIX = np.array([0, 0b10, 0b110, 0b1110, 0b1111], np.uint64)
+_DOD_PREFIX_BITS = np.array([1, 2, 3, 4, 4], np.int64)
+_DOD_BODY_BITS = np.array([0, 14, 17, 20, 64], np.int64)
+_DOD_BODY_MASK = np.array(
+    [0, (1 << 14) - 1, (1 << 17) - 1, (1 << 20) - 1, (1 << 64) - 1], np.uint64
+)
+
+
 def _dod_fields(dod: I64, later: npt.NDArray[np.bool_], val: U64, nbits: I64) -> None:
-    """Fields 0 (bucket prefix) and 1 (the dod's bits) of the third sample on."""
-    prefix_val = np.full(len(dod), 0b1111, np.uint64)
-    prefix_len = np.full(len(dod), 4, np.int64)
-    body_len = np.full(len(dod), 64, np.int64)
-    for width, prefix, plen in ((20, 0b1110, 4), (17, 0b110, 3), (14, 0b10, 2)):
-        fits = (dod >= -((1 << (width - 1)) - 1)) & (dod <= 1 << (width - 1))
-        prefix_val[fits] = prefix
-        prefix_len[fits] = plen
-        body_len[fits] = width
-    zero = dod == 0
-    prefix_val[zero] = 0
-    prefix_len[zero] = 1
-    body_len[zero] = 0
-    mask = np.where(
-        body_len == 64, _U(0xFFFFFFFFFFFFFFFF), (_U(1) << body_len.astype(np.uint64)) - _U(1)
-    )
-    val[later, 0] = prefix_val[later]
-    nbits[later, 0] = prefix_len[later]
-    val[later, 1] = dod.view(np.uint64)[later] & mask[later]
-    nbits[later, 1] = body_len[later]
+    """Fields 0 (bucket prefix) and 1 (the dod's bits) of the third sample on; zero
+    elsewhere. A dod fits n bits when it is in [-(2^(n-1) - 1), 2^(n-1)]."""
+    bucket = (dod != 0).astype(np.int64)
+    for width in (14, 17, 20):
+        shifted = (dod + ((1 << (width - 1)) - 1)).view(np.uint64)  # wraps: never fits
+        bucket += shifted > _U((1 << width) - 1)
+    bucket *= later
+    val[:, 0] = _DOD_PREFIX[bucket]
+    nbits[:, 0] = _DOD_PREFIX_BITS[bucket] * later
+    val[:, 1] = dod.view(np.uint64) & _DOD_BODY_MASK[bucket]
+    nbits[:, 1] = _DOD_BODY_BITS[bucket]
 
 
 def _value_fields(
     xor: U64,
-    rows: npt.NDArray[np.bool_],
+    bits: U64,
     chunk: I64,
     pos: I64,
     n_chunks: int,
@@ -268,36 +263,39 @@ def _value_fields(
     val: U64,
     nbits: I64,
 ) -> None:
-    """Fields 2 (control bits) and 3 (meaningful bits) of every sample but a chunk's first."""
-    changed = rows & (xor != 0)
+    """Fields 2 and 3: a chunk's first value as 64 raw bits; after it, the XOR's control
+    bits and its meaningful bits."""
+    first = pos == 0
+    changed = (xor != 0) & ~first
     lead = np.minimum(64 - bit_length(xor), 31)
     lowest = xor & (~xor + _U(1))
     trail = np.bitwise_count(lowest - _U(1)).astype(np.int64)  # 64 for xor == 0, unused
-    # the window scan: by position inside the chunk, over all chunks at once
-    grid_lead = np.zeros((n_chunks, width), np.int64)
-    grid_trail = np.zeros((n_chunks, width), np.int64)
-    grid_changed = np.zeros((n_chunks, width), np.bool_)
-    grid_lead[chunk, pos] = lead
-    grid_trail[chunk, pos] = trail
-    grid_changed[chunk, pos] = changed
-    win_lead = np.zeros((n_chunks, width), np.int64)
-    win_trail = np.zeros((n_chunks, width), np.int64)
-    grid_new = np.zeros((n_chunks, width), np.bool_)
+    # the window scan: by position inside the chunk (rows), over all chunks at once
+    cell = pos * n_chunks + chunk
+    grid_lead = np.zeros((width, n_chunks), np.int64)
+    grid_trail = np.zeros((width, n_chunks), np.int64)
+    grid_changed = np.zeros((width, n_chunks), np.bool_)
+    grid_lead.reshape(-1)[cell] = lead  # views of the grids: rows are positions
+    grid_trail.reshape(-1)[cell] = trail
+    grid_changed.reshape(-1)[cell] = changed
+    win_lead = np.zeros((width, n_chunks), np.int64)
+    win_trail = np.zeros((width, n_chunks), np.int64)
+    grid_new = np.zeros((width, n_chunks), np.bool_)
     cur_lead = np.zeros(n_chunks, np.int64)
     cur_trail = np.zeros(n_chunks, np.int64)
     has = np.zeros(n_chunks, np.bool_)
     for j in range(1, width):
-        lj, tj, cj = grid_lead[:, j], grid_trail[:, j], grid_changed[:, j]
+        lj, tj, cj = grid_lead[j], grid_trail[j], grid_changed[j]
         new = cj & ~(has & (lj >= cur_lead) & (tj >= cur_trail))
-        cur_lead = np.where(new, lj, cur_lead)
-        cur_trail = np.where(new, tj, cur_trail)
+        np.copyto(cur_lead, lj, where=new)
+        np.copyto(cur_trail, tj, where=new)
         has |= new
-        win_lead[:, j] = cur_lead
-        win_trail[:, j] = cur_trail
-        grid_new[:, j] = new
-    w_lead = win_lead[chunk, pos]
-    w_trail = win_trail[chunk, pos]
-    new_window = grid_new[chunk, pos] & changed
+        win_lead[j] = cur_lead
+        win_trail[j] = cur_trail
+        grid_new[j] = new
+    w_lead = win_lead.reshape(-1)[cell]
+    w_trail = win_trail.reshape(-1)[cell]
+    new_window = grid_new.reshape(-1)[cell]
     sig = 64 - w_lead - w_trail
     control = np.where(
         new_window,
@@ -305,25 +303,25 @@ def _value_fields(
         _U(0b10),
     )
     control_len = np.where(new_window, 13, 2)
-    val[rows, 2] = np.where(changed, control, _U(0))[rows]
-    nbits[rows, 2] = np.where(changed, control_len, 1)[rows]
-    val[changed, 3] = (xor >> w_trail.astype(np.uint64))[changed]
-    nbits[changed, 3] = sig[changed]
+    val[:, 2] = np.where(first, bits, np.where(changed, control, _U(0)))
+    nbits[:, 2] = np.where(first, 64, np.where(changed, control_len, 1))
+    val[:, 3] = np.where(changed, xor >> (w_trail & 63).astype(np.uint64), _U(0))
+    nbits[:, 3] = np.where(changed, sig, 0)
 
 
 def _pack(val: U64, nbits: I64, position: I64, total_bytes: int) -> npt.NDArray[np.uint8]:
-    """Write each field's low ``nbits`` bits at its bit ``position`` (MSB first) into a
-    zeroed buffer of ``total_bytes``."""
-    keep = nbits > 0
-    val, nbits, position = val[keep], nbits[keep], position[keep]
+    """Write each field's low ``nbits`` bits (0 to 64; a field of 0 bits must hold 0) at
+    its bit ``position`` (MSB first, non-decreasing) into a zeroed buffer of
+    ``total_bytes``."""
     words = np.zeros(total_bytes // 8 + 2, np.uint64)
     if len(val):
-        aligned = val << (64 - nbits).astype(np.uint64)  # the field's bits at the top
+        # the field's bits at the top of a word (a 0-bit field is 0 whatever the shift)
+        aligned = val << ((64 - nbits) & 63).astype(np.uint64)
         word = position >> 6
-        offset = (position & 63).astype(np.uint64)
-        main = aligned >> offset
-        group = np.flatnonzero(np.diff(word, prepend=-1) != 0)
-        words[word[group]] += np.add.reduceat(main, group)
-        spill = (offset.astype(np.int64) + nbits) > 64
-        words[word[spill] + 1] |= aligned[spill] << (_U(64) - offset[spill])
+        offset = position & 63
+        main = aligned >> offset.astype(np.uint64)
+        group = np.flatnonzero(np.diff(word, prepend=-1))
+        words[word[group]] = np.add.reduceat(main, group)  # disjoint bits: sum is or
+        spill = np.flatnonzero(offset + nbits > 64)
+        words[word[spill] + 1] |= aligned[spill] << (64 - offset[spill]).astype(np.uint64)
     return words.astype(">u8").view(np.uint8)[:total_bytes].copy()
