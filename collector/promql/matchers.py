@@ -75,7 +75,7 @@ def compile_regex(pattern: str) -> Any:
     """``^(?:pattern)$`` compiled by RE2; `MatcherError` naming a refused pattern."""
     if len(pattern.encode("utf-8", "surrogatepass")) > MAX_PATTERN_BYTES:
         raise MatcherError(
-            f"regex {_short(pattern)} is longer than {MAX_PATTERN_BYTES} bytes",
+            f"regex {_short(pattern)} is longer than {MAX_PATTERN_BYTES} bytes (MAX_PATTERN_BYTES)",
             limit="MAX_PATTERN_BYTES",
         )
     try:

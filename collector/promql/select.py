@@ -251,11 +251,12 @@ def select_series(
     *,
     max_samples: int,
     check: Callable[[], None] = lambda: None,
+    work: ScanWork | None = None,
 ) -> Selection:
     """The samples of ``query`` (see the module doc). Blocking: run it on a thread.
     Raises `TooManySamples`, whatever ``check`` raises, and the store's read errors
-    (``OSError``)."""
-    work = ScanWork()
+    (``OSError``). ``work`` is filled as the read goes (also when it stops)."""
+    work = work if work is not None else ScanWork()
     if query.empty:
         return Selection(SeriesColumns.empty(), 0, 0, work)
     rows = _Rows(query.matchers, max_samples)

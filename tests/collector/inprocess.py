@@ -25,6 +25,7 @@ from collector.auth import Authenticator
 from collector.connections import GuardedTCPSite
 from collector.intake import HttpLimits
 from collector.metrics import CollectorMetrics
+from collector.promql.read_endpoint import ReadEndpoint
 from collector.readiness import Readiness
 from collector.spool import LocalSpool
 from config import Principal, ReceiverSettings, TokenTable, hash_token
@@ -70,9 +71,11 @@ async def in_process_collector(
     readiness_clock: Clock | None = None,
     receivers: ReceiverSettings | None = None,
     spool_dir: Path | None = None,
+    remote_read: ReadEndpoint | None = None,
 ) -> AsyncIterator[InProcessCollector]:
     """The app over a fresh memory store (``spool_dir``: in ``local_spool`` mode,
-    acknowledging from a `LocalSpool` there)."""
+    acknowledging from a `LocalSpool` there; ``remote_read``: serving ``POST
+    /api/v1/read`` with it)."""
     memory = MemoryStore()
     store = FaultyStore(memory, seed=1)
     clock = SystemClock()
@@ -99,6 +102,7 @@ async def in_process_collector(
         limits=limits,
         collector_id="inproc",
         receivers=receivers,
+        remote_read=remote_read,
         spool=(
             LocalSpool(
                 spool_dir, max_pending_bytes=1 << 30, retry_horizon_s=3600.0, max_landed=1000
