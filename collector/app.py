@@ -51,6 +51,7 @@ from .frame_checks import FrameChecker
 from .in_flight import InFlight
 from .intake import BatchIntake, CheckedFrame, HttpLimits, Refusal, error_response
 from .metrics import CollectorMetrics
+from .promql.read_endpoint import ReadEndpoint
 from .query.endpoint import QueryEndpoint
 from .readiness import Readiness
 from .receivers import add_receiver_routes
@@ -82,8 +83,13 @@ class CollectorApp:
         spool: LocalSpool | None = None,
         receivers: ReceiverSettings | None = None,
         query: QueryEndpoint | None = None,
+        remote_read: ReadEndpoint | None = None,
     ) -> None:
         self.query = query
+        # Prometheus remote read (PROTOCOL §5) over /v1/query's parts, unless given.
+        if remote_read is None and query is not None:
+            remote_read = ReadEndpoint.beside(query)
+        self.remote_read = remote_read
         self.acceptor = acceptor
         self.authenticator = authenticator
         self.store = store
@@ -125,6 +131,8 @@ class CollectorApp:
         app.router.add_get("/v1/conflicts", self.conflicts.get_conflicts)
         if self.query is not None:
             app.router.add_get("/v1/query", self.query.get_query)
+        if self.remote_read is not None:
+            app.router.add_post("/api/v1/read", self.remote_read.post_read)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.metrics_text)
