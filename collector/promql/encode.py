@@ -59,14 +59,16 @@ def samples_answer_bytes(sample_count: int, series_count: int = 0) -> int:
 
 def samples_query_result(columns: SeriesColumns) -> bytes:
     """The serialized ``prometheus.QueryResult`` of one query: one ``TimeSeries`` per
-    series of ``columns`` in their order, its labels in their order, its samples in time
-    order."""
+    series of ``columns`` in their order (a series without samples is left out, as
+    Prometheus leaves it out), its labels in their order, its samples in time order."""
     sample_bytes, sample_at = _samples_bytes(columns.timestamps_ms, columns.values)
     parts: list[bytes] = []
     for i, label_set in enumerate(columns.label_sets):
         labels = labels_bytes(label_set)
         start = int(columns.offsets[i])
         end = int(columns.offsets[i + 1])
+        if start == end:
+            continue  # a series without samples is not sent
         samples = sample_bytes[int(sample_at[start]) : int(sample_at[end])]
         size = len(labels) + len(samples)
         parts += (b"\x0a", varint(size), labels, samples)
@@ -119,7 +121,8 @@ class ChunkStream:
     label_bytes: tuple[bytes, ...]
     frame_sizes: npt.NDArray[np.int64]
     """Bytes of each series' whole frame (length prefix, CRC and message) for
-    ``query_index`` 0; a larger index adds at most 9 bytes (`QUERY_INDEX_SLACK`)."""
+    ``query_index`` 0 (0 for a series without samples: it has no frame); a larger index
+    adds at most 9 bytes (`QUERY_INDEX_SLACK`)."""
 
     @classmethod
     def of(cls, columns: SeriesColumns) -> ChunkStream:
@@ -128,14 +131,17 @@ class ChunkStream:
         records = chunks.series_records_bytes()
         sizes = np.zeros(len(label_bytes), np.int64)
         for i, labels in enumerate(label_bytes):
+            if chunks.series_chunks[i] == chunks.series_chunks[i + 1]:
+                continue  # no samples: no frame (size 0)
             message = delimited_size(len(labels) + int(records[i])) + 2  # + query_index 0
             sizes[i] = varint_size(message) + 4 + message
         return cls(columns=columns, chunks=chunks, label_bytes=label_bytes, frame_sizes=sizes)
 
     @property
     def largest_frame_bytes(self) -> int:
-        """The largest frame this stream sends for any query index (0 without series)."""
-        return int(self.frame_sizes.max(initial=-QUERY_INDEX_SLACK)) + QUERY_INDEX_SLACK
+        """The largest frame this stream sends for any query index (0 if it sends none)."""
+        largest = int(self.frame_sizes.max(initial=0))
+        return largest + QUERY_INDEX_SLACK if largest else 0
 
     @property
     def nbytes(self) -> int:
@@ -143,7 +149,7 @@ class ChunkStream:
         return int(self.chunks.records.nbytes)
 
     def frames(self, query_index: int, max_frame_bytes: int) -> Iterator[bytes]:
-        """One frame per series, in the columns' order: ``uvarint(len(message))``, the
+        """One frame per series with samples, in the columns' order: ``uvarint(len(message))``, the
         big-endian CRC32-Castagnoli of the message, then the message, a
         ``ChunkedReadResponse`` holding exactly one ``ChunkedSeries`` with all of the
         series' chunks and ``query_index``. Raises `FrameTooLarge` before yielding
@@ -155,11 +161,15 @@ class ChunkStream:
     def _frames(self, query_index: int) -> Iterator[bytes]:
         tail = b"\x10" + varint(query_index)
         for i, labels in enumerate(self.label_bytes):
+            if not self.frame_sizes[i]:
+                continue  # a series without samples is not sent
             records = self.chunks.series_records(i)
-            series = b"\x0a" + varint(len(labels) + len(records)) + labels + records
-            message = series + tail
-            checksum = crc32c.crc32c(message).to_bytes(4, "big")
-            yield varint(len(message)) + checksum + message
+            parts = (b"\x0a", varint(len(labels) + len(records)), labels, records, tail)
+            checksum = 0
+            for part in parts:  # the CRC over the parts: the frame is joined once
+                checksum = crc32c.crc32c(part, checksum)
+            size = sum(len(part) for part in parts)
+            yield b"".join((varint(size), checksum.to_bytes(4, "big"), *parts))
 
 
 QUERY_INDEX_SLACK = 9
@@ -181,7 +191,8 @@ class FrameTooLarge(ValueError):
 
 def check_frames(stream: ChunkStream, max_frame_bytes: int) -> None:
     """Raise `FrameTooLarge` for the first series whose frame could exceed the limit."""
-    over = np.flatnonzero(stream.frame_sizes + QUERY_INDEX_SLACK > max_frame_bytes)
+    sizes = stream.frame_sizes
+    over = np.flatnonzero((sizes > 0) & (sizes + QUERY_INDEX_SLACK > max_frame_bytes))
     if len(over):
         i = int(over[0])
         raise FrameTooLarge(

@@ -73,11 +73,11 @@ class XorChunks:
         """One chunk's XOR bytes (for tests and diagnostics)."""
         return self.records[self.data_offsets[chunk] : self.record_offsets[chunk + 1]].tobytes()
 
-    def series_records(self, series: int) -> bytes:
-        """The ``Chunk`` fields of one series, back to back."""
+    def series_records(self, series: int) -> memoryview:
+        """The ``Chunk`` fields of one series, back to back (a view, not a copy)."""
         start = self.record_offsets[self.series_chunks[series]]
         end = self.record_offsets[self.series_chunks[series + 1]]
-        return self.records[start:end].tobytes()
+        return self.records[start:end].data
 
     def series_records_bytes(self) -> I64:
         """Bytes of each series' ``Chunk`` fields."""

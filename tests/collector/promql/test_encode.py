@@ -91,10 +91,9 @@ def _bits(values: np.ndarray) -> list[int]:
 def test_samples_query_result_round_trips(series: list[tuple[list[int], list[int]]]) -> None:
     columns = _columns(series)
     result = read_pb2.QueryResult.FromString(samples_query_result(columns))
-    assert len(result.timeseries) == len(series)
-    for got, label_set, (ts, values) in zip(
-        result.timeseries, columns.label_sets, series, strict=True
-    ):
+    sent = [(label_set, s) for label_set, s in zip(columns.label_sets, series, strict=True) if s[0]]
+    assert len(result.timeseries) == len(sent)  # a series without samples is not sent
+    for got, (label_set, (ts, values)) in zip(result.timeseries, sent, strict=True):
         assert [(label.name, label.value) for label in got.labels] == list(label_set)
         assert [s.timestamp for s in got.samples] == ts
         assert _bits(np.array([s.value for s in got.samples], np.float64)) == values
@@ -208,3 +207,15 @@ def test_empty_answers() -> None:
     assert samples_query_result(empty) == b""
     assert list(chunked_frames(empty, 0, 100)) == []
     assert largest_frame_bytes(empty) == 0
+
+
+def test_a_series_without_samples_is_not_sent() -> None:
+    columns = _columns([([1, 2], [3, 4]), ([], []), ([5], [STALE_NAN])])
+    result = read_pb2.QueryResult.FromString(samples_query_result(columns))
+    assert [ts.labels[0].value for ts in result.timeseries] == ["m0", "m2"]
+    stream = ChunkStream.of(columns)
+    assert stream.frame_sizes[1] == 0
+    frames = read_frames(b"".join(stream.frames(0, stream.largest_frame_bytes)))
+    assert [f.chunked_series[0].labels[0].value for f in frames] == ["m0", "m2"]
+    only_empty = _columns([([], [])])
+    assert largest_frame_bytes(only_empty) == 0 and list(chunked_frames(only_empty, 0, 1)) == []
