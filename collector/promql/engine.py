@@ -169,6 +169,11 @@ class SupervisedEngine:
         return self._down_reason
 
     @property
+    def directory(self) -> Path | None:
+        """Where this engine's configuration, credentials and TSDB directories are."""
+        return self._dir
+
+    @property
     def pid(self) -> int | None:
         process = self._process
         return process.pid if process is not None and process.poll() is None else None

@@ -21,7 +21,35 @@ from config import Settings
 from ..auth import Authenticator
 from .engine import Engine, SupervisedEngine
 from .engine_sidecar import SidecarEngine, default_read_url
-from .forward import EngineReads, PromqlForward
+from .forward import EngineReadReport, EngineReads, PromqlForward
+from .read_outcomes import InternalPrincipals, ReadOutcomes
+
+
+class EngineReadsFromOutcomes:
+    """`EngineReads` over the remote read's record (`read_outcomes.ReadOutcomes`): the
+    outcomes of the engine principal's reads while a forwarded request ran. A watch that
+    outlived what the record kept counts as a failed read (assume the worst)."""
+
+    def __init__(self, outcomes: ReadOutcomes, principal: str) -> None:
+        self.outcomes = outcomes
+        self.principal = principal
+
+    def begin(self) -> int:
+        return self.outcomes.begin()
+
+    def report(self, mark: int) -> EngineReadReport:
+        try:
+            seen = self.outcomes.since(mark, self.principal)
+        finally:
+            self.outcomes.end(mark)
+        failed = [o.message for o in seen.of_kind("load")]
+        if not seen.complete:
+            failed.append("more reads of the engine failed or were refused than were kept")
+        return EngineReadReport(
+            refused_for_limit=tuple(o.message for o in seen.of_kind("limit")),
+            failed=tuple(failed),
+            gaps=tuple(o.message for o in seen.of_kind("partial")),
+        )
 
 
 @dataclass
@@ -33,6 +61,15 @@ class PromqlEngineParts:
         self.forward.add_routes(app)
         if self.engine is not None:
             app.on_cleanup.append(self._stop)
+
+    def attach_remote_read(
+        self, authenticator: Authenticator, internal: InternalPrincipals, outcomes: ReadOutcomes
+    ) -> None:
+        """Make the engine's read token one of the remote read's internal principals (its
+        own pool) and judge forwarded answers by that principal's read outcomes."""
+        name = authenticator.engine_read.principal.name
+        internal.add(name, authenticator.engine_read.token)
+        self.forward.reads = EngineReadsFromOutcomes(outcomes, name)
 
     async def listening(self, host: str, port: int) -> None:
         if self.engine is not None:

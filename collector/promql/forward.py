@@ -45,6 +45,7 @@ from ..auth import Authenticator
 from . import prom_json
 from .engine import Engine
 from .engine_answer import AnswerNotJson, answer_warnings, is_remote_read_failure, with_warnings
+from .engine_check import EngineEndpoint
 
 log = structlog.get_logger("collector.promql.forward")
 
@@ -77,7 +78,9 @@ class EngineReads(Protocol):
         """A mark: reads that end after it are reported by `report`."""
         ...
 
-    def report(self, mark: int) -> EngineReadReport: ...
+    def report(self, mark: int) -> EngineReadReport:
+        """What happened since `begin` returned ``mark``; ends that watch."""
+        ...
 
 
 def parse_timeout(value: str) -> float | None:
@@ -162,11 +165,25 @@ class PromqlForward:
             )
             return prom_json.error(503, reason, headers={"Retry-After": str(RETRY_AFTER_S)})
         mark = self.reads.begin() if self.reads is not None else 0
+        try:
+            outcome = await self._ask_engine(endpoint, request.path, params)
+        finally:  # always ends the watch `begin` opened
+            report = self.reads.report(mark) if self.reads is not None else EngineReadReport()
+        if isinstance(outcome, web.Response):
+            return outcome
+        status, content_type, body = outcome
+        if status != 200:
+            return web.Response(status=status, body=body, headers={"Content-Type": content_type})
+        return self._judge(body, report)
+
+    async def _ask_engine(
+        self, endpoint: EngineEndpoint, path: str, params: list[tuple[str, str]]
+    ) -> tuple[int, str, bytes] | web.Response:
         if self._session is None:
             self._session = aiohttp.ClientSession(auto_decompress=False)
         try:
             async with self._session.post(
-                endpoint.base_url + request.path,
+                endpoint.base_url + path,
                 data=params,
                 headers={"Authorization": endpoint.authorization, "Accept-Encoding": "identity"},
                 timeout=aiohttp.ClientTimeout(total=self._forward_timeout_s),
@@ -183,10 +200,7 @@ class PromqlForward:
                 f"the engine's answer is over {MAX_ANSWER_BYTES} bytes: narrow the query or "
                 "raise its step",
             )
-        report = self.reads.report(mark) if self.reads is not None else EngineReadReport()
-        if status != 200:
-            return web.Response(status=status, body=body, headers={"Content-Type": content_type})
-        return self._judge(body, report)
+        return status, content_type, body
 
     def _judge(self, body: bytes, report: EngineReadReport) -> web.Response:
         try:

@@ -1,0 +1,107 @@
+"""The supervised engine's end (PROTOCOL §5): it dies with the collector
+(``PR_SET_PDEATHSIG``, the collector killed by SIGKILL), and a clean stop ends it by PID
+and removes its private directory. The "collector" is `engine_child`, a real process."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from collector.promql.engine import BACKOFF_MAX_S, backoff_delay
+from tests.prometheus_binary import require_prometheus
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _alive(pid: int) -> bool:
+    """A zombie (dead, not yet reaped by whoever inherited it) counts as dead."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return fields[0] != "Z"
+
+
+def _start_child(binary: str) -> tuple[subprocess.Popen[str], dict[str, object]]:
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.collector.promql.engine_child", binary],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert child.stdout is not None
+    deadline = time.monotonic() + 30
+    try:
+        while time.monotonic() < deadline:  # its log lines, then the JSON line
+            left = max(0.0, deadline - time.monotonic())
+            ready, _, _ = select.select([child.stdout], [], [], left)
+            line = child.stdout.readline() if ready else ""
+            if line.startswith('{"engine_pid"'):
+                return child, json.loads(line)
+            if ready and not line:
+                break  # the child exited
+    except BaseException:
+        _end_child(child)
+        raise
+    _end_child(child)
+    pytest.fail("the engine child did not report a ready engine in 30 s")
+
+
+def _end_child(child: subprocess.Popen[str]) -> None:
+    os.kill(child.pid, signal.SIGTERM)  # a clean stop ends its engine too
+    try:
+        child.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    assert child.stdout is not None
+    child.stdout.close()
+
+
+def _wait_dead(pid: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while _alive(pid):
+        assert time.monotonic() < deadline, f"engine {pid} outlived its collector"
+        time.sleep(0.02)  # polling a process table entry, bounded by the deadline
+
+
+def test_engine_dies_with_a_killed_collector() -> None:
+    child, info = _start_child(require_prometheus())
+    with child:
+        engine_pid = int(str(info["engine_pid"]))
+        assert _alive(engine_pid)
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    _wait_dead(engine_pid, 10)
+
+
+def test_clean_stop_ends_the_engine_by_pid_and_removes_its_files() -> None:
+    child, info = _start_child(require_prometheus())
+    with child:
+        engine_pid = int(str(info["engine_pid"]))
+        directory = Path(str(info["dir"]))
+        assert (directory / "read-token").exists()
+        assert (directory / "web.yml").exists()
+        os.kill(child.pid, signal.SIGTERM)
+        assert child.wait(timeout=20) == 0
+    _wait_dead(engine_pid, 5)
+    assert not directory.exists()
+
+
+def test_backoff_is_bounded_and_jittered() -> None:
+    import random
+
+    rng = random.Random(7)
+    delays = [backoff_delay(n, rng) for n in range(12)]
+    assert 1.0 <= delays[0] <= 1.25 and 2.0 <= delays[1] <= 2.5
+    assert all(d <= BACKOFF_MAX_S for d in delays) and delays[-1] == pytest.approx(60, abs=0)
+    assert len({round(d, 6) for d in delays[:6]}) == 6
