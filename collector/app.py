@@ -51,6 +51,7 @@ from .frame_checks import FrameChecker
 from .in_flight import InFlight
 from .intake import BatchIntake, CheckedFrame, HttpLimits, Refusal, error_response
 from .metrics import CollectorMetrics
+from .promql.engine_setup import PromqlEngineParts, build_promql_engine
 from .promql.read_endpoint import ReadEndpoint
 from .query.endpoint import QueryEndpoint
 from .readiness import Readiness
@@ -84,12 +85,17 @@ class CollectorApp:
         receivers: ReceiverSettings | None = None,
         query: QueryEndpoint | None = None,
         remote_read: ReadEndpoint | None = None,
+        promql: PromqlEngineParts | None = None,
     ) -> None:
         self.query = query
         # Prometheus remote read (PROTOCOL §5) over /v1/query's parts, unless given.
         if remote_read is None and query is not None:
             remote_read = ReadEndpoint.beside(query)
         self.remote_read = remote_read
+        # PromQL forwarded to the engine of [query.promql] (503 without one), unless given.
+        if promql is None and query is not None:
+            promql = build_promql_engine(query.settings, authenticator=authenticator)
+        self.promql = promql
         self.acceptor = acceptor
         self.authenticator = authenticator
         self.store = store
@@ -133,6 +139,11 @@ class CollectorApp:
             app.router.add_get("/v1/query", self.query.get_query)
         if self.remote_read is not None:
             app.router.add_post("/api/v1/read", self.remote_read.post_read)
+        if self.promql is not None:  # /api/v1/query, query_range; the engine ends with the app
+            self.promql.add_routes(app)
+            if self.remote_read is not None:
+                read = self.remote_read
+                self.promql.attach_remote_read(self.authenticator, read.internal, read.outcomes)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.metrics_text)
@@ -142,6 +153,11 @@ class CollectorApp:
 
     async def _close(self, _app: web.Application) -> None:
         self.frame_checker.close()
+
+    async def listening(self, host: str, port: int) -> None:
+        """The server is bound: start the PromQL engine, which reads from this port."""
+        if self.promql is not None:
+            await self.promql.listening(host, port)
 
     # --- middleware -----------------------------------------------------------------------
 

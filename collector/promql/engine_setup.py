@@ -1,5 +1,5 @@
-"""The PromQL engine and the forward, assembled from ``[query.promql]``
-(`collector.server.Worker` through `collector.app.CollectorApp`).
+"""The PromQL engine and the forward, assembled from ``[query.promql]`` by
+`collector.app.CollectorApp` beside ``/v1/query`` (its `QuerySettings`).
 
 `PromqlEngineParts.add_routes` registers ``/api/v1/query`` and ``/api/v1/query_range``
 (503 without an engine) and ends the engine with the application (``on_cleanup``);
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from config import Settings
+from config.query_settings import QuerySettings
 
 from ..auth import Authenticator
 from .engine import Engine, SupervisedEngine
@@ -81,7 +82,7 @@ class PromqlEngineParts:
 
 
 def one_process_reason(settings: Settings) -> str | None:
-    """Why this configuration allows one collector process, or None."""
+    """Why this configuration allows one collector process (``--workers 1``), or None."""
     promql = settings.query.promql
     if promql.prometheus is None and promql.url is None:
         return None
@@ -92,20 +93,21 @@ def one_process_reason(settings: Settings) -> str | None:
 
 
 def build_promql_engine(
-    settings: Settings, *, authenticator: Authenticator, reads: EngineReads | None = None
+    settings: QuerySettings, *, authenticator: Authenticator, reads: EngineReads | None = None
 ) -> PromqlEngineParts:
-    promql = settings.query.promql
+    """The engine ``[query.promql]`` names (none: the forward answers 503) and the forward."""
+    promql = settings.promql
     engine: Engine | None = None
     if promql.prometheus is not None:
         engine = SupervisedEngine(
             binary=promql.prometheus,
             settings=promql,
-            max_concurrency=settings.query.max_concurrent_promql,
+            max_concurrency=settings.max_concurrent_promql,
             read_token=authenticator.engine_read,
         )
     elif promql.url is not None:
         engine = SidecarEngine(settings=promql, read_token=authenticator.engine_read)
     forward = PromqlForward(
-        authenticator=authenticator, settings=settings.query, engine=engine, reads=reads
+        authenticator=authenticator, settings=settings, engine=engine, reads=reads
     )
     return PromqlEngineParts(forward, engine)
