@@ -45,7 +45,8 @@ STREAMED = "STREAMED_XOR_CHUNKS"
 RESPONSE_TYPES = {0: SAMPLES, 1: STREAMED}
 MEDIA_TYPE = "application/x-protobuf"
 BODY_TIMEOUT_S = 30.0
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+FIRST_MS = -62_135_596_800_000 + 3_600_000  # 0001-01-01T01:00Z: an hour in, so hours convert
+LAST_MS = 253_402_300_799_999 - 3_600_000  # 9999-12-31T22:59:59.999Z
 
 
 class ReadRefused(Exception):
@@ -161,9 +162,9 @@ def _query(index: int, query: read_pb2.Query) -> ReadQuery:
         hints = query.hints
         if hints.start_ms or hints.end_ms:
             start, end = max(start, int(hints.start_ms)), min(end, int(hints.end_ms))
-    # ms → µs must fit int64 (the tables' unit): clamp to what any stored point can have.
-    low, high = INT64_MIN // 1000 + 1, INT64_MAX // 1000 - 1
-    return ReadQuery(max(start, low), min(end, high), matchers)
+    # Clamped to the times a stored point can have (timestamp[us] as a datetime: years
+    # 1 to 9999), so every bound converts: a range past them selects the same points.
+    return ReadQuery(max(start, FIRST_MS), min(end, LAST_MS), matchers)
 
 
 @dataclass(frozen=True, slots=True)

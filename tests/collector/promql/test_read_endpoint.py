@@ -70,6 +70,25 @@ async def test_samples_and_streamed_answers_equal_the_oracle(world: World) -> No
     assert world.endpoint.metrics.query_dropped_labels._value.get() >= 2
 
 
+async def test_extreme_ranges_select_everything_they_cover(world: World) -> None:
+    everything = [("RE", "__name__", ".+")]
+    async with serving(world) as (url, _probe):
+        status, _, payload = await post(
+            url,
+            body(
+                [
+                    query(everything, start_ms=-(2**63), end_ms=2**63 - 1),
+                    query(everything, hints=(-(2**63), 2**63 - 1)),
+                    query(everything, start_ms=2**63 - 1, end_ms=-(2**63)),
+                ]
+            ),
+        )
+    assert status == 200, payload
+    whole, hinted, empty = samples_answer(payload)
+    assert whole == oracle(ALL, everything, -(2**63), 2**63 - 1) and hinted == whole[:]
+    assert hinted == oracle(ALL, everything, START_MS, END_MS) and empty == []
+
+
 async def test_hints_narrow_and_queries_answer_in_order(world: World) -> None:
     everything = [("RE", "__name__", ".+")]
     narrow = (at(3) // 1_000_000, at(7) // 1_000_000)
