@@ -30,7 +30,6 @@ import numpy as np
 import numpy.typing as npt
 
 from .pbwire import (
-    delimited,
     delimited_size,
     flatten_rows,
     labels_bytes,
@@ -62,14 +61,15 @@ def samples_query_result(columns: SeriesColumns) -> bytes:
     series of ``columns`` in their order (a series without samples is left out, as
     Prometheus leaves it out), its labels in their order, its samples in time order."""
     sample_bytes, sample_at = _samples_bytes(columns.timestamps_ms, columns.values)
-    parts: list[bytes] = []
+    sample_view = memoryview(sample_bytes)  # slices of a view are not copies
+    parts: list[bytes | memoryview] = []
     for i, label_set in enumerate(columns.label_sets):
         labels = labels_bytes(label_set)
         start = int(columns.offsets[i])
         end = int(columns.offsets[i + 1])
         if start == end:
             continue  # a series without samples is not sent
-        samples = sample_bytes[int(sample_at[start]) : int(sample_at[end])]
+        samples = sample_view[int(sample_at[start]) : int(sample_at[end])]
         size = len(labels) + len(samples)
         parts += (b"\x0a", varint(size), labels, samples)
     return b"".join(parts)
@@ -78,8 +78,10 @@ def samples_query_result(columns: SeriesColumns) -> bytes:
 def read_response(query_results: Iterable[bytes]) -> bytes:
     """The snappy-compressed (block format) ``prometheus.ReadResponse`` holding the
     given `samples_query_result` answers in request order."""
-    body = b"".join(delimited(0x0A, result) for result in query_results)
-    return bytes(cramjam.snappy.compress_raw(body))
+    parts: list[bytes] = []
+    for result in query_results:
+        parts += (b"\x0a", varint(len(result)), result)
+    return bytes(cramjam.snappy.compress_raw(b"".join(parts)))
 
 
 def _samples_bytes(

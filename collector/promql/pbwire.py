@@ -38,14 +38,15 @@ def varint_lengths(values: U64) -> npt.NDArray[np.int64]:
 
 def varint_matrix(values: U64) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
     """Each value's varint bytes as a row of a (n, width) matrix, width the longest
-    varint's length (bytes past a row's length are zero), with the lengths."""
+    varint's length (bytes past a row's length are zero: the value has no more bits),
+    with the lengths."""
     lengths = varint_lengths(values)
     width = int(lengths.max(initial=1))
-    cols = np.arange(width)
-    groups = (values[:, None] >> _SHIFTS[None, :width]) & np.uint64(0x7F)
-    rows = groups.astype(np.uint8)
-    rows[cols[None, :] < (lengths[:, None] - 1)] |= 0x80
-    rows[cols[None, :] >= lengths[:, None]] = 0
+    rows = np.empty((len(values), width), np.uint8)
+    for k in range(width):  # one column per 7-bit group
+        rows[:, k] = (values >> _SHIFTS[k]) & np.uint64(0x7F)
+    more = np.arange(width)[None, :] < (lengths - 1)[:, None]
+    rows |= more.view(np.uint8) << 7
     return rows, lengths
 
 
