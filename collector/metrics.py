@@ -12,6 +12,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from store.time import StoreClock
+from store.timed import StoreLatency
 
 LATENCY_BUCKETS = (
     0.001,
@@ -112,6 +113,8 @@ class CollectorMetrics:
             "[store] max_clock_skew_s batches are answered 503 and /readyz fails",
             registry=r,
         )
+        self.store_latency = StoreLatency(r)
+        """``lm_store_request_seconds{op, result}`` (`store.timed`: every daemon's store)."""
         self.queries = Counter(
             "lm_collector_queries",
             "GET /v1/query answers by status (ok, or the HTTP status)",

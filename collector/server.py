@@ -32,6 +32,7 @@ from protocol.clock import SystemClock
 from store.base import ObjectStore
 from store.open import open_store_from_settings
 from store.time import store_clock
+from store.timed import TimedStore
 
 from .accept import BatchAcceptor
 from .app import CollectorApp
@@ -103,9 +104,10 @@ class Worker:
         s = self.settings
         clock = SystemClock()
         rng = random.Random()
-        self.store: ObjectStore = open_store_from_settings(s.store, clock=clock)
-        store_time = store_clock(self.store, clock)  # skew against the store (§3.8)
         self.metrics = CollectorMetrics()
+        opened = open_store_from_settings(s.store, clock=clock)
+        self.store: ObjectStore = TimedStore(opened, observe=self.metrics.store_latency.observe)
+        store_time = store_clock(self.store, clock)  # skew against the store (§3.8)
         self.metrics.watch_store_clock(store_time)
         self.index_log = IndexLogWriter(
             store=self.store,

@@ -59,6 +59,7 @@ from reconciler.audit.inventory import InventoryError, InventorySource, inventor
 from reconciler.audit.progress import AuditProgress
 from reconciler.daemon import PassReport, Reconciler, Stopped
 from reconciler.gc import GcRefused
+from reconciler.metrics import with_store_latency
 from reconciler.problems import ADVICE, list_problems
 from reconciler.retractions import RetractRefused, operator_name, retract
 from reconciler.status import gather_status
@@ -161,11 +162,13 @@ async def _leased_command(store: ObjectStore, settings: Settings, args: argparse
         return EXIT_USAGE
     _load_arrow_lazy_imports()
     progress = _Progress()
+    timed, metrics = with_store_latency(store, SystemClock())  # lm_store_request_seconds
     reconciler = Reconciler(
-        store=store,
+        store=timed,
         settings=settings,
         clock=SystemClock(),
         rng=random.Random(),
+        metrics=metrics,
         inventory=inventory,
         audit_progress=progress.update,
         # The daemon audits in a child process: a core and a GIL beside the steady pass.

@@ -1,34 +1,31 @@
 """The reconciler daemon: `Reconciler` with ``run()``, ``run_once()`` and ``stop(grace)``.
 
-One instance is active per acceptance authority: the holder of the lease at
-``RECONCILER_LEASE_KEY``. Others are standbys: they sleep until the holder's lease
-expires and try again, so a standby takes over within about one TTL of the active one
-dying. The active instance loops, every ``loop_interval_s``:
+The holder of the lease at ``RECONCILER_LEASE_KEY`` is the one active instance per acceptance
+authority; others are standbys: they sleep until the holder's lease expires and try again (a
+standby takes over within about one TTL). The active one loops, every ``loop_interval_s``:
 
 1. a steady pass over the index log (`reconciler.steady`);
 2. a full audit (`reconciler.audit.run`) when one is due: no audit of the index has completed
-   within ``max_audit_interval_s`` (so the first run ever always audits, and so does the
-   first run on a version-1 store: that audit is its migration), or one is still running
-   (it is resumed). `run` starts it beside the loop (`reconciler.audit.schedule`: in a
-   child process with ``audit_in_child``, as ``lm-reconciler run`` does), `run_once`
-   awaits it;
+   within ``max_audit_interval_s`` (so the first run ever always audits, and so does the first run
+   on a version-1 store: that audit is its migration), or one is still running (it is resumed).
+   `run` starts it beside the loop (`reconciler.audit.schedule`: in a child process with
+   ``audit_in_child``, as ``lm-reconciler run`` does), `run_once` awaits it;
 3. catalog compaction (`reconciler.compaction`) of the hours written to;
-4. every ``LOG_SWEEP_INTERVAL_S``, housekeeping, whether or not the GC is enabled: the
-   consumed log segments and the ``catalog-created`` entries no rule reads any more
-   (`reconciler.log_retention`);
+4. every ``LOG_SWEEP_INTERVAL_S``, housekeeping, GC enabled or not: the consumed log segments and
+   the ``catalog-created`` entries no rule reads any more (`reconciler.log_retention`);
 5. the GC (``reconciler.gc.run.run_gc``) when ``gc.enabled``, at most once per
-   ``max(loop_interval_s, gc.mark_grace_s)``; with the GC disabled, only its resolution
-   of stale ``deleting`` marks (which would otherwise keep collectors waiting).
+   ``max(loop_interval_s, gc.mark_grace_s)``; disabled, only its resolution of stale ``deleting``
+   marks (which would otherwise keep collectors waiting);
+6. in ``run()`` only, the rollup's progress gauges (`reconciler.rollup_progress`).
 
 While active, the lease is renewed in the background every third of its TTL
-(`Fence.start_renewing`), however long a stage runs without writing. Between passes it
-sleeps in slices of a third of the TTL, checking the fence after each. Losing the lease
-(`LeaseLost`) ends the active term at the next fence check and the instance becomes a
-standby again. In ``run()`` an error in one
-stage is logged and counted and the loop goes on; ``run_once()`` lets it propagate.
+(`Fence.start_renewing`), however long a stage runs without writing. Between passes it sleeps in
+slices of a third of the TTL, checking the fence after each. Losing the lease (`LeaseLost`) ends
+the active term at the next fence check and the instance becomes a standby again. In ``run()`` an
+error in one stage is logged and counted and the loop goes on; ``run_once()`` lets it propagate.
 
-`stop(grace_s)` stops intake: long stages finish the item in hand and return (an audit
-stays resumable), the lease is released, and after ``grace_s`` the loop is cancelled.
+`stop(grace_s)` stops intake: long stages finish the item in hand and return (an audit stays
+resumable), the lease is released, and after ``grace_s`` the loop is cancelled.
 """
 
 from __future__ import annotations
@@ -54,6 +51,7 @@ from reconciler.log_retention import sweep_log, trim_catalog_created
 from reconciler.metrics import ReconcilerMetrics
 from reconciler.pass_report import PassReport as PassReport
 from reconciler.pass_report import Stopped as Stopped
+from reconciler.rollup_progress import RollupProgress
 from reconciler.steady import OrphanSuspects, SteadyScanner
 from reconciler.v1_index import V1DropResult, drop_v1_index
 from store.base import ObjectStore
@@ -96,6 +94,7 @@ class Reconciler:
         self._rng = rng
         self.metrics = metrics or ReconcilerMetrics(clock=self._clock)
         self.metrics.watch_store_clock(self._clock)
+        self.rollup_progress = RollupProgress(self.metrics)
         self.owner = owner or default_owner_id()
         self._inventory = inventory
         self._audit_progress = audit_progress
@@ -143,6 +142,7 @@ class Reconciler:
                     while not self._stopping.is_set():
                         started = self._clock.monotonic()
                         await self._pass(ctx, scanner, isolate_errors=True, background_audit=True)
+                        await self.rollup_progress.refresh(ctx)  # never raises
                         interval = self._settings.reconciler.loop_interval_s
                         await self._idle(ctx, interval - (self._clock.monotonic() - started))
                 except LeaseLost as exc:

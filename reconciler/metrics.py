@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Info
 
+from index.audits import sealed_limit_ns
+from protocol import keys
 from protocol.clock import Clock, SystemClock
-from protocol.records import AuditRecord
-from store.time import StoreClock
+from protocol.records import AuditRecord, RawRetention
+from store.base import ObjectStore
+from store.time import StoreClock, store_clock
+from store.timed import StoreLatency, TimedStore
 
 
 class ReconcilerMetrics:
@@ -165,6 +169,41 @@ class ReconcilerMetrics:
             "ages and leases use store time regardless",
             registry=r,
         )
+        self.sealed_through = Gauge(
+            "lm_reconciler_sealed_through_timestamp_seconds",
+            "Start of the first accepted hour the newest completed listing audit does not "
+            "seal (PROTOCOL §3.7 sealed hours; read from the audit records at each pass)",
+            registry=r,
+        )
+        self.rollup_committed = Gauge(
+            "lm_reconciler_rollup_committed_timestamp_seconds",
+            "When the rollup's latest snapshot was committed (its created_at; "
+            "reconciler.rollup_progress)",
+            registry=r,
+        )
+        self.rollup_included_through = Gauge(
+            "lm_reconciler_rollup_included_through_timestamp_seconds",
+            "End of the newest accepted hour the rollup's latest snapshot includes (its ledger)",
+            registry=r,
+        )
+        self.rollup_version = Gauge(
+            "lm_reconciler_rollup_snapshot_version",
+            "The rollup's latest snapshot version",
+            registry=r,
+        )
+        self.raw_retired_before = Gauge(
+            "lm_reconciler_raw_retention_retired_before_timestamp_seconds",
+            "Raw retention's state: accepted hours before this are retired (their blobs are "
+            "the GC's to delete; 0: nothing retired)",
+            registry=r,
+        )
+        self.raw_retired_batches = Gauge(
+            "lm_reconciler_raw_retention_retired_batches",
+            "Batches raw retention has retired in all (its state in the store)",
+            registry=r,
+        )
+        self.store_latency = StoreLatency(r)
+        """``lm_store_request_seconds{op, result}`` (`store.timed`: every daemon's store)."""
         self.audit_info = Info(
             "lm_reconciler_audit", "The newest full audit's engine and source", registry=r
         )
@@ -209,6 +248,22 @@ class ReconcilerMetrics:
             self.audit_requests.labels(kind).set(count)
         self.audit_spilled.set(record.spilled_bytes)
 
+    def observe_completed_audit(self, record: AuditRecord, settle_margin_s: float) -> None:
+        """The newest completed audit of the index, as the schedule reads it each pass: the
+        audit's age (also after a restart) and, for a listing audit, the sealed hours."""
+        if record.completed_at_unix_ns is not None:
+            self.last_audit_completed.set(record.completed_at_unix_ns / 1e9)
+        if record.source == "listing":
+            limit = sealed_limit_ns(record.started_at_unix_ns, int(settle_margin_s * 1e9))
+            self.sealed_through.set(limit / 1e9)
+
+    def observe_raw_retention(self, state: RawRetention | None) -> None:
+        """Raw retention's state after a run (``None``: nothing retired yet)."""
+        if state is not None:
+            before = keys.UtcHour.parse_iso(state.retired_before).start_ns
+            self.raw_retired_before.set(before / 1e9)
+            self.raw_retired_batches.set(state.retired_batches)
+
     def record_gc(
         self, *, candidates: int = 0, marked: int = 0, vetoed: int = 0, deleted: int = 0
     ) -> None:
@@ -235,3 +290,11 @@ class ReconcilerMetrics:
         if self._checkpoint_updated_ns is None:
             return -1.0
         return max(0.0, (self._clock.now_ns() - self._checkpoint_updated_ns) / 1e9)
+
+
+def with_store_latency(store: ObjectStore, clock: Clock) -> tuple[ObjectStore, ReconcilerMetrics]:
+    """The daemon's metrics, and ``store`` with its requests timed into them
+    (``lm_store_request_seconds``, `store.timed`). The metrics read ``clock`` as store time
+    (`store.time.store_clock`), as `reconciler.daemon.Reconciler` does."""
+    metrics = ReconcilerMetrics(clock=store_clock(store, clock))
+    return TimedStore(store, observe=metrics.store_latency.observe), metrics

@@ -116,6 +116,8 @@ class AuditSchedule:
         if latest is None or latest.status == "running":
             return True  # the first audit ever (or of the index: a migration), or one to resume
         completed = await latest_completed_audit(ctx.store)
+        if completed is not None:  # the audit's age and the sealed hours, after restarts too
+            self._metrics.observe_completed_audit(completed, self._settings.settle_margin_s())
         if completed is None or completed.completed_at_unix_ns is None:
             return True
         interval_ns = int(self._settings.reconciler.max_audit_interval_s * 1e9)

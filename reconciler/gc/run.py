@@ -51,13 +51,15 @@ async def advance_raw_retention(ctx: ReconcilerContext, *, dry_run: bool) -> Non
         )
     try:
         audit = await latest_listing_audit(ctx.store)
-        await memory.raw_retention.run(
+        state = await memory.raw_retention.run(
             ctx.store,
             now_ns=store_clock(ctx.store, ctx.clock).now_ns(),
             audit_started_ns=audit.started_at_unix_ns if audit is not None else None,
             fence=ctx.check_fence,
             dry_run=dry_run,
         )
+        if not dry_run:  # a dry run's state is what would be written
+            ctx.metrics.observe_raw_retention(state)
     except (StoreError, records.RecordError, RollupManifestError, IndexFileError) as exc:
         log.warning("raw_retention_failed", error=str(exc))
 

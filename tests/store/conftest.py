@@ -29,6 +29,7 @@ from store.base import ObjectStore
 from store.fs import FileSystemStore
 from store.memory import MemoryStore
 from store.s3 import MIN_PART_BYTES, S3Store
+from store.timed import TimedStore
 from tests.s3_servers import RunningServer, fresh_bucket
 
 StoreFactory = Callable[[pytest.FixtureRequest], AbstractAsyncContextManager[ObjectStore]]
@@ -63,6 +64,14 @@ async def _fs_store(request: pytest.FixtureRequest) -> AsyncIterator[ObjectStore
         await store.close()
 
 
+@asynccontextmanager
+async def _timed_store(request: pytest.FixtureRequest) -> AsyncIterator[ObjectStore]:
+    """The daemons' latency wrapper (`store.timed`) must keep every promise of the store
+    (over the memory store: the contract's cost, not its coverage, grows with the disk)."""
+    async with _memory_store(request) as inner:
+        yield TimedStore(inner, observe=lambda _op, _result, _seconds: None)
+
+
 def _s3_store(server_fixture: str) -> StoreFactory:
     """A store under a prefix in a fresh bucket on the session's server of that kind."""
 
@@ -88,6 +97,7 @@ def _s3_store(server_fixture: str) -> StoreFactory:
 STORE_BACKENDS: dict[str, Backend] = {
     "memory": Backend(_memory_store),
     "fs": Backend(_fs_store),
+    "timed": Backend(_timed_store),
     "ministack": Backend(_s3_store("ministack_server"), marks=(pytest.mark.s3,)),
     # moto checks conditions then writes without a lock: no race tests there.
     "moto": Backend(_s3_store("moto_server"), atomic_conditions=False, marks=(pytest.mark.s3,)),
