@@ -320,7 +320,7 @@ def _pack(val: U64, nbits: I64, position: I64, total_bytes: int) -> npt.NDArray[
         word = position >> 6
         offset = position & 63
         main = aligned >> offset.astype(np.uint64)
-        group = np.flatnonzero(np.diff(word, prepend=-1))
+        group = np.concatenate(([0], np.flatnonzero(word[1:] != word[:-1]) + 1))
         words[word[group]] = np.add.reduceat(main, group)  # disjoint bits: sum is or
         spill = np.flatnonzero(offset + nbits > 64)
         words[word[spill] + 1] |= aligned[spill] << (64 - offset[spill]).astype(np.uint64)
