@@ -22,7 +22,8 @@ from .conflicts_api import DEFAULT_CONFLICTS_LIMIT, ConflictQuery, read_conflict
 from .probe import ProbeFailed, probe_conditional_writes
 from .promql.config_cli import add_promql_config_command, run_promql_config
 from .query.cli import add_query_command, run_query
-from .server import StartupError, serve
+from .server import serve
+from .startup_checks import StartupError
 
 
 def build_parser() -> argparse.ArgumentParser:

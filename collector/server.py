@@ -47,38 +47,11 @@ from .readiness import Readiness
 from .spool import LocalSpool
 from .spool_landed import LandedMemoryError
 from .spool_lander import SpoolLander
+from .startup_checks import StartupError as StartupError  # re-exported: callers import it here
+from .startup_checks import check_startup as check_startup
 
 log = structlog.get_logger("collector.server")
 READ_BUFSIZE = 8 * 1024
-
-
-class StartupError(Exception):
-    """The collector must not start; the message says why and what to change."""
-
-
-def check_startup(settings: Settings, workers: int) -> None:
-    """Refuse configurations that would be unsafe, before binding anything."""
-    if workers < 1:
-        raise StartupError(f"--workers must be >= 1, got {workers}")
-    if settings.auth.tokens_file is None and not settings.http.binds_loopback_only:
-        raise StartupError(
-            f"http.host {settings.http.host!r} is not a loopback address and no auth.tokens_file "
-            "is configured: refusing to accept unauthenticated batches from the network. "
-            "Configure auth.tokens_file, or bind 127.0.0.1."
-        )
-    if settings.auth.tokens_file is not None:
-        load_tokens(settings.auth.tokens_file)  # a bad tokens file stops start-up here, exit 2
-    if settings.query.designated and workers > 1:
-        raise StartupError(
-            f"query.designated = true allows one collector process, got --workers {workers}: "
-            "the live query window is per process (run the designated query collector "
-            "with --workers 1, or on its own host)"
-        )
-    if settings.ingest.acceptance == "local_spool" and workers > 1:
-        raise StartupError(
-            f"ingest.acceptance = 'local_spool' allows one collector process, got --workers {workers}: "
-            "each process would decide acceptance from its own spool (PROTOCOL §3.4)"
-        )
 
 
 async def run_probe(settings: Settings) -> None:
@@ -228,6 +201,7 @@ class Worker:
         )
         await site.start()
         port = _bound_port(runner)
+        await self.app.listening(s.http.host, port)  # the PromQL engine reads from this port
         metrics_runner = (
             await _start_metrics_site(self.app, s.metrics.host, metrics_port)
             if metrics_port

@@ -103,3 +103,14 @@ def test_promql_config_command_writes_a_sidecar_config(
     monkeypatch.delenv("LM_QUERY__PROMQL__CREDENTIALS_DIR")
     assert main(["promql-config"]) == 2
     assert "--dir" in capsys.readouterr().err
+
+
+def test_an_engine_allows_one_collector_process(tmp_path: Path) -> None:
+    from collector.startup_checks import StartupError, check_startup
+    from config import Settings
+
+    engine = Settings(query={"promql": {"prometheus": str(tmp_path / "prometheus")}})
+    with pytest.raises(StartupError, match=r"--workers 1.*got --workers 2"):
+        check_startup(engine, workers=2)
+    check_startup(engine, workers=1)
+    check_startup(Settings(), workers=2)
