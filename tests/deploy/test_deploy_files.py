@@ -367,7 +367,8 @@ def test_units_are_hardened_and_stop_with_sigterm(path: Path) -> None:
     }.items():
         assert unit.value("Service", key) == value, f"{path.name}: {key}"
     assert int(unit.value("Service", "LimitNOFILE")) >= 65536
-    if path.name != "lightmetrics-agent.service":  # the scrape agent never talks to the store
+    # Scrape agents (lm-agent scrape) never talk to the store: they need no AWS settings.
+    if " scrape " not in unit.value("Service", "ExecStart"):
         assert "-/etc/lightmetrics/aws.env" in unit.values("Service", "EnvironmentFile")
     if unit.value("Service", "Type") != "oneshot":
         assert unit.value("Service", "Restart") == "on-failure"
