@@ -52,6 +52,7 @@ from .in_flight import InFlight
 from .intake import BatchIntake, CheckedFrame, HttpLimits, Refusal, error_response
 from .metrics import CollectorMetrics
 from .promql.engine_setup import PromqlEngineParts, build_promql_engine
+from .promql.names import NamesEndpoint
 from .promql.read_endpoint import ReadEndpoint
 from .query.endpoint import QueryEndpoint
 from .readiness import Readiness
@@ -96,6 +97,8 @@ class CollectorApp:
         if promql is None and query is not None:
             promql = build_promql_engine(query.settings, authenticator=authenticator)
         self.promql = promql
+        # Names (labels, label values, series) from the series index and the window, §5.
+        self.names = None if query is None else NamesEndpoint.beside(query, self._buildinfo)
         self.acceptor = acceptor
         self.authenticator = authenticator
         self.store = store
@@ -139,6 +142,8 @@ class CollectorApp:
             app.router.add_get("/v1/query", self.query.get_query)
         if self.remote_read is not None:
             app.router.add_post("/api/v1/read", self.remote_read.post_read)
+        if self.names is not None:
+            self.names.add_routes(app)
         if self.promql is not None:  # /api/v1/query, query_range; the engine ends with the app
             self.promql.add_routes(app)
             if self.remote_read is not None:
@@ -350,6 +355,12 @@ class CollectorApp:
             "manifest_key": manifest.manifest_key,
             "collector_id": self.collector_id,
         }
+
+    async def _buildinfo(self) -> dict[str, Any] | None:
+        """The engine's ``buildinfo`` (Grafana picks features by it), None while it is down."""
+        engine = self.promql.engine if self.promql is not None else None
+        endpoint = engine.current() if engine is not None else None
+        return endpoint.buildinfo if endpoint is not None else None
 
     # --- health, readiness, metrics --------------------------------------------------------
 
