@@ -28,7 +28,7 @@ from collector.promql.proto import read_pb2
 from collector.promql.series_columns import SeriesColumns
 from collector.promql.xor_chunks import SAMPLES_PER_CHUNK, encode_xor_chunks
 
-from .xor_decode import decode_xor, read_frames, series_samples
+from .xor_decode import decode_xor, decode_xor_many, read_frames, series_samples
 
 STALE_NAN = 0x7FF0000000000002
 SPECIAL_BITS = [
@@ -64,29 +64,42 @@ def _columns(series: list[tuple[list[int], list[int]]]) -> SeriesColumns:
 
 @st.composite
 def _series(draw: st.DrawFn) -> tuple[list[int], list[int]]:
+    """One series: hypothesis picks the shape (length, start, which kinds of steps and
+    values are mixed in, a seed); numpy makes the samples (fast, so examples are many)."""
     n = draw(st.integers(0, 250))
     start = draw(st.integers(-(1 << 50), 1 << 50))
-    step = st.one_of(
-        st.integers(1, 30),
-        st.sampled_from([15_000, 15_001, 14_999]),
-        st.integers(1, 1 << 40),
+    step_kinds = draw(st.sets(st.sampled_from(["tiny", "regular", "huge"]), min_size=1))
+    value_kinds = draw(
+        st.sets(st.sampled_from(["special", "bits", "decimal", "repeat"]), min_size=1)
     )
-    deltas = draw(st.lists(step, min_size=n, max_size=n))
-    ts = list(np.cumsum([start, *deltas])[1:])
-    value = st.one_of(
-        st.sampled_from(SPECIAL_BITS),
-        st.integers(0, (1 << 64) - 1),
-        st.floats(-1e6, 1e6).map(lambda f: int(np.float64(round(f, 1)).view(np.uint64))),
-    )
-    values = draw(st.lists(value, min_size=n, max_size=n))
-    return [int(t) for t in ts], values
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    steps = {
+        "tiny": rng.integers(1, 31, n),
+        "regular": rng.choice([15_000, 15_001, 14_999], n),
+        "huge": rng.integers(1, 1 << 40, n),
+    }
+    kind = rng.choice(sorted(step_kinds), n)
+    deltas = np.select([kind == k for k in steps], list(steps.values()), 1)
+    ts = start + np.cumsum(deltas)
+    values = {
+        "special": rng.choice(np.array(SPECIAL_BITS, np.uint64), n),
+        "bits": rng.integers(0, 1 << 64, n, dtype=np.uint64),
+        "decimal": np.round(rng.uniform(-1e6, 1e6, n), 1).view(np.uint64),
+    }
+    which = rng.choice(sorted(value_kinds), n)
+    bits = np.zeros(n, np.uint64)
+    for k, column in values.items():
+        bits = np.where(which == k, column, bits)
+    for i in np.flatnonzero(which == "repeat"):  # the value before (one in a few)
+        bits[i] = bits[i - 1] if i else bits[i]
+    return [int(t) for t in ts], [int(b) for b in bits]
 
 
 def _bits(values: np.ndarray) -> list[int]:
     return [int(b) for b in np.asarray(values, np.float64).view(np.uint64)]
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(_series(), max_size=5))
 def test_samples_query_result_round_trips(series: list[tuple[list[int], list[int]]]) -> None:
     columns = _columns(series)
@@ -99,7 +112,7 @@ def test_samples_query_result_round_trips(series: list[tuple[list[int], list[int
         assert _bits(np.array([s.value for s in got.samples], np.float64)) == values
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(_series(), max_size=5))
 def test_xor_chunks_decode_to_the_input(series: list[tuple[list[int], list[int]]]) -> None:
     columns = _columns(series)
@@ -117,6 +130,10 @@ def test_xor_chunks_decode_to_the_input(series: list[tuple[list[int], list[int]]
             previous_max = samples[-1][0]
             decoded += samples
         assert decoded == list(zip(ts, values, strict=True))
+    # the vectorised decoder the large tests use reads every chunk as the plain one does
+    datas = [chunks.chunk_data(c) for c in range(chunks.chunk_count)]
+    for data, (ts_many, bits_many) in zip(datas, decode_xor_many(datas), strict=True):
+        assert list(zip(ts_many.tolist(), bits_many.tolist(), strict=True)) == decode_xor(data)
 
 
 def test_delta_of_delta_bucket_edges_and_extremes() -> None:
