@@ -1,7 +1,7 @@
 """The generated fleet of the differential test (issue 32): deterministic, seeded, at fixed
 times (never today's date), small enough for CI.
 
-Two hours at 15 s from `T0_MS` (2026-11-21T10:00:00Z), 49 series, 22,694 samples:
+Two hours at 15 s from `T0_MS` (2025-11-21T10:00:00Z), 49 series, 22,694 samples:
 
 - ``http_requests_total{instance,method,code}``: 12 counters, some with resets;
 - ``cpu_usage_ratio{instance,mode}`` and ``node_memory_bytes{instance,dc}``: 8 gauges;
@@ -37,7 +37,7 @@ import numpy as np
 
 from protocol.prom_names import present_labels
 
-T0_MS = 1_763_719_200_000  # 2026-11-21T10:00:00Z
+T0_MS = 1_763_719_200_000  # 2025-11-21T10:00:00Z
 STEP_MS = 15_000
 STEPS = 481  # 10:00:00 through 12:00:00 inclusive: two hours
 END_MS = T0_MS + (STEPS - 1) * STEP_MS
