@@ -106,9 +106,14 @@ def encode_xor_chunks(
 ) -> XorChunks:
     """All chunks of the series ``offsets`` delimits (as in `SeriesColumns`); timestamps
     must strictly increase within each series."""
-    starts, series_chunks = chunk_starts(np.asarray(offsets, np.int64))
+    offsets = np.asarray(offsets, np.int64)
+    starts, series_chunks = chunk_starts(offsets)
     bits = np.ascontiguousarray(values, np.float64).view(np.uint64)
     ts = np.ascontiguousarray(timestamps_ms, np.int64)
+    within = np.ones(len(ts), np.bool_)  # sample i follows sample i - 1 in its series
+    within[offsets[:-1][offsets[:-1] < len(ts)]] = False
+    if len(ts) and bool((ts[1:] <= ts[:-1])[within[1:]].any()):
+        raise ValueError("timestamps must strictly increase within a series")
     n_chunks = len(starts) - 1
     records: list[npt.NDArray[np.uint8]] = []
     record_sizes = np.zeros(n_chunks, np.int64)

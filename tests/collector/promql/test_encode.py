@@ -236,3 +236,9 @@ def test_a_series_without_samples_is_not_sent() -> None:
     assert [f.chunked_series[0].labels[0].value for f in frames] == ["m0", "m2"]
     only_empty = _columns([([], [])])
     assert largest_frame_bytes(only_empty) == 0 and list(chunked_frames(only_empty, 0, 1)) == []
+
+
+def test_chunks_refuse_timestamps_that_do_not_increase() -> None:
+    with pytest.raises(ValueError, match="strictly increase"):
+        ChunkStream.of(_columns([([1, 2], [0, 0]), ([5, 5], [1, 2])]))
+    ChunkStream.of(_columns([([1, 9], [0, 0]), ([], []), ([5, 6], [1, 2])]))  # across series: fine
