@@ -89,7 +89,7 @@ class _FrameTask:
         self._buffered_rows = 0
         self._partials: list[pa.Table] = []
         self._infos: list[pa.Table] = []
-        self._files: dict[int, _PointsFile] = {}
+        self._files: dict[int, PointsFile] = {}
         self._records: list[dict[str, Any]] = []
         self._series_counts: list[pa.Table] = []
 
@@ -145,7 +145,7 @@ class _FrameTask:
         self._infos.append(aggregate.series_info(chunk))
         for hour, parts in self._by_hour.items():
             if hour not in self._files:
-                self._files[hour] = _PointsFile(self._options, utc_hour(hour))
+                self._files[hour] = PointsFile(self._options, utc_hour(hour))
             rows = pa.concat_tables(parts)
             self._files[hour].write(rows)
             self._series_counts.append(series_rows.hour_counts(rows))
@@ -167,7 +167,7 @@ class _FrameTask:
         return pa.concat_tables(parts)
 
 
-class _PointsFile:
+class PointsFile:
     """One ``points`` Parquet file of a task and hour, written as chunks arrive."""
 
     def __init__(self, options: WriteOptions, hour: keys.UtcHour) -> None:

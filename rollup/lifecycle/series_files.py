@@ -138,10 +138,15 @@ def recompute_hours(
     replaced = set(result.removed)
     for day in sorted({day_hour(h) for h in wanted} & written):
         result.removed += [f.path for f in snapshot.data_files("series_day") if f.partition == day]
+        # The day's series files as the commit leaves them (a compaction in the same
+        # commit may have merged other hours' files: ``added``).
         files = [
             f
-            for f in [*snapshot.data_files("series"), *new_series]
-            if day_hour(f.partition) == day and f.path not in replaced and f.path not in gone
+            for f in [*snapshot.data_files("series"), *added, *new_series]
+            if f.table == "series"
+            and day_hour(f.partition) == day
+            and f.path not in replaced
+            and f.path not in gone
         ]
         result.added += _write_day(files, day, access, version, compression)
     return result

@@ -24,6 +24,7 @@ import pytest
 
 from config.settings import RollupSettings
 from protocol import keys
+from protocol.clock import Clock
 from protocol.frame import decode_frame
 from protocol.frame_encode import encode_frame, points_table
 from protocol.records import AcceptedManifest
@@ -85,6 +86,7 @@ async def run(
     *,
     hooks: RunHooks | None = None,
     owner: OwnerLease | None = None,
+    clock: Clock | None = None,
     **overrides: Any,
 ) -> RunSummary:
     return await run_rollup(
@@ -94,6 +96,7 @@ async def run(
         settings=settings(**overrides),
         owner=owner,
         hooks=hooks,
+        clock=clock,
     )
 
 
@@ -257,3 +260,43 @@ def assert_rollup_equal(
 
 def _us(value: Any) -> int:
     return int(pa.scalar(value, pa.timestamp("us", tz="UTC")).cast(pa.int64()).as_py())
+
+
+# --- the series index ---------------------------------------------------------------------
+
+SeriesCounts = dict[tuple[int, str], tuple[int, int, int]]
+"""Per (hour or day start µs, series): ``(count, first_ts µs, last_ts µs)``."""
+
+
+async def index_rows(store: ObjectStore, table: str) -> SeriesCounts:
+    """A ``series``/``series_day`` table's rows combined as readers combine them (counts
+    add, first/last widen), by plain Python over its rows."""
+    rows = await read_table(store, table)
+    time_column = "hour_start" if table == "series" else "day_start"
+    result: SeriesCounts = {}
+    for row in rows.to_pylist():
+        key = (_us(row[time_column]), row["series"])
+        count, first, last = result.get(key, (0, 2**63 - 1, -(2**63)))
+        result[key] = (
+            count + row["count"],
+            min(first, _us(row["first_ts"])),
+            max(last, _us(row["last_ts"])),
+        )
+    return result
+
+
+async def expected_index(store: ObjectStore, *, by_day: bool = False) -> SeriesCounts:
+    """What the series index must hold: the committed ``points`` rows per (hour or day,
+    series), counted by plain Python."""
+    rows = await read_table(store, "points")
+    span = (86400 if by_day else 3600) * 1_000_000
+    result: SeriesCounts = {}
+    for ts, series in zip(
+        rows.column("ts").cast(pa.int64()).to_pylist(),
+        rows.column("series").to_pylist(),
+        strict=True,
+    ):
+        key = (ts // span * span, series)
+        count, first, last = result.get(key, (0, ts, ts))
+        result[key] = (count + 1, min(first, ts), max(last, ts))
+    return result

@@ -46,7 +46,9 @@ from tests.rollup.conftest import (
     accept,
     assert_rollup_equal,
     committed_rollup,
+    expected_index,
     expected_rollup,
+    index_rows,
     make_frame,
     read_table,
     run,
@@ -115,8 +117,11 @@ async def test_a_retracted_phantom_leaves_the_tables_and_comes_back_once_really_
     await fs_store.put(phantom.manifest.raw_blob_key, phantom.frame)  # no manifest created
     await catalog_manifests(fs_store, [phantom.manifest])
 
-    first = await run(spark, fs_store)
+    # Store time two days on: the data's day has settled, so its series_day is written.
+    clock = ManualClock(DATA_START_NS + 48 * H)
+    first = await run(spark, fs_store, clock=clock)
     assert first.batches == 3 and first.points == 15
+    assert await index_rows(fs_store, "series_day") == await expected_index(fs_store, by_day=True)
     latest = await load_latest(fs_store)
     assert latest is not None
     ledger = await read_ledger(fs_store, latest.snapshot)
@@ -125,15 +130,19 @@ async def test_a_retracted_phantom_leaves_the_tables_and_comes_back_once_really_
     assert_rollup_equal(await committed_rollup(fs_store), expected_rollup([*real, phantom]))
 
     await retract(fs_store, phantom.manifest)
-    second = await run(spark, fs_store)
+    second = await run(spark, fs_store, clock=clock)
 
     assert [r["batches"] for r in second.retracted] == [[phantom.manifest_id]]
     assert second.retracted[0]["points_removed"] == 5
     assert await points_of(fs_store) == [("agent-a", s) for s in (*range(5), *range(10, 15))]
     assert_rollup_equal(await committed_rollup(fs_store), expected_rollup(real))
+    # The hour's series rows recomputed from the points left, and the day rewritten.
+    assert await index_rows(fs_store, "series") == await expected_index(fs_store)
+    assert await index_rows(fs_store, "series_day") == await expected_index(fs_store, by_day=True)
     latest = await load_latest(fs_store)
     assert latest is not None
     snapshot = latest.snapshot
+    assert len(snapshot.data_files("series")) == len(snapshot.data_files("series_day")) == 1
     assert [b.manifest_id for b in snapshot.ledger_retracted] == [phantom.manifest_id]
     assert snapshot.ledger_hours[HOUR.iso].batches == 2
     assert snapshot.retracted_hours[HOUR.iso].batches == 1
@@ -142,15 +151,18 @@ async def test_a_retracted_phantom_leaves_the_tables_and_comes_back_once_really_
     report = await verify(fs_store)
     assert report.ok, [h.describe() for h in report.hours]
     assert await work_markers(fs_store) == []
-    assert (await run(spark, fs_store)).outcome == "up-to-date"  # nothing moves again
+    assert (await run(spark, fs_store, clock=clock)).outcome == "up-to-date"  # nothing moves
 
     # (e) The store really returns the record now: a row written after the retracted one.
     await fs_store.put(phantom.manifest.manifest_key, phantom.manifest.to_json())
     await catalog_manifests(fs_store, [phantom.manifest], epoch=3)
-    third = await run(spark, fs_store)
+    third = await run(spark, fs_store, clock=clock)
 
     assert third.batches == 1 and third.points == 5
     assert await points_of(fs_store) == [("agent-a", s) for s in range(15)]
+    # Late into a written day: a new series file and a new series_day file, combined.
+    assert await index_rows(fs_store, "series") == await expected_index(fs_store)
+    assert await index_rows(fs_store, "series_day") == await expected_index(fs_store, by_day=True)
     assert_rollup_equal(await committed_rollup(fs_store), expected_rollup([*real, phantom]))
     latest = await load_latest(fs_store)
     assert latest is not None
