@@ -60,7 +60,7 @@ from ..query.window import LiveWindow, missing_dropped
 from . import encode, prom_json
 from .read_outcomes import ByteBudget, InternalPrincipals, ReadOutcomes
 from .read_request import SAMPLES, ParsedRead, ReadRefused, parse_body, read_body
-from .select import ReadQuery, Selection, TooManySamples, select_series
+from .select import ReadQuery, Selection, SeriesCache, TooManySamples, select_series
 
 log = structlog.get_logger("collector.promql.read")
 PATH = "/api/v1/read"
@@ -102,6 +102,8 @@ class ReadEndpoint:
         self.internal = internal or InternalPrincipals()
         self.budget = ByteBudget(settings.max_read_bytes_in_flight)
         self.internal_budget = ByteBudget(settings.max_read_bytes_in_flight)
+        self.series_cache = SeriesCache()
+        """Presented label sets of stored series, shared by reads (`select.SeriesCache`)."""
         self.running = 0
         """Reads being served now."""
         self.last_work: ScanWork | None = None
@@ -261,6 +263,7 @@ class ReadEndpoint:
                 max_samples=self.settings.max_read_samples,
                 check=check,
                 work=work,
+                cache=self.series_cache,
             )
         except TooManySamples as exc:
             raise ReadRefused(

@@ -36,6 +36,8 @@ file statistics and each row group's.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -44,9 +46,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
-from collector.query.points_scan import MetricBounds, ScanWork, committed_parts, live_parts
+from collector.query.points_scan import MetricBounds, Part, ScanWork, committed_parts, live_parts
 from protocol.frame import Frame
-from protocol.prom_names import NAME_LABEL, escape_metric_array, presented_labels_array
+from protocol.prom_names import (
+    NAME_LABEL,
+    escape_metric_array,
+    present_labels,
+    presented_labels_array,
+)
 from rollup.table.columns import int64_column
 from rollup.table.manifest import Snapshot
 
@@ -110,10 +117,72 @@ def _numpy(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
 
 
 def _codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str]]:
-    encoded = pc.dictionary_encode(column)
-    if isinstance(encoded, pa.ChunkedArray):
-        encoded = encoded.combine_chunks()
+    """Per row a code, and the distinct values: a dictionary column's own, else one made."""
+    if isinstance(column, pa.ChunkedArray):
+        if column.num_chunks == 1:
+            column = column.chunk(0)
+        elif pa.types.is_dictionary(column.type):
+            column = column.cast(column.type.value_type).combine_chunks()
+        else:
+            column = column.combine_chunks()
+    encoded = column if pa.types.is_dictionary(column.type) else pc.dictionary_encode(column)
     return _numpy(encoded.indices).astype(np.int64), encoded.dictionary.to_pylist()
+
+
+PresentedSeries = tuple[LabelSet, int]
+"""A stored series as presented: its label set and how many stored labels it dropped."""
+MAP_TYPE = pa.map_(pa.string(), pa.string())
+
+
+class SeriesCache:
+    """Presented label sets of stored series, shared by reads (a stored series string
+    always presents the same way), the least recently used dropped past ``max_series``.
+    Thread-safe: selections run on worker threads."""
+
+    def __init__(self, max_series: int = 200_000) -> None:
+        self._max = max_series
+        self._known: OrderedDict[str, PresentedSeries] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get_many(self, keys: Sequence[str]) -> list[PresentedSeries | None]:
+        with self._lock:
+            found = [self._known.get(key) for key in keys]
+            for key, value in zip(keys, found, strict=True):
+                if value is not None:
+                    self._known.move_to_end(key)
+            return found
+
+    def put_many(self, items: Sequence[tuple[str, PresentedSeries]]) -> None:
+        with self._lock:
+            for key, value in items:
+                self._known[key] = value
+            while len(self._known) > self._max:
+                self._known.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._known)
+
+
+def _present(part: Part, rows: np.ndarray) -> list[PresentedSeries]:
+    """The presented label sets of the stored series at ``rows`` of ``part``."""
+    table = part.metric_and_labels(rows)
+    metric = table.column("metric")
+    labels = table.column("labels").combine_chunks()
+    names = escape_metric_array(metric).to_pylist()
+    presented, dropped_total = presented_labels_array(labels)
+    pairs_list = presented.to_pylist()
+    dropped = [0] * len(names)
+    if dropped_total:  # rare: count per series with the reference, per series
+        metrics, maps = metric.to_pylist(), labels.to_pylist()
+        dropped = [
+            present_labels(m, dict(pairs or []))[1] for m, pairs in zip(metrics, maps, strict=True)
+        ]
+    out = []
+    for name, pairs, lost in zip(names, pairs_list, dropped, strict=True):
+        label_set = [(NAME_LABEL, name), *pairs]
+        label_set.sort(key=lambda pair: pair[0].encode())
+        out.append((tuple(label_set), lost))
+    return out
 
 
 class _Rows:
@@ -121,9 +190,12 @@ class _Rows:
     series (its presented label set, None when the matchers do not select it) and per
     writer."""
 
-    def __init__(self, matchers: Sequence[LabelMatcher], max_samples: int) -> None:
+    def __init__(
+        self, matchers: Sequence[LabelMatcher], max_samples: int, cache: SeriesCache
+    ) -> None:
         self.matchers = matchers
         self.max_samples = max_samples
+        self.cache = cache
         self.series: list[str] = []
         self.sid: dict[str, int] = {}
         self.label_sets: list[LabelSet | None] = []
@@ -133,40 +205,42 @@ class _Rows:
         self.count = 0
         self.dropped_labels = 0
 
-    def _learn(
-        self, rows: pa.Table, codes: np.ndarray, distinct: list[str], new: list[int]
-    ) -> None:
-        _, first = np.unique(codes, return_index=True)  # every code occurs
-        picked = pa.array(first[new])
-        names = escape_metric_array(rows.column("metric").take(picked))
-        labels = rows.column("labels").take(picked)
-        if isinstance(labels, pa.ChunkedArray):
-            labels = labels.combine_chunks()
-        presented, _ = presented_labels_array(labels)
-        selected = select_label_sets(names, presented, self.matchers)
-        if selected.any():
-            _, dropped = presented_labels_array(labels.filter(pa.array(selected)))
-            self.dropped_labels += dropped
-        name_list = names.to_pylist()
-        pairs_list = presented.to_pylist()
-        for j, position in enumerate(new):
-            key = distinct[position]
+    def _learn(self, part: Part, codes: np.ndarray, distinct: list[str], new: list[int]) -> None:
+        keys = [distinct[i] for i in new]
+        known = self.cache.get_many(keys)
+        missing = [j for j, found in enumerate(known) if found is None]
+        if missing:
+            first = np.zeros(len(distinct), np.int64)
+            first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)  # each code's first row
+            made = _present(part, first[[new[j] for j in missing]])
+            self.cache.put_many([(keys[j], m) for j, m in zip(missing, made, strict=True)])
+            for j, m in zip(missing, made, strict=True):
+                known[j] = m
+        sets = [found[0] for found in known if found is not None]
+        names = pa.array([dict(s)[NAME_LABEL] for s in sets], pa.string())
+        labels = pa.array([[p for p in s if p[0] != NAME_LABEL] for s in sets], MAP_TYPE)
+        selected = select_label_sets(names, labels, self.matchers)
+        for j, key in enumerate(keys):
             self.sid[key] = len(self.series)
             self.series.append(key)
-            if not selected[j]:
+            if selected[j]:
+                self.label_sets.append(sets[j])
+                self.dropped_labels += known[j][1]  # type: ignore[index]
+            else:
                 self.label_sets.append(None)
-                continue
-            pairs = [(NAME_LABEL, name_list[j]), *pairs_list[j]]
-            pairs.sort(key=lambda pair: pair[0].encode())
-            self.label_sets.append(tuple(pairs))
 
-    def add(self, rows: pa.Table) -> None:
+    def add(self, part: Part) -> None:
+        rows = part.rows
         codes, distinct = _codes(rows.column("series"))
-        new = [i for i, key in enumerate(distinct) if key not in self.sid]
+        # A dictionary read from Parquet may hold values no row uses any more.
+        used = np.bincount(codes, minlength=len(distinct)) > 0
+        new = [i for i, key in enumerate(distinct) if used[i] and key not in self.sid]
         if new:
-            self._learn(rows, codes, distinct, new)
-        sids = np.fromiter((self.sid[key] for key in distinct), np.int64, len(distinct))
-        chosen = np.fromiter((self.label_sets[s] is not None for s in sids), bool, len(distinct))
+            self._learn(part, codes, distinct, new)
+        sids = np.fromiter((self.sid.get(key, -1) for key in distinct), np.int64, len(distinct))
+        chosen = np.fromiter(
+            (s >= 0 and self.label_sets[s] is not None for s in sids.tolist()), bool, len(distinct)
+        )
         keep = chosen[codes]
         kept = int(np.count_nonzero(keep))
         if kept == 0:
@@ -176,36 +250,34 @@ class _Rows:
         self.count += kept
         agent_codes, agents = _codes(rows.column("agent_id"))
         boot_codes, boots = _codes(rows.column("boot_id"))
-        pair = agent_codes * max(1, len(boots)) + boot_codes
-        pairs, inverse = np.unique(pair[keep], return_inverse=True)
+        width = max(1, len(boots))
+        pairs, inverse = np.unique((agent_codes * width + boot_codes)[keep], return_inverse=True)
         ids = np.empty(len(pairs), np.int64)
         for i, code in enumerate(pairs.tolist()):
-            writer = (agents[code // max(1, len(boots))], boots[code % max(1, len(boots))])
+            writer = (agents[code // width], boots[code % width])
             found = self.writer_id.get(writer)
             if found is None:
                 found = self.writer_id[writer] = len(self.writers)
                 self.writers.append(writer)
             ids[i] = found
-        self.parts.append(
-            (
-                sids[codes][keep],
-                int64_column(rows.column("ts"))[keep],
-                _numpy(rows.column("value")).astype(np.float64, copy=False)[keep],
-                ids[inverse.reshape(-1)],
-                _numpy(rows.column("seq")).astype(np.int64, copy=False)[keep],
-            )
-        )
+        columns = [
+            sids[codes],
+            int64_column(rows.column("ts")),
+            _numpy(rows.column("value")).astype(np.float64, copy=False),
+            _numpy(rows.column("seq")).astype(np.int64, copy=False),
+        ]
+        if kept < len(keep):
+            columns = [column[keep] for column in columns]
+        sid, ts, value, seq = columns
+        self.parts.append((sid, ts, value, ids[inverse.reshape(-1)], seq))
 
-    def finish(self, work: ScanWork) -> Selection:
-        if not self.parts:
-            return Selection(SeriesColumns.empty(), self.dropped_labels, 0, work)
-        sid, ts_us, value, writer, seq = (np.concatenate(c) for c in zip(*self.parts, strict=True))
-        self.parts = []
-        # Presented series in Prometheus' order; stored series and writers in byte order.
+    def _ranks(self) -> tuple[list[LabelSet], np.ndarray, np.ndarray, np.ndarray]:
+        """Presented series in Prometheus' order; per stored series its presented rank and
+        its byte-order rank; per writer its (agent, boot) byte-order rank."""
         distinct_sets = sorted({s for s in self.label_sets if s is not None}, key=label_order_key)
         rank_of_set = {label_set: i for i, label_set in enumerate(distinct_sets)}
         rank = np.array(
-            [rank_of_set[s] if s is not None else -1 for s in self.label_sets], np.int64
+            [rank_of_set.get(s, -1) if s is not None else -1 for s in self.label_sets], np.int64
         )
         lex = np.empty(len(self.series), np.int64)
         lex[sorted(range(len(self.series)), key=lambda i: self.series[i].encode())] = np.arange(
@@ -217,19 +289,34 @@ class _Rows:
                 range(len(self.writers)), key=lambda i: tuple(x.encode() for x in self.writers[i])
             )
         ] = np.arange(len(self.writers))
+        return distinct_sets, rank, lex, writer_rank
+
+    def finish(self, work: ScanWork) -> Selection:
+        if not self.parts:
+            return Selection(SeriesColumns.empty(), self.dropped_labels, 0, work)
+        sid, ts_us, value, writer, seq = (np.concatenate(c) for c in zip(*self.parts, strict=True))
+        self.parts = []
+        distinct_sets, rank, lex, writer_rank = self._ranks()
         ts_ms = np.floor_divide(ts_us, 1000)
-        presented, stored = rank[sid], lex[sid]
-        order = np.lexsort((seq, writer_rank[writer], ts_us, stored, ts_ms, presented))
-        p, m, s = presented[order], ts_ms[order], stored[order]
-        # Within one stored series at one millisecond: the last by (µs, agent, boot, seq).
-        last = np.ones(len(order), bool)
-        last[:-1] = (p[1:] != p[:-1]) | (m[1:] != m[:-1]) | (s[1:] != s[:-1])
-        order, p, m = order[last], p[last], m[last]
-        # Within one presented series at one millisecond: the smallest stored series.
-        first = np.ones(len(order), bool)
-        first[1:] = (p[1:] != p[:-1]) | (m[1:] != m[:-1])
-        collisions = int(len(first) - np.count_nonzero(first))
-        order, p, m = order[first], p[first], m[first]
+        presented = rank[sid]
+        collisions = 0
+        # Fast path: ordered by (series, µs), no two samples of a presented series share
+        # a millisecond: nothing to merge.
+        order = np.lexsort((ts_us, presented))
+        p, m = presented[order], ts_ms[order]
+        if len(order) > 1 and ((p[1:] == p[:-1]) & (m[1:] == m[:-1])).any():
+            stored = lex[sid]
+            order = np.lexsort((seq, writer_rank[writer], ts_us, stored, ts_ms, presented))
+            p, m, s = presented[order], ts_ms[order], stored[order]
+            # Within one stored series at one millisecond: the last by (µs, agent, boot, seq).
+            last = np.ones(len(order), bool)
+            last[:-1] = (p[1:] != p[:-1]) | (m[1:] != m[:-1]) | (s[1:] != s[:-1])
+            order, p, m = order[last], p[last], m[last]
+            # Within one presented series at one millisecond: the smallest stored series.
+            first = np.ones(len(order), bool)
+            first[1:] = (p[1:] != p[:-1]) | (m[1:] != m[:-1])
+            collisions = int(len(first) - np.count_nonzero(first))
+            order, p, m = order[first], p[first], m[first]
         counts = np.bincount(p, minlength=len(distinct_sets))
         offsets = np.zeros(len(distinct_sets) + 1, np.int64)
         np.cumsum(counts, out=offsets[1:])
@@ -252,6 +339,7 @@ def select_series(
     max_samples: int,
     check: Callable[[], None] = lambda: None,
     work: ScanWork | None = None,
+    cache: SeriesCache | None = None,
 ) -> Selection:
     """The samples of ``query`` (see the module doc). Blocking: run it on a thread.
     Raises `TooManySamples`, whatever ``check`` raises, and the store's read errors
@@ -259,7 +347,7 @@ def select_series(
     work = work if work is not None else ScanWork()
     if query.empty:
         return Selection(SeriesColumns.empty(), 0, 0, work)
-    rows = _Rows(query.matchers, max_samples)
+    rows = _Rows(query.matchers, max_samples, cache if cache is not None else SeriesCache())
     low_us, high_us = query.us_range
     bounds = resolve_series(query.matchers)
     for part in committed_parts(

@@ -1,4 +1,4 @@
-"""The ``points`` rows a remote read looks at, one unit of work at a time (PROTOCOL §5).
+r"""The ``points`` rows a remote read looks at, one unit of work at a time (PROTOCOL §5).
 
 Two parts, as ``/v1/query`` merges them (`collector.query.endpoint`):
 
@@ -12,10 +12,12 @@ Two parts, as ``/v1/query`` merges them (`collector.query.endpoint`):
   caller, by ``manifest_id``), each frame filtered column-wise before its rows are built
   (`collector.query.rows.frame_rows`), every tombstone of the snapshot masking them.
 
-Each yields ``points``-shaped tables (`rollup.table.schemas.POINTS_SCHEMA`) within
-``[low_us, high_us)`` and the metric bounds; before each unit of work it calls
-``check()``, which raises to stop the read (a client that went away): a read stops
-within one row group or one frame. Blocking: run on a thread.
+Each yields `Part`\s: rows within ``[low_us, high_us)`` and the metric bounds (a file
+with no tombstone pending is read without its label maps and with its string columns
+dictionary-encoded, as Parquet stores them: a row group's maps are decoded only when a
+reader meets a stored series it does not know yet, `Part.metric_and_labels`); before
+each unit of work it calls ``check()``, which raises to stop the read (a client that
+went away): a read stops within one row group or one frame. Blocking: run on a thread.
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ class ScanWork:
     row_groups_skipped: int = 0
     frames: int = 0
     rows_masked: int = 0
+    label_maps_read: int = 0  # row groups whose label maps were decoded
     paths: list[str] = field(default_factory=list)
 
 
@@ -147,17 +150,62 @@ def _row_group_may_match(
     return True
 
 
-def _ts_us(rows: pa.Table) -> np.ndarray:
-    return int64_column(rows.column("ts"))
+@dataclass(frozen=True, slots=True)
+class Part:
+    """Rows of one unit of work: ``ts``, ``metric``, ``value``, ``series``, ``agent_id``,
+    ``boot_id``, ``seq`` (string columns may be dictionary-encoded, as Parquet stores
+    them) and ``labels`` when it was read; else `labels_of` reads the ``metric`` and
+    ``labels`` of some rows (by row number) on demand: a reader that already knows a
+    series never decodes its label maps."""
+
+    rows: pa.Table
+    labels_of: Callable[[np.ndarray], pa.Table] | None = None
+
+    def metric_and_labels(self, rows: np.ndarray) -> pa.Table:
+        if self.labels_of is not None:
+            return self.labels_of(rows)
+        return self.rows.select(["metric", "labels"]).take(pa.array(rows))
 
 
-def _in_range(rows: pa.Table, low_us: int, high_us: int, bounds: MetricBounds) -> pa.Table:
-    ts = _ts_us(rows)
+_METRIC_AND_LABELS = pa.schema([POINTS_SCHEMA.field("metric"), POINTS_SCHEMA.field("labels")])
+SLIM_COLUMNS = ["ts", "metric", "value", "series", "agent_id", "boot_id", "seq"]
+DICTIONARY_COLUMNS = ["metric", "series", "agent_id", "boot_id"]
+
+
+def _string_mask(column: pa.ChunkedArray | pa.Array, bounds: MetricBounds) -> np.ndarray | None:
+    """`MetricBounds.mask` over a plain or dictionary-encoded string column (a
+    dictionary's values are compared once each)."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks() if column.num_chunks else pa.array([], pa.string())
+    if pa.types.is_dictionary(column.type):
+        found = bounds.mask(column.dictionary)
+        if found is None:
+            return None
+        indices = np.asarray(column.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+        result: np.ndarray = found[indices]
+        return result
+    return bounds.mask(column)
+
+
+def _keep(rows: pa.Table, low_us: int, high_us: int, bounds: MetricBounds) -> np.ndarray:
+    ts = int64_column(rows.column("ts"))
     keep = (ts >= low_us) & (ts < high_us)
-    metric = bounds.mask(rows.column("metric"))
+    metric = _string_mask(rows.column("metric"), bounds)
     if metric is not None:
         keep &= metric
-    return rows if keep.all() else rows.filter(pa.array(keep))
+    return keep
+
+
+def _labels_reader(
+    parquet: pq.ParquetFile, index: int, positions: np.ndarray, work: ScanWork
+) -> Callable[[np.ndarray], pa.Table]:
+    def read(rows: np.ndarray) -> pa.Table:
+        work.label_maps_read += 1
+        found = parquet.read_row_group(index, columns=["metric", "labels"])
+        found = found.select(["metric", "labels"]).cast(_METRIC_AND_LABELS)
+        return found.take(pa.array(positions[rows]))
+
+    return read
 
 
 def committed_parts(
@@ -170,9 +218,10 @@ def committed_parts(
     bounds: MetricBounds,
     check: Callable[[], None],
     work: ScanWork,
-) -> Iterator[pa.Table]:
+) -> Iterator[Part]:
     """The snapshot's ``points`` rows in ``[low_us, high_us)`` within ``bounds``, one row
-    group at a time, tombstones masking (see the module doc)."""
+    group at a time, tombstones masking (see the module doc). A file no tombstone is
+    pending on is read without its label maps, string columns dictionary-encoded."""
     if snapshot is None:
         return
     start = datetime.fromtimestamp(low_us // 1_000_000, tz=UTC)
@@ -187,7 +236,9 @@ def committed_parts(
         work.paths.append(data_file.path)
         pending = tombstones_mod.pending_on(masking, data_file)
         with filesystem.open_input_file(f"{root}/{data_file.path}") as handle:
-            parquet = pq.ParquetFile(handle)
+            parquet = pq.ParquetFile(
+                handle, read_dictionary=None if pending else DICTIONARY_COLUMNS
+            )
             metadata = parquet.metadata
             for index in range(metadata.num_row_groups):
                 if not _row_group_may_match(metadata, index, low_us, high_us, bounds):
@@ -195,13 +246,23 @@ def committed_parts(
                     continue
                 check()
                 work.row_groups_read += 1
-                rows = parquet.read_row_group(index, columns=POINTS_SCHEMA.names)
-                rows = rows.select(POINTS_SCHEMA.names).cast(POINTS_SCHEMA)
-                rows = _in_range(rows, low_us, high_us, bounds)
-                rows, masked = tombstones_mod.drop_masked(pending, "points", rows)
-                work.rows_masked += masked
-                if rows.num_rows:
-                    yield rows
+                if pending:
+                    rows = parquet.read_row_group(index, columns=POINTS_SCHEMA.names)
+                    rows = rows.select(POINTS_SCHEMA.names).cast(POINTS_SCHEMA)
+                    rows = rows.filter(pa.array(_keep(rows, low_us, high_us, bounds)))
+                    rows, masked = tombstones_mod.drop_masked(pending, "points", rows)
+                    work.rows_masked += masked
+                    if rows.num_rows:
+                        yield Part(rows)
+                    continue
+                rows = parquet.read_row_group(index, columns=SLIM_COLUMNS).select(SLIM_COLUMNS)
+                keep = _keep(rows, low_us, high_us, bounds)
+                positions = np.flatnonzero(keep)
+                if len(positions) == 0:
+                    continue
+                if len(positions) < rows.num_rows:
+                    rows = rows.take(pa.array(positions))
+                yield Part(rows, _labels_reader(parquet, index, positions, work))
 
 
 def live_parts(
@@ -213,7 +274,7 @@ def live_parts(
     bounds: MetricBounds,
     check: Callable[[], None],
     work: ScanWork,
-) -> Iterator[pa.Table]:
+) -> Iterator[Part]:
     """The ``points`` rows of ``frames`` (the live part) in ``[low_us, high_us)`` within
     ``bounds``, every tombstone of ``snapshot`` masking them, one frame at a time."""
     masking = tombstones_mod.for_table(snapshot.tombstones, "points") if snapshot else ()
@@ -232,4 +293,4 @@ def live_parts(
         rows, masked = tombstones_mod.drop_masked(masking, "points", frame_rows(frame, indices))
         work.rows_masked += masked
         if rows.num_rows:
-            yield rows
+            yield Part(rows)

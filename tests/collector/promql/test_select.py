@@ -11,7 +11,13 @@ from typing import Any
 import pytest
 
 from collector.promql.matchers import compile_matcher
-from collector.promql.select import ReadQuery, TooManySamples, resolve_series, select_series
+from collector.promql.select import (
+    ReadQuery,
+    SeriesCache,
+    TooManySamples,
+    resolve_series,
+    select_series,
+)
 from collector.query.points_scan import MetricBounds
 from config.tokens import Principal
 
@@ -68,6 +74,25 @@ async def test_selection_equals_the_oracle_and_pushes_metric_bounds_down(tmp_pat
     assert work.row_groups_skipped >= 9 and work.row_groups_read <= 2
     everything = read(world, parts, [("RE", "__name__", ".+")]).work
     assert everything.row_groups_read == 11 and everything.row_groups_skipped == 0
+    assert everything.label_maps_read == 2  # only where a series starts: fill's 9 groups reuse
+
+
+async def test_known_series_skip_their_label_maps(tmp_path: Path) -> None:
+    world = await make_world(tmp_path, fill=1000)
+    snapshot, frames = await world.endpoint._parts(READER)
+    filesystem, root = world.endpoint._arrow()
+    cache = SeriesCache()
+    everything = [("RE", "__name__", ".+")]
+    query = ReadQuery(START_MS, END_MS, tuple(compile_matcher(*m) for m in everything))
+    works = []
+    for _ in range(2):
+        selection = select_series(
+            query, snapshot, frames, filesystem, root, max_samples=10_000, cache=cache
+        )
+        assert answer(selection) == oracle(world.batches, everything, START_MS, END_MS)
+        works.append(selection.work)
+    assert works[0].label_maps_read == 2 and works[1].label_maps_read == 0
+    assert len(cache) == 7  # every stored series read: 6 committed (fill too), live mem
 
 
 def test_resolve_series_bounds() -> None:
