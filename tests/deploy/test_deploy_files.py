@@ -340,7 +340,9 @@ def test_container_commands_are_project_scripts_with_valid_arguments() -> None:
                     argv = ["lm-rollup", *argv[argv.index(entry) + 1 :]]
                 check_command(argv, path.name, path.read_text(encoding="utf-8"))
                 checked += 1
-    assert checked == 6  # collector, reconciler, rollup, its compaction and vacuum, scrape agent
+    # collector, reconciler, rollup, its compaction and vacuum, scrape agent, and the
+    # self-scrape sidecars of the collector and reconciler pods
+    assert checked == 8
 
 
 def test_the_spark_submit_entry_file_runs_the_job_on_the_submitted_session() -> None:
@@ -440,12 +442,18 @@ def test_systemd_accepts_every_unit(tmp_path: Path) -> None:
 # --- Kubernetes ---------------------------------------------------------------------------
 
 
+def named_container(spec: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    """The pod's container called ``name`` (beside it: the self-scrape sidecar)."""
+    (container,) = [c for c in spec["containers"] if c["name"] == name]
+    return container
+
+
 @needs_yaml
 def test_collector_pod_matches_its_settings() -> None:
     settings = k8s_settings("collector.toml")
     deployment = kind("lightmetrics-collector", "Deployment")
     pod = deployment["spec"]["template"]
-    (container,) = pod["spec"]["containers"]
+    container = named_container(pod["spec"], "collector")
     (port,) = container["ports"]
     assert port == {"name": "http", "containerPort": settings.http.port, "protocol": "TCP"}
     assert settings.http.host == "0.0.0.0" and settings.auth.tokens_file is not None
@@ -468,7 +476,7 @@ def test_collector_pod_matches_its_settings() -> None:
 def test_collector_pod_stops_within_its_grace_period() -> None:
     settings = k8s_settings("collector.toml")
     spec = kind("lightmetrics-collector", "Deployment")["spec"]["template"]["spec"]
-    (container,) = spec["containers"]
+    container = named_container(spec, "collector")
     pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
     assert pre_stop[0] == "sleep"
     budget = float(pre_stop[1]) + 2 * settings.http.shutdown_grace_s
@@ -479,7 +487,7 @@ def test_collector_pod_stops_within_its_grace_period() -> None:
 def test_collector_memory_limit_holds_the_in_flight_bodies() -> None:
     settings = k8s_settings("collector.toml")
     spec = kind("lightmetrics-collector", "Deployment")["spec"]["template"]["spec"]
-    (container,) = spec["containers"]
+    container = named_container(spec, "collector")
     limit = k8s_bytes(container["resources"]["limits"]["memory"])
     assert limit - IDLE_WORKER_RSS >= settings.http.max_in_flight_bytes
     assert k8s_bytes(container["resources"]["requests"]["memory"]) >= IDLE_WORKER_RSS

@@ -249,3 +249,29 @@ def test_self_scrape_targets_every_daemon_where_its_example_settings_serve_metri
     assert "scrape --config /etc/lightmetrics/self-scrape.toml" in self_unit.value(
         "Service", "ExecStart"
     )
+
+
+def test_each_collector_and_reconciler_pod_scrapes_itself_into_the_store() -> None:
+    """deploy/kubernetes: a self-scrape sidecar per pod, scraping its own daemon on
+    127.0.0.1 under the systemd jobs' names, each pod its own instance and agent."""
+    import json
+
+    ports = {"lightmetrics-collector": 8080, "lightmetrics-reconciler": 9108}
+    for name, job in (
+        ("collector", "lightmetrics-collector"),
+        ("reconciler", "lightmetrics-reconciler"),
+    ):
+        deployment = yaml.safe_load((DEPLOY / f"kubernetes/{name}-deployment.yaml").read_text())
+        spec = deployment["spec"]["template"]["spec"]
+        (sidecar,) = [c for c in spec["containers"] if c["name"] == "self-scrape"]
+        assert sidecar["args"][0] == "scrape"
+        env = {e["name"]: e.get("value") for e in sidecar["env"]}
+        (target,) = json.loads(env["LM_SCRAPE__TARGETS"])
+        assert target == {
+            "url": f"http://127.0.0.1:{ports[job]}/metrics",
+            "labels": {"job": job, "instance": "$(POD_NAME)"},
+        }
+        assert env["LM_SCRAPE__AGENT_ID"] == "self-$(POD_NAME)"
+        assert [e["name"] for e in sidecar["env"]].index("POD_NAME") == 0  # defined before use
+    scrape = load_settings(DEPLOY / "kubernetes/self-scrape.toml", environ={}).scrape
+    assert scrape.collector_urls == ["http://lightmetrics-collector.lightmetrics.svc:8080"]
