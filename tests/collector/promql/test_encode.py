@@ -130,10 +130,6 @@ def test_xor_chunks_decode_to_the_input(series: list[tuple[list[int], list[int]]
             previous_max = samples[-1][0]
             decoded += samples
         assert decoded == list(zip(ts, values, strict=True))
-    # the vectorised decoder the large tests use reads every chunk as the plain one does
-    datas = [chunks.chunk_data(c) for c in range(chunks.chunk_count)]
-    for data, (ts_many, bits_many) in zip(datas, decode_xor_many(datas), strict=True):
-        assert list(zip(ts_many.tolist(), bits_many.tolist(), strict=True)) == decode_xor(data)
 
 
 def test_delta_of_delta_bucket_edges_and_extremes() -> None:
@@ -242,3 +238,18 @@ def test_chunks_refuse_timestamps_that_do_not_increase() -> None:
     with pytest.raises(ValueError, match="strictly increase"):
         ChunkStream.of(_columns([([1, 2], [0, 0]), ([5, 5], [1, 2])]))
     ChunkStream.of(_columns([([1, 9], [0, 0]), ([], []), ([5, 6], [1, 2])]))  # across series: fine
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_series(), min_size=20, max_size=30))
+def test_the_vectorised_decoder_reads_as_the_plain_one(
+    series: list[tuple[list[int], list[int]]],
+) -> None:
+    """decode_xor_many, which reads the large streams, against decode_xor, chunk by chunk."""
+    columns = _columns(series)
+    chunks = encode_xor_chunks(columns.offsets, columns.timestamps_ms, columns.values)
+    datas = [chunks.chunk_data(c) for c in range(chunks.chunk_count)]
+    many = decode_xor_many(datas)
+    assert len(many) == len(datas)
+    for data, (ts, bits) in zip(datas, many, strict=True):
+        assert list(zip(ts.tolist(), bits.tolist(), strict=True)) == decode_xor(data)
