@@ -233,24 +233,20 @@ class RollupSettings(Section):
     """``lm-rollup vacuum`` never deletes an unreachable object younger than this: a
     commit in flight may be about to reference it."""
     retention_points_days: float | None = Field(default=None, gt=0)
-    """Keep ``points`` rows for this many days (by the hour of ``ts``); older hours are
-    dropped from the snapshot by the next run's commit (vacuum deletes their files
-    later). None (default): keep forever."""
+    """Keep ``points`` rows for this many days (by the hour of ``ts``); older hours leave
+    the snapshot at the next run (vacuum deletes their files later). None: keep forever."""
     retention_rollup_1m_days: float | None = Field(default=None, gt=0)
     """As ``retention_points_days``, for ``rollup_1m`` (by the hour of ``window_start``)."""
     compact_target_bytes: int = Field(default=128 * 1024 * 1024, ge=1024)
-    """``lm-rollup compact`` writes files of about this size (an hour smaller than this
-    becomes one file)."""
+    """``lm-rollup compact`` writes files of about this size (a smaller hour: one file)."""
     compact_after_run: bool = False
     """``lm-rollup run`` compacts (as ``lm-rollup compact``) after each run that committed."""
     compact_min_files: int = Field(default=2, ge=2)
     """``lm-rollup compact`` without ``--hour`` rewrites a table's hour when it has at least
     this many files, or rows that deletes still mask."""
     series_day_settle_s: Seconds = 3600.0
-    """The settle margin of the series index (PROTOCOL §4 ``series_day``): a run writes a
-    UTC day's ``series_day`` rows once store time is past the day's end plus this. Points
-    of a day keep arriving after it ends (agents' spools, the reconciler's cataloging, the
-    run's own cadence); a shorter margin only means more late rows added to the day."""
+    """A run writes a UTC day's ``series_day`` rows (PROTOCOL §4) once store time is past its
+    end plus this; later rows of the day add files to it (docs/rollup.md)."""
 
 
 def _lowercase(value: Any) -> Any:
