@@ -37,9 +37,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 import structlog
 from aiohttp import web
@@ -66,6 +68,7 @@ log = structlog.get_logger("collector.promql.read")
 PATH = "/api/v1/read"
 WATCH_INTERVAL_S = 0.05
 RETRY_AFTER_S = 1
+YIELD_EVERY_S = 0.02
 
 
 class ClientGone(Exception):
@@ -272,7 +275,8 @@ class ReadEndpoint:
                 f" ({exc.limit}) samples; narrow its matchers or time range",
                 limit="max_read_samples",
             ) from None
-        except (OSError, StoreError) as exc:
+        except (OSError, StoreError, pa.ArrowException) as exc:
+            # A file the snapshot lists that cannot be read (gone, damaged): store trouble.
             raise ReadRefused(
                 503, f"a snapshot file could not be read: {exc}", kind="load"
             ) from None
@@ -287,11 +291,15 @@ class ReadEndpoint:
         await response.prepare(request)
         max_frame = self.settings.max_read_frame_bytes
         try:
+            yielded = time.monotonic()
             for index, stream in enumerate(streams):
                 for frame in stream.frames(index, max_frame):
                     if gone.is_set():
                         raise ClientGone()
-                    await response.write(frame)
+                    await response.write(frame)  # waits only while the client lags
+                    if time.monotonic() - yielded > YIELD_EVERY_S:  # many small frames
+                        await asyncio.sleep(0)
+                        yielded = time.monotonic()
             await response.write_eof()
         except (ClientGone, ConnectionError) as exc:
             log.info("remote_read_stream_stopped", error=str(exc) or type(exc).__name__)

@@ -20,6 +20,7 @@ import pytest
 
 from .read_client import body, post, query, samples_answer, serving
 from .read_world import H1, WRITE_TOKEN, World, at, make_world, sent
+from .xor_decode import read_frames
 
 
 @pytest.fixture
@@ -198,3 +199,31 @@ async def test_a_client_that_goes_away_stops_the_read(tmp_path: Path) -> None:
     assert (
         world.endpoint.metrics.remote_reads.labels(status="499", type="SAMPLES")._value.get() == 1
     )
+
+
+async def test_a_snapshot_file_gone_is_503_and_recorded_as_load(world: World) -> None:
+    snapshot = await world.endpoint.snapshots.latest()
+    assert snapshot is not None
+    for data_file in snapshot.data_files("points"):
+        (world.store.root / data_file.path).unlink()
+    with world.endpoint.outcomes.watch("reader") as seen:
+        async with serving(world) as (url, _probe):
+            status, headers, payload = await post(url, body([query([("RE", "__name__", ".+")])]))
+    assert status == 503 and headers["Retry-After"] == "1"
+    assert json.loads(payload)["errorType"] == "unavailable"
+    assert len(seen.of_kind("load")) == 1 and seen.failed and not seen.of_kind("limit")
+    # The world's window holds batches a collector accepted itself: a known gap.
+    assert [o.message for o in seen.of_kind("partial")] == [
+        "this collector follows only the batches it accepted itself"
+    ]
+
+
+async def test_a_stream_of_many_series_keeps_the_loop_free(world: World) -> None:
+    rows = [(at(40) + i * 1_000_000, "many", float(i), {"i": str(i)}) for i in range(4000)]
+    many = sent(rows, seq_start=200, accepted_ns=H1.start_ns)
+    world.window.add("many", H1.start_ns, many.frame, now_ns=world.clock.now_ns())
+    async with serving(world) as (url, _probe):  # asserts the loop was never busy > 100 ms
+        status, _, payload = await post(url, body([query([("EQ", "__name__", "many")])], [1]))
+    assert status == 200
+    frames = read_frames(payload)
+    assert len(frames) == 4000 and all(len(f.chunked_series) == 1 for f in frames)
