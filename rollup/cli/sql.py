@@ -126,7 +126,8 @@ def run_sql(args: argparse.Namespace, settings: Settings) -> int:
 def add_sql_command(subparsers: Any) -> None:
     """Add ``sql`` to ``subparsers`` (from ``add_subparsers()``)."""
     query = subparsers.add_parser(
-        "sql", help="run DuckDB SQL over a committed snapshot (tables: points, rollup_1m)"
+        "sql",
+        help="run DuckDB SQL over a committed snapshot (tables: points, rollup_1m, series, series_day)",
     )
     query.add_argument("query", help='SQL, e.g. "SELECT metric, count(*) FROM points GROUP BY 1"')
     add_snapshot_arguments(query)

@@ -184,7 +184,8 @@ class PointsFile:
         # Sorted by (series, ts) in small row groups, so that a selector of one series
         # reads few of them (PROTOCOL §5). A file written in one chunk (up to
         # `WriteOptions.chunk_rows` rows of a task and hour: the usual case) is sorted
-        # whole; a larger one is a few sorted runs, and compaction sorts it whole.
+        # whole; a larger one is one sorted run per chunk, and a selector reads about
+        # one row group per run (a bounded buffer, never the whole hour in memory).
         rows = series_rows.sort_points(rows)
         self._writer.write_table(rows, row_group_size=self._options.points_row_group_size)
         self._rows += rows.num_rows

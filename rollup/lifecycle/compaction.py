@@ -137,7 +137,9 @@ class _Output:
         self._rows_per_file = rows_per_file
         self._compression = compression
         self._schema = schemas.table_schema(work.table)
-        # points: small row groups, for single-series reads (PROTOCOL §5)
+        # points: small row groups, for single-series reads (PROTOCOL §5); each input
+        # file is sorted by (series, ts) and streamed in order, so an output file is a few
+        # sorted runs (one per input file), not re-sorted whole (memory stays one file)
         self._group_rows = schemas.POINTS_ROW_GROUP_ROWS if work.table == "points" else None
         self.files: list[DataFile] = []
         self._open: tuple[str, pq.ParquetWriter, pa.NativeFile] | None = None

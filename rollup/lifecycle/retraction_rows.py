@@ -235,8 +235,10 @@ def _write(
     writer, stream = open_parquet_writer(
         access, path, schemas.table_schema(table), compression=compression
     )
-    try:
-        writer.write_table(rows)
+    try:  # points: small row groups, for single-series reads (PROTOCOL §5)
+        writer.write_table(
+            rows, row_group_size=schemas.POINTS_ROW_GROUP_ROWS if table == "points" else None
+        )
     finally:
         writer.close()
     size = int(stream.tell())
