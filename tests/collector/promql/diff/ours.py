@@ -33,6 +33,7 @@ from protocol import keys
 from protocol.records import AcceptedManifest
 from store.fs import FileSystemStore
 from tests.collector.conftest import CollectorLauncher, CollectorProcess
+from tests.collector.promql.diff import extras
 from tests.collector.promql.diff.feed import Batch, batches, send
 from tests.collector.promql.diff.fleet import END_MS, STALE_NAN_BITS, T0_MS, fleet
 from tests.collector.promql.diff.runner import Target, ask
@@ -130,11 +131,12 @@ class Ours:
         )
         all_batches = batches(fleet())
         hour_two = T0_MS + 3600 * 1000
-        first = [b for b in all_batches if b.first_ms < hour_two]
+        first = [b for b in all_batches if b.first_ms < hour_two] + extras.batches(extras.BATCH_A)
+        second = [b for b in all_batches if b.first_ms >= hour_two] + extras.batches(extras.BATCH_B)
         async with aiohttp.ClientSession() as session:
             await self._send(session, first)
             await self._catalog()  # the first hour only: what the first rollup includes
-            await self._send(session, [b for b in all_batches if b.first_ms >= hour_two])
+            await self._send(session, second)
         await self.wait_for_all(self.designated)
 
     async def _send(self, session: aiohttp.ClientSession, chosen: list[Batch]) -> None:
@@ -199,6 +201,16 @@ class Ours:
                 return got if got == want else f"{got} samples"
 
             await wait_until(f"{process.name} counts {want} samples", counted)
+
+    async def extras_problems(self, process: CollectorProcess) -> list[str]:
+        """How ``process``'s answers to `extras.EXPECTED` differ from it."""
+        found = []
+        async with aiohttp.ClientSession() as session:
+            for expr in extras.EXPECTED:
+                params = {"query": expr, "time": extras.AT_S}
+                answer = await ask(session, self.target(process), "/api/v1/query", params)
+                found += extras.problems(expr, answer)
+        return found
 
     async def wait_for_snapshot(self, process: CollectorProcess, version: int) -> None:
         params = {

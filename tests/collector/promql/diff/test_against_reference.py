@@ -11,7 +11,8 @@ times (`ours.Ours` builds the stages):
   collector with no live window.
 
 Each check prints how many expressions ran per category and how many agree, and fails
-unless all agree. Without the prometheus binary or the read path's modules the tests
+unless all agree; each also checks `extras` (microsecond ties within one millisecond,
+``a.b`` and ``a_b`` presenting one label set) against literal expectations. Without the prometheus binary or the read path's modules the tests
 skip, except with ``CI=true``, where they fail.
 """
 
@@ -98,6 +99,8 @@ def check(
         print(f"\n{report.table(f'check {stage} ({process.name})')}")
         print(f"  queries {took:.1f}s, stages {ours.timings}")
     assert sum(report.ran.values()) == len(QUERIES)
+    # What the reference cannot hold: microsecond ties and a presented-name collision.
+    assert asyncio.run(ours.extras_problems(process)) == []
     return report
 
 
