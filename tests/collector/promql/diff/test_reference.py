@@ -3,15 +3,18 @@ fleet is what the issue asks for, the reference Prometheus 2.42 holds exactly it
 samples (stale markers as stale markers, nothing refused), and every expression except
 ``absent*`` returns a series with a value that is not NaN on the reference.
 
-One reference process for the module, stopped by PID (`reference.ReferencePrometheus`).
+The module runs two Prometheus processes, stopped by PID (`reference.ReferencePrometheus`):
+the reference, and one holding the fleet without its stale markers, which shows that
+the expressions and the comparison catch a read path losing them and on which the
+refusal counters are probed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 
 import cramjam
 import numpy as np
@@ -29,7 +32,7 @@ from tests.collector.promql.diff.fleet import (
 )
 from tests.collector.promql.diff.queries import CATEGORIES, QUERIES
 from tests.collector.promql.diff.reference import ReferencePrometheus
-from tests.collector.promql.diff.runner import Target, answers, requests_of
+from tests.collector.promql.diff.runner import Target, answers, requests_of, run_queries
 from tests.prometheus_binary import require_prometheus
 
 REQUIRED_CATEGORIES = {
@@ -98,33 +101,73 @@ def query(reference: ReferencePrometheus, expr: str, at_ms: int) -> dict:  # typ
     return dict(json.loads(reference.get_text(f"/api/v1/query?{params}")))
 
 
-def test_the_refusal_counters_are_the_ones_that_count(tmp_path: Path) -> None:
-    """The counters `assert_clean` reads are the ones Prometheus 2.42 moves when it
-    refuses a remote-write sample (a fresh process, so the module's stays clean)."""
+@pytest.fixture(scope="module")
+def stale_less(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReferencePrometheus]:
+    """A second Prometheus holding the fleet without its stale markers: what a read path
+    that loses them (as the remote_write receiver once did) would serve."""
     binary = require_prometheus()
-    other = ReferencePrometheus(binary, tmp_path / "other").start()
+    built = fleet()
+    series = []
+    for s in built.series:
+        keep = s.values.view(np.uint64) != STALE_NAN_BITS
+        series.append(
+            dataclasses.replace(s, ts_ms=s.ts_ms[keep], us=s.us[keep], values=s.values[keep])
+        )
+    running = ReferencePrometheus(binary, tmp_path_factory.mktemp("stale-less")).start()
     try:
-        headers = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy"}
-
-        def send(at_ms: int, value: float) -> int:
-            request = WriteRequest()
-            entry = request.timeseries.add()
-            entry.labels.add(name="__name__", value="x")
-            entry.samples.add(value=value, timestamp=at_ms)
-            body = bytes(cramjam.snappy.compress_raw(request.SerializeToString()))
-            return other.post("/api/v1/write", body, headers)[0]
-
-        assert send(T0_MS, 1.0) == 204
-        assert send(T0_MS, 2.0) == 400  # a duplicate: refused (2.42 counts none for it)
-        assert send(T0_MS - 60_000, 1.0) == 400
-        assert other.metric("prometheus_tsdb_out_of_order_samples_total") == 1
-        assert send(T0_MS - 3 * 3600_000, 1.0) == 400
-        assert other.metric("prometheus_tsdb_out_of_bound_samples_total") == 1
-        assert other.metric("prometheus_tsdb_head_samples_appended_total") == 1
-        with pytest.raises(AssertionError):
-            other.assert_clean(fleet())
+        running.feed(Fleet(tuple(series)))
+        yield running
     finally:
-        other.stop()
+        running.stop()
+
+
+def test_the_test_sees_lost_stale_markers(
+    reference: ReferencePrometheus,
+    stale_less: ReferencePrometheus,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The expressions and the comparison catch a read path that loses stale markers,
+    and only the expressions over series that stop differ."""
+    report = asyncio.run(
+        run_queries(QUERIES, Target(reference.base_url), Target(stale_less.base_url))
+    )
+    with capsys.disabled():
+        print(f"\n{report.table('reference against one without stale markers')}")
+    differing = {query.expr for query, _, _ in report.failures}
+    assert {"batch_progress", "count_over_time(batch_progress[20m:1m])"} <= differing
+    assert 'absent(batch_progress{worker="w0"})' in differing  # 1 once w0 has stopped
+    stopping = ("batch_", "__name__", "count(cpu_usage_ratio)")
+    assert all(any(word in expr for word in stopping) for expr in differing), differing
+    assert sum(report.agreed.values()) >= len(QUERIES) - len(differing)
+
+
+def test_the_refusal_counters_are_the_ones_that_count(stale_less: ReferencePrometheus) -> None:
+    """The counters `assert_clean` reads are the ones Prometheus 2.42 moves when it
+    refuses a remote-write sample (probed on the second process, an hour after the
+    fleet, out of reach of every expression)."""
+    headers = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy"}
+    other, later = stale_less, END_MS + 3600_000
+    before = other.metric("prometheus_tsdb_head_samples_appended_total")
+
+    def send(at_ms: int, value: float) -> int:
+        request = WriteRequest()
+        entry = request.timeseries.add()
+        entry.labels.add(name="__name__", value="x")
+        entry.samples.add(value=value, timestamp=at_ms)
+        body = bytes(cramjam.snappy.compress_raw(request.SerializeToString()))
+        return other.post("/api/v1/write", body, headers)[0]
+
+    assert other.metric("prometheus_tsdb_out_of_order_samples_total") == 0
+    assert other.metric("prometheus_tsdb_out_of_bound_samples_total") == 0
+    assert send(later, 1.0) == 204
+    assert send(later, 2.0) == 400  # a duplicate: refused (2.42 counts none for it)
+    assert send(later - 60_000, 1.0) == 400
+    assert other.metric("prometheus_tsdb_out_of_order_samples_total") == 1
+    assert send(later - 3 * 3600_000, 1.0) == 400
+    assert other.metric("prometheus_tsdb_out_of_bound_samples_total") == 1
+    assert other.metric("prometheus_tsdb_head_samples_appended_total") == before + 1
+    with pytest.raises(AssertionError):
+        other.assert_clean(fleet())
 
 
 def test_every_expression_returns_data_on_the_reference(
