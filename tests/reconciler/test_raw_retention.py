@@ -259,9 +259,17 @@ async def test_run_gc_retires_with_raw_days_and_not_without() -> None:
     )
     await run_gc(on, dry_run=True)
     assert (await read_state(world.store))[0] is None  # a dry run writes nothing
+    retired = "lm_reconciler_raw_retention_retired_batches"
+    assert ctx.metrics.registry.get_sample_value(retired) == 0  # nor shows anything
     await run_gc(on, dry_run=False)
     state, _etag = await read_state(world.store)
     assert state is not None and state.retired_before == a.manifest.accepted_hour.next().iso
+    # The health dashboard's raw retention panel reads the state from the gauges.
+    assert ctx.metrics.registry.get_sample_value(retired) == state.retired_batches > 0
+    before = "lm_reconciler_raw_retention_retired_before_timestamp_seconds"
+    assert ctx.metrics.registry.get_sample_value(before) == (
+        a.manifest.accepted_hour.next().start_ns / 1e9
+    )
 
 
 def test_an_orphan_file_without_the_retention_column_reads_as_orphans() -> None:
