@@ -21,7 +21,9 @@
    longer returns the series, totals drop by exactly its points, verify still passes;
 8. starts a designated query collector (`demo.query_step`), sends it one new batch and
    prints one ``GET /v1/query`` answer — the latest snapshot merged with that batch —
-   with its ``complete`` flag (skipped with ``--no-rollup``);
+   with its ``complete`` flag, then asks its PromQL engine (`demo.promql_step`) for
+   ``sum(count_over_time(...))``, which must equal the points acknowledged (skipped with
+   ``--no-rollup``);
 9. prints what happened and where the data lies.
 
 Exit code 0 when every check holds, 1 otherwise.
@@ -142,10 +144,17 @@ def main(argv: list[str] | None = None) -> int:
     problems += reconcile_step.run(store_dir, step)
     asyncio.run(_print_layout(store_dir))
     if not args.no_rollup:
-        rolled = rollup_step.run(store_dir, work_dir / "logs", result.truth.totals(), step)
-        problems += rolled or lifecycle_step.run(store_dir, spec.start_ns, step)
+        totals = result.truth.totals()
+        rolled = rollup_step.run(store_dir, work_dir / "logs", totals, step)
+        deleted = 0
+        if not rolled:
+            lifecycle_problems, deleted = lifecycle_step.run(store_dir, spec.start_ns, step)
+            rolled = lifecycle_problems
+        problems += rolled
         if not problems:
-            problems += query_step.run(store_dir, work_dir / "logs", spec.start_ns, step)
+            problems += query_step.run(
+                store_dir, work_dir / "logs", spec.start_ns, step, points=totals.points - deleted
+            )
     if any(codes):
         problems.append(f"a collector exited with {codes}")
     print()

@@ -33,8 +33,9 @@ def _indent(text: str) -> str:
     return "\n".join(f"    {line}" for line in text.rstrip().splitlines())
 
 
-def run(store_dir: Path, start_ns: int, step: Callable[[str], None]) -> list[str]:
-    """Run the step; return the problems found (empty when every check holds)."""
+def run(store_dir: Path, start_ns: int, step: Callable[[str], None]) -> tuple[list[str], int]:
+    """Run the step; return the problems found (empty when every check holds) and how
+    many points the delete masked."""
     env = {**os.environ, "LM_STORE__URL": f"file://{store_dir}"}
     problems: list[str] = []
     per_metric = "SELECT metric, count(*) AS rows, sum(count) AS points FROM rollup_1m "
@@ -43,13 +44,13 @@ def run(store_dir: Path, start_ns: int, step: Callable[[str], None]) -> list[str
     done = rollup_cli(env, "sql", per_metric)
     print(_indent(done.stdout))
     if done.returncode != 0:
-        return [f"lm-rollup sql exited with {done.returncode}: {done.stderr.strip()}"]
+        return [f"lm-rollup sql exited with {done.returncode}: {done.stderr.strip()}"], 0
 
     pick = "SELECT series, metric, labels, sum(count) AS points FROM rollup_1m "
     pick += "GROUP BY ALL ORDER BY series LIMIT 1"
     chosen = _json(rollup_cli(env, "sql", pick, "--format", "json"), "lm-rollup sql", problems)
     if not chosen:
-        return problems or ["the rollup has no series to delete"]
+        return problems or ["the rollup has no series to delete"], 0
     series, metric, points = chosen[0]["series"], chosen[0]["metric"], chosen[0]["points"]
     labels = chosen[0]["labels"] or {}
     before = _total(env, problems)
@@ -68,7 +69,7 @@ def run(store_dir: Path, start_ns: int, step: Callable[[str], None]) -> list[str
     step("lm-rollup delete (commits a tombstone; every reader masks the rows)")
     deleted = _json(rollup_cli(env, "delete", *flags), "lm-rollup delete", problems)
     if deleted is None:
-        return problems
+        return problems, 0
     print(f"    tombstone {deleted['tombstone']} committed as version {deleted['version']}")
 
     where = f"series = '{series}'"
@@ -89,7 +90,7 @@ def run(store_dir: Path, start_ns: int, step: Callable[[str], None]) -> list[str
     print(_indent(verified.stderr))
     if verified.returncode != 0:
         problems.append(f"lm-rollup verify after the delete exited with {verified.returncode}")
-    return problems
+    return problems, int(points)
 
 
 def _total(env: dict[str, str], problems: list[str]) -> int | None:

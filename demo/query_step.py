@@ -22,15 +22,21 @@ from typing import Any
 import aiohttp
 
 from collector.launch import start_collector
+from demo import promql_step
 from protocol.frame_encode import encode_frame, points_table
 
 DEADLINE_S = 30.0
 METRIC, LABEL = "memory_used_bytes", "host=host-0000"
 SHOWN_ROWS = 4
+LIVE_TIMES = range(3)
 
 
-def run(store_dir: Path, logs_dir: Path, start_ns: int, step: Callable[[str], None]) -> list[str]:
-    """Run the step; return the problems found (empty when every check holds)."""
+def run(
+    store_dir: Path, logs_dir: Path, start_ns: int, step: Callable[[str], None], *, points: int
+) -> list[str]:
+    """Run the step, then the PromQL step (`demo.promql_step`) on the same collector;
+    ``points``: the committed points the agents were acknowledged for, deletes taken off.
+    Return the problems found (empty when every check holds)."""
     step("starting a designated query collector ([query] designated = true)")
     collector = start_collector(
         work_dir=logs_dir,
@@ -41,10 +47,15 @@ def run(store_dir: Path, logs_dir: Path, start_ns: int, step: Callable[[str], No
             "LM_QUERY__DESIGNATED": "true",
             "LM_QUERY__POLL_INTERVAL_S": "0.5",
             "LM_QUERY__REFRESH_INTERVAL_S": "1",
+            **promql_step.engine_env(),
         },
     )
     try:
-        return asyncio.run(_ask(collector.url, start_ns, step))
+        problems = asyncio.run(_ask(collector.url, start_ns, step))
+        if problems:
+            return problems
+        live = len(LIVE_TIMES)
+        return asyncio.run(promql_step.check(collector.url, start_ns, points + live, step))
     finally:
         collector.stop()
 
@@ -120,7 +131,7 @@ async def _wait_for_live(
 def _live_frame(now_ns: int) -> bytes:
     """One new batch of the demo series, accepted after the rollup ran."""
     points = points_table(
-        [now_ns - 1_000_000_000 * i for i in range(3)],
+        [now_ns - 1_000_000_000 * i for i in LIVE_TIMES],
         [METRIC] * 3,
         [1.0e9, 1.5e9, 2.0e9],
         [{"host": "host-0000", "region": "live"}] * 3,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from agent.truth import Totals
 from demo import rollup_step
+from tests.prometheus_binary import require_prometheus
 
 
 def test_demo_runs_clean_in_a_fresh_directory(tmp_path: Path) -> None:
@@ -54,6 +55,10 @@ def test_demo_runs_clean_in_a_fresh_directory(tmp_path: Path) -> None:
     assert "GET /v1/query?metric=memory_used_bytes" in done.stdout
     assert "complete: false  snapshot_version: 2" in done.stdout
     assert "live points from 1 batch(es) not yet in it" in done.stdout
+    # PromQL through the collector's engine counts what was acknowledged (PROTOCOL §5).
+    require_prometheus()
+    assert "GET /api/v1/query?query=sum(count_over_time(" in done.stdout
+    assert "plus the live batch:" in done.stdout
     assert (work / "store" / "accepted" / "v1").is_dir()
     # The totals check is real: one point fewer acknowledged would be reported.
     problems = asyncio.run(
