@@ -3,10 +3,12 @@ the store's contract (the shared suite runs it as the ``timed`` backend)."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 from prometheus_client import CollectorRegistry
 
-from store.base import ConditionalGet, get_if_changed, list_range
+from store.base import ConditionalGet, ObjectStore, get_if_changed, list_range
 from store.errors import NotFound, PreconditionFailed
 from store.memory import MemoryStore
 from store.timed import StoreLatency, TimedStore, result_of
@@ -62,10 +64,34 @@ async def test_listings_and_conditional_gets_are_observed_and_forwarded() -> Non
     assert keys == ["p/0", "p/1", "p/2"]
     assert count(registry, "list", "ok") == 1  # stopped early: still one answered listing
 
-    assert isinstance(store, ConditionalGet)  # forwarded because MemoryStore has it
+    assert isinstance(store, ConditionalGet)
     _body, etag = await inner.get("p/0")
     assert await get_if_changed(store, "p/0", etag) is None
     assert count(registry, "get", "ok") == 1
+
+
+class _PlainStore:
+    """A store without conditional GETs (as some wrappers are): get and put only."""
+
+    def __init__(self, inner: MemoryStore) -> None:
+        self.inner = inner
+        self.url = inner.url
+
+    async def get(self, key: str) -> tuple[bytes, str]:
+        return await self.inner.get(key)
+
+    async def put(self, key: str, body: bytes) -> str:
+        return await self.inner.put(key, body)
+
+
+async def test_a_store_without_conditional_gets_is_answered_by_a_plain_get() -> None:
+    registry = CollectorRegistry()
+    plain = _PlainStore(MemoryStore())
+    etag = await plain.put("k", b"v")
+    store = TimedStore(cast(ObjectStore, plain), observe=StoreLatency(registry).observe)
+    assert await get_if_changed(store, "k", etag) is None
+    assert await get_if_changed(store, "k", "other") == (b"v", etag)
+    assert count(registry, "get", "ok") == 2
 
 
 def test_results_name_the_error_kind() -> None:
