@@ -21,12 +21,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import cramjam
 import pytest
 
+from collector.promql.proto import read_pb2
 from config import hash_token
 from protocol import keys
 from protocol.frame_encode import encode_frame, points_table
@@ -78,6 +81,35 @@ async def query(
         f"{process.base_url}/v1/query", params=params, headers=headers
     ) as response:
         return response.status, await response.json()
+
+
+async def remote_read(
+    session: aiohttp.ClientSession, process: CollectorProcess, name: str, from_s: int, to_s: int
+) -> list[tuple[tuple[tuple[str, str], ...], list[tuple[int, float]]]]:
+    """``POST /api/v1/read`` (SAMPLES) for ``{__name__=name}`` over ``[from_s, to_s)``."""
+    request = read_pb2.ReadRequest()
+    request.queries.add(
+        start_timestamp_ms=from_s * 1000, end_timestamp_ms=to_s * 1000 - 1
+    ).matchers.add(type=0, name="__name__", value=name)
+    headers = {
+        **bearer(READ),
+        "Content-Type": "application/x-protobuf",
+        "Content-Encoding": "snappy",
+    }
+    body = bytes(cramjam.snappy.compress_raw(request.SerializeToString()))
+    async with session.post(
+        f"{process.base_url}/api/v1/read", data=body, headers=headers
+    ) as response:
+        payload = await response.read()
+        assert response.status == 200, payload
+    answer = read_pb2.ReadResponse.FromString(bytes(cramjam.snappy.decompress_raw(payload)))
+    return [
+        (
+            tuple((label.name, label.value) for label in series.labels),
+            [(sample.timestamp, sample.value) for sample in series.samples],
+        )
+        for series in answer.results[0].timeseries
+    ]
 
 
 async def wait_for(
@@ -215,6 +247,22 @@ async def test_live_queries_own_batches_designated_and_sealed(
             300.0,
         )
         assert (minute["first"], minute["last"]) == (100.0, 30.0)
+
+        # Prometheus remote read of the same range from the real process: the committed
+        # part (Parquet written by the Spark job) and the live batch, one sample per
+        # millisecond, the tie going to the last by (us, agent, boot, seq) (PROTOCOL §5).
+        points = (await query(session, d, READ, **old))[1]
+        assert len(points["rows"]) == 9
+        winners: dict[int, tuple[Any, ...]] = {}
+        for row in points["rows"]:
+            cells = dict(zip(points["columns"], row, strict=True))
+            moment = datetime.fromisoformat(cells["ts"].replace("Z", "+00:00"))
+            micros = round(moment.timestamp() * 1_000_000)
+            rank = (micros, cells["agent_id"], cells["boot_id"], cells["seq"], cells["value"])
+            winners[micros // 1000] = max(winners.get(micros // 1000, rank), rank)
+        expected = [(ms, winners[ms][-1]) for ms in sorted(winners)]
+        samples = await remote_read(session, d, "cpu_load", int(old["from"]), int(old["to"]))
+        assert samples == [((("__name__", "cpu_load"), ("host", "h1")), expected)]
 
         # Time travel: the committed part of version 1 alone.
         travel = (await query(session, d, READ, version="1", **old))[1]
