@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
 import signal
 import subprocess
 import sys
@@ -29,6 +30,7 @@ import pytest
 
 from config import load_settings
 from protocol.clock import SystemClock
+from reconciler.daemon import Reconciler
 from rollup.table.ledger import LedgerRow
 from rollup.table.owner import OwnerLease
 from store.fs import FileSystemStore
@@ -51,7 +53,7 @@ from tests.deploy.grafana_panels import (
 )
 from tests.deploy.grafana_requests import datasource_requests
 from tests.prometheus_binary import require_prometheus
-from tests.reconciler.conftest import make_batch, write_batch
+from tests.reconciler.conftest import make_batch, make_settings, write_batch
 from tests.rollup.dataset_builder import commit_rows
 
 SELF_SCRAPE = DEPLOY / "systemd" / "self-scrape.toml"
@@ -82,9 +84,11 @@ def self_scrape_jobs() -> dict[str, str]:
     return {job: job.removeprefix("lightmetrics-") for job in jobs}
 
 
-async def commit_a_rollup_snapshot(root: Path) -> None:
-    """One accepted batch, included by a rollup commit: the reconciler's rollup gauges
-    then have something to show (the rollup job itself is the Spark tests' business)."""
+async def prepare_store(root: Path) -> None:
+    """One accepted batch, included by a rollup commit, and a completed audit: the
+    reconciler's rollup, audit and sealed-hours gauges then have something to show from
+    its first pass (the rollup job is the Spark tests' business; an audit in line here
+    takes a second, the daemon's first one in its child process several)."""
     store = FileSystemStore(root)
     clock = SystemClock()
     try:
@@ -93,6 +97,10 @@ async def commit_a_rollup_snapshot(root: Path) -> None:
         owner = await OwnerLease.acquire(store, "grafana-test", 600, clock)
         await commit_rows(store, owner, clock, ledger=[LedgerRow.of_manifest(batch.manifest)])
         await owner.release()
+        reconciler = Reconciler(
+            store=store, settings=make_settings(), clock=clock, rng=random.Random(1)
+        )
+        assert (await reconciler.run_once()).audit is not None
     finally:
         await store.close()
 
@@ -131,70 +139,76 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     work = tmp_path_factory.mktemp("grafana")
     jobs = self_scrape_jobs()
     store_root = work / "store"
-    asyncio.run(commit_a_rollup_snapshot(store_root))
+    asyncio.run(prepare_store(store_root))
     started: list[subprocess.Popen[bytes]] = []
     launcher = CollectorLauncher(work / "collectors")
+    ports = {"collector": free_port(), "reconciler": free_port()}
+    prometheus_port = free_port()
     try:
-        collector = launcher.start(store_url=f"file://{store_root}", port=free_port())
-        reconciler_port = free_port()
-        script = Path(sys.executable).parent / "lm-reconciler"
+        # Everything starts at once; each is then awaited (their start-ups overlap).
         reconciler_log = work / "reconciler.log"
-        with reconciler_log.open("ab") as out:
-            started.append(
-                subprocess.Popen(
-                    [str(script), "run"],
-                    env=collector_env(
-                        {
-                            "LM_STORE__URL": f"file://{store_root}",
-                            "LM_METRICS__HOST": "127.0.0.1",
-                            "LM_METRICS__PORT": str(reconciler_port),
-                            "LM_RECONCILER__LOOP_INTERVAL_S": "0.5",
-                            "LM_LOGGING__FORMAT": "json",
-                        }
-                    ),
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    cwd=work,
-                )
-            )
-        wait_ready(f"http://127.0.0.1:{reconciler_port}/metrics", started[-1], reconciler_log)
-        ports = {"collector": collector.port, "reconciler": reconciler_port}
-        scrape_configs = "".join(
-            f"""
-  - job_name: {job}
-    static_configs:
-      - targets: ["127.0.0.1:{ports[kind]}"]"""
-            for job, kind in sorted(jobs.items())
-        )
-        (work / "prometheus.yml").write_text(
-            f"global:\n  scrape_interval: {SCRAPE_INTERVAL}\n  scrape_timeout: {SCRAPE_INTERVAL}\n"
-            f"scrape_configs:{scrape_configs}\n"
-        )
-        prometheus_port = free_port()
+        started.append(start_reconciler(store_root, ports["reconciler"], work, reconciler_log))
         prometheus_log = work / "prometheus.log"
-        with prometheus_log.open("ab") as out:
-            started.append(
-                subprocess.Popen(
-                    [
-                        binary,
-                        f"--config.file={work / 'prometheus.yml'}",
-                        f"--storage.tsdb.path={work / 'tsdb'}",
-                        f"--web.listen-address=127.0.0.1:{prometheus_port}",
-                    ],
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    cwd=work,
-                )
-            )
+        started.append(start_prometheus(binary, work, jobs, ports, prometheus_port, prometheus_log))
+        collector = launcher.start(store_url=f"file://{store_root}", port=ports["collector"])
+        wait_ready(f"http://127.0.0.1:{ports['reconciler']}/metrics", started[0], reconciler_log)
         url = f"http://127.0.0.1:{prometheus_port}"
-        wait_ready(f"{url}/-/ready", started[-1], prometheus_log)
+        wait_ready(f"{url}/-/ready", started[1], prometheus_log)
         yield World(url, collector.base_url, frozenset(jobs))
     finally:
         for process in reversed(started):
             stop(process)
         launcher.stop_all()
+
+
+def start_reconciler(store_root: Path, port: int, work: Path, log: Path) -> subprocess.Popen[bytes]:
+    script = Path(sys.executable).parent / "lm-reconciler"
+    settings = {
+        "LM_STORE__URL": f"file://{store_root}",
+        "LM_METRICS__HOST": "127.0.0.1",
+        "LM_METRICS__PORT": str(port),
+        "LM_RECONCILER__LOOP_INTERVAL_S": "0.5",
+        "LM_LOGGING__FORMAT": "json",
+    }
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [str(script), "run"],
+            env=collector_env(settings),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=work,
+        )
+
+
+def start_prometheus(
+    binary: str, work: Path, jobs: dict[str, str], ports: dict[str, int], port: int, log: Path
+) -> subprocess.Popen[bytes]:
+    """A throwaway Prometheus scraping each daemon under its self-scrape job name."""
+    scrape_configs = "".join(
+        f"""
+  - job_name: {job}
+    static_configs:
+      - targets: ["127.0.0.1:{ports[kind]}"]"""
+        for job, kind in sorted(jobs.items())
+    )
+    (work / "prometheus.yml").write_text(
+        f"global:\n  scrape_interval: {SCRAPE_INTERVAL}\n  scrape_timeout: {SCRAPE_INTERVAL}\n"
+        f"scrape_configs:{scrape_configs}\n"
+    )
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [
+                binary,
+                f"--config.file={work / 'prometheus.yml'}",
+                f"--storage.tsdb.path={work / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=work,
+        )
 
 
 async def prometheus_get(
