@@ -38,6 +38,10 @@ MATCHER_CASES: list[list[Matcher]] = [
     [("EQ", "__name__", "temp"), ("EQ", "a_b", "y")],
     [("RE", "__name__", "c.*"), ("EQ", "zone", "")],  # a label no series has, against ""
     [("EQ", "__name__", "nothing")],
+    # Every matcher matches "": Prometheus' remote read server serves it (its TSDB selects
+    # every series lacking the label); so does this one, bounded by max_read_samples.
+    [("EQ", "zone", "")],
+    [("NEQ", "host", "a")],
 ]
 
 
