@@ -7,10 +7,13 @@ declared decoded length, then protobuf and per-query checks (`read_request`, on 
 thread; 400) → the parts: the latest snapshot and the live window's batches its ledger
 lacks (`collector.query`'s machinery; 503 while a designated window is being rebuilt
 or the store fails) → per query, in order: select (`select.select_series`, on a
-thread; more than ``query.max_read_samples`` is 400 naming it, never cut short) →
+thread, at most `SELECTING` at once per pool, since a selection holds up to
+``max_read_samples`` rows; more than ``query.max_read_samples`` is 400 naming it,
+counted as rows are read, before anything is encoded, never cut short) →
 reserve the answer's estimated bytes from ``query.max_read_bytes_in_flight`` (`ByteBudget`,
 a read holding nothing waits; a request growing a reservation it holds does not wait:
-503, so two requests never wait on each other) → encode (`encode`, on a thread; a
+503, so two requests never wait on each other; the engine's internal principal has
+a selection pool and a budget of its own) → encode (`encode`, on a thread; a
 ``STREAMED_XOR_CHUNKS`` series over ``query.max_read_frame_bytes`` is 400 before the
 first frame) → answer:
 
@@ -69,6 +72,7 @@ PATH = "/api/v1/read"
 WATCH_INTERVAL_S = 0.05
 RETRY_AFTER_S = 1
 YIELD_EVERY_S = 0.02
+SELECTING = 2
 
 
 class ClientGone(Exception):
@@ -105,6 +109,10 @@ class ReadEndpoint:
         self.internal = internal or InternalPrincipals()
         self.budget = ByteBudget(settings.max_read_bytes_in_flight)
         self.internal_budget = ByteBudget(settings.max_read_bytes_in_flight)
+        # Selections hold up to max_read_samples rows (~45 bytes each) while they run:
+        # at most SELECTING at once per pool; the others wait (never refused).
+        self.selecting = asyncio.Semaphore(SELECTING)
+        self.internal_selecting = asyncio.Semaphore(SELECTING)
         self.series_cache = SeriesCache()
         """Presented label sets of stored series, shared by reads (`select.SeriesCache`)."""
         self.running = 0
@@ -180,11 +188,13 @@ class ReadEndpoint:
         gone = threading.Event()
         watcher = asyncio.create_task(self._watch(request, gone))
         budget = self.internal_budget if internal else self.budget
+        selecting = self.internal_selecting if internal else self.selecting
         held = 0
         try:
             answers: list[Any] = []
             for index, query in enumerate(parsed.queries):
-                selection = await self._select(index, query, snapshot, frames, gone)
+                async with selecting:
+                    selection = await self._select(index, query, snapshot, frames, gone)
                 columns = selection.columns
                 if parsed.response_type == SAMPLES:
                     need = encode.samples_answer_bytes(

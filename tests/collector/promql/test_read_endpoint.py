@@ -149,7 +149,9 @@ async def test_internal_reads_have_a_pool_of_their_own(world: World) -> None:
     engine_token = "engine-internal-token"
     world.endpoint.internal.add("engine", engine_token)
     budget = world.endpoint.budget
-    held = await budget.acquire(budget.capacity)  # outside readers hold every byte
+    held = await budget.acquire(budget.capacity)  # outside readers hold every byte...
+    for _ in range(2):
+        await world.endpoint.selecting.acquire()  # ...and every selection slot
     try:
         async with serving(world) as (url, _probe):
             matchers = [("EQ", "__name__", "cpu")]
@@ -161,6 +163,8 @@ async def test_internal_reads_have_a_pool_of_their_own(world: World) -> None:
             assert not done  # an outside read waits for bytes...
             budget.release(held)
             held = 0
+            for _ in range(2):
+                world.endpoint.selecting.release()
             status, _, _ = await outside  # ...and is served once they are free
             assert status == 200
     finally:
