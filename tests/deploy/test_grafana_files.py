@@ -83,6 +83,9 @@ def test_the_fleet_dashboard_is_generic_with_eight_panels_or_more() -> None:
     for needed in ("$__rate_interval", "$__interval]", "$__range", "histogram_quantile", "topk"):
         assert needed in exprs
     assert "lm_" not in exprs  # the fleet's metrics, whatever they are
+    # Only what every sender writes: lm-agent scrape adds `up` but none of Prometheus'
+    # scrape_* series, and the end-to-end test reads the dashboard through the collector.
+    assert not re.search(r"\bscrape_", exprs)
 
 
 def test_the_health_dashboard_reads_only_metrics_the_daemons_export() -> None:
