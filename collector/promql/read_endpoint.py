@@ -164,6 +164,9 @@ class ReadEndpoint:
             self._count(str(exc.status), "-")
             retry = {"Retry-After": str(RETRY_AFTER_S)} if exc.status >= 500 else None
             return prom_json.error(exc.status, str(exc), headers=retry)
+        except Exception as exc:  # a bug: still a failed read for the forwarding to see
+            self.outcomes.record(principal.name, "load", 500, f"internal error: {exc!r}")
+            raise
         finally:
             self.running -= 1
         self._count("ok" if response.status == 200 else str(response.status), kind)
@@ -224,7 +227,8 @@ class ReadEndpoint:
                     "Content-Encoding": "snappy",
                 }
                 return web.Response(body=payload, headers=headers), parsed.response_type
-            return await self._stream(request, answers, gone), parsed.response_type
+            streamed = await self._stream(request, answers, gone, principal.name)
+            return streamed, parsed.response_type
         except ClientGone:
             log.info("remote_read_client_gone")
             return web.Response(status=499), parsed.response_type
@@ -295,7 +299,7 @@ class ReadEndpoint:
         return selection
 
     async def _stream(
-        self, request: web.Request, streams: list[Any], gone: threading.Event
+        self, request: web.Request, streams: list[Any], gone: threading.Event, principal: str
     ) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": encode.STREAM_CONTENT_TYPE})
         await response.prepare(request)
@@ -320,14 +324,14 @@ class ReadEndpoint:
             # the client sees a failed read, never a clean end with series missing. (No
             # traceback rendering here: it would hold the loop.)
             log.error("remote_read_stream_failed", error=repr(exc))
+            self.outcomes.record(principal, "load", 200, f"stream aborted: {exc!r}")
             self._abort(request)
             self._count("aborted", "STREAMED_XOR_CHUNKS")
         return response
 
     @staticmethod
     def _abort(request: web.Request) -> None:
-        transport = request.transport
-        if transport is not None:
+        if (transport := request.transport) is not None:
             transport.abort()
 
     async def _watch(self, request: web.Request, gone: threading.Event) -> None:

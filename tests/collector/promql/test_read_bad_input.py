@@ -165,9 +165,13 @@ async def test_an_error_after_the_first_byte_aborts_the_stream(
         raise RuntimeError("encoder broke after the first frame")
 
     monkeypatch.setattr(encode.ChunkStream, "_frames", failing)
-    async with serving(world) as (url, _probe):
-        with pytest.raises(aiohttp.ClientPayloadError):
-            await post(url, body([query([("RE", "__name__", ".+")])], [1]))
+    with world.endpoint.outcomes.watch("reader") as seen:
+        async with serving(world) as (url, _probe):
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await post(url, body([query([("RE", "__name__", ".+")])], [1]))
+    assert [o.message for o in seen.of_kind("load")] == [
+        "stream aborted: RuntimeError('encoder broke after the first frame')"
+    ]
 
 
 async def test_a_client_that_goes_away_stops_the_read(tmp_path: Path) -> None:
