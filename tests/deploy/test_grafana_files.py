@@ -248,6 +248,12 @@ def test_self_scrape_targets_every_daemon_where_its_example_settings_serve_metri
         "lightmetrics-collector": {collector.metrics.port + i for i in range(workers)},
         "lightmetrics-reconciler": {reconciler.metrics.port},
     }
+    # Every target names its host: lm-agent's default instance (127.0.0.1:port) is the
+    # same on every host, whose series would then present one label set.
+    instances = [t.labels.get("instance", "") for t in scrape.targets]
+    assert len(set(instances)) == len(instances) and not any(
+        i.startswith("127.") for i in instances
+    )
     self_unit = read_unit(DEPLOY / "systemd/lightmetrics-self-scrape.service")
     assert "scrape --config /etc/lightmetrics/self-scrape.toml" in self_unit.value(
         "Service", "ExecStart"
