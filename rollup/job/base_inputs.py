@@ -12,6 +12,7 @@ from config.settings import RollupSettings
 from protocol import keys
 from rollup.job.plan import Plan
 from rollup.job.tasks import HourInputs
+from rollup.lifecycle import series_files
 from rollup.table import schemas
 from rollup.table.commit import LoadedSnapshot
 from rollup.table.data_file import DataFile
@@ -70,6 +71,19 @@ def retention_moves(base: LoadedSnapshot | None, retention: dict[str, str]) -> b
         return False
     moved = any(base.snapshot.retention.get(t) != first for t, first in retention.items())
     return moved or bool(expired_files(base, retention))
+
+
+def upkeep_due(
+    base: LoadedSnapshot | None, retention: dict[str, str], now_ns: int, settings: RollupSettings
+) -> bool:
+    """Whether a run with no batches still commits: retention moves (`retention_moves`), or
+    a day settled without ``series_day`` rows (`rollup.lifecycle.series_files.days_due`)."""
+    if retention_moves(base, retention):
+        return True
+    snapshot = base.snapshot if base is not None else None
+    first_kept = retention.get("series_day")
+    settle_us = int(settings.series_day_settle_s * 1e6)
+    return series_files.days_due(snapshot, first_kept, now_ns // 1000, settle_us)
 
 
 def hour_inputs(base: LoadedSnapshot | None, retention: dict[str, str]) -> HourInputs:

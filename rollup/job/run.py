@@ -5,7 +5,7 @@ session they own. Under the owner lease (taken here unless one is passed in):
 
 1. load the latest snapshot and plan against it (`rollup.job.plan`); included batches
    whose key was retracted are removed first, in a commit of their own
-   (`rollup.lifecycle.retraction`), and the plan made again; nothing pending → done;
+   (`rollup.lifecycle.retraction`), and the plan made again; nothing to do → done;
 2. run the stages (`rollup.job.stages`) in a thread while the lease is renewed;
 3. record each bad frame (hash mismatch, undecodable, missing blob, another batch's) and
    each refused batch (``overlapping-identity``) as a problem; such batches are left out
@@ -49,7 +49,7 @@ from rollup.job.base_inputs import (
     marker_hour,
     refused_hours,
     retention_cutoffs,
-    retention_moves,
+    upkeep_due,
 )
 from rollup.job.plan import Plan, make_plan
 from rollup.job.problems import record_problems
@@ -194,13 +194,13 @@ class _Run:
             now_ns = store_clock(self.store, self.clock).now_ns()
             retention = retention_cutoffs(self.settings, base, now_ns)
             self._note_plan(plan, started)
-            if not plan.batches and not retention_moves(base, retention):
+            if not plan.batches and not upkeep_due(base, retention, now_ns, self.settings):
                 summary.problems = plan.refused_problems()
                 await record_problems(self.store, self.clock, summary.problems)
                 await self._consume_markers(plan, keep_hours=refused_hours(plan))
                 summary.outcome = "up-to-date"
                 return summary
-            # Nothing new but retention drops hours: commit that alone.
+            # Nothing new but retention drops hours or a day settled: commit that alone.
             records = await self._stages(plan, retention) if plan.batches else []
             problems = [r.body for r in records if r.kind == "problem"]
             changes = replace(

@@ -86,15 +86,40 @@ def run_days(
     for day, files in sorted(late.items()):
         if day in written:
             added += _write_day(files, day, access, version, compression)
-    candidates = {day_hour(f.partition) for f in [*base_series, *new_series]} - written
-    for day in sorted(candidates):
-        if first_kept is not None and day.iso < first_kept:
-            continue
-        if _day_end_us(day) + settle_us > now_us:
-            continue
-        files = [f for f in [*base_series, *new_series] if day_hour(f.partition) == day]
+    all_series = [*base_series, *new_series]
+    for day in settled_days(all_series, written, first_kept, now_us, settle_us):
+        files = [f for f in all_series if day_hour(f.partition) == day]
         added += _write_day(files, day, access, version, compression)
     return added
+
+
+def settled_days(
+    series: Iterable[DataFile],
+    written: set[keys.UtcHour],
+    first_kept: str | None,
+    now_us: int,
+    settle_us: int,
+) -> list[keys.UtcHour]:
+    """The days (as their partition hour) of ``series`` files that are not ``written``,
+    not before ``first_kept`` and ended at least ``settle_us`` before ``now_us``. Pure."""
+    candidates = {day_hour(f.partition) for f in series} - written
+    return [
+        day
+        for day in sorted(candidates)
+        if (first_kept is None or day.iso >= first_kept) and _day_end_us(day) + settle_us <= now_us
+    ]
+
+
+def days_due(
+    snapshot: Snapshot | None, first_kept: str | None, now_us: int, settle_us: int
+) -> bool:
+    """Whether ``snapshot`` has a settled day without ``series_day`` rows: a run with
+    nothing else to do commits it (else a day whose data stopped would never be written)."""
+    if snapshot is None:
+        return False
+    written = {f.partition for f in snapshot.data_files("series_day")}
+    days = settled_days(snapshot.data_files("series"), written, first_kept, now_us, settle_us)
+    return bool(days)
 
 
 def recompute_hours(

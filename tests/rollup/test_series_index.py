@@ -169,41 +169,37 @@ async def test_series_rows_follow_points_late_batches_days_and_deletes(
             == stored.sort_by([("series", "ascending"), ("ts", "ascending")]).to_pylist()
         )
 
-    # A late batch into hour 0 (earlier points of a known series, and a new one) once the
-    # day has settled: a second series file in the hour, and the day written from both.
+    # Nothing new: no commit while the day is not over; once it ended plus the settle
+    # margin, a run with no batches writes it (one file, in the day's last hour).
+    assert (await run(spark, fs_store, clock=clock)).outcome == "up-to-date"
+    clock.advance(14 * 3600)  # the day ended 2 h ago (settle margin: 1 h)
+    assert (await run(spark, fs_store, clock=clock)).outcome == "committed"
+    (day_file,) = (await _snapshot(fs_store)).data_files("series_day")
+    assert day_file.partition.iso == "2026-11-21T23"
+    assert await index_rows(fs_store, "series_day") == await expected_index(fs_store, by_day=True)
+    assert (await run(spark, fs_store, clock=clock)).outcome == "up-to-date"
+
+    # A late batch into hour 0 of the written day (earlier points of a known series, and a
+    # new one): a second series file in the hour and a second series_day file, same commit.
     late = _frame(
         "agent-b",
         [(t + i * S, "http.server.duration", {"route": "/a"}) for i in range(2)]
         + [(t + 7 * S, "new", None)],
     )
     await accept(fs_store, [late])
-    clock.advance(14 * 3600)  # the day ended 2 h ago (settle margin: 1 h)
-    assert (await run(spark, fs_store, clock=clock)).batches == 1
+    summary = await run(spark, fs_store, clock=clock)
+    assert summary.batches == 1 and summary.version is not None
+    version = summary.version
     snapshot = await _snapshot(fs_store)
     hour_files = [f for f in snapshot.data_files("series") if f.partition == HOUR]
-    assert len(hour_files) == 2
+    assert len(hour_files) == 2 and len(snapshot.data_files("series_day")) == 2
     for data_file in hour_files:  # per file at most one row per (hour, series)
         stored = pq.read_table(fs_store.root / data_file.path).column("series").to_pylist()
         assert len(stored) == len(set(stored))
     assert await index_rows(fs_store, "series") == await expected_index(fs_store)
-    ((day_start, dotted_count),) = {
-        (k[0], v[0])
-        for k, v in (await index_rows(fs_store, "series_day")).items()
-        if k[1] == dotted
-    }
-    assert (day_start, dotted_count) == (DAY_START_NS // 1000, 5)
-    assert await index_rows(fs_store, "series_day") == await expected_index(fs_store, by_day=True)
-    (day_file,) = snapshot.data_files("series_day")
-    assert day_file.partition.iso == "2026-11-21T23"
-
-    # Late into the written day: its rows join the day in the same commit, in a new file.
-    await accept(fs_store, [_frame("agent-cc", [(t + H + 2 * S, "cpu", {"host": "h"})])])
-    version = (await run(spark, fs_store, clock=clock)).version
-    assert version is not None
-    snapshot = await _snapshot(fs_store)
-    assert len(snapshot.data_files("series_day")) == 2
     by_day = await expected_index(fs_store, by_day=True)
     assert await index_rows(fs_store, "series_day") == by_day
+    assert by_day[(DAY_START_NS // 1000, dotted)][0] == 5
 
     # Reads: whole days from series_day, edge hours from series; counts combined.
     fs, root = pafs.LocalFileSystem(), str(fs_store.root)
