@@ -93,6 +93,8 @@ class Ours:
     cataloged: set[str] = field(default_factory=set)
     epoch: int = 0
     timings: dict[str, float] = field(default_factory=dict)
+    sent: list[list[Batch]] = field(default_factory=list)  # the batches of each phase
+    rolled_up: list[tuple[int, int]] = field(default_factory=list)  # (batches, points) a run
 
     def __post_init__(self) -> None:
         self.launcher = CollectorLauncher(self.work_dir / "collectors")
@@ -133,6 +135,7 @@ class Ours:
         hour_two = T0_MS + 3600 * 1000
         first = [b for b in all_batches if b.first_ms < hour_two] + extras.batches(extras.BATCH_A)
         second = [b for b in all_batches if b.first_ms >= hour_two] + extras.batches(extras.BATCH_B)
+        self.sent = [first, second]
         async with aiohttp.ClientSession() as session:
             await self._send(session, first)
             await self._catalog()  # the first hour only: what the first rollup includes
@@ -185,6 +188,7 @@ class Ours:
             self.spark, store, access=StoreAccess(store.url), settings=settings()
         )
         assert summary.outcome == "committed", summary
+        self.rolled_up.append((summary.batches, summary.points))
 
     async def wait_for_all(self, process: CollectorProcess) -> None:
         """Until ``process`` answers the fleet's sample count through PromQL."""

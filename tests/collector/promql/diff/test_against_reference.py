@@ -26,7 +26,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.collector.promql.diff.fleet import fleet
+from tests.collector.promql.diff.fleet import T0_MS, fleet
 from tests.collector.promql.diff.ours import Ours
 from tests.collector.promql.diff.queries import QUERIES
 from tests.collector.promql.diff.reference import ReferencePrometheus
@@ -101,6 +101,7 @@ def check(
     assert sum(report.ran.values()) == len(QUERIES)
     # What the reference cannot hold: microsecond ties and a presented-name collision.
     assert asyncio.run(ours.extras_problems(process)) == []
+    reference.assert_clean(fleet())  # its refusal counters stay 0, its samples the fleet's
     return report
 
 
@@ -120,10 +121,20 @@ def test_b_the_live_part_before_any_rollup(
 def test_c_a_range_split_between_committed_and_live(
     ours: Ours, reference: ReferencePrometheus, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert_all_agree(check(ours, "split", reference, capsys))
+    report = check(ours, "split", reference, capsys)
+    # The split is what it says: the first rollup committed exactly the first phase (the
+    # first hour, the frame straddling 11:00 and extras' batch A), the rest is live.
+    first, second = ours.sent
+    assert ours.rolled_up == [(len(first), sum(b.points for b in first))]
+    hour_two = T0_MS + 3600_000
+    assert max(b.last_ms for b in first) > hour_two  # the frame straddling 11:00
+    assert min(b.first_ms for b in second if b.first_ms >= T0_MS) >= hour_two
+    assert_all_agree(report)
 
 
 def test_a_committed_data_after_a_real_rollup(
     ours: Ours, reference: ReferencePrometheus, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert_all_agree(check(ours, "committed", reference, capsys))
+    report = check(ours, "committed", reference, capsys)
+    assert ours.rolled_up[1] == (len(ours.sent[1]), sum(b.points for b in ours.sent[1]))
+    assert_all_agree(report)
