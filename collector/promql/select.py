@@ -139,7 +139,7 @@ class SeriesCache:
     always presents the same way), the least recently used dropped past ``max_series``.
     Thread-safe: selections run on worker threads."""
 
-    def __init__(self, max_series: int = 200_000) -> None:
+    def __init__(self, max_series: int = 100_000) -> None:
         self._max = max_series
         self._known: OrderedDict[str, PresentedSeries] = OrderedDict()
         self._lock = threading.Lock()

@@ -231,3 +231,15 @@ async def test_a_stream_of_many_series_keeps_the_loop_free(world: World) -> None
     assert status == 200
     frames = read_frames(payload)
     assert len(frames) == 4000 and all(len(f.chunked_series) == 1 for f in frames)
+
+
+async def test_a_designated_window_being_rebuilt_is_503(world: World) -> None:
+    class Rebuilding:
+        ready = False
+        behind = True
+
+    world.endpoint.follower = Rebuilding()  # type: ignore[assignment]
+    async with serving(world) as (url, _probe):
+        status, headers, payload = await post(url, body([query([("EQ", "__name__", "cpu")])]))
+    assert status == 503 and headers["Retry-After"] == "1"
+    assert "being rebuilt" in json.loads(payload)["error"]
