@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 
 from tests.collector.promql.diff.compare import differences
-from tests.collector.promql.diff.queries import CATEGORIES, INSTANT_TIMES, RANGE, Query
+from tests.collector.promql.diff.queries import CATEGORIES, INSTANT_TIMES, QUERIES, RANGE, Query
 
 CONCURRENCY = 4
 TIMEOUT_S = 60.0
@@ -112,3 +112,25 @@ async def run_queries(
 
         await asyncio.gather(*(one(query) for query in queries))
     return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m tests.collector.promql.diff.runner REFERENCE_URL OURS_URL``: every
+    expression against two running APIs holding the fleet (ours with ``LM_TOKEN`` as its
+    bearer token); prints the per-category tally, exits 1 unless all agree."""
+    import argparse
+    import os
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("reference_url")
+    parser.add_argument("ours_url")
+    args = parser.parse_args(argv)
+    token = os.environ.get("LM_TOKEN")
+    ours = Target(args.ours_url, {"Authorization": f"Bearer {token}"} if token else {})
+    report = asyncio.run(run_queries(QUERIES, Target(args.reference_url), ours))
+    print(report.table("reference against ours"))
+    return 0 if report.agreed == report.ran else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
