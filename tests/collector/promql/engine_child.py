@@ -1,8 +1,8 @@
 """A stand-in collector process for the supervision tests: runs a `SupervisedEngine`
-(reading from a closed port: the engine starts and is ready without reads), prints
-``{"pid", "engine_pid", "dir"}`` once it is ready, stops it cleanly on SIGTERM.
+(reading from a closed port: the engine starts and is ready without reads), writes
+``{"engine_pid", "dir"}`` to READY_FILE once it is ready, stops it cleanly on SIGTERM.
 
-    python -m tests.collector.promql.engine_child PROMETHEUS_BINARY
+    python -m tests.collector.promql.engine_child PROMETHEUS_BINARY READY_FILE
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collector.promql.engine import SupervisedEngine
 from config.query_settings import PromqlSettings
 
 
-async def run(binary: Path) -> None:
+async def run(binary: Path, ready_file: Path) -> None:
     engine = SupervisedEngine(
         binary=binary,
         settings=PromqlSettings(prometheus=binary),
@@ -29,10 +29,12 @@ async def run(binary: Path) -> None:
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     await engine.start("http://127.0.0.1:9/api/v1/read")
     await engine.wait_ready(30)
-    print(json.dumps({"engine_pid": engine.pid, "dir": str(engine.directory)}), flush=True)
+    temporary = ready_file.with_suffix(".tmp")
+    temporary.write_text(json.dumps({"engine_pid": engine.pid, "dir": str(engine.directory)}))
+    temporary.replace(ready_file)
     await stop.wait()
     await engine.stop()
 
 
 if __name__ == "__main__":
-    asyncio.run(run(Path(sys.argv[1])))
+    asyncio.run(run(Path(sys.argv[1]), Path(sys.argv[2])))

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -30,41 +29,35 @@ def _alive(pid: int) -> bool:
     return fields[0] != "Z"
 
 
-def _start_child(binary: str) -> tuple[subprocess.Popen[str], dict[str, object]]:
-    child = subprocess.Popen(
-        [sys.executable, "-m", "tests.collector.promql.engine_child", binary],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    assert child.stdout is not None
+def _start_child(
+    binary: str, ready_file: Path
+) -> tuple[subprocess.Popen[bytes], dict[str, object]]:
+    log = ready_file.with_suffix(".log")
+    with log.open("wb") as output:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "tests.collector.promql.engine_child", binary, str(ready_file)],
+            cwd=REPO,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
     deadline = time.monotonic() + 30
-    try:
-        while time.monotonic() < deadline:  # its log lines, then the JSON line
-            left = max(0.0, deadline - time.monotonic())
-            ready, _, _ = select.select([child.stdout], [], [], left)
-            line = child.stdout.readline() if ready else ""
-            if line.startswith('{"engine_pid"'):
-                return child, json.loads(line)
-            if ready and not line:
-                break  # the child exited
-    except BaseException:
-        _end_child(child)
-        raise
-    _end_child(child)
-    pytest.fail("the engine child did not report a ready engine in 30 s")
+    while not ready_file.exists():
+        if child.poll() is not None or time.monotonic() > deadline:
+            _end_child(child)
+            pytest.fail(f"the engine child reported no ready engine:\n{log.read_text()[-3000:]}")
+        time.sleep(0.02)  # polling for its ready file, bounded by the deadline
+    return child, json.loads(ready_file.read_text())
 
 
-def _end_child(child: subprocess.Popen[str]) -> None:
+def _end_child(child: subprocess.Popen[bytes]) -> None:
+    if child.poll() is not None:
+        return
     os.kill(child.pid, signal.SIGTERM)  # a clean stop ends its engine too
     try:
         child.wait(timeout=10)
     except subprocess.TimeoutExpired:
         os.kill(child.pid, signal.SIGKILL)
         child.wait()
-    assert child.stdout is not None
-    child.stdout.close()
 
 
 def _wait_dead(pid: int, timeout_s: float) -> None:
@@ -74,8 +67,8 @@ def _wait_dead(pid: int, timeout_s: float) -> None:
         time.sleep(0.02)  # polling a process table entry, bounded by the deadline
 
 
-def test_engine_dies_with_a_killed_collector() -> None:
-    child, info = _start_child(require_prometheus())
+def test_engine_dies_with_a_killed_collector(tmp_path: Path) -> None:
+    child, info = _start_child(require_prometheus(), tmp_path / "ready.json")
     with child:
         engine_pid = int(str(info["engine_pid"]))
         assert _alive(engine_pid)
@@ -84,8 +77,8 @@ def test_engine_dies_with_a_killed_collector() -> None:
     _wait_dead(engine_pid, 10)
 
 
-def test_clean_stop_ends_the_engine_by_pid_and_removes_its_files() -> None:
-    child, info = _start_child(require_prometheus())
+def test_clean_stop_ends_the_engine_by_pid_and_removes_its_files(tmp_path: Path) -> None:
+    child, info = _start_child(require_prometheus(), tmp_path / "ready.json")
     with child:
         engine_pid = int(str(info["engine_pid"]))
         directory = Path(str(info["dir"]))
