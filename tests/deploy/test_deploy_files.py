@@ -347,9 +347,10 @@ def test_container_commands_are_project_scripts_with_valid_arguments() -> None:
                     argv = ["lm-rollup", *argv[argv.index(entry) + 1 :]]
                 check_command(argv, path.name, path.read_text(encoding="utf-8"))
                 checked += 1
-    # collector, reconciler, rollup, its compaction and vacuum, scrape agent, and the
-    # self-scrape sidecars of the collector and reconciler pods, the query collector
-    assert checked == 9
+    # collector, reconciler, rollup, its compaction and vacuum, scrape agent, the query
+    # collector, and the self-scrape sidecars of the collector, query collector and
+    # reconciler pods
+    assert checked == 10
 
 
 def test_the_spark_submit_entry_file_runs_the_job_on_the_submitted_session() -> None:

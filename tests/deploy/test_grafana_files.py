@@ -268,9 +268,11 @@ def test_each_collector_and_reconciler_pod_scrapes_itself_into_the_store() -> No
     ports = {"lightmetrics-collector": 8080, "lightmetrics-reconciler": 9108}
     for name, job in (
         ("collector", "lightmetrics-collector"),
+        ("query-collector", "lightmetrics-collector"),
         ("reconciler", "lightmetrics-reconciler"),
     ):
-        deployment = yaml.safe_load((DEPLOY / f"kubernetes/{name}-deployment.yaml").read_text())
+        documents = yaml.safe_load_all((DEPLOY / f"kubernetes/{name}-deployment.yaml").read_text())
+        (deployment,) = [d for d in documents if d and d["kind"] == "Deployment"]
         spec = deployment["spec"]["template"]["spec"]
         (sidecar,) = [c for c in spec["containers"] if c["name"] == "self-scrape"]
         assert sidecar["args"][0] == "scrape"

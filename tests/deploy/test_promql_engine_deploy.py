@@ -68,7 +68,7 @@ def test_the_query_collector_pod_runs_the_engine_it_configures() -> None:
     settings = load_settings(K8S / "query-collector.toml", environ={"LM_INGEST__COLLECTOR_ID": "q"})
     assert settings.query.designated and settings.query.promql.prometheus is None
     containers = {c["name"]: c for c in spec["containers"]}
-    assert set(containers) == {"collector", "promql-engine"}
+    assert set(containers) == {"collector", "promql-engine", "self-scrape"}
     collector, engine = containers["collector"], containers["promql-engine"]
     served = build_parser().parse_args(collector["args"])
     assert (served.command, served.workers) == ("serve", 1)
