@@ -50,6 +50,7 @@ from ..auth import EngineReadToken
 from .engine_check import (
     EngineCheckFailed,
     EngineEndpoint,
+    EngineRefused,
     basic_authorization,
     fetch_buildinfo,
     is_ready,
@@ -204,11 +205,11 @@ class SupervisedEngine:
             started = time.monotonic()
             try:
                 await self._run_once(read_url)
+            except EngineRefused as exc:
+                self._down_reason = str(exc)
+                log.error("promql_engine_refused", reason=str(exc))
+                return  # the same binary would have the same version
             except EngineCheckFailed as exc:
-                if exc.args and "PROTOCOL §5 needs" in str(exc.args[0]):
-                    self._down_reason = str(exc)
-                    log.error("promql_engine_refused", reason=str(exc))
-                    return  # the same binary would have the same version
                 self._down_reason = str(exc)
             except OSError as exc:  # the binary could not be started
                 self._down_reason = f"the PromQL engine could not start: {exc}"

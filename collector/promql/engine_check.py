@@ -27,6 +27,11 @@ class EngineCheckFailed(Exception):
     """The engine is not ready, or not one the contract allows; the message says why."""
 
 
+class EngineRefused(EngineCheckFailed):
+    """The engine answers but is not a Prometheus the contract allows (its version):
+    starting or asking it again changes nothing."""
+
+
 @dataclass(frozen=True, slots=True)
 class EngineEndpoint:
     """A ready engine: where it listens, the header that authenticates the collector to
@@ -58,7 +63,7 @@ def check_version(buildinfo: dict[str, Any]) -> None:
     version = str(buildinfo.get("version", ""))
     parsed = parse_version(version)
     if parsed is None or parsed[0] != MIN_VERSION[0] or parsed[:2] < MIN_VERSION:
-        raise EngineCheckFailed(
+        raise EngineRefused(
             f"the PromQL engine is Prometheus {version or '(no version)'}; PROTOCOL §5 needs "
             f"Prometheus 2.x >= {MIN_VERSION[0]}.{MIN_VERSION[1]}"
         )

@@ -44,7 +44,13 @@ from config.query_settings import QuerySettings
 from ..auth import Authenticator
 from . import prom_json
 from .engine import Engine
-from .engine_answer import AnswerNotJson, answer_warnings, is_remote_read_failure, with_warnings
+from .engine_answer import (
+    PROMQL_ANNOTATIONS,
+    AnswerNotJson,
+    answer_warnings,
+    is_remote_read_failure,
+    with_warnings,
+)
 from .engine_check import EngineEndpoint
 
 log = structlog.get_logger("collector.promql.forward")
@@ -212,7 +218,7 @@ class PromqlForward:
             w
             for w in span.warnings
             if is_remote_read_failure(w)
-            or (collector_failed and not w.startswith(("PromQL warning:", "PromQL info:")))
+            or (collector_failed and not w.startswith(PROMQL_ANNOTATIONS))
         ]
         if failures:
             more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""

@@ -4,6 +4,7 @@ and removes its private directory. The "collector" is `engine_child`, a real pro
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -14,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from collector.promql.engine import BACKOFF_MAX_S, backoff_delay
+from collector.auth import EngineReadToken
+from collector.promql.engine import BACKOFF_MAX_S, SupervisedEngine, backoff_delay
+from config.query_settings import PromqlSettings
 from tests.prometheus_binary import require_prometheus
 
 REPO = Path(__file__).resolve().parents[3]
@@ -98,3 +101,29 @@ def test_backoff_is_bounded_and_jittered() -> None:
     assert 1.0 <= delays[0] <= 1.25 and 2.0 <= delays[1] <= 2.5
     assert all(d <= BACKOFF_MAX_S for d in delays) and delays[-1] == pytest.approx(60, abs=0)
     assert len({round(d, 6) for d in delays[:6]}) == 6
+
+
+async def test_an_engine_older_than_2_42_is_refused_and_not_restarted(tmp_path: Path) -> None:
+    # A stand-in binary that says it is Prometheus 2.41.0 (old_engine.py, a script).
+    binary = tmp_path / "prometheus"
+    binary.write_text(
+        f'#!/bin/sh\nexec {sys.executable} {REPO}/tests/collector/promql/old_engine.py "$@"\n'
+    )
+    binary.chmod(0o755)
+    engine = SupervisedEngine(
+        binary=binary,
+        settings=PromqlSettings(prometheus=binary),
+        max_concurrency=1,
+        read_token=EngineReadToken.generate(),
+    )
+    await engine.start("http://127.0.0.1:9/api/v1/read")
+    try:
+        deadline = time.monotonic() + 30
+        while "2.41.0" not in engine.down_reason:
+            assert time.monotonic() < deadline, engine.down_reason
+            await asyncio.sleep(0.02)
+        assert engine.current() is None and engine.pid is None  # ended, not restarted
+        assert "needs Prometheus 2.x >= 2.42" in engine.down_reason
+        assert engine.starts == 1
+    finally:
+        await engine.stop()
