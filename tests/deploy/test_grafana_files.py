@@ -231,7 +231,8 @@ def test_the_replay_list_holds_every_request_grafana_makes() -> None:
 
 def test_self_scrape_targets_every_daemon_where_its_example_settings_serve_metrics() -> None:
     """deploy/systemd/self-scrape.toml: one target per collector worker ([metrics] port +
-    index, for the unit's default --workers) and the reconciler's [metrics] port."""
+    index, for the unit's default --workers), the query collector's HTTP port (one worker)
+    and the reconciler's [metrics] port."""
     scrape = load_settings(DEPLOY / "systemd/self-scrape.toml", environ={}).scrape
     ports: dict[str, set[int]] = {}
     for target in scrape.targets:
@@ -244,8 +245,10 @@ def test_self_scrape_targets_every_daemon_where_its_example_settings_serve_metri
         for v in unit.values("Service", "Environment")
         if v.startswith("LIGHTMETRICS_COLLECTOR_WORKERS=")
     ]
+    query = load_settings(DEPLOY / "systemd/query-collector.toml", environ={})
     assert ports == {
-        "lightmetrics-collector": {collector.metrics.port + i for i in range(workers)},
+        "lightmetrics-collector": {collector.metrics.port + i for i in range(workers)}
+        | {query.http.port},
         "lightmetrics-reconciler": {reconciler.metrics.port},
     }
     # Every target names its host: lm-agent's default instance (127.0.0.1:port) is the
