@@ -65,7 +65,7 @@ def is_remote_read_failure(warning: str) -> bool:
     return warning.startswith(REMOTE_READ_ERRORS)
 
 
-def answer_warnings(body: bytes) -> WarningsSpan:
+def answer_warnings(body: bytes | bytearray) -> WarningsSpan:
     """The top-level ``warnings`` of a successful engine answer (`AnswerNotJson` if the
     bytes are not one)."""
     if not body.startswith(_SUCCESS_START):
@@ -89,7 +89,7 @@ def answer_warnings(body: bytes) -> WarningsSpan:
     return WarningsSpan(tuple(warnings), start, end)
 
 
-def _decode_whole(body: bytes) -> WarningsSpan:
+def _decode_whole(body: bytes | bytearray) -> WarningsSpan:
     try:
         answer = json.loads(body)
     except (UnicodeDecodeError, ValueError) as exc:
@@ -102,9 +102,12 @@ def _decode_whole(body: bytes) -> WarningsSpan:
     return WarningsSpan(tuple(warnings), -1, -1)
 
 
-def with_warnings(body: bytes, span: WarningsSpan, extra: list[str]) -> bytes:
+def with_warnings(
+    body: bytes | bytearray, span: WarningsSpan, extra: list[str]
+) -> bytes | bytearray:
     """``body`` with ``extra`` appended to its top-level warnings; everything else is
-    left byte for byte."""
+    left byte for byte. A ``bytearray`` is changed in place: only the bytes after the
+    warnings move (Prometheus writes them last), never the answer's ``data``."""
     if not extra:
         return body
     if span.start < 0:  # decoded whole: encode whole
@@ -114,5 +117,10 @@ def with_warnings(body: bytes, span: WarningsSpan, extra: list[str]) -> bytes:
     array = json.dumps([*span.warnings, *extra], separators=(",", ":")).encode("utf-8")
     if span.start == span.end:  # no warnings yet: before the closing brace
         closing = body.rstrip().rfind(b"}")
-        return body[:closing] + b',"warnings":' + array + body[closing:]
-    return body[: span.start] + array + body[span.end :]
+        start, end, array = closing, closing, b',"warnings":' + array
+    else:
+        start, end = span.start, span.end
+    if isinstance(body, bytearray):
+        body[start:end] = array
+        return body
+    return body[:start] + array + body[end:]

@@ -184,9 +184,10 @@ class PromqlForward:
 
     async def _ask_engine(
         self, endpoint: EngineEndpoint, path: str, params: list[tuple[str, str]]
-    ) -> tuple[int, str, bytes] | web.Response:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(auto_decompress=False)
+    ) -> tuple[int, str, bytearray] | web.Response:
+        if self._session is None:  # one connection per forwarded request at most
+            connector = aiohttp.TCPConnector(limit=self._max_in_flight)
+            self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         try:
             async with self._session.post(
                 endpoint.base_url + path,
@@ -208,7 +209,7 @@ class PromqlForward:
             )
         return status, content_type, body
 
-    def _judge(self, body: bytes, report: EngineReadReport) -> web.Response:
+    def _judge(self, body: bytearray, report: EngineReadReport) -> web.Response:
         try:
             span = answer_warnings(body)
         except AnswerNotJson as exc:
@@ -276,10 +277,13 @@ async def _request_params(request: web.Request) -> list[tuple[str, str]] | web.R
     return form + pairs  # Go's FormValue: the body's value before the URL's
 
 
-async def _read_bounded(answer: aiohttp.ClientResponse) -> bytes | None:
+async def _read_bounded(answer: aiohttp.ClientResponse) -> bytearray | None:
+    """The whole answer, or None past `MAX_ANSWER_BYTES`. Kept a ``bytearray``: adding
+    warnings then moves only its last bytes (`engine_answer.with_warnings`), and no copy
+    of a large answer is made on the event loop."""
     body = bytearray()
     async for chunk in answer.content.iter_chunked(1024 * 1024):
         body += chunk
         if len(body) > MAX_ANSWER_BYTES:
             return None
-    return bytes(body)
+    return body

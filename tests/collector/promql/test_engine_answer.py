@@ -41,6 +41,9 @@ def test_top_level_warnings_are_found_and_extended(warnings: list[str] | None) -
     assert decoded["warnings"] == [*(warnings or []), "partial: a gap"]
     assert decoded["data"] == json.loads(body)["data"]
     assert with_warnings(body, span, []) is body
+    held = bytearray(body)  # as the forward holds an answer: changed in place
+    assert with_warnings(held, span, ["partial: a gap"]) is held
+    assert bytes(held) == extended
 
 
 def test_other_shapes_are_decoded_whole_or_refused() -> None:
