@@ -72,3 +72,24 @@ def test_remote_read_failures_of_prometheus_2_42() -> None:
         "partial: a designated follower behind the log",
     ]
     assert not any(is_remote_read_failure(w) for w in passed)
+
+
+def test_caller_timeouts_are_read_and_capped_at_the_engine_timeout() -> None:
+    from collector.auth import Authenticator
+    from collector.promql.forward import PromqlForward, parse_timeout
+    from config.query_settings import PromqlSettings, QuerySettings
+
+    assert [parse_timeout(v) for v in ("30", "1.5", "1m30s", "2h", "500ms")] == [
+        30.0,
+        1.5,
+        90.0,
+        7200.0,
+        0.5,
+    ]
+    assert [parse_timeout(v) for v in ("", "-1", "nan", "1x", "0")] == [None] * 5
+    settings = QuerySettings(
+        promql=PromqlSettings(remote_timeout_s=10, query_timeout_s=20, forward_timeout_s=30)
+    )
+    forward = PromqlForward(authenticator=Authenticator(None), settings=settings, engine=None)
+    capped = forward._cap_timeout([("query", "up"), ("timeout", "1h"), ("timeout", "5s")])
+    assert capped == [("query", "up"), ("timeout", "20"), ("timeout", "5s")]
