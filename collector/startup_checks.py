@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from config import Settings, load_tokens
 
-from .promql.engine_setup import one_process_reason
+from .promql.engine_setup import engine_problem, one_process_reason
 
 
 class StartupError(Exception):
@@ -38,3 +38,5 @@ def check_startup(settings: Settings, workers: int) -> None:
         )
     if workers > 1 and (reason := one_process_reason(settings)) is not None:
         raise StartupError(f"{reason}, got --workers {workers}")
+    if (problem := engine_problem(settings)) is not None:
+        raise StartupError(problem)

@@ -12,6 +12,7 @@ token is made per process, and with ``SO_REUSEPORT`` its reads would land on any
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -90,6 +91,19 @@ def one_process_reason(settings: Settings) -> str | None:
         "a PromQL engine ([query.promql] prometheus or url) allows one collector process "
         "(--workers 1): its read token is made per process"
     )
+
+
+def engine_problem(settings: Settings) -> str | None:
+    """What keeps ``[query.promql]`` from working, found before binding, or None."""
+    promql = settings.query.promql
+    if promql.prometheus is not None and not os.access(promql.prometheus, os.X_OK):
+        return f"query.promql.prometheus = {str(promql.prometheus)!r} is not an executable file"
+    if promql.url is not None and promql.credentials_dir is None:
+        return (
+            "query.promql.url needs query.promql.credentials_dir: the directory shared with "
+            "the engine where the collector writes its read token (lm-collector promql-config)"
+        )
+    return None
 
 
 def build_promql_engine(

@@ -105,12 +105,23 @@ def test_promql_config_command_writes_a_sidecar_config(
     assert "--dir" in capsys.readouterr().err
 
 
-def test_an_engine_allows_one_collector_process(tmp_path: Path) -> None:
+def test_engine_settings_are_checked_before_the_collector_binds(tmp_path: Path) -> None:
     from collector.startup_checks import StartupError, check_startup
     from config import Settings
 
-    engine = Settings(query={"promql": {"prometheus": str(tmp_path / "prometheus")}})
+    binary = tmp_path / "prometheus"
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    engine = Settings(query={"promql": {"prometheus": str(binary)}})
     with pytest.raises(StartupError, match=r"--workers 1.*got --workers 2"):
         check_startup(engine, workers=2)
     check_startup(engine, workers=1)
     check_startup(Settings(), workers=2)
+    # What would only fail later is refused before binding: a missing binary, a sidecar
+    # without the directory its read token goes to.
+    missing = Settings(query={"promql": {"prometheus": str(tmp_path / "nowhere")}})
+    with pytest.raises(StartupError, match="not an executable file"):
+        check_startup(missing, workers=1)
+    sidecar = Settings(query={"promql": {"url": "http://127.0.0.1:9091"}})
+    with pytest.raises(StartupError, match="credentials_dir"):
+        check_startup(sidecar, workers=1)
