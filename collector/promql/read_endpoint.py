@@ -61,7 +61,7 @@ from ..query.committed import SnapshotSource
 from ..query.coverage import Coverage
 from ..query.points_scan import ScanWork
 from ..query.sources import LogFollower
-from ..query.window import LiveWindow, missing_dropped
+from ..query.window import LiveWindow, live_part, missing_dropped
 from . import encode, prom_json
 from .read_outcomes import ByteBudget, InternalPrincipals, ReadOutcomes
 from .read_request import SAMPLES, ParsedRead, ReadRefused, parse_body, read_body
@@ -366,7 +366,7 @@ class ReadEndpoint:
         dropped = window.dropped()
         candidates = {b.manifest_id for b in held} | {d.manifest_id for d in dropped}
         committed = await self.snapshots.included(snapshot, window.hours(), candidates)
-        frames = [b.frame for b in held if b.manifest_id not in committed]
+        frames = [b.frame for b in live_part(held, committed, snapshot)]
         await self._gaps(principal, snapshot, window, committed)
         return snapshot, frames
 

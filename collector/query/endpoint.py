@@ -73,7 +73,7 @@ from .rows import (
     rollup_of_points,
 )
 from .sources import LogFollower
-from .window import LiveWindow, missing_dropped
+from .window import LiveWindow, live_part, missing_dropped
 
 log = structlog.get_logger("collector.query")
 LIVE_POINTS_FACTOR = 10
@@ -174,9 +174,9 @@ class QueryEndpoint:
             dropped = window.dropped()
             candidates = {b.manifest_id for b in held} | {d.manifest_id for d in dropped}
             committed_ids = await self.snapshots.included(snapshot, window.hours(), candidates)
-            live_part = [b for b in held if b.manifest_id not in committed_ids]
-            frames = [b.frame for b in live_part]
-            late = in_live_part(live_part, sealed_through_ns=sealed, range_ns=query.points_range_ns)
+            live = live_part(held, committed_ids, snapshot)
+            frames = [b.frame for b in live]
+            late = in_live_part(live, sealed_through_ns=sealed, range_ns=query.points_range_ns)
             window_batches = len(held)
             missing = missing_dropped(
                 dropped,

@@ -65,12 +65,12 @@ class OwnBatches:
             return
         self._decoding += 1
         task = asyncio.get_running_loop().create_task(
-            self._keep(manifest_id, manifest.accepted_at_unix_ns, frame)
+            self._keep(manifest_id, manifest.accepted_at_unix_ns, frame, manifest.frame_sha256)
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _keep(self, manifest_id: str, accepted_ns: int, body: bytes) -> None:
+    async def _keep(self, manifest_id: str, accepted_ns: int, body: bytes, sha256: str) -> None:
         try:
             decoded = await self._decoder.decode(body)
             self._window.add(
@@ -79,6 +79,7 @@ class OwnBatches:
                 decoded.frame,
                 now_ns=self._clock.now_ns(),
                 reserved=decoded.reserved,
+                frame_sha256=sha256,
             )
         except FrameError as exc:  # validated at intake: cannot happen for a sound frame
             log.error("own_batch_undecodable", manifest_id=manifest_id, error=str(exc))
@@ -204,6 +205,7 @@ class LogFollower:
                             result.frame,
                             now_ns=self._clock.now_ns(),
                             reserved=result.reserved,
+                            frame_sha256=row.frame_sha256 or "",
                         )
                     else:
                         result.discard(self._window)

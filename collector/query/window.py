@@ -30,6 +30,7 @@ import numpy as np
 from protocol import keys
 from protocol.frame import Frame
 from rollup.table.columns import int64_column
+from rollup.table.manifest import Snapshot
 
 NS_PER_S = 1_000_000_000
 UNKNOWN_RANGE = (-(2**63), 2**63 - 1)
@@ -43,6 +44,7 @@ class WindowBatch:
     min_ts_ns: int
     max_ts_ns: int
     bytes: int  # charged to the window's memory account (`frame_bytes`)
+    frame_sha256: str = ""  # the log row's (follower) or the manifest's (own batches)
 
     @property
     def accepted_hour(self) -> str:
@@ -101,17 +103,28 @@ class LiveWindow:
     # --- filling -----------------------------------------------------------------------
 
     def add(
-        self, manifest_id: str, accepted_ns: int, frame: Frame, *, now_ns: int, reserved: int = 0
+        self,
+        manifest_id: str,
+        accepted_ns: int,
+        frame: Frame,
+        *,
+        now_ns: int,
+        reserved: int = 0,
+        frame_sha256: str = "",
     ) -> bool:
         """Keep one accepted batch; False when it is already held, too old, or larger
         than the account can hold. ``reserved``: what its decode reserved (`reserve`),
-        released now that the frame itself is charged."""
+        released now that the frame itself is charged; ``frame_sha256``: the frame's
+        digest as its log row or manifest names it (`live_part` matches it against the
+        snapshot's retracted batches)."""
         self.release(reserved)
         if manifest_id in self._batches or accepted_ns < now_ns - self.window_ns:
             return False
         low, high = ts_range(frame)
         self._dropped.pop(manifest_id, None)
-        batch = WindowBatch(manifest_id, accepted_ns, frame, low, high, frame_bytes(frame))
+        batch = WindowBatch(
+            manifest_id, accepted_ns, frame, low, high, frame_bytes(frame), frame_sha256
+        )
         self._batches[manifest_id] = batch
         self._points += batch.points
         self._bytes += batch.bytes
@@ -211,6 +224,40 @@ class LiveWindow:
         return {b.accepted_hour for b in self._batches.values()} | {
             d.accepted_hour for d in self._dropped.values()
         }
+
+
+def live_part(
+    held: list[WindowBatch], committed: set[str], snapshot: Snapshot | None
+) -> list[WindowBatch]:
+    """The held batches a query counts as live: those whose ``manifest_id`` the snapshot's
+    ledger lacks (``committed``: the ids it holds, `SnapshotSource.included`), less those
+    the snapshot *retracted* (``ledger.retracted``, read with the manifest: no request).
+
+    Why: when an operator retracts a phantom row, the rollup takes the batch out of its
+    ledger and lists it in ``ledger.retracted``; the follower never sees the catalog's
+    ``retracted`` row, so with a window longer than the retraction took, the phantom's
+    frame is still held and, missing from the ledger, would come back as live rows.
+
+    A batch is matched by its accepted hour, ``manifest_id`` and ``frame_sha256``: the
+    ledger's whole identity of it. A real acceptance of that identity later is a
+    different record, and it is not hidden when it is accepted in another hour or with
+    other bytes. One accepted in the same hour with the same bytes cannot be told from
+    the phantom by anything the snapshot holds (the window keeps one frame per
+    ``manifest_id``, and those bytes are the phantom's); it is left out until the next
+    rollup includes it again (which removes it from ``ledger.retracted``), and meanwhile
+    its catalog row keeps the hour unsealed, so no answer covering it is ``complete``.
+    A batch held without a digest (``""``) is never matched."""
+    retracted = (
+        {(b.accepted_hour, b.manifest_id, b.frame_sha256) for b in snapshot.ledger_retracted}
+        if snapshot is not None
+        else set()
+    )
+    return [
+        b
+        for b in held
+        if b.manifest_id not in committed
+        and (b.accepted_hour, b.manifest_id, b.frame_sha256) not in retracted
+    ]
 
 
 def missing_dropped(

@@ -8,6 +8,11 @@ answers without the phantom's points, its sums equal what was acknowledged, and 
 `Coverage` re-read the sealed hour it had cached when the ``retracted`` row's catalog
 file landed (PROTOCOL §2, §3.7 "Retraction"), with no restart.
 
+The endpoint's window is 4 h (``query.window_s``), longer than the whole story: the
+phantom's frame is still held when the second rollup retracts it, and the live part
+leaves it out because the snapshot lists it in ``ledger.retracted``
+(`collector.query.window.live_part`; without that it came back as 5 live rows).
+
 Everything runs in one process on a filesystem store under one `ManualClock` from the
 fixed ``DATA_START_NS`` (no sleep, no wall-clock time): the real `SteadyScanner`,
 `run_full_audit` (DuckDB), `reconciler.retractions.retract` and the real rollup job on the
@@ -120,7 +125,7 @@ async def test_b_a_retracted_phantom_leaves_a_live_query_and_its_hour_is_sealed_
         update={
             "store": base.store.model_copy(update={"url": store.url}),
             "query": base.query.model_copy(
-                update={"designated": True, "refresh_interval_s": 0.0}
+                update={"designated": True, "refresh_interval_s": 0.0, "window_s": 4 * 3600.0}
             ),  # refreshed on every answer: nothing here depends on the wall clock
         }
     )
@@ -177,6 +182,11 @@ async def test_b_a_retracted_phantom_leaves_a_live_query_and_its_hour_is_sealed_
     assert [r["batches"] for r in second.retracted] == [[phantom.manifest_id]]
     clock.advance(60)
     final = await ask()
+    assert endpoint.window is not None
+    held = [b.manifest_id for b in endpoint.window.batches() if b.frame_sha256 == phantom.sha256]
+    assert held == [
+        phantom.manifest_id
+    ]  # still held: only the snapshot's retracted list keeps it out
     assert final["snapshot_version"] == 2
     assert final["sealed_through_ns"] == H2.start_ns and final["complete"]
     assert final["sources"]["live_rows"] == 0 and final["sources"]["dropped_missing"] == 0
