@@ -164,10 +164,11 @@ def agent_id_text(raw: bytes) -> str:
     return text
 
 
-def decode_header(data: bytes) -> FrameHeader:
+def decode_header(data: bytes | memoryview) -> FrameHeader:
     """Validate everything in `data` except the payload contents; return the header.
 
-    O(1) apart from one CRC-32 pass over the frame. Raises FrameError (bad magic,
+    O(1) apart from one CRC-32 pass over the frame (`data` may be a view into a bundle,
+    PROTOCOL §3.10: nothing is copied but the agent_id). Raises FrameError (bad magic,
     unsupported frame_version, wrong total length, CRC mismatch, or a header field
     breaking its §1 rule).
     """

@@ -9,8 +9,10 @@ naming the key and what is wrong with it.
 Identities in keys, PROTOCOL §3's segment rule (``agent=h-<sha256>`` where an agent_id in
 hex would make a segment longer than 255 bytes) and the `KeyIdentity` parsers return are
 in ``_identity_keys.py``, hours (`UtcHour`) in ``_hours.py``, the rollup dataset's keys in
-``_rollup_keys.py``, the index's (PROTOCOL §3.7) in ``_index_keys.py``; the names imported ``as`` themselves below are part of this module's
-API (``keys.BatchIdentity``, ``keys.UtcHour``, ``keys.rollup_data_key``, ...).
+``_rollup_keys.py``, the index's (PROTOCOL §3.7) in ``_index_keys.py``, the raw objects'
+(frame blobs and bundles, PROTOCOL §3.10) in ``_raw_keys.py``; the names imported ``as``
+themselves below are part of this module's API (``keys.BatchIdentity``, ``keys.UtcHour``,
+``keys.rollup_data_key``, ...).
 """
 
 from __future__ import annotations
@@ -55,6 +57,14 @@ from protocol._index_keys import parse_index_catalog_key as parse_index_catalog_
 from protocol._index_keys import parse_index_log_segment_key as parse_index_log_segment_key
 from protocol._index_keys import parse_rollup_work_marker_key as parse_rollup_work_marker_key
 from protocol._index_keys import rollup_work_marker_key as rollup_work_marker_key
+from protocol._raw_keys import RAW_BLOBS_PREFIX as RAW_BLOBS_PREFIX
+from protocol._raw_keys import RAW_BUNDLES_PREFIX as RAW_BUNDLES_PREFIX
+from protocol._raw_keys import RawKind as RawKind
+from protocol._raw_keys import parse_raw_blob_key as parse_raw_blob_key
+from protocol._raw_keys import parse_raw_bundle_key as parse_raw_bundle_key
+from protocol._raw_keys import parse_raw_object_key as parse_raw_object_key
+from protocol._raw_keys import raw_blob_key as raw_blob_key
+from protocol._raw_keys import raw_bundle_key as raw_bundle_key
 from protocol._rollup_keys import ROLLUP_ICEBERG_PREFIX as ROLLUP_ICEBERG_PREFIX
 from protocol._rollup_keys import ROLLUP_LEDGER_PREFIX as ROLLUP_LEDGER_PREFIX
 from protocol._rollup_keys import ROLLUP_MANIFESTS_PREFIX as ROLLUP_MANIFESTS_PREFIX
@@ -74,7 +84,6 @@ from protocol._rollup_keys import rollup_manifest_key as rollup_manifest_key
 from protocol._rollup_keys import rollup_reader_key as rollup_reader_key
 from protocol._rollup_keys import rollup_tombstone_key as rollup_tombstone_key
 
-RAW_BLOBS_PREFIX = "raw-blobs/v1/sha256/"
 RAW_BLOBS_BY_TIME_PREFIX = "raw-blobs-by-time/v1/"
 ACCEPTED_PREFIX = "accepted/v1/"
 ACCEPTED_BY_TIME_PREFIX = "accepted-by-time/v1/"
@@ -96,21 +105,7 @@ def _sha_dirs(sha: str) -> str:
     return f"{sha[0:2]}/{sha[2:4]}/{sha}"
 
 
-# --- raw blobs ---------------------------------------------------------------------------
-
-
-def raw_blob_key(sha: str) -> str:
-    return f"{RAW_BLOBS_PREFIX}{sha[0:2]}/{sha[2:4]}/{check_sha256(sha)}.lmbatch"
-
-
-def parse_raw_blob_key(key: str) -> str:
-    """Return the sha256 named by a raw-blob key."""
-    match = re.fullmatch(
-        r"raw-blobs/v1/sha256/([0-9a-f]{2})/([0-9a-f]{2})/([0-9a-f]{64})\.lmbatch", key
-    )
-    if not match or match.group(3)[:4] != match.group(1) + match.group(2):
-        raise KeyFormatError(f"not a raw-blob key: {key!r}")
-    return match.group(3)
+# --- raw blobs (the raw object keys are in _raw_keys.py) ------------------------------
 
 
 def raw_blob_by_time_key(hour: UtcHour, sha: str) -> str:
