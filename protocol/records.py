@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from typing import Any, Literal, Self
+from typing import Any, ClassVar, Literal, Self
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from protocol import keys
 from protocol._gc_records import GcLogEntry as GcLogEntry
@@ -41,6 +41,9 @@ from protocol._record_base import Record as Record
 from protocol._record_base import RecordError as RecordError
 from protocol._record_base import Sha256Hex as Sha256Hex
 from protocol.frame import decode_header
+
+READS_BUNDLES = "reads_bundles"
+"""The validation-context flag of a reader that reads bundled records (PROTOCOL §3.10)."""
 
 
 def _canonical_boot_id(value: Any) -> str:
@@ -96,17 +99,58 @@ class AcceptedManifest(_IdentityFields):
     collector_id: str = Field(min_length=1)
     wire_version: Literal[1] = 1
     frame_version: Literal[1] = 1
+    raw_offset: int | None = Field(default=None, ge=0, le=keys.MAX_U64)
+    raw_length: int | None = Field(default=None, ge=56, le=2**32 - 1)
+    """PROTOCOL §3.10: a bundled batch's frame is bytes [raw_offset, +raw_length) of the
+    bundle `raw_blob_key` names (`raw_length` = `frame_bytes`); both absent (records
+    written before bundles, and every frame blob's record) means the whole frame blob of
+    `frame_sha256`. A range is parsed only by a reader that says it reads bundles
+    (`from_json(..., reads_bundles=True)`): any other refuses the record as today's code
+    does, which is what §3.10's feature gate counts on. `max_frame_bytes` and the
+    bundle's index are the reader's checks (`protocol.bundle.check_range`, `read_frame`)."""
+
+    _omit_when_none: ClassVar[frozenset[str]] = frozenset({"raw_offset", "raw_length"})
 
     @model_validator(mode="after")
-    def _consistent(self) -> Self:
+    def _consistent(self, info: ValidationInfo) -> Self:
         if self.record_count != self.seq_end - self.seq_start + 1:
             raise ValueError(
                 f"record_count {self.record_count} != seq_end - seq_start + 1 = "
                 f"{self.seq_end - self.seq_start + 1}"
             )
-        if self.raw_blob_key != keys.raw_blob_key(self.frame_sha256):
-            raise ValueError(f"raw_blob_key {self.raw_blob_key!r} does not match frame_sha256")
+        if self.raw_offset is None and self.raw_length is None:
+            if self.raw_blob_key != keys.raw_blob_key(self.frame_sha256):
+                raise ValueError(f"raw_blob_key {self.raw_blob_key!r} does not match frame_sha256")
+            return self
+        if self.raw_offset is None or self.raw_length is None:
+            raise ValueError("raw_offset and raw_length are given together or not at all")
+        if not (info.context or {}).get(READS_BUNDLES):
+            raise ValueError(
+                f"raw_blob_key {self.raw_blob_key!r} with a range names a bundle "
+                "(PROTOCOL §3.10), which this reader does not read"
+            )
+        try:
+            keys.parse_raw_bundle_key(self.raw_blob_key)
+        except keys.KeyFormatError as exc:
+            raise ValueError(f"a record with a range must name a bundle: {exc}") from None
+        if self.raw_length != self.frame_bytes:
+            raise ValueError(f"raw_length {self.raw_length} != frame_bytes {self.frame_bytes}")
         return self
+
+    @classmethod
+    def from_json(cls, data: bytes | str, *, reads_bundles: bool = False) -> Self:
+        """Parse a stored manifest; with `reads_bundles`, a bundled one (a range) too."""
+        if not reads_bundles:
+            return super().from_json(data)
+        return cls._from_json(data, context={READS_BUNDLES: True})
+
+    @property
+    def raw_range(self) -> tuple[int, int] | None:
+        """(offset, length) of the frame in the bundle `raw_blob_key` names, or None: the
+        record names the frame blob of its `frame_sha256`, whole."""
+        if self.raw_offset is None or self.raw_length is None:
+            return None
+        return self.raw_offset, self.raw_length
 
     @classmethod
     def of_frame(
@@ -117,10 +161,12 @@ class AcceptedManifest(_IdentityFields):
         collector_id: str,
         identity: keys.BatchIdentity | None = None,
         frame_sha256: str | None = None,
+        bundle: tuple[str, int] | None = None,
     ) -> Self:
         """The manifest a collector creates when it accepts ``frame`` (PROTOCOL §3.1,
         §3.2): the identity from the frame's header unless given (a caller that decoded it
-        already), its SHA-256 unless given (the collector hashed the body as it read it).
+        already), its SHA-256 unless given (the collector hashed the body as it read it);
+        with `bundle` = (bundle key, offset of the frame in it), the bundled form (§3.10).
         Raises `protocol.frame.FrameError` when the header must be read and is not valid."""
         if identity is None:
             header = decode_header(frame)
@@ -128,18 +174,22 @@ class AcceptedManifest(_IdentityFields):
                 header.agent_id, header.boot_id, header.seq_start, header.seq_end
             )
         sha = frame_sha256 if frame_sha256 is not None else hashlib.sha256(frame).hexdigest()
-        return cls(
-            agent_id=identity.agent_id,
-            boot_id=str(identity.boot_id),
-            seq_start=identity.seq_start,
-            seq_end=identity.seq_end,
-            record_count=identity.seq_end - identity.seq_start + 1,
-            frame_sha256=sha,
-            frame_bytes=len(frame),
-            raw_blob_key=keys.raw_blob_key(sha),
-            accepted_at_unix_ns=accepted_at_unix_ns,
-            collector_id=collector_id,
-        )
+        fields: dict[str, Any] = {
+            "agent_id": identity.agent_id,
+            "boot_id": str(identity.boot_id),
+            "seq_start": identity.seq_start,
+            "seq_end": identity.seq_end,
+            "record_count": identity.seq_end - identity.seq_start + 1,
+            "frame_sha256": sha,
+            "frame_bytes": len(frame),
+            "raw_blob_key": keys.raw_blob_key(sha),
+            "accepted_at_unix_ns": accepted_at_unix_ns,
+            "collector_id": collector_id,
+        }
+        if bundle is None:
+            return cls(**fields)
+        fields.update(raw_blob_key=bundle[0], raw_offset=bundle[1], raw_length=len(frame))
+        return cls._validate(fields, context={READS_BUNDLES: True})
 
     @property
     def manifest_key(self) -> str:
