@@ -1,0 +1,3 @@
+from bench.promql.run import main
+
+main()
