@@ -22,6 +22,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -284,9 +285,9 @@ async def test_every_fleet_panel_returns_numbers_with_variables_from_the_names_a
     dashboard = load_dashboard(FLEET)
     variables = template_variables(dashboard)
     by_name = {v.name: v for v in variables}
-    wanted = {
-        "counter": "lm_collector_requests_total",
-        "histogram": "lm_collector_ack_latency_seconds",
+    wanted = {  # series both daemons export from their start, whatever ran before
+        "counter": "lm_collector_accepted_points_total",
+        "histogram": "lm_store_request_seconds",
         "gauge": "lm_collector_in_flight_requests",
     }
     deadline = time.monotonic() + DEADLINE_S
@@ -332,3 +333,35 @@ async def test_grafanas_own_requests_are_answered(world: World) -> None:
                 assert answer.status == 200 and body["status"] == "success", (request, body)
             if request.what in ("metric names", "label values of a metric", "series of a metric"):
                 assert body["data"], request
+
+
+def test_a_prometheus_api_client_nobody_here_wrote_reads_the_same(world: World) -> None:
+    """prometheus-api-client (PyPI) over the calls Grafana makes: names, label values,
+    series, metadata, an instant and a range query with a Grafana-style window. The
+    end-to-end test points the same calls at the query collector, with its read token."""
+    from prometheus_api_client import PrometheusConnect
+
+    client = PrometheusConnect(url=world.prometheus_url, headers={"Authorization": "Bearer x"})
+    deadline = time.monotonic() + DEADLINE_S
+    while True:  # both daemons scraped twice since their first store requests
+        end = datetime.now(UTC)
+        start = end - timedelta(milliseconds=RANGE_MS)
+        match = {"match[]": "lm_store_request_seconds_count"}
+        series = client.get_series(start, end, params=match)
+        ranged = client.custom_query_range(
+            "sum by (job) (rate(lm_store_request_seconds_count[4s]))",  # $__rate_interval at 1s
+            start_time=start,
+            end_time=end,
+            step="1",
+        )
+        found = (frozenset(s["job"] for s in series), frozenset(r["metric"]["job"] for r in ranged))
+        if found == (world.jobs, world.jobs):
+            break
+        assert time.monotonic() < deadline, found
+        time.sleep(0.5)  # polling with a deadline, not a sleep to pass
+    names = set(client.all_metrics())
+    assert {"up", "lm_store_request_seconds_bucket", "lm_collector_accepted_points_total"} <= names
+    assert {"job", "instance", "op", "result"} <= set(client.get_label_names())
+    assert set(client.get_label_values("job")) == world.jobs
+    assert isinstance(client.get_metric_metadata("up"), (dict, list))
+    assert client.custom_query("1+1")[1] == "2"  # a scalar: [time, "2"]
