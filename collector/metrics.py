@@ -140,6 +140,13 @@ class CollectorMetrics:
             "label set has a sample at the same millisecond (PROTOCOL §5)",
             registry=r,
         )
+        self.query_cache = Counter(
+            "lm_query_cache_lookups",
+            "Snapshot file cache lookups of reads (query.cache_bytes) by kind (footer, "
+            "row_group, file) and result (hit, miss)",
+            ["kind", "result"],
+            registry=r,
+        )
         self.live_window = Gauge(
             "lm_collector_live_window",
             "What the live query window holds (what = batches | points | bytes)",
@@ -150,6 +157,9 @@ class CollectorMetrics:
     def watch_store_clock(self, clock: StoreClock) -> None:
         """Export ``clock``'s measured skew (read at each scrape)."""
         self.store_clock_skew.set_function(lambda: clock.skew_s or 0.0)
+
+    def observe_query_cache(self, kind: str, hit: bool) -> None:
+        self.query_cache.labels(kind=kind, result="hit" if hit else "miss").inc()
 
     def observe_store_op(self, op: str, result: str) -> None:
         self.store_ops.labels(op=op, result=result).inc()
