@@ -240,6 +240,8 @@ def loops_rss(
         "idle_rss": idle,
         "peak_rss": peak,
         "over_idle": peak - idle,
+        "idle_parts": idle_parts,
+        "peak_parts": parts,
         **counts,
         "seconds": time.monotonic() - started,
         "errors_seen": errors,

@@ -20,14 +20,15 @@ from typing import Any
 
 from bench.promql.fixture import DATA_DIR
 from bench.promql.fleet import MONTH0_S, T_END_S
-from bench.promql.run import DAY_RANGE, PANELS
+from bench.promql.run import DAY_RANGE, MONTH_PANEL, PANELS
 from bench.promql.servers import hardlink_copy, start_query_collector, start_reference
 
 PY_SPY = Path(sys.executable).parent / "py-spy"
 
 
 def timings(answer: Any) -> dict[str, float]:
-    return dict(answer.get("data", {}).get("stats", {}).get("timings", {}))
+    data = answer.get("data")
+    return dict(data.get("stats", {}).get("timings", {})) if isinstance(data, dict) else {}
 
 
 def collapsed(path: Path, top: int = 20) -> dict[str, list[tuple[str, float]]]:
@@ -59,6 +60,9 @@ def main() -> None:
     parser.add_argument(
         "--names", action="store_true", help="profile label/__name__/values over 30 days instead"
     )
+    parser.add_argument(
+        "--month", action="store_true", help="profile the 30-day panel on the month store"
+    )
     args = parser.parse_args()
     base = next(DATA_DIR.glob("v*-sparse*"))
     path, params = "/api/v1/query_range", {"query": PANELS[args.query], **DAY_RANGE, "stats": "all"}
@@ -68,9 +72,13 @@ def main() -> None:
             {"start": str(MONTH0_S), "end": str(T_END_S)},
         )
         base = DATA_DIR / "names-v1"
+    stored = "store" if args.names else "month" if args.month else "day"
+    if args.month:
+        params = {"query": MONTH_PANEL, "start": str(MONTH0_S + 3600), "end": str(T_END_S)}
+        params.update(step="3600", stats="all")
     with tempfile.TemporaryDirectory(prefix="bench-promql-profile-") as tmp:
         work = Path(tmp)
-        store = hardlink_copy(base / ("store" if args.names else "day"), work / "day")
+        store = hardlink_copy(base / stored, work / "day")
         collector = start_query_collector(
             f"file://{store}", work / "collector", engine=not args.names
         )

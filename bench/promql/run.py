@@ -195,7 +195,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         queries["30-day panel"] = ("month", {"query": MONTH_PANEL, **month_params})
         hour = {"query": HOUR_QUERY, "start": str(T_END_S - 3600), "end": str(T_END_S)}
         hour["step"] = "60"
-        record["s3_cold"] = cold_on_s3(
+        record["s3_cold"] = s3_phase(
             work / "s3",
             {"day": day_store, "month": month_store},
             queries,
@@ -204,9 +204,18 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             {"day": hour, "month": hour},
         )
         s3 = record["s3_cold"]
-        s3["requests_equal"] = s3["requests day"]["query"] == s3["requests month"]["query"]
+        s3["requests_equal"] = s3["requests day"].get("query") == s3["requests month"]["query"]
     record["uptime_end"] = uptime()
     return record
+
+
+def s3_phase(*args: Any) -> dict[str, Any]:
+    """`cold_on_s3`, its failure recorded rather than losing the rest of the run."""
+    try:
+        return cold_on_s3(*args)
+    except Exception as error:  # recorded and printed with the results
+        log(f"S3 phase failed: {error!r}")
+        return {"error": repr(error)[:1000], "requests day": {}, "requests month": {"query": 0}}
 
 
 def rss(args: argparse.Namespace, store: Path, work: Path, reference: Reference) -> dict[str, Any]:
