@@ -38,6 +38,7 @@ from ..auth import Authenticator
 from ..params import QueryError
 from ..query.api import ns_to_datetime
 from ..query.committed import SnapshotSource
+from ..query.file_cache import FileCache
 from ..query.sources import LogFollower
 from ..query.window import LiveWindow
 from . import prom_json
@@ -73,6 +74,7 @@ class NamesEndpoint:
         window: LiveWindow | None = None,
         follower: LogFollower | None = None,
         buildinfo: BuildInfo | None = None,
+        file_cache: FileCache | None = None,
     ) -> None:
         self.authenticator = authenticator
         self.settings = settings
@@ -84,6 +86,7 @@ class NamesEndpoint:
         self.follower = follower
         self.buildinfo_source = buildinfo
         self.live = LiveLabelSets()
+        self.file_cache = file_cache or FileCache(0)  # index files (`query.file_cache`)
 
     @classmethod
     def beside(cls, query: Any, buildinfo: BuildInfo | None = None) -> NamesEndpoint:
@@ -98,6 +101,7 @@ class NamesEndpoint:
             window=query.window,
             follower=query.follower,
             buildinfo=buildinfo,
+            file_cache=getattr(query, "file_cache", None),
         )
 
     def add_routes(self, app: web.Application) -> None:
@@ -246,6 +250,9 @@ class NamesEndpoint:
                     # Prometheus' end is inclusive; the index's range is half-open.
                     ns_to_datetime(names.end_ns + 1000),
                     columns=columns,
+                    read_file=lambda f, wanted: self.file_cache.read_whole(
+                        filesystem, root, f, wanted
+                    ),
                 )
             )
         live = self.live.in_range(held, names.start_ns, names.end_ns)

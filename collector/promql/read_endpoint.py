@@ -1,21 +1,19 @@
 """``POST /api/v1/read``: Prometheus remote read on the query collector (PROTOCOL §5).
 
 Order: authenticate (401; the engine's internal token first, `read_outcomes.
-InternalPrincipals`) → read permission (403) → media type and encoding (400) → the body,
-read no further than snappy's bound for ``query.max_read_request_bytes`` (400) → its
-declared decoded length, then protobuf and per-query checks (`read_request`, on a
-thread; 400) → the parts: the latest snapshot and the live window's batches its ledger
-lacks (`collector.query`'s machinery; 503 while a designated window is being rebuilt
-or the store fails) → per query, in order: select (`select.select_series`, on a
-thread, at most `SELECTING` at once per pool, since a selection holds up to
-``max_read_samples`` rows; more than ``query.max_read_samples`` is 400 naming it,
-counted as rows are read, before anything is encoded, never cut short) →
-reserve the answer's estimated bytes from ``query.max_read_bytes_in_flight`` (`ByteBudget`,
-a read holding nothing waits; a request growing a reservation it holds does not wait:
-503, so two requests never wait on each other; the engine's internal principal has
-a selection pool and a budget of its own) → encode (`encode`, on a thread; a
-``STREAMED_XOR_CHUNKS`` series over ``query.max_read_frame_bytes`` is 400 before the
-first frame) → answer:
+InternalPrincipals`) → read permission (403) → media type and encoding (400) → the body, read no
+further than snappy's bound for ``query.max_read_request_bytes`` (400) → its declared decoded
+length, then protobuf and per-query checks (`read_request`, on a thread; 400) → the parts: the
+latest snapshot and the live window's batches its ledger lacks (`collector.query`'s machinery;
+503 while a designated window is being rebuilt or the store fails) → per query, in order: select
+(`select.select_series`, on a thread, at most `SELECTING` at once per pool, since a selection
+holds up to ``max_read_samples`` rows; more than ``query.max_read_samples`` is 400 naming it,
+counted as rows are read, before anything is encoded, never cut short) → reserve the answer's
+estimated bytes from ``query.max_read_bytes_in_flight`` (`ByteBudget`, a read holding nothing
+waits; a request growing a reservation it holds does not wait: 503, so two requests never wait
+on each other; the engine's internal principal has a selection pool and a budget of its own) →
+encode (`encode`, on a thread; a ``STREAMED_XOR_CHUNKS`` series over
+``query.max_read_frame_bytes`` is 400 before the first frame) → answer:
 
 - ``SAMPLES``: ``application/x-protobuf``, ``Content-Encoding: snappy``, one
   ``QueryResult`` per query in request order;
@@ -25,15 +23,15 @@ first frame) → answer:
   series missing).
 
 Errors are Prometheus-shaped JSON (`prom_json`: ``status``, ``errorType``, ``error``):
-Prometheus' remote read client reads a failed answer's body as text and quotes it, so
-the message names the problem and the limit. A client that goes away stops the read:
-a watcher sees the connection close and the selection stops before its next row group
-or frame. Heavy work runs on threads; the loop only awaits.
+Prometheus' remote read client reads a failed answer's body as text and quotes it, so the
+message names the problem and the limit. A client that goes away stops the read: a watcher sees
+the connection close and the selection stops before its next row group or frame. Heavy work runs
+on threads; the loop only awaits.
 
-Every refusal and failure is recorded in `read_outcomes.ReadOutcomes` with the
-principal (the forwarding of PromQL requests turns them into 422/503), and so are the
-known gaps of reads served (a batch the window dropped that the snapshot lacks, a
-designated follower behind the log, a collector that follows only its own batches).
+Every refusal and failure is recorded in `read_outcomes.ReadOutcomes` with the principal (the
+forwarding of PromQL requests turns them into 422/503), and so are the known gaps of reads
+served (a batch the window dropped that the snapshot lacks, a designated follower behind the
+log, a collector that follows only its own batches).
 """
 
 from __future__ import annotations
@@ -59,6 +57,7 @@ from ..auth import Authenticator
 from ..metrics import CollectorMetrics
 from ..query.committed import SnapshotSource
 from ..query.coverage import Coverage
+from ..query.file_cache import FileCache, reads_cache
 from ..query.points_scan import ScanWork
 from ..query.sources import LogFollower
 from ..query.window import LiveWindow, live_part, missing_dropped
@@ -94,6 +93,7 @@ class ReadEndpoint:
         coverage: Coverage | None = None,
         outcomes: ReadOutcomes | None = None,
         internal: InternalPrincipals | None = None,
+        file_cache: FileCache | None = None,
     ) -> None:
         self.authenticator = authenticator
         self.settings = settings
@@ -113,10 +113,9 @@ class ReadEndpoint:
         # at most SELECTING at once per pool; the others wait (never refused).
         self.selecting = asyncio.Semaphore(SELECTING)
         self.internal_selecting = asyncio.Semaphore(SELECTING)
-        self.series_cache = SeriesCache()
-        """Presented label sets of stored series, shared by reads (`select.SeriesCache`)."""
-        self.running = 0
-        """Reads being served now."""
+        self.file_cache = file_cache or reads_cache(settings.cache_bytes, metrics)  # + names
+        self.series_cache = SeriesCache()  # presented label sets, shared by reads
+        self.running = 0  # reads being served now
         self.last_work: ScanWork | None = None
         """What the latest selection read (row groups, frames), also when it stopped."""
         self.unit_hook: Callable[[threading.Event], None] | None = None
@@ -136,7 +135,7 @@ class ReadEndpoint:
             window=query.window,
             follower=query.follower,
             coverage=query.coverage,
-            **extra,
+            **{"file_cache": getattr(query, "file_cache", None), **extra},
         )
 
     def _arrow(self) -> tuple[pafs.FileSystem, str]:
@@ -281,6 +280,7 @@ class ReadEndpoint:
                 check=check,
                 work=work,
                 cache=self.series_cache,
+                file_cache=self.file_cache,
             )
         except TooManySamples as exc:
             raise ReadRefused(

@@ -27,11 +27,15 @@ known (the rows counted before ties at one millisecond are merged, so a read is 
 cut short, and at most ``max_samples`` rows are ever held). ``check`` is called before
 each unit of work (a row group, a frame) and raises to stop the read.
 
-`resolve_series` is the seam to the ``series`` table (PROTOCOL §5: resolve matchers
-against ``series`` rows first, then read only those stored series' row groups): today it
-turns an equality on ``__name__`` into bounds on the stored metric (exact, or the prefix
-before the first ``_``, which ``lm_escape`` never changes), pushed down to the manifest's
-file statistics and each row group's.
+Matchers are resolved against the ``series`` index first (PROTOCOL §5 "Matchers",
+`collector.query.series_first`): the committed part then opens only the ``points``
+files and row groups whose ``series`` statistics hold a selected stored series, in the
+hours the index answers for (other hours, e.g. committed before the index existed, are
+read as before). `resolve_series` adds bounds on the stored metric from an equality on
+``__name__`` (exact, or the prefix before the first ``_``, which ``lm_escape`` never
+changes), pushed down to the manifest's file statistics and each row group's: it also
+narrows those other hours and the live part's frames. Files and footers come through the
+collector's `FileCache` (``query.cache_bytes``).
 """
 
 from __future__ import annotations
@@ -46,7 +50,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
+from collector.query.file_cache import FileCache
 from collector.query.points_scan import MetricBounds, Part, ScanWork, committed_parts, live_parts
+from collector.query.series_first import resolve_stored_series
 from protocol.frame import Frame
 from protocol.prom_names import (
     NAME_LABEL,
@@ -96,8 +102,7 @@ class Selection:
 
 
 def resolve_series(matchers: Sequence[LabelMatcher]) -> MetricBounds:
-    """The stored metrics a read can need (see the module doc): the seam where the
-    ``series`` table will name the stored series first."""
+    """Bounds on the stored metrics a read can need (see the module doc)."""
     for matcher in matchers:
         if matcher.name != NAME_LABEL or matcher.kind != "EQ" or not matcher.value:
             continue
@@ -340,6 +345,7 @@ def select_series(
     check: Callable[[], None] = lambda: None,
     work: ScanWork | None = None,
     cache: SeriesCache | None = None,
+    file_cache: FileCache | None = None,
 ) -> Selection:
     """The samples of ``query`` (see the module doc). Blocking: run it on a thread.
     Raises `TooManySamples`, whatever ``check`` raises, and the store's read errors
@@ -350,6 +356,18 @@ def select_series(
     rows = _Rows(query.matchers, max_samples, cache if cache is not None else SeriesCache())
     low_us, high_us = query.us_range
     bounds = resolve_series(query.matchers)
+    file_cache = file_cache if file_cache is not None else FileCache(0)
+    stored = resolve_stored_series(
+        snapshot,
+        filesystem,
+        root,
+        low_us=low_us,
+        high_us=high_us,
+        matchers=query.matchers,
+        cache=file_cache,
+        check=check,
+    )
+    work.index_files = stored.index_files if stored is not None else 0
     for part in committed_parts(
         snapshot,
         filesystem,
@@ -359,6 +377,8 @@ def select_series(
         bounds=bounds,
         check=check,
         work=work,
+        stored=stored,
+        cache=file_cache,
     ):
         rows.add(part)
     for part in live_parts(

@@ -63,6 +63,7 @@ from ..metrics import CollectorMetrics
 from .api import LiveQuery, QueryError, parse_query
 from .committed import SnapshotSource, read_committed
 from .coverage import Coverage
+from .file_cache import reads_cache
 from .late import LateBatches, in_live_part
 from .rows import (
     TooManyRows,
@@ -117,6 +118,9 @@ class QueryEndpoint:
         self.late = late or LateBatches(snapshots)
         self.retry_after_s = retry_after_s
         self._running = 0
+        self.file_cache = reads_cache(settings.cache_bytes, metrics)
+        """Snapshot files and footers within ``query.cache_bytes``, for the read path
+        beside this endpoint (remote read, names: their ``beside``)."""
 
     @property
     def following(self) -> str:

@@ -12,6 +12,15 @@ Two parts, as ``/v1/query`` merges them (`collector.query.endpoint`):
   caller, by ``manifest_id``), each frame filtered column-wise before its rows are built
   (`collector.query.rows.frame_rows`), every tombstone of the snapshot masking them.
 
+With the stored series a read's matchers select (`collector.query.series_first.
+StoredSeries`, resolved from the series index first), `committed_parts` also skips, in the
+hours the index answers for, every file and row group whose ``series`` statistics hold
+none of them (files are sorted by ``series``, then time: a single series is one or two
+row groups of a file), and keeps only their rows; no wanted series: no ``points`` file
+of those hours is opened. Other hours are read as before. Footers and row groups come
+through the collector's `FileCache` when one is given (a repeated read opens no file
+whose footer and row groups it holds).
+
 Each yields `Part`\s: rows within ``[low_us, high_us)`` and the metric bounds (a file
 with no tombstone pending is read without its label maps and with its string columns
 dictionary-encoded, as Parquet stores them: a row group's maps are decoded only when a
@@ -41,7 +50,9 @@ from rollup.table.columns import int64_column
 from rollup.table.manifest import DataFile, Snapshot
 from rollup.table.schemas import POINTS_SCHEMA
 
+from .file_cache import CachedParquet, FileCache
 from .rows import frame_rows
+from .series_first import StoredSeries
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +106,8 @@ class ScanWork:
     """Units of work done (a test counts them after a client went away)."""
 
     files: int = 0
+    files_skipped: int = 0  # by the stored series' statistics, never opened
+    index_files: int = 0  # series/series_day files read to resolve the matchers
     row_groups_read: int = 0
     row_groups_skipped: int = 0
     frames: int = 0
@@ -130,22 +143,28 @@ def _ts_bounds_us(stats: Any) -> tuple[int, int] | None:
 
 
 def _row_group_may_match(
-    metadata: pq.FileMetaData, index: int, low_us: int, high_us: int, bounds: MetricBounds
+    metadata: pq.FileMetaData,
+    index: int,
+    low_us: int,
+    high_us: int,
+    bounds: MetricBounds,
+    stored: StoredSeries | None,
 ) -> bool:
     group = metadata.row_group(index)
     for c in range(group.num_columns):
         column = group.column(c)
-        if column.path_in_schema == "ts":
+        name = column.path_in_schema
+        if name == "ts":
             found = _ts_bounds_us(column.statistics)
             if found is not None and (found[1] < low_us or found[0] >= high_us):
                 return False
-        elif column.path_in_schema == "metric":
+        elif name == "metric" or (name == "series" and stored is not None):
             stats = column.statistics
-            if (
-                stats is not None
-                and stats.has_min_max
-                and not bounds.may_hold(stats.min, stats.max)
-            ):
+            if stats is None or not stats.has_min_max:
+                continue
+            checker = bounds if name == "metric" else stored
+            assert checker is not None
+            if not checker.may_hold(stats.min, stats.max):
                 return False
     return True
 
@@ -187,17 +206,21 @@ def _string_mask(column: pa.ChunkedArray | pa.Array, bounds: MetricBounds) -> np
     return bounds.mask(column)
 
 
-def _keep(rows: pa.Table, low_us: int, high_us: int, bounds: MetricBounds) -> np.ndarray:
+def _keep(
+    rows: pa.Table, low_us: int, high_us: int, bounds: MetricBounds, stored: StoredSeries | None
+) -> np.ndarray:
     ts = int64_column(rows.column("ts"))
     keep = (ts >= low_us) & (ts < high_us)
     metric = _string_mask(rows.column("metric"), bounds)
     if metric is not None:
         keep &= metric
+    if stored is not None:
+        keep &= stored.mask(rows.column("series"))
     return keep
 
 
 def _labels_reader(
-    parquet: pq.ParquetFile, index: int, positions: np.ndarray, work: ScanWork
+    parquet: CachedParquet, index: int, positions: np.ndarray, work: ScanWork
 ) -> Callable[[np.ndarray], pa.Table]:
     def read(rows: np.ndarray) -> pa.Table:
         work.label_maps_read += 1
@@ -206,6 +229,10 @@ def _labels_reader(
         return found.take(pa.array(positions[rows]))
 
     return read
+
+
+def _file_may_hold(data_file: DataFile, stored: StoredSeries) -> bool:
+    return stored.may_hold(data_file.min.get("series"), data_file.max.get("series"))
 
 
 def committed_parts(
@@ -218,10 +245,13 @@ def committed_parts(
     bounds: MetricBounds,
     check: Callable[[], None],
     work: ScanWork,
+    stored: StoredSeries | None = None,
+    cache: FileCache | None = None,
 ) -> Iterator[Part]:
-    """The snapshot's ``points`` rows in ``[low_us, high_us)`` within ``bounds``, one row
-    group at a time, tombstones masking (see the module doc). A file no tombstone is
-    pending on is read without its label maps, string columns dictionary-encoded."""
+    """The snapshot's ``points`` rows in ``[low_us, high_us)`` within ``bounds`` (and of
+    the ``stored`` series, in the hours it covers), one row group at a time, tombstones
+    masking (see the module doc). A file no tombstone is pending on is read without its
+    label maps, string columns dictionary-encoded."""
     if snapshot is None:
         return
     start = datetime.fromtimestamp(low_us // 1_000_000, tz=UTC)
@@ -230,18 +260,22 @@ def committed_parts(
         snapshot, "points", where=bounds.predicates(), start=start, end=end
     )
     masking = tombstones_mod.for_table(snapshot.tombstones, "points")
+    cache = cache if cache is not None else FileCache(0)
     for data_file in files:
         check()
+        wanted = stored if stored is not None and stored.covers(data_file) else None
+        if wanted is not None and not _file_may_hold(data_file, wanted):
+            work.files_skipped += 1
+            continue
         work.files += 1
         work.paths.append(data_file.path)
         pending = tombstones_mod.pending_on(masking, data_file)
-        with filesystem.open_input_file(f"{root}/{data_file.path}") as handle:
-            parquet = pq.ParquetFile(
-                handle, read_dictionary=None if pending else DICTIONARY_COLUMNS
-            )
+        with cache.parquet(
+            filesystem, root, data_file, read_dictionary=None if pending else DICTIONARY_COLUMNS
+        ) as parquet:
             metadata = parquet.metadata
             for index in range(metadata.num_row_groups):
-                if not _row_group_may_match(metadata, index, low_us, high_us, bounds):
+                if not _row_group_may_match(metadata, index, low_us, high_us, bounds, wanted):
                     work.row_groups_skipped += 1
                     continue
                 check()
@@ -249,14 +283,14 @@ def committed_parts(
                 if pending:
                     rows = parquet.read_row_group(index, columns=POINTS_SCHEMA.names)
                     rows = rows.select(POINTS_SCHEMA.names).cast(POINTS_SCHEMA)
-                    rows = rows.filter(pa.array(_keep(rows, low_us, high_us, bounds)))
+                    rows = rows.filter(pa.array(_keep(rows, low_us, high_us, bounds, wanted)))
                     rows, masked = tombstones_mod.drop_masked(pending, "points", rows)
                     work.rows_masked += masked
                     if rows.num_rows:
                         yield Part(rows)
                     continue
                 rows = parquet.read_row_group(index, columns=SLIM_COLUMNS).select(SLIM_COLUMNS)
-                keep = _keep(rows, low_us, high_us, bounds)
+                keep = _keep(rows, low_us, high_us, bounds, wanted)
                 positions = np.flatnonzero(keep)
                 if len(positions) == 0:
                     continue

@@ -21,7 +21,7 @@ range, never with the history before or after it. Blocking pyarrow I/O.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
@@ -79,11 +79,14 @@ def read_series_rows(
     end: datetime,
     *,
     columns: Sequence[str] | None = None,
+    read_file: Callable[[DataFile, list[str]], pa.Table] | None = None,
 ) -> pa.Table:
     """One row per series with points in the hours and days ``[start, end)`` touches
     (`SERIES_ROWS_SCHEMA`, sorted by series; module doc), projected to ``columns`` (the
     row's order; ``series`` is always read). Blocking; a file vacuum removed raises
     `FileNotFoundError` (pin the snapshot with a reader lease for long reads).
+    ``read_file(data_file, columns)``: reads one whole index file's columns instead of
+    `reader.read_files` (a reader's cache of immutable files, `collector.query.file_cache`).
 
     The walk over the range is one step per hour of it (pure Python, no I/O): a year
     is ~9,000 steps."""
@@ -95,7 +98,9 @@ def read_series_rows(
             raise ValueError(f"series rows have no column {name!r} ({SERIES_ROWS_SCHEMA.names})")
     parts: list[pa.Table] = []
     for table, files in (("series_day", day_files), ("series", hour_files)):
-        if files:
+        if files and read_file is not None:
+            parts += [read_file(f, needed).select(needed) for f in files]
+        elif files:
             rows = reader.read_files(files, table, filesystem, root, columns=needed)
             parts.append(rows.select(needed))
     target = pa.schema([SERIES_ROWS_SCHEMA.field(name) for name in needed])
