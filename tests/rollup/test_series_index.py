@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -26,6 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+import pytest
 from pyiceberg.table import StaticTable
 from pyspark.sql import SparkSession
 
@@ -44,6 +46,7 @@ from rollup.table.manifest import Snapshot
 from rollup.table.schemas import POINTS_ROW_GROUP_ROWS, POINTS_SCHEMA, TS_TYPE
 from rollup.table.series import series_array
 from rollup.table.storage import StoreAccess
+from rollup.table.tombstones import TombstoneError
 from store.fs import FileSystemStore
 from tests.rollup.conftest import (
     DATA_START_NS,
@@ -121,6 +124,16 @@ def test_a_single_series_selector_reads_few_row_groups(tmp_path: Path) -> None:
     unsorted = tmp_path / "unsorted.parquet"
     pq.write_table(points, unsorted, row_group_size=POINTS_ROW_GROUP_ROWS)
     assert _groups_read(unsorted, selectors[0]) == (total, 120)
+
+
+def test_deletes_never_name_the_series_index() -> None:
+    """The index is derived from points: a delete names points (and rollup_1m), and the
+    compaction that applies it recomputes the index (PROTOCOL §4)."""
+    request = DeleteRequest(metric="cpu", reason="test", requested_by="t")
+    assert request.tombstone(now_ns=DATA_START_NS).tables == ("points", "rollup_1m")
+    for table in ("series", "series_day"):
+        with pytest.raises(TombstoneError, match="series index"):
+            replace(request, tables=(table,)).tombstone(now_ns=DATA_START_NS)
 
 
 def _frame(agent: str, rows: list[tuple[int, str, dict[str, str] | None]]) -> SentFrame:
