@@ -23,7 +23,8 @@ hour that has at least ``min_files`` of them (or of the ``hours`` given) into on
 
 The series index: an hour of ``series`` or a day of ``series_day`` is rewritten as one
 file with one row per series (counts added, first/last widened). A ``points`` hour whose
-rewrite applies a delete has its ``series`` rows recomputed from the new files in the
+rewrite applies a delete, or that has no ``series`` rows (written before the index
+existed: the backfill), has its ``series`` rows recomputed from the new files in the
 same commit, and its day's ``series_day`` rewritten if the day is written
 (`rollup.lifecycle.series_files.recompute_hours`).
 

@@ -193,14 +193,20 @@ def recomputed_by_compaction(
     snapshot: Snapshot, chosen: list[Work]
 ) -> tuple[list[Work], list[keys.UtcHour]]:
     """``(chosen without the series-index work a recompute replaces, the points hours
-    whose rewrite applies a delete)``: those hours' ``series`` rows are recomputed from
-    the new files (`with_recomputed`). ``chosen``: compaction's (table, hour, files)."""
+    whose rewrite applies a delete or that have no ``series`` rows)``: those hours'
+    ``series`` rows are recomputed from the new files (`with_recomputed`); the second
+    kind is an hour written before the index existed, so compaction backfills it.
+    ``chosen``: compaction's (table, hour, files)."""
+    indexed = {f.partition for f in snapshot.data_files("series")}
     hours = sorted(
         {
             work.hour
             for work in chosen
             if work.table == "points"
-            and any(pending_on(snapshot.tombstones, f) for f in work.files)
+            and (
+                work.hour not in indexed
+                or any(pending_on(snapshot.tombstones, f) for f in work.files)
+            )
         }
     )
     days = {day_hour(hour) for hour in hours}

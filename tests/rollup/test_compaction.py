@@ -5,7 +5,7 @@ the race makes compaction plan again."""
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -20,6 +20,7 @@ from rollup.table.commit import load_latest
 from rollup.table.owner import OwnerLease
 from rollup.table.storage import StoreAccess
 from store.fs import FileSystemStore
+from tests.rollup.conftest import expected_index, index_rows
 from tests.rollup.dataset_builder import commit_rows, hour_at, hour_start, points
 from tests.rollup.test_delete import _scan
 
@@ -83,9 +84,23 @@ async def test_compaction_applies_deletes_and_keeps_what_readers_see(
     assert sorted(seen_after.column("seq").to_pylist()) == sorted(
         seen_before.column("seq").to_pylist()
     )
+    # The hour's series rows are recomputed from the points left (these hours had none:
+    # written before the index existed), in the same commit.
+    by_hour = await index_rows(small_files, "series")
+    expected = await expected_index(small_files)
+    assert by_hour == {k: v for k, v in expected.items() if k[0] == _us(H0)}
+    assert {s: c for (_, s), (c, _, _) in by_hour.items()} == {
+        'cpu{host="a"}': 40,
+        'cpu{host="b"}': 100,
+        "mem": 100,
+    }
     # Nothing left to do: a second run commits nothing.
     again = await compaction.compact(small_files, access=StoreAccess(small_files.url), clock=clock)
     assert again.hours == [] and again.version == 6
+
+
+def _us(moment: datetime) -> int:
+    return int(moment.timestamp()) * 1_000_000
 
 
 async def _v(store: FileSystemStore, version: int):  # type: ignore[no-untyped-def]
@@ -110,6 +125,11 @@ async def test_target_size_cuts_files_and_counts_stay_equal(small_files: FileSys
     assert report.rows_before == report.rows_after == 300 and report.rows_masked == 0
     assert report.files_after >= 3
     assert (await _scan(small_files)).num_rows == 350
+    # Backfill: the rewritten hour had no series rows; now it has them (hour 1 is untouched).
+    expected = await expected_index(small_files)
+    assert await index_rows(small_files, "series") == {
+        k: v for k, v in expected.items() if k[0] == _us(H0)
+    }
 
 
 async def test_a_commit_that_wins_the_race_makes_compaction_plan_again(
