@@ -105,13 +105,9 @@ class FileCache:
             return result
         schema = schemas.table_schema(data_file.table)
         target = pa.schema([schema.field(name) for name in columns])
-        # partitioning=None: the hive-style path must not add date/hour columns.
-        table = pq.read_table(
-            f"{root}/{data_file.path}",
-            filesystem=filesystem,
-            columns=list(columns),
-            partitioning=None,
-        )
+        # One open (pq.read_table's dataset opens a file twice: to inspect, to read).
+        with filesystem.open_input_file(f"{root}/{data_file.path}") as handle:
+            table = pq.ParquetFile(handle).read(columns=list(columns))
         table = table.select(list(columns)).cast(target)
         self.put("file", key, table, table.nbytes)
         return table

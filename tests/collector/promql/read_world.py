@@ -45,11 +45,12 @@ from protocol.prom_names import present_labels
 from protocol.records import AcceptedManifest
 from rollup.table.commit import commit as commit_snapshot
 from rollup.table.commit import load_latest
-from rollup.table.data_file import describe_file
+from rollup.table.data_file import DataFile, describe_file
 from rollup.table.ledger import LedgerRow, write_ledger_files
 from rollup.table.manifest import Changes
 from rollup.table.owner import OwnerLease
 from rollup.table.points import points_rows
+from rollup.table.series_rows import hour_counts, series_table
 from rollup.table.storage import arrow_filesystem
 from store.fs import FileSystemStore
 
@@ -156,9 +157,11 @@ async def commit(
     *,
     extra: pa.Table | None = None,
     row_group_size: int | None = None,
+    series: bool = False,
 ) -> None:
     """Commit ``batches`` (and ``extra`` points rows) as one ``points`` file of H0,
-    sorted by series then time, in row groups of ``row_group_size`` rows."""
+    sorted by series then time, in row groups of ``row_group_size`` rows; ``series``:
+    with its ``series`` index file, as the rollup writes it in the same commit."""
     points = pa.concat_tables([points_rows(b.frame) for b in batches])
     if extra is not None:
         points = pa.concat_tables([points, extra])
@@ -173,14 +176,37 @@ async def commit(
     added = describe_file(
         "points", key, H0, points, size_bytes=len(sink.getvalue()), added_version=version
     )
+    files = [added]
+    if series:
+        files.append(
+            await put_file(store, "series", H0, series_table(hour_counts(points)), version)
+        )
     ledger = await write_ledger_files(store, [LedgerRow.of_manifest(b.manifest) for b in batches])
     changes = Changes(
-        added_files=(added,),
+        added_files=tuple(files),
         added_ledger_files=ledger.added_ledger_files,
         ledger_delta=ledger.ledger_delta,
     )
     await commit_snapshot(store, base=base, changes=changes, owner=owner, clock=clock)
     await owner.release()
+
+
+async def put_file(
+    store: FileSystemStore,
+    table: str,
+    hour: keys.UtcHour,
+    rows: pa.Table,
+    version: int,
+    row_group_size: int | None = None,
+) -> DataFile:
+    """Write ``rows`` as one Parquet file of ``table`` in ``hour``: its `DataFile`."""
+    key = keys.rollup_data_key(table, hour, str(uuid.uuid4()))
+    sink = io.BytesIO()
+    pq.write_table(rows, sink, row_group_size=row_group_size or max(1, rows.num_rows))
+    await store.put(key, sink.getvalue())
+    return describe_file(
+        table, key, hour, rows, size_bytes=len(sink.getvalue()), added_version=version
+    )
 
 
 def filler(count: int) -> Sent:
@@ -190,16 +216,25 @@ def filler(count: int) -> Sent:
     return sent(rows, seq_start=0, accepted_ns=at(100), agent="filler")
 
 
-async def make_world(tmp_path: Path, *, fill: int = 0, **settings: int) -> World:
+async def make_world(
+    tmp_path: Path, *, fill: int = 0, series: bool = False, **settings: int
+) -> World:
     """The world; ``fill``: that many more committed points (metric ``fill``), in row
-    groups of 100 rows."""
+    groups of 100 rows; ``series``: the committed hour with its series index file."""
     clock = ManualClock(H1.start_ns + 10 * NS)
     store = FileSystemStore(tmp_path / "store", clock=clock)
     extra = filler(fill) if fill else None
     if extra is not None:
-        await commit(store, clock, COMMITTED, extra=points_rows(extra.frame), row_group_size=100)
+        await commit(
+            store,
+            clock,
+            COMMITTED,
+            extra=points_rows(extra.frame),
+            row_group_size=100,
+            series=series,
+        )
     else:
-        await commit(store, clock, COMMITTED)
+        await commit(store, clock, COMMITTED, series=series)
     window = LiveWindow(window_s=7200, max_points=1000, max_bytes=1 << 30)
     for b in LIVE:
         assert window.add(

@@ -23,9 +23,11 @@ from .read_client import END_MS, START_MS, body, post, query, samples_answer, se
 from .read_world import ALL, Matcher, World, at, bits, make_world, oracle
 
 
-@pytest.fixture
-async def world(tmp_path: Path) -> World:
-    return await make_world(tmp_path)
+@pytest.fixture(params=[False, True], ids=["points-only", "series-index"])
+async def world(tmp_path: Path, request: pytest.FixtureRequest) -> World:
+    """The world committed without the series index (read as before it existed) and with
+    it (matchers resolved against ``series`` rows first): the same answers."""
+    return await make_world(tmp_path, series=request.param)
 
 
 MATCHER_CASES: list[list[Matcher]] = [

@@ -52,8 +52,12 @@ def answer(selection: Any) -> list[Any]:
     return out
 
 
-async def test_selection_equals_the_oracle_and_pushes_metric_bounds_down(tmp_path: Path) -> None:
-    world = await make_world(tmp_path, fill=1000)  # 1,013 committed rows in 11 row groups
+@pytest.mark.parametrize("series", [False, True], ids=["points-only", "series-index"])
+async def test_selection_equals_the_oracle_and_pushes_metric_bounds_down(
+    tmp_path: Path, series: bool
+) -> None:
+    # 1,013 committed rows in 11 row groups; with or without the hour's series index.
+    world = await make_world(tmp_path, fill=1000, series=series)
     parts = await world.endpoint._parts(READER)
     for matchers in (
         [("RE", "__name__", ".+")],
@@ -72,6 +76,7 @@ async def test_selection_equals_the_oracle_and_pushes_metric_bounds_down(tmp_pat
     cpu = read(world, parts, [("EQ", "__name__", "cpu")])
     work = cpu.work
     assert work.row_groups_skipped >= 9 and work.row_groups_read <= 2
+    assert work.index_files == (1 if series else 0)
     everything = read(world, parts, [("RE", "__name__", ".+")]).work
     assert everything.row_groups_read == 11 and everything.row_groups_skipped == 0
     assert everything.label_maps_read == 2  # only where a series starts: fill's 9 groups reuse
