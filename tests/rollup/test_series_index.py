@@ -31,6 +31,9 @@ import pytest
 from pyiceberg.table import StaticTable
 from pyspark.sql import SparkSession
 
+from collector.promql.matchers import compile_matcher
+from collector.query.file_cache import FileCache
+from collector.query.series_first import resolve_stored_series
 from protocol import keys
 from protocol.clock import ManualClock
 from rollup.iceberg.publish import table_url
@@ -213,6 +216,21 @@ async def test_series_rows_follow_points_late_batches_days_and_deletes(
     by_day = await expected_index(fs_store, by_day=True)
     assert await index_rows(fs_store, "series_day") == by_day
     assert by_day[(DAY_START_NS // 1000, dotted)][0] == 5
+    # The index counts every points row the job wrote, so a remote read resolves its
+    # matchers against it in every hour, by days and by hours (collector.query.series_first).
+    points_hours = {f.partition for f in snapshot.data_files("points")}
+    wanted = [compile_matcher("EQ", "__name__", "http_server_duration")]
+    for low, high in ((DAY_START_NS, DAY_START_NS + 24 * H), (t, t + 2 * H)):
+        found = resolve_stored_series(
+            snapshot,
+            pafs.LocalFileSystem(),
+            str(fs_store.root),
+            low_us=low // 1000,
+            high_us=high // 1000,
+            matchers=wanted,
+            cache=FileCache(0),
+        )
+        assert found is not None and found.indexed == points_hours and found.wanted == (dotted,)
 
     # Reads: whole days from series_day, edge hours from series; counts combined.
     fs, root = pafs.LocalFileSystem(), str(fs_store.root)
