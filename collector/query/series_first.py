@@ -150,9 +150,16 @@ def resolve_stored_series(
     wanted: tuple[str, ...] = ()
     if parts and indexed:
         table = pa.concat_tables(parts)
+        # A series has a row per hour or day read: match each distinct series once (its
+        # presented names are a function of the series string).
+        encoded = pc.dictionary_encode(table.column("series").combine_chunks())
+        codes = np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+        first_row = np.zeros(len(encoded.dictionary), dtype=np.int64)
+        first_row[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)
+        columns = table.select(["presented_name", "presented_labels"])
+        distinct = columns.take(pa.array(first_row))
         keep = select_label_sets(
-            table.column("presented_name"), table.column("presented_labels"), matchers
+            distinct.column("presented_name"), distinct.column("presented_labels"), matchers
         )
-        selected = pc.unique(table.column("series").filter(pa.array(keep)))
-        wanted = tuple(sorted(selected.to_pylist()))
+        wanted = tuple(sorted(encoded.dictionary.filter(pa.array(keep)).to_pylist()))
     return StoredSeries(wanted, indexed, len(parts))
