@@ -74,6 +74,10 @@ async def test_samples_and_streamed_answers_equal_the_oracle(world: World) -> No
     ]
     assert world.endpoint.metrics.query_name_collisions._value.get() >= 2
     assert world.endpoint.metrics.query_dropped_labels._value.get() >= 2
+    # Footers come from the cache (query.cache_bytes) after the first read, counted.
+    lookups = world.endpoint.metrics.query_cache
+    assert lookups.labels(kind="footer", result="miss")._value.get() == 1
+    assert lookups.labels(kind="footer", result="hit")._value.get() >= len(MATCHER_CASES)
 
 
 async def test_extreme_ranges_select_everything_they_cover(world: World) -> None:
