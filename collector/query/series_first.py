@@ -46,6 +46,7 @@ from rollup.table.manifest import Snapshot
 from ..promql.matchers import LabelMatcher, select_label_sets
 from .file_cache import FileCache
 
+US_PER_DAY = 86_400_000_000
 INDEX_COLUMNS = ["series", "presented_name", "presented_labels", "count"]
 
 
@@ -118,10 +119,10 @@ def resolve_stored_series(
         rows_per_hour[data_file.partition] = (
             rows_per_hour.get(data_file.partition, 0) + data_file.row_count
         )
-    # The index is walked an hour at a time: only over the hours holding points (a
-    # read's range may be Prometheus' whole int64 span).
-    first = min(rows_per_hour).start_ns // 1000
-    last = max(rows_per_hour).next().start_ns // 1000
+    # The index is walked an hour at a time: only over the days holding points (a read's
+    # range may be Prometheus' whole int64 span); whole days stay whole (series_day).
+    first = min(rows_per_hour).start_ns // 1000 // US_PER_DAY * US_PER_DAY
+    last = -(-max(rows_per_hour).next().start_ns // 1000 // US_PER_DAY) * US_PER_DAY
     start = datetime.fromtimestamp(max(low_us, first) // 1_000_000, tz=UTC)
     end = datetime.fromtimestamp(-(-min(high_us, last) // 1_000_000), tz=UTC)
     day_files, hour_files = index_files(snapshot, start, end)

@@ -216,8 +216,8 @@ async def read_requests(tmp_path: Path, days: int) -> tuple[int, int, dict[str, 
         snapshot,
         pafs.LocalFileSystem(),
         str(store.root),
-        low_us=first.start_ns // 1000,
-        high_us=last.next().start_ns // 1000,
+        low_us=0,  # wider than the history: clamped to its days, which stay whole
+        high_us=last.next().start_ns // 1000 + 10 * 86_400_000_000,
         matchers=matchers,
         cache=FileCache(0),
     )
