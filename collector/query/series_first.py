@@ -114,11 +114,15 @@ def resolve_stored_series(
     points = reader.plan_files(snapshot, "points", start=start, end=end)
     if not points:
         return None
+    # Every points file of the range's hours counts (also one its ts statistics prune
+    # from this read): the index rows of an hour count all of them.
+    touched = {data_file.partition for data_file in points}
     rows_per_hour: dict[keys.UtcHour, int] = {}
-    for data_file in points:
-        rows_per_hour[data_file.partition] = (
-            rows_per_hour.get(data_file.partition, 0) + data_file.row_count
-        )
+    for data_file in snapshot.data_files("points"):
+        if data_file.partition in touched:
+            rows_per_hour[data_file.partition] = (
+                rows_per_hour.get(data_file.partition, 0) + data_file.row_count
+            )
     # The index is walked an hour at a time: only over the days holding points (a read's
     # range may be Prometheus' whole int64 span); whole days stay whole (series_day).
     first = min(rows_per_hour).start_ns // 1000 // US_PER_DAY * US_PER_DAY

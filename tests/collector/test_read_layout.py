@@ -16,6 +16,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pytest
 
@@ -137,6 +139,28 @@ async def test_hours_the_index_does_not_count_are_read_as_before(world: Any) -> 
     assert found.work.row_groups_read >= 40
     late = select(store, snapshot, [("EQ", "host", "late")], H2, H2.next())
     assert samples(late) == {"late": 5}
+
+
+async def test_a_file_the_range_prunes_still_counts_for_its_hour(tmp_path: Path) -> None:
+    """A read from the middle of an hour whose first file holds only earlier points: the
+    hour's index still counts both files' rows, so the index is used."""
+    clock = ManualClock(H1.start_ns)
+    store = FileSystemStore(tmp_path / "store", clock=clock)
+    whole = hour_points(H0, HOSTS, 60)  # a point a minute
+    ts = pc.cast(whole.column("ts"), pa.int64())
+    early = whole.filter(pc.less(ts, (H0.start_ns + 600 * NS) // 1000))
+    late = whole.filter(pc.greater_equal(ts, (H0.start_ns + 3000 * NS) // 1000))
+    both = [early, late]
+    await commit_hours(store, clock, [Hour(H0, both, indexed=both)], row_group_size=GROUP)
+    loaded = await load_latest(store)
+    assert loaded is not None
+    matchers = (compile_matcher("EQ", "host", "h0123"),)
+    query = ReadQuery(ms(H0) + 1_800_000, ms(H1) - 1, matchers)
+    found = select_series(
+        query, loaded.snapshot, [], pafs.LocalFileSystem(), str(store.root), max_samples=1000
+    )
+    assert samples(found) == {"h0123": 10}
+    assert found.work.files == 1 and found.work.row_groups_read <= 2  # of 8
 
 
 async def test_a_repeated_read_opens_no_file_and_the_cache_keeps_its_bound(world: Any) -> None:
