@@ -232,8 +232,9 @@ def rss(args: argparse.Namespace, store: Path, work: Path, reference: Reference)
         "ours": ours,
         "reference": theirs,
         "panels": DASHBOARD,
-        "settings": "defaults: query.cache_bytes 256 MiB, max_concurrent_promql 8, "
-        "max_read_bytes_in_flight 512 MiB, max_read_samples 1e7",
+        "settings": f"{RSS_SETTINGS}, otherwise the defaults: query.cache_bytes 256 MiB, "
+        "max_read_bytes_in_flight 512 MiB, max_read_samples 1e7, the engine's "
+        "--query.max-concurrency = max_concurrent_promql",
     }
 
 
