@@ -30,10 +30,10 @@ since Grafana 10, when queries moved to the server):
   ``/api/v1/label/__name__/values`` and filters the names by ``regex`` in the browser;
   start and end are ``ceil(ms / 1000)`` of the range.
 
-Both the interim test (a throwaway Prometheus scraping real daemons,
-``tests/deploy/test_grafana.py``) and the end-to-end test through the query collector's
-own API use these functions: they produce requests, and the test decides where to send
-them.
+The end-to-end test (``tests/deploy/test_grafana_panels.py``: the daemons scrape
+themselves into the store with ``lm-agent scrape``, the panels go through the query
+collector's own API) uses these functions: they produce requests, and the test decides
+where to send them.
 """
 
 from __future__ import annotations
