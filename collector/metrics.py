@@ -12,24 +12,9 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from store.time import StoreClock
-from store.timed import StoreLatency
+from store.timed import STORE_LATENCY_BUCKETS, StoreLatency
 
-LATENCY_BUCKETS = (
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-)
+LATENCY_BUCKETS = STORE_LATENCY_BUCKETS  # 1 ms to 30 s: acknowledgements span the same
 
 
 class CollectorMetrics:
