@@ -96,7 +96,7 @@ class NamesEndpoint:
             authenticator=query.authenticator,
             settings=query.settings,
             snapshots=query.snapshots,
-            filesystem=query._filesystem_factory,
+            filesystem=query.arrow,  # one filesystem for all, not one each
             now_ns=query.now_ns,
             window=query.window,
             follower=query.follower,

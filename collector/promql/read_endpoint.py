@@ -129,7 +129,7 @@ class ReadEndpoint:
             authenticator=query.authenticator,
             settings=query.settings,
             snapshots=query.snapshots,
-            filesystem=query._filesystem_factory,
+            filesystem=query.arrow,  # one filesystem for all, not one each
             metrics=query.metrics,
             now_ns=query.now_ns,
             window=query.window,

@@ -220,7 +220,9 @@ class QueryEndpoint:
             return self.follower.followed_through_ns
         return self.now_ns()
 
-    def _arrow(self) -> tuple[pafs.FileSystem, str]:
+    def arrow(self) -> tuple[pafs.FileSystem, str]:
+        """The store's Arrow filesystem and root, made once and shared with the endpoints
+        built beside this one (remote read, names: their ``beside``)."""
         if self._filesystem is None:
             self._filesystem = self._filesystem_factory()
         return self._filesystem
@@ -228,7 +230,7 @@ class QueryEndpoint:
     def _rows(self, query: LiveQuery, snapshot: Snapshot | None, frames: list[Any]) -> Rows:
         """Blocking: reads Parquet and builds rows (runs on a thread)."""
         limit = self.settings.max_result_rows
-        filesystem, root = self._arrow()
+        filesystem, root = self.arrow()
         try:
             # Live points feed minutes in the rollup shape: bounded by the window itself.
             live_limit = limit if query.table == "points" else LIVE_POINTS_FACTOR * limit
