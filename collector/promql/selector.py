@@ -17,8 +17,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .matchers import MAX_MATCHERS
+
 MAX_SELECTOR_BYTES = 64 * 1024
-MAX_MATCHERS_PER_SELECTOR = 64
 OPERATORS = ("=~", "!~", "!=", "=")  # longest first
 KINDS = {"=": "EQ", "!=": "NEQ", "=~": "RE", "!~": "NRE"}
 
@@ -147,8 +148,8 @@ def parse_selector(text: str) -> tuple[Matcher, ...]:
             kind = KINDS[scan.operator()]
             scan.skip_space()
             matchers.append(Matcher(kind, name, scan.string()))
-            if len(matchers) > MAX_MATCHERS_PER_SELECTOR:
-                raise SelectorError(f"more than {MAX_MATCHERS_PER_SELECTOR} matchers")
+            if len(matchers) > MAX_MATCHERS:
+                raise SelectorError(f"more than {MAX_MATCHERS} matchers")
             scan.skip_space()
             if scan.peek() == ",":
                 scan.at += 1
