@@ -22,13 +22,15 @@ itself. One `IndexRow` type serves both:
 | ``etag`` | string? | the ETag the store returned for the record's create or read | same | null |
 | ``own_create`` | bool? | this collector's own create was answered 200 | same | null |
 | ``min_ts_ns``, ``max_ts_ns`` | int64? | the batch's point times (from the frame) | null | null |
+| ``raw_offset``, ``raw_length`` | int64? | a bundled frame's range in ``raw_blob_key`` (PROTOCOL §3.10); null for a frame blob | null | null |
 | ``source`` | string? | catalog only: the log segment's key, ``audit`` or ``read-back`` | | |
 | ``key_digest`` | binary(16) | BLAKE2b-128 of ``key`` (`index.digests`) | | |
 | ``first_epoch``, ``first_sequence``, ``first_position`` | int64? | catalog only: the row's rank (`index.catalog_rank`) | | |
 
 Every field of an ``accepted``/``quarantine`` row is the stored record's value (the body
 the collector created or read), never recomputed (PROTOCOL §3.7). Files written before
-``etag``/``own_create``/``min_ts_ns``/``max_ts_ns``/``source`` existed read those as null:
+``etag``/``own_create``/``min_ts_ns``/``max_ts_ns``/``source``/``raw_offset``/``raw_length``
+existed read those as null (no range: a frame blob, as every record then named):
 a log row without ``own_create`` is read back by the steady pass, a catalog row without
 ``etag`` takes the listed ETag at the next audit.
 
@@ -80,9 +82,13 @@ SCHEMA = pa.schema(
         ("min_ts_ns", pa.int64()),
         ("max_ts_ns", pa.int64()),
         ("source", pa.string()),
+        ("raw_offset", pa.int64()),
+        ("raw_length", pa.int64()),
     ]
 )
-OPTIONAL_COLUMNS = frozenset({"etag", "own_create", "min_ts_ns", "max_ts_ns", "source"})
+OPTIONAL_COLUMNS = frozenset(
+    {"etag", "own_create", "min_ts_ns", "max_ts_ns", "source", "raw_offset", "raw_length"}
+)
 """Columns later versions added: a file without them reads them as null."""
 FILE_SCHEMA = pa.schema([*SCHEMA, pa.field("key_digest", pa.binary(DIGEST_BYTES)), *RANK_FIELDS])
 """Files also carry ``key_digest`` (BLAKE2b-128 of ``key``, `index.digests`), so a full
@@ -114,6 +120,8 @@ class IndexRow:
     min_ts_ns: int | None = None
     max_ts_ns: int | None = None
     source: str | None = None
+    raw_offset: int | None = None
+    raw_length: int | None = None
 
     @property
     def hour(self) -> keys.UtcHour:
@@ -170,6 +178,8 @@ def accepted_row(
         own_create=own_create,
         min_ts_ns=low,
         max_ts_ns=high,
+        raw_offset=manifest.raw_offset,
+        raw_length=manifest.raw_length,
     )
 
 

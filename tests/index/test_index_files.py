@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import io
 import random
 import uuid
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from chaos.catalog_rows import read_hour
@@ -17,12 +19,16 @@ from index.digests import KeyDigestSet, ShaPrefixSet, digests_of, sha_prefixes
 from index.log_writer import IndexLogWriter
 from index.row_checks import decode
 from index.rows import (
+    SCHEMA,
     IndexFileError,
     IndexRow,
     accepted_row,
     blob_row,
     encode,
     quarantine_row,
+    read_table,
+    rows_of,
+    table_of,
 )
 from protocol import keys
 from protocol.clock import ManualClock, SystemClock
@@ -301,3 +307,22 @@ async def test_a_stop_during_a_flush_loses_no_row() -> None:
 
     assert writer.stats.rows_written == 3 and writer.stats.dropped_failed == 0
     assert len([k async for k in inner.list(keys.INDEX_LOG_PREFIX)]) == 1
+
+
+def test_row_ranges_round_trip_and_old_files_read_them_as_null() -> None:
+    plain = accepted_row(manifest(1))
+    ranged = IndexRow(**{**_fields(accepted_row(manifest(2))), "raw_offset": 56, "raw_length": 100})
+    table = read_table(encode([plain, ranged]), source="t")
+    assert rows_of(table) == [plain, ranged]
+    assert (plain.raw_offset, plain.raw_length) == (None, None)
+
+    old = table_of([ranged]).drop_columns(["raw_offset", "raw_length"])
+    sink = io.BytesIO()
+    pq.write_table(old, sink)
+    read = rows_of(read_table(sink.getvalue(), source="old"))
+    assert read == [IndexRow(**{**_fields(ranged), "raw_offset": None, "raw_length": None})]
+    assert {"raw_offset", "raw_length"} <= set(SCHEMA.names)
+
+
+def _fields(row: IndexRow) -> dict[str, object]:
+    return {name: getattr(row, name) for name in IndexRow.__slots__}
