@@ -8,17 +8,14 @@ directory when the settings are validated. Durations are seconds (``_s``) unless
 name says milliseconds (``_ms``). Load with `config.load_settings`; building the models
 directly (tests) validates the same way. The base of every section is in
 `config.section`; the reconciler's ``[reconciler]``, ``[gc]`` and ``[retention]`` in
-`config.reconciler_settings`; ``[query]`` in `config.query_settings`; the agent's
-``[scrape]`` in `config.scrape_settings`.
+`config.reconciler_settings`; ``[query]`` in `config.query_settings`; ``[ingest]`` in
+`config.ingest_settings`; the agent's ``[scrape]`` in `config.scrape_settings`.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import os
 import re
-import socket
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -31,6 +28,8 @@ from pydantic import (
 )
 
 from config.errors import CrossFieldError
+from config.ingest_settings import CollectorId as CollectorId
+from config.ingest_settings import IngestSettings as IngestSettings
 from config.query_settings import QuerySettings as QuerySettings
 from config.reconciler_settings import GcSettings as GcSettings
 from config.reconciler_settings import ReconcilerSettings as ReconcilerSettings
@@ -139,52 +138,6 @@ class AuthSettings(Section):
     host that does not serve HTTP needs no tokens file."""
 
     tokens_file: AbsolutePath | None = None
-
-
-def _default_collector_id() -> str:
-    host = re.sub(r"[^A-Za-z0-9._-]+", "-", socket.gethostname()).strip("-.") or "collector"
-    return f"{host[:100]}-{os.getpid()}"
-
-
-CollectorId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")]
-
-
-class IngestSettings(Section):
-    """``[ingest]``: the acceptance protocol (PROTOCOL.md §3)."""
-
-    collector_id: CollectorId = Field(default_factory=_default_collector_id)
-    """Recorded in every manifest this collector writes; default ``<hostname>-<pid>``."""
-    acceptance: Literal["s3_manifest", "local_spool"] = "s3_manifest"
-    max_frame_bytes: int = Field(default=8 * MiB, ge=64, le=2**32 - 1)
-    """Larger request bodies are refused with 413 before being read."""
-    max_raw_bytes: int = Field(default=64 * MiB, ge=1, le=2**32 - 1)
-    """Cap on a frame's decompressed payload (``payload_raw_len``); larger is 400."""
-    request_budget_s: Seconds = 10.0
-    """Time the store protocol may take for one request before answering 503."""
-    index_flush_rows: int = Field(default=5_000, ge=1)
-    """Write the index log buffer as segments once it holds this many rows (PROTOCOL §3.7)."""
-    index_flush_max_age_ms: int = Field(default=1000, ge=1)
-    """... or once its oldest row is this old. Segments per hour ≈ writers x flushes:
-    choose it so that (segments + catalog files + markers) ÷ batches stays ≤ 0.05."""
-    index_put_budget_s: Seconds = 60.0
-    """The longest a log segment's create may take from its cut to its landing, retries
-    included (PROTOCOL §3.7; its rows are cut again after): readers' lookbacks must be at
-    least ``store.max_clock_skew_s`` plus this (checked when settings load)."""
-    index_buffer_rows: int = Field(default=100_000, ge=1)
-    """Rows the index log buffer holds at most; further rows are dropped and counted (the
-    reconciler's full audit finds their records)."""
-    spool_dir: AbsolutePath = Path("./lm-spool")
-    """``local_spool`` mode: where acknowledged frames are fsync'd before landing."""
-    object_landing_interval_ms: int = Field(default=1000, ge=1)
-    """``local_spool`` mode: how often spooled batches are landed in the store."""
-    spool_max_bytes: int = Field(default=1024 * MiB, ge=1)
-    """``local_spool`` mode: past this many spooled bytes, answer 503 until landing catches up."""
-    spool_landed_max_entries: int = Field(default=10_000_000, ge=1)
-    """``local_spool`` mode: landed identities remembered (for ``gc.retry_horizon_s``) to
-    answer a later conflicting frame 409; about 95 bytes each on disk. Past it the oldest
-    are forgotten early (logged): size it for landed batches/s times the horizon."""
-    probe_on_start: bool = True
-    """Run the conditional-write probe (PROTOCOL.md §3.6) before serving."""
 
 
 HeaderName = Annotated[str, Field(pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$")]
