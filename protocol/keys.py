@@ -42,8 +42,11 @@ from protocol._identity_keys import parse_identity_name as parse_identity_name
 from protocol._identity_keys import parse_manifest_id as parse_manifest_id
 from protocol._index_keys import INDEX_CATALOG_CREATED_PREFIX as INDEX_CATALOG_CREATED_PREFIX
 from protocol._index_keys import INDEX_CATALOG_PREFIX as INDEX_CATALOG_PREFIX
+from protocol._index_keys import INDEX_FEATURES_KEY as INDEX_FEATURES_KEY
 from protocol._index_keys import INDEX_LOG_PREFIX as INDEX_LOG_PREFIX
 from protocol._index_keys import INDEX_UNREADABLE_PREFIX as INDEX_UNREADABLE_PREFIX
+from protocol._index_keys import INDEX_VERSIONS_PREFIX as INDEX_VERSIONS_PREFIX
+from protocol._index_keys import PROCESS_ROLES as PROCESS_ROLES
 from protocol._index_keys import ROLLUP_WORK_PREFIX as ROLLUP_WORK_PREFIX
 from protocol._index_keys import LogSegmentName as LogSegmentName
 from protocol._index_keys import catalog_created_key as catalog_created_key
@@ -56,7 +59,9 @@ from protocol._index_keys import parse_catalog_created_key as parse_catalog_crea
 from protocol._index_keys import parse_index_catalog_key as parse_index_catalog_key
 from protocol._index_keys import parse_index_log_segment_key as parse_index_log_segment_key
 from protocol._index_keys import parse_rollup_work_marker_key as parse_rollup_work_marker_key
+from protocol._index_keys import parse_version_entry_key as parse_version_entry_key
 from protocol._index_keys import rollup_work_marker_key as rollup_work_marker_key
+from protocol._index_keys import version_entry_key as version_entry_key
 from protocol._raw_keys import RAW_BLOBS_PREFIX as RAW_BLOBS_PREFIX
 from protocol._raw_keys import RAW_BUNDLES_PREFIX as RAW_BUNDLES_PREFIX
 from protocol._raw_keys import RawKind as RawKind
@@ -187,6 +192,13 @@ def quarantine_identity_prefixes(identity: BatchIdentity) -> list[str]:
     targeted proof lists (PROTOCOL §3.5 rule 7)."""
     paths = [identity.path] + ([identity.legacy_path] if identity.legacy_path else [])
     return [f"{QUARANTINE_PREFIX}{path}/" for path in dict.fromkeys(paths)]
+
+
+def quarantine_boot_prefixes(identity: BatchIdentity) -> list[str]:
+    """The prefixes holding the quarantine records of every batch of one agent/boot pair,
+    one per agent key form (as `quarantine_identity_prefixes`, without the seq range):
+    one LIST of each serves all of a bundle's frames of that boot (PROTOCOL §3.10)."""
+    return [p.rsplit("/", 2)[0] + "/" for p in quarantine_identity_prefixes(identity)]
 
 
 def quarantine_agent_prefixes(agent_id: str) -> list[str]:
