@@ -10,9 +10,15 @@ import socket
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
+from config.errors import CrossFieldError
 from config.section import AbsolutePath, MiB, Seconds, Section
+from protocol.bundle import max_bundle_bytes
+
+SINGLE_PUT_LIMIT_BYTES = 5 * 1024 * MiB
+"""The largest body one PutObject may carry (S3: 5 GiB). Every raw object is written
+with one conditional PutObject, never a multipart upload (PROTOCOL §3.10)."""
 
 
 def _default_collector_id() -> str:
@@ -59,3 +65,49 @@ class IngestSettings(Section):
     are forgotten early (logged): size it for landed batches/s times the horizon."""
     probe_on_start: bool = True
     """Run the conditional-write probe (PROTOCOL.md §3.6) before serving."""
+    bundle: bool = True
+    """Group commit (PROTOCOL §3.10): frames that arrive while this process's raw writes
+    are in flight share one raw object, a bundle (1 + 1/n PUTs a batch for bundles of n).
+    In effect only in ``s3_manifest`` mode and once the store's feature record
+    (``index/v1/features.json``) says ``bundles: true``; a quiet collector writes one
+    frame blob a batch as before."""
+    bundle_max_in_flight: int = Field(default=2, ge=1, le=64)
+    """Raw writes (bundles or frame blobs of the bundler) in flight at once per process;
+    the open bundle is sent as soon as fewer are."""
+    bundle_max_bytes: int = Field(default=8 * MiB, ge=1)
+    """A bundle closes once its frames reach this many bytes (the frame that reaches it
+    may add up to ``max_frame_bytes``)."""
+    bundle_max_frames: int = Field(default=1000, ge=1, le=1_000_000)
+    """... or this many frames. A full bundle waits for a write slot; new frames are then
+    refused 429."""
+
+    @model_validator(mode="after")
+    def _bundle_fits_one_put(self) -> IngestSettings:
+        largest = self.largest_raw_object_bytes()
+        if largest > SINGLE_PUT_LIMIT_BYTES:
+            raise CrossFieldError(
+                "ingest.bundle_max_bytes",
+                f"the largest raw object, ingest.bundle_max_bytes + ingest.max_frame_bytes "
+                f"+ 44 x ingest.bundle_max_frames + 12 = {largest}, must fit one PutObject "
+                f"({SINGLE_PUT_LIMIT_BYTES} bytes; PROTOCOL §3.10)",
+                related=("ingest.max_frame_bytes", "ingest.bundle_max_frames"),
+            )
+        return self
+
+    def largest_raw_object_bytes(self) -> int:
+        """The largest raw object this collector writes (PROTOCOL §3.10): a frame blob of
+        ``max_frame_bytes``, or with bundles the largest bundle; the size the §3.6 probe
+        sends in its conditional PutObject."""
+        if not self.bundles_configured:
+            return self.max_frame_bytes
+        return max_bundle_bytes(
+            bundle_max_bytes=self.bundle_max_bytes,
+            max_frame_bytes=self.max_frame_bytes,
+            bundle_max_frames=self.bundle_max_frames,
+        )
+
+    @property
+    def bundles_configured(self) -> bool:
+        """Bundles are asked for and the mode allows them: strict mode only (spool mode
+        keeps writing frame blobs, PROTOCOL §3.10's spool ordering is not built)."""
+        return self.bundle and self.acceptance == "s3_manifest"

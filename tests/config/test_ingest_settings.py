@@ -1,0 +1,52 @@
+"""``[ingest]`` group commit keys (PROTOCOL §3.10): defaults, bounds, errors naming the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from config import SettingsError, load_settings
+from config.ingest_settings import IngestSettings
+
+
+def load(tmp_path: Path, text: str) -> IngestSettings:
+    path = tmp_path / "lm.toml"
+    path.write_text(text, encoding="utf-8")
+    return load_settings(path, environ={}).ingest
+
+
+def test_bundle_defaults(tmp_path: Path) -> None:
+    ingest = load(tmp_path, "")
+    assert ingest.bundle is True
+    assert (ingest.bundle_max_in_flight, ingest.bundle_max_bytes, ingest.bundle_max_frames) == (
+        2,
+        8 * 1024 * 1024,
+        1000,
+    )
+    assert ingest.bundles_configured
+    # §3.10: bundle_max_bytes + max_frame_bytes + 44 x bundle_max_frames + 12
+    assert ingest.largest_raw_object_bytes() == 16 * 1024 * 1024 + 44_000 + 12
+
+
+def test_spool_mode_and_bundle_false_write_frame_blobs(tmp_path: Path) -> None:
+    spool = load(tmp_path, '[ingest]\nacceptance = "local_spool"\n')
+    assert not spool.bundles_configured
+    assert spool.largest_raw_object_bytes() == spool.max_frame_bytes
+    assert not load(tmp_path, "[ingest]\nbundle = false\n").bundles_configured
+
+
+@pytest.mark.parametrize(
+    ("line", "key"),
+    [
+        ("bundle_max_in_flight = 0", "ingest.bundle_max_in_flight"),
+        ("bundle_max_bytes = 0", "ingest.bundle_max_bytes"),
+        ("bundle_max_frames = 0", "ingest.bundle_max_frames"),
+        ('bundle = "sometimes"', "ingest.bundle"),
+        ("bundle_max_bytes = 6_000_000_000", "ingest.bundle_max_bytes"),
+    ],
+)
+def test_bad_bundle_values_name_their_key(tmp_path: Path, line: str, key: str) -> None:
+    with pytest.raises(SettingsError) as exc:
+        load(tmp_path, f"[ingest]\n{line}\n")
+    assert exc.value.problems[0].key == key
