@@ -1,5 +1,6 @@
 """The index's keys (PROTOCOL §3.7): collector log segments, catalog files, their
-``catalog-created`` entries and the rollup's work markers. Part of `protocol.keys`' API
+``catalog-created`` entries and the rollup's work markers; the store's feature record and
+version registry (PROTOCOL §3.10 "Writing"). Part of `protocol.keys`' API
 (``keys.index_catalog_key``, ...)."""
 
 from __future__ import annotations
@@ -15,6 +16,22 @@ INDEX_CATALOG_PREFIX = "index/v1/catalog/"
 INDEX_UNREADABLE_PREFIX = "index/v1/unreadable/"
 INDEX_CATALOG_CREATED_PREFIX = "index/v1/catalog-created/"
 ROLLUP_WORK_PREFIX = "work/v1/rollup-dirty/catalog/"
+INDEX_FEATURES_KEY = "index/v1/features.json"
+INDEX_VERSIONS_PREFIX = "index/v1/versions/"
+PROCESS_ROLES = (
+    "collector",
+    "query-collector",
+    "reconciler",
+    "rollup-job",
+    "rollup-verify",
+    "chaos",
+)
+"""The roles of ``index/v1/versions/<role>-<id>.json`` (PROTOCOL §3.10): every process that
+parses records or raw objects. No role is another's prefix plus ``-``, so a key parses one
+way only."""
+_VERSION_ENTRY_RE = re.compile(
+    rf"index/v1/versions/({'|'.join(PROCESS_ROLES)})-([A-Za-z0-9._-]{{1,128}})\.json"
+)
 _WRITER_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _LOG_SEGMENT_RE = re.compile(
     r"index/v1/log/(date=\d{4}-\d{2}-\d{2}/hour=\d{2})/(\d{20})-([A-Za-z0-9._-]{1,64})-([0-9a-f]{16})\.parquet"
@@ -130,3 +147,22 @@ def parse_rollup_work_marker_key(key: str) -> str:
     if not match:
         raise KeyFormatError(f"not a rollup work marker key: {key!r}")
     return f"{INDEX_CATALOG_PREFIX}{match.group(1)}/{match.group(2)}-{match.group(3)}.parquet"
+
+
+def version_entry_key(role: str, process_id: str) -> str:
+    """``index/v1/versions/<role>-<id>.json``: one process's version entry (PROTOCOL
+    §3.10). A collector's ``process_id`` is its `index_writer_id`, so a log writer and its
+    entry are matched by name."""
+    if role not in PROCESS_ROLES:
+        raise KeyFormatError(f"process role must be one of {PROCESS_ROLES}, got {role!r}")
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,128}", process_id):
+        raise KeyFormatError(f"process id must be 1..128 of [A-Za-z0-9._-], got {process_id!r}")
+    return f"{INDEX_VERSIONS_PREFIX}{role}-{process_id}.json"
+
+
+def parse_version_entry_key(key: str) -> tuple[str, str]:
+    """``(role, process id)`` of a version entry key."""
+    match = _VERSION_ENTRY_RE.fullmatch(key)
+    if not match:
+        raise KeyFormatError(f"not a version entry key: {key!r}")
+    return match.group(1), match.group(2)

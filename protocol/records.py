@@ -12,7 +12,8 @@ Contract notes (PROTOCOL is silent on these; decided here):
 - GC marks, vetoes and log entries and the rollup-dirty marker are defined here too.
 
 The GC's records are in ``_gc_records.py``, the reconciler's in ``_reconciler_records.py``,
-the base in ``_record_base.py``; all are ``records.*`` (imported as themselves below).
+the feature record and version entries in ``_feature_records.py``, the base in
+``_record_base.py``; all are ``records.*`` (imported as themselves below).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from typing import Any, ClassVar, Literal, Self
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from protocol import keys
+from protocol._feature_records import FeatureRecord as FeatureRecord
+from protocol._feature_records import VersionEntry as VersionEntry
 from protocol._gc_records import GcLogEntry as GcLogEntry
 from protocol._gc_records import GcMark as GcMark
 from protocol._gc_records import GcReason as GcReason
