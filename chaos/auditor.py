@@ -115,7 +115,9 @@ async def read_store(store: ObjectStore) -> StoreView:
 
     async def manifest(key: str) -> None:
         try:
-            parsed = records.AcceptedManifest.from_json((await store.get(key))[0])
+            parsed = records.AcceptedManifest.from_json(
+                (await store.get(key))[0], reads_bundles=True
+            )
         except records.RecordError as exc:
             view.unreadable.append(f"{key}: {exc}")
             return

@@ -82,7 +82,7 @@ class WatchedStore:
             self._stats["blobs_recreated"] += 1
         sha = None
         if key.startswith(keys.ACCEPTED_PREFIX):
-            manifest = records.AcceptedManifest.from_json(body)
+            manifest = records.AcceptedManifest.from_json(body, reads_bundles=True)
             sha = manifest.frame_sha256
             self._accepted.setdefault(sha, {})[key] = manifest
         elif key.startswith(keys.QUARANTINE_PREFIX):
@@ -193,7 +193,9 @@ async def check_store(
     manifests: dict[keys.BatchIdentity, records.AcceptedManifest] = {}
     facts: dict[str, RecordFacts] = {}
     for key in sorted(k for k in present if k.startswith(keys.ACCEPTED_PREFIX)):
-        manifest = records.AcceptedManifest.from_json((await store.get(key))[0])
+        manifest = records.AcceptedManifest.from_json(
+            (await store.get(key))[0], reads_bundles=True
+        )
         manifests[manifest.identity] = manifest
         facts[key] = RecordFacts("accepted", manifest.frame_sha256, manifest.identity.manifest_id)
         if manifest.identity.manifest_id in retired and (

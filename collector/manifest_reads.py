@@ -30,7 +30,9 @@ class StoredManifest:
 
 def _parsed(body: bytes, key: str, etag: str) -> StoredManifest:
     try:
-        return StoredManifest(records.AcceptedManifest.from_json(body), key, etag)
+        return StoredManifest(
+            records.AcceptedManifest.from_json(body, reads_bundles=True), key, etag
+        )
     except records.RecordError as exc:
         log.error("accepted_manifest_unreadable", key=key, error=str(exc))
         raise BudgetExhausted from None

@@ -189,7 +189,7 @@ def _verified_row(key: str, body: bytes, quarantine: bool) -> IndexRow:
                 raise RecordError(f"content names {conflict.quarantine_key!r}, not its own key")
             row = quarantine_row(conflict, key=key)
         else:
-            manifest = AcceptedManifest.from_json(body)
+            manifest = AcceptedManifest.from_json(body, reads_bundles=True)
             if not keys.identity_matches_key(
                 manifest.identity, keys.parse_accepted_manifest_key(key)
             ):

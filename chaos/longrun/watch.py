@@ -83,7 +83,7 @@ class LongRunWatch:
         now = self.now_s()
         if key.startswith(keys.ACCEPTED_PREFIX):
             if key not in self.created_s:
-                manifest = records.AcceptedManifest.from_json(body)
+                manifest = records.AcceptedManifest.from_json(body, reads_bundles=True)
                 self.created_s[key] = now
                 self.manifest_sha[key] = manifest.frame_sha256
                 self.manifest_hour[key] = manifest.accepted_hour

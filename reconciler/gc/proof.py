@@ -130,7 +130,7 @@ class TargetedProof:
             except NotFound:
                 continue  # absent: only a 404 says so
             try:
-                manifest = records.AcceptedManifest.from_json(body)
+                manifest = records.AcceptedManifest.from_json(body, reads_bundles=True)
             except records.RecordError as exc:
                 await self.problems.record("unparseable-manifest", key, str(exc))
                 return Proof(Verdict.UNPROVEN, f"{key} does not parse")

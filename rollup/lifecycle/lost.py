@@ -84,7 +84,7 @@ async def _cataloged_batch(store: ObjectStore, manifest_key: str) -> AcceptedMan
     try:
         keys.parse_accepted_manifest_key(manifest_key)
         body, _ = await store.get(manifest_key)
-        manifest = AcceptedManifest.from_json(body)
+        manifest = AcceptedManifest.from_json(body, reads_bundles=True)
     except keys.KeyFormatError as exc:
         raise NotLost(f"{manifest_key!r} is not an accepted manifest key: {exc}") from None
     except NotFound:

@@ -81,7 +81,7 @@ async def _from_manifests(
         async with limit:
             try:
                 body, _ = await store.get(key)
-                manifest = AcceptedManifest.from_json(body)
+                manifest = AcceptedManifest.from_json(body, reads_bundles=True)
             except (NotFound, RecordError):
                 bad.append(key)
                 return None
