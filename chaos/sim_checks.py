@@ -193,9 +193,7 @@ async def check_store(
     manifests: dict[keys.BatchIdentity, records.AcceptedManifest] = {}
     facts: dict[str, RecordFacts] = {}
     for key in sorted(k for k in present if k.startswith(keys.ACCEPTED_PREFIX)):
-        manifest = records.AcceptedManifest.from_json(
-            (await store.get(key))[0], reads_bundles=True
-        )
+        manifest = records.AcceptedManifest.from_json((await store.get(key))[0], reads_bundles=True)
         manifests[manifest.identity] = manifest
         facts[key] = RecordFacts("accepted", manifest.frame_sha256, manifest.identity.manifest_id)
         if manifest.identity.manifest_id in retired and (
