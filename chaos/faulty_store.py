@@ -107,6 +107,10 @@ class FaultyStore:
     async def get(self, key: str) -> tuple[bytes, str]:
         return await self._run("get", key, lambda: self.inner.get(key))
 
+    async def get_range(self, key: str, offset: int, length: int) -> bytes:
+        """Faulted as a ``get`` (a ranged GET is a GET)."""
+        return await self._run("get", key, lambda: self.inner.get_range(key, offset, length))
+
     async def head(self, key: str) -> ObjectInfo:
         return await self._run("head", key, lambda: self.inner.head(key))
 

@@ -52,6 +52,9 @@ class WatchedStore:
     async def get(self, key: str) -> tuple[bytes, str]:
         return await self.inner.get(key)
 
+    async def get_range(self, key: str, offset: int, length: int) -> bytes:
+        return await self.inner.get_range(key, offset, length)
+
     async def head(self, key: str) -> ObjectInfo:
         return await self.inner.head(key)
 

@@ -222,6 +222,9 @@ class DelayedStore:
     async def get(self, key: str) -> tuple[bytes, str]:
         return await self._landing(lambda: self.inner.get(key))
 
+    async def get_range(self, key: str, offset: int, length: int) -> bytes:
+        return await self._landing(lambda: self.inner.get_range(key, offset, length))
+
     async def head(self, key: str) -> ObjectInfo:
         return await self._landing(lambda: self.inner.head(key))
 
@@ -293,6 +296,9 @@ class S3LikeRetries:
 
     async def get(self, key: str) -> tuple[bytes, str]:
         return await self._retrying(lambda: self.inner.get(key))
+
+    async def get_range(self, key: str, offset: int, length: int) -> bytes:
+        return await self._retrying(lambda: self.inner.get_range(key, offset, length))
 
     async def head(self, key: str) -> ObjectInfo:
         return await self._retrying(lambda: self.inner.head(key))

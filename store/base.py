@@ -11,6 +11,12 @@ Contract, shared by every implementation and checked by ``tests/store/test_contr
   a GET with ``If-None-Match: etag``. ``None`` when the object's ETag still equals
   ``etag`` (HTTP 304: no body sent, one request); else as ``get``. Use it through
   `get_if_changed`, which falls back to a plain ``get`` for stores without it.
+- ``get_range(key, offset, length) -> bytes``: one GET of ``length`` bytes from byte
+  ``offset`` (HTTP ``Range: bytes=offset-(offset+length-1)``): the object's bytes
+  ``[offset, offset + length)``, fewer when the object ends first (none when it ends at
+  or before ``offset``: S3's 416); `NotFound` when absent. ``offset >= 0`` and
+  ``1 <= length <= MAX_RANGE_BYTES`` (whole ints), else `ValueError` and nothing sent:
+  `check_range`. Only ``length`` bytes are read or held, never the whole object.
 - ``head(key) -> ObjectInfo``; `NotFound` when absent.
 - ``put(key, body, *, if_none_match=False, if_match=None) -> etag``:
   unconditional by default; ``if_none_match=True`` creates only if absent (else
@@ -67,6 +73,10 @@ class ObjectInfo:
 PUT_FILE_PART_BYTES = 16 * 1024 * 1024
 """How much of a file `ObjectStore.put_file` holds at once (S3: its multipart part size)."""
 
+MAX_RANGE_BYTES = 1 << 31
+"""The longest range `ObjectStore.get_range` reads at once (2 GiB): a bound on what one
+call holds in memory, far above any raw object (PROTOCOL §3.10: a bundle's largest size)."""
+
 MAX_SIGNED_EXPIRY_S = 7 * 24 * 3600
 """S3's longest pre-signed URL lifetime (``X-Amz-Expires``): one week."""
 
@@ -97,6 +107,8 @@ class ObjectStore(Protocol):
     url: str
 
     async def get(self, key: str) -> tuple[bytes, str]: ...
+
+    async def get_range(self, key: str, offset: int, length: int) -> bytes: ...
 
     async def head(self, key: str) -> ObjectInfo: ...
 
@@ -227,6 +239,20 @@ def check_key(op: str, key: str) -> None:
             raise ValueError(f"{op} {key!r}: empty, '.' or '..' path segment")
     if "\x00" in key:
         raise ValueError(f"{op} {key!r}: NUL byte in key")
+
+
+def check_range(key: str, offset: int, length: int) -> None:
+    """Refuse a range `ObjectStore.get_range` cannot send: whole ints, ``offset >= 0``,
+    ``1 <= length <= MAX_RANGE_BYTES`` (HTTP has no empty range)."""
+    for name, value in (("offset", offset), ("length", length)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"get_range {key!r}: {name} must be an int, got {value!r}")
+    if offset < 0:
+        raise ValueError(f"get_range {key!r}: offset must be >= 0, got {offset}")
+    if not 1 <= length <= MAX_RANGE_BYTES:
+        raise ValueError(
+            f"get_range {key!r}: length must be in [1, {MAX_RANGE_BYTES}], got {length}"
+        )
 
 
 def check_put_conditions(key: str, if_none_match: bool, if_match: str | None) -> None:

@@ -1,8 +1,9 @@
 """`CountingStore`: any `ObjectStore` with its requests counted, for tests and benchmarks.
 
-What one call costs on S3, and how it is counted: ``get``/``get_if_none_match``/``head``/
-``delete`` one request; ``put`` and ``put_file`` one, named by its condition (a multipart
-``put_file`` is more on the wire, counted as the one PUT it stands for); ``list`` one page
+What one call costs on S3, and how it is counted: ``get``/``get_if_none_match``/
+``get_range``/``head``/``delete`` one request (a ranged GET is a ``get``); ``put`` and
+``put_file`` one, named by its condition (a multipart ``put_file`` is more on the wire,
+counted as the one PUT it stands for); ``list`` one page
 per 1,000 keys returned, at least one (S3's ListObjectsV2 page size, which
 `store.s3.S3Store` uses); ``common_prefixes`` one; ``sign_delete`` none (signing is local)
 and ``send_signed_delete`` one DELETE. Retries inside the wrapped store are not seen: on a
@@ -178,6 +179,10 @@ class CountingStore:
         if not isinstance(inner, ConditionalGet):
             raise TypeError(f"{inner!r} has no conditional GET")
         return await self._sent(lambda: inner.get_if_none_match(key, etag))
+
+    async def get_range(self, key: str, offset: int, length: int) -> bytes:
+        self._count("get", key)  # one GET with a Range header, billed as any GET
+        return await self._sent(lambda: self.inner.get_range(key, offset, length))
 
     async def head(self, key: str) -> ObjectInfo:
         self._count("head", key)

@@ -58,19 +58,22 @@ from store.base import (
     SignedDelete,
     check_key,
     check_put_conditions,
+    check_range,
     check_signed_expiry,
 )
-from store.errors import (
-    NotFound,
-    OutcomeUnknown,
-    PreconditionFailed,
-    RequestExpired,
-    Unavailable,
-)
+from store.errors import NotFound, OutcomeUnknown, PreconditionFailed, RequestExpired, Unavailable
 from store.fs_files import KeyNotStorable as KeyNotStorable
 from store.fs_files import KeyPathConflict as KeyPathConflict
 from store.fs_files import KeySegmentTooLong as KeySegmentTooLong
-from store.fs_files import fsync_dir, fsync_nearest_dir, link_new, read, replace, unlink_quietly
+from store.fs_files import (
+    fsync_dir,
+    fsync_nearest_dir,
+    link_new,
+    read,
+    read_range,
+    replace,
+    unlink_quietly,
+)
 from store.fs_listing import GONE, NAME_MAX, RESERVED, folders, object_info, read_page, walk_prefix
 from store.memory import body_etag
 
@@ -129,6 +132,14 @@ class FileSystemStore:
         either way (its ETag is its content's hash), but nothing is returned."""
         body, current = await self.get(key)
         return None if current == etag else (body, current)
+
+    async def get_range(self, key: str, offset: int, length: int) -> bytes:
+        try:
+            path = self._path("get", key)
+        except KeySegmentTooLong:
+            raise NotFound("get", key) from None  # no object can be there
+        check_range(key, offset, length)
+        return await asyncio.to_thread(read_range, key, path, offset, length)
 
     async def head(self, key: str) -> ObjectInfo:
         try:

@@ -38,6 +38,19 @@ def read(op: str, key: str, path: str) -> tuple[bytes, ObjectInfo]:
     return body, ObjectInfo(key, len(body), body_etag(body), mtime_ns)
 
 
+def read_range(key: str, path: str, offset: int, length: int) -> bytes:
+    """Up to ``length`` bytes of the object at ``path`` from ``offset`` (fewer at its end):
+    a bounded read, never the whole file."""
+    try:
+        with open(path, "rb") as file:
+            file.seek(offset)
+            return file.read(length)
+    except GONE:
+        raise NotFound("get", key) from None
+    except OSError as exc:
+        raise Unavailable("get", key, str(exc)) from exc
+
+
 def link_new(key: str, path: str, tmp: str) -> None:
     try:
         os.link(tmp, path)

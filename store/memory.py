@@ -27,6 +27,7 @@ from store.base import (
     SignedDelete,
     check_key,
     check_put_conditions,
+    check_range,
     check_signed_expiry,
 )
 from store.errors import NotFound, PreconditionFailed, RequestExpired
@@ -74,6 +75,15 @@ class MemoryStore:
         """`get`, or ``None`` when the ETag is still ``etag`` (304)."""
         body, current = await self.get(key)
         return None if current == etag else (body, current)
+
+    async def get_range(self, key: str, offset: int, length: int) -> bytes:
+        check_key("get", key)
+        check_range(key, offset, length)
+        with self._lock:
+            obj = self._objects.get(key)
+        if obj is None:
+            raise NotFound("get", key)
+        return obj.body[offset : offset + length]
 
     async def head(self, key: str) -> ObjectInfo:
         check_key("head", key)

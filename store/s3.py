@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from botocore import exceptions as botoexc
 
-from store.base import ObjectInfo, check_key, check_put_conditions
+from store.base import ObjectInfo, check_key, check_put_conditions, check_range
 from store.errors import NotFound, PreconditionFailed, StoreConfigError
 from store.s3_errors import map_s3_error
 from store.s3_listing import S3Listing
@@ -76,6 +76,31 @@ class S3Store(S3Listing, S3SignedDeletes):
             async with answer["Body"] as stream:
                 body = await stream.read()
             return body, quoted_etag(answer["ETag"])
+
+        # A read changes nothing, so repeating it is always safe.
+        return await self._retrying("get", key, attempt)
+
+    async def get_range(self, key: str, offset: int, length: int) -> bytes:
+        """One GET with ``Range: bytes=offset-(offset+length-1)`` (206 Partial Content);
+        416 (the object ends at or before ``offset``) is no bytes."""
+        check_key("get", key)
+        check_range(key, offset, length)
+        wanted = f"bytes={offset}-{offset + length - 1}"
+
+        async def attempt(s3: S3Client) -> bytes:
+            try:
+                answer = await s3.get_object(Bucket=self.bucket, Key=self._root + key, Range=wanted)
+            except botoexc.ClientError as exc:
+                if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 416:
+                    return b""
+                raise
+            async with answer["Body"] as stream:
+                body = await stream.read()
+            if not answer.get("ContentRange"):
+                # A server that ignored the Range sends the whole object (200): cut the
+                # range out of it, so the answer is the same either way.
+                return body[offset : offset + length]
+            return body
 
         # A read changes nothing, so repeating it is always safe.
         return await self._retrying("get", key, attempt)

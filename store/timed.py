@@ -151,6 +151,9 @@ class TimedStore:
     async def get(self, key: str) -> tuple[bytes, str]:
         return await self._timed("get", lambda: self.inner.get(key))
 
+    async def get_range(self, key: str, offset: int, length: int) -> bytes:
+        return await self._timed("get", lambda: self.inner.get_range(key, offset, length))
+
     async def head(self, key: str) -> ObjectInfo:
         return await self._timed("head", lambda: self.inner.head(key))
 

@@ -42,6 +42,10 @@ class RequestTimeouts:
     async def get(self, key: str) -> tuple[bytes, str]:
         return await self._within("get", key, self.inner.get(key), mutating=False)
 
+    async def get_range(self, key: str, offset: int, length: int) -> bytes:
+        call = self.inner.get_range(key, offset, length)
+        return await self._within("get", key, call, mutating=False)
+
     async def head(self, key: str) -> ObjectInfo:
         return await self._within("head", key, self.inner.head(key), mutating=False)
 
@@ -95,6 +99,10 @@ class ProcessGate:
     async def get(self, key: str) -> tuple[bytes, str]:
         await self._alive()
         return await self.inner.get(key)
+
+    async def get_range(self, key: str, offset: int, length: int) -> bytes:
+        await self._alive()
+        return await self.inner.get_range(key, offset, length)
 
     async def head(self, key: str) -> ObjectInfo:
         await self._alive()

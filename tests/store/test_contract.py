@@ -55,6 +55,26 @@ async def test_put_get_head_round_trip(store: ObjectStore) -> None:
     assert (info.key, info.size, info.etag) == ("a/b/c.bin", len(body), etag)
 
 
+async def test_get_range_reads_the_bytes_of_a_range(store: ObjectStore) -> None:
+    body = bytes(range(256)) * 3
+    await store.put("r/blob", body)
+    assert await store.get_range("r/blob", 0, 1) == body[:1]
+    assert await store.get_range("r/blob", 100, 300) == body[100:400]
+    assert await store.get_range("r/blob", 700, 68) == body[700:]  # the last byte exactly
+    assert await store.get_range("r/blob", 700, 1000) == body[700:]  # ends past the object
+    assert await store.get_range("r/blob", len(body), 10) == b""  # starts at its end (416)
+    assert await store.get_range("r/blob", len(body) + 5, 10) == b""
+    with pytest.raises(NotFound):
+        await store.get_range("r/absent", 0, 10)
+
+
+async def test_get_range_refuses_a_range_http_cannot_send(store: ObjectStore) -> None:
+    await store.put("r/blob", b"0123456789")
+    for offset, length in [(-1, 10), (0, 0), (0, -5), (1.0, 10), (0, True), (0, 1 << 40)]:
+        with pytest.raises(ValueError, match="get_range"):
+            await store.get_range("r/blob", offset, length)  # type: ignore[arg-type]
+
+
 async def test_empty_body_round_trip(store: ObjectStore) -> None:
     etag = await store.put("empty", b"")
     assert await store.get("empty") == (b"", etag)

@@ -52,6 +52,7 @@ async def test_each_call_is_counted_by_operation_area_and_price_class(tmp_path: 
     (tmp_path / "f").write_bytes(b"file")
     await store.put_file("accepted/v1/y.json", str(tmp_path / "f"), if_none_match=True)
     await store.get("gc/v1/marks/a.json")
+    assert await store.get_range("gc/v1/marks/a.json", 1, 1) == b"}"  # a ranged GET
     assert (
         await store.get_if_none_match(
             "accepted/v1/x.json", (await store.head("accepted/v1/x.json")).etag
@@ -68,15 +69,15 @@ async def test_each_call_is_counted_by_operation_area_and_price_class(tmp_path: 
         ("put_if_match", "gc/marks"): 1,
         ("put", "accepted"): 1,
         ("put_if_none_match", "accepted"): 1,
-        ("get", "gc/marks"): 1,
+        ("get", "gc/marks"): 2,
         ("get", "accepted"): 1,
         ("head", "accepted"): 1,
         ("list", "accepted"): 1,
         ("delete", "accepted"): 2,
     }
-    # PUT-class: 4 puts and 1 LIST; GET-class: 2 GETs, 1 HEAD and the 2 DELETEs (free on
-    # S3, counted GET-class to be conservative).
-    assert store.by_class() == by_class(store.tally) == {"PUT": 5, "GET": 5}
+    # PUT-class: 4 puts and 1 LIST; GET-class: 3 GETs (one ranged), 1 HEAD and the 2
+    # DELETEs (free on S3, counted GET-class to be conservative).
+    assert store.by_class() == by_class(store.tally) == {"PUT": 5, "GET": 6}
     assert [request_class(op) for op in ("post", "list", "head", "delete")] == [
         "PUT",
         "PUT",
@@ -89,6 +90,7 @@ async def test_each_call_is_counted_by_operation_area_and_price_class(tmp_path: 
         "put",
         "put",
         "put",
+        "get",
         "get",
         "head",
         "get",
