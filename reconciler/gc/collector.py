@@ -234,7 +234,13 @@ class GarbageCollector:
         deleter = Deleter(
             work,
             audit=audit,
-            proof=TargetedProof(work.store, work.problems, work.policy.max_frame_bytes),
+            proof=TargetedProof(
+                work.store,
+                work.problems,
+                work.policy.max_frame_bytes,
+                max_bundle_bytes=work.policy.max_bundle_bytes,
+                concurrency=work.policy.concurrency,
+            ),
             run_log=run_log,
             recently_referenced=self._recently_referenced,
             store_now_ns=self._store_now_ns,

@@ -167,7 +167,7 @@ class Deleter:
                 await self.withdraw(candidate.mark_key)
                 return
             proof = await self._proof.prove(
-                candidate.mark.frame_sha256, by_retention=candidate.by_retention
+                candidate.mark.raw_blob_key, by_retention=candidate.by_retention
             )
             if proof.verdict is Verdict.WITHDRAW:
                 log.info("gc_proof_withdraws", key=candidate.mark_key, why=proof.why)
@@ -232,7 +232,9 @@ class Deleter:
                 work.observe("vetoes", 1)
                 await work.release_unsent(mark_key, deleting_etag)
                 return False
-            again = await self._proof.prove(sha, by_retention=candidate.by_retention)
+            again = await self._proof.prove(
+                candidate.mark.raw_blob_key, by_retention=candidate.by_retention
+            )
         except (Unavailable, ConditionConflict):
             # No DELETE was sent: take the mark back now rather than leave collectors
             # waiting until the lease it records has expired (the stale-deletion pass).

@@ -26,6 +26,10 @@ class GcPolicy:
     max_frame_bytes: int = 8 * 1024 * 1024
     """No valid blob is larger (``ingest.max_frame_bytes``): rule 7 reads a candidate
     whole only up to this; a larger one is a ``corrupt-blob`` problem, never deleted."""
+    max_bundle_bytes: int = 0
+    """The largest valid bundle (PROTOCOL §3.10, ``ingest.largest_raw_object_bytes`` with
+    bundles): rule 7 reads a bundle whole only up to this, a larger one is a
+    ``corrupt-blob`` problem; 0: ``max_frame_bytes``."""
     inventory_lag_s: float | None = None
     """``gc.inventory_lag_s`` when ``gc.inventory_proves``: an audit read from an S3
     Inventory report then serves as the rule-5 audit for blobs older than the report by
@@ -51,8 +55,10 @@ class GcPolicy:
             raise ValueError("delete_expiry_s must be >= 1 and max_clock_skew_s >= 0")
         if self.inventory_lag_s is not None and self.inventory_lag_s < 0:
             raise ValueError(f"inventory_lag_s must be >= 0, got {self.inventory_lag_s}")
-        if self.max_network_delay_s < 0 or self.max_frame_bytes < 1:
-            raise ValueError("max_network_delay_s must be >= 0 and max_frame_bytes >= 1")
+        if self.max_network_delay_s < 0 or self.max_frame_bytes < 1 or self.max_bundle_bytes < 0:
+            raise ValueError(
+                "max_network_delay_s and max_bundle_bytes must be >= 0, max_frame_bytes >= 1"
+            )
         settle = self.delete_expiry_s + self.max_clock_skew_s + self.max_network_delay_s
         if self.settle_s < settle:
             raise ValueError(

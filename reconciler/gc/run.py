@@ -14,6 +14,7 @@ import structlog
 
 from index.rows import IndexFileError
 from protocol import keys, records
+from protocol.bundle import max_bundle_bytes
 from reconciler.gc.collector import GarbageCollector
 from reconciler.gc.policy import GcOutcome, GcPolicy, GcRefused
 from reconciler.gc.raw_retention import RawRetentionAdvance
@@ -105,6 +106,12 @@ def _collector(ctx: ReconcilerContext, delete_store: ObjectStore | None) -> Garb
             # timeout) it reaches the store, which judges its expiry on arrival.
             max_network_delay_s=settings.store.connect_timeout_s,
             max_frame_bytes=settings.ingest.max_frame_bytes,
+            # Whether or not this store writes bundles yet: any collector may have.
+            max_bundle_bytes=max_bundle_bytes(
+                bundle_max_bytes=settings.ingest.bundle_max_bytes,
+                max_frame_bytes=settings.ingest.max_frame_bytes,
+                bundle_max_frames=settings.ingest.bundle_max_frames,
+            ),
             concurrency=settings.gc.concurrency,
             inventory_lag_s=settings.gc.inventory_lag_s if settings.gc.inventory_proves else None,
         ),
