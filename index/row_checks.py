@@ -12,13 +12,27 @@ A row is well-formed when:
   segment's are refused by `log_rows_well_formed`) ``retracted``; ``key``, ``frame_sha256`` and
   ``time_unix_ns`` are present; ``frame_sha256`` is 64 lowercase hex digits;
 - a ``blob`` row's key is the raw-blob key of its hash;
-- an ``accepted``/``quarantine`` row's ``raw_blob_key`` is the key of ``frame_sha256``,
-  its identity (agent_id, canonical boot_id UUID, seq_end >= seq_start) is the one its
-  key names, in either agent form (``agent=<hex>`` or ``agent=h-<sha256>``, PROTOCOL §3),
-  and a quarantine key ends in the submitted hash; a quarantine row also has a valid
-  ``accepted_frame_sha256``;
+- an ``accepted``/``quarantine`` row's identity (agent_id, canonical boot_id UUID,
+  seq_end >= seq_start) is the one its key names, in either agent form (``agent=<hex>`` or
+  ``agent=h-<sha256>``, PROTOCOL §3), and a quarantine key ends in the submitted hash; a
+  quarantine row also has a valid ``accepted_frame_sha256``;
+- its raw key (PROTOCOL §3.7, §3.10): an ``accepted`` row names either the frame blob of
+  its ``frame_sha256`` with no range (``raw_offset``/``raw_length`` null), or a canonical
+  bundle key (`protocol.keys.raw_bundle_key`) with ``raw_offset >= 0`` and
+  ``raw_length = frame_bytes`` a frame's length (`index.rows.FRAME_LENGTHS`); a ``quarantine``
+  row names the frame blob of its submitted hash with no range (its accepted side is
+  always the frame blob of ``accepted_frame_sha256``: the row holds no other key);
 - a ``retracted`` row is well-formed as the ``accepted`` or ``quarantine`` row it copies
   (by its key's prefix).
+
+Two parts of §3.10's rule are not a row's to check. That the range is one of the
+bundle's index entries needs the bundle: a reader checks it when it reads the frame
+(`protocol.bundle.read_frame`, `check_ranged_frame`; else a ``bad-range`` problem), and
+the audit checks the range against the listed size. And ``raw_length <=
+ingest.max_frame_bytes`` is each reader's bound before it reads (`protocol.bundle.
+check_range`), not well-formedness: a record is kept for ever, and a setting lowered
+later must not make stored records malformed (which would stop the GC for good, PROTOCOL
+§3.5 rule 5); here the bound is the largest ``max_frame_bytes`` any setting allows.
 """
 
 from __future__ import annotations
@@ -30,11 +44,12 @@ import pyarrow.compute as pc
 
 from protocol import keys
 
-from .rows import IndexFileError, IndexRow, check_row, read_table, rows_of
+from .rows import FRAME_LENGTHS, IndexFileError, IndexRow, check_row, read_table, rows_of
 
 _SHA_RE = "^[0-9a-f]{64}$"
 _UUID_RE = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 _ZERO_UUID = "00000000-0000-0000-0000-000000000000"
+_BUNDLE_KEY_RE = "^" + keys.RAW_BUNDLES_PREFIX + "[0-9a-f]{2}/[0-9a-f]{2}/[0-9a-f]{64}[.]lmbundle$"
 
 
 def _true(mask: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
@@ -54,6 +69,37 @@ def raw_blob_keys(sha: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array
         ".lmbatch",
         "",
     )
+
+
+def _bundle_keys_ok(key: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """Where ``key`` is a canonical bundle key: its shape, and its ``hh/hh`` the first two
+    bytes of its hash (`protocol.keys.parse_raw_object_key`, column-wise)."""
+    start = len(keys.RAW_BUNDLES_PREFIX)
+    digest = pc.utf8_slice_codeunits(key, start + 6, start + 10)
+    folders = pc.binary_join_element_wise(
+        pc.utf8_slice_codeunits(key, start, start + 2),
+        pc.utf8_slice_codeunits(key, start + 3, start + 5),
+        "",
+    )
+    return _true(pc.and_(pc.match_substring_regex(key, _BUNDLE_KEY_RE), pc.equal(digest, folders)))
+
+
+def raw_keys_ok(table: pa.Table) -> tuple[pa.ChunkedArray | pa.Array, pa.ChunkedArray | pa.Array]:
+    """Per row, whether its raw key and range are a well-formed frame blob reference (the
+    frame blob of ``frame_sha256``, no range) and whether they are a well-formed bundle
+    reference (a canonical bundle key, ``raw_offset >= 0``, ``raw_length = frame_bytes``
+    within `index.rows.FRAME_LENGTHS`)."""
+    raw_key = table.column("raw_blob_key")
+    offset, length = table.column("raw_offset"), table.column("raw_length")
+    no_range = pc.and_(pc.is_null(offset), pc.is_null(length))
+    blob = _true(pc.and_(no_range, pc.equal(raw_key, raw_blob_keys(table.column("frame_sha256")))))
+    low, high = FRAME_LENGTHS
+    ranged = pc.and_(
+        pc.and_(pc.greater_equal(offset, 0), pc.equal(length, table.column("frame_bytes"))),
+        pc.and_(pc.greater_equal(length, low), pc.less_equal(length, high)),
+    )
+    bundle = _true(pc.and_(_bundle_keys_ok(raw_key), ranged))
+    return blob, bundle
 
 
 def _agent_segments(agent_id: pa.ChunkedArray) -> tuple[pa.Array, pa.Array]:
@@ -122,11 +168,15 @@ def well_formed(table: pa.Table) -> pa.ChunkedArray | pa.Array:
             pc.match_substring_regex(table.column("accepted_frame_sha256"), _SHA_RE),
         )
     )
+    names_blob, names_bundle = raw_keys_ok(table)
     record_ok = pc.and_(
-        pc.and_(identity_ok, _true(pc.equal(table.column("raw_blob_key"), blob_key))),
+        identity_ok,
         pc.or_(
-            pc.and_(pc.or_(is_accepted, is_retracted), accepted_key_ok),
-            pc.and_(pc.or_(is_quarantine, is_retracted), _true(quarantine_key_ok)),
+            pc.and_(
+                pc.and_(pc.or_(is_accepted, is_retracted), accepted_key_ok),
+                pc.or_(names_blob, names_bundle),
+            ),
+            pc.and_(pc.and_(pc.or_(is_quarantine, is_retracted), quarantine_key_ok), names_blob),
         ),
     )
     return pc.and_(basics, pc.or_(pc.and_(is_blob, blob_ok), record_ok))

@@ -50,7 +50,7 @@ from typing import Literal
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from protocol import keys
+from protocol import frame, keys
 from protocol.records import AcceptedManifest, IdentityConflict
 
 from .catalog_rank import RANK_FIELDS
@@ -95,6 +95,12 @@ FILE_SCHEMA = pa.schema([*SCHEMA, pa.field("key_digest", pa.binary(DIGEST_BYTES)
 audit joins 16 bytes a row without hashing the catalog side, and a catalog row's rank
 (`index.catalog_rank.RANK_COLUMNS`: where it was first written; null in the file it was
 first written in, and in every file written before the columns existed)."""
+
+
+FRAME_LENGTHS = (frame.HEADER_LEN + frame.CRC_LEN, frame.U32_MAX)
+"""A frame's length in a well-formed row's range (PROTOCOL §1): at least a header and its
+CRC, at most the largest ``ingest.max_frame_bytes`` a setting allows (`index.row_checks`
+says why not the configured one)."""
 
 
 class IndexFileError(ValueError):
@@ -309,13 +315,35 @@ def _problem(row: IndexRow) -> str | None:
             if keys.parse_raw_blob_key(row.key) != row.frame_sha256:
                 return "blob key does not name frame_sha256"
             return None
-        if row.raw_blob_key != keys.raw_blob_key(row.frame_sha256):
-            return "raw_blob_key is not the key of frame_sha256"
-        if row.kind == "quarantine" or (
+        quarantine = row.kind == "quarantine" or (
             row.kind == "retracted" and row.key.startswith(keys.QUARANTINE_PREFIX)
-        ):
+        )
+        if (problem := _raw_key_problem(row, quarantine=quarantine)) is not None:
+            return problem
+        if quarantine:
             keys.check_sha256(row.accepted_frame_sha256 or "")
         row.identity  # noqa: B018  (validates agent, boot, seq)
     except (keys.KeyFormatError, ValueError) as exc:
         return str(exc)
+    return None
+
+
+def _raw_key_problem(row: IndexRow, *, quarantine: bool) -> str | None:
+    """`index.row_checks.raw_keys_ok` for one row (its words): the frame blob of
+    ``frame_sha256`` with no range, or (accepted rows) a bundle with a frame's range."""
+    if row.raw_offset is None and row.raw_length is None:
+        if row.raw_blob_key != keys.raw_blob_key(row.frame_sha256):
+            return "raw_blob_key is not the key of frame_sha256"
+        return None
+    if quarantine:
+        return "a quarantine row names frame blobs only, with no range"
+    if row.raw_offset is None or row.raw_length is None:
+        return "raw_offset and raw_length are given together or not at all"
+    keys.parse_raw_bundle_key(row.raw_blob_key or "")
+    if row.raw_offset < 0 or row.raw_length != row.frame_bytes:
+        return (
+            f"range [{row.raw_offset}, +{row.raw_length}) is not a frame of {row.frame_bytes} bytes"
+        )
+    if not FRAME_LENGTHS[0] <= row.raw_length <= FRAME_LENGTHS[1]:
+        return f"raw_length {row.raw_length} is not a frame's length"
     return None

@@ -40,6 +40,8 @@ COMPARED_FIELDS = (  # what a sampled read-back compares with the claim (and the
     "frame_sha256",
     "accepted_frame_sha256",
     "raw_blob_key",
+    "raw_offset",  # a bundled frame's range (PROTOCOL §3.10): differing ranges disagree
+    "raw_length",
     "agent_id",
     "boot_id",
     "seq_start",
