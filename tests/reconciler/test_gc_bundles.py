@@ -1,0 +1,257 @@
+"""GC rule 7 for a bundle (PROTOCOL §3.5, §3.10; issue 33 item 6), on a memory store with
+every request counted: `reconciler.gc.proof.TargetedProof` on a raw object key.
+
+A bundle is proven only when it checks whole (frames tiled from offset 0, equal to the
+index, CRC and ``frame_sha256``) and, for *every* frame, the accepted manifest (both agent
+key forms) is absent or names another raw object and no quarantine record of its
+identity names the bundle. Requests: one GET of the bundle, one GET per manifest key form
+of each frame, one LIST per quarantine prefix form of each agent/boot pair.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+
+import pytest
+
+from protocol import bundle as bd
+from protocol import keys, records
+from protocol._bundle_index import BundleEntry, pack_tail
+from protocol.frame_encode import encode_frame, points_table
+from reconciler.gc.problems import GcProblems
+from reconciler.gc.proof import TargetedProof, Verdict
+from store.counting import CountingStore
+from store.errors import NotFound
+from store.memory import MemoryStore
+
+NS = 1_000_000_000
+BOOT = uuid.UUID("5f0c7a3e-1d2b-4c3a-9e8f-0123456789ab")
+OTHER_BOOT = uuid.UUID(int=7)
+LONG_AGENT = "x" * 128  # its key segment is h-<sha256>; the long form is a legacy key
+
+
+def frame(seq: int, *, agent: str = "agent-a", boot: uuid.UUID = BOOT, value: float = 1.0) -> bytes:
+    table = points_table([1_760_000_000 * NS + seq], ["cpu"], [value], [None])
+    return encode_frame(agent_id=agent, boot_id=boot, seq_start=seq, points=table)
+
+
+def manifest_of(
+    body: bytes, *, bundle: bd.EncodedBundle | None = None, i: int = 0
+) -> records.AcceptedManifest:
+    where = (bundle.key, bundle.entries[i].offset) if bundle is not None else None
+    return records.AcceptedManifest.of_frame(
+        body, accepted_at_unix_ns=1_760_000_000 * NS, collector_id="c-1", bundle=where
+    )
+
+
+class World:
+    def __init__(self) -> None:
+        self.memory = MemoryStore()
+        self.store = CountingStore(self.memory)
+
+        async def fence() -> None:
+            return None
+
+        self.proof = TargetedProof(
+            self.store,
+            GcProblems(self.memory, lambda: 1_760_000_000 * NS, fence),
+            max_frame_bytes=1 << 20,
+            max_bundle_bytes=8 << 20,
+        )
+
+    async def put_bundle(self, frames: list[bytes]) -> bd.EncodedBundle:
+        bundle = bd.encode_bundle(frames)
+        await self.memory.put(bundle.key, bundle.data)
+        return bundle
+
+    async def put_raw(self, data: bytes) -> str:
+        key = keys.raw_bundle_key(hashlib.sha256(data).hexdigest())
+        await self.memory.put(key, data)
+        return key
+
+    async def prove(self, key: str, *, by_retention: bool = False) -> Verdict:
+        self.store.clear()
+        return (await self.proof.prove(key, by_retention=by_retention)).verdict
+
+    async def problem(self, kind: str, subject: str) -> bool:
+        try:
+            await self.memory.head(keys.problem_key(kind, subject))
+        except NotFound:
+            return False
+        return True
+
+
+FRAMES = [frame(1), frame(2, value=2.0), frame(3, value=3.0)]
+
+
+async def test_a_bundle_whose_every_frame_manifest_is_absent_is_proven() -> None:
+    world = World()
+    bundle = await world.put_bundle(FRAMES)
+    assert await world.prove(bundle.key) is Verdict.PROVEN
+    # 1 GET of the bundle, 1 manifest GET per frame (agent-a has one key form), and one
+    # quarantine LIST for the one agent/boot pair: never one per frame.
+    assert world.store.count("get", "raw-bundles/") == 1
+    assert world.store.count("get", keys.ACCEPTED_PREFIX) == 3
+    assert world.store.count("list") == 1
+    assert world.store.count("head") == 0
+
+
+async def test_frames_whose_manifests_name_another_raw_object_do_not_keep_it() -> None:
+    world = World()
+    bundle = await world.put_bundle(FRAMES)
+    for body in FRAMES:  # each accepted as its own frame blob (this bundle is dead bytes)
+        manifest = manifest_of(body)
+        await world.memory.put(manifest.manifest_key, manifest.to_json())
+    assert await world.prove(bundle.key) is Verdict.PROVEN
+
+
+@pytest.mark.parametrize("i", [0, 1, 2])
+async def test_one_frame_whose_manifest_names_the_bundle_keeps_it(i: int) -> None:
+    world = World()
+    bundle = await world.put_bundle(FRAMES)
+    manifest = manifest_of(FRAMES[i], bundle=bundle, i=i)
+    await world.memory.put(manifest.manifest_key, manifest.to_json())
+    assert await world.prove(bundle.key) is Verdict.WITHDRAW
+
+
+async def test_a_manifest_at_the_legacy_agent_key_form_keeps_the_bundle() -> None:
+    world = World()
+    frames = [frame(1), frame(5, agent=LONG_AGENT)]
+    bundle = await world.put_bundle(frames)
+    manifest = manifest_of(frames[1], bundle=bundle, i=1)
+    legacy = keys.legacy_accepted_manifest_key(manifest.identity)
+    assert legacy is not None and legacy != manifest.manifest_key
+    await world.memory.put(legacy, manifest.to_json())
+    assert await world.prove(bundle.key) is Verdict.WITHDRAW
+
+
+async def test_a_quarantine_record_of_one_frame_naming_the_bundle_stops_its_gc() -> None:
+    world = World()
+    bundle = await world.put_bundle(FRAMES)
+    twin = frame(2, value=99.0)  # a conflicting frame of frame 2's identity
+    accepted = manifest_of(FRAMES[1], bundle=bundle, i=1)
+    conflict = records.IdentityConflict(
+        agent_id=accepted.agent_id,
+        boot_id=accepted.boot_id,
+        seq_start=2,
+        seq_end=2,
+        accepted_manifest_key=accepted.manifest_key,
+        accepted_raw_blob_key=bundle.key,  # not well-formed: records name frame blobs only
+        accepted_frame_sha256=accepted.frame_sha256,
+        submitted_raw_blob_key=keys.raw_blob_key(manifest_of(twin).frame_sha256),
+        submitted_frame_sha256=manifest_of(twin).frame_sha256,
+        observed_at_unix_ns=1,
+        collector_id="c-1",
+    )
+    await world.memory.put(conflict.quarantine_key, conflict.to_json())
+    assert await world.prove(bundle.key) is Verdict.UNPROVEN
+    assert await world.problem("unparseable-quarantine", conflict.quarantine_key)
+
+
+async def test_a_well_formed_quarantine_record_of_a_frame_does_not_keep_the_bundle() -> None:
+    world = World()
+    bundle = await world.put_bundle(FRAMES)
+    twin = frame(3, value=42.0)
+    accepted = manifest_of(FRAMES[2])
+    conflict = records.IdentityConflict(
+        agent_id=accepted.agent_id,
+        boot_id=accepted.boot_id,
+        seq_start=3,
+        seq_end=3,
+        accepted_manifest_key=accepted.manifest_key,
+        accepted_raw_blob_key=accepted.raw_blob_key,  # the frame blob (copy), not the bundle
+        accepted_frame_sha256=accepted.frame_sha256,
+        submitted_raw_blob_key=manifest_of(twin).raw_blob_key,
+        submitted_frame_sha256=manifest_of(twin).frame_sha256,
+        observed_at_unix_ns=1,
+        collector_id="c-1",
+    )
+    await world.memory.put(conflict.quarantine_key, conflict.to_json())
+    assert await world.prove(bundle.key) is Verdict.PROVEN
+    assert world.store.count("get", keys.QUARANTINE_PREFIX) == 1
+
+
+async def test_one_list_per_quarantine_prefix_form_of_each_agent_boot_pair() -> None:
+    world = World()
+    frames = [
+        frame(1),
+        frame(2),
+        frame(3, boot=OTHER_BOOT),
+        frame(4, boot=OTHER_BOOT),
+        frame(5, agent=LONG_AGENT),
+        frame(6, agent=LONG_AGENT),
+    ]
+    bundle = await world.put_bundle(frames)
+    assert await world.prove(bundle.key) is Verdict.PROVEN
+    # agent-a: 2 boots x 1 form; the long agent: 1 boot x 2 forms (h- and long).
+    assert world.store.count("list") == 4
+    expected = {
+        p for body in frames for p in keys.quarantine_boot_prefixes(manifest_of(body).identity)
+    }
+    assert set(world.store.keys_of("list")) == expected
+    # Manifests: 4 frames of agent-a (1 form) + 2 of the long agent (2 forms each).
+    assert world.store.count("get", keys.ACCEPTED_PREFIX) == 8
+
+
+def _corruptions() -> dict[str, bytes]:
+    good = bd.encode_bundle(FRAMES)
+    data = good.data
+    out: dict[str, bytes] = {}
+    out["bad footer"] = data[:-1] + bytes([data[-1] ^ 0xFF])  # magic
+    tail_start = len(data) - bd.FOOTER_LEN - bd.ENTRY_LEN * len(FRAMES)
+    index_byte = tail_start + 20  # inside entry 0's frame_sha256: the index CRC fails
+    out["bad index CRC"] = (
+        data[:index_byte] + bytes([data[index_byte] ^ 1]) + data[index_byte + 1 :]
+    )
+    # Frame 2's payload damaged, the index rebuilt with its new hash: only its CRC fails.
+    f1 = bytearray(FRAMES[1])
+    f1[60] ^= 0xFF
+    frames = [FRAMES[0], bytes(f1), FRAMES[2]]
+    entries = [
+        BundleEntry(e.offset, e.length, hashlib.sha256(f).hexdigest())
+        for e, f in zip(good.entries, frames, strict=True)
+    ]
+    out["frame CRC"] = b"".join(frames) + pack_tail(entries)
+    # An index that tiles the data part but disagrees with the frames' own headers:
+    # frames 0 and 1 have different lengths, their entries' lengths swapped.
+    e0, e1, e2 = good.entries
+    swapped = [
+        BundleEntry(0, e1.length, e0.frame_sha256),
+        BundleEntry(e1.length, e0.length, e1.frame_sha256),
+        e2,
+    ]
+    out["index disagrees with the tiling"] = b"".join(FRAMES) + pack_tail(swapped)
+    return out
+
+
+def test_each_corruption_fails_the_bundle_checker() -> None:
+    assert len(FRAMES[0]) != len(FRAMES[1])  # so swapping their lengths still tiles
+    for name, data in _corruptions().items():
+        with pytest.raises(bd.BundleError):
+            bd.check_bundle(data)
+        assert data != bd.encode_bundle(FRAMES).data, name
+
+
+@pytest.mark.parametrize("name", sorted(_corruptions()))
+async def test_a_corrupt_bundle_is_a_corrupt_blob_never_deleted(name: str) -> None:
+    world = World()
+    key = await world.put_raw(_corruptions()[name])
+    assert await world.prove(key) is Verdict.WITHDRAW
+    assert await world.prove(key, by_retention=True) is Verdict.WITHDRAW
+    assert await world.problem("corrupt-blob", key)
+    assert world.store.count("get", keys.ACCEPTED_PREFIX) == 0  # decided before any record
+
+
+async def test_a_bundle_whose_bytes_do_not_hash_to_its_name_is_corrupt() -> None:
+    world = World()
+    bundle = bd.encode_bundle(FRAMES)
+    other = keys.raw_bundle_key("0" * 64)
+    await world.memory.put(other, bundle.data)
+    assert await world.prove(other) is Verdict.WITHDRAW
+    assert await world.problem("corrupt-blob", other)
+
+
+async def test_a_gone_bundle_is_withdrawn() -> None:
+    world = World()
+    assert await world.prove(keys.raw_bundle_key("a" * 64)) is Verdict.WITHDRAW
