@@ -18,8 +18,9 @@ merge of ``/v1/query``, tombstones masking both parts) and returns a `SeriesColu
 - series are unique and in Prometheus' label order (`series_columns.label_order_key`).
 
 All of it column-wise: each part's rows are reduced to five numpy columns (stored series
-id, µs, value, writer id, seq); one ``lexsort`` orders them and two neighbour
-comparisons keep the winners. Python runs once per stored series and per writer
+id, µs, value, writer id, seq); in the common case they are ordered without a sort
+(`select_order.ordered_runs`: files hold runs of a series in time order), else one
+``lexsort`` orders them and two neighbour comparisons keep the winners. Python runs once per stored series and per writer
 (agent, boot), never per sample. Values are the stored float64, bit for bit.
 
 More than ``max_samples`` rows selected raises `TooManySamples` as soon as it is
@@ -64,6 +65,7 @@ from rollup.table.columns import int64_column
 from rollup.table.manifest import Snapshot
 
 from .matchers import LabelMatcher, select_label_sets
+from .select_order import merged_order, ordered_runs
 from .series_columns import LabelSet, SeriesColumns, label_order_key
 
 
@@ -303,33 +305,38 @@ class _Rows:
         self.parts = []
         distinct_sets, rank, lex, writer_rank = self._ranks()
         ts_ms = np.floor_divide(ts_us, 1000)
-        presented = rank[sid]
-        collisions = 0
-        # Fast path: ordered by (series, µs), no two samples of a presented series share
-        # a millisecond: nothing to merge.
-        order = np.lexsort((ts_us, presented))
-        p, m = presented[order], ts_ms[order]
-        if len(order) > 1 and ((p[1:] == p[:-1]) & (m[1:] == m[:-1])).any():
-            stored = lex[sid]
-            order = np.lexsort((seq, writer_rank[writer], ts_us, stored, ts_ms, presented))
-            p, m, s = presented[order], ts_ms[order], stored[order]
-            # Within one stored series at one millisecond: the last by (µs, agent, boot, seq).
-            last = np.ones(len(order), bool)
-            last[:-1] = (p[1:] != p[:-1]) | (m[1:] != m[:-1]) | (s[1:] != s[:-1])
-            order, p, m = order[last], p[last], m[last]
-            # Within one presented series at one millisecond: the smallest stored series.
-            first = np.ones(len(order), bool)
-            first[1:] = (p[1:] != p[:-1]) | (m[1:] != m[:-1])
-            collisions = int(len(first) - np.count_nonzero(first))
-            order, p, m = order[first], p[first], m[first]
-        counts = np.bincount(p, minlength=len(distinct_sets))
-        offsets = np.zeros(len(distinct_sets) + 1, np.int64)
+        runs = ordered_runs(sid, ts_us, ts_ms, rank, len(distinct_sets))
+        if runs is not None:  # the common case: nothing to merge, nothing sorted
+            if runs.order is not None:
+                ts_ms, value = ts_ms[runs.order], value[runs.order]
+            return self._selection(distinct_sets, runs.counts, ts_ms, value, 0, work)
+        order, counts, collisions = merged_order(
+            rank[sid],
+            ts_us,
+            ts_ms,
+            lambda: lex[sid],
+            lambda: (writer_rank[writer], seq),
+            len(distinct_sets),
+        )
+        ts_ms, value = ts_ms[order], value[order]
+        return self._selection(distinct_sets, counts, ts_ms, value, collisions, work)
+
+    def _selection(
+        self,
+        label_sets: list[LabelSet],
+        counts: np.ndarray,
+        ts_ms: np.ndarray,
+        values: np.ndarray,
+        collisions: int,
+        work: ScanWork,
+    ) -> Selection:
+        offsets = np.zeros(len(label_sets) + 1, np.int64)
         np.cumsum(counts, out=offsets[1:])
         columns = SeriesColumns(
-            label_sets=distinct_sets,
+            label_sets=label_sets,
             offsets=offsets,
-            timestamps_ms=np.ascontiguousarray(m, dtype=np.int64),
-            values=np.ascontiguousarray(value[order], dtype=np.float64),
+            timestamps_ms=np.ascontiguousarray(ts_ms, dtype=np.int64),
+            values=np.ascontiguousarray(values, dtype=np.float64),
         )
         return Selection(columns, self.dropped_labels, collisions, work)
 
