@@ -21,7 +21,7 @@ and NaN payloads survive); timestamps are int64 (a negative one is a 10-byte var
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import cramjam
@@ -56,29 +56,39 @@ def samples_answer_bytes(sample_count: int, series_count: int = 0) -> int:
     return SAMPLES_BYTES_PER_SAMPLE * sample_count + 256 * series_count
 
 
-def samples_query_result(columns: SeriesColumns) -> bytes:
+def samples_query_result(columns: SeriesColumns) -> bytes | bytearray:
     """The serialized ``prometheus.QueryResult`` of one query: one ``TimeSeries`` per
     series of ``columns`` in their order (a series without samples is left out, as
-    Prometheus leaves it out), its labels in their order, its samples in time order."""
+    Prometheus leaves it out), its labels in their order, its samples in time order.
+    Built in one buffer: each series' header, then its samples copied in once."""
     sample_bytes, sample_at = _samples_bytes(columns.timestamps_ms, columns.values)
-    sample_view = memoryview(sample_bytes)  # slices of a view are not copies
-    parts: list[bytes | memoryview] = []
+    offsets = columns.offsets
+    starts = sample_at(offsets[:-1])
+    sizes = sample_at(offsets[1:]) - starts
+    heads: list[tuple[bytes, int, int]] = []
+    total = 0
     for i, label_set in enumerate(columns.label_sets):
-        labels = labels_bytes(label_set)
-        start = int(columns.offsets[i])
-        end = int(columns.offsets[i + 1])
-        if start == end:
+        size = int(sizes[i])
+        if size == 0:
             continue  # a series without samples is not sent
-        samples = sample_view[int(sample_at[start]) : int(sample_at[end])]
-        size = len(labels) + len(samples)
-        parts += (b"\x0a", varint(size), labels, samples)
-    return b"".join(parts)
+        labels = labels_bytes(label_set)
+        head = b"\x0a" + varint(len(labels) + size) + labels
+        heads.append((head, int(starts[i]), size))
+        total += len(head) + size
+    out = bytearray(total)
+    at = 0
+    for head, start, size in heads:
+        out[at : at + len(head)] = head
+        at += len(head)
+        out[at : at + size] = sample_bytes[start : start + size]
+        at += size
+    return out  # a bytearray: bytes-like for the join and snappy, not copied again
 
 
-def read_response(query_results: Iterable[bytes]) -> bytes:
+def read_response(query_results: Iterable[bytes | bytearray]) -> bytes:
     """The snappy-compressed (block format) ``prometheus.ReadResponse`` holding the
     given `samples_query_result` answers in request order."""
-    parts: list[bytes] = []
+    parts: list[bytes | bytearray] = []
     for result in query_results:
         parts += (b"\x0a", varint(len(result)), result)
     return bytes(cramjam.snappy.compress_raw(b"".join(parts)))
@@ -86,9 +96,43 @@ def read_response(query_results: Iterable[bytes]) -> bytes:
 
 def _samples_bytes(
     timestamps_ms: npt.NDArray[np.int64], values: npt.NDArray[np.float64]
-) -> tuple[bytes, npt.NDArray[np.int64]]:
-    """Every ``Sample`` field (``samples = 2`` of a TimeSeries) back to back, and the
-    byte offset of each (with the total appended), in blocks of a bounded size."""
+) -> tuple[memoryview, Callable[[npt.NDArray[np.int64]], npt.NDArray[np.int64]]]:
+    """Every ``Sample`` field (``samples = 2`` of a TimeSeries) back to back, and a
+    function from sample indexes to their byte offsets (the total for ``n``). When every
+    timestamp's varint has one length (non-negative times within a factor of 128 of
+    each other: any millisecond time of this century is 6 bytes) each sample takes the
+    same bytes and the samples are one (n, 12 + length) matrix, written a column at a
+    time; else per-sample lengths, in blocks of a bounded size."""
+    n = len(values)
+    if n == 0:
+        return memoryview(b""), lambda index: np.zeros(len(index), np.int64)
+    low, high = int(timestamps_ms.min()), int(timestamps_ms.max())
+    width = varint_size(low)
+    if low < 0 or varint_size(high) != width:
+        return _samples_bytes_varied(timestamps_ms, values)
+    row = _SAMPLE_FIXED + width
+    matrix = np.empty((n, row), np.uint8)
+    matrix[:, 0] = 0x12
+    matrix[:, 1] = 10 + width  # the Sample message: 9 + 1 + varint
+    matrix[:, 2] = 0x09
+    matrix[:, 11] = 0x10
+    for b0 in range(0, n, _BLOCK_SAMPLES):  # bounded temporaries
+        b1 = min(n, b0 + _BLOCK_SAMPLES)
+        block = matrix[b0:b1]
+        block[:, 3:11] = (
+            np.ascontiguousarray(values[b0:b1], "<f8").view(np.uint8).reshape(b1 - b0, 8)
+        )
+        ts = timestamps_ms[b0:b1]
+        for k in range(width):  # one column per 7-bit group, all but the last continued
+            group = (ts >> (7 * k)).astype(np.uint8) & np.uint8(0x7F)
+            block[:, _SAMPLE_FIXED + k] = group | np.uint8(0x80) if k < width - 1 else group
+    return matrix.reshape(-1).data, lambda index: np.asarray(index, np.int64) * row
+
+
+def _samples_bytes_varied(
+    timestamps_ms: npt.NDArray[np.int64], values: npt.NDArray[np.float64]
+) -> tuple[memoryview, Callable[[npt.NDArray[np.int64]], npt.NDArray[np.int64]]]:
+    """`_samples_bytes` for timestamps whose varints differ in length."""
     n = len(values)
     blocks: list[bytes] = []
     at = np.zeros(n + 1, np.int64)
@@ -109,7 +153,7 @@ def _samples_bytes(
         blocks.append(flatten_rows(matrix, lengths))
         np.cumsum(lengths, out=at[b0 + 1 : b1 + 1])
         at[b0 + 1 : b1 + 1] += at[b0]
-    return b"".join(blocks), at
+    return memoryview(b"".join(blocks)), lambda index: at[np.asarray(index, np.int64)]
 
 
 @dataclass(frozen=True, slots=True)

@@ -253,3 +253,27 @@ def test_the_vectorised_decoder_reads_as_the_plain_one(
     assert len(many) == len(datas)
     for data, (ts, bits) in zip(datas, many, strict=True):
         assert list(zip(ts.tolist(), bits.tolist(), strict=True)) == decode_xor(data)
+
+
+@pytest.mark.parametrize("start", [1_790_000_000_000, 0, (1 << 35) - 5])
+def test_samples_of_one_varint_width_are_written_as_those_of_many(start: int) -> None:
+    # This century's ms times share one varint width (the matrix path); 0.. and a
+    # start just below 2**35 mix widths (per-sample lengths): both read back the same,
+    # and the matrix path writes exactly what the per-sample one would.
+    from collector.promql.encode import _samples_bytes, _samples_bytes_varied
+
+    ts = start + np.arange(0, 30_000, 15, dtype=np.int64)
+    values = np.linspace(-1.0, 1.0, len(ts))
+    columns = SeriesColumns(
+        label_sets=[(("__name__", "a"),), (("__name__", "b"),)],
+        offsets=np.array([0, 700, len(ts)], np.int64),
+        timestamps_ms=ts,
+        values=values,
+    )
+    result = read_pb2.QueryResult.FromString(bytes(samples_query_result(columns)))
+    assert [s.timestamp for t in result.timeseries for s in t.samples] == ts.tolist()
+    assert _bits(np.array([s.value for t in result.timeseries for s in t.samples])) == _bits(values)
+    fast, fast_at = _samples_bytes(ts, values)
+    slow, slow_at = _samples_bytes_varied(ts, values)
+    index = np.array([0, 700, len(ts)], np.int64)
+    assert bytes(fast) == bytes(slow) and fast_at(index).tolist() == slow_at(index).tolist()
