@@ -103,7 +103,7 @@ def _bits(values: np.ndarray) -> list[int]:
 @given(st.lists(_series(), max_size=5))
 def test_samples_query_result_round_trips(series: list[tuple[list[int], list[int]]]) -> None:
     columns = _columns(series)
-    result = read_pb2.QueryResult.FromString(samples_query_result(columns))
+    result = read_pb2.QueryResult.FromString(bytes(samples_query_result(columns)))
     sent = [(label_set, s) for label_set, s in zip(columns.label_sets, series, strict=True) if s[0]]
     assert len(result.timeseries) == len(sent)  # a series without samples is not sent
     for got, (label_set, (ts, values)) in zip(result.timeseries, sent, strict=True):
@@ -224,7 +224,7 @@ def test_empty_answers() -> None:
 
 def test_a_series_without_samples_is_not_sent() -> None:
     columns = _columns([([1, 2], [3, 4]), ([], []), ([5], [STALE_NAN])])
-    result = read_pb2.QueryResult.FromString(samples_query_result(columns))
+    result = read_pb2.QueryResult.FromString(bytes(samples_query_result(columns)))
     assert [ts.labels[0].value for ts in result.timeseries] == ["m0", "m2"]
     stream = ChunkStream.of(columns)
     assert stream.frame_sizes[1] == 0
