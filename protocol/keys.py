@@ -284,6 +284,7 @@ PROBLEM_KINDS = (
     "phantom-row",
     "identity-mismatch",
     "overlapping-identity",
+    "bad-range",
 )
 
 

@@ -18,7 +18,9 @@ superseding row is written: `reconciler.audit.records_act`), ``phantom-row`` (su
 cataloged record the store does not hold; closed by a later audit that lists it or by
 ``lm-reconciler retract``: `reconciler.retractions`). The rollup records
 ``identity-mismatch`` and ``overlapping-identity`` (subject: the raw blob; batches it left
-out, PROTOCOL §3.7). ``gc-guard`` and
+out, PROTOCOL §3.7) and ``bad-range`` (subject: the bundle; a record whose range does
+not hold its frame and whose bundle's index has no good entry of its hash, PROTOCOL
+§3.10). ``gc-guard`` and
 ``unreadable-gc-mark`` (subject: a GC mark that does not parse; collectors wait on it
 as on a deletion under way, and the GC removes it after the settle time: nothing to do
 unless it stays) belong to the GC (`reconciler.gc.problems`). `ADVICE` says what an
@@ -63,6 +65,9 @@ ADVICE = {
     "identity-mismatch": "the rollup left a batch out: its catalog row names a frame whose "
     "header is another batch (a phantom row naming a real frame?). Look at the key; retract "
     "it if the store does not hold it (lm-reconciler retract KEY --reason TEXT)",
+    "bad-range": "a reader left a batch out: its record names a range of a bundle that does "
+    "not hold its frame, and the bundle's index has no good entry of its hash (a collector "
+    "bug, or a damaged bundle). Run lm-reconciler audit; the hour stays unsealed meanwhile",
     "overlapping-identity": "the rollup left a batch out: its seq range overlaps an included "
     "batch of the same agent and boot under another identity (an agent bug?); its points "
     "are not counted until this is understood and the batch retracted or the hour rebuilt",
