@@ -3,7 +3,11 @@
 Candidates: the steady pass's `OrphanSuspects` (``blob`` log rows no record row named)
 older than the horizon, and the orphans of the latest completed listing audit (so
 orphans whose log row was lost are found too; each audit's orphans are marked once per
-process). A candidate with no mark and no veto (both known from the run's one listing
+process). A candidate is a raw object (PROTOCOL §3.10): its mark records its key, a
+bundle's as the orphan file names it (`RAW_KEY_COLUMN`), else the frame blob of its hash.
+A suspect of the steady pass is a hash only: a bundle that only a ``blob`` log row
+nominates is marked under its frame-blob key, found gone by rule 7 and withdrawn, and
+marked again under its bundle key by the next audit's orphan file. A candidate with no mark and no veto (both known from the run's one listing
 of ``gc/v1/marks/`` and ``gc/v1/vetoes/``) gets a ``marked`` mark (If-None-Match). No
 per-blob HEAD or LIST here: a run's requests grow with the candidates and the marks. The
 run's later steps never read the marks it wrote (younger than the grace: not eligible).
@@ -11,7 +15,12 @@ run's later steps never read the marks it wrote (younger than the grace: not eli
 
 from __future__ import annotations
 
+import io
 from collections.abc import Awaitable, Callable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from protocol import keys, records
 from reconciler.audit.orphans import decode_orphans
@@ -27,18 +36,58 @@ given time, handed over once (`reconciler.steady.OrphanSuspects.take_older_than`
 LatestAudit = Callable[[], Awaitable[records.AuditRecord | None]]
 
 
+RAW_KEY_COLUMN = "raw_blob_key"
+"""The orphan file's column naming a raw object other than the frame blob of its hash (a
+bundle, PROTOCOL §3.10); absent or null: the frame blob (files written before bundles)."""
+
+
+def orphan_raw_keys(body: bytes) -> dict[str, str]:
+    """``{sha: raw object key}`` of an orphan file's rows that name their raw object (a
+    bundle); the others are frame blobs. Raises `ValueError` when unreadable."""
+    try:
+        parquet = pq.ParquetFile(io.BytesIO(body))
+        if RAW_KEY_COLUMN not in parquet.schema_arrow.names:
+            return {}
+        table = parquet.read(columns=["frame_sha256", RAW_KEY_COLUMN])
+    except (pa.ArrowException, OSError, KeyError) as exc:
+        raise ValueError(f"unreadable orphan file: {exc}") from None
+    table = table.filter(pc.is_valid(table.column(RAW_KEY_COLUMN)))
+    return dict(
+        zip(
+            table.column("frame_sha256").to_pylist(),
+            table.column(RAW_KEY_COLUMN).to_pylist(),
+            strict=True,
+        )
+    )
+
+
+def checked_raw_key(sha: str, raw_key: str | None) -> str:
+    """The raw object key of candidate ``sha``: ``raw_key`` when it is a canonical raw
+    object key of that hash (a bundle's), else the frame blob of ``sha``."""
+    if raw_key is not None:
+        try:
+            if keys.parse_raw_object_key(raw_key)[1] == sha:
+                return raw_key
+        except keys.KeyFormatError:
+            pass
+    return keys.raw_blob_key(sha)
+
+
 class OrphanFiles:
     """The orphan files of audits, each read once per run."""
 
     def __init__(self, work: GcWork) -> None:
         self._work = work
         self._read: dict[str, OrphanFile] = {}
+        self.raw_keys: dict[str, str] = {}
+        """``{sha: raw object key}`` of the bundles the files read name."""
 
     async def of(self, audit: records.AuditRecord) -> OrphanFile:
         key = keys.audit_orphans_key(audit.started_at_unix_ns, audit.audit_id)
         if key not in self._read:
             body, _etag = await self._work.store.get(key)
             self._read[key] = decode_orphans(body)
+            self.raw_keys.update(orphan_raw_keys(body))
         return self._read[key]
 
 
@@ -70,6 +119,8 @@ async def mark_candidates(
             candidates[sha] = "raw-retention" if by_retention else "orphan"
         if not dry_run:
             audits_marked.add(audit.audit_id)
+    elif audit is not None:
+        await orphans.of(audit)  # its raw keys: a suspect may be one of its bundles
     counts = {"candidates": len(candidates), "marked": 0, "vetoed": 0}
     to_mark: list[tuple[str, records.GcReason]] = []
     for sha, reason in sorted(candidates.items()):
@@ -81,8 +132,9 @@ async def mark_candidates(
     async def mark(item: tuple[str, records.GcReason]) -> None:
         sha, reason = item
         record = records.GcMark(
-            frame_sha256=sha,
-            raw_blob_key=keys.raw_blob_key(sha),
+            frame_sha256=sha,  # the raw object's hash (a bundle's for a bundle)
+            # Marks record the object's key (PROTOCOL §3.10): the rules act on it.
+            raw_blob_key=checked_raw_key(sha, orphans.raw_keys.get(sha)),
             marked_at_unix_ns=work.clock.now_ns(),
             gc_run_id=run_id,
             reason=reason,

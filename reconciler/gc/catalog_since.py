@@ -57,6 +57,9 @@ from store.base import ObjectStore, list_range
 from store.errors import NotFound
 
 HASH_COLUMNS = ["frame_sha256", "accepted_frame_sha256"]
+RAW_KEY_COLUMN = "raw_blob_key"
+"""Rows name a bundle by key only (PROTOCOL §3.10): a bundle candidate is referenced by a
+row whose ``raw_blob_key`` is its key."""
 KIND_COLUMN = "kind"
 RELIST_ATTEMPTS = 3
 MAX_TRIMMED_PER_RUN = 100_000
@@ -131,10 +134,17 @@ class _Read:
 class _Reads:
     """The state of one run's read: what merged files read cover, which files were gone."""
 
-    def __init__(self, store: ObjectStore, wanted: pa.Array, retained: pa.Array) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        wanted: pa.Array,
+        retained: pa.Array,
+        bundle_keys: dict[str, str] | None = None,
+    ) -> None:
         self.store = store
         self.wanted = wanted
         self.retained = retained
+        self.bundle_keys = bundle_keys or {}  # raw key -> sha of the bundle candidates
         self.covered: set[str] = set()  # catalog keys a merged file we read holds the rows of
         self.gone: set[str] = set()
         self.result = CatalogSince()
@@ -185,6 +195,8 @@ class _Reads:
             parquet = pq.ParquetFile(io.BytesIO(body))
             inputs = compacted_from_names(parquet.schema_arrow.metadata)
             present = [name for name in HASH_COLUMNS if name in parquet.schema_arrow.names]
+            if self.bundle_keys and RAW_KEY_COLUMN in parquet.schema_arrow.names:
+                present.append(RAW_KEY_COLUMN)
             table = parquet.read(columns=[KIND_COLUMN, *present])
         except (pa.ArrowException, OSError, ValueError, KeyError) as exc:
             return _Untrusted(
@@ -195,6 +207,22 @@ class _Reads:
     def _hits(self, table: pa.Table, present: list[str]) -> set[str]:
         hits: set[str] = set()
         quarantine = pc.equal(table.column(KIND_COLUMN), "quarantine")
+        if RAW_KEY_COLUMN in present:
+            present = [name for name in present if name != RAW_KEY_COLUMN]
+            column = table.column(RAW_KEY_COLUMN)
+            retained = set(self.retained.to_pylist())
+            for by_retention in (False, True):
+                wanted = [
+                    k for k, sha in self.bundle_keys.items() if (sha in retained) == by_retention
+                ]
+                if not wanted:
+                    continue
+                mask = pc.fill_null(
+                    pc.is_in(column, value_set=pa.array(wanted, pa.string())), False
+                )
+                if by_retention:  # as for a frame blob: only quarantine rows count
+                    mask = pc.and_(mask, pc.fill_null(quarantine, False))
+                hits.update(self.bundle_keys[k] for k in pc.filter(column, mask).to_pylist())
         for name in present:
             column = table.column(name)
             for value_set, rows in ((self.wanted, None), (self.retained, quarantine)):
@@ -214,9 +242,12 @@ async def references_since(
     *,
     by_retention: frozenset[str] = frozenset(),
     chunk: int = 8,
+    bundle_keys: dict[str, str] | None = None,
 ) -> CatalogSince:
     """Which ``candidates`` the catalog files created from ``position`` on reference (of
-    ``by_retention``, the blobs raw retention nominates: which a quarantine row does)."""
+    ``by_retention``, the blobs raw retention nominates: which a quarantine row does).
+    ``bundle_keys`` (raw key -> hash) are the candidates that are bundles: a row naming
+    one by ``raw_blob_key`` references it."""
     entry_keys = await entries_since(store, position)
     if not candidates or not entry_keys:
         return CatalogSince(entries=len(entry_keys))
@@ -224,6 +255,7 @@ async def references_since(
         store,
         pa.array(sorted(candidates - by_retention), pa.string()),
         pa.array(sorted(candidates & by_retention), pa.string()),
+        bundle_keys,
     )
     result = reads.result
     result.entries = len(entry_keys)

@@ -210,7 +210,7 @@ class GarbageCollector:
 
         async def read_one(key: str) -> None:
             mark, _etag = await work.read_mark(key)
-            if mark is not None and mark.state == "marked":
+            if mark is not None and mark.state == "marked" and _names_its_object(key, mark):
                 if mark.marked_at_unix_ns + work.policy.grace_ns <= now:  # rule 3
                     eligible.append((key, mark))
 
@@ -277,3 +277,16 @@ class GarbageCollector:
         run_keys = [info.key async for info in store.list(keys.RECONCILER_GC_RUNS_PREFIX)]
         for key in run_keys[: max(0, len(run_keys) - KEEP_GC_RUNS)]:
             await store.delete(key)
+
+
+def _names_its_object(mark_key: str, mark: records.GcMark) -> bool:
+    """A mark acts only on the raw object (frame blob or bundle) of the hash its key names
+    (marks record the object's key, PROTOCOL §3.10); any other is left alone, logged."""
+    try:
+        _kind, sha = keys.parse_raw_object_key(mark.raw_blob_key)
+    except keys.KeyFormatError:
+        sha = ""
+    if mark_key == keys.gc_mark_key(sha) and sha == mark.frame_sha256:
+        return True
+    log.error("gc_mark_names_another_object", key=mark_key, raw_blob_key=mark.raw_blob_key)
+    return False

@@ -141,6 +141,11 @@ class Deleter:
             {c.mark.frame_sha256 for c in chosen},
             by_retention=frozenset(c.mark.frame_sha256 for c in chosen if c.by_retention),
             chunk=work.policy.concurrency,
+            bundle_keys={
+                c.mark.raw_blob_key: c.mark.frame_sha256
+                for c in chosen
+                if c.mark.raw_blob_key.startswith(keys.RAW_BUNDLES_PREFIX)
+            },
         )
         if since.untrusted is not None:
             log.error(
