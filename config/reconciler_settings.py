@@ -33,6 +33,13 @@ class ReconcilerSettings(Section):
     """Raw blobs per second read back and SHA-256-checked while a full audit runs (bounds
     store load). Verification walks ``raw-blobs/v1/`` with a cursor kept in the audit
     records, so a round over every blob spans audits (`reconciler.audit.blob_verify`)."""
+    verify_bytes_per_s: float = Field(default=16 * 1024 * 1024, ge=1024, le=10 * 1024**3)
+    """Bundle bytes per second read back and checked while a full audit runs (PROTOCOL
+    §3.10): bundles are walked under ``raw-bundles/v1/`` with their own cursor, each read
+    whole and checked (SHA-256, index, every frame), paced by size rather than by count
+    (`reconciler.bundle_verify`). The default, 16 MiB/s, is two of the largest default
+    bundles a second: well within one connection, and a round over 1 TiB of bundles takes
+    about 18 hours of audit time. At least 1 KiB/s, at most 10 GiB/s."""
     concurrency: int = Field(default=16, ge=1)
     """Store requests in flight at once."""
     audit_memory_limit_mb: int = Field(default=1024, ge=64)

@@ -18,6 +18,7 @@ from reconciler.audit.blob_verify import VERIFY_CURSOR
 from reconciler.audit.inventory import InventorySource
 from reconciler.audit.ranges import PREVIOUS_KEYS_CURSOR, previous_keys_cursor
 from reconciler.audit.remark import remark_since
+from reconciler.bundle_verify import BUNDLE_VERIFY_CURSOR
 from reconciler.context import ReconcilerContext
 from store.base import ObjectStore
 from store.cas import update_object
@@ -94,8 +95,9 @@ async def resume_or_start(
             return latest, True
         ctx.log.warning("audit_restarted_pin_lapsed", audit_id=latest.audit_id)
     cursors = {INVENTORY_CURSOR: report.manifest_key} if report else {}
-    if latest is not None and VERIFY_CURSOR in latest.cursors:
-        cursors[VERIFY_CURSOR] = latest.cursors[VERIFY_CURSOR]  # verification goes on
+    for cursor in (VERIFY_CURSOR, BUNDLE_VERIFY_CURSOR):
+        if latest is not None and cursor in latest.cursors:
+            cursors[cursor] = latest.cursors[cursor]  # verification goes on
     # Before the start time is taken: every catalog file created after the start is named
     # by an entry from here on (the GC's rule 2 reads them). Also for an inventory, whose
     # audit counts as started at the report's creation, before now: the catalog files

@@ -183,7 +183,7 @@ class AuditRun(AuditState):
         with AuditJoins({}, pinned.copies, spill, memory_limit_mb=memory_mb) as joins:
             self._joins = joins
             try:
-                async with self.verifier.running():
+                async with self.verifier.running(), self.bundle_verifier.running():
                     await self._list_join_and_act(joins, pinned, spill)
             finally:
                 self._joins = None
@@ -363,7 +363,9 @@ class AuditRun(AuditState):
         if not await self._commit(result):
             return
         await acts.written_ok(result)
-        kept = {sha for row in batch.rows for sha in row.referenced_shas}
+        kept = {
+            keys.parse_raw_object_key(k)[1] for row in batch.rows for k in row.referenced_raw_keys
+        }
         path = os.path.join(spill, "orphans.parquet")
         orphans = await self._work(joins.write_orphans, results, path, keep=kept)
         body = await self._work(_read_bytes, path)

@@ -17,6 +17,7 @@ from reconciler.audit.engines.engine import EngineJoins
 from reconciler.audit.inventory import InventorySource
 from reconciler.audit.progress import PROGRESS_RECORDS, AuditProgress, ProgressCallback
 from reconciler.audit.records import save_audit, trim_old_audits
+from reconciler.bundle_verify import BUNDLE_VERIFY_CURSOR, BundleVerifier
 from reconciler.cataloger import Cataloger
 from reconciler.context import ReconcilerContext
 from reconciler.problems import ProblemBook
@@ -94,6 +95,22 @@ class AuditState:
             is_referenced=self._references,
             after_wait=self.checkpoint,
         )
+        self.bundle_verifier = BundleVerifier.of(
+            ctx,
+            self.problems,
+            cursor=self._cursors.get(BUNDLE_VERIFY_CURSOR, ""),
+            after_wait=self.checkpoint,
+        )
+
+    def _verify_cursors(self) -> dict[str, str]:
+        """Both SHA verifications' cursors: frame blobs' and bundles' (PROTOCOL §3.10)."""
+        return {
+            VERIFY_CURSOR: self.verifier.cursor,
+            BUNDLE_VERIFY_CURSOR: self.bundle_verifier.cursor,
+        }
+
+    def _verify_problems(self) -> int:
+        return self.verifier.problems + self.bundle_verifier.problems
 
     def _references(self, sha: str) -> bool:
         """Blob verification's message (rare): a query over the catalog copies."""
@@ -183,10 +200,10 @@ class AuditState:
             {
                 **self._record.model_dump(by_alias=True),
                 "owner_epoch": self._ctx.epoch,
-                "cursors": {**self._cursors, VERIFY_CURSOR: self.verifier.cursor},
+                "cursors": {**self._cursors, **self._verify_cursors()},
                 "manifests_seen": self._manifests,
                 "quarantines_seen": self._quarantines,
-                "problems": self._problem_count + self.verifier.problems,
+                "problems": self._problem_count + self._verify_problems(),
                 "catalog": True,
                 "cataloged": self._cataloged,
                 "pin_expires_at_unix_ns": self._pin_expires,
@@ -262,7 +279,7 @@ class AuditState:
             record = self._current(
                 status="completed",
                 completed_at_unix_ns=self._ctx.clock.now_ns(),
-                cursors={VERIFY_CURSOR: self.verifier.cursor},
+                cursors=self._verify_cursors(),
                 blobs_listed=blobs_listed,
                 orphans=orphans,
                 pin_expires_at_unix_ns=None,  # the joins are done: the pin is released
@@ -311,7 +328,7 @@ class AuditState:
                     groups_done=self._ranges_done,
                     ranges_total=self.ranges_total,
                     repaired=self._cataloged,
-                    problems=self._problem_count + self.verifier.problems,
+                    problems=self._problem_count + self._verify_problems(),
                     blobs_verified=self.verifier.verified,
                 )
             )
