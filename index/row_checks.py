@@ -11,7 +11,8 @@ A row is well-formed when:
 - ``kind`` is ``accepted``, ``quarantine``, ``blob`` or (catalog files only: a log
   segment's are refused by `log_rows_well_formed`) ``retracted``; ``key``, ``frame_sha256`` and
   ``time_unix_ns`` are present; ``frame_sha256`` is 64 lowercase hex digits;
-- a ``blob`` row's key is the raw-blob key of its hash;
+- a ``blob`` row's key is the raw object key of its hash: a frame blob's, or a bundle's
+  (PROTOCOL §3.10: a bundle write's row names the bundle and its hash);
 - an ``accepted``/``quarantine`` row's identity (agent_id, canonical boot_id UUID,
   seq_end >= seq_start) is the one its key names, in either agent form (``agent=<hex>`` or
   ``agent=h-<sha256>``, PROTOCOL §3), and a quarantine key ends in the submitted hash; a
@@ -49,6 +50,7 @@ from .rows import FRAME_LENGTHS, IndexFileError, IndexRow, check_row, read_table
 _SHA_RE = "^[0-9a-f]{64}$"
 _UUID_RE = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 _ZERO_UUID = "00000000-0000-0000-0000-000000000000"
+_RAW_KEY_RE = "^raw-(blobs|bundles)/v1/sha256/[0-9a-f]{2}/[0-9a-f]{2}/([0-9a-f]{64})[.]lmb[a-z]+$"
 _BUNDLE_KEY_RE = "^" + keys.RAW_BUNDLES_PREFIX + "[0-9a-f]{2}/[0-9a-f]{2}/[0-9a-f]{64}[.]lmbundle$"
 
 
@@ -67,6 +69,30 @@ def raw_blob_keys(sha: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array
         "/",
         sha,
         ".lmbatch",
+        "",
+    )
+
+
+def raw_object_hashes(table: pa.Table) -> pa.ChunkedArray | pa.Array:
+    """Per record row, the hash of the raw object it names: the hash part of its
+    ``raw_blob_key`` (a frame blob's or a bundle's), ``frame_sha256`` where it has none."""
+    named = pc.replace_substring_regex(
+        table.column("raw_blob_key"), _RAW_KEY_RE, r"\2", max_replacements=1
+    )
+    canonical = pc.match_substring_regex(table.column("raw_blob_key"), _RAW_KEY_RE)
+    return pc.if_else(_true(canonical), named, table.column("frame_sha256"))
+
+
+def _bundle_keys(sha: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """The bundle key of each hash (`protocol.keys.raw_bundle_key`, column-wise)."""
+    return pc.binary_join_element_wise(
+        keys.RAW_BUNDLES_PREFIX,
+        pc.utf8_slice_codeunits(sha, 0, 2),
+        "/",
+        pc.utf8_slice_codeunits(sha, 2, 4),
+        "/",
+        sha,
+        ".lmbundle",
         "",
     )
 
@@ -145,7 +171,12 @@ def well_formed(table: pa.Table) -> pa.ChunkedArray | pa.Array:
     is_accepted = _true(pc.equal(kind, "accepted"))
     is_quarantine = _true(pc.equal(kind, "quarantine"))
     is_retracted = _true(pc.equal(kind, "retracted"))
-    blob_ok = _true(pc.equal(table.column("key"), blob_key))
+    blob_ok = _true(
+        pc.or_(
+            pc.equal(table.column("key"), blob_key),
+            pc.equal(table.column("key"), _bundle_keys(sha)),
+        )
+    )
 
     boot = table.column("boot_id")
     identity_ok = _true(

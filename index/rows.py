@@ -11,8 +11,8 @@ itself. One `IndexRow` type serves both:
 (A fourth kind, ``retracted``, is catalog only: the copy of an ``accepted`` or
 ``quarantine`` row that a retraction writes after it, with that row's columns.)
 
-| ``key`` | string | manifest key | quarantine key | raw-blob key |
-| ``frame_sha256`` | string | the batch's hash | the *submitted* hash | the blob's hash |
+| ``key`` | string | manifest key | quarantine key | raw object key (frame blob or bundle) |
+| ``frame_sha256`` | string | the batch's hash | the *submitted* hash | the object's hash |
 | ``accepted_frame_sha256`` | string? | null | the accepted hash | null |
 | ``raw_blob_key`` | string? | the manifest's | the submitted blob | null |
 | ``agent_id``, ``boot_id`` | string? | identity | identity | null |
@@ -135,11 +135,14 @@ class IndexRow:
         return keys.UtcHour.from_unix_ns(self.time_unix_ns)
 
     @property
-    def referenced_shas(self) -> tuple[str, ...]:
-        """The raw blobs this row keeps alive (PROTOCOL §3.5 rule 2)."""
+    def referenced_raw_keys(self) -> tuple[str, ...]:
+        """The raw objects this row keeps alive, by key (PROTOCOL §3.5 rule 2, §3.10): its
+        ``raw_blob_key`` (a bundle for a bundled frame), and a quarantine row's accepted
+        side, always the frame blob of ``accepted_frame_sha256``."""
+        own = self.raw_blob_key or keys.raw_blob_key(self.frame_sha256)
         if self.kind == "quarantine" and self.accepted_frame_sha256 is not None:
-            return (self.frame_sha256, self.accepted_frame_sha256)
-        return (self.frame_sha256,)
+            return (own, keys.raw_blob_key(self.accepted_frame_sha256))
+        return (own,)
 
     @property
     def manifest_id(self) -> str:
@@ -311,8 +314,8 @@ def _problem(row: IndexRow) -> str | None:
         return "key, frame_sha256 and time_unix_ns are required"
     try:
         keys.check_sha256(row.frame_sha256)
-        if row.kind == "blob":
-            if keys.parse_raw_blob_key(row.key) != row.frame_sha256:
+        if row.kind == "blob":  # a frame blob's or a bundle's (PROTOCOL §3.10)
+            if keys.parse_raw_object_key(row.key)[1] != row.frame_sha256:
                 return "blob key does not name frame_sha256"
             return None
         quarantine = row.kind == "quarantine" or (

@@ -4,8 +4,9 @@ Used by the steady pass (keys named by log rows), the full audit (keys the anti-
 missing) and therefore the migration of a version-1 store (the first audit finds every
 key missing). PROTOCOL §3.7: a catalog row exists only for a record the reconciler read
 from the store itself and found well-formed — a valid schema, an identity equal to its
-key, and ``raw_blob_key`` equal to the key of its ``frame_sha256``
-(`protocol.records` validates the last one).
+key, and raw keys as PROTOCOL §3.10 says (`index.row_checks`: the frame blob of its
+``frame_sha256`` with no range, or a bundle with a range; a quarantine record's both
+keys frame blobs).
 
 `Cataloger.read` GETs records, ``concurrency`` at a time (or as many as the caller's
 ``limit`` lets it: the audit shares its slots between its walk workers). A record that does not parse,
@@ -187,6 +188,10 @@ def _verified_row(key: str, body: bytes, quarantine: bool) -> IndexRow:
                 sha != conflict.submitted_frame_sha256
             ):
                 raise RecordError(f"content names {conflict.quarantine_key!r}, not its own key")
+            if conflict.accepted_raw_blob_key != keys.raw_blob_key(conflict.accepted_frame_sha256):
+                # PROTOCOL §3.10: both raw keys of a quarantine record are frame blobs (the
+                # submitted one is checked with the row); the row keeps only the hash.
+                raise RecordError("accepted_raw_blob_key is not the frame blob of its hash")
             row = quarantine_row(conflict, key=key)
         else:
             manifest = AcceptedManifest.from_json(body, reads_bundles=True)

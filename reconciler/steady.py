@@ -46,7 +46,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from index.log_reader import LogPosition, new_segments, read_segment_table
-from index.row_checks import first_problems
+from index.row_checks import first_problems, raw_object_hashes
 from index.rows import FILE_SCHEMA, IndexFileError
 from protocol import keys
 from protocol.records import IndexCheckpoint, RecordError
@@ -304,10 +304,12 @@ class SteadyScanner:
         return result.checkpoint is not None
 
     def _note_references(self, table: pa.Table, blobs: pa.Table) -> None:
-        """Blob rows become suspects unless a record row of the chunk names the hash."""
+        """Blob rows become suspects unless a record row of the chunk names the raw object:
+        by the hash in its ``raw_blob_key`` (PROTOCOL §3.10: a bundled frame's row names
+        the bundle, whose ``blob`` row carries the bundle's hash), never ``frame_sha256``."""
         records = table.filter(pc.not_equal(table.column("kind"), "blob"))
         times = records.column("time_unix_ns")
-        self.suspects.add_references(records.column("frame_sha256"), times)
+        self.suspects.add_references(raw_object_hashes(records), times)
         quarantine = records.filter(pc.is_valid(records.column("accepted_frame_sha256")))
         self.suspects.add_references(
             quarantine.column("accepted_frame_sha256"), quarantine.column("time_unix_ns")

@@ -62,7 +62,7 @@ async def supersede_for_missing(
     wrong_of: dict[str, list[str]] = {}
     for row in batch.rows:
         wrong = [s for s, key in missing.items() if key == row.key]
-        wrong = [sha for sha in wrong if sha not in row.referenced_shas]
+        wrong = [sha for sha in wrong if keys.raw_blob_key(sha) not in row.referenced_raw_keys]
         if wrong:
             wrong_of[row.key] = wrong
     newest = joins.newest_rows(sorted(wrong_of))

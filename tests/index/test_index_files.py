@@ -78,7 +78,10 @@ def conflict(seq: int) -> IdentityConflict:
 def test_rows_round_trip_through_parquet() -> None:
     rows = [accepted_row(manifest(1)), quarantine_row(conflict(1)), blob_row("ab" * 32, T0)]
     assert decode(encode(rows), source="t") == rows
-    assert rows[1].referenced_shas == (conflict(1).submitted_frame_sha256, manifest(1).frame_sha256)
+    assert rows[1].referenced_raw_keys == (
+        keys.raw_blob_key(conflict(1).submitted_frame_sha256),
+        keys.raw_blob_key(manifest(1).frame_sha256),
+    )
 
 
 def test_a_row_whose_blob_key_does_not_match_its_hash_is_refused() -> None:

@@ -15,6 +15,7 @@ from index.rows import (
     IndexFileError,
     IndexRow,
     accepted_row,
+    blob_row,
     check_row,
     encode,
     quarantine_row,
@@ -99,6 +100,13 @@ CASES: list[tuple[str, IndexRow, bool]] = [
         False,
     ),
     ("retracted copy of a bundled row", _accepted(kind="retracted"), True),
+    ("blob row of a frame blob", blob_row(BUNDLE_SHA, T0), True),
+    ("blob row of a bundle", dataclasses.replace(blob_row(BUNDLE_SHA, T0), key=BUNDLE), True),
+    (
+        "blob row of another bundle",
+        dataclasses.replace(blob_row("ab" * 32, T0), key=BUNDLE),
+        False,
+    ),
     (
         "retracted copy of a quarantine naming a bundle",
         _quarantine(
