@@ -255,3 +255,59 @@ async def test_a_bundle_whose_bytes_do_not_hash_to_its_name_is_corrupt() -> None
 async def test_a_gone_bundle_is_withdrawn() -> None:
     world = World()
     assert await world.prove(keys.raw_bundle_key("a" * 64)) is Verdict.WITHDRAW
+
+
+# --- raw retention's variant (PROTOCOL §4.1, §3.10): a bundle goes only whole -------------
+
+
+async def retention_world(
+    frames: list[bytes], *, naming: list[int], included: list[int]
+) -> tuple[TargetedProof, bd.EncodedBundle]:
+    """A bundle of ``frames``; the manifests of ``naming`` name it (the others name their
+    own frame blobs: duplicates, dead bytes here); the rollup ledger includes the batches
+    of ``included``; raw retention has retired their accepted hour."""
+    from tests.reconciler.test_gc import World as GcWorld
+    from tests.reconciler.test_raw_retention import include
+
+    world = GcWorld()
+    bundle = bd.encode_bundle(frames)
+    await world.store.put(bundle.key, bundle.data)
+    manifests = [
+        manifest_of(body, bundle=bundle if i in naming else None, i=i)
+        for i, body in enumerate(frames)
+    ]
+    for manifest in manifests:
+        await world.store.put(manifest.manifest_key, manifest.to_json())
+    await include(world, *(manifests[i] for i in included))
+    state = records.RawRetention(
+        retired_before=manifests[0].accepted_hour.next().iso,
+        updated_at_unix_ns=world.clock.now_ns(),
+        raw_days=1.0,
+    )
+    await world.store.put(keys.RAW_RETENTION_KEY, state.to_json())
+
+    async def fence() -> None:
+        return None
+
+    problems = GcProblems(world.store, world.clock.now_ns, fence)
+    return TargetedProof(world.store, problems, 1 << 20, max_bundle_bytes=8 << 20), bundle
+
+
+async def test_raw_retention_deletes_a_bundle_once_every_frame_naming_it_is_rolled_up() -> None:
+    proof, bundle = await retention_world(FRAMES, naming=[0, 1, 2], included=[0, 1, 2])
+    assert (await proof.prove(bundle.key, by_retention=True)).verdict is Verdict.PROVEN
+
+
+async def test_raw_retention_keeps_a_bundle_with_one_frame_not_rolled_up() -> None:
+    proof, bundle = await retention_world(FRAMES, naming=[0, 1, 2], included=[0, 2])
+    verdict = await proof.prove(bundle.key, by_retention=True)
+    assert verdict.verdict is Verdict.WITHDRAW and "ledger" in verdict.why
+    # ... and as a plain orphan it is referenced: its manifests name it.
+    assert (await proof.prove(bundle.key, by_retention=False)).verdict is Verdict.WITHDRAW
+
+
+async def test_a_frame_whose_manifest_names_another_object_does_not_pin_the_bundle() -> None:
+    # Frame 1 was accepted as its own frame blob (the bundle's copy is dead bytes): only
+    # the frames whose manifests name the bundle must be rolled up.
+    proof, bundle = await retention_world(FRAMES, naming=[0, 2], included=[0, 2])
+    assert (await proof.prove(bundle.key, by_retention=True)).verdict is Verdict.PROVEN
