@@ -123,7 +123,7 @@ def _numpy(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     return np.asarray(column.to_numpy(zero_copy_only=False))
 
 
-def _codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str]]:
+def _dictionary(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, pa.Array]:
     """Per row a code, and the distinct values: a dictionary column's own, else one made."""
     if isinstance(column, pa.ChunkedArray):
         if column.num_chunks == 1:
@@ -133,7 +133,7 @@ def _codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str]]:
         else:
             column = column.combine_chunks()
     encoded = column if pa.types.is_dictionary(column.type) else pc.dictionary_encode(column)
-    return _numpy(encoded.indices).astype(np.int64), encoded.dictionary.to_pylist()
+    return _numpy(encoded.indices).astype(np.int64), encoded.dictionary
 
 
 PresentedSeries = tuple[LabelSet, int]
@@ -212,14 +212,14 @@ class _Rows:
         self.count = 0
         self.dropped_labels = 0
 
-    def _learn(self, part: Part, codes: np.ndarray, distinct: list[str], new: list[int]) -> None:
-        keys = [distinct[i] for i in new]
+    def _learn(self, part: Part, codes: np.ndarray, used: np.ndarray, keys: list[str]) -> None:
+        """Learn the stored series ``keys`` (codes ``used``) this reader meets first."""
         known = self.cache.get_many(keys)
         missing = [j for j, found in enumerate(known) if found is None]
         if missing:
-            first = np.zeros(len(distinct), np.int64)
+            first = np.zeros(int(used.max()) + 1, np.int64)
             first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)  # each code's first row
-            made = _present(part, first[[new[j] for j in missing]])
+            made = _present(part, first[used[missing]])
             self.cache.put_many([(keys[j], m) for j, m in zip(missing, made, strict=True)])
             for j, m in zip(missing, made, strict=True):
                 known[j] = m
@@ -238,16 +238,18 @@ class _Rows:
 
     def add(self, part: Part) -> None:
         rows = part.rows
-        codes, distinct = _codes(rows.column("series"))
-        # A dictionary read from Parquet may hold values no row uses any more.
-        used = np.bincount(codes, minlength=len(distinct)) > 0
-        new = [i for i, key in enumerate(distinct) if used[i] and key not in self.sid]
+        codes, dictionary = _dictionary(rows.column("series"))
+        # A dictionary read from Parquet may hold values no row uses (other row groups'
+        # series): only the used ones are looked at, in Python once each.
+        used = np.flatnonzero(np.bincount(codes, minlength=len(dictionary)))
+        keys = dictionary.take(pa.array(used)).to_pylist()
+        new = [j for j, key in enumerate(keys) if key not in self.sid]
         if new:
-            self._learn(part, codes, distinct, new)
-        sids = np.fromiter((self.sid.get(key, -1) for key in distinct), np.int64, len(distinct))
-        chosen = np.fromiter(
-            (s >= 0 and self.label_sets[s] is not None for s in sids.tolist()), bool, len(distinct)
-        )
+            self._learn(part, codes, used[new], [keys[j] for j in new])
+        sids = np.full(len(dictionary), -1, np.int64)
+        sids[used] = np.fromiter((self.sid[key] for key in keys), np.int64, len(keys))
+        chosen = np.zeros(len(dictionary), bool)
+        chosen[used] = [self.label_sets[s] is not None for s in sids[used].tolist()]
         keep = chosen[codes]
         kept = int(np.count_nonzero(keep))
         if kept == 0:
@@ -255,8 +257,9 @@ class _Rows:
         if self.count + kept > self.max_samples:
             raise TooManySamples(self.count + kept, self.max_samples)
         self.count += kept
-        agent_codes, agents = _codes(rows.column("agent_id"))
-        boot_codes, boots = _codes(rows.column("boot_id"))
+        agent_codes, agent_values = _dictionary(rows.column("agent_id"))
+        boot_codes, boot_values = _dictionary(rows.column("boot_id"))
+        agents, boots = agent_values.to_pylist(), boot_values.to_pylist()
         width = max(1, len(boots))
         pairs, inverse = np.unique((agent_codes * width + boot_codes)[keep], return_inverse=True)
         ids = np.empty(len(pairs), np.int64)

@@ -8,8 +8,11 @@ validation request. Kept, least recently used first out:
 
 - ``footer``: a ``points`` file's Parquet footer (`pyarrow.parquet.FileMetaData`), charged
   twice its serialized size (the decoded objects are larger than the bytes);
-- ``row_group``: one decoded row group of given columns (its Arrow size): the hot row
-  groups of the series a dashboard reads again and again;
+- ``row_group``: one decoded row group of given columns (its Arrow size), or only its
+  rows a read selects (`CachedParquet.read_selected`: the rows of the stored series and
+  metrics a query wants, with their row numbers; keyed by that selection): the hot rows
+  of the series a dashboard reads again and again, not the whole row groups around
+  them (a 30-day read of 10 series out of 1,000 keeps 1% of each hourly file);
 - ``file``: a whole small file decoded (the ``series``/``series_day`` index files, read
   whole by every lookup).
 
@@ -27,6 +30,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -179,3 +183,30 @@ class CachedParquet:
         table = self._open().read_row_group(index, columns=list(columns))
         self._cache.put("row_group", key, table, table.nbytes)
         return table
+
+    def read_selected(
+        self,
+        index: int,
+        columns: Sequence[str],
+        selection: Hashable,
+        select: Callable[[pa.Table], np.ndarray | None],
+    ) -> tuple[pa.Table, np.ndarray | None]:
+        """The rows of row group ``index`` that ``select`` keeps (a mask, None: all), and
+        their row numbers in the group (None: all rows), cached under ``selection`` (which
+        must name what ``select`` keeps): a warm read decodes nothing, and the cache holds
+        only the rows reads want."""
+        key = (self._path, index, tuple(columns), self._read_dictionary, selection)
+        found = self._cache.get("row_group", key)
+        if found is not None:
+            result: tuple[pa.Table, np.ndarray | None] = found
+            return result
+        self.metadata  # noqa: B018 - the footer first, so that an open reuses it
+        table = self._open().read_row_group(index, columns=list(columns))
+        mask = select(table)
+        positions = None
+        if mask is not None and not mask.all():
+            positions = np.flatnonzero(mask)
+            table = table.take(pa.array(positions))
+        nbytes = table.nbytes + (positions.nbytes if positions is not None else 0)
+        self._cache.put("row_group", key, (table, positions), nbytes)
+        return table, positions

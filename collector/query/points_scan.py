@@ -35,6 +35,7 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -206,17 +207,24 @@ def _string_mask(column: pa.ChunkedArray | pa.Array, bounds: MetricBounds) -> np
     return bounds.mask(column)
 
 
+def _selected(
+    rows: pa.Table, bounds: MetricBounds, stored: StoredSeries | None
+) -> np.ndarray | None:
+    """Rows of the wanted metrics and stored series, whatever their time (None: all)."""
+    keep = _string_mask(rows.column("metric"), bounds)
+    if stored is not None:
+        wanted = stored.mask(rows.column("series"))
+        keep = wanted if keep is None else keep & wanted
+    return keep
+
+
 def _keep(
     rows: pa.Table, low_us: int, high_us: int, bounds: MetricBounds, stored: StoredSeries | None
 ) -> np.ndarray:
     ts = int64_column(rows.column("ts"))
     keep = (ts >= low_us) & (ts < high_us)
-    metric = _string_mask(rows.column("metric"), bounds)
-    if metric is not None:
-        keep &= metric
-    if stored is not None:
-        keep &= stored.mask(rows.column("series"))
-    return keep
+    selected = _selected(rows, bounds, stored)
+    return keep if selected is None else keep & selected
 
 
 def _labels_reader(
@@ -289,13 +297,20 @@ def committed_parts(
                     if rows.num_rows:
                         yield Part(rows)
                     continue
-                rows = parquet.read_row_group(index, columns=SLIM_COLUMNS).select(SLIM_COLUMNS)
-                keep = _keep(rows, low_us, high_us, bounds, wanted)
-                positions = np.flatnonzero(keep)
-                if len(positions) == 0:
+                selection = (bounds, wanted.wanted if wanted is not None else None)
+                rows, positions = parquet.read_selected(
+                    index, SLIM_COLUMNS, selection, partial(_selected, bounds=bounds, stored=wanted)
+                )
+                rows = rows.select(SLIM_COLUMNS)
+                ts = int64_column(rows.column("ts"))
+                in_range = np.flatnonzero((ts >= low_us) & (ts < high_us))
+                if len(in_range) == 0:
                     continue
-                if len(positions) < rows.num_rows:
-                    rows = rows.take(pa.array(positions))
+                if len(in_range) < rows.num_rows:
+                    rows = rows.take(pa.array(in_range))
+                    positions = in_range if positions is None else positions[in_range]
+                elif positions is None:
+                    positions = np.arange(rows.num_rows)
                 yield Part(rows, _labels_reader(parquet, index, positions, work))
 
 

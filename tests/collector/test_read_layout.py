@@ -190,6 +190,35 @@ async def test_a_repeated_read_opens_no_file_and_the_cache_keeps_its_bound(world
         assert 0 < small.nbytes <= small.max_bytes
 
 
+async def test_the_cache_keeps_the_rows_a_read_selects_not_whole_row_groups(
+    world: Any,
+) -> None:
+    store, snapshot = world
+    lookups: Counter[tuple[str, bool]] = Counter()
+    cache = FileCache(64 << 20, on_lookup=lambda kind, hit: lookups.update([(kind, hit)]))
+    first = select(store, snapshot, [("EQ", "host", "h0123")], H0, H1, file_cache=cache)
+    assert samples(first) == {"h0123": PER_SERIES}
+    # Selected rows are (rows, row numbers) entries (a whole group's label maps, read
+    # once to learn the series, is a table).
+    kept = [value for value, _ in cache._entries.values() if isinstance(value, tuple)]
+    assert kept and sum(rows.num_rows for rows, _ in kept) == PER_SERIES  # of 500 a group
+    # The same series over half the hour: served from those rows, nothing decoded.
+    query = ReadQuery(ms(H0), ms(H0) + 1_800_000 - 1, (compile_matcher("EQ", "host", "h0123"),))
+    handler = CountingHandler()
+    half = select_series(
+        query,
+        snapshot,
+        [],
+        pafs.PyFileSystem(handler),
+        str(store.root),
+        max_samples=100,
+        file_cache=cache,
+    )
+    assert 0 < samples(half)["h0123"] < PER_SERIES
+    assert sum(handler.opened.values()) == 0
+    assert lookups[("row_group", False)] == first.work.row_groups_read + first.work.label_maps_read
+
+
 def test_the_cache_evicts_the_least_recently_used() -> None:
     cache = FileCache(800)  # entries up to 100 bytes
     for name in "abcdefgh":
