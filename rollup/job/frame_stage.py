@@ -1,8 +1,10 @@
 """Stage 1 of a rollup run: accepted batches → ``points`` files, partials, records.
 
-`FrameStage.run` (one call per input partition, through ``mapInArrow``): for each work
-item, fetch the raw blob, verify its sha256, decode it with `protocol.frame`, check that
-it is the batch the accepted manifest names, and turn it into ``points`` rows. Rows are
+`FrameStage.run` (one call per input partition, through ``mapInArrow``): the task's work
+items' frames are read by raw object (`rollup.job.raw_frames`: a frame blob whole, a
+bundle whole or as coalesced ranges, PROTOCOL §3.10); each is verified (sha256),
+decoded with `protocol.frame`, checked to be the batch the accepted manifest names, and
+turned into ``points`` rows. Rows are
 written (streamed, one Parquet file per task and hour) to ``points`` and pre-aggregated
 into per-(minute, series) partials. Out come `rollup.job.tasks.STAGE1_SCHEMA` rows, each
 with the ``hour`` that routes it to stage 2:
@@ -13,7 +15,8 @@ with the ``hour`` that routes it to stage 2:
   ``ts``, `rollup.table.series_rows`) of the points it wrote, as an Arrow IPC blob;
 - ``points_file``, ``ledger`` (one per included batch, routed by its accepted hour, with
   its point range ``min_ts``/``max_ts``) and
-  ``problem`` (a frame that is missing, fails its hash, decode or identity check): JSON.
+  ``problem`` (a frame that is missing, fails its hash, decode or identity check, or a
+  ``bad-range``: a record's range its bundle cannot serve): JSON.
 
 Rows in hours a table's retention dropped, and rows that the base snapshot's tombstones
 mask (`rollup.table.tombstones`), are dropped from the points written and from the partials
@@ -32,10 +35,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from index.raw_reads import BadRange
 from protocol import keys
 from protocol.frame import Frame
+from rollup.job.raw_frames import FrameRead, StoreRawSource, task_frames
 from rollup.job.tasks import (
     STAGE1_SCHEMA,
+    WORK_SCHEMA,
     HourInputs,
     WriteOptions,
     distinct_series_info,
@@ -50,7 +56,7 @@ from rollup.table import aggregate, series_rows
 from rollup.table.batch_frames import BadFrame, check_frame
 from rollup.table.points import hour_index, split_by_hour
 from rollup.table.schemas import POINTS_SCHEMA, file_stats, merged_stats
-from rollup.table.storage import open_parquet_writer, read_object
+from rollup.table.storage import open_parquet_writer
 from rollup.table.tombstones import drop_from_points
 
 # Partials per IPC blob (~15 MB): with `spark_session.JOB_CONF`'s Arrow batch cap, one
@@ -68,9 +74,11 @@ class FrameStage:
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """Stage 1 over the work items in ``batches`` (`WORK_SCHEMA`); see the module doc."""
         task = _FrameTask(self.options, self.inputs)
-        for batch in batches:
-            for item in batch.to_pylist():
-                task.add(item)
+        items = pa.Table.from_batches(list(batches), schema=WORK_SCHEMA)
+        source = StoreRawSource(self.options.access)
+        reads = task_frames(source, items, max_frame_bytes=self.options.max_raw_bytes)
+        for item, read in reads:
+            task.add(item, read)
         yield from output_batches(task.finish(), STAGE1_SCHEMA)
 
 
@@ -93,9 +101,9 @@ class _FrameTask:
         self._records: list[dict[str, Any]] = []
         self._series_counts: list[pa.Table] = []
 
-    def add(self, item: dict[str, Any]) -> None:
+    def add(self, item: dict[str, Any], read: FrameRead) -> None:
         try:
-            frame, points = self._decode(item)
+            frame, points = self._decode(item, read)
         except BadFrame as bad:
             self._records.append(record("problem", item["accepted_hour"], bad.as_dict(item)))
             return
@@ -123,14 +131,12 @@ class _FrameTask:
         if self._buffered_rows >= self._options.chunk_rows:
             self._flush()
 
-    def _decode(self, item: dict[str, Any]) -> tuple[Frame, pa.Table]:
+    def _decode(self, item: dict[str, Any], read: FrameRead) -> tuple[Frame, pa.Table]:
         key = item["raw_blob_key"]
-        try:
-            data: bytes | None = read_object(self._options.access, key)
-        except FileNotFoundError:
-            data = None
+        if isinstance(read, BadRange):
+            raise BadFrame(read.kind, key, read.detail)
         return check_frame(
-            data,
+            read,
             blob_key=key,
             frame_sha256=item["frame_sha256"],
             manifest_id=item["manifest_id"],

@@ -6,8 +6,10 @@ in memory at a time) and the snapshot's ledger files of those hours into a priva
 directory, then in one DuckDB session under ``MergeLimits.memory_limit_mb`` (spilling):
 
 1. checks every catalog row's kind, hash, identity, hour and (accepted rows) record count
-   and raw-blob key, which the items take from the hash (a file holding a row of another
-   hour is refused, as `index.catalog.read_file` does);
+   and raw key: the frame blob of its hash with no range, or a canonical bundle key with
+   a frame's range (PROTOCOL §3.10, as `index.row_checks.raw_keys_ok`; that the range is
+   an index entry is the reader's check, `index.raw_reads`); a file holding a row of
+   another hour is refused, as `index.catalog.read_file` does;
 2. keeps one row per (hour, key): the one that counts (PROTOCOL §3.7: the highest rank,
    `index.catalog_rank`; the copies' rank columns are filled);
 3. keeps the accepted rows, builds ``manifest_id`` in SQL (the agent's hex form, as
@@ -23,8 +25,8 @@ directory, then in one DuckDB session under ``MergeLimits.memory_limit_mb`` (spi
    of the same agent and boot under another identity (`_OVERLAP_SQL`; the included
    batches compared are those of the checked hours' ledger files).
 
-The rows stream out in record batches, gain ``raw_blob_key`` (the key of their hash,
-which the steady pass checked) and ``accepted_hour``, and are written to a local Arrow
+The rows stream out in record batches with their raw key and range, gain a bundle's
+least size (`_KEPT_SQL`) and ``accepted_hour``, and are written to a local Arrow
 IPC file that is memory-mapped and unlinked: the plan's items, never a Python object per
 batch, never all on the driver's heap.
 """
@@ -46,15 +48,15 @@ from index.catalog import RELIST_ATTEMPTS, list_hour_files
 from index.catalog_local import MergeLimits, connect, effective, local_copies, sql_list
 from index.catalog_rank import DUCKDB_RANK_STRUCT
 from index.catalog_tables import TWO_FORM_AGENT_BYTES
-from index.row_checks import raw_blob_keys
-from index.rows import IndexFileError
-from protocol import keys
+from index.rows import FRAME_LENGTHS, IndexFileError
+from protocol import bundle, keys
 from rollup.job.tasks import WORK_SCHEMA
 from rollup.table.manifest_errors import RollupManifestError
 from store.base import ObjectStore
 from store.errors import NotFound
 
 HOUR_NS = 3600 * 1_000_000_000
+_BUNDLE_KEY_RE = keys.RAW_BUNDLES_PREFIX + "[0-9a-f]{2}/[0-9a-f]{2}/[0-9a-f]{64}[.]lmbundle"
 OUTPUT_BATCH_ROWS = 65_536
 
 _CHECK_SQL = """
@@ -62,9 +64,15 @@ SELECT
     count(*) FILTER (WHERE kind NOT IN ('accepted', 'quarantine', 'retracted')
         OR NOT regexp_full_match(frame_sha256, '[0-9a-f]{{64}}') OR agent_id IS NULL
         OR boot_id IS NULL OR seq_start IS NULL OR seq_end IS NULL
-        OR (kind = 'accepted' AND (record_count IS NULL OR raw_blob_key IS DISTINCT FROM
-            '{raw_prefix}' || substr(frame_sha256, 1, 2) || '/' || substr(frame_sha256, 3, 2)
-            || '/' || frame_sha256 || '.lmbatch'))),
+        OR (kind = 'accepted' AND (record_count IS NULL OR NOT (
+            (raw_offset IS NULL AND raw_length IS NULL AND raw_blob_key IS NOT DISTINCT FROM
+                '{raw_prefix}' || substr(frame_sha256, 1, 2) || '/' || substr(frame_sha256, 3, 2)
+                || '/' || frame_sha256 || '.lmbatch')
+            OR (coalesce(regexp_full_match(raw_blob_key, '{bundle_re}'), false)
+                AND substr(raw_blob_key, {hh1}, 2) || substr(raw_blob_key, {hh2}, 2)
+                    = substr(raw_blob_key, {digest}, 4)
+                AND raw_offset >= 0 AND raw_length = frame_bytes
+                AND raw_length BETWEEN {min_frame} AND {max_frame}))))),
     count(*) FILTER (WHERE time_unix_ns // {hour_ns} != {hour_index}),
     min(time_unix_ns) FILTER (WHERE time_unix_ns // {hour_ns} != {hour_index})
 FROM read_parquet({files})
@@ -72,7 +80,7 @@ FROM read_parquet({files})
 _CATALOG_VIEW = """
 CREATE TEMP VIEW cat AS
 SELECT key, kind, agent_id, boot_id, seq_start, seq_end, frame_sha256, record_count,
-    time_unix_ns // {hour_ns} AS h, first_epoch, first_sequence, first_position, filename,
+    raw_blob_key, raw_offset, raw_length, time_unix_ns // {hour_ns} AS h, first_epoch, first_sequence, first_position, filename,
     file_row_number
 FROM read_parquet({files}, filename = true, file_row_number = true)
 """
@@ -93,7 +101,8 @@ SELECT l.manifest_id, hrs.h FROM read_parquet({files}) AS l JOIN hrs ON l.accept
 _PENDING_VIEW = """
 CREATE TEMP VIEW pending AS
 SELECT a.* FROM (
-    SELECT c.h, c.key, c.frame_sha256, c.record_count, strlen(c.agent_id) AS agent_bytes,
+    SELECT c.h, c.key, c.frame_sha256, c.record_count, c.raw_blob_key, c.raw_offset,
+        c.raw_length, strlen(c.agent_id) AS agent_bytes,
         'agent=' || lower(hex(c.agent_id)) || '.boot=' || replace(c.boot_id, '-', '') || '.'
         || lpad(c.seq_start::VARCHAR, 20, '0') || '-' || lpad(c.seq_end::VARCHAR, 20, '0')
         AS mid
@@ -114,7 +123,8 @@ SELECT h, key FROM (
 """Every row of a ``manifest_id`` but the first (earliest hour, then least key)."""
 _ITEMS_SQL = """
 CREATE TEMP TABLE items AS
-SELECT p.mid AS manifest_id, p.frame_sha256, p.record_count, p.h
+SELECT p.mid AS manifest_id, p.frame_sha256, p.record_count, p.h, p.raw_blob_key,
+    p.raw_offset, p.raw_length
 FROM pending AS p LEFT JOIN losers AS l ON p.h = l.h AND p.key = l.key
 WHERE l.key IS NULL
 """
@@ -158,9 +168,19 @@ _REFUSED_TABLE = """
 CREATE TEMP TABLE refused AS SELECT * FROM arrow_refused
 """
 _KEPT_SQL = """
-SELECT i.* FROM items AS i
+WITH bundles AS (
+    SELECT raw_blob_key, max(raw_offset + raw_length) + {entry} * count(DISTINCT raw_offset)
+        + {footer} AS object_bytes
+    FROM cat WHERE kind = 'accepted' AND raw_offset IS NOT NULL GROUP BY raw_blob_key
+)
+SELECT i.*, b.object_bytes FROM items AS i LEFT JOIN bundles AS b
+    ON i.raw_offset IS NOT NULL AND b.raw_blob_key = i.raw_blob_key
 WHERE NOT EXISTS (SELECT 1 FROM refused AS r WHERE r.h = i.h AND r.manifest_id = i.manifest_id)
 """
+"""The items with, for a bundled one, a lower bound of its bundle's size: its frames the
+checked hours' rows name (their ends, and an index entry each) and the footer. Dead bytes
+and frames of other hours are not seen, so a bundle may be read whole at a little less
+than half covered (`index.raw_reads.plan_reads`): a bounded cost, never a wrong read."""
 
 
 REFUSED_SCHEMA = pa.schema(
@@ -268,7 +288,8 @@ def _plan_in_duckdb(
             refused = con.execute(_OVERLAP_SQL).to_arrow_table()
             con.register("arrow_refused", refused)
             con.execute(_REFUSED_TABLE)
-            reader = con.execute(_KEPT_SQL).to_arrow_reader(OUTPUT_BATCH_ROWS)
+            kept = _KEPT_SQL.format(entry=bundle.ENTRY_LEN, footer=bundle.FOOTER_LEN)
+            reader = con.execute(kept).to_arrow_reader(OUTPUT_BATCH_ROWS)
             return PlannedHours(
                 _spilled(reader, index_of, isos, limits),
                 _with_hours(retracted, index_of, isos, RETRACTED_SCHEMA),
@@ -286,6 +307,12 @@ def _check_hour(con: duckdb.DuckDBPyConnection, hour: keys.UtcHour, paths: list[
             hour_ns=HOUR_NS,
             hour_index=index,
             raw_prefix=keys.RAW_BLOBS_PREFIX,
+            bundle_re=_BUNDLE_KEY_RE,
+            hh1=len(keys.RAW_BUNDLES_PREFIX) + 1,
+            hh2=len(keys.RAW_BUNDLES_PREFIX) + 4,
+            digest=len(keys.RAW_BUNDLES_PREFIX) + 7,
+            min_frame=FRAME_LENGTHS[0],
+            max_frame=FRAME_LENGTHS[1],
         )
     ).fetchone()
     assert row is not None
@@ -334,16 +361,18 @@ def _spilled(
                 if batch.num_rows == 0:
                     continue
                 rows += batch.num_rows
-                sha = batch.column("frame_sha256").cast(pa.string())
                 hour_at = np.searchsorted(index_of, batch.column("h").to_numpy())
                 writer.write_batch(
                     pa.record_batch(
                         [
                             batch.column("manifest_id").cast(pa.string()),
-                            sha,
-                            raw_blob_keys(sha),
+                            batch.column("frame_sha256").cast(pa.string()),
+                            batch.column("raw_blob_key").cast(pa.string()),
                             isos.take(pa.array(hour_at)),
                             batch.column("record_count").cast(pa.int64()),
+                            batch.column("raw_offset").cast(pa.int64()),
+                            batch.column("raw_length").cast(pa.int64()),
+                            batch.column("object_bytes").cast(pa.int64()),
                         ],
                         schema=WORK_SCHEMA,
                     )

@@ -40,9 +40,16 @@ WORK_SCHEMA = pa.schema(
         pa.field("raw_blob_key", pa.string()),
         pa.field("accepted_hour", pa.string()),
         pa.field("record_count", pa.int64()),
+        pa.field("raw_offset", pa.int64()),
+        pa.field("raw_length", pa.int64()),
+        pa.field("raw_object_bytes", pa.int64()),
     ]
 )
-"""One accepted batch to include: stage 1's input rows."""
+"""One accepted batch to include: stage 1's input rows. ``raw_blob_key`` is the raw
+object the batch's catalog row names, ``raw_offset``/``raw_length`` its range there (null:
+a frame blob, read whole) and ``raw_object_bytes`` the planner's lower bound of that
+bundle's size (`rollup.job.plan_sql`; null for a frame blob): what `index.raw_reads.
+plan_reads` decides whole-or-ranges by (PROTOCOL §3.10 "Readers")."""
 
 WORK_BLOB_SCHEMA = pa.schema([pa.field("work", pa.binary())])
 """What the driver parallelizes: one row per stage-1 task, its `WORK_SCHEMA` rows as one

@@ -130,6 +130,60 @@ def read_object(access: StoreAccess, key: str) -> bytes:
         return bytes(stream.readall())
 
 
+def read_object_range(access: StoreAccess, key: str, offset: int, length: int) -> bytes:
+    """Bytes ``[offset, offset + length)`` of ``key`` (fewer where it ends; none past its
+    end): one GET with a Range on S3 (416 is no bytes), a bounded read of the file
+    otherwise. Raises `FileNotFoundError` / `OSError` as `read_object`."""
+    location = parse_store_url(access.url)
+    if isinstance(location, S3Location):
+        client = _s3_client(access.endpoint_url, access.region)
+        object_key = f"{location.prefix}/{key}" if location.prefix else key
+        wanted = f"bytes={offset}-{offset + length - 1}"
+        try:
+            answer = client.get_object(Bucket=location.bucket, Key=object_key, Range=wanted)
+            body = bytes(answer["Body"].read())
+        except client.exceptions.NoSuchKey:
+            raise FileNotFoundError(key) from None
+        except Exception as exc:  # botocore's errors: one type for the caller
+            if _status(exc) == 416:
+                return b""
+            raise OSError(f"GET {key} {wanted}: {exc}") from exc
+        # A server that ignored the Range sent the whole object: cut the range out.
+        return body if answer.get("ContentRange") else body[offset : offset + length]
+    fs, root = access.filesystem()
+    with fs.open_input_file(object_path(root, key)) as file:
+        size = file.size()
+        return (
+            bytes(file.read_at(max(0, min(length, size - offset)), offset))
+            if offset < size
+            else b""
+        )
+
+
+def object_size(access: StoreAccess, key: str) -> int:
+    """The size of ``key`` (one HEAD on S3). Raises `FileNotFoundError` / `OSError`."""
+    location = parse_store_url(access.url)
+    if isinstance(location, S3Location):
+        client = _s3_client(access.endpoint_url, access.region)
+        object_key = f"{location.prefix}/{key}" if location.prefix else key
+        try:
+            return int(client.head_object(Bucket=location.bucket, Key=object_key)["ContentLength"])
+        except Exception as exc:  # a HEAD's 404 has no NoSuchKey code
+            if _status(exc) == 404:
+                raise FileNotFoundError(key) from None
+            raise OSError(f"HEAD {key}: {exc}") from exc
+    fs, root = access.filesystem()
+    info = fs.get_file_info(object_path(root, key))
+    if info.type != pafs.FileType.File:
+        raise FileNotFoundError(key)
+    return int(info.size)
+
+
+def _status(exc: Exception) -> int | None:
+    status = getattr(exc, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return int(status) if status is not None else None
+
+
 @functools.lru_cache(maxsize=8)
 def _s3_client(endpoint_url: str | None, region: str) -> Any:
     """A botocore S3 client per process (standard retry mode: at most 3 attempts, jittered

@@ -192,6 +192,9 @@ async def test_planning_holds_no_python_object_per_batch(monkeypatch: pytest.Mon
         "raw_blob_key": manifest.raw_blob_key,
         "accepted_hour": hour_at(0).iso,
         "record_count": manifest.record_count,
+        "raw_offset": None,  # a frame blob: read whole (PROTOCOL §3.10)
+        "raw_length": None,
+        "raw_object_bytes": None,
     }
 
 

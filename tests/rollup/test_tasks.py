@@ -14,13 +14,13 @@ from rollup.job.tasks import WORK_BLOB_SCHEMA, WORK_SCHEMA, WorkBlobs
 
 def items(sources: dict[str, list[int]]) -> pa.Table:
     """Work items: per source (``agent=..boot=..``), one batch per record count given."""
-    rows = []
+    rows: list[tuple[object, ...]] = []
     for source, counts in sources.items():
         seq = 0
         for count in counts:
             mid = f"{source}.{seq:020d}-{seq + count - 1:020d}"
             sha = f"{len(rows):064x}"
-            rows.append((mid, sha, f"raw/{sha}", "2026-11-27T08", count))
+            rows.append((mid, sha, f"raw/{sha}", "2026-11-27T08", count, None, None, None))
             seq += count
     columns = list(zip(*rows, strict=True))
     return pa.table(
