@@ -4,7 +4,7 @@ Candidates: the steady pass's `OrphanSuspects` (``blob`` log rows no record row 
 older than the horizon, and the orphans of the latest completed listing audit (so
 orphans whose log row was lost are found too; each audit's orphans are marked once per
 process). A candidate is a raw object (PROTOCOL §3.10): its mark records its key, a
-bundle's as the orphan file names it (`RAW_KEY_COLUMN`), else the frame blob of its hash.
+bundle's as the orphan file names it (`RAW_KEY_COLUMNS`), else the frame blob of its hash.
 A suspect of the steady pass is a hash only: a bundle that only a ``blob`` log row
 nominates is marked under its frame-blob key, found gone by rule 7 and withdrawn, and
 marked again under its bundle key by the next audit's orphan file. A candidate with no mark and no veto (both known from the run's one listing
@@ -36,26 +36,30 @@ given time, handed over once (`reconciler.steady.OrphanSuspects.take_older_than`
 LatestAudit = Callable[[], Awaitable[records.AuditRecord | None]]
 
 
-RAW_KEY_COLUMN = "raw_blob_key"
-"""The orphan file's column naming a raw object other than the frame blob of its hash (a
-bundle, PROTOCOL §3.10); absent or null: the frame blob (files written before bundles)."""
+RAW_KEY_COLUMNS = ("raw_key", "raw_blob_key")
+"""The orphan file's column naming each row's raw object, the first present of these (the
+audit's SQL calls it ``raw_key``, the catalog ``raw_blob_key``): a bundle's key for a
+bundle (PROTOCOL §3.10); absent or null: the frame blob of the row's hash (files written
+before bundles)."""
 
 
 def orphan_raw_keys(body: bytes) -> dict[str, str]:
-    """``{sha: raw object key}`` of an orphan file's rows that name their raw object (a
-    bundle); the others are frame blobs. Raises `ValueError` when unreadable."""
+    """``{sha: raw object key}`` of an orphan file's rows that name their raw object; the
+    others are frame blobs. Raises `ValueError` when unreadable."""
     try:
         parquet = pq.ParquetFile(io.BytesIO(body))
-        if RAW_KEY_COLUMN not in parquet.schema_arrow.names:
+        names = parquet.schema_arrow.names
+        column = next((name for name in RAW_KEY_COLUMNS if name in names), None)
+        if column is None:
             return {}
-        table = parquet.read(columns=["frame_sha256", RAW_KEY_COLUMN])
+        table = parquet.read(columns=["frame_sha256", column])
     except (pa.ArrowException, OSError, KeyError) as exc:
         raise ValueError(f"unreadable orphan file: {exc}") from None
-    table = table.filter(pc.is_valid(table.column(RAW_KEY_COLUMN)))
+    table = table.filter(pc.is_valid(table.column(column)))
     return dict(
         zip(
             table.column("frame_sha256").to_pylist(),
-            table.column(RAW_KEY_COLUMN).to_pylist(),
+            table.column(column).to_pylist(),
             strict=True,
         )
     )

@@ -311,3 +311,105 @@ async def test_a_frame_whose_manifest_names_another_object_does_not_pin_the_bund
     # the frames whose manifests name the bundle must be rolled up.
     proof, bundle = await retention_world(FRAMES, naming=[0, 2], included=[0, 2])
     assert (await proof.prove(bundle.key, by_retention=True)).verdict is Verdict.PROVEN
+
+
+# --- the whole GC run on a bundle: mark, grace, audit, proofs, one DELETE of the whole -----
+
+
+class BundleGcWorld:
+    """`tests.reconciler.test_gc.World` (real steady pass, audit and GC on a memory store)
+    with a planted orphan bundle that each audit's orphan file names by its raw key, as
+    the audit's listing of ``raw-bundles/v1/`` does (PROTOCOL §3.5 Candidates); the GC's
+    requests are counted."""
+
+    def __init__(self, frames: list[bytes]) -> None:
+        from tests.reconciler.test_gc import World as GcWorld
+
+        self.world = GcWorld()
+        self.counting = CountingStore(self.world.store)
+        self.world.store = self.counting  # the GC, steady pass and audit go through it
+        self.bundle = bd.encode_bundle(frames)
+        audit = self.world.audit
+
+        async def audit_naming_the_bundle() -> records.AuditRecord:
+            record = await audit()
+            await self._name_bundle(record)
+            return record
+
+        self.world.audit = audit_naming_the_bundle  # type: ignore[method-assign]
+
+    async def _name_bundle(self, record: records.AuditRecord) -> None:
+        import io
+
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from reconciler.audit.orphans import decode_orphans
+
+        key = keys.audit_orphans_key(record.started_at_unix_ns, record.audit_id)
+        orphans = decode_orphans((await self.counting.inner.get(key))[0])
+        info = await self.counting.inner.head(self.bundle.key)
+        orphans[self.bundle.sha256] = (info.size, info.last_modified_ns, False)
+        rows = sorted((sha, v) for sha, v in orphans.items() if sha is not None)
+        table = pa.table(
+            {
+                "frame_sha256": [sha for sha, _ in rows],
+                "size": pa.array([v[0] for _, v in rows], pa.int64()),
+                "last_modified_ns": pa.array([v[1] for _, v in rows], pa.int64()),
+                "raw_retention": [v[2] for _, v in rows],
+                "raw_key": [
+                    self.bundle.key if sha == self.bundle.sha256 else None for sha, _ in rows
+                ],
+            }
+        )
+        sink = io.BytesIO()
+        pq.write_table(table, sink)
+        await self.counting.inner.put(key, sink.getvalue())
+
+    async def plant(self) -> None:
+        await self.world.accept(frame(99, agent="agent-z"))  # a listed blob for the guard
+        await self.counting.inner.put(self.bundle.key, self.bundle.data)
+        self.world.clock.advance(3 * 3600.0)
+        first = await self.world.gc(audit=True)
+        assert first.record.marked == 1
+        mark = records.GcMark.from_json(
+            (await self.counting.inner.get(keys.gc_mark_key(self.bundle.sha256)))[0]
+        )
+        assert mark.raw_blob_key == self.bundle.key  # marks record the object's key
+        self.world.clock.advance(601.0)
+
+
+async def test_the_gc_deletes_an_orphan_bundle_whole_and_logs_it() -> None:
+    frames = [frame(1), frame(2, value=2.0), frame(3, boot=OTHER_BOOT)]
+    gc = BundleGcWorld(frames)
+    await gc.plant()
+    gc.world.clock.advance(1.0)
+    await gc.world.audit()  # the next scheduled audit (it verifies the bundle: one GET)
+    gc.counting.clear()
+    outcome = await gc.world.gc()
+    # The GC's requests on the candidate bundle (both proofs, after the grace and after
+    # "deleting"): 2 GETs of the bundle (read whole), 2 x 3 manifest GETs, 2 x 2 quarantine
+    # LISTs (two agent/boot pairs), no HEAD (rule 1 is the audit's listing after the mark);
+    # the DELETE is one signed request (`store.base.SignedDelete`).
+    bundle_gets = gc.counting.count("get", keys.RAW_BUNDLES_PREFIX)
+    bundle_heads = gc.counting.count("head", keys.RAW_BUNDLES_PREFIX)
+    manifest_gets = gc.counting.count("get", keys.ACCEPTED_PREFIX)
+    quarantine_lists = [p for p, _ in gc.counting.lists if p.startswith(keys.QUARANTINE_PREFIX)]
+    assert (bundle_gets, bundle_heads, manifest_gets, len(quarantine_lists)) == (2, 0, 6, 4)
+    assert outcome.deleted == [gc.bundle.sha256]
+    assert not await gc.world.exists(gc.bundle.key)
+    assert not await gc.world.exists(keys.gc_mark_key(gc.bundle.sha256))
+    [entry] = await gc.world.gc_log()
+    assert entry.raw_blob_key == gc.bundle.key
+
+
+async def test_a_manifest_created_after_the_audit_naming_the_bundle_keeps_it() -> None:
+    gc = BundleGcWorld(FRAMES)
+    await gc.plant()
+    # A frame's manifest landed late (its answer was lost) and its log row with it: only
+    # the manifest itself names the bundle.
+    manifest = manifest_of(FRAMES[2], bundle=gc.bundle, i=2)
+    await gc.counting.inner.put(manifest.manifest_key, manifest.to_json())
+    outcome = await gc.world.gc()
+    assert outcome.deleted == [] and await gc.world.exists(gc.bundle.key)
+    assert not await gc.world.exists(keys.gc_mark_key(gc.bundle.sha256))  # withdrawn
