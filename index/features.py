@@ -190,13 +190,21 @@ async def registered(
     role: str,
     process_id: str,
     on_unknown_feature: Callable[[UnknownFeature], None] | None = None,
+    daemon: bool = False,
 ) -> AsyncIterator[BundleGate]:
     """A process's gate for the duration of the block: started (raising `UnknownFeature`
-    before any of the block runs), refreshed every minute beside it, stopped after."""
+    before any of the block runs), refreshed every minute beside it, stopped after.
+    ``daemon``: a store that does not answer at start is logged, not raised (a daemon
+    waits out an outage, as before the gate); the first heartbeat reads and writes then."""
     gate = BundleGate(
         store, clock, role=role, process_id=process_id, on_unknown_feature=on_unknown_feature
     )
-    await gate.start()
+    try:
+        await gate.start()
+    except StoreError as exc:
+        if not daemon:
+            raise
+        log.warning("feature_gate_unavailable", error=str(exc), key=gate.key)
     task = asyncio.create_task(gate.run(), name=f"feature-gate-{role}")
     try:
         yield gate

@@ -20,6 +20,9 @@ Commands (each takes ``--config PATH``; settings also come from ``LM_*`` variabl
   does not hold (a ``phantom-row`` problem; ``reconciler.retractions``): records who (the
   OS user unless ``--by``) and why, and closes the problem. Refused while the store holds
   the record.
+- ``enable-bundles [--dry-run] [--json]``: turn bundles on (PROTOCOL §3.10) in the
+  store's feature record, refused while a process or log writer cannot read them
+  (``reconciler.features_cmd``).
 - ``status [--json] [--check]``: log position and segments waiting, catalog, index
   requests per batch, lease, last audit, last GC, problems.
 
@@ -28,8 +31,8 @@ Long work shows progress on standard error when it is a terminal.
 Exit codes:
   0  success
   1  runtime failure: store unreachable, a pass or audit left incomplete (rerun resumes),
-     or ``status --check`` found lag or problems, or ``retract`` refused (the store
-     holds the record)
+     or ``status --check`` found lag or problems, or ``retract`` or ``enable-bundles``
+     refused, or the feature record turns on a feature this version lacks
   2  bad configuration or arguments;
   3  another reconciler holds the lease (one-shot commands wait 1.5 lease TTLs first)
 """
@@ -49,15 +52,21 @@ from typing import Any
 
 from prometheus_client import start_http_server
 from pydantic import BaseModel
-from tqdm import tqdm  # type: ignore[import-untyped]  # no stubs installed
 
 from config import Settings, SettingsError, configure_logging
 from config.cli import add_settings_flags, settings_from_flags
+from index.features import BundleGate, FeatureRecordError, UnknownFeature
 from protocol.clock import SystemClock
 from protocol.records import RecordError
 from reconciler.audit.inventory import InventoryError, InventorySource, inventory_from_settings
-from reconciler.audit.progress import AuditProgress
+from reconciler.audit.progress import ProgressBar
+from reconciler.context import default_owner_id
 from reconciler.daemon import PassReport, Reconciler, Stopped
+from reconciler.features_cmd import (
+    add_enable_bundles_parser,
+    enable_bundles_command,
+    reconciler_registered,
+)
 from reconciler.gc import GcRefused
 from reconciler.metrics import with_store_latency
 from reconciler.problems import ADVICE, list_problems
@@ -102,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     retract.add_argument("key", help="the record's key (accepted/v1/... or quarantine/v1/...)")
     retract.add_argument("--reason", required=True, help="why (recorded with the retraction)")
     retract.add_argument("--by", help="who retracts (default: the OS user)")
+    add_enable_bundles_parser(commands)
     status = commands.add_parser("status", help="checkpoint, lag, audits, GC, problems")
     status.add_argument("--json", action="store_true")
     status.add_argument(
@@ -140,7 +150,16 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
             return await _problems(store, args)
         if args.command == "retract":
             return await _retract(store, args)
-        return await _leased_command(store, settings, args)
+        if args.command == "enable-bundles":
+            return await enable_bundles_command(store, settings, args)
+        owner = default_owner_id()
+        daemon = args.command == "run" and not args.once
+        async with reconciler_registered(store, owner, daemon=daemon) as gate:  # before a lease
+            code = await _leased_command(store, settings, args, gate, owner)
+        return EXIT_FAILED if gate.unknown_feature else code
+    except (UnknownFeature, FeatureRecordError) as exc:
+        print(f"lm-reconciler: refusing to start: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     except StoreError as exc:
         print(f"lm-reconciler: object store unavailable: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -154,14 +173,16 @@ async def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
 # --- commands that take the lease ----------------------------------------------------------
 
 
-async def _leased_command(store: ObjectStore, settings: Settings, args: argparse.Namespace) -> int:
+async def _leased_command(
+    store: ObjectStore, settings: Settings, args: argparse.Namespace, gate: BundleGate, owner: str
+) -> int:
     try:
         inventory = inventory_from_settings(settings, getattr(args, "inventory", None))
     except InventoryError as exc:
         print(f"lm-reconciler: {exc}", file=sys.stderr)
         return EXIT_USAGE
     _load_arrow_lazy_imports()
-    progress = _Progress()
+    progress = ProgressBar()
     timed, metrics = with_store_latency(store, SystemClock())  # lm_store_request_seconds
     reconciler = Reconciler(
         store=timed,
@@ -169,13 +190,15 @@ async def _leased_command(store: ObjectStore, settings: Settings, args: argparse
         clock=SystemClock(),
         rng=random.Random(),
         metrics=metrics,
+        owner=owner,
         inventory=inventory,
         audit_progress=progress.update,
         # The daemon audits in a child process: a core and a GIL beside the steady pass.
         audit_in_child=args.command == "run" and not args.once,
     )
     grace_s = min(10.0, settings.reconciler.lease_ttl_s / 2)
-    _on_signals(lambda: reconciler.stop(grace_s))
+    stop_soon = _on_signals(lambda: reconciler.stop(grace_s))
+    gate.on_unknown_feature = lambda _exc: stop_soon()  # and exit 1 (`_dispatch`)
     try:
         if args.command == "run" and not args.once:
             return await _daemon(reconciler, settings)
@@ -217,7 +240,7 @@ async def _leased_command(store: ObjectStore, settings: Settings, args: argparse
 
 
 async def _spark_audit(
-    reconciler: Reconciler, progress: _Progress, inventory: InventorySource | None
+    reconciler: Reconciler, progress: ProgressBar, inventory: InventorySource | None
 ) -> int:
     """The audit with its listing and joins on Spark, as the lease holder (module doc);
     prints its record as ``audit`` does."""
@@ -291,7 +314,7 @@ def _print_pass(report: PassReport) -> int:
     return EXIT_OK if report.complete else EXIT_FAILED
 
 
-def _on_signals(stop: Callable[[], Coroutine[Any, Any, None]]) -> None:
+def _on_signals(stop: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[], None]:
     loop = asyncio.get_running_loop()
     tasks: set[asyncio.Task[None]] = set()
 
@@ -302,31 +325,7 @@ def _on_signals(stop: Callable[[], Coroutine[Any, Any, None]]) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, handler)
-
-
-class _Progress:
-    """A tqdm counter on standard error, only when it is a terminal."""
-
-    def __init__(self) -> None:
-        self._bar: Any = None
-
-    def update(self, progress: AuditProgress) -> None:
-        if not sys.stderr.isatty():
-            return
-        if self._bar is None:
-            verb = "resuming audit" if progress.resumed else "auditing"
-            self._bar = tqdm(desc=f"{verb} {progress.audit_id}", unit=" records", file=sys.stderr)
-        self._bar.n = progress.manifests_seen + progress.quarantines_seen
-        ranges = f"{progress.groups_done}/{progress.ranges_total}" if progress.ranges_total else "-"
-        self._bar.set_postfix(
-            ranges=ranges, cataloged=progress.repaired, problems=progress.problems, refresh=False
-        )
-        self._bar.refresh()
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
+    return handler
 
 
 # --- read-only commands ------------------------------------------------------------------

@@ -4,8 +4,12 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+from tqdm import tqdm  # type: ignore[import-untyped]  # no stubs installed
 
 PROGRESS_INTERVAL_S = 2.0
 PROGRESS_RECORDS = 1000
@@ -32,3 +36,28 @@ class AuditProgress:
 
 
 ProgressCallback = Callable[[AuditProgress], None]
+
+
+class ProgressBar:
+    """``lm-reconciler audit``'s tqdm counter on standard error, only when it is a terminal."""
+
+    def __init__(self) -> None:
+        self._bar: Any = None
+
+    def update(self, progress: AuditProgress) -> None:
+        if not sys.stderr.isatty():
+            return
+        if self._bar is None:
+            verb = "resuming audit" if progress.resumed else "auditing"
+            self._bar = tqdm(desc=f"{verb} {progress.audit_id}", unit=" records", file=sys.stderr)
+        self._bar.n = progress.manifests_seen + progress.quarantines_seen
+        ranges = f"{progress.groups_done}/{progress.ranges_total}" if progress.ranges_total else "-"
+        self._bar.set_postfix(
+            ranges=ranges, cataloged=progress.repaired, problems=progress.problems, refresh=False
+        )
+        self._bar.refresh()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
