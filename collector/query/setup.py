@@ -71,6 +71,7 @@ def build_query(
             lookback_s=settings.log_lookback_floor_s(),
             max_pending=q.max_pending_batches,
             max_raw_bytes=settings.ingest.max_raw_bytes,
+            max_frame_bytes=settings.ingest.max_frame_bytes,
         )
         if window is not None and q.designated
         else None

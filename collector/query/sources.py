@@ -7,8 +7,11 @@
   recorded as lost (answers that may need it are not ``complete``).
 - `LogFollower` (``[query] designated = true``): follows the whole authority through the
   index log (PROTOCOL §3.7, `index.log_reader`): every ``poll_interval_s`` it lists new
-  segments, and for each ``accepted`` row of a batch accepted within the window it GETs
-  the raw blob, checks its SHA-256 against the row (log rows are unverified claims) and
+  segments, and for each ``accepted`` row of a batch accepted within the window it reads
+  its frame (`index.raw_reads.read_frame`: a frame blob whole, a bundled frame by its
+  range, PROTOCOL §3.10; a range its bundle cannot serve is ``bad-range``, the batch lost
+  to the window, so answers needing it are partial), checks its SHA-256 against the row
+  (log rows are unverified claims) and
   decodes it (charged to the window's account, as above), ``FETCH_CONCURRENCY`` at a
   time, each group added to the window before the next is fetched. At start it begins ``window_s`` back, so a restarted collector rebuilds the
   window from the segments and blobs of the last ``window_s``. At most
@@ -31,7 +34,9 @@ from collections.abc import Callable
 
 import structlog
 
+from config.ingest_settings import IngestSettings
 from index.log_reader import LogPosition, new_segments, read_segment
+from index.raw_reads import BadRange, RawRef, read_frame
 from index.rows import IndexFileError, IndexRow
 from protocol.clock import Clock
 from protocol.frame import FrameError
@@ -46,6 +51,7 @@ log = structlog.get_logger("collector.live")
 NS_PER_S = 1_000_000_000
 FETCH_CONCURRENCY = 8
 MAX_DECODING = 64
+DEFAULT_MAX_FRAME_BYTES: int = IngestSettings.model_fields["max_frame_bytes"].default
 
 
 class OwnBatches:
@@ -102,6 +108,7 @@ class LogFollower:
         lookback_s: float,
         max_pending: int,
         max_raw_bytes: int,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         rng: random.Random | None = None,
         on_poll: Callable[[], None] | None = None,
     ) -> None:
@@ -113,6 +120,7 @@ class LogFollower:
         self._lookback_s = lookback_s
         self._max_pending = max_pending
         self._decoder = LiveDecoder(window, max_raw_bytes=max_raw_bytes)
+        self._max_frame_bytes = max_frame_bytes
         self._rng = rng or random.Random()
         self._on_poll = on_poll or (lambda: None)
         start = max(0, clock.now_ns() - window.window_ns)
@@ -216,10 +224,14 @@ class LogFollower:
 
     async def _fetch(self, row: IndexRow) -> Decoded | None:
         key = row.raw_blob_key or ""
+        ref = RawRef(key, row.frame_sha256, row.identity, row.raw_offset, row.raw_length)
         try:
-            body, _etag = await self._store.get(key)
+            body = await read_frame(self._store, ref, max_frame_bytes=self._max_frame_bytes)
         except NotFound:
             log.warning("live_blob_missing", key=key, manifest_id=row.manifest_id)
+            return None
+        if isinstance(body, BadRange):  # lost to the window: the answer is partial
+            log.warning("live_bad_range", key=key, manifest_id=row.manifest_id, error=body.detail)
             return None
         if hashlib.sha256(body).hexdigest() != row.frame_sha256:
             log.warning("live_blob_mismatch", key=key, manifest_id=row.manifest_id)

@@ -460,6 +460,48 @@ async def test_follower_rebuilds_from_the_log_checks_blobs_and_bounds_pending(
     assert short.batches() == [] and [d.manifest_id for d in short.dropped()] == [B3.manifest_id]
 
 
+async def test_follower_reads_a_bundled_frame_by_its_range(tmp_path: Path) -> None:
+    """PROTOCOL §3.10: a log row naming a bundle and a range; the frame is read by its
+    range (one ranged GET) and held; a row whose range its bundle cannot serve (its hash
+    is not in the bundle) is lost to the window, so answers needing it are partial."""
+    from collector.query.sources import LogFollower
+    from index.log_writer import IndexLogWriter
+    from protocol.bundle import encode_bundle
+    from store.counting import CountingStore
+
+    clock = ManualClock(H1.start_ns + 30 * NS)
+    inner = FileSystemStore(tmp_path / "store", clock=clock)
+    bundle = encode_bundle([B1.body, B2.body])
+    await inner.put(bundle.key, bundle.data)
+    writer = IndexLogWriter(store=inner, clock=clock, rng=random.Random(1), writer_id="c1")
+    for b, entry in ((B1, bundle.entries[0]), (B3, bundle.entries[1])):
+        bundled = AcceptedManifest.of_frame(
+            b.body,
+            accepted_at_unix_ns=b.manifest.accepted_at_unix_ns,
+            collector_id="c1",
+            bundle=(bundle.key, entry.offset),
+        )
+        row = accepted_row(bundled)
+        if b is B3:  # B3's row names B2's range (and B3's hash): the bundle has no B3
+            row = dataclasses.replace(row, raw_length=entry.length, frame_bytes=entry.length)
+        writer.append(row)
+    await writer.flush()
+    store = CountingStore(inner)
+    window = LiveWindow(window_s=7200, max_points=1000, max_bytes=1 << 30)
+    follower = LogFollower(
+        store, window, clock=clock, poll_interval_s=1, lookback_s=5,
+        max_pending=100, max_raw_bytes=1 << 20, max_frame_bytes=1 << 20,
+    )  # fmt: skip
+    await follower.poll_once()
+    assert [b.manifest_id for b in window.batches()] == [B1.manifest_id]
+    assert [d.manifest_id for d in window.dropped()] == [B3.manifest_id]
+    held = window.batches()[0]
+    assert held.frame_sha256 == B1.manifest.frame_sha256
+    # B1: one ranged GET. B3: its range, then HEAD + the bundle's tail, no entry: bad-range.
+    assert store.keys_of("get", "raw-bundles/") == [bundle.key] * 3
+    assert store.keys_of("head", "raw-bundles/") == [bundle.key]
+
+
 async def test_designated_answers_503_until_the_window_is_rebuilt(world: World) -> None:
     class NotReady:
         ready = False
