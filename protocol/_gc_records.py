@@ -13,7 +13,10 @@ GcReason = Literal["orphan", "raw-retention"]
 
 
 class GcMark(Record):
-    """``gc/v1/marks/<sha>.json``: a GC run's intent to delete an orphan blob.
+    """``gc/v1/marks/<sha>.json``: a GC run's intent to delete an orphan raw object: a
+    frame blob, or a bundle (PROTOCOL §3.10), whose hash ``frame_sha256`` is and whose key
+    ``raw_blob_key`` is (the GC acts on that key, and on a mark only when the key names
+    that hash).
 
     ``state`` is an addition to PROTOCOL §3.5, needed to close a race: the GC moves the
     mark from ``marked`` to ``deleting`` with If-Match *before* its last veto check and
@@ -47,7 +50,9 @@ class GcMark(Record):
 
 
 class GcVeto(Record):
-    """``gc/v1/vetoes/<sha>.json``: a collector saw this blob in use after it was marked."""
+    """``gc/v1/vetoes/<sha>.json``: a collector saw this raw object in use after it was
+    marked. ``frame_sha256`` is the object's hash (a bundle's for a bundle, PROTOCOL
+    §3.10: never the hash of a frame inside it)."""
 
     schema_: Literal["lightmetrics.gc_veto.v1"] = Field(
         default="lightmetrics.gc_veto.v1", alias="schema"
@@ -55,6 +60,10 @@ class GcVeto(Record):
     frame_sha256: str = Sha256Hex
     vetoed_at_unix_ns: int = NonNegative
     collector_id: str = Field(min_length=1)
+    raw_blob_key: str | None = None
+    """The vetoed raw object's key (PROTOCOL §3.10: "Marks and vetoes record the object's
+    key"); vetoes written before bundles lack it: the frame blob of ``frame_sha256``.
+    Informational: the GC checks a veto by its key's hash, as its mark."""
 
 
 class GcLogEntry(Record):
