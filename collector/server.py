@@ -27,9 +27,12 @@ import structlog
 from aiohttp import web
 
 from config import Settings, load_tokens
+from index.features import BundleGate, FeatureRecordError, UnknownFeature
 from index.log_writer import IndexLogWriter
+from protocol import keys
 from protocol.clock import SystemClock
 from store.base import ObjectStore
+from store.errors import StoreError
 from store.open import open_store_from_settings
 from store.time import store_clock
 from store.timed import TimedStore
@@ -94,6 +97,15 @@ class Worker:
             put_budget_s=s.ingest.index_put_budget_s,
             landing_s=s.store.connect_timeout_s + s.store.read_timeout_s,
             skewed=lambda: store_time.skewed,  # PROTOCOL §3.7: a skewed clock cuts nothing
+        )
+        # The store's feature record and this process's version entry (PROTOCOL §3.10):
+        # named by the log writer id, so enable-bundles matches its segments to it.
+        self.gate = BundleGate(
+            self.store,
+            clock,
+            role="query-collector" if s.query.designated else "collector",
+            process_id=keys.index_writer_id(s.ingest.collector_id),
+            rng=rng,
         )
         tokens = load_tokens(s.auth.tokens_file) if s.auth.tokens_file else None
         authenticator = Authenticator(tokens)
@@ -169,6 +181,8 @@ class Worker:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
+        await self._start_gate()
+        gate_task = asyncio.create_task(self.gate.run(), name="feature-gate")  # every minute
         self.index_log.start()
         readiness_task = asyncio.create_task(self.readiness.run(), name="readiness")
         lander_task = asyncio.create_task(self.lander.run(), name="lander") if self.lander else None
@@ -229,6 +243,7 @@ class Worker:
         if metrics_runner is not None:
             await metrics_runner.cleanup()
         readiness_task.cancel()
+        gate_task.cancel()
         if follow_task is not None:
             follow_task.cancel()
         if lander_task is not None and self.lander is not None:
@@ -248,6 +263,16 @@ class Worker:
             index_segments_written=stats.segments_written,
             index_rows_dropped=stats.dropped_full + stats.dropped_failed,
         )
+
+    async def _start_gate(self) -> None:
+        """Refuse to start on a feature this version lacks (exit 2); a store that does not
+        answer now leaves bundles off until a heartbeat reads the record."""
+        try:
+            await self.gate.start()
+        except (UnknownFeature, FeatureRecordError) as exc:
+            raise StartupError(str(exc)) from None
+        except StoreError as exc:
+            log.warning("feature_gate_unavailable", error=str(exc))
 
 
 def _bound_port(runner: web.AppRunner) -> int:
