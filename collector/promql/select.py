@@ -65,8 +65,8 @@ from rollup.table.columns import int64_column
 from rollup.table.manifest import Snapshot
 
 from .matchers import LabelMatcher, select_label_sets
-from .select_order import merged_order, ordered_runs
-from .series_columns import LabelSet, SeriesColumns, label_order_key
+from .select_order import merged_order, ordered_runs, ranks
+from .series_columns import LabelSet, SeriesColumns
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,7 +261,13 @@ class _Rows:
         boot_codes, boot_values = _dictionary(rows.column("boot_id"))
         agents, boots = agent_values.to_pylist(), boot_values.to_pylist()
         width = max(1, len(boots))
-        pairs, inverse = np.unique((agent_codes * width + boot_codes)[keep], return_inverse=True)
+        combined = (agent_codes * width + boot_codes)[keep]
+        one = combined.min() == combined.max()  # one writer: the common case, no sort
+        pairs, inverse = (
+            (combined[:1], np.zeros(len(combined), np.int64))
+            if one
+            else np.unique(combined, return_inverse=True)
+        )
         ids = np.empty(len(pairs), np.int64)
         for i, code in enumerate(pairs.tolist()):
             writer = (agents[code // width], boots[code % width])
@@ -272,7 +278,7 @@ class _Rows:
             ids[i] = found
         columns = [
             sids[codes],
-            int64_column(rows.column("ts")),
+            part.ts_us if part.ts_us is not None else int64_column(rows.column("ts")),
             _numpy(rows.column("value")).astype(np.float64, copy=False),
             _numpy(rows.column("seq")).astype(np.int64, copy=False),
         ]
@@ -281,32 +287,12 @@ class _Rows:
         sid, ts, value, seq = columns
         self.parts.append((sid, ts, value, ids[inverse.reshape(-1)], seq))
 
-    def _ranks(self) -> tuple[list[LabelSet], np.ndarray, np.ndarray, np.ndarray]:
-        """Presented series in Prometheus' order; per stored series its presented rank and
-        its byte-order rank; per writer its (agent, boot) byte-order rank."""
-        distinct_sets = sorted({s for s in self.label_sets if s is not None}, key=label_order_key)
-        rank_of_set = {label_set: i for i, label_set in enumerate(distinct_sets)}
-        rank = np.array(
-            [rank_of_set.get(s, -1) if s is not None else -1 for s in self.label_sets], np.int64
-        )
-        lex = np.empty(len(self.series), np.int64)
-        lex[sorted(range(len(self.series)), key=lambda i: self.series[i].encode())] = np.arange(
-            len(self.series)
-        )
-        writer_rank = np.empty(len(self.writers), np.int64)
-        writer_rank[
-            sorted(
-                range(len(self.writers)), key=lambda i: tuple(x.encode() for x in self.writers[i])
-            )
-        ] = np.arange(len(self.writers))
-        return distinct_sets, rank, lex, writer_rank
-
     def finish(self, work: ScanWork) -> Selection:
         if not self.parts:
             return Selection(SeriesColumns.empty(), self.dropped_labels, 0, work)
         sid, ts_us, value, writer, seq = (np.concatenate(c) for c in zip(*self.parts, strict=True))
         self.parts = []
-        distinct_sets, rank, lex, writer_rank = self._ranks()
+        distinct_sets, rank, lex, writer_rank = ranks(self.label_sets, self.series, self.writers)
         ts_ms = np.floor_divide(ts_us, 1000)
         runs = ordered_runs(sid, ts_us, ts_ms, rank, len(distinct_sets))
         if runs is not None:  # the common case: nothing to merge, nothing sorted

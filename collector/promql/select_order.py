@@ -19,13 +19,32 @@ keep the winners.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
+from .series_columns import LabelSet, label_order_key
+
 I64 = npt.NDArray[np.int64]
+
+
+def ranks(
+    label_sets: Sequence[LabelSet | None], series: Sequence[str], writers: Sequence[tuple[str, str]]
+) -> tuple[list[LabelSet], I64, I64, I64]:
+    """Presented series in Prometheus' order; per stored series (its presented label set,
+    None when not selected, and its ``series`` string) its presented rank and its
+    byte-order rank; per writer its (agent, boot) byte-order rank."""
+    distinct_sets = sorted({s for s in label_sets if s is not None}, key=label_order_key)
+    rank_of_set = {label_set: i for i, label_set in enumerate(distinct_sets)}
+    rank = np.array([rank_of_set.get(s, -1) if s is not None else -1 for s in label_sets], np.int64)
+    lex = np.empty(len(series), np.int64)
+    lex[sorted(range(len(series)), key=lambda i: series[i].encode())] = np.arange(len(series))
+    writer_rank = np.empty(len(writers), np.int64)
+    by_bytes = sorted(range(len(writers)), key=lambda i: tuple(x.encode() for x in writers[i]))
+    writer_rank[by_bytes] = np.arange(len(writers))
+    return distinct_sets, rank, lex, writer_rank
 
 
 @dataclass(frozen=True, slots=True)

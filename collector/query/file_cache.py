@@ -122,6 +122,16 @@ def reads_cache(max_bytes: int, metrics: CollectorMetrics) -> FileCache:
     return FileCache(max_bytes, on_lookup=metrics.observe_query_cache)
 
 
+class _Footer:
+    """A cached footer and what readers derived from it (``memo``)."""
+
+    __slots__ = ("memo", "metadata")
+
+    def __init__(self, metadata: pq.FileMetaData, memo: dict[Hashable, Any]) -> None:
+        self.metadata = metadata
+        self.memo = memo
+
+
 class CachedParquet:
     """One Parquet file whose footer and row groups come from the cache when they can;
     the file is opened (one request on S3, then one per read) only on a miss."""
@@ -140,6 +150,7 @@ class CachedParquet:
         self._handle: Any = None
         self._file: pq.ParquetFile | None = None
         self._metadata: pq.FileMetaData | None = None
+        self._footer_entry: _Footer | None = None
 
     def __enter__(self) -> CachedParquet:
         return self
@@ -165,13 +176,24 @@ class CachedParquet:
 
     @property
     def metadata(self) -> pq.FileMetaData:
-        if self._metadata is None:
+        return self._footer().metadata
+
+    @property
+    def memo(self) -> dict[Hashable, Any]:
+        """Facts derived from the footer (e.g. parsed statistics), kept with it."""
+        return self._footer().memo
+
+    def _footer(self) -> _Footer:
+        if self._footer_entry is None:
             found = self._cache.get("footer", self._path)
             if found is None:
-                found = self._open().metadata
-                self._cache.put("footer", self._path, found, FOOTER_CHARGE * found.serialized_size)
-            self._metadata = found
-        return self._metadata
+                metadata = self._open().metadata
+                found = _Footer(metadata, {})
+                charge = FOOTER_CHARGE * metadata.serialized_size
+                self._cache.put("footer", self._path, found, charge)
+            self._footer_entry = found
+            self._metadata = found.metadata
+        return self._footer_entry
 
     def read_row_group(self, index: int, columns: Sequence[str]) -> pa.Table:
         key = (self._path, index, tuple(columns), self._read_dictionary)

@@ -143,31 +143,44 @@ def _ts_bounds_us(stats: Any) -> tuple[int, int] | None:
     return (low, high) if low is not None and high is not None else None
 
 
+GroupStats = tuple[tuple[int, int] | None, tuple[Any, Any] | None, tuple[Any, Any] | None]
+"""A row group's ``ts`` bounds in µs, ``metric`` and ``series`` min/max (None: unknown)."""
+
+
+def _group_stats(metadata: pq.FileMetaData) -> list[GroupStats]:
+    found = []
+    for index in range(metadata.num_row_groups):
+        group = metadata.row_group(index)
+        ts = metric = series = None
+        for c in range(group.num_columns):
+            column = group.column(c)
+            name = column.path_in_schema
+            if name == "ts":
+                ts = _ts_bounds_us(column.statistics)
+            elif name in ("metric", "series"):
+                stats = column.statistics
+                if stats is not None and stats.has_min_max:
+                    if name == "metric":
+                        metric = (stats.min, stats.max)
+                    else:
+                        series = (stats.min, stats.max)
+        found.append((ts, metric, series))
+    return found
+
+
 def _row_group_may_match(
-    metadata: pq.FileMetaData,
-    index: int,
+    stats: GroupStats,
     low_us: int,
     high_us: int,
     bounds: MetricBounds,
     stored: StoredSeries | None,
 ) -> bool:
-    group = metadata.row_group(index)
-    for c in range(group.num_columns):
-        column = group.column(c)
-        name = column.path_in_schema
-        if name == "ts":
-            found = _ts_bounds_us(column.statistics)
-            if found is not None and (found[1] < low_us or found[0] >= high_us):
-                return False
-        elif name == "metric" or (name == "series" and stored is not None):
-            stats = column.statistics
-            if stats is None or not stats.has_min_max:
-                continue
-            checker = bounds if name == "metric" else stored
-            assert checker is not None
-            if not checker.may_hold(stats.min, stats.max):
-                return False
-    return True
+    ts, metric, series = stats
+    if ts is not None and (ts[1] < low_us or ts[0] >= high_us):
+        return False
+    if metric is not None and not bounds.may_hold(*metric):
+        return False
+    return series is None or stored is None or stored.may_hold(*series)
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +193,8 @@ class Part:
 
     rows: pa.Table
     labels_of: Callable[[np.ndarray], pa.Table] | None = None
+    ts_us: np.ndarray | None = None
+    """The ``ts`` column as numpy int64 µs, when the reader already made it."""
 
     def metric_and_labels(self, rows: np.ndarray) -> pa.Table:
         if self.labels_of is not None:
@@ -281,9 +296,11 @@ def committed_parts(
         with cache.parquet(
             filesystem, root, data_file, read_dictionary=None if pending else DICTIONARY_COLUMNS
         ) as parquet:
-            metadata = parquet.metadata
-            for index in range(metadata.num_row_groups):
-                if not _row_group_may_match(metadata, index, low_us, high_us, bounds, wanted):
+            group_stats = parquet.memo.get("group_stats")
+            if group_stats is None:  # parsed once per cached footer
+                group_stats = parquet.memo["group_stats"] = _group_stats(parquet.metadata)
+            for index, stats in enumerate(group_stats):
+                if not _row_group_may_match(stats, low_us, high_us, bounds, wanted):
                     work.row_groups_skipped += 1
                     continue
                 check()
@@ -307,11 +324,11 @@ def committed_parts(
                 if len(in_range) == 0:
                     continue
                 if len(in_range) < rows.num_rows:
-                    rows = rows.take(pa.array(in_range))
+                    rows, ts = rows.take(pa.array(in_range)), ts[in_range]
                     positions = in_range if positions is None else positions[in_range]
                 elif positions is None:
                     positions = np.arange(rows.num_rows)
-                yield Part(rows, _labels_reader(parquet, index, positions, work))
+                yield Part(rows, _labels_reader(parquet, index, positions, work), ts)
 
 
 def live_parts(
