@@ -413,3 +413,19 @@ async def test_a_manifest_created_after_the_audit_naming_the_bundle_keeps_it() -
     outcome = await gc.world.gc()
     assert outcome.deleted == [] and await gc.world.exists(gc.bundle.key)
     assert not await gc.world.exists(keys.gc_mark_key(gc.bundle.sha256))  # withdrawn
+
+
+async def test_a_catalog_row_created_since_the_audit_naming_the_bundle_keeps_it() -> None:
+    from index.rows import accepted_row
+
+    gc = BundleGcWorld(FRAMES)
+    await gc.plant()
+    # Rule 2's second half: a catalog file written after the audit started holds a row
+    # naming the bundle by its raw key (its frame's hash names no candidate); the
+    # manifest itself is not in the store, so only this read can see it.
+    row = accepted_row(manifest_of(FRAMES[0], bundle=gc.bundle, i=0))
+    ctx = await gc.world.ctx()
+    await ctx.catalog_writer.write(row.hour, [row], writer="steady")
+    outcome = await gc.world.gc()
+    assert outcome.deleted == [] and await gc.world.exists(gc.bundle.key)
+    assert not await gc.world.exists(keys.gc_mark_key(gc.bundle.sha256))  # withdrawn
