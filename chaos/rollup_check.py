@@ -13,7 +13,8 @@ Checks, against the latest committed snapshot:
 - ``rollup_totals``: the ``rollup_1m`` table's total ``count`` and ``sum`` equal the
   ground truth: the point counts and finite value sums of the frames the store accepted,
   as the agents built them (every accepted frame must be one an agent sent), minus the
-  points the snapshot's committed deletes mask (recomputed from the raw blobs);
+  points the snapshot's committed deletes mask (recomputed from the raw blobs, a bundled
+  frame read by its range: `index.raw_reads.read_frame`);
 - ``rollup_verify``: ``rollup.read.verify`` (what ``lm-rollup verify`` runs) finds every hour
   complete, from the catalog and ``--from-manifests``.
 """
@@ -153,6 +154,8 @@ async def _masked_by_deletes(
     """Points (and their finite value sum) of the accepted frames that the snapshot's
     deletes mask in ``rollup_1m``, recomputed from the raw blobs themselves: the truth the
     table must equal is the frames' points minus these."""
+    from index.raw_reads import BadRange, RawRef, read_frame
+    from index.rows import FRAME_LENGTHS
     from protocol.frame import decode_frame
     from rollup.table.points import points_rows
     from rollup.table.tombstones import for_table, masked_in_rollup
@@ -162,7 +165,16 @@ async def _masked_by_deletes(
     count = 0
     sums: list[float] = []
     for manifest, _ in view.manifests.values():
-        body, _ = await store.get(manifest.raw_blob_key)
+        ref = RawRef(
+            manifest.raw_blob_key,
+            manifest.frame_sha256,
+            manifest.identity,
+            manifest.raw_offset,
+            manifest.raw_length,
+        )
+        body = await read_frame(store, ref, max_frame_bytes=FRAME_LENGTHS[1])
+        if isinstance(body, BadRange):  # the rollup left it out too: the totals will say
+            raise ValueError(f"{manifest.manifest_key}: bad-range: {body.detail}")
         rows = points_rows(decode_frame(body))
         masked = rows.filter(masked_in_rollup(snapshot.tombstones, rows))
         count += masked.num_rows
