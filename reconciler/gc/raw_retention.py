@@ -11,6 +11,15 @@ signed DELETE within the lease — with "rolled up and past raw retention" in pl
 rule 2. The manifests stay: a re-send is
 still answered as a duplicate (its blob may be created again; it is retired again).
 
+**Bundles** (PROTOCOL §3.10) go only whole. The audit joins rows to raw objects by key,
+so a bundle is a ``raw-retention`` orphan only when every row naming it is retired (every
+frame whose manifest names it is of a retired hour); rule 7's variant then checks every
+such frame's manifest against the ledger (`reconciler.gc.proof`), and frames whose
+manifests name another raw object (duplicates: dead bytes) do not count. A frame that
+will never retire — late-excluded or lost (its hour's catalog never equals its ledger
+hour, so the hour is never retired), or retracted — keeps its whole bundle: *pinned*
+(`lm-reconciler status` shows the bytes, from the audit).
+
 **Retiring** (`RawRetentionAdvance`, run before each GC run): accepted hours are retired
 in order, never skipped, and ``gc/v1/raw-retention.json`` (`records.RawRetention`) only
 moves forward. An hour H is retired when all hold:
@@ -41,7 +50,9 @@ and a share of the run's one log file, 2 DELETEs (the blob, the mark), HEADs of 
 and the veto, 4-5 GETs of the mark over the two runs it takes, and the targeted proof
 twice (the blob read whole, a GET of its manifest, a LIST of its quarantine prefix) —
 more than the batch's acceptance (2 PUTs); the README's
-"Raw retention" says when that pays for the storage it frees.
+"Raw retention" says when that pays for the storage it frees. A bundle of n frames costs
+the same per object, and per frame only its manifest GETs (2n over the two proofs) plus 2
+LISTs per agent/boot pair (`tests/reconciler/test_gc_bundles.py` counts them).
 """
 
 from __future__ import annotations
