@@ -4,26 +4,30 @@
 
 1. Create the raw blob at its content-addressed key with If-None-Match. Created: append a
    ``blob`` row to the index log buffer (`index.log_writer`, PROTOCOL §3.7). Already there
-   (412): make sure it survives GC by the collector-side rules of PROTOCOL §3.5
-   (`_keep_existing_blob`: read the mark, veto a marked blob, wait out a deletion, then
-   prove the blob exists with a HEAD, or create it again when the HEAD finds nothing), so
-   a duplicate never uploads the frame twice.
+   (412): make sure it survives GC by the collector side of PROTOCOL §3.5
+   (`collector.blob_survival`: read the mark, veto a marked blob, wait out a deletion,
+   then prove the blob exists with a HEAD, or create it again when the HEAD finds
+   nothing), so a duplicate never uploads the frame twice. With group commit on
+   (PROTOCOL §3.10, `collector.bundles`) a frame may instead be one of a bundle's, whose
+   one PutObject is step 1 for all of them; the manifest then names the bundle and the
+   frame's range, and a frame whose manifest is another's leaves dead bytes there.
 2. Create the accepted manifest with If-None-Match. Created: accepted. 412: read the
    manifest; the same hash is a duplicate, another hash an identity conflict
    (`collector.quarantine`: the accepted blob's deletion held off by the whole §3.5
    collector side, then the quarantine record), answered only once its record exists
-   (else `AcceptanceUnavailable`: 503), then a ``quarantine`` row. Every ``Accepted`` — new or duplicate — appends an ``accepted`` row:
-   a batch whose first answer was lost must not wait for a full audit to be indexed.
-   Where the manifest key spells the agent as ``h-<sha256>`` (agent_ids over 124 bytes,
-   PROTOCOL §3), the long form a store written before that rule may hold is read first,
-   and finding it there counts as that 412 (one more GET for such agents).
+   (else `AcceptanceUnavailable`: 503), then a ``quarantine`` row. Every ``Accepted``,
+   new or duplicate, appends an ``accepted`` row: a batch whose first answer was lost
+   must not wait for a full audit to be indexed. Where the manifest key spells the agent
+   as ``h-<sha256>`` (agent_ids over 124 bytes, PROTOCOL §3), the long form a store
+   written before that rule may hold is read first, and finding it there counts as that
+   412 (one more GET for such agents).
 
 A re-send (``resend=True``: the agent sent ``X-Lightmetrics-Resend: 1``) reads the
 accepted manifest first: the same hash is answered as a duplicate with that one read and
 nothing written (its ``accepted`` row still appended); another hash takes the conflict
 path (the submitted blob is stored and kept first, by step 1 with the §3.5 collector
-side, since the quarantine record names it); no manifest (or no answer) runs steps 1-2. The order of checks changes, never an
-outcome.
+side, since the quarantine record names it); no manifest (or no answer) runs steps 1-2.
+The order of checks changes, never an outcome.
 
 A blob create that finds the blob already there (a definite 412, no header) is most often
 a re-send from an agent that restarted and lost track of what it sent. The manifest is
@@ -38,26 +42,21 @@ Outcomes are `Accepted` (new or duplicate), `IdentityConflictFound`, or the exce
 `AcceptanceUnavailable` when the store did not settle the outcome within the request's
 time budget, or when this host's clock is off the store's by more than
 ``max_clock_skew_s`` (PROTOCOL §3.8: checked before the first write and again before
-``accepted_at`` is stamped): the caller answers 503 and the agent retries. The invariant: **no `Accepted`
-without a manifest this call created or read.** Nothing that must happen once per accepted
-batch happens before the manifest create succeeds; index log rows are best effort (the
-reconciler's audit is their backstop) and never delay the answer.
+``accepted_at`` is stamped): the caller answers 503 and the agent retries (`BundlesFull`:
+429). The invariant: **no `Accepted` without a manifest this call created or read.**
+Nothing that must happen once per accepted batch happens before the manifest create
+succeeds; index log rows are best effort (the audit is their backstop).
 
-Every store call runs under the remaining budget, checked immediately before it is
-sent: no create (blob, manifest, veto, quarantine record) is sent after the request's
-start + budget, which is before ``accepted_at`` + budget (``accepted_at`` is stamped
-during the request), so the GC's mark grace bounds when any create can land (PROTOCOL
-§3.2, §3.5 rule 3). A call cut short is treated as "outcome unknown" (the request may
-have been applied).
+Every store call runs under the remaining budget, checked immediately before it is sent:
+no create is sent after the request's start + budget, which is before ``accepted_at`` +
+budget, so the GC's mark grace bounds when any create can land (PROTOCOL §3.2, §3.5 rule
+3). A call cut short is treated as "outcome unknown" (it may have been applied).
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
 
 import structlog
 
@@ -67,63 +66,32 @@ from protocol import keys, records
 from protocol.clock import Clock
 from protocol.frame import FrameError, frame_time_range
 from store.base import ObjectStore
-from store.errors import (
-    ConditionConflict,
-    OutcomeUnknown,
-    PreconditionFailed,
-    Unavailable,
-)
+from store.errors import ConditionConflict, OutcomeUnknown, PreconditionFailed, Unavailable
 from store.retry import Backoff
 from store.time import StoreClock
 
 from .blob_survival import keep_existing_blob
+from .bundles.acceptance import BundledSteps
+from .bundles.bundler import BundlesFull as BundlesFull
+from .bundles.bundler import BundleSpot, Placement
+from .bundles.options import BundleOptions
 from .manifest_reads import StoredManifest, manifest_if_readable, read_manifest
 from .quarantine import quarantine_conflict
-from .store_calls import BudgetedRequest, BudgetExhausted, Created, StoreOpObserver
+from .store_calls import AcceptanceUnavailable as AcceptanceUnavailable
+from .store_calls import Accepted as Accepted
+from .store_calls import (
+    AcceptedHook,
+    BudgetedRequest,
+    BudgetExhausted,
+    Created,
+    FrameIdentity,
+    StoreOpObserver,
+)
+from .store_calls import IdentityConflictFound as IdentityConflictFound
 
 log = structlog.get_logger(__name__)
 
-WIRE_VERSION = 1
 DEFAULT_BACKOFF = Backoff(attempts=10, base_s=0.02, cap_s=1.0)
-
-
-class FrameIdentity(Protocol):
-    """What acceptance needs of a decoded frame header (`protocol.frame.FrameHeader`)."""
-
-    @property
-    def agent_id(self) -> str: ...
-    @property
-    def boot_id(self) -> object: ...
-    @property
-    def seq_start(self) -> int: ...
-    @property
-    def seq_end(self) -> int: ...
-    @property
-    def record_count(self) -> int: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Accepted:
-    manifest: records.AcceptedManifest
-    duplicate: bool
-    store_ops: int
-
-
-@dataclass(frozen=True, slots=True)
-class IdentityConflictFound:
-    accepted: records.AcceptedManifest
-    submitted_frame_sha256: str
-    quarantine_key: str
-    store_ops: int
-
-
-class AcceptanceUnavailable(Exception):
-    """The store did not settle the outcome within the budget. Answer 503; nothing is known."""
-
-
-AcceptedHook = Callable[[records.AcceptedManifest, bytes], None]
-"""Called with the manifest and the frame for every `Accepted` (new or duplicate): the
-live query window (`collector.query.sources.OwnBatches`). Must not block."""
 
 
 def _time_range_or_none(frame: bytes) -> tuple[int, int] | None:
@@ -151,11 +119,13 @@ class BatchAcceptor:
         store_clock: StoreClock | None = None,
         on_accepted: AcceptedHook | None = None,
         max_concurrent: int | None = None,
+        bundles: BundleOptions | None = None,
     ) -> None:
         """``max_concurrent``: at most this many acceptances talk to the store at once
         (the store's connection pool); the others wait before their first call holding
         only their checked body, not the client's buffers of a request that cannot be
-        sent yet. ``None``: no limit."""
+        sent yet. ``None``: no limit. ``bundles``: group commit (PROTOCOL §3.10), in
+        effect while its gate says so; ``None``: frame blobs only (spool mode)."""
         self._slots = asyncio.Semaphore(max_concurrent) if max_concurrent else None
         self._store = store
         self._on_accepted = on_accepted
@@ -167,6 +137,9 @@ class BatchAcceptor:
         self._budget_s = budget_s
         self._backoff = backoff
         self._observe = observe_store_op or (lambda _op, _result: None)
+        self.bundled: BundledSteps | None = None
+        if bundles is not None:
+            self.bundled = BundledSteps(bundles, clock, collector_id, index_log, self._request)
 
     @property
     def index_buffered(self) -> int:
@@ -207,20 +180,14 @@ class BatchAcceptor:
         ts_range: tuple[int, int] | None,
     ) -> Accepted | IdentityConflictFound:
         self._refuse_if_clock_skewed()
-        request = BudgetedRequest(
-            store=self._store,
-            clock=self._clock,
-            rng=self._rng,
-            backoff=self._backoff,
-            observe=self._observe,
-            budget_s=self._budget_s,
-        )
+        request = self._request(self._budget_s)
         identity = keys.BatchIdentity(
             header.agent_id,
             header.boot_id,  # type: ignore[arg-type]  # a uuid.UUID from FrameHeader
             header.seq_start,
             header.seq_end,
         )
+        placement: Placement | None = None
         try:
             if resend:
                 stored = await manifest_if_readable(request, self._store, identity)
@@ -228,7 +195,17 @@ class BatchAcceptor:
                     return await self._settle_from_manifest(
                         request, stored, frame, frame_sha256, ts_range
                     )
+            if self.bundled is not None:
+                placement = await self.bundled.place(
+                    request, frame, frame_sha256, resend=resend, ts_range=ts_range
+                )
+            if placement is not None and placement.spot is not None:  # step 1 done: a bundle
+                return await self._create_manifest(
+                    request, identity, header, frame, frame_sha256, ts_range, spot=placement.spot
+                )
             created = await self._put_raw_blob(request, frame, frame_sha256)
+            if placement is not None:
+                placement.wrote()  # a frame blob of the bundler: its write slot is free
             if created is Created.EXISTED and not resend:
                 stored = await manifest_if_readable(request, self._store, identity)
                 if stored is not None:
@@ -243,6 +220,19 @@ class BatchAcceptor:
             raise AcceptanceUnavailable(
                 f"store did not settle {identity} within {self._budget_s}s"
             ) from None
+        finally:
+            if placement is not None:
+                placement.answered()
+
+    def _request(self, budget_s: float) -> BudgetedRequest:
+        return BudgetedRequest(
+            store=self._store,
+            clock=self._clock,
+            rng=self._rng,
+            backoff=self._backoff,
+            observe=self._observe,
+            budget_s=budget_s,
+        )
 
     def _refuse_if_clock_skewed(self) -> None:
         """Never stamp ``accepted_at`` (an hour every index and rollup trusts) with a clock
@@ -264,17 +254,23 @@ class BatchAcceptor:
         ts_range: tuple[int, int] | None,
         *,
         created: Created | None = None,
+        spot: BundleSpot | None = None,
     ) -> Accepted | IdentityConflictFound:
-        """A duplicate (nothing written), or a conflict: the quarantine record names the
-        submitted blob, so that blob is stored and kept first (``created``: step 1's result
-        when it already ran)."""
+        """Another request's manifest for this identity: a duplicate (nothing written), or
+        a conflict: the quarantine record names the submitted frame's blob, so that blob
+        is stored and kept first (``created``: step 1's result when it already ran;
+        ``Created.YES`` once kept too). A frame of the bundle ``spot`` has dead bytes there
+        (no manifest names them), and its frame blob is not written yet: a quarantine
+        record names frame blobs only (PROTOCOL §3.10)."""
+        if spot is not None and self.bundled is not None:
+            self.bundled.dead_bytes(len(frame))
         if stored.manifest.frame_sha256 == sha:
             self._index_read(stored, ts_range)  # every 200 appends its row (PROTOCOL §3.2)
             return Accepted(stored.manifest, duplicate=True, store_ops=request.ops)
         if created is None:
             created = await self._put_raw_blob(request, frame, sha)
         await self._keep_raw_blob(request, frame, sha, created)
-        return await self._quarantine(request, stored.manifest, sha)
+        return await self._quarantine(request, stored.manifest, sha, accepted_key=stored.key)
 
     # --- step 1: the raw blob ---------------------------------------------------------------
 
@@ -308,30 +304,31 @@ class BatchAcceptor:
         frame: bytes,
         sha: str,
         ts_range: tuple[int, int] | None,
+        *,
+        spot: BundleSpot | None = None,
     ) -> Accepted | IdentityConflictFound:
+        """Step 2. ``spot``: the frame is bytes of that bundle (PROTOCOL §3.10)."""
         self._refuse_if_clock_skewed()
         manifest = records.AcceptedManifest.of_frame(
             frame,
             identity=identity,
             frame_sha256=sha,
-            accepted_at_unix_ns=self._clock.now_ns(),
+            accepted_at_unix_ns=self._clock.now_ns(),  # stamped at each create (§3.10)
             collector_id=self._collector_id,
+            bundle=None if spot is None else (spot.key, spot.offset),
         )
         body = manifest.to_json()
         key = manifest.manifest_key
         delays = request.delays()
+        step_one = None if spot is not None else Created.YES  # a frame blob stored and kept
         legacy_key = keys.legacy_accepted_manifest_key(identity)
         if legacy_key is not None:
             # PROTOCOL §3: a store written before the segment rule may hold this batch
             # under the long form; finding it there counts as a 412 on the h- key.
             legacy = await read_manifest(request, self._store, legacy_key, delays, absent_ok=True)
             if legacy is not None:
-                stored = legacy[1]
-                if stored.manifest.frame_sha256 == sha:
-                    self._index_read(stored, ts_range)
-                    return Accepted(stored.manifest, duplicate=True, store_ops=request.ops)
-                return await self._quarantine(
-                    request, stored.manifest, sha, accepted_key=legacy_key
+                return await self._settle_from_manifest(
+                    request, legacy[1], frame, sha, ts_range, created=step_one, spot=spot
                 )
         maybe_ours = False  # an earlier attempt's outcome is unknown: it may have landed
         while True:
@@ -347,10 +344,9 @@ class BatchAcceptor:
                 if maybe_ours and stored_body == body:  # our earlier attempt landed
                     self._index_read(stored, ts_range)
                     return Accepted(manifest, duplicate=False, store_ops=request.ops)
-                if stored.manifest.frame_sha256 == sha:
-                    self._index_read(stored, ts_range)  # its first answer may have been lost
-                    return Accepted(stored.manifest, duplicate=True, store_ops=request.ops)
-                return await self._quarantine(request, stored.manifest, sha)
+                return await self._settle_from_manifest(  # its first answer may have been lost
+                    request, stored, frame, sha, ts_range, created=step_one, spot=spot
+                )
             except (OutcomeUnknown, ConditionConflict, Unavailable) as exc:
                 # Safe to repeat: If-None-Match means a repeat either creates the manifest or
                 # gets 412, and then only the manifest we read decides.
@@ -384,14 +380,14 @@ class BatchAcceptor:
         accepted: records.AcceptedManifest,
         submitted_sha: str,
         *,
-        accepted_key: str | None = None,
+        accepted_key: str,
     ) -> IdentityConflictFound:
         """The conflict path (`collector.quarantine`): the submitted blob is stored and
         kept already; the accepted blob's deletion is held off, then the record created."""
         quarantine_key = await quarantine_conflict(
             request,
             accepted=accepted,
-            accepted_key=accepted_key or accepted.manifest_key,
+            accepted_key=accepted_key,
             submitted_sha=submitted_sha,
             collector_id=self._collector_id,
             index_log=self._index_log,

@@ -43,8 +43,9 @@ from protocol.frame import FrameHeader
 from store.base import ObjectStore
 from store.errors import StoreConfigError
 
-from .accept import AcceptanceUnavailable, Accepted, BatchAcceptor
+from .accept import AcceptanceUnavailable, Accepted, BatchAcceptor, BundlesFull
 from .auth import Authenticator
+from .bundles.acceptance import InFlightBytes
 from .conflicts_api import ConflictsEndpoint
 from .connections import ConnectionGuard
 from .frame_checks import FrameChecker
@@ -122,6 +123,9 @@ class CollectorApp:
             in_flight=self.in_flight_account,
             limits=limits.intake(),
         )
+        if acceptor.bundled is not None:  # bundles' bytes count as in flight (PROTOCOL §3.10)
+            account = InFlightBytes(self.in_flight_account, limits.intake())
+            acceptor.bundled.bundler.account = account
         self.connection_guard = ConnectionGuard(
             max_connections=limits.max_connections,
             read_timeout_s=limits.read_timeout_s,
@@ -270,6 +274,8 @@ class CollectorApp:
             result = await self.acceptor.accept(
                 frame, body, sha, resend=resend, ts_range=checked.ts_range
             )
+        except BundlesFull:  # the open bundle is full and waits for a write slot
+            return self.intake.overloaded().response, "overloaded", context
         except (AcceptanceUnavailable, StoreConfigError) as exc:
             if isinstance(exc, StoreConfigError):  # e.g. 403: credentials or bucket policy
                 log.error("store_refuses_access", error=str(exc), **context)

@@ -38,17 +38,27 @@ log = structlog.get_logger(__name__)
 
 
 async def keep_existing_blob(
-    request: BudgetedRequest, *, frame: bytes, sha: str, collector_id: str
+    request: BudgetedRequest,
+    *,
+    frame: bytes,
+    sha: str,
+    collector_id: str,
+    key: str | None = None,
 ) -> bool:
-    """Make sure the blob of ``sha`` survives GC. True when the blob had to be created
-    again (the caller indexes it as a new blob). Raises `BudgetExhausted`."""
+    """Make sure the raw object of ``sha`` survives GC: the frame blob, or with ``key`` the
+    bundle of that hash whose bytes are ``frame`` (PROTOCOL §3.10: the collector side
+    always works on the raw object a record names, never on a bundled frame's hash).
+    True when it had to be created again (the caller indexes it as a new raw object).
+    Raises `BudgetExhausted`."""
+    key = key or keys.raw_blob_key(sha)
     await hold_off_deletion(request, sha=sha, collector_id=collector_id)
-    if await blob_present(request, sha):
+    if await blob_present(request, sha, key=key):
         return False
-    created = await request.create_idempotent("put_raw_blob", keys.raw_blob_key(sha), frame)
+    op = "put_raw_blob" if key == keys.raw_blob_key(sha) else "put_raw_bundle"
+    created = await request.create_idempotent(op, key, frame)
     if created is Created.EXISTED:
         return False
-    log.warning("raw_blob_recreated", frame_sha256=sha)
+    log.warning("raw_blob_recreated", raw_key=key)
     return True
 
 
@@ -93,10 +103,10 @@ async def hold_off_deletion(request: BudgetedRequest, *, sha: str, collector_id:
             await request.pause(delays)
 
 
-async def blob_present(request: BudgetedRequest, sha: str) -> bool:
-    """A HEAD of the blob of ``sha``: True when found, False on a 404. Raises
-    `BudgetExhausted`."""
-    key = keys.raw_blob_key(sha)
+async def blob_present(request: BudgetedRequest, sha: str, *, key: str | None = None) -> bool:
+    """A HEAD of the frame blob of ``sha`` (or of the raw object ``key`` of that hash):
+    True when found, False on a 404. Raises `BudgetExhausted`."""
+    key = key or keys.raw_blob_key(sha)
     delays = request.delays()
     while True:
         try:

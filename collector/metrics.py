@@ -44,6 +44,19 @@ class CollectorMetrics:
             buckets=(1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 40),
             registry=r,
         )
+        self.frames_per_raw_put = Histogram(
+            "lm_collector_frames_per_raw_put",
+            "Frames in each raw object the bundler writes (PROTOCOL §3.10: 1 is a plain frame "
+            "blob, n a bundle of n); written only while bundles are in effect",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000),
+            registry=r,
+        )
+        self.bundle_dead_bytes = Counter(
+            "lm_collector_bundle_dead_bytes",
+            "Bytes of bundled frames that no manifest names (a duplicate, or the submitted "
+            "frame of a conflict): kept until the bundle is deleted whole",
+            registry=r,
+        )
         self.in_flight_requests = Gauge(
             "lm_collector_in_flight_requests", "Batch POSTs in progress", registry=r
         )

@@ -1,4 +1,6 @@
-"""Store calls of one acceptance request, under its time budget (PROTOCOL §3.2).
+"""Store calls of one acceptance request, under its time budget (PROTOCOL §3.2), and
+what the request can end in (`Accepted`, `IdentityConflictFound`, `AcceptanceUnavailable`;
+`collector.accept` re-exports them).
 
 `BudgetedRequest` runs each call with what is left of the request's budget, counts the
 calls (``store_ops`` of the answer) and reports each one's result to the metrics
@@ -12,8 +14,10 @@ import asyncio
 import enum
 import random
 from collections.abc import Awaitable, Callable, Iterator
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
+from protocol import records
 from protocol.clock import Clock
 from store.base import ObjectStore
 from store.errors import (
@@ -26,6 +30,47 @@ from store.errors import (
 from store.retry import Backoff
 
 T = TypeVar("T")
+
+
+class FrameIdentity(Protocol):
+    """What acceptance needs of a decoded frame header (`protocol.frame.FrameHeader`)."""
+
+    @property
+    def agent_id(self) -> str: ...
+    @property
+    def boot_id(self) -> object: ...
+    @property
+    def seq_start(self) -> int: ...
+    @property
+    def seq_end(self) -> int: ...
+    @property
+    def record_count(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    manifest: records.AcceptedManifest
+    duplicate: bool
+    store_ops: int
+
+
+@dataclass(frozen=True, slots=True)
+class IdentityConflictFound:
+    accepted: records.AcceptedManifest
+    submitted_frame_sha256: str
+    quarantine_key: str
+    store_ops: int
+
+
+class AcceptanceUnavailable(Exception):
+    """The store did not settle the outcome within the budget. Answer 503; nothing is known."""
+
+
+AcceptedHook = Callable[[records.AcceptedManifest, bytes], None]
+"""Called with the manifest and the frame for every `Accepted` (new or duplicate): the
+live query window (`collector.query.sources.OwnBatches`). Must not block."""
+
+
 StoreOpObserver = Callable[[str, str], None]
 
 

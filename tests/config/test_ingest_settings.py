@@ -8,6 +8,7 @@ import pytest
 
 from config import SettingsError, load_settings
 from config.ingest_settings import IngestSettings
+from protocol.bundle import max_bundle_bytes
 
 
 def load(tmp_path: Path, text: str) -> IngestSettings:
@@ -27,6 +28,11 @@ def test_bundle_defaults(tmp_path: Path) -> None:
     assert ingest.bundles_configured
     # §3.10: bundle_max_bytes + max_frame_bytes + 44 x bundle_max_frames + 12
     assert ingest.largest_raw_object_bytes() == 16 * 1024 * 1024 + 44_000 + 12
+    assert ingest.largest_raw_object_bytes() == max_bundle_bytes(
+        bundle_max_bytes=ingest.bundle_max_bytes,
+        max_frame_bytes=ingest.max_frame_bytes,
+        bundle_max_frames=ingest.bundle_max_frames,
+    )
 
 
 def test_spool_mode_and_bundle_false_write_frame_blobs(tmp_path: Path) -> None:
