@@ -13,7 +13,8 @@ batches could not be included (bad or missing frames, recorded as problems; they
 pending); 2 bad configuration or arguments; 3 another owner holds the lease (not an
 error for cron: try later); 4 the run stopped without committing (owner lease lost,
 commit retries exhausted, store unavailable, or a commit whose outcome is unknown —
-the next run settles it).
+the next run settles it), or did not start: the store's feature record turns on a
+feature this version does not implement (PROTOCOL §3.10).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import structlog
 
 from config import Settings, SettingsError, configure_logging
 from config.cli import add_settings_flags, settings_from_flags
+from index.features import FeatureRecordError, UnknownFeature, registered
+from index.versions import process_id
 from protocol.clock import SystemClock
 from rollup.cli.lifecycle import add_lifecycle_commands
 from rollup.cli.read import add_read_commands
@@ -116,6 +119,9 @@ def run_command(spark: SparkSession, settings: Settings, *, progress: bool) -> i
     except LeaseHeld as exc:
         print(f"rollup owner lease is held, not running: {exc}", file=sys.stderr)
         return EXIT_LEASE_HELD
+    except (UnknownFeature, FeatureRecordError) as exc:
+        print(f"error: refusing to run: {exc}", file=sys.stderr)
+        return EXIT_STOPPED
     except (OwnerLost, CommitRetriesExhausted, CommitConflict, StoreError) as exc:
         print(f"error: stopped without committing: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_STOPPED
@@ -146,9 +152,17 @@ async def _run(spark: SparkSession, settings: Settings, progress: bool) -> RunSu
     clock = SystemClock()
     store = open_store_from_settings(settings.store, clock=clock)
     try:
-        return await run_rollup(
-            spark, store, access=access, settings=settings.rollup, clock=clock, progress=progress
-        )
+        # Registered (PROTOCOL §3.10) before the owner lease is taken: a feature this
+        # version does not implement stops the run here.
+        async with registered(store, clock, role="rollup-job", process_id=process_id()):
+            return await run_rollup(
+                spark,
+                store,
+                access=access,
+                settings=settings.rollup,
+                clock=clock,
+                progress=progress,
+            )
     finally:
         await store.close()
 

@@ -25,6 +25,8 @@ from datetime import datetime
 from typing import Any, Literal
 
 from config.settings import Settings
+from index.features import FeatureRecordError, UnknownFeature, registered
+from index.versions import process_id
 from protocol.clock import SystemClock
 from protocol.keys import KeyFormatError, UtcHour
 from rollup.lifecycle.vacuum import VacuumAborted, VacuumReport, vacuum
@@ -63,6 +65,8 @@ def run_with_store(settings: Settings, work: Callable[[ObjectStore], Awaitable[i
         VacuumAborted,
         OSError,
         SnapshotFilesGone,
+        UnknownFeature,
+        FeatureRecordError,
     ) as exc:
         print(f"error: {exc}", file=sys.stderr)
     except (StoreError, RollupManifestError) as exc:
@@ -147,13 +151,15 @@ def run_verify(args: argparse.Namespace, settings: Settings) -> int:
     """``verify``: per hour, complete or missing N / extra N; exit 1 on any mismatch."""
 
     async def work(store: ObjectStore) -> int:
-        report = await verify_mod.verify(
-            store,
-            version=args.version,
-            first_hour=getattr(args, "from"),
-            last_hour=args.to,
-            from_manifests=args.from_manifests,
-        )
+        # verify parses every accepted manifest: it registers (PROTOCOL §3.10).
+        async with registered(store, SystemClock(), role="rollup-verify", process_id=process_id()):
+            report = await verify_mod.verify(
+                store,
+                version=args.version,
+                first_hour=getattr(args, "from"),
+                last_hour=args.to,
+                from_manifests=args.from_manifests,
+            )
         rows = [
             {
                 "hour": h.hour,
