@@ -15,7 +15,9 @@ acknowledges the loss, with who and why.
    core: `index.catalog_tables.read_hour_totals`): the ledger must match the catalog, so
    an uncataloged batch cannot be acknowledged;
 3. the blob really is lost: absent (``missing-blob``), or present but failing its hash,
-   decode or identity check (``corrupt-blob``), judged exactly as a rollup run judges it;
+   decode or identity check (``corrupt-blob``), or a bundled frame whose range and bundle
+   index cannot serve it (``bad-range``, PROTOCOL §3.10), judged exactly as a rollup run
+   judges it (`index.raw_reads.read_frame`, then `check_frame`);
 4. the latest snapshot's ledger does not hold the batch yet.
 
 Then it writes a one-row ledger file for the batch's accepted hour and commits it as a
@@ -44,6 +46,7 @@ import pyarrow.parquet as pq
 import structlog
 
 from index.catalog_tables import read_hour_totals
+from index.raw_reads import BadRange, RawRef, read_frame
 from protocol import keys
 from protocol.clock import Clock
 from protocol.records import AcceptedManifest, RecordError
@@ -131,10 +134,20 @@ async def _cataloged_as(
 async def _blob_problem(store: ObjectStore, manifest: AcceptedManifest) -> BadFrame:
     """Step 3 of the module doc: why the batch's blob cannot be read, or `NotLost`."""
     manifest_id = manifest.identity.manifest_id
+    ref = RawRef(
+        manifest.raw_blob_key,
+        manifest.frame_sha256,
+        manifest.identity,
+        manifest.raw_offset,
+        manifest.raw_length,
+    )
     try:
-        data: bytes | None = (await store.get(manifest.raw_blob_key))[0]
+        read = await read_frame(store, ref, max_frame_bytes=MAX_RAW_BYTES)
     except NotFound:
-        data = None
+        read = None
+    if isinstance(read, BadRange):
+        return BadFrame(read.kind, manifest.raw_blob_key, read.detail)
+    data: bytes | None = read
     try:
         check_frame(
             data,

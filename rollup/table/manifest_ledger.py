@@ -31,9 +31,10 @@ from protocol.setsum import Setsum
 from rollup.table.manifest_errors import RollupInvariantError
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-LOST_PROBLEMS = ("missing-blob", "corrupt-blob")
+LOST_PROBLEMS = ("missing-blob", "corrupt-blob", "bad-range")
 """Why a batch can be acknowledged as lost: the rollup's own problem kinds for a frame it
-can never read (`rollup.job.frame_stage`)."""
+can never read (`rollup.job.frame_stage`; ``bad-range``: a bundled frame neither its
+record's range nor its bundle's index serves, PROTOCOL §3.10)."""
 _MAX_TEXT = 1024
 
 

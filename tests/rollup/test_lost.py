@@ -187,3 +187,37 @@ def test_cli_acknowledges_and_verify_lists_it(
     assert f"lost {HOUR.iso} {gone.manifest.manifest_key}: missing-blob" in err
     assert run_cli(root, "acknowledge-lost", gone.manifest.manifest_key, "--reason", "r") == 2
     assert "already in the ledger" in capsys.readouterr().err
+
+
+async def test_a_bundled_batch_is_judged_by_its_range(world: World) -> None:
+    """PROTOCOL §3.10: a bundled batch is read by its range (never its bundle whole as a
+    frame, which would call an intact batch corrupt); one its bundle cannot serve is lost
+    as ``bad-range``."""
+    from protocol.bundle import encode_bundle
+    from protocol.records import AcceptedManifest
+    from tests.rollup.dataset_builder import catalog_manifests
+
+    store, clock, _batches = world
+    intact, stranger, other = frame(20), frame(21), frame(22)
+    bundle = encode_bundle([intact.frame, other.frame])
+    await store.put(bundle.key, bundle.data)
+    manifests = []
+    for sent, entry in ((intact, bundle.entries[0]), (stranger, bundle.entries[1])):
+        manifest = AcceptedManifest.of_frame(
+            sent.frame,
+            accepted_at_unix_ns=sent.manifest.accepted_at_unix_ns,
+            collector_id="c",
+            bundle=(bundle.key, entry.offset),
+        )
+        if sent is stranger:  # names the bundle's other frame's range: no entry of its hash
+            manifest = manifest.model_copy(
+                update={"raw_length": entry.length, "frame_bytes": entry.length}
+            )
+        await store.put(manifest.manifest_key, manifest.to_json())
+        manifests.append(manifest)
+    await catalog_manifests(store, manifests, markers=False)
+
+    with pytest.raises(NotLost, match="is present and reads as batch"):
+        await acknowledge_lost(store, manifests[0].manifest_key, reason="r", by="o", clock=clock)
+    done = await acknowledge_lost(store, manifests[1].manifest_key, reason="r", by="o", clock=clock)
+    assert done.lost.problem == "bad-range" and "has no frame" in done.lost.detail
