@@ -67,7 +67,8 @@ ADVICE = {
     "it if the store does not hold it (lm-reconciler retract KEY --reason TEXT)",
     "bad-range": "a reader left a batch out: its record names a range of a bundle that does "
     "not hold its frame, and the bundle's index has no good entry of its hash (a collector "
-    "bug, or a damaged bundle). Run lm-reconciler audit; the hour stays unsealed meanwhile",
+    "bug, or a damaged bundle); its hour stays unsealed. If the frame is nowhere else, "
+    "lm-rollup acknowledge-lost MANIFEST_KEY records it as lost",
     "overlapping-identity": "the rollup left a batch out: its seq range overlaps an included "
     "batch of the same agent and boot under another identity (an agent bug?); its points "
     "are not counted until this is understood and the batch retracted or the hour rebuilt",
