@@ -20,6 +20,7 @@ succeeds) are reported as the run's ``error`` (exit 1), apart from invariant vio
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
@@ -40,6 +41,9 @@ from chaos.report import AuditRound, RunReport
 from chaos.rollup_check import rollup_checks, rollup_unavailable, skipped
 from chaos.scenarios import SCENARIOS
 from chaos.scenarios.base import Scenario, ScenarioContext
+from index.features import registered
+from index.versions import process_id
+from protocol.clock import SystemClock
 
 log = structlog.get_logger("chaos.runner")
 MIN_ROUND_S = 5.0
@@ -70,8 +74,14 @@ async def run_scenario(options: ChaosOptions) -> RunReport:
     cluster = Cluster(options.work_dir, options.seed, timing=scenario.timing)
     book = AckBook()
     counts: Counter[str] = Counter()
+    registration = contextlib.AsyncExitStack()
     try:
         await cluster.start()
+        # lm-chaos reads records (its auditor): it registers (PROTOCOL §3.10) for the run.
+        gate_store = cluster.direct_store()
+        registration.push_async_callback(gate_store.close)
+        gate = registered(gate_store, SystemClock(), role="chaos", process_id=process_id())
+        await registration.enter_async_context(gate)
         # Seconds of chaos still to run: start-up and convergence are not counted.
         left = options.duration_s
         index = 0
@@ -98,6 +108,8 @@ async def run_scenario(options: ChaosOptions) -> RunReport:
         log.error("chaos_run_failed", error=repr(exc))
         report.error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"
     finally:
+        with contextlib.suppress(Exception):  # the store may be gone with the cluster
+            await registration.aclose()
         await cluster.stop()
         if cluster.proxy is not None:
             report.faults = {**cluster.fault_counters(), "events": dict(sorted(counts.items()))}
