@@ -43,3 +43,39 @@ async def test_a_read_is_one_get_and_a_small_file_is_one_put(
     assert body.startswith(b"PAR1") and body.endswith(b"PAR1")
     assert table.num_rows == 3
     assert dict(proxy.requests) == {"put": 1, "get": 2}  # the hit and the miss
+
+
+async def test_a_ranged_read_and_a_size_are_one_request_each(
+    ministack_server: RunningServer,
+) -> None:
+    """The executors' bundle reads (PROTOCOL §3.10): a range is one GET with a Range
+    header, its bytes only; past the end none (416); a size one HEAD; absent raises."""
+    from rollup.table.storage import object_size, read_object_range
+    from store.s3 import S3Store
+
+    bucket = fresh_bucket(ministack_server)
+    body = bytes(range(256)) * 4
+    setup = S3Store.from_url(f"s3://{bucket}/lm", endpoint_url=ministack_server.endpoint_url)
+    await setup.put("raw-bundles/v1/b", body)
+    await setup.close()
+    async with FaultProxy(
+        upstream=ministack_server.endpoint_url, seed=0, bucket=bucket, prefix="lm"
+    ) as proxy:
+        access = StoreAccess(url=f"s3://{bucket}/lm", endpoint_url=proxy.url)
+
+        def reads() -> tuple[bytes, bytes, bytes, int]:
+            return (
+                read_object_range(access, "raw-bundles/v1/b", 100, 50),
+                read_object_range(access, "raw-bundles/v1/b", 1000, 100),
+                read_object_range(access, "raw-bundles/v1/b", 5000, 10),
+                object_size(access, "raw-bundles/v1/b"),
+            )
+
+        inside, tail, past, size = await asyncio.to_thread(reads)
+        with pytest.raises(FileNotFoundError):
+            await asyncio.to_thread(object_size, access, "raw-bundles/v1/none")
+        with pytest.raises(FileNotFoundError):
+            await asyncio.to_thread(read_object_range, access, "raw-bundles/v1/none", 0, 10)
+
+    assert (inside, tail, past, size) == (body[100:150], body[1000:], b"", len(body))
+    assert dict(proxy.requests) == {"get": 4, "head": 2}
