@@ -165,10 +165,12 @@ def _by_index(ref: RawRef, max_frame_bytes: int, why: str) -> _Steps:
     assert isinstance(size, int)
     where = f"range [{ref.raw_offset}, +{ref.raw_length}) failed ({why})"
     try:
+        if size < FOOTER_LEN:
+            raise BundleError(f"bad footer: object of {size} bytes")
         tail_len = min(size, TAIL_READ_BYTES)
         tail = yield _Range(ref.raw_key, size - tail_len, tail_len)
         assert isinstance(tail, bytes)
-        if len(tail) != tail_len or size < FOOTER_LEN:
+        if len(tail) != tail_len:
             raise BundleError(f"tail of {len(tail)} bytes, the object has {size}")
         footer = parse_footer(tail[-FOOTER_LEN:], size)
         start, length = footer.index_range

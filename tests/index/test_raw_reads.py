@@ -163,3 +163,13 @@ def test_plan_coalesces_near_ranges_and_splits_far_ones() -> None:
     two = plan_reads(pa.array(["a", "b"]), pa.array([0, 100], pa.int64()),
                      pa.array([100, 100], pa.int64()))  # fmt: skip
     assert sorted(two.keys) == ["a", "b"] and len(two) == 2
+
+
+async def test_a_range_into_an_object_too_small_for_a_footer_is_a_bad_range() -> None:
+    store = MemoryStore()
+    frame = _frame(0)
+    sha = hashlib.sha256(frame).hexdigest()
+    await store.put(keys.raw_bundle_key("ab" * 32), b"tiny")
+    ref = RawRef(keys.raw_bundle_key("ab" * 32), sha, _identity(0), 0, len(frame))
+    result = await read_frame(store, ref, max_frame_bytes=MAX_FRAME)
+    assert isinstance(result, BadRange) and "footer" in result.detail
