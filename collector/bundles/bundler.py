@@ -164,6 +164,11 @@ class Bundler:
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
+    def waiting(self) -> int:
+        """Frames in the open bundle, waiting for a write slot."""
+        return 0 if self._open is None else len(self._open.members)
+
+    @property
     def in_flight(self) -> int:
         """Raw writes of this bundler in flight (bundles, and frame blobs it handed out)."""
         return self._in_flight
