@@ -22,6 +22,7 @@ from chaos.faulty_store import FaultyStore
 from collector.accept import BatchAcceptor
 from collector.app import CollectorApp
 from collector.auth import Authenticator
+from collector.bundles.options import BundleOptions
 from collector.connections import GuardedTCPSite
 from collector.intake import HttpLimits
 from collector.metrics import CollectorMetrics
@@ -72,11 +73,13 @@ async def in_process_collector(
     receivers: ReceiverSettings | None = None,
     spool_dir: Path | None = None,
     remote_read: ReadEndpoint | None = None,
+    bundles: BundleOptions | None = None,
+    memory: MemoryStore | None = None,
 ) -> AsyncIterator[InProcessCollector]:
-    """The app over a fresh memory store (``spool_dir``: in ``local_spool`` mode,
-    acknowledging from a `LocalSpool` there; ``remote_read``: serving ``POST
-    /api/v1/read`` with it)."""
-    memory = MemoryStore()
+    """The app over a fresh memory store, or ``memory`` (``spool_dir``: in ``local_spool``
+    mode, acknowledging from a `LocalSpool` there; ``remote_read``: serving ``POST
+    /api/v1/read`` with it; ``bundles``: group commit, PROTOCOL §3.10)."""
+    memory = memory if memory is not None else MemoryStore()
     store = FaultyStore(memory, seed=1)
     clock = SystemClock()
     index_log = IndexLogWriter(store=store, clock=clock, rng=random.Random(2), writer_id="inproc")
@@ -90,6 +93,7 @@ async def in_process_collector(
         budget_s=budget_s,
         backoff=Backoff(attempts=50, base_s=0.01, cap_s=0.05),
         observe_store_op=metrics.observe_store_op,
+        bundles=bundles,
     )
     readiness = Readiness(store=store, clock=readiness_clock or clock)
     readiness.probe_passed = True
