@@ -7,7 +7,8 @@
 - **cost**: index requests per accepted batch from the checkpoint's cumulative totals —
   (segments + catalog files + markers + checkpoint writes) / accepted rows — the figure
   PROTOCOL §3.7 asks to stay at or below 0.05;
-- the lease, the last audit and the last completed one, the last GC run, problems.
+- the lease, the last audit and the last completed one, the last GC run, problems;
+- **bundles**: the store's feature record (PROTOCOL §3.10; one GET).
 
 ``healthy`` (``status --check``): no segment waiting longer than the lookback, and no
 problem records.
@@ -20,11 +21,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from index.features import FeatureReader, FeatureRecordError, unimplemented
 from index.log_reader import LogPosition, new_segments
 from protocol import keys
 from protocol.clock import Clock
 from protocol.records import (
     AuditRecord,
+    FeatureRecord,
     GcRunRecord,
     IndexCheckpoint,
     LeaseRecord,
@@ -62,6 +65,8 @@ class ReconcilerStatus:
     catalog_created: int = 0
     """``index/v1/catalog-created/`` entries kept (those since the last completed audit's
     start: the GC reads them; older ones are deleted by the GC)."""
+    features: FeatureRecord | None = None
+    """The store's feature record (None: absent or unreadable: bundles off)."""
 
     @property
     def lease_active(self) -> bool:
@@ -128,6 +133,14 @@ class ReconcilerStatus:
             "raw_retention": None
             if self.raw_retention is None
             else self.raw_retention.model_dump(mode="json", exclude={"schema_"}),
+            "features": None
+            if self.features is None
+            else {
+                "bundles": self.features.bundles,
+                "written_by": self.features.written_by,
+                "written_at": _iso(self.features.written_at_unix_ns),
+                "unimplemented": unimplemented(self.features),
+            },
         }
 
     def render(self) -> str:
@@ -194,6 +207,12 @@ class ReconcilerStatus:
             else f"raw retention   accepted hours before {raw['retired_before']} retired "
             f"({raw['retired_batches']} batches; raw_days {raw['raw_days']:g})"
         )
+        features = doc["features"]
+        lines.append(
+            f"bundles         on since {features['written_at']} (by {features['written_by']})"
+            if features and features["bundles"]
+            else "bundles         off (`lm-reconciler enable-bundles` turns them on)"
+        )
         problems = doc["problems"]
         detail = ", ".join(f"{k} {v}" for k, v in sorted(problems["by_kind"].items()))
         lines.append(f"problems        {problems['total']}" + (f" ({detail})" if detail else ""))
@@ -243,7 +262,15 @@ async def gather_status(store: ObjectStore, clock: Clock, *, lookback_s: float) 
         problems=await count_problems(store),
         raw_retention=await _raw_retention(store),
         catalog_created=created,
+        features=await _read_features(store),
     )
+
+
+async def _read_features(store: ObjectStore) -> FeatureRecord | None:
+    try:
+        return await FeatureReader(store).read()
+    except FeatureRecordError:
+        return None
 
 
 async def _raw_retention(store: ObjectStore) -> RawRetention | None:

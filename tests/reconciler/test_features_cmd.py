@@ -19,6 +19,7 @@ from protocol.clock import ManualClock
 from protocol.records import FeatureRecord, VersionEntry
 from reconciler import __main__ as cli
 from reconciler.features_cmd import EnableResult, enable_bundles
+from reconciler.status import gather_status
 from store.memory import MemoryStore
 from tests.reconciler.conftest import cli_env, context, make_settings, run_cli
 
@@ -116,8 +117,12 @@ async def test_success_is_idempotent_and_collectors_see_it_within_one_refresh(
     collector = await register(store, clock, "collector", "c-1")
     dry = await enable(store, clock, dry_run=True)
     assert dry.blocking == [] and not dry.bundles and await features(store) is None
+    assert "bundles         off" in (await gather_status(store, clock, lookback_s=300)).render()
     first = await enable(store, clock)
     assert first.written and first.entries == 1
+    status = await gather_status(store, clock, lookback_s=300)
+    assert status.to_json()["features"]["bundles"] is True
+    assert "bundles         on since" in status.render() and "op@host" in status.render()
     written = await store.get(keys.INDEX_FEATURES_KEY)
     again = await enable(store, clock)
     assert again.bundles and not again.written
