@@ -180,3 +180,12 @@ def test_enable_bundles_through_the_console_entry(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["written"] is True
     assert FeatureRecord.from_json((tmp_path / keys.INDEX_FEATURES_KEY).read_bytes()).bundles
+
+
+async def test_a_record_with_bundles_off_is_replaced_on_its_etag(clock: ManualClock) -> None:
+    store = MemoryStore(clock=clock)
+    record = {"schema": "lightmetrics.features.v1", "written_by": "x", "written_at_unix_ns": 1}
+    await store.put(keys.INDEX_FEATURES_KEY, json.dumps({**record, "note": "kept"}).encode())
+    assert (await enable(store, clock)).written
+    body, _etag = await store.get(keys.INDEX_FEATURES_KEY)
+    assert json.loads(body)["note"] == "kept" and FeatureRecord.from_json(body).bundles
