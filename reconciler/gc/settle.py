@@ -55,9 +55,14 @@ async def _settle_one(work: GcWork, run_log: RunLog, mark_key: str, now: int) ->
         if max(first_seen, started) + int(work.policy.settle_s * NS) > now:
             return
         sha = keys.parse_gc_mark_key(mark_key)
+        # Which raw object it marked is unreadable too: a frame blob, or a bundle of that
+        # hash (PROTOCOL §3.10) when one exists (one HEAD more, for unreadable marks only).
+        raw_key = keys.raw_bundle_key(sha)
+        if not await work.exists(raw_key):
+            raw_key = keys.raw_blob_key(sha)
         mark = records.GcMark(
             frame_sha256=sha,
-            raw_blob_key=keys.raw_blob_key(sha),
+            raw_blob_key=raw_key,
             marked_at_unix_ns=0,
             gc_run_id="unreadable-mark",
             state="deleting",

@@ -429,3 +429,20 @@ async def test_a_catalog_row_created_since_the_audit_naming_the_bundle_keeps_it(
     outcome = await gc.world.gc()
     assert outcome.deleted == [] and await gc.world.exists(gc.bundle.key)
     assert not await gc.world.exists(keys.gc_mark_key(gc.bundle.sha256))  # withdrawn
+
+
+async def test_an_unreadable_mark_of_a_present_bundle_is_not_logged_as_a_deletion() -> None:
+    from tests.reconciler.test_gc import POLICY
+    from tests.reconciler.test_gc import World as GcWorld
+
+    world = GcWorld()
+    await world.ctx()  # our lease term starts now
+    bundle = bd.encode_bundle(FRAMES)
+    await world.store.put(bundle.key, bundle.data)
+    await world.store.put(keys.gc_mark_key(bundle.sha256), b'{"schema": "lightmetrics.gc')
+    await world.gc()
+    world.clock.advance(POLICY.settle_s + 1)
+    await world.gc()
+    assert not await world.exists(keys.gc_mark_key(bundle.sha256))  # settled
+    assert await world.exists(bundle.key)
+    assert await world.gc_log() == []  # the bundle is there: no deletion is recorded
