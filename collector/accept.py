@@ -75,6 +75,7 @@ from .bundles.acceptance import BundledSteps
 from .bundles.bundler import BundlesFull as BundlesFull
 from .bundles.bundler import BundleSpot, Placement
 from .bundles.options import BundleOptions
+from .bundles.options import bundle_options as bundle_options
 from .manifest_reads import StoredManifest, manifest_if_readable, read_manifest
 from .quarantine import quarantine_conflict
 from .store_calls import AcceptanceUnavailable as AcceptanceUnavailable

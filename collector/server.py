@@ -37,7 +37,7 @@ from store.open import open_store_from_settings
 from store.time import store_clock
 from store.timed import TimedStore
 
-from .accept import BatchAcceptor
+from .accept import BatchAcceptor, bundle_options
 from .app import CollectorApp
 from .auth import Authenticator
 from .connections import GuardedTCPSite
@@ -123,6 +123,7 @@ class Worker:
             store_clock=store_time,
             on_accepted=self.query.own.on_accepted if self.query.own is not None else None,
             max_concurrent=s.store.max_pool_connections,
+            bundles=bundle_options(s, lambda: self.gate.bundles_enabled, self.metrics),
         )
         self.readiness = Readiness(
             store=self.store,

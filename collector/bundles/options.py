@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from config import Settings
+
+from ..metrics import CollectorMetrics
 from .bundler import BundleLimits
 
 
@@ -40,3 +43,30 @@ class BundleOptions:
             if ts_range[1] < oldest_kept_ns:
                 return False
         return True
+
+
+def bundle_options(
+    settings: Settings, enabled: Callable[[], bool], metrics: CollectorMetrics
+) -> BundleOptions | None:
+    """The collector's group commit from its settings (``[ingest] bundle*``), in effect
+    while ``enabled()`` (the store's feature gate) says so; None when not configured
+    (``bundle = false``, or spool mode: frame blobs only)."""
+    ingest = settings.ingest
+    if not ingest.bundles_configured:
+        return None
+    retention_days = settings.rollup.retention_points_days
+    store_timeout_s = settings.store.connect_timeout_s + settings.store.read_timeout_s
+    return BundleOptions(
+        limits=BundleLimits(
+            max_in_flight=ingest.bundle_max_in_flight,
+            max_bytes=ingest.bundle_max_bytes,
+            max_frames=ingest.bundle_max_frames,
+            send_margin_s=BundleLimits.margin(
+                store_timeout_s=store_timeout_s, budget_s=ingest.request_budget_s
+            ),
+        ),
+        enabled=enabled,
+        points_retention_s=None if retention_days is None else retention_days * 86_400.0,
+        on_raw_put=metrics.frames_per_raw_put.observe,
+        on_dead_bytes=metrics.bundle_dead_bytes.inc,
+    )
