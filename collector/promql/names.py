@@ -30,7 +30,7 @@ from aiohttp import web
 
 from config.settings import QuerySettings
 from index.rows import IndexFileError
-from rollup.read.series_index import read_series_rows
+from rollup.read.series_index import index_files, read_series_rows
 from rollup.table.manifest import RollupManifestError, Snapshot
 from store.errors import StoreConfigError, StoreError
 
@@ -86,7 +86,8 @@ class NamesEndpoint:
         self.follower = follower
         self.buildinfo_source = buildinfo
         self.live = LiveLabelSets()
-        self.file_cache = file_cache or FileCache(0)  # index files (`query.file_cache`)
+        # `is not None`: an empty FileCache is falsy (len 0); ``or`` dropped the shared one.
+        self.file_cache = file_cache if file_cache is not None else FileCache(0)
 
     @classmethod
     def beside(cls, query: Any, buildinfo: BuildInfo | None = None) -> NamesEndpoint:
@@ -240,21 +241,7 @@ class NamesEndpoint:
             compiled.append(matchers)
         parts = []
         if snapshot is not None:
-            filesystem, root = self._arrow()
-            parts.append(
-                read_series_rows(
-                    snapshot,
-                    filesystem,
-                    root,
-                    ns_to_datetime(names.start_ns),
-                    # Prometheus' end is inclusive; the index's range is half-open.
-                    ns_to_datetime(names.end_ns + 1000),
-                    columns=columns,
-                    read_file=lambda f, wanted: self.file_cache.read_whole(
-                        filesystem, root, f, wanted
-                    ),
-                )
-            )
+            parts.append(self._index_rows(snapshot, names, columns))
         live = self.live.in_range(held, names.start_ns, names.end_ns)
         parts.append(live.select(columns))
         sets = pa.concat_tables([part.cast(parts[-1].schema) for part in parts])
@@ -265,6 +252,34 @@ class NamesEndpoint:
         for matchers in compiled:
             keep |= select_label_sets(name, labels, matchers)
         return sets.filter(pa.array(keep))
+
+    def _index_rows(self, snapshot: Snapshot, names: NamesRequest, columns: list[str]) -> pa.Table:
+        """The snapshot's index rows of the range, one per stored series, cached by the
+        index files they combine (immutable: the same files always combine alike), so a
+        repeated listing over an unchanged snapshot reads and combines nothing; on a
+        miss the files are read without keeping them (the combined rows are kept)."""
+        filesystem, root = self._arrow()
+        # Prometheus' end is inclusive; the index's range is half-open.
+        start, end = ns_to_datetime(names.start_ns), ns_to_datetime(names.end_ns + 1000)
+        day_files, hour_files = index_files(snapshot, start, end)
+        key = (tuple(f.path for f in (*day_files, *hour_files)), tuple(columns))
+        found = self.file_cache.get("series_rows", key)
+        if found is not None:
+            cached: pa.Table = found
+            return cached
+        rows = read_series_rows(
+            snapshot,
+            filesystem,
+            root,
+            start,
+            end,
+            columns=columns,
+            read_file=lambda f, wanted: self.file_cache.read_whole(
+                filesystem, root, f, wanted, keep=False
+            ),
+        )
+        self.file_cache.put("series_rows", key, rows, rows.nbytes)
+        return rows
 
     def _partial(self) -> list[str]:
         if self.follower is not None:

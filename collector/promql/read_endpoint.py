@@ -29,10 +29,9 @@ the connection close and the selection stops before its next row group or frame.
 on threads; the loop only awaits.
 
 Every refusal and failure is recorded in `read_outcomes.ReadOutcomes` with the principal (the
-forwarding of PromQL requests turns them into 422/503), and so are the known gaps of reads
-served (a batch the window dropped that the snapshot lacks, a designated follower behind the
-log, a collector that follows only its own batches).
-"""
+forwarding of PromQL requests turns them into 422/503), and so are the known gaps of reads served
+(a batch the window dropped that the snapshot lacks, a designated follower behind the log, a
+collector that follows only its own batches)."""
 
 from __future__ import annotations
 
@@ -113,7 +112,8 @@ class ReadEndpoint:
         # at most SELECTING at once per pool; the others wait (never refused).
         self.selecting = asyncio.Semaphore(SELECTING)
         self.internal_selecting = asyncio.Semaphore(SELECTING)
-        self.file_cache = file_cache or reads_cache(settings.cache_bytes, metrics)  # + names
+        cache = file_cache  # shared with /v1/query and names (no `or`: an empty one is falsy)
+        self.file_cache = cache if cache is not None else reads_cache(settings.cache_bytes, metrics)
         self.series_cache = SeriesCache()  # presented label sets, shared by reads
         self.running = 0  # reads being served now
         self.last_work: ScanWork | None = None

@@ -14,7 +14,9 @@ validation request. Kept, least recently used first out:
   of the series a dashboard reads again and again, not the whole row groups around
   them (a 30-day read of 10 series out of 1,000 keeps 1% of each hourly file);
 - ``file``: a whole small file decoded (the ``series``/``series_day`` index files, read
-  whole by every lookup).
+  whole by every lookup);
+- ``series_rows``: the names endpoints' combined index rows of a set of index files
+  (`collector.promql.names`: a names answer over an unchanged snapshot reads nothing).
 
 An entry larger than an eighth of the bound is not kept (one scan of a huge file must
 not flush everything else); with ``max_bytes = 0`` nothing is kept. A file whose footer
@@ -100,10 +102,13 @@ class FileCache:
         root: str,
         data_file: DataFile,
         columns: Sequence[str],
+        *,
+        keep: bool = True,
     ) -> pa.Table:
-        """A whole file's ``columns``, cast to its table's schema (an index file)."""
+        """A whole file's ``columns``, cast to its table's schema (an index file);
+        ``keep=False``: not kept (a reader that caches what it makes of the files)."""
         key = (data_file.path, tuple(columns))
-        found = self.get("file", key)
+        found = self.get("file", key) if keep else None
         if found is not None:
             result: pa.Table = found
             return result
@@ -113,7 +118,8 @@ class FileCache:
         with filesystem.open_input_file(f"{root}/{data_file.path}") as handle:
             table = pq.ParquetFile(handle).read(columns=list(columns))
         table = table.select(list(columns)).cast(target)
-        self.put("file", key, table, table.nbytes)
+        if keep:
+            self.put("file", key, table, table.nbytes)
         return table
 
 

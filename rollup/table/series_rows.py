@@ -90,8 +90,10 @@ def combine(rows: pa.Table, time_column: str) -> pa.Table:
         time_column: grouped.column(time_column),
         "series": grouped.column("series"),
     }
+    # One array before the take: pyarrow's take over many chunks of a nested (map)
+    # column is ~10x slower than combining them first (2.4M index rows: 0.33 vs 0.04 s).
     columns = [
-        computed[name] if name in computed else rows.column(name).take(picked)
+        computed[name] if name in computed else rows.column(name).combine_chunks().take(picked)
         for name in rows.column_names
     ]
     return pa.Table.from_arrays(columns, schema=rows.schema)

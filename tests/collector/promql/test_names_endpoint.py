@@ -15,6 +15,7 @@ from typing import Any
 
 import aiohttp
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 from aiohttp import web
@@ -23,6 +24,7 @@ from aiohttp.test_utils import TestServer
 from collector.auth import Authenticator
 from collector.promql.names import PARTIAL_OWN, NamesEndpoint
 from collector.query.committed import SnapshotSource
+from collector.query.file_cache import FileCache
 from collector.query.window import LiveWindow
 from config.settings import QuerySettings
 from protocol import keys
@@ -36,6 +38,7 @@ from rollup.table.owner import OwnerLease
 from rollup.table.points import points_rows
 from rollup.table.storage import arrow_filesystem
 from store.fs import FileSystemStore
+from tests.rollup.test_reader import CountingHandler
 
 from .read_world import COMMITTED, H0, H1, LIVE, NS, READ_TOKEN, TOKENS, WRITE_TOKEN
 
@@ -60,24 +63,37 @@ async def commit_series(store: FileSystemStore, clock: ManualClock) -> None:
 
 
 @asynccontextmanager
-async def names_server(tmp_path: Path, *, window: bool = True) -> AsyncIterator[str]:
+async def names_server(
+    tmp_path: Path,
+    *,
+    window: bool = True,
+    opened: CountingHandler | None = None,
+    live: LiveWindow | None = None,
+) -> AsyncIterator[str]:
     clock = ManualClock(H1.start_ns + 10 * NS)
     store = FileSystemStore(tmp_path / "store", clock=clock)
     await commit_series(store, clock)
-    live = LiveWindow(window_s=7200, max_points=1000, max_bytes=1 << 30)
-    for b in LIVE:
-        assert live.add(
-            b.manifest_id, b.manifest.accepted_at_unix_ns, b.frame, now_ns=clock.now_ns()
-        )
+    if live is None:
+        live = LiveWindow(window_s=7200, max_points=1000, max_bytes=1 << 30)
+        for b in LIVE:
+            assert live.add(
+                b.manifest_id, b.manifest.accepted_at_unix_ns, b.frame, now_ns=clock.now_ns()
+            )
+
+    def filesystem() -> tuple[pafs.FileSystem, str]:
+        local, root = arrow_filesystem(store.url)
+        return (local if opened is None else pafs.PyFileSystem(opened)), root
+
     endpoint = NamesEndpoint(
         authenticator=Authenticator(TOKENS),
         settings=QuerySettings(),
         snapshots=SnapshotSource(
             store, refresh_interval_s=0.0, max_travel_versions=100, monotonic=clock.monotonic
         ),
-        filesystem=lambda: arrow_filesystem(store.url),
+        filesystem=filesystem,
         now_ns=clock.now_ns,
         window=live if window else None,
+        file_cache=FileCache(64 << 20),
     )
     app = web.Application()
     endpoint.add_routes(app)
@@ -184,3 +200,21 @@ async def test_committed_names_alone_say_partial(tmp_path: Path) -> None:
         status, body = await ask(f"{base}/label/__name__/values", start=START, end=END)
     assert status == 200 and body["data"] == ["cpu", "http_server_duration", "temp"]
     assert body["warnings"][0].startswith("partial:")
+
+
+async def test_a_repeated_listing_reads_no_file_and_keeps_the_live_part(tmp_path: Path) -> None:
+    opened = CountingHandler()
+    live = LiveWindow(window_s=7200, max_points=1000, max_bytes=1 << 30)
+    clock_ns = H1.start_ns + 10 * NS
+    async with names_server(tmp_path, opened=opened, live=live) as base:
+        status, body = await ask(f"{base}/label/__name__/values", start=START, end=END)
+        assert status == 200 and body["data"] == ["cpu", "http_server_duration", "temp"]
+        assert sum(opened.opened.values()) == 1  # the hour's series file
+        opened.opened.clear()
+        for b in LIVE:  # batches arrive: the cached index rows are merged with them
+            assert live.add(b.manifest_id, b.manifest.accepted_at_unix_ns, b.frame, now_ns=clock_ns)
+        status, body = await ask(f"{base}/label/__name__/values", start=START, end=END)
+        assert body["data"] == ["cpu", "http_server_duration", "mem", "temp"]
+        status, body = await ask(f"{base}/labels", start=START, end=END)
+        assert body["data"] == ["__name__", "a_b", "host", "le"]
+        assert sum(opened.opened.values()) == 0  # nothing read again
