@@ -76,14 +76,14 @@ def _best_of(runs: int, work: object) -> float:
 
 def test_pathological_patterns_run_in_linear_time() -> None:
     """``(a+)+$`` against "a" * n + "b" takes a backtracking engine 2^n steps (n = 30 is
-    minutes); RE2 is linear: 100 kB costs about 10x 10 kB, far under a second."""
+    minutes); RE2 is linear: 100 kB costs about 10x 10 kB (a ratio: no wall-clock bound,
+    which a loaded machine breaks)."""
     for pattern in ("(a+)+$", "(a|aa)+$", "(a*)*b$"):
         matcher = compile_matcher("RE", "l", pattern)
         small = pa.array(["a" * 10_000 + "c"])
         large = pa.array(["a" * 100_000 + "c"])
         t_small = _best_of(5, lambda m=matcher, v=small: m.mask(v))
         t_large = _best_of(5, lambda m=matcher, v=large: m.mask(v))
-        assert t_large < 1.0, (pattern, t_large)
         # Linear: 10x the input costs about 10x (a generous 40x bound for timer noise).
         assert t_large < 40 * max(t_small, 20e-6), (pattern, t_small, t_large)
         assert not matcher.matches("a" * 100_000 + "c")

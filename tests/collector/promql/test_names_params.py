@@ -3,8 +3,6 @@ before any work, refused with the parameter and the problem named."""
 
 from __future__ import annotations
 
-import time
-
 import pyarrow as pa
 import pytest
 
@@ -86,14 +84,10 @@ def test_selectors_matching_the_empty_string_and_bad_regexes_are_refused() -> No
         parse_selector("up{job=~}")
 
 
-def test_a_backtracking_pattern_runs_in_linear_time() -> None:
+def test_a_backtracking_pattern_in_a_selector_matches_long_values() -> None:
+    # Through the selector path (parsed, then applied per label set): a backtracking
+    # engine would need 2^n steps here; RE2's linear time is proven by the ratio test in
+    # test_matchers.py (no wall-clock bound here: tests do not assert speed).
     names = pa.array(["m"] * 2)
-    timings = []
-    for size in (10_000, 100_000):
-        labels = pa.array([[("v", "a" * size + "!")], [("v", "a" * size)]], SETS_LABELS.type)
-        started = time.perf_counter()
-        got = selector_mask(names, labels, '{v=~"(a+)+$"}')
-        timings.append(time.perf_counter() - started)
-        assert got == [False, True]
-    # A backtracking engine needs 2^n steps for n = 10,000; RE2 grows with the length.
-    assert timings[1] < 1.0, timings
+    labels = pa.array([[("v", "a" * 100_000 + "!")], [("v", "a" * 100_000)]], SETS_LABELS.type)
+    assert selector_mask(names, labels, '{v=~"(a+)+$"}') == [False, True]
