@@ -7,8 +7,9 @@ the wrong role's client would only fail in production (S3 answers 403 AccessDeni
 refuses the same way. Every refusal is also kept in ``denied`` (code that swallows an
 error must still fail the test).
 
-Requests map to actions as S3 authorizes them: GET and HEAD → ``s3:GetObject``; PUT →
-``s3:PutObject`` (``s3:if-none-match`` in the context for a create with If-None-Match);
+Requests map to actions as S3 authorizes them: GET (ranged too) and HEAD →
+``s3:GetObject``; PUT → ``s3:PutObject`` (``s3:if-none-match`` in the context for a
+create with If-None-Match);
 LIST → ``s3:ListBucket`` on the bucket with ``s3:prefix``; DELETE and a pre-signed DELETE
 (authorized as its signer, checked when sent) → ``s3:DeleteObject``.
 """
@@ -45,6 +46,10 @@ class PolicyStore:
     async def get(self, key: str) -> tuple[bytes, str]:
         self._check("s3:GetObject", key, self._object_arn(key))
         return await self.inner.get(key)
+
+    async def get_range(self, key: str, offset: int, length: int) -> bytes:
+        self._check("s3:GetObject", key, self._object_arn(key))  # a ranged GET is a GET
+        return await self.inner.get_range(key, offset, length)
 
     async def head(self, key: str) -> ObjectInfo:
         self._check("s3:GetObject", key, self._object_arn(key))
