@@ -14,12 +14,11 @@ from pathlib import Path
 
 from config import Settings, SettingsError, configure_logging, generate_token
 from config.cli import add_settings_flags, settings_from_flags
-from protocol.clock import SystemClock
 from store.errors import StoreConfigError, StoreError
 from store.open import open_store_from_settings
 
 from .conflicts_api import DEFAULT_CONFLICTS_LIMIT, ConflictQuery, read_conflicts_page
-from .probe import ProbeFailed, probe_conditional_writes
+from .probe import ProbeFailed, probe_for
 from .promql.config_cli import add_promql_config_command, run_promql_config
 from .query.cli import add_query_command, run_query
 from .server import serve
@@ -110,9 +109,7 @@ def main(argv: list[str] | None = None) -> int:
 async def _probe(settings: Settings) -> int:
     store = open_store_from_settings(settings.store)
     try:
-        result = await probe_conditional_writes(
-            store, collector_id=settings.ingest.collector_id, clock=SystemClock()
-        )
+        result = await probe_for(store, settings)
     finally:
         await store.close()
     print(f"probe passed: {result.store_url}: {result.detail}")

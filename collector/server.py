@@ -43,7 +43,7 @@ from .auth import Authenticator
 from .connections import GuardedTCPSite
 from .intake import HttpLimits
 from .metrics import CollectorMetrics
-from .probe import probe_conditional_writes
+from .probe import probe_for
 from .process_memory import prepare_worker_process
 from .query.setup import build_query
 from .readiness import Readiness
@@ -60,9 +60,7 @@ READ_BUFSIZE = 8 * 1024
 async def run_probe(settings: Settings) -> None:
     store = open_store_from_settings(settings.store)
     try:
-        result = await probe_conditional_writes(
-            store, collector_id=settings.ingest.collector_id, clock=SystemClock()
-        )
+        result = await probe_for(store, settings)
         log.info("probe_passed", store=result.store_url, detail=result.detail)
     finally:
         await store.close()
