@@ -28,8 +28,10 @@ Batches acknowledged as lost (`rollup.lifecycle.lost`: the blob is gone or corru
 rows like any other, so their hour is complete; the hour says how many, and the report
 lists each (who acknowledged it, when and why). For hours that are not complete the
 report lists the batches still *waiting* (at most `MAX_WAITING`), each with the problem
-the rollup recorded for its blob (``missing-blob``/``corrupt-blob``: what
-``lm-rollup acknowledge-lost`` settles) or none (the rollup is behind).
+the rollup recorded for its raw object (``missing-blob``/``corrupt-blob``/``bad-range``:
+what ``lm-rollup acknowledge-lost`` settles) or none (the rollup is behind); a bundled
+batch's problem names its bundle, found through its manifest only when some recorded
+problem matched no frame blob (PROTOCOL §3.10).
 
 A batch the ledger already holds otherwise than the catalog row that counts for its key
 fails its hour, naming the key and the differing fields (PROTOCOL §3.7: an audit wrote a
@@ -58,6 +60,7 @@ import pyarrow as pa
 from index.catalog_local import MergeLimits
 from index.catalog_tables import write_empty_batches
 from protocol import keys
+from protocol.records import AcceptedManifest, RecordError
 from rollup.read.verify_ledger import compare_hour, moved_rows
 from rollup.read.verify_sources import catalog_hours, in_range, manifest_batches
 from rollup.table import schemas
@@ -65,6 +68,7 @@ from rollup.table.commit import load_latest, load_version
 from rollup.table.manifest import EMPTY_LEDGER_HOUR, LedgerHour, LostBatch, Snapshot
 from rollup.table.manifest_ledger import LOST_PROBLEMS
 from store.base import ObjectStore
+from store.errors import NotFound
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,12 +266,38 @@ async def _waiting(store: ObjectStore, missing: list[tuple[str, str, str]]) -> t
     for hour, manifest_id, sha in missing:
         identity = keys.parse_manifest_id(manifest_id).identity
         assert identity is not None  # a manifest_id always spells the agent in hex
-        blob = keys.raw_blob_key(sha)
-        problem = next(
-            (kind for kind in LOST_PROBLEMS if keys.problem_key(kind, blob) in recorded), None
+        found.append(
+            _waiting_one(
+                hour, keys.accepted_manifest_key(identity), keys.raw_blob_key(sha), recorded
+            )
         )
-        found.append(Waiting(hour, keys.accepted_manifest_key(identity), blob, problem))
+    # A bundled batch's problem names its bundle (PROTOCOL §3.10), which only its manifest
+    # says: read the manifests of batches without a problem, only when a recorded problem
+    # matched none (none recorded, or all matched: no request at all).
+    matched = {keys.problem_key(w.problem, w.blob_key) for w in found if w.problem is not None}
+    if set(recorded) - matched:
+        for i, waiting in enumerate(found):
+            if waiting.problem is None:
+                raw_key = await _raw_key_of(store, waiting.manifest_key)
+                if raw_key is not None and raw_key != waiting.blob_key:
+                    found[i] = _waiting_one(waiting.hour, waiting.manifest_key, raw_key, recorded)
     return tuple(found)
+
+
+def _waiting_one(hour: str, manifest_key: str, raw_key: str, recorded: dict[str, str]) -> Waiting:
+    problem = next(
+        (kind for kind in LOST_PROBLEMS if keys.problem_key(kind, raw_key) in recorded), None
+    )
+    return Waiting(hour, manifest_key, raw_key, problem)
+
+
+async def _raw_key_of(store: ObjectStore, manifest_key: str) -> str | None:
+    """The raw object the stored manifest names (None: gone or unreadable)."""
+    try:
+        body, _etag = await store.get(manifest_key)
+        return AcceptedManifest.from_json(body, reads_bundles=True).raw_blob_key
+    except (NotFound, RecordError):
+        return None
 
 
 def _retired_before(snapshot: Snapshot | None) -> str | None:

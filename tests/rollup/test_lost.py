@@ -217,6 +217,21 @@ async def test_a_bundled_batch_is_judged_by_its_range(world: World) -> None:
         manifests.append(manifest)
     await catalog_manifests(store, manifests, markers=False)
 
+    await store.put(  # as a rollup run records it: the subject is the bundle
+        keys.problem_key("bad-range", bundle.key),
+        ProblemRecord(
+            kind="bad-range",
+            subject_key=bundle.key,
+            detail="the bundle's index has no frame",
+            first_seen_unix_ns=1,
+            last_seen_unix_ns=1,
+        ).to_json(),
+    )
+    waiting = {w.manifest_key: w for w in (await verify(store)).waiting}
+    assert (
+        waiting[manifests[1].manifest_key].blob_key,
+        waiting[manifests[1].manifest_key].problem,
+    ) == (bundle.key, "bad-range")
     with pytest.raises(NotLost, match="is present and reads as batch"):
         await acknowledge_lost(store, manifests[0].manifest_key, reason="r", by="o", clock=clock)
     done = await acknowledge_lost(store, manifests[1].manifest_key, reason="r", by="o", clock=clock)
