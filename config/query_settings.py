@@ -36,6 +36,13 @@ class PromqlSettings(Section):
     forward_timeout_s: Seconds = 120.0
     """The collector's timeout for a forwarded request: more than ``query_timeout_s``;
     a caller's ``timeout`` parameter is capped by it."""
+    memory_limit_bytes: int | None = Field(default=None, ge=0)
+    """The supervised engine's Go soft memory limit (``GOMEMLIMIT``): near it Go's garbage
+    collector runs sooner instead of letting the heap grow to about twice what is live
+    (``GOGC=100``). Default (unset): ``query.max_read_bytes_in_flight`` (the remote-read
+    answers the engine can be decoding at once: the collector never has more in flight
+    for it) plus 256 MiB for its evaluation. 0: no limit. Soft: a larger live heap is
+    not refused (Go caps its garbage collection at about half the CPU time)."""
 
     @model_validator(mode="after")
     def _one_engine_and_nested_timeouts(self) -> PromqlSettings:
