@@ -145,8 +145,10 @@ class SupervisedEngine:
         max_concurrency: int,
         read_token: EngineReadToken,
         rng: random.Random | None = None,
+        memory_limit_bytes: int | None = None,
     ) -> None:
         self.binary = binary
+        self.memory_limit_bytes = memory_limit_bytes  # GOMEMLIMIT (None: Go's default)
         self.settings = settings
         self.max_concurrency = max_concurrency
         self._read_token = read_token
@@ -242,6 +244,7 @@ class SupervisedEngine:
         self._process = process = subprocess.Popen(  # noqa: ASYNC220
             [str(self.binary), *flags],
             stdin=subprocess.DEVNULL,
+            env=self._environment(),
             preexec_fn=_die_with_parent(os.getpid()),
             close_fds=True,
         )
@@ -265,6 +268,13 @@ class SupervisedEngine:
             if process.poll() is None:
                 await self._end(process, exit_task)
             shutil.rmtree(tsdb, ignore_errors=True)
+
+    def _environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.pop("GOMEMLIMIT", None)  # the setting decides, not the collector's environment
+        if self.memory_limit_bytes:
+            env["GOMEMLIMIT"] = str(self.memory_limit_bytes)  # bytes
+        return env
 
     def _stop_wait(self) -> asyncio.Task[bool]:
         if self._stop_task is None:

@@ -106,6 +106,19 @@ def engine_problem(settings: Settings) -> str | None:
     return None
 
 
+ENGINE_HEADROOM_BYTES = 256 * 1024 * 1024
+
+
+def engine_memory_limit(settings: QuerySettings) -> int | None:
+    """The supervised engine's ``GOMEMLIMIT`` (`config.query_settings.PromqlSettings.
+    memory_limit_bytes`): given, or the answers in flight plus `ENGINE_HEADROOM_BYTES`;
+    None for 0 (no limit)."""
+    given = settings.promql.memory_limit_bytes
+    if given is None:
+        return settings.max_read_bytes_in_flight + ENGINE_HEADROOM_BYTES
+    return given or None
+
+
 def build_promql_engine(
     settings: QuerySettings, *, authenticator: Authenticator, reads: EngineReads | None = None
 ) -> PromqlEngineParts:
@@ -118,6 +131,7 @@ def build_promql_engine(
             settings=promql,
             max_concurrency=settings.max_concurrent_promql,
             read_token=authenticator.engine_read,
+            memory_limit_bytes=engine_memory_limit(settings),
         )
     elif promql.url is not None:
         engine = SidecarEngine(settings=promql, read_token=authenticator.engine_read)

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from collector.auth import EngineReadToken
 from collector.promql.engine import SupervisedEngine
-from config.query_settings import PromqlSettings
+from collector.promql.engine_setup import engine_memory_limit
+from config.query_settings import PromqlSettings, QuerySettings
 
 
 async def run(binary: Path, ready_file: Path) -> None:
@@ -24,6 +25,7 @@ async def run(binary: Path, ready_file: Path) -> None:
         settings=PromqlSettings(prometheus=binary),
         max_concurrency=1,
         read_token=EngineReadToken.generate(),
+        memory_limit_bytes=engine_memory_limit(QuerySettings()),
     )
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)

@@ -17,7 +17,8 @@ import pytest
 
 from collector.auth import EngineReadToken
 from collector.promql.engine import BACKOFF_MAX_S, SupervisedEngine, backoff_delay
-from config.query_settings import PromqlSettings
+from collector.promql.engine_setup import engine_memory_limit
+from config.query_settings import PromqlSettings, QuerySettings
 from tests.prometheus_binary import require_prometheus
 
 REPO = Path(__file__).resolve().parents[3]
@@ -87,10 +88,23 @@ def test_clean_stop_ends_the_engine_by_pid_and_removes_its_files(tmp_path: Path)
         directory = Path(str(info["dir"]))
         assert (directory / "read-token").exists()
         assert (directory / "web.yml").exists()
+        # Go's soft memory limit, by default the answers in flight + 256 MiB.
+        environ = Path(f"/proc/{engine_pid}/environ").read_bytes().split(b"\0")
+        assert f"GOMEMLIMIT={(512 + 256) * 1024 * 1024}".encode() in environ
         os.kill(child.pid, signal.SIGTERM)
         assert child.wait(timeout=20) == 0
     _wait_dead(engine_pid, 5)
     assert not directory.exists()
+
+
+def test_the_engine_memory_limit_is_given_derived_or_none() -> None:
+    mib = 1024 * 1024
+    assert engine_memory_limit(QuerySettings()) == 768 * mib
+    derived = QuerySettings(max_read_bytes_in_flight=64 * mib)
+    assert engine_memory_limit(derived) == 320 * mib
+    given = QuerySettings(promql=PromqlSettings(memory_limit_bytes=300 * mib))
+    assert engine_memory_limit(given) == 300 * mib
+    assert engine_memory_limit(QuerySettings(promql=PromqlSettings(memory_limit_bytes=0))) is None
 
 
 def test_backoff_is_bounded_and_jittered() -> None:
