@@ -121,12 +121,15 @@ class BatchAcceptor:
         on_accepted: AcceptedHook | None = None,
         max_concurrent: int | None = None,
         bundles: BundleOptions | None = None,
+        max_frame_bytes: int = 8 * 1024 * 1024,
     ) -> None:
         """``max_concurrent``: at most this many acceptances talk to the store at once
         (the store's connection pool); the others wait before their first call holding
         only their checked body, not the client's buffers of a request that cannot be
         sent yet. ``None``: no limit. ``bundles``: group commit (PROTOCOL §3.10), in
-        effect while its gate says so; ``None``: frame blobs only (spool mode)."""
+        effect while its gate says so; ``None``: frame blobs only (spool mode).
+        ``max_frame_bytes``: bounds a bundled accepted frame read for a conflict."""
+        self._max_frame_bytes = max_frame_bytes
         self._slots = asyncio.Semaphore(max_concurrent) if max_concurrent else None
         self._store = store
         self._on_accepted = on_accepted
@@ -392,5 +395,6 @@ class BatchAcceptor:
             submitted_sha=submitted_sha,
             collector_id=self._collector_id,
             index_log=self._index_log,
+            max_frame_bytes=self._max_frame_bytes,
         )
         return IdentityConflictFound(accepted, submitted_sha, quarantine_key, store_ops=request.ops)

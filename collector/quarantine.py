@@ -11,7 +11,10 @@ side), since the record names it. Then, in this order:
    ``marked`` one and read it again, wait out a ``deleting`` one, then HEAD the blob),
    on every conflict (with raw retention an accepted blob may be marked or deleted; the
    mark read is one GET otherwise, the HEAD one more). A blob raw retention already
-   deleted makes the record say ``accepted_blob_present: false``;
+   deleted makes the record say ``accepted_blob_present: false``. An accepted frame that
+   lives in a bundle is first copied to its own frame blob, under the collector side of
+   that frame blob (`collector.bundles.accepted_copy`): a quarantine record names frame
+   blobs only (PROTOCOL §3.10);
 2. create the record with If-None-Match; the conflict is answered (409) only once it
    exists (else `BudgetExhausted`: 503, the agent retries and the conflict is found
    again), and its ``quarantine`` row is appended to the index log.
@@ -28,6 +31,7 @@ from index.rows import quarantine_row
 from protocol import keys, records
 
 from .blob_survival import keep_accepted_blob
+from .bundles.accepted_copy import copy_accepted_frame
 from .store_calls import BudgetedRequest, Created
 
 
@@ -39,19 +43,30 @@ async def quarantine_conflict(
     submitted_sha: str,
     collector_id: str,
     index_log: IndexLogWriter,
+    max_frame_bytes: int,
 ) -> str:
     """Create the quarantine record of this conflict (see the module docstring); returns
-    its key. Raises `BudgetExhausted`."""
-    present = await keep_accepted_blob(
-        request, sha=accepted.frame_sha256, collector_id=collector_id
-    )
+    its key. ``max_frame_bytes`` bounds a bundled accepted frame's range before it is
+    read. Raises `BudgetExhausted`."""
+    if accepted.raw_range is None:
+        present = await keep_accepted_blob(
+            request, sha=accepted.frame_sha256, collector_id=collector_id
+        )
+    else:
+        present = await copy_accepted_frame(
+            request,
+            accepted,
+            collector_id=collector_id,
+            index_log=index_log,
+            max_frame_bytes=max_frame_bytes,
+        )
     conflict = records.IdentityConflict(
         agent_id=accepted.agent_id,
         boot_id=accepted.boot_id,
         seq_start=accepted.seq_start,
         seq_end=accepted.seq_end,
         accepted_manifest_key=accepted_key,
-        accepted_raw_blob_key=accepted.raw_blob_key,
+        accepted_raw_blob_key=keys.raw_blob_key(accepted.frame_sha256),  # never a bundle
         accepted_frame_sha256=accepted.frame_sha256,
         submitted_raw_blob_key=keys.raw_blob_key(submitted_sha),
         submitted_frame_sha256=submitted_sha,

@@ -122,6 +122,7 @@ class Worker:
             on_accepted=self.query.own.on_accepted if self.query.own is not None else None,
             max_concurrent=s.store.max_pool_connections,
             bundles=bundle_options(s, lambda: self.gate.bundles_enabled, self.metrics),
+            max_frame_bytes=s.ingest.max_frame_bytes,
         )
         self.readiness = Readiness(
             store=self.store,
