@@ -215,10 +215,13 @@ def quarantine_row(
     )
 
 
-def blob_row(sha: str, created_at_unix_ns: int) -> IndexRow:
+def blob_row(sha: str, created_at_unix_ns: int, *, bundle: bool = False) -> IndexRow:
+    """The ``blob`` row of a raw object created (or maybe created) at that time: the frame
+    blob of ``sha``, or with ``bundle`` the bundle whose bytes hash to ``sha`` (PROTOCOL
+    §3.10: the row's hash is always its raw object's)."""
     return IndexRow(
         kind="blob",
-        key=keys.raw_blob_key(sha),
+        key=keys.raw_bundle_key(sha) if bundle else keys.raw_blob_key(sha),
         frame_sha256=sha,
         time_unix_ns=created_at_unix_ns,
     )

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from index.log_writer import IndexLogWriter
-from index.rows import IndexRow
+from index.rows import blob_row
 from protocol.bundle import EncodedBundle, encode_bundle
 from store.errors import ConditionConflict, OutcomeUnknown, PreconditionFailed, Unavailable
 
@@ -44,13 +44,6 @@ class WrittenBundle:
 
     bundle: EncodedBundle
     ops: int
-
-
-def bundle_blob_row(bundle_sha: str, key: str, created_at_unix_ns: int) -> IndexRow:
-    """The ``blob`` row of a raw object that is a bundle (PROTOCOL §3.2 step 1, §3.10):
-    ``key`` the bundle's, ``frame_sha256`` its hash (the object's, as a frame blob's row
-    carries the frame's)."""
-    return IndexRow(kind="blob", key=key, frame_sha256=bundle_sha, time_unix_ns=created_at_unix_ns)
 
 
 async def write_bundle(
@@ -99,4 +92,4 @@ async def write_bundle(
 
 
 def _index(request: BudgetedRequest, index_log: IndexLogWriter, bundle: EncodedBundle) -> None:
-    index_log.append(bundle_blob_row(bundle.sha256, bundle.key, request.clock.now_ns()))
+    index_log.append(blob_row(bundle.sha256, request.clock.now_ns(), bundle=True))
