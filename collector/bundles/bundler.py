@@ -244,11 +244,15 @@ class Bundler:
             # the other half is left for that frame's manifest create.
             write_by = min(m.send_by for m in members) + self._limits.send_margin_s / 2
             sent = await self._write([m.frame for m in members], [m.sha for m in members], write_by)
-        except Exception as exc:
+        except BaseException as exc:
+            # Cancelled (the worker stops): its frames are answered 503, never left waiting.
+            failure = exc if isinstance(exc, Exception) else BudgetExhausted()
             log.warning("bundle_write_failed", frames=len(members), error=repr(exc))
             for member in members:
                 if not member.future.done():
-                    member.future.set_exception(exc)
+                    member.future.set_exception(failure)
+            if failure is not exc:
+                raise
         else:
             for member, offset in zip(members, sent.offsets, strict=True):
                 if not member.future.done():

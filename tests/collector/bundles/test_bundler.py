@@ -201,3 +201,18 @@ async def test_a_cancelled_frame_handed_the_slot_gives_it_back() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert b.in_flight == 0
+
+
+async def test_a_bundle_write_cancelled_at_shutdown_answers_its_frames_503() -> None:
+    b, writes, _clock, _puts = bundler()
+    solo = await take_slot(b)
+    waiting = [asyncio.create_task(b.place(FRAME, f"{i:064x}", deadline=5.0)) for i in range(2)]
+    await wait_until(lambda: b.waiting == 2)
+    solo.wrote()
+    await wait_until(lambda: len(writes.calls) == 1)
+    for task in b._tasks:
+        task.cancel()
+    for frame in waiting:
+        with pytest.raises(BudgetExhausted):
+            await frame
+    await wait_until(lambda: b.in_flight == 0)
