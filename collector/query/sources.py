@@ -10,7 +10,8 @@
   segments, and for each ``accepted`` row of a batch accepted within the window it reads
   its frame (`index.raw_reads.read_frame`: a frame blob whole, a bundled frame by its
   range, PROTOCOL §3.10; a range its bundle cannot serve is ``bad-range``, the batch lost
-  to the window, so answers needing it are partial), checks its SHA-256 against the row
+  to the window, so answers needing it are partial; a bundle's frames found in one poll
+  share one coalesced ranged GET, `SharedSpans`), checks its SHA-256 against the row
   (log rows are unverified claims) and
   decodes it (charged to the window's account, as above), ``FETCH_CONCURRENCY`` at a
   time, each group added to the window before the next is fetched. At start it begins ``window_s`` back, so a restarted collector rebuilds the
@@ -32,11 +33,13 @@ import hashlib
 import random
 from collections.abc import Callable
 
+import numpy as np
+import pyarrow as pa
 import structlog
 
 from config.ingest_settings import IngestSettings
 from index.log_reader import LogPosition, new_segments, read_segment
-from index.raw_reads import BadRange, RawRef, read_frame
+from index.raw_reads import BadRange, RawRef, frame_in_span, plan_reads, read_frame
 from index.rows import IndexFileError, IndexRow
 from protocol.clock import Clock
 from protocol.frame import FrameError
@@ -130,6 +133,7 @@ class LogFollower:
         """True once a poll has reached the end of the log (the window is rebuilt)."""
         self.behind = False
         self.followed_through_ns = 0
+        self._spans = SharedSpans(store, [])
 
     async def run(self) -> None:
         while True:
@@ -198,6 +202,7 @@ class LogFollower:
                 return False
 
         ordered = sorted(rows, key=lambda row: (row.time_unix_ns, row.key))
+        self._spans = SharedSpans(self._store, ordered)
         for start in range(0, len(ordered), FETCH_CONCURRENCY):
             group = ordered[start : start + FETCH_CONCURRENCY]
             results = await asyncio.gather(*(fetch(row) for row in group), return_exceptions=True)
@@ -226,14 +231,14 @@ class LogFollower:
         key = row.raw_blob_key or ""
         ref = RawRef(key, row.frame_sha256, row.identity, row.raw_offset, row.raw_length)
         try:
-            body = await read_frame(self._store, ref, max_frame_bytes=self._max_frame_bytes)
+            body = await self._spans.frame(ref, row.manifest_id, self._max_frame_bytes)
         except NotFound:
             log.warning("live_blob_missing", key=key, manifest_id=row.manifest_id)
             return None
         if isinstance(body, BadRange):  # lost to the window: the answer is partial
             log.warning("live_bad_range", key=key, manifest_id=row.manifest_id, error=body.detail)
             return None
-        if hashlib.sha256(body).hexdigest() != row.frame_sha256:
+        if not ref.ranged and hashlib.sha256(body).hexdigest() != row.frame_sha256:
             log.warning("live_blob_mismatch", key=key, manifest_id=row.manifest_id)
             return None
         try:
@@ -254,3 +259,55 @@ class LogFollower:
             log.warning("live_blob_other_identity", key=key, manifest_id=row.manifest_id)
             return None
         return decoded
+
+
+class SharedSpans:
+    """The bundled frames of one poll read together: `index.raw_reads.plan_reads` over
+    the poll's ranged rows, and a planned GET serving two or more of them is sent once,
+    when the first of its rows needs it, and dropped after its last (rows are fetched in
+    accepted order, and a bundle's frames were accepted together, so a span lives for a
+    group or two). A frame blob, or a range no other row shares, is read alone
+    (`index.raw_reads.read_frame`). A frame that fails its checks in the span goes
+    through the bundle's index as `read_frame` does."""
+
+    def __init__(self, store: ObjectStore, rows: list[IndexRow]) -> None:
+        self._store = store
+        ranged = [row for row in rows if row.raw_offset is not None or row.raw_length is not None]
+        plan = plan_reads(
+            pa.array([row.raw_blob_key or "" for row in ranged], pa.string()),
+            pa.array([row.raw_offset for row in ranged], pa.int64()),
+            pa.array([row.raw_length for row in ranged], pa.int64()),
+        )
+        served = np.bincount(plan.read_of, minlength=len(plan))
+        self._plan = plan
+        self._read_of = {
+            row.manifest_id: int(r)
+            for row, r in zip(ranged, plan.read_of.tolist(), strict=True)
+            if served[r] >= 2
+        }
+        self._left = {r: int(n) for r, n in enumerate(served) if n >= 2}
+        self._gets: dict[int, asyncio.Future[bytes]] = {}
+
+    async def frame(self, ref: RawRef, manifest_id: str, max_frame_bytes: int) -> bytes | BadRange:
+        r = self._read_of.get(manifest_id)
+        if r is None:
+            return await read_frame(self._store, ref, max_frame_bytes=max_frame_bytes)
+        key, offset = self._plan.keys[r], int(self._plan.offsets[r])
+        get = self._gets.get(r)
+        if get is None:
+            get = asyncio.ensure_future(
+                self._store.get_range(key, offset, int(self._plan.lengths[r]))
+            )
+            self._gets[r] = get
+        try:
+            span = await asyncio.shield(get)
+        finally:
+            self._left[r] -= 1
+            if self._left[r] == 0:
+                self._gets.pop(r, None)
+        frame = frame_in_span(ref, offset, span)
+        if frame is not None:
+            return frame
+        start = (ref.raw_offset or 0) - offset
+        first = span[max(0, start) : max(0, start + (ref.raw_length or 0))]
+        return await read_frame(self._store, ref, max_frame_bytes=max_frame_bytes, first=first)

@@ -497,9 +497,48 @@ async def test_follower_reads_a_bundled_frame_by_its_range(tmp_path: Path) -> No
     assert [d.manifest_id for d in window.dropped()] == [B3.manifest_id]
     held = window.batches()[0]
     assert held.frame_sha256 == B1.manifest.frame_sha256
-    # B1: one ranged GET. B3: its range, then HEAD + the bundle's tail, no entry: bad-range.
-    assert store.keys_of("get", "raw-bundles/") == [bundle.key] * 3
+    # B1 and B3's ranges: one ranged GET for both (one poll shares a bundle's span). B3:
+    # then HEAD + the bundle's tail, no entry of its hash: bad-range.
+    assert store.keys_of("get", "raw-bundles/") == [bundle.key] * 2
     assert store.keys_of("head", "raw-bundles/") == [bundle.key]
+
+
+async def test_one_poll_reads_a_bundles_frames_with_one_get(tmp_path: Path) -> None:
+    """The follower's GETs per batch with bundles: the frames of one bundle found in one
+    poll are read with one (coalesced) ranged GET, not one each."""
+    from collector.query.sources import LogFollower
+    from index.log_writer import IndexLogWriter
+    from protocol.bundle import encode_bundle
+    from store.counting import CountingStore
+
+    clock = ManualClock(H1.start_ns + 30 * NS)
+    inner = FileSystemStore(tmp_path / "store", clock=clock)
+    frames = [
+        sent([(minute(0, i), "cpu", float(i), A)], seq_start=100 + i, accepted_ns=minute(5))
+        for i in range(20)
+    ]
+    bundle = encode_bundle([f.body for f in frames])
+    await inner.put(bundle.key, bundle.data)
+    writer = IndexLogWriter(store=inner, clock=clock, rng=random.Random(1), writer_id="c1")
+    for f, entry in zip(frames, bundle.entries, strict=True):
+        manifest = AcceptedManifest.of_frame(
+            f.body,
+            accepted_at_unix_ns=minute(5),
+            collector_id="c1",
+            bundle=(bundle.key, entry.offset),
+        )
+        writer.append(accepted_row(manifest))
+    await writer.flush()
+    store = CountingStore(inner)
+    window = LiveWindow(window_s=7200, max_points=1000, max_bytes=1 << 30)
+    follower = LogFollower(
+        store, window, clock=clock, poll_interval_s=1, lookback_s=5,
+        max_pending=100, max_raw_bytes=1 << 20, max_frame_bytes=1 << 20,
+    )  # fmt: skip
+    await follower.poll_once()
+    assert sorted(b.manifest_id for b in window.batches()) == sorted(f.manifest_id for f in frames)
+    assert window.dropped() == []
+    assert store.keys_of("get", "raw-") == [bundle.key]  # 1/20 GET per batch (was 1)
 
 
 async def test_designated_answers_503_until_the_window_is_rebuilt(world: World) -> None:
