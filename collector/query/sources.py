@@ -203,6 +203,7 @@ class LogFollower:
 
         ordered = sorted(rows, key=lambda row: (row.time_unix_ns, row.key))
         self._spans = SharedSpans(self._store, ordered)
+        ordered = self._spans.together(ordered)
         for start in range(0, len(ordered), FETCH_CONCURRENCY):
             group = ordered[start : start + FETCH_CONCURRENCY]
             results = await asyncio.gather(*(fetch(row) for row in group), return_exceptions=True)
@@ -287,6 +288,22 @@ class SharedSpans:
         }
         self._left = {r: int(n) for r, n in enumerate(served) if n >= 2}
         self._gets: dict[int, asyncio.Future[bytes]] = {}
+
+    def together(self, ordered: list[IndexRow]) -> list[IndexRow]:
+        """``ordered`` (by accepted time) with each shared span's rows moved up to its
+        first row: bundles of several collectors interleave in time, and a span is held
+        from its first row to its last, so this keeps about one group's spans in memory
+        (each at most `index.raw_reads.MAX_SPAN_BYTES`)."""
+        first: dict[int, int] = {}
+        for i, row in enumerate(ordered):
+            first.setdefault(self._read_of.get(row.manifest_id, -1 - i), i)
+        return [
+            row
+            for _rank, row in sorted(
+                ((first[self._read_of.get(row.manifest_id, -1 - i)], i), row)
+                for i, row in enumerate(ordered)
+            )
+        ]
 
     async def frame(self, ref: RawRef, manifest_id: str, max_frame_bytes: int) -> bytes | BadRange:
         r = self._read_of.get(manifest_id)

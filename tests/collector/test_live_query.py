@@ -505,8 +505,9 @@ async def test_follower_reads_a_bundled_frame_by_its_range(tmp_path: Path) -> No
 
 async def test_one_poll_reads_a_bundles_frames_with_one_get(tmp_path: Path) -> None:
     """The follower's GETs per batch with bundles: the frames of one bundle found in one
-    poll are read with one (coalesced) ranged GET, not one each."""
-    from collector.query.sources import LogFollower
+    poll are read with one (coalesced) ranged GET, not one each; two collectors' bundles
+    interleaved in time are read one after the other (a span held for its rows only)."""
+    from collector.query.sources import LogFollower, SharedSpans
     from index.log_writer import IndexLogWriter
     from protocol.bundle import encode_bundle
     from store.counting import CountingStore
@@ -517,18 +518,24 @@ async def test_one_poll_reads_a_bundles_frames_with_one_get(tmp_path: Path) -> N
         sent([(minute(0, i), "cpu", float(i), A)], seq_start=100 + i, accepted_ns=minute(5))
         for i in range(20)
     ]
-    bundle = encode_bundle([f.body for f in frames])
-    await inner.put(bundle.key, bundle.data)
+    bundles = [encode_bundle([f.body for f in frames[k::2]]) for k in (0, 1)]
     writer = IndexLogWriter(store=inner, clock=clock, rng=random.Random(1), writer_id="c1")
-    for f, entry in zip(frames, bundle.entries, strict=True):
+    rows = []
+    for i, f in enumerate(frames):  # accepted alternately from the two bundles
+        bundle = bundles[i % 2]
         manifest = AcceptedManifest.of_frame(
             f.body,
-            accepted_at_unix_ns=minute(5),
+            accepted_at_unix_ns=minute(5) + i,
             collector_id="c1",
-            bundle=(bundle.key, entry.offset),
+            bundle=(bundle.key, bundle.entries[i // 2].offset),
         )
-        writer.append(accepted_row(manifest))
+        rows.append(accepted_row(manifest))
+        writer.append(rows[-1])
+    for bundle in bundles:
+        await inner.put(bundle.key, bundle.data)
     await writer.flush()
+    order = SharedSpans(inner, rows).together(rows)
+    assert [r.raw_blob_key for r in order] == [bundles[0].key] * 10 + [bundles[1].key] * 10
     store = CountingStore(inner)
     window = LiveWindow(window_s=7200, max_points=1000, max_bytes=1 << 30)
     follower = LogFollower(
@@ -538,7 +545,7 @@ async def test_one_poll_reads_a_bundles_frames_with_one_get(tmp_path: Path) -> N
     await follower.poll_once()
     assert sorted(b.manifest_id for b in window.batches()) == sorted(f.manifest_id for f in frames)
     assert window.dropped() == []
-    assert store.keys_of("get", "raw-") == [bundle.key]  # 1/20 GET per batch (was 1)
+    assert store.keys_of("get", "raw-") == [bundles[0].key, bundles[1].key]  # 1/10 per batch
 
 
 async def test_designated_answers_503_until_the_window_is_rebuilt(world: World) -> None:
