@@ -2,7 +2,7 @@
 
 What the endpoint (`POST /api/v1/read`) calls, per response type:
 
-- ``SAMPLES``: `samples_query_result` per query, then `read_response` over the queries
+- ``SAMPLES``: `samples_result` per query, then `read_response` over the queries
   in request order (snappy block format, ``Content-Type: application/x-protobuf``,
   ``Content-Encoding: snappy``). Reserve `samples_answer_bytes` first.
 - ``STREAMED_XOR_CHUNKS``: `ChunkStream.of` per query; refuse the read with 400 when
@@ -21,7 +21,7 @@ and NaN payloads survive); timestamps are int64 (a negative one is a 10-byte var
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import cramjam
@@ -56,16 +56,24 @@ def samples_answer_bytes(sample_count: int, series_count: int = 0) -> int:
     return SAMPLES_BYTES_PER_SAMPLE * sample_count + 256 * series_count
 
 
-def samples_query_result(columns: SeriesColumns) -> bytes | bytearray:
-    """The serialized ``prometheus.QueryResult`` of one query: one ``TimeSeries`` per
-    series of ``columns`` in their order (a series without samples is left out, as
-    Prometheus leaves it out), its labels in their order, its samples in time order.
-    Built in one buffer: each series' header, then its samples copied in once."""
+@dataclass(frozen=True, slots=True)
+class SamplesResult:
+    """One query's serialized ``prometheus.QueryResult`` as pieces, not joined: each
+    series' header (tag, length, labels) and a view of its samples (`samples_result`)."""
+
+    pieces: list[bytes | memoryview]
+    nbytes: int
+
+
+def samples_result(columns: SeriesColumns) -> SamplesResult:
+    """The ``prometheus.QueryResult`` of one query: one ``TimeSeries`` per series of
+    ``columns`` in their order (a series without samples is left out, as Prometheus
+    leaves it out), its labels in their order, its samples in time order."""
     sample_bytes, sample_at = _samples_bytes(columns.timestamps_ms, columns.values)
     offsets = columns.offsets
     starts = sample_at(offsets[:-1])
     sizes = sample_at(offsets[1:]) - starts
-    heads: list[tuple[bytes, int, int]] = []
+    pieces: list[bytes | memoryview] = []
     total = 0
     for i, label_set in enumerate(columns.label_sets):
         size = int(sizes[i])
@@ -73,25 +81,61 @@ def samples_query_result(columns: SeriesColumns) -> bytes | bytearray:
             continue  # a series without samples is not sent
         labels = labels_bytes(label_set)
         head = b"\x0a" + varint(len(labels) + size) + labels
-        heads.append((head, int(starts[i]), size))
+        start = int(starts[i])
+        pieces += (head, sample_bytes[start : start + size])  # a view: not copied
         total += len(head) + size
-    out = bytearray(total)
-    at = 0
-    for head, start, size in heads:
-        out[at : at + len(head)] = head
-        at += len(head)
-        out[at : at + size] = sample_bytes[start : start + size]
-        at += size
-    return out  # a bytearray: bytes-like for the join and snappy, not copied again
+    return SamplesResult(pieces, total)
 
 
-def read_response(query_results: Iterable[bytes | bytearray]) -> bytes:
+def samples_query_result(columns: SeriesColumns) -> bytes:
+    """`samples_result` joined: the serialized ``QueryResult``."""
+    return b"".join(samples_result(columns).pieces)
+
+
+def read_response(query_results: Iterable[bytes | SamplesResult]) -> bytes:
     """The snappy-compressed (block format) ``prometheus.ReadResponse`` holding the
-    given `samples_query_result` answers in request order."""
-    parts: list[bytes | bytearray] = []
+    given query results in request order (`snappy_pieces`: never joined uncompressed)."""
+    pieces: list[bytes | memoryview] = []
     for result in query_results:
-        parts += (b"\x0a", varint(len(result)), result)
-    return bytes(cramjam.snappy.compress_raw(b"".join(parts)))
+        if isinstance(result, SamplesResult):
+            pieces += (b"\x0a" + varint(result.nbytes), *result.pieces)
+        else:
+            pieces += (b"\x0a" + varint(len(result)), result)
+    return snappy_pieces(pieces)
+
+
+SNAPPY_STAGE_BYTES = 4 << 20
+
+
+def snappy_pieces(pieces: Sequence[bytes | memoryview]) -> bytes:
+    """Snappy's block format of the pieces joined, without joining them: the pieces are
+    compressed a few MiB at a time and the compressed element streams concatenated
+    under one length preamble. Valid snappy: an element stream decodes the same after
+    any earlier output (a copy reaches back only into its own stream's output)."""
+    out: list[bytes | memoryview] = [varint(sum(len(piece) for piece in pieces))]
+    stage = bytearray()
+
+    def compress(data: bytes | bytearray | memoryview) -> None:
+        block = memoryview(cramjam.snappy.compress_raw(data))
+        skip = 1
+        while block[skip - 1] & 0x80:  # the block's own length preamble, a varint
+            skip += 1
+        out.append(block[skip:])
+
+    for piece in pieces:
+        if len(piece) >= SNAPPY_STAGE_BYTES:
+            if stage:
+                compress(stage)
+                stage = bytearray()
+            compress(piece)
+            continue
+        stage += piece
+        if len(stage) >= SNAPPY_STAGE_BYTES:
+            compress(stage)
+            stage = bytearray()
+    if stage:
+        compress(stage)
+    return b"".join(out)
 
 
 def _samples_bytes(

@@ -15,8 +15,7 @@ on each other; the engine's internal principal has a selection pool and a budget
 encode (`encode`, on a thread; a ``STREAMED_XOR_CHUNKS`` series over
 ``query.max_read_frame_bytes`` is 400 before the first frame) → answer:
 
-- ``SAMPLES``: ``application/x-protobuf``, ``Content-Encoding: snappy``, one
-  ``QueryResult`` per query in request order;
+- ``SAMPLES``: ``application/x-protobuf``, ``Content-Encoding: snappy``, query results in order;
 - ``STREAMED_XOR_CHUNKS``: ``application/x-streamed-protobuf;
   proto=prometheus.ChunkedReadResponse``, one series a frame; an error after the first
   byte aborts the connection (a client sees a failed read, never a clean end with
@@ -216,9 +215,10 @@ class ReadEndpoint:
                 if gone.is_set():
                     raise ClientGone()
                 if stream is None:
-                    answers.append(await asyncio.to_thread(encode.samples_query_result, columns))
+                    answers.append(await asyncio.to_thread(encode.samples_result, columns))
                 else:
                     answers.append(stream)
+                del selection, columns  # not held while the answer is compressed and sent
             if parsed.response_type == SAMPLES:
                 payload = await asyncio.to_thread(encode.read_response, answers)
                 headers = {

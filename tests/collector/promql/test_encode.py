@@ -277,3 +277,19 @@ def test_samples_of_one_varint_width_are_written_as_those_of_many(start: int) ->
     slow, slow_at = _samples_bytes_varied(ts, values)
     index = np.array([0, 700, len(ts)], np.int64)
     assert bytes(fast) == bytes(slow) and fast_at(index).tolist() == slow_at(index).tolist()
+
+
+def test_snappy_of_pieces_is_snappy_of_the_joined_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    from collector.promql import encode
+
+    monkeypatch.setattr(encode, "SNAPPY_STAGE_BYTES", 1000)  # many blocks, some pieces over
+    rng = np.random.default_rng(3)
+    pieces: list[bytes | memoryview] = [
+        bytes(rng.integers(0, 4, int(n), dtype=np.uint8)) for n in rng.integers(0, 2500, 40)
+    ]
+    pieces.append(memoryview(b"x" * 5000)[7:])
+    joined = b"".join(pieces)
+    stitched = encode.snappy_pieces(pieces)
+    assert bytes(cramjam.snappy.decompress_raw(stitched)) == joined
+    assert len(stitched) < len(joined)  # still compressed
+    assert bytes(cramjam.snappy.decompress_raw(encode.snappy_pieces([]))) == b""
