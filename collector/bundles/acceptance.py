@@ -11,7 +11,7 @@ from protocol.clock import Clock
 from ..in_flight import InFlight, InFlightLimits
 from ..store_calls import BudgetedRequest
 from .bundle_write import write_bundle
-from .bundler import Bundler, Placement, SentBundle
+from .bundler import Bundler, BundleSpot, Placement, SentBundle
 from .options import BundleOptions
 
 
@@ -56,9 +56,11 @@ class BundledSteps:
             request.ops += placement.spot.ops
         return placement
 
-    def dead_bytes(self, size: int) -> None:
-        """Bytes of a bundled frame that no manifest names (a duplicate, a conflict)."""
-        if self.options.on_dead_bytes is not None:
+    def another_manifest(self, spot: BundleSpot, named: str, size: int) -> None:
+        """The frame at ``spot`` (``size`` bytes) found its identity's manifest naming the
+        raw object ``named``: unless that is this very bundle (an identical bundle written
+        before, whose frames these are), no manifest names those bytes: dead."""
+        if named != spot.key and self.options.on_dead_bytes is not None:
             self.options.on_dead_bytes(size)
 
     async def _write(

@@ -8,6 +8,7 @@ import asyncio
 import hashlib
 import random
 from collections.abc import Callable
+from typing import Any
 
 from chaos.faulty_store import FaultyStore
 from collector.accept import Accepted, BatchAcceptor, IdentityConflictFound
@@ -17,20 +18,26 @@ from index.log_writer import IndexLogWriter
 from protocol import keys, records
 from protocol.clock import ManualClock
 from protocol.frame import decode_header
+from store.base import ObjectStore
 from store.memory import MemoryStore
 from store.retry import Backoff
 from tests.collector.conftest import make_frame
 
 
-class HeldStore(MemoryStore):
-    """Raw writes (frame blobs and bundles) wait for `release` while `held` (only the
-    write of key `hold_only` when set)."""
+class HeldStore:
+    """Wraps a store (a fresh `MemoryStore` by default); its raw writes (frame blobs and
+    bundles) wait for `release` while `held` (only the write of key `hold_only` when
+    set). Everything else is the inner store's."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, inner: ObjectStore | None = None) -> None:
+        self.inner: ObjectStore = inner if inner is not None else MemoryStore()
+        self.url = self.inner.url
         self.held = False
         self.hold_only: str | None = None
         self.release = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
     async def put(
         self, key: str, body: bytes, *, if_none_match: bool = False, if_match: str | None = None
@@ -38,7 +45,7 @@ class HeldStore(MemoryStore):
         raw = key.startswith(("raw-blobs/", "raw-bundles/"))
         if self.held and raw and self.hold_only in (None, key):
             await self.release.wait()
-        return await super().put(key, body, if_none_match=if_none_match, if_match=if_match)
+        return await self.inner.put(key, body, if_none_match=if_none_match, if_match=if_match)
 
 
 class BundleHarness:
@@ -59,7 +66,7 @@ class BundleHarness:
         self.dead_bytes = 0
         self.ops: list[tuple[str, str]] = []
         self.index_log = IndexLogWriter(
-            store=self.store,  # type: ignore[arg-type]
+            store=self.store,
             clock=self.clock,
             rng=random.Random(1),
             writer_id="collector-b",
@@ -67,7 +74,7 @@ class BundleHarness:
             max_buffered_rows=10_000,
         )
         self.acceptor = BatchAcceptor(
-            store=self.store,  # type: ignore[arg-type]
+            store=self.store,
             collector_id="collector-b",
             clock=self.clock,
             rng=random.Random(2),

@@ -8,6 +8,7 @@ from collector.accept import AcceptanceUnavailable, Accepted, IdentityConflictFo
 from protocol import keys, records
 from protocol.bundle import encode_bundle
 from protocol.frame import decode_header
+from store.base import ObjectInfo
 from store.errors import NotFound
 from tests.collector.bundles.harness import BundleHarness, frame_sha, frames
 
@@ -70,14 +71,15 @@ async def test_an_identical_bundle_deleted_under_the_412_is_created_again() -> N
     first, *rest = frames(3)
     key, _sha, data = bundle_of(rest)
     await harness.memory.put(key, data)
-    original_head = harness.memory.head
+    inner = harness.memory.inner
+    original_head = inner.head
 
-    async def vanished_head(k: str):  # type: ignore[no-untyped-def]
+    async def vanished_head(k: str) -> ObjectInfo:
         if k == key:
-            await harness.memory.delete(key)
+            await inner.delete(key)
         return await original_head(k)
 
-    harness.memory.head = vanished_head  # type: ignore[method-assign]
+    inner.head = vanished_head  # type: ignore[method-assign, assignment]
     answers = await harness.held_then_bundled(first, rest)
     assert all(isinstance(a, Accepted) for a in answers)
     assert (await harness.memory.get(key))[0] == data
