@@ -267,7 +267,7 @@ class BatchAcceptor:
         (no manifest names them), and its frame blob is not written yet: a quarantine
         record names frame blobs only (PROTOCOL §3.10)."""
         if spot is not None and self.bundled is not None:
-            self.bundled.another_manifest(spot, stored.manifest.raw_blob_key, len(frame))
+            self.bundled.another_manifest(spot, stored.manifest, len(frame))
         if stored.manifest.frame_sha256 == sha:
             self._index_read(stored, ts_range)  # every 200 appends its row (PROTOCOL §3.2)
             return Accepted(stored.manifest, duplicate=True, store_ops=request.ops)

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 from index.log_writer import IndexLogWriter
 from protocol.clock import Clock
+from protocol.records import AcceptedManifest
 
 from ..in_flight import InFlight, InFlightLimits
 from ..store_calls import BudgetedRequest
@@ -56,11 +57,12 @@ class BundledSteps:
             request.ops += placement.spot.ops
         return placement
 
-    def another_manifest(self, spot: BundleSpot, named: str, size: int) -> None:
-        """The frame at ``spot`` (``size`` bytes) found its identity's manifest naming the
-        raw object ``named``: unless that is this very bundle (an identical bundle written
-        before, whose frames these are), no manifest names those bytes: dead."""
-        if named != spot.key and self.options.on_dead_bytes is not None:
+    def another_manifest(self, spot: BundleSpot, stored: AcceptedManifest, size: int) -> None:
+        """The frame at ``spot`` (``size`` bytes) found its identity's manifest already
+        there: unless it names these very bytes (an identical bundle written before, whose
+        frames these are), no manifest names them: dead."""
+        ours = (stored.raw_blob_key, stored.raw_offset) == (spot.key, spot.offset)
+        if not ours and self.options.on_dead_bytes is not None:
             self.options.on_dead_bytes(size)
 
     async def _write(

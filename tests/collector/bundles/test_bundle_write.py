@@ -187,3 +187,11 @@ async def manifest_key(frame: bytes) -> str:
     h = decode_header(frame)
     identity = keys.BatchIdentity(h.agent_id, h.boot_id, h.seq_start, h.seq_end)
     return keys.accepted_manifest_key(identity)
+
+
+async def test_the_same_frame_twice_in_one_bundle_is_one_accepted_and_one_dead() -> None:
+    harness = BundleHarness()
+    first, frame = frames(2)
+    answers = await harness.held_then_bundled(first, [frame, frame])
+    assert sorted(isinstance(a, Accepted) and a.duplicate for a in answers[1:]) == [False, True]
+    assert harness.dead_bytes == len(frame)
