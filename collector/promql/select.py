@@ -136,6 +136,14 @@ def _dictionary(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, pa.Arra
     return _numpy(encoded.indices).astype(np.int64), encoded.dictionary
 
 
+def _joined(pieces: list[np.ndarray]) -> np.ndarray:
+    """The pieces concatenated, each let go of as soon as it is copied (one column's
+    pieces at a time: never the whole selection twice)."""
+    joined = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+    pieces.clear()
+    return joined
+
+
 PresentedSeries = tuple[LabelSet, int]
 """A stored series as presented: its label set and how many stored labels it dropped."""
 MAP_TYPE = pa.map_(pa.string(), pa.string())
@@ -208,7 +216,7 @@ class _Rows:
         self.label_sets: list[LabelSet | None] = []
         self.writers: list[tuple[str, str]] = []
         self.writer_id: dict[tuple[str, str], int] = {}
-        self.parts: list[tuple[np.ndarray, ...]] = []
+        self.parts: list[list[np.ndarray]] = [[], [], [], [], []]  # sid, µs, value, writer, seq
         self.count = 0
         self.dropped_labels = 0
 
@@ -285,17 +293,22 @@ class _Rows:
         if kept < len(keep):
             columns = [column[keep] for column in columns]
         sid, ts, value, seq = columns
-        self.parts.append((sid, ts, value, ids[inverse.reshape(-1)], seq))
+        for column, found in zip(
+            self.parts, (sid, ts, value, ids[inverse.reshape(-1)], seq), strict=True
+        ):
+            column.append(found)
 
     def finish(self, work: ScanWork) -> Selection:
-        if not self.parts:
+        if not self.parts[0]:
             return Selection(SeriesColumns.empty(), self.dropped_labels, 0, work)
-        sid, ts_us, value, writer, seq = (np.concatenate(c) for c in zip(*self.parts, strict=True))
-        self.parts = []
+        sid, ts_us, value = (_joined(column) for column in self.parts[:3])
+        writers, seqs = self.parts[3:]  # joined only if samples must be merged
         distinct_sets, rank, lex, writer_rank = ranks(self.label_sets, self.series, self.writers)
         ts_ms = np.floor_divide(ts_us, 1000)
         runs = ordered_runs(sid, ts_us, ts_ms, rank, len(distinct_sets))
         if runs is not None:  # the common case: nothing to merge, nothing sorted
+            writers.clear()
+            seqs.clear()
             if runs.order is not None:
                 ts_ms, value = ts_ms[runs.order], value[runs.order]
             return self._selection(distinct_sets, runs.counts, ts_ms, value, 0, work)
@@ -304,7 +317,7 @@ class _Rows:
             ts_us,
             ts_ms,
             lambda: lex[sid],
-            lambda: (writer_rank[writer], seq),
+            lambda: (writer_rank[_joined(writers)], _joined(seqs)),
             len(distinct_sets),
         )
         ts_ms, value = ts_ms[order], value[order]
