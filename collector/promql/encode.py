@@ -34,6 +34,7 @@ from .pbwire import (
     flatten_rows,
     labels_bytes,
     varint,
+    varint_lengths,
     varint_matrix,
     varint_size,
 )
@@ -58,22 +59,46 @@ def samples_answer_bytes(sample_count: int, series_count: int = 0) -> int:
 
 @dataclass(frozen=True, slots=True)
 class SamplesResult:
-    """One query's serialized ``prometheus.QueryResult`` as pieces, not joined: each
-    series' header (tag, length, labels) and a view of its samples (`samples_result`)."""
+    """One query's serialized ``prometheus.QueryResult``, not built yet: each series'
+    header (tag, length, labels) made, its samples written block by block as `pieces`
+    are read (a block of `_BLOCK_SAMPLES` rows at a time: the whole answer is never held
+    uncompressed; `read_response` compresses each piece as it comes)."""
 
-    pieces: list[bytes | memoryview]
+    columns: SeriesColumns
+    heads: list[tuple[int, bytes]]
+    """(series index, header) of each series with samples, in order."""
     nbytes: int
+
+    def pieces(self) -> Iterator[bytes | memoryview]:
+        offsets = self.columns.offsets
+        block: memoryview = memoryview(b"")
+        at: Callable[[npt.NDArray[np.int64]], npt.NDArray[np.int64]] = _no_offsets
+        b0 = b1 = 0
+        for i, head in self.heads:
+            yield head
+            s, e = int(offsets[i]), int(offsets[i + 1])
+            while s < e:
+                if s >= b1:  # the next block of rows, across series
+                    b0, b1 = s, min(len(self.columns.values), s + _BLOCK_SAMPLES)
+                    block, at = _samples_bytes(
+                        self.columns.timestamps_ms[b0:b1], self.columns.values[b0:b1]
+                    )
+                take = min(e, b1)
+                low, high = at(np.array([s - b0, take - b0], np.int64)).tolist()
+                yield block[low:high]
+                s = take
+
+
+def _no_offsets(index: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    return np.zeros(len(index), np.int64)
 
 
 def samples_result(columns: SeriesColumns) -> SamplesResult:
     """The ``prometheus.QueryResult`` of one query: one ``TimeSeries`` per series of
     ``columns`` in their order (a series without samples is left out, as Prometheus
     leaves it out), its labels in their order, its samples in time order."""
-    sample_bytes, sample_at = _samples_bytes(columns.timestamps_ms, columns.values)
-    offsets = columns.offsets
-    starts = sample_at(offsets[:-1])
-    sizes = sample_at(offsets[1:]) - starts
-    pieces: list[bytes | memoryview] = []
+    sizes = _series_sample_bytes(columns)
+    heads: list[tuple[int, bytes]] = []
     total = 0
     for i, label_set in enumerate(columns.label_sets):
         size = int(sizes[i])
@@ -81,38 +106,60 @@ def samples_result(columns: SeriesColumns) -> SamplesResult:
             continue  # a series without samples is not sent
         labels = labels_bytes(label_set)
         head = b"\x0a" + varint(len(labels) + size) + labels
-        start = int(starts[i])
-        pieces += (head, sample_bytes[start : start + size])  # a view: not copied
+        heads.append((i, head))
         total += len(head) + size
-    return SamplesResult(pieces, total)
+    return SamplesResult(columns, heads, total)
+
+
+def _series_sample_bytes(columns: SeriesColumns) -> npt.NDArray[np.int64]:
+    """Each series' ``Sample`` fields' bytes: 12 + the timestamp's varint a sample."""
+    ts, offsets = columns.timestamps_ms, columns.offsets
+    counts = np.diff(offsets)
+    if len(ts) == 0:
+        return counts
+    low, high = int(ts.min()), int(ts.max())
+    if low >= 0 and varint_size(low) == varint_size(high):  # one width: the common case
+        return counts * (_SAMPLE_FIXED + varint_size(low))
+    lengths = varint_lengths(np.ascontiguousarray(ts).view(np.uint64)) + _SAMPLE_FIXED
+    at = np.zeros(len(ts) + 1, np.int64)
+    np.cumsum(lengths, out=at[1:])
+    return at[offsets[1:]] - at[offsets[:-1]]
 
 
 def samples_query_result(columns: SeriesColumns) -> bytes:
     """`samples_result` joined: the serialized ``QueryResult``."""
-    return b"".join(samples_result(columns).pieces)
+    return b"".join(samples_result(columns).pieces())
 
 
-def read_response(query_results: Iterable[bytes | SamplesResult]) -> bytes:
+def read_response(query_results: Sequence[bytes | SamplesResult]) -> bytes:
     """The snappy-compressed (block format) ``prometheus.ReadResponse`` holding the
     given query results in request order (`snappy_pieces`: never joined uncompressed)."""
-    pieces: list[bytes | memoryview] = []
-    for result in query_results:
-        if isinstance(result, SamplesResult):
-            pieces += (b"\x0a" + varint(result.nbytes), *result.pieces)
-        else:
-            pieces += (b"\x0a" + varint(len(result)), result)
-    return snappy_pieces(pieces)
+    total = sum(
+        delimited_size(r.nbytes if isinstance(r, SamplesResult) else len(r)) for r in query_results
+    )
+
+    def pieces() -> Iterator[bytes | memoryview]:
+        for result in query_results:
+            if isinstance(result, SamplesResult):
+                yield b"\x0a" + varint(result.nbytes)
+                yield from result.pieces()
+            else:
+                yield b"\x0a" + varint(len(result))
+                yield result
+
+    return snappy_pieces(pieces(), total)
 
 
 SNAPPY_STAGE_BYTES = 4 << 20
 
 
-def snappy_pieces(pieces: Sequence[bytes | memoryview]) -> bytes:
+def snappy_pieces(pieces: Iterable[bytes | memoryview], total: int) -> bytes:
     """Snappy's block format of the pieces joined, without joining them: the pieces are
     compressed a few MiB at a time and the compressed element streams concatenated
     under one length preamble. Valid snappy: an element stream decodes the same after
-    any earlier output (a copy reaches back only into its own stream's output)."""
-    out: list[bytes | memoryview] = [varint(sum(len(piece) for piece in pieces))]
+    any earlier output (a copy reaches back only into its own stream's output).
+    ``total``: the pieces' length, known before they are made."""
+    out: list[bytes | memoryview] = [varint(total)]
     stage = bytearray()
 
     def compress(data: bytes | bytearray | memoryview) -> None:
@@ -122,7 +169,9 @@ def snappy_pieces(pieces: Sequence[bytes | memoryview]) -> bytes:
             skip += 1
         out.append(block[skip:])
 
+    seen = 0
     for piece in pieces:
+        seen += len(piece)
         if len(piece) >= SNAPPY_STAGE_BYTES:
             if stage:
                 compress(stage)
@@ -135,6 +184,8 @@ def snappy_pieces(pieces: Sequence[bytes | memoryview]) -> bytes:
             stage = bytearray()
     if stage:
         compress(stage)
+    if seen != total:
+        raise AssertionError(f"snappy preamble says {total} bytes, the pieces are {seen}")
     return b"".join(out)
 
 

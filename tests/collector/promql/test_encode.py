@@ -256,10 +256,13 @@ def test_the_vectorised_decoder_reads_as_the_plain_one(
 
 
 @pytest.mark.parametrize("start", [1_790_000_000_000, 0, (1 << 35) - 5])
-def test_samples_of_one_varint_width_are_written_as_those_of_many(start: int) -> None:
+def test_samples_of_one_varint_width_are_written_as_those_of_many(
+    start: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # This century's ms times share one varint width (the matrix path); 0.. and a
     # start just below 2**35 mix widths (per-sample lengths): both read back the same,
     # and the matrix path writes exactly what the per-sample one would.
+    from collector.promql import encode
     from collector.promql.encode import _samples_bytes, _samples_bytes_varied
 
     ts = start + np.arange(0, 30_000, 15, dtype=np.int64)
@@ -270,9 +273,13 @@ def test_samples_of_one_varint_width_are_written_as_those_of_many(start: int) ->
         timestamps_ms=ts,
         values=values,
     )
-    result = read_pb2.QueryResult.FromString(bytes(samples_query_result(columns)))
+    whole = samples_query_result(columns)  # one block
+    result = read_pb2.QueryResult.FromString(whole)
     assert [s.timestamp for t in result.timeseries for s in t.samples] == ts.tolist()
     assert _bits(np.array([s.value for t in result.timeseries for s in t.samples])) == _bits(values)
+    # Blocks of rows across series: the same bytes in any block size.
+    monkeypatch.setattr(encode, "_BLOCK_SAMPLES", 333)
+    assert samples_query_result(columns) == whole
     fast, fast_at = _samples_bytes(ts, values)
     slow, slow_at = _samples_bytes_varied(ts, values)
     index = np.array([0, 700, len(ts)], np.int64)
@@ -289,7 +296,7 @@ def test_snappy_of_pieces_is_snappy_of_the_joined_pieces(monkeypatch: pytest.Mon
     ]
     pieces.append(memoryview(b"x" * 5000)[7:])
     joined = b"".join(pieces)
-    stitched = encode.snappy_pieces(pieces)
+    stitched = encode.snappy_pieces(pieces, len(joined))
     assert bytes(cramjam.snappy.decompress_raw(stitched)) == joined
     assert len(stitched) < len(joined)  # still compressed
-    assert bytes(cramjam.snappy.decompress_raw(encode.snappy_pieces([]))) == b""
+    assert bytes(cramjam.snappy.decompress_raw(encode.snappy_pieces([], 0))) == b""
