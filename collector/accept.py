@@ -64,7 +64,6 @@ from index.log_writer import IndexLogWriter
 from index.rows import accepted_row, blob_row
 from protocol import keys, records
 from protocol.clock import Clock
-from protocol.frame import FrameError, frame_time_range
 from store.base import ObjectStore
 from store.errors import ConditionConflict, OutcomeUnknown, PreconditionFailed, Unavailable
 from store.retry import Backoff
@@ -76,6 +75,7 @@ from .bundles.bundler import BundlesFull as BundlesFull
 from .bundles.bundler import BundleSpot, Placement
 from .bundles.options import BundleOptions
 from .bundles.options import bundle_options as bundle_options
+from .frame_checks import time_range_or_none
 from .manifest_reads import StoredManifest, manifest_if_readable, read_manifest
 from .quarantine import quarantine_conflict
 from .store_calls import AcceptanceUnavailable as AcceptanceUnavailable
@@ -95,14 +95,9 @@ log = structlog.get_logger(__name__)
 DEFAULT_BACKOFF = Backoff(attempts=10, base_s=0.02, cap_s=1.0)
 
 
-def _time_range_or_none(frame: bytes) -> tuple[int, int] | None:
-    """The frame's point-time range; None for bytes that are not a valid frame (only
-    tests hand the acceptor such bytes: every served frame was checked at intake). A
-    row without a range counts as overlapping every range (PROTOCOL §2 late batches)."""
-    try:
-        return frame_time_range(frame)
-    except FrameError:
-        return None
+def _identity_of(header: FrameIdentity) -> keys.BatchIdentity:
+    boot_id = header.boot_id  # a uuid.UUID from FrameHeader
+    return keys.BatchIdentity(header.agent_id, boot_id, header.seq_start, header.seq_end)  # type: ignore[arg-type]
 
 
 class BatchAcceptor:
@@ -138,7 +133,7 @@ class BatchAcceptor:
         self._clock = clock
         self._rng = rng
         self._index_log = index_log
-        self._budget_s = budget_s
+        self.budget_s = budget_s
         self._backoff = backoff
         self._observe = observe_store_op or (lambda _op, _result: None)
         self.bundled: BundledSteps | None = None
@@ -165,12 +160,32 @@ class BatchAcceptor:
         time in ns as the frame check found it; read from the frame's ``ts`` column (off
         the event loop) when not given (a spooled frame, a receiver's)."""
         if ts_range is None:
-            ts_range = await asyncio.to_thread(_time_range_or_none, frame)
+            ts_range = await asyncio.to_thread(time_range_or_none, frame)
         if self._slots is None:
             result = await self._accept(header, frame, frame_sha256, resend, ts_range)
         else:
             async with self._slots:
                 result = await self._accept(header, frame, frame_sha256, resend, ts_range)
+        if isinstance(result, Accepted) and self._on_accepted is not None:
+            self._on_accepted(result.manifest, frame)
+        return result
+
+    async def accept_placed(
+        self, header: FrameIdentity, frame: bytes, sha: str, spot: BundleSpot, send_by: float
+    ) -> Accepted | IdentityConflictFound:
+        """Step 2 alone, for a frame of a bundle the caller wrote (spool mode, PROTOCOL
+        §3.10): every create of this call is sent before ``send_by`` (monotonic) and
+        within the request budget. Raises `AcceptanceUnavailable`."""
+        self._refuse_if_clock_skewed()
+        request = self._request(min(self.budget_s, send_by - self._clock.monotonic()))
+        identity = _identity_of(header)
+        ts_range = await asyncio.to_thread(time_range_or_none, frame)
+        try:
+            result = await self._create_manifest(
+                request, identity, header, frame, sha, ts_range, spot=spot
+            )
+        except BudgetExhausted:
+            raise AcceptanceUnavailable(f"store did not settle {identity} in time") from None
         if isinstance(result, Accepted) and self._on_accepted is not None:
             self._on_accepted(result.manifest, frame)
         return result
@@ -184,13 +199,8 @@ class BatchAcceptor:
         ts_range: tuple[int, int] | None,
     ) -> Accepted | IdentityConflictFound:
         self._refuse_if_clock_skewed()
-        request = self._request(self._budget_s)
-        identity = keys.BatchIdentity(
-            header.agent_id,
-            header.boot_id,  # type: ignore[arg-type]  # a uuid.UUID from FrameHeader
-            header.seq_start,
-            header.seq_end,
-        )
+        request = self._request(self.budget_s)
+        identity = _identity_of(header)
         placement: Placement | None = None
         try:
             if resend:
@@ -222,7 +232,7 @@ class BatchAcceptor:
             )
         except BudgetExhausted:
             raise AcceptanceUnavailable(
-                f"store did not settle {identity} within {self._budget_s}s"
+                f"store did not settle {identity} within {self.budget_s}s"
             ) from None
         finally:
             if placement is not None:
@@ -274,7 +284,16 @@ class BatchAcceptor:
         if created is None:
             created = await self._put_raw_blob(request, frame, sha)
         await self._keep_raw_blob(request, frame, sha, created)
-        return await self._quarantine(request, stored.manifest, sha, accepted_key=stored.key)
+        quarantine_key = await quarantine_conflict(  # collector.quarantine
+            request,
+            accepted=stored.manifest,
+            accepted_key=stored.key,
+            submitted_sha=sha,
+            collector_id=self._collector_id,
+            index_log=self._index_log,
+            max_frame_bytes=self._max_frame_bytes,
+        )
+        return IdentityConflictFound(stored.manifest, sha, quarantine_key, store_ops=request.ops)
 
     # --- step 1: the raw blob ---------------------------------------------------------------
 
@@ -377,24 +396,3 @@ class BatchAcceptor:
                 ts_range=ts_range,
             )
         )
-
-    async def _quarantine(
-        self,
-        request: BudgetedRequest,
-        accepted: records.AcceptedManifest,
-        submitted_sha: str,
-        *,
-        accepted_key: str,
-    ) -> IdentityConflictFound:
-        """The conflict path (`collector.quarantine`): the submitted blob is stored and
-        kept already; the accepted blob's deletion is held off, then the record created."""
-        quarantine_key = await quarantine_conflict(
-            request,
-            accepted=accepted,
-            accepted_key=accepted_key,
-            submitted_sha=submitted_sha,
-            collector_id=self._collector_id,
-            index_log=self._index_log,
-            max_frame_bytes=self._max_frame_bytes,
-        )
-        return IdentityConflictFound(accepted, submitted_sha, quarantine_key, store_ops=request.ops)

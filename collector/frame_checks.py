@@ -23,9 +23,20 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from protocol.frame import FrameHeader, check_payload, decode_header
+from protocol.frame import FrameError, FrameHeader, check_payload, decode_header, frame_time_range
 
 T = TypeVar("T")
+
+
+def time_range_or_none(frame: bytes) -> tuple[int, int] | None:
+    """The frame's point-time range, for a frame checked before (a spooled frame, a
+    receiver's; run it off the event loop); None for bytes that are not a valid frame
+    (only tests hand the acceptor such bytes). A row without a range counts as
+    overlapping every range (PROTOCOL §2 late batches)."""
+    try:
+        return frame_time_range(frame)
+    except FrameError:
+        return None
 
 
 def _check_and_hash(

@@ -67,9 +67,9 @@ class IngestSettings(Section):
     bundle: bool = True
     """Group commit (PROTOCOL §3.10): frames that arrive while this process's raw writes
     are in flight share one raw object, a bundle (1 + 1/n PUTs a batch for bundles of n).
-    In effect only in ``s3_manifest`` mode and once the store's feature record
-    (``index/v1/features.json``) says ``bundles: true``; a quiet collector writes one
-    frame blob a batch as before."""
+    In effect once the store's feature record (``index/v1/features.json``) says
+    ``bundles: true``; a quiet collector writes one frame blob a batch as before. In
+    ``local_spool`` mode a landing round writes its spooled frames as bundles."""
     bundle_max_in_flight: int = Field(default=2, ge=1, le=64)
     """Raw writes (bundles or frame blobs of the bundler) in flight at once per process;
     the open bundle is sent as soon as fewer are."""
@@ -106,6 +106,6 @@ class IngestSettings(Section):
 
     @property
     def bundles_configured(self) -> bool:
-        """Bundles are asked for and the mode allows them: strict mode only (spool mode
-        keeps writing frame blobs, PROTOCOL §3.10's spool ordering is not built)."""
-        return self.bundle and self.acceptance == "s3_manifest"
+        """Bundles are asked for (both modes: spool mode lands windows of spooled frames
+        as bundles, `collector.bundles.spool_landing`)."""
+        return self.bundle

@@ -33,7 +33,7 @@ class BundledSteps:
         self._index_log = index_log
         self._new_request = new
         self.bundler = Bundler(
-            limits=options.limits, clock=clock, write=self._write, on_raw_put=options.on_raw_put
+            limits=options.limits, clock=clock, write=self.write, on_raw_put=options.on_raw_put
         )
 
     async def place(
@@ -65,9 +65,11 @@ class BundledSteps:
         if not ours and self.options.on_dead_bytes is not None:
             self.options.on_dead_bytes(size)
 
-    async def _write(
+    async def write(
         self, frames: Sequence[bytes], shas: Sequence[str], write_by: float
     ) -> SentBundle:
+        """Step 1 for a bundle of these frames, done by ``write_by`` (monotonic; the
+        bundler's, or spool landing's). Raises `BudgetExhausted`."""
         request = self._new_request(write_by - self._clock.monotonic())
         written = await write_bundle(
             request, frames, shas, collector_id=self._collector_id, index_log=self._index_log

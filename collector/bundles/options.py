@@ -50,7 +50,7 @@ def bundle_options(
 ) -> BundleOptions | None:
     """The collector's group commit from its settings (``[ingest] bundle*``), in effect
     while ``enabled()`` (the store's feature gate) says so; None when not configured
-    (``bundle = false``, or spool mode: frame blobs only)."""
+    (``bundle = false``: frame blobs only)."""
     ingest = settings.ingest
     if not ingest.bundles_configured:
         return None

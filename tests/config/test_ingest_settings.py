@@ -35,11 +35,11 @@ def test_bundle_defaults(tmp_path: Path) -> None:
     )
 
 
-def test_spool_mode_and_bundle_false_write_frame_blobs(tmp_path: Path) -> None:
-    spool = load(tmp_path, '[ingest]\nacceptance = "local_spool"\n')
-    assert not spool.bundles_configured
-    assert spool.largest_raw_object_bytes() == spool.max_frame_bytes
-    assert not load(tmp_path, "[ingest]\nbundle = false\n").bundles_configured
+def test_bundle_false_writes_frame_blobs_and_spool_mode_bundles_too(tmp_path: Path) -> None:
+    off = load(tmp_path, "[ingest]\nbundle = false\n")
+    assert not off.bundles_configured
+    assert off.largest_raw_object_bytes() == off.max_frame_bytes
+    assert load(tmp_path, '[ingest]\nacceptance = "local_spool"\n').bundles_configured
 
 
 @pytest.mark.parametrize(

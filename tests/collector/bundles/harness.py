@@ -83,7 +83,8 @@ class BundleHarness:
             backoff=Backoff(attempts=6, base_s=0.001, cap_s=0.01),
             observe_store_op=lambda op, result: self.ops.append((op, result)),
             bundles=BundleOptions(
-                limits=limits or BundleLimits(max_in_flight=1, send_margin_s=1.0),
+                limits=limits
+                or BundleLimits(max_in_flight=1, send_margin_s=min(1.0, budget_s / 2)),
                 enabled=lambda: self.enabled,
                 points_retention_s=points_retention_s,
                 on_raw_put=self.raw_puts.append,

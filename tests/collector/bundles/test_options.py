@@ -25,12 +25,9 @@ def test_settings_make_the_bundler_limits_and_the_gate_decides() -> None:
     assert not options.bundles(resend=True, ts_range=None, now_ns=0)
 
 
-def test_spool_mode_and_bundle_false_have_no_bundler() -> None:
-    metrics = CollectorMetrics()
-    spool = Settings(ingest=IngestSettings(acceptance="local_spool"))
-    assert bundle_options(spool, lambda: True, metrics) is None
+def test_bundle_false_has_no_bundler() -> None:
     off = Settings(ingest=IngestSettings(bundle=False))
-    assert bundle_options(off, lambda: True, metrics) is None
+    assert bundle_options(off, lambda: True, CollectorMetrics()) is None
 
 
 def test_points_older_than_retention_are_not_bundled() -> None:
