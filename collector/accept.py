@@ -122,7 +122,7 @@ class BatchAcceptor:
         (the store's connection pool); the others wait before their first call holding
         only their checked body, not the client's buffers of a request that cannot be
         sent yet. ``None``: no limit. ``bundles``: group commit (PROTOCOL §3.10), in
-        effect while its gate says so; ``None``: frame blobs only (spool mode).
+        effect while its gate says so; ``None``: frame blobs only.
         ``max_frame_bytes``: bounds a bundled accepted frame read for a conflict."""
         self._max_frame_bytes = max_frame_bytes
         self._slots = asyncio.Semaphore(max_concurrent) if max_concurrent else None
