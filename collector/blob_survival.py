@@ -51,7 +51,7 @@ async def keep_existing_blob(
     True when it had to be created again (the caller indexes it as a new raw object).
     Raises `BudgetExhausted`."""
     key = key or keys.raw_blob_key(sha)
-    await hold_off_deletion(request, sha=sha, collector_id=collector_id)
+    await hold_off_deletion(request, sha=sha, collector_id=collector_id, key=key)
     if await blob_present(request, sha, key=key):
         return False
     op = "put_raw_blob" if key == keys.raw_blob_key(sha) else "put_raw_bundle"
@@ -78,8 +78,11 @@ async def keep_accepted_blob(request: BudgetedRequest, *, sha: str, collector_id
     return present
 
 
-async def hold_off_deletion(request: BudgetedRequest, *, sha: str, collector_id: str) -> None:
-    """Read the mark of ``sha``: ``marked`` → write the veto (read back: a create
+async def hold_off_deletion(
+    request: BudgetedRequest, *, sha: str, collector_id: str, key: str | None = None
+) -> None:
+    """Read the mark of ``sha`` (the raw object ``key``, the frame blob by default: the
+    veto records it, PROTOCOL §3.10): ``marked`` → write the veto (read back: a create
     answered 412 proves it is there), then read the mark again; ``deleting`` (first or
     second read) → wait until the mark is gone. When this returns, no deletion of the
     blob is in flight, and none can start before a new mark and its grace: the blob is
@@ -93,6 +96,7 @@ async def hold_off_deletion(request: BudgetedRequest, *, sha: str, collector_id:
         frame_sha256=sha,
         vetoed_at_unix_ns=request.clock.now_ns(),
         collector_id=collector_id,
+        raw_blob_key=key or keys.raw_blob_key(sha),
     )
     await request.create_idempotent("put_gc_veto", keys.gc_veto_key(sha), veto.to_json())
     mark = await _read_mark(request, mark_key)

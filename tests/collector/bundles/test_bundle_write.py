@@ -61,6 +61,7 @@ async def test_an_identical_bundle_already_there_takes_the_collector_side_on_the
     assert ("head_raw_blob", "ok") in harness.ops
     veto = records.GcVeto.from_json((await harness.memory.get(keys.gc_veto_key(sha)))[0])
     assert veto.frame_sha256 == sha  # the bundle's hash, never a frame's
+    assert veto.raw_blob_key == key
     for frame in rest:
         assert not await exists(harness, keys.gc_veto_key(frame_sha(frame)))
         assert (await harness.manifest(frame)).raw_blob_key == key
