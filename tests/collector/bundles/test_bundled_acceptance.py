@@ -7,7 +7,11 @@ from __future__ import annotations
 import asyncio
 
 from collector.accept import Accepted
+from collector.bundles.acceptance import InFlightBytes
 from collector.bundles.bundler import BundleLimits
+from collector.in_flight import InFlight
+from collector.intake import HttpLimits
+from collector.metrics import CollectorMetrics
 from protocol import keys
 from protocol.bundle import check_bundle, read_frame
 from tests.collector.bundles.harness import BundleHarness, frame_sha, frames, wait_until
@@ -113,3 +117,17 @@ async def test_frames_of_other_agents_share_a_bundle_too() -> None:
     assert all(isinstance(a, Accepted) for a in answers)
     keys_named = {(await harness.manifest(f)).raw_blob_key for f in mixed}
     assert len(keys_named) == 1 and next(iter(keys_named)).startswith(keys.RAW_BUNDLES_PREFIX)
+
+
+def test_bundle_bytes_are_charged_to_the_workers_in_flight_bytes() -> None:
+    metrics = CollectorMetrics()
+    in_flight = InFlight(
+        requests_gauge=metrics.in_flight_requests, bytes_gauge=metrics.in_flight_bytes
+    )
+    limits = HttpLimits(max_in_flight_bytes=1000).intake()
+    assert in_flight.try_reserve(2, 100, limits, always_if_alone=False)  # two requests
+    account = InFlightBytes(in_flight, limits)
+    assert account.try_charge(800)
+    assert not account.try_charge(200)  # past http.max_in_flight_bytes: 429
+    account.release(800)
+    assert in_flight.bytes == 100
