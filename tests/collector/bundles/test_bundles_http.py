@@ -24,8 +24,9 @@ class SlowRawPuts(MemoryStore):
     """A raw object's PUT takes 20 ms (an object store's latency, scaled down); the raw
     PUTs are counted."""
 
-    def __init__(self) -> None:
+    def __init__(self, delay_s: float = 0.02) -> None:
         super().__init__()
+        self.delay_s = delay_s
         self.raw_puts: list[str] = []
 
     async def put(
@@ -33,7 +34,7 @@ class SlowRawPuts(MemoryStore):
     ) -> str:
         if key.startswith((keys.RAW_BLOBS_PREFIX, keys.RAW_BUNDLES_PREFIX)):
             self.raw_puts.append(key)
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(self.delay_s)
         return await super().put(key, body, if_none_match=if_none_match, if_match=if_match)
 
 
@@ -79,3 +80,23 @@ async def test_with_the_gate_off_concurrent_posts_take_one_raw_put_each() -> Non
         statuses = await post_all(collector.base_url, frames)
     assert statuses == [200] * 8
     assert sorted(memory.raw_puts) == sorted(keys.raw_blob_key(frame_sha(f)) for f in frames)
+
+
+async def test_while_a_full_bundle_waits_for_the_slot_new_batches_get_429() -> None:
+    memory = SlowRawPuts(delay_s=0.2)
+    frames = [make_frame(f"agent-{i}", seq_start=1) for i in range(8)]
+    limits = BundleLimits(max_in_flight=1, max_frames=2, send_margin_s=1.0)
+    options = BundleOptions(limits=limits, enabled=lambda: True)
+    async with in_process_collector(bundles=options, memory=memory, budget_s=10.0) as collector:
+        async with aiohttp.ClientSession() as session:
+            answers = await asyncio.gather(
+                *(post_frame(session, collector.base_url, f, token=WRITER_TOKEN) for f in frames)
+            )
+    refused = [a for a in answers if a.status == 429]
+    assert refused and all(a.json["error"] == "overloaded" for a in refused)
+    assert all(a.headers.get("Retry-After") for a in refused)
+    for i, answer in enumerate(answers):
+        if answer.status == 200:
+            await memory.get(manifest_key_of(f"agent-{i}", 1))
+        else:
+            assert answer.status == 429
