@@ -157,6 +157,7 @@ class CachedParquet:
         self._file: pq.ParquetFile | None = None
         self._metadata: pq.FileMetaData | None = None
         self._footer_entry: _Footer | None = None
+        self._closed = False
 
     def __enter__(self) -> CachedParquet:
         return self
@@ -165,6 +166,9 @@ class CachedParquet:
         self.close()
 
     def close(self) -> None:
+        """Close the file; a read after this (a part's label maps read later) opens it
+        again and closes it once read."""
+        self._closed = True
         if self._handle is not None:
             self._handle.close()
             self._handle = None
@@ -209,6 +213,8 @@ class CachedParquet:
             return result
         self.metadata  # noqa: B018 - the footer first, so that an open reuses it
         table = self._open().read_row_group(index, columns=list(columns))
+        if self._closed:
+            self.close()
         self._cache.put("row_group", key, table, table.nbytes)
         return table
 

@@ -31,8 +31,9 @@ went away): a read stops within one row group or one frame. Blocking: run on a t
 
 from __future__ import annotations
 
-import json
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
@@ -42,7 +43,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 
 from protocol.frame import Frame
 from rollup.read import reader
@@ -52,6 +52,7 @@ from rollup.table.manifest import DataFile, Snapshot
 from rollup.table.schemas import POINTS_SCHEMA
 
 from .file_cache import CachedParquet, FileCache
+from .group_stats import GroupStats, group_stats
 from .rows import frame_rows
 from .series_first import StoredSeries
 
@@ -115,57 +116,6 @@ class ScanWork:
     rows_masked: int = 0
     label_maps_read: int = 0  # row groups whose label maps were decoded
     paths: list[str] = field(default_factory=list)
-
-
-def _us(moment: Any) -> int | None:
-    if isinstance(moment, datetime):
-        if moment.tzinfo is None:
-            moment = moment.replace(tzinfo=UTC)
-        delta = moment - datetime(1970, 1, 1, tzinfo=UTC)
-        return int((delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds)
-    return None
-
-
-def _ts_bounds_us(stats: Any) -> tuple[int, int] | None:
-    """A row group's ``ts`` statistics in microseconds, or None (no pruning)."""
-    if stats is None or not stats.has_min_max:
-        return None
-    if stats.physical_type == "INT64":
-        logical = stats.logical_type
-        try:
-            unit = json.loads(logical.to_json()).get("timeUnit") if logical is not None else None
-        except (ValueError, AttributeError):
-            unit = None
-        scale = {"milliseconds": 1000, "microseconds": 1}.get(unit or "")
-        if scale is not None:
-            return int(stats.min_raw) * scale, int(stats.max_raw) * scale
-    low, high = _us(stats.min), _us(stats.max)
-    return (low, high) if low is not None and high is not None else None
-
-
-GroupStats = tuple[tuple[int, int] | None, tuple[Any, Any] | None, tuple[Any, Any] | None]
-"""A row group's ``ts`` bounds in µs, ``metric`` and ``series`` min/max (None: unknown)."""
-
-
-def _group_stats(metadata: pq.FileMetaData) -> list[GroupStats]:
-    found = []
-    for index in range(metadata.num_row_groups):
-        group = metadata.row_group(index)
-        ts = metric = series = None
-        for c in range(group.num_columns):
-            column = group.column(c)
-            name = column.path_in_schema
-            if name == "ts":
-                ts = _ts_bounds_us(column.statistics)
-            elif name in ("metric", "series"):
-                stats = column.statistics
-                if stats is not None and stats.has_min_max:
-                    if name == "metric":
-                        metric = (stats.min, stats.max)
-                    else:
-                        series = (stats.min, stats.max)
-        found.append((ts, metric, series))
-    return found
 
 
 def _row_group_may_match(
@@ -258,6 +208,16 @@ def _file_may_hold(data_file: DataFile, stored: StoredSeries) -> bool:
     return stored.may_hold(data_file.min.get("series"), data_file.max.get("series"))
 
 
+READ_AHEAD = 8
+"""Files a remote store's read fetches at once (`committed_parts` ``read_ahead``)."""
+
+
+def read_ahead_for(filesystem: pafs.FileSystem) -> int:
+    """`READ_AHEAD` for a remote store (S3: each file is a few requests' round trips),
+    1 on the local filesystem (reading is decoding there: nothing to overlap)."""
+    return 1 if filesystem.type_name == "local" else READ_AHEAD
+
+
 def committed_parts(
     snapshot: Snapshot | None,
     filesystem: pafs.FileSystem,
@@ -270,11 +230,16 @@ def committed_parts(
     work: ScanWork,
     stored: StoredSeries | None = None,
     cache: FileCache | None = None,
+    read_ahead: int | None = None,
 ) -> Iterator[Part]:
     """The snapshot's ``points`` rows in ``[low_us, high_us)`` within ``bounds`` (and of
     the ``stored`` series, in the hours it covers), one row group at a time, tombstones
     masking (see the module doc). A file no tombstone is pending on is read without its
-    label maps, string columns dictionary-encoded."""
+    label maps, string columns dictionary-encoded. ``read_ahead`` (default
+    `read_ahead_for` the filesystem) > 1: up to that many
+    files are read at once on threads (``check`` is called there too), their parts
+    still yielded in file order; the read stops as soon as one fails or the caller stops
+    (files not started are not read, at most ``read_ahead`` finish)."""
     if snapshot is None:
         return
     start = datetime.fromtimestamp(low_us // 1_000_000, tz=UTC)
@@ -284,33 +249,100 @@ def committed_parts(
     )
     masking = tombstones_mod.for_table(snapshot.tombstones, "points")
     cache = cache if cache is not None else FileCache(0)
+    plan = []
     for data_file in files:
-        check()
         wanted = stored if stored is not None and stored.covers(data_file) else None
         if wanted is not None and not _file_may_hold(data_file, wanted):
             work.files_skipped += 1
             continue
-        work.files += 1
-        work.paths.append(data_file.path)
-        pending = tombstones_mod.pending_on(masking, data_file)
-        with cache.parquet(
-            filesystem, root, data_file, read_dictionary=None if pending else DICTIONARY_COLUMNS
+        plan.append((data_file, wanted, tombstones_mod.pending_on(masking, data_file)))
+
+    def read(item: tuple[DataFile, StoredSeries | None, Any], counts: ScanWork) -> Iterator[Part]:
+        data_file, wanted, pending = item
+        scan = _FileScan(filesystem, root, cache, low_us, high_us, bounds, check)
+        return scan.parts(data_file, wanted, pending, counts, work)
+
+    read_ahead = read_ahead if read_ahead is not None else read_ahead_for(filesystem)
+    if read_ahead <= 1 or len(plan) <= 1:
+        for item in plan:
+            check()
+            work.files += 1
+            work.paths.append(item[0].path)
+            yield from read(item, work)
+        return
+    with ThreadPoolExecutor(read_ahead, thread_name_prefix="points-read") as pool:
+        ahead: deque[tuple[DataFile, ScanWork, Future[list[Part]]]] = deque()
+        try:
+            for item in plan:
+                counts = ScanWork()
+                ahead.append((item[0], counts, pool.submit(_listed, read(item, counts))))
+                while len(ahead) >= read_ahead or (ahead and item is plan[-1]):
+                    data_file, counts, future = ahead.popleft()
+                    check()
+                    parts = future.result()
+                    work.files += 1
+                    work.paths.append(data_file.path)
+                    _add_counts(work, counts)
+                    yield from parts
+        finally:
+            for _file, _counts, future in ahead:
+                future.cancel()
+
+
+def _listed(parts: Iterator[Part]) -> list[Part]:
+    return list(parts)  # a generator made on the caller's thread, run on a reader's
+
+
+def _add_counts(work: ScanWork, counts: ScanWork) -> None:
+    work.row_groups_read += counts.row_groups_read
+    work.row_groups_skipped += counts.row_groups_skipped
+    work.rows_masked += counts.rows_masked
+
+
+@dataclass(frozen=True, slots=True)
+class _FileScan:
+    """What reading one ``points`` file of a `committed_parts` read needs."""
+
+    filesystem: pafs.FileSystem
+    root: str
+    cache: FileCache
+    low_us: int
+    high_us: int
+    bounds: MetricBounds
+    check: Callable[[], None]
+
+    def parts(
+        self,
+        data_file: DataFile,
+        wanted: StoredSeries | None,
+        pending: Any,
+        counts: ScanWork,
+        work: ScanWork,
+    ) -> Iterator[Part]:
+        """The file's parts; row groups counted into ``counts``, label maps read later
+        into ``work``."""
+        low_us, high_us, bounds = self.low_us, self.high_us, self.bounds
+        with self.cache.parquet(
+            self.filesystem,
+            self.root,
+            data_file,
+            read_dictionary=None if pending else DICTIONARY_COLUMNS,
         ) as parquet:
-            group_stats = parquet.memo.get("group_stats")
-            if group_stats is None:  # parsed once per cached footer
-                group_stats = parquet.memo["group_stats"] = _group_stats(parquet.metadata)
-            for index, stats in enumerate(group_stats):
+            stats_of = parquet.memo.get("group_stats")
+            if stats_of is None:  # parsed once per cached footer
+                stats_of = parquet.memo["group_stats"] = group_stats(parquet.metadata)
+            for index, stats in enumerate(stats_of):
                 if not _row_group_may_match(stats, low_us, high_us, bounds, wanted):
-                    work.row_groups_skipped += 1
+                    counts.row_groups_skipped += 1
                     continue
-                check()
-                work.row_groups_read += 1
+                self.check()
+                counts.row_groups_read += 1
                 if pending:
                     rows = parquet.read_row_group(index, columns=POINTS_SCHEMA.names)
                     rows = rows.select(POINTS_SCHEMA.names).cast(POINTS_SCHEMA)
                     rows = rows.filter(pa.array(_keep(rows, low_us, high_us, bounds, wanted)))
                     rows, masked = tombstones_mod.drop_masked(pending, "points", rows)
-                    work.rows_masked += masked
+                    counts.rows_masked += masked
                     if rows.num_rows:
                         yield Part(rows)
                     continue

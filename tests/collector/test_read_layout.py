@@ -28,6 +28,7 @@ from collector.promql.read_endpoint import ReadEndpoint
 from collector.promql.select import ReadQuery, Selection, select_series
 from collector.query.committed import SnapshotSource
 from collector.query.file_cache import FileCache
+from collector.query.points_scan import MetricBounds, ScanWork, committed_parts
 from collector.query.series_first import resolve_stored_series
 from collector.query.window import LiveWindow
 from config import Principal, TokenTable
@@ -217,6 +218,48 @@ async def test_the_cache_keeps_the_rows_a_read_selects_not_whole_row_groups(
     assert 0 < samples(half)["h0123"] < PER_SERIES
     assert sum(handler.opened.values()) == 0
     assert lookups[("row_group", False)] == first.work.row_groups_read + first.work.label_maps_read
+
+
+async def test_files_read_ahead_on_threads_yield_what_one_at_a_time_does(world: Any) -> None:
+    """``read_ahead`` (a remote store's files fetched at once): the same parts in the
+    same order, the same work counted; a failing check stops the read."""
+    store, snapshot = world
+
+    def scan(read_ahead: int, check: Any = lambda: None) -> tuple[list[Any], ScanWork]:
+        work = ScanWork()
+        parts = committed_parts(
+            snapshot,
+            pafs.LocalFileSystem(),
+            str(store.root),
+            low_us=ms(H0) * 1000,
+            high_us=ms(H2.next()) * 1000,
+            bounds=MetricBounds(),
+            check=check,
+            work=work,
+            read_ahead=read_ahead,
+        )
+        rows = [
+            (p.rows.column("series").to_pylist(), p.rows.column("ts").to_pylist()) for p in parts
+        ]
+        return rows, work
+
+    one, one_work = scan(1)
+    ahead, ahead_work = scan(4)
+    assert one_work.files >= 3 and one == ahead
+    assert (one_work.files, one_work.row_groups_read, one_work.paths) == (
+        ahead_work.files,
+        ahead_work.row_groups_read,
+        ahead_work.paths,
+    )
+    calls = Counter[str]()
+
+    def failing() -> None:
+        calls.update(["check"])
+        if calls["check"] > 5:
+            raise RuntimeError("client gone")
+
+    with pytest.raises(RuntimeError, match="client gone"):
+        scan(4, failing)
 
 
 def test_the_cache_evicts_the_least_recently_used() -> None:
