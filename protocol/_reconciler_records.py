@@ -42,6 +42,13 @@ class AuditRecord(Record):
     cataloged: int = Field(default=0, ge=0)
     blobs_listed: int = Field(default=0, ge=0)
     orphans: int | None = Field(default=None, ge=0)
+    bundles_listed: int = Field(default=0, ge=0)
+    """Bundles the listing showed (PROTOCOL §3.10; of ``blobs_listed``, which counts every
+    raw object), with their listed bytes (``bundle_bytes``) and ``bundle_dead_bytes``:
+    per bundle, its listed size less the bytes of the distinct ranges catalog rows name
+    in it (no GET; its index and footer count as dead). 0 in audits written before."""
+    bundle_bytes: int = Field(default=0, ge=0)
+    bundle_dead_bytes: int = Field(default=0, ge=0)
     catalog_created_from: str | None = Field(default=None, pattern=r"^\d{10}-\d{10}$")
     """The ``index/v1/catalog-created/`` entry name (``<epoch:010d>-<sequence:010d>``) from
     which every catalog file created after this audit started is named: recorded at the

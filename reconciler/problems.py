@@ -20,7 +20,8 @@ cataloged record the store does not hold; closed by a later audit that lists it 
 ``identity-mismatch`` and ``overlapping-identity`` (subject: the raw blob; batches it left
 out, PROTOCOL §3.7) and ``bad-range`` (subject: the bundle; a record whose range does
 not hold its frame and whose bundle's index has no good entry of its hash, PROTOCOL
-§3.10). ``gc-guard`` and
+§3.10; the full audit records it too for a range past the bundle's listed size,
+`reconciler.audit.blobs_act`). ``gc-guard`` and
 ``unreadable-gc-mark`` (subject: a GC mark that does not parse; collectors wait on it
 as on a deletion under way, and the GC removes it after the settle time: nothing to do
 unless it stays) belong to the GC (`reconciler.gc.problems`). `ADVICE` says what an

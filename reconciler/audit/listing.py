@@ -43,7 +43,14 @@ from reconciler.audit.parts import (
     parse_part,
     part_name,
 )
-from reconciler.audit.ranges import KIND_PREFIXES, KINDS, KeyRange, ListingKind, plan_ranges
+from reconciler.audit.ranges import (
+    KIND_PREFIXES,
+    KINDS,
+    RAW_KINDS,
+    KeyRange,
+    ListingKind,
+    plan_ranges,
+)
 from store.base import ObjectInfo, ObjectStore, list_range
 
 __all__ = [
@@ -145,7 +152,7 @@ async def plan_listing(
     previous: Mapping[str, int] | None = None,
 ) -> ListingPlan:
     """This audit's ranges (`plan_ranges`, sized by ``previous``: the previous completed
-    audit's ``keys_listed``) of ``kinds`` (an inventory audit lists only the raw blobs)
+    audit's ``keys_listed``) of ``kinds`` (an inventory audit lists only the raw objects)
     and, found by one listing of ``audit_dir``, the parts each already has."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -196,7 +203,7 @@ async def list_for_audit(
     Parquet parts under ``audit_dir`` (`keys.audit_listing_prefix`); the parts of every
     range, finished before or now. ``progress(done, total)`` after each range (awaited
     if it returns an awaitable: the audit saves its progress there). Only the ranges of
-    ``kinds`` (an inventory audit lists only the raw blobs); ``previous`` sizes a new plan
+    ``kinds`` (an inventory audit lists only the raw objects); ``previous`` sizes a new plan
     (`plan_listing`)."""
     plan = await plan_listing(
         store, audit_dir, concurrency=concurrency, kinds=kinds, previous=previous
@@ -337,11 +344,11 @@ async def parts_from_inventory(
 
 def with_inventory(listed: ListingParts, report: ListingParts) -> ListingParts:
     """An inventory audit's parts: the records' from the report (`parts_from_inventory`),
-    the raw blobs' from the listing (as they always were)."""
+    the raw objects' (frame blobs and bundles) from the listing (as they always were)."""
     return replace(
         report,
-        parts={**report.parts, "raw-blobs": listed.parts["raw-blobs"]},
-        keys_listed={**report.keys_listed, "raw-blobs": listed.keys_listed["raw-blobs"]},
+        parts={**report.parts, **{kind: listed.parts[kind] for kind in RAW_KINDS}},
+        keys_listed={**report.keys_listed, **{k: listed.keys_listed[k] for k in RAW_KINDS}},
     )
 
 

@@ -1,10 +1,14 @@
 """The orphan file of a completed catalog audit (``reconciler/v1/audit-orphans/…``).
 
-One Parquet row per raw blob the audit's listing showed older than the retry horizon and
-referenced by no catalog row: ``frame_sha256``, ``size``, ``last_modified_ns`` (the
-listing's LastModified, store time), ``raw_retention`` (true when only accepted rows of
-retired hours reference it, `reconciler.gc.raw_retention`; files written before that column
-existed read as false). The GC proves rules 1 and 2 of PROTOCOL §3.5 from it.
+One Parquet row per raw object (frame blob or bundle, PROTOCOL §3.10) the audit's listing
+showed older than the retry horizon and referenced by no catalog row (joined by key):
+``frame_sha256`` (the hash in its key: a bundle's own for a bundle), ``size``,
+``last_modified_ns`` (the listing's LastModified, store time), ``raw_retention`` (true
+when only accepted rows of retired hours reference it, `reconciler.gc.raw_retention`;
+files written before that column existed read as false) and ``raw_blob_key`` (a bundle's
+key; null for a frame blob, the one of its hash, and absent in files written before
+bundles: `reconciler.gc.candidates.RAW_KEY_COLUMNS`). The GC proves rules 1 and 2 of
+PROTOCOL §3.5 from it.
 """
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ ORPHAN_SCHEMA = pa.schema(
         ("size", pa.int64()),
         ("last_modified_ns", pa.int64()),
         ("raw_retention", pa.bool_()),
+        ("raw_blob_key", pa.string()),
     ]
 )
 Orphan = tuple[str, int, int, bool]
-"""``(frame_sha256, size, last_modified_ns, raw_retention)``."""
+"""``(frame_sha256, size, last_modified_ns, raw_retention)`` of a frame blob."""
 
 
 def encode_orphans(orphans: list[Orphan]) -> bytes:
@@ -33,6 +38,7 @@ def encode_orphans(orphans: list[Orphan]) -> bytes:
             "size": [size for _sha, size, _modified, _r in orphans],
             "last_modified_ns": [modified for _sha, _size, modified, _r in orphans],
             "raw_retention": [retired for _sha, _size, _modified, retired in orphans],
+            "raw_blob_key": [None] * len(orphans),
         },
         schema=ORPHAN_SCHEMA,
     )

@@ -12,7 +12,8 @@ The bounds are folder names, so a folder's keys always fall in one range (never 
 - ``accepted/v1/``: the folders directly under it (``agent=<hex>/`` groups, found by one
   delimiter listing; any other folder counts as a group too);
 - ``quarantine/v1/``: the agent folders under ``quarantine/v1/identity-conflict/``;
-- ``raw-blobs/v1/``: the 256 ``sha256/<hh>/`` folders (fixed: no listing needed).
+- ``raw-blobs/v1/`` and ``raw-bundles/v1/`` (PROTOCOL §3.9, §3.10): the 256
+  ``sha256/<hh>/`` folders of each (fixed: no listing needed).
 
 A key outside every group (``accepted/v1/junk``, ``raw-blobs/v1/x``, a flat key between
 two agents) lies in whichever range covers its place in key order, so it is listed and
@@ -48,15 +49,19 @@ from protocol import keys
 from store.base import ObjectInfo, ObjectStore, list_range
 from store.errors import NotFound, PreconditionFailed
 
-ListingKind = Literal["accepted", "quarantine", "raw-blobs"]
+ListingKind = Literal["accepted", "quarantine", "raw-blobs", "raw-bundles"]
 KINDS: tuple[ListingKind, ...] = get_args(ListingKind)
+RAW_KINDS: tuple[ListingKind, ...] = ("raw-blobs", "raw-bundles")
+"""The raw objects' kinds: what an audit from an S3 Inventory report still lists."""
 KIND_PREFIXES: dict[ListingKind, str] = {
     "accepted": keys.ACCEPTED_PREFIX,
     "quarantine": "quarantine/v1/",
     "raw-blobs": "raw-blobs/v1/",
+    "raw-bundles": "raw-bundles/v1/",
 }
 """What a full audit lists: the whole version folder of each, not only its well-formed
-part (`keys.QUARANTINE_PREFIX`, `keys.RAW_BLOBS_PREFIX`), so stray keys are reported."""
+part (`keys.QUARANTINE_PREFIX`, `keys.RAW_BLOBS_PREFIX`, `keys.RAW_BUNDLES_PREFIX`), so
+stray keys are reported."""
 _GROUP_PARENTS: dict[ListingKind, str] = {
     "accepted": keys.ACCEPTED_PREFIX,
     "quarantine": keys.QUARANTINE_PREFIX,
@@ -123,8 +128,9 @@ def _common_prefix(a: str, b: str) -> str:
     return a[:length]
 
 
-def raw_blob_groups() -> list[str]:
-    return [f"{keys.RAW_BLOBS_PREFIX}{i:02x}/" for i in range(256)]
+def raw_blob_groups(prefix: str = keys.RAW_BLOBS_PREFIX) -> list[str]:
+    """The 256 ``sha256/<hh>/`` folders under a raw object prefix."""
+    return [f"{prefix}{i:02x}/" for i in range(256)]
 
 
 async def groups_of(store: ObjectStore, kind: ListingKind) -> tuple[list[str], int]:
@@ -132,6 +138,8 @@ async def groups_of(store: ObjectStore, kind: ListingKind) -> tuple[list[str], i
     listings that cost (pages of 1000 folders)."""
     if kind == "raw-blobs":
         return raw_blob_groups(), 0
+    if kind == "raw-bundles":
+        return raw_blob_groups(keys.RAW_BUNDLES_PREFIX), 0
     found = [folder async for folder in store.common_prefixes(_GROUP_PARENTS[kind])]
     return found, 1 + len(found) // 1000
 
@@ -289,6 +297,10 @@ def parse_plan(key: str, body: bytes) -> list[KeyRange]:
         index = sum(1 for r in ranges if r.kind == kind)
         ranges.append(KeyRange(kind, index, KIND_PREFIXES[kind], bounds[0], bounds[1]))
     for kind in KINDS:
+        if not any(r.kind == kind for r in ranges):
+            # A plan written before this kind was listed (``raw-bundles``, PROTOCOL §3.10)
+            # by an audit now resumed: the kind is one unbounded range.
+            ranges.append(KeyRange(kind, 0, KIND_PREFIXES[kind], None, None))
         _check_tiling(key, [r for r in ranges if r.kind == kind], kind)
     return ranges
 

@@ -6,7 +6,8 @@ Per listed record the join names (``reason``):
   and cataloged if well-formed (``source = "audit"``; a junk key becomes the cataloger's
   ``unparseable-*`` problem);
 - ``etag`` (the newest row's normalized ETag differs from the listed one) and ``conflict``
-  (the key's rows are in two hours or have two different ``frame_sha256``): read, and the
+  (the key's rows are in two hours or have two different ``frame_sha256``, raw keys or
+  ranges, PROTOCOL §3.7): read, and the
   store's record written as a *superseding row* unless the newest row already is the
   store's record (ETag and fields equal: an old row of another hour stays in its hour, and
   only costs this read at each audit). A row without an ETag takes the listed one (the
@@ -16,8 +17,9 @@ Per listed record the join names (``reason``):
   outrank a superseding one): read, and checked as ``etag`` is — a superseding row
   (a ``catalog-mismatch`` when the fields differed) unless the row that counts already is
   the store's record.
-- **fields differed** (the store's ``frame_sha256``, ``accepted_frame_sha256`` or
-  ``time_unix_ns`` is not the newest row's, or the rows disagreed): a ``catalog-mismatch``.
+- **fields differed** (the store's ``frame_sha256``, ``accepted_frame_sha256``,
+  ``time_unix_ns``, raw key or range is not the newest row's, or the rows disagreed): a
+  ``catalog-mismatch``.
   It is an event (log ``catalog_mismatch`` and the ``lm_reconciler_catalog_mismatches``
   counter) *and* a problem record, written before the superseding row and resolved once
   that row is written: PROTOCOL §3.5 rule 5 has the GC delete nothing while a
@@ -75,6 +77,8 @@ class Newest:
     accepted_frame_sha256: str | None
     time_unix_ns: int | None
     conflict: bool
+    raw: tuple[str | None, int | None, int | None] = (None, None, None)
+    """``raw_blob_key``, ``raw_offset``, ``raw_length`` (PROTOCOL §3.10)."""
 
 
 @dataclass
@@ -129,6 +133,11 @@ class RecordActs:
                     _opt(entry["accepted_frame_sha256"]),
                     _opt_int(entry["time_unix_ns"]),
                     bool(entry["conflict"]),
+                    (
+                        _opt(entry["raw_blob_key"]),
+                        _opt_int(entry["raw_offset"]),
+                        _opt_int(entry["raw_length"]),
+                    ),
                 )
         batch = CatalogBatch()
         seen: dict[str, int] = {}
@@ -175,11 +184,7 @@ class RecordActs:
         if rows:
             path = os.path.join(self._added_dir, f"{len(self.added):08d}.parquet")
             table = pa.Table.from_pydict(
-                {
-                    "key": [row.key for row in rows],
-                    "frame_sha256": [row.frame_sha256 for row in rows],
-                    "accepted_frame_sha256": [row.accepted_frame_sha256 for row in rows],
-                },
+                {name: [getattr(row, name) for row in rows] for name in ADDED_SCHEMA.names},
                 schema=ADDED_SCHEMA,
             )
             pq.write_table(table, path)
@@ -228,8 +233,10 @@ def fields_differ(row: IndexRow, newest: Newest) -> list[str]:
         or row.time_unix_ns != newest.time_unix_ns
     ):
         differs.append("frame_sha256, accepted_frame_sha256 or time_unix_ns")
+    if (row.raw_blob_key, row.raw_offset, row.raw_length) != newest.raw:
+        differs.append("raw_blob_key, raw_offset or raw_length")
     if newest.conflict:
-        differs.append("rows in two hours or with two hashes")
+        differs.append("rows in two hours or with two hashes, raw keys or ranges")
     return differs
 
 

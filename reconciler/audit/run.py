@@ -1,5 +1,5 @@
-"""Full audit of ``accepted/v1/``, ``quarantine/v1/`` and ``raw-blobs/v1/`` against the
-catalog, as out-of-core joins (PROTOCOL §3.7, §3.9 "full audit"); resumable after a crash.
+"""Full audit of ``accepted/v1/``, ``quarantine/v1/``, ``raw-blobs/v1/`` and ``raw-bundles/v1/``
+against the catalog, as out-of-core joins (PROTOCOL §3.7, §3.9, §3.10); resumable.
 
 1. **Catalog**: the catalog files are listed and copied into the audit's spill directory
    (`fetch_catalog`: only files the audit pinned, ``pin_expires_at_unix_ns`` in its
@@ -7,21 +7,20 @@ catalog, as out-of-core joins (PROTOCOL §3.7, §3.9 "full audit"); resumable af
    pinned file that is gone stops the audit incomplete (never "no rows"); one that is not
    an index file is moved aside and reported (``unreadable-index-file``): its rows then
    count as missing, so this audit catalogs its records again.
-2. **Listing** (`reconciler.audit.listing`): every range of the three prefixes into
-   Parquet listing parts in the store (``keys.audit_listing_prefix``), or, with an S3
-   Inventory, the records' parts from the report (`parts_from_inventory`) and the raw
-   blobs listed. Then copied into the spill directory.
+2. **Listing** (`reconciler.audit.listing`): every range of the four prefixes into Parquet
+   listing parts in the store (``keys.audit_listing_prefix``), or, with an S3 Inventory,
+   the records' parts from the report and the raw objects listed; copied to the spill.
 3. **Joins** (`reconciler.audit.engines.duckdb_joins`, SQL in `reconciler.audit.engines.sql`), DuckDB under
    half of ``audit_memory_limit_mb`` (the process needs the rest), spilling to disk:
    the record join first, acted on in bounded batches (`reconciler.audit.records_act`:
    records to read and catalog, ETag differences and keys in two hours or with two hashes
    read and superseded, phantom-row candidates); then the blob join, which counts the
-   rows just written as references (`reconciler.audit.blobs_act`: missing blobs, the
-   orphan file ``reconciler/v1/audit-orphans/...`` for the GC). Accepted rows of hours raw
-   retention retired (`reconciler.gc.raw_retention`, `reconciler.audit.retired`) keep no
-   blob alive: their blobs are orphans flagged ``raw_retention``, never missing.
+   rows just written as references, by raw key (`reconciler.audit.blobs_act`: missing
+   blobs, bad ranges, bundles' dead bytes, the orphan file for the GC). Accepted rows of
+   hours raw retention retired (`reconciler.gc.raw_retention`, `reconciler.audit.retired`)
+   keep no raw object alive: orphans flagged ``raw_retention``, never missing.
 4. A listing audit then reports ``phantom-row``s (an inventory may lack recent objects).
-SHA-256 verification of blobs (`reconciler.audit.blob_verify`) runs alongside in rate-limited rounds.
+SHA-256 verification (`reconciler.audit.blob_verify`) runs alongside in rate-limited rounds.
 
 **What a completed audit promises** (what the GC's rules 1, 2 and 5 rely on, PROTOCOL
 §3.5): every accepted manifest and quarantine record that existed when the audit started
@@ -60,6 +59,7 @@ from typing import ParamSpec, TypeVar
 from index import catalog
 from protocol import keys
 from protocol.records import AuditRecord, CatalogCreated
+from reconciler.audit import blobs_act
 from reconciler.audit.audit_inputs import (
     CatalogCopy,
     PinnedCatalog,
@@ -67,7 +67,6 @@ from reconciler.audit.audit_inputs import (
     fetch_pinned_catalog,
 )
 from reconciler.audit.blob_verify import VERIFY_CURSOR
-from reconciler.audit.blobs_act import confirm_missing, record_missing_blobs, supersede_for_missing
 from reconciler.audit.engines.duckdb_joins import (
     AuditJoins,
     JoinLimits,
@@ -87,7 +86,7 @@ from reconciler.audit.progress import PROGRESS_INTERVAL_S as PROGRESS_INTERVAL_S
 from reconciler.audit.progress import PROGRESS_RECORDS as PROGRESS_RECORDS
 from reconciler.audit.progress import AuditProgress as AuditProgress
 from reconciler.audit.progress import ProgressCallback as ProgressCallback
-from reconciler.audit.ranges import KINDS, ListingKind, previous_keys
+from reconciler.audit.ranges import KINDS, RAW_KINDS, ListingKind, previous_keys
 from reconciler.audit.records import (
     latest_audit,
     latest_completed_audit,
@@ -229,7 +228,7 @@ class AuditRun(AuditState):
         audit_dir = keys.audit_listing_prefix(
             self._record.started_at_unix_ns, self._record.audit_id
         )
-        kinds: tuple[ListingKind, ...] = KINDS if self._inventory is None else ("raw-blobs",)
+        kinds: tuple[ListingKind, ...] = KINDS if self._inventory is None else RAW_KINDS
         listed = await list_for_audit(
             ctx.store,
             audit_dir,
@@ -357,15 +356,15 @@ class AuditRun(AuditState):
         """Missing blobs (confirmed, superseded where the record names another hash,
         recorded), then the orphan file (`reconciler.audit.blobs_act`)."""
         ctx = self._ctx
-        missing = await confirm_missing(ctx, results)
-        batch, mismatched = await supersede_for_missing(acts, self._cataloger, joins, missing)
+        missing = await blobs_act.confirm_missing(ctx, results)
+        batch, mismatched = await blobs_act.supersede_for_missing(
+            acts, self._cataloger, joins, missing
+        )
         result = ChunkResult(batch, mismatched)
         if not await self._commit(result):
             return
         await acts.written_ok(result)
-        kept = {
-            keys.parse_raw_object_key(k)[1] for row in batch.rows for k in row.referenced_raw_keys
-        }
+        kept = {raw_key for row in batch.rows for raw_key in row.referenced_raw_keys}
         path = os.path.join(spill, "orphans.parquet")
         orphans = await self._work(joins.write_orphans, results, path, keep=kept)
         body = await self._work(_read_bytes, path)
@@ -374,14 +373,14 @@ class AuditRun(AuditState):
         await ctx.store.put(
             keys.audit_orphans_key(record.started_at_unix_ns, record.audit_id), body
         )
-        self._problem_count += await record_missing_blobs(ctx.store, self.problems, missing)
-        self._blobs = (results.blobs_listed, orphans)
+        self._problem_count += await blobs_act.record_missing_blobs(
+            ctx.store, self.problems, missing
+        )
+        self._problem_count += await blobs_act.record_bad_ranges(self.problems, results)
+        self._blobs = {"blobs_listed": results.blobs_listed, "orphans": orphans}
+        self._blobs.update(await self._work(blobs_act.blob_counts, joins, results))
         ctx.log.info(
-            "audit_blobs_joined",
-            listed=results.blobs_listed,
-            orphans=orphans,
-            missing=len(missing),
-            reasons=results.reasons,
+            "audit_blobs_joined", missing=len(missing), reasons=results.reasons, **self._blobs
         )
 
 

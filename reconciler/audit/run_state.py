@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from typing import Any, TypeVar
 
+from protocol import keys
 from protocol.records import AuditRecord
 from reconciler.audit.blob_verify import VERIFY_CURSOR, BlobVerifier, split_concurrency
 from reconciler.audit.engines.engine import EngineJoins
@@ -74,7 +75,9 @@ class AuditState:
         self._pin_expires: int | None = None
         self._pinned_through: int | None = None
         self._phantoms: int | None = None
-        self._blobs: tuple[int, int] | None = None  # (blobs listed, orphans)
+        self._blobs: dict[str, int] | None = None
+        """The blob join's counts for the record (``blobs_listed``, ``orphans``,
+        ``bundles_listed``, ``bundle_bytes``, ``bundle_dead_bytes``), once done."""
         self._joins: EngineJoins | None = None
         self._phase: asyncio.Future[Any] | None = None
         self.lapsed = False
@@ -114,7 +117,7 @@ class AuditState:
 
     def _references(self, sha: str) -> bool:
         """Blob verification's message (rare): a query over the catalog copies."""
-        return self._joins is not None and self._joins.references(sha)
+        return self._joins is not None and self._joins.references(keys.raw_blob_key(sha))
 
     async def pin(self) -> bool:
         """Pin every catalog file before the catalog is listed (PROTOCOL §3.7): a new
@@ -275,13 +278,11 @@ class AuditState:
         complete = not self.failed and not self.stopped and self._blobs is not None
         if complete:
             assert self._blobs is not None
-            blobs_listed, orphans = self._blobs
             record = self._current(
                 status="completed",
                 completed_at_unix_ns=self._ctx.clock.now_ns(),
                 cursors=self._verify_cursors(),
-                blobs_listed=blobs_listed,
-                orphans=orphans,
+                **self._blobs,
                 pin_expires_at_unix_ns=None,  # the joins are done: the pin is released
                 pinned_through_unix_ns=None,
             )

@@ -69,14 +69,14 @@ def row(n: int, *, hour: int = 0, etag: str | None = None, frame: str | None = N
     )
 
 
-def write_part(path: Path, entries: list[tuple[str, str | None, int]]) -> str:
-    """``(key, etag, last_modified_ns)`` as a listing part."""
+def write_part(path: Path, entries: list[tuple[str, str | None, int]], *, size: int = 100) -> str:
+    """``(key, etag, last_modified_ns)`` as a listing part (every object of ``size``)."""
     pq.write_table(
         pa.table(
             {
                 "key": [k for k, _e, _t in entries],
                 "etag": [e for _k, e, _t in entries],
-                "size": [100] * len(entries),
+                "size": [size] * len(entries),
                 "last_modified": pa.array([t // 1000 for _k, _e, t in entries], pa.int64()).cast(
                     pa.timestamp("us", tz="UTC")
                 ),
@@ -192,14 +192,16 @@ def test_every_planted_difference_is_found_exactly(tmp_path: Path) -> None:
             # sha(3) is still referenced by key 3's older row: not an orphan.
             assert orphans == [sha(500)]
             assert missing == sorted([sha(7), sha(21)])
-            referencing = {
-                r["frame_sha256"]: r["record_key"] for r in results_of(result.referencing)
+            referencing = {r["raw_key"]: r["record_key"] for r in results_of(result.referencing)}
+            assert referencing == {
+                keys.raw_blob_key(sha(7)): mkey(7),
+                keys.raw_blob_key(sha(21)): mkey(21),
             }
-            assert referencing == {sha(7): mkey(7), sha(21): mkey(21)}
             assert result.listed_old == {"accepted": 12, "quarantine": 1, "raw-blobs": 15}
             assert result.listed_young == {"accepted": 1, "quarantine": 0, "raw-blobs": 0}
             assert result.blobs_listed == 14
-            assert joins.references(sha(103)) and not joins.references(sha(500))
+            assert joins.references(keys.raw_blob_key(sha(103)))
+            assert not joins.references(keys.raw_blob_key(sha(500)))
 
     asyncio.run(scenario())
 

@@ -144,8 +144,8 @@ async def test_ranges_tile_each_prefix_and_list_every_key_exactly_once() -> None
     assert listing.keys_listed == {kind: len(rows[kind]) for kind in KINDS}
     assert all(key in {k for kind in KINDS for k, _ in rows[kind]} for key in JUNK)
     # 4 x concurrency ranges per kind (accepted: 40 agents and 2 junk folders).
-    assert listing.ranges_total == 3 * 12 and listing.ranges_resumed == 0
-    assert progress[0] == (0, 36) and progress[-1] == (36, 36)
+    assert listing.ranges_total == 4 * 12 and listing.ranges_resumed == 0
+    assert progress[0] == (0, 48) and progress[-1] == (48, 48)
     assert [d for d, _ in progress] == sorted(d for d, _ in progress)
 
 
@@ -168,6 +168,10 @@ def test_merged_ranges_never_split_a_group_and_cover_any_key() -> None:
 def test_a_stored_plan_with_a_gap_is_refused() -> None:
     ranges = ranges_from_groups("accepted", [f"accepted/v1/agent={a}/" for a in range(4)], 3)
     ranges += ranges_from_groups("quarantine", [], 1) + ranges_from_groups("raw-blobs", [], 1)
+    # A plan written before raw-bundles were listed (a resumed audit): one range of them.
+    bundles = ranges_from_groups("raw-bundles", [], 1)
+    assert parse_plan("plan", plan_json(ranges)) == ranges + bundles
+    ranges += bundles
     assert parse_plan("plan", plan_json(ranges)) == ranges
     gap = plan_json(ranges).replace(
         b'"upper": "accepted/v1/agent=1/"', b'"upper": "accepted/v1/agent=0/"'

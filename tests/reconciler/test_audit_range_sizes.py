@@ -43,13 +43,10 @@ KPR = audit_ranges.KEYS_PER_RANGE
 
 def kind_lists(store: CountingStore) -> list[str]:
     """The LIST requests (pages too) of the listed prefixes: the audit's listing (not the
-    blob verifier's walk of `keys.RAW_BLOBS_PREFIX`, beside it)."""
+    blob verifiers' walks of `keys.RAW_BLOBS_PREFIX` and `keys.RAW_BUNDLES_PREFIX`)."""
     prefixes = tuple(KIND_PREFIXES.values())
-    return [
-        key
-        for key in store.keys_of("list")
-        if key.startswith(prefixes) and key != keys.RAW_BLOBS_PREFIX
-    ]
+    walks = (keys.RAW_BLOBS_PREFIX, keys.RAW_BUNDLES_PREFIX)
+    return [key for key in store.keys_of("list") if key.startswith(prefixes) and key not in walks]
 
 
 async def test_a_small_stores_audit_lists_each_prefix_once(
@@ -71,9 +68,10 @@ async def test_a_small_stores_audit_lists_each_prefix_once(
     assert sorted(k.removeprefix(audit_dir) for k in written) == sorted(
         [PLAN_NAME, "accepted/00000-000000-n60-final.parquet",
          "quarantine/00000-000000-n0-final.parquet",
-         f"raw-blobs/00000-000000-n{first.keys_listed['raw-blobs']}-final.parquet"]
+         f"raw-blobs/00000-000000-n{first.keys_listed['raw-blobs']}-final.parquet",
+         "raw-bundles/00000-000000-n0-final.parquet"]
     )  # fmt: skip
-    assert first.requests["LIST"] == 1 + 3  # the catalog's listing, then one a prefix
+    assert first.requests["LIST"] == 1 + 4  # the catalog's listing, then one a prefix
 
     # The next audit is sized by this one's counts (small: probed, one range each).
     clock.advance(60)
@@ -127,11 +125,14 @@ async def test_ranges_grow_with_the_previous_count_up_to_the_cap() -> None:
     planned = await plan_ranges(recorder, AUDIT_DIR, concurrency=16, previous=previous)
 
     counts = {kind: sum(1 for r in planned.ranges if r.kind == kind) for kind in KINDS}
-    assert counts == {"accepted": 11, "quarantine": 1, "raw-blobs": cap}
-    # Only the small prefix is probed (and listed whole by it); folders of the big ones.
-    assert recorder.lists == [(KIND_PREFIXES["quarantine"], None)]
+    assert counts == {"accepted": 11, "quarantine": 1, "raw-blobs": cap, "raw-bundles": 1}
+    # Only the small prefixes are probed (and listed whole by it); folders of the big ones.
+    assert recorder.lists == [
+        (KIND_PREFIXES["quarantine"], None),
+        (KIND_PREFIXES["raw-bundles"], None),
+    ]
     assert recorder.folder_lists == [keys.ACCEPTED_PREFIX]
-    assert set(planned.listed) == {"quarantine"}
+    assert set(planned.listed) == {"quarantine", "raw-bundles"}
     # Fewer folders than ranges wanted: one range a folder (never an empty split).
     folders = [f async for f in store.common_prefixes(keys.ACCEPTED_PREFIX)]
     few = await plan_ranges(store, AUDIT_DIR + "few/", concurrency=16,
@@ -144,7 +145,7 @@ async def test_ranges_grow_with_the_previous_count_up_to_the_cap() -> None:
     raw_only = await plan_ranges(recorder, AUDIT_DIR + "inventory/", concurrency=16,
                                  previous=previous, kinds=only)  # fmt: skip
     counts = {kind: sum(1 for r in raw_only.ranges if r.kind == kind) for kind in KINDS}
-    assert counts == {"accepted": 1, "quarantine": 1, "raw-blobs": cap}
+    assert counts == {"accepted": 1, "quarantine": 1, "raw-blobs": cap, "raw-bundles": 1}
     assert (recorder.lists, recorder.folder_lists, raw_only.requests) == ([], [], 0)
 
 
@@ -159,7 +160,8 @@ async def test_a_store_grown_past_its_previous_count_gets_the_cap(
     listing = await list_for_audit(recorder, AUDIT_DIR, concurrency=3,
                                    previous={"raw-blobs": 10, "accepted": 0})  # fmt: skip
 
-    assert listing.ranges_total == 3 * 4 + 1 + 3 * 4  # quarantine: a few keys, probed whole
+    # quarantine and raw-bundles: a few keys (none), probed whole
+    assert listing.ranges_total == 3 * 4 + 1 + 3 * 4 + 1
     assert listing.ranges_resumed == 0
     assert await read_parts(store, listing) == await expected_rows(store)
 

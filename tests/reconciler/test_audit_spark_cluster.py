@@ -119,7 +119,12 @@ def test_the_spark_engine_completes_the_audit_on_the_cluster_as_the_local_engine
     [line] = [x for x in completed.stdout.splitlines() if '"engine": "spark"' in x]
     printed = json.loads(line)
     assert printed["status"] == "completed"
-    assert printed["keys_listed"] == {"accepted": 8, "quarantine": 1, "raw-blobs": 9}
+    assert printed["keys_listed"] == {
+        "accepted": 8,
+        "quarantine": 1,
+        "raw-blobs": 9,
+        "raw-bundles": 0,
+    }
 
     record, got = asyncio.run(spark_outcome(spark_url, endpoint))
     assert record.audit_id == printed["audit_id"] and record.engine == "spark"

@@ -17,7 +17,13 @@ from index.rows import IndexRow
 from protocol import keys
 from reconciler.audit.engines.duckdb_joins import AuditJoins, PinnedFileMissing, fetch_catalog
 from reconciler.audit.engines.spark_joins import SparkAuditJoins
-from reconciler.audit.engines.spark_results import BLOBS_SCHEMA, RECORDS_SCHEMA, REFERENCING_SCHEMA
+from reconciler.audit.engines.spark_results import (
+    BAD_RANGES_SCHEMA,
+    BLOBS_SCHEMA,
+    BUNDLES_SCHEMA,
+    RECORDS_SCHEMA,
+    REFERENCING_SCHEMA,
+)
 from rollup.table.storage import StoreAccess
 from store.fs import FileSystemStore
 from tests.reconciler.test_audit_joins import (
@@ -37,6 +43,18 @@ from tests.reconciler.test_audit_joins import (
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+
+BUNDLE = keys.raw_bundle_key(sha(901))
+MISSING = keys.raw_bundle_key(sha(903))
+BUNDLE_SIZE = 300
+"""Listed bundles' size: ranges of 100 bytes end at most at 244 (an index entry of 44
+bytes and the footer's 12 after the data part)."""
+
+
+def bundled(n: int, offset: int, bundle: str = BUNDLE) -> IndexRow:
+    """An accepted row naming 100 bytes of ``bundle`` at ``offset``."""
+    return replace(row(n), raw_blob_key=bundle, raw_offset=offset, raw_length=100)
 
 
 async def planted(store: FileSystemStore, tmp: Path) -> tuple[dict[str, list[str]], list[str]]:
@@ -98,15 +116,32 @@ async def planted(store: FileSystemStore, tmp: Path) -> tuple[dict[str, list[str
     blobs += [blob_entry(sha(103)), blob_entry(sha(20)), blob_entry(sha(106))]
     blobs += [blob_entry(sha(500)), blob_entry(sha(501), START), blob_entry(sha(99))]
     blobs += [("raw-blobs/v1/sha256/zz/junk", None, T0)]
+    # Bundles (PROTOCOL §3.10): one two rows name (one range past its end: bad-range),
+    # one nobody names (an orphan), one a row names that is not listed (missing).
+    bundles = [(BUNDLE, '"n"', T0), (keys.raw_bundle_key(sha(902)), '"n"', T0)]
+    bundles += [("raw-bundles/v1/sha256/zz/junk", None, T0)]
+    names.insert(  # before the junk file, which stays last
+        -1,
+        await put_catalog(
+            store,  # type: ignore[arg-type]
+            0,
+            2,
+            6,
+            [bundled(50, 0), bundled(51, 100), bundled(52, 150), bundled(53, 0, MISSING)],
+        ),
+    )
+    listed += [(mkey(n), f'"e{n}"', T0) for n in (50, 51, 52, 53)]
     parts = {
         "accepted": [listed[:7], listed[7:]],
         "quarantine": [[(qkey(40, sha(41)), '"q"', T0), (qkey(2, sha(99)), '"q"', T0)]],
         "raw-blobs": [blobs],
+        "raw-bundles": [bundles],
     }
     listing: dict[str, list[str]] = {}
     for kind, entries in parts.items():
         for i, part in enumerate(entries):
-            path = write_part(tmp / f"{kind}-{i}.parquet", part)
+            size = BUNDLE_SIZE if kind == "raw-bundles" else 100
+            path = write_part(tmp / f"{kind}-{i}.parquet", part, size=size)
             key = f"reconciler/v1/audits/x/listing/{kind}/{i:05d}-000000-n{len(part)}.parquet"
             await store.put(key, await asyncio.to_thread(Path(path).read_bytes))
             listing.setdefault(kind, []).append(key)
@@ -153,22 +188,36 @@ def test_spark_writes_the_local_engines_results_row_for_row(
                 "missing",
                 "junk",
             }
-            blob_key = lambda r: r["frame_sha256"]  # noqa: E731
+            blob_key = lambda r: r["raw_key"]  # noqa: E731
             want_blobs = sorted(rows_of(want.blobs), key=blob_key)
             assert rows_of(got.blobs) == want_blobs and want_blobs
+            bundles = {keys.raw_bundle_key(sha(902))} | ({MISSING} if not retired else set())
+            assert {r["raw_key"] for r in want_blobs} >= bundles  # a retired row's: not missing
             want_refs = sorted(rows_of(want.referencing), key=blob_key)
             assert rows_of(got.referencing) == want_refs and want_refs
+            want_bad = rows_of(want.bad_ranges)
+            assert rows_of(got.bad_ranges) == want_bad
+            assert [(r["record_key"], r["raw_offset"]) for r in want_bad] == [(mkey(52), 150)]
+            want_bundles = sorted(rows_of(want.bundles), key=blob_key)
+            assert rows_of(got.bundles) == want_bundles
+            # Three ranges of 100 (a bad one too) in 300 listed bytes; one nobody names.
+            assert {r["raw_key"]: r["dead_bytes"] for r in want_bundles} == {
+                BUNDLE: 0,
+                keys.raw_bundle_key(sha(902)): BUNDLE_SIZE,
+            }
             for path, schema in (
                 (want.records, RECORDS_SCHEMA),
                 (want.blobs, BLOBS_SCHEMA),
                 (want.referencing, REFERENCING_SCHEMA),
+                (want.bad_ranges, BAD_RANGES_SCHEMA),
+                (want.bundles, BUNDLES_SCHEMA),
             ):
                 assert pq.read_schema(path).remove_metadata() == schema
             assert pq.read_schema(got.records).remove_metadata() == RECORDS_SCHEMA
             assert (got.listed_old, got.listed_young) == (want.listed_old, want.listed_young)
             assert (got.blobs_listed, got.reasons) == (want.blobs_listed, want.reasons)
-            for s in (sha(103), sha(500), sha(8), sha(1)):
-                assert sparked.references(s) == duck.references(s)
+            for raw_key in [keys.raw_blob_key(sha(n)) for n in (103, 500, 8, 1)] + [BUNDLE]:
+                assert sparked.references(raw_key) == duck.references(raw_key)
 
 
 def test_a_pinned_file_that_is_gone_stops_the_spark_joins(

@@ -100,7 +100,7 @@ def test_spark_writes_the_parts_list_for_audit_writes(
         small_local, small_spark = LOCAL_DIR + "small/", SPARK_DIR + "small/"
         local = await list_for_audit(store, small_local, concurrency=2)
         sparked = await list_on_spark(audit_spark, store, access, small_spark, concurrency=2)
-        assert local.ranges_total == sparked.ranges_total == 3
+        assert local.ranges_total == sparked.ranges_total == 4
         assert relative(sparked, small_spark) == relative(local, small_local)
         assert part_files(root, small_spark) == part_files(root, small_local)
 

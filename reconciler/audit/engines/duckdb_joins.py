@@ -15,20 +15,21 @@ apart, so the blob join counts the rows the audit wrote meanwhile as references.
 
 Results (`JoinResults`): ``records.parquet`` (records to read, and phantom candidates:
 see `reconciler.audit.engines.sql.RECORD_JOIN`), ``blobs.parquet`` (orphans and missing-blob
-candidates, `reconciler.audit.engines.sql.BLOB_JOIN`), ``referencing.parquet`` (a record that
-references each missing-blob candidate), and the counts of what was listed.
+candidates by raw object key, frame blobs and bundles, `reconciler.audit.engines.sql.BLOB_JOIN`),
+``referencing.parquet`` (a record that references each missing-blob candidate),
+``bad_ranges.parquet`` (ranges past their bundle's listed size, `sql.BAD_RANGES`),
+``bundles.parquet`` (each listed bundle's size, live and dead bytes, `sql.BUNDLE_BYTES`),
+and the counts of what was listed.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import duckdb
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from index.catalog_local import sql_list, sql_string
 from index.catalog_rank import RANK_COLUMNS, duckdb_write_rank
@@ -36,16 +37,24 @@ from reconciler.audit.audit_inputs import CatalogCopy as CatalogCopy
 from reconciler.audit.audit_inputs import PinnedFileMissing as PinnedFileMissing
 from reconciler.audit.audit_inputs import fetch_catalog as fetch_catalog
 from reconciler.audit.engines import sql as audit_sql
+from reconciler.audit.engines import sql_bundles as bundle_sql
 from reconciler.audit.engines.duckdb_queries import CatalogQueries
+from reconciler.audit.engines.result_files import BATCH_ROWS as BATCH_ROWS
+from reconciler.audit.engines.result_files import JoinResults as JoinResults
+from reconciler.audit.engines.result_files import ResultFiles as ResultFiles
+from reconciler.audit.engines.result_files import copy_to_parquet
+from reconciler.audit.engines.result_files import iter_batches as iter_batches
+from reconciler.audit.ranges import KINDS as LISTING_KINDS
+from reconciler.audit.ranges import RAW_KINDS
+from reconciler.audit.ranges import ListingKind as ListingKind
 
-ListingKind = Literal["accepted", "quarantine", "raw-blobs"]
-LISTING_KINDS: tuple[ListingKind, ...] = ("accepted", "quarantine", "raw-blobs")
-_ROW_COLUMNS = ["key", "kind", "etag", "frame_sha256", "accepted_frame_sha256", "time_unix_ns"]
-CATALOG_COLUMNS = [*_ROW_COLUMNS, *RANK_COLUMNS]
+STRING_COLUMNS = ["key", "kind", "etag", "frame_sha256", "accepted_frame_sha256", "raw_blob_key"]
+INTEGER_COLUMNS = ["time_unix_ns", "raw_offset", "raw_length"]
+CATALOG_COLUMNS = [*STRING_COLUMNS, *INTEGER_COLUMNS, *RANK_COLUMNS]
+"""The catalog columns the joins read (strings first, then integers: Spark's tasks cast
+them so)."""
 ROWS_PER_FILE_RANK = 1 << 32
 """``row_rank`` = file rank x this + the row's position in its file (files hold far fewer)."""
-BATCH_ROWS = 4096
-"""Rows per batch when results are read back (`iter_batches`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,81 +68,6 @@ class JoinLimits:
     reread_repeated: bool = False
     """Read back every listed key with rows of more than one rank (the first audit after
     the rank columns came, PROTOCOL §3.7: `reconciler.audit.engines.sql.PER_KEY`)."""
-
-
-@dataclass
-class JoinResults:
-    records: str
-    blobs: str
-    referencing: str
-    listed_old: dict[str, int] = field(default_factory=dict)
-    listed_young: dict[str, int] = field(default_factory=dict)
-    blobs_listed: int = 0
-    """Listed keys that name a blob (others under ``raw-blobs/v1/`` are skipped)."""
-    reasons: dict[str, int] = field(default_factory=dict)
-
-    @classmethod
-    def in_dir(cls, directory: str) -> JoinResults:
-        """The result files of either engine, named in ``directory``."""
-        return cls(
-            records=os.path.join(directory, "records.parquet"),
-            blobs=os.path.join(directory, "blobs.parquet"),
-            referencing=os.path.join(directory, "referencing.parquet"),
-        )
-
-
-def iter_batches(path: str, *, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
-    """A result file in batches of `BATCH_ROWS` rows."""
-    parquet = pq.ParquetFile(path)
-    try:
-        yield from parquet.iter_batches(batch_size=BATCH_ROWS, columns=columns)
-    finally:
-        parquet.close()
-
-
-def copy_to_parquet(con: duckdb.DuckDBPyConnection, query: str, path: str) -> None:
-    con.execute(f"COPY ({query}) TO {sql_string(path)} (FORMAT parquet, COMPRESSION zstd)")
-
-
-class ResultFiles:
-    """Queries over the result files (`JoinResults`) in a local DuckDB connection
-    (``_results_con``): both engines' (`AuditJoins`, `SparkAuditJoins`)."""
-
-    _results_con: duckdb.DuckDBPyConnection
-
-    def _count_reasons(self, results: JoinResults, name: str, path: str) -> None:
-        found = self._results_con.execute(
-            f"SELECT reason, count(*) FROM read_parquet({sql_string(path)}) GROUP BY reason"
-        ).fetchall()
-        for reason, count in found:
-            results.reasons[f"{name} {reason}"] = int(count)
-
-    def pending(self, results: JoinResults) -> dict[str, int]:
-        """Listed records the record join found to act on, per kind (``accepted``,
-        ``quarantine``; phantom candidates are not listed)."""
-        rows = self._results_con.execute(
-            f"SELECT kind, count(*) FROM read_parquet({sql_string(results.records)}) "
-            "WHERE reason <> 'phantom' GROUP BY kind"
-        ).fetchall()
-        return {str(kind): int(count) for kind, count in rows}
-
-    def write_orphans(self, results: JoinResults, path: str, *, keep: Iterable[str] = ()) -> int:
-        """The orphan file's Parquet (`reconciler.audit.orphans.ORPHAN_SCHEMA`, zstd, by
-        hash) at ``path`` from ``blobs.parquet``: its orphans but those of ``keep`` (hashes
-        rows written since reference, few); returns how many."""
-        kept = sorted(set(keep))
-        unless = (
-            f" AND frame_sha256 NOT IN ({', '.join(sql_string(k) for k in kept)})" if kept else ""
-        )
-        query = (
-            "SELECT frame_sha256, size::BIGINT AS size, last_modified_ns::BIGINT AS "
-            "last_modified_ns, raw_retention FROM "
-            f"read_parquet({sql_string(results.blobs)}) WHERE reason = 'orphan'{unless} "
-            "ORDER BY frame_sha256"
-        )
-        copy_to_parquet(self._results_con, query, path)
-        rows: int = pq.read_metadata(path).num_rows
-        return rows
 
 
 class AuditJoins(ResultFiles, CatalogQueries):
@@ -194,21 +128,20 @@ class AuditJoins(ResultFiles, CatalogQueries):
                 modified = audit_sql.listed_modified_ns(
                     sql_string(kind), "epoch_us(last_modified) * 1000"
                 )
-                blob_sha = f"substr(key, {len('raw-blobs/v1/sha256/hh/hh/') + 1}, 64)"
-                if kind == "raw-blobs":  # each kind's ids only: the rest stay null
-                    ids = ("NULL::UHUGEINT", "NULL::UBIGINT", f"md5_number({blob_sha})")
+                if kind in RAW_KINDS:  # each kind's ids only: the rest stay null
+                    ids = ("NULL::UHUGEINT", "NULL::UBIGINT", "md5_number(key)")
                 else:
                     ids = ("md5_number(key)", _etag_id("etag"), "NULL::UHUGEINT")
                 parts.append(
                     f"SELECT {sql_string(kind)} AS kind, key, etag, size, "
                     f"{modified} AS last_modified_ns, {ids[0]} AS key_id, {ids[1]} AS etag_id, "
-                    f"{ids[2]} AS sha_id FROM read_parquet({sql_list(paths)})"
+                    f"{ids[2]} AS raw_id FROM read_parquet({sql_list(paths)})"
                 )
         if not parts:
             parts.append(
                 "SELECT NULL::VARCHAR AS kind, NULL::VARCHAR AS key, NULL::VARCHAR AS etag, "
                 "NULL::BIGINT AS size, NULL::BIGINT AS last_modified_ns, "
-                "NULL::UHUGEINT AS key_id, NULL::UBIGINT AS etag_id, NULL::UHUGEINT AS sha_id "
+                "NULL::UHUGEINT AS key_id, NULL::UBIGINT AS etag_id, NULL::UHUGEINT AS raw_id "
                 "WHERE false"
             )
         con.execute("CREATE OR REPLACE VIEW listing AS " + " UNION ALL ".join(parts))
@@ -231,17 +164,17 @@ class AuditJoins(ResultFiles, CatalogQueries):
             source = (
                 "SELECT NULL::VARCHAR AS key, NULL::VARCHAR AS kind, NULL::VARCHAR AS etag, "
                 "NULL::VARCHAR AS frame_sha256, NULL::VARCHAR AS accepted_frame_sha256, "
-                "NULL::BIGINT AS time_unix_ns, NULL::BIGINT AS first_epoch, "
+                "NULL::VARCHAR AS raw_blob_key, NULL::BIGINT AS time_unix_ns, "
+                "NULL::BIGINT AS raw_offset, NULL::BIGINT AS raw_length, NULL::BIGINT AS first_epoch, "
                 "NULL::BIGINT AS first_sequence, NULL::BIGINT AS first_position, "
                 "NULL::VARCHAR AS filename, NULL::BIGINT AS file_row_number WHERE false"
             )
         con.execute(
             "CREATE OR REPLACE VIEW catalog_rows AS SELECT r.key, r.kind, r.etag, r.frame_sha256, "
-            "r.accepted_frame_sha256, r.time_unix_ns, "
+            "r.accepted_frame_sha256, r.raw_blob_key, r.raw_offset, r.raw_length, r.time_unix_ns, "
             "('0x' || substr(r.frame_sha256, 1, 15))::BIGINT AS sha_prefix, "
             "md5_number(r.key) AS key_id, "
-            f"{_etag_id('r.etag')} AS etag_id, md5_number(r.frame_sha256) AS sha_id, "
-            "md5_number(r.accepted_frame_sha256) AS accepted_sha_id, "
+            f"{_etag_id('r.etag')} AS etag_id, {_raw_ids('r.')}, "
             f"f.file_rank::BIGINT * {ROWS_PER_FILE_RANK} + r.file_row_number AS row_rank, "
             f"{duckdb_write_rank('r.')} AS write_rank, "
             "(f.retired AND r.kind = 'accepted') AS retired, f.hour_start_ns "
@@ -309,18 +242,20 @@ class AuditJoins(ResultFiles, CatalogQueries):
     def run_blobs(self, limits: JoinLimits, results: JoinResults, added: Sequence[str]) -> None:
         """The blob join (``blobs.parquet``, ``referencing.parquet``). ``added``: Parquet
         files of rows the audit wrote after `run_records` (``key``, ``frame_sha256``,
-        ``accepted_frame_sha256``: `ADDED_SCHEMA`): they reference blobs as catalog rows do."""
+        ``accepted_frame_sha256`` and the raw key and range: `ADDED_SCHEMA`): they
+        reference raw objects as catalog rows do."""
         con = self._con
+        columns = ", ".join(ADDED_SCHEMA.names)
         if added:
-            source = f"SELECT key, frame_sha256, accepted_frame_sha256 FROM read_parquet({sql_list(list(added))})"
+            source = f"SELECT {columns} FROM read_parquet({sql_list(list(added))})"
         else:
             source = (
                 "SELECT NULL::VARCHAR AS key, NULL::VARCHAR AS frame_sha256, "
-                "NULL::VARCHAR AS accepted_frame_sha256 WHERE false"
+                "NULL::VARCHAR AS accepted_frame_sha256, NULL::VARCHAR AS raw_blob_key, "
+                "NULL::BIGINT AS raw_offset, NULL::BIGINT AS raw_length WHERE false"
             )
         con.execute(
-            "CREATE OR REPLACE TEMP VIEW added_rows AS SELECT *, md5_number(frame_sha256) AS "
-            f"sha_id, md5_number(accepted_frame_sha256) AS accepted_sha_id FROM ({source})"
+            f"CREATE OR REPLACE TEMP VIEW added_rows AS SELECT *, {_raw_ids('')} FROM ({source})"
         )
         # Each stage its own table, so each has the whole memory limit; only fixed-size
         # columns go through the join, the few hashes found are fetched after.
@@ -337,13 +272,26 @@ class AuditJoins(ResultFiles, CatalogQueries):
                 con.execute("DROP TABLE referenced")
                 con.execute("DROP TABLE listed_blobs")
         self._copy(audit_sql.BLOB_RESULTS, results.blobs)
-        self._copy("SELECT frame_sha256, record_key FROM referencing", results.referencing)
+        self._copy("SELECT raw_key, record_key FROM referencing", results.referencing)
         for table in ("blob_results", "orphan_hashes", "referencing"):
             con.execute(f"DROP TABLE {table}")
         self._count_reasons(results, "blob", results.blobs)
+        con.execute(f"CREATE OR REPLACE TABLE bad_range_ids AS {bundle_sql.BAD_RANGE_IDS}")
+        self._copy(bundle_sql.BAD_RANGES + " ORDER BY raw_key, raw_offset", results.bad_ranges)
+        con.execute("DROP TABLE bad_range_ids")
+        self._copy(bundle_sql.BUNDLE_BYTES, results.bundles)
 
     def _copy(self, query: str, path: str) -> None:
         copy_to_parquet(self._con, query, path)
+
+
+def _raw_ids(alias: str) -> str:
+    """A row's ``raw_id`` and ``accepted_raw_id`` (`reconciler.audit.engines.sql`): 128-bit
+    digests of the raw keys it names (a quarantine's accepted side: the frame blob of
+    ``accepted_frame_sha256``, null without one)."""
+    own = audit_sql.row_raw_key(f"{alias}raw_blob_key", f"{alias}frame_sha256")
+    accepted = audit_sql.frame_blob_key(f"{alias}accepted_frame_sha256")
+    return f"md5_number({own}) AS raw_id, md5_number({accepted}) AS accepted_raw_id"
 
 
 def _etag_id(column: str) -> str:
@@ -367,6 +315,9 @@ ADDED_SCHEMA = pa.schema(
         ("key", pa.string()),
         ("frame_sha256", pa.string()),
         ("accepted_frame_sha256", pa.string()),
+        ("raw_blob_key", pa.string()),
+        ("raw_offset", pa.int64()),
+        ("raw_length", pa.int64()),
     ]
 )
 """Rows the audit wrote itself, as `AuditJoins.run_blobs` reads them."""

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from reconciler.audit.engines.duckdb_joins import JoinLimits, JoinResults
+from reconciler.audit.engines.duckdb_queries import NewestRow
 from reconciler.audit.retired import RetiredJoins
 
 
@@ -28,14 +29,17 @@ class EngineJoins(RetiredJoins, Protocol):
         ...
 
     def write_orphans(self, results: JoinResults, path: str, *, keep: Iterable[str] = ()) -> int:
-        """The orphan file's Parquet at ``path`` but the hashes of ``keep``; how many."""
+        """The orphan file's Parquet at ``path`` but the raw keys of ``keep``; how many."""
         ...
 
-    def newest_rows(
-        self, record_keys: Sequence[str]
-    ) -> dict[str, tuple[str | None, str, str | None, int]]:
+    def bundle_totals(self, results: JoinResults) -> tuple[int, int, int]:
+        """(bundles listed, their bytes, their dead bytes) from ``bundles.parquet``."""
+        ...
+
+    def newest_rows(self, record_keys: Sequence[str]) -> dict[str, NewestRow]:
         """Per key of ``record_keys`` (few): its newest catalog row's ``etag``,
-        ``frame_sha256``, ``accepted_frame_sha256`` and ``time_unix_ns``."""
+        ``frame_sha256``, ``accepted_frame_sha256``, ``time_unix_ns``, raw key and range
+        (`reconciler.audit.engines.duckdb_queries.NEWEST_COLUMNS`)."""
         ...
 
     def key_hours(self, record_keys: Sequence[str]) -> dict[str, list[int]]:
@@ -43,8 +47,8 @@ class EngineJoins(RetiredJoins, Protocol):
         row of it, ascending."""
         ...
 
-    def references(self, sha: str) -> bool:
-        """Whether a live catalog row references the blob ``sha`` (rare)."""
+    def references(self, raw_key: str) -> bool:
+        """Whether a live catalog row references the raw object ``raw_key`` (rare)."""
         ...
 
     def interrupt(self) -> None:

@@ -20,7 +20,7 @@ so neither the driver nor the executors need a copy of the whole history (the ta
   `ROWS_PER_FILE_RANK` + the row's place in the file; so are the rows' ranks
   (`index.catalog_rank.with_rank`), packed in the view as ``write_rank``
   (`index.catalog_rank.spark_write_rank`, the value DuckDB's ``HUGEINT`` holds). ``sha_prefix`` is ``conv(substr(frame_sha256, 1, 15), 16, 10)``
-  and ``key_id`` is the key itself, ``sha_id`` the hash, ``etag_id`` the normalized ETag
+  and ``key_id`` is the key itself, ``raw_id`` the raw key, ``etag_id`` the normalized ETag
   (Spark's aggregates spill string keys; no digest, so no
   collision to reason about).
 
@@ -52,9 +52,9 @@ import pyarrow as pa
 from index.catalog_rank import spark_write_rank
 from protocol import keys
 from reconciler.audit.engines import sql as audit_sql
+from reconciler.audit.engines import sql_bundles as bundle_sql
 from reconciler.audit.engines.duckdb_joins import (
     ADDED_SCHEMA,
-    LISTING_KINDS,
     CatalogCopy,
     JoinLimits,
     JoinResults,
@@ -63,8 +63,11 @@ from reconciler.audit.engines.duckdb_joins import (
     ResultFiles,
     limit_params,
 )
+from reconciler.audit.engines.duckdb_queries import NEWEST_COLUMNS, NewestRow, newest_row
 from reconciler.audit.engines.spark_results import (
+    BAD_RANGES_SCHEMA,
     BLOBS_SCHEMA,
+    BUNDLES_SCHEMA,
     RECORDS_SCHEMA,
     REFERENCING_SCHEMA,
     download_parts,
@@ -81,10 +84,20 @@ from reconciler.audit.engines.spark_tasks import (
     ReadParts,
     WriteResult,
 )
+from reconciler.audit.ranges import KINDS as LISTING_KINDS
 from rollup.table.storage import StoreAccess
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+
+RAW_IDS = (
+    f"{audit_sql.row_raw_key('raw_blob_key', 'frame_sha256')} AS raw_id, "
+    f"{audit_sql.frame_blob_key('accepted_frame_sha256')} AS accepted_raw_id"
+)
+"""A row's ``raw_id`` and ``accepted_raw_id`` (`reconciler.audit.engines.sql`): the raw
+keys themselves (a quarantine's accepted side: the frame blob of its hash, null without
+one, as ``||`` with a null is null)."""
 
 
 def rank_catalog(names: Sequence[str]) -> list[tuple[int, keys.UtcHour, str]]:
@@ -138,13 +151,13 @@ class SparkAuditJoins(ResultFiles):
         )
         self._listing.createOrReplaceTempView("listing_base")
         # The ids of `reconciler.audit.engines.sql` are the strings themselves here.
-        blob_sha = f"substr(key, {len('raw-blobs/v1/sha256/hh/hh/') + 1}, 64)"
         modified = audit_sql.listed_modified_ns("kind", "last_modified_ns")
+        raw = "kind IN ('raw-blobs', 'raw-bundles')"
         self._sql(
             f"SELECT kind, key, etag, size, {modified} AS last_modified_ns, "
-            "CASE WHEN kind <> 'raw-blobs' THEN key END AS key_id, "
-            f"CASE WHEN kind <> 'raw-blobs' THEN {audit_sql.normalized_etag('etag')} END "
-            f"AS etag_id, CASE WHEN kind = 'raw-blobs' THEN {blob_sha} END AS sha_id "
+            f"CASE WHEN NOT {raw} THEN key END AS key_id, "
+            f"CASE WHEN NOT {raw} THEN {audit_sql.normalized_etag('etag')} END "
+            f"AS etag_id, CASE WHEN {raw} THEN key END AS raw_id "
             "FROM listing_base"
         ).createOrReplaceTempView("listing")
         rows = [(name, rank, hour.start_ns) for rank, hour, name in ranked]
@@ -217,10 +230,10 @@ class SparkAuditJoins(ResultFiles):
         )
         self._catalog_base.createOrReplaceTempView("catalog_base")
         self._sql(
-            "SELECT key, kind, etag, frame_sha256, accepted_frame_sha256, time_unix_ns, "
+            "SELECT key, kind, etag, frame_sha256, accepted_frame_sha256, raw_blob_key, "
+            "raw_offset, raw_length, time_unix_ns, "
             "CAST(conv(substr(frame_sha256, 1, 15), 16, 10) AS BIGINT) AS sha_prefix, "
-            f"key AS key_id, {audit_sql.normalized_etag('etag')} AS etag_id, "
-            "frame_sha256 AS sha_id, accepted_frame_sha256 AS accepted_sha_id, "
+            f"key AS key_id, {audit_sql.normalized_etag('etag')} AS etag_id, {RAW_IDS}, "
             f"row_rank, {spark_write_rank()} AS write_rank, {retired} AS retired, hour_start_ns "
             "FROM catalog_base WHERE error IS NULL"
         ).createOrReplaceTempView("catalog_rows")
@@ -283,14 +296,27 @@ class SparkAuditJoins(ResultFiles):
         referencing = self._keep(self._sql(audit_sql.REFERENCING_KEYS))
         referencing.createOrReplaceTempView("referencing")
         blobs = self._sql(audit_sql.BLOB_RESULTS)
-        self._write(blobs.orderBy("frame_sha256"), BLOBS_SCHEMA, "blobs", results.blobs)
+        self._write(blobs.orderBy("raw_key"), BLOBS_SCHEMA, "blobs", results.blobs)
         self._write(
-            self._sql("SELECT frame_sha256, record_key FROM referencing").orderBy("frame_sha256"),
+            self._sql("SELECT raw_key, record_key FROM referencing").orderBy("raw_key"),
             REFERENCING_SCHEMA,
             "referencing",
             results.referencing,
         )
         self._count_reasons(results, "blob", results.blobs)
+        self._keep(self._sql(bundle_sql.BAD_RANGE_IDS)).createOrReplaceTempView("bad_range_ids")
+        self._write(
+            self._sql(bundle_sql.BAD_RANGES).orderBy("raw_key", "raw_offset"),
+            BAD_RANGES_SCHEMA,
+            "bad_ranges",
+            results.bad_ranges,
+        )
+        self._write(
+            self._sql(bundle_sql.BUNDLE_BYTES).orderBy("raw_key"),
+            BUNDLES_SCHEMA,
+            "bundles",
+            results.bundles,
+        )
 
     def _set_added(self, added: Sequence[str]) -> None:
         """The ``added_rows`` view (`reconciler.audit.engines.sql.REFERENCED`) over ``added``,
@@ -303,10 +329,7 @@ class SparkAuditJoins(ResultFiles):
         else:
             frame = self._spark.createDataFrame([], ADDED_DDL)
         self._keep(frame).createOrReplaceTempView("added_base")
-        self._sql(
-            "SELECT key, frame_sha256, accepted_frame_sha256, frame_sha256 AS sha_id, "
-            "accepted_frame_sha256 AS accepted_sha_id FROM added_base"
-        ).createOrReplaceTempView("added_rows")
+        self._sql(f"SELECT *, {RAW_IDS} FROM added_base").createOrReplaceTempView("added_rows")
 
     def key_hours(self, record_keys: Sequence[str]) -> dict[str, list[int]]:
         """As `AuditJoins.key_hours` (a Spark query: a few keys)."""
@@ -326,9 +349,7 @@ class SparkAuditJoins(ResultFiles):
             hours.setdefault(str(row["key"]), []).append(int(row["hour_start_ns"]))
         return {key: sorted(found_hours) for key, found_hours in hours.items()}
 
-    def newest_rows(
-        self, record_keys: Sequence[str]
-    ) -> dict[str, tuple[str | None, str, str | None, int]]:
+    def newest_rows(self, record_keys: Sequence[str]) -> dict[str, NewestRow]:
         """As `AuditJoins.newest_rows` (a Spark query: a few keys)."""
         if not record_keys:
             return {}
@@ -338,23 +359,10 @@ class SparkAuditJoins(ResultFiles):
             self._spark.table("catalog_rows")
             .where(f.col("key").isin(list(record_keys)))
             .groupBy("key")
-            .agg(
-                *(
-                    f.max_by(column, "write_rank").alias(column)
-                    for column in ("etag", "frame_sha256", "accepted_frame_sha256", "time_unix_ns")
-                )
-            )
+            .agg(*(f.max_by(column, "write_rank").alias(column) for column in NEWEST_COLUMNS))
             .collect()
         )
-        return {
-            str(r["key"]): (
-                r["etag"],
-                str(r["frame_sha256"]),
-                r["accepted_frame_sha256"],
-                int(r["time_unix_ns"]),
-            )
-            for r in found
-        }
+        return {str(r["key"]): newest_row([r[c] for c in NEWEST_COLUMNS]) for r in found}
 
     def interrupt(self) -> None:
         """Cancel the session's running jobs (the call waiting on one raises)."""
@@ -367,15 +375,12 @@ class SparkAuditJoins(ResultFiles):
         parts = [str(r["key"]) for r in sorted(written, key=lambda r: int(r["part"]))]
         download_parts(self._access, parts, schema, path)
 
-    def references(self, sha: str) -> bool:
+    def references(self, raw_key: str) -> bool:
         """As `AuditJoins.references`."""
         from pyspark.sql import functions as f
 
         rows = self._spark.table("catalog_rows").where(
             ~f.col("retired")
-            & (
-                (f.col("frame_sha256") == f.lit(sha))
-                | (f.col("accepted_frame_sha256") == f.lit(sha))
-            )
+            & ((f.col("raw_id") == f.lit(raw_key)) | (f.col("accepted_raw_id") == f.lit(raw_key)))
         )
         return bool(rows.limit(1).count())

@@ -26,6 +26,9 @@ RECORDS_SCHEMA = pa.schema(
         ("etag", pa.string()),
         ("frame_sha256", pa.string()),
         ("accepted_frame_sha256", pa.string()),
+        ("raw_blob_key", pa.string()),
+        ("raw_offset", pa.int64()),
+        ("raw_length", pa.int64()),
         ("time_unix_ns", pa.int64()),
         ("conflict", pa.bool_()),
         ("reason", pa.string()),
@@ -33,6 +36,7 @@ RECORDS_SCHEMA = pa.schema(
 )
 BLOBS_SCHEMA = pa.schema(
     [
+        ("raw_key", pa.string()),
         ("frame_sha256", pa.string()),
         ("size", pa.int64()),
         ("last_modified_ns", pa.int64()),
@@ -40,7 +44,25 @@ BLOBS_SCHEMA = pa.schema(
         ("reason", pa.string()),
     ]
 )
-REFERENCING_SCHEMA = pa.schema([("frame_sha256", pa.string()), ("record_key", pa.string())])
+REFERENCING_SCHEMA = pa.schema([("raw_key", pa.string()), ("record_key", pa.string())])
+BAD_RANGES_SCHEMA = pa.schema(
+    [
+        ("record_key", pa.string()),
+        ("raw_key", pa.string()),
+        ("raw_offset", pa.int64()),
+        ("raw_length", pa.int64()),
+        ("size", pa.int64()),
+    ]
+)
+BUNDLES_SCHEMA = pa.schema(
+    [
+        ("raw_key", pa.string()),
+        ("size", pa.int64()),
+        ("live_bytes", pa.int64()),
+        ("frames", pa.int64()),
+        ("dead_bytes", pa.int64()),
+    ]
+)
 """The result files' schemas (see module)."""
 PART_ROWS = 1_000_000
 """Rows per part `upload_parts` writes (~100 MB of the audit's own rows)."""

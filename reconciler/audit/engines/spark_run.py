@@ -37,7 +37,7 @@ from reconciler.audit.inventory import InventorySource
 from reconciler.audit.listing import parts_from_inventory, with_inventory
 from reconciler.audit.offload import in_thread
 from reconciler.audit.progress import PROGRESS_INTERVAL_S, ProgressCallback
-from reconciler.audit.ranges import KINDS, previous_keys
+from reconciler.audit.ranges import KINDS, RAW_KINDS, previous_keys
 from reconciler.audit.records import resume_or_start
 from reconciler.audit.run import AuditRun, run_full_audit
 from reconciler.context import ReconcilerContext
@@ -164,7 +164,7 @@ class SparkAuditRun(AuditRun):
                     access,
                     audit_dir,
                     concurrency=ctx.settings.reconciler.audit_list_concurrency,
-                    kinds=KINDS if self._inventory is None else ("raw-blobs",),
+                    kinds=KINDS if self._inventory is None else RAW_KINDS,
                     previous=previous_keys(self._cursors),
                 ),
                 self._cancel_jobs,

@@ -25,17 +25,26 @@ import pyarrow.parquet as pq
 
 from index.catalog_rank import RANK_COLUMNS, with_rank
 from index.rows import IndexFileError, read_table
-from reconciler.audit.engines.duckdb_joins import CATALOG_COLUMNS, ROWS_PER_FILE_RANK
+from reconciler.audit.engines.duckdb_joins import (
+    CATALOG_COLUMNS,
+    INTEGER_COLUMNS,
+    ROWS_PER_FILE_RANK,
+    STRING_COLUMNS,
+)
 from rollup.table.storage import StoreAccess, open_parquet_writer, read_object
 
 LISTING_DDL = "kind string, key string, etag string, size long, last_modified_ns long"
 CATALOG_DDL = (
     "key string, kind string, etag string, frame_sha256 string, accepted_frame_sha256 string, "
-    "time_unix_ns long, first_epoch long, first_sequence long, first_position long, "
+    "raw_blob_key string, time_unix_ns long, raw_offset long, raw_length long, "
+    "first_epoch long, first_sequence long, first_position long, "
     "row_rank long, hour_start_ns long, file_rank long, error string"
 )
 PART_DDL = "part long, key string, rows long"
-ADDED_DDL = "key string, frame_sha256 string, accepted_frame_sha256 string"
+ADDED_DDL = (
+    "key string, frame_sha256 string, accepted_frame_sha256 string, raw_blob_key string, "
+    "raw_offset long, raw_length long"
+)
 """The rows the audit wrote itself (`reconciler.audit.engines.duckdb_joins.ADDED_SCHEMA`)."""
 MISSING = "pinned catalog file gone:"
 _BATCH_ROWS = 65_536
@@ -73,13 +82,13 @@ def _catalog_batch(
     table: pa.Table, rank: int, hour_ns: int, error: str | None, offset: int
 ) -> pa.RecordBatch:
     n = table.num_rows
-    columns = {c: table.column(c).cast(pa.string()) for c in CATALOG_COLUMNS[:5]}
+    columns = {c: table.column(c).cast(pa.string()) for c in STRING_COLUMNS}
     return pa.RecordBatch.from_pydict(
         {
             **{c: columns[c].combine_chunks() for c in columns},
             **{
                 c: table.column(c).cast(pa.int64()).combine_chunks()
-                for c in ("time_unix_ns", *RANK_COLUMNS)
+                for c in (*INTEGER_COLUMNS, *RANK_COLUMNS)
             },
             "row_rank": pa.array(
                 range(rank * ROWS_PER_FILE_RANK + offset, rank * ROWS_PER_FILE_RANK + offset + n),
