@@ -318,9 +318,9 @@ async def test_a_frame_whose_manifest_names_another_object_does_not_pin_the_bund
 
 class BundleGcWorld:
     """`tests.reconciler.test_gc.World` (real steady pass, audit and GC on a memory store)
-    with a planted orphan bundle that each audit's orphan file names by its raw key, as
-    the audit's listing of ``raw-bundles/v1/`` does (PROTOCOL §3.5 Candidates); the GC's
-    requests are counted."""
+    with a planted orphan bundle, which the audit lists under ``raw-bundles/v1/`` and names
+    in its orphan file by its raw key (PROTOCOL §3.5 Candidates); the GC's requests are
+    counted."""
 
     def __init__(self, frames: list[bytes]) -> None:
         from tests.reconciler.test_gc import World as GcWorld
@@ -329,42 +329,6 @@ class BundleGcWorld:
         self.counting = CountingStore(self.world.store)
         self.world.store = self.counting  # the GC, steady pass and audit go through it
         self.bundle = bd.encode_bundle(frames)
-        audit = self.world.audit
-
-        async def audit_naming_the_bundle() -> records.AuditRecord:
-            record = await audit()
-            await self._name_bundle(record)
-            return record
-
-        self.world.audit = audit_naming_the_bundle  # type: ignore[method-assign]
-
-    async def _name_bundle(self, record: records.AuditRecord) -> None:
-        import io
-
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        from reconciler.audit.orphans import decode_orphans
-
-        key = keys.audit_orphans_key(record.started_at_unix_ns, record.audit_id)
-        orphans = decode_orphans((await self.counting.inner.get(key))[0])
-        info = await self.counting.inner.head(self.bundle.key)
-        orphans[self.bundle.sha256] = (info.size, info.last_modified_ns, False)
-        rows = sorted((sha, v) for sha, v in orphans.items() if sha is not None)
-        table = pa.table(
-            {
-                "frame_sha256": [sha for sha, _ in rows],
-                "size": pa.array([v[0] for _, v in rows], pa.int64()),
-                "last_modified_ns": pa.array([v[1] for _, v in rows], pa.int64()),
-                "raw_retention": [v[2] for _, v in rows],
-                "raw_key": [
-                    self.bundle.key if sha == self.bundle.sha256 else None for sha, _ in rows
-                ],
-            }
-        )
-        sink = io.BytesIO()
-        pq.write_table(table, sink)
-        await self.counting.inner.put(key, sink.getvalue())
 
     async def plant(self) -> None:
         await self.world.accept(frame(99, agent="agent-z"))  # a listed blob for the guard
@@ -446,3 +410,62 @@ async def test_an_unreadable_mark_of_a_present_bundle_is_not_logged_as_a_deletio
     assert not await world.exists(keys.gc_mark_key(bundle.sha256))  # settled
     assert await world.exists(bundle.key)
     assert await world.gc_log() == []  # the bundle is there: no deletion is recorded
+
+
+async def test_raw_retention_deletes_a_bundle_only_once_its_last_frame_is_rolled_up() -> None:
+    """End to end (real audit, raw retention and GC): a bundle whose frames were accepted
+    in two hours is kept whole while the later hour is not rolled up (its frame pins it:
+    the audit does not nominate it), and deleted once that hour is retired too."""
+    from protocol.clock import ManualClock
+    from store.memory import MemoryStore
+    from tests.reconciler.test_gc import World as GcWorld
+    from tests.reconciler.test_raw_retention import GUARDED, audit_now, include, retire
+
+    clock = ManualClock()
+    world = GcWorld(GUARDED, store=CountingStore(MemoryStore(clock=clock)))
+    world.clock = clock
+    bundle = bd.encode_bundle(FRAMES)
+    await world.store.put(bundle.key, bundle.data)
+
+    def accepted(i: int) -> records.AcceptedManifest:
+        return records.AcceptedManifest.of_frame(
+            FRAMES[i],
+            accepted_at_unix_ns=clock.now_ns(),
+            collector_id="c-1",
+            bundle=(bundle.key, bundle.entries[i].offset),
+        )
+
+    manifests = [accepted(0), accepted(1)]
+    clock.advance(3600.0)
+    manifests.append(accepted(2))  # the last frame's manifest lands in the next hour
+    for manifest in manifests:
+        await world.store.put(manifest.manifest_key, manifest.to_json())
+    clock.advance(4 * 3600.0)
+    await audit_now(world)  # catalogs the manifests and seals both hours
+    await include(world, manifests[0], manifests[1])  # the later hour is not rolled up
+    state = await retire(world)
+    assert state is not None and state.retired_before == manifests[2].accepted_hour.iso
+    record = await audit_now(world)
+    assert record.bundles_listed == 1
+    pinned = record.model_dump().get("bundle_pinned_bytes")
+    assert pinned in (None, len(bundle.data))  # recorded by audits that compute it
+    await world.gc()
+    clock.advance(GUARDED.mark_grace_s + 1)
+    assert (await world.gc()).deleted == []
+    assert await world.exists(bundle.key)
+    assert not await world.exists(keys.gc_mark_key(bundle.sha256))  # never nominated
+
+    await include(world, manifests[2])
+    assert (await retire(world)) is not None
+    await audit_now(world)
+    marked = await world.gc()
+    assert marked.record.marked == 1
+    mark = records.GcMark.from_json((await world.store.get(keys.gc_mark_key(bundle.sha256)))[0])
+    assert (mark.raw_blob_key, mark.reason) == (bundle.key, "raw-retention")
+    clock.advance(GUARDED.mark_grace_s + 1)
+    await audit_now(world)
+    deleted = await world.gc()
+    assert deleted.deleted == [bundle.sha256] and deleted.record.deleted_raw_retention == 1
+    assert not await world.exists(bundle.key)
+    for manifest in manifests:
+        assert await world.exists(manifest.manifest_key)  # manifests stay
