@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,8 @@ from aiohttp import web
 
 from config.settings import QuerySettings
 from index.rows import IndexFileError
-from rollup.read.series_index import index_files, read_series_rows
+from rollup.read.series_index import SERIES_ROWS_SCHEMA, index_files
+from rollup.table.data_file import DataFile
 from rollup.table.manifest import RollupManifestError, Snapshot
 from store.errors import StoreConfigError, StoreError
 
@@ -60,6 +62,8 @@ PARTIAL_NONE = (
 PARTIAL_BEHIND = "partial: the designated collector is behind the index log"
 
 BuildInfo = Callable[[], Awaitable[dict[str, Any] | None]]
+READERS = 4
+"""Index files a names listing reads at once on a cache miss."""
 
 
 class NamesEndpoint:
@@ -254,30 +258,35 @@ class NamesEndpoint:
         return sets.filter(pa.array(keep))
 
     def _index_rows(self, snapshot: Snapshot, names: NamesRequest, columns: list[str]) -> pa.Table:
-        """The snapshot's index rows of the range, one per stored series, cached by the
-        index files they combine (immutable: the same files always combine alike), so a
-        repeated listing over an unchanged snapshot reads and combines nothing; on a
-        miss the files are read without keeping them (the combined rows are kept)."""
+        """The snapshot's index rows of the range, one per stored series (its first row
+        in the files: a listing needs the presented names, not counts or times), cached
+        by the index files they come from (immutable: the same files always give the
+        same rows), so a repeated listing over an unchanged snapshot reads nothing. On a
+        miss the files (`rollup.read.series_index.index_files`) are read `READERS` at a
+        time, not kept (the rows made of them are)."""
         filesystem, root = self._arrow()
         # Prometheus' end is inclusive; the index's range is half-open.
         start, end = ns_to_datetime(names.start_ns), ns_to_datetime(names.end_ns + 1000)
         day_files, hour_files = index_files(snapshot, start, end)
-        key = (tuple(f.path for f in (*day_files, *hour_files)), tuple(columns))
+        files = [*day_files, *hour_files]
+        key = (tuple(f.path for f in files), tuple(columns))
         found = self.file_cache.get("series_rows", key)
         if found is not None:
             cached: pa.Table = found
             return cached
-        rows = read_series_rows(
-            snapshot,
-            filesystem,
-            root,
-            start,
-            end,
-            columns=columns,
-            read_file=lambda f, wanted: self.file_cache.read_whole(
-                filesystem, root, f, wanted, keep=False
-            ),
-        )
+        needed = ["series", *columns]
+        target = pa.schema([SERIES_ROWS_SCHEMA.field(name) for name in needed])
+
+        def read(data_file: DataFile) -> pa.Table:
+            table = self.file_cache.read_whole(filesystem, root, data_file, needed, keep=False)
+            return table.select(needed).cast(target)
+
+        with ThreadPoolExecutor(READERS, thread_name_prefix="names-read") as pool:
+            parts = list(pool.map(read, files))
+        rows = _first_per_series(pa.concat_tables(parts)) if parts else None
+        del parts
+        if rows is None:
+            rows = pa.schema([SERIES_ROWS_SCHEMA.field(name) for name in columns]).empty_table()
         self.file_cache.put("series_rows", key, rows, rows.nbytes)
         return rows
 
@@ -290,6 +299,18 @@ class NamesEndpoint:
         if self._filesystem is None:
             self._filesystem = self._filesystem_factory()
         return self._filesystem
+
+
+def _first_per_series(rows: pa.Table) -> pa.Table:
+    """Each stored ``series``' first row, without the ``series`` column."""
+    numbered = pa.table(
+        {"series": rows.column("series"), "_row": pa.array(np.arange(rows.num_rows))}
+    )
+    first = numbered.group_by("series", use_threads=False).aggregate([("_row", "min")])
+    picked = first.column("_row_min")
+    # One array before the take: pyarrow's take over many chunks of a map column is slow.
+    columns = [name for name in rows.column_names if name != "series"]
+    return pa.table({name: rows.column(name).combine_chunks().take(picked) for name in columns})
 
 
 async def _params(request: web.Request) -> Mapping[str, Sequence[str]]:
