@@ -35,6 +35,7 @@ from protocol.records import (
     RecordError,
 )
 from reconciler.audit.records import latest_audit, latest_completed_audit
+from reconciler.bundle_status import bundle_bytes, bundle_line
 from reconciler.gc.raw_retention import read_state
 from reconciler.log_lag import lag_seconds
 from reconciler.problems import count_problems
@@ -133,6 +134,7 @@ class ReconcilerStatus:
             "raw_retention": None
             if self.raw_retention is None
             else self.raw_retention.model_dump(mode="json", exclude={"schema_"}),
+            "bundle_bytes": bundle_bytes(self.last_completed_audit),
             "features": None
             if self.features is None
             else {
@@ -207,6 +209,8 @@ class ReconcilerStatus:
             else f"raw retention   accepted hours before {raw['retired_before']} retired "
             f"({raw['retired_batches']} batches; raw_days {raw['raw_days']:g})"
         )
+        if (bundles := doc["bundle_bytes"]) is not None:
+            lines.append(f"bundle bytes    {bundle_line(bundles)}")
         features = doc["features"]
         lines.append(
             f"bundles         on since {features['written_at']} (by {features['written_by']})"
