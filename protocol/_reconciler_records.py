@@ -46,9 +46,12 @@ class AuditRecord(Record):
     """Bundles the listing showed (PROTOCOL §3.10; of ``blobs_listed``, which counts every
     raw object), with their listed bytes (``bundle_bytes``) and ``bundle_dead_bytes``:
     per bundle, its listed size less the bytes of the distinct ranges catalog rows name
-    in it (no GET; its index and footer count as dead). 0 in audits written before."""
+    in it (no GET; its index and footer count as dead); ``bundle_pinned_bytes``: bundles
+    raw retention retired some naming rows of but not all (kept whole). 0 in audits
+    written before."""
     bundle_bytes: int = Field(default=0, ge=0)
     bundle_dead_bytes: int = Field(default=0, ge=0)
+    bundle_pinned_bytes: int = Field(default=0, ge=0)
     catalog_created_from: str | None = Field(default=None, pattern=r"^\d{10}-\d{10}$")
     """The ``index/v1/catalog-created/`` entry name (``<epoch:010d>-<sequence:010d>``) from
     which every catalog file created after this audit started is named: recorded at the

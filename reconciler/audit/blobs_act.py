@@ -137,8 +137,7 @@ async def record_bad_ranges(problems: ProblemBook, results: JoinResults) -> int:
 
 
 def blob_counts(joins: EngineJoins, results: JoinResults) -> dict[str, int]:
-    """The audit record's bundle counts (`protocol.records.AuditRecord.bundles_listed`,
-    ``bundle_bytes``, ``bundle_dead_bytes``) from ``bundles.parquet``; blocking (a query
-    over the result file)."""
-    bundles, size, dead = joins.bundle_totals(results)
-    return {"bundles_listed": bundles, "bundle_bytes": size, "bundle_dead_bytes": dead}
+    """The audit record's bundle figures (`protocol.records.AuditRecord.bundles_listed`,
+    ``bundle_bytes``, ``bundle_dead_bytes``, ``bundle_pinned_bytes``) from
+    ``bundles.parquet``; blocking (a query over the result file)."""
+    return joins.bundle_totals(results)

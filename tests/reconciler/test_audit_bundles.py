@@ -105,7 +105,7 @@ async def test_frame_blobs_and_bundles_audit_clean_with_dead_bytes_and_orphans(
     named_bytes = sum(len(b.frame) for b in live[:2])
     assert (record.bundles_listed, record.bundle_bytes) == (2, live_size + orphan_size)
     assert record.bundle_dead_bytes == (live_size - named_bytes) + orphan_size
-    assert record.keys_listed["raw-bundles"] == 2
+    assert record.keys_listed["raw-bundles"] == 2 and record.bundle_pinned_bytes == 0
 
 
 async def test_a_range_past_the_listed_size_is_bad_range_and_a_missing_bundle_is_missing(
@@ -166,5 +166,48 @@ def test_rows_of_one_key_that_differ_in_raw_key_or_range_disagree(tmp_path: Path
         assert {r["key"]: r["reason"] for r in found} == {mkey(2): "conflict", mkey(3): "conflict"}
         newest = {r["key"]: (r["raw_blob_key"], r["raw_offset"]) for r in found}
         assert newest == {mkey(2): (bundle, 200), mkey(3): (keys.raw_blob_key(sha(3)), None)}
+
+    asyncio.run(scenario())
+
+
+def test_a_bundle_some_of_whose_rows_are_retired_is_pinned_and_kept(tmp_path: Path) -> None:
+    """Raw retention retires hours, a bundle goes whole (PROTOCOL §3.10): a bundle named
+    by a retired row and a live one is pinned (no orphan); one named by retired rows only
+    is a raw-retention orphan, by its key."""
+    pinned, retired_only = keys.raw_bundle_key(sha(910)), keys.raw_bundle_key(sha(911))
+
+    def bundled(n: int, bundle: str, offset: int, hour: int) -> IndexRow:
+        base = row(n, hour=hour)
+        return dataclasses.replace(base, raw_blob_key=bundle, raw_offset=offset, raw_length=100)
+
+    async def scenario() -> None:
+        store = MemoryStore()
+        names = [
+            await put_catalog(
+                store, 0, 1, 1, [bundled(1, pinned, 0, 0), bundled(2, retired_only, 0, 0)]
+            ),
+            await put_catalog(store, 0, 1, 2, [bundled(3, retired_only, 100, 0)]),
+            await put_catalog(store, 1, 1, 3, [bundled(4, pinned, 100, 1)]),
+        ]
+        copies, _ = await fetch_catalog(store, names, str(tmp_path / "c"))
+        listed = [(pinned, '"b"', T0), (retired_only, '"b"', T0)]
+        listing = {"raw-bundles": [write_part(tmp_path / "n.parquet", listed, size=1000)]}
+        with AuditJoins(listing, copies, str(tmp_path / "spill"), memory_limit_mb=64) as joins:  # type: ignore[arg-type]
+            joins.set_retired(frozenset({T0}))
+            result = joins.run(LIMITS)
+            bundles = {r["raw_key"]: r for r in results_of(result.bundles)}
+            orphans = {r["raw_key"]: r["raw_retention"] for r in results_of(result.blobs)}
+            totals = joins.bundle_totals(result)
+        assert {k: (r["pinned"], r["dead_bytes"]) for k, r in bundles.items()} == {
+            pinned: (True, 800),
+            retired_only: (False, 800),
+        }
+        assert orphans == {retired_only: True}
+        assert totals == {
+            "bundles_listed": 2,
+            "bundle_bytes": 2000,
+            "bundle_dead_bytes": 1600,
+            "bundle_pinned_bytes": 1000,
+        }
 
     asyncio.run(scenario())

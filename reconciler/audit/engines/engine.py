@@ -32,8 +32,8 @@ class EngineJoins(RetiredJoins, Protocol):
         """The orphan file's Parquet at ``path`` but the raw keys of ``keep``; how many."""
         ...
 
-    def bundle_totals(self, results: JoinResults) -> tuple[int, int, int]:
-        """(bundles listed, their bytes, their dead bytes) from ``bundles.parquet``."""
+    def bundle_totals(self, results: JoinResults) -> dict[str, int]:
+        """The audit record's bundle figures from ``bundles.parquet``."""
         ...
 
     def newest_rows(self, record_keys: Sequence[str]) -> dict[str, NewestRow]:

@@ -100,10 +100,17 @@ class ResultFiles:
         rows: int = pq.read_metadata(path).num_rows
         return rows
 
-    def bundle_totals(self, results: JoinResults) -> tuple[int, int, int]:
-        """(bundles listed, their bytes, their dead bytes) from ``bundles.parquet``."""
-        [(count, size, dead)] = self._results_con.execute(
-            "SELECT count(*), coalesce(sum(size), 0), coalesce(sum(dead_bytes), 0) "
+    def bundle_totals(self, results: JoinResults) -> dict[str, int]:
+        """From ``bundles.parquet``: `protocol.records.AuditRecord`'s ``bundles_listed``,
+        ``bundle_bytes``, ``bundle_dead_bytes`` and ``bundle_pinned_bytes``."""
+        [(count, size, dead, pinned)] = self._results_con.execute(
+            "SELECT count(*), coalesce(sum(size), 0), coalesce(sum(dead_bytes), 0), "
+            "coalesce(sum(CASE WHEN pinned THEN size ELSE 0 END), 0) "
             f"FROM read_parquet({sql_string(results.bundles)})"
         ).fetchall()
-        return int(count), int(size), int(dead)
+        return {
+            "bundles_listed": int(count),
+            "bundle_bytes": int(size),
+            "bundle_dead_bytes": int(dead),
+            "bundle_pinned_bytes": int(pinned),
+        }

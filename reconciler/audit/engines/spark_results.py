@@ -61,6 +61,7 @@ BUNDLES_SCHEMA = pa.schema(
         ("live_bytes", pa.int64()),
         ("frames", pa.int64()),
         ("dead_bytes", pa.int64()),
+        ("pinned", pa.bool_()),
     ]
 )
 """The result files' schemas (see module)."""

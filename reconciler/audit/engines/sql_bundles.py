@@ -51,8 +51,17 @@ SELECT l.key AS raw_key, CAST(l.size AS BIGINT) AS size,
        CAST(coalesce(n.live_bytes, 0) AS BIGINT) AS live_bytes,
        CAST(coalesce(n.frames, 0) AS BIGINT) AS frames,
        CAST(CASE WHEN l.size > coalesce(n.live_bytes, 0) THEN l.size - coalesce(n.live_bytes, 0)
-                 ELSE 0 END AS BIGINT) AS dead_bytes
+                 ELSE 0 END AS BIGINT) AS dead_bytes,
+       coalesce(t.any_retired AND NOT t.all_retired, false) AS pinned
 FROM ({BUNDLES}) l
+LEFT JOIN (
+  SELECT raw_id, bool_or(retired) AS any_retired, bool_and(retired) AS all_retired FROM (
+    SELECT raw_id, retired FROM catalog_rows WHERE raw_offset IS NOT NULL
+    UNION ALL
+    SELECT raw_id, false AS retired FROM added_rows WHERE raw_offset IS NOT NULL
+  ) r
+  GROUP BY raw_id
+) t ON l.raw_id = t.raw_id
 LEFT JOIN (
   SELECT raw_id, CAST(sum(raw_length) AS BIGINT) AS live_bytes, count(*) AS frames FROM (
     SELECT DISTINCT raw_id, raw_offset, raw_length FROM ({_BUNDLE_REFS}) a
@@ -61,7 +70,8 @@ LEFT JOIN (
 ) n ON l.raw_id = n.raw_id
 """
 """Per listed bundle (``bundles.parquet``): its listed size, the bytes of the distinct
-ranges rows name in it (``live_bytes``, ``frames``), and ``dead_bytes`` = size less
-those (PROTOCOL §3.10: no GET; the index and footer count as dead, 12 + 44 bytes a
-frame). A bundle's frames are about 1 % of the manifests, so the key strings are
+ranges rows name in it (``live_bytes``, ``frames``), ``dead_bytes`` = size less those
+(PROTOCOL §3.10: no GET; the index and footer count as dead, 12 + 44 bytes a frame), and
+``pinned``: raw retention retired some rows naming it but not all (a bundle goes only
+whole, so a frame that never retires keeps it all). A bundle's frames are about 1 % of the manifests, so the key strings are
 carried here."""
