@@ -100,7 +100,10 @@ def synthetic_rows(start: int, count: int, rng: np.random.Generator) -> pa.Table
         "source": pa.repeat(pa.scalar("index/v1/log/date=2025-10-09/hour=09/x.parquet"), count),
         "key_digest": pa.nulls(count, pa.binary(16)),
     }
-    return with_key_digests(pa.table(columns, schema=FILE_SCHEMA))
+    # Columns not given (the rows' rank, ranges: PROTOCOL §3.10) are null, as for rows
+    # first written in the file.
+    full = {f.name: columns.get(f.name, pa.nulls(count, f.type)) for f in FILE_SCHEMA}
+    return with_key_digests(pa.table(full, schema=FILE_SCHEMA))
 
 
 async def seed(url: str, rows: int, files: int) -> None:

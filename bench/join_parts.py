@@ -189,7 +189,9 @@ def catalog_table(
             pa.binary(16), n, [None, pa.py_buffer(np.zeros(16 * n, np.uint8))]
         ),
     }
-    return pa.Table.from_pydict(columns, schema=FILE_SCHEMA)
+    # Columns not given (the rows' rank, ranges: PROTOCOL §3.10) are null.
+    full = {f.name: columns.get(f.name, pa.nulls(n, f.type)) for f in FILE_SCHEMA}
+    return pa.Table.from_pydict(full, schema=FILE_SCHEMA)
 
 
 class _Parts:
