@@ -62,6 +62,8 @@ class Candidate:
     mark: records.GcMark
     last_modified_ns: int
     by_retention: bool
+    size: int | None = None
+    """Its listed (or HEAD) size: rule 7 reads no object larger than a valid one."""
 
 
 class Deleter:
@@ -111,17 +113,17 @@ class Deleter:
             if mark.frame_sha256 in work.vetoes:
                 await self.withdraw(mark_key)
                 return
-            _size, last_modified, by_retention = found
+            size, last_modified, by_retention = found
             if not listed_after_mark:  # rule 1: a HEAD made after the mark
                 info = await work.head(mark.raw_blob_key)
                 if info is None:
                     await self.withdraw(mark_key)
                     return
-                last_modified = info.last_modified_ns
+                last_modified, size = info.last_modified_ns, info.size
             horizon = work.policy.audit_horizon_ns(audit)
             if horizon is None or last_modified + horizon >= audit.started_at_unix_ns:
                 return  # rule 5: wait for an audit through the blob's age horizon
-            chosen.append(Candidate(mark_key, mark, last_modified, by_retention))
+            chosen.append(Candidate(mark_key, mark, last_modified, by_retention, size))
 
         await for_each_bounded(
             eligible,
@@ -172,7 +174,9 @@ class Deleter:
                 await self.withdraw(candidate.mark_key)
                 return
             proof = await self._proof.prove(
-                candidate.mark.raw_blob_key, by_retention=candidate.by_retention
+                candidate.mark.raw_blob_key,
+                by_retention=candidate.by_retention,
+                size=candidate.size,
             )
             if proof.verdict is Verdict.WITHDRAW:
                 log.info("gc_proof_withdraws", key=candidate.mark_key, why=proof.why)
@@ -238,7 +242,9 @@ class Deleter:
                 await work.release_unsent(mark_key, deleting_etag)
                 return False
             again = await self._proof.prove(
-                candidate.mark.raw_blob_key, by_retention=candidate.by_retention
+                candidate.mark.raw_blob_key,
+                by_retention=candidate.by_retention,
+                size=candidate.size,
             )
         except (Unavailable, ConditionConflict):
             # No DELETE was sent: take the mark back now rather than leave collectors

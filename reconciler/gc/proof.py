@@ -109,11 +109,17 @@ class TargetedProof:
     _ledger_hours: dict[str, set[tuple[str, str]]] = field(default_factory=dict)
     _reading: asyncio.Lock = field(default_factory=asyncio.Lock)
 
-    async def prove(self, raw_key: str, *, by_retention: bool) -> Proof:
+    async def prove(self, raw_key: str, *, by_retention: bool, size: int | None = None) -> Proof:
         """The targeted proof for the raw object ``raw_key``, a frame blob or a bundle (see
-        the module docstring). Store errors other than a 404 propagate: nothing is
+        the module docstring). ``size``, when known (a listing, a HEAD), bounds the read
+        before it is made: an object larger than any valid one is a ``corrupt-blob``
+        problem without a GET. Store errors other than a 404 propagate: nothing is
         decided."""
         kind, sha = keys.parse_raw_object_key(raw_key)
+        limit = self._limit(kind)
+        if size is not None and size > limit:
+            await self._corrupt(raw_key, f"listed at {size} bytes, more than {limit}")
+            return Proof(Verdict.WITHDRAW, "corrupt")
         try:
             body, _etag = await self.store.get(raw_key)
         except NotFound:
@@ -167,7 +173,7 @@ class TargetedProof:
         frames parsed end to end from offset 0 tiling the data part and equal to the index
         in order, each frame's CRC and ``frame_sha256``. Else a ``corrupt-blob`` problem
         (never deleted) and None."""
-        limit = self.max_bundle_bytes or self.max_frame_bytes
+        limit = self._limit("bundle")
         if len(body) > limit:
             problem = f"{len(body)} bytes, more than the largest bundle ({limit})"
         else:
@@ -181,6 +187,12 @@ class TargetedProof:
                 problem = f"not a valid bundle: {exc}"
         await self._corrupt(bundle_key, problem)
         return None
+
+    def _limit(self, kind: str) -> int:
+        """The largest valid raw object of ``kind``."""
+        if kind == "bundle":
+            return self.max_bundle_bytes or self.max_frame_bytes
+        return self.max_frame_bytes
 
     async def _corrupt(self, raw_key: str, problem: str) -> None:
         await self.problems.record(

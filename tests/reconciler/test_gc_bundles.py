@@ -252,6 +252,16 @@ async def test_a_bundle_whose_bytes_do_not_hash_to_its_name_is_corrupt() -> None
     assert await world.problem("corrupt-blob", other)
 
 
+async def test_a_bundle_listed_larger_than_the_largest_is_corrupt_without_a_read() -> None:
+    world = World()
+    bundle = await world.put_bundle(FRAMES)
+    world.store.clear()
+    proof = await world.proof.prove(bundle.key, by_retention=False, size=(8 << 20) + 1)
+    assert proof.verdict is Verdict.WITHDRAW
+    assert world.store.count("get") == 0
+    assert await world.problem("corrupt-blob", bundle.key)
+
+
 async def test_a_gone_bundle_is_withdrawn() -> None:
     world = World()
     assert await world.prove(keys.raw_bundle_key("a" * 64)) is Verdict.WITHDRAW
