@@ -76,7 +76,7 @@ world's timing: seed 13 re-creates no blob any more; 14 is the next seed that do
 re-checked against the reinstated bug. The audit's ranges sized by the store (issue 31's
 request cost: fewer requests, so the seeded faults fall elsewhere) moved it again: 15 is
 the next seed that re-creates blobs, likewise not re-checked."""
-BUG_2_WORLD = SimConfig(seed=214, connect_timeout_s=2.0, late_rate=0.1)
+BUG_2_WORLD = SimConfig(seed=242, connect_timeout_s=2.0, late_rate=0.1)
 """A world where a raw-blob DELETE lands late and a blob is re-created after a deletion.
 Seed 164 (which ended in a violation with the bug put back: t=24.91 s the GC deleted a
 referenced raw blob) no longer has both once the request-cost changes of 2026-11-23
@@ -97,7 +97,10 @@ one segment a flush; the catalog's row ranks) moved it again: 210 is the first l
 with both (1 late delete, 2 re-creations), likewise not re-checked. The audit's ranges sized
 by the store and its schedule's single lookup (issue 31's request cost) moved it again: 214
 is the first later seed with both (1 late delete, 1 re-creation), likewise not
-re-checked."""
+re-checked. Issue 33's commits of 2026-11-29 (bundles; not bisected) moved it again: 214
+re-creates blobs but no DELETE lands late any more (also without this round's simulation
+changes, which draw nothing from worlds without bundles); 242 is the first later seed with both (1 late delete, 3 re-creations),
+likewise not re-checked."""
 
 RESEND_CONFLICT_WORLD = SimConfig(
     seed=4,
