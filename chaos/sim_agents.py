@@ -16,12 +16,18 @@ as an orphan at the start, which the GC may be deleting when the twin comes agai
 the re-send conflict path (manifest read first, then step 1 for the submitted frame)
 runs against blobs absent, present, marked and being deleted.
 
+With bundles (``SimConfig.bundles``): races of one identity on two collectors at once
+(`SimAgents._race`), agents gone after a 503, and orphan bundles written again
+(`SimAgents.bundle_landing`), each drawing from streams of its own.
+
 What the agents were told (`SimAgents.acked`, `SimAgents.conflict_views`) and the true
 orphans they left are what `chaos.simulation` checks the settled store against.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import hashlib
 import random
 import uuid
@@ -30,8 +36,9 @@ from dataclasses import dataclass
 from chaos.sim_world import SimWorld
 from collector.accept import AcceptanceUnavailable, Accepted, IdentityConflictFound
 from index.log_writer import IndexLogWriter
-from index.rows import blob_row
+from index.rows import IndexRow, blob_row
 from protocol import keys
+from protocol.bundle import encode_bundle
 from protocol.frame_encode import encode_frame, points_table
 from store.base import ObjectStore
 from store.errors import StoreError
@@ -71,6 +78,8 @@ class SimAgents:
         self.conflict_views: list[tuple[keys.BatchIdentity, str]] = []
         self.true_orphans: set[str] = set()
         """Hashes of blobs planted as orphans whose batch is never sent."""
+        self.answered_503: set[str] = set()
+        """Hashes of frames a send of which was answered 503 (its outcome unknown)."""
 
     def batches(self) -> list[_Batch]:
         config = self._world.config
@@ -83,19 +92,34 @@ class SimAgents:
         return made
 
     async def send(
-        self, batch: _Batch, rng: random.Random, *, attempts: int = 6, resend: bool = False
+        self,
+        batch: _Batch,
+        rng: random.Random,
+        *,
+        attempts: int = 6,
+        resend: bool = False,
+        first: int | None = None,
     ) -> Accepted | None:
         """Send until an answer (or ``attempts`` 503s); returns the acknowledgement.
-        ``resend``: the first attempt carries the re-send header (every retry does)."""
+        ``resend``: the first attempt carries the re-send header (every retry does).
+        ``first``: the collector of the first attempt (else a random one, as for the rest)."""
         world = self._world
+        if world.config.agent_gone_rate:  # its own stream: the worlds without stay as they were
+            gone_rng = random.Random(f"{world.config.seed}/gone/{batch.sha}/{resend}")
+            if gone_rng.random() < world.config.agent_gone_rate:
+                attempts = 1
         for _ in range(attempts):
-            acceptor = world.acceptors[rng.randrange(len(world.acceptors))]
+            if first is None:
+                acceptor = world.acceptors[rng.randrange(len(world.acceptors))]
+            else:
+                acceptor, first = world.acceptors[first], None
             if resend:
                 world.report.stats["sends_with_resend_header"] += 1
             try:
                 outcome = await acceptor.accept(batch.header, batch.frame, batch.sha, resend=resend)
             except AcceptanceUnavailable:
                 world.report.stats["answer_503"] += 1
+                self.answered_503.add(batch.sha)
                 resend = True  # the agent sent it before: its retries carry the header
                 await world.clock.sleep(rng.uniform(0.2, 2.0))
                 continue
@@ -131,6 +155,12 @@ class SimAgents:
         if config.crash_landing_rate and rng.random() < config.crash_landing_rate:
             await self._crash_landing(batch, rng, twin=rng.random() < 0.5)
             return
+        if config.race_rate:  # its own stream, as for the header below
+            race_rng = random.Random(f"{config.seed}/race/{index}")
+            if race_rng.random() < config.race_rate:
+                await world.clock.sleep(send_at)
+                await self._race(batch, race_rng)
+                return
         # The header and the twin's history draw from their own stream: the plan above
         # is what it was before they existed.
         agent_rng = random.Random(f"{config.seed}/agent/{index}")
@@ -160,6 +190,74 @@ class SimAgents:
                 world.violation(f"conflicting frame for {batch.identity} was acknowledged")
         if acked is not None and world.rollup is not None:
             await self._after_raw_retention(batch, index)
+
+    async def _race(self, batch: _Batch, rng: random.Random) -> None:
+        """Two collectors race one identity (PROTOCOL §3.10: in two different bundles when
+        both are busy): the batch to one, at the same moment the same frame (an agent that
+        gave up on its first attempt too soon) or a conflicting one to another. Whatever
+        the interleaving, at most one frame of the identity is acknowledged."""
+        world = self._world
+        other = self._twin(batch) if rng.random() < 0.5 else batch
+        first = rng.randrange(len(world.acceptors))
+        second = (first + 1 + rng.randrange(max(1, len(world.acceptors) - 1))) % len(
+            world.acceptors
+        )
+        world.report.stats["races" if other is batch else "races_conflicting"] += 1
+        await asyncio.gather(
+            self.send(batch, random.Random(rng.random()), first=first),
+            self.send(other, random.Random(rng.random()), first=second),
+        )
+
+    async def bundle_landing(self, group: int) -> None:
+        """An orphan bundle that lands again (``SimConfig.bundle_landings``): the frames of
+        three new batches, the last two of which an earlier attempt wrote as a bundle (its
+        collector crashed; half the time after flushing the bundle's ``blob`` row), are
+        sent again at once, once the GC has marked that bundle, at a seeded moment around
+        its grace, to a collector with one write slot: the first frame takes the slot as a
+        frame blob, the other two wait and are written as the same bundle (412), so the
+        §3.5 collector side runs on the bundle while the GC may be deleting it."""
+        world, config = self._world, self._world.config
+        rng = random.Random(f"{config.seed}/bundle-landing/{group}")
+        boot = uuid.UUID(int=rng.getrandbits(128))
+        batches = []
+        for i in range(3):
+            header = _Header(f"sim-landing-{group}", boot, i * 10, i * 10 + 9, 10)
+            batches.append(_Batch(header, _frame(header, config.seed, "bundle landing")))
+        await world.clock.sleep(rng.uniform(0.0, config.send_window_s))
+        planted = encode_bundle([b.frame for b in batches[1:]])
+        await world.watched.put(planted.key, planted.data, if_none_match=True)
+        world.report.stats["bundle_landings_planted"] += 1
+        if rng.random() < 0.5:
+            await self._log_crashed(
+                blob_row(planted.sha256, world.clock.now_ns(), bundle=True), planted.key
+            )
+        horizon_s = config.retry_horizon_s
+        if not await world.marked(
+            planted.sha256, max_wait_s=config.send_window_s + 4 * config.audit_interval_s
+        ):
+            return
+        grace_s = world.settings.gc.mark_grace_s
+        await world.clock.sleep(rng.uniform(0.0, grace_s + horizon_s))
+        world.report.stats["bundle_landings_sent"] += 1
+        bundles = world.bundle_options()
+        assert bundles is not None
+        one_slot = dataclasses.replace(
+            bundles, limits=dataclasses.replace(bundles.limits, max_in_flight=1)
+        )
+        acceptor = world.crashing_acceptor(bundles=one_slot)
+
+        async def land(batch: _Batch) -> None:
+            try:
+                outcome = await acceptor.accept(batch.header, batch.frame, batch.sha)
+            except AcceptanceUnavailable:
+                world.report.stats["bundle_landings_503"] += 1
+                return
+            if isinstance(outcome, Accepted):
+                self.acked.setdefault(batch.identity, set()).add(batch.sha)
+            else:
+                self.conflict_views.append((batch.identity, outcome.accepted.frame_sha256))
+
+        await asyncio.gather(*(land(b) for b in batches))
 
     def _twin(self, batch: _Batch) -> _Batch:
         """The conflicting twin of ``batch``: another frame of its identity."""
@@ -239,15 +337,20 @@ class SimAgents:
         now = world.clock.now_ns()
         await world.watched.put(keys.raw_blob_key(batch.sha), batch.frame, if_none_match=True)
         if logged:
-            log = IndexLogWriter(
-                store=world.watched,
-                clock=world.clock,
-                rng=random.Random(f"{world.config.seed}/crashed/{batch.sha}"),
-                writer_id="sim-crashed-collector",
-            )
-            log.append(blob_row(batch.sha, now))
-            await log.flush()
+            await self._log_crashed(blob_row(batch.sha, now), batch.sha)
             world.report.stats["orphans_logged"] += 1
+
+    async def _log_crashed(self, row: IndexRow, name: str) -> None:
+        """``row`` flushed by a collector before it crashed."""
+        world = self._world
+        log = IndexLogWriter(
+            store=world.watched,
+            clock=world.clock,
+            rng=random.Random(f"{world.config.seed}/crashed/{name}"),
+            writer_id="sim-crashed-collector",
+        )
+        log.append(row)
+        await log.flush()
 
 
 async def _exists(store: ObjectStore, key: str) -> bool:

@@ -77,6 +77,26 @@ class SimConfig:
     """Of the conflicting twins, the share the agent had sent before without an answer,
     so their first send here carries the header: half of those left their blob as an
     orphan at the start (a collector crashed after the blob), half left nothing."""
+    bundles: bool = False
+    """Group commit on (PROTOCOL §3.10): the collectors bundle the frames that arrive
+    while ``bundle_max_in_flight`` raw writes are in flight (the store's feature gate
+    says ``bundles: true``). Off: frame blobs only, and the world is what it was."""
+    bundle_max_in_flight: int = 2
+    bundle_landings: int = 0
+    """With bundles: groups of three new batches whose earlier attempt left an orphan
+    bundle of the last two (a collector crashed after writing it), sent again once the
+    GC has marked that bundle, at a seeded moment around its grace, by agents that
+    restarted (no re-send header) to one busy collector that bundles them the same way:
+    its bundle write is answered 412 and the §3.5 collector side runs on the bundle
+    (`chaos.sim_agents`)."""
+    agent_gone_rate: float = 0.0
+    """Of the batches whose first send is answered 503, the share whose agent never sends
+    them again (it crashed and lost them): their outcome stays unknown to everyone, and
+    nothing may land for them later than the GC's grace allows."""
+    race_rate: float = 0.0
+    """With bundles: batches whose identity two collectors race, in two different
+    bundles: sent at the same moment to two collectors, the same frame (an agent that
+    gave up on the first too soon) or half the time a conflicting one (`chaos.sim_agents`)."""
 
 
 @dataclass

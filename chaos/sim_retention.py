@@ -179,8 +179,12 @@ class RetentionRule:
         self._now_ns = now_ns
         self._ledger_ids = ledger_ids or (lambda: ledger_manifest_ids(store))
 
-    async def why_not(self, sha: str, manifests: Iterable[records.AcceptedManifest]) -> str | None:
-        """Why deleting ``sha`` now breaks raw retention's rule, or None if it may go."""
+    async def why_not(
+        self, raw_key: str, manifests: Iterable[records.AcceptedManifest]
+    ) -> str | None:
+        """Why deleting the raw object ``raw_key`` (a frame blob, or a bundle: deleted only
+        whole, PROTOCOL §3.10), which ``manifests`` name, now breaks raw retention's rule,
+        or None if it may go."""
         now_ns = self._now_ns()
         ledger = await self._ledger_ids()
         for manifest in manifests:

@@ -18,6 +18,8 @@ from chaos.sim_config import SimConfig, SimReport, daemon_settings
 from chaos.sim_retention import RetentionRule, SimRollup
 from chaos.sim_runtime import DelayedStore, S3LikeRetries, SimClock
 from collector.accept import BatchAcceptor
+from collector.bundles.bundler import BundleLimits
+from collector.bundles.options import BundleOptions
 from config import Settings
 from index.log_writer import IndexLogWriter
 from protocol import keys
@@ -94,13 +96,14 @@ class SimWorld:
         self.report = report
         self.clock = SimClock(WORLD_START_NS)
         self.memory = MemoryStore("memory://simulation", clock=self.clock)
+        self.settings = daemon_settings(config)
         self.watched = WatchedStore(
             self.memory,
             violations=report.violations,
             stats=report.stats,
             now_s=self.clock.monotonic,
+            mark_grace_s=self.settings.gc.mark_grace_s if config.bundles else None,
         )
-        self.settings = daemon_settings(config)
         self.delayed: list[DelayedStore] = []
         self.faulty: list[FaultyStore] = []
         self.acceptors: list[BatchAcceptor] = []
@@ -121,6 +124,8 @@ class SimWorld:
         self.audit_starts: list[int] = []
         """Start (store time) of every completed audit, in completion order."""
         self.watched.on_put = self._watch_audits
+        self._marks_seen: set[str] = set()
+        self._mark_seen = asyncio.Event()
         self._crashed = 0
         self.rollup: SimRollup | None = None
         self.retention_due_s = 0.0
@@ -154,10 +159,31 @@ class SimWorld:
                 index_log=log,
                 budget_s=config.budget_s,
                 backoff=Backoff(attempts=8, base_s=0.05, cap_s=0.5),
+                bundles=self.bundle_options(),
             )
         )
 
+    def bundle_options(self) -> BundleOptions | None:
+        """Group commit as a collector runs it once the store's feature gate is on
+        (PROTOCOL §3.10), with the world's timeouts; None in a world without bundles."""
+        config = self.config
+        if not config.bundles:
+            return None
+        store_timeout_s = config.connect_timeout_s + config.read_timeout_s
+        limits = BundleLimits(
+            max_in_flight=config.bundle_max_in_flight,
+            send_margin_s=BundleLimits.margin(
+                store_timeout_s=store_timeout_s, budget_s=config.budget_s
+            ),
+        )
+        return BundleOptions(limits=limits, enabled=lambda: True)
+
     def _watch_audits(self, key: str, body: bytes) -> None:
+        if key.startswith(keys.GC_MARKS_PREFIX):  # and marks (`marked`)
+            self._marks_seen.add(key)
+            seen, self._mark_seen = self._mark_seen, asyncio.Event()
+            seen.set()
+            return
         record = key.startswith(keys.RECONCILER_AUDITS_PREFIX) and key.endswith(".json")
         if not record or b'"completed"' not in body:  # not a record: an audit's listing part
             return
@@ -181,8 +207,23 @@ class SimWorld:
                 return False
         return True
 
-    def crashing_acceptor(self) -> BatchAcceptor:
-        """A collector that crashes right after answering: its log rows are never flushed."""
+    async def marked(self, sha: str, *, max_wait_s: float) -> bool:
+        """Wait until the GC has marked the raw object of hash ``sha`` (False when it did
+        not within ``max_wait_s``)."""
+        deadline = self.clock.monotonic() + max_wait_s
+        while keys.gc_mark_key(sha) not in self._marks_seen:
+            left = deadline - self.clock.monotonic()
+            if left <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._mark_seen.wait(), left)
+            except TimeoutError:
+                return False
+        return True
+
+    def crashing_acceptor(self, *, bundles: BundleOptions | None = None) -> BatchAcceptor:
+        """A collector that crashes right after answering: its log rows are never flushed.
+        ``bundles``: its group commit."""
         config, index = self.config, self._crashed
         self._crashed += 1
         store = self._store_seen_by(f"crashing-{index}", collector_fault_rates(config.fault_rate))
@@ -200,6 +241,7 @@ class SimWorld:
             index_log=lost,
             budget_s=config.budget_s,
             backoff=Backoff(attempts=8, base_s=0.05, cap_s=0.5),
+            bundles=bundles,
         )
 
     def _enable_raw_retention(self, raw_s: float) -> None:

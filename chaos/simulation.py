@@ -34,6 +34,14 @@ duplicate, whether the blob is still there or not) or get a conflicting twin (a 
 whose quarantine record must then keep the accepted blob). `WatchedStore` checks each
 deletion against raw retention's rule, and the end state for retired blobs only.
 
+With ``bundles`` (PROTOCOL §3.10): the collectors run group commit, so frames that
+arrive while a collector's raw writes are in flight share one bundle; agents may race one
+identity on two collectors (``race_rate``), may be gone after a 503 (``agent_gone_rate``),
+and orphan bundles may be written again once the GC marked them (``bundle_landings``).
+`WatchedStore` then also checks that no record lands on a raw object marked for longer
+than the grace without a veto, and the report counts how each bundled frame ended
+(`chaos.sim_checks.bundle_states`). Without, nothing of this draws from the seed.
+
 When everything has settled (collectors flushed, requests in flight landed), a final
 fault-free full audit runs and `SimReport.violations` lists every broken invariant:
 each acknowledgement has its manifest with the same hash and a blob that hashes right;
@@ -53,7 +61,7 @@ import random
 
 from chaos.auditor import gc_log_violations
 from chaos.sim_agents import SimAgents
-from chaos.sim_checks import check_store
+from chaos.sim_checks import bundle_states, check_store
 from chaos.sim_config import SimConfig, SimReport
 from chaos.sim_retention import gc_deletions_by_reason, retention_problems, retired_manifest_ids
 from chaos.sim_runtime import run_virtual
@@ -81,7 +89,10 @@ async def _run(config: SimConfig) -> SimReport:
     agents_done, rollup_stop = asyncio.Event(), asyncio.Event()
     reconciler = asyncio.ensure_future(world.run_reconciler(agents_done))
     rollup = asyncio.ensure_future(world.rollup.run(rollup_stop)) if world.rollup else None
-    await asyncio.gather(*[agents.run_batch(b, i) for i, b in enumerate(agents.batches())])
+    await asyncio.gather(
+        *[agents.run_batch(b, i) for i, b in enumerate(agents.batches())],
+        *[agents.bundle_landing(group) for group in range(config.bundle_landings)],
+    )
     agents_done.set()
     await reconciler
     rollup_stop.set()
@@ -109,6 +120,10 @@ async def _run(config: SimConfig) -> SimReport:
     )
     for reason, count in (await gc_deletions_by_reason(world.memory)).items():
         report.stats[f"gc_deleted_{reason.replace('-', '_')}"] += count
+    if config.bundles:
+        report.stats += await bundle_states(
+            world.memory, world.watched.bundled, agents.answered_503
+        )
     return report
 
 
