@@ -225,7 +225,7 @@ class _Rows:
         known = self.cache.get_many(keys)
         missing = [j for j, found in enumerate(known) if found is None]
         if missing:
-            first = np.zeros(int(used.max()) + 1, np.int64)
+            first = np.zeros(int(codes.max()) + 1, np.int64)  # codes: every row's, not only new
             first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)  # each code's first row
             made = _present(part, first[used[missing]])
             self.cache.put_many([(keys[j], m) for j, m in zip(missing, made, strict=True)])

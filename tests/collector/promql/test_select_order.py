@@ -5,7 +5,9 @@ stored series presenting one label set that overlap in time)."""
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 
+from collector.promql.matchers import compile_matcher
 from collector.promql.select_order import merged_order, ordered_runs
 
 
@@ -79,3 +81,36 @@ def test_a_tie_or_an_overlap_needs_the_merge() -> None:
     ts_us = np.array([1000, 2000, 3000, 4000], np.int64)
     runs = ordered_runs(sid, ts_us, ts_us // 1000, rank, 2)
     assert runs is not None and runs.order is None and runs.counts.tolist() == [4, 0]
+
+
+def test_a_part_meeting_a_new_series_below_a_known_one() -> None:
+    """A later part (e.g. the live one) whose rows hold a series read before and, at a
+    lower dictionary code, one not seen yet: both selected, in order."""
+    from collector.promql.select import SeriesCache, _Rows
+    from collector.query.points_scan import Part, ScanWork
+    from rollup.table.schemas import POINTS_SCHEMA
+
+    def part(series: list[str], ts_us: list[int]) -> Part:
+        n = len(series)
+        table = pa.table(
+            {
+                "ts": pa.array(ts_us, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+                "metric": ["m"] * n,
+                "labels": pa.array(
+                    [[("k", s)] for s in series], POINTS_SCHEMA.field("labels").type
+                ),
+                "value": [1.0] * n,
+                "series": pa.array(series).dictionary_encode(),
+                "agent_id": ["a"] * n,
+                "boot_id": ["b"] * n,
+                "seq": list(range(n)),
+            }
+        )
+        return Part(table)
+
+    rows = _Rows((compile_matcher("RE", "__name__", ".+"),), 100, SeriesCache())
+    rows.add(part(["m{k=z}"], [1000]))
+    rows.add(part(["m{k=a}", "m{k=z}"], [2000, 3000]))  # codes: a=0 new, z=1 known
+    columns = rows.finish(ScanWork()).columns
+    assert [dict(s)["k"] for s in columns.label_sets] == ["m{k=a}", "m{k=z}"]
+    assert columns.timestamps_ms.tolist() == [2, 1, 3]
