@@ -1,0 +1,132 @@
+"""Mutants of GC rule 7 and raw retention for bundles (issue 33 "Correctness"), each put
+back with ``monkeypatch`` for one test, each flagged: with it, the world of a test of
+`tests.reconciler.test_gc_bundles` that guards against it ends unsafe (the proof lets the
+bundle go), so that test fails.
+
+Why here and not in the seeded simulation: its bundle worlds
+(`tests/chaos/test_simulation_bundles.py`) did not flag rule 7 skipping a bundle's last
+frame over seeds 0-11 of two shapes (crash landings; orphan bundles written again): a
+frame's manifest that lands after the audit reaches the GC with a veto or a log row
+there, so no world depends on rule 7's frame check alone. None has a corrupt bundle (for
+the index mutant) or a quarantine record naming a bundle (the quarantine mutant) either.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from protocol import bundle as bd
+from protocol import keys, records
+from protocol._bundle_index import pack_tail
+from reconciler.gc.proof import TargetedProof, Verdict
+from tests.reconciler.test_gc_bundles import FRAMES, World, frame, manifest_of, retention_world
+
+
+async def _proof_of_a_bundle_named_by_its_last_frame() -> Verdict:
+    world = World()
+    bundle = await world.put_bundle(FRAMES)
+    manifest = manifest_of(FRAMES[2], bundle=bundle, i=2)
+    await world.memory.put(manifest.manifest_key, manifest.to_json())
+    return await world.prove(bundle.key)
+
+
+async def test_mutant_rule_7_skipping_one_frame_is_flagged(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert await _proof_of_a_bundle_named_by_its_last_frame() is Verdict.WITHDRAW
+    real = TargetedProof._manifests
+
+    async def skip_last(  # type: ignore[no-untyped-def]
+        self, raw_key: str, identities: list[keys.BatchIdentity], *, by_retention: bool
+    ):
+        return await real(self, raw_key, identities[:-1], by_retention=by_retention)
+
+    monkeypatch.setattr(TargetedProof, "_manifests", skip_last)
+    assert await _proof_of_a_bundle_named_by_its_last_frame() is Verdict.PROVEN
+
+
+def _a_frame_swapped_under_its_index_entry() -> bytes:
+    """A bundle whose frame 1 is another valid frame of the same length: the index (which
+    tiles, CRC intact) still names the old frame's hash."""
+    other = frame(2, agent="agent-b", value=2.0)  # another batch, as long
+    assert len(other) == len(FRAMES[1]) and other != FRAMES[1]
+    good = bd.encode_bundle(FRAMES)
+    return b"".join([FRAMES[0], other, FRAMES[2]]) + pack_tail(list(good.entries))
+
+
+async def test_mutant_rule_7_trusting_the_index_is_flagged(monkeypatch: pytest.MonkeyPatch) -> None:
+    import reconciler.gc.proof as proof_module
+    from protocol.frame import FrameError, decode_header
+
+    def trusting_the_index(data: bytes, *, sha256: str | None = None) -> bd.CheckedBundle:
+        """The frames found through the index, each header checked where its entry points;
+        what the bytes there hash to is not compared with the entry."""
+        try:
+            frames = tuple(
+                bd.BundledFrame(entry, decode_header(data[entry.offset : entry.end]))
+                for entry in bd.read_index(data)
+            )
+        except FrameError as exc:
+            raise bd.BundleError(str(exc)) from None
+        return bd.CheckedBundle(sha256 or "", len(data), frames)
+
+    data = _a_frame_swapped_under_its_index_entry()
+    world = World()
+    key = await world.put_raw(data)
+    assert await world.prove(key) is Verdict.WITHDRAW  # corrupt-blob: never deleted
+    assert await world.problem("corrupt-blob", key)
+    monkeypatch.setattr(proof_module, "check_bundle", trusting_the_index)
+    world = World()
+    key = await world.put_raw(data)
+    assert await world.prove(key) is Verdict.PROVEN
+
+
+async def test_mutant_quarantine_list_skipped_for_one_frame_is_flagged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def proof_with_a_record_naming_the_bundle() -> Verdict:
+        world = World()
+        bundle = await world.put_bundle(FRAMES)
+        accepted = manifest_of(FRAMES[2])
+        conflict = records.IdentityConflict(
+            agent_id=accepted.agent_id,
+            boot_id=accepted.boot_id,
+            seq_start=3,
+            seq_end=3,
+            accepted_manifest_key=accepted.manifest_key,
+            accepted_raw_blob_key=bundle.key,
+            accepted_frame_sha256=accepted.frame_sha256,
+            submitted_raw_blob_key=keys.raw_blob_key("c" * 64),
+            submitted_frame_sha256="c" * 64,
+            observed_at_unix_ns=1,
+            collector_id="c-1",
+        )
+        await world.memory.put(conflict.quarantine_key, conflict.to_json())
+        return await world.prove(bundle.key)
+
+    assert await proof_with_a_record_naming_the_bundle() is Verdict.UNPROVEN
+    real = TargetedProof._quarantines
+
+    async def skipping_the_last_frame(  # type: ignore[no-untyped-def]
+        self, raw_key: str, sha: str, prefixes: list[str], wanted: set[str], *, bundle: bool
+    ):
+        last = keys.quarantine_identity_prefixes(manifest_of(FRAMES[2]).identity)
+        return await real(self, raw_key, sha, prefixes, wanted - set(last), bundle=bundle)
+
+    monkeypatch.setattr(TargetedProof, "_quarantines", skipping_the_last_frame)
+    assert await proof_with_a_record_naming_the_bundle() is Verdict.PROVEN
+
+
+async def test_mutant_raw_retention_with_one_frame_not_rolled_up_is_flagged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    proof, bundle = await retention_world(FRAMES, naming=[0, 1, 2], included=[0, 1])
+    assert (await proof.prove(bundle.key, by_retention=True)).verdict is Verdict.WITHDRAW
+    real = TargetedProof._rolled_up
+    seen: list[str] = []
+
+    async def first_frame_only(self, manifest: records.AcceptedManifest) -> bool:  # type: ignore[no-untyped-def]
+        seen.append(manifest.frame_sha256)
+        return await real(self, manifest) if len(seen) == 1 else True
+
+    monkeypatch.setattr(TargetedProof, "_rolled_up", first_frame_only)
+    proof, bundle = await retention_world(FRAMES, naming=[0, 1, 2], included=[0, 1])
+    assert (await proof.prove(bundle.key, by_retention=True)).verdict is Verdict.PROVEN
