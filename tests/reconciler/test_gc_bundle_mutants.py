@@ -5,10 +5,12 @@ bundle go), so that test fails.
 
 Why here and not in the seeded simulation: its bundle worlds
 (`tests/chaos/test_simulation_bundles.py`) did not flag rule 7 skipping a bundle's last
-frame over seeds 0-11 of two shapes (crash landings; orphan bundles written again): a
-frame's manifest that lands after the audit reaches the GC with a veto or a log row
-there, so no world depends on rule 7's frame check alone. None has a corrupt bundle (for
-the index mutant) or a quarantine record naming a bundle (the quarantine mutant) either.
+frame over seeds 0-11 of two shapes (crash landings; orphan bundles written again): none
+of those worlds seems to leave the GC depending on rule 7's check of one frame alone (the
+scenario that would: an orphan bundle one of whose frames' manifests lands after the
+audit started, with its log row lost and no collector vetoing the mark). None has a
+corrupt bundle (the index mutant) or a quarantine record naming a bundle (the
+quarantine mutant) either.
 """
 
 from __future__ import annotations
