@@ -1,7 +1,10 @@
 """Garbage collection of orphan raw blobs: mark, wait, veto, prove, delete (PROTOCOL §3.5).
 
-Only raw blobs are ever deleted; manifests and quarantine records never are. A blob B is
-deleted only when every rule of §3.5 holds, each checked where its module says:
+Only raw objects are ever deleted — frame blobs and bundles (PROTOCOL §3.10), a bundle
+only whole; manifests and quarantine records never are. A candidate is a raw object:
+marks, vetoes and rules 1-6 are per object (a mark records its key), rule 2 matches rows
+by raw key, and rule 7 checks every frame of a bundle. A raw object B is deleted only
+when every rule of §3.5 holds, each checked where its module says:
 
 - rule 3 (marked, then ``mark_grace``): `candidates` marks, `collector` waits;
 - rules 1, 2, 4, 5 against the *rule-5 audit* — the latest completed listing audit (or,
@@ -10,9 +13,10 @@ deleted only when every rule of §3.5 holds, each checked where its module says:
   HEAD), which the daemon runs on schedule and **the GC never starts** (a candidate
   waits for the next one) — its orphan file, a HEAD after the mark unless the audit listed after
   it, the catalog files created since it started (`catalog_since`), vetoes: `deletion`;
-- rule 7, the targeted proof (B read whole, its identity's manifest in both agent key
-  forms, one LIST of its quarantine prefix per form; raw retention's variant for the
-  blobs raw retention nominates): `proof`, after the grace and again after the mark
+- rule 7, the targeted proof (B read whole and checked whole, every frame's manifest in
+  both agent key forms, one LIST of each quarantine prefix per form — of an identity for
+  a frame blob, of an agent/boot pair for a bundle; raw retention's variant for the
+  objects raw retention nominates): `proof`, after the grace and again after the mark
   turned ``deleting``;
 - rule 6, one signed DELETE that cannot land after the lease the ``deleting`` mark
   recorded, judged by the literal ``X-Amz-Date`` + expiry, nothing signed while skewed:
