@@ -6,31 +6,28 @@ further than snappy's bound for ``query.max_read_request_bytes`` (400) → its d
 length, then protobuf and per-query checks (`read_request`, on a thread; 400) → the parts: the
 latest snapshot and the live window's batches its ledger lacks (`collector.query`'s machinery;
 503 while a designated window is being rebuilt or the store fails) → per query, in order: select
-(`select.select_series`, on a thread, at most `SELECTING` at once per pool, since a selection
-holds up to ``max_read_samples`` rows; more than ``query.max_read_samples`` is 400 naming it,
+(`select.select_series`, on a thread; more than ``query.max_read_samples`` is 400 naming it,
 counted as rows are read, before anything is encoded, never cut short) → reserve the answer's
 estimated bytes from ``query.max_read_bytes_in_flight`` (`ByteBudget`, a read holding nothing
 waits; a request growing a reservation it holds does not wait: 503, so two requests never wait
 on each other; the engine's internal principal has a selection pool and a budget of its own) →
 encode (`encode`, on a thread; a ``STREAMED_XOR_CHUNKS`` series over
-``query.max_read_frame_bytes`` is 400 before the first frame) → answer:
+``query.max_read_frame_bytes`` is 400 before the first frame) → answer. At most `SELECTING`
+reads per pool select and build answers at once (selected samples, ~16-40 bytes each, and the
+answer being built are held there only: bounded however many reads are in flight); the others
+wait, never refused. A stream is sent outside the pool.
 
 - ``SAMPLES``: ``application/x-protobuf``, ``Content-Encoding: snappy``, query results in order;
 - ``STREAMED_XOR_CHUNKS``: ``application/x-streamed-protobuf;
-  proto=prometheus.ChunkedReadResponse``, one series a frame; an error after the first
-  byte aborts the connection (a client sees a failed read, never a clean end with
-  series missing).
+  proto=prometheus.ChunkedReadResponse``, a series a frame; an error after the first byte aborts.
 
-Errors are Prometheus-shaped JSON (`prom_json`: ``status``, ``errorType``, ``error``):
-Prometheus' remote read client reads a failed answer's body as text and quotes it, so the
-message names the problem and the limit. A client that goes away stops the read: a watcher sees
-the connection close and the selection stops before its next row group or frame. Heavy work runs
-on threads; the loop only awaits.
+Errors are Prometheus-shaped JSON (`prom_json`; Prometheus quotes a failed answer's body: it names
+the problem and the limit). A client that goes away stops the read (a watcher sees the connection
+close; the selection stops before its next row group or frame). Heavy work runs on threads.
 
-Every refusal and failure is recorded in `read_outcomes.ReadOutcomes` with the principal (the
-forwarding of PromQL requests turns them into 422/503), and so are the known gaps of reads served
-(a batch the window dropped that the snapshot lacks, a designated follower behind the log, a
-collector that follows only its own batches)."""
+Refusals, failures and the known gaps of reads served (a dropped batch the snapshot lacks, a
+follower behind the log, own batches only) go to `read_outcomes.ReadOutcomes` with the principal
+(a forwarded PromQL request turns them into 422/503)."""
 
 from __future__ import annotations
 
@@ -107,8 +104,6 @@ class ReadEndpoint:
         self.internal = internal or InternalPrincipals()
         self.budget = ByteBudget(settings.max_read_bytes_in_flight)
         self.internal_budget = ByteBudget(settings.max_read_bytes_in_flight)
-        # Selections hold up to max_read_samples rows (~45 bytes each) while they run:
-        # at most SELECTING at once per pool; the others wait (never refused).
         self.selecting = asyncio.Semaphore(SELECTING)
         self.internal_selecting = asyncio.Semaphore(SELECTING)
         cache = file_cache  # shared with /v1/query and names (no `or`: an empty one is falsy)
@@ -191,11 +186,12 @@ class ReadEndpoint:
         budget = self.internal_budget if internal else self.budget
         selecting = self.internal_selecting if internal else self.selecting
         held = 0
+        await selecting.acquire()  # held until the answer is built (a stream: until sent)
+        building = True
         try:
             answers: list[Any] = []
             for index, query in enumerate(parsed.queries):
-                async with selecting:
-                    selection = await self._select(index, query, snapshot, frames, gone)
+                selection = await self._select(index, query, snapshot, frames, gone)
                 columns = selection.columns
                 if parsed.response_type == SAMPLES:
                     need = encode.samples_answer_bytes(
@@ -226,12 +222,16 @@ class ReadEndpoint:
                     "Content-Encoding": "snappy",
                 }
                 return web.Response(body=payload, headers=headers), parsed.response_type
+            selecting.release()  # built: its frames are sent outside the pool
+            building = False
             streamed = await self._stream(request, answers, gone, principal.name)
             return streamed, parsed.response_type
         except ClientGone:
             log.info("remote_read_client_gone")
             return web.Response(status=499), parsed.response_type
         finally:
+            if building:
+                selecting.release()
             watcher.cancel()
             if held:
                 budget.release(held)
