@@ -101,7 +101,7 @@ CASES: list[tuple[str, IndexRow, bool]] = [
     ),
     ("retracted copy of a bundled row", _accepted(kind="retracted"), True),
     ("blob row of a frame blob", blob_row(BUNDLE_SHA, T0), True),
-    ("blob row of a bundle", dataclasses.replace(blob_row(BUNDLE_SHA, T0), key=BUNDLE), True),
+    ("blob row of a bundle", blob_row(BUNDLE_SHA, T0, bundle=True), True),
     (
         "blob row of another bundle",
         dataclasses.replace(blob_row("ab" * 32, T0), key=BUNDLE),

@@ -5,8 +5,6 @@ record row names, not its frame's hash, clears the bundle as an orphan suspect."
 
 from __future__ import annotations
 
-import dataclasses
-
 from index.rows import accepted_row, blob_row
 from protocol import keys
 from protocol.clock import ManualClock
@@ -26,7 +24,7 @@ async def test_bundle_rows_are_cataloged_with_ranges_and_clear_their_suspect(
     orphan = [make_batch(2, seq, T0_NS + seq * S) for seq in range(2)]
     orphan_key, _size, _ = await write_bundle(memory_store, orphan, named=0)
     rows = [
-        dataclasses.replace(blob_row(keys.parse_raw_bundle_key(key), T0_NS + S), key=key)
+        blob_row(keys.parse_raw_bundle_key(key), T0_NS + S, bundle=True)
         for key in (live_key, orphan_key)
     ]
     for manifest in manifests:
