@@ -211,11 +211,16 @@ class SimAgents:
     async def bundle_landing(self, group: int) -> None:
         """An orphan bundle that lands again (``SimConfig.bundle_landings``): the frames of
         three new batches, the last two of which an earlier attempt wrote as a bundle (its
-        collector crashed; half the time after flushing the bundle's ``blob`` row), are
-        sent again at once, once the GC has marked that bundle, at a seeded moment around
-        its grace, to a collector with one write slot: the first frame takes the slot as a
-        frame blob, the other two wait and are written as the same bundle (412), so the
-        §3.5 collector side runs on the bundle while the GC may be deleting it."""
+        collector crashed; but for the landings before a mark, half the time after flushing
+        the bundle's ``blob`` row), are sent again at once to a collector with one write slot: the first frame takes the
+        slot as a frame blob, the other two wait and are written as the same bundle (412).
+        Half the time that is once the GC has marked the bundle, at a seeded moment within
+        its grace plus the retry horizon (the §3.5 collector side runs on the bundle while
+        the GC may be deleting it); else as soon as an audit has nominated it (within half
+        a second: before the GC marks it, mostly), through a collector that crashes before flushing its log rows, so only rule
+        7's reading of every frame's manifest keeps the bundle. Half the time the middle
+        batch was accepted before, elsewhere: its frame in the bundle is a duplicate (dead
+        bytes), and the last frame alone names the bundle."""
         world, config = self._world, self._world.config
         rng = random.Random(f"{config.seed}/bundle-landing/{group}")
         boot = uuid.UUID(int=rng.getrandbits(128))
@@ -223,21 +228,29 @@ class SimAgents:
         for i in range(3):
             header = _Header(f"sim-landing-{group}", boot, i * 10, i * 10 + 9, 10)
             batches.append(_Batch(header, _frame(header, config.seed, "bundle landing")))
+        before_mark, accepted_before = rng.random() < 0.5, rng.random() < 0.5
         await world.clock.sleep(rng.uniform(0.0, config.send_window_s))
+        if accepted_before:
+            await self.send(batches[1], random.Random(rng.random()))
         planted = encode_bundle([b.frame for b in batches[1:]])
+        planted_ns = world.clock.now_ns()
         await world.watched.put(planted.key, planted.data, if_none_match=True)
         world.report.stats["bundle_landings_planted"] += 1
-        if rng.random() < 0.5:
-            await self._log_crashed(
-                blob_row(planted.sha256, world.clock.now_ns(), bundle=True), planted.key
-            )
+        if rng.random() < 0.5 and not before_mark:
+            await self._log_crashed(blob_row(planted.sha256, planted_ns, bundle=True), planted.key)
         horizon_s = config.retry_horizon_s
-        if not await world.marked(
-            planted.sha256, max_wait_s=config.send_window_s + 4 * config.audit_interval_s
-        ):
-            return
-        grace_s = world.settings.gc.mark_grace_s
-        await world.clock.sleep(rng.uniform(0.0, grace_s + horizon_s))
+        max_wait_s = config.send_window_s + 4 * config.audit_interval_s
+        if before_mark:
+            horizon_ns = int(horizon_s * keys.NS_PER_S)
+            if not await world.audit_started_after(planted_ns + horizon_ns, max_wait_s=max_wait_s):
+                return
+            await world.clock.sleep(rng.uniform(0.0, 0.5))
+            world.report.stats["bundle_landings_before_mark"] += 1
+        else:
+            if not await world.marked(planted.sha256, max_wait_s=max_wait_s):
+                return
+            grace_s = world.settings.gc.mark_grace_s
+            await world.clock.sleep(rng.uniform(0.0, grace_s + horizon_s))
         world.report.stats["bundle_landings_sent"] += 1
         bundles = world.bundle_options()
         assert bundles is not None

@@ -39,6 +39,8 @@ from collector.store_calls import BudgetedRequest, BudgetExhausted
 from index.log_writer import IndexLogWriter
 from protocol import records
 from protocol.bundle import encode_bundle, read_index
+from protocol.keys import BatchIdentity
+from reconciler.gc.proof import TargetedProof
 from store.errors import StoreError
 
 BUNDLED = SimConfig(
@@ -74,17 +76,37 @@ write's own outcome was unknown and given up (orphans the GC deletes). Seed 32 i
 first of 16-40 of this shape with a bundle in all four states whose world also flags
 `late_manifests_of_a_given_up_bundle` (seeds 0-15 had either, never both)."""
 
-BUNDLE_LANDING_WORLD = dataclasses.replace(BUNDLED, bundle_landings=3)
-"""Three orphan bundles (a collector crashed after writing them) whose frames are sent again,
-without the header, once the GC has marked the bundle, at a seeded moment within its
-grace plus the retry horizon, to a collector that writes the same bundle (412): the §3.5
-collector side runs on the bundle while the GC may be proving or deleting it. With
-`collector_side_on_the_frame_s_mark` seeds 0-5 of this shape all end in violations:
-manifests landing on a bundle marked longer than the grace with no veto, and in seed 3
-(when chosen) also "GC deleted raw bundle 4bc3f08c6cad: referenced by accepted/..."
-(t=37.122 s; the spool-landing and veto commits of 2026-11-29 moved that deletion: the
-test asserts either)."""
-BUNDLE_LANDING_WORLD = dataclasses.replace(BUNDLE_LANDING_WORLD, seed=3)
+BUNDLE_LANDING_WORLD = dataclasses.replace(BUNDLED, seed=1, bundle_landings=3)
+"""Three orphan bundles (a collector crashed after writing them) whose frames are sent again
+without the header to a collector that writes the same bundle (412): half of them once the
+GC has marked the bundle, at a seeded moment within its grace plus the retry horizon (the
+§3.5 collector side runs on the bundle while the GC may be proving or deleting it), half
+as soon as an audit nominated it, through a collector that crashes before flushing its
+log rows, so that only rule 7's reading of every frame's manifest keeps it; in half of
+them the bundle's first frame was accepted before, elsewhere (dead bytes), so its last
+frame alone names it (`chaos.sim_agents.SimAgents.bundle_landing`). Seed 1 is the first
+of this shape that flags both mutants below: with `rule_7_skipping_the_last_frame`
+t=44.423 s "GC deleted raw bundle e69f39a52da7: referenced by accepted/..." (seeds 1, 3
+and 8 of 0-9); with `collector_side_on_the_frame_s_mark` t=30.136 s a manifest lands on
+a bundle marked longer than the grace with no veto (every seed of 0-9)."""
+
+RETENTION_BUNDLE_WORLD = dataclasses.replace(BUNDLED, seed=3, race_rate=0.3, raw_retention_s=20.0)
+"""Raw retention with bundles (PROTOCOL §4.1, §3.10): the first hour retires, its bundles are
+deleted whole by raw retention, acknowledged batches are re-sent (duplicates) or get a
+conflicting twin once their bundle may be gone. Seed 3 is the first of this shape with
+bundles deleted by raw retention and no violation (see `RETENTION_FINDING_WORLD`)."""
+
+RETENTION_FINDING_WORLD = dataclasses.replace(RETENTION_BUNDLE_WORLD, seed=0)
+"""Found by this world (open, not this module's to fix): a conflicting twin that arrives
+after raw retention deleted the bundle holding the accepted frame gets a quarantine record
+naming the accepted frame's frame blob (PROTOCOL §3.10: records name frame blobs only)
+with ``accepted_blob_present: false``, a copy that was never made (the bundle's 404). The
+final audit then reports ``missing-blob`` for that frame blob, for ever: its only
+referencing row is the quarantine record's accepted side, and the accepted manifest's
+retired row names the bundle, not the frame blob, so "a raw object raw retention may have
+deleted is never missing" does not apply (with frame blobs both rows name one key). The
+audit (or the record's row) should let the accepted side of a quarantine record whose
+accepted manifest names a bundle follow that manifest's row. Seeds 0, 6 and 7 of 0-7."""
 
 BUNDLE_WORLDS = max(1, int(os.environ.get("LM_SIM_WORLDS", "110")) // 22)  # 5 of 110
 
@@ -110,6 +132,20 @@ def collector_side_on_the_frame_s_mark(monkeypatch: pytest.MonkeyPatch) -> None:
         return await real(request, frame=frame, sha=first_frame, collector_id=collector_id, key=key)
 
     monkeypatch.setattr(bundle_write, "keep_existing_blob", frame_mark)
+
+
+def rule_7_skipping_the_last_frame(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rule 7 for a bundle reads the manifests of every frame but the last (PROTOCOL §3.5
+    rule 7, §3.10: "for **every** frame")."""
+    real = TargetedProof._bundle_identities
+
+    async def all_but_the_last(
+        self: TargetedProof, sha: str, bundle_key: str, body: bytes
+    ) -> list[BatchIdentity] | None:
+        identities = await real(self, sha, bundle_key, body)
+        return None if identities is None else identities[:-1]
+
+    monkeypatch.setattr(TargetedProof, "_bundle_identities", all_but_the_last)
 
 
 def late_manifests_of_a_given_up_bundle(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -189,7 +225,26 @@ def test_an_orphan_bundle_written_again_survives_the_gc() -> None:
     report = simulate(BUNDLE_LANDING_WORLD)
     assert report.ok, report.violations
     stats = report.stats
-    assert stats["bundle_landings_sent"] == 3 and stats["vetoes_written"] > 0
+    assert stats["bundle_landings_sent"] == 3 and stats["bundle_landings_before_mark"] > 0
+    assert stats["vetoes_written"] > 0
+
+
+def test_raw_retention_deletes_rolled_up_bundles_whole_and_nothing_else() -> None:
+    report = simulate(RETENTION_BUNDLE_WORLD)
+    assert report.ok, report.violations
+    stats = report.stats
+    assert stats["bundles_deleted_accepted"] > 0 and stats["gc_deleted_raw_retention"] > 0
+    assert stats["late_conflicts"] > 0 and stats["identities_in_two_bundles"] > 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: missing-blob for a quarantine record's never-made copy of a frame whose "
+    "bundle raw retention deleted (RETENTION_FINDING_WORLD); when fixed, drop this mark",
+)
+def test_a_late_conflict_after_raw_retention_leaves_no_missing_blob() -> None:
+    report = simulate(RETENTION_FINDING_WORLD)
+    assert report.ok, report.violations
 
 
 # --- the mutants, flagged ---------------------------------------------------------------
@@ -202,6 +257,12 @@ def test_the_collector_side_on_a_frame_s_mark_is_flagged(monkeypatch: pytest.Mon
         "GC deleted raw bundle" in v or ("landed naming raw bundle" in v and "not vetoed" in v)
         for v in report.violations
     ), report.violations
+
+
+def test_rule_7_skipping_a_frame_is_flagged(monkeypatch: pytest.MonkeyPatch) -> None:
+    rule_7_skipping_the_last_frame(monkeypatch)
+    report = simulate(BUNDLE_LANDING_WORLD)
+    assert any("GC deleted raw bundle" in v for v in report.violations), report.violations
 
 
 def test_a_late_manifest_create_from_a_given_up_bundle_is_flagged(
