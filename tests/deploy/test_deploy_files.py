@@ -636,6 +636,7 @@ IDENTITY = keys.BatchIdentity("agent-a", uuid.UUID(int=1), 10, 20)
 HOUR = keys.UtcHour.from_unix_ns(1_760_000_000 * 10**9)
 SAMPLE_KEYS = {
     "raw_blob": keys.raw_blob_key(SHA),
+    "raw_bundle": keys.raw_bundle_key(SHA),
     "raw_blob_by_time": keys.raw_blob_by_time_key(HOUR, SHA),
     "accepted": keys.accepted_manifest_key(IDENTITY),
     "accepted_by_time": keys.accepted_by_time_key(HOUR, IDENTITY),
@@ -654,8 +655,15 @@ SAMPLE_KEYS = {
     "index_catalog": keys.index_catalog_key(HOUR, 3, 9),
     "catalog_created": keys.catalog_created_key(3, 9),
     "rollup_work": keys.rollup_work_marker_key(keys.index_catalog_key(HOUR, 3, 9)),
+    "feature_record": keys.INDEX_FEATURES_KEY,
+    "collector_version": keys.version_entry_key("collector", "collector-1"),
+    "rollup_version": keys.version_entry_key("rollup-job", "host-1-42"),
+    "verify_version": keys.version_entry_key("rollup-verify", "host-1-43"),
 }
-ROLLUP_KINDS = {"rollup_pointer", "rollup_data"}
+# The rollup's own version entries (PROTOCOL §3.10 "Writing"): the job and `lm-rollup
+# verify` register at start and delete their entry when they end.
+ROLLUP_VERSIONS = {"rollup_version", "verify_version"}
+ROLLUP_KINDS = {"rollup_pointer", "rollup_data"} | ROLLUP_VERSIONS
 NEVER_DELETED = {"accepted", "quarantine"}
 MAY_DELETE = {
     "collector": {"probe"},
@@ -670,10 +678,15 @@ MAY_DELETE = {
         "accepted_by_time",
         "accepted_by_blob",
         "quarantine_by_blob",
+        # index/v1/* is the reconciler's: the feature record and the registry live there.
+        "feature_record",
+        "collector_version",
+        "rollup_version",
+        "verify_version",
     },
     # Every delete the GC makes (reconciler/gc.py through the GC role's store; running the
     # GC under these documents: test_policies_enforced.py).
-    "gc": {"raw_blob", "gc_mark", "gc_veto"},
+    "gc": {"raw_blob", "raw_bundle", "gc_mark", "gc_veto"},
     "rollup": ROLLUP_KINDS | {"rollup_dirty", "rollup_work"},
 }
 
@@ -780,7 +793,7 @@ def test_lifecycle_rules_never_expire_or_archive_acceptance_records_or_raw_blobs
     rules = json.loads((POLICIES / "lifecycle.json").read_text(encoding="utf-8"))["Rules"]
     protected = {
         name: f"{prefix}/{SAMPLE_KEYS[name]}"
-        for name in ("accepted", "quarantine", "raw_blob", "accepted_by_blob")
+        for name in ("accepted", "quarantine", "raw_blob", "raw_bundle", "accepted_by_blob")
     }
     for rule in rules:
         rule_prefix = rule.get("Filter", {}).get("Prefix", rule.get("Prefix", ""))
