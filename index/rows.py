@@ -86,8 +86,10 @@ SCHEMA = pa.schema(
         ("raw_length", pa.int64()),
     ]
 )
-OPTIONAL_COLUMNS = frozenset(
-    {"etag", "own_create", "min_ts_ns", "max_ts_ns", "source", "raw_offset", "raw_length"}
+RANGE_COLUMNS = frozenset({"raw_offset", "raw_length"})
+"""A bundled frame's range (PROTOCOL §3.10): null for a frame blob, absent before."""
+OPTIONAL_COLUMNS = (
+    frozenset({"etag", "own_create", "min_ts_ns", "max_ts_ns", "source"}) | RANGE_COLUMNS
 )
 """Columns later versions added: a file without them reads them as null."""
 FILE_SCHEMA = pa.schema([*SCHEMA, pa.field("key_digest", pa.binary(DIGEST_BYTES)), *RANK_FIELDS])

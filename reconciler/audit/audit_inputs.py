@@ -73,7 +73,11 @@ async def fetch_catalog(
                 raise PinnedFileMissing(f"pinned catalog file {name!r} is gone") from None
             path = os.path.join(directory, f"{rank:08d}.parquet")
             try:
-                await offload(len(body), write_normalized, Path(path), body, name)
+                # A file of before the range columns stays as it is (no rewrite of the
+                # whole history each audit): the joins read them as null.
+                await offload(
+                    len(body), write_normalized, Path(path), body, name, ranges_may_lack=True
+                )
                 await offload(len(body), pq.read_metadata, path)
             except (IndexFileError, pa.ArrowException, OSError) as exc:
                 unreadable[rank] = (name, str(exc))

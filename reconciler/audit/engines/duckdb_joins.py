@@ -30,9 +30,11 @@ from dataclasses import dataclass
 
 import duckdb
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from index.catalog_local import sql_list, sql_string
 from index.catalog_rank import RANK_COLUMNS, duckdb_write_rank
+from index.rows import FILE_SCHEMA
 from reconciler.audit.audit_inputs import CatalogCopy as CatalogCopy
 from reconciler.audit.audit_inputs import PinnedFileMissing as PinnedFileMissing
 from reconciler.audit.audit_inputs import fetch_catalog as fetch_catalog
@@ -155,10 +157,16 @@ class AuditJoins(ResultFiles, CatalogQueries):
         self.set_retired(frozenset())
         columns = ", ".join(CATALOG_COLUMNS)
         if self._catalog:
+            # Copies of files written before the range columns lack them (`fetch_catalog`
+            # keeps them as they are): read by name, the columns null there; an empty file
+            # of the whole schema first, so they exist even when no copy has them.
+            schema_file = os.path.join(self._dir, "catalog-schema.parquet")
+            pq.write_table(FILE_SCHEMA.empty_table(), schema_file)
+            paths = [schema_file, *(c.path for c in self._catalog)]
             source = (
                 f"SELECT {columns}, filename, file_row_number FROM read_parquet("
-                f"{sql_list([c.path for c in self._catalog])}, filename = true, "
-                "file_row_number = true)"
+                f"{sql_list(paths)}, filename = true, file_row_number = true, "
+                "union_by_name = true)"
             )
         else:
             source = (
