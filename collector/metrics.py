@@ -51,6 +51,13 @@ class CollectorMetrics:
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000),
             registry=r,
         )
+        self.bundle_slot_wait = Histogram(
+            "lm_collector_bundle_slot_wait_seconds",
+            "Seconds a bundled frame waited from joining the open bundle until its raw "
+            "object was being written (a write slot; PROTOCOL §3.10)",
+            buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5),
+            registry=r,
+        )
         self.bundle_dead_bytes = Counter(
             "lm_collector_bundle_dead_bytes",
             "Bytes of bundled frames that no manifest names (a duplicate, or the submitted "

@@ -33,7 +33,11 @@ class BundledSteps:
         self._index_log = index_log
         self._new_request = new
         self.bundler = Bundler(
-            limits=options.limits, clock=clock, write=self.write, on_raw_put=options.on_raw_put
+            limits=options.limits,
+            clock=clock,
+            write=self.write,
+            on_raw_put=options.on_raw_put,
+            on_slot_wait=options.on_slot_wait,
         )
 
     async def place(

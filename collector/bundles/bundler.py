@@ -151,14 +151,17 @@ class Bundler:
         write: WriteBundle,
         account: ByteAccount | None = None,
         on_raw_put: Callable[[int], None] | None = None,
+        on_slot_wait: Callable[[float], None] | None = None,
     ) -> None:
         """``on_raw_put(n)``: a raw object of ``n`` frames is being written
-        (``lm_collector_frames_per_raw_put``)."""
+        (``lm_collector_frames_per_raw_put``); ``on_slot_wait(s)``: a frame waited ``s``
+        seconds from `place` until its raw object was being written (its write slot)."""
         self._limits = limits
         self._clock = clock
         self._write = write
         self.account = account
         self._on_raw_put = on_raw_put or (lambda _n: None)
+        self._on_slot_wait = on_slot_wait or (lambda _s: None)
         self._open: _Bundle | None = None
         self._in_flight = 0
         self._tasks: set[asyncio.Task[None]] = set()
@@ -178,7 +181,8 @@ class Bundler:
         `BudgetExhausted` (503: the frame cannot be sent in time, or its bundle's write
         failed)."""
         send_by = deadline - self._limits.send_margin_s
-        if send_by <= self._clock.monotonic():
+        joined = self._clock.monotonic()
+        if send_by <= joined:
             raise BudgetExhausted
         bundle = self._open
         if bundle is None:
@@ -207,6 +211,7 @@ class Bundler:
         finally:
             if timer is not None:
                 timer.cancel()
+        self._on_slot_wait(self._clock.monotonic() - joined)
         return Placement(self, member, spot)
 
     def _full(self, bundle: _Bundle) -> bool:

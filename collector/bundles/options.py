@@ -27,6 +27,9 @@ class BundleOptions:
     is not bundled (its hour will never be rolled up, so it must not pin a bundle)."""
     on_raw_put: Callable[[int], None] | None = None
     """``lm_collector_frames_per_raw_put``: a raw object of n frames is being written."""
+    on_slot_wait: Callable[[float], None] | None = None
+    """``lm_collector_bundle_slot_wait_seconds``: how long a bundled frame waited from
+    joining the open bundle until its raw object was being written."""
     on_dead_bytes: Callable[[int], None] | None = None
     """``lm_collector_bundle_dead_bytes_total``: bytes of a bundled frame no manifest
     names (a duplicate, or the submitted frame of a conflict)."""
@@ -68,5 +71,6 @@ def bundle_options(
         enabled=enabled,
         points_retention_s=None if retention_days is None else retention_days * 86_400.0,
         on_raw_put=metrics.frames_per_raw_put.observe,
+        on_slot_wait=metrics.bundle_slot_wait.observe,
         on_dead_bytes=metrics.bundle_dead_bytes.inc,
     )

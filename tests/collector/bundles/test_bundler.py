@@ -216,3 +216,24 @@ async def test_a_bundle_write_cancelled_at_shutdown_answers_its_frames_503() -> 
         with pytest.raises(BudgetExhausted):
             await frame
     await wait_until(lambda: b.in_flight == 0)
+
+
+async def test_the_slot_wait_is_observed_per_frame_on_the_injected_clock() -> None:
+    clock = ManualClock()
+    writes = Writes()
+    waits: list[float] = []
+    b = Bundler(
+        limits=BundleLimits(max_in_flight=1, max_bytes=1 << 20, max_frames=10, send_margin_s=1.0),
+        clock=clock,
+        write=writes,
+        on_slot_wait=waits.append,
+    )
+    solo = await take_slot(b)
+    assert waits == [0.0]  # a free slot: no wait
+    waiting = asyncio.create_task(b.place(FRAME, "b" * 64, deadline=5.0))
+    await wait_until(lambda: b.waiting == 1)
+    clock.advance(0.25)
+    solo.wrote()
+    writes.go.set()
+    await waiting
+    assert waits == [0.0, pytest.approx(0.25)]
