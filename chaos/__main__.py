@@ -1,13 +1,16 @@
 """``lm-chaos``: chaos runs against real processes, and the in-process simulation.
 
-- ``lm-chaos run --scenario NAME --seed S (--duration SECONDS | --minutes M)``: start
-  MiniStack, the fault proxy, collectors, the reconciler (and rollup runs), drive the
-  scenario, converge, audit every invariant; print the summary table, write the JSON
-  report (``--json PATH``, default ``<work-dir>/report.json``). Scenarios: ``race``,
+- ``lm-chaos run --scenario NAME --seed S (--duration SECONDS | --minutes M) [--bundles]``:
+  start MiniStack, the fault proxy, collectors, the reconciler (and rollup runs), drive
+  the scenario, converge, audit every invariant; print the summary table, write the JSON
+  report (``--json PATH``, default ``<work-dir>/report.json``). ``--bundles``: ``lm-reconciler
+  enable-bundles`` on the fresh bucket before the first collector starts, so the
+  collectors write group-commit bundles (PROTOCOL §3.10). Scenarios: ``race``,
   ``faults``, ``kill``, ``outage``, ``clock-skew``, ``gc-race``, ``rollup-race``, ``all``.
-- ``lm-chaos simulate --seed S [--count N]``: the deterministic in-process simulation of
-  acceptance, the index, the reconciler and its GC (`chaos.simulation`) for seeds
-  S..S+N-1; prints the worlds with violations and the GC coverage of true orphans.
+- ``lm-chaos simulate --seed S [--count N] [--bundles]``: the deterministic in-process
+  simulation of acceptance, the index, the reconciler and its GC (`chaos.simulation`) for
+  seeds S..S+N-1 (``--bundles``: with group commit, PROTOCOL §3.10); prints the worlds
+  with violations and the GC coverage of true orphans.
 - ``lm-chaos longrun [--ci] [--seed S] [--hours H]``: the long simulated run of issue 31
   (`chaos.longrun.run`): one world for two simulated days (``--ci``: the test's version,
   a day and three hours); prints its figures and whether every claim held.
@@ -58,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--round-minutes", type=float, default=5.0, help="audit every this many minutes"
     )
+    run.add_argument(
+        "--bundles", action="store_true", help="enable-bundles before the collectors start"
+    )
     simulate = commands.add_parser("simulate", help="the deterministic in-process simulation")
     simulate.add_argument("--seed", type=int, default=0)
     simulate.add_argument("--count", type=int, default=100)
@@ -66,6 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     simulate.add_argument(
         "--connect-timeout", type=float, default=None, help="how late they may land (s)"
+    )
+    simulate.add_argument(
+        "--bundles",
+        action="store_true",
+        help="group commit on: busy collectors, races, orphan bundles written again",
     )
     longrun = commands.add_parser("longrun", help="the long simulated run (two simulated days)")
     longrun.add_argument("--ci", action="store_true", help="the CI version (under a minute)")
@@ -90,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{scenario.name:12} {scenario.description}")
         return 0
     if args.command == "simulate":
-        return _simulate(args.seed, args.count, args.late_rate, args.connect_timeout)
+        return _simulate(
+            args.seed, args.count, args.late_rate, args.connect_timeout, bundles=args.bundles
+        )
     if args.command == "longrun":
         return _longrun(args.ci, args.seed, args.hours)
     duration = args.duration if args.duration is not None else args.minutes * 60.0
@@ -122,6 +135,7 @@ def _run(args: argparse.Namespace, duration: float) -> int:
         work_dir=work_dir,
         rollup=args.rollup,
         round_s=args.round_minutes * 60.0,
+        bundles=args.bundles,
         progress=lambda line: print(line, flush=True),
     )
     try:
@@ -149,12 +163,25 @@ async def _until_signalled(work: Coroutine[Any, Any, T]) -> T:
     return await task
 
 
-def _simulate(seed: int, count: int, late_rate: float | None, connect_s: float | None) -> int:
+def _simulate(
+    seed: int, count: int, late_rate: float | None, connect_s: float | None, *, bundles: bool
+) -> int:
     import dataclasses
 
     from chaos.simulation import SimConfig, simulate
 
     base = SimConfig(seed=seed)
+    if bundles:  # the shape of tests/chaos/test_simulation_bundles.py's worlds
+        base = dataclasses.replace(
+            base,
+            bundles=True,
+            bundle_max_in_flight=1,
+            collectors=2,
+            agents=4,
+            send_window_s=1.0,
+            race_rate=0.3,
+            bundle_landings=2,
+        )
     if late_rate is not None:
         base = dataclasses.replace(base, late_rate=late_rate)
     if connect_s is not None:

@@ -14,6 +14,15 @@ regression worlds applies: move to the first later seed that has them, and say s
 Worlds without bundles are the worlds of before: nothing new draws from their seeds
 (`chaos.sim_config.SimConfig.bundles` and the new knobs default off).
 
+The GC's bundle mutants are also put back, one proof at a time, in
+`tests/reconciler/test_gc_bundle_mutants.py`. Of them, a world here flags rule 7 skipping
+a bundle's last frame (`BUNDLE_LANDING_WORLD`, at a seam of its own: the frames' identities
+the proof reads). Not the others: trusting the index needs a bundle whose frames disagree
+with its index, and the quarantine LIST a record naming a bundle, which no simulated
+collector writes; raw retention checking one frame of several needs a bundle whose frames
+retire apart, which the audit's nomination (retired only when every row naming the bundle
+is) already keeps from the proof, so the proof-only mutant changes no world.
+
 Not here: the spool mutant (spool manifest creates of one identity sent concurrently).
 The simulation runs strict-mode collectors only (`collector.accept.BatchAcceptor`); spool
 mode's landing in bundles (`collector.bundles.spool_landing`) has no simulated world yet.
