@@ -5,7 +5,7 @@ Checks (`CheckResult`, each ``passed``, ``failed`` with its violations, or ``ski
 with the reason):
 
 - ``acks_have_manifests``: every 200 an agent got has its accepted manifest, naming the
-  hash the agent sent and the 200 named, and a raw blob that hashes to it;
+  hash the agent sent and the 200 named, and a raw object holding that frame;
 - ``one_hash_per_identity``: no identity was acknowledged with two hashes; every 409 named
   the hash the store holds; the agents saw nothing their contract calls unexpected;
 - ``catalog_complete`` (the index, PROTOCOL §3.7; run after a completed full audit): the
@@ -13,9 +13,9 @@ with the reason):
   names a record the store lacks, every catalog file reads, and every cataloged batch
   is in the committed rollup ledger or in a file a work marker names
   (`chaos.index_checks`);
-- ``no_referenced_blob_deleted``: every manifest's and quarantine record's blob exists and
-  hashes right, and no GC log entry deleted a blob that a manifest existing at the time
-  (by the store's own LastModified) referenced; with the GC's horizon and grace given,
+- ``no_referenced_blob_deleted``: every manifest's and quarantine record's raw object
+  exists and holds its frame, and no GC log entry deleted a raw object that a record
+  existing at the time (by the store's own LastModified) named; with the GC's horizon and grace given,
   every logged deletion also kept rules 3 and 5 of PROTOCOL §3.5 as its entry records
   them (`gc_log_violations`);
 - ``nothing_acked_during_outage``: no 200 for a request sent and answered inside a window
@@ -23,6 +23,12 @@ with the reason):
 - the rollup checks of `chaos.rollup_check` (setsums per hour against the manifests and
   against the catalog, totals against the ground truth, ``lm-rollup verify``), skipped
   when the rollup is not available.
+
+Records are joined to raw objects by raw key (PROTOCOL §3.10): a manifest names a frame
+blob (read whole, hashed) or a bundle and its frame's range (the frame read through
+`index.raw_reads`, which checks its CRC, hash and identity; a bundle is fetched once for
+all the records naming it, its frames cut out of it, a frame that fails falls back to
+the bundle's index: `read_frame`). A quarantine record names frame blobs only.
 
 Besides the checks, `gc_coverage` counts the planted orphans (`AckBook.planted`) that no
 record references and are older than the GC's retry horizon, and how many of them the
@@ -33,18 +39,26 @@ and audit have run their course).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-from chaos.index_checks import CatalogView, RecordFacts, catalog_problems, read_catalog
+from chaos.index_checks import (
+    CatalogView,
+    RecordFacts,
+    catalog_problems,
+    named,
+    read_catalog,
+    read_frames,
+    ref_of,
+    submitted_ref,
+)
 from chaos.load import AckBook
+from index.raw_reads import RawRef
 from protocol import keys, records
 from reconciler.gc.log import GcLogError, decode_gc_log
 from store.base import ObjectInfo, ObjectStore
-from store.errors import NotFound
 
 T = TypeVar("T")
 Status = Literal["passed", "failed", "skipped"]
@@ -86,7 +100,9 @@ class StoreView:
     objects: dict[str, ObjectInfo]
     manifests: dict[keys.BatchIdentity, tuple[records.AcceptedManifest, ObjectInfo]]
     quarantines: dict[str, records.IdentityConflict]
-    blob_hashes: dict[str, str | None]  # sha -> sha256 of the stored body (None: absent)
+    frames: dict[RawRef, str | None]
+    """Each record's frame (`ref_of`): None when its raw object holds it, else what is
+    wrong ("missing", "hashes to ...", "bad-range: ...")."""
     gc_log: list[records.GcLogEntry]
     unreadable: list[str]
     catalog: CatalogView = field(default_factory=CatalogView)
@@ -138,19 +154,15 @@ async def read_store(store: ObjectStore) -> StoreView:
     await _bounded(list(view.under(keys.ACCEPTED_PREFIX)), manifest)
     await _bounded(list(view.under(keys.QUARANTINE_PREFIX)), quarantine)
     await _bounded(list(view.under(keys.GC_LOG_PREFIX)), gc_file)
-    shas = {m.frame_sha256 for m, _ in view.manifests.values()}
-    shas |= {q.submitted_frame_sha256 for q in view.quarantines.values()}
-    shas |= {q.accepted_frame_sha256 for q in view.quarantines.values()}
+    by_object: dict[str, set[RawRef]] = defaultdict(set)
+    for accepted, _ in view.manifests.values():
+        ref = ref_of(accepted)
+        by_object[ref.raw_key].add(ref)
+    for conflict in view.quarantines.values():
+        ref = submitted_ref(conflict)
+        by_object[ref.raw_key].add(ref)
 
-    async def blob(sha: str) -> None:
-        try:
-            body, _ = await store.get(keys.raw_blob_key(sha))
-        except NotFound:
-            view.blob_hashes[sha] = None
-            return
-        view.blob_hashes[sha] = hashlib.sha256(body).hexdigest()
-
-    await _bounded(sorted(shas), blob)
+    await _bounded(sorted(by_object), lambda key: read_frames(store, by_object[key], view.frames))
     view.catalog = await read_catalog(store)
     view.rolled_up = await _rolled_up(store)
     return view
@@ -185,12 +197,10 @@ def check_acks(view: StoreView, book: AckBook) -> CheckResult:
             )
         if ack.manifest_key is not None and ack.manifest_key != manifest.manifest_key:
             result.fail(f"200 for {ack.identity} named manifest {ack.manifest_key}")
-        stored = view.blob_hashes.get(manifest.frame_sha256)
-        if stored != manifest.frame_sha256:
-            state = "missing" if stored is None else f"hashing to {stored[:16]}"
-            result.fail(
-                f"acknowledged {ack.identity}: raw blob {manifest.frame_sha256[:16]} {state}"
-            )
+        ref = ref_of(manifest)
+        state = view.frames.get(ref, "not read")
+        if state is not None:
+            result.fail(f"acknowledged {ack.identity}: raw object {named(ref)} {state}")
     result.detail = f"{len(book.acks)} acknowledgements checked"
     return result
 
@@ -226,11 +236,15 @@ def check_identities(view: StoreView, book: AckBook, unexpected: list[str]) -> C
 def check_catalog(view: StoreView) -> CheckResult:
     result = CheckResult("catalog_complete")
     facts = {  # by the key read (a manifest of a long agent_id may sit at its older form)
-        info.key: RecordFacts("accepted", manifest.frame_sha256, manifest.identity.manifest_id)
+        info.key: RecordFacts(
+            "accepted", manifest.frame_sha256, manifest.identity.manifest_id, ref_of(manifest)
+        )
         for manifest, info in view.manifests.values()
     }
     for key, conflict in view.quarantines.items():
-        facts[key] = RecordFacts("quarantine", conflict.submitted_frame_sha256)
+        facts[key] = RecordFacts(
+            "quarantine", conflict.submitted_frame_sha256, raw=submitted_ref(conflict)
+        )
     for problem in catalog_problems(view.catalog, facts, rolled_up=view.rolled_up):
         result.fail(problem)
     catalog = view.catalog
@@ -243,29 +257,35 @@ def check_catalog(view: StoreView) -> CheckResult:
 
 def check_blobs(view: StoreView) -> CheckResult:
     result = CheckResult("no_referenced_blob_deleted")
-    referencing: dict[str, list[tuple[str, int]]] = defaultdict(list)
-    for manifest, info in view.manifests.values():
-        referencing[manifest.frame_sha256].append((manifest.manifest_key, info.last_modified_ns))
-    for key, conflict in view.quarantines.items():
-        info = view.objects[key]
-        referencing[conflict.submitted_frame_sha256].append((key, info.last_modified_ns))
-    for sha, refs in sorted(referencing.items()):
-        stored = view.blob_hashes.get(sha)
-        if stored is None:
-            result.fail(f"raw blob {sha[:16]} referenced by {refs[0][0]} is missing")
-        elif stored != sha:
-            result.fail(f"raw blob {sha[:16]} referenced by {refs[0][0]} hashes to {stored[:16]}")
+    naming: list[tuple[RawRef, str, int]] = [
+        (ref_of(manifest), manifest.manifest_key, info.last_modified_ns)
+        for manifest, info in view.manifests.values()
+    ]
+    naming += [
+        (submitted_ref(conflict), key, view.objects[key].last_modified_ns)
+        for key, conflict in view.quarantines.items()
+    ]
+    referencing: dict[str, list[tuple[str, int]]] = defaultdict(list)  # by raw key
+    for ref, record_key, created_ns in sorted(naming, key=lambda n: n[1]):
+        referencing[ref.raw_key].append((record_key, created_ns))
+        state = view.frames.get(ref, "not read")
+        if state is not None:
+            result.fail(f"raw object {named(ref)} named by {record_key}: {state}")
     for entry in view.gc_log:
-        for record_key, created_ns in referencing.get(entry.frame_sha256, []):
+        for record_key, created_ns in referencing.get(entry.raw_blob_key, []):
             # LastModified has one-second resolution and the GC stamps its log entry
             # after the delete (a retry later, under faults): only a reference created
             # well before the stamp is certainly older than the deletion.
             if created_ns + GC_LOG_SLACK_NS <= entry.deleted_at_unix_ns:
                 result.fail(
-                    f"GC deleted raw blob {entry.frame_sha256[:16]} at {entry.deleted_at_unix_ns} "
-                    f"while {record_key} (created {created_ns}) referenced it"
+                    f"GC deleted raw object {entry.raw_blob_key} at {entry.deleted_at_unix_ns} "
+                    f"while {record_key} (created {created_ns}) named it"
                 )
-    result.detail = f"{len(referencing)} referenced blobs, {len(view.gc_log)} GC deletions"
+    bundles = sum(1 for key in referencing if key.startswith(keys.RAW_BUNDLES_PREFIX))
+    result.detail = (
+        f"{len(referencing)} referenced raw objects ({bundles} bundles), "
+        f"{len(view.gc_log)} GC deletions"
+    )
     return result
 
 
@@ -337,11 +357,15 @@ async def audit(
 def gc_coverage(view: StoreView, book: AckBook, *, now_ns: int, horizon_s: float) -> dict[str, int]:
     """Planted orphans that nothing references and are older than the horizon, and how
     many of them are gone (the GC deleted them)."""
-    referenced = {m.frame_sha256 for m, _ in view.manifests.values()}
-    referenced |= {q.submitted_frame_sha256 for q in view.quarantines.values()}
+    referenced = {m.raw_blob_key for m, _ in view.manifests.values()}  # by raw key
+    referenced |= {q.submitted_raw_blob_key for q in view.quarantines.values()}
     cutoff_ns = now_ns - int(horizon_s * keys.NS_PER_S)
-    orphans = [sha for sha, at in book.planted.items() if sha not in referenced and at < cutoff_ns]
-    deleted = sum(1 for sha in orphans if keys.raw_blob_key(sha) not in view.objects)
+    orphans = [  # planted orphans are frame blobs
+        keys.raw_blob_key(sha)
+        for sha, at in book.planted.items()
+        if keys.raw_blob_key(sha) not in referenced and at < cutoff_ns
+    ]
+    deleted = sum(1 for key in orphans if key not in view.objects)
     return {"planted_orphans_past_horizon": len(orphans), "planted_orphans_deleted": deleted}
 
 
@@ -350,6 +374,8 @@ def store_counts(view: StoreView) -> dict[str, int]:
         "accepted_manifests": len(view.manifests),
         "quarantine_records": len(view.quarantines),
         "raw_blobs": sum(1 for _ in view.under(keys.RAW_BLOBS_PREFIX)),
+        "raw_bundles": sum(1 for _ in view.under(keys.RAW_BUNDLES_PREFIX)),
+        "bundled_manifests": sum(1 for m, _ in view.manifests.values() if m.raw_offset is not None),
         "gc_deletions_logged": len(view.gc_log),
         "gc_vetoes": sum(1 for _ in view.under(keys.GC_VETOES_PREFIX)),
         "gc_marks_left": sum(1 for _ in view.under(keys.GC_MARKS_PREFIX)),

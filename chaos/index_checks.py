@@ -15,10 +15,17 @@ themselves. After a completed full audit:
 
 `catalog_setsums` gives the per-hour totals of the catalog's accepted rows, which the
 rollup's ledger must equal.
+
+`read_frames` joins records to raw objects by raw key (PROTOCOL §3.10): a record names a
+frame blob (read whole, hashed) or a bundle and its frame's range (the frame read through
+`index.raw_reads`, which checks its CRC, hash and identity; a bundle is fetched once for
+all the records naming it and its frames cut out of it; a frame its range does not hold
+falls back to the bundle's index, `read_frame`). A quarantine record names frame blobs.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -27,8 +34,9 @@ import pyarrow as pa
 from index.catalog import list_all_files
 from index.catalog_rank import newest_per_key
 from index.catalog_tables import read_file_table
-from index.rows import IndexFileError, IndexRow, rows_of
-from protocol import keys
+from index.raw_reads import BadRange, RawRef, frame_in_span, read_frame
+from index.rows import FRAME_LENGTHS, IndexFileError, IndexRow, rows_of
+from protocol import keys, records
 from protocol.setsum import Setsum
 from store.base import ObjectStore
 from store.errors import NotFound
@@ -83,6 +91,9 @@ class RecordFacts:
     kind: str
     frame_sha256: str
     manifest_id: str | None = None
+    raw: RawRef | None = None
+    """The raw object and range the record names, when the caller checks them too: a row
+    naming another raw object or range disagrees with its record (PROTOCOL §3.10)."""
 
 
 def catalog_problems(
@@ -104,6 +115,14 @@ def catalog_problems(
             problems.append(
                 f"catalog row {key} says {row.kind} {row.frame_sha256[:16]}, the store holds "
                 f"{facts.kind} {facts.frame_sha256[:16]}"
+            )
+        elif facts.raw is not None and (
+            row.raw_blob_key != facts.raw.raw_key
+            or (row.raw_offset, row.raw_length) != (facts.raw.raw_offset, facts.raw.raw_length)
+        ):
+            problems.append(
+                f"catalog row {key} names {row.raw_blob_key} [{row.raw_offset}, "
+                f"+{row.raw_length}), its record {named(facts.raw)}"
             )
         if (
             facts.kind == "accepted"
@@ -129,3 +148,53 @@ def catalog_setsums(view: CatalogView) -> dict[str, tuple[int, int, Setsum]]:
             setsum.add(row.manifest_id, row.frame_sha256),
         )
     return totals
+
+
+def ref_of(manifest: records.AcceptedManifest) -> RawRef:
+    """The raw object and range a manifest names (its frame blob when it has no range)."""
+    return RawRef(
+        manifest.raw_blob_key,
+        manifest.frame_sha256,
+        manifest.identity,
+        manifest.raw_offset,
+        manifest.raw_length,
+    )
+
+
+def submitted_ref(conflict: records.IdentityConflict) -> RawRef:
+    """The frame blob a quarantine record names for its submitted frame."""
+    return RawRef(conflict.submitted_raw_blob_key, conflict.submitted_frame_sha256)
+
+
+async def read_frames(
+    store: ObjectStore, refs: Iterable[RawRef], states: dict[RawRef, str | None]
+) -> None:
+    """Into ``states``, each of ``refs`` (all naming one raw object) -> None when the object
+    holds its frame, else what is wrong ("missing", "hashing to ...", "bad-range: ...").
+    One GET of the object, however many records name it."""
+    refs = list(refs)
+    try:
+        body, _ = await store.get(refs[0].raw_key)
+    except NotFound:
+        states.update(dict.fromkeys(refs, "missing"))
+        return
+    for ref in refs:
+        states[ref] = await _frame_state(store, ref, body)
+
+
+async def _frame_state(store: ObjectStore, ref: RawRef, body: bytes) -> str | None:
+    if not ref.ranged:  # a frame blob: the object whole is the frame
+        stored = hashlib.sha256(body).hexdigest()
+        return None if stored == ref.frame_sha256 else f"hashing to {stored[:16]}"
+    if frame_in_span(ref, 0, body) is not None:
+        return None
+    try:  # the range does not hold the frame: the bundle's index may (PROTOCOL §3.10)
+        frame = await read_frame(store, ref, max_frame_bytes=FRAME_LENGTHS[1])
+    except NotFound:
+        return "missing"
+    return f"bad-range: {frame.detail}" if isinstance(frame, BadRange) else None
+
+
+def named(ref: RawRef) -> str:
+    where = "" if not ref.ranged else f" [{ref.raw_offset}, +{ref.raw_length})"
+    return f"{ref.raw_key}{where} (frame {ref.frame_sha256[:16]})"

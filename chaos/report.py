@@ -54,6 +54,8 @@ class RunReport:
     batches: dict[str, Any] = field(default_factory=dict)
     rounds: list[AuditRound] = field(default_factory=list)
     rollup: str = ""
+    bundles: bool = False
+    """The run turned bundles on (``--bundles``: enable-bundles before the collectors)."""
     elapsed_s: float = 0.0
     error: str | None = None
     driver_errors: list[str] = field(default_factory=list)
@@ -106,6 +108,7 @@ class RunReport:
             "error": self.error,
             "driver_errors": self.driver_errors,
             "rollup": self.rollup,
+            "bundles": self.bundles,
             "faults": self.faults,
             "batches": self.batches,
             "rounds": [r.to_dict() for r in self.rounds],
@@ -122,7 +125,8 @@ class RunReport:
         """The human summary: faults per kind, batches, checks, violations."""
         lines = [
             f"lm-chaos {self.scenario}  seed={self.seed}  duration={self.duration_s:g}s  "
-            f"elapsed={self.elapsed_s:.0f}s  rounds={len(self.rounds)}",
+            f"elapsed={self.elapsed_s:.0f}s  rounds={len(self.rounds)}"
+            + ("  bundles=on" if self.bundles else ""),
             "",
             "faults injected (by kind)",
         ]

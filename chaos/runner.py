@@ -57,6 +57,9 @@ class ChaosOptions:
     work_dir: Path
     rollup: Literal["auto", "off"] = "auto"
     round_s: float = 300.0
+    bundles: bool = False
+    """``lm-reconciler enable-bundles`` before the first collector starts (PROTOCOL §3.10):
+    the collectors (``[ingest] bundle``, on by default) then write group-commit bundles."""
     progress: Callable[[str], None] | None = None
     """Called with one line per audited round (the CLI prints it)."""
 
@@ -82,6 +85,8 @@ async def run_scenario(options: ChaosOptions) -> RunReport:
         registration.push_async_callback(gate_store.close)
         gate = registered(gate_store, SystemClock(), role="chaos", process_id=process_id())
         await registration.enter_async_context(gate)
+        if options.bundles:
+            await _enable_bundles(cluster, report)
         # Seconds of chaos still to run: start-up and convergence are not counted.
         left = options.duration_s
         index = 0
@@ -117,6 +122,16 @@ async def run_scenario(options: ChaosOptions) -> RunReport:
         report.batches = book.to_dict()
         report.elapsed_s = time.monotonic() - started
     return report
+
+
+async def _enable_bundles(cluster: Cluster, report: RunReport) -> None:
+    """The operator's command on the fresh bucket (only lm-chaos is registered, no
+    collector has written a log segment): it must turn bundles on, else the run fails."""
+    code, output = await cluster.reconciler_command("enable-bundles", direct=True)
+    if code != 0:
+        raise RuntimeError(f"lm-reconciler enable-bundles exited {code}: {output[-500:]}")
+    report.bundles = True
+    cluster.event("bundles_enabled")
 
 
 async def _run_round(
