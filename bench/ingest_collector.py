@@ -25,10 +25,14 @@ from bench.ingest_phases import (
     warm_up,
 )
 from chaos.s3_server import (
+    CREDENTIALS,
     create_bucket,
     dummy_aws_env,
     unique_bucket_name,
 )
+from protocol import keys
+from protocol.records import FeatureRecord
+from store.open import open_store
 from store.retry import Backoff
 
 # --- the collector ----------------------------------------------------------------------------
@@ -121,10 +125,14 @@ async def collector_phase(
     *,
     command_prefix: tuple[str, ...] = (),
     around_window: Callable[[list[int]], AbstractContextManager[object]] | None = None,
+    bundles: bool = False,
 ) -> PhaseResult:
     """``around_window``: entered with the worker PIDs just before the measured window
-    and left right after it (a profiler attached to the workers)."""
+    and left right after it (a profiler attached to the workers). ``bundles``: the store's
+    feature record says ``bundles: true`` before the collector starts (PROTOCOL §3.10)."""
     env = collector_env(bench, store, latency_ms, bench.args.max_in_flight)
+    if bundles:
+        await turn_bundles_on(bench, env["LM_STORE__URL"])
     name = f"collector-{store}-{latency_ms:g}-{concurrency}"
     workers = c.start_collector_workers(
         work_dir=bench.work_dir,
@@ -161,6 +169,14 @@ async def collector_phase(
             "lm_collector_store_operations_per_batch_count", outcome="accepted"
         )
         result.ops_per_batch = per_batch_sum / per_batch_count if per_batch_count else None
+        raw_puts = in_window.value("lm_collector_frames_per_raw_put_count")
+        if raw_puts:
+            frames = in_window.value("lm_collector_frames_per_raw_put_sum")
+            result.frames_per_raw_put = frames / raw_puts
+        waits = in_window.value("lm_collector_bundle_slot_wait_seconds_count")
+        if waits:
+            waited = in_window.value("lm_collector_bundle_slot_wait_seconds_sum")
+            result.slot_wait_ms = 1000 * waited / waits
         result.ops_by_kind = {
             k: v
             for k, v in in_window.by_label("lm_collector_store_operations_total", "*").items()
@@ -174,6 +190,18 @@ async def collector_phase(
         workers.stop()
     result.path = "collector"
     return result
+
+
+async def turn_bundles_on(bench: Bench, store_url: str) -> None:
+    """Write the feature record ``bundles: true`` into a fresh store (what ``lm-reconciler
+    enable-bundles`` writes once nothing blocks: a fresh store has no reader to wait for)."""
+    endpoint = bench.ministack.endpoint_url if bench.ministack else None
+    store = open_store(store_url, endpoint_url=endpoint, credentials=CREDENTIALS)
+    record = FeatureRecord(bundles=True, written_by="bench.ingest", written_at_unix_ns=1)
+    try:
+        await store.put(keys.INDEX_FEATURES_KEY, record.to_json(), if_none_match=True)
+    finally:
+        await store.close()
 
 
 async def rss_check(bench: Bench, store: str, latency_ms: float, in_flight: int) -> RssResult:

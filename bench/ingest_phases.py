@@ -48,6 +48,8 @@ class PhaseResult:
     load_avg: list[float] = field(default_factory=list)  # `uptime` at the window's start
     retry_reasons: dict[str, int] = field(default_factory=dict)
     cpu_incl_drain_s: dict[str, float] = field(default_factory=dict)  # window + index log flush
+    frames_per_raw_put: float | None = None  # bundles on: lm_collector_frames_per_raw_put mean
+    slot_wait_ms: float | None = None  # bundles on: lm_collector_bundle_slot_wait_seconds mean
 
     @property
     def batches_per_s(self) -> float:
