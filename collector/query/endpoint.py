@@ -60,6 +60,7 @@ from store.errors import StoreConfigError, StoreError
 from ..auth import Authenticator
 from ..intake import authorize, error_response
 from ..metrics import CollectorMetrics
+from ..process_memory import fix_mmap_threshold
 from .api import LiveQuery, QueryError, parse_query
 from .committed import SnapshotSource, read_committed
 from .coverage import Coverage
@@ -118,6 +119,7 @@ class QueryEndpoint:
         self.late = late or LateBatches(snapshots)
         self.retry_after_s = retry_after_s
         self._running = 0
+        fix_mmap_threshold()  # freed columns leave the process (`process_memory`)
         self.file_cache = reads_cache(settings.cache_bytes, metrics)
         """Snapshot files and footers within ``query.cache_bytes``, for the read path
         beside this endpoint (remote read, names: their ``beside``)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import platform
 import subprocess
 import sys
 import time
@@ -12,6 +13,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from tests.collector.conftest import CollectorLauncher, make_frame, post_frame
 from tests.collector.inprocess import LIMITS, WRITER_TOKEN, in_process_collector
@@ -77,3 +79,40 @@ async def test_a_collector_worker_has_no_pandas_mapped_after_a_batch(
     maps = await asyncio.to_thread(Path(f"/proc/{collector.pid}/maps").read_text)
     assert "pyarrow" in maps  # the check ran in this process
     assert "/pandas/" not in maps
+
+
+_RETAINED = """
+import sys
+import numpy as np
+from pathlib import Path
+from collector.process_memory import fix_mmap_threshold
+if sys.argv[1] == "fixed":
+    assert fix_mmap_threshold()
+def rss():
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+big = np.ones(24 << 20, np.uint8)
+del big  # glibc (unfixed) raises its mmap threshold to 24 MiB here (max 32)
+before = rss()
+a = np.ones(16 << 20, np.uint8)
+b = np.ones(16 << 20, np.uint8)
+del a  # below b: not at the heap's top
+print(rss() - before)
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
+def test_a_query_collector_gives_freed_columns_back() -> None:
+    def retained(mode: str) -> int:
+        out = subprocess.run(
+            [sys.executable, "-c", _RETAINED, mode],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        )
+        return int(out.stdout.split()[-1]) - (16 << 20)  # b is live in both
+
+    assert retained("dynamic") > 12 << 20  # a's 16 MiB stayed resident
+    assert retained("fixed") < 4 << 20  # a's mapping went back
