@@ -48,6 +48,12 @@ for this.
 
     .venv/bin/python -m bench.gc                    # 1,000 orphans beside 200 batches
     .venv/bin/python -m bench.gc --orphans 200 --markdown /tmp/gc.md
+    .venv/bin/python -m bench.gc --bundles 1000 --orphans 0 --twin-orphans 0 \
+        --long-agent-orphans 0                      # issue 33: 1,000 orphan bundles of ~1 MiB
+    .venv/bin/python -m bench.gc --quick [--bundles 100 ...]   # a smoke run
+
+With ``--bundles N``, N orphan bundles of ``--bundle-frames`` frames (`bench.gc_bundles`)
+are planted too; the report adds requests and bytes read per candidate bundle.
 """
 
 from __future__ import annotations
@@ -68,6 +74,8 @@ from unittest import mock
 
 import reconciler.daemon
 from bench._common import fast_temp_root
+from bench.gc_bundles import ByteCountingStore, plant_orphan_bundles
+from bench.gc_checks import audit_records, check_end_state, orphans_left
 from bench.gc_report import GcRun, Result, render
 from bench.gc_seed import Seeded, seed
 from chaos.s3_server import (
@@ -78,16 +86,12 @@ from chaos.s3_server import (
     use_dummy_aws_credentials,
 )
 from config import GcSettings, LoggingSettings, Settings, configure_logging
-from index.audits import audit_keys, read_audit
-from protocol import keys
 from protocol.clock import SystemClock
 from reconciler.context import ReconcilerContext
 from reconciler.daemon import Reconciler
 from reconciler.gc.policy import GcOutcome
 from reconciler.gc.run import run_gc as real_run_gc
 from store.base import ObjectStore
-from store.counting import CountingStore
-from store.errors import NotFound
 from store.fs import FileSystemStore
 from store.s3 import S3Store
 
@@ -124,24 +128,6 @@ def bench_settings(args: argparse.Namespace) -> Settings:
     )
 
 
-async def count_under(store: ObjectStore, prefix: str) -> int:
-    return sum([1 async for _info in store.list(prefix)])
-
-
-async def audit_records(store: ObjectStore) -> list[str]:
-    """The audit records (not their orphan files), by key."""
-    found = []
-    for key in await audit_keys(store):
-        if await read_audit(store, key) is not None:
-            found.append(key)
-    return found
-
-
-async def orphans_left(store: ObjectStore, orphans: set[str]) -> int:
-    present = {info.key async for info in store.list(keys.RAW_BLOBS_PREFIX)}
-    return len(present & {keys.raw_blob_key(sha) for sha in orphans})
-
-
 class ScheduleDriver:
     """Stands in for `reconciler.daemon.run_gc` while the daemon runs: counts each GC run
     in its own scope, then moves the clock one grace on (see the module docstring)."""
@@ -149,7 +135,7 @@ class ScheduleDriver:
     def __init__(
         self,
         *,
-        counting: CountingStore,
+        counting: ByteCountingStore,
         clock: AheadClock,
         settings: Settings,
         seeded: Seeded,
@@ -171,23 +157,31 @@ class ScheduleDriver:
         inner = self.counting.inner
         index = len(self.result.runs) + 1
         audits_before = len(await audit_records(inner))
+        if index == 1 and self.seeded.orphan_bundles:
+            # Bundles: the first run waits for the first audit, as in a deployment, where
+            # a blob log row is past the retry horizon (2 days) only after a daily audit
+            # listed its bundle: a steady-pass suspect is a hash only, and the GC learns
+            # that it is a bundle from the latest audit's orphan file (else it marks the
+            # frame blob of that hash, withdraws it, and waits for the next audit).
+            await self._audit_finished()
         running = self.reconciler.audits.running
         outcome: GcOutcome | None = None
         error: str | None = None
         started = time.perf_counter()
         try:
-            with self.counting.scope(f"gc run {index}"):
+            with self.counting.scope(f"gc run {index}"), self.counting.reading(f"gc run {index}"):
                 outcome = await real_run_gc(ctx, dry_run=dry_run)
         except Exception as exc:
             error = repr(exc)
             raise
         finally:
             seconds = time.perf_counter() - started
-            left = await orphans_left(inner, self.seeded.orphans)
+            left = await orphans_left(inner, self.seeded)
             self.result.runs.append(
                 GcRun(
                     index=index,
                     tally=self.counting.scoped[f"gc run {index}"],
+                    bytes_read=self.counting.bytes_read[f"gc run {index}"],
                     seconds=seconds,
                     outcome=outcome,
                     error=error,
@@ -216,6 +210,13 @@ class ScheduleDriver:
             f"{run.seconds:.1f} s; orphans left {run.orphans_left}"
         )
 
+    async def _audit_finished(self) -> None:
+        assert self.reconciler is not None
+        waited = 0.0
+        while self.reconciler.audits.running and waited < AUDIT_WAIT_S:
+            await asyncio.sleep(WAIT_STEP_S)  # bounded: an audit of ~1,400 objects
+            waited += WAIT_STEP_S
+
     async def _next(self, left: int) -> None:
         """End after the run that follows the last deletion, or after `MAX_GC_RUNS`;
         else wait out a running audit and move one grace on."""
@@ -227,16 +228,16 @@ class ScheduleDriver:
         ) >= MAX_GC_RUNS:
             self.finished.set()
             return
-        assert self.reconciler is not None
-        waited = 0.0
-        while self.reconciler.audits.running and waited < AUDIT_WAIT_S:
-            await asyncio.sleep(WAIT_STEP_S)  # bounded: an audit of ~1,400 objects
-            waited += WAIT_STEP_S
+        await self._audit_finished()
         self.clock.advance(self.settings.gc.mark_grace_s + 1)
 
 
 async def run_daemon(
-    counting: CountingStore, clock: AheadClock, settings: Settings, seeded: Seeded, result: Result
+    counting: ByteCountingStore,
+    clock: AheadClock,
+    settings: Settings,
+    seeded: Seeded,
+    result: Result,
 ) -> None:
     driver = ScheduleDriver(
         counting=counting, clock=clock, settings=settings, seeded=seeded, result=result
@@ -256,48 +257,6 @@ async def run_daemon(
         finally:
             await daemon.stop(grace_s=60.0)
             await task
-
-
-async def exists(store: ObjectStore, key: str) -> bool:
-    try:
-        await store.head(key)
-    except NotFound:
-        return False
-    return True
-
-
-async def check_end_state(store: ObjectStore, seeded: Seeded, result: Result) -> None:
-    def check(what: str, ok: bool, detail: str) -> None:
-        result.checks.append((what, ok, detail))
-
-    left = await orphans_left(store, seeded.orphans)
-    check("every planted orphan deleted", left == 0, f"{left} of {len(seeded.orphans)} left")
-    kept = [await exists(store, keys.raw_blob_key(sha)) for sha in seeded.kept]
-    check(
-        "every accepted batch's blob and every quarantined blob still there",
-        all(kept),
-        f"{sum(kept)} of {len(kept)} present",
-    )
-    marks = await count_under(store, keys.GC_MARKS_PREFIX)
-    check("no GC mark left", marks == 0, f"{marks} marks")
-    problems = [info.key async for info in store.list(keys.RECONCILER_PROBLEMS_PREFIX)]
-    check("no problem recorded", not problems, ", ".join(problems) or "none")
-    result.audits = await audit_records(store)
-    check("exactly one audit (the scheduled one)", len(result.audits) == 1, f"{result.audits}")
-    by_gc = sum(
-        n
-        for run in result.runs
-        for (op, area), n in run.tally.items()
-        if area == "reconciler/audits" and op.startswith("put")
-    )
-    check("no audit record written by a GC run", by_gc == 0, f"{by_gc} audit-record PUTs")
-    result.gc_log_files = [info.key async for info in store.list(keys.GC_LOG_PREFIX)]
-    deleting = sum(1 for run in result.runs if run.outcome and run.outcome.deleted)
-    check(
-        "one GC log file per run that deleted something",
-        len(result.gc_log_files) == deleting,
-        f"{len(result.gc_log_files)} files, {deleting} runs deleted",
-    )
 
 
 def uptime() -> str:
@@ -323,10 +282,14 @@ async def run(args: argparse.Namespace, work_dir: Path) -> Result:
     settings = bench_settings(args)
     inner, server = await open_store(args, work_dir)
     try:
-        counting = CountingStore(inner)
+        counting = ByteCountingStore(inner)
         try:
             started = time.perf_counter()
             seeded = await seed(inner, args, rng=random.Random(args.seed))
+            if args.bundles:
+                hashes, size = await plant_orphan_bundles(inner, args, rng=random.Random(33))
+                seeded.orphan_bundles, seeded.bundle_bytes = hashes, size
+                seeded.bundle_frames = args.bundle_frames
             result = Result(args=args, settings=settings, seeded=seeded)
             result.seed_seconds = time.perf_counter() - started
             print(f"seeded in {result.seed_seconds:.1f} s: {seeded.describe()}", flush=True)
@@ -358,6 +321,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--long-agent-orphans", type=int, default=10, help="orphans of 128-byte agent ids"
     )
+    parser.add_argument(
+        "--bundles", type=int, default=0, help="orphan bundles to plant (issue 33; 1,000: ~1 GiB)"
+    )
+    parser.add_argument("--bundle-frames", type=int, default=100, help="frames per orphan bundle")
+    parser.add_argument(
+        "--bundle-frame-bytes", type=int, default=10_240, help="about, per bundled frame"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: 100 orphans (and at most 100 bundles) beside 50 batches",
+    )
     parser.add_argument("--retry-horizon-s", type=float, default=RETRY_HORIZON_S)
     parser.add_argument("--seed", type=int, default=22)
     parser.add_argument(
@@ -368,6 +343,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--markdown", type=Path, default=None, help="also write the report here")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.orphans, args.accepted, args.conflicts = min(args.orphans, 100), 50, 5
+        args.twin_orphans = min(args.twin_orphans, 10)
+        args.long_agent_orphans = min(args.long_agent_orphans, 4)
+        args.bundles = min(args.bundles, 100)
     configure_logging(LoggingSettings(level="warning", format="console"))
     use_dummy_aws_credentials()
     work_dir = Path(tempfile.mkdtemp(prefix="lm-bench-gc-", dir=fast_temp_root()))

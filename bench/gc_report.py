@@ -33,6 +33,7 @@ class GcRun:
     audits_after: int
     orphans_left: int
     loadavg: tuple[float, float, float]
+    bytes_read: int = 0
 
 
 @dataclass
@@ -102,9 +103,28 @@ def _per_candidate(tally: Tally, candidates: int) -> list[str]:
     return lines
 
 
+def _bundles(result: Result, working: Sequence[GcRun], requests: int) -> list[str]:
+    """Per candidate bundle (issue 33): requests and bytes read by the GC runs."""
+    seeded = result.seeded
+    bundles = len(seeded.orphan_bundles)
+    if not bundles:
+        return []
+    read = sum(run.bytes_read for run in working)
+    mean = seeded.bundle_bytes / bundles
+    share = "" if not seeded.orphans else " (frame-blob orphans in the same runs included)"
+    return [
+        f"**Per candidate bundle**{share}: {requests / bundles:.1f} requests "
+        f"({requests / bundles / seeded.bundle_frames:.2f} per bundled frame) and "
+        f"{read / bundles / 2**20:.2f} MiB read (the bundle is {mean / 2**20:.2f} MiB: "
+        f"{read / seeded.bundle_bytes:.2f}x its bytes); {read / 2**20:,.0f} MiB read in all "
+        f"for {seeded.bundle_bytes / 2**20:,.0f} MiB of orphan bundles.",
+        "",
+    ]
+
+
 def render(result: Result) -> str:
     args, runs, seeded = result.args, result.runs, result.seeded
-    candidates = len(seeded.orphans)
+    candidates = seeded.candidates
     last_deleting = max(
         (run.index for run in runs if run.outcome and run.outcome.deleted), default=0
     )
@@ -120,7 +140,9 @@ def render(result: Result) -> str:
         "",
         f"Command: `.venv/bin/python -m bench.gc --orphans {args.orphans} --accepted "
         f"{args.accepted} --conflicts {args.conflicts} --twin-orphans {args.twin_orphans} "
-        f"--long-agent-orphans {args.long_agent_orphans} --retry-horizon-s "
+        f"--long-agent-orphans {args.long_agent_orphans} --bundles {args.bundles} "
+        f"--bundle-frames {args.bundle_frames} --bundle-frame-bytes {args.bundle_frame_bytes} "
+        "--retry-horizon-s "
         f"{args.retry_horizon_s:g} --seed {args.seed}`",
         "",
         f"Seeded in {result.seed_seconds:.1f} s: {seeded.describe()}. Settings: the "
@@ -151,6 +173,7 @@ def render(result: Result) -> str:
         "",
         *_per_candidate(summed, candidates),
         "",
+        *_bundles(result, working, requests),
     ]
     if after:
         fixed = total(after)

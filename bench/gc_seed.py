@@ -34,12 +34,27 @@ class Seeded:
     """Hashes of the planted orphans: every one must be deleted."""
     kinds: dict[str, int] = field(default_factory=dict)
     """Planted orphans by kind."""
+    orphan_bundles: set[str] = field(default_factory=set)
+    """Hashes of the planted orphan bundles (`bench.gc_bundles`): every one must go."""
+    bundle_bytes: int = 0
+    bundle_frames: int = 0
+
+    @property
+    def candidates(self) -> int:
+        return len(self.orphans) + len(self.orphan_bundles)
 
     def describe(self) -> str:
         kinds = ", ".join(f"{n} {kind}" for kind, n in self.kinds.items())
+        bundles = (
+            f", {len(self.orphan_bundles)} orphan bundles of {self.bundle_frames} frames "
+            f"({self.bundle_bytes / len(self.orphan_bundles) / 2**20:.2f} MiB each; half "
+            "with a blob log row)"
+            if self.orphan_bundles
+            else ""
+        )
         return (
             f"{self.accepted} accepted batches ({self.conflicts} with a quarantined twin), "
-            f"{len(self.orphans)} orphans: {kinds}"
+            f"{len(self.orphans)} orphan frame blobs: {kinds or 'none'}{bundles}"
         )
 
 
