@@ -117,7 +117,7 @@ deleted is never missing" does not apply (with frame blobs both rows name one ke
 audit (or the record's row) should let the accepted side of a quarantine record whose
 accepted manifest names a bundle follow that manifest's row. Seeds 0, 6 and 7 of 0-7."""
 
-BUNDLE_WORLDS = max(1, int(os.environ.get("LM_SIM_WORLDS", "110")) // 22)  # 5 of 110
+BUNDLE_WORLDS = max(1, int(os.environ.get("LM_SIM_WORLDS", "110")) // 25)  # 4 of 110
 
 
 # --- the mutants ------------------------------------------------------------------------
@@ -301,6 +301,8 @@ bundle_worlds = st.builds(
     agent_gone_rate=st.sampled_from([0.0, 1.0]),
     bundle_landings=st.integers(0, 2),
     crash_landing_rate=st.sampled_from([0.0, 0.3]),
+    raw_retention_s=st.sampled_from([None, 20.0]),
+    late_conflict_rate=st.just(0.0),  # with raw retention: RETENTION_FINDING_WORLD's, open
 )
 
 
@@ -312,5 +314,7 @@ bundle_worlds = st.builds(
 )
 @given(config=bundle_worlds)
 def test_simulated_worlds_with_bundles_keep_every_invariant(config: SimConfig) -> None:
+    """Raw retention included; its late conflicting twins are left out while
+    `RETENTION_FINDING_WORLD`'s missing-blob is open (late re-sends stay)."""
     report = simulate(config)
     assert report.ok, (config, report.violations)
