@@ -49,8 +49,11 @@ _SEQ_AT = 24  # PROTOCOL §1: seq_start, seq_end follow magic..boot_id (bytes 24
 def template(agent_id: str, frame_bytes: int) -> tuple[bytes, int]:
     """An encoded frame of about ``frame_bytes`` and its point count (sized by a first
     encode of 100 points: the encoding compresses)."""
-    probe, _ = _encoded(agent_id, 100)
-    return _encoded(agent_id, max(1, frame_bytes * 100 // len(probe)))
+    points = 100
+    for _ in range(2):  # the size per point shrinks as frames grow: a second step
+        probe, points = _encoded(agent_id, points)
+        points = max(1, frame_bytes * points // len(probe))
+    return _encoded(agent_id, points)
 
 
 def _encoded(agent_id: str, points: int) -> tuple[bytes, int]:
