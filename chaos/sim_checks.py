@@ -34,7 +34,7 @@ class WatchedStore:
     missing, and no quarantine record says its accepted blob is present while it is
     missing.
 
-    With ``mark_grace_s`` (the worlds with bundles) also PROTOCOL §3.5 rule 3's premise:
+    With ``mark_grace_s`` (every simulated world) also PROTOCOL §3.5 rule 3's premise:
     no record lands naming a raw object whose GC mark has been ``marked`` for longer than
     the grace with no veto (the GC may have proved it an orphan already; a collector's
     create lands within the settle margin of its mark read or proof HEAD, or of the

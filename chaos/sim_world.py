@@ -102,7 +102,7 @@ class SimWorld:
             violations=report.violations,
             stats=report.stats,
             now_s=self.clock.monotonic,
-            mark_grace_s=self.settings.gc.mark_grace_s if config.bundles else None,
+            mark_grace_s=self.settings.gc.mark_grace_s,
         )
         self.delayed: list[DelayedStore] = []
         self.faulty: list[FaultyStore] = []

@@ -6,8 +6,9 @@ time (`chaos.sim_runtime`, `chaos.sim_world`):
 - a `MemoryStore` (the bucket), watched by `WatchedStore`, which checks the GC's safety
   at the moment each operation is applied: no raw blob is deleted while an accepted
   manifest or quarantine record names it, no manifest or quarantine record is created
-  without its (submitted) blob, and no quarantine record says its accepted blob is
-  present while it is missing;
+  without its (submitted) blob, no quarantine record says its accepted blob is present
+  while it is missing, and no record lands on a raw object whose GC mark is older than
+  the grace with no veto (rule 3's premise);
 - ``collectors`` `BatchAcceptor`s, each with its `IndexLogWriter` (rows buffered and
   flushed as log segments every ``flush_s``), each through a seeded `DelayedStore`
   (latency; requests in flight land even if their caller gave up) and a seeded
@@ -37,10 +38,9 @@ deletion against raw retention's rule, and the end state for retired blobs only.
 With ``bundles`` (PROTOCOL §3.10): the collectors run group commit, so frames that
 arrive while a collector's raw writes are in flight share one bundle; agents may race one
 identity on two collectors (``race_rate``), may be gone after a 503 (``agent_gone_rate``),
-and orphan bundles may be written again once the GC marked them (``bundle_landings``).
-`WatchedStore` then also checks that no record lands on a raw object marked for longer
-than the grace without a veto, and the report counts how each bundled frame ended
-(`chaos.sim_checks.bundle_states`). Without, nothing of this draws from the seed.
+and orphan bundles may be written again once the GC marked them (``bundle_landings``);
+the report counts how each bundled frame ended (`chaos.sim_checks.bundle_states`).
+Without, nothing of this draws from the seed.
 
 When everything has settled (collectors flushed, requests in flight landed), a final
 fault-free full audit runs and `SimReport.violations` lists every broken invariant:
