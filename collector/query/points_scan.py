@@ -257,40 +257,41 @@ def committed_parts(
             continue
         plan.append((data_file, wanted, tombstones_mod.pending_on(masking, data_file)))
 
-    def read(item: tuple[DataFile, StoredSeries | None, Any], counts: ScanWork) -> Iterator[Part]:
-        data_file, wanted, pending = item
-        scan = _FileScan(filesystem, root, cache, low_us, high_us, bounds, check)
-        return scan.parts(data_file, wanted, pending, counts, work)
-
+    scan = _FileScan(filesystem, root, cache, low_us, high_us, bounds, check, work)
     read_ahead = read_ahead if read_ahead is not None else read_ahead_for(filesystem)
     if read_ahead <= 1 or len(plan) <= 1:
-        for item in plan:
+        for data_file, wanted, pending in plan:
             check()
             work.files += 1
-            work.paths.append(item[0].path)
-            yield from read(item, work)
+            work.paths.append(data_file.path)
+            with scan.open(data_file, pending) as parquet:
+                yield from scan.parts(parquet, wanted, pending, work)
         return
+    # Each file stays open until its parts are consumed (a part's label maps are read
+    # then: no second open, so no second request on S3).
     with ThreadPoolExecutor(read_ahead, thread_name_prefix="points-read") as pool:
-        ahead: deque[tuple[DataFile, ScanWork, Future[list[Part]]]] = deque()
+        ahead: deque[tuple[DataFile, ScanWork, Future[tuple[CachedParquet, list[Part]]]]]
+        ahead = deque()
         try:
             for item in plan:
                 counts = ScanWork()
-                ahead.append((item[0], counts, pool.submit(_listed, read(item, counts))))
+                ahead.append((item[0], counts, pool.submit(scan.fetch, *item, counts)))
                 while len(ahead) >= read_ahead or (ahead and item is plan[-1]):
                     data_file, counts, future = ahead.popleft()
                     check()
-                    parts = future.result()
-                    work.files += 1
-                    work.paths.append(data_file.path)
-                    _add_counts(work, counts)
-                    yield from parts
+                    parquet, parts = future.result()
+                    with parquet:
+                        work.files += 1
+                        work.paths.append(data_file.path)
+                        _add_counts(work, counts)
+                        yield from parts
         finally:
             for _file, _counts, future in ahead:
                 future.cancel()
-
-
-def _listed(parts: Iterator[Part]) -> list[Part]:
-    return list(parts)  # a generator made on the caller's thread, run on a reader's
+            pool.shutdown(wait=True)  # the files being read finish, then are closed
+            for _file, _counts, future in ahead:
+                if not future.cancelled() and future.exception() is None:
+                    future.result()[0].close()
 
 
 def _add_counts(work: ScanWork, counts: ScanWork) -> None:
@@ -310,57 +311,62 @@ class _FileScan:
     high_us: int
     bounds: MetricBounds
     check: Callable[[], None]
+    work: ScanWork
+    """Where label maps read later are counted."""
+
+    def open(self, data_file: DataFile, pending: Any) -> CachedParquet:
+        dictionary = None if pending else DICTIONARY_COLUMNS
+        return self.cache.parquet(self.filesystem, self.root, data_file, read_dictionary=dictionary)
+
+    def fetch(
+        self, data_file: DataFile, wanted: StoredSeries | None, pending: Any, counts: ScanWork
+    ) -> tuple[CachedParquet, list[Part]]:
+        """A file's parts read at once (on a reader thread), the file left open."""
+        parquet = self.open(data_file, pending)
+        try:
+            return parquet, list(self.parts(parquet, wanted, pending, counts))
+        except BaseException:
+            parquet.close()
+            raise
 
     def parts(
-        self,
-        data_file: DataFile,
-        wanted: StoredSeries | None,
-        pending: Any,
-        counts: ScanWork,
-        work: ScanWork,
+        self, parquet: CachedParquet, wanted: StoredSeries | None, pending: Any, counts: ScanWork
     ) -> Iterator[Part]:
-        """The file's parts; row groups counted into ``counts``, label maps read later
-        into ``work``."""
+        """The file's parts; row groups counted into ``counts``."""
         low_us, high_us, bounds = self.low_us, self.high_us, self.bounds
-        with self.cache.parquet(
-            self.filesystem,
-            self.root,
-            data_file,
-            read_dictionary=None if pending else DICTIONARY_COLUMNS,
-        ) as parquet:
-            stats_of = parquet.memo.get("group_stats")
-            if stats_of is None:  # parsed once per cached footer
-                stats_of = parquet.memo["group_stats"] = group_stats(parquet.metadata)
-            for index, stats in enumerate(stats_of):
-                if not _row_group_may_match(stats, low_us, high_us, bounds, wanted):
-                    counts.row_groups_skipped += 1
-                    continue
-                self.check()
-                counts.row_groups_read += 1
-                if pending:
-                    rows = parquet.read_row_group(index, columns=POINTS_SCHEMA.names)
-                    rows = rows.select(POINTS_SCHEMA.names).cast(POINTS_SCHEMA)
-                    rows = rows.filter(pa.array(_keep(rows, low_us, high_us, bounds, wanted)))
-                    rows, masked = tombstones_mod.drop_masked(pending, "points", rows)
-                    counts.rows_masked += masked
-                    if rows.num_rows:
-                        yield Part(rows)
-                    continue
-                selection = (bounds, wanted.wanted if wanted is not None else None)
-                rows, positions = parquet.read_selected(
-                    index, SLIM_COLUMNS, selection, partial(_selected, bounds=bounds, stored=wanted)
-                )
-                rows = rows.select(SLIM_COLUMNS)
-                ts = int64_column(rows.column("ts"))
-                in_range = np.flatnonzero((ts >= low_us) & (ts < high_us))
-                if len(in_range) == 0:
-                    continue
-                if len(in_range) < rows.num_rows:
-                    rows, ts = rows.take(pa.array(in_range)), ts[in_range]
-                    positions = in_range if positions is None else positions[in_range]
-                elif positions is None:
-                    positions = np.arange(rows.num_rows)
-                yield Part(rows, _labels_reader(parquet, index, positions, work), ts)
+        stats_of = parquet.memo.get("group_stats")
+        if stats_of is None:  # parsed once per cached footer
+            stats_of = parquet.memo["group_stats"] = group_stats(parquet.metadata)
+        for index, stats in enumerate(stats_of):
+            if not _row_group_may_match(stats, low_us, high_us, bounds, wanted):
+                counts.row_groups_skipped += 1
+                continue
+            self.check()
+            counts.row_groups_read += 1
+            if pending:
+                rows = parquet.read_row_group(index, columns=POINTS_SCHEMA.names)
+                rows = rows.select(POINTS_SCHEMA.names).cast(POINTS_SCHEMA)
+                rows = rows.filter(pa.array(_keep(rows, low_us, high_us, bounds, wanted)))
+                rows, masked = tombstones_mod.drop_masked(pending, "points", rows)
+                counts.rows_masked += masked
+                if rows.num_rows:
+                    yield Part(rows)
+                continue
+            selection = (bounds, wanted.wanted if wanted is not None else None)
+            rows, positions = parquet.read_selected(
+                index, SLIM_COLUMNS, selection, partial(_selected, bounds=bounds, stored=wanted)
+            )
+            rows = rows.select(SLIM_COLUMNS)
+            ts = int64_column(rows.column("ts"))
+            in_range = np.flatnonzero((ts >= low_us) & (ts < high_us))
+            if len(in_range) == 0:
+                continue
+            if len(in_range) < rows.num_rows:
+                rows, ts = rows.take(pa.array(in_range)), ts[in_range]
+                positions = in_range if positions is None else positions[in_range]
+            elif positions is None:
+                positions = np.arange(rows.num_rows)
+            yield Part(rows, _labels_reader(parquet, index, positions, self.work), ts)
 
 
 def live_parts(

@@ -16,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
@@ -225,11 +226,14 @@ async def test_files_read_ahead_on_threads_yield_what_one_at_a_time_does(world: 
     same order, the same work counted; a failing check stops the read."""
     store, snapshot = world
 
-    def scan(read_ahead: int, check: Any = lambda: None) -> tuple[list[Any], ScanWork]:
+    def scan(
+        read_ahead: int, check: Any = lambda: None
+    ) -> tuple[list[Any], ScanWork, Counter[str]]:
         work = ScanWork()
+        handler = CountingHandler()
         parts = committed_parts(
             snapshot,
-            pafs.LocalFileSystem(),
+            pafs.PyFileSystem(handler),
             str(store.root),
             low_us=ms(H0) * 1000,
             high_us=ms(H2.next()) * 1000,
@@ -239,13 +243,21 @@ async def test_files_read_ahead_on_threads_yield_what_one_at_a_time_does(world: 
             read_ahead=read_ahead,
         )
         rows = [
-            (p.rows.column("series").to_pylist(), p.rows.column("ts").to_pylist()) for p in parts
+            (
+                p.rows.column("series").to_pylist(),
+                p.rows.column("ts").to_pylist(),
+                p.metric_and_labels(np.array([0])).column("labels").to_pylist(),  # read now
+            )
+            for p in parts
         ]
-        return rows, work
+        return rows, work, handler.opened
 
-    one, one_work = scan(1)
-    ahead, ahead_work = scan(4)
+    one, one_work, one_opened = scan(1)
+    ahead, ahead_work, ahead_opened = scan(4)
     assert one_work.files >= 3 and one == ahead
+    # Label maps read while the part's file is still open: each file opened once.
+    assert one_opened == ahead_opened and set(ahead_opened.values()) == {1}
+    assert ahead_work.label_maps_read == one_work.label_maps_read == len(ahead)
     assert (one_work.files, one_work.row_groups_read, one_work.paths) == (
         ahead_work.files,
         ahead_work.row_groups_read,
