@@ -93,6 +93,8 @@ class Cluster:
     extra_proxies: list[FaultProxy] = field(default_factory=list)
     events: list[dict[str, object]] = field(default_factory=list)
     started_at: float = field(default_factory=time.monotonic)
+    collector_settings: dict[str, str] = field(default_factory=dict)
+    """``LM_*`` settings every collector started from now on gets (``--bundles``' own)."""
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -191,7 +193,10 @@ class Cluster:
             self.skews[name] = skew_s
         skew = self.skews.get(name, 0.0)
         env = self.env(
-            LM_INGEST__COLLECTOR_ID=name, LM_HTTP__PORT=str(port), **{SKEW_ENV: str(skew)}
+            LM_INGEST__COLLECTOR_ID=name,
+            LM_HTTP__PORT=str(port),
+            **self.collector_settings,
+            **{SKEW_ENV: str(skew)},
         )
         logs = self.work_dir / "logs"
         # The start-up probe needs the store, which may be faulted or cut off: retry for

@@ -132,6 +132,11 @@ async def _enable_bundles(cluster: Cluster, report: RunReport) -> None:
         raise RuntimeError(f"lm-reconciler enable-bundles exited {code}: {output[-500:]}")
     report.bundles = True
     cluster.event("bundles_enabled")
+    # One raw write in flight per collector: the agents send a few batches at a time, so
+    # with the default two write slots frames seldom wait for one and bundles are rare
+    # (a 10-minute run at the default bundled 20 of 1,524 batches); with one slot every
+    # frame that arrives during a raw PUT joins the next bundle.
+    cluster.collector_settings["LM_INGEST__BUNDLE_MAX_IN_FLIGHT"] = "1"
 
 
 async def _run_round(
