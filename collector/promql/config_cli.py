@@ -3,7 +3,8 @@
 
 - ``prometheus.yml``, ``web.yml``, ``engine-password`` (`collector.promql.engine_config`);
 - ``prometheus.env``: ``PROMETHEUS_ARGS=...``, the engine's flags for a systemd unit
-  (``ExecStart=/usr/bin/prometheus $PROMETHEUS_ARGS``, ``deploy/systemd``).
+  (``ExecStart=/usr/bin/prometheus $PROMETHEUS_ARGS``, ``deploy/systemd``), and
+  ``GOMEMLIMIT=<bytes>`` (`engine_setup.engine_memory_limit`, unless it is 0).
 
 The collector, run with ``query.promql.url`` and the same ``credentials_dir``, writes its
 read token there at each start and reads the password. Running the command again makes
@@ -19,6 +20,7 @@ from pathlib import Path
 from config import Settings
 
 from .engine_config import EngineFiles, engine_flags, write_engine_config, write_private_file
+from .engine_setup import engine_memory_limit
 from .engine_sidecar import default_read_url
 
 DEFAULT_LISTEN = "127.0.0.1:9091"
@@ -67,7 +69,13 @@ def run_promql_config(args: argparse.Namespace, settings: Settings) -> int:
     )
     if any(any(c.isspace() or c in "\"'$\\" for c in flag) for flag in flags):
         raise ValueError("paths with spaces, quotes, '$' or '\\' cannot go into prometheus.env")
-    write_private_file(files.directory / ENV_FILE, f"PROMETHEUS_ARGS={' '.join(flags)}\n")
+    env = f"PROMETHEUS_ARGS={' '.join(flags)}\n"
+    memory_limit = engine_memory_limit(settings.query)
+    if memory_limit is not None:
+        # Go's GC otherwise lets the heap grow to about twice what is live (PROTOCOL §5's
+        # answers in flight, decoded): the sidecar gets the supervised engine's limit.
+        env += f"GOMEMLIMIT={memory_limit}\n"
+    write_private_file(files.directory / ENV_FILE, env)
     _print_summary(files, flags, read_url)
     return 0
 

@@ -19,6 +19,7 @@ import pytest
 from collector.__main__ import build_parser
 from collector.promql.config_cli import ENV_FILE
 from collector.promql.engine_config import EngineFiles, engine_flags
+from collector.promql.engine_setup import engine_memory_limit
 from config import Settings, load_settings
 from tests.deploy.deploy_files import DEPLOY, read_dockerfile, read_unit
 
@@ -47,6 +48,11 @@ def _flags(settings: Settings, tsdb: str) -> list[str]:
         listen=_listen(settings),
         tsdb_path=Path(tsdb),
     )
+
+
+def _bytes(quantity: str) -> int:
+    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
+    return int(quantity[:-2]) * units[quantity[-2:]] if quantity[-2:] in units else int(quantity)
 
 
 def _promql_config_args(argv: list[str]) -> dict[str, str]:
@@ -79,6 +85,10 @@ def test_the_query_collector_pod_runs_the_engine_it_configures() -> None:
     assert config["listen"] == _listen(settings)
     assert engine["command"][-1] == "/usr/bin/prometheus"
     assert engine["args"] == _flags(settings, config["tsdb"])
+    # Its heap bounded like the supervised engine's (Go's GC lets it reach ~2x what is live).
+    env = {e["name"]: e["value"] for e in engine.get("env", [])}
+    assert env["GOMEMLIMIT"] == str(engine_memory_limit(settings.query))
+    assert engine_memory_limit(settings.query) < _bytes(engine["resources"]["limits"]["memory"])
     volumes = {v["name"]: v for v in spec["volumes"]}
 
     def mounts(container: Mapping[str, Any]) -> dict[str, str]:
@@ -143,8 +153,8 @@ def test_promql_config_writes_the_env_the_engine_unit_reads(
     argv = [*pre[1:]]
     argv[argv.index("--config") + 1] = str(settings_file)
     assert main(argv) == 0
-    env = (tmp_path / "promql" / ENV_FILE).read_text()
-    name, _, flags = env.strip().partition("=")
+    args_line, memory_line = (tmp_path / "promql" / ENV_FILE).read_text().splitlines()
+    name, _, flags = args_line.partition("=")
     settings = load_settings(settings_file, environ={})
     settings = settings.model_copy(
         update={
@@ -159,6 +169,8 @@ def test_promql_config_writes_the_env_the_engine_unit_reads(
     )
     assert name == "PROMETHEUS_ARGS"
     assert flags.split() == _flags(settings, _promql_config_args(pre[1:])["tsdb"])
+    # The sidecar's heap is bounded like the supervised engine's (and the pod's says the same).
+    assert memory_line == f"GOMEMLIMIT={engine_memory_limit(settings.query)}"
 
 
 def test_the_image_holds_the_engine() -> None:

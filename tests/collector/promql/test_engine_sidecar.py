@@ -78,7 +78,7 @@ async def test_a_sidecar_from_promql_config_is_checked_then_answers(tmp_path: Pa
         )
         == 0
     )
-    env = (directory / "prometheus.env").read_text().strip().partition("=")[2]
+    env = (directory / "prometheus.env").read_text().splitlines()[0].partition("=")[2]
     settings = QuerySettings(
         promql=PromqlSettings(url=f"http://127.0.0.1:{port}", credentials_dir=directory)
     )
