@@ -3,6 +3,7 @@
     .venv/bin/python -m bench.ingest_bundles --quick     # c32 and c1, 3 rounds, short windows
     .venv/bin/python -m bench.ingest_bundles             # c32 and c1, 5 rounds
     .venv/bin/python -m bench.ingest_bundles --latency-ms 20 --concurrency 32 --rounds 3
+    .venv/bin/python -m bench.ingest_bundles --concurrency 32 --rounds 1 --profile   # + py-spy
 
 Per concurrency, ``--rounds`` rounds, each: a fresh ``lm-collector serve`` with bundles
 **off** (no feature record: 2 PUTs a batch), one with bundles **on** (the store's feature
@@ -40,15 +41,19 @@ from bench.ingest import parse_args as ingest_args
 from bench.ingest_baselines import http_baseline
 from bench.ingest_collector import collector_phase
 from bench.ingest_phases import Bench, PhaseResult
+from bench.ingest_profile import profile_collector
 from chaos.s3_server import start_ministack, use_dummy_aws_credentials
 from config import LoggingSettings, configure_logging
 
 PATHS = ("off", "on", "http-base")
 
 
-async def run(args: argparse.Namespace, work_dir: Path) -> dict[int, dict[str, list[PhaseResult]]]:
+async def run(
+    args: argparse.Namespace, work_dir: Path
+) -> tuple[dict[int, dict[str, list[PhaseResult]]], str | None]:
     bench = Bench(args, build_frames(args), work_dir, c.install_retry_tally())
     runs: dict[int, dict[str, list[PhaseResult]]] = {}
+    profile: str | None = None
     latency = args.latency_ms[0]
     try:
         if args.store == "ministack":
@@ -70,12 +75,17 @@ async def run(args: argparse.Namespace, work_dir: Path) -> dict[int, dict[str, l
                         )
                     runs[concurrency][path].append(phase)
                     _progress(f"c{concurrency} round {round_ + 1} {path}", phase)
+        if args.profile:
+            top = max(args.concurrency)
+            profile = await profile_collector(
+                bench, args.store, latency, top, args.profile, bundles=True
+            )
     finally:
         for proxy in bench.proxies.values():
             proxy.stop()
         if bench.ministack is not None:
             bench.ministack.stop()
-    return runs
+    return runs, profile
 
 
 def _progress(label: str, p: PhaseResult) -> None:
@@ -171,6 +181,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, help="runs of each path (default 5; --quick 3)")
     parser.add_argument("--batches", type=int, help="measured batches per window (cap)")
     parser.add_argument("--phase-s", type=float, help="seconds per measured window (cap)")
+    parser.add_argument(
+        "--profile",
+        nargs="?",
+        const="py-spy",
+        choices=("py-spy", "cprofile"),
+        help="then one bundles-on phase at the highest concurrency under a profiler",
+    )
     parser.add_argument("--json", type=Path)
     own = parser.parse_args(argv)
     args = ingest_args(
@@ -188,6 +205,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     args.rounds = own.rounds or (3 if own.quick else 5)
     args.json = own.json
+    args.profile = own.profile
     return args
 
 
@@ -200,8 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     work_dir = Path(tempfile.mkdtemp(prefix="lm-bench-bundles-"))
     try:
-        runs = uvloop.run(run(args, work_dir))
+        runs, profile = uvloop.run(run(args, work_dir))
         print(render(args, runs))
+        if profile:
+            print("\n" + profile)
         print(f"\nwall time: {time.monotonic() - started:.0f} s")
         if args.json:
             payload: dict[str, Any] = {

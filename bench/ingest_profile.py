@@ -24,20 +24,35 @@ from bench.ingest_phases import Bench
 
 
 async def profile_collector(
-    bench: Bench, store: str, latency_ms: float, concurrency: int, profiler: str
+    bench: Bench,
+    store: str,
+    latency_ms: float,
+    concurrency: int,
+    profiler: str,
+    *,
+    bundles: bool = False,
 ) -> str:
-    """One collector phase under ``profiler`` (1 worker); returns the top functions."""
+    """One collector phase under ``profiler`` (1 worker); returns the top functions.
+    ``bundles``: the store's feature record says ``bundles: true``."""
     if profiler == "py-spy":
         out = bench.work_dir / "collector.pyspy.txt"
         phase = await collector_phase(
-            bench, store, latency_ms, concurrency, around_window=lambda pids: _py_spy(pids, out)
+            bench,
+            store,
+            latency_ms,
+            concurrency,
+            around_window=lambda pids: _py_spy(pids, out),
+            bundles=bundles,
         )
     else:
         out = bench.work_dir / "collector.prof"
         prefix = (sys.executable, "-m", "cProfile", "-o", str(out))
-        phase = await collector_phase(bench, store, latency_ms, concurrency, command_prefix=prefix)
+        phase = await collector_phase(
+            bench, store, latency_ms, concurrency, command_prefix=prefix, bundles=bundles
+        )
     head = (
-        f"{profiler} of one collector worker, {store}/{latency_ms:g}ms/c{concurrency}: "
+        f"{profiler} of one collector worker{' (bundles on)' if bundles else ''}, "
+        f"{store}/{latency_ms:g}ms/c{concurrency}: "
         f"{phase.batches} batches at {phase.batches_per_s:.0f}/s under the profiler, "
         f"{phase.cpu_per_1k('collector') or 0:.2f} collector CPU s per 1000 batches "
         f"(profile file: {out})"
