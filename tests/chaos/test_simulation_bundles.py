@@ -106,16 +106,15 @@ conflicting twin once their bundle may be gone. Seed 3 is the first of this shap
 bundles deleted by raw retention and no violation (see `RETENTION_FINDING_WORLD`)."""
 
 RETENTION_FINDING_WORLD = dataclasses.replace(RETENTION_BUNDLE_WORLD, seed=0)
-"""Found by this world (open, not this module's to fix): a conflicting twin that arrives
-after raw retention deleted the bundle holding the accepted frame gets a quarantine record
-naming the accepted frame's frame blob (PROTOCOL §3.10: records name frame blobs only)
-with ``accepted_blob_present: false``, a copy that was never made (the bundle's 404). The
-final audit then reports ``missing-blob`` for that frame blob, for ever: its only
-referencing row is the quarantine record's accepted side, and the accepted manifest's
-retired row names the bundle, not the frame blob, so "a raw object raw retention may have
-deleted is never missing" does not apply (with frame blobs both rows name one key). The
-audit (or the record's row) should let the accepted side of a quarantine record whose
-accepted manifest names a bundle follow that manifest's row. Seeds 0, 6 and 7 of 0-7."""
+"""Found by this world (fixed): a conflicting twin that arrives after raw retention deleted
+the bundle holding the accepted frame gets a quarantine record naming the accepted frame's
+frame blob (PROTOCOL §3.10: records name frame blobs only) with ``accepted_blob_present:
+false``, a copy that was never made (the bundle's 404). The final audit reported
+``missing-blob`` for that frame blob for ever: the accepted manifest's retired row names the
+bundle, not the frame blob (with frame blobs both rows name one key, and a raw object a
+retired row names is never missing). The audit now counts the quarantine's accepted side
+as retired when its frame's accepted row is retired and names a bundle
+(`reconciler.audit.engines.sql.REFERENCED`). Seeds 0, 6 and 7 of 0-7 found it."""
 
 BUNDLE_WORLDS = max(1, int(os.environ.get("LM_SIM_WORLDS", "110")) // 25)  # 4 of 110
 
@@ -246,11 +245,6 @@ def test_raw_retention_deletes_rolled_up_bundles_whole_and_nothing_else() -> Non
     assert stats["late_conflicts"] > 0 and stats["identities_in_two_bundles"] > 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: missing-blob for a quarantine record's never-made copy of a frame whose "
-    "bundle raw retention deleted (RETENTION_FINDING_WORLD); when fixed, drop this mark",
-)
 def test_a_late_conflict_after_raw_retention_leaves_no_missing_blob() -> None:
     report = simulate(RETENTION_FINDING_WORLD)
     assert report.ok, report.violations
@@ -302,7 +296,7 @@ bundle_worlds = st.builds(
     bundle_landings=st.integers(0, 2),
     crash_landing_rate=st.sampled_from([0.0, 0.3]),
     raw_retention_s=st.sampled_from([None, 20.0]),
-    late_conflict_rate=st.just(0.0),  # with raw retention: RETENTION_FINDING_WORLD's, open
+    late_conflict_rate=st.sampled_from([0.0, 0.2]),
 )
 
 
@@ -314,7 +308,6 @@ bundle_worlds = st.builds(
 )
 @given(config=bundle_worlds)
 def test_simulated_worlds_with_bundles_keep_every_invariant(config: SimConfig) -> None:
-    """Raw retention included; its late conflicting twins are left out while
-    `RETENTION_FINDING_WORLD`'s missing-blob is open (late re-sends stay)."""
+    """Raw retention included, with late re-sends and conflicting twins."""
     report = simulate(config)
     assert report.ok, (config, report.violations)

@@ -35,10 +35,13 @@ from tests.reconciler.conftest import (
     write_batches,
 )
 from tests.reconciler.test_audit_joins import (
+    HOUR_NS,
     LIMITS,
     T0,
+    blob_entry,
     mkey,
     put_catalog,
+    qkey,
     results_of,
     row,
     sha,
@@ -210,6 +213,54 @@ def test_a_bundle_some_of_whose_rows_are_retired_is_pinned_and_kept(tmp_path: Pa
             "bundle_bytes": 2000,
             "bundle_dead_bytes": 1600,
             "bundle_pinned_bytes": 1000,
+        }
+
+    asyncio.run(scenario())
+
+
+def test_a_conflict_s_accepted_copy_of_a_retired_bundled_frame_is_never_missing(
+    tmp_path: Path,
+) -> None:
+    """A twin after raw retention deleted the accepted frame's bundle: its quarantine row
+    names the frame blob copy never made (PROTOCOL §3.10: a 404 on the bundle). Its bytes
+    were retired, not lost (§4.1): not missing, as for a retired frame blob; a copy that
+    exists stays alive (the quarantine row is live); a frame never retired stays missing."""
+    gone, live = keys.raw_bundle_key(sha(920)), keys.raw_bundle_key(sha(921))
+
+    def bundled(n: int, bundle: str, hour: int) -> IndexRow:
+        return dataclasses.replace(
+            row(n, hour=hour), raw_blob_key=bundle, raw_offset=100 * n, raw_length=100
+        )
+
+    def twin(n: int) -> IndexRow:
+        return IndexRow(
+            "quarantine", qkey(n, sha(900 + n)), sha(900 + n), T0 + HOUR_NS + n,
+            accepted_frame_sha256=sha(n), etag='"q"',
+        )  # fmt: skip
+
+    async def scenario() -> None:
+        store = MemoryStore()
+        # Hour 0 (retired): 1 and 4 in the deleted bundle (4's copy was made before), 2 a
+        # deleted frame blob. Hour 1 (live): 3 in a listed bundle, its copy never made.
+        names = [
+            await put_catalog(store, 0, 1, 1, [bundled(1, gone, 0), row(2), bundled(4, gone, 0)]),
+            await put_catalog(store, 1, 1, 2, [bundled(3, live, 1), *map(twin, (1, 2, 3, 4))]),
+        ]
+        copies, _ = await fetch_catalog(store, names, str(tmp_path / "c"))
+        blobs = [blob_entry(sha(n)) for n in (4, 901, 902, 903, 904)]
+        listing = {
+            "raw-blobs": [write_part(tmp_path / "b.parquet", blobs)],
+            "raw-bundles": [write_part(tmp_path / "n.parquet", [(live, '"n"', T0)], size=1000)],
+        }
+        with AuditJoins(listing, copies, str(tmp_path / "spill"), memory_limit_mb=64) as joins:  # type: ignore[arg-type]
+            joins.set_retired(frozenset({T0}))
+            retired = {r["raw_key"]: r["reason"] for r in results_of(joins.run(LIMITS).blobs)}
+            joins.set_retired(frozenset())  # the hour does not hold: its rows are live
+            held = {r["raw_key"]: r["reason"] for r in results_of(joins.run(LIMITS).blobs)}
+        assert retired == {keys.raw_blob_key(sha(3)): "missing"}
+        assert held == {
+            gone: "missing",
+            **{keys.raw_blob_key(sha(n)): "missing" for n in (1, 2, 3)},
         }
 
     asyncio.run(scenario())

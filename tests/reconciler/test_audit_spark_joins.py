@@ -93,7 +93,17 @@ async def planted(store: FileSystemStore, tmp: Path) -> tuple[dict[str, list[str
                     T0 + 5,
                     accepted_frame_sha256=sha(8),
                     etag='"q"',
-                )
+                ),
+                # Its accepted frame is in a bundle (row 50's): the copy never made is
+                # missing unless that row is retired (PROTOCOL §3.10, §4.1).
+                IndexRow(
+                    "quarantine",
+                    qkey(50, sha(98)),
+                    sha(98),
+                    T0 + 6,
+                    accepted_frame_sha256=sha(50),
+                    etag='"q"',
+                ),
             ],
         ),
     ]
@@ -115,6 +125,7 @@ async def planted(store: FileSystemStore, tmp: Path) -> tuple[dict[str, list[str
     blobs = [blob_entry(sha(n)) for n in range(10) if n not in (7, 8)]
     blobs += [blob_entry(sha(103)), blob_entry(sha(20)), blob_entry(sha(106))]
     blobs += [blob_entry(sha(500)), blob_entry(sha(501), START), blob_entry(sha(99))]
+    blobs += [blob_entry(sha(98))]
     blobs += [("raw-blobs/v1/sha256/zz/junk", None, T0)]
     # Bundles (PROTOCOL §3.10): one two rows name (one range past its end: bad-range),
     # one nobody names (an orphan), one a row names that is not listed (missing).
@@ -133,7 +144,10 @@ async def planted(store: FileSystemStore, tmp: Path) -> tuple[dict[str, list[str
     listed += [(mkey(n), f'"e{n}"', T0) for n in (50, 51, 52, 53)]
     parts = {
         "accepted": [listed[:7], listed[7:]],
-        "quarantine": [[(qkey(40, sha(41)), '"q"', T0), (qkey(2, sha(99)), '"q"', T0)]],
+        "quarantine": [
+            [(qkey(40, sha(41)), '"q"', T0), (qkey(2, sha(99)), '"q"', T0)],
+            [(qkey(50, sha(98)), '"q"', T0)],
+        ],
         "raw-blobs": [blobs],
         "raw-bundles": [bundles],
     }
@@ -193,6 +207,8 @@ def test_spark_writes_the_local_engines_results_row_for_row(
             assert rows_of(got.blobs) == want_blobs and want_blobs
             bundles = {keys.raw_bundle_key(sha(902))} | ({MISSING} if not retired else set())
             assert {r["raw_key"] for r in want_blobs} >= bundles  # a retired row's: not missing
+            copy = keys.raw_blob_key(sha(50))  # its bundle's row retired: not missing
+            assert (copy in {r["raw_key"] for r in want_blobs}) == (not retired)
             want_refs = sorted(rows_of(want.referencing), key=blob_key)
             assert rows_of(got.referencing) == want_refs and want_refs
             want_bad = rows_of(want.bad_ranges)

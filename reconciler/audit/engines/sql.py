@@ -55,7 +55,7 @@ missing once):
 - `BLOB_JOIN`: listed raw objects (frame blobs and bundles) referenced by no live row and
   older than the orphan limit (orphans, flagged ``raw_retention`` when only retired rows
   reference them), and referenced raw keys not listed and referenced by no retired row
-  (missing-blob candidates);
+  (missing-blob candidates; `REFERENCED` says which retired rows count);
 - `reconciler.audit.engines.sql_bundles`: ranges past their bundle's listed size
   (``bad-range``) and each listed bundle's dead bytes.
 """
@@ -284,6 +284,13 @@ SELECT raw_id, bool_and(retired) AS retired_only, bool_or(retired) AS any_retire
   UNION ALL
   SELECT accepted_raw_id AS raw_id, false AS retired FROM added_rows
   WHERE accepted_raw_id IS NOT NULL
+  UNION ALL
+  SELECT q.accepted_raw_id AS raw_id, true AS retired
+  FROM (SELECT DISTINCT accepted_frame_sha256, accepted_raw_id FROM (
+    SELECT accepted_frame_sha256, accepted_raw_id FROM catalog_rows UNION ALL
+    SELECT accepted_frame_sha256, accepted_raw_id FROM added_rows
+  ) s WHERE accepted_raw_id IS NOT NULL) q JOIN catalog_rows a ON a.frame_sha256 = q.accepted_frame_sha256
+  WHERE a.retired AND a.raw_offset IS NOT NULL
 ) r
 GROUP BY raw_id
 """
@@ -292,7 +299,13 @@ fixed-size, so the aggregate spills): whether only retired rows reference it, an
 whether any does (a bundle is retired only when every row naming it is: PROTOCOL §3.10,
 deleted only whole). Kept as the table ``referenced`` (a stage of its own, as `NEWEST`).
 The view ``added_rows`` holds the rows the audit wrote after the record join (records it
-cataloged or superseded): live references too."""
+cataloged or superseded): live references too.
+
+A quarantine row's accepted side (the frame blob of ``accepted_frame_sha256``) counts as
+retired too when its frame's accepted row is retired and names a bundle: raw retention may
+have deleted the bundle before the conflict, the copy (§3.10) never made; its bytes were
+retired, not lost (§4.1), as for a frame blob. Found by ``frame_sha256`` (frame and identity,
+§1); orphans unchanged (the quarantine row is live); a frame never retired stays missing."""
 
 BLOBS_LISTED = f"SELECT count(*) FROM ({_RAW_OBJECTS}) b"
 """Listed keys under ``raw-blobs/v1/`` and ``raw-bundles/v1/`` that name a raw object
