@@ -3,14 +3,15 @@ back with ``monkeypatch`` for one test, each flagged: with it, the world of a te
 `tests.reconciler.test_gc_bundles` that guards against it ends unsafe (the proof lets the
 bundle go), so that test fails.
 
-Why here and not in the seeded simulation: its bundle worlds
-(`tests/chaos/test_simulation_bundles.py`) did not flag rule 7 skipping a bundle's last
-frame over seeds 0-11 of two shapes (crash landings; orphan bundles written again): none
-of those worlds seems to leave the GC depending on rule 7's check of one frame alone (the
-scenario that would: an orphan bundle one of whose frames' manifests lands after the
-audit started, with its log row lost and no collector vetoing the mark). None has a
-corrupt bundle (the index mutant) or a quarantine record naming a bundle (the
-quarantine mutant) either.
+The seeded simulation (`tests/chaos/test_simulation_bundles.py`) flags the first of
+them too since commit 72467a3: `BUNDLE_LANDING_WORLD` (orphan bundles written again, half
+as soon as an audit nominated them through a collector that loses its log rows, half with
+only their last frame naming them) ends with the GC deleting a referenced bundle when
+rule 7 skips the last frame. The others are flagged here only: no simulated world has a
+bundle whose frames disagree with its index (the index mutant) or a quarantine record
+naming a bundle (the quarantine mutant), and raw retention checking one frame of several
+(the retention mutant) is kept from the proof by the audit's nomination (a bundle retired
+only when every row naming it is), so it changes no world.
 """
 
 from __future__ import annotations
