@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import random
 import time
@@ -35,7 +36,7 @@ import structlog
 
 from chaos.auditor import audit, gc_coverage, store_counts
 from chaos.cluster import Cluster
-from chaos.load import AckBook, LoadDriver
+from chaos.load import AckBook, LoadDriver, LoadShape
 from chaos.proxy import CALM
 from chaos.report import AuditRound, RunReport
 from chaos.rollup_check import rollup_checks, rollup_unavailable, skipped
@@ -124,6 +125,13 @@ async def run_scenario(options: ChaosOptions) -> RunReport:
     return report
 
 
+def bundle_load(shape: LoadShape) -> LoadShape:
+    """``--bundles``' load: each lane's agents send 4x as many batches at once (at least
+    16), so frames meet in flight and share bundles (at the scenarios' own shapes a
+    10-minute run bundled 2 % of its batches)."""
+    return dataclasses.replace(shape, concurrency=max(16, 4 * shape.concurrency))
+
+
 async def _enable_bundles(cluster: Cluster, report: RunReport) -> None:
     """The operator's command on the fresh bucket (only lm-chaos is registered, no
     collector has written a log segment): it must turn bundles on, else the run fails."""
@@ -169,7 +177,7 @@ async def _run_round(
     load = LoadDriver(
         work_dir=options.work_dir / "agents",
         seed=options.seed,
-        shape=scenario.load,
+        shape=bundle_load(scenario.load) if options.bundles else scenario.load,
         urls=sorted(cluster.collector_urls),
         book=book,
         name=f"r{index}",
