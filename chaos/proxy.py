@@ -46,6 +46,7 @@ Loopback only: `start` refuses any other address.
 from __future__ import annotations
 
 import asyncio
+import io
 import ipaddress
 import time
 from collections import Counter
@@ -352,7 +353,9 @@ class FaultProxy:
                 request.method,
                 target,
                 headers=headers,
-                data=body if body or request.method in ("PUT", "POST") else None,
+                # A stream, not the bytes: aiohttp warns on a body over 1 MiB given as bytes
+                # (the probe's and bundles' PUTs are up to the largest raw object, §3.10).
+                data=io.BytesIO(body) if body or request.method in ("PUT", "POST") else None,
                 allow_redirects=False,
                 skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
             ) as answer:
