@@ -37,7 +37,7 @@ from chaos.sim_world import SimWorld
 from collector.accept import AcceptanceUnavailable, Accepted, IdentityConflictFound
 from index.log_writer import IndexLogWriter
 from index.rows import IndexRow, blob_row
-from protocol import keys
+from protocol import keys, records
 from protocol.bundle import encode_bundle
 from protocol.frame_encode import encode_frame, points_table
 from store.base import ObjectStore
@@ -99,12 +99,17 @@ class SimAgents:
         attempts: int = 6,
         resend: bool = False,
         first: int | None = None,
+        persistent: bool = False,
     ) -> Accepted | None:
         """Send until an answer (or ``attempts`` 503s); returns the acknowledgement.
         ``resend``: the first attempt carries the re-send header (every retry does).
-        ``first``: the collector of the first attempt (else a random one, as for the rest)."""
+        ``first``: the collector of the first attempt (else a random one, as for the rest).
+        ``persistent``: never gone after a 503 (``agent_gone_rate``): a check judging the
+        answer needs every attempt (a 503 is allowed under faults, PROTOCOL §3.2 step 2)."""
         world = self._world
-        if world.config.agent_gone_rate:  # its own stream: the worlds without stay as they were
+        # Its own stream: the worlds without stay as they were. ``persistent`` only skips
+        # the draw (a fresh Random per call), so no other stream moves.
+        if world.config.agent_gone_rate and not persistent:
             gone_rng = random.Random(f"{world.config.seed}/gone/{batch.sha}/{resend}")
             if gone_rng.random() < world.config.agent_gone_rate:
                 attempts = 1
@@ -335,11 +340,13 @@ class SimAgents:
             if await self.send(twin, rng, attempts=20, resend=twin_sent_before) is not None:
                 world.violation(f"late conflicting frame for {batch.identity} was acknowledged")
         if resend:
-            gone = not await _exists(world.memory, keys.raw_blob_key(batch.sha))
+            gone = await _raw_object_gone(world.memory, batch)
             world.report.stats["late_resends_blob_gone" if gone else "late_resends"] += 1
-            again = await self.send(batch, rng, attempts=20, resend=resend_header)
+            # PROTOCOL §4.1: raw retention keeps the manifests, so a re-send is still a
+            # duplicate; the agent keeps trying until it is answered (see ``persistent``).
+            again = await self.send(batch, rng, attempts=20, resend=resend_header, persistent=True)
             if again is None:
-                world.violation(f"late re-send of {batch.identity} got no 200 (blob gone: {gone})")
+                world.violation(f"late re-send of {batch.identity} got no 200 (raw gone: {gone})")
             elif not again.duplicate:
                 world.violation(f"late re-send of {batch.identity} was accepted anew")
 
@@ -366,12 +373,15 @@ class SimAgents:
         await log.flush()
 
 
-async def _exists(store: ObjectStore, key: str) -> bool:
+async def _raw_object_gone(store: ObjectStore, batch: _Batch) -> bool:
+    """Whether the raw object (frame blob or bundle, PROTOCOL §3.10) the accepted manifest
+    of ``batch``'s identity names is absent (a memory store fails only with NotFound)."""
     try:
-        await store.head(key)
-    except StoreError:  # NotFound (a memory store fails no other way)
-        return False
-    return True
+        body, _etag = await store.get(keys.accepted_manifest_key(batch.identity))
+        await store.head(records.AcceptedManifest.from_json(body, reads_bundles=True).raw_blob_key)
+    except StoreError:
+        return True
+    return False
 
 
 def _frame(header: _Header, seed: int, variant: str) -> bytes:

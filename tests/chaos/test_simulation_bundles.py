@@ -116,6 +116,29 @@ retired row names is never missing). The audit now counts the quarantine's accep
 as retired when its frame's accepted row is retired and names a bundle
 (`reconciler.audit.engines.sql.REFERENCED`). Seeds 0, 6 and 7 of 0-7 found it."""
 
+LATE_RESEND_AFTER_A_503_WORLD = SimConfig(
+    seed=2,
+    bundles=True,
+    bundle_max_in_flight=1,
+    collectors=1,
+    agents=2,
+    batches_per_agent=2,
+    send_window_s=5.0,
+    fault_rate=0.2,
+    late_rate=0.0,
+    agent_gone_rate=1.0,
+    raw_retention_s=20.0,
+    late_conflict_rate=0.0,
+)
+"""Found by the hypothesis bundle worlds at LM_SIM_WORLDS=500 (fixed, a wrong expectation
+of the simulation): both late re-sends after raw retention deleted their raw objects were
+answered 503 (the store's injected faults outlasted the 2 s budget, an allowed answer,
+PROTOCOL §3.2 step 2) and, with ``agent_gone_rate``, their agent sent them once only, so
+the check "a late re-send gets its 200" (§4.1: manifests stay, a re-send is a duplicate)
+failed on a 503, not on an answer. Late re-sends now keep trying (`SimAgents.send`'s
+``persistent``); both get their duplicate. The same world without bundles failed alike
+(its frames were never bundled: one collector, two agents)."""
+
 BUNDLE_WORLDS = max(1, int(os.environ.get("LM_SIM_WORLDS", "110")) // 25)  # 4 of 110
 
 
@@ -248,6 +271,15 @@ def test_raw_retention_deletes_rolled_up_bundles_whole_and_nothing_else() -> Non
 def test_a_late_conflict_after_raw_retention_leaves_no_missing_blob() -> None:
     report = simulate(RETENTION_FINDING_WORLD)
     assert report.ok, report.violations
+
+
+@pytest.mark.parametrize("bundles", [True, False])
+def test_a_late_re_send_after_raw_retention_gets_its_duplicate(bundles: bool) -> None:
+    report = simulate(dataclasses.replace(LATE_RESEND_AFTER_A_503_WORLD, bundles=bundles))
+    assert report.ok, report.violations
+    stats = report.stats
+    assert stats["late_resends_blob_gone"] == 2 and stats["gc_deleted_raw_retention"] > 0
+    assert stats["answer_200_duplicate"] >= 2  # the late re-sends, raw objects gone
 
 
 # --- the mutants, flagged ---------------------------------------------------------------
