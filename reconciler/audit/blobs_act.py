@@ -44,17 +44,24 @@ from store.etag_check import normalized_etag
 async def confirm_missing(ctx: ReconcilerContext, results: JoinResults) -> dict[str, str]:
     """The missing-blob candidates (raw keys) a HEAD does not find either, each with a
     record that references it (normally none: held in memory)."""
-    missing: dict[str, str] = {}
+    candidates: list[tuple[str, str]] = []
     for batch in iter_batches(results.referencing):
-        for raw_key, record_key in zip(
-            batch.column("raw_key").to_pylist(),
-            batch.column("record_key").to_pylist(),
-            strict=True,
-        ):
-            try:
-                await ctx.store.head(raw_key)
-            except NotFound:
-                missing[raw_key] = record_key
+        candidates.extend(
+            zip(
+                batch.column("raw_key").to_pylist(),
+                batch.column("record_key").to_pylist(),
+                strict=True,
+            )
+        )
+    # HEADed in raw-key order: the engines write the file in no defined order (DuckDB's
+    # threads with preserve_insertion_order off, Spark's partitions), and the requests'
+    # order must not depend on a thread's timing (a seeded simulation replays them).
+    missing: dict[str, str] = {}
+    for raw_key, record_key in sorted(candidates):
+        try:
+            await ctx.store.head(raw_key)
+        except NotFound:
+            missing[raw_key] = record_key
     return missing
 
 
