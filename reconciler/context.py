@@ -128,17 +128,20 @@ class Fence(leases.LeaseHolder):
             started_at_unix_ns=self._started_at_unix_ns,
         )
 
-    async def check(self) -> None:
-        """Return only while our lease is valid with margin (renewing it past half its TTL).
+    async def check(self, *, min_remaining_s: float = 0.0) -> None:
+        """Return only while our lease is valid with margin (renewing it past half its TTL,
+        or when less than ``min_remaining_s`` is left: a caller about to record the expiry
+        as a deadline, `reconciler.gc.deletion`).
 
         Raises `LeaseLost`; once lost, every later call raises too."""
         if self._lost is not None:
             raise self._lost
-        if self._remaining_s() <= self._ttl_s / 2:
+        renew_below_s = max(self._ttl_s / 2, min_remaining_s)
+        if self._remaining_s() <= renew_below_s:
             async with self._renewing:  # one renewal at a time: each needs the last ETag
                 if self._lost is not None:
                     raise self._lost
-                if self._remaining_s() <= self._ttl_s / 2:
+                if self._remaining_s() <= renew_below_s:
                     await self._renew()
         if not self._lease.is_valid(self._clock, self.margin_s):
             self._lost = LeaseLost(
@@ -291,9 +294,10 @@ class ReconcilerContext:
     def reconciler_settings(self) -> ReconcilerSettings:
         return self.settings.reconciler
 
-    async def check_fence(self) -> None:
-        """Call before each batch of writes; raises `LeaseLost` (see the module docstring)."""
-        await self.fence.check()
+    async def check_fence(self, *, min_remaining_s: float = 0.0) -> None:
+        """Call before each batch of writes; raises `LeaseLost` (see the module docstring).
+        ``min_remaining_s``: renew now unless the lease runs at least that much longer."""
+        await self.fence.check(min_remaining_s=min_remaining_s)
 
 
 async def open_context(

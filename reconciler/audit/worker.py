@@ -97,7 +97,9 @@ class BorrowedFence(Fence):
         if self._lost is None:
             self._lost = LeaseLost(self.lease.key, self.epoch, detail)
 
-    async def check(self) -> None:
+    async def check(self, *, min_remaining_s: float = 0.0) -> None:
+        """Valid with margin, as the daemon last reported; renewing is the daemon's (an
+        audit worker records no lease expiry, so ``min_remaining_s`` asks nothing)."""
         if self._lost is not None:
             raise self._lost
         if not self.lease.is_valid(self._clock, self.margin_s):

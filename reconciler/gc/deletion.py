@@ -25,7 +25,9 @@ The deletion guard then refuses the whole run when it would delete more than
 not count: bulk deletions are what it is for). For each blob (`Deleter.delete_one`): the
 mark goes ``marked`` → ``deleting`` with If-Match (recording our lease; an unknown
 outcome is read back), then the veto and the references the steady pass has seen since
-are checked once more, the targeted proof runs again, and the blob is deleted by one
+are checked once more, the targeted proof runs again (when it outlasted what the
+recorded lease has left for the DELETE, the renewed lease is recorded on the mark
+first: `Deleter._record_a_lease_long_enough`), and the blob is deleted by one
 signed request that cannot land after that lease (rule 6, `reconciler.gc.delete`). A
 deleted blob goes into the run's log (`reconciler.gc.log`); its mark is removed only once
 the log file exists. A request discarded unsent or refused by the store deleted nothing:
@@ -48,7 +50,7 @@ from protocol import keys, records
 from reconciler.gc.bounded import for_each_bounded
 from reconciler.gc.candidates import OrphanFile
 from reconciler.gc.catalog_since import references_since
-from reconciler.gc.delete import DeleteOutcome, delete_within_lease
+from reconciler.gc.delete import NS, DeleteOutcome, LeaseTerm, delete_within_lease
 from reconciler.gc.log import RunLog
 from reconciler.gc.policy import GcRefused
 from reconciler.gc.proof import TargetedProof, Verdict
@@ -217,7 +219,8 @@ class Deleter:
     async def delete_one(self, candidate: Candidate) -> bool:
         work = self._work
         mark_key, sha = candidate.mark_key, candidate.mark.frame_sha256
-        await work.fence()
+        # The lease recorded below is the deadline the DELETE works to: start it long.
+        await work.fence(min_remaining_s=work.policy.lease_a_delete_needs_s)
         current, etag = await work.read_mark(mark_key)
         if current is None or current.state != "marked" or etag is None:
             return False
@@ -255,6 +258,10 @@ class Deleter:
             log.info("gc_second_proof_fails", key=mark_key, why=again.why)
             await work.release_unsent(mark_key, deleting_etag)
             return False
+        recorded = await self._record_a_lease_long_enough(mark_key, deleting, deleting_etag, lease)
+        if recorded is None:
+            return False  # unknown: the mark stays "deleting", the stale-deletion pass
+        lease, deleting_etag = recorded
         await work.fence()
         deleted = await delete_within_lease(
             work.delete_store,
@@ -289,3 +296,38 @@ class Deleter:
         )
         self._run_log.add(entry, mark_key, None)  # the mark goes once the log holds this
         return True
+
+    async def _record_a_lease_long_enough(
+        self, mark_key: str, deleting: records.GcMark, etag: str, recorded: LeaseTerm
+    ) -> tuple[LeaseTerm, str] | None:
+        """The lease the DELETE works to and the mark's ETag; None when re-recording it
+        did not (or may not have) landed.
+
+        A bundle's second proof reads about two manifests per frame: it can outlast what
+        the lease recorded on the ``deleting`` mark has left for a signed DELETE
+        (`GcPolicy.lease_a_delete_needs_s`), and a DELETE discarded unsent withdraws the
+        mark: the bundle waited a whole audit cycle more (bench.gc, 980 of 1,000). Then
+        our lease, renewed, is recorded on the mark first (If-Match on our own mark,
+        awaited before anything is signed). Safe: the mark stays ``deleting`` with our
+        epoch; a successor exists only after our current lease expires, which the DELETE
+        lands before; and the stale-deletion pass waits past the expiry recorded, which
+        is the one the DELETE works to (`reconciler.gc.delete`, step 3)."""
+        work = self._work
+        needs_ns = int(work.policy.lease_a_delete_needs_s * NS)
+        if recorded.expires_at_unix_ns - self._store_now_ns() >= needs_ns:
+            return recorded, etag
+        await work.fence(min_remaining_s=work.policy.lease_a_delete_needs_s)
+        current = work.lease()
+        if current.expires_at_unix_ns <= recorded.expires_at_unix_ns:
+            return recorded, etag  # nothing longer to record: the DELETE is discarded
+        renewed = deleting.model_copy(
+            update={
+                "lease_epoch": current.epoch,
+                "lease_expires_at_unix_ns": current.expires_at_unix_ns,
+            }
+        )
+        new_etag = await work.write_deleting(mark_key, renewed, etag)
+        if new_etag is None:
+            return None
+        work.observe("lease_rerecorded", 1)
+        return current, new_etag

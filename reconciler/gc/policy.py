@@ -59,12 +59,19 @@ class GcPolicy:
             raise ValueError(
                 "max_network_delay_s and max_bundle_bytes must be >= 0, max_frame_bytes >= 1"
             )
-        settle = self.delete_expiry_s + self.max_clock_skew_s + self.max_network_delay_s
+        settle = self.lease_a_delete_needs_s
         if self.settle_s < settle:
             raise ValueError(
                 f"settle_s must cover delete_expiry_s + max_clock_skew_s + "
                 f"max_network_delay_s = {settle:g}, got {self.settle_s:g}"
             )
+
+    @property
+    def lease_a_delete_needs_s(self) -> float:
+        """How long the recorded lease must still run when a signed DELETE is signed for
+        it to be sent (`reconciler.gc.delete`, step 2: its expiry, a signer clock ahead by
+        the skew bound, the network delay); also how long a resolver waits past it."""
+        return self.delete_expiry_s + self.max_clock_skew_s + self.max_network_delay_s
 
     @property
     def grace_ns(self) -> int:

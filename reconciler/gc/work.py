@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import structlog
 
@@ -30,7 +30,13 @@ from store.time import StoreClock
 
 log = structlog.get_logger("reconciler.gc")
 T = TypeVar("T")
-Fence = Callable[[], Awaitable[None]]
+
+
+class Fence(Protocol):
+    """`reconciler.context.ReconcilerContext.check_fence`: returns only while we hold the
+    lease, renewing it first when it runs less than ``min_remaining_s`` longer."""
+
+    def __call__(self, *, min_remaining_s: float = ...) -> Awaitable[None]: ...
 
 
 @dataclass

@@ -54,11 +54,7 @@ def frame(seq: int) -> tuple[Header, bytes, str]:
 def settings(*, gc_enabled: bool = True) -> Settings:
     return Settings(
         reconciler=ReconcilerSettings(
-            # The manual clock moves whenever a task sleeps on it, and the lease's renewer
-            # sleeps a twelfth of the TTL at a time, so simulated time passes while the GC
-            # proves a candidate (each await a loop turn). A TTL the deletion's signed
-            # request (5 s + skew) fits in after a rule-7 proof of both key forms.
-            lease_ttl_s=120.0,
+            lease_ttl_s=30.0,
             lookback_s=7200.0,
             verify_rate_per_s=1000.0,
             concurrency=4,

@@ -5,6 +5,7 @@ an injected clock."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -830,6 +831,55 @@ async def test_a_signer_clock_two_minutes_ahead_sends_no_delete_past_the_recorde
     assert sent == [] and outcome.deleted == []
     assert await world.exists(keys.raw_blob_key(digest))
     assert not await world.exists(keys.gc_mark_key(digest))  # withdrawn: nobody waits
+
+
+class SlowSecondProof(FlakyStore):
+    """Reading ``slow_key`` while its mark is ``deleting`` (the second proof) takes until
+    ``left_s`` before the lease recorded on that mark expires, as a bundle's second proof
+    of about two manifest reads per frame can (bench.gc: 20 of 1,000 bundles waited a
+    whole audit cycle more)."""
+
+    slow_key = ""
+    mark_key = ""
+    left_s = 2.0
+    marks_at_send: list[records.GcMark]
+
+    async def get(self, key: str) -> tuple[bytes, str]:
+        if key == self.slow_key:
+            with contextlib.suppress(NotFound):
+                mark = records.GcMark.from_json((await super().get(self.mark_key))[0])
+                if mark.state == "deleting" and mark.lease_expires_at_unix_ns is not None:
+                    due_ns = mark.lease_expires_at_unix_ns - int(self.left_s * NS)
+                    self._clock.advance(max(0, due_ns - self._clock.now_ns()) / NS)
+        return await super().get(key)
+
+    async def send_signed_delete(self, request: SignedDelete) -> None:
+        self.marks_at_send.append(records.GcMark.from_json((await super().get(self.mark_key))[0]))
+        await super().send_signed_delete(request)
+
+
+async def test_a_second_proof_that_outlasts_the_recorded_lease_records_the_renewed_one() -> None:
+    clock = ManualClock()
+    store = SlowSecondProof(clock=clock)
+    world = World(store=store)
+    world.clock = clock
+    digest = await world.orphan(frame_bytes(150))
+    store.slow_key, store.mark_key = keys.raw_blob_key(digest), keys.gc_mark_key(digest)
+    store.marks_at_send = []
+    world.clock.advance(3 * HOUR_S)
+    await world.gc()
+    world.clock.advance(POLICY.mark_grace_s + 1)
+    outcome = await world.gc(audit=True)
+    # 2 s left is less than the signed DELETE needs (5 s): before the fix it was
+    # discarded unsent, the mark withdrawn, and the blob kept until a later audit.
+    assert outcome.deleted == [digest]
+    assert not await world.exists(keys.raw_blob_key(digest))
+    assert world.events["lease_rerecorded"] == 1
+    [mark] = store.marks_at_send  # the mark the DELETE was sent under records a lease ...
+    assert mark.state == "deleting" and mark.lease_expires_at_unix_ns is not None
+    # ... that outlives the request (step 2 of reconciler.gc.delete)
+    left_ns = mark.lease_expires_at_unix_ns - world.clock.now_ns()
+    assert left_ns >= POLICY.lease_a_delete_needs_s * NS
 
 
 async def test_a_skewed_reconciler_signs_nothing() -> None:
