@@ -14,22 +14,24 @@ from protocol._identity_keys import KeyFormatError, check_sha256
 
 RAW_BLOBS_PREFIX = "raw-blobs/v1/sha256/"
 RAW_BUNDLES_PREFIX = "raw-bundles/v1/sha256/"
+RAW_BLOB_SUFFIX = ".lmbatch"
+RAW_BUNDLE_SUFFIX = ".lmbundle"
 RawKind = Literal["blob", "bundle"]
 
 _RAW_RE = re.compile(
     r"raw-(blobs|bundles)/v1/sha256/([0-9a-f]{2})/([0-9a-f]{2})/([0-9a-f]{64})\.(lmbatch|lmbundle)"
 )
-_SUFFIX = {"blobs": "lmbatch", "bundles": "lmbundle"}
+_SUFFIX = {"blobs": RAW_BLOB_SUFFIX[1:], "bundles": RAW_BUNDLE_SUFFIX[1:]}
 
 
 def raw_blob_key(sha: str) -> str:
     """The frame blob of a frame whose SHA-256 is `sha`."""
-    return f"{RAW_BLOBS_PREFIX}{sha[0:2]}/{sha[2:4]}/{check_sha256(sha)}.lmbatch"
+    return f"{RAW_BLOBS_PREFIX}{sha[0:2]}/{sha[2:4]}/{check_sha256(sha)}{RAW_BLOB_SUFFIX}"
 
 
 def raw_bundle_key(sha: str) -> str:
     """The bundle whose bytes hash to `sha` (§3.10)."""
-    return f"{RAW_BUNDLES_PREFIX}{sha[0:2]}/{sha[2:4]}/{check_sha256(sha)}.lmbundle"
+    return f"{RAW_BUNDLES_PREFIX}{sha[0:2]}/{sha[2:4]}/{check_sha256(sha)}{RAW_BUNDLE_SUFFIX}"
 
 
 def parse_raw_object_key(key: str) -> tuple[RawKind, str]:

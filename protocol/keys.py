@@ -62,7 +62,9 @@ from protocol._index_keys import parse_rollup_work_marker_key as parse_rollup_wo
 from protocol._index_keys import parse_version_entry_key as parse_version_entry_key
 from protocol._index_keys import rollup_work_marker_key as rollup_work_marker_key
 from protocol._index_keys import version_entry_key as version_entry_key
+from protocol._raw_keys import RAW_BLOB_SUFFIX as RAW_BLOB_SUFFIX
 from protocol._raw_keys import RAW_BLOBS_PREFIX as RAW_BLOBS_PREFIX
+from protocol._raw_keys import RAW_BUNDLE_SUFFIX as RAW_BUNDLE_SUFFIX
 from protocol._raw_keys import RAW_BUNDLES_PREFIX as RAW_BUNDLES_PREFIX
 from protocol._raw_keys import RawKind as RawKind
 from protocol._raw_keys import parse_raw_blob_key as parse_raw_blob_key
