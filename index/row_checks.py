@@ -39,6 +39,7 @@ later must not make stored records malformed (which would stop the GC for good, 
 from __future__ import annotations
 
 import hashlib
+import re
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -51,7 +52,13 @@ _SHA_RE = "^[0-9a-f]{64}$"
 _UUID_RE = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 _ZERO_UUID = "00000000-0000-0000-0000-000000000000"
 _RAW_KEY_RE = "^raw-(blobs|bundles)/v1/sha256/[0-9a-f]{2}/[0-9a-f]{2}/([0-9a-f]{64})[.]lmb[a-z]+$"
-_BUNDLE_KEY_RE = "^" + keys.RAW_BUNDLES_PREFIX + "[0-9a-f]{2}/[0-9a-f]{2}/[0-9a-f]{64}[.]lmbundle$"
+_BUNDLE_KEY_RE = (
+    "^"
+    + keys.RAW_BUNDLES_PREFIX
+    + "[0-9a-f]{2}/[0-9a-f]{2}/[0-9a-f]{64}"
+    + re.escape(keys.RAW_BUNDLE_SUFFIX)
+    + "$"
+)
 
 
 def _true(mask: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
@@ -59,18 +66,31 @@ def _true(mask: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
     return pc.fill_null(mask, False)
 
 
-def raw_blob_keys(sha: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
-    """The raw-blob key of each hash (`protocol.keys.raw_blob_key`, column-wise)."""
+def _raw_object_keys(
+    sha: pa.ChunkedArray | pa.Array, prefix: str, suffix: str
+) -> pa.ChunkedArray | pa.Array:
+    """``<prefix><hh>/<hh>/<sha><suffix>`` for each hash: the raw object key forms of
+    `protocol.keys` (``raw_blob_key``, ``raw_bundle_key``), column-wise."""
     return pc.binary_join_element_wise(
-        keys.RAW_BLOBS_PREFIX,
+        prefix,
         pc.utf8_slice_codeunits(sha, 0, 2),
         "/",
         pc.utf8_slice_codeunits(sha, 2, 4),
         "/",
         sha,
-        ".lmbatch",
+        suffix,
         "",
     )
+
+
+def raw_blob_keys(sha: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """The raw-blob key of each hash (`protocol.keys.raw_blob_key`, column-wise)."""
+    return _raw_object_keys(sha, keys.RAW_BLOBS_PREFIX, keys.RAW_BLOB_SUFFIX)
+
+
+def _bundle_keys(sha: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """The bundle key of each hash (`protocol.keys.raw_bundle_key`, column-wise)."""
+    return _raw_object_keys(sha, keys.RAW_BUNDLES_PREFIX, keys.RAW_BUNDLE_SUFFIX)
 
 
 def raw_object_hashes(table: pa.Table) -> pa.ChunkedArray | pa.Array:
@@ -81,20 +101,6 @@ def raw_object_hashes(table: pa.Table) -> pa.ChunkedArray | pa.Array:
     )
     canonical = pc.match_substring_regex(table.column("raw_blob_key"), _RAW_KEY_RE)
     return pc.if_else(_true(canonical), named, table.column("frame_sha256"))
-
-
-def _bundle_keys(sha: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
-    """The bundle key of each hash (`protocol.keys.raw_bundle_key`, column-wise)."""
-    return pc.binary_join_element_wise(
-        keys.RAW_BUNDLES_PREFIX,
-        pc.utf8_slice_codeunits(sha, 0, 2),
-        "/",
-        pc.utf8_slice_codeunits(sha, 2, 4),
-        "/",
-        sha,
-        ".lmbundle",
-        "",
-    )
 
 
 def _bundle_keys_ok(key: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
