@@ -11,7 +11,8 @@ index, each frame's CRC and ``frame_sha256`` — with the hash in a thread. One 
 a time: the rate bounds the work, and memory holds one bundle.
 
 **Cursor**: ``AuditRecord.cursors[BUNDLE_VERIFY_CURSOR]``, kept and carried into the next
-audit exactly as the frame blobs' (the last key up to which every bundle was verified;
+audit exactly as the frame blobs', walked by the same `reconciler.verify_walk.CursorWalk`
+(the last key up to which every bundle was verified;
 ``""`` from the beginning; at the end of ``raw-bundles/v1/`` the round is complete, the
 cursor goes back to ``""`` and this audit verifies no more bundles).
 
@@ -28,8 +29,7 @@ verification for this audit (logged, counted); it never keeps the audit from com
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from protocol import keys
 from protocol.bundle import BundleError, check_bundle, max_bundle_bytes
@@ -37,7 +37,8 @@ from protocol.clock import Clock
 from reconciler import store_calls
 from reconciler.context import ReconcilerContext
 from reconciler.problems import ProblemBook
-from store.errors import StoreError
+from reconciler.verify_walk import CursorWalk
+from store.base import ObjectInfo
 
 BUNDLE_VERIFY_CURSOR = "verify:" + keys.RAW_BUNDLES_PREFIX
 """Key of the bundle verification cursor in `AuditRecord.cursors`."""
@@ -70,8 +71,12 @@ class ByteRate:
             self._allowance -= amount
 
 
-class BundleVerifier:
-    """Verifies bundles from ``cursor`` on; `run` until cancelled or the round ends."""
+class BundleVerifier(CursorWalk):
+    """Verifies bundles from ``cursor`` on, one at a time; `run` until cancelled or the
+    round ends (`reconciler.verify_walk.CursorWalk`)."""
+
+    PREFIX = keys.RAW_BUNDLES_PREFIX
+    NAME = "bundle"
 
     def __init__(
         self,
@@ -82,18 +87,12 @@ class BundleVerifier:
         max_bundle_bytes: int,
         after_wait: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
-        self._ctx = ctx
-        self._problems = problems
+        super().__init__(ctx, problems, cursor=cursor, after_wait=after_wait)
         self._max_bytes = max_bundle_bytes
-        self._after_wait = after_wait
         self._rate = ByteRate(
             rate_per_s=ctx.reconciler_settings.verify_bytes_per_s, clock=ctx.clock
         )
-        self.cursor = cursor
-        self.verified = 0
         self.bytes_read = 0
-        self.problems = 0
-        self.round_complete = False
 
     @classmethod
     def of(
@@ -114,40 +113,11 @@ class BundleVerifier:
         )
         return cls(ctx, problems, cursor=cursor, max_bundle_bytes=largest, after_wait=after_wait)
 
-    @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator[None]:
-        """Verify bundles (`run`) while the body runs; stop when it ends."""
-        task = asyncio.create_task(self.run())
-        try:
-            yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task  # LeaseLost propagates
-            self._ctx.log.info(
-                "audit_bundles_verified",
-                verified=self.verified,
-                bytes_read=self.bytes_read,
-                problems=self.problems,
-                round_complete=self.round_complete,
-            )
+    def summary(self) -> dict[str, object]:
+        return {**super().summary(), "bytes_read": self.bytes_read}
 
-    async def run(self) -> None:
-        """Verify bundles in key order until the end of the round (or cancellation)."""
-        ctx = self._ctx
-        try:
-            async for info in ctx.store.list(keys.RAW_BUNDLES_PREFIX, self.cursor or None):
-                await self._verify(info.key, info.size)
-                self.cursor = info.key
-        except StoreError as exc:
-            ctx.metrics.store_failures.labels("bundle_verify").inc()
-            ctx.log.warning("bundle_verify_failed", after=self.cursor, error=str(exc))
-            return
-        self.cursor = ""
-        self.round_complete = True
-        ctx.log.info("bundle_verify_round_complete")
-
-    async def _verify(self, key: str, size: int) -> None:
+    async def verify(self, info: ObjectInfo) -> None:
+        key, size = info.key, info.size
         try:
             sha = keys.parse_raw_bundle_key(key)
         except keys.KeyFormatError:
@@ -156,8 +126,7 @@ class BundleVerifier:
             await self._corrupt(key, f"listed at {size} bytes, more than the largest bundle")
             return
         await self._rate.take(max(size, 1))
-        if self._after_wait is not None:
-            await self._after_wait()
+        await self.waited()
         body = await store_calls.read(self._ctx, key)
         if body is None:
             return  # deleted since it was listed

@@ -5,7 +5,8 @@ a blob is verified by reading it and hashing it against its own key; no manifest
 needed. The verifier walks ``raw-blobs/v1/sha256/`` in key order from a cursor, at most
 ``verify_rate_per_s`` blobs per second (`TokenBucket`), with its own share of the audit's
 ``concurrency`` (an eighth, at least one request in flight: the walk cannot starve it),
-for as long as the audit's walk runs; then it stops where it is.
+for as long as the audit's walk runs; then it stops where it is. The walk, cursor and
+round are `reconciler.verify_walk.CursorWalk`'s, shared with the bundles' verifier.
 
 **Cursor**: ``AuditRecord.cursors[VERIFY_CURSOR]``: the last blob key up to which every
 blob was verified (``""``: start from the beginning). It is saved with the
@@ -32,17 +33,16 @@ and counted); it never keeps the audit from completing.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from protocol import keys
 from reconciler import store_calls
-from reconciler.audit.partitions import closing
 from reconciler.audit.rate import TokenBucket
 from reconciler.context import ReconcilerContext
 from reconciler.problems import ProblemBook
-from store.errors import StoreError
+from reconciler.verify_walk import CursorWalk
+from store.base import ObjectInfo
 
 VERIFY_CURSOR = "verify:" + keys.RAW_BLOBS_PREFIX
 """Key of the verification cursor in `AuditRecord.cursors`."""
@@ -50,8 +50,16 @@ CHUNK = 8  # blobs read concurrently; the cursor moves past a chunk once all are
 _HASH_IN_THREAD_BYTES = 1 << 20
 
 
-class BlobVerifier:
-    """Verifies blobs from ``cursor`` on; `run` until cancelled or the round ends."""
+class BlobVerifier(CursorWalk):
+    """Verifies blobs from ``cursor`` on, ``CHUNK`` at a time; `run` until cancelled or
+    the round ends (`reconciler.verify_walk.CursorWalk`)."""
+
+    PREFIX = keys.RAW_BLOBS_PREFIX
+    NAME = "blob"
+    CHUNK = CHUNK
+    WAITS_FOR_PROGRESS = True
+    """The first blob needs no wait for the rate (a new bucket starts full), so this
+    costs at most one blob read, and guarantees every audit some progress."""
 
     def __init__(
         self,
@@ -63,100 +71,21 @@ class BlobVerifier:
         is_referenced: Callable[[str], bool],
         after_wait: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
-        """``after_wait``: called after each wait for the rate (the audit saves its
-        progress and renews its pin there when due: a wait may be long)."""
-        self._ctx = ctx
-        self._after_wait = after_wait
-        self._problems = problems
+        super().__init__(ctx, problems, cursor=cursor, after_wait=after_wait)
         self._limit = limit
         self._is_referenced = is_referenced
         self._bucket = TokenBucket(
             rate_per_s=ctx.reconciler_settings.verify_rate_per_s, clock=ctx.clock
         )
-        self.cursor = cursor
-        self.verified = 0
-        self.problems = 0
-        self.round_complete = False
-        self._moved = asyncio.Event()
 
-    @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator[None]:
-        """Verify blobs (`run`) while the body runs; stop when it ends."""
-        task = asyncio.create_task(self.run())
-        try:
-            yield
-            if not self._ctx.stopping.is_set():
-                await self.moved_or_ended(task)
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task  # LeaseLost propagates
-            self._ctx.log.info(
-                "audit_blobs_verified",
-                verified=self.verified,
-                problems=self.problems,
-                round_complete=self.round_complete,
-            )
-
-    async def moved_or_ended(self, task: asyncio.Task[None]) -> None:
-        """Wait until the cursor moved at least once or ``task`` (this `run`) ended. The
-        first blob needs no wait for the rate (a new bucket starts full), so this costs
-        at most one blob read, and guarantees every audit some progress."""
-        if self._moved.is_set() or task.done():
-            return
-        moved = asyncio.ensure_future(self._moved.wait())
-        try:
-            await asyncio.wait({moved, task}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            moved.cancel()
-
-    async def run(self) -> None:
-        """Verify blobs in key order until the end of the round (or cancellation). Store
-        errors end the run early; `LeaseLost` propagates."""
-        ctx = self._ctx
-        chunk: list[str] = []
-        try:
-            async with closing(ctx.store.list(keys.RAW_BLOBS_PREFIX, self.cursor or None)) as blobs:
-                async for info in blobs:
-                    chunk.append(info.key)
-                    if len(chunk) >= CHUNK:
-                        await self._verify_chunk(chunk)
-                        chunk = []
-            if chunk:
-                await self._verify_chunk(chunk)
-        except StoreError as exc:
-            ctx.metrics.store_failures.labels("blob_verify").inc()
-            ctx.log.warning("blob_verify_failed", after=self.cursor, error=str(exc))
-            return
-        self.cursor = ""
-        self.round_complete = True
-        self._moved.set()
-        ctx.log.info("blob_verify_round_complete")
-
-    async def _verify_chunk(self, chunk: list[str]) -> None:
-        """Verify ``chunk`` concurrently; the cursor follows the blobs done in key order."""
-        done = [False] * len(chunk)
-        ahead = 0
-
-        async def one(index: int, key: str) -> None:
-            nonlocal ahead
-            await self._verify(key)
-            done[index] = True
-            while ahead < len(chunk) and done[ahead]:
-                self.cursor = chunk[ahead]
-                ahead += 1
-                self._moved.set()
-
-        await asyncio.gather(*(one(i, key) for i, key in enumerate(chunk)))
-
-    async def _verify(self, blob_key: str) -> None:
+    async def verify(self, info: ObjectInfo) -> None:
+        blob_key = info.key
         try:
             sha = keys.parse_raw_blob_key(blob_key)
         except keys.KeyFormatError:
             return  # not a blob this protocol writes: not ours to judge
         await self._bucket.acquire()
-        if self._after_wait is not None:
-            await self._after_wait()
+        await self.waited()
         async with self._limit:
             body = await store_calls.read(self._ctx, blob_key)
         if body is None:
