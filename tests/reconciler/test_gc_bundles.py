@@ -45,6 +45,26 @@ def manifest_of(
     )
 
 
+def conflict_of(
+    accepted: records.AcceptedManifest, accepted_raw_blob_key: str, submitted_frame_sha256: str
+) -> records.IdentityConflict:
+    """The quarantine record of ``accepted``'s identity for a twin hashing to
+    ``submitted_frame_sha256``, its accepted side naming ``accepted_raw_blob_key``."""
+    return records.IdentityConflict(
+        agent_id=accepted.agent_id,
+        boot_id=accepted.boot_id,
+        seq_start=accepted.seq_start,
+        seq_end=accepted.seq_end,
+        accepted_manifest_key=accepted.manifest_key,
+        accepted_raw_blob_key=accepted_raw_blob_key,
+        accepted_frame_sha256=accepted.frame_sha256,
+        submitted_raw_blob_key=keys.raw_blob_key(submitted_frame_sha256),
+        submitted_frame_sha256=submitted_frame_sha256,
+        observed_at_unix_ns=1,
+        collector_id="c-1",
+    )
+
+
 class World:
     def __init__(self) -> None:
         self.memory = MemoryStore()
@@ -131,19 +151,8 @@ async def test_a_quarantine_record_of_one_frame_naming_the_bundle_stops_its_gc()
     bundle = await world.put_bundle(FRAMES)
     twin = frame(2, value=99.0)  # a conflicting frame of frame 2's identity
     accepted = manifest_of(FRAMES[1], bundle=bundle, i=1)
-    conflict = records.IdentityConflict(
-        agent_id=accepted.agent_id,
-        boot_id=accepted.boot_id,
-        seq_start=2,
-        seq_end=2,
-        accepted_manifest_key=accepted.manifest_key,
-        accepted_raw_blob_key=bundle.key,  # not well-formed: records name frame blobs only
-        accepted_frame_sha256=accepted.frame_sha256,
-        submitted_raw_blob_key=keys.raw_blob_key(manifest_of(twin).frame_sha256),
-        submitted_frame_sha256=manifest_of(twin).frame_sha256,
-        observed_at_unix_ns=1,
-        collector_id="c-1",
-    )
+    # not well-formed: records name frame blobs only
+    conflict = conflict_of(accepted, bundle.key, manifest_of(twin).frame_sha256)
     await world.memory.put(conflict.quarantine_key, conflict.to_json())
     assert await world.prove(bundle.key) is Verdict.UNPROVEN
     assert await world.problem("unparseable-quarantine", conflict.quarantine_key)
@@ -154,19 +163,8 @@ async def test_a_well_formed_quarantine_record_of_a_frame_does_not_keep_the_bund
     bundle = await world.put_bundle(FRAMES)
     twin = frame(3, value=42.0)
     accepted = manifest_of(FRAMES[2])
-    conflict = records.IdentityConflict(
-        agent_id=accepted.agent_id,
-        boot_id=accepted.boot_id,
-        seq_start=3,
-        seq_end=3,
-        accepted_manifest_key=accepted.manifest_key,
-        accepted_raw_blob_key=accepted.raw_blob_key,  # the frame blob (copy), not the bundle
-        accepted_frame_sha256=accepted.frame_sha256,
-        submitted_raw_blob_key=manifest_of(twin).raw_blob_key,
-        submitted_frame_sha256=manifest_of(twin).frame_sha256,
-        observed_at_unix_ns=1,
-        collector_id="c-1",
-    )
+    # its accepted side the frame blob (copy), not the bundle
+    conflict = conflict_of(accepted, accepted.raw_blob_key, manifest_of(twin).frame_sha256)
     await world.memory.put(conflict.quarantine_key, conflict.to_json())
     assert await world.prove(bundle.key) is Verdict.PROVEN
     assert world.store.count("get", keys.QUARANTINE_PREFIX) == 1
