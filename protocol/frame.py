@@ -52,6 +52,7 @@ import pyarrow as pa
 import zstandard
 
 from protocol._frame_error import FrameError, decoder_errors_as_frame_errors
+from protocol._identity_keys import BatchIdentity
 from protocol._ipc_stream import MAX_PAYLOAD_MESSAGES, read_ipc_stream
 from protocol._points_check import (
     MAX_LABEL_KEY_BYTES,
@@ -132,6 +133,11 @@ class FrameHeader:
     @property
     def compressed(self) -> bool:
         return bool(self.flags & FLAG_ZSTD)
+
+    @property
+    def identity(self) -> BatchIdentity:
+        """The batch identity the header names (PROTOCOL §3)."""
+        return BatchIdentity(self.agent_id, self.boot_id, self.seq_start, self.seq_end)
 
 
 @dataclass(frozen=True, slots=True)
