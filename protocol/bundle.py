@@ -151,8 +151,7 @@ class BundledFrame:
 
     @property
     def identity(self) -> keys.BatchIdentity:
-        h = self.header
-        return keys.BatchIdentity(h.agent_id, h.boot_id, h.seq_start, h.seq_end)
+        return self.header.identity
 
 
 @dataclass(frozen=True, slots=True)
