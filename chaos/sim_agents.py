@@ -45,7 +45,7 @@ from store.errors import StoreError
 
 
 @dataclass(frozen=True, slots=True)
-class _Header:
+class SimHeader:
     agent_id: str
     boot_id: uuid.UUID
     seq_start: int
@@ -55,7 +55,7 @@ class _Header:
 
 @dataclass(frozen=True, slots=True)
 class _Batch:
-    header: _Header
+    header: SimHeader
     frame: bytes
 
     @property
@@ -87,8 +87,8 @@ class SimAgents:
         for agent in range(config.agents):
             boot = uuid.UUID(int=random.Random(f"{config.seed}/boot/{agent}").getrandbits(128))
             for b in range(config.batches_per_agent):
-                header = _Header(f"sim-agent-{agent}", boot, b * 10, b * 10 + 9, 10)
-                made.append(_Batch(header, _frame(header, config.seed, "original")))
+                header = SimHeader(f"sim-agent-{agent}", boot, b * 10, b * 10 + 9, 10)
+                made.append(_Batch(header, sim_frame(header, config.seed, "original")))
         return made
 
     async def send(
@@ -231,8 +231,8 @@ class SimAgents:
         boot = uuid.UUID(int=rng.getrandbits(128))
         batches = []
         for i in range(3):
-            header = _Header(f"sim-landing-{group}", boot, i * 10, i * 10 + 9, 10)
-            batches.append(_Batch(header, _frame(header, config.seed, "bundle landing")))
+            header = SimHeader(f"sim-landing-{group}", boot, i * 10, i * 10 + 9, 10)
+            batches.append(_Batch(header, sim_frame(header, config.seed, "bundle landing")))
         before_mark, accepted_before = rng.random() < 0.5, rng.random() < 0.5
         await world.clock.sleep(rng.uniform(0.0, config.send_window_s))
         if accepted_before:
@@ -279,7 +279,7 @@ class SimAgents:
 
     def _twin(self, batch: _Batch) -> _Batch:
         """The conflicting twin of ``batch``: another frame of its identity."""
-        return _Batch(batch.header, _frame(batch.header, self._world.config.seed, "conflict"))
+        return _Batch(batch.header, sim_frame(batch.header, self._world.config.seed, "conflict"))
 
     async def _crash_landing(self, batch: _Batch, rng: random.Random, *, twin: bool) -> None:
         """An earlier attempt left an orphan blob — the batch's own frame, or (``twin``) a
@@ -288,7 +288,7 @@ class SimAgents:
         that crashes before flushing its log rows: its manifest (or quarantine record) is
         known to the store alone (PROTOCOL §3.5 rule 7)."""
         world, config = self._world, self._world.config
-        planted = _Batch(batch.header, _frame(batch.header, config.seed, "crash landing"))
+        planted = _Batch(batch.header, sim_frame(batch.header, config.seed, "crash landing"))
         if not twin:
             planted = batch
         landed_ns = world.clock.now_ns()
@@ -335,7 +335,7 @@ class SimAgents:
             return
         await world.clock.sleep(at_s - world.clock.monotonic())
         if conflict:
-            twin = _Batch(batch.header, _frame(batch.header, config.seed, "late conflict"))
+            twin = _Batch(batch.header, sim_frame(batch.header, config.seed, "late conflict"))
             world.report.stats["late_conflicts"] += 1
             if await self.send(twin, rng, attempts=20, resend=twin_sent_before) is not None:
                 world.violation(f"late conflicting frame for {batch.identity} was acknowledged")
@@ -384,7 +384,7 @@ async def _raw_object_gone(store: ObjectStore, batch: _Batch) -> bool:
     return False
 
 
-def _frame(header: _Header, seed: int, variant: str) -> bytes:
+def sim_frame(header: SimHeader, seed: int, variant: str) -> bytes:
     """A valid frame of ``header``'s identity (the GC's proof reads a blob's identity from
     its header, PROTOCOL §3.5 rule 7); ``variant`` gives another frame of that identity."""
     rows = header.record_count

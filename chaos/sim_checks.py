@@ -69,6 +69,9 @@ class WatchedStore:
         """Told of every PUT applied (the world watches audits complete)."""
         self.on_delete: Callable[[str], None] = lambda _key: None
         """Told of every DELETE applied (signed or not)."""
+        self.past_the_grace: set[str] = set()
+        """Records planted as a fault that lands past its raw object's grace
+        (`chaos.simulation.PlantedFaults`): counted, not a violation of rule 3's premise."""
 
     async def get(self, key: str) -> tuple[bytes, str]:
         return await self.inner.get(key)
@@ -163,7 +166,9 @@ class WatchedStore:
         marked_at = self._marked_at.get(sha)
         if marked_at is None or sha in self._vetoed:
             return
-        if (age := self._now_s() - marked_at) > self._mark_grace_s:
+        if (age := self._now_s() - marked_at) > self._mark_grace_s and key in self.past_the_grace:
+            self._stats["planted_past_the_grace"] += 1
+        elif age > self._mark_grace_s:
             self._violation(
                 f"{key} landed naming {_raw_name(raw_key)}, marked {age:.3f}s ago (more than "
                 f"the grace, {self._mark_grace_s}s) and not vetoed"
@@ -257,13 +262,15 @@ async def check_store(
     *,
     retired: set[str] | frozenset[str] = frozenset(),
     rolled_up: set[str] | frozenset[str] = frozenset(),
+    planted: set[str] | frozenset[str] = frozenset(),
 ) -> list[str]:
     """The end-state invariants over a settled store (after a completed audit).
 
     ``retired``: manifest_ids whose blobs raw retention may have deleted (in the rollup
     ledger, in a retired hour); every other accepted manifest's blob must exist.
     ``rolled_up``: manifest_ids the committed ledger includes (a rollup that consumes
-    work markers: their markers may be gone)."""
+    work markers: their markers may be gone). ``planted``: keys of records planted as
+    faults (`chaos.simulation.PlantedFaults`), whose raw objects are not checked."""
     problems: list[str] = []
     present = {info.key async for info in store.list("")}
     manifests: dict[keys.BatchIdentity, records.AcceptedManifest] = {}
@@ -272,7 +279,9 @@ async def check_store(
         manifest = records.AcceptedManifest.from_json((await store.get(key))[0], reads_bundles=True)
         manifests[manifest.identity] = manifest
         facts[key] = RecordFacts("accepted", manifest.frame_sha256, manifest.identity.manifest_id)
-        if manifest.identity.manifest_id in retired and manifest.raw_blob_key not in present:
+        if key in planted or (
+            manifest.identity.manifest_id in retired and manifest.raw_blob_key not in present
+        ):
             continue
         ref = RawRef(
             manifest.raw_blob_key,
@@ -284,6 +293,8 @@ async def check_store(
         problems += await _blob_problems(store, present, key, ref)
     for key in sorted(k for k in present if k.startswith(keys.QUARANTINE_PREFIX)):
         conflict = records.IdentityConflict.from_json((await store.get(key))[0])
+        if key in planted:  # not well-formed: the audit reports it, catalogs it not
+            continue
         facts[key] = RecordFacts("quarantine", conflict.submitted_frame_sha256)
         for raw_key in (conflict.submitted_raw_blob_key, conflict.accepted_raw_blob_key):
             if not raw_key.startswith(keys.RAW_BLOBS_PREFIX):  # PROTOCOL §3.10

@@ -93,6 +93,18 @@ class SimConfig:
     """Of the batches whose first send is answered 503, the share whose agent never sends
     them again (it crashed and lost them): their outcome stays unknown to everyone, and
     nothing may land for them later than the GC's grace allows."""
+    quarantined_bundles: int = 0
+    """With bundles: orphan bundles a quarantine record names once an audit nominated them,
+    a fault (PROTOCOL §3.10: records name frame blobs only) that must keep the bundle
+    (`chaos.simulation.PlantedFaults`)."""
+    bundles_unlike_index: int = 0
+    """With bundles: orphan bundles whose frames disagree with their index, named by a
+    manifest of an indexed frame once an audit nominated them: corrupt, never deleted
+    (`chaos.simulation.PlantedFaults`)."""
+    bundles_retiring_apart: int = 0
+    """With bundles and raw retention: bundles of two frames of the first hour, the
+    second's manifest landing late, once raw retention nominated the bundle for the first
+    (`chaos.simulation.PlantedFaults`)."""
     race_rate: float = 0.0
     """With bundles: batches whose identity two collectors race, in two different
     bundles: sent at the same moment to two collectors, the same frame (an agent that

@@ -39,7 +39,9 @@ With ``bundles`` (PROTOCOL §3.10): the collectors run group commit, so frames t
 arrive while a collector's raw writes are in flight share one bundle; agents may race one
 identity on two collectors (``race_rate``), may be gone after a 503 (``agent_gone_rate``),
 and orphan bundles may be written again once the GC marked them (``bundle_landings``);
-the report counts how each bundled frame ended (`chaos.sim_checks.bundle_states`).
+the report counts how each bundled frame ended (`chaos.sim_checks.bundle_states`);
+``quarantined_bundles``, ``bundles_unlike_index`` and ``bundles_retiring_apart`` plant
+faults no correct writer leaves (`PlantedFaults`), for the GC mutants only they flag.
 Without, nothing of this draws from the seed.
 
 When everything has settled (collectors flushed, requests in flight landed), a final
@@ -57,16 +59,20 @@ their own records, which decide nothing).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import random
+import uuid
 
 from chaos.auditor import gc_log_violations
-from chaos.sim_agents import SimAgents
+from chaos.sim_agents import SimAgents, SimHeader, sim_frame
 from chaos.sim_checks import bundle_states, check_store
 from chaos.sim_config import SimConfig, SimReport
 from chaos.sim_retention import gc_deletions_by_reason, retention_problems, retired_manifest_ids
 from chaos.sim_runtime import run_virtual
-from chaos.sim_world import RECONCILER_OWNER, SimWorld
+from chaos.sim_world import FIRST_HOUR_LEFT_S, RECONCILER_OWNER, SimWorld
 from protocol import keys, records
+from protocol._bundle_index import pack_tail
+from protocol.bundle import encode_bundle
 from reconciler.audit.run import run_full_audit
 from reconciler.context import open_context
 from reconciler.gc.log import read_gc_log
@@ -89,9 +95,13 @@ async def _run(config: SimConfig) -> SimReport:
     agents_done, rollup_stop = asyncio.Event(), asyncio.Event()
     reconciler = asyncio.ensure_future(world.run_reconciler(agents_done))
     rollup = asyncio.ensure_future(world.rollup.run(rollup_stop)) if world.rollup else None
+    faults = PlantedFaults(world)
     await asyncio.gather(
         *[agents.run_batch(b, i) for i, b in enumerate(agents.batches())],
         *[agents.bundle_landing(group) for group in range(config.bundle_landings)],
+        *[faults.quarantined_bundle(group) for group in range(config.quarantined_bundles)],
+        *[faults.bundle_unlike_its_index(group) for group in range(config.bundles_unlike_index)],
+        *[faults.bundle_retiring_apart(group) for group in range(config.bundles_retiring_apart)],
     )
     agents_done.set()
     await reconciler
@@ -111,6 +121,7 @@ async def _run(config: SimConfig) -> SimReport:
         agents.acked,
         agents.conflict_views,
         retired=await retired_manifest_ids(world.memory),
+        planted=faults.records,
     )
     report.violations += await retention_problems(world.memory)
     report.violations += gc_log_violations(
@@ -125,6 +136,166 @@ async def _run(config: SimConfig) -> SimReport:
             world.memory, world.watched.bundled, agents.answered_503
         )
     return report
+
+
+class PlantedFaults:
+    """Records and bundles no correct writer leaves, planted as faults (a buggy writer, bit
+    rot), each against a GC mutant of issue 33 that only such a world flags: a bundle is
+    written (an orphan, its collector crashed; or with raw retention, one of the first
+    hour), and once the GC marked it a record naming it lands through a collector that
+    crashed before flushing its log rows, so that only the GC's targeted proof (PROTOCOL
+    §3.5 rule 7) can keep the bundle: within the first half of the mark's grace, or, when an
+    audit that lists the record would keep the bundle from the proof, just after the audit
+    that started past the grace (before the GC's proof; the writer breaks rule 3's premise
+    too, counted, `chaos.sim_checks.WatchedStore.past_the_grace`). ``records``: the planted
+    records the end state excuses (they are the faults)."""
+
+    def __init__(self, world: SimWorld) -> None:
+        self._world = world
+        self.records: set[str] = set()
+
+    async def quarantined_bundle(self, group: int) -> None:
+        """``SimConfig.quarantined_bundles``: a quarantine record of the bundle's last frame
+        names the bundle as its accepted blob (not well-formed, PROTOCOL §3.10: a record
+        names frame blobs only); the proof must keep the bundle (an
+        ``unparseable-quarantine`` problem). Its submitted frame is a frame blob, present.
+        An audit that lists the record reports it and the GC then deletes nothing (as rule 5
+        does), so the record reaches rule 7's quarantine LIST only when it lands after the
+        listing of the audit that started past the mark's grace, before the GC's proof: past
+        the grace without a veto (the writer breaks rule 3's premise too, counted as
+        ``planted_past_the_grace``, not a violation)."""
+        world, config, seed = self._world, self._world.config, self._world.config.seed
+        rng = random.Random(f"{seed}/quarantined-bundle/{group}")
+        headers = self._headers("sim-quarantined", group, rng, 2)
+        bundle = encode_bundle([sim_frame(h, seed, "quarantined bundle") for h in headers])
+        if not await self._orphan_marked(bundle.key, bundle.data, rng, within_grace=False):
+            return
+        past_ns = world.clock.now_ns() + int(world.settings.gc.mark_grace_s * keys.NS_PER_S)
+        if not await world.audit_started_after(past_ns, max_wait_s=4 * config.audit_interval_s):
+            return
+        await world.clock.sleep(rng.uniform(0.0, 0.2))
+        last = headers[-1]
+        twin = sim_frame(last, seed, "quarantined twin")
+        twin_sha = hashlib.sha256(twin).hexdigest()
+        await world.watched.put(keys.raw_blob_key(twin_sha), twin, if_none_match=True)
+        identity = keys.BatchIdentity(last.agent_id, last.boot_id, last.seq_start, last.seq_end)
+        conflict = records.IdentityConflict(
+            agent_id=last.agent_id,
+            boot_id=str(last.boot_id),
+            seq_start=last.seq_start,
+            seq_end=last.seq_end,
+            accepted_manifest_key=keys.accepted_manifest_key(identity),
+            accepted_raw_blob_key=bundle.key,
+            accepted_frame_sha256=bundle.entries[-1].frame_sha256,
+            submitted_raw_blob_key=keys.raw_blob_key(twin_sha),
+            submitted_frame_sha256=twin_sha,
+            observed_at_unix_ns=world.clock.now_ns(),
+            collector_id="sim-buggy-writer",
+        )
+        self.records.add(conflict.quarantine_key)
+        world.watched.past_the_grace.add(conflict.quarantine_key)
+        await world.watched.put(conflict.quarantine_key, conflict.to_json(), if_none_match=True)
+        world.report.stats["quarantined_bundles_named"] += 1
+
+    async def bundle_unlike_its_index(self, group: int) -> None:
+        """``SimConfig.bundles_unlike_index``: a bundle whose middle frame is another valid
+        frame of the same length (another identity) than the one its index entry names (the
+        index's CRC intact), and a well-formed manifest of the entry's frame naming the
+        bundle at that entry's range. The proof parses the frames themselves: the bundle is
+        ``corrupt-blob``, never deleted. The bundle is written to the store beneath the
+        watch (`chaos.sim_checks.WatchedStore` parses every bundle written)."""
+        world, seed = self._world, self._world.config.seed
+        rng = random.Random(f"{seed}/bundle-unlike-index/{group}")
+        headers = self._headers("sim-unlike-index", group, rng, 4)
+        frames = [sim_frame(h, seed, "unlike its index") for h in headers]
+        indexed = encode_bundle(frames[:3])
+        data = b"".join([frames[0], frames[3], frames[2]]) + pack_tail(list(indexed.entries))
+        key = keys.raw_bundle_key(hashlib.sha256(data).hexdigest())
+        if not await self._orphan_marked(key, data, rng, watched=False):
+            return
+        manifest = records.AcceptedManifest.of_frame(
+            frames[1],
+            accepted_at_unix_ns=world.clock.now_ns(),
+            collector_id="sim-crashing-writer",
+            bundle=(key, indexed.entries[1].offset),
+        )
+        await world.watched.put(manifest.manifest_key, manifest.to_json(), if_none_match=True)
+        self.records.add(manifest.manifest_key)
+        world.report.stats["bundles_unlike_index_named"] += 1
+
+    async def bundle_retiring_apart(self, group: int) -> None:
+        """``SimConfig.bundles_retiring_apart`` (with raw retention): a bundle of two frames
+        written in the first hour whose first frame's manifest lands with it (known to the
+        store alone: the audit catalogs it, the rollup includes it) and whose second
+        frame's manifest (its create's outcome unknown to the writer) lands late, accepted
+        in the same hour, once raw retention nominated the bundle for its first frame: just
+        after the audit that started past the mark's grace, before the GC's proof (any
+        earlier, the audit lists it and raw retention no longer nominates the bundle). The
+        writer breaks PROTOCOL §3.2 (a create sent after its deadline) and rule 3's premise
+        (counted as ``planted_past_the_grace``): raw retention must keep the bundle, its
+        second frame never rolled up."""
+        world, config, seed = self._world, self._world.config, self._world.config.seed
+        rng = random.Random(f"{seed}/bundle-retiring-apart/{group}")
+        headers = self._headers("sim-retiring-apart", group, rng, 2)
+        frames = [sim_frame(h, seed, "retiring apart") for h in headers]
+        bundle = encode_bundle(frames)
+        await world.clock.sleep(rng.uniform(0.0, FIRST_HOUR_LEFT_S / 2))
+        accepted_ns = world.clock.now_ns()
+        manifests = [
+            records.AcceptedManifest.of_frame(
+                frame,
+                accepted_at_unix_ns=accepted_ns,
+                collector_id="sim-crashing-writer",
+                bundle=(bundle.key, entry.offset),
+            )
+            for frame, entry in zip(frames, bundle.entries, strict=True)
+        ]
+        await world.watched.put(bundle.key, bundle.data, if_none_match=True)
+        await world.watched.put(manifests[0].manifest_key, manifests[0].to_json())
+        world.report.stats["planted_bundles"] += 1
+        max_wait_s = world.retention_due_s + config.settle_s - world.clock.monotonic()
+        if not await world.marked(bundle.sha256, max_wait_s=max_wait_s):
+            return
+        past_ns = world.clock.now_ns() + int(world.settings.gc.mark_grace_s * keys.NS_PER_S)
+        if not await world.audit_started_after(past_ns, max_wait_s=4 * config.audit_interval_s):
+            return
+        await world.clock.sleep(rng.uniform(0.0, 0.2))
+        try:
+            await world.memory.head(bundle.key)
+        except NotFound:  # the proof came first: the bundle went whole, its frames rolled up
+            world.report.stats["bundles_retiring_apart_gone"] += 1
+            return
+        world.watched.past_the_grace.add(manifests[1].manifest_key)
+        await world.watched.put(manifests[1].manifest_key, manifests[1].to_json())
+        world.report.stats["bundles_retiring_apart_late"] += 1
+
+    def _headers(self, agent: str, group: int, rng: random.Random, n: int) -> list[SimHeader]:
+        boot = uuid.UUID(int=rng.getrandbits(128))
+        return [SimHeader(f"{agent}-{group}", boot, i * 10, i * 10 + 9, 10) for i in range(n)]
+
+    async def _orphan_marked(
+        self,
+        key: str,
+        data: bytes,
+        rng: random.Random,
+        *,
+        watched: bool = True,
+        within_grace: bool = True,
+    ) -> bool:
+        """The orphan bundle written at a seeded moment, then a wait until the GC marked it
+        (an audit nominated it), and with ``within_grace`` a seeded moment within the
+        first half of the mark's grace (False: no mark within the run)."""
+        world, config = self._world, self._world.config
+        sha = keys.parse_raw_object_key(key)[1]
+        await world.clock.sleep(rng.uniform(0.0, config.send_window_s))
+        await (world.watched if watched else world.memory).put(key, data, if_none_match=True)
+        world.report.stats["planted_bundles"] += 1
+        max_wait_s = config.send_window_s + 4 * config.audit_interval_s
+        if not await world.marked(sha, max_wait_s=max_wait_s):
+            return False
+        if within_grace:
+            await world.clock.sleep(rng.uniform(0.0, world.settings.gc.mark_grace_s / 2))
+        return True
 
 
 async def _final_audit(world: SimWorld) -> None:

@@ -17,11 +17,13 @@ Worlds without bundles are the worlds of before: nothing new draws from their se
 The GC's bundle mutants are also put back, one proof at a time, in
 `tests/reconciler/test_gc_bundle_mutants.py`. Of them, a world here flags rule 7 skipping
 a bundle's last frame (`BUNDLE_LANDING_WORLD`, at a seam of its own: the frames' identities
-the proof reads). Not the others: trusting the index needs a bundle whose frames disagree
-with its index, and the quarantine LIST a record naming a bundle, which no simulated
-collector writes; raw retention checking one frame of several needs a bundle whose frames
-retire apart, which the audit's nomination (retired only when every row naming the bundle
-is) already keeps from the proof, so the proof-only mutant changes no world.
+the proof reads). Trusting the index needs a bundle whose frames disagree with its index,
+and the quarantine LIST skipping a frame a record naming a bundle, which no simulated
+collector writes: worlds that plant those faults flag both, in
+`tests/chaos/test_simulation_bundle_mutants.py`, as does one for raw retention checking
+one frame of several: it needs a bundle whose frames retire apart, which the audit's
+nomination (retired only when every row naming the bundle is) keeps from the proof unless a
+frame's manifest lands after the audit, a fault planted there too.
 
 Not here: the spool mutant (spool manifest creates of one identity sent concurrently).
 The simulation runs strict-mode collectors only (`collector.accept.BatchAcceptor`); spool

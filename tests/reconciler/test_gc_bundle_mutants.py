@@ -3,24 +3,30 @@ back with ``monkeypatch`` for one test, each flagged: with it, the world of a te
 `tests.reconciler.test_gc_bundles` that guards against it ends unsafe (the proof lets the
 bundle go), so that test fails.
 
-The seeded simulation (`tests/chaos/test_simulation_bundles.py`) flags the first of
-them too since commit 72467a3: `BUNDLE_LANDING_WORLD` (orphan bundles written again, half
-as soon as an audit nominated them through a collector that loses its log rows, half with
-only their last frame naming them) ends with the GC deleting a referenced bundle when
-rule 7 skips the last frame. The others are flagged here only: no simulated world has a
-bundle whose frames disagree with its index (the index mutant) or a quarantine record
-naming a bundle (the quarantine mutant), and raw retention checking one frame of several
-(the retention mutant) is kept from the proof by the audit's nomination (a bundle retired
-only when every row naming it is), so it changes no world.
+The seeded simulation flags all four. `BUNDLE_LANDING_WORLD` of
+`tests/chaos/test_simulation_bundles.py` (orphan bundles written again, half as soon as an
+audit nominated them through a collector that loses its log rows, half with only their last
+frame naming them) ends with the GC deleting a referenced bundle when rule 7 skips the last
+frame (since commit 72467a3). The others need a fault no simulated collector leaves, planted
+by the worlds of `tests/chaos/test_simulation_bundle_mutants.py`: a bundle whose frames
+disagree with its index, named by a manifest of an indexed frame (the index mutant,
+`BUNDLE_UNLIKE_ITS_INDEX_WORLD`); a quarantine record naming a bundle, landing after the
+audit past the mark's grace (the quarantine mutant, `QUARANTINED_BUNDLE_WORLD`); and a
+bundle of the retired hour one of whose frames' manifest lands after raw retention
+nominated it (the retention mutant, `BUNDLES_RETIRING_APART_WORLD`), which the audit's
+nomination (a bundle retired only when every row naming it is) otherwise keeps from the
+proof.
 """
 
 from __future__ import annotations
 
 import pytest
 
+import reconciler.gc.proof as proof_module
 from protocol import bundle as bd
 from protocol import keys, records
 from protocol._bundle_index import pack_tail
+from protocol.frame import FrameError, decode_header
 from reconciler.gc.proof import TargetedProof, Verdict
 from tests.reconciler.test_gc_bundles import FRAMES, World, frame, manifest_of, retention_world
 
@@ -55,28 +61,27 @@ def _a_frame_swapped_under_its_index_entry() -> bytes:
     return b"".join([FRAMES[0], other, FRAMES[2]]) + pack_tail(list(good.entries))
 
 
+def check_bundle_trusting_the_index(data: bytes, *, sha256: str | None = None) -> bd.CheckedBundle:
+    """The mutant of `protocol.bundle.check_bundle` as the proof calls it: the frames found
+    through the index, each header checked where its entry points; what the bytes there
+    hash to is not compared with the entry, nor do the frames have to tile."""
+    try:
+        frames = tuple(
+            bd.BundledFrame(entry, decode_header(data[entry.offset : entry.end]))
+            for entry in bd.read_index(data)
+        )
+    except FrameError as exc:
+        raise bd.BundleError(str(exc)) from None
+    return bd.CheckedBundle(sha256 or "", len(data), frames)
+
+
 async def test_mutant_rule_7_trusting_the_index_is_flagged(monkeypatch: pytest.MonkeyPatch) -> None:
-    import reconciler.gc.proof as proof_module
-    from protocol.frame import FrameError, decode_header
-
-    def trusting_the_index(data: bytes, *, sha256: str | None = None) -> bd.CheckedBundle:
-        """The frames found through the index, each header checked where its entry points;
-        what the bytes there hash to is not compared with the entry."""
-        try:
-            frames = tuple(
-                bd.BundledFrame(entry, decode_header(data[entry.offset : entry.end]))
-                for entry in bd.read_index(data)
-            )
-        except FrameError as exc:
-            raise bd.BundleError(str(exc)) from None
-        return bd.CheckedBundle(sha256 or "", len(data), frames)
-
     data = _a_frame_swapped_under_its_index_entry()
     world = World()
     key = await world.put_raw(data)
     assert await world.prove(key) is Verdict.WITHDRAW  # corrupt-blob: never deleted
     assert await world.problem("corrupt-blob", key)
-    monkeypatch.setattr(proof_module, "check_bundle", trusting_the_index)
+    monkeypatch.setattr(proof_module, "check_bundle", check_bundle_trusting_the_index)
     world = World()
     key = await world.put_raw(data)
     assert await world.prove(key) is Verdict.PROVEN
