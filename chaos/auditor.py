@@ -51,7 +51,6 @@ from chaos.index_checks import (
     named,
     read_catalog,
     read_frames,
-    ref_of,
     submitted_ref,
 )
 from chaos.load import AckBook
@@ -101,8 +100,8 @@ class StoreView:
     manifests: dict[keys.BatchIdentity, tuple[records.AcceptedManifest, ObjectInfo]]
     quarantines: dict[str, records.IdentityConflict]
     frames: dict[RawRef, str | None]
-    """Each record's frame (`ref_of`): None when its raw object holds it, else what is
-    wrong ("missing", "hashes to ...", "bad-range: ...")."""
+    """Each record's frame (`RawRef.of_manifest`): None when its raw object holds it, else
+    what is wrong ("missing", "hashes to ...", "bad-range: ...")."""
     gc_log: list[records.GcLogEntry]
     unreadable: list[str]
     catalog: CatalogView = field(default_factory=CatalogView)
@@ -156,7 +155,7 @@ async def read_store(store: ObjectStore) -> StoreView:
     await _bounded(list(view.under(keys.GC_LOG_PREFIX)), gc_file)
     by_object: dict[str, set[RawRef]] = defaultdict(set)
     for accepted, _ in view.manifests.values():
-        ref = ref_of(accepted)
+        ref = RawRef.of_manifest(accepted)
         by_object[ref.raw_key].add(ref)
     for conflict in view.quarantines.values():
         ref = submitted_ref(conflict)
@@ -197,7 +196,7 @@ def check_acks(view: StoreView, book: AckBook) -> CheckResult:
             )
         if ack.manifest_key is not None and ack.manifest_key != manifest.manifest_key:
             result.fail(f"200 for {ack.identity} named manifest {ack.manifest_key}")
-        ref = ref_of(manifest)
+        ref = RawRef.of_manifest(manifest)
         state = view.frames.get(ref, "not read")
         if state is not None:
             result.fail(f"acknowledged {ack.identity}: raw object {named(ref)} {state}")
@@ -237,7 +236,10 @@ def check_catalog(view: StoreView) -> CheckResult:
     result = CheckResult("catalog_complete")
     facts = {  # by the key read (a manifest of a long agent_id may sit at its older form)
         info.key: RecordFacts(
-            "accepted", manifest.frame_sha256, manifest.identity.manifest_id, ref_of(manifest)
+            "accepted",
+            manifest.frame_sha256,
+            manifest.identity.manifest_id,
+            RawRef.of_manifest(manifest),
         )
         for manifest, info in view.manifests.values()
     }
@@ -258,7 +260,7 @@ def check_catalog(view: StoreView) -> CheckResult:
 def check_blobs(view: StoreView) -> CheckResult:
     result = CheckResult("no_referenced_blob_deleted")
     naming: list[tuple[RawRef, str, int]] = [
-        (ref_of(manifest), manifest.manifest_key, info.last_modified_ns)
+        (RawRef.of_manifest(manifest), manifest.manifest_key, info.last_modified_ns)
         for manifest, info in view.manifests.values()
     ]
     naming += [

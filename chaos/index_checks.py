@@ -150,17 +150,6 @@ def catalog_setsums(view: CatalogView) -> dict[str, tuple[int, int, Setsum]]:
     return totals
 
 
-def ref_of(manifest: records.AcceptedManifest) -> RawRef:
-    """The raw object and range a manifest names (its frame blob when it has no range)."""
-    return RawRef(
-        manifest.raw_blob_key,
-        manifest.frame_sha256,
-        manifest.identity,
-        manifest.raw_offset,
-        manifest.raw_length,
-    )
-
-
 def submitted_ref(conflict: records.IdentityConflict) -> RawRef:
     """The frame blob a quarantine record names for its submitted frame."""
     return RawRef(conflict.submitted_raw_blob_key, conflict.submitted_frame_sha256)

@@ -165,13 +165,7 @@ async def _masked_by_deletes(
     count = 0
     sums: list[float] = []
     for manifest, _ in view.manifests.values():
-        ref = RawRef(
-            manifest.raw_blob_key,
-            manifest.frame_sha256,
-            manifest.identity,
-            manifest.raw_offset,
-            manifest.raw_length,
-        )
+        ref = RawRef.of_manifest(manifest)
         body = await read_frame(store, ref, max_frame_bytes=FRAME_LENGTHS[1])
         if isinstance(body, BadRange):  # the rollup left it out too: the totals will say
             raise ValueError(f"{manifest.manifest_key}: bad-range: {body.detail}")

@@ -52,6 +52,7 @@ from protocol.bundle import (
     parse_footer,
     parse_index,
 )
+from protocol.records import AcceptedManifest
 from store.base import ObjectStore
 
 TAIL_READ_BYTES = 64 * 1024
@@ -78,6 +79,18 @@ class RawRef:
     identity: keys.BatchIdentity | None = None
     raw_offset: int | None = None
     raw_length: int | None = None
+
+    @classmethod
+    def of_manifest(cls, manifest: AcceptedManifest) -> RawRef:
+        """What an accepted manifest names: its raw object and range (none: its frame
+        blob), its frame's hash and identity."""
+        return cls(
+            manifest.raw_blob_key,
+            manifest.frame_sha256,
+            manifest.identity,
+            manifest.raw_offset,
+            manifest.raw_length,
+        )
 
     @property
     def ranged(self) -> bool:

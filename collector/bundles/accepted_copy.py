@@ -49,9 +49,7 @@ async def copy_accepted_frame(
     is there (``accepted_blob_present``). Raises `BudgetExhausted`."""
     assert accepted.raw_offset is not None and accepted.raw_length is not None
     sha = accepted.frame_sha256
-    ref = RawRef(
-        accepted.raw_blob_key, sha, accepted.identity, accepted.raw_offset, accepted.raw_length
-    )
+    ref = RawRef.of_manifest(accepted)
     frame = await _read(request, ref, max_frame_bytes)
     if frame is None:
         log.warning("accepted_bundle_gone", raw_key=ref.raw_key, frame_sha256=sha)

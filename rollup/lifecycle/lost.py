@@ -134,13 +134,7 @@ async def _cataloged_as(
 async def _blob_problem(store: ObjectStore, manifest: AcceptedManifest) -> BadFrame:
     """Step 3 of the module doc: why the batch's blob cannot be read, or `NotLost`."""
     manifest_id = manifest.identity.manifest_id
-    ref = RawRef(
-        manifest.raw_blob_key,
-        manifest.frame_sha256,
-        manifest.identity,
-        manifest.raw_offset,
-        manifest.raw_length,
-    )
+    ref = RawRef.of_manifest(manifest)
     try:
         read = await read_frame(store, ref, max_frame_bytes=MAX_RAW_BYTES)
     except NotFound:

@@ -165,13 +165,7 @@ async def test_frame_blobs_and_bundles_in_one_store_from_collectors_of_both_sett
                 named_bundles += 1
                 assert manifest.raw_blob_key in bundle_keys
                 assert frame.manifest.identity.agent_id == "agent-bundled"  # never bundle = false
-            ref = RawRef(
-                manifest.raw_blob_key,
-                manifest.frame_sha256,
-                manifest.identity,
-                manifest.raw_offset,
-                manifest.raw_length,
-            )
+            ref = RawRef.of_manifest(manifest)
             assert await read_frame(store, ref, max_frame_bytes=1 << 23) == frame.frame
         assert 0 < named_bundles <= BUNDLED
         assert len(bundle_keys) < named_bundles  # bundles shared among frames
