@@ -42,6 +42,7 @@ from rollup.table.manifest import LedgerHour
 from rollup.table.owner import OwnerLease
 from rollup.table.points import points_rows
 from rollup.table.storage import arrow_filesystem
+from store.base import ObjectStore
 from store.fs import FileSystemStore
 from tests.rollup.dataset_builder import catalog_manifests, commit_rows
 
@@ -460,11 +461,24 @@ async def test_follower_rebuilds_from_the_log_checks_blobs_and_bounds_pending(
     assert short.batches() == [] and [d.manifest_id for d in short.dropped()] == [B3.manifest_id]
 
 
+async def _window_after_one_poll(store: ObjectStore, clock: ManualClock) -> LiveWindow:
+    """A live window after one poll of a follower of ``store``'s log (bundled frames up to
+    1 MiB)."""
+    from collector.query.sources import LogFollower
+
+    window = LiveWindow(window_s=7200, max_points=1000, max_bytes=1 << 30)
+    follower = LogFollower(
+        store, window, clock=clock, poll_interval_s=1, lookback_s=5,
+        max_pending=100, max_raw_bytes=1 << 20, max_frame_bytes=1 << 20,
+    )  # fmt: skip
+    await follower.poll_once()
+    return window
+
+
 async def test_follower_reads_a_bundled_frame_by_its_range(tmp_path: Path) -> None:
     """PROTOCOL §3.10: a log row naming a bundle and a range; the frame is read by its
     range (one ranged GET) and held; a row whose range its bundle cannot serve (its hash
     is not in the bundle) is lost to the window, so answers needing it are partial."""
-    from collector.query.sources import LogFollower
     from index.log_writer import IndexLogWriter
     from protocol.bundle import encode_bundle
     from store.counting import CountingStore
@@ -487,12 +501,7 @@ async def test_follower_reads_a_bundled_frame_by_its_range(tmp_path: Path) -> No
         writer.append(row)
     await writer.flush()
     store = CountingStore(inner)
-    window = LiveWindow(window_s=7200, max_points=1000, max_bytes=1 << 30)
-    follower = LogFollower(
-        store, window, clock=clock, poll_interval_s=1, lookback_s=5,
-        max_pending=100, max_raw_bytes=1 << 20, max_frame_bytes=1 << 20,
-    )  # fmt: skip
-    await follower.poll_once()
+    window = await _window_after_one_poll(store, clock)
     assert [b.manifest_id for b in window.batches()] == [B1.manifest_id]
     assert [d.manifest_id for d in window.dropped()] == [B3.manifest_id]
     held = window.batches()[0]
@@ -507,7 +516,7 @@ async def test_one_poll_reads_a_bundles_frames_with_one_get(tmp_path: Path) -> N
     """The follower's GETs per batch with bundles: the frames of one bundle found in one
     poll are read with one (coalesced) ranged GET, not one each; two collectors' bundles
     interleaved in time are read one after the other (a span held for its rows only)."""
-    from collector.query.sources import LogFollower, SharedSpans
+    from collector.query.sources import SharedSpans
     from index.log_writer import IndexLogWriter
     from protocol.bundle import encode_bundle
     from store.counting import CountingStore
@@ -537,12 +546,7 @@ async def test_one_poll_reads_a_bundles_frames_with_one_get(tmp_path: Path) -> N
     order = SharedSpans(inner, rows).together(rows)
     assert [r.raw_blob_key for r in order] == [bundles[0].key] * 10 + [bundles[1].key] * 10
     store = CountingStore(inner)
-    window = LiveWindow(window_s=7200, max_points=1000, max_bytes=1 << 30)
-    follower = LogFollower(
-        store, window, clock=clock, poll_interval_s=1, lookback_s=5,
-        max_pending=100, max_raw_bytes=1 << 20, max_frame_bytes=1 << 20,
-    )  # fmt: skip
-    await follower.poll_once()
+    window = await _window_after_one_poll(store, clock)
     assert sorted(b.manifest_id for b in window.batches()) == sorted(f.manifest_id for f in frames)
     assert window.dropped() == []
     assert store.keys_of("get", "raw-") == [bundles[0].key, bundles[1].key]  # 1/10 per batch
