@@ -28,7 +28,14 @@ from protocol import keys, records
 from protocol._bundle_index import pack_tail
 from protocol.frame import FrameError, decode_header
 from reconciler.gc.proof import TargetedProof, Verdict
-from tests.reconciler.test_gc_bundles import FRAMES, World, frame, manifest_of, retention_world
+from tests.reconciler.test_gc_bundles import (
+    FRAMES,
+    World,
+    conflict_of,
+    frame,
+    manifest_of,
+    retention_world,
+)
 
 
 async def _proof_of_a_bundle_named_by_its_last_frame() -> Verdict:
@@ -94,19 +101,7 @@ async def test_mutant_quarantine_list_skipped_for_one_frame_is_flagged(
         world = World()
         bundle = await world.put_bundle(FRAMES)
         accepted = manifest_of(FRAMES[2])
-        conflict = records.IdentityConflict(
-            agent_id=accepted.agent_id,
-            boot_id=accepted.boot_id,
-            seq_start=3,
-            seq_end=3,
-            accepted_manifest_key=accepted.manifest_key,
-            accepted_raw_blob_key=bundle.key,
-            accepted_frame_sha256=accepted.frame_sha256,
-            submitted_raw_blob_key=keys.raw_blob_key("c" * 64),
-            submitted_frame_sha256="c" * 64,
-            observed_at_unix_ns=1,
-            collector_id="c-1",
-        )
+        conflict = conflict_of(accepted, bundle.key, "c" * 64)
         await world.memory.put(conflict.quarantine_key, conflict.to_json())
         return await world.prove(bundle.key)
 
