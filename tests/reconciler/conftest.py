@@ -124,6 +124,32 @@ def make_conflict(batch: Batch, observed_at_ns: int) -> tuple[IdentityConflict, 
     return conflict, frame
 
 
+def conflict_of(
+    accepted: AcceptedManifest,
+    submitted_frame_sha256: str,
+    *,
+    accepted_raw_blob_key: str | None = None,
+    observed_at_unix_ns: int = 1,
+    collector_id: str = "c-1",
+) -> IdentityConflict:
+    """The quarantine record of ``accepted``'s identity for a twin hashing to
+    ``submitted_frame_sha256``; its accepted side names ``accepted_raw_blob_key`` (by
+    default the manifest's raw key)."""
+    return IdentityConflict(
+        agent_id=accepted.agent_id,
+        boot_id=accepted.boot_id,
+        seq_start=accepted.seq_start,
+        seq_end=accepted.seq_end,
+        accepted_manifest_key=accepted.manifest_key,
+        accepted_raw_blob_key=accepted_raw_blob_key or accepted.raw_blob_key,
+        accepted_frame_sha256=accepted.frame_sha256,
+        submitted_raw_blob_key=keys.raw_blob_key(submitted_frame_sha256),
+        submitted_frame_sha256=submitted_frame_sha256,
+        observed_at_unix_ns=observed_at_unix_ns,
+        collector_id=collector_id,
+    )
+
+
 async def write_conflict(store: ObjectStore, batch: Batch, observed_at_ns: int) -> IdentityConflict:
     """The submitted blob and the quarantine record of an identity conflict."""
     conflict, frame = make_conflict(batch, observed_at_ns)

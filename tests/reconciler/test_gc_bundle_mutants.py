@@ -28,10 +28,10 @@ from protocol import keys, records
 from protocol._bundle_index import pack_tail
 from protocol.frame import FrameError, decode_header
 from reconciler.gc.proof import TargetedProof, Verdict
+from tests.reconciler.conftest import conflict_of
 from tests.reconciler.test_gc_bundles import (
     FRAMES,
     World,
-    conflict_of,
     frame,
     manifest_of,
     retention_world,
@@ -101,7 +101,7 @@ async def test_mutant_quarantine_list_skipped_for_one_frame_is_flagged(
         world = World()
         bundle = await world.put_bundle(FRAMES)
         accepted = manifest_of(FRAMES[2])
-        conflict = conflict_of(accepted, bundle.key, "c" * 64)
+        conflict = conflict_of(accepted, "c" * 64, accepted_raw_blob_key=bundle.key)
         await world.memory.put(conflict.quarantine_key, conflict.to_json())
         return await world.prove(bundle.key)
 

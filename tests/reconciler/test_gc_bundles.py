@@ -24,6 +24,7 @@ from reconciler.gc.proof import TargetedProof, Verdict
 from store.counting import CountingStore
 from store.errors import NotFound
 from store.memory import MemoryStore
+from tests.reconciler.conftest import conflict_of
 
 NS = 1_000_000_000
 BOOT = uuid.UUID("5f0c7a3e-1d2b-4c3a-9e8f-0123456789ab")
@@ -42,26 +43,6 @@ def manifest_of(
     where = (bundle.key, bundle.entries[i].offset) if bundle is not None else None
     return records.AcceptedManifest.of_frame(
         body, accepted_at_unix_ns=1_760_000_000 * NS, collector_id="c-1", bundle=where
-    )
-
-
-def conflict_of(
-    accepted: records.AcceptedManifest, accepted_raw_blob_key: str, submitted_frame_sha256: str
-) -> records.IdentityConflict:
-    """The quarantine record of ``accepted``'s identity for a twin hashing to
-    ``submitted_frame_sha256``, its accepted side naming ``accepted_raw_blob_key``."""
-    return records.IdentityConflict(
-        agent_id=accepted.agent_id,
-        boot_id=accepted.boot_id,
-        seq_start=accepted.seq_start,
-        seq_end=accepted.seq_end,
-        accepted_manifest_key=accepted.manifest_key,
-        accepted_raw_blob_key=accepted_raw_blob_key,
-        accepted_frame_sha256=accepted.frame_sha256,
-        submitted_raw_blob_key=keys.raw_blob_key(submitted_frame_sha256),
-        submitted_frame_sha256=submitted_frame_sha256,
-        observed_at_unix_ns=1,
-        collector_id="c-1",
     )
 
 
@@ -152,7 +133,9 @@ async def test_a_quarantine_record_of_one_frame_naming_the_bundle_stops_its_gc()
     twin = frame(2, value=99.0)  # a conflicting frame of frame 2's identity
     accepted = manifest_of(FRAMES[1], bundle=bundle, i=1)
     # not well-formed: records name frame blobs only
-    conflict = conflict_of(accepted, bundle.key, manifest_of(twin).frame_sha256)
+    conflict = conflict_of(
+        accepted, manifest_of(twin).frame_sha256, accepted_raw_blob_key=bundle.key
+    )
     await world.memory.put(conflict.quarantine_key, conflict.to_json())
     assert await world.prove(bundle.key) is Verdict.UNPROVEN
     assert await world.problem("unparseable-quarantine", conflict.quarantine_key)
@@ -164,7 +147,7 @@ async def test_a_well_formed_quarantine_record_of_a_frame_does_not_keep_the_bund
     twin = frame(3, value=42.0)
     accepted = manifest_of(FRAMES[2])
     # its accepted side the frame blob (copy), not the bundle
-    conflict = conflict_of(accepted, accepted.raw_blob_key, manifest_of(twin).frame_sha256)
+    conflict = conflict_of(accepted, manifest_of(twin).frame_sha256)
     await world.memory.put(conflict.quarantine_key, conflict.to_json())
     assert await world.prove(bundle.key) is Verdict.PROVEN
     assert world.store.count("get", keys.QUARANTINE_PREFIX) == 1

@@ -17,25 +17,8 @@ from index.rows import IndexRow, accepted_row
 from protocol import keys, records
 from reconciler.log_retention import trim_catalog_created
 from store.errors import Unavailable
+from tests.reconciler.conftest import conflict_of
 from tests.reconciler.test_gc import HOUR_S, POLICY, FlakyStore, World, frame_bytes, header_of, sha
-
-
-def conflict_of(
-    accepted: records.AcceptedManifest, submitted: bytes, at_ns: int
-) -> records.IdentityConflict:
-    return records.IdentityConflict(
-        agent_id=accepted.agent_id,
-        boot_id=accepted.boot_id,
-        seq_start=accepted.seq_start,
-        seq_end=accepted.seq_end,
-        accepted_manifest_key=accepted.manifest_key,
-        accepted_raw_blob_key=accepted.raw_blob_key,
-        accepted_frame_sha256=accepted.frame_sha256,
-        submitted_raw_blob_key=keys.raw_blob_key(sha(submitted)),
-        submitted_frame_sha256=sha(submitted),
-        observed_at_unix_ns=at_ns,
-        collector_id="crashed",
-    )
 
 
 async def marked_orphan(world: World, body: bytes) -> str:
@@ -54,7 +37,12 @@ async def test_a_quarantine_record_created_after_the_audit_keeps_its_blob() -> N
     digest = await marked_orphan(world, twin)
     # A collector that read no mark (before the GC made it) quarantined the twin, then
     # crashed before its log row was flushed: no catalog row, no veto.
-    conflict = conflict_of(accepted.manifest, twin, world.clock.now_ns())
+    conflict = conflict_of(
+        accepted.manifest,
+        sha(twin),
+        observed_at_unix_ns=world.clock.now_ns(),
+        collector_id="crashed",
+    )
     await world.store.put(conflict.quarantine_key, conflict.to_json(), if_none_match=True)
     world.clock.advance(POLICY.mark_grace_s + 1)
     outcome = await world.gc()
