@@ -56,7 +56,11 @@ from store.base import ObjectStore
 from store.errors import NotFound
 
 HOUR_NS = 3600 * 1_000_000_000
-_BUNDLE_KEY_RE = keys.RAW_BUNDLES_PREFIX + "[0-9a-f]{2}/[0-9a-f]{2}/[0-9a-f]{64}[.]lmbundle"
+_BUNDLE_KEY_RE = (
+    keys.RAW_BUNDLES_PREFIX
+    + "[0-9a-f]{2}/[0-9a-f]{2}/[0-9a-f]{64}[.]"  # no backslash in the SQL literal
+    + keys.RAW_BUNDLE_SUFFIX.removeprefix(".")
+)
 OUTPUT_BATCH_ROWS = 65_536
 
 _CHECK_SQL = """
@@ -67,7 +71,7 @@ SELECT
         OR (kind = 'accepted' AND (record_count IS NULL OR NOT (
             (raw_offset IS NULL AND raw_length IS NULL AND raw_blob_key IS NOT DISTINCT FROM
                 '{raw_prefix}' || substr(frame_sha256, 1, 2) || '/' || substr(frame_sha256, 3, 2)
-                || '/' || frame_sha256 || '.lmbatch')
+                || '/' || frame_sha256 || '{raw_suffix}')
             OR (coalesce(regexp_full_match(raw_blob_key, '{bundle_re}'), false)
                 AND substr(raw_blob_key, {hh1}, 2) || substr(raw_blob_key, {hh2}, 2)
                     = substr(raw_blob_key, {digest}, 4)
@@ -307,6 +311,7 @@ def _check_hour(con: duckdb.DuckDBPyConnection, hour: keys.UtcHour, paths: list[
             hour_ns=HOUR_NS,
             hour_index=index,
             raw_prefix=keys.RAW_BLOBS_PREFIX,
+            raw_suffix=keys.RAW_BLOB_SUFFIX,
             bundle_re=_BUNDLE_KEY_RE,
             hh1=len(keys.RAW_BUNDLES_PREFIX) + 1,
             hh2=len(keys.RAW_BUNDLES_PREFIX) + 4,

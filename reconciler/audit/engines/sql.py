@@ -92,7 +92,7 @@ def frame_blob_key(sha: str) -> str:
     """`protocol.keys.raw_blob_key` of the hash ``sha`` (an SQL expression), in SQL."""
     return (
         f"'{keys.RAW_BLOBS_PREFIX}' || substr({sha}, 1, 2) || '/' || substr({sha}, 3, 2) "
-        f"|| '/' || {sha} || '.lmbatch'"
+        f"|| '/' || {sha} || '{keys.RAW_BLOB_SUFFIX}'"
     )
 
 
@@ -265,9 +265,9 @@ WHERE key = '{prefix}' || substr(sha, 1, 2) || '/' || substr(sha, 3, 2) || '/' |
 """
 
 
-BUNDLES = listed_raw("raw-bundles", keys.RAW_BUNDLES_PREFIX, ".lmbundle")
+BUNDLES = listed_raw("raw-bundles", keys.RAW_BUNDLES_PREFIX, keys.RAW_BUNDLE_SUFFIX)
 _RAW_OBJECTS = (
-    f"SELECT * FROM ({listed_raw('raw-blobs', keys.RAW_BLOBS_PREFIX, '.lmbatch')}) rb "
+    f"SELECT * FROM ({listed_raw('raw-blobs', keys.RAW_BLOBS_PREFIX, keys.RAW_BLOB_SUFFIX)}) rb "
     f"UNION ALL SELECT * FROM ({BUNDLES}) rn"
 )
 """Listed raw objects, frame blobs and bundles (``raw_id``: the listing view's 128-bit
