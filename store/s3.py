@@ -26,7 +26,14 @@ from store.base import ObjectInfo, check_key, check_put_conditions, check_range
 from store.errors import NotFound, PreconditionFailed, StoreConfigError
 from store.s3_errors import map_s3_error
 from store.s3_listing import S3Listing
-from store.s3_requests import MIN_PART_BYTES, S3Credentials, quoted_etag, whole_seconds_ns
+from store.s3_requests import (
+    MIN_PART_BYTES,
+    SDK_CHECKSUM,
+    SDK_CHECKSUM_MIN_BYTES,
+    S3Credentials,
+    quoted_etag,
+    whole_seconds_ns,
+)
 from store.s3_signed_delete import S3SignedDeletes
 from store.s3_upload import upload_file
 from store.s3_url import check_bucket_name, parse_s3_url
@@ -132,17 +139,25 @@ class S3Store(S3Listing, S3SignedDeletes):
         check_put_conditions(key, if_none_match, if_match)
         full_key = self._root + key
 
+        # Small bodies go without an SDK checksum, large ones with botocore's CRC32
+        # (store.s3_requests "Checksums").
+        checksum: dict[str, Any] = (
+            {"ChecksumAlgorithm": SDK_CHECKSUM} if len(body) >= SDK_CHECKSUM_MIN_BYTES else {}
+        )
+
         async def attempt(s3: S3Client) -> str:
             if if_none_match:
                 answer = await s3.put_object(
-                    Bucket=self.bucket, Key=full_key, Body=body, IfNoneMatch="*"
+                    Bucket=self.bucket, Key=full_key, Body=body, IfNoneMatch="*", **checksum
                 )
             elif if_match is not None:
                 answer = await s3.put_object(
-                    Bucket=self.bucket, Key=full_key, Body=body, IfMatch=if_match
+                    Bucket=self.bucket, Key=full_key, Body=body, IfMatch=if_match, **checksum
                 )
             else:
-                answer = await s3.put_object(Bucket=self.bucket, Key=full_key, Body=body)
+                answer = await s3.put_object(
+                    Bucket=self.bucket, Key=full_key, Body=body, **checksum
+                )
             etag = answer.get("ETag")
             if not etag:
                 raise StoreConfigError(f"put {key!r}: the server returned no ETag")

@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from store.errors import NotFound, PreconditionFailed, StoreConfigError, StoreError
+from store.s3_requests import SDK_CHECKSUM
 
 if TYPE_CHECKING:
     from types_aiobotocore_s3.client import S3Client
@@ -82,7 +83,12 @@ async def _part(
 ) -> str:
     async def attempt(s3: S3Client) -> str:
         answer = await s3.upload_part(
-            Bucket=bucket, Key=full_key, UploadId=upload_id, PartNumber=number, Body=body
+            Bucket=bucket,
+            Key=full_key,
+            UploadId=upload_id,
+            PartNumber=number,
+            Body=body,
+            ChecksumAlgorithm=SDK_CHECKSUM,  # store.s3_requests "Checksums"
         )
         return answer["ETag"]
 

@@ -12,10 +12,13 @@ The shared `ObjectStore` contract runs separately in test_contract.py.
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import os
 import socket
 import struct
 import time
+import zlib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -35,6 +38,7 @@ from store.errors import (
 )
 from store.retry import Backoff
 from store.s3 import MIN_PART_BYTES, S3Credentials, S3Store, parse_s3_url
+from store.s3_requests import SDK_CHECKSUM_MIN_BYTES
 from tests.s3_servers import RunningServer, fresh_bucket, start_ministack
 
 ATTEMPTS = 3
@@ -545,6 +549,23 @@ async def test_conditional_headers_are_sent() -> None:
     assert create.get("if-none-match") == "*" and "if-match" not in create
     assert swap.get("if-match") == '"abc"' and "if-none-match" not in swap
     assert "if-match" not in plain and "if-none-match" not in plain
+
+
+async def test_only_large_bodies_carry_an_sdk_checksum_and_small_ones_are_signed() -> None:
+    """store.s3_requests "Checksums": a body under SDK_CHECKSUM_MIN_BYTES goes without
+    botocore's CRC32 (its SHA-256 is signed instead), a larger one keeps the CRC32."""
+    small, large = b"m" * 1000, b"b" * SDK_CHECKSUM_MIN_BYTES
+    async with ScriptedS3Server((200, "")) as server:
+        async with make_store(server.endpoint_url, "lm-test-bucket") as store:
+            await store.put("small", small, if_none_match=True)
+            await store.put("large", large, if_none_match=True)
+    (_, _, small_headers), (_, _, large_headers) = server.requests
+    assert not [name for name in small_headers if name.startswith("x-amz-checksum")]
+    assert small_headers["x-amz-content-sha256"] == hashlib.sha256(small).hexdigest()
+    assert (
+        large_headers["x-amz-checksum-crc32"]
+        == base64.b64encode(zlib.crc32(large).to_bytes(4, "big")).decode()
+    )
 
 
 async def test_repeatable_operations_recover_after_transient_failures() -> None:
