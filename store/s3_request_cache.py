@@ -17,7 +17,8 @@ those inputs, and each cache is bounded:
   request, so a key-dependent rule still sees it), and the builtins after the
   ``before-endpoint-resolution`` hooks ran (those hooks, e.g. the region-redirect
   cache, still run on every request). Operations with JMESPath context parameters and
-  builtins given as callables are never cached. The endpoint provider's own resolution
+  builtins given as callables are never cached (builtins the ruleset does not read, such
+  as botocore's lazily resolved account ID, are left out of both). The endpoint provider's own resolution
   of the parameters runs as before (botocore memoizes it).
 
 Nothing about the requests changes: the same headers, URL and signature. Both patches
@@ -86,6 +87,18 @@ def _cache_endpoint_params(client: Any) -> bool:
         return False
     original = resolver._get_provider_params
     cache: dict[Hashable, dict[str, Any]] = {}
+    read = {
+        str(getattr(d.builtin, "value", d.builtin))
+        for d in resolver._param_definitions.values()
+        if d.builtin is not None
+    }
+
+    def _read_by_ruleset(builtins: dict[Any, Any]) -> dict[Any, Any]:
+        """The builtins the ruleset's parameters read, the only ones that decide them.
+        botocore 1.37+ adds the account ID as a callable (resolved lazily, for
+        account-based endpoints) that S3's ruleset never reads: left in, it made every
+        request uncacheable (measured: the full resolution on every request)."""
+        return {k: v for k, v in builtins.items() if str(getattr(k, "value", k)) in read}
 
     async def get_provider_params(
         operation_model: Any, call_args: dict[str, Any], request_context: dict[str, Any]
@@ -93,8 +106,8 @@ def _cache_endpoint_params(client: Any) -> bool:
         if getattr(operation_model, "operation_context_parameters", None):
             params: dict[str, Any] = await original(operation_model, call_args, request_context)
             return params
-        builtins = await resolver._get_customized_builtins(
-            operation_model, call_args, request_context
+        builtins = _read_by_ruleset(
+            await resolver._get_customized_builtins(operation_model, call_args, request_context)
         )
         if any(callable(value) for value in builtins.values()):
             return await _provider_params(resolver, operation_model, call_args, builtins)

@@ -10,6 +10,7 @@ import pytest
 from aiobotocore.config import AioConfig
 from aiobotocore.session import AioSession
 
+from store import s3_request_cache
 from store.s3_request_cache import speed_up_client
 
 
@@ -88,6 +89,27 @@ async def test_patched_client_sends_the_same_requests(endpoint_url: str | None) 
     else:
         assert plain[0]["url"].startswith("https://bucket-a.s3.eu-west-1.amazonaws.com/")
         assert plain[4]["url"].startswith("https://bucket-b.s3.eu-west-1.amazonaws.com/")
+
+
+async def test_puts_to_new_keys_resolve_the_endpoint_parameters_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """botocore's lazily resolved account ID builtin (a callable S3's ruleset never
+    reads) must not make every request uncacheable."""
+    resolved: list[str] = []
+    full = s3_request_cache._provider_params
+
+    async def counted(resolver: Any, operation_model: Any, *args: Any) -> dict[str, Any]:
+        resolved.append(operation_model.name)
+        return await full(resolver, operation_model, *args)
+
+    monkeypatch.setattr(s3_request_cache, "_provider_params", counted)
+    async for client in _client(endpoint_url="http://127.0.0.1:9", patched=True):
+        client.meta.events.register("before-send.s3", _capture([]))
+        for number in range(3):
+            with pytest.raises(_Captured):
+                await client.put_object(Bucket="bucket-a", Key=f"lm/raw/{number}", Body=b"x")
+    assert resolved == ["PutObject"]
 
 
 async def test_a_client_without_the_private_parts_is_left_alone() -> None:
