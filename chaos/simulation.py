@@ -174,6 +174,8 @@ class PlantedFaults:
         if not await world.audit_started_after(past_ns, max_wait_s=4 * config.audit_interval_s):
             return
         await world.clock.sleep(rng.uniform(0.0, 0.2))
+        if not await self._still_there(bundle.key, "quarantined_bundles_gone"):
+            return  # the proof came first: the orphan went, rightly
         last = headers[-1]
         twin = sim_frame(last, seed, "quarantined twin")
         twin_sha = hashlib.sha256(twin).hexdigest()
@@ -235,6 +237,8 @@ class PlantedFaults:
         (counted as ``planted_past_the_grace``): raw retention must keep the bundle, its
         second frame never rolled up."""
         world, config, seed = self._world, self._world.config, self._world.config.seed
+        if config.raw_retention_s is None:
+            return
         rng = random.Random(f"{seed}/bundle-retiring-apart/{group}")
         headers = self._headers("sim-retiring-apart", group, rng, 2)
         frames = [sim_frame(h, seed, "retiring apart") for h in headers]
@@ -260,14 +264,21 @@ class PlantedFaults:
         if not await world.audit_started_after(past_ns, max_wait_s=4 * config.audit_interval_s):
             return
         await world.clock.sleep(rng.uniform(0.0, 0.2))
-        try:
-            await world.memory.head(bundle.key)
-        except NotFound:  # the proof came first: the bundle went whole, its frames rolled up
-            world.report.stats["bundles_retiring_apart_gone"] += 1
-            return
+        if not await self._still_there(bundle.key, "bundles_retiring_apart_gone"):
+            return  # the proof came first: the bundle went whole, its frames rolled up
         world.watched.past_the_grace.add(manifests[1].manifest_key)
         await world.watched.put(manifests[1].manifest_key, manifests[1].to_json())
         world.report.stats["bundles_retiring_apart_late"] += 1
+
+    async def _still_there(self, key: str, gone_stat: str) -> bool:
+        """Whether the bundle is still there (else counted as ``gone_stat``): a record
+        planted after the GC deleted it would be a fault of another kind."""
+        try:
+            await self._world.memory.head(key)
+        except NotFound:
+            self._world.report.stats[gone_stat] += 1
+            return False
+        return True
 
     def _headers(self, agent: str, group: int, rng: random.Random, n: int) -> list[SimHeader]:
         boot = uuid.UUID(int=rng.getrandbits(128))

@@ -330,6 +330,9 @@ bundle_worlds = st.builds(
     crash_landing_rate=st.sampled_from([0.0, 0.3]),
     raw_retention_s=st.sampled_from([None, 20.0]),
     late_conflict_rate=st.sampled_from([0.0, 0.2]),
+    quarantined_bundles=st.integers(0, 1),
+    bundles_unlike_index=st.integers(0, 1),
+    bundles_retiring_apart=st.integers(0, 1),
 )
 
 
@@ -341,6 +344,7 @@ bundle_worlds = st.builds(
 )
 @given(config=bundle_worlds)
 def test_simulated_worlds_with_bundles_keep_every_invariant(config: SimConfig) -> None:
-    """Raw retention included, with late re-sends and conflicting twins."""
+    """Raw retention included, with late re-sends and conflicting twins, and the faults
+    `chaos.simulation.PlantedFaults` plants (their bundles must stay)."""
     report = simulate(config)
     assert report.ok, (config, report.violations)
