@@ -139,25 +139,18 @@ class S3Store(S3Listing, S3SignedDeletes):
         check_put_conditions(key, if_none_match, if_match)
         full_key = self._root + key
 
-        # Small bodies go without an SDK checksum, large ones with botocore's CRC32
-        # (store.s3_requests "Checksums").
-        checksum: dict[str, Any] = (
-            {"ChecksumAlgorithm": SDK_CHECKSUM} if len(body) >= SDK_CHECKSUM_MIN_BYTES else {}
-        )
+        extra: dict[str, Any] = {}
+        if if_none_match:
+            extra["IfNoneMatch"] = "*"
+        elif if_match is not None:
+            extra["IfMatch"] = if_match
+        if len(body) >= SDK_CHECKSUM_MIN_BYTES:
+            # Small bodies go without an SDK checksum, large ones with botocore's CRC32
+            # (store.s3_requests "Checksums").
+            extra["ChecksumAlgorithm"] = SDK_CHECKSUM
 
         async def attempt(s3: S3Client) -> str:
-            if if_none_match:
-                answer = await s3.put_object(
-                    Bucket=self.bucket, Key=full_key, Body=body, IfNoneMatch="*", **checksum
-                )
-            elif if_match is not None:
-                answer = await s3.put_object(
-                    Bucket=self.bucket, Key=full_key, Body=body, IfMatch=if_match, **checksum
-                )
-            else:
-                answer = await s3.put_object(
-                    Bucket=self.bucket, Key=full_key, Body=body, **checksum
-                )
+            answer = await s3.put_object(Bucket=self.bucket, Key=full_key, Body=body, **extra)
             etag = answer.get("ETag")
             if not etag:
                 raise StoreConfigError(f"put {key!r}: the server returned no ETag")
