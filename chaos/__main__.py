@@ -8,7 +8,7 @@
   collectors write group-commit bundles (PROTOCOL §3.10). Scenarios: ``race``,
   ``faults``, ``kill``, ``outage``, ``clock-skew``, ``gc-race``, ``rollup-race``, ``all``.
 - ``lm-chaos simulate --seed S [--count N] [--bundles]``: the deterministic in-process
-  simulation of acceptance, the index, the reconciler and its GC (`chaos.simulation`) for
+  simulation of acceptance, the index, the reconciler and its GC (`chaos.sim.simulation`) for
   seeds S..S+N-1 (``--bundles``: with group commit, PROTOCOL §3.10); prints the worlds
   with violations and the GC coverage of true orphans.
 - ``lm-chaos longrun [--ci] [--seed S] [--hours H]``: the long simulated run of issue 31
@@ -168,7 +168,7 @@ def _simulate(
 ) -> int:
     import dataclasses
 
-    from chaos.simulation import SimConfig, simulate
+    from chaos.sim.simulation import SimConfig, simulate
 
     base = SimConfig(seed=seed)
     if bundles:  # the shape of tests/chaos/test_simulation_bundles.py's worlds

@@ -11,5 +11,5 @@
 - `chaos.longrun.watch`: the timeline kept from the store's operations;
 - `chaos.longrun.figures`: the figures, the claims judged on them, and how they print.
 
-It builds on the short simulation (`chaos.simulation`): its runtime, checks and stores.
+It builds on the short simulation (`chaos.sim.simulation`): its runtime, checks and stores.
 """

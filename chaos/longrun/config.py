@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chaos.sim_config import SimConfig, daemon_settings
+from chaos.sim.config import SimConfig, daemon_settings
 from config import Settings
 
 DAY_S = 86_400.0
@@ -64,7 +64,7 @@ class LongRunConfig:
     lost_flush_every_s: tuple[float, float] = (3600.0, 4 * 3600.0)
     """A collector dies in a flush, before its segment's PUT is sent, every U(a, b)."""
     fault_rate: float = 0.04
-    """The collectors' store faults (`chaos.sim_world.collector_fault_rates`)."""
+    """The collectors' store faults (`chaos.sim.world.collector_fault_rates`)."""
     late_rate: float = 0.02
     """The collectors' writes that land after their caller gave up."""
     flush_s: float = 1.0
@@ -114,7 +114,7 @@ deleted, and for the first retired hours' day to pass."""
 
 
 def longrun_settings(config: LongRunConfig) -> Settings:
-    """`chaos.sim_config.daemon_settings` of the matching short world (short horizons, a
+    """`chaos.sim.config.daemon_settings` of the matching short world (short horizons, a
     lease that outlives the run, a mark grace just past a collector's longest request),
     with the long world's intervals, the GC's concurrency and the shortest segment
     retention the settings allow; validated again as a whole."""

@@ -17,7 +17,7 @@ A batch it included whose counting row later names another hash is counted
 
 `LedgerIds` is the manifest_ids the latest snapshot's ledger includes, re-read only when
 the pointer's ETag moved and then only the ledger files it has not read: the long run
-checks raw retention's rule (`chaos.sim_retention.RetentionRule`) at every one of
+checks raw retention's rule (`chaos.sim.retention.RetentionRule`) at every one of
 thousands of deletions, and reading the whole ledger each time would grow with history.
 """
 

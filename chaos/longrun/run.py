@@ -16,9 +16,9 @@ an audit, how soon planted orphans and retired blobs were deleted, how often the
 a catalog file gone under a merge it read (from the ``gc_catalog_read_covered`` events it
 logs), ``lm_reconciler_gc_stalled_total``, and whether log segments and
 ``catalog-created/`` entries stay bounded. Then, with everything settled, a fault-free
-full audit and the end-state checks of the short simulation (`chaos.sim_checks`,
-`chaos.sim_retention`, `chaos.auditor.gc_log_violations`), and the live checks of
-`chaos.sim_checks.WatchedStore` throughout (no referenced blob is ever deleted).
+full audit and the end-state checks of the short simulation (`chaos.sim.checks`,
+`chaos.sim.retention`, `chaos.auditor.gc_log_violations`), and the live checks of
+`chaos.sim.checks.WatchedStore` throughout (no referenced blob is ever deleted).
 
 `LongRunReport.ok`: no violation and no shortfall. ``lm-chaos longrun [--ci]`` runs it
 and prints the figures.
@@ -46,10 +46,10 @@ from chaos.longrun.config import CI, FULL, LongRunConfig
 from chaos.longrun.figures import Figures, measure, render, shortfalls
 from chaos.longrun.watch import sample_bounds
 from chaos.longrun.world import LongRunWorld
-from chaos.sim_checks import check_store
-from chaos.sim_retention import ledger_manifest_ids, retention_problems, retired_manifest_ids
-from chaos.sim_runtime import run_virtual
-from chaos.sim_world import RECONCILER_OWNER
+from chaos.sim.checks import check_store
+from chaos.sim.retention import ledger_manifest_ids, retention_problems, retired_manifest_ids
+from chaos.sim.runtime import run_virtual
+from chaos.sim.world import RECONCILER_OWNER
 from reconciler.audit.run import run_full_audit
 from reconciler.context import open_context
 from reconciler.gc.log import read_gc_log

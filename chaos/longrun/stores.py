@@ -3,7 +3,7 @@ die (`ProcessGate`), and requests that time out as an S3 client's do (`RequestTi
 
 `RequestTimeouts` gives every request the store's connect plus read timeout, as
 `store.s3.S3Store`'s client does: a read that gets no answer in time is `Unavailable`, a
-mutation `OutcomeUnknown` (it may still land: `chaos.sim_runtime.DelayedStore` lets a
+mutation `OutcomeUnknown` (it may still land: `chaos.sim.runtime.DelayedStore` lets a
 request in flight land after its caller gave up). Without it, a `FaultyStore` ``HANG``
 would hang a caller that sets no deadline of its own, such as `IndexLogWriter`'s segment
 PUT, forever — which no S3 client does.

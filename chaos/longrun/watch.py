@@ -1,8 +1,8 @@
 """What the long simulation (`chaos.longrun.run`) sees happen, and when: a timeline kept
 from the store operations as they are applied (`LongRunWatch`, hooked into
-`chaos.sim_checks.WatchedStore`), and samples of what must stay bounded (`sample_bounds`).
+`chaos.sim.checks.WatchedStore`), and samples of what must stay bounded (`sample_bounds`).
 
-Times are virtual seconds from the world's start (`chaos.sim_runtime.SimClock`); the store's
+Times are virtual seconds from the world's start (`chaos.sim.runtime.SimClock`); the store's
 LastModified is the same clock, so "deletable" (LastModified + the GC's horizon) is too.
 
 - an accepted manifest: when it was created, its hash and accepted hour;

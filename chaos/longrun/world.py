@@ -15,9 +15,9 @@ rows, so that a kill loses some; lost flushes every U(``lost_flush_every_s``).
 
 Every process sees the bucket through seeded latency and requests that time out as an S3
 client's do (`chaos.longrun.stores.RequestTimeouts`); collectors also through faults
-(`chaos.sim_world.collector_fault_rates`) and late landings, the reconciler and the rollup
+(`chaos.sim.world.collector_fault_rates`) and late landings, the reconciler and the rollup
 through none (the claims about the steady pass assume its own requests succeed: the short
-simulation, `chaos.simulation`, is where the reconciler meets faults). The world's
+simulation, `chaos.sim.simulation`, is where the reconciler meets faults). The world's
 timeline is `chaos.longrun.watch.LongRunWatch`; the run and its figures are
 `chaos.longrun.run`.
 """
@@ -36,10 +36,10 @@ from chaos.longrun.config import LongRunConfig, longrun_settings
 from chaos.longrun.ledger_rollup import IndexRollup, LedgerIds
 from chaos.longrun.stores import ProcessGate, RequestTimeouts
 from chaos.longrun.watch import LongRunWatch, PlantedOrphan, sample_bounds
-from chaos.sim_checks import WatchedStore
-from chaos.sim_retention import RetentionRule
-from chaos.sim_runtime import DelayedStore, S3LikeRetries, SimClock
-from chaos.sim_world import RECONCILER_OWNER, collector_fault_rates
+from chaos.sim.checks import WatchedStore
+from chaos.sim.retention import RetentionRule
+from chaos.sim.runtime import DelayedStore, S3LikeRetries, SimClock
+from chaos.sim.world import RECONCILER_OWNER, collector_fault_rates
 from collector.accept import AcceptanceUnavailable, Accepted, BatchAcceptor, IdentityConflictFound
 from index.log_writer import IndexLogWriter
 from index.rows import blob_row

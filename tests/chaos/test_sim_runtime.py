@@ -1,4 +1,4 @@
-"""The virtual-time loop of the simulation (`chaos.sim_runtime`): timers jump time, work
+"""The virtual-time loop of the simulation (`chaos.sim.runtime`): timers jump time, work
 handed to a thread runs inline, and waiting for "the rest" of an interval whose rest is
 below the clock's float resolution still moves time (it used to spin forever)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from chaos.sim_runtime import run_virtual
+from chaos.sim.runtime import run_virtual
 
 
 def test_sleeping_jumps_virtual_time() -> None:

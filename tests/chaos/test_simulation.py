@@ -29,7 +29,7 @@ without storing and keeping the submitted blob) is flagged in `RESEND_CONFLICT_W
 one that skips the accepted blob's HEAD (`collector.blob_survival.keep_accepted_blob`
 always answering "present") in `RETENTION_WORLD` (t=157.510 s a quarantine record says
 its accepted blob is present while it is missing). The simulation could not see the
-first until its agents sent ``X-Lightmetrics-Resend`` (`chaos.sim_agents`).
+first until its agents sent ``X-Lightmetrics-Resend`` (`chaos.sim.agents`).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chaos.simulation import SimConfig, simulate
+from chaos.sim.simulation import SimConfig, simulate
 from collector.accept import Accepted, BatchAcceptor
 from config import GcSettings, ReconcilerSettings, Settings, StoreSettings
 from index.log_writer import IndexLogWriter
@@ -272,7 +272,7 @@ def test_raw_retention_off_deletes_no_referenced_blob() -> None:
 CRASH_LANDING_WORLD = SimConfig(seed=0, crash_landing_rate=0.5)
 """Orphan blobs (a batch's frame, or a conflicting twin of it) that land only after an
 audit nominated them, through collectors that crash before flushing their log rows
-(`chaos.sim_agents`): only the store knows their manifests and quarantine records. With
+(`chaos.sim.agents`): only the store knows their manifests and quarantine records. With
 rule 7's quarantine LIST left out of `reconciler.gc.proof` (``_quarantines`` returning
 ``PROVEN``), this world ends in violations (t=51.977 s: "GC deleted raw blob 0ce57bff970a
 referenced by quarantine/v1/identity-conflict/..."), checked by hand."""

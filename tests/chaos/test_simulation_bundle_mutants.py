@@ -3,7 +3,7 @@ worlds with a fault planted in the store that no correct writer leaves, each fla
 GC mutant of `tests/reconciler/test_gc_bundle_mutants.py` that the worlds of
 `tests/chaos/test_simulation_bundles.py` (whose shape, `BUNDLED`, they share) cannot.
 
-Each planted fault (`chaos.simulation.PlantedFaults`) is a bundle (an orphan: a collector
+Each planted fault (`chaos.sim.simulation.PlantedFaults`) is a bundle (an orphan: a collector
 crashed after writing it; or, with raw retention, one of the first hour) and, once an audit
 nominated it for the GC, a record naming it that lands through a collector that crashed
 before flushing its log rows: known to the store alone, so only the GC's targeted proof
@@ -28,7 +28,7 @@ import dataclasses
 import pytest
 
 import reconciler.gc.proof as proof_module
-from chaos.simulation import simulate
+from chaos.sim.simulation import simulate
 from protocol import keys, records
 from reconciler.gc.proof import Proof, TargetedProof
 from tests.chaos.test_simulation_bundles import BUNDLED, RETENTION_BUNDLE_WORLD

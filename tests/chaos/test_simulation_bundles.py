@@ -12,7 +12,7 @@ events (or a mutant its violation), the policy of `tests/chaos/test_simulation.p
 regression worlds applies: move to the first later seed that has them, and say so here.
 
 Worlds without bundles are the worlds of before: nothing new draws from their seeds
-(`chaos.sim_config.SimConfig.bundles` and the new knobs default off).
+(`chaos.sim.config.SimConfig.bundles` and the new knobs default off).
 
 The GC's bundle mutants are also put back, one proof at a time, in
 `tests/reconciler/test_gc_bundle_mutants.py`. Of them, a world here flags rule 7 skipping
@@ -43,7 +43,7 @@ from hypothesis import strategies as st
 
 import collector.bundles.acceptance as bundle_acceptance
 import collector.bundles.bundle_write as bundle_write
-from chaos.simulation import SimConfig, simulate
+from chaos.sim.simulation import SimConfig, simulate
 from collector.blob_survival import keep_existing_blob
 from collector.bundles.bundle_write import WrittenBundle, write_bundle
 from collector.store_calls import BudgetedRequest, BudgetExhausted
@@ -95,7 +95,7 @@ GC has marked the bundle, at a seeded moment within its grace plus the retry hor
 as soon as an audit nominated it, through a collector that crashes before flushing its
 log rows, so that only rule 7's reading of every frame's manifest keeps it; in half of
 them the bundle's first frame was accepted before, elsewhere (dead bytes), so its last
-frame alone names it (`chaos.sim_agents.SimAgents.bundle_landing`). Seed 1 is the first
+frame alone names it (`chaos.sim.agents.SimAgents.bundle_landing`). Seed 1 is the first
 of this shape that flags both mutants below: with `rule_7_skipping_the_last_frame`
 t=44.423 s "GC deleted raw bundle e69f39a52da7: referenced by accepted/..." (seeds 1, 3
 and 8 of 0-9); with `collector_side_on_the_frame_s_mark` t=30.136 s a manifest lands on
@@ -345,6 +345,6 @@ bundle_worlds = st.builds(
 @given(config=bundle_worlds)
 def test_simulated_worlds_with_bundles_keep_every_invariant(config: SimConfig) -> None:
     """Raw retention included, with late re-sends and conflicting twins, and the faults
-    `chaos.simulation.PlantedFaults` plants (their bundles must stay)."""
+    `chaos.sim.simulation.PlantedFaults` plants (their bundles must stay)."""
     report = simulate(config)
     assert report.ok, (config, report.violations)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 
-from chaos.sim_runtime import SimClock, run_virtual
+from chaos.sim.runtime import SimClock, run_virtual
 from protocol import keys
 from protocol.clock import ManualClock
 from reconciler.audit.records import latest_audit, latest_completed_audit

@@ -8,7 +8,7 @@ import dataclasses
 import random
 from typing import Any
 
-from chaos.sim_runtime import SimClock, run_virtual
+from chaos.sim.runtime import SimClock, run_virtual
 from index import catalog
 from protocol import keys
 from protocol.clock import ManualClock

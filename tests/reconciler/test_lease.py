@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from chaos.faulty_store import Fault, FaultyStore
-from chaos.sim_runtime import SimClock, run_virtual
+from chaos.sim.runtime import SimClock, run_virtual
 from index.audits import audit_keys, read_audit
 from protocol import keys
 from protocol.clock import ManualClock
@@ -133,7 +133,7 @@ async def test_daemon_waits_as_standby_then_takes_over(
     await context(memory_store, clock, owner="reconciler-c")  # free at once after release
 
 
-# --- background renewal, on virtual time (chaos.sim_runtime) ------------------------------
+# --- background renewal, on virtual time (chaos.sim.runtime) ------------------------------
 
 
 class SlowListings:

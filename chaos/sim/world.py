@@ -2,8 +2,8 @@
 with raw retention, the rollup (`SimWorld`); each sees the bucket through its own seeded
 latency and faults.
 
-The agents that send to the collectors are `chaos.sim_agents`; the run and its final
-checks are `chaos.simulation`.
+The agents that send to the collectors are `chaos.sim.agents`; the run and its final
+checks are `chaos.sim.simulation`.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import hashlib
 import random
 
 from chaos.faulty_store import Fault, FaultyStore
-from chaos.sim_checks import WatchedStore
-from chaos.sim_config import SimConfig, SimReport, daemon_settings
-from chaos.sim_retention import RetentionRule, SimRollup
-from chaos.sim_runtime import DelayedStore, S3LikeRetries, SimClock
+from chaos.sim.checks import WatchedStore
+from chaos.sim.config import SimConfig, SimReport, daemon_settings
+from chaos.sim.retention import RetentionRule, SimRollup
+from chaos.sim.runtime import DelayedStore, S3LikeRetries, SimClock
 from collector.accept import BatchAcceptor
 from collector.bundles.bundler import BundleLimits
 from collector.bundles.options import BundleOptions

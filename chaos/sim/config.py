@@ -1,8 +1,8 @@
 """What one simulated world is (`SimConfig`), what came of it (`SimReport`), and the
 settings its collectors, reconciler and GC run with (`daemon_settings`).
 
-The simulation itself is `chaos.simulation.simulate`; these live apart so the modules
-that build the world (`chaos.sim_world`, `chaos.sim_agents`) need not import it.
+The simulation itself is `chaos.sim.simulation.simulate`; these live apart so the modules
+that build the world (`chaos.sim.world`, `chaos.sim.agents`) need not import it.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class SimConfig:
     conflicting twin of it) that lands only after an audit nominated it for the GC: sent
     then through a collector that crashes before flushing its log rows, so its manifest
     (or quarantine record) is known to nothing but the store — the GC's targeted proof
-    (PROTOCOL §3.5 rule 7) is what keeps the blob (`chaos.sim_agents`)."""
+    (PROTOCOL §3.5 rule 7) is what keeps the blob (`chaos.sim.agents`)."""
     resend_header_rate: float = 0.5
     """Of the later re-sends of a batch, the share that carries ``X-Lightmetrics-Resend``
     (the agent remembered sending it; the others restarted). Retries after a 503 always
@@ -88,7 +88,7 @@ class SimConfig:
     GC has marked that bundle, at a seeded moment around its grace, by agents that
     restarted (no re-send header) to one busy collector that bundles them the same way:
     its bundle write is answered 412 and the §3.5 collector side runs on the bundle
-    (`chaos.sim_agents`)."""
+    (`chaos.sim.agents`)."""
     agent_gone_rate: float = 0.0
     """Of the batches whose first send is answered 503, the share whose agent never sends
     them again (it crashed and lost them): their outcome stays unknown to everyone, and
@@ -96,19 +96,19 @@ class SimConfig:
     quarantined_bundles: int = 0
     """With bundles: orphan bundles a quarantine record names once an audit nominated them,
     a fault (PROTOCOL §3.10: records name frame blobs only) that must keep the bundle
-    (`chaos.simulation.PlantedFaults`)."""
+    (`chaos.sim.simulation.PlantedFaults`)."""
     bundles_unlike_index: int = 0
     """With bundles: orphan bundles whose frames disagree with their index, named by a
     manifest of an indexed frame once an audit nominated them: corrupt, never deleted
-    (`chaos.simulation.PlantedFaults`)."""
+    (`chaos.sim.simulation.PlantedFaults`)."""
     bundles_retiring_apart: int = 0
     """With bundles and raw retention: bundles of two frames of the first hour, the
     second's manifest landing late, once raw retention nominated the bundle for the first
-    (`chaos.simulation.PlantedFaults`)."""
+    (`chaos.sim.simulation.PlantedFaults`)."""
     race_rate: float = 0.0
     """With bundles: batches whose identity two collectors race, in two different
     bundles: sent at the same moment to two collectors, the same frame (an agent that
-    gave up on the first too soon) or half the time a conflicting one (`chaos.sim_agents`)."""
+    gave up on the first too soon) or half the time a conflicting one (`chaos.sim.agents`)."""
 
 
 @dataclass

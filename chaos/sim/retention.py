@@ -7,7 +7,7 @@ the batches it has seen for at least their seeded lag (``U(0, lag_s)`` from when
 batches (``withhold_rate``) is never included: their hour's ledger never matches its
 catalog, so raw retention must never retire it.
 
-`RetentionRule` holds the checks `chaos.sim_checks.WatchedStore` applies as operations
+`RetentionRule` holds the checks `chaos.sim.checks.WatchedStore` applies as operations
 land: at the moment a raw blob is deleted, to the records that exist then, a blob may be
 deleted only when no quarantine record names it (submitted or accepted hash) and every
 accepted manifest naming it has its batch in the ledger of the latest rollup snapshot

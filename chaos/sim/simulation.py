@@ -1,7 +1,7 @@
 """Deterministic in-process simulation of acceptance, the index, the reconciler and its GC.
 
-One call, `simulate(config)` (`chaos.sim_config.SimConfig`), builds a world on virtual
-time (`chaos.sim_runtime`, `chaos.sim_world`):
+One call, `simulate(config)` (`chaos.sim.config.SimConfig`), builds a world on virtual
+time (`chaos.sim.runtime`, `chaos.sim.world`):
 
 - a `MemoryStore` (the bucket), watched by `WatchedStore`, which checks the GC's safety
   at the moment each operation is applied: no raw blob is deleted while an accepted
@@ -13,7 +13,7 @@ time (`chaos.sim_runtime`, `chaos.sim_world`):
   flushed as log segments every ``flush_s``), each through a seeded `DelayedStore`
   (latency; requests in flight land even if their caller gave up) and a seeded
   `FaultyStore` (409, 503, lost answers, unknown outcomes, hangs);
-- agents (`chaos.sim_agents`): every batch is sent at a seeded moment to a random
+- agents (`chaos.sim.agents`): every batch is sent at a seeded moment to a random
   collector, retried after a 503; some are re-sent much later (old content again: after
   GC may have marked it), some get a conflicting twin, some were "pre-landed" as orphan
   blobs (a collector that crashed after the blob: half of them flushed its ``blob`` log
@@ -27,7 +27,7 @@ time (`chaos.sim_runtime`, `chaos.sim_world`):
   hour settles and is compacted), and the GC through `reconciler.gc.run.run_gc` with short
   horizons, from the start until ``settle_s`` after the last agent is done.
 
-With ``raw_retention_s`` (PROTOCOL §4.1; `chaos.sim_retention`): a simulated rollup
+With ``raw_retention_s`` (PROTOCOL §4.1; `chaos.sim.retention`): a simulated rollup
 commits ledgers of the cataloged batches (with a seeded lag; a few batches never, so
 their hour can never retire), and the world runs until the first hour's blobs can have
 been retired and deleted; around then some acknowledged batches are re-sent (a
@@ -39,7 +39,7 @@ With ``bundles`` (PROTOCOL §3.10): the collectors run group commit, so frames t
 arrive while a collector's raw writes are in flight share one bundle; agents may race one
 identity on two collectors (``race_rate``), may be gone after a 503 (``agent_gone_rate``),
 and orphan bundles may be written again once the GC marked them (``bundle_landings``);
-the report counts how each bundled frame ended (`chaos.sim_checks.bundle_states`);
+the report counts how each bundled frame ended (`chaos.sim.checks.bundle_states`);
 ``quarantined_bundles``, ``bundles_unlike_index`` and ``bundles_retiring_apart`` plant
 faults no correct writer leaves (`PlantedFaults`), for the GC mutants only they flag.
 Without, nothing of this draws from the seed.
@@ -64,12 +64,12 @@ import random
 import uuid
 
 from chaos.auditor import gc_log_violations
-from chaos.sim_agents import SimAgents, SimHeader, sim_frame
-from chaos.sim_checks import bundle_states, check_store
-from chaos.sim_config import SimConfig, SimReport
-from chaos.sim_retention import gc_deletions_by_reason, retention_problems, retired_manifest_ids
-from chaos.sim_runtime import run_virtual
-from chaos.sim_world import FIRST_HOUR_LEFT_S, RECONCILER_OWNER, SimWorld
+from chaos.sim.agents import SimAgents, SimHeader, sim_frame
+from chaos.sim.checks import bundle_states, check_store
+from chaos.sim.config import SimConfig, SimReport
+from chaos.sim.retention import gc_deletions_by_reason, retention_problems, retired_manifest_ids
+from chaos.sim.runtime import run_virtual
+from chaos.sim.world import FIRST_HOUR_LEFT_S, RECONCILER_OWNER, SimWorld
 from protocol import keys, records
 from protocol._bundle_index import pack_tail
 from protocol.bundle import encode_bundle
@@ -147,7 +147,7 @@ class PlantedFaults:
     §3.5 rule 7) can keep the bundle: within the first half of the mark's grace, or, when an
     audit that lists the record would keep the bundle from the proof, just after the audit
     that started past the grace (before the GC's proof; the writer breaks rule 3's premise
-    too, counted, `chaos.sim_checks.WatchedStore.past_the_grace`). ``records``: the planted
+    too, counted, `chaos.sim.checks.WatchedStore.past_the_grace`). ``records``: the planted
     records the end state excuses (they are the faults)."""
 
     def __init__(self, world: SimWorld) -> None:
@@ -205,7 +205,7 @@ class PlantedFaults:
         index's CRC intact), and a well-formed manifest of the entry's frame naming the
         bundle at that entry's range. The proof parses the frames themselves: the bundle is
         ``corrupt-blob``, never deleted. The bundle is written to the store beneath the
-        watch (`chaos.sim_checks.WatchedStore` parses every bundle written)."""
+        watch (`chaos.sim.checks.WatchedStore` parses every bundle written)."""
         world, seed = self._world, self._world.config.seed
         rng = random.Random(f"{seed}/bundle-unlike-index/{group}")
         headers = self._headers("sim-unlike-index", group, rng, 4)

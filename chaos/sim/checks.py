@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 
 from chaos.index_checks import RecordFacts, catalog_problems, read_catalog
-from chaos.sim_retention import RetentionRule
+from chaos.sim.retention import RetentionRule
 from config import IngestSettings
 from index.raw_reads import BadRange, RawRef, read_frame
 from protocol import keys, records
@@ -71,7 +71,7 @@ class WatchedStore:
         """Told of every DELETE applied (signed or not)."""
         self.past_the_grace: set[str] = set()
         """Records planted as a fault that lands past its raw object's grace
-        (`chaos.simulation.PlantedFaults`): counted, not a violation of rule 3's premise."""
+        (`chaos.sim.simulation.PlantedFaults`): counted, not a violation of rule 3's premise."""
 
     async def get(self, key: str) -> tuple[bytes, str]:
         return await self.inner.get(key)
@@ -270,7 +270,7 @@ async def check_store(
     ledger, in a retired hour); every other accepted manifest's blob must exist.
     ``rolled_up``: manifest_ids the committed ledger includes (a rollup that consumes
     work markers: their markers may be gone). ``planted``: keys of records planted as
-    faults (`chaos.simulation.PlantedFaults`), whose raw objects are not checked."""
+    faults (`chaos.sim.simulation.PlantedFaults`), whose raw objects are not checked."""
     problems: list[str] = []
     present = {info.key async for info in store.list("")}
     manifests: dict[keys.BatchIdentity, records.AcceptedManifest] = {}

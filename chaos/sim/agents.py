@@ -21,7 +21,7 @@ With bundles (``SimConfig.bundles``): races of one identity on two collectors at
 (`SimAgents.bundle_landing`), each drawing from streams of its own.
 
 What the agents were told (`SimAgents.acked`, `SimAgents.conflict_views`) and the true
-orphans they left are what `chaos.simulation` checks the settled store against.
+orphans they left are what `chaos.sim.simulation` checks the settled store against.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import random
 import uuid
 from dataclasses import dataclass
 
-from chaos.sim_world import SimWorld
+from chaos.sim.world import SimWorld
 from collector.accept import AcceptanceUnavailable, Accepted, IdentityConflictFound
 from index.log_writer import IndexLogWriter
 from index.rows import IndexRow, blob_row
