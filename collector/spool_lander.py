@@ -139,13 +139,16 @@ class SpoolLander:
         )
 
     async def _recorded(self, quarantine_key: str) -> bool:
-        """Whether the quarantine record exists (a HEAD: the answer alone does not say)."""
+        """Whether the quarantine record exists (a HEAD: the answer alone does not say),
+        within the request budget: a HEAD that never answers must not stop the landing
+        (the frame stays, and the next round asks again)."""
         try:
-            await self._store.head(quarantine_key)
+            async with asyncio.timeout(self._acceptor.budget_s):
+                await self._store.head(quarantine_key)
         except NotFound:
             return False
-        except StoreError as exc:
-            log.warning("quarantine_check_failed", key=quarantine_key, error=str(exc))
+        except (StoreError, TimeoutError) as exc:
+            log.warning("quarantine_check_failed", key=quarantine_key, error=repr(exc))
             return False
         return True
 

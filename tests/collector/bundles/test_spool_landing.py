@@ -5,6 +5,7 @@ stays spooled and restarts at step 1."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from collector.spool import LocalSpool
@@ -116,3 +117,27 @@ async def manifest_key_of(body: bytes) -> str:
     return keys.accepted_manifest_key(
         keys.BatchIdentity(h.agent_id, h.boot_id, h.seq_start, h.seq_end)
     )
+
+
+async def test_a_quarantine_head_that_never_answers_ends_within_the_budget(
+    tmp_path: Path,
+) -> None:
+    """The HEAD that confirms a conflict's record is bounded by the request budget: the
+    conflicting frame stays spooled (deferred) and the round goes on."""
+    harness = BundleHarness(budget_s=0.2)
+    spool = spool_in(tmp_path)
+    a, x = frames(2)
+    b = frames(1, value=5.0)[0]  # the identity of `a`, other bytes
+    await spooled(spool, a, x, b)
+
+    async def never_answers(key: str) -> object:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    harness.memory.head = never_answers  # type: ignore[method-assign]
+    async with asyncio.timeout(10):  # the old code hangs here
+        report = await lander(harness, spool).land_once()
+    assert report.landed == 2 and report.deferred == 1 and report.conflicts == 0
+    assert spool.frames == 1  # `b`: its record is written, but no HEAD saw it yet
+    quarantine = keys.quarantine_key((await harness.manifest(a)).identity, frame_sha(b))
+    assert await harness.memory.get(quarantine)
