@@ -164,18 +164,14 @@ class PlantedFaults:
         listing of the audit that started past the mark's grace, before the GC's proof: past
         the grace without a veto (the writer breaks rule 3's premise too, counted as
         ``planted_past_the_grace``, not a violation)."""
-        world, config, seed = self._world, self._world.config, self._world.config.seed
+        world, seed = self._world, self._world.config.seed
         rng = random.Random(f"{seed}/quarantined-bundle/{group}")
         headers = self._headers("sim-quarantined", group, rng, 2)
         bundle = encode_bundle([sim_frame(h, seed, "quarantined bundle") for h in headers])
         if not await self._orphan_marked(bundle.key, bundle.data, rng, within_grace=False):
             return
-        past_ns = world.clock.now_ns() + int(world.settings.gc.mark_grace_s * keys.NS_PER_S)
-        if not await world.audit_started_after(past_ns, max_wait_s=4 * config.audit_interval_s):
+        if not await self._past_the_grace(bundle.key, rng, "quarantined_bundles_gone"):
             return
-        await world.clock.sleep(rng.uniform(0.0, 0.2))
-        if not await self._still_there(bundle.key, "quarantined_bundles_gone"):
-            return  # the proof came first: the orphan went, rightly
         last = headers[-1]
         twin = sim_frame(last, seed, "quarantined twin")
         twin_sha = hashlib.sha256(twin).hexdigest()
@@ -260,23 +256,32 @@ class PlantedFaults:
         max_wait_s = world.retention_due_s + config.settle_s - world.clock.monotonic()
         if not await world.marked(bundle.sha256, max_wait_s=max_wait_s):
             return
-        past_ns = world.clock.now_ns() + int(world.settings.gc.mark_grace_s * keys.NS_PER_S)
-        if not await world.audit_started_after(past_ns, max_wait_s=4 * config.audit_interval_s):
+        if not await self._past_the_grace(bundle.key, rng, "bundles_retiring_apart_gone"):
             return
-        await world.clock.sleep(rng.uniform(0.0, 0.2))
-        if not await self._still_there(bundle.key, "bundles_retiring_apart_gone"):
-            return  # the proof came first: the bundle went whole, its frames rolled up
         world.watched.past_the_grace.add(manifests[1].manifest_key)
         await world.watched.put(manifests[1].manifest_key, manifests[1].to_json())
         world.report.stats["bundles_retiring_apart_late"] += 1
 
-    async def _still_there(self, key: str, gone_stat: str) -> bool:
-        """Whether the bundle is still there (else counted as ``gone_stat``): a record
-        planted after the GC deleted it would be a fault of another kind."""
+    async def _past_the_grace(self, key: str, rng: random.Random, gone_stat: str) -> bool:
+        """Waits (bounded) for the audit that starts past the marked bundle's grace, then a
+        seeded moment; whether the bundle is still there and its GC's second proof not yet
+        begun (else counted as ``gone_stat``: the proof came first, and the bundle went or
+        is going, rightly). A record planted once the GC deleted the bundle, or once its
+        mark says ``deleting`` (the second proof's reads may be done: PROTOCOL §3.5), is not
+        what the proof must see; it is a fault of another kind."""
+        world = self._world
+        past_ns = world.clock.now_ns() + int(world.settings.gc.mark_grace_s * keys.NS_PER_S)
+        max_wait_s = 4 * world.config.audit_interval_s
+        if not await world.audit_started_after(past_ns, max_wait_s=max_wait_s):
+            return False
+        await world.clock.sleep(rng.uniform(0.0, 0.2))
         try:
-            await self._world.memory.head(key)
+            await world.memory.head(key)
         except NotFound:
-            self._world.report.stats[gone_stat] += 1
+            world.report.stats[gone_stat] += 1
+            return False
+        if await _deleting_mark(world.memory, keys.parse_raw_object_key(key)[1]):
+            world.report.stats[gone_stat] += 1
             return False
         return True
 
