@@ -109,6 +109,14 @@ class SimConfig:
     """With bundles: batches whose identity two collectors race, in two different
     bundles: sent at the same moment to two collectors, the same frame (an agent that
     gave up on the first too soon) or half the time a conflicting one (`chaos.sim.agents`)."""
+    spool_agents: int = 0
+    """With bundles: agents of one local-spool collector (PROTOCOL §3.4), whose batches are
+    followed by a conflicting twin (answered 409) or sent again, while the collector lands
+    its spool in bundles (§3.10 spool mode) and restarts once (`chaos.sim.spool`)."""
+    spool_send_window_s: float = 9.0
+    """With spool agents: how long after its bundle's write a landing's manifest create may
+    be sent (the lander's ``send_window_s``); the GC's mark grace is then at least the
+    settle margin plus this (PROTOCOL §3.10), so windows hold up to 4 frames."""
 
 
 @dataclass
@@ -132,7 +140,7 @@ def daemon_settings(config: SimConfig) -> Settings:
     """The settings of the world's collectors, reconciler and GC: short horizons, a
     reconciler lease that outlives the run, and a mark grace just past the longest a
     collector's request can take."""
-    return Settings(
+    settings = Settings(
         store=StoreSettings(
             url="memory://simulation",
             connect_timeout_s=config.connect_timeout_s,
@@ -165,3 +173,10 @@ def daemon_settings(config: SimConfig) -> Settings:
             raw_days=None if config.raw_retention_s is None else config.raw_retention_s / 86_400
         ),
     )
+    if not config.spool_agents:
+        return settings
+    # A spool landing sends its creates up to the send window after the bundle's write, and
+    # PROTOCOL §3.10 keeps them within the mark grace less the settle margin.
+    grace_s = max(settings.gc.mark_grace_s, settings.settle_margin_s() + config.spool_send_window_s)
+    gc = settings.gc.model_copy(update={"mark_grace_s": grace_s})
+    return settings.model_copy(update={"gc": gc})

@@ -61,7 +61,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
+import tempfile
 import uuid
+from pathlib import Path
 
 from chaos.auditor import gc_log_violations
 from chaos.sim.agents import SimAgents, SimHeader, sim_frame
@@ -69,6 +71,7 @@ from chaos.sim.checks import bundle_states, check_store
 from chaos.sim.config import SimConfig, SimReport
 from chaos.sim.retention import gc_deletions_by_reason, retention_problems, retired_manifest_ids
 from chaos.sim.runtime import run_virtual
+from chaos.sim.spool import SimSpool
 from chaos.sim.world import FIRST_HOUR_LEFT_S, RECONCILER_OWNER, SimWorld
 from protocol import keys, records
 from protocol._bundle_index import pack_tail
@@ -87,9 +90,15 @@ def simulate(config: SimConfig) -> SimReport:
 
 
 async def _run(config: SimConfig) -> SimReport:
+    with tempfile.TemporaryDirectory(prefix="lm-sim-spool-") as spool_dir:
+        return await _run_in(config, Path(spool_dir))
+
+
+async def _run_in(config: SimConfig, spool_dir: Path) -> SimReport:
     report = SimReport(config)
     world = SimWorld(config, report)
     agents = SimAgents(world)
+    spool = SimSpool(world, agents, spool_dir) if config.spool_agents else None
     for log in world.logs:
         log.start()
     agents_done, rollup_stop = asyncio.Event(), asyncio.Event()
@@ -102,6 +111,7 @@ async def _run(config: SimConfig) -> SimReport:
         *[faults.quarantined_bundle(group) for group in range(config.quarantined_bundles)],
         *[faults.bundle_unlike_its_index(group) for group in range(config.bundles_unlike_index)],
         *[faults.bundle_retiring_apart(group) for group in range(config.bundles_retiring_apart)],
+        *([spool.run()] if spool is not None else []),
     )
     agents_done.set()
     await reconciler

@@ -109,7 +109,10 @@ class SimWorld:
         self.acceptors: list[BatchAcceptor] = []
         self.logs: list[IndexLogWriter] = []
         for index in range(config.collectors):
-            self._add_collector(index)
+            self.acceptors.append(self._collector(str(index))[0])
+        self.spool_collector = self._collector("spool") if config.spool_agents else None
+        """The local-spool collector's acceptor and store (`chaos.sim.spool`), or None;
+        strict agents never send to it."""
         self.reconciler = Reconciler(
             store=self._store_seen_by(
                 "reconciler", reconciler_fault_rates(config.reconciler_fault_rate)
@@ -133,15 +136,17 @@ class SimWorld:
         if config.raw_retention_s is not None:
             self._enable_raw_retention(config.raw_retention_s)
 
-    def _add_collector(self, index: int) -> None:
-        """A collector: its `BatchAcceptor` and `IndexLogWriter`, over one faulty store."""
+    def _collector(self, tag: str) -> tuple[BatchAcceptor, ObjectStore]:
+        """A collector (``tag``: its index, or a name): its `BatchAcceptor` and
+        `IndexLogWriter` (in ``logs``: started and stopped with the others), over one
+        faulty store (returned too)."""
         config = self.config
-        store = self._store_seen_by(f"collector-{index}", collector_fault_rates(config.fault_rate))
+        store = self._store_seen_by(f"collector-{tag}", collector_fault_rates(config.fault_rate))
         log = IndexLogWriter(
             store=store,
             clock=self.clock,
-            rng=random.Random(f"{config.seed}/index-log/{index}"),
-            writer_id=f"sim-collector-{index}",
+            rng=random.Random(f"{config.seed}/index-log/{tag}"),
+            writer_id=f"sim-collector-{tag}",
             flush_rows=64,
             flush_max_age_s=config.flush_s,
             max_buffered_rows=1024,
@@ -150,18 +155,17 @@ class SimWorld:
             landing_s=config.connect_timeout_s + config.read_timeout_s,
         )
         self.logs.append(log)
-        self.acceptors.append(
-            BatchAcceptor(
-                store=store,
-                collector_id=f"sim-collector-{index}",
-                clock=self.clock,
-                rng=random.Random(f"{config.seed}/acceptor/{index}"),
-                index_log=log,
-                budget_s=config.budget_s,
-                backoff=Backoff(attempts=8, base_s=0.05, cap_s=0.5),
-                bundles=self.bundle_options(),
-            )
+        acceptor = BatchAcceptor(
+            store=store,
+            collector_id=f"sim-collector-{tag}",
+            clock=self.clock,
+            rng=random.Random(f"{config.seed}/acceptor/{tag}"),
+            index_log=log,
+            budget_s=config.budget_s,
+            backoff=Backoff(attempts=8, base_s=0.05, cap_s=0.5),
+            bundles=self.bundle_options(),
         )
+        return acceptor, store
 
     def bundle_options(self) -> BundleOptions | None:
         """Group commit as a collector runs it once the store's feature gate is on

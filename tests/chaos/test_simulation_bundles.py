@@ -25,9 +25,9 @@ one frame of several: it needs a bundle whose frames retire apart, which the aud
 nomination (retired only when every row naming the bundle is) keeps from the proof unless a
 frame's manifest lands after the audit, a fault planted there too.
 
-Not here: the spool mutant (spool manifest creates of one identity sent concurrently).
-The simulation runs strict-mode collectors only (`collector.accept.BatchAcceptor`); spool
-mode's landing in bundles (`collector.bundles.spool_landing`) has no simulated world yet.
+The spool mutant (spool manifest creates of one identity sent concurrently) is flagged by
+the local-spool world of `tests/chaos/test_simulation_spool.py`; the hypothesis worlds
+here draw spool agents too (`chaos.sim.spool`).
 """
 
 from __future__ import annotations
@@ -333,6 +333,7 @@ bundle_worlds = st.builds(
     quarantined_bundles=st.integers(0, 1),
     bundles_unlike_index=st.integers(0, 1),
     bundles_retiring_apart=st.integers(0, 1),
+    spool_agents=st.integers(0, 2),
 )
 
 
