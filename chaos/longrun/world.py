@@ -37,6 +37,7 @@ from chaos.longrun.ledger_rollup import IndexRollup, LedgerIds
 from chaos.longrun.stores import ProcessGate, RequestTimeouts
 from chaos.longrun.watch import LongRunWatch, PlantedOrphan, sample_bounds
 from chaos.sim.checks import WatchedStore
+from chaos.sim.frames import SimHeader
 from chaos.sim.retention import RetentionRule
 from chaos.sim.runtime import DelayedStore, S3LikeRetries, SimClock
 from chaos.sim.world import RECONCILER_OWNER, collector_fault_rates
@@ -118,15 +119,6 @@ class CollectorProcess:
 
 
 @dataclass(frozen=True, slots=True)
-class SimHeader:
-    agent_id: str
-    boot_id: uuid.UUID
-    seq_start: int
-    seq_end: int
-    record_count: int
-
-
-@dataclass(frozen=True, slots=True)
 class SimBatch:
     header: SimHeader
     frame: bytes
@@ -134,8 +126,7 @@ class SimBatch:
 
     @property
     def identity(self) -> keys.BatchIdentity:
-        h = self.header
-        return keys.BatchIdentity(h.agent_id, h.boot_id, h.seq_start, h.seq_end)
+        return self.header.identity
 
 
 def make_batch(agent_id: str, boot_id: uuid.UUID, seq_start: int, seed: int) -> SimBatch:

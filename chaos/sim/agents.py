@@ -33,24 +33,15 @@ import random
 import uuid
 from dataclasses import dataclass
 
+from chaos.sim.frames import SimHeader, sim_frame
 from chaos.sim.world import SimWorld
 from collector.accept import AcceptanceUnavailable, Accepted, IdentityConflictFound
 from index.log_writer import IndexLogWriter
 from index.rows import IndexRow, blob_row
 from protocol import keys, records
 from protocol.bundle import encode_bundle
-from protocol.frame_encode import encode_frame, points_table
 from store.base import ObjectStore
 from store.errors import StoreError
-
-
-@dataclass(frozen=True, slots=True)
-class SimHeader:
-    agent_id: str
-    boot_id: uuid.UUID
-    seq_start: int
-    seq_end: int
-    record_count: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +55,7 @@ class _Batch:
 
     @property
     def identity(self) -> keys.BatchIdentity:
-        h = self.header
-        return keys.BatchIdentity(h.agent_id, h.boot_id, h.seq_start, h.seq_end)
+        return self.header.identity
 
 
 class SimAgents:
@@ -382,18 +372,3 @@ async def _raw_object_gone(store: ObjectStore, batch: _Batch) -> bool:
     except StoreError:
         return True
     return False
-
-
-def sim_frame(header: SimHeader, seed: int, variant: str) -> bytes:
-    """A valid frame of ``header``'s identity (the GC's proof reads a blob's identity from
-    its header, PROTOCOL §3.5 rule 7); ``variant`` gives another frame of that identity."""
-    rows = header.record_count
-    table = points_table(
-        [1_760_000_000 * keys.NS_PER_S + i for i in range(rows)],
-        ["sim"] * rows,
-        [float(i) for i in range(rows)],
-        [{"seed": str(seed), "variant": variant}] * rows,
-    )
-    return encode_frame(
-        agent_id=header.agent_id, boot_id=header.boot_id, seq_start=header.seq_start, points=table
-    )

@@ -66,9 +66,10 @@ import uuid
 from pathlib import Path
 
 from chaos.auditor import gc_log_violations
-from chaos.sim.agents import SimAgents, SimHeader, sim_frame
+from chaos.sim.agents import SimAgents
 from chaos.sim.checks import bundle_states, check_store
 from chaos.sim.config import SimConfig, SimReport
+from chaos.sim.frames import SimHeader, sim_frame
 from chaos.sim.retention import gc_deletions_by_reason, retention_problems, retired_manifest_ids
 from chaos.sim.runtime import run_virtual
 from chaos.sim.spool import SimSpool
@@ -186,7 +187,7 @@ class PlantedFaults:
         twin = sim_frame(last, seed, "quarantined twin")
         twin_sha = hashlib.sha256(twin).hexdigest()
         await world.watched.put(keys.raw_blob_key(twin_sha), twin, if_none_match=True)
-        identity = keys.BatchIdentity(last.agent_id, last.boot_id, last.seq_start, last.seq_end)
+        identity = last.identity
         conflict = records.IdentityConflict(
             agent_id=last.agent_id,
             boot_id=str(last.boot_id),

@@ -35,7 +35,8 @@ import random
 import uuid
 from pathlib import Path
 
-from chaos.sim.agents import SimAgents, SimHeader, sim_frame
+from chaos.sim.agents import SimAgents
+from chaos.sim.frames import SimHeader, sim_frame
 from chaos.sim.world import SimWorld
 from collector.spool import LocalSpool, SpoolFull
 from collector.spool_lander import SpoolLander
@@ -152,9 +153,7 @@ class SimSpool:
     async def _send(self, header: SimHeader, frame: bytes) -> bool:
         """One POST to the spool collector, answered as `collector.app` answers it in
         ``local_spool`` mode; whether it was answered 200."""
-        identity = keys.BatchIdentity(
-            header.agent_id, header.boot_id, header.seq_start, header.seq_end
-        )
+        identity = header.identity
         sha = hashlib.sha256(frame).hexdigest()
         await self._up.wait()
         try:
