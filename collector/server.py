@@ -149,7 +149,7 @@ class Worker:
                 store=self.store,
                 clock=clock,
                 interval_s=s.ingest.object_landing_interval_ms / 1000,
-                send_window_s=s.gc.mark_grace_s - s.settle_margin_s(),  # PROTOCOL §3.10
+                send_window_s=s.spool_send_window_s(),
             )
         self.app = CollectorApp(
             acceptor=self.acceptor,

@@ -331,6 +331,11 @@ class Settings(BaseModel):
             + self.store.max_clock_skew_s
         )
 
+    def spool_send_window_s(self) -> float:
+        """How long after its bundle's write a spool landing may still send a manifest
+        create (PROTOCOL §3.10, spool mode): ``gc.mark_grace_s`` less the settle margin."""
+        return self.gc.mark_grace_s - self.settle_margin_s()
+
     def gc_lease_problem(self) -> str | None:
         """Why the GC could never delete under these settings, or None (PROTOCOL §3.5 rule
         6: a signed DELETE is sent only while the recorded lease outlives its deadline —

@@ -80,7 +80,7 @@ class SimSpool:
             store=store,
             clock=world.clock,
             interval_s=self._interval_s,
-            send_window_s=world.settings.gc.mark_grace_s - world.settings.settle_margin_s(),
+            send_window_s=world.settings.spool_send_window_s(),
         )
 
     async def run(self) -> None:
@@ -94,9 +94,7 @@ class SimSpool:
         # not); admissions already writing finish first, as an answer is only ever given
         # once the frame is durable; new requests wait for the restarted collector.
         self._up.clear()
-        lander.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await lander
+        await _stopped(lander)
         await self._spool.close()
         self._world.report.stats["spool_restarts"] += 1
         self._spool = self._open()
@@ -104,9 +102,7 @@ class SimSpool:
         self._up.set()
         lander = asyncio.ensure_future(self._lander.run())
         await agents
-        lander.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await lander
+        await _stopped(lander)
         await self._drain()
         await self._spool.close()
         await self._count_bundled()
@@ -124,7 +120,7 @@ class SimSpool:
             if not self._spool.frames:
                 return
             report = await self._lander.land_once()
-            self._world.report.stats["spool_landed"] += report.landed
+            self._world.report.stats["spool_landed_at_the_end"] += report.landed
             await self._world.clock.sleep(self._interval_s)
         self._world.violation(
             f"the spool still holds {self._spool.frames} acknowledged frames "
@@ -169,3 +165,10 @@ class SimSpool:
         self._acked_here.add(identity)
         self._world.report.stats["spool_200"] += 1
         return True
+
+
+async def _stopped(task: asyncio.Future[None]) -> None:
+    """Cancel ``task`` (a lander's rounds) and wait until it has stopped."""
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
