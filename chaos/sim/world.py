@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
+from collections.abc import Callable
 
 from chaos.faulty_store import Fault, FaultyStore
 from chaos.sim.checks import WatchedStore
@@ -200,27 +201,32 @@ class SimWorld:
     async def audit_started_after(self, after_ns: int, *, max_wait_s: float) -> bool:
         """Wait until an audit that started after ``after_ns`` has completed (False when
         none did within ``max_wait_s``)."""
-        deadline = self.clock.monotonic() + max_wait_s
-        while not any(started > after_ns for started in self.audit_starts):
-            left = deadline - self.clock.monotonic()
-            if left <= 0:
-                return False
-            try:
-                await asyncio.wait_for(self._audit_done.wait(), left)
-            except TimeoutError:
-                return False
-        return True
+        return await self._until(
+            lambda: any(started > after_ns for started in self.audit_starts),
+            lambda: self._audit_done,
+            max_wait_s,
+        )
 
     async def marked(self, sha: str, *, max_wait_s: float) -> bool:
         """Wait until the GC has marked the raw object of hash ``sha`` (False when it did
         not within ``max_wait_s``)."""
+        key = keys.gc_mark_key(sha)
+        return await self._until(
+            lambda: key in self._marks_seen, lambda: self._mark_seen, max_wait_s
+        )
+
+    async def _until(
+        self, holds: Callable[[], bool], news: Callable[[], asyncio.Event], max_wait_s: float
+    ) -> bool:
+        """Wait until ``holds()``, woken by the current event of ``news()`` (each is set
+        once and replaced), for at most ``max_wait_s``; whether it held."""
         deadline = self.clock.monotonic() + max_wait_s
-        while keys.gc_mark_key(sha) not in self._marks_seen:
+        while not holds():
             left = deadline - self.clock.monotonic()
             if left <= 0:
                 return False
             try:
-                await asyncio.wait_for(self._mark_seen.wait(), left)
+                await asyncio.wait_for(news().wait(), left)
             except TimeoutError:
                 return False
         return True
