@@ -29,6 +29,7 @@ from reconciler.context import open_context
 from rollup.job.pyfiles import build_pyfiles
 from store.open import open_store
 from tests.reconciler.audit_world import World, audit_outcome, build_world
+from tests.reconciler.conftest import TEST_SHUFFLE_CONF
 from tests.rollup.spark_cluster import StandaloneCluster, spark_submit, start_cluster
 from tests.s3_servers import TEST_REGION, RunningServer
 
@@ -112,6 +113,7 @@ def test_the_spark_engine_completes_the_audit_on_the_cluster_as_the_local_engine
         tmp_path,
         [
             *("--py-files", str(built.zip_path)),
+            *(x for k, v in TEST_SHUFFLE_CONF.items() for x in ("--conf", f"{k}={v}")),
             *(str(built.entry_path), "--config", str(config)),
         ],
     )
