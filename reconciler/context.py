@@ -263,7 +263,7 @@ class ReconcilerContext:
         default=lambda _hour, _key: None
     )
     """Told the hour of every catalog file written (the daemon's compactor listens)."""
-    gc_suspects: Callable[[int], list[tuple[str, int]]] = field(default=lambda _before: [])
+    gc_suspects: Callable[[int], list[tuple[str, int, str]]] = field(default=lambda _before: [])
     """GC candidates from the log, handed over once (`OrphanSuspects.take_older_than`)."""
     gc_memory: GcMemory = field(default_factory=lambda: GcMemory())
     """What GC runs of this process remember between runs."""

@@ -314,7 +314,9 @@ class SteadyScanner:
         self.suspects.add_references(
             quarantine.column("accepted_frame_sha256"), quarantine.column("time_unix_ns")
         )
-        self.suspects.add_blobs(blobs.column("frame_sha256"), blobs.column("time_unix_ns"))
+        self.suspects.add_blobs(
+            blobs.column("frame_sha256"), blobs.column("time_unix_ns"), blobs.column("key")
+        )
 
     async def _report_malformed(
         self, malformed: pa.Table, problems: ProblemBook, result: SteadyResult

@@ -4,10 +4,8 @@ Candidates: the steady pass's `OrphanSuspects` (``blob`` log rows no record row 
 older than the horizon, and the orphans of the latest completed listing audit (so
 orphans whose log row was lost are found too; each audit's orphans are marked once per
 process). A candidate is a raw object (PROTOCOL §3.10): its mark records its key, a
-bundle's as the orphan file names it (`RAW_KEY_COLUMNS`), else the frame blob of its hash.
-A suspect of the steady pass is a hash only: a bundle that only a ``blob`` log row
-nominates is marked under its frame-blob key, found gone by rule 7 and withdrawn, and
-marked again under its bundle key by the next audit's orphan file. A candidate with no mark and no veto (both known from the run's one listing
+bundle's as its ``blob`` log row or the orphan file names it (`RAW_KEY_COLUMNS`), else the
+frame blob of its hash. A candidate with no mark and no veto (both known from the run's one listing
 of ``gc/v1/marks/`` and ``gc/v1/vetoes/``) gets a ``marked`` mark (If-None-Match). No
 per-blob HEAD or LIST here: a run's requests grow with the candidates and the marks. The
 run's later steps never read the marks it wrote (younger than the grace: not eligible).
@@ -25,14 +23,15 @@ import pyarrow.parquet as pq
 from protocol import keys, records
 from reconciler.audit.orphans import decode_orphans
 from reconciler.gc.bounded import for_each_bounded
+from reconciler.gc.suspects import Suspect
 from reconciler.gc.work import GcWork
 from store.errors import PreconditionFailed
 
 OrphanFile = dict[str, tuple[int, int, bool]]
 """``{sha: (size, last_modified_ns, raw_retention)}`` (`reconciler.audit.orphans`)."""
-Suspects = Callable[[int], list[tuple[str, int]]]
-"""Blob hashes (and creation times) a log says nobody referenced, created before the
-given time, handed over once (`reconciler.steady.OrphanSuspects.take_older_than`)."""
+Suspects = Callable[[int], list[Suspect]]
+"""Raw objects (hash, creation time, key) a log says nobody referenced, created before the
+given time, handed over once (`reconciler.gc.suspects.OrphanSuspects.take_older_than`)."""
 LatestAudit = Callable[[], Awaitable[records.AuditRecord | None]]
 
 
@@ -115,9 +114,9 @@ async def mark_candidates(
 ) -> dict[str, int]:
     horizon_ns = work.clock.now_ns() - work.policy.horizon_ns
     # A dry run leaves the suspects for the next real run (taking them hands them over).
-    candidates: dict[str, records.GcReason] = (
-        {} if dry_run else {sha: "orphan" for sha, _ in suspects(horizon_ns)}
-    )
+    taken = [] if dry_run else suspects(horizon_ns)
+    candidates: dict[str, records.GcReason] = {sha: "orphan" for sha, _at, _key in taken}
+    suspect_keys = {sha: raw_key for sha, _at, raw_key in taken}
     if audit is not None and audit.audit_id not in audits_marked:
         for sha, (_size, _modified, by_retention) in (await orphans.of(audit)).items():
             candidates[sha] = "raw-retention" if by_retention else "orphan"
@@ -138,7 +137,7 @@ async def mark_candidates(
         record = records.GcMark(
             frame_sha256=sha,  # the raw object's hash (a bundle's for a bundle)
             # Marks record the object's key (PROTOCOL §3.10): the rules act on it.
-            raw_blob_key=checked_raw_key(sha, orphans.raw_keys.get(sha)),
+            raw_blob_key=checked_raw_key(sha, orphans.raw_keys.get(sha, suspect_keys.get(sha))),
             marked_at_unix_ns=work.clock.now_ns(),
             gc_run_id=run_id,
             reason=reason,

@@ -19,7 +19,9 @@ import pytest
 from collector.accept import Accepted, BatchAcceptor, IdentityConflictFound
 from config import GcSettings, ReconcilerSettings, Settings
 from index.log_writer import IndexLogWriter
+from index.rows import blob_row
 from protocol import keys, records
+from protocol.bundle import encode_bundle
 from protocol.clock import ManualClock, SystemClock
 from protocol.frame import decode_header
 from protocol.frame_encode import encode_frame, points_table
@@ -184,8 +186,6 @@ class World:
         digest = sha(body)
         await self.store.put(keys.raw_blob_key(digest), body)
         if logged:
-            from index.rows import blob_row
-
             self.log.append(blob_row(digest, self.clock.now_ns()))
         return digest
 
@@ -239,6 +239,25 @@ async def test_orphan_is_marked_then_deleted_only_after_grace_and_a_later_audit(
     [entry] = await world.gc_log()
     assert entry.frame_sha256 == digest and entry.audit_started_at_unix_ns > entry.marked_at_unix_ns
     assert world.events["deletions"] == 1
+
+
+async def test_an_orphan_bundle_its_blob_row_nominates_is_marked_under_its_bundle_key() -> None:
+    """A bundle only its ``blob`` log row nominates (its collector crashed before any
+    manifest) is a suspect with its bundle key: marked under that key (PROTOCOL §3.10), not
+    its hash's frame blob (which rule 7 would find gone and withdraw, leaving the bundle to
+    a later audit's orphan file), and deleted after the next scheduled audit."""
+    world = World()
+    bundle = encode_bundle([frame_bytes(1), frame_bytes(2)])
+    await world.store.put(bundle.key, bundle.data)
+    world.log.append(blob_row(bundle.sha256, world.clock.now_ns(), bundle=True))
+    world.clock.advance(3 * HOUR_S)
+    assert (await world.gc()).record.marked == 1
+    body, _etag = await world.store.get(keys.gc_mark_key(bundle.sha256))
+    assert records.GcMark.from_json(body).raw_blob_key == bundle.key
+    world.clock.advance(POLICY.mark_grace_s + 1)
+    assert (await world.gc(audit=True)).deleted == [bundle.sha256]
+    assert not await world.exists(bundle.key)
+    assert not await world.exists(keys.gc_mark_key(bundle.sha256))
 
 
 async def test_referenced_blob_is_never_marked() -> None:

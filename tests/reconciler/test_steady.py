@@ -298,5 +298,7 @@ async def test_blob_rows_nobody_references_become_orphan_suspects(
     await scanner.run_pass()
 
     assert scanner.suspects.take_older_than(T0_NS + 10 * S) == []  # younger than the horizon
-    assert scanner.suspects.take_older_than(T0_NS + 11 * S) == [(orphan_sha, T0_NS + 10 * S)]
+    assert scanner.suspects.take_older_than(T0_NS + 11 * S) == [
+        (orphan_sha, T0_NS + 10 * S, keys.raw_blob_key(orphan_sha))
+    ]
     assert scanner.suspects.take_older_than(T0_NS + 11 * S) == []  # handed over once

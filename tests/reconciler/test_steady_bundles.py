@@ -40,4 +40,4 @@ async def test_bundle_rows_are_cataloged_with_ranges_and_clear_their_suspect(
         m.manifest_key: (live_key, m.raw_offset, m.raw_length) for m in manifests
     }
     suspects = scanner.suspects.take_older_than(T0_NS + 2 * S)
-    assert suspects == [(keys.parse_raw_bundle_key(orphan_key), T0_NS + S)]
+    assert suspects == [(keys.parse_raw_bundle_key(orphan_key), T0_NS + S, orphan_key)]
