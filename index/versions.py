@@ -11,8 +11,10 @@ only in ``enable-bundles``. An entry overwrites its own key (the process's own):
 else writes it, so a plain PUT is safe. A collector's id is its index writer id
 (`keys.index_writer_id`), so the enable command matches log writers to entries by name;
 a one-shot process (`rollup-job`, `rollup-verify`, `chaos`, ``reconciler``) deletes its
-entry when it stops cleanly, so the registry does not grow by one entry per run (a crashed
-one's entry stays, expired).
+entry when it stops cleanly, so the registry does not grow by one entry per run. Entries
+left behind (a collector's, a crashed process's) are deleted by the reconciler's
+housekeeping once their writers' log segments are past the retention
+(`reconciler.log_retention.sweep_version_registry`).
 """
 
 from __future__ import annotations

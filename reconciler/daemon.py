@@ -11,27 +11,27 @@ standby takes over within about one TTL). The active one loops, every ``loop_int
    `run` starts it beside the loop (`reconciler.audit.schedule`: in a child process with
    ``audit_in_child``, as ``lm-reconciler run`` does), `run_once` awaits it;
 3. catalog compaction (`reconciler.compaction`) of the hours written to;
-4. every ``LOG_SWEEP_INTERVAL_S``, housekeeping, GC enabled or not: the consumed log segments and
-   the ``catalog-created`` entries no rule reads any more (`reconciler.log_retention`);
+4. every ``LOG_SWEEP_INTERVAL_S``, housekeeping, GC enabled or not (`reconciler.log_retention`):
+   the consumed log segments, ``catalog-created`` and version-registry entries no rule reads;
 5. the GC (``reconciler.gc.run.run_gc``) when ``gc.enabled``, at most once per
    ``max(loop_interval_s, gc.mark_grace_s)``; disabled, only its resolution of stale ``deleting``
    marks (which would otherwise keep collectors waiting);
 6. in ``run()`` only, the rollup's progress gauges (`reconciler.rollup_progress`).
 
 While active, the lease is renewed in the background every third of its TTL
-(`Fence.start_renewing`), however long a stage runs without writing. Between passes it sleeps in
-slices of a third of the TTL, checking the fence after each. Losing the lease (`LeaseLost`) ends
-the active term at the next fence check and the instance becomes a standby again. In ``run()`` an
-error in one stage is logged and counted and the loop goes on; ``run_once()`` lets it propagate.
+(`Fence.start_renewing`), however long a stage runs; between passes it sleeps in slices of a
+third of the TTL, checking the fence after each. Losing the lease (`LeaseLost`) ends the term at
+the next fence check (a standby again). In ``run()`` an error in one stage is logged and counted
+and the loop goes on; ``run_once()`` lets it propagate.
 
 `stop(grace_s)` stops intake: long stages finish the item in hand and return (an audit stays
-resumable), the lease is released, and after ``grace_s`` the loop is cancelled.
-"""
+resumable), the lease is released, and after ``grace_s`` the loop is cancelled."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -47,7 +47,7 @@ from reconciler.audit.run import ProgressCallback, run_full_audit
 from reconciler.audit.schedule import AuditSchedule
 from reconciler.compaction import CatalogCompactor, CompactionBeside
 from reconciler.context import Fence, GcMemory, ReconcilerContext, default_owner_id
-from reconciler.log_retention import sweep_log, trim_catalog_created
+from reconciler.log_retention import Housekeeping, sweep_log
 from reconciler.metrics import ReconcilerMetrics
 from reconciler.pass_report import PassReport as PassReport
 from reconciler.pass_report import Stopped as Stopped
@@ -109,6 +109,7 @@ class Reconciler:
         self.gc_memory = GcMemory()
         self._etags_attest: bool | None = None
         self._last_log_sweep: float | None = None
+        self.housekeeping = Housekeeping(self._clock)
         self.audits = AuditSchedule(
             settings=settings,
             metrics=self.metrics,
@@ -250,7 +251,8 @@ class Reconciler:
             report.log_retention = await self._stage(
                 "log_retention", lambda: sweep_log(ctx, report.steady), isolate_errors
             )
-            await self._stage("catalog_created", lambda: trim_catalog_created(ctx), isolate_errors)
+            for name, step in self.housekeeping.stages():
+                await self._stage(name, functools.partial(step, ctx), isolate_errors)
         if not self._stopping.is_set() and self._gc_due():
             self._last_gc = self._clock.monotonic()
             if self._settings.gc.enabled:
@@ -290,10 +292,8 @@ class Reconciler:
     # --- lease --------------------------------------------------------------------------
 
     async def _acquire(self, *, wait_s: float | None) -> Fence | None:
-        """Take the lease, waiting as a standby (forever when ``wait_s`` is None).
-
-        ``None`` when stopped meanwhile; raises the last `LeaseHeld` (or store error) when
-        ``wait_s`` runs out."""
+        """Take the lease, waiting as a standby (forever when ``wait_s`` is None): ``None``
+        when stopped; the last `LeaseHeld` (or store error) raised when ``wait_s`` runs out."""
         deadline = None if wait_s is None else self._clock.monotonic() + wait_s
         last_seen: tuple[str, int] | None = None  # log the holder once, not every poll
         while not self._stopping.is_set():

@@ -1,5 +1,7 @@
 """Deleting consumed index log segments (PROTOCOL §3.7, §3.9: the log does not grow without
-bound), and the ``catalog-created`` entries no rule reads any more (`trim_catalog_created`).
+bound), the ``catalog-created`` entries no rule reads any more (`trim_catalog_created`),
+and version-registry entries of processes gone for longer than the log's retention
+(`sweep_version_registry`).
 
 A segment is deleted once all of these hold:
 
@@ -26,9 +28,12 @@ an immutable object nobody writes again (repeating one is harmless).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from index.versions import ENTRY_TTL_S
 from protocol import keys
+from protocol.clock import Clock
 from reconciler.context import ReconcilerContext
 from reconciler.steady import SteadyResult, read_checkpoint
 from store.errors import NotFound, StoreError
@@ -120,3 +125,66 @@ async def trim_catalog_created(ctx: ReconcilerContext) -> int:
     if trimmed:
         ctx.log.info("catalog_created_trimmed", entries=trimmed, before=position)
     return trimmed
+
+
+async def sweep_version_registry(ctx: ReconcilerContext) -> int:
+    """Delete the version-registry entries (PROTOCOL §3.10 "Writing") not rewritten for
+    ``reconciler.segment_retention_s`` plus their TTL (LastModified, store time): each is
+    expired, and every segment its writer cut lies past the retention, so neither of
+    ``enable-bundles``' checks reads it any more ((a) reads unexpired entries, (b) the
+    writers of segments within the retention). Without this, every collector start would
+    leave one entry for ever. One LIST a sweep (hourly, `Housekeeping`; live processes plus
+    the recently gone: about a page); a DELETE per entry that goes. A process that rewrites its entry after
+    the LIST loses it until its next heartbeat a minute later, while it is not expired
+    anyway: (a) skips it, and (b) then refuses, the safe way. Returns how many went."""
+    keep_after = ctx.clock.now_ns() - int(
+        (ctx.settings.reconciler.segment_retention_s + ENTRY_TTL_S) * NS_PER_S
+    )
+    doomed = []
+    async for info in ctx.store.list(keys.INDEX_VERSIONS_PREFIX):
+        try:
+            keys.parse_version_entry_key(info.key)
+        except keys.KeyFormatError:
+            continue  # not an entry: never ours to delete
+        if info.last_modified_ns < keep_after:
+            doomed.append(info.key)
+    if not doomed:
+        return 0
+    await ctx.check_fence()
+    limit = asyncio.Semaphore(ctx.settings.reconciler.concurrency)
+
+    async def delete(key: str) -> bool:
+        async with limit:
+            try:
+                await ctx.store.delete(key)
+            except NotFound:
+                pass
+            except StoreError as exc:  # the next sweep tries again
+                ctx.log.warning("version_entry_delete_failed", key=key, error=str(exc))
+                return False
+            return True
+
+    deleted = sum(await asyncio.gather(*(delete(key) for key in doomed)))
+    ctx.log.info("version_entries_deleted", deleted=deleted, failed=len(doomed) - deleted)
+    return deleted
+
+
+REGISTRY_SWEEP_INTERVAL_S = 3600.0
+Stage = tuple[str, Callable[[ReconcilerContext], Awaitable[int]]]
+
+
+class Housekeeping:
+    """The daemon's housekeeping stages after `sweep_log`, by stage name (each isolated):
+    the ``catalog-created`` trim at every sweep; the version-registry sweep once an hour,
+    the first an hour after the daemon starts (entries gone for days can wait an hour)."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._registry_due_at = clock.monotonic() + REGISTRY_SWEEP_INTERVAL_S
+
+    def stages(self) -> list[Stage]:
+        due: list[Stage] = [("catalog_created", trim_catalog_created)]
+        if self._clock.monotonic() >= self._registry_due_at:
+            self._registry_due_at = self._clock.monotonic() + REGISTRY_SWEEP_INTERVAL_S
+            due.append(("version_registry", sweep_version_registry))
+        return due

@@ -1,5 +1,6 @@
 """Consumed index log segments are deleted (PROTOCOL §3.7): old enough, consumed, and a
-completed listing audit started after they were written; nothing else."""
+completed listing audit started after they were written; nothing else. Version-registry
+entries (PROTOCOL §3.10) go once their writers' segments are past that retention."""
 
 from __future__ import annotations
 
@@ -7,11 +8,17 @@ import pytest
 from pydantic import ValidationError
 
 from config import GcSettings, ReconcilerSettings, Settings
+from index.versions import ENTRY_TTL_S, write_entry
 from protocol import keys
 from protocol.clock import ManualClock
 from reconciler.audit.run import run_full_audit
 from reconciler.gc.run import latest_listing_audit
-from reconciler.log_retention import delete_consumed_segments
+from reconciler.log_retention import (
+    REGISTRY_SWEEP_INTERVAL_S,
+    Housekeeping,
+    delete_consumed_segments,
+    sweep_version_registry,
+)
 from reconciler.steady import SteadyScanner
 from store.counting import CountingStore, area_of
 from store.memory import MemoryStore
@@ -82,3 +89,36 @@ async def test_retention_shorter_than_the_retry_horizon_plus_a_day_is_refused() 
             reconciler=ReconcilerSettings(segment_retention_s=DAY_S),
             gc=GcSettings(retry_horizon_s=DAY_S),
         )
+
+
+async def test_version_entries_go_once_their_writers_segments_are_past_retention(
+    memory_store: MemoryStore, clock: ManualClock
+) -> None:
+    settings = make_settings()
+    ctx = await context(memory_store, clock, settings=settings)
+    gone = keys.version_entry_key("collector", "c-gone")
+    renewed = keys.version_entry_key("collector", "c-live")
+    not_an_entry = keys.INDEX_VERSIONS_PREFIX + "README.txt"
+    for key in (gone, renewed):
+        await write_entry(memory_store, key, clock)
+    await memory_store.put(not_an_entry, b"an operator's note")
+    clock.advance(settings.reconciler.segment_retention_s + ENTRY_TTL_S - 1)
+    await write_entry(memory_store, renewed, clock)  # its heartbeat
+    assert await sweep_version_registry(ctx) == 0  # a second short of the retention + TTL
+    clock.advance(2.0)
+    assert await sweep_version_registry(ctx) == 1
+    assert await keys_under(memory_store, keys.INDEX_VERSIONS_PREFIX) == {renewed, not_an_entry}
+
+
+def test_the_registry_sweep_is_hourly_the_first_an_hour_after_the_start(clock: ManualClock) -> None:
+    housekeeping = Housekeeping(clock)
+
+    def stages() -> list[str]:
+        return [name for name, _step in housekeeping.stages()]
+
+    assert stages() == ["catalog_created"]
+    clock.advance(REGISTRY_SWEEP_INTERVAL_S - 1)
+    assert stages() == ["catalog_created"]
+    clock.advance(1.0)
+    assert stages() == ["catalog_created", "version_registry"]
+    assert stages() == ["catalog_created"]  # the next an hour later
