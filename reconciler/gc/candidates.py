@@ -5,8 +5,8 @@ older than the horizon, and the orphans of the latest completed listing audit (s
 orphans whose log row was lost are found too; each audit's orphans are marked once per
 process). A candidate is a raw object (PROTOCOL §3.10): its mark records its key, a
 bundle's as its ``blob`` log row or the orphan file names it (`RAW_KEY_COLUMNS`), else the
-frame blob of its hash. A candidate with no mark and no veto (both known from the run's one listing
-of ``gc/v1/marks/`` and ``gc/v1/vetoes/``) gets a ``marked`` mark (If-None-Match). No
+frame blob of its hash. A candidate with no mark and no veto (both known from the run's
+one listing of ``gc/v1/marks/`` and ``gc/v1/vetoes/``) gets a ``marked`` mark (If-None-Match). No
 per-blob HEAD or LIST here: a run's requests grow with the candidates and the marks. The
 run's later steps never read the marks it wrote (younger than the grace: not eligible).
 """
