@@ -82,20 +82,7 @@ async def delete_consumed_segments(
     if not doomed:
         return result
     await ctx.check_fence()
-    limit = asyncio.Semaphore(settings.concurrency)
-
-    async def delete(key: str) -> None:
-        async with limit:
-            try:
-                await ctx.store.delete(key)
-                result.deleted += 1
-            except NotFound:
-                result.deleted += 1
-            except StoreError as exc:
-                result.failed += 1
-                ctx.log.warning("log_segment_delete_failed", key=key, error=str(exc))
-
-    await asyncio.gather(*(delete(key) for key in doomed))
+    result.deleted, result.failed = await _delete_all(ctx, doomed, "log_segment_delete_failed")
     ctx.metrics.log_segments_deleted.inc(result.deleted)
     if result.deleted:
         ctx.log.info("log_segments_deleted", deleted=result.deleted, failed=result.failed)
@@ -134,9 +121,10 @@ async def sweep_version_registry(ctx: ReconcilerContext) -> int:
     ``enable-bundles``' checks reads it any more ((a) reads unexpired entries, (b) the
     writers of segments within the retention). Without this, every collector start would
     leave one entry for ever. One LIST a sweep (hourly, `Housekeeping`; live processes plus
-    the recently gone: about a page); a DELETE per entry that goes. A process that rewrites its entry after
-    the LIST loses it until its next heartbeat a minute later, while it is not expired
-    anyway: (a) skips it, and (b) then refuses, the safe way. Returns how many went."""
+    the recently gone: about a page); a DELETE per entry that goes. A process that
+    rewrites its entry after the LIST loses it until its next heartbeat a minute later,
+    while it is not expired anyway: (a) skips it, and (b) then refuses, the safe way.
+    Returns how many went."""
     keep_after = ctx.clock.now_ns() - int(
         (ctx.settings.reconciler.segment_retention_s + ENTRY_TTL_S) * NS_PER_S
     )
@@ -151,6 +139,17 @@ async def sweep_version_registry(ctx: ReconcilerContext) -> int:
     if not doomed:
         return 0
     await ctx.check_fence()
+    deleted, failed = await _delete_all(ctx, doomed, "version_entry_delete_failed")
+    ctx.log.info("version_entries_deleted", deleted=deleted, failed=failed)
+    return deleted
+
+
+async def _delete_all(
+    ctx: ReconcilerContext, doomed: list[str], failure_event: str
+) -> tuple[int, int]:
+    """Plain DELETEs of objects nobody writes again (repeating one is harmless; one already
+    gone counts as deleted), ``reconciler.concurrency`` at a time. A failure is logged as
+    ``failure_event`` and left to the next run. Returns (deleted, failed)."""
     limit = asyncio.Semaphore(ctx.settings.reconciler.concurrency)
 
     async def delete(key: str) -> bool:
@@ -159,14 +158,13 @@ async def sweep_version_registry(ctx: ReconcilerContext) -> int:
                 await ctx.store.delete(key)
             except NotFound:
                 pass
-            except StoreError as exc:  # the next sweep tries again
-                ctx.log.warning("version_entry_delete_failed", key=key, error=str(exc))
+            except StoreError as exc:
+                ctx.log.warning(failure_event, key=key, error=str(exc))
                 return False
             return True
 
     deleted = sum(await asyncio.gather(*(delete(key) for key in doomed)))
-    ctx.log.info("version_entries_deleted", deleted=deleted, failed=len(doomed) - deleted)
-    return deleted
+    return deleted, len(doomed) - deleted
 
 
 REGISTRY_SWEEP_INTERVAL_S = 3600.0
