@@ -20,6 +20,9 @@ with the reason):
   them (`gc_log_violations`);
 - ``nothing_acked_during_outage``: no 200 for a request sent and answered inside a window
   when the store was unreachable;
+- ``accepted_at_in_store_time`` (`chaos.clock_checks`, added by the runner): every
+  manifest's ``accepted_at`` agrees with its LastModified within the clock skew allowed
+  and the GC's mark grace;
 - the rollup checks of `chaos.rollup_check` (setsums per hour against the manifests and
   against the catalog, totals against the ground truth, ``lm-rollup verify``), skipped
   when the rollup is not available.

@@ -35,6 +35,7 @@ from typing import Any, Literal
 import structlog
 
 from chaos.auditor import audit, gc_coverage, store_counts
+from chaos.clock_checks import check_stamps
 from chaos.cluster import Cluster
 from chaos.load import AckBook, LoadDriver, LoadShape
 from chaos.proxy import CALM
@@ -273,6 +274,13 @@ async def _converge_and_audit(
             book,
             ctx.outage_windows,
             gc_timing=(cluster.timing.retry_horizon_s, cluster.timing.mark_grace_s),
+        )
+        checks.append(
+            check_stamps(
+                view.manifests.values(),
+                max_clock_skew_s=cluster.timing.max_clock_skew_s,
+                grace_s=cluster.timing.mark_grace_s,
+            )
         )
         if rollup_reason is None:
             assert cluster.ministack is not None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import aiohttp
+
 from chaos.cluster import Timing
 from chaos.load import LoadShape
 from chaos.proxy import CALM, FaultRule, Phase
@@ -45,9 +47,29 @@ async def drive_faults(ctx: ScenarioContext, *, exclude: tuple[str, ...] = ()) -
         ctx.set_phase(CALM)
 
 
-async def drive_light(ctx: ScenarioContext) -> None:
+async def drive_skewed(ctx: ScenarioContext) -> None:
+    """Light faults while two collectors' clocks are hours off the store's. Half-way, each
+    collector's ``/readyz`` is asked and recorded (event ``collector_readiness``): a skewed
+    one must say its clock is skewed (PROTOCOL §3.8), and answer every batch 503."""
     ctx.planned(0.0, "phase", name="light")
     ctx.set_phase(light())
+    await ctx.until(ctx.length_s / 2)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5.0)) as session:
+        for name, process in sorted(ctx.cluster.collectors.items()):
+            try:
+                async with session.get(f"{process.url}/readyz") as answer:
+                    state = await answer.json(content_type=None)
+                    status = answer.status
+            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                ctx.errors.append(f"{name}: /readyz did not answer: {exc!r}")
+                continue
+            ctx.cluster.event(
+                "collector_readiness",
+                name=name,
+                skew_s=ctx.cluster.skews.get(name, 0.0),
+                status=status,
+                clock_skewed=state.get("clock_skewed"),
+            )
     await ctx.until(ctx.length_s)
 
 
@@ -76,9 +98,10 @@ FAULTS = Scenario(
 )
 CLOCK_SKEW = Scenario(
     "clock-skew",
-    "collectors 90 minutes behind and 45 minutes ahead: manifests and index log segments "
-    "in other hours than the real one; GC with short horizons",
-    drive_light,
+    "collectors 90 minutes behind and 45 minutes ahead of the store: they fail /readyz and "
+    "answer every batch 503 (PROTOCOL §3.8), the agents go on through the third; no "
+    "manifest's accepted_at disagrees with the store's clock; GC with short horizons",
+    drive_skewed,
     skews_s=(-5400.0, 0.0, 2700.0),
     load=LoadShape(lanes=3, twins=1, agents=4, batches=6),
     timing=Timing(),

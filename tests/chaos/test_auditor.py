@@ -11,6 +11,7 @@ import uuid
 from agent import BatchResult, DeliveryRecord, Outcome
 from agent.truth import BatchKind, TruthRecord
 from chaos.auditor import CheckResult, audit, gc_coverage
+from chaos.clock_checks import STAMP_SLACK_S, check_stamps
 from chaos.load import Ack, AckBook, FrameFacts
 from chaos.report import AuditRound, RunReport
 from chaos.rollup_check import skipped
@@ -24,6 +25,7 @@ from reconciler.context import open_context
 from reconciler.gc.log import encode_gc_log
 from rollup.table.ledger import LedgerRow
 from rollup.table.owner import OwnerLease
+from store.base import ObjectInfo
 from store.memory import MemoryStore
 from tests.rollup.dataset_builder import commit_rows
 
@@ -283,3 +285,24 @@ def test_a_logged_deletion_that_broke_rule_3_or_5_is_a_violation() -> None:
         1,
         1,
     ]
+
+
+def test_a_manifest_stamped_off_the_stores_clock_is_a_violation() -> None:
+    """``accepted_at_in_store_time``: from grace + skew + slack before its LastModified to
+    skew + slack after, and not a nanosecond beyond either bound."""
+    stored_ns = 1_800_000_000 * keys.NS_PER_S
+    skew_s, grace_s = 2.0, 6.0
+    early_s, late_s = grace_s + skew_s + STAMP_SLACK_S, skew_s + STAMP_SLACK_S
+
+    def stamped(offset_ns: int) -> CheckResult:
+        manifest = manifest_for(b"LMB1 stamped frame " * 4, 1, stored_ns + offset_ns)
+        info = ObjectInfo(manifest.manifest_key, 100, "etag", stored_ns)
+        return check_stamps([(manifest, info)], max_clock_skew_s=skew_s, grace_s=grace_s)
+
+    for inside_s in (-early_s, -1.0, 0.0, late_s):
+        assert stamped(int(inside_s * keys.NS_PER_S)).status == "passed", inside_s
+    for outside_ns in (-int(early_s * keys.NS_PER_S) - 1, int(late_s * keys.NS_PER_S) + 1):
+        assert stamped(outside_ns).status == "failed", outside_ns
+    hours_behind = stamped(-5400 * keys.NS_PER_S)
+    assert hours_behind.violation_count == 1
+    assert "-5400.0s off its LastModified" in hours_behind.violations[0]

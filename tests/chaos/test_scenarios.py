@@ -72,9 +72,20 @@ async def test_outage(tmp_path: Path) -> None:
 
 
 async def test_clock_skew(tmp_path: Path) -> None:
+    """The skewed collectors know it (``/readyz``), and no manifest carries a stamp their
+    clocks made: the stamp check passed over every manifest of the run."""
     report = await smoke("clock-skew", tmp_path)
-    skews = {e.get("skew_s") for e in report.events if e["event"] == "collector_started"}
-    assert {-5400.0, 2700.0} <= skews
+    readiness = {
+        e["skew_s"]: (e["status"], e["clock_skewed"])
+        for e in report.events
+        if e["event"] == "collector_readiness"
+    }
+    assert readiness.keys() == {-5400.0, 0.0, 2700.0}, report.events
+    assert readiness[-5400.0] == readiness[2700.0] == (503, True)
+    assert readiness[0.0][1] is False
+    stamps = [c for r in report.rounds for c in r.checks if c.name == "accepted_at_in_store_time"]
+    assert stamps and all(c.status == "passed" for c in stamps)
+    assert report.rounds[-1].store["accepted_manifests"] > 0
 
 
 async def test_gc_race(tmp_path: Path) -> None:
