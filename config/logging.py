@@ -52,8 +52,17 @@ def configure_logging(settings: LoggingSettings, *, stream: TextIO | None = None
             structlog.processors.JSONRenderer(),
         ]
     else:
-        # ConsoleRenderer formats exc_info itself (and warns if it was done before it).
-        renderer = [structlog.dev.ConsoleRenderer(colors=_is_tty(out))]
+        # ConsoleRenderer formats exc_info itself (and warns if it was done before it). Its
+        # default formatter prints every frame's locals (a bearer token, a frame body) and
+        # takes about half a second an exception: rich without locals on a terminal, the
+        # plain traceback otherwise.
+        terminal = _is_tty(out)
+        tracebacks: structlog.typing.ExceptionRenderer = (
+            structlog.dev.RichTracebackFormatter(show_locals=False)
+            if terminal
+            else structlog.dev.plain_traceback
+        )
+        renderer = [structlog.dev.ConsoleRenderer(colors=terminal, exception_formatter=tracebacks)]
 
     formatter = structlog.stdlib.ProcessorFormatter(
         # Applied to records from stdlib loggers only; structlog events ran `shared`.

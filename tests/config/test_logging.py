@@ -124,3 +124,25 @@ def test_console_format_renders_exceptions() -> None:
     except ValueError:
         structlog.get_logger("x").exception("failed")
     assert "ValueError: bad frame" in stream.getvalue()
+
+
+@pytest.mark.parametrize("stream_kind", [io.StringIO, FakeTerminal])
+def test_console_tracebacks_show_no_locals(stream_kind: type[io.StringIO]) -> None:
+    """A frame's locals may hold a bearer token or a frame body: the console format prints
+    the traceback (file, line, code, the exception), never the values of locals, whether
+    or not the stream is a terminal."""
+    stream = stream_kind()
+    configure_logging(LoggingSettings(format="console"), stream=stream)
+
+    def authorize(header: str) -> None:
+        token = header.removeprefix("Bearer ")
+        raise PermissionError(f"token of {len(token)} characters refused")
+
+    secret = "-".join(["s3cr3t", "bearer", "token"])  # a value, not in any source line
+    try:
+        authorize(f"Bearer {secret}")
+    except PermissionError:
+        structlog.get_logger("x").exception("failed")
+    text = stream.getvalue()
+    assert "PermissionError" in text and "authorize" in text
+    assert secret not in text
