@@ -29,6 +29,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -163,8 +164,17 @@ async def _until_signalled(work: Coroutine[Any, Any, T]) -> T:
     return await task
 
 
+SIMULATE_PROGRESS_EVERY = 25
+
+
 def _simulate(
-    seed: int, count: int, late_rate: float | None, connect_s: float | None, *, bundles: bool
+    seed: int,
+    count: int,
+    late_rate: float | None,
+    connect_s: float | None,
+    *,
+    bundles: bool,
+    progress_every: int = SIMULATE_PROGRESS_EVERY,
 ) -> int:
     import dataclasses
 
@@ -187,6 +197,7 @@ def _simulate(
     if connect_s is not None:
         base = dataclasses.replace(base, connect_timeout_s=connect_s)
     failed = orphans = deleted = 0
+    started = time.monotonic()
     for offset in range(count):
         report = simulate(dataclasses.replace(base, seed=seed + offset))
         orphans += report.stats["orphans_true"]
@@ -194,6 +205,12 @@ def _simulate(
         if not report.ok:
             failed += 1
             print(json.dumps({"seed": seed + offset, "violations": report.violations}))
+        if (offset + 1) % progress_every == 0 and offset + 1 < count:
+            print(
+                f"{offset + 1} of {count} worlds, {failed} with violations, "
+                f"{time.monotonic() - started:.0f}s",
+                file=sys.stderr,
+            )
     print(f"{count} simulated worlds, {failed} with violations", file=sys.stderr)
     if orphans:
         print(

@@ -1,12 +1,16 @@
 """The virtual-time loop of the simulation (`chaos.sim.runtime`): timers jump time, work
 handed to a thread runs inline, and waiting for "the rest" of an interval whose rest is
-below the clock's float resolution still moves time (it used to spin forever)."""
+below the clock's float resolution still moves time (it used to spin forever); and the
+``lm-chaos simulate`` command that runs worlds one after another."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 
+import pytest
+
+from chaos.__main__ import _simulate
 from chaos.sim.runtime import run_virtual
 
 
@@ -71,3 +75,16 @@ def test_a_writer_waiting_for_the_rest_of_its_flush_interval_gets_there() -> Non
 
     rounds = run_virtual(main)
     assert 0 <= rounds < 100
+
+
+def test_lm_chaos_simulate_reports_progress_and_a_summary(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``lm-chaos simulate`` is long work: a line every ``progress_every`` worlds, then
+    the summary and the GC coverage; exit 0 when no world broke an invariant."""
+    code = _simulate(0, 2, None, None, bundles=False, progress_every=1)
+    err = capsys.readouterr().err.splitlines()
+    assert code == 0
+    assert err[0].startswith("1 of 2 worlds, 0 with violations, ")
+    assert err[1] == "2 simulated worlds, 0 with violations"
+    assert err[2].startswith("GC coverage: ")
