@@ -334,26 +334,17 @@ def write_batch_files(root: Path, batch: Batch) -> None:
         path.write_bytes(body)
 
 
-TEST_SHUFFLE_CONF = {"spark.sql.shuffle.partitions": "2"}
-"""The audit tests' Spark sessions shuffle into 2 partitions (one per local core), not
-Spark's 200: the tests' tables are a few dozen rows, and 200 tasks per join cost most of a
-test's time (48 s against 21 s for the joins test). The partition count changes no
-result; the product leaves it to the operator's Spark configuration."""
-
-
 @pytest.fixture(scope="module")
 def audit_spark() -> Iterator[SparkSession]:
     """A local Spark session (local[2]) for one module's tests of the audit's Spark engine
-    (module scope: never two sessions in one process, whatever else the run starts), with
-    `TEST_SHUFFLE_CONF`."""
+    (module scope: never two sessions in one process, whatever else the run starts). Its
+    shuffle partitions are left to the audit (`size_shuffle`: 2 for the tests' stores)."""
     import logging
 
     from rollup.job.spark_session import local_spark
 
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    with local_spark(
-        master="local[2]", app_name="lm-audit-tests", extra_conf=TEST_SHUFFLE_CONF
-    ) as session:
+    with local_spark(master="local[2]", app_name="lm-audit-tests") as session:
         yield session
 
 

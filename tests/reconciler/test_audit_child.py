@@ -31,7 +31,6 @@ from store.lease import LeaseLost
 from store.memory import MemoryStore
 from store.time import store_clock
 from tests.reconciler.conftest import (
-    TEST_SHUFFLE_CONF,
     Batch,
     catalog_keys,
     cli_env,
@@ -225,9 +224,8 @@ async def test_stop_kills_a_held_child_and_the_next_term_resumes_its_audit(
 async def test_with_the_spark_engine_the_daemons_child_audits_on_spark(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The child's session takes standard PySpark configuration (`audit_spark_session`).
-    shuffle = " ".join(f"--conf {k}={v}" for k, v in TEST_SHUFFLE_CONF.items())
-    monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", f"{shuffle} pyspark-shell")
+    # Nothing configures the child's session: the audit sizes its shuffle itself.
+    monkeypatch.delenv("PYSPARK_SUBMIT_ARGS", raising=False)
     store_dir = tmp_path / "store"
     unlogged = batches_now(store_dir, agents=3)  # only an audit catalogs these
     store = FileSystemStore(store_dir)

@@ -29,7 +29,6 @@ from reconciler.context import open_context
 from rollup.job.pyfiles import build_pyfiles
 from store.open import open_store
 from tests.reconciler.audit_world import World, audit_outcome, build_world
-from tests.reconciler.conftest import TEST_SHUFFLE_CONF
 from tests.rollup.spark_cluster import StandaloneCluster, spark_submit, start_cluster
 from tests.s3_servers import TEST_REGION, RunningServer
 
@@ -113,11 +112,17 @@ def test_the_spark_engine_completes_the_audit_on_the_cluster_as_the_local_engine
         tmp_path,
         [
             *("--py-files", str(built.zip_path)),
-            *(x for k, v in TEST_SHUFFLE_CONF.items() for x in ("--conf", f"{k}={v}")),
             *(str(built.entry_path), "--config", str(config)),
         ],
     )
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    # Nothing configured the shuffle: the audit sized it, one partition per executor core.
+    [shuffle] = [
+        json.loads(x)
+        for x in (completed.stdout + completed.stderr).splitlines()
+        if '"audit_spark_shuffle"' in x
+    ]
+    assert (shuffle["rows_listed"], shuffle["partitions"]) == (18, 2), shuffle
     [line] = [x for x in completed.stdout.splitlines() if '"engine": "spark"' in x]
     printed = json.loads(line)
     assert printed["status"] == "completed"

@@ -24,6 +24,7 @@ from reconciler.audit.engines.spark_results import (
     RECORDS_SCHEMA,
     REFERENCING_SCHEMA,
 )
+from reconciler.audit.engines.spark_run import size_shuffle
 from rollup.table.storage import StoreAccess
 from store.fs import FileSystemStore
 from tests.reconciler.test_audit_joins import (
@@ -174,6 +175,7 @@ def test_spark_writes_the_local_engines_results_row_for_row(
     copies, unreadable = asyncio.run(fetch_catalog(store, names, str(tmp_path / "copies")))
     local_paths = {k: [str(tmp_path / "store" / key) for key in v] for k, v in listing.items()}
     access = StoreAccess(store.url)
+    assert size_shuffle(audit_spark, rows=100) == 2  # as the run does: a few keys, local[2]
     with (
         AuditJoins(local_paths, copies, str(tmp_path / "duck"), memory_limit_mb=64) as duck,  # type: ignore[arg-type]
         SparkAuditJoins(

@@ -17,7 +17,13 @@ import pytest
 
 from protocol import keys
 from protocol.clock import ManualClock
-from reconciler.audit.engines.spark_run import spark_audit
+from reconciler.audit.engines.spark_run import (
+    ROWS_PER_SHUFFLE_PARTITION,
+    SHUFFLE_PARTITIONS,
+    shuffle_partitions,
+    size_shuffle,
+    spark_audit,
+)
 from reconciler.audit.inventory import InventorySource
 from reconciler.audit.records import latest_audit
 from reconciler.audit.run import run_full_audit
@@ -124,6 +130,8 @@ def test_the_spark_engine_completes_the_audit_as_the_local_engine_does(
         assert stored.engine == "spark" and stored.keys_listed["accepted"] == 8
         assert stored.requests["LIST"] > 0 and stored.requests["GET"] > 0
         assert stored.keys_listed["raw-blobs"] == 9  # listed, whatever the source
+        # The joins shuffled into one partition per core (local[2]): a few dozen keys.
+        assert audit_spark.conf.get(SHUFFLE_PARTITIONS) == "2"
         # The rows it wrote itself went to the executors through the store.
         folder = keys.audit_folder(record.started_at_unix_ns, record.audit_id)
         assert await keys_under(spark_store, f"{folder}spark-results/added/")
@@ -131,3 +139,40 @@ def test_the_spark_engine_completes_the_audit_as_the_local_engine_does(
             await inventory.close()
 
     asyncio.run(scenario())
+
+
+def test_the_shuffle_is_sized_from_the_listing_unless_the_operator_sized_it() -> None:
+    """One partition per `ROWS_PER_SHUFFLE_PARTITION` listed keys, at least one per core;
+    an operator's ``spark.sql.shuffle.partitions`` stands as it is."""
+    per = ROWS_PER_SHUFFLE_PARTITION
+    assert shuffle_partitions(0, 8) == shuffle_partitions(per, 8) == 8
+    assert shuffle_partitions(0, 0) == 1
+    assert shuffle_partitions(100 * per, 8) == 100
+    assert shuffle_partitions(100 * per + 1, 8) == 101
+    assert shuffle_partitions(1_000_000_000, 64) == 4_000
+
+    class Conf:
+        def __init__(self, configured: bool) -> None:
+            self.configured = configured
+            self.set_to: dict[str, str] = {}
+
+        def contains(self, key: str) -> bool:
+            return self.configured and key == SHUFFLE_PARTITIONS
+
+        def set(self, key: str, value: str) -> None:
+            self.set_to[key] = value
+
+    class Session:  # the two things `size_shuffle` asks of a SparkSession
+        def __init__(self, configured: bool) -> None:
+            self.conf = Conf(configured)
+            self.sparkContext = self
+            self.defaultParallelism = 4
+
+        def getConf(self) -> Conf:
+            return self.conf
+
+    unset, operators = Session(configured=False), Session(configured=True)
+    assert size_shuffle(unset, 10 * per) == 10  # type: ignore[arg-type]
+    assert unset.conf.set_to == {SHUFFLE_PARTITIONS: "10"}
+    assert size_shuffle(operators, 10 * per) is None  # type: ignore[arg-type]
+    assert operators.conf.set_to == {}

@@ -88,6 +88,32 @@ def audit_spark_session(app_name: str = "lm-reconciler-audit") -> SparkSession:
     return builder.getOrCreate()
 
 
+SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
+ROWS_PER_SHUFFLE_PARTITION = 250_000
+"""The joins' rows are keys with a few columns (a couple of hundred bytes each): 250,000
+make a shuffle partition of about the 64 MiB Spark's adaptive execution aims for."""
+
+
+def shuffle_partitions(rows: int, parallelism: int) -> int:
+    """The joins' shuffle partitions for ``rows`` listed keys: one per
+    `ROWS_PER_SHUFFLE_PARTITION`, at least one per core (``parallelism``). Spark's fixed
+    200 is 100 tasks a core per join on a small store (about twice the audit's time), and
+    5 million rows a partition at a billion manifests."""
+    return max(1, parallelism, -(-rows // ROWS_PER_SHUFFLE_PARTITION))
+
+
+def size_shuffle(spark: SparkSession, rows: int) -> int | None:
+    """Set the session's shuffle partitions from the listing (`shuffle_partitions`), unless
+    the operator's Spark configuration sets them (``spark-submit --conf``,
+    ``spark-defaults.conf``, ``PYSPARK_SUBMIT_ARGS``): then theirs stand and this returns
+    None."""
+    if spark.sparkContext.getConf().contains(SHUFFLE_PARTITIONS):
+        return None
+    partitions = shuffle_partitions(rows, spark.sparkContext.defaultParallelism)
+    spark.conf.set(SHUFFLE_PARTITIONS, str(partitions))
+    return partitions
+
+
 async def configured_audit(
     ctx: ReconcilerContext,
     *,
@@ -183,6 +209,9 @@ class SparkAuditRun(AuditRun):
         except StoreError as exc:
             self._store_failure("audit_listing", exc)
             return
+        rows = sum(self._keys_listed.values())
+        partitions = await in_thread(size_shuffle, self._spark, rows)
+        ctx.log.info("audit_spark_shuffle", rows_listed=rows, partitions=partitions or "configured")
         memory_mb = max(64, ctx.settings.reconciler.audit_memory_limit_mb // 2)
         try:
             joins = await self.run_phase(
