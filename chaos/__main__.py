@@ -85,7 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
     longrun.add_argument("--hours", type=float, default=None, help="simulated hours to run")
     commands.add_parser("list", help="list the scenarios")
     add_settings_flags(
-        parser, config_help="settings file (lm-chaos uses [logging]; default: console, errors)"
+        parser,
+        config_help=(
+            "settings file (lm-chaos uses [logging]; default: console, errors; simulate: critical)"
+        ),
     )
     return parser
 
@@ -116,11 +119,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def _configure_logging(args: argparse.Namespace) -> None:
     """Console, errors only (the run's own progress lines are the output), unless the
-    settings flags say otherwise."""
+    settings flags say otherwise. ``simulate``: critical only, since its worlds' processes
+    log every fault the simulation injects as an error (thousands of expected lines a
+    run); the violations and the progress are the output."""
     if settings_flags_given(args):
         configure_logging(settings_from_flags(args).logging)
     else:
-        configure_logging(LoggingSettings(format="console", level="error"))
+        level = "critical" if args.command == "simulate" else "error"
+        configure_logging(LoggingSettings(format="console", level=level))
 
 
 def _run(args: argparse.Namespace, duration: float) -> int:
@@ -174,7 +180,6 @@ def _simulate(
     connect_s: float | None,
     *,
     bundles: bool,
-    progress_every: int = SIMULATE_PROGRESS_EVERY,
 ) -> int:
     import dataclasses
 
@@ -205,7 +210,7 @@ def _simulate(
         if not report.ok:
             failed += 1
             print(json.dumps({"seed": seed + offset, "violations": report.violations}))
-        if (offset + 1) % progress_every == 0 and offset + 1 < count:
+        if (offset + 1) % SIMULATE_PROGRESS_EVERY == 0 and offset + 1 < count:
             print(
                 f"{offset + 1} of {count} worlds, {failed} with violations, "
                 f"{time.monotonic() - started:.0f}s",

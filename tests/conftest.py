@@ -1,4 +1,5 @@
-"""Root fixtures: dummy AWS credentials for every test, and local S3 servers.
+"""Root fixtures: dummy AWS credentials for every test, local S3 servers, and logging as it
+was for tests that configure it (`restore_logging`).
 
 The servers are session-scoped (one MiniStack, one moto, started on first use and
 stopped by PID at the end); tests isolate themselves with a fresh bucket each
@@ -7,6 +8,7 @@ stopped by PID at the end); tests isolate themselves with a fresh bucket each
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 import pytest
@@ -47,6 +49,23 @@ def _plain_tracebacks_in_logs() -> Iterator[None]:
     )
     yield
     structlog.reset_defaults()
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """For a test that configures logging (`config.configure_logging`, a CLI's ``main``):
+    the root handlers, level and structlog configuration as they were before it."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    saved = structlog.get_config()
+    structlog.contextvars.clear_contextvars()
+    yield
+    structlog.contextvars.clear_contextvars()
+    for handler in root.handlers:
+        if handler not in handlers:
+            root.removeHandler(handler)
+    root.setLevel(level)
+    structlog.configure(**saved)
 
 
 @pytest.fixture(scope="session")

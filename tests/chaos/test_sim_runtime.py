@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from chaos.__main__ import _simulate
+import chaos.__main__ as chaos_cli
 from chaos.sim.runtime import run_virtual
 
 
@@ -77,14 +77,21 @@ def test_a_writer_waiting_for_the_rest_of_its_flush_interval_gets_there() -> Non
     assert 0 <= rounds < 100
 
 
+@pytest.mark.usefixtures("restore_logging")
 def test_lm_chaos_simulate_reports_progress_and_a_summary(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``lm-chaos simulate`` is long work: a line every ``progress_every`` worlds, then
-    the summary and the GC coverage; exit 0 when no world broke an invariant."""
-    code = _simulate(0, 2, None, None, bundles=False, progress_every=1)
+    """``lm-chaos simulate`` is long work: a line every ``SIMULATE_PROGRESS_EVERY`` worlds,
+    then the summary and the GC coverage, exit 0 when no world broke an invariant; and
+    none of the errors its worlds' processes log for the faults it injects (critical only,
+    by default). The worlds' faults are real: at ``--log-level error`` they are logged."""
+    monkeypatch.setattr(chaos_cli, "SIMULATE_PROGRESS_EVERY", 1)
+    code = chaos_cli.main(["simulate", "--seed", "0", "--count", "2"])
     err = capsys.readouterr().err.splitlines()
     assert code == 0
     assert err[0].startswith("1 of 2 worlds, 0 with violations, ")
-    assert err[1] == "2 simulated worlds, 0 with violations"
-    assert err[2].startswith("GC coverage: ")
+    assert err[1:3] == ["2 simulated worlds, 0 with violations", err[2]]
+    assert err[2].startswith("GC coverage: ") and len(err) == 3, err
+
+    assert chaos_cli.main(["simulate", "--seed", "0", "--count", "1", "--log-level", "error"]) == 0
+    assert "injected" in capsys.readouterr().err

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -20,19 +19,7 @@ class FakeTerminal(io.StringIO):
         return True
 
 
-@pytest.fixture(autouse=True)
-def restore_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    saved = structlog.get_config()
-    structlog.contextvars.clear_contextvars()
-    yield
-    structlog.contextvars.clear_contextvars()
-    for handler in root.handlers:
-        if handler not in handlers:
-            root.removeHandler(handler)
-    root.setLevel(level)
-    structlog.configure(**saved)
+pytestmark = pytest.mark.usefixtures("restore_logging")
 
 
 def json_lines(stream: io.StringIO) -> list[dict[str, Any]]:
