@@ -1,5 +1,5 @@
-"""Root fixtures: dummy AWS credentials for every test, local S3 servers, and logging as it
-was for tests that configure it (`restore_logging`).
+"""Root fixtures: dummy AWS credentials for every test, local S3 servers, and logging left
+as each test found it (`restore_logging`).
 
 The servers are session-scoped (one MiniStack, one moto, started on first use and
 stopped by PID at the end); tests isolate themselves with a fresh bucket each
@@ -51,10 +51,11 @@ def _plain_tracebacks_in_logs() -> Iterator[None]:
     structlog.reset_defaults()
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def restore_logging() -> Iterator[None]:
-    """For a test that configures logging (`config.configure_logging`, a CLI's ``main``):
-    the root handlers, level and structlog configuration as they were before it."""
+    """Every test leaves logging as it found it: a test that configures logging
+    (`config.configure_logging`, a CLI's ``main`` called in process) would otherwise leave
+    a handler on the stream pytest captured for it, and its level, to the tests after it."""
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     saved = structlog.get_config()

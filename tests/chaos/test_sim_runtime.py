@@ -77,7 +77,6 @@ def test_a_writer_waiting_for_the_rest_of_its_flush_interval_gets_there() -> Non
     assert 0 <= rounds < 100
 
 
-@pytest.mark.usefixtures("restore_logging")
 def test_lm_chaos_simulate_reports_progress_and_a_summary(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

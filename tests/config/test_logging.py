@@ -19,9 +19,6 @@ class FakeTerminal(io.StringIO):
         return True
 
 
-pytestmark = pytest.mark.usefixtures("restore_logging")
-
-
 def json_lines(stream: io.StringIO) -> list[dict[str, Any]]:
     return [json.loads(line) for line in stream.getvalue().splitlines()]
 
