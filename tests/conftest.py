@@ -9,6 +9,7 @@ stopped by PID at the end); tests isolate themselves with a fresh bucket each
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -51,14 +52,21 @@ def _plain_tracebacks_in_logs() -> Iterator[None]:
     structlog.reset_defaults()
 
 
+LOGGING_ENV = ("LM_LOGGING__LEVEL", "LM_LOGGING__FORMAT")
+
+
 @pytest.fixture(autouse=True)
 def restore_logging() -> Iterator[None]:
     """Every test leaves logging as it found it: a test that configures logging
     (`config.configure_logging`, a CLI's ``main`` called in process) would otherwise leave
-    a handler on the stream pytest captured for it, and its level, to the tests after it."""
+    a handler on the stream pytest captured for it, and its level, to the tests after it;
+    and a CLI's ``--log-level``/``--log-format`` set ``LM_LOGGING__*`` in this process's
+    environment (`config.cli`: for the processes it starts), which every collector a
+    later test starts would inherit (it once silenced one's info lines)."""
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     saved = structlog.get_config()
+    environment = {name: os.environ.get(name) for name in LOGGING_ENV}
     structlog.contextvars.clear_contextvars()
     yield
     structlog.contextvars.clear_contextvars()
@@ -67,6 +75,11 @@ def restore_logging() -> Iterator[None]:
             root.removeHandler(handler)
     root.setLevel(level)
     structlog.configure(**saved)
+    for name, value in environment.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(scope="session")

@@ -6,12 +6,15 @@ below the clock's float resolution still moves time (it used to spin forever); a
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 
 import pytest
 
 import chaos.__main__ as chaos_cli
 from chaos.sim.runtime import run_virtual
+
+LEVEL_BEFORE_ANY_TEST = os.environ.get("LM_LOGGING__LEVEL")  # read when pytest collects
 
 
 def test_sleeping_jumps_virtual_time() -> None:
@@ -94,3 +97,13 @@ def test_lm_chaos_simulate_reports_progress_and_a_summary(
 
     assert chaos_cli.main(["simulate", "--seed", "0", "--count", "1", "--log-level", "error"]) == 0
     assert "injected" in capsys.readouterr().err
+    # `--log-level` reached this process's environment (`config.cli`, for the processes it
+    # starts); the root fixture `restore_logging` takes it out again after this test.
+    assert os.environ["LM_LOGGING__LEVEL"] == "error"
+
+
+def test_the_log_level_flag_of_the_test_before_is_gone() -> None:
+    """`restore_logging` at work: the test above set ``LM_LOGGING__LEVEL``; tests after it
+    (and the collectors they start) must not inherit it (in CI it once silenced the info
+    lines of a collector that ``tests/config/test_cli.py`` starts)."""
+    assert os.environ.get("LM_LOGGING__LEVEL") == LEVEL_BEFORE_ANY_TEST
