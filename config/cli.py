@@ -24,6 +24,8 @@ from config.settings import LoggingSettings, Settings
 _LEVELS = get_args(LoggingSettings.model_fields["level"].annotation)
 _FORMATS = get_args(LoggingSettings.model_fields["format"].annotation)
 _ENV = {"log_level": "LM_LOGGING__LEVEL", "log_format": "LM_LOGGING__FORMAT"}
+LOGGING_ENV = tuple(_ENV.values())
+"""The environment variables `settings_from_flags` sets in this process."""
 
 
 def add_settings_flags(

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
+from config.cli import LOGGING_ENV
 from tests.s3_servers import (
     AWS_ENV_TO_REMOVE,
     RunningServer,
@@ -50,9 +51,6 @@ def _plain_tracebacks_in_logs() -> Iterator[None]:
     )
     yield
     structlog.reset_defaults()
-
-
-LOGGING_ENV = ("LM_LOGGING__LEVEL", "LM_LOGGING__FORMAT")
 
 
 @pytest.fixture(autouse=True)
