@@ -174,12 +174,7 @@ SIMULATE_PROGRESS_EVERY = 25
 
 
 def _simulate(
-    seed: int,
-    count: int,
-    late_rate: float | None,
-    connect_s: float | None,
-    *,
-    bundles: bool,
+    seed: int, count: int, late_rate: float | None, connect_s: float | None, *, bundles: bool
 ) -> int:
     import dataclasses
 

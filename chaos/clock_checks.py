@@ -38,12 +38,13 @@ def check_stamps(
     checked = 0
     for manifest, info in manifests:
         checked += 1
-        off_s = (manifest.accepted_at_unix_ns - info.last_modified_ns) / keys.NS_PER_S
-        if not -early_ns <= manifest.accepted_at_unix_ns - info.last_modified_ns <= late_ns:
+        off_ns = manifest.accepted_at_unix_ns - info.last_modified_ns
+        if not -early_ns <= off_ns <= late_ns:
             result.fail(
-                f"{info.key}: accepted_at is {off_s:+.1f}s off its LastModified (allowed "
-                f"-{early_ns / keys.NS_PER_S:g}s to +{late_ns / keys.NS_PER_S:g}s): stamped "
-                "by a clock that disagrees with the store's"
+                f"{info.key}: accepted_at is {off_ns / keys.NS_PER_S:+.1f}s off its "
+                f"LastModified (allowed -{early_ns / keys.NS_PER_S:g}s to "
+                f"+{late_ns / keys.NS_PER_S:g}s): stamped by a clock that disagrees with the "
+                "store's"
             )
     result.detail = f"{checked} manifests, store.max_clock_skew_s {max_clock_skew_s:g}"
     return result

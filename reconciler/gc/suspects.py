@@ -6,8 +6,9 @@ horizon (the GC marks it; only the rule-5 audit and the targeted proof can clear
 deletion, PROTOCOL §3.5). A suspect keeps the raw object key its row names, so a bundle
 is marked under its bundle key (PROTOCOL §3.10) from its first candidacy. The steady
 pass hands each chunk's ``blob`` rows and referenced hashes over as columns
-(`add_blobs`, `add_references`): no Python object per row. Both sets are bounded (``max_entries``): a restart or an overflow loses some
-suspects, and the audit's orphan file finds those instead.
+(`add_blobs`, `add_references`): no Python object per row. Both sets are bounded
+(``max_entries``): a restart or an overflow loses some suspects, and the audit's orphan
+file finds those instead.
 """
 
 from __future__ import annotations
