@@ -13,6 +13,16 @@ attempt landed. Retries are bounded per round (`UploadPolicy.backoff.attempts`);
 that exhausts them stays pending (`Outcome.DEFERRED`) for the caller's next round.
 ``Retry-After`` is honoured, capped at `UploadPolicy.max_retry_after_s`. Attempts rotate
 round-robin over the configured collector URLs, so a retry goes to the next collector.
+
+Failing over: when an attempt's fault is that collector's alone (no connection could be
+made, or 503 ``clock_skewed``: its clock is off the store's, PROTOCOL §3.8), the next URL
+not tried since the last wait is tried at once; the backoff delay is waited only once
+every URL has failed since then. A collector that is down or restarting costs its agents
+no waiting while another one answers, and a fault every collector may share (429, 503
+``store_unavailable``, a timeout) is still met with backoff, so a store outage is not
+multiplied by the number of URLs. Every attempt counts against `backoff.attempts`, waited
+for or not, so the bound per round is unchanged. (PROTOCOL §2 says only "retry with
+backoff"; waiting before trying a collector that has not failed protects nothing.)
 Requests in flight are limited by one semaphore per `Uploader`.
 
 Every re-send of a frame this `Uploader` sent before (a retry within a round, or the
@@ -28,12 +38,9 @@ spool after a restart are sent once without it.
 from __future__ import annotations
 
 import asyncio
-import datetime
-import email.utils
 import enum
 import hashlib
 import itertools
-import json
 import random
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -42,6 +49,7 @@ from typing import Any, Self
 import aiohttp
 import structlog
 
+from agent.answers import Answer, parse_json, reason_of, retry_after_s
 from agent.spool import ParkKind, Spool, SpoolEntry, identity_of
 from protocol.clock import Clock, SystemClock
 from protocol.keys import BatchIdentity
@@ -186,7 +194,7 @@ class Uploader:
                 entry,
                 ParkKind.POISON,
                 status=result.status,
-                reason=_reason_of(result.response, "rejected"),
+                reason=reason_of(result.response, "rejected"),
                 response=result.response,
                 extra={"url": result.url},
             )
@@ -216,19 +224,15 @@ class Uploader:
         started = self._clock.monotonic()
         delays = self.policy.backoff.delays(self._rng)
         attempts = 0
-        status: int | None = None
-        response: Any = None
-        error: str | None = None
-        url: str | None = None
-        retry_after: float | None = None
+        fail_over_to: str | None = None
+        tried: set[str] = set()  # the URLs tried since the last wait
         while True:
             attempts += 1
-            url = next(self._next_url)
+            url = fail_over_to or next(self._next_url)
+            tried.add(url)
             resend = self._note_sent(frame_sha256)
-            status, response, error, retry_after, latency = await self._attempt(
-                url, frame, resend=resend
-            )
-            outcome = _classify(status, response)
+            answer = await self._attempt(url, frame, resend=resend)
+            outcome = _classify(answer.status, answer.response)
             if outcome is not None:
                 self._sent.pop(frame_sha256, None)  # settled: never sent again
                 return BatchResult(
@@ -236,37 +240,63 @@ class Uploader:
                     frame_sha256,
                     outcome,
                     attempts,
-                    status,
-                    response,
-                    error,
+                    answer.status,
+                    answer.response,
+                    answer.error,
                     url,
-                    latency if outcome.delivered else None,
+                    answer.latency_s if outcome.delivered else None,
                     self._clock.monotonic() - started,
                 )
-            delay = next(delays, None)
+            delay = next(delays, None)  # every attempt counts, waited for or not
             if delay is None:
                 break
-            if retry_after is not None:
-                delay = max(delay, min(retry_after, self.policy.max_retry_after_s))
+            fail_over_to = self._untried_after(url, tried) if answer.collector_local else None
+            if fail_over_to is not None:
+                log.debug(
+                    "batch_fail_over",
+                    identity=str(identity),
+                    status=answer.status,
+                    error=answer.error or reason_of(answer.response, ""),
+                    url=url,
+                    to=fail_over_to,
+                )
+                continue
+            tried.clear()
+            if answer.retry_after_s is not None:
+                delay = max(delay, min(answer.retry_after_s, self.policy.max_retry_after_s))
             log.debug(
-                "batch_retry", identity=str(identity), status=status, error=error, delay_s=delay
+                "batch_retry",
+                identity=str(identity),
+                status=answer.status,
+                error=answer.error,
+                delay_s=delay,
             )
             await self._clock.sleep(delay)
         log.info(
-            "batch_deferred", identity=str(identity), attempts=attempts, status=status, error=error
+            "batch_deferred",
+            identity=str(identity),
+            attempts=attempts,
+            status=answer.status,
+            error=answer.error,
         )
         return BatchResult(
             identity,
             frame_sha256,
             Outcome.DEFERRED,
             attempts,
-            status,
-            response,
-            error,
+            answer.status,
+            answer.response,
+            answer.error,
             url,
             None,
             self._clock.monotonic() - started,
         )
+
+    def _untried_after(self, url: str, tried: set[str]) -> str | None:
+        """The first configured URL after ``url`` (in rotation order) not in ``tried``."""
+        start = self.urls.index(url)
+        later = self.urls[start + 1 :] + self.urls[:start]
+        return next((candidate for candidate in later if candidate not in tried), None)
 
     def _note_sent(self, frame_sha256: str) -> bool:
         """Remember that the frame is being sent; True if it was sent before."""
@@ -279,10 +309,8 @@ class Uploader:
                 self._sent.popitem(last=False)
         return resend
 
-    async def _attempt(
-        self, url: str, frame: bytes, *, resend: bool
-    ) -> tuple[int | None, Any, str | None, float | None, float]:
-        """One POST: ``(status, response JSON, network error, Retry-After s, latency s)``."""
+    async def _attempt(self, url: str, frame: bytes, *, resend: bool) -> Answer:
+        """One POST and its answer (``reached`` False when no connection was made)."""
         if self._session is None:
             raise RuntimeError("Uploader used outside 'async with' and without a session")
         timeout = aiohttp.ClientTimeout(total=self.policy.request_timeout_s)
@@ -292,16 +320,21 @@ class Uploader:
             try:
                 async with self._session.post(
                     url + BATCHES_PATH, data=frame, headers=headers, timeout=timeout
-                ) as answer:
-                    body = await answer.read()
+                ) as response:
+                    body = await response.read()
                     latency = self._clock.monotonic() - sent_at
-                    retry_after = _retry_after_s(
-                        answer.headers.get("Retry-After"), self._clock.now_ns()
+                    retry_after = retry_after_s(
+                        response.headers.get("Retry-After"), self._clock.now_ns()
                     )
-                    return answer.status, _parse_json(body), None, retry_after, latency
+                    return Answer(response.status, parse_json(body), None, retry_after, latency)
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                 latency = self._clock.monotonic() - sent_at
-                return None, None, f"{type(exc).__name__}: {exc}", None, latency
+                # Refused, unreachable, a name that does not resolve, a TLS handshake that
+                # failed: the frame never reached that collector. A timeout or a dropped
+                # connection may have reached it (and its store writes may still land).
+                reached = not isinstance(exc, aiohttp.ClientConnectorError)
+                error = f"{type(exc).__name__}: {exc}"
+                return Answer(None, None, error, None, latency, reached=reached)
 
 
 def _classify(status: int | None, response: Any) -> Outcome | None:
@@ -316,34 +349,3 @@ def _classify(status: int | None, response: Any) -> Outcome | None:
     if status in _POISON_STATUSES:
         return Outcome.POISON
     return None
-
-
-def _parse_json(body: bytes) -> Any:
-    try:
-        return json.loads(body) if body else None
-    except (ValueError, UnicodeDecodeError):
-        return {"unparsed_body": body[:512].decode("utf-8", "replace")}
-
-
-def _reason_of(response: Any, default: str) -> str:
-    if isinstance(response, dict) and isinstance(response.get("error"), str):
-        return str(response["error"])
-    return default
-
-
-def _retry_after_s(header: str | None, now_ns: int) -> float | None:
-    """``Retry-After`` as seconds from now: delta-seconds or an HTTP date (RFC 9110)."""
-    if header is None:
-        return None
-    header = header.strip()
-    try:
-        return max(0.0, float(header))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(header)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=datetime.UTC)
-    return max(0.0, when.timestamp() - now_ns / 1e9)
