@@ -84,6 +84,7 @@ from .store_calls import (
     AcceptedHook,
     BudgetedRequest,
     BudgetExhausted,
+    ClockSkewed,
     Created,
     FrameIdentity,
     StoreOpObserver,
@@ -252,7 +253,7 @@ class BatchAcceptor:
         """Never stamp ``accepted_at`` (an hour every index and rollup trusts) with a clock
         the store disagrees with; the agent retries, maybe on another collector."""
         if self._store_clock is not None and self._store_clock.skewed:
-            raise AcceptanceUnavailable(
+            raise ClockSkewed(
                 f"this host's clock is {self._store_clock.skew_s or 0.0:+.1f}s off the "
                 "store's, beyond store.max_clock_skew_s"
             )

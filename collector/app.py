@@ -59,6 +59,7 @@ from .query.endpoint import QueryEndpoint
 from .readiness import Readiness
 from .receivers import add_receiver_routes
 from .spool import LocalSpool, SpoolFull
+from .store_calls import ClockSkewed
 
 log = structlog.get_logger("collector.http")
 
@@ -276,12 +277,15 @@ class CollectorApp:
             )
         except BundlesFull:  # the open bundle is full and waits for a write slot
             return self.intake.overloaded().response, "overloaded", context
+        except ClockSkewed as exc:  # this collector's own refusal: the agent may fail over
+            log.warning("clock_skewed", error=str(exc), **context)
+            return self._unavailable("clock_skewed", detail=str(exc)), "clock_skewed", context
         except (AcceptanceUnavailable, StoreConfigError) as exc:
             if isinstance(exc, StoreConfigError):  # e.g. 403: credentials or bucket policy
                 log.error("store_refuses_access", error=str(exc), **context)
             else:
                 log.warning("store_unavailable", error=str(exc), **context)
-            return self._store_unavailable(), "store_unavailable", context
+            return self._unavailable(), "store_unavailable", context
         self.readiness.store_answered()
         if isinstance(result, Accepted):
             outcome = "duplicate" if result.duplicate else "accepted"
@@ -300,9 +304,9 @@ class CollectorApp:
         }
         return error_response(409, "identity_conflict", None, **body_409), "conflict", context
 
-    def _store_unavailable(self) -> web.Response:
+    def _unavailable(self, error: str = "store_unavailable", **fields: str) -> web.Response:
         headers = {"Retry-After": str(self.limits.retry_after_s)}
-        return error_response(503, "store_unavailable", headers)
+        return error_response(503, error, headers, **fields)
 
     async def _spool_batch(
         self, frame: FrameHeader, body: bytes, sha: str, context: dict[str, Any]
@@ -314,7 +318,7 @@ class CollectorApp:
             answer = await self.spool.add(identity, sha, body)
         except SpoolFull as exc:
             log.warning("spool_full", error=str(exc), **context)
-            return self._store_unavailable(), "store_unavailable", context
+            return self._unavailable(), "store_unavailable", context
         manifest_key = keys.accepted_manifest_key(identity)
         if answer.conflict_sha256 is not None:
             self.metrics.conflicts.inc()

@@ -66,6 +66,14 @@ class AcceptanceUnavailable(Exception):
     """The store did not settle the outcome within the budget. Answer 503; nothing is known."""
 
 
+class ClockSkewed(AcceptanceUnavailable):
+    """This host's clock is beyond ``store.max_clock_skew_s`` off the store's (PROTOCOL
+    §3.8), so this collector refuses every batch before writing anything. Answered 503
+    ``clock_skewed`` rather than ``store_unavailable``: the refusal is this collector's own,
+    so an agent may try another collector at once instead of backing off (`agent.uploader`).
+    """
+
+
 AcceptedHook = Callable[[records.AcceptedManifest, bytes], None]
 """Called with the manifest and the frame for every `Accepted` (new or duplicate): the
 live query window (`collector.query.sources.OwnBatches`). Must not block."""

@@ -1,14 +1,16 @@
 """PROTOCOL §3.8 in real collector processes on MiniStack: a collector whose clock is off
 the store's by more than ``store.max_clock_skew_s`` answers 503 instead of stamping
 ``accepted_at`` with a wrong hour, fails ``/readyz`` and exports the skew; one within the
-limit serves as usual. Clocks are skewed by `chaos.skewed_collector`."""
+limit serves as usual, and an agent fails over to it without waiting. Clocks are skewed by `chaos.skewed_collector`."""
 
 from __future__ import annotations
 
 import aiohttp
 import pytest
 
+from agent.uploader import Outcome, Uploader
 from protocol import keys
+from protocol.clock import ManualClock
 from store.open import open_store
 from tests.collector.conftest import (
     CollectorLauncher,
@@ -21,6 +23,7 @@ from tests.collector.conftest import (
 from tests.s3_servers import RunningServer, fresh_bucket
 
 SKEW_METRIC = "lm_collector_store_clock_skew_seconds"
+REQUESTS_METRIC = "lm_collector_requests_total"
 
 
 @pytest.mark.s3
@@ -39,7 +42,12 @@ async def test_a_collector_whose_clock_is_off_the_stores_answers_503(
     async with aiohttp.ClientSession() as session:
         refused = await post_frame(session, ahead.base_url, frame)
         assert refused.status == 503, refused
-        assert refused.json == {"error": "store_unavailable"}
+        # Its own refusal, told apart from a store outage: an agent fails over at once.
+        assert refused.json["error"] == "clock_skewed", refused
+        assert "beyond store.max_clock_skew_s" in refused.json["detail"], refused
+        assert refused.headers["Retry-After"], refused
+        metrics = (await get(session, f"{ahead.base_url}/metrics")).text
+        assert metric_value(metrics, REQUESTS_METRIC, 'outcome="clock_skewed"') == 1
         ready = await get(session, f"{ahead.base_url}/readyz")
         assert ready.status == 503 and ready.json["clock_skewed"] is True, ready
         assert ready.json["store_clock_skew_seconds"] == pytest.approx(3600, abs=5)
@@ -57,6 +65,14 @@ async def test_a_collector_whose_clock_is_off_the_stores_answers_503(
         assert ready.status == 200 and ready.json["clock_skewed"] is False, ready
         metrics = (await get(session, f"{close.base_url}/metrics")).text
         assert metric_value(metrics, SKEW_METRIC) == pytest.approx(5, abs=2)
+
+    # An agent given both collectors passes the skewed one over without waiting.
+    clock = ManualClock()
+    urls = [ahead.base_url, close.base_url]
+    async with Uploader(urls=urls, token=None, clock=clock) as uploader:
+        sent = await uploader.send(make_frame("agent-skew-failover"))
+    assert sent.outcome is Outcome.ACCEPTED and sent.attempts == 2, sent
+    assert sent.url == close.base_url and clock.monotonic() == 0.0, sent
 
     assert ahead.stop() == 0 and close.stop() == 0
     skewed_events = [e for e in ahead.events() if e.get("event") == "store_clock_skewed"]
