@@ -4,7 +4,8 @@ delivers the samples as frames, per the agent contract (PROTOCOL §2).
 Three parts, one process:
 - **scrape loop**: every ``scrape.interval_s`` (start to start; a slow round delays the
   next, never overlaps it) every target is scraped (`agent.scrape_target`), and the
-  rows, ``up`` included, are buffered in target order;
+  rows, ``up``, ``scrape_duration_seconds`` and ``scrape_samples_scraped`` included,
+  are buffered in target order;
 - **framing**: the buffer becomes frames of at most ``max_batch_points`` rows when it
   holds that many or ``flush_interval_s`` has passed, and on stop. A frame is appended
   to the durable `agent.spool.Spool` by the `agent.producer.BatchProducer` of this
@@ -175,6 +176,7 @@ class ScrapeAgent:
                     started_ns=started_ns,
                     timeout_s=s.timeout_s,
                     max_bytes=s.max_target_bytes,
+                    monotonic=self._clock.monotonic,
                 )
                 for target in self.targets
             )

@@ -92,7 +92,12 @@ async def test_a_scrape_maps_samples_to_points_with_target_labels(
     target = Target.of(f"http://127.0.0.1:{port}/metrics", {"job": "app"})
     async with aiohttp.ClientSession() as session:
         result = await scrape_target(
-            session, target, started_ns=T0_NS + 123_456_789, timeout_s=5.0, max_bytes=1 << 20
+            session,
+            target,
+            started_ns=T0_NS + 123_456_789,
+            timeout_s=5.0,
+            max_bytes=1 << 20,
+            monotonic=iter([10.0, 10.25]).__next__,
         )
     assert result.ok, result.error
     rows = {
@@ -115,6 +120,11 @@ async def test_a_scrape_maps_samples_to_points_with_target_labels(
     ) in rows
     assert ("lm_test_constant", (instance, ("job", "app")), 42.0, ts) in rows
     assert ("up", (instance, ("job", "app")), 1.0, ts) in rows
+    # What Prometheus records for every scrape: the target exposed 2 samples, and the
+    # scrape took 0.25 s on the clock it was given (one tick before, one after).
+    assert ("scrape_samples_scraped", (instance, ("job", "app")), 2.0, ts) in rows
+    assert ("scrape_duration_seconds", (instance, ("job", "app")), 0.25, ts) in rows
+    assert len(rows) == 5
     assert counter.served == [1]
 
 
@@ -142,8 +152,10 @@ async def test_a_failed_scrape_is_up_0_with_the_reason() -> None:
     assert "larger than 100 bytes" in errors[1]
     assert "cannot store the exposition" in errors[2]
     for result in results:
-        assert result.points.column("metric").to_pylist() == ["up"]
-        assert result.points.column("value").to_pylist() == [0.0]
+        metrics = result.points.column("metric").to_pylist()
+        assert metrics == ["up", "scrape_duration_seconds", "scrape_samples_scraped"]
+        up, duration, samples = result.points.column("value").to_pylist()
+        assert (up, samples) == (0.0, 0.0) and duration >= 0.0
 
 
 # --- the agent in this process ---------------------------------------------------------
