@@ -5,7 +5,7 @@ Three parts, one process:
 - **scrape loop**: every ``scrape.interval_s`` (start to start; a slow round delays the
   next, never overlaps it) every target is scraped (`agent.scrape_target`), and the
   rows, ``up``, ``scrape_duration_seconds`` and ``scrape_samples_scraped`` included,
-  are buffered in target order;
+  are buffered in target order, then the agent's own health rows (`agent.health`);
 - **framing**: the buffer becomes frames of at most ``max_batch_points`` rows when it
   holds that many or ``flush_interval_s`` has passed, and on stop. A frame is appended
   to the durable `agent.spool.Spool` by the `agent.producer.BatchProducer` of this
@@ -42,6 +42,7 @@ import aiohttp
 import pyarrow as pa
 import structlog
 
+from agent.health import AgentHealth
 from agent.producer import BatchProducer
 from agent.scrape_target import ScrapeResult, Target, scrape_target
 from agent.spool import Spool, SpoolEntry, SpoolFull
@@ -88,6 +89,8 @@ class ScrapeAgent:
         self._buffered_rows = 0
         self._last_flush = self._clock.monotonic()
         self._stats = {k: 0 for k in ScrapeStats.__dataclass_fields__}
+        self._health = AgentHealth(settings.agent_id) if settings.self_metrics else None
+        self._spool: Spool | None = None  # while `run` has it open
 
     @property
     def stats(self) -> ScrapeStats:
@@ -106,6 +109,7 @@ class ScrapeAgent:
             max_pending_frames=s.max_pending_frames,
             max_pending_bytes=s.max_pending_bytes,
         ) as spool:
+            self._spool = spool
             producer = BatchProducer(agent_id=s.agent_id, spool=spool)
             log.info(
                 "scrape_agent_started",
@@ -126,6 +130,7 @@ class ScrapeAgent:
                     with contextlib.suppress(asyncio.CancelledError):
                         await delivery
             log.info("scrape_agent_stopped", pending=spool.pending_count, **self._stats)
+            self._spool = None
         return self.stats
 
     @contextlib.asynccontextmanager
@@ -186,19 +191,34 @@ class ScrapeAgent:
             if not result.ok:
                 self._stats["failed_scrapes"] += 1
                 log.warning("scrape_failed", target=result.target.url, error=result.error)
-            rows = result.points.num_rows
-            if self._buffered_rows + rows > s.max_buffered_points:
-                self._stats["points_dropped"] += rows
-                log.error(
-                    "scrape_dropped_buffer_full",
-                    target=result.target.url,
-                    points=rows,
-                    buffered=self._buffered_rows,
-                )
-                continue
-            self._buffer.append(result.points)
-            self._buffered_rows += rows
+            self._buffer_points(result.points, result.target.url)
+        if self._health is not None:
+            spool = self._spool
+            health = self._health.points(
+                self._clock.now_ns() // 1_000_000 * 1_000_000,  # milliseconds, as scrapes
+                stats=self._stats,
+                pending_frames=spool.pending_count if spool is not None else 0,
+                pending_bytes=spool.pending_bytes if spool is not None else 0,
+                buffered_points=self._buffered_rows,
+            )
+            self._buffer_points(health, "self_metrics")
         return list(results)
+
+    def _buffer_points(self, points: pa.Table, source: str) -> None:
+        """Hold ``points`` for the next flush, or drop them (counted, logged) when the
+        memory buffer is full."""
+        rows = points.num_rows
+        if self._buffered_rows + rows > self.settings.max_buffered_points:
+            self._stats["points_dropped"] += rows
+            log.error(
+                "scrape_dropped_buffer_full",
+                target=source,
+                points=rows,
+                buffered=self._buffered_rows,
+            )
+            return
+        self._buffer.append(points)
+        self._buffered_rows += rows
 
     async def _flush(self, producer: BatchProducer, *, final: bool = False) -> None:
         """Spool the buffer as frames of at most ``max_batch_points`` rows. On a full
@@ -267,6 +287,8 @@ class ScrapeAgent:
             return Outcome.DEFERRED
         finally:
             self._delivered.set()
+        if self._health is not None:
+            self._health.delivered(result)
         return result.outcome
 
     async def _drain(self, spool: Spool, delivery: asyncio.Task[None]) -> None:

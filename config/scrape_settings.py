@@ -38,7 +38,8 @@ class ScrapeSettings(Section):
     collector_urls: list[Annotated[str, Field(pattern=r"^https?://[^/?#\s]+")]] = Field(
         default_factory=lambda: ["http://127.0.0.1:8080"], min_length=1
     )
-    """Collectors to deliver to, round-robin (a retry goes to the next one)."""
+    """Collectors to deliver to, round-robin (a retry goes to the next one; one that
+    cannot be reached, or refuses for its own clock, is passed over at once)."""
     token_file: AbsolutePath | None = None
     """File holding the bearer token; ``None`` = no Authorization header."""
     spool_dir: AbsolutePath = Path("./lm-agent-spool")
@@ -61,6 +62,10 @@ class ScrapeSettings(Section):
     max_pending_bytes: int = Field(default=1024 * MiB, ge=1)
     upload_concurrency: int = Field(default=4, ge=1)
     request_timeout_s: Seconds = 30.0
+    self_metrics: bool = True
+    """Record the agent's own health with every scrape round (``lm_agent_*`` series,
+    ``job="lm-agent"``, ``instance`` = agent_id: spool backlog, drops, deliveries by
+    outcome; `agent.health`)."""
     shutdown_grace_s: Seconds = 10.0
     """On SIGTERM: finish the scrape under way, spool what was scraped, then try this long
     to deliver what is pending (the rest stays in the spool for the next start)."""

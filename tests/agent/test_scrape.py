@@ -205,6 +205,28 @@ async def test_the_agent_spools_frames_and_a_stop_keeps_what_it_could_not_delive
     assert len(served) - len(scraped) <= stats.failed_scrapes
     if stats.failed_scrapes == 0:
         assert scraped == served  # the last scrape was spooled too
+    # The agent's own health rides along (`agent.health`): nobody listens at the
+    # collector URL, so once the first frame is spooled every later round shows a backlog.
+    health = [
+        (m, dict(labels), v)
+        for f in points
+        for m, labels, v in zip(
+            f.points.column("metric").to_pylist(),
+            f.points.column("labels").to_pylist(),
+            f.points.column("value").to_pylist(),
+            strict=True,
+        )
+        if m.startswith("lm_agent_")
+    ]
+    backlog = [v for m, _labels, v in health if m == "lm_agent_spool_pending_frames"]
+    assert backlog[0] == 0 and max(backlog) >= 1, backlog
+    assert all(labels["instance"] == "agent-inproc" for _m, labels, _v in health)
+    accepted = [
+        v
+        for m, labels, v in health
+        if m == "lm_agent_deliveries_total" and labels["outcome"] == "accepted"
+    ]
+    assert accepted and set(accepted) == {0.0}  # nothing could be delivered
 
 
 # --- processes: a collector outage and an agent restart -----------------------------------

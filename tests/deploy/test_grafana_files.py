@@ -10,6 +10,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from agent.health import AgentHealth
+from agent.scrape import ScrapeStats
 from agent.scrape_target import DURATION as SCRAPE_DURATION
 from agent.scrape_target import SAMPLES as SCRAPE_SAMPLES
 from collector.metrics import CollectorMetrics
@@ -99,6 +101,11 @@ def test_the_health_dashboard_reads_only_metrics_the_daemons_export() -> None:
         for metric in registry.collect():
             exported |= {sample.name for sample in metric.samples}
             exported |= {f"{metric.name}_bucket", f"{metric.name}_count", f"{metric.name}_total"}
+    stats = dict.fromkeys(ScrapeStats.__dataclass_fields__, 0)
+    agent = AgentHealth("a").points(
+        0, stats=stats, pending_frames=0, pending_bytes=0, buffered_points=0
+    )
+    exported |= set(agent.column("metric").to_pylist())  # what lm-agent scrape records
     dashboard = load_dashboard(HEALTH)
     used = set()
     for target in panel_targets(dashboard):
@@ -115,6 +122,7 @@ def test_the_health_dashboard_reads_only_metrics_the_daemons_export() -> None:
         "lm_reconciler_raw_retention_retired_batches",  # raw retention
         "lm_reconciler_rollup_included_through_timestamp_seconds",  # rollup lag
         "lm_reconciler_sealed_through_timestamp_seconds",  # sealed hours
+        "lm_agent_spool_pending_frames",  # agents that cannot deliver
     ):
         assert topic in used
 

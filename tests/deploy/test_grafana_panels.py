@@ -38,6 +38,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from agent.health import SELF_JOB
 from config import hash_token, load_settings
 from protocol.clock import SystemClock
 from reconciler.daemon import Reconciler
@@ -431,6 +432,7 @@ def test_a_prometheus_api_client_nobody_here_wrote_reads_our_api(scraped: World)
     names = set(client.all_metrics())
     assert {"up", "lm_store_request_seconds_bucket", "lm_collector_accepted_points_total"} <= names
     assert {"job", "instance", "op", "result"} <= set(client.get_label_names())
-    assert set(client.get_label_values("job")) == world.jobs
+    # The daemons' jobs, and the self-scrape agent's own health rows (`agent.health`).
+    assert set(client.get_label_values("job")) == world.jobs | {SELF_JOB}
     assert isinstance(client.get_metric_metadata("up"), (dict, list))
     assert client.custom_query("1+1")[1] == "2"  # a scalar: [time, "2"]
