@@ -26,6 +26,7 @@ when ``agent_id`` is given). A store that fails is 503 with ``Retry-After``.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -47,6 +48,9 @@ log = structlog.get_logger("collector.http")
 MAX_CONFLICTS_LIMIT = 10_000
 DEFAULT_CONFLICTS_LIMIT = 1000
 PARAMS = frozenset({"agent_id", "since", "limit", "after"})
+READ_CONCURRENCY = 16
+"""GETs of one page in flight at once: a page of 1,000 records on S3 (~20 ms a GET)
+takes about 1.3 s instead of 20 s one after another."""
 
 
 class ConflictQuery(NamedTuple):
@@ -112,38 +116,60 @@ def is_quarantine_key(key: str) -> bool:
 
 
 async def read_conflicts_page(store: ObjectStore, query: ConflictQuery) -> ConflictsPage:
-    """One page of ``query``: at most ``query.limit`` GETs, after ``query.after``.
+    """One page of ``query``: at most ``query.limit`` GETs, after ``query.after``, up to
+    `READ_CONCURRENCY` at once; the page is in key order whatever order they finish in.
 
     A record that does not parse is logged and skipped (it was read: it counts). After
-    the last read the listing goes on only to the next quarantine key, to tell whether
-    there is a next page (no GET). Raises the store's errors."""
+    the last key of the page the listing goes on only to the next quarantine key, to
+    tell whether there is a next page (no GET). Raises the store's errors."""
+    page, more = await _page_keys(store, query)
     conflicts: list[dict[str, Any]] = []
-    read = 0
-    last: str | None = None
+    for key, body in zip(page, await _read_all(store, page), strict=True):
+        try:
+            conflict = records.IdentityConflict.from_json(body)
+        except records.RecordError as exc:
+            log.warning("quarantine_record_unreadable", key=key, error=str(exc))
+            continue
+        if query.since_ns is not None and conflict.observed_at_unix_ns < query.since_ns:
+            continue
+        conflicts.append({**conflict.model_dump(mode="json", by_alias=True), "quarantine_key": key})
+    return ConflictsPage(conflicts, page[-1] if more else None)
+
+
+async def _page_keys(store: ObjectStore, query: ConflictQuery) -> tuple[list[str], bool]:
+    """The page's quarantine keys, and whether another one follows them."""
+    page: list[str] = []
     listing = list_prefixes(store, quarantine_prefixes(query.agent_id), start_after=query.after)
     try:
         async for info in listing:
             if not is_quarantine_key(info.key):
                 log.warning("quarantine_key_malformed", key=info.key)
                 continue
-            if read == query.limit:
-                return ConflictsPage(conflicts, last)  # one more exists
-            body, _ = await store.get(info.key)
-            read += 1
-            last = info.key
-            try:
-                conflict = records.IdentityConflict.from_json(body)
-            except records.RecordError as exc:
-                log.warning("quarantine_record_unreadable", key=info.key, error=str(exc))
-                continue
-            if query.since_ns is not None and conflict.observed_at_unix_ns < query.since_ns:
-                continue
-            conflicts.append(
-                {**conflict.model_dump(mode="json", by_alias=True), "quarantine_key": info.key}
-            )
+            if len(page) == query.limit:
+                return page, True
+            page.append(info.key)
     finally:
         await listing.aclose()
-    return ConflictsPage(conflicts, None)
+    return page, False
+
+
+async def _read_all(store: ObjectStore, page: list[str]) -> list[bytes]:
+    """Every key's body, in ``page`` order, by `READ_CONCURRENCY` readers; the first
+    failure cancels the rest and is raised."""
+    bodies: list[bytes] = [b""] * len(page)
+    turns = iter(range(len(page)))  # shared: each index is taken by one reader
+
+    async def reader() -> None:
+        for index in turns:
+            bodies[index], _etag = await store.get(page[index])
+
+    try:
+        async with asyncio.TaskGroup() as readers:
+            for _ in range(min(READ_CONCURRENCY, len(page))):
+                readers.create_task(reader())
+    except ExceptionGroup as failed:
+        raise failed.exceptions[0] from None
+    return bodies
 
 
 def conflict_filters(query: Mapping[str, Sequence[str]]) -> ConflictQuery:

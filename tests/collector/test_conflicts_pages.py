@@ -21,7 +21,9 @@ import aiohttp
 import pytest
 
 import collector.__main__ as collector_cli
+from collector import conflicts_api
 from protocol import keys, records
+from store.errors import Unavailable
 from store.fs import FileSystemStore
 from store.memory import MemoryStore
 from tests.collector.conftest import BOOT, Answer, get
@@ -343,3 +345,46 @@ def test_the_cli_follows_next_pages(
     assert [json.loads(line)["quarantine_key"] for line in out.splitlines()] == stored[:5]
     assert pages == [3, 2]
     assert "... more" in err and "5 identity conflict(s)" in err
+
+
+async def test_a_page_is_read_concurrently_bounded_and_answered_in_key_order(
+    collector: InProcessCollector, session: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`READ_CONCURRENCY` GETs at once; the later keys answer first, the page keeps key
+    order."""
+    stored = await store_25(collector.memory)
+    inner, flying, most = collector.memory.get, [0], [0]
+
+    async def slow(key: str) -> tuple[bytes, str]:
+        flying[0] += 1
+        most[0] = max(most[0], flying[0])
+        try:
+            # Earlier keys wait longer (a yield per later key), so answers finish reversed.
+            for _ in range(sum(1 for other in stored if other > key) + 1):
+                await asyncio.sleep(0)
+            return await inner(key)
+        finally:
+            flying[0] -= 1
+
+    monkeypatch.setattr(collector.memory, "get", slow)
+    answer = await conflicts(session, collector, limit="25")
+    assert answer.status == 200, answer
+    assert [c["quarantine_key"] for c in answer.json["conflicts"]] == sorted(stored)
+    assert most[0] == conflicts_api.READ_CONCURRENCY
+
+
+async def test_a_failed_get_is_503_and_no_page(
+    collector: InProcessCollector, session: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stored = sorted(await store_25(collector.memory))
+    inner = collector.memory.get
+
+    async def failing(key: str) -> tuple[bytes, str]:
+        if key == stored[7]:
+            raise Unavailable("get", key, "the store is down")
+        return await inner(key)
+
+    monkeypatch.setattr(collector.memory, "get", failing)
+    answer = await conflicts(session, collector, limit="25")
+    assert answer.status == 503 and answer.json["error"] == "store_unavailable", answer
+    assert answer.headers["Retry-After"]
