@@ -177,7 +177,7 @@ class BatchAcceptor:
         """Step 2 alone, for a frame of a bundle the caller wrote (spool mode, PROTOCOL
         §3.10): every create of this call is sent before ``send_by`` (monotonic) and
         within the request budget. Raises `AcceptanceUnavailable`."""
-        self._refuse_if_clock_skewed()
+        self.refuse_if_clock_skewed()
         request = self._request(min(self.budget_s, send_by - self._clock.monotonic()))
         identity = _identity_of(header)
         ts_range = await asyncio.to_thread(time_range_or_none, frame)
@@ -199,7 +199,7 @@ class BatchAcceptor:
         resend: bool,
         ts_range: tuple[int, int] | None,
     ) -> Accepted | IdentityConflictFound:
-        self._refuse_if_clock_skewed()
+        self.refuse_if_clock_skewed()
         request = self._request(self.budget_s)
         identity = _identity_of(header)
         placement: Placement | None = None
@@ -249,7 +249,7 @@ class BatchAcceptor:
             budget_s=budget_s,
         )
 
-    def _refuse_if_clock_skewed(self) -> None:
+    def refuse_if_clock_skewed(self) -> None:
         """Never stamp ``accepted_at`` (an hour every index and rollup trusts) with a clock
         the store disagrees with; the agent retries, maybe on another collector."""
         if self._store_clock is not None and self._store_clock.skewed:
@@ -332,7 +332,7 @@ class BatchAcceptor:
         spot: BundleSpot | None = None,
     ) -> Accepted | IdentityConflictFound:
         """Step 2. ``spot``: the frame is bytes of that bundle (PROTOCOL §3.10)."""
-        self._refuse_if_clock_skewed()
+        self.refuse_if_clock_skewed()
         manifest = records.AcceptedManifest.of_frame(
             frame,
             identity=identity,

@@ -62,6 +62,7 @@ from .spool import LocalSpool, SpoolFull
 from .store_calls import ClockSkewed
 
 log = structlog.get_logger("collector.http")
+Handled = tuple[web.Response, str, dict[str, Any]]  # the answer, its outcome, its log context
 
 REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 RESEND_HEADER = "X-Lightmetrics-Resend"
@@ -216,7 +217,7 @@ class CollectorApp:
         )
         return response
 
-    async def _post_batch(self, request: web.Request) -> tuple[web.Response, str, dict[str, Any]]:
+    async def _post_batch(self, request: web.Request) -> Handled:
         slot = self.intake.request_slot(request)
         if isinstance(slot, Refusal):
             return slot.response, slot.outcome, slot.context
@@ -267,9 +268,7 @@ class CollectorApp:
         """Give back what `admit` / `admit_bytes` reserved."""
         self.in_flight_account.release(requests, size)
 
-    async def _accept(
-        self, checked: CheckedFrame, *, resend: bool
-    ) -> tuple[web.Response, str, dict[str, Any]]:
+    async def _accept(self, checked: CheckedFrame, *, resend: bool) -> Handled:
         frame, body, sha, context = checked.header, checked.body, checked.sha256, checked.context
         try:
             result = await self.acceptor.accept(
@@ -278,8 +277,7 @@ class CollectorApp:
         except BundlesFull:  # the open bundle is full and waits for a write slot
             return self.intake.overloaded().response, "overloaded", context
         except ClockSkewed as exc:  # this collector's own refusal: the agent may fail over
-            log.warning("clock_skewed", error=str(exc), **context)
-            return self._unavailable("clock_skewed", detail=str(exc)), "clock_skewed", context
+            return self._clock_skewed(exc, context)
         except (AcceptanceUnavailable, StoreConfigError) as exc:
             if isinstance(exc, StoreConfigError):  # e.g. 403: credentials or bucket policy
                 log.error("store_refuses_access", error=str(exc), **context)
@@ -304,18 +302,26 @@ class CollectorApp:
         }
         return error_response(409, "identity_conflict", None, **body_409), "conflict", context
 
+    def _clock_skewed(self, exc: ClockSkewed, context: dict[str, Any]) -> Handled:
+        log.warning("clock_skewed", error=str(exc), **context)
+        return self._unavailable("clock_skewed", detail=str(exc)), "clock_skewed", context
+
     def _unavailable(self, error: str = "store_unavailable", **fields: str) -> web.Response:
         headers = {"Retry-After": str(self.limits.retry_after_s)}
         return error_response(503, error, headers, **fields)
 
     async def _spool_batch(
         self, frame: FrameHeader, body: bytes, sha: str, context: dict[str, Any]
-    ) -> tuple[web.Response, str, dict[str, Any]]:
+    ) -> Handled:
         """``local_spool`` mode: answer once the frame is durable locally (PROTOCOL §3.4)."""
         assert self.spool is not None
         identity = keys.BatchIdentity(frame.agent_id, frame.boot_id, frame.seq_start, frame.seq_end)
         try:
+            # Its landing would wait for this clock (§3.8): let the agent go elsewhere now.
+            self.acceptor.refuse_if_clock_skewed()
             answer = await self.spool.add(identity, sha, body)
+        except ClockSkewed as exc:
+            return self._clock_skewed(exc, context)
         except SpoolFull as exc:
             log.warning("spool_full", error=str(exc), **context)
             return self._unavailable(), "store_unavailable", context

@@ -78,3 +78,25 @@ async def test_a_collector_whose_clock_is_off_the_stores_answers_503(
     skewed_events = [e for e in ahead.events() if e.get("event") == "store_clock_skewed"]
     assert skewed_events and skewed_events[0]["skew_s"] == pytest.approx(3600, abs=5)
     assert not [e for e in close.events() if e.get("event") == "store_clock_skewed"]
+
+
+@pytest.mark.s3
+async def test_a_spooling_collector_whose_clock_is_off_refuses_rather_than_spool(
+    ministack_server: RunningServer, collectors: CollectorLauncher, tmp_path
+) -> None:
+    """In ``local_spool`` mode the stamp is made when a frame lands, which this clock
+    would hold up (§3.8): the frame is refused at once, so its agent tries another
+    collector, instead of being acknowledged into a spool that cannot land."""
+    url = f"s3://{fresh_bucket(ministack_server)}/skew-spool"
+    env = {
+        "LM_STORE__ENDPOINT_URL": ministack_server.endpoint_url,
+        "LM_STORE__MAX_CLOCK_SKEW_S": "30",
+        "LM_INGEST__ACCEPTANCE": "local_spool",
+        "LM_INGEST__SPOOL_DIR": str(tmp_path / "spool"),
+    }
+    ahead = collectors.start(store_url=url, env=env, name="ahead-spool", clock_skew_s=3600.0)
+    async with aiohttp.ClientSession() as session:
+        refused = await post_frame(session, ahead.base_url, make_frame("agent-skew-spool"))
+    assert refused.status == 503 and refused.json["error"] == "clock_skewed", refused
+    assert ahead.stop() == 0
+    assert not list((tmp_path / "spool" / "pending").glob("*.lmbatch"))  # nothing spooled
