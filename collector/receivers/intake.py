@@ -188,8 +188,8 @@ class Intake:
         frame, header = built
         try:
             stored = await land_frame(self.collector, header, frame)
-        except StoreUnavailable:
-            return Refused(None, "store_unavailable")
+        except StoreUnavailable as exc:
+            return Refused(None, exc.error)
         return Received(agent_id, decoded, stored)
 
     def _decode_and_build(

@@ -23,6 +23,7 @@ from store.errors import StoreConfigError
 
 from ..accept import AcceptanceUnavailable, Accepted
 from ..spool import SpoolFull
+from ..store_calls import ClockSkewed
 from .host import ReceiverHost
 
 log = structlog.get_logger("collector.receivers")
@@ -46,7 +47,13 @@ class Stored:
 
 
 class StoreUnavailable(Exception):
-    """The store (or the local spool) could not take the frame now; retrying may work."""
+    """The store (or the local spool) could not take the frame now; retrying may work.
+    ``error``: the refusal's code, ``store_unavailable``, or ``clock_skewed`` when this
+    host's clock is off the store's (PROTOCOL §3.8: this collector's own refusal)."""
+
+    def __init__(self, detail: str, error: str = "store_unavailable") -> None:
+        super().__init__(detail)
+        self.error = error
 
 
 async def land_frame(collector: ReceiverHost, header: FrameHeader, frame: bytes) -> Stored:
@@ -70,11 +77,12 @@ async def _accept(
     try:
         result = await collector.acceptor.accept(header, frame, sha)
     except (AcceptanceUnavailable, StoreConfigError) as exc:
+        code = "clock_skewed" if isinstance(exc, ClockSkewed) else "store_unavailable"
         if isinstance(exc, StoreConfigError):  # e.g. 403: credentials or bucket policy
             log.error("store_refuses_access", error=str(exc), **context)
         else:
-            log.warning("store_unavailable", error=str(exc), **context)
-        raise StoreUnavailable(str(exc)) from exc
+            log.warning(code, error=str(exc), **context)
+        raise StoreUnavailable(str(exc), code) from exc
     collector.readiness.store_answered()
     if isinstance(result, Accepted):
         outcome = "duplicate" if result.duplicate else "accepted"
@@ -110,7 +118,11 @@ async def _spool(
 ) -> Stored:
     assert collector.spool is not None
     try:
+        collector.acceptor.refuse_if_clock_skewed()  # its landing would wait for this clock
         answer = await collector.spool.add(identity, sha, frame)
+    except ClockSkewed as exc:
+        log.warning("clock_skewed", error=str(exc), **context)
+        raise StoreUnavailable(str(exc), "clock_skewed") from exc
     except SpoolFull as exc:
         log.warning("spool_full", error=str(exc), **context)
         raise StoreUnavailable(str(exc)) from exc

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -75,10 +76,12 @@ async def in_process_collector(
     remote_read: ReadEndpoint | None = None,
     bundles: BundleOptions | None = None,
     memory: MemoryStore | None = None,
+    store_clock: Any = None,
 ) -> AsyncIterator[InProcessCollector]:
     """The app over a fresh memory store, or ``memory`` (``spool_dir``: in ``local_spool``
     mode, acknowledging from a `LocalSpool` there; ``remote_read``: serving ``POST
-    /api/v1/read`` with it; ``bundles``: group commit, PROTOCOL §3.10)."""
+    /api/v1/read`` with it; ``bundles``: group commit, PROTOCOL §3.10; ``store_clock``:
+    this host's clock against the store's, `store.time.StoreClock` or a stand-in)."""
     memory = memory if memory is not None else MemoryStore()
     store = FaultyStore(memory, seed=1)
     clock = SystemClock()
@@ -94,6 +97,7 @@ async def in_process_collector(
         backoff=Backoff(attempts=50, base_s=0.01, cap_s=0.05),
         observe_store_op=metrics.observe_store_op,
         bundles=bundles,
+        store_clock=store_clock,
     )
     readiness = Readiness(store=store, clock=readiness_clock or clock)
     readiness.probe_passed = True

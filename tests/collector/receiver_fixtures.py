@@ -49,11 +49,17 @@ def in_process_collector(
     receivers: ReceiverSettings | None = None,
     budget_s: float = 2.0,
     spool_dir: Path | None = None,
+    store_clock: Any = None,
 ) -> AbstractAsyncContextManager[InProcessCollector]:
     """`tests.collector.inprocess.in_process_collector` with the receiver tests' tokens
     and limits."""
     return inprocess.in_process_collector(
-        tokens=TOKENS, limits=limits, receivers=receivers, budget_s=budget_s, spool_dir=spool_dir
+        tokens=TOKENS,
+        limits=limits,
+        receivers=receivers,
+        budget_s=budget_s,
+        spool_dir=spool_dir,
+        store_clock=store_clock,
     )
 
 

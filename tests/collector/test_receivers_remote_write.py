@@ -410,3 +410,25 @@ async def test_remote_write_to_a_collector_process(
             batch.manifest.raw_blob_key
         ]
     assert process.stop() == 0
+
+
+class SkewedClock:
+    """Stands in for `store.time.StoreClock` of a host an hour off the store's."""
+
+    skewed = True
+    skew_s = 3600.0
+
+
+@pytest.mark.parametrize("spooling", [False, True], ids=["acceptance", "local_spool"])
+async def test_a_collector_whose_clock_is_off_answers_503_clock_skewed_and_stores_nothing(
+    session: aiohttp.ClientSession, tmp_path: Path, spooling: bool
+) -> None:
+    spool_dir = tmp_path / "spool" if spooling else None
+    async with in_process_collector(store_clock=SkewedClock(), spool_dir=spool_dir) as running:
+        body = write_body([([("__name__", "x")], [(1.0, MS0)])])
+        status, answer, headers = await post(session, running.base_url, body)
+        assert status == 503 and answer == {"error": "clock_skewed"}, answer
+        assert int(headers["Retry-After"]) == LIMITS.retry_after_s
+        assert await accepted_batches(running.memory) == []
+    if spool_dir is not None:
+        assert not list((spool_dir / "pending").glob("*.lmbatch"))
