@@ -87,3 +87,13 @@ class AgentHealth:
             [float(value) for _name, value, _labels in rows],
             [dict(labels) for _name, _value, labels in rows],
         )
+
+
+def series_names() -> frozenset[str]:
+    """Every metric name `AgentHealth.points` records (for the dashboards' and alerts'
+    checks)."""
+    stats = dict.fromkeys(_STATS_SERIES, 0)
+    rows = AgentHealth("any").points(
+        0, stats=stats, pending_frames=0, pending_bytes=0, buffered_points=0
+    )
+    return frozenset(rows.column("metric").to_pylist())

@@ -8,8 +8,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from agent.health import AgentHealth
-from agent.scrape import ScrapeStats
+from agent.health import series_names as agent_series
 from collector.metrics import CollectorMetrics
 from tests.deploy.deploy_files import DEPLOY
 from tests.prometheus_binary import PROMTOOL, require_prometheus
@@ -42,10 +41,6 @@ def test_the_recommended_alerts_name_only_metrics_that_exist() -> None:
     for metric in CollectorMetrics().registry.collect():
         known |= {sample.name for sample in metric.samples}
         known |= {f"{metric.name}_bucket", f"{metric.name}_total"}
-    stats = dict.fromkeys(ScrapeStats.__dataclass_fields__, 0)
-    agent = AgentHealth("a").points(
-        0, stats=stats, pending_frames=0, pending_bytes=0, buffered_points=0
-    )
-    known |= set(agent.column("metric").to_pylist())
+    known |= agent_series()
     used = set(re.findall(r"\blm_[a-z_]+", recommended_rules()))
     assert used and used - known == set()

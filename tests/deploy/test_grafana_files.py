@@ -10,8 +10,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from agent.health import AgentHealth
-from agent.scrape import ScrapeStats
+from agent.health import series_names as agent_series
 from agent.scrape_target import DURATION as SCRAPE_DURATION
 from agent.scrape_target import SAMPLES as SCRAPE_SAMPLES
 from collector.metrics import CollectorMetrics
@@ -101,11 +100,7 @@ def test_the_health_dashboard_reads_only_metrics_the_daemons_export() -> None:
         for metric in registry.collect():
             exported |= {sample.name for sample in metric.samples}
             exported |= {f"{metric.name}_bucket", f"{metric.name}_count", f"{metric.name}_total"}
-    stats = dict.fromkeys(ScrapeStats.__dataclass_fields__, 0)
-    agent = AgentHealth("a").points(
-        0, stats=stats, pending_frames=0, pending_bytes=0, buffered_points=0
-    )
-    exported |= set(agent.column("metric").to_pylist())  # what lm-agent scrape records
+    exported |= agent_series()  # what lm-agent scrape records about itself
     dashboard = load_dashboard(HEALTH)
     used = set()
     for target in panel_targets(dashboard):
