@@ -5,6 +5,7 @@
 | 200                                             | delete from the spool; note duplicate |
 | 409                                             | park as conflict, log, stop retrying  |
 | 400 / 413 / 415                                 | park as poison with the response JSON |
+| no connection; 503 ``clock_skewed``              | the next collector at once (below)    |
 | 401 / 403 / 429 / 5xx / other / network / timeout | retry with jittered backoff          |
 
 Retrying is safe because a frame is immutable and the collector's answer depends only on
