@@ -303,8 +303,8 @@ class CollectorApp:
         return error_response(409, "identity_conflict", None, **body_409), "conflict", context
 
     def _clock_skewed(self, exc: ClockSkewed, context: dict[str, Any]) -> Handled:
-        log.warning("clock_skewed", error=str(exc), **context)
-        return self._unavailable("clock_skewed", detail=str(exc)), "clock_skewed", context
+        log.warning(exc.code, error=str(exc), **context)
+        return self._unavailable(exc.code, detail=str(exc)), exc.code, context
 
     def _unavailable(self, error: str = "store_unavailable", **fields: str) -> web.Response:
         headers = {"Retry-After": str(self.limits.retry_after_s)}

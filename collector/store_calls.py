@@ -68,10 +68,12 @@ class AcceptanceUnavailable(Exception):
 
 class ClockSkewed(AcceptanceUnavailable):
     """This host's clock is beyond ``store.max_clock_skew_s`` off the store's (PROTOCOL
-    §3.8), so this collector refuses every batch before writing anything. Answered 503
-    ``clock_skewed`` rather than ``store_unavailable``: the refusal is this collector's own,
-    so an agent may try another collector at once instead of backing off (`agent.uploader`).
-    """
+    §3.8), so this collector refuses every batch rather than stamp ``accepted_at`` with it
+    (checked before its first write, and again before each manifest create). Answered 503
+    `code` rather than ``store_unavailable``: the refusal is this collector's own, so an
+    agent may try another collector at once instead of backing off (`agent.uploader`)."""
+
+    code = "clock_skewed"
 
 
 AcceptedHook = Callable[[records.AcceptedManifest, bytes], None]

@@ -48,7 +48,7 @@ class Stored:
 
 class StoreUnavailable(Exception):
     """The store (or the local spool) could not take the frame now; retrying may work.
-    ``error``: the refusal's code, ``store_unavailable``, or ``clock_skewed`` when this
+    ``error``: the refusal's code, ``store_unavailable``, or `ClockSkewed.code` when this
     host's clock is off the store's (PROTOCOL §3.8: this collector's own refusal)."""
 
     def __init__(self, detail: str, error: str = "store_unavailable") -> None:
@@ -77,7 +77,7 @@ async def _accept(
     try:
         result = await collector.acceptor.accept(header, frame, sha)
     except (AcceptanceUnavailable, StoreConfigError) as exc:
-        code = "clock_skewed" if isinstance(exc, ClockSkewed) else "store_unavailable"
+        code = exc.code if isinstance(exc, ClockSkewed) else "store_unavailable"
         if isinstance(exc, StoreConfigError):  # e.g. 403: credentials or bucket policy
             log.error("store_refuses_access", error=str(exc), **context)
         else:
@@ -121,8 +121,8 @@ async def _spool(
         collector.acceptor.refuse_if_clock_skewed()  # its landing would wait for this clock
         answer = await collector.spool.add(identity, sha, frame)
     except ClockSkewed as exc:
-        log.warning("clock_skewed", error=str(exc), **context)
-        raise StoreUnavailable(str(exc), "clock_skewed") from exc
+        log.warning(exc.code, error=str(exc), **context)
+        raise StoreUnavailable(str(exc), exc.code) from exc
     except SpoolFull as exc:
         log.warning("spool_full", error=str(exc), **context)
         raise StoreUnavailable(str(exc)) from exc
