@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-CLOCK_SKEWED = "clock_skewed"  # 503 error of a collector whose own clock is off the store's
+from protocol.batch_api import CLOCK_SKEWED
 
 
 @dataclass(frozen=True, slots=True)

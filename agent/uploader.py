@@ -52,13 +52,11 @@ import structlog
 
 from agent.answers import Answer, parse_json, reason_of, retry_after_s
 from agent.spool import ParkKind, Spool, SpoolEntry, identity_of
+from protocol.batch_api import BATCHES_PATH, FRAME_CONTENT_TYPE, RESEND_HEADER
 from protocol.clock import Clock, SystemClock
 from protocol.keys import BatchIdentity
 from store.retry import Backoff
 
-CONTENT_TYPE = "application/x-lmbatch"
-BATCHES_PATH = "/v1/batches"
-RESEND_HEADER = "X-Lightmetrics-Resend"
 _POISON_STATUSES = frozenset({400, 413, 415})
 
 log = structlog.get_logger("agent.uploader")
@@ -142,7 +140,7 @@ class Uploader:
         self.policy = policy if policy is not None else UploadPolicy()
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._rng = rng if rng is not None else random.Random()
-        self._headers = {"Content-Type": CONTENT_TYPE}
+        self._headers = {"Content-Type": FRAME_CONTENT_TYPE}
         if token is not None:
             self._headers["Authorization"] = f"Bearer {token}"
         self._next_url = itertools.cycle(self.urls)

@@ -52,7 +52,7 @@ import aiohttp
 
 from agent.load import LoadSpec, SyntheticLoad
 from agent.truth import PlannedFrame
-from agent.uploader import CONTENT_TYPE, RESEND_HEADER, Outcome, Uploader, UploadPolicy
+from agent.uploader import Outcome, Uploader, UploadPolicy
 from bench._common import publish
 from bench.cost_history import history_run
 from bench.cost_report import Measured, render
@@ -61,6 +61,7 @@ from bench.counting import since
 from config import Settings
 from index import catalog
 from protocol import keys
+from protocol.batch_api import FRAME_CONTENT_TYPE, RESEND_HEADER
 from reconciler.audit.records import latest_completed_audit
 from store.base import ObjectStore
 from store.retry import Backoff
@@ -134,7 +135,7 @@ async def resend_all(
     (no header). Answers by kind."""
     answers: Counter[str] = Counter()
     slots = asyncio.Semaphore(concurrency)
-    headers = {"Content-Type": CONTENT_TYPE, **({RESEND_HEADER: "1"} if header else {})}
+    headers = {"Content-Type": FRAME_CONTENT_TYPE, **({RESEND_HEADER: "1"} if header else {})}
 
     async def one(session: aiohttp.ClientSession, url: str, frame: PlannedFrame) -> None:
         async with slots, session.post(f"{url}/v1/batches", data=frame.frame, headers=headers) as r:

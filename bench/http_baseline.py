@@ -43,6 +43,7 @@ from typing import Any
 from aiohttp import web
 
 from protocol import keys, records
+from protocol.batch_api import BATCHES_PATH
 
 # The frame's fixed header (PROTOCOL §1), read without any check.
 _HEADER = struct.Struct(">4sBBH16sQQIII")
@@ -181,7 +182,7 @@ def build_app(writer: S3Writer | FileWriter) -> web.Application:
         return web.json_response({"accepted": True, "duplicate": False, "frame_sha256": sha})
 
     app = web.Application(client_max_size=MAX_BODY_BYTES)
-    app.router.add_post("/v1/batches", post_batch)
+    app.router.add_post(BATCHES_PATH, post_batch)
     return app
 
 

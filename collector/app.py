@@ -39,6 +39,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from config.settings import ReceiverSettings
 from protocol import keys
+from protocol.batch_api import BATCHES_PATH, RESEND_HEADER, STORE_UNAVAILABLE
 from protocol.frame import FrameHeader
 from store.base import ObjectStore
 from store.errors import StoreConfigError
@@ -65,7 +66,6 @@ log = structlog.get_logger("collector.http")
 Handled = tuple[web.Response, str, dict[str, Any]]  # the answer, its outcome, its log context
 
 REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-RESEND_HEADER = "X-Lightmetrics-Resend"
 # Monotonic time of the request's first byte (its head may have trickled in).
 STARTED_AT = web.RequestKey("lm_started_at", float)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -142,7 +142,7 @@ class CollectorApp:
         app = web.Application(
             middlewares=[self._request_context], client_max_size=self.limits.max_frame_bytes
         )
-        app.router.add_post("/v1/batches", self.post_batch)
+        app.router.add_post(BATCHES_PATH, self.post_batch)
         app.router.add_get("/v1/conflicts", self.conflicts.get_conflicts)
         if self.query is not None:
             app.router.add_get("/v1/query", self.query.get_query)
@@ -283,7 +283,7 @@ class CollectorApp:
                 log.error("store_refuses_access", error=str(exc), **context)
             else:
                 log.warning("store_unavailable", error=str(exc), **context)
-            return self._unavailable(), "store_unavailable", context
+            return self._unavailable(), STORE_UNAVAILABLE, context
         self.readiness.store_answered()
         if isinstance(result, Accepted):
             outcome = "duplicate" if result.duplicate else "accepted"
@@ -306,7 +306,7 @@ class CollectorApp:
         log.warning(exc.code, error=str(exc), **context)
         return self._unavailable(exc.code, detail=str(exc)), exc.code, context
 
-    def _unavailable(self, error: str = "store_unavailable", **fields: str) -> web.Response:
+    def _unavailable(self, error: str = STORE_UNAVAILABLE, **fields: str) -> web.Response:
         headers = {"Retry-After": str(self.limits.retry_after_s)}
         return error_response(503, error, headers, **fields)
 
@@ -324,7 +324,7 @@ class CollectorApp:
             return self._clock_skewed(exc, context)
         except SpoolFull as exc:
             log.warning("spool_full", error=str(exc), **context)
-            return self._unavailable(), "store_unavailable", context
+            return self._unavailable(), STORE_UNAVAILABLE, context
         manifest_key = keys.accepted_manifest_key(identity)
         if answer.conflict_sha256 is not None:
             self.metrics.conflicts.inc()

@@ -35,6 +35,7 @@ import structlog
 from aiohttp import web
 
 from protocol import keys, records
+from protocol.batch_api import STORE_UNAVAILABLE
 from protocol.frame import MAX_AGENT_ID_BYTES
 from store.base import ObjectStore, list_prefixes
 from store.errors import StoreConfigError, StoreError
@@ -90,9 +91,7 @@ class ConflictsEndpoint:
             page = await read_conflicts_page(self.store, query)
         except (StoreError, StoreConfigError) as exc:
             log.warning("conflicts_listing_failed", error=str(exc))
-            return error_response(
-                503, "store_unavailable", {"Retry-After": str(self.retry_after_s)}
-            )
+            return error_response(503, STORE_UNAVAILABLE, {"Retry-After": str(self.retry_after_s)})
         return web.json_response(
             {"conflicts": page.conflicts, "next": page.next, "truncated": page.next is not None}
         )

@@ -30,13 +30,12 @@ from typing import Any, Literal
 from aiohttp import web
 
 from config.tokens import Principal
+from protocol.batch_api import FRAME_MEDIA_TYPES
 from protocol.frame import FrameError, FrameHeader, payload_check_memory_bound
 
 from .auth import Authenticator
 from .frame_checks import FrameChecker
 from .in_flight import InFlight
-
-FRAME_MEDIA_TYPES = frozenset({"application/x-lmbatch", "application/octet-stream"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from protocol import records
+from protocol.batch_api import CLOCK_SKEWED
 from protocol.clock import Clock
 from store.base import ObjectStore
 from store.errors import (
@@ -73,7 +74,7 @@ class ClockSkewed(AcceptanceUnavailable):
     `code` rather than ``store_unavailable``: the refusal is this collector's own, so an
     agent may try another collector at once instead of backing off (`agent.uploader`)."""
 
-    code = "clock_skewed"
+    code = CLOCK_SKEWED
 
 
 AcceptedHook = Callable[[records.AcceptedManifest, bytes], None]

@@ -49,6 +49,7 @@ from config import SettingsError, configure_logging
 from config.cli import add_settings_flags, settings_flags_given, settings_from_flags
 from demo import lifecycle_step, query_step, receivers_step, reconcile_step, rollup_step
 from protocol import keys, records
+from protocol.batch_api import BATCHES_PATH, FRAME_CONTENT_TYPE
 from protocol.frame_encode import encode_frame, points_table
 from store.fs import FileSystemStore
 
@@ -215,7 +216,7 @@ async def _send_conflict(url: str, result: FleetResult) -> dict[str, Any]:
     async with (
         aiohttp.ClientSession() as session,
         session.post(
-            f"{url}/v1/batches", data=frame, headers={"Content-Type": "application/x-lmbatch"}
+            url + BATCHES_PATH, data=frame, headers={"Content-Type": FRAME_CONTENT_TYPE}
         ) as response,
     ):
         return {"status": response.status, "body": await response.json(), "identity": identity}

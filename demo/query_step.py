@@ -23,6 +23,7 @@ import aiohttp
 
 from collector.launch import start_collector
 from demo import promql_step
+from protocol.batch_api import BATCHES_PATH, FRAME_CONTENT_TYPE
 from protocol.frame_encode import encode_frame, points_table
 
 DEADLINE_S = 30.0
@@ -73,7 +74,7 @@ async def _ask(url: str, start_ns: int, step: Callable[[str], None]) -> list[str
     async with aiohttp.ClientSession() as session:
         frame = _live_frame(now)
         async with session.post(
-            f"{url}/v1/batches", data=frame, headers={"Content-Type": "application/x-lmbatch"}
+            url + BATCHES_PATH, data=frame, headers={"Content-Type": FRAME_CONTENT_TYPE}
         ) as response:
             if response.status != 200:
                 return [f"the live batch was answered {response.status}"]

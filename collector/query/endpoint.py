@@ -51,6 +51,7 @@ from aiohttp import web
 
 from config.settings import QuerySettings
 from index.rows import IndexFileError
+from protocol.batch_api import STORE_UNAVAILABLE
 from rollup.read.chain_index import TravelTooFar
 from rollup.table.commit import VersionNotFound
 from rollup.table.manifest import RollupManifestError, Snapshot
@@ -163,7 +164,7 @@ class QueryEndpoint:
         except (StoreError, StoreConfigError, RollupManifestError, IndexFileError, OSError) as exc:
             log.warning("query_store_unavailable", error=str(exc))
             headers = {"Retry-After": str(self.retry_after_s)}
-            return error_response(503, "store_unavailable", headers, detail=str(exc))
+            return error_response(503, STORE_UNAVAILABLE, headers, detail=str(exc))
         finally:
             self._running -= 1
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import structlog
 
 from protocol import keys
+from protocol.batch_api import STORE_UNAVAILABLE
 from protocol.frame import FrameHeader
 from store.errors import StoreConfigError
 
@@ -51,7 +52,7 @@ class StoreUnavailable(Exception):
     ``error``: the refusal's code, ``store_unavailable``, or `ClockSkewed.code` when this
     host's clock is off the store's (PROTOCOL §3.8: this collector's own refusal)."""
 
-    def __init__(self, detail: str, error: str = "store_unavailable") -> None:
+    def __init__(self, detail: str, error: str = STORE_UNAVAILABLE) -> None:
         super().__init__(detail)
         self.error = error
 
@@ -77,7 +78,7 @@ async def _accept(
     try:
         result = await collector.acceptor.accept(header, frame, sha)
     except (AcceptanceUnavailable, StoreConfigError) as exc:
-        code = exc.code if isinstance(exc, ClockSkewed) else "store_unavailable"
+        code = exc.code if isinstance(exc, ClockSkewed) else STORE_UNAVAILABLE
         if isinstance(exc, StoreConfigError):  # e.g. 403: credentials or bucket policy
             log.error("store_refuses_access", error=str(exc), **context)
         else:
