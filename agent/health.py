@@ -17,7 +17,7 @@ when it recovers, so the backlog's history is kept; their absence is itself the 
 | ``lm_agent_scrapes_total`` / ``lm_agent_scrapes_failed_total`` | counter | target scrapes |
 | ``lm_agent_frames_spooled_total``, ``lm_agent_points_spooled_total`` | counter | framed and spooled |
 | ``lm_agent_points_dropped_total`` | counter | scraped rows dropped (memory buffer full) |
-| ``lm_agent_deliveries_total{outcome}`` | counter | rounds of delivery per frame, by outcome |
+| ``lm_agent_deliveries_total{outcome}`` | counter | rounds of delivery per frame, by outcome (a round the spool's disk failed is ``deferred``) |
 | ``lm_agent_delivery_attempts_total`` | counter | POSTs to collectors (retries included) |
 
 Counters count from the process's start (a restart resets them; ``rate`` and ``increase``
@@ -59,6 +59,12 @@ class AgentHealth:
         """One frame's round of delivery ended (`agent.uploader.Uploader.deliver`)."""
         self._deliveries[result.outcome] += 1
         self._attempts += result.attempts
+
+    def deferred_locally(self) -> None:
+        """One frame's round ended on a local failure (the spool's disk): counted as a
+        ``deferred`` round, since the frame stays pending for the next. Its POSTs, if any
+        were made before the failure, are not known here and not counted."""
+        self._deliveries[Outcome.DEFERRED] += 1
 
     def points(
         self,

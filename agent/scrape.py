@@ -284,6 +284,8 @@ class ScrapeAgent:
             result = await uploader.deliver(spool, entry)
         except OSError as exc:  # the spool's disk: keep the frame pending
             log.error("delivery_failed", identity=str(entry.identity), error=str(exc))
+            if self._health is not None:
+                self._health.deferred_locally()
             return Outcome.DEFERRED
         finally:
             self._delivered.set()

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 from agent.health import SELF_JOB, AgentHealth
-from agent.uploader import BatchResult, Outcome
+from agent.scrape import ScrapeAgent
+from agent.spool import Spool
+from agent.uploader import BatchResult, Outcome, Uploader
+from config import ScrapeSettings
 from protocol.keys import BatchIdentity
 
 STATS = {
@@ -61,3 +67,36 @@ def test_a_round_records_the_backlog_the_counters_and_every_outcome() -> None:
     labels = [dict(labels) for labels in table.column("labels").to_pylist()]
     assert all(row["job"] == SELF_JOB and row["instance"] == "node-1" for row in labels)
     assert set(table.column("ts").cast("int64").to_pylist()) == {1_760_000_000_000_000_000}
+
+
+async def test_a_round_the_spool_disk_failed_is_counted_deferred(tmp_path: Path) -> None:
+    """`agent.scrape.ScrapeAgent`'s delivery: a round that fails on the local disk (the
+    uploader raises OSError reading or retiring the frame) is a ``deferred`` round in the
+    agent's own rows, like a round no collector answered."""
+
+    class DiskFailing:
+        async def deliver(self, spool: object, entry: object) -> BatchResult:
+            raise OSError(5, "Input/output error")
+
+    settings = ScrapeSettings(
+        agent_id="node-2", collector_urls=["http://127.0.0.1:9"], spool_dir=tmp_path / "spool"
+    )
+    agent = ScrapeAgent(settings=settings, token=None)
+    entry = SimpleNamespace(identity=BatchIdentity("node-2", uuid.UUID(int=2), 0, 0))
+    outcome = await agent._deliver(cast(Spool, None), cast(Uploader, DiskFailing()), entry)
+    assert outcome is Outcome.DEFERRED
+    assert agent._health is not None
+    table = agent._health.points(
+        0, stats=STATS, pending_frames=1, pending_bytes=1, buffered_points=0
+    )
+    deferred = [
+        value
+        for metric, labels, value in zip(
+            table.column("metric").to_pylist(),
+            table.column("labels").to_pylist(),
+            table.column("value").to_pylist(),
+            strict=True,
+        )
+        if metric == "lm_agent_deliveries_total" and dict(labels)["outcome"] == "deferred"
+    ]
+    assert deferred == [1.0]
