@@ -7,7 +7,7 @@ authorize for the header's agent_id, payload, hash); then the acceptance protoco
 written before the frame is valid and authorized. A request carrying
 ``X-Lightmetrics-Resend: 1`` is checked against the accepted manifest first (§3.2).
 
-In ``local_spool`` mode (`collector.spool`) the last step is "fsync into the local spool"
+In ``local_spool`` mode (`collector.local_spool`) the last step is "fsync into the local spool"
 instead, and 200 bodies carry ``"spooled": true``.
 
 The receivers (`collector.receivers`: ``POST /api/v1/write``, ``POST /v1/metrics``) are
@@ -46,12 +46,14 @@ from store.errors import StoreConfigError
 
 from .accept import AcceptanceUnavailable, Accepted, BatchAcceptor, BundlesFull
 from .auth import Authenticator
+from .batch_answers import accepted_response, conflict_response
 from .bundles.acceptance import InFlightBytes
 from .conflicts_api import ConflictsEndpoint
 from .connections import ConnectionGuard
 from .frame_checks import FrameChecker
 from .in_flight import InFlight
 from .intake import BatchIntake, CheckedFrame, HttpLimits, Refusal, error_response
+from .local_spool.spool import LocalSpool, SpoolFull
 from .metrics import CollectorMetrics
 from .promql.engine_setup import PromqlEngineParts, build_promql_engine
 from .promql.names import NamesEndpoint
@@ -59,7 +61,6 @@ from .promql.read_endpoint import ReadEndpoint
 from .query.endpoint import QueryEndpoint
 from .readiness import Readiness
 from .receivers import add_receiver_routes
-from .spool import LocalSpool, SpoolFull
 from .store_calls import ClockSkewed
 
 log = structlog.get_logger("collector.http")
@@ -291,16 +292,22 @@ class CollectorApp:
             if not result.duplicate:
                 self.metrics.bytes_accepted.inc(len(body))
                 self.metrics.points_accepted.inc(frame.record_count)
-            return web.json_response(self._accepted_body(result, sha)), outcome, context
+            answer = accepted_response(
+                result.manifest.identity,
+                frame_sha256=sha,
+                collector_id=self.collector_id,
+                duplicate=result.duplicate,
+            )
+            return answer, outcome, context
         self.metrics.conflicts.inc()
         self.metrics.store_ops_per_batch.labels(outcome="conflict").observe(result.store_ops)
-        body_409 = {
-            "accepted_frame_sha256": result.accepted.frame_sha256,
-            "submitted_frame_sha256": result.submitted_frame_sha256,
-            "accepted_manifest_key": result.accepted.manifest_key,
-            "quarantine_key": result.quarantine_key,
-        }
-        return error_response(409, "identity_conflict", None, **body_409), "conflict", context
+        conflict = conflict_response(
+            result.accepted.identity,
+            accepted_sha256=result.accepted.frame_sha256,
+            submitted_sha256=result.submitted_frame_sha256,
+            quarantine_key=result.quarantine_key,
+        )
+        return conflict, "conflict", context
 
     def _clock_skewed(self, exc: ClockSkewed, context: dict[str, Any]) -> Handled:
         log.warning(exc.code, error=str(exc), **context)
@@ -325,52 +332,27 @@ class CollectorApp:
         except SpoolFull as exc:
             log.warning("spool_full", error=str(exc), **context)
             return self._unavailable(), STORE_UNAVAILABLE, context
-        manifest_key = keys.accepted_manifest_key(identity)
         if answer.conflict_sha256 is not None:
             self.metrics.conflicts.inc()
-            body_409 = {
-                "accepted_frame_sha256": answer.conflict_sha256,
-                "submitted_frame_sha256": sha,
-                "accepted_manifest_key": manifest_key,
-                "quarantine_key": keys.quarantine_key(identity, sha),
-            }
-            return error_response(409, "identity_conflict", None, **body_409), "conflict", context
+            conflict = conflict_response(
+                identity,
+                accepted_sha256=answer.conflict_sha256,
+                submitted_sha256=sha,
+                quarantine_key=keys.quarantine_key(identity, sha),
+            )
+            return conflict, "conflict", context
         if not answer.duplicate:
             self.metrics.bytes_accepted.inc(len(body))
             self.metrics.points_accepted.inc(frame.record_count)
         outcome = "duplicate" if answer.duplicate else "accepted"
-        return (
-            web.json_response(
-                {
-                    "accepted": True,
-                    "duplicate": answer.duplicate,
-                    "spooled": True,
-                    "agent_id": frame.agent_id,
-                    "boot_id": str(frame.boot_id),
-                    "seq_start": frame.seq_start,
-                    "seq_end": frame.seq_end,
-                    "frame_sha256": sha,
-                    "manifest_key": manifest_key,
-                    "collector_id": self.collector_id,
-                }
-            ),
-            outcome,
-            context,
+        accepted = accepted_response(
+            identity,
+            frame_sha256=sha,
+            collector_id=self.collector_id,
+            duplicate=answer.duplicate,
+            spooled=True,
         )
-
-    def _accepted_body(self, result: Accepted, sha: str) -> dict[str, Any]:
-        manifest = result.manifest
-        return {
-            "accepted": True,
-            "duplicate": result.duplicate,
-            "agent_id": manifest.agent_id,
-            "boot_id": manifest.boot_id,
-            "seq_start": manifest.seq_start,
-            "seq_end": manifest.seq_end,
-            "frame_sha256": sha,
-            "manifest_key": manifest.manifest_key,
-            "collector_id": self.collector_id,
-        }
+        return accepted, outcome, context
 
     async def _buildinfo(self) -> dict[str, Any] | None:
         """The engine's ``buildinfo`` (Grafana picks features by it), None while it is down."""

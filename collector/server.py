@@ -42,14 +42,14 @@ from .app import CollectorApp
 from .auth import Authenticator
 from .connections import GuardedTCPSite
 from .intake import HttpLimits
+from .local_spool.landed import LandedMemoryError
+from .local_spool.lander import SpoolLander
+from .local_spool.spool import LocalSpool
 from .metrics import CollectorMetrics
 from .probe import probe_for
 from .process_memory import prepare_worker_process
 from .query.setup import build_query
 from .readiness import Readiness
-from .spool import LocalSpool
-from .spool_landed import LandedMemoryError
-from .spool_lander import SpoolLander
 from .startup_checks import StartupError as StartupError  # re-exported: callers import it here
 from .startup_checks import check_startup as check_startup
 

@@ -2,9 +2,9 @@
 PROTOCOL §3.4, and §3.10 "Writing", spool mode).
 
 One collector of the world runs in ``local_spool`` mode (`SimSpool`): it answers a batch
-once the frame is in its spool (`collector.spool.LocalSpool`, in a directory of the run's
+once the frame is in its spool (`collector.local_spool.spool.LocalSpool`, in a directory of the run's
 own), as `collector.app` does: 200, or 409 naming the identity's winner. A
-`collector.spool_lander.SpoolLander` lands the spool every
+`collector.local_spool.lander.SpoolLander` lands the spool every
 ``ingest.object_landing_interval_ms`` through the world's spool acceptor, with group
 commit, over a faulty, delayed store. The rule checked here is the spool's: the frame
 answered 200 is the one the store accepts and the one answered 409 is quarantined
@@ -38,8 +38,8 @@ from pathlib import Path
 from chaos.sim.agents import SimAgents
 from chaos.sim.frames import SimHeader, sim_frame
 from chaos.sim.world import SimWorld
-from collector.spool import LocalSpool, SpoolFull
-from collector.spool_lander import SpoolLander
+from collector.local_spool.lander import SpoolLander
+from collector.local_spool.spool import LocalSpool, SpoolFull
 from protocol import keys, records
 from store.errors import NotFound
 

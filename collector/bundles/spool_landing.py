@@ -1,6 +1,6 @@
 """Spool mode lands in bundles (PROTOCOL §3.10 "Writing", spool mode; §3.4).
 
-`SpoolBundles` is used by `collector.spool_lander.SpoolLander` while group commit is in
+`SpoolBundles` is used by `collector.local_spool.lander.SpoolLander` while group commit is in
 effect (the acceptor has a bundler and the store's feature gate says so). A landing round
 takes a *window* of spooled frames in acknowledgement order (`window_end`): the longest
 prefix holding at most one frame per identity, closing as a bundle does (``max_frames``,

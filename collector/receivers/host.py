@@ -15,9 +15,9 @@ from ..accept import BatchAcceptor
 from ..auth import Authenticator
 from ..frame_checks import FrameChecker
 from ..intake import HttpLimits
+from ..local_spool.spool import LocalSpool
 from ..metrics import CollectorMetrics
 from ..readiness import Readiness
-from ..spool import LocalSpool
 
 
 class ReceiverHost(Protocol):

@@ -1,5 +1,5 @@
 """One built frame through the collector's acceptance, exactly as ``POST /v1/batches``
-lands it: `collector.accept.BatchAcceptor.accept` in strict mode, `collector.spool.LocalSpool`
+lands it: `collector.accept.BatchAcceptor.accept` in strict mode, `collector.local_spool.spool.LocalSpool`
 in ``local_spool`` mode, with the same metrics and readiness updates.
 
 Outcomes: `Stored` (new or duplicate), or `StoreUnavailable` (answer a retryable status;
@@ -23,7 +23,7 @@ from protocol.frame import FrameHeader
 from store.errors import StoreConfigError
 
 from ..accept import AcceptanceUnavailable, Accepted
-from ..spool import SpoolFull
+from ..local_spool.spool import SpoolFull
 from ..store_calls import ClockSkewed
 from .host import ReceiverHost
 

@@ -20,7 +20,7 @@ import pytest
 from chaos.sim.simulation import simulate
 from collector.accept import AcceptanceUnavailable
 from collector.bundles.spool_landing import SpooledFrame
-from collector.spool_lander import LandingReport, SpoolLander
+from collector.local_spool.lander import LandingReport, SpoolLander
 from tests.chaos.test_simulation_bundles import BUNDLED
 
 SPOOL_WORLD = dataclasses.replace(BUNDLED, seed=0, spool_agents=3)

@@ -26,10 +26,10 @@ from collector.auth import Authenticator
 from collector.bundles.options import BundleOptions
 from collector.connections import GuardedTCPSite
 from collector.intake import HttpLimits
+from collector.local_spool.spool import LocalSpool
 from collector.metrics import CollectorMetrics
 from collector.promql.read_endpoint import ReadEndpoint
 from collector.readiness import Readiness
-from collector.spool import LocalSpool
 from config import Principal, ReceiverSettings, TokenTable, hash_token
 from index.log_writer import IndexLogWriter
 from protocol.clock import Clock, SystemClock

@@ -20,8 +20,8 @@ import pytest
 from chaos.faulty_store import Fault, FaultyStore
 from collector.accept import BatchAcceptor
 from collector.launch import start_collector
-from collector.spool import LocalSpool, SpoolFull
-from collector.spool_lander import SpoolLander
+from collector.local_spool.lander import SpoolLander
+from collector.local_spool.spool import LocalSpool, SpoolFull
 from index.log_writer import IndexLogWriter
 from protocol import keys, records
 from protocol.clock import ManualClock

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from collector.spool import LocalSpool, file_name
-from collector.spool_landed import FILE_NAME, LandedMemory, LandedMemoryError
+from collector.local_spool.landed import FILE_NAME, LandedMemory, LandedMemoryError
+from collector.local_spool.spool import LocalSpool, file_name
 from protocol import keys
 from store.memory import MemoryStore
 from tests.collector.test_spool import BOOT, frame, identity, lander_for, sha

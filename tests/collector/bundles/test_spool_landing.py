@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from collector.spool import LocalSpool
-from collector.spool_lander import SpoolLander
+from collector.local_spool.lander import SpoolLander
+from collector.local_spool.spool import LocalSpool
 from protocol import keys, records
 from protocol.frame import decode_header
 from tests.collector.bundles.harness import BundleHarness, frame_sha, frames

@@ -30,8 +30,8 @@ from protocol.frame import FrameError, decode_header
 from store.base import ObjectStore
 from store.errors import NotFound, StoreError
 
-from .accept import AcceptanceUnavailable, Accepted, BatchAcceptor, IdentityConflictFound
-from .bundles.spool_landing import SpoolBundles, SpooledFrame
+from ..accept import AcceptanceUnavailable, Accepted, BatchAcceptor, IdentityConflictFound
+from ..bundles.spool_landing import SpoolBundles, SpooledFrame
 from .spool import LocalSpool
 
 log = structlog.get_logger("collector.spool")

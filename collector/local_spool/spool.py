@@ -1,7 +1,7 @@
 """Local spool acceptance (PROTOCOL §3.4, ``ingest.acceptance = "local_spool"``).
 
 The collector acknowledges a batch once its frame is fsync'd into a local directory, and
-a lander (`collector.spool_lander`) runs the acceptance protocol (`collector.accept`) on
+a lander (`collector.local_spool.lander`) runs the acceptance protocol (`collector.accept`) on
 spooled frames every ``ingest.object_landing_interval_ms``. A restart lands whatever the
 spool still holds. Single collector process only: with two, each would decide
 acceptance locally.
@@ -14,7 +14,7 @@ answered 200 is the one the store accepts and the one answered 409 is quarantine
 whatever their hashes.
 
 **What the answer can say.** Each identity has a winner: the ``frame_sha256`` the spool
-landed for it (`collector.spool_landed`, remembered durably for the retry horizon), else
+landed for it (`collector.local_spool.landed`, remembered durably for the retry horizon), else
 its first spooled frame. A frame with the winner's hash is a duplicate (200); any other
 is a conflict (409 naming the winner, the frame spooled once so that landing quarantines
 it: record written, blob kept). The one limit (PROTOCOL §3.4): when the store held the
@@ -49,7 +49,7 @@ import structlog
 
 from protocol import keys
 
-from .spool_landed import LandedMemory
+from .landed import LandedMemory
 
 log = structlog.get_logger("collector.spool")
 SUFFIX = ".lmbatch"
