@@ -147,6 +147,7 @@ class CollectorApp:
         app.router.add_get("/v1/conflicts", self.conflicts.get_conflicts)
         if self.query is not None:
             app.router.add_get("/v1/query", self.query.get_query)
+            app.on_cleanup.append(self.query.close)
         if self.remote_read is not None:
             app.router.add_post("/api/v1/read", self.remote_read.post_read)
         if self.names is not None:

@@ -23,19 +23,35 @@ that were accepted later and overlap their range (``sources.late_batches``,
 
 Cost: the audit records are listed at most every ``refresh_interval_s`` (few: the
 reconciler trims them). A sealed hour's catalog changes rarely — an audit's superseding
-row, a retraction's ``retracted`` row (PROTOCOL §3.7) — so each is read once per process
-(its totals kept: a few dozen bytes an hour of history), at most `MAX_HOURS_PER_CALL` per
-query (until all are read, ``sealed_through_ns`` stops at the first unread one), and read
+row, a retraction's ``retracted`` row (PROTOCOL §3.7), its final compaction — so each is
+read once per process (its totals kept: a few dozen bytes an hour of history), and read
 again when a ``catalog-created`` entry names a new file in it: at the same refresh, the
-entries created since the last one seen are listed (one LIST, and, once an hour is cached,
-one small GET per new catalog file: the files the reconciler wrote meanwhile, never
-history). The catalog is listed only from the first hour not yet read.
+entries created since the last one seen are listed (one LIST, and, once an hour is
+cached, one small GET per new catalog file: the files the reconciler wrote meanwhile,
+never history). The catalog is listed only from the first hour not yet read.
+
+**Time.** Reading an hour's totals is out of core and costs what the hour holds: ~40 ms
+for an hour of 3,600 batches, about a minute for one of 3.6 million (1,000 batches/s,
+bench/RESULTS.md "One busy catalog hour"). A query collector that starts on a long
+history has every sealed hour to read once, which no query should wait for. So the
+reading runs in one background task per process, one hour at a time, oldest first (its
+memory is one hour's, under the DuckDB limit), started by the first answer that needs
+it; an answer waits for it at most ``query.history_wait_s`` and is then answered with what is
+read so far: ``sealed_through_ns`` stops at the first hour not read yet, or whose new
+file is not read yet (conservative: ``complete`` is false until then, never wrongly
+true). Progress is kept hour by hour. A read that fails (the store, an unreadable
+catalog file) is raised to the answer that waits for it, or to the next one, which then
+starts reading again from where it stopped.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import Callable
+
+import structlog
 
 from index.audits import iter_audits_newest_first, sealed_limit_ns
 from protocol import keys
@@ -46,7 +62,9 @@ from store.base import ObjectStore
 from store.errors import NotFound
 
 NS_PER_S = 1_000_000_000
-MAX_HOURS_PER_CALL = 256
+MAX_HOURS_PER_LISTING = 256  # hours listed at a time by the history reader
+
+log = structlog.get_logger("collector.query.coverage")
 
 
 def first_uncovered_ns(
@@ -75,17 +93,21 @@ class Coverage:
         settle_margin_s: float,
         refresh_interval_s: float,
         monotonic: Callable[[], float] = time.monotonic,
+        history_wait_s: float = 1.0,
     ) -> None:
         self._store = store
         self.margin_ns = int(settle_margin_s * NS_PER_S)
         self._refresh_s = refresh_interval_s
         self._monotonic = monotonic
+        self._wait_s = history_wait_s
         self._audit_started: int | None = None
         self._checked_at: float | None = None
         self._catalog: dict[str, LedgerHour] = {}
         self._read_through_ns = 0  # sealed catalog hours before this are in _catalog
         self._entries_after: str | None = None  # catalog-created entries seen through here
         self._changed: set[str] = set()  # cached hours a new catalog file landed in
+        self._reading: str | None = None  # the hour the reader is reading now
+        self._reader: asyncio.Task[None] | None = None
 
     async def _audit_started_ns(self) -> int | None:
         now = self._monotonic()
@@ -100,13 +122,14 @@ class Coverage:
 
     async def _note_new_catalog_files(self) -> None:
         """The cached hours a catalog file created since the last look landed in
-        (PROTOCOL §3.7: a reader caching an hour's totals reads it again then)."""
+        (PROTOCOL §3.7: a reader caching an hour's totals reads it again then); the hour
+        being read counts as cached (its read may have listed before the file landed)."""
         prefix = keys.INDEX_CATALOG_CREATED_PREFIX
         start = self._entries_after
         listed = [info.key async for info in self._store.list(prefix, start_after=start)]
         if listed:
             self._entries_after = listed[-1]
-        if start is None or not self._catalog:
+        if start is None or (not self._catalog and self._reading is None):
             # The first look, or nothing cached yet: every hour is read afresh anyway (an
             # entry is created after its file, so such a read holds the file).
             return
@@ -116,15 +139,32 @@ class Coverage:
                 hour = keys.parse_index_catalog_key(CatalogCreated.from_json(body).catalog_key)[0]
             except (NotFound, RecordError, keys.KeyFormatError):
                 continue  # trimmed, or not an entry: nothing cached to refresh by it
-            if hour.iso in self._catalog:
+            if hour.iso in self._catalog or hour.iso == self._reading:
                 self._changed.add(hour.iso)
 
+    # --- the history reader (one task) ---------------------------------------------------
+
+    async def _read_history(self, limit_ns: int) -> None:
+        """Read hours changed since they were cached, then sealed hours before
+        ``limit_ns`` not read yet, oldest first, one at a time; progress is kept hour by
+        hour."""
+        while self._changed:
+            iso = min(self._changed)
+            self._changed.discard(iso)  # a file landing during the read marks it again
+            self._catalog[iso] = await self._read_hour(keys.UtcHour.parse_iso(iso))
+        while self._read_through_ns < limit_ns:
+            await self._read_sealed_catalog(limit_ns)
+
+    async def _read_hour(self, hour: keys.UtcHour) -> LedgerHour:
+        self._reading = hour.iso
+        try:
+            return await read_catalog_totals(self._store, hour)
+        finally:
+            self._reading = None
+
     async def _read_sealed_catalog(self, limit_ns: int) -> None:
-        """Read sealed catalog hours not read yet, oldest first, at most
-        `MAX_HOURS_PER_CALL` per call (a first query on a long history stays quick; its
-        answer is conservative until the hours are read)."""
-        if limit_ns <= self._read_through_ns:
-            return
+        """List up to `MAX_HOURS_PER_LISTING` sealed catalog hours not read yet and read
+        them, oldest first."""
         start_after = None
         if self._read_through_ns:
             start_after = keys.index_catalog_hour_prefix(
@@ -141,21 +181,54 @@ class Coverage:
                 break
             if hours and hours[-1] == hour:
                 continue
-            if len(hours) == MAX_HOURS_PER_CALL:
-                read_through = hour.start_ns  # the rest next time
+            if len(hours) == MAX_HOURS_PER_LISTING:
+                read_through = hour.start_ns  # the rest at the next listing
                 break
             hours.append(hour)
-        for hour in hours:
-            self._catalog[hour.iso] = await read_catalog_totals(self._store, hour)
-        self._read_through_ns = read_through
+        for i, hour in enumerate(hours):
+            self._catalog[hour.iso] = await self._read_hour(hour)
+            # The hours between two listed ones have no catalog file: nothing to read.
+            self._read_through_ns = hours[i + 1].start_ns if i + 1 < len(hours) else read_through
+        self._read_through_ns = max(self._read_through_ns, read_through)
 
-    async def _reread_changed(self) -> None:
-        for iso in sorted(self._changed):
-            self._catalog[iso] = await read_catalog_totals(self._store, keys.UtcHour.parse_iso(iso))
-            self._changed.discard(iso)
+    def _start_reading(self, limit_ns: int) -> asyncio.Task[None] | None:
+        """The reader, started when there is something to read and it is not running. A
+        reader that failed after its answer stopped waiting raises here, once."""
+        reader = self._reader
+        if reader is not None and reader.done():
+            self._reader = None
+            if not reader.cancelled():
+                reader.result()  # its failure, if it failed
+        if self._reader is None and (self._changed or self._read_through_ns < limit_ns):
+            self._reader = asyncio.get_running_loop().create_task(
+                self._read_history(limit_ns), name="coverage-history"
+            )
+        return self._reader
+
+    async def close(self) -> None:
+        """Stop the reader (the process is stopping)."""
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader
+            self._reader = None
+
+    def _covered_through_ns(self, limit_ns: int) -> int:
+        bound = min(limit_ns, self._read_through_ns)
+        pending = [keys.UtcHour.parse_iso(iso).start_ns for iso in self._changed]
+        if self._reading is not None and self._reading in self._catalog:
+            pending.append(keys.UtcHour.parse_iso(self._reading).start_ns)  # read again now
+        return min([bound, *pending])
 
     async def sealed_through_ns(self, snapshot: Snapshot | None) -> int:
         limit = sealed_limit_ns(await self._audit_started_ns(), self.margin_ns)
-        await self._reread_changed()
-        await self._read_sealed_catalog(limit)
-        return first_uncovered_ns(snapshot, self._catalog, min(limit, self._read_through_ns))
+        reader = self._start_reading(limit)
+        if reader is not None:
+            await asyncio.wait([reader], timeout=self._wait_s)
+            if reader.done():
+                if self._reader is reader:  # (another answer may have started the next)
+                    self._reader = None
+                if not reader.cancelled():
+                    reader.result()  # its failure, if it failed
+        covered = self._covered_through_ns(limit)
+        return first_uncovered_ns(snapshot, self._catalog, covered)

@@ -131,6 +131,10 @@ class QueryEndpoint:
             return "designated"
         return "own_batches" if self.window is not None else "none"
 
+    async def close(self, _app: web.Application | None = None) -> None:
+        """The process is stopping: stop reading history (`Coverage.close`)."""
+        await self.coverage.close()
+
     async def get_query(self, request: web.Request) -> web.Response:
         response = await self._get_query(request)
         status = "ok" if response.status == 200 else str(response.status)

@@ -88,7 +88,12 @@ def build_query(
             refresh_interval_s=q.refresh_interval_s,
             max_travel_versions=q.max_travel_versions,
         ),
-        coverage=Coverage(store, settle_margin_s=margin, refresh_interval_s=q.refresh_interval_s),
+        coverage=Coverage(
+            store,
+            settle_margin_s=margin,
+            refresh_interval_s=q.refresh_interval_s,
+            history_wait_s=q.history_wait_s,
+        ),
         filesystem=filesystem,
         metrics=metrics,
         now_ns=clock.now_ns,

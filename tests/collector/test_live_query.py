@@ -47,6 +47,9 @@ from store.fs import FileSystemStore
 from tests.rollup.dataset_builder import catalog_manifests, commit_rows
 
 NS = 1_000_000_000
+# Answers here wait for the history read (`collector.query.coverage`) to finish: a bound
+# a correct run never reaches, so what they assert does not depend on the machine's speed.
+HISTORY_WAIT_S = 60.0
 H0 = keys.UtcHour(date(2026, 11, 21), 10)
 H1 = H0.next()
 BOOT = uuid.UUID("5f0c6a2e-0000-4000-8000-0000000000c1")
@@ -234,7 +237,11 @@ async def world(tmp_path: Path) -> World:
             store, refresh_interval_s=0.0, max_travel_versions=100, monotonic=clock.monotonic
         ),
         coverage=Coverage(
-            store, settle_margin_s=5, refresh_interval_s=0.0, monotonic=clock.monotonic
+            store,
+            settle_margin_s=5,
+            refresh_interval_s=0.0,
+            monotonic=clock.monotonic,
+            history_wait_s=HISTORY_WAIT_S,
         ),
         filesystem=lambda: arrow_filesystem(store.url),
         metrics=CollectorMetrics(),
@@ -577,18 +584,25 @@ def test_designated_refuses_more_than_one_worker() -> None:
     check_startup(settings, workers=1)
 
 
-async def test_coverage_reads_a_long_history_a_bounded_number_of_hours_per_query(
+async def test_coverage_lists_a_long_history_a_bounded_number_of_hours_at_a_time(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The history reader lists at most `MAX_HOURS_PER_LISTING` hours at a time and goes
+    on listing until it has read every sealed hour."""
     import collector.query.coverage as coverage_module
+    from store.counting import CountingStore
 
-    monkeypatch.setattr(coverage_module, "MAX_HOURS_PER_CALL", 1)
+    monkeypatch.setattr(coverage_module, "MAX_HOURS_PER_LISTING", 1)
+    counting = CountingStore(world.store)
+    world.endpoint.coverage = Coverage(
+        counting, settle_margin_s=5, refresh_interval_s=0.0, history_wait_s=HISTORY_WAIT_S
+    )
     await completed_audit(world.store, H1.next().start_ns + 60 * NS)
     await commit(world.store, world.clock, [B3, B4])
-    first = await world.endpoint.answer(query_ns())
-    assert first["sealed_through_ns"] == H1.start_ns and first["complete"]  # H0 read so far
-    later = await world.endpoint.answer(query_ns(to=secs(H1.next().start_ns)))
-    assert later["sealed_through_ns"] == H1.next().start_ns and later["complete"]
+    answer = await world.endpoint.answer(query_ns(to=secs(H1.next().start_ns)))
+    assert answer["sealed_through_ns"] == H1.next().start_ns and answer["complete"]
+    catalog_listings = [p for p, _ in counting.lists if p == keys.INDEX_CATALOG_PREFIX]
+    assert len(catalog_listings) == 2  # H0 (stopping at H1), then H1 through the limit
 
 
 async def test_cli_url_and_table(world: World) -> None:
@@ -731,7 +745,11 @@ async def test_no_catalog_created_entry_is_read_while_no_hour_is_cached(world: W
 
     counting = CountingStore(world.store)
     coverage = Coverage(
-        counting, settle_margin_s=5, refresh_interval_s=0.0, monotonic=world.clock.monotonic
+        counting,
+        settle_margin_s=5,
+        refresh_interval_s=0.0,
+        monotonic=world.clock.monotonic,
+        history_wait_s=HISTORY_WAIT_S,
     )
     snapshot = await _latest(world.store)
     entries = keys.INDEX_CATALOG_CREATED_PREFIX

@@ -160,6 +160,9 @@ async def test_live_queries_own_batches_designated_and_sealed(
         "LM_STORE__MAX_CLOCK_SKEW_S": "1",
         "LM_INGEST__INDEX_FLUSH_MAX_AGE_MS": "200",
         "LM_QUERY__REFRESH_INTERVAL_S": "0.2",
+        # Answers wait for the history read (a bound a correct run never reaches), so
+        # ``complete`` below does not depend on how fast this machine reads the catalog.
+        "LM_QUERY__HISTORY_WAIT_S": "60",
     }
     tokens = tokens_file(tmp_path / "tokens.toml")
     common = {**store_env, "LM_AUTH__TOKENS_FILE": str(tokens)}

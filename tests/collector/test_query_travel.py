@@ -142,7 +142,7 @@ async def test_http_answers_travel_too_far_and_version_not_found() -> None:
         authenticator=Authenticator(TOKENS),
         settings=QuerySettings(max_travel_versions=3),
         snapshots=source(store, clock, max_back=3),
-        coverage=Coverage(store, settle_margin_s=5, refresh_interval_s=0.0),
+        coverage=Coverage(store, settle_margin_s=5, refresh_interval_s=0.0, history_wait_s=60.0),
         filesystem=lambda: arrow_filesystem("file:///nonexistent"),
         metrics=CollectorMetrics(),
         now_ns=clock.now_ns,

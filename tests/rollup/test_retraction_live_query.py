@@ -125,7 +125,12 @@ async def test_b_a_retracted_phantom_leaves_a_live_query_and_its_hour_is_sealed_
         update={
             "store": base.store.model_copy(update={"url": store.url}),
             "query": base.query.model_copy(
-                update={"designated": True, "refresh_interval_s": 0.0, "window_s": 4 * 3600.0}
+                update={
+                    "designated": True,
+                    "refresh_interval_s": 0.0,
+                    "window_s": 4 * 3600.0,
+                    "history_wait_s": 60.0,  # answers wait for the history read
+                }
             ),  # refreshed on every answer: nothing here depends on the wall clock
         }
     )

@@ -1,0 +1,183 @@
+"""The first ``/v1/query`` answers of a query collector that starts on a long history:
+``sealed_through_ns`` read in the background (`collector.query.coverage`, answers wait at
+most ``query.history_wait_s``) against answers that wait for the whole history, the
+baseline (what the coverage did before: every sealed hour read before the answer),
+measured in the same run.
+
+    python -m bench.coverage_history [--hours 200] [--rows 3600] [--latency-ms 20] [--rounds 3]
+
+MiniStack with `bench.delay_proxy` in front (every request ``--latency-ms`` longer, as
+S3 from a nearby host); ``--hours`` sealed catalog hours of ``--rows`` batches each (one
+catalog file an hour, as after compaction), a completed listing audit after them, and a
+ledger that holds every batch (taken from one full read first). Then rounds, interleaved:
+a fresh `Coverage` (a process that just started) answers until ``sealed_through_ns``
+reaches the audit's limit, with the product's wait and with an unbounded one. Prints the
+first answer's latency, how many answers it took and the time until the history was
+read, per round, and the medians. Processes started here are stopped by PID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from bench.catalog_hour import synthetic_rows
+from bench.delay_proxy import start_delay_proxy
+from chaos.s3_server import CREDENTIALS, start_ministack
+from collector.query.coverage import Coverage
+from config.query_settings import QuerySettings
+from index.audits import sealed_limit_ns
+from index.catalog import CatalogWriter
+from protocol import keys, records
+from protocol.clock import ManualClock
+from store.base import ObjectStore
+from store.open import open_store
+
+PREFIX = "bench-coverage"
+NS = 1_000_000_000
+FIRST = keys.UtcHour.from_unix_ns(1_790_000_000 * NS)
+MARGIN_S = 60.0
+
+
+def hours(count: int) -> list[keys.UtcHour]:
+    out = [FIRST]
+    while len(out) < count:
+        out.append(out[-1].next())
+    return out
+
+
+async def plant(store: ObjectStore, count: int, rows: int) -> int:
+    """``count`` catalog hours of ``rows`` batches and a completed audit after them;
+    returns the audit's sealed limit."""
+    writer = CatalogWriter(
+        store=store, clock=ManualClock(FIRST.start_ns), rng=random.Random(1), epoch=1
+    )
+    rng = np.random.default_rng(7)
+    for i, hour in enumerate(hours(count)):
+        table = synthetic_rows(i * rows, rows, rng)
+        stamps = pa.array(
+            hour.start_ns + np.arange(rows, dtype=np.int64) * (3600 * NS // rows), pa.int64()
+        )
+        table = table.set_column(
+            table.schema.get_field_index("time_unix_ns"), "time_unix_ns", stamps
+        )
+        await writer.write_table(hour, table, writer="steady")
+    started = hours(count)[-1].next().start_ns + int(2 * MARGIN_S * NS)
+    audit = records.AuditRecord(
+        audit_id="00000000000000b1",
+        started_at_unix_ns=started,
+        completed_at_unix_ns=started + NS,
+        status="completed",
+        owner_epoch=1,
+        catalog=True,
+    )
+    await store.put(keys.audit_key(started, audit.audit_id), audit.to_json())
+    return sealed_limit_ns(started, int(MARGIN_S * NS))
+
+
+def coverage(store: ObjectStore, wait_s: float) -> Coverage:
+    return Coverage(store, settle_margin_s=MARGIN_S, refresh_interval_s=0.0, history_wait_s=wait_s)
+
+
+async def full_ledger(store: ObjectStore) -> Any:
+    """A snapshot whose ledger holds every batch: the catalog totals of one full read."""
+    reader = coverage(store, wait_s=1e9)
+    await reader.sealed_through_ns(None)
+    totals = dict(reader._catalog)
+    await reader.close()
+    return SimpleNamespace(ledger_hours=totals)
+
+
+async def answers_until_read(
+    store: ObjectStore, snapshot: Any, limit_ns: int, wait_s: float
+) -> tuple[float, int, float]:
+    """(first answer's seconds, answers until sealed_through_ns reached the limit, seconds
+    until then) for a process that just started."""
+    fresh = coverage(store, wait_s)
+    started = time.perf_counter()
+    first = None
+    answers = 0
+    try:
+        while True:
+            sealed = await fresh.sealed_through_ns(snapshot)
+            answers += 1
+            if first is None:
+                first = time.perf_counter() - started
+            if sealed >= limit_ns:
+                return first, answers, time.perf_counter() - started
+    finally:
+        await fresh.close()
+
+
+async def run(count: int, rows: int, latency_ms: float, rounds: int, work: Path) -> None:
+    product = QuerySettings().history_wait_s
+    ministack = start_ministack(work / "ministack")
+    proxy = None
+    stores: list[ObjectStore] = []
+    try:
+        bucket = f"lm-bench-coverage-{os.getpid() % 100000:05d}"
+        await asyncio.to_thread(ministack.create_bucket, bucket)
+        direct = open_store(
+            f"s3://{bucket}/{PREFIX}", endpoint_url=ministack.endpoint_url, credentials=CREDENTIALS
+        )
+        stores.append(direct)
+        limit = await plant(direct, count, rows)
+        snapshot = await full_ledger(direct)
+        proxy = start_delay_proxy(
+            upstream_port=ministack.port, delay_ms=latency_ms, work_dir=work / "proxy"
+        )
+        delayed = open_store(
+            f"s3://{bucket}/{PREFIX}", endpoint_url=proxy.endpoint_url, credentials=CREDENTIALS
+        )
+        stores.append(delayed)
+        modes = {"waits for history (baseline)": 1e9, f"waits <= {product:g} s": product}
+        firsts: dict[str, list[float]] = {m: [] for m in modes}
+        totals: dict[str, list[float]] = {m: [] for m in modes}
+        for round_no in range(rounds):
+            for mode, wait_s in modes.items():
+                first, answers, total = await answers_until_read(delayed, snapshot, limit, wait_s)
+                firsts[mode].append(first)
+                totals[mode].append(total)
+                print(
+                    f"round {round_no + 1}: {mode}: first answer {first:.3f} s, "
+                    f"{answers} answer(s), history read in {total:.1f} s"
+                )
+        base, ours = (statistics.median(firsts[m]) for m in modes)
+        base_total, ours_total = (statistics.median(totals[m]) for m in modes)
+        print(
+            f"median first answer: baseline {base:.3f} s, ours {ours:.3f} s "
+            f"({base / ours:.1f}x sooner); history read in {base_total:.1f} s against "
+            f"{ours_total:.1f} s ({count} hours of {rows} batches, {latency_ms:g} ms a request)"
+        )
+    finally:
+        for store in stores:
+            await store.close()
+        if proxy is not None:
+            proxy.stop()
+        ministack.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hours", type=int, default=200)
+    parser.add_argument("--rows", type=int, default=3600)
+    parser.add_argument("--latency-ms", type=float, default=20.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="lm-bench-coverage-") as work:
+        asyncio.run(run(args.hours, args.rows, args.latency_ms, args.rounds, Path(work)))
+
+
+if __name__ == "__main__":
+    main()
