@@ -16,19 +16,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
-import os
 import statistics
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
-from bench.delay_proxy import start_delay_proxy
-from chaos.s3_server import CREDENTIALS, start_ministack
+from bench.delay_proxy import delayed_ministack
 from collector import conflicts_api
 from protocol import keys, records
 from store.base import ObjectStore
-from store.open import open_store
 
 PREFIX = "bench-conflicts"
 
@@ -74,45 +71,26 @@ async def timed_page(store: ObjectStore, limit: int, readers: int) -> tuple[floa
 
 async def run(records_n: int, latency_ms: float, rounds: int, work: Path) -> None:
     product = conflicts_api.READ_CONCURRENCY
-    ministack = start_ministack(work / "ministack")
-    proxy = None
-    stores: list[ObjectStore] = []
     try:
-        bucket = f"lm-bench-conflicts-{os.getpid() % 100000:05d}"
-        await asyncio.to_thread(ministack.create_bucket, bucket)
-        direct = open_store(
-            f"s3://{bucket}/{PREFIX}", endpoint_url=ministack.endpoint_url, credentials=CREDENTIALS
-        )
-        stores.append(direct)
-        await plant(direct, records_n)
-        proxy = start_delay_proxy(
-            upstream_port=ministack.port, delay_ms=latency_ms, work_dir=work / "proxy"
-        )
-        delayed = open_store(
-            f"s3://{bucket}/{PREFIX}", endpoint_url=proxy.endpoint_url, credentials=CREDENTIALS
-        )
-        stores.append(delayed)
-        times: dict[int, list[float]] = {1: [], product: []}
-        for round_no in range(rounds):
-            for readers in (1, product):
-                seconds, read = await timed_page(delayed, records_n, readers)
-                assert read == records_n, (read, records_n)
-                times[readers].append(seconds)
-                print(
-                    f"round {round_no + 1}: {readers:>2} reader(s) {seconds:.3f} s ({read} records)"
-                )
-        base, ours = statistics.median(times[1]), statistics.median(times[product])
-        print(
-            f"median: 1 reader {base:.3f} s, {product} readers {ours:.3f} s; "
-            f"ratio {base / ours:.1f}x faster ({records_n} records, {latency_ms:g} ms a request)"
-        )
+        async with delayed_ministack(work, PREFIX, latency_ms) as stores:
+            await plant(stores.direct, records_n)
+            times: dict[int, list[float]] = {1: [], product: []}
+            for round_no in range(rounds):
+                for readers in (1, product):
+                    seconds, read = await timed_page(stores.delayed, records_n, readers)
+                    assert read == records_n, (read, records_n)
+                    times[readers].append(seconds)
+                    print(
+                        f"round {round_no + 1}: {readers:>2} reader(s) {seconds:.3f} s "
+                        f"({read} records)"
+                    )
     finally:
         conflicts_api.READ_CONCURRENCY = product
-        for store in stores:
-            await store.close()
-        if proxy is not None:
-            proxy.stop()
-        ministack.stop()
+    base, ours = statistics.median(times[1]), statistics.median(times[product])
+    print(
+        f"median: 1 reader {base:.3f} s, {product} readers {ours:.3f} s; "
+        f"ratio {base / ours:.1f}x faster ({records_n} records, {latency_ms:g} ms a request)"
+    )
 
 
 def main() -> None:

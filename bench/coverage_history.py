@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import statistics
 import tempfile
@@ -33,8 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from bench.catalog_hour import synthetic_rows
-from bench.delay_proxy import start_delay_proxy
-from chaos.s3_server import CREDENTIALS, start_ministack
+from bench.delay_proxy import delayed_ministack
 from collector.query.coverage import Coverage
 from config.query_settings import QuerySettings
 from index.audits import sealed_limit_ns
@@ -42,7 +40,6 @@ from index.catalog import CatalogWriter
 from protocol import keys, records
 from protocol.clock import ManualClock
 from store.base import ObjectStore
-from store.open import open_store
 
 PREFIX = "bench-coverage"
 NS = 1_000_000_000
@@ -122,50 +119,30 @@ async def answers_until_read(
 
 async def run(count: int, rows: int, latency_ms: float, rounds: int, work: Path) -> None:
     product = QuerySettings().history_wait_s
-    ministack = start_ministack(work / "ministack")
-    proxy = None
-    stores: list[ObjectStore] = []
-    try:
-        bucket = f"lm-bench-coverage-{os.getpid() % 100000:05d}"
-        await asyncio.to_thread(ministack.create_bucket, bucket)
-        direct = open_store(
-            f"s3://{bucket}/{PREFIX}", endpoint_url=ministack.endpoint_url, credentials=CREDENTIALS
-        )
-        stores.append(direct)
-        limit = await plant(direct, count, rows)
-        snapshot = await full_ledger(direct)
-        proxy = start_delay_proxy(
-            upstream_port=ministack.port, delay_ms=latency_ms, work_dir=work / "proxy"
-        )
-        delayed = open_store(
-            f"s3://{bucket}/{PREFIX}", endpoint_url=proxy.endpoint_url, credentials=CREDENTIALS
-        )
-        stores.append(delayed)
-        modes = {"waits for history (baseline)": 1e9, f"waits <= {product:g} s": product}
-        firsts: dict[str, list[float]] = {m: [] for m in modes}
-        totals: dict[str, list[float]] = {m: [] for m in modes}
+    modes = {"waits for history (baseline)": 1e9, f"waits <= {product:g} s": product}
+    firsts: dict[str, list[float]] = {m: [] for m in modes}
+    totals: dict[str, list[float]] = {m: [] for m in modes}
+    async with delayed_ministack(work, PREFIX, latency_ms) as stores:
+        limit = await plant(stores.direct, count, rows)
+        snapshot = await full_ledger(stores.direct)
         for round_no in range(rounds):
             for mode, wait_s in modes.items():
-                first, answers, total = await answers_until_read(delayed, snapshot, limit, wait_s)
+                first, answers, total = await answers_until_read(
+                    stores.delayed, snapshot, limit, wait_s
+                )
                 firsts[mode].append(first)
                 totals[mode].append(total)
                 print(
                     f"round {round_no + 1}: {mode}: first answer {first:.3f} s, "
                     f"{answers} answer(s), history read in {total:.1f} s"
                 )
-        base, ours = (statistics.median(firsts[m]) for m in modes)
-        base_total, ours_total = (statistics.median(totals[m]) for m in modes)
-        print(
-            f"median first answer: baseline {base:.3f} s, ours {ours:.3f} s "
-            f"({base / ours:.1f}x sooner); history read in {base_total:.1f} s against "
-            f"{ours_total:.1f} s ({count} hours of {rows} batches, {latency_ms:g} ms a request)"
-        )
-    finally:
-        for store in stores:
-            await store.close()
-        if proxy is not None:
-            proxy.stop()
-        ministack.stop()
+    base, ours = (statistics.median(firsts[m]) for m in modes)
+    base_total, ours_total = (statistics.median(totals[m]) for m in modes)
+    print(
+        f"median first answer: baseline {base:.3f} s, ours {ours:.3f} s "
+        f"({base / ours:.1f}x sooner); history read in {base_total:.1f} s against "
+        f"{ours_total:.1f} s ({count} hours of {rows} batches, {latency_ms:g} ms a request)"
+    )
 
 
 def main() -> None:

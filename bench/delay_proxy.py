@@ -6,15 +6,20 @@ retention benchmarks."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from bench._common import REPO_ROOT, stop_pid_process
-from chaos.s3_server import die_with_parent_hook
+from chaos.s3_server import CREDENTIALS, die_with_parent_hook, start_ministack
+from store.base import ObjectStore
+from store.open import open_store
 
 LINE_CHUNKS = 64  # chunks (of up to 64 KiB) the delay line holds per direction
 
@@ -68,6 +73,42 @@ def start_delay_proxy(
             raise RuntimeError(f"delay proxy did not start; see {work_dir / 'delay-proxy.log'}")
         time.sleep(0.02)  # polling for readiness, bounded by the deadline
     return DelayProxy(process, int(ready.read_text()), delay_ms)
+
+
+@dataclass(frozen=True)
+class DelayedStores:
+    """One fresh bucket on MiniStack, opened twice: ``direct`` (to plant a benchmark's
+    data quickly) and ``delayed`` (through a delay proxy: what is measured)."""
+
+    direct: ObjectStore
+    delayed: ObjectStore
+
+
+@contextlib.asynccontextmanager
+async def delayed_ministack(
+    work: Path, prefix: str, latency_ms: float
+) -> AsyncIterator[DelayedStores]:
+    """MiniStack and a delay proxy of ``latency_ms`` in front of it, under ``work``; both
+    stopped by PID on exit, the stores closed."""
+    ministack = start_ministack(work / "ministack")
+    stores: list[ObjectStore] = []
+    proxy = None
+    try:
+        bucket = f"lm-{prefix}-{os.getpid() % 100000:05d}"
+        await asyncio.to_thread(ministack.create_bucket, bucket)
+        proxy = start_delay_proxy(
+            upstream_port=ministack.port, delay_ms=latency_ms, work_dir=work / "proxy"
+        )
+        for endpoint_url in (ministack.endpoint_url, proxy.endpoint_url):
+            url = f"s3://{bucket}/{prefix}"
+            stores.append(open_store(url, endpoint_url=endpoint_url, credentials=CREDENTIALS))
+        yield DelayedStores(*stores)
+    finally:
+        for store in stores:
+            await store.close()
+        if proxy is not None:
+            proxy.stop()
+        ministack.stop()
 
 
 def delay_proxy_main(argv: list[str]) -> None:
