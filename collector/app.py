@@ -378,5 +378,8 @@ class CollectorApp:
             self.metrics.live_window.labels(what="batches").set(window.batch_count)
             self.metrics.live_window.labels(what="points").set(window.point_count)
             self.metrics.live_window.labels(what="bytes").set(window.byte_count)
+        if self.query is not None:
+            read_through = self.query.coverage.read_through_ns
+            self.metrics.history_read_through.set(read_through / 1e9)
         body = generate_latest(self.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

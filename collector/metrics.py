@@ -158,6 +158,12 @@ class CollectorMetrics:
             ["what"],
             registry=r,
         )
+        self.history_read_through = Gauge(
+            "lm_collector_history_read_through_timestamp_seconds",
+            "Sealed catalog hours before this time are read by this process (answers can be "
+            "complete only up to it; 0 until the first are read after a start)",
+            registry=r,
+        )
 
     def watch_store_clock(self, clock: StoreClock) -> None:
         """Export ``clock``'s measured skew (read at each scrape)."""

@@ -63,8 +63,13 @@ from store.errors import NotFound
 
 NS_PER_S = 1_000_000_000
 MAX_HOURS_PER_LISTING = 256  # hours listed at a time by the history reader
+PROGRESS_EVERY_S = 30.0  # the history reader logs its progress this often
 
 log = structlog.get_logger("collector.query.coverage")
+
+
+def _iso(ns: int) -> str:
+    return keys.UtcHour.from_unix_ns(ns).iso if ns else "-"
 
 
 def first_uncovered_ns(
@@ -108,6 +113,7 @@ class Coverage:
         self._changed: set[str] = set()  # cached hours a new catalog file landed in
         self._reading: str | None = None  # the hour the reader is reading now
         self._reader: asyncio.Task[None] | None = None
+        self._progress_at = 0.0  # when the reader last logged its progress
 
     async def _audit_started_ns(self) -> int | None:
         now = self._monotonic()
@@ -147,13 +153,22 @@ class Coverage:
     async def _read_history(self, limit_ns: int) -> None:
         """Read hours changed since they were cached, then sealed hours before
         ``limit_ns`` not read yet, oldest first, one at a time; progress is kept hour by
-        hour."""
+        hour, and logged at each listing and at the end."""
+        started, hours = self._monotonic(), len(self._catalog)
+        self._progress_at = started
         while self._changed:
             iso = min(self._changed)
             self._changed.discard(iso)  # a file landing during the read marks it again
             self._catalog[iso] = await self._read_hour(keys.UtcHour.parse_iso(iso))
         while self._read_through_ns < limit_ns:
             await self._read_sealed_catalog(limit_ns)
+        log.info(
+            "history_read",
+            read_through=_iso(self._read_through_ns),
+            hours_cached=len(self._catalog),
+            hours_read=len(self._catalog) - hours,
+            seconds=round(self._monotonic() - started, 3),
+        )
 
     async def _read_hour(self, hour: keys.UtcHour) -> LedgerHour:
         self._reading = hour.iso
@@ -189,6 +204,14 @@ class Coverage:
             self._catalog[hour.iso] = await self._read_hour(hour)
             # The hours between two listed ones have no catalog file: nothing to read.
             self._read_through_ns = hours[i + 1].start_ns if i + 1 < len(hours) else read_through
+            if self._monotonic() - self._progress_at >= PROGRESS_EVERY_S:
+                self._progress_at = self._monotonic()
+                log.info(
+                    "history_reading",
+                    read_through=_iso(self._read_through_ns),
+                    limit=_iso(limit_ns),
+                    hours_cached=len(self._catalog),
+                )
         self._read_through_ns = max(self._read_through_ns, read_through)
 
     def _start_reading(self, limit_ns: int) -> asyncio.Task[None] | None:
@@ -212,6 +235,12 @@ class Coverage:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._reader
             self._reader = None
+
+    @property
+    def read_through_ns(self) -> int:
+        """Sealed catalog hours before this are read (the gauge
+        ``lm_collector_history_read_through_timestamp_seconds``)."""
+        return self._covered_through_ns(self._read_through_ns)
 
     def _covered_through_ns(self, limit_ns: int) -> int:
         bound = min(limit_ns, self._read_through_ns)

@@ -143,9 +143,11 @@ async def test_an_answer_does_not_wait_for_history_it_has_not_read(history: Hist
     history.reads.gate = asyncio.Event()
     assert await sealed(history) == 0  # nothing read yet: nothing promised
     assert await sealed(history) == 0
+    assert history.coverage.read_through_ns == 0  # the gauge's value
     assert sum(history.reads.reads.values()) == 1  # one reader, waiting on the first hour
     history.reads.gate.set()
     assert await sealed_once_read(history, END.start_ns) == END.start_ns
+    assert history.coverage.read_through_ns == END.start_ns
     assert history.reads.reads == {hour.iso: 1 for hour in HOURS}  # each hour read once
     await sealed(history)
     assert sum(history.reads.reads.values()) == len(HOURS)  # and never again
@@ -175,6 +177,7 @@ async def test_an_hour_whose_new_file_is_being_read_is_not_trusted(history: Hist
     await writer.write(again.hour, [again], writer="audit-00000000000000a2")
     history.reads.gate = asyncio.Event()
     assert await sealed(history) == HOURS[1].start_ns  # its cached totals are not trusted
+    assert history.coverage.read_through_ns == HOURS[1].start_ns
     assert history.reads.reads[HOURS[1].iso] == 2
     history.reads.gate.set()
     assert await sealed_once_read(history, END.start_ns) == END.start_ns

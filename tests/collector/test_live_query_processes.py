@@ -277,6 +277,10 @@ async def test_live_queries_own_batches_designated_and_sealed(
         metrics = (await get(session, f"{d.base_url}/metrics")).text
         assert (metric_value(metrics, "lm_collector_queries_total", 'status="ok"') or 0) >= 3
         assert (metric_value(metrics, "lm_collector_live_window", 'what="batches"') or 0) == 3
+        # The sealed hours it read: at least through what its answers called sealed.
+        read_through = metric_value(metrics, "lm_collector_history_read_through_timestamp_seconds")
+        assert read_through is not None
+        assert read_through * 1e9 >= committed["sealed_through_ns"] > 0
 
     printed = run_cli(
         ["query", "--url", d.base_url, "--metric", "cpu.load", "--from", old["from"], "--to", old["to"], "--format", "json"],
