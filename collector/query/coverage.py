@@ -26,22 +26,27 @@ reconciler trims them). A sealed hour's catalog changes rarely — an audit's su
 row, a retraction's ``retracted`` row (PROTOCOL §3.7), its final compaction — so each is
 read once per process (its totals kept: a few dozen bytes an hour of history), and read
 again when a ``catalog-created`` entry names a new file in it: at the same refresh, the
-entries created since the last one seen are listed (one LIST, and, once an hour is
-cached, one small GET per new catalog file: the files the reconciler wrote meanwhile,
-never history). The catalog is listed only from the first hour not yet read.
+entries created since the last one seen are listed (one LIST page per 1,000, at most
+`MAX_PENDING_ENTRIES` waiting to be read), and, once an hour is cached, each is read
+(one small GET per new catalog file: the files the reconciler wrote meanwhile, never
+history). The catalog is listed only from the first hour not yet read.
 
 **Time.** Reading an hour's totals is out of core and costs what the hour holds: ~40 ms
 for an hour of 3,600 batches, about a minute for one of 3.6 million (1,000 batches/s,
 bench/RESULTS.md "One busy catalog hour"). A query collector that starts on a long
-history has every sealed hour to read once, which no query should wait for. So the
-reading runs in one background task per process, one hour at a time, oldest first (its
-memory is one hour's, under the DuckDB limit), started by the first answer that needs
-it; an answer waits for it at most ``query.history_wait_s`` and is then answered with what is
-read so far: ``sealed_through_ns`` stops at the first hour not read yet, or whose new
-file is not read yet (conservative: ``complete`` is false until then, never wrongly
-true). Progress is kept hour by hour. A read that fails (the store, an unreadable
-catalog file) is raised to the answer that waits for it, or to the next one, which then
-starts reading again from where it stopped.
+history has every sealed hour to read once, and one that was not asked for a day has a
+day of entries to read (the reconciler writes a catalog file every pass, ~8,600 a day);
+no answer should wait for either. So the reading runs in one background task per
+process, started by the first answer that needs it: the new entries first,
+`ENTRY_READERS` at a time, then the hours they name again, then the sealed hours not
+read yet, one at a time, oldest first (its memory is one hour's, under the DuckDB
+limit). An answer waits for it at most ``query.history_wait_s`` and is then answered
+with what is read so far: ``sealed_through_ns`` stops at the first hour not read yet, at
+an hour a new file landed in and not read again yet, and, while entries are listed but
+not read (they may name any hour), at the first cached hour — conservative: ``complete``
+is false until then, never wrongly true. Progress is kept hour by hour. A read that fails
+(the store, an unreadable catalog file) is raised to the answer that waits for it, or
+to the next one, which then starts reading again from where it stopped.
 """
 
 from __future__ import annotations
@@ -64,6 +69,8 @@ from store.errors import NotFound
 NS_PER_S = 1_000_000_000
 MAX_HOURS_PER_LISTING = 256  # hours listed at a time by the history reader
 PROGRESS_EVERY_S = 30.0  # the history reader logs its progress this often
+MAX_PENDING_ENTRIES = 50_000  # catalog-created entries listed and not read yet, at most
+ENTRY_READERS = 16  # entries read at once
 
 log = structlog.get_logger("collector.query.coverage")
 
@@ -109,11 +116,15 @@ class Coverage:
         self._checked_at: float | None = None
         self._catalog: dict[str, LedgerHour] = {}
         self._read_through_ns = 0  # sealed catalog hours before this are in _catalog
-        self._entries_after: str | None = None  # catalog-created entries seen through here
+        self._entries_after: str | None = None  # catalog-created entries listed through here
+        self._entries: list[str] = []  # listed entries not read yet (at most MAX_PENDING_ENTRIES)
+        self._entries_unlisted = False  # a listing stopped at that bound: more may follow
         self._changed: set[str] = set()  # cached hours a new catalog file landed in
-        self._reading: str | None = None  # the hour the reader is reading now
+        self._rereading: str | None = None  # the cached hour being read again now
         self._reader: asyncio.Task[None] | None = None
         self._progress_at = 0.0  # when the reader last logged its progress
+
+    # --- in the answer: the audits and the new entries' keys (LISTs) ----------------------
 
     async def _audit_started_ns(self) -> int | None:
         now = self._monotonic()
@@ -122,46 +133,68 @@ class Coverage:
                 if record.status == "completed" and record.catalog and record.source == "listing":
                     self._audit_started = record.started_at_unix_ns
                     break
-            await self._note_new_catalog_files()
+            await self._list_new_entries()
             self._checked_at = now
+        elif self._entries_unlisted and len(self._entries) < MAX_PENDING_ENTRIES:
+            await self._list_new_entries()  # the rest of a listing that stopped at the bound
         return self._audit_started
 
-    async def _note_new_catalog_files(self) -> None:
-        """The cached hours a catalog file created since the last look landed in
-        (PROTOCOL §3.7: a reader caching an hour's totals reads it again then); the hour
-        being read counts as cached (its read may have listed before the file landed)."""
-        prefix = keys.INDEX_CATALOG_CREATED_PREFIX
+    async def _list_new_entries(self) -> None:
+        """The ``catalog-created`` entries since the last look, for the reader to read
+        (PROTOCOL §3.7: a reader caching an hour's totals reads it again when an entry
+        names a new file in it). Until it has, no cached hour is trusted."""
         start = self._entries_after
-        listed = [info.key async for info in self._store.list(prefix, start_after=start)]
+        room = MAX_PENDING_ENTRIES - len(self._entries)
+        listed: list[str] = []
+        self._entries_unlisted = False
+        async for info in self._store.list(keys.INDEX_CATALOG_CREATED_PREFIX, start_after=start):
+            if len(listed) >= room:
+                self._entries_unlisted = True  # listed from here at the next answer
+                break
+            listed.append(info.key)
         if listed:
             self._entries_after = listed[-1]
-        if start is None or (not self._catalog and self._reading is None):
-            # The first look, or nothing cached yet: every hour is read afresh anyway (an
-            # entry is created after its file, so such a read holds the file).
+        if start is None or (not self._catalog and self._reader is None):
+            # The first look, or nothing cached nor being read: every hour is read afresh
+            # anyway (an entry is created after its file, so such a read holds the file).
             return
-        for entry_key in listed:
-            try:
-                body, _etag = await self._store.get(entry_key)
-                hour = keys.parse_index_catalog_key(CatalogCreated.from_json(body).catalog_key)[0]
-            except (NotFound, RecordError, keys.KeyFormatError):
-                continue  # trimmed, or not an entry: nothing cached to refresh by it
-            if hour.iso in self._catalog or hour.iso == self._reading:
-                self._changed.add(hour.iso)
+        self._entries.extend(listed)
 
     # --- the history reader (one task) ---------------------------------------------------
 
     async def _read_history(self, limit_ns: int) -> None:
-        """Read hours changed since they were cached, then sealed hours before
-        ``limit_ns`` not read yet, oldest first, one at a time; progress is kept hour by
-        hour, and logged at each listing and at the end."""
+        """Until nothing is left before ``limit_ns``: read the new entries (marking the
+        cached hours they name), read the marked hours again, read the next sealed hour
+        not read yet (oldest first, one at a time). Progress is kept hour by hour, and
+        logged every `PROGRESS_EVERY_S` and at the end."""
         started, hours = self._monotonic(), len(self._catalog)
         self._progress_at = started
-        while self._changed:
-            iso = min(self._changed)
-            self._changed.discard(iso)  # a file landing during the read marks it again
-            self._catalog[iso] = await self._read_hour(keys.UtcHour.parse_iso(iso))
-        while self._read_through_ns < limit_ns:
-            await self._read_sealed_catalog(limit_ns)
+        listed: list[keys.UtcHour] = []  # sealed hours listed, not read yet, oldest first
+        listed_through = 0  # what is read once they are
+        while True:
+            if self._entries:
+                await self._read_entries()
+            elif self._changed:
+                iso = min(self._changed)
+                self._changed.discard(iso)  # an entry read later marks it again
+                self._rereading = iso
+                try:
+                    hour = keys.UtcHour.parse_iso(iso)
+                    self._catalog[iso] = await read_catalog_totals(self._store, hour)
+                finally:
+                    self._rereading = None
+            elif self._read_through_ns >= limit_ns:
+                break
+            elif not listed:
+                listed, listed_through = await self._list_sealed_hours(limit_ns)
+                if not listed:
+                    self._read_through_ns = max(self._read_through_ns, listed_through)
+            else:
+                hour = listed.pop(0)
+                self._catalog[hour.iso] = await read_catalog_totals(self._store, hour)
+                # The hours between two listed ones have no catalog file: nothing to read.
+                self._read_through_ns = listed[0].start_ns if listed else listed_through
+                self._log_progress(limit_ns)
         log.info(
             "history_read",
             read_through=_iso(self._read_through_ns),
@@ -170,23 +203,40 @@ class Coverage:
             seconds=round(self._monotonic() - started, 3),
         )
 
-    async def _read_hour(self, hour: keys.UtcHour) -> LedgerHour:
-        self._reading = hour.iso
-        try:
-            return await read_catalog_totals(self._store, hour)
-        finally:
-            self._reading = None
+    def _log_progress(self, limit_ns: int) -> None:
+        if self._monotonic() - self._progress_at >= PROGRESS_EVERY_S:
+            self._progress_at = self._monotonic()
+            log.info(
+                "history_reading",
+                read_through=_iso(self._read_through_ns),
+                limit=_iso(limit_ns),
+                hours_cached=len(self._catalog),
+            )
 
-    async def _read_sealed_catalog(self, limit_ns: int) -> None:
-        """List up to `MAX_HOURS_PER_LISTING` sealed catalog hours not read yet and read
-        them, oldest first."""
+    async def _read_entries(self) -> None:
+        """Read the pending entries, `ENTRY_READERS` at a time, and mark the cached hours
+        they name. Entries listed meanwhile wait for the next call; a failure leaves them
+        all pending."""
+        taken = list(self._entries)
+        slots = asyncio.Semaphore(ENTRY_READERS)
+
+        async def one(entry_key: str) -> keys.UtcHour | None:
+            async with slots:
+                return await catalog_hour_of_entry(self._store, entry_key)
+
+        named = await asyncio.gather(*(one(key) for key in taken))
+        del self._entries[: len(taken)]
+        self._changed.update(h.iso for h in named if h is not None and h.iso in self._catalog)
+
+    async def _list_sealed_hours(self, limit_ns: int) -> tuple[list[keys.UtcHour], int]:
+        """Up to `MAX_HOURS_PER_LISTING` sealed catalog hours not read yet, oldest first,
+        and the time read through once they are."""
         start_after = None
         if self._read_through_ns:
             start_after = keys.index_catalog_hour_prefix(
                 keys.UtcHour.from_unix_ns(self._read_through_ns)
             )
         hours: list[keys.UtcHour] = []
-        read_through = limit_ns
         async for info in self._store.list(keys.INDEX_CATALOG_PREFIX, start_after=start_after):
             try:
                 hour = keys.parse_index_catalog_key(info.key)[0]
@@ -197,22 +247,9 @@ class Coverage:
             if hours and hours[-1] == hour:
                 continue
             if len(hours) == MAX_HOURS_PER_LISTING:
-                read_through = hour.start_ns  # the rest at the next listing
-                break
+                return hours, hour.start_ns  # the rest at the next listing
             hours.append(hour)
-        for i, hour in enumerate(hours):
-            self._catalog[hour.iso] = await self._read_hour(hour)
-            # The hours between two listed ones have no catalog file: nothing to read.
-            self._read_through_ns = hours[i + 1].start_ns if i + 1 < len(hours) else read_through
-            if self._monotonic() - self._progress_at >= PROGRESS_EVERY_S:
-                self._progress_at = self._monotonic()
-                log.info(
-                    "history_reading",
-                    read_through=_iso(self._read_through_ns),
-                    limit=_iso(limit_ns),
-                    hours_cached=len(self._catalog),
-                )
-        self._read_through_ns = max(self._read_through_ns, read_through)
+        return hours, limit_ns
 
     def _start_reading(self, limit_ns: int) -> asyncio.Task[None] | None:
         """The reader, started when there is something to read and it is not running. A
@@ -222,7 +259,8 @@ class Coverage:
             self._reader = None
             if not reader.cancelled():
                 reader.result()  # its failure, if it failed
-        if self._reader is None and (self._changed or self._read_through_ns < limit_ns):
+        work = self._entries or self._changed or self._read_through_ns < limit_ns
+        if self._reader is None and work:
             self._reader = asyncio.get_running_loop().create_task(
                 self._read_history(limit_ns), name="coverage-history"
             )
@@ -236,6 +274,8 @@ class Coverage:
                 await self._reader
             self._reader = None
 
+    # --- the answer ----------------------------------------------------------------------
+
     @property
     def read_through_ns(self) -> int:
         """Sealed catalog hours before this are read (the gauge
@@ -243,11 +283,15 @@ class Coverage:
         return self._covered_through_ns(self._read_through_ns)
 
     def _covered_through_ns(self, limit_ns: int) -> int:
-        bound = min(limit_ns, self._read_through_ns)
-        pending = [keys.UtcHour.parse_iso(iso).start_ns for iso in self._changed]
-        if self._reading is not None and self._reading in self._catalog:
-            pending.append(keys.UtcHour.parse_iso(self._reading).start_ns)  # read again now
-        return min([bound, *pending])
+        """``limit_ns``, or less: not past an hour not read yet, nor a cached hour a new
+        catalog file landed in (marked, or being read again), nor, while entries are not
+        read yet (they could name any hour), the first cached hour."""
+        bound = [min(limit_ns, self._read_through_ns)]
+        marked = [*self._changed, *([self._rereading] if self._rereading else [])]
+        bound += (keys.UtcHour.parse_iso(iso).start_ns for iso in marked)
+        if self._entries or self._entries_unlisted:
+            bound += (keys.UtcHour.parse_iso(iso).start_ns for iso in self._catalog)
+        return min(bound)
 
     async def sealed_through_ns(self, snapshot: Snapshot | None) -> int:
         limit = sealed_limit_ns(await self._audit_started_ns(), self.margin_ns)
@@ -261,3 +305,13 @@ class Coverage:
                     reader.result()  # its failure, if it failed
         covered = self._covered_through_ns(limit)
         return first_uncovered_ns(snapshot, self._catalog, covered)
+
+
+async def catalog_hour_of_entry(store: ObjectStore, entry_key: str) -> keys.UtcHour | None:
+    """The hour of the catalog file a ``catalog-created`` entry names; None when it is
+    gone (trimmed) or not an entry: nothing cached to read again by it."""
+    try:
+        body, _etag = await store.get(entry_key)
+        return keys.parse_index_catalog_key(CatalogCreated.from_json(body).catalog_key)[0]
+    except (NotFound, RecordError, keys.KeyFormatError):
+        return None

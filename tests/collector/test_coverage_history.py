@@ -31,6 +31,7 @@ from protocol.records import AcceptedManifest, AuditRecord
 from rollup.table.ledger import LedgerRow
 from rollup.table.manifest import LedgerHour, Snapshot
 from rollup.table.owner import OwnerLease
+from store.base import ObjectStore
 from store.errors import Unavailable
 from store.fs import FileSystemStore
 from tests.rollup.dataset_builder import catalog_manifests, commit_rows
@@ -139,6 +140,17 @@ async def sealed_once_read(history: History, expected: int) -> int:
     return got
 
 
+async def write_again(history: History, hour: keys.UtcHour) -> None:
+    """A new catalog file in ``hour`` (an audit's superseding row: the same record again),
+    with its ``catalog-created`` entry."""
+    again = accepted_row(manifest(hour, HOURS.index(hour)))
+    epoch = 9 + HOURS.index(hour)  # a writer's names are unique within its epoch
+    writer = CatalogWriter(
+        store=history.store, clock=history.clock, rng=random.Random(epoch), epoch=epoch
+    )
+    await writer.write(again.hour, [again], writer="audit-00000000000000a2")
+
+
 async def test_an_answer_does_not_wait_for_history_it_has_not_read(history: History) -> None:
     history.reads.gate = asyncio.Event()
     assert await sealed(history) == 0  # nothing read yet: nothing promised
@@ -172,9 +184,7 @@ async def test_an_hour_whose_new_file_is_being_read_is_not_trusted(history: Hist
     assert await sealed_once_read(history, END.start_ns) == END.start_ns
     # A new catalog file lands in the middle hour (an audit's superseding row: the same
     # record again); the next answer notices it and the hour is read again, slowly.
-    again = accepted_row(manifest(HOURS[1], 1))
-    writer = CatalogWriter(store=history.store, clock=history.clock, rng=random.Random(5), epoch=9)
-    await writer.write(again.hour, [again], writer="audit-00000000000000a2")
+    await write_again(history, HOURS[1])
     history.reads.gate = asyncio.Event()
     assert await sealed(history) == HOURS[1].start_ns  # its cached totals are not trusted
     assert history.coverage.read_through_ns == HOURS[1].start_ns
@@ -191,3 +201,37 @@ async def test_close_stops_a_reader_in_progress(history: History) -> None:
     history.reads.gate.set()
     assert await sealed_once_read(history, END.start_ns) == END.start_ns
     assert history.reads.reads[HOURS[0].iso] == 2  # the cancelled read, then a new one
+
+
+async def test_entries_not_read_yet_leave_no_cached_hour_trusted(
+    history: History, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a long quiet spell the new ``catalog-created`` entries can be many: they are
+    read by the reader too, and until they are, any cached hour may be one they name."""
+    assert await sealed_once_read(history, END.start_ns) == END.start_ns
+    gate = asyncio.Event()
+    real = coverage_module.catalog_hour_of_entry
+
+    async def gated(store: ObjectStore, entry_key: str) -> keys.UtcHour | None:
+        await gate.wait()
+        return await real(store, entry_key)
+
+    monkeypatch.setattr(coverage_module, "catalog_hour_of_entry", gated)
+    await write_again(history, HOURS[2])
+    assert await sealed(history) == HOURS[0].start_ns  # the first cached hour
+    assert history.coverage.read_through_ns == HOURS[0].start_ns
+    gate.set()
+    assert await sealed_once_read(history, END.start_ns) == END.start_ns
+    assert history.reads.reads == {HOURS[0].iso: 1, HOURS[1].iso: 1, HOURS[2].iso: 2}
+
+
+async def test_entries_are_listed_a_bounded_number_at_a_time(
+    history: History, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert await sealed_once_read(history, END.start_ns) == END.start_ns
+    monkeypatch.setattr(coverage_module, "MAX_PENDING_ENTRIES", 1)
+    for hour in HOURS:
+        await write_again(history, hour)
+    assert await sealed(history) == HOURS[0].start_ns  # one entry read, two not listed
+    assert await sealed_once_read(history, END.start_ns) == END.start_ns
+    assert history.reads.reads == {hour.iso: 2 for hour in HOURS}  # each read again once
