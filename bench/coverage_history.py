@@ -5,6 +5,7 @@ baseline (what the coverage did before: every sealed hour read before the answer
 measured in the same run.
 
     python -m bench.coverage_history [--hours 200] [--rows 3600] [--latency-ms 20] [--rounds 3]
+    python -m bench.coverage_history --entries 8640 [--hours 24] [--rounds 3]
 
 MiniStack with `bench.delay_proxy` in front (every request ``--latency-ms`` longer, as
 S3 from a nearby host); ``--hours`` sealed catalog hours of ``--rows`` batches each (one
@@ -14,6 +15,14 @@ a fresh `Coverage` (a process that just started) answers until ``sealed_through_
 reaches the audit's limit, with the product's wait and with an unbounded one. Prints the
 first answer's latency, how many answers it took and the time until the history was
 read, per round, and the medians. Processes started here are stopped by PID.
+
+``--entries N``: a process that has read its history and then was not asked for a while
+(the reconciler writes a catalog file every pass: ~8,600 a day). Each round a fresh
+`Coverage` reads the history, ``N`` new ``catalog-created`` entries are planted (naming a
+file of the current, unsealed hour, as the steady pass's do, so no hour is read again),
+and the next answer is timed: the baseline reads them one after another before
+answering (`collector.query.coverage.ENTRY_READERS` = 1 and no bound on the wait: what
+the code did before), against the product's readers and wait.
 """
 
 from __future__ import annotations
@@ -32,7 +41,8 @@ import numpy as np
 import pyarrow as pa
 
 from bench.catalog_hour import synthetic_rows
-from bench.delay_proxy import delayed_ministack
+from bench.delay_proxy import DelayedStores, delayed_ministack
+from collector.query import coverage as coverage_module
 from collector.query.coverage import Coverage
 from config.query_settings import QuerySettings
 from index.audits import sealed_limit_ns
@@ -117,6 +127,86 @@ async def answers_until_read(
         await fresh.close()
 
 
+async def plant_entries(store: ObjectStore, epoch: int, count: int, hour: keys.UtcHour) -> None:
+    """``count`` entries of writer epoch ``epoch``, each naming a file of ``hour``."""
+    slots = asyncio.Semaphore(32)
+
+    async def one(sequence: int) -> None:
+        entry = records.CatalogCreated(
+            catalog_key=keys.index_catalog_key(hour, epoch, sequence),
+            rows=1,
+            hour=hour.iso,
+            writer="steady",
+        )
+        async with slots:
+            await store.put(keys.catalog_created_key(epoch, sequence), entry.to_json())
+
+    await asyncio.gather(*(one(sequence) for sequence in range(count)))
+
+
+async def after_quiet_spell(
+    stores: DelayedStores, snapshot: Any, limit_ns: int, epoch: int, entries: int, wait_s: float
+) -> tuple[float, int, float]:
+    """(first answer's seconds, answers until complete again, seconds until then) after
+    ``entries`` new entries, for a process that had read its history."""
+    warm = coverage(stores.delayed, 1e9)
+    try:
+        await warm.sealed_through_ns(snapshot)
+        current = keys.UtcHour.from_unix_ns(limit_ns).next()
+        await plant_entries(stores.direct, epoch, entries, current)
+        warm._wait_s = wait_s
+        started = time.perf_counter()
+        first = None
+        answers = 0
+        while True:
+            sealed = await warm.sealed_through_ns(snapshot)
+            answers += 1
+            first = time.perf_counter() - started if first is None else first
+            if sealed >= limit_ns:
+                return first, answers, time.perf_counter() - started
+    finally:
+        await warm.close()
+
+
+async def run_entries(
+    count: int, rows: int, entries: int, latency_ms: float, rounds: int, work: Path
+) -> None:
+    product_wait, product_readers = QuerySettings().history_wait_s, coverage_module.ENTRY_READERS
+    modes = {
+        "one after another, waits (baseline)": (1e9, 1),
+        f"{product_readers} readers, waits <= {product_wait:g} s": (product_wait, product_readers),
+    }
+    firsts: dict[str, list[float]] = {m: [] for m in modes}
+    totals: dict[str, list[float]] = {m: [] for m in modes}
+    epoch = 100
+    try:
+        async with delayed_ministack(work, PREFIX, latency_ms) as stores:
+            limit = await plant(stores.direct, count, rows)
+            snapshot = await full_ledger(stores.direct)
+            for round_no in range(rounds):
+                for mode, (wait_s, readers) in modes.items():
+                    coverage_module.ENTRY_READERS = readers
+                    epoch += 1
+                    first, answers, total = await after_quiet_spell(
+                        stores, snapshot, limit, epoch, entries, wait_s
+                    )
+                    firsts[mode].append(first)
+                    totals[mode].append(total)
+                    print(
+                        f"round {round_no + 1}: {mode}: first answer {first:.3f} s, "
+                        f"{answers} answer(s), complete again after {total:.2f} s"
+                    )
+    finally:
+        coverage_module.ENTRY_READERS = product_readers
+    base, ours = (statistics.median(firsts[m]) for m in modes)
+    base_total, ours_total = (statistics.median(totals[m]) for m in modes)
+    print(
+        f"median first answer after {entries} new entries: baseline {base:.3f} s, ours "
+        f"{ours:.3f} s ({base / ours:.1f}x sooner); complete again after {base_total:.2f} s "
+        f"against {ours_total:.2f} s ({latency_ms:g} ms a request)"
+    )
+
+
 async def run(count: int, rows: int, latency_ms: float, rounds: int, work: Path) -> None:
     product = QuerySettings().history_wait_s
     modes = {"waits for history (baseline)": 1e9, f"waits <= {product:g} s": product}
@@ -151,9 +241,17 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=3600)
     parser.add_argument("--latency-ms", type=float, default=20.0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--entries", type=int, default=0, help="time answers after N entries")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="lm-bench-coverage-") as work:
-        asyncio.run(run(args.hours, args.rows, args.latency_ms, args.rounds, Path(work)))
+        if args.entries:
+            asyncio.run(
+                run_entries(
+                    args.hours, args.rows, args.entries, args.latency_ms, args.rounds, Path(work)
+                )
+            )
+        else:
+            asyncio.run(run(args.hours, args.rows, args.latency_ms, args.rounds, Path(work)))
 
 
 if __name__ == "__main__":
