@@ -117,7 +117,7 @@ class QueryEndpoint:
         self.now_ns = now_ns
         self.window = window
         self.follower = follower
-        self.late = late or LateBatches(snapshots)
+        self.late = late or LateBatches(snapshots, wait_s=settings.history_wait_s)
         self.retry_after_s = retry_after_s
         self._running = 0
         fix_mmap_threshold()  # freed columns leave the process (`process_memory`)
@@ -132,8 +132,10 @@ class QueryEndpoint:
         return "own_batches" if self.window is not None else "none"
 
     async def close(self, _app: web.Application | None = None) -> None:
-        """The process is stopping: stop reading history (`Coverage.close`)."""
+        """The process is stopping: stop reading history (`Coverage.close`,
+        `LateBatches.close`)."""
         await self.coverage.close()
+        await self.late.close()
 
     async def get_query(self, request: web.Request) -> web.Response:
         response = await self._get_query(request)

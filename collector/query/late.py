@@ -25,14 +25,19 @@ when its span overlaps).
 Cost: an hour's spans are read once per (hour, ledger totals) — a ledger hour's batch
 count and setsum name the set of batches it includes, so an hour no rollup run changed
 is not read again, whatever the version — and kept as two int64 arrays (16 bytes a
-batch; at most `MAX_CACHED_BATCHES` in all, the least recently used dropped). At most
-`MAX_HOURS_READ_PER_QUERY` hours are read per answer: the rest count every batch their
-ledger hour includes (an upper bound) until later answers have read them.
+batch; at most `MAX_CACHED_BATCHES` in all, the least recently used dropped). An answer
+asks for at most `MAX_HOURS_READ_PER_QUERY` hours it lacks; they are read in one
+background task per process, one hour at a time (an hour of a million batches or more
+takes seconds), and the answer waits for them at most ``wait_s``
+(``query.history_wait_s``): an hour not read by then counts every batch its ledger hour
+includes (an upper bound) until it has been. A read the store fails is logged and
+counted whole; a later answer asks again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import OrderedDict
 from collections.abc import Iterable
 
@@ -45,6 +50,7 @@ from index.catalog_tables import manifest_ids, read_hour_table
 from index.rows import IndexFileError
 from protocol import keys
 from rollup.table.manifest import LedgerHour, Snapshot
+from store.errors import StoreError
 
 from .committed import SnapshotSource
 from .window import WindowBatch
@@ -52,6 +58,7 @@ from .window import WindowBatch
 log = structlog.get_logger("collector.query")
 MAX_CACHED_BATCHES = 2_000_000
 MAX_HOURS_READ_PER_QUERY = 16
+MAX_WANTED_HOURS = 64  # hours asked for and waiting for the reader, at most
 SPAN_COLUMNS = (
     "key",
     "kind",
@@ -112,14 +119,19 @@ class LateBatches:
         *,
         max_cached_batches: int = MAX_CACHED_BATCHES,
         max_hours_read: int = MAX_HOURS_READ_PER_QUERY,
+        wait_s: float = 1.0,
     ) -> None:
         self._snapshots = snapshots
         self._max_cached = max_cached_batches
         self._max_hours_read = max_hours_read
+        self._wait_s = wait_s
         self._spans: OrderedDict[tuple[str, LedgerHour], tuple[np.ndarray, np.ndarray]] = (
             OrderedDict()
         )
         self._cached = 0
+        # Hours asked for and not read yet (with the snapshot that names their batches).
+        self._wanted: dict[tuple[str, LedgerHour], Snapshot] = {}
+        self._reader: asyncio.Task[None] | None = None
 
     async def committed(
         self, snapshot: Snapshot | None, *, sealed_through_ns: int, range_ns: tuple[int, int]
@@ -127,27 +139,55 @@ class LateBatches:
         """Late batches the snapshot includes (as above)."""
         if snapshot is None:
             return 0
-        low, high = range_ns
-        count, read = 0, 0
         # Hours before the seal's own hour hold only batches accepted before the seal
         # ("YYYY-MM-DDTHH" sorts as time).
         first = keys.UtcHour.from_unix_ns(max(0, sealed_through_ns)).iso
-        after = sorted(h for h in snapshot.ledger_hours if h >= first)
-        for hour in after:
-            totals = snapshot.ledger_hours[hour]
-            if totals.batches == 0:
-                continue
-            found = self._spans.get((hour, totals))
-            if found is None and read < self._max_hours_read:
-                read += 1
-                found = await self._read(snapshot, hour, totals)
+        after = [
+            (hour, snapshot.ledger_hours[hour])
+            for hour in sorted(h for h in snapshot.ledger_hours if h >= first)
+            if snapshot.ledger_hours[hour].batches
+        ]
+        missing = [item for item in after if item not in self._spans]
+        for item in missing[: self._max_hours_read]:
+            if len(self._wanted) < MAX_WANTED_HOURS:  # beyond: asked for by a later answer
+                self._wanted.setdefault(item, snapshot)
+        if self._wanted:
+            if self._reader is None or self._reader.done():
+                self._reader = asyncio.get_running_loop().create_task(
+                    self._read_wanted(), name="late-batches"
+                )
+            await asyncio.wait([self._reader], timeout=self._wait_s)
+        low, high = range_ns
+        count = 0
+        for item in after:
+            found = self._spans.get(item)
             if found is None:
-                count += totals.batches  # not examined: every batch may overlap
+                count += item[1].batches  # not read: every batch may overlap
                 continue
-            self._spans.move_to_end((hour, totals))
+            self._spans.move_to_end(item)
             mins, maxs = found
             count += int(np.count_nonzero((mins < high) & (maxs >= low)))
         return count
+
+    async def _read_wanted(self) -> None:
+        """Read the hours asked for, oldest first, one at a time, until none is left."""
+        while self._wanted:
+            item = min(self._wanted, key=lambda wanted: wanted[0])
+            snapshot = self._wanted.pop(item)
+            if item in self._spans:
+                continue
+            try:
+                await self._read(snapshot, *item)
+            except StoreError as exc:  # counted whole meanwhile; a later answer asks again
+                log.warning("late_batches_store_unavailable", hour=item[0], error=str(exc))
+
+    async def close(self) -> None:
+        """Stop the reader (the process is stopping)."""
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader
+            self._reader = None
 
     async def _read(
         self, snapshot: Snapshot, hour: str, totals: LedgerHour

@@ -232,7 +232,7 @@ async def world(tmp_path: Path) -> World:
         )
     endpoint = QueryEndpoint(
         authenticator=Authenticator(TOKENS),
-        settings=QuerySettings(max_result_rows=50),
+        settings=QuerySettings(max_result_rows=50, history_wait_s=HISTORY_WAIT_S),
         snapshots=SnapshotSource(
             store, refresh_interval_s=0.0, max_travel_versions=100, monotonic=clock.monotonic
         ),

@@ -6,20 +6,26 @@ blob; later the snapshot includes it and its span comes from the catalog row."""
 
 from __future__ import annotations
 
+import asyncio
 import random
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from collector.query.late import LateBatches, spans
 from collector.query.sources import LogFollower
 from index.log_writer import IndexLogWriter
 from index.rows import accepted_row
+from protocol.keys import UtcHour
+from store.base import ObjectStore
 from tests.collector.test_live_query import (
     ALL,
     B3,
     B4,
     H1,
+    HISTORY_WAIT_S,
     NS,
     A,
     World,
@@ -103,7 +109,7 @@ async def test_hours_not_read_count_every_batch(world: World) -> None:
     late = LateBatches(world.endpoint.snapshots, max_hours_read=0)
     snapshot = await world.endpoint.snapshots.latest()
     assert await late.committed(snapshot, sealed_through_ns=0, range_ns=old.points_range_ns) == 2
-    reading = LateBatches(world.endpoint.snapshots)
+    reading = LateBatches(world.endpoint.snapshots, wait_s=HISTORY_WAIT_S)
     far = (minute(60 * 24), minute(60 * 25))
     # The fixture's catalog rows have null spans: they overlap even a far range.
     assert await reading.committed(snapshot, sealed_through_ns=0, range_ns=far) == 2
@@ -130,3 +136,44 @@ def test_spans_fill_nulls_match_once_and_pad_missing_rows() -> None:
         (np.iinfo(np.int64).min, 9),
         (np.iinfo(np.int64).min, np.iinfo(np.int64).max),
     ]
+
+
+async def test_an_answer_does_not_wait_for_spans_it_has_not_read(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An hour's spans are read in the background (a busy hour takes seconds): until they
+    are, the hour counts every batch (never fewer), and each is read once."""
+    import collector.query.late as late_module
+
+    world.clock.advance(3600)
+    replayed = sent([(minute(7), "cpu", 42.0, A)], seq_start=200, accepted_ns=H2.start_ns + 5 * NS)
+    await catalog_manifests(
+        world.store,
+        [replayed.manifest],
+        clock=world.clock,
+        ts_ranges={replayed.manifest_id: (minute(7), minute(7))},
+    )
+    await commit(world.store, world.clock, [replayed])
+    snapshot = await world.endpoint.snapshots.latest()
+    gate, reads, real = asyncio.Event(), [], late_module.read_hour_table
+
+    async def gated(store: ObjectStore, hour: UtcHour, columns: Any = None) -> Any:
+        reads.append(hour.iso)
+        await gate.wait()
+        return await real(store, hour, columns)
+
+    monkeypatch.setattr(late_module, "read_hour_table", gated)
+    late = LateBatches(world.endpoint.snapshots, wait_s=0.05)
+    far = (minute(60 * 24), minute(60 * 25))  # the replayed batch's point is not in it
+
+    async def count() -> int:
+        found = late.committed(snapshot, sealed_through_ns=H2.start_ns, range_ns=far)
+        return await asyncio.wait_for(found, 30)
+
+    assert await count() == 1  # not read yet: its one batch may overlap
+    gate.set()
+    for _ in range(600):  # answers until the read the gate let through is done
+        if await count() == 0:
+            break
+    assert await count() == 0 and reads == [H2.iso]
+    await late.close()
