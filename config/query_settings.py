@@ -86,11 +86,12 @@ class QuerySettings(Section):
     """The rollup pointer is read again at most this often (the snapshot is cached per
     version)."""
     history_wait_s: Seconds = 1.0
-    """An answer waits at most this long for the sealed catalog hours this process has
-    not read yet (after a start on a long history: read once, one hour at a time, in the
-    background, `collector.query.coverage`); then it is answered with what is read so
-    far, ``sealed_through_ns`` stopping at the first hour not read (``complete: false``
-    until then)."""
+    """An answer waits at most this long for catalog reads it needs and this process has
+    not made yet, which run in the background (`collector.query.coverage`,
+    `collector.query.late`): the sealed hours after a start on a long history, the new
+    ``catalog-created`` entries after a quiet spell, the spans of unsealed hours. Then it
+    is answered with what is read: ``sealed_through_ns`` stops at the first hour not read
+    (``complete: false`` until then), and ``late_batches`` counts an unread hour whole."""
     max_result_rows: int = Field(default=100_000, ge=1)
     """An answer with more rows is refused (400 ``too_many_rows``): narrow the query."""
     max_concurrent_queries: int = Field(default=4, ge=1)
