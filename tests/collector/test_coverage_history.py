@@ -27,13 +27,14 @@ from index.catalog import CatalogWriter
 from index.rows import accepted_row
 from protocol import keys
 from protocol.clock import ManualClock
-from protocol.records import AcceptedManifest, AuditRecord
+from protocol.records import AcceptedManifest
 from rollup.table.ledger import LedgerRow
 from rollup.table.manifest import LedgerHour, Snapshot
 from rollup.table.owner import OwnerLease
 from store.base import ObjectStore
 from store.errors import Unavailable
 from store.fs import FileSystemStore
+from tests.collector.test_live_query import completed_audit
 from tests.rollup.dataset_builder import catalog_manifests, commit_rows
 
 NS = 1_000_000_000
@@ -103,16 +104,7 @@ async def history(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> History:
         store, owner, clock, ledger=[LedgerRow.of_manifest(m) for m in manifests]
     )
     await owner.release()
-    started = END.start_ns + (MARGIN_S + 60) * NS
-    audit = AuditRecord(
-        audit_id="00000000000000a1",
-        started_at_unix_ns=started,
-        completed_at_unix_ns=started + NS,
-        status="completed",
-        owner_epoch=1,
-        catalog=True,
-    )
-    await store.put(keys.audit_key(started, audit.audit_id), audit.to_json())
+    await completed_audit(store, END.start_ns + (MARGIN_S + 60) * NS)
     reads = HourReads(coverage_module.read_catalog_totals)
     monkeypatch.setattr(coverage_module, "read_catalog_totals", reads)
     coverage = Coverage(
