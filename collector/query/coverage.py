@@ -52,7 +52,6 @@ to the next one, which then starts reading again from where it stopped.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 
@@ -65,6 +64,8 @@ from rollup.table.ledger import read_catalog_totals
 from rollup.table.manifest import LedgerHour, Snapshot
 from store.base import ObjectStore
 from store.errors import NotFound
+
+from .background import BackgroundRead
 
 NS_PER_S = 1_000_000_000
 MAX_HOURS_PER_LISTING = 256  # hours listed at a time by the history reader
@@ -121,7 +122,7 @@ class Coverage:
         self._entries_unlisted = False  # a listing stopped at that bound: more may follow
         self._changed: set[str] = set()  # cached hours a new catalog file landed in
         self._rereading: str | None = None  # the cached hour being read again now
-        self._reader: asyncio.Task[None] | None = None
+        self._reader = BackgroundRead("coverage-history")
         self._progress_at = 0.0  # when the reader last logged its progress
 
     # --- in the answer: the audits and the new entries' keys (LISTs) ----------------------
@@ -154,7 +155,7 @@ class Coverage:
             listed.append(info.key)
         if listed:
             self._entries_after = listed[-1]
-        if start is None or (not self._catalog and self._reader is None):
+        if start is None or (not self._catalog and not self._reader.running):
             # The first look, or nothing cached nor being read: every hour is read afresh
             # anyway (an entry is created after its file, so such a read holds the file).
             return
@@ -251,28 +252,9 @@ class Coverage:
             hours.append(hour)
         return hours, limit_ns
 
-    def _start_reading(self, limit_ns: int) -> asyncio.Task[None] | None:
-        """The reader, started when there is something to read and it is not running. A
-        reader that failed after its answer stopped waiting raises here, once."""
-        reader = self._reader
-        if reader is not None and reader.done():
-            self._reader = None
-            if not reader.cancelled():
-                reader.result()  # its failure, if it failed
-        work = self._entries or self._changed or self._read_through_ns < limit_ns
-        if self._reader is None and work:
-            self._reader = asyncio.get_running_loop().create_task(
-                self._read_history(limit_ns), name="coverage-history"
-            )
-        return self._reader
-
     async def close(self) -> None:
         """Stop the reader (the process is stopping)."""
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._reader
-            self._reader = None
+        await self._reader.close()
 
     # --- the answer ----------------------------------------------------------------------
 
@@ -295,14 +277,9 @@ class Coverage:
 
     async def sealed_through_ns(self, snapshot: Snapshot | None) -> int:
         limit = sealed_limit_ns(await self._audit_started_ns(), self.margin_ns)
-        reader = self._start_reading(limit)
-        if reader is not None:
-            await asyncio.wait([reader], timeout=self._wait_s)
-            if reader.done():
-                if self._reader is reader:  # (another answer may have started the next)
-                    self._reader = None
-                if not reader.cancelled():
-                    reader.result()  # its failure, if it failed
+        work = self._entries or self._changed or self._read_through_ns < limit
+        start = (lambda: self._read_history(limit)) if work else None
+        await self._reader.wait(start, self._wait_s)
         covered = self._covered_through_ns(limit)
         return first_uncovered_ns(snapshot, self._catalog, covered)
 

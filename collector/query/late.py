@@ -31,13 +31,13 @@ background task per process, one hour at a time (an hour of a million batches or
 takes seconds), and the answer waits for them at most ``wait_s``
 (``query.history_wait_s``): an hour not read by then counts every batch its ledger hour
 includes (an upper bound) until it has been. A read the store fails is logged and
-counted whole; a later answer asks again.
+counted whole; a later answer asks again. Any other failure reaches an answer (503),
+once, as when answers read the hours themselves.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import OrderedDict
 from collections.abc import Iterable
 
@@ -52,6 +52,7 @@ from protocol import keys
 from rollup.table.manifest import LedgerHour, Snapshot
 from store.errors import StoreError
 
+from .background import BackgroundRead
 from .committed import SnapshotSource
 from .window import WindowBatch
 
@@ -131,7 +132,7 @@ class LateBatches:
         self._cached = 0
         # Hours asked for and not read yet (with the snapshot that names their batches).
         self._wanted: dict[tuple[str, LedgerHour], Snapshot] = {}
-        self._reader: asyncio.Task[None] | None = None
+        self._reader = BackgroundRead("late-batches")
 
     async def committed(
         self, snapshot: Snapshot | None, *, sealed_through_ns: int, range_ns: tuple[int, int]
@@ -152,11 +153,7 @@ class LateBatches:
             if len(self._wanted) < MAX_WANTED_HOURS:  # beyond: asked for by a later answer
                 self._wanted.setdefault(item, snapshot)
         if self._wanted:
-            if self._reader is None or self._reader.done():
-                self._reader = asyncio.get_running_loop().create_task(
-                    self._read_wanted(), name="late-batches"
-                )
-            await asyncio.wait([self._reader], timeout=self._wait_s)
+            await self._reader.wait(self._read_wanted, self._wait_s)
         low, high = range_ns
         count = 0
         for item in after:
@@ -183,11 +180,7 @@ class LateBatches:
 
     async def close(self) -> None:
         """Stop the reader (the process is stopping)."""
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._reader
-            self._reader = None
+        await self._reader.close()
 
     async def _read(
         self, snapshot: Snapshot, hour: str, totals: LedgerHour

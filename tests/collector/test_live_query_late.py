@@ -177,3 +177,28 @@ async def test_an_answer_does_not_wait_for_spans_it_has_not_read(
             break
     assert await count() == 0 and reads == [H2.iso]
     await late.close()
+
+
+async def test_a_failed_span_read_reaches_an_answer_once(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure other than the store's (here the disk) is not lost in the background: the
+    answer waiting for the read gets it (a 503 at the endpoint), and the next reads again."""
+    import collector.query.late as late_module
+
+    snapshot = await world.endpoint.snapshots.latest()
+    failures, real = [OSError(28, "No space left on device")], late_module.read_hour_table
+
+    async def failing_once(store: ObjectStore, hour: UtcHour, columns: Any = None) -> Any:
+        if failures:
+            raise failures.pop()
+        return await real(store, hour, columns)
+
+    monkeypatch.setattr(late_module, "read_hour_table", failing_once)
+    late = LateBatches(world.endpoint.snapshots, wait_s=HISTORY_WAIT_S)
+    far = (minute(60 * 24), minute(60 * 25))
+    with pytest.raises(OSError, match="No space left"):
+        await late.committed(snapshot, sealed_through_ns=0, range_ns=far)
+    # The fixture's rows have null spans: read, they overlap even a far range.
+    assert await late.committed(snapshot, sealed_through_ns=0, range_ns=far) == 2
+    await late.close()
