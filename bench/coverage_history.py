@@ -55,6 +55,7 @@ PREFIX = "bench-coverage"
 NS = 1_000_000_000
 FIRST = keys.UtcHour.from_unix_ns(1_790_000_000 * NS)
 MARGIN_S = 60.0
+Timing = tuple[float, int, float]  # first answer s, answers, s until complete
 
 
 def hours(count: int) -> list[keys.UtcHour]:
@@ -106,23 +107,27 @@ async def full_ledger(store: ObjectStore) -> Any:
     return SimpleNamespace(ledger_hours=totals)
 
 
-async def answers_until_read(
-    store: ObjectStore, snapshot: Any, limit_ns: int, wait_s: float
-) -> tuple[float, int, float]:
+async def timed_answers(answering: Coverage, snapshot: Any, limit_ns: int) -> Timing:
     """(first answer's seconds, answers until sealed_through_ns reached the limit, seconds
-    until then) for a process that just started."""
-    fresh = coverage(store, wait_s)
+    until then)."""
     started = time.perf_counter()
     first = None
     answers = 0
+    while True:
+        sealed = await answering.sealed_through_ns(snapshot)
+        answers += 1
+        first = time.perf_counter() - started if first is None else first
+        if sealed >= limit_ns:
+            return first, answers, time.perf_counter() - started
+
+
+async def answers_until_read(
+    store: ObjectStore, snapshot: Any, limit_ns: int, wait_s: float
+) -> Timing:
+    """`timed_answers` of a process that just started."""
+    fresh = coverage(store, wait_s)
     try:
-        while True:
-            sealed = await fresh.sealed_through_ns(snapshot)
-            answers += 1
-            if first is None:
-                first = time.perf_counter() - started
-            if sealed >= limit_ns:
-                return first, answers, time.perf_counter() - started
+        return await timed_answers(fresh, snapshot, limit_ns)
     finally:
         await fresh.close()
 
@@ -146,36 +151,38 @@ async def plant_entries(store: ObjectStore, epoch: int, count: int, hour: keys.U
 
 async def after_quiet_spell(
     stores: DelayedStores, snapshot: Any, limit_ns: int, epoch: int, entries: int, wait_s: float
-) -> tuple[float, int, float]:
-    """(first answer's seconds, answers until complete again, seconds until then) after
-    ``entries`` new entries, for a process that had read its history."""
+) -> Timing:
+    """`timed_answers` after ``entries`` new entries, of a process that had read its
+    history."""
     warm = coverage(stores.delayed, 1e9)
     try:
         await warm.sealed_through_ns(snapshot)
         current = keys.UtcHour.from_unix_ns(limit_ns).next()
         await plant_entries(stores.direct, epoch, entries, current)
         warm._wait_s = wait_s
-        started = time.perf_counter()
-        first = None
-        answers = 0
-        while True:
-            sealed = await warm.sealed_through_ns(snapshot)
-            answers += 1
-            first = time.perf_counter() - started if first is None else first
-            if sealed >= limit_ns:
-                return first, answers, time.perf_counter() - started
+        return await timed_answers(warm, snapshot, limit_ns)
     finally:
         await warm.close()
 
 
-async def run_entries(
+async def run(
     count: int, rows: int, entries: int, latency_ms: float, rounds: int, work: Path
 ) -> None:
-    product_wait, product_readers = QuerySettings().history_wait_s, coverage_module.ENTRY_READERS
-    modes = {
-        "one after another, waits (baseline)": (1e9, 1),
-        f"{product_readers} readers, waits <= {product_wait:g} s": (product_wait, product_readers),
-    }
+    """Rounds of the baseline and the product, interleaved: after a start (``entries``
+    0) or after ``entries`` new entries; prints each and the medians."""
+    wait, readers = QuerySettings().history_wait_s, coverage_module.ENTRY_READERS
+    if entries:
+        modes = {
+            "one after another, waits (baseline)": (1e9, 1),
+            f"{readers} readers, waits <= {wait:g} s": (wait, readers),
+        }
+        done, what = "complete again after", f"after {entries} new entries"
+    else:
+        modes = {
+            "waits for history (baseline)": (1e9, readers),
+            f"waits <= {wait:g} s": (wait, readers),
+        }
+        done, what = "history read in", f"{count} hours of {rows} batches"
     firsts: dict[str, list[float]] = {m: [] for m in modes}
     totals: dict[str, list[float]] = {m: [] for m in modes}
     epoch = 100
@@ -184,54 +191,30 @@ async def run_entries(
             limit = await plant(stores.direct, count, rows)
             snapshot = await full_ledger(stores.direct)
             for round_no in range(rounds):
-                for mode, (wait_s, readers) in modes.items():
-                    coverage_module.ENTRY_READERS = readers
-                    epoch += 1
-                    first, answers, total = await after_quiet_spell(
-                        stores, snapshot, limit, epoch, entries, wait_s
-                    )
+                for mode, (wait_s, entry_readers) in modes.items():
+                    coverage_module.ENTRY_READERS = entry_readers
+                    if entries:
+                        epoch += 1
+                        timing = await after_quiet_spell(
+                            stores, snapshot, limit, epoch, entries, wait_s
+                        )
+                    else:
+                        timing = await answers_until_read(stores.delayed, snapshot, limit, wait_s)
+                    first, answers, total = timing
                     firsts[mode].append(first)
                     totals[mode].append(total)
                     print(
                         f"round {round_no + 1}: {mode}: first answer {first:.3f} s, "
-                        f"{answers} answer(s), complete again after {total:.2f} s"
+                        f"{answers} answer(s), {done} {total:.2f} s"
                     )
     finally:
-        coverage_module.ENTRY_READERS = product_readers
+        coverage_module.ENTRY_READERS = readers
     base, ours = (statistics.median(firsts[m]) for m in modes)
     base_total, ours_total = (statistics.median(totals[m]) for m in modes)
     print(
-        f"median first answer after {entries} new entries: baseline {base:.3f} s, ours "
-        f"{ours:.3f} s ({base / ours:.1f}x sooner); complete again after {base_total:.2f} s "
-        f"against {ours_total:.2f} s ({latency_ms:g} ms a request)"
-    )
-
-
-async def run(count: int, rows: int, latency_ms: float, rounds: int, work: Path) -> None:
-    product = QuerySettings().history_wait_s
-    modes = {"waits for history (baseline)": 1e9, f"waits <= {product:g} s": product}
-    firsts: dict[str, list[float]] = {m: [] for m in modes}
-    totals: dict[str, list[float]] = {m: [] for m in modes}
-    async with delayed_ministack(work, PREFIX, latency_ms) as stores:
-        limit = await plant(stores.direct, count, rows)
-        snapshot = await full_ledger(stores.direct)
-        for round_no in range(rounds):
-            for mode, wait_s in modes.items():
-                first, answers, total = await answers_until_read(
-                    stores.delayed, snapshot, limit, wait_s
-                )
-                firsts[mode].append(first)
-                totals[mode].append(total)
-                print(
-                    f"round {round_no + 1}: {mode}: first answer {first:.3f} s, "
-                    f"{answers} answer(s), history read in {total:.1f} s"
-                )
-    base, ours = (statistics.median(firsts[m]) for m in modes)
-    base_total, ours_total = (statistics.median(totals[m]) for m in modes)
-    print(
-        f"median first answer: baseline {base:.3f} s, ours {ours:.3f} s "
-        f"({base / ours:.1f}x sooner); history read in {base_total:.1f} s against "
-        f"{ours_total:.1f} s ({count} hours of {rows} batches, {latency_ms:g} ms a request)"
+        f"median first answer ({what}, {latency_ms:g} ms a request): baseline {base:.3f} s, "
+        f"ours {ours:.3f} s ({base / ours:.1f}x sooner); {done} {base_total:.2f} s against "
+        f"{ours_total:.2f} s"
     )
 
 
@@ -244,14 +227,9 @@ def main() -> None:
     parser.add_argument("--entries", type=int, default=0, help="time answers after N entries")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="lm-bench-coverage-") as work:
-        if args.entries:
-            asyncio.run(
-                run_entries(
-                    args.hours, args.rows, args.entries, args.latency_ms, args.rounds, Path(work)
-                )
-            )
-        else:
-            asyncio.run(run(args.hours, args.rows, args.latency_ms, args.rounds, Path(work)))
+        asyncio.run(
+            run(args.hours, args.rows, args.entries, args.latency_ms, args.rounds, Path(work))
+        )
 
 
 if __name__ == "__main__":
