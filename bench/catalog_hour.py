@@ -12,7 +12,15 @@ own, read from ``/proc/<pid>/status`` VmHWM):
   core in DuckDB: what raw retention and the live query's seal check do);
 - **baseline** (same run): the code this replaced, `chaos.catalog_rows.read_hour` (one Python
   row object per key) on ``--baseline-rows`` rows (default a tenth), whose RSS per row
-  above the interpreter's own (measured after imports) is scaled to the whole hour.
+  above the interpreter's own (measured after imports) is scaled to the whole hour;
+- **spans**: `index.catalog_spans.read_hour_spans` of every batch of the hour (the live
+  query's ``late_batches``, out of core), and **spans-baseline** (same run, the whole
+  hour): the code it replaced, the hour's span columns read into memory
+  (`index.catalog_tables.read_hour_table`) and grouped in Arrow. Both build the hour's
+  ``manifest_id``\\s first (what the collector holds as the ledger's, 376 MB here), and
+  their peak counts from there ("above the imports": above the imports and the ids).
+
+``--phases`` picks some of ``levels,totals,baseline,spans`` (default all).
 
 Benchmarks are not tests: nothing asserts; the numbers go to bench/RESULTS.md.
 """
@@ -38,7 +46,8 @@ from chaos.catalog_rows import read_hour
 from index.catalog import CatalogWriter, list_hour_files
 from index.catalog_local import MergeLimits
 from index.catalog_merge import merge_files
-from index.catalog_tables import read_hour_totals
+from index.catalog_spans import HIGHEST, LOWEST, read_hour_spans
+from index.catalog_tables import manifest_ids, read_hour_table, read_hour_totals
 from index.row_checks import raw_blob_keys
 from index.rows import FILE_SCHEMA
 from protocol import keys
@@ -50,6 +59,7 @@ from store.open import open_store
 T0 = 1_760_000_400_000_000_000  # inside 2025-10-09T09
 HOUR = keys.UtcHour.from_unix_ns(T0)
 FANOUT = 8
+PHASES = ("levels", "totals", "baseline", "spans")
 
 
 def synthetic_rows(start: int, count: int, rng: np.random.Generator) -> pa.Table:
@@ -156,6 +166,49 @@ async def baseline(url: str) -> dict[str, object]:
     return {"rows": len((await read_hour(open_store(url), HOUR)).rows)}
 
 
+def hour_ids(rows: int) -> pa.Array:
+    """The ``manifest_id`` of every batch `seed` wrote, built 100,000 at a time."""
+    chunks = []
+    boot = "5f0c7a3e-1d2b-4c3a-9e8f-0123456789ab"
+    for start in range(0, rows, 100_000):
+        seq = np.arange(start, min(rows, start + 100_000), dtype=np.uint64)
+        agents = pc.binary_join_element_wise(
+            "agent-", pc.cast(pa.array((seq // 1000).astype(np.int64)), pa.string()), ""
+        )
+        identity = {"agent_id": agents, "boot_id": pa.repeat(pa.scalar(boot), len(seq))}
+        identity |= {"seq_start": pa.array(seq), "seq_end": pa.array(seq)}
+        chunks.append(manifest_ids(pa.table(identity)))
+    return pa.chunked_array(chunks).combine_chunks()
+
+
+async def spans(
+    url: str, included: pa.Array, memory_limit_mb: int, spill: str
+) -> dict[str, object]:
+    """The live query's read of an hour's spans, out of core (`read_hour_spans`)."""
+    limits = MergeLimits(memory_limit_mb=memory_limit_mb, spill_dir=spill)
+    mins, maxs = await read_hour_spans(open_store(url), HOUR, included, limits)
+    return {"batches": len(mins), "span_sum": int(mins.sum() % 2**61 + maxs.sum() % 2**61)}
+
+
+async def spans_baseline(url: str, included: pa.Array) -> dict[str, object]:
+    """The code `read_hour_spans` replaced: the hour's span columns in memory, grouped."""
+    columns = ["key", "kind", "agent_id", "boot_id", "seq_start", "seq_end"]
+    hour = await read_hour_table(open_store(url), HOUR, [*columns, "min_ts_ns", "max_ts_ns"])
+    accepted = hour.accepted()
+    table = pa.table(
+        {
+            "id": manifest_ids(accepted),
+            "low": pc.fill_null(accepted.column("min_ts_ns"), LOWEST),
+            "high": pc.fill_null(accepted.column("max_ts_ns"), HIGHEST),
+        }
+    )
+    table = table.filter(pc.is_in(table.column("id"), value_set=included))
+    per_batch = table.group_by("id").aggregate([("low", "min"), ("high", "max")])
+    mins = per_batch.column("low_min").to_numpy()
+    maxs = per_batch.column("high_max").to_numpy()
+    return {"batches": len(mins), "span_sum": int(mins.sum() % 2**61 + maxs.sum() % 2**61)}
+
+
 def _named(key: str) -> ObjectInfo:
     """A file known by name (`merge_files` reads its inputs by key)."""
     return ObjectInfo(key=key, size=0, etag="", last_modified_ns=0)
@@ -163,12 +216,22 @@ def _named(key: str) -> ObjectInfo:
 
 def child(argv: list[str]) -> None:
     what, url = argv[0], argv[1]
+    if what.startswith("spans"):
+        # The ledger's ids, held by the collector anyway: built first, and the peak
+        # measured from there (building them peaks well above what they keep).
+        included = hour_ids(int(argv[2]))
+        pa.default_memory_pool().release_unused()
+        child_process.reset_peak()
 
     def phase() -> dict[str, object]:
         if what == "levels":
             return asyncio.run(compact_by_levels(url, int(argv[2]), argv[3]))
         if what == "totals":
             return asyncio.run(totals(url, int(argv[2]), argv[3]))
+        if what == "spans":
+            return asyncio.run(spans(url, included, int(argv[3]), argv[4]))
+        if what == "spans-baseline":
+            return asyncio.run(spans_baseline(url, included))
         return asyncio.run(baseline(url))
 
     print(json.dumps(child_process.measure(phase)))
@@ -187,39 +250,54 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=360)
     parser.add_argument("--baseline-rows", type=int, default=0)
     parser.add_argument("--memory-limit-mb", type=int, default=256)
+    parser.add_argument("--phases", default=",".join(PHASES))
     args = parser.parse_args()
+    phases = args.phases.split(",")
+    if unknown := set(phases) - set(PHASES):
+        parser.error(f"--phases: unknown {sorted(unknown)}; choose from {', '.join(PHASES)}")
     baseline_rows = args.baseline_rows or args.rows // 10
+    limit = str(args.memory_limit_mb)
     print(f"load before: {os.getloadavg()}")
+    results: dict[str, dict[str, object]] = {}
     with tempfile.TemporaryDirectory(prefix="lm-bench-hour-") as tmp:
         big, small = f"file://{tmp}/big", f"file://{tmp}/small"
         started = time.perf_counter()
         asyncio.run(seed(big, args.rows, args.files))
-        asyncio.run(seed(small, baseline_rows, max(1, args.files // 10)))
-        print(
-            f"seeded {args.rows:,} + {baseline_rows:,} rows in {time.perf_counter() - started:.0f} s"
-        )
+        if "baseline" in phases:
+            asyncio.run(seed(small, baseline_rows, max(1, args.files // 10)))
+        print(f"seeded in {time.perf_counter() - started:.0f} s")
         spill = f"{tmp}/spill"
         Path(spill).mkdir()
-        levels = run_child("levels", big, str(args.memory_limit_mb), spill)
-        summed = run_child("totals", big, str(args.memory_limit_mb), spill)
-        base = run_child("baseline", small)
+        if "spans" in phases:  # before compaction: the hour as the steady pass wrote it
+            results["hour's spans"] = run_child("spans", big, str(args.rows), limit, spill)
+            results["spans, baseline"] = run_child("spans-baseline", big, str(args.rows))
+        if "levels" in phases:
+            results["compaction by levels"] = run_child("levels", big, limit, spill)
+        if "totals" in phases:
+            results["hour totals"] = run_child("totals", big, limit, spill)
+        if "baseline" in phases:
+            results["baseline"] = run_child("baseline", small)
+    report(results, rows=args.rows, baseline_rows=baseline_rows)
+    print(f"load after: {os.getloadavg()}")
 
+
+def report(results: dict[str, dict[str, object]], *, rows: int, baseline_rows: int) -> None:
     work = child_process.above_imports
-    per_row = work(base) / baseline_rows
-    print(f"levels:   {levels}")
-    print(f"totals:   {summed}")
-    print(
-        f"baseline: {base} on {baseline_rows:,} rows -> {per_row:.0f} B/row, "
-        f"{per_row * args.rows / 2**30:.2f} GiB scaled to {args.rows:,} rows"
-    )
-    for name, result in (("compaction by levels", levels), ("hour totals", summed)):
+    for name, result in results.items():
         rss = float(str(result["peak_rss"]))
         print(
             f"{name}: peak RSS {rss / 2**20:.0f} MiB ({work(result) / 2**20:.0f} MiB above the "
-            f"imports; the baseline scaled needs {per_row * args.rows / work(result):.1f}x "
-            f"that), {float(str(result['seconds'])):.1f} s"
+            f"imports), {float(str(result['seconds'])):.1f} s; {result}"
         )
-    print(f"load after: {os.getloadavg()}")
+    if "baseline" in results:
+        per_row = work(results["baseline"]) / baseline_rows
+        print(
+            f"baseline: {per_row:.0f} B/row on {baseline_rows:,} rows, "
+            f"{per_row * rows / 2**30:.2f} GiB scaled to {rows:,} rows"
+        )
+    if "hour's spans" in results:
+        ratio = work(results["spans, baseline"]) / work(results["hour's spans"])
+        print(f"spans: the baseline needs {ratio:.1f}x the memory above the imports")
 
 
 if __name__ == "__main__":

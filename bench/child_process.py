@@ -26,6 +26,12 @@ def status_bytes(field_name: str) -> int:
     raise KeyError(field_name)
 
 
+def reset_peak() -> None:
+    """Start ``VmHWM`` afresh from the current RSS (Linux ``clear_refs``), so that what a
+    phase's setup allocated and freed is not its peak."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
 def measure(phase: Callable[[], dict[str, object]]) -> dict[str, object]:
     """``phase()``'s result with ``seconds``, ``peak_rss`` (VmHWM after it) and
     ``base_rss`` (VmRSS before it: the interpreter and its imports)."""

@@ -16,8 +16,9 @@ distinct agent_id (always the hex form, as `protocol.keys.BatchIdentity.manifest
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import duckdb
 import pyarrow as pa
@@ -46,6 +47,7 @@ from .row_checks import first_problems, well_formed
 from .rows import FILE_SCHEMA, IndexFileError, iter_batches
 
 HOUR_NS = 3600 * 1_000_000_000
+T = TypeVar("T")
 
 
 @dataclass
@@ -169,13 +171,14 @@ class HourTotals:
     setsum: Setsum
 
 
+MANIFEST_ID_SQL = """'agent=' || lower(hex(r.agent_id)) || '.boot=' || replace(r.boot_id, '-', '')
+    || '.' || lpad(r.seq_start::VARCHAR, 20, '0') || '-' || lpad(r.seq_end::VARCHAR, 20, '0')"""
+"""A catalog row ``r``'s ``manifest_id`` in DuckDB (the SQL form of `manifest_ids`)."""
 _ACCEPTED_ROWS = """
     SELECT r.key, r.record_count, r.frame_sha256, r.time_unix_ns, r.filename,
-        strlen(r.agent_id) AS agent_bytes,
-        'agent=' || lower(hex(r.agent_id)) || '.boot=' || replace(r.boot_id, '-', '') || '.'
-        || lpad(r.seq_start::VARCHAR, 20, '0') || '-' || lpad(r.seq_end::VARCHAR, 20, '0') AS mid
+        strlen(r.agent_id) AS agent_bytes, {mid} AS mid
     FROM {one_row_per_key} AND r.kind = 'accepted'
-"""
+""".replace("{mid}", MANIFEST_ID_SQL)
 """The hour's accepted rows, one per key (the row that counts), with their ``manifest_id``."""
 _OTHER_FORMS_SQL = """
 CREATE TEMP TABLE other_forms AS
@@ -244,29 +247,65 @@ async def read_hour_totals(
     *,
     batches_to: str | None = None,
 ) -> HourTotals:
-    """`hour_totals` of the hour's catalog, out of core: the files are copied locally one
-    at a time and DuckDB keeps the newest row per key and sums the setsum, under the
-    memory limit (an hour of millions of batches in bounded memory). Rows are checked for
-    kind, hash, identity presence and hour in SQL (the writer checked each in full).
-    `IndexFileError` when a file is not a catalog file of the hour; a file gone after the
-    listing makes it list again, a bounded number of times. ``batches_to``: also write
-    the hour's batches (the rows the totals count, `BATCH_COLUMNS`) to a local Parquet
-    file there, for checks against the ledger (`index.catalog_ledger`)."""
-    limits = limits or MergeLimits()
+    """`hour_totals` of the hour's catalog, out of core (`query_hour`: an hour of millions
+    of batches in bounded memory). ``batches_to``: also write the hour's batches (the rows
+    the totals count, `BATCH_COLUMNS`) to a local Parquet file there, for checks against
+    the ledger (`index.catalog_ledger`)."""
+
+    def totals(con: duckdb.DuckDBPyConnection, files: str, named: dict[str, str]) -> HourTotals:
+        accepted = _ACCEPTED_ROWS.format(one_row_per_key=ONE_ROW_PER_KEY.format(files=files))
+        con.execute(_OTHER_FORMS_SQL.format(accepted=accepted, two_form_bytes=TWO_FORM_AGENT_BYTES))
+        row = con.execute(_TOTALS_SQL.format(accepted=accepted, limbs=_limbs("h"))).fetchone()
+        if batches_to is not None:
+            mapping = pa.table(
+                {
+                    "path": pa.array(list(named), pa.string()),
+                    "name": pa.array([n.rsplit("/", 1)[-1] for n in named.values()]),
+                }
+            )
+            con.register("files", mapping)
+            con.execute(
+                _BATCHES_SQL.format(
+                    accepted=accepted, hour=sql_string(hour.iso), out=sql_string(batches_to)
+                )
+            )
+        assert row is not None
+        batches, records, *sums = row
+        return HourTotals(int(batches), int(records), _setsum_of_limbs(sums))
+
+    found = await query_hour(store, hour, limits or MergeLimits(), totals)
+    if found is None:
+        if batches_to is not None:
+            await asyncio.to_thread(write_empty_batches, batches_to)
+        return HourTotals(0, 0, Setsum())
+    return found
+
+
+async def query_hour(
+    store: ObjectStore,
+    hour: keys.UtcHour,
+    limits: MergeLimits,
+    run: Callable[[duckdb.DuckDBPyConnection, str, dict[str, str]], T],
+) -> T | None:
+    """``run(con, files, named)`` over the hour's catalog in DuckDB, out of core (None when
+    the hour has no catalog file): the files are copied locally one at a time, every row
+    is checked for kind, hash, identity presence and hour in SQL (the writer checked each
+    in full), and ``newest`` holds the row that counts of each key held more than once
+    (`index.catalog_local.NEWEST_PER_KEY`; read with ``ONE_ROW_PER_KEY.format(files=files)``).
+    ``files`` is the SQL list of the copies whose rows count, ``named`` maps each copy to
+    its store key. `IndexFileError` when a file is not a catalog file of the hour (or
+    DuckDB fails on it); a file gone after the listing makes it list again, a bounded
+    number of times."""
     for _attempt in range(RELIST_ATTEMPTS):
         files = await list_hour_files(store, hour)
         if not files:
-            if batches_to is not None:
-                await asyncio.to_thread(write_empty_batches, batches_to)
-            return HourTotals(0, 0, Setsum())
+            return None
         try:
             names = [f.key for f in files]
             async with local_copies(store, names, limits) as (tmp, paths):
                 counted = effective(names, paths)
                 named = {path: name for name, path in zip(names, paths, strict=True)}
-                return await asyncio.to_thread(
-                    _totals_in_duckdb, counted, hour, limits, tmp, named, batches_to
-                )
+                return await asyncio.to_thread(_in_duckdb, counted, hour, limits, tmp, named, run)
         except NotFound:
             continue
     raise IndexFileError(f"catalog hour {hour} kept changing while it was read; try again")
@@ -283,14 +322,14 @@ def write_empty_batches(path: str) -> None:
     pq.write_table(schema.empty_table(), path)
 
 
-def _totals_in_duckdb(
+def _in_duckdb(
     paths: list[str],
     hour: keys.UtcHour,
     limits: MergeLimits,
     tmp: str,
     named: dict[str, str],
-    batches_to: str | None,
-) -> HourTotals:
+    run: Callable[[duckdb.DuckDBPyConnection, str, dict[str, str]], T],
+) -> T:
     files = sql_list(paths)
     try:
         with connect(limits, tmp) as con:
@@ -300,29 +339,9 @@ def _totals_in_duckdb(
             if bad is not None and bad[0]:
                 raise IndexFileError(f"catalog hour {hour}: {bad[0]} malformed row(s)")
             con.execute(NEWEST_PER_KEY.format(files=files))
-            accepted = _ACCEPTED_ROWS.format(one_row_per_key=ONE_ROW_PER_KEY.format(files=files))
-            con.execute(
-                _OTHER_FORMS_SQL.format(accepted=accepted, two_form_bytes=TWO_FORM_AGENT_BYTES)
-            )
-            row = con.execute(_TOTALS_SQL.format(accepted=accepted, limbs=_limbs("h"))).fetchone()
-            if batches_to is not None:
-                mapping = pa.table(
-                    {
-                        "path": pa.array(list(named), pa.string()),
-                        "name": pa.array([n.rsplit("/", 1)[-1] for n in named.values()]),
-                    }
-                )
-                con.register("files", mapping)
-                con.execute(
-                    _BATCHES_SQL.format(
-                        accepted=accepted, hour=sql_string(hour.iso), out=sql_string(batches_to)
-                    )
-                )
+            return run(con, files, named)
     except duckdb.Error as exc:
         raise IndexFileError(f"catalog hour {hour}: {exc}") from None
-    assert row is not None
-    batches, records, *sums = row
-    return HourTotals(int(batches), int(records), _setsum_of_limbs(sums))
 
 
 def hour_totals(accepted: pa.Table) -> HourTotals:

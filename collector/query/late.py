@@ -11,7 +11,7 @@ includes, each counted once, from two places:
 - the snapshot (`committed`): its ledger hours from the seal's hour on (every batch of
   such an hour was accepted at or after the seal), each batch's span from its catalog row
   (PROTOCOL §3.7: ``min_ts_ns``/``max_ts_ns``), matched to the ledger's ``manifest_id``\\s
-  column-wise;
+  in DuckDB, out of core (`index.catalog_spans`);
 - the live part (`in_live_part`): the window's batches the snapshot lacks, accepted at
   or after the seal (their span from the decoded frame, `collector.query.window`).
 
@@ -24,11 +24,12 @@ when its span overlaps).
 
 Cost: an hour's spans are read once per (hour, ledger totals) — a ledger hour's batch
 count and setsum name the set of batches it includes, so an hour no rollup run changed
-is not read again, whatever the version — and kept as two int64 arrays (16 bytes a
-batch; at most `MAX_CACHED_BATCHES` in all, the least recently used dropped). An answer
-asks for at most `MAX_HOURS_READ_PER_QUERY` hours it lacks; they are read in one
-background task per process, one hour at a time (an hour of a million batches or more
-takes seconds), and the answer waits for them at most ``wait_s``
+is not read again, whatever the version — out of core (the hour's catalog in DuckDB
+under its memory limit), and kept as two int64 arrays (16 bytes a batch; at most
+`MAX_CACHED_BATCHES` in all, the least recently used dropped). An answer asks for at
+most `MAX_HOURS_READ_PER_QUERY` hours it lacks; they are read in one background task per
+process, one hour at a time (an hour of a million batches or more takes seconds), and the
+answer waits for them at most ``wait_s``
 (``query.history_wait_s``): an hour not read by then counts every batch its ledger hour
 includes (an upper bound) until it has been. A read the store fails is logged and
 counted whole; a later answer asks again. Any other failure reaches an answer (503),
@@ -37,16 +38,13 @@ once, as when answers read the hours themselves.
 
 from __future__ import annotations
 
-import asyncio
 from collections import OrderedDict
 from collections.abc import Iterable
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 import structlog
 
-from index.catalog_tables import manifest_ids, read_hour_table
+from index.catalog_spans import read_hour_spans
 from index.rows import IndexFileError
 from protocol import keys
 from rollup.table.manifest import LedgerHour, Snapshot
@@ -60,18 +58,6 @@ log = structlog.get_logger("collector.query")
 MAX_CACHED_BATCHES = 2_000_000
 MAX_HOURS_READ_PER_QUERY = 16
 MAX_WANTED_HOURS = 64  # hours asked for and waiting for the reader, at most
-SPAN_COLUMNS = (
-    "key",
-    "kind",
-    "agent_id",
-    "boot_id",
-    "seq_start",
-    "seq_end",
-    "min_ts_ns",
-    "max_ts_ns",
-)
-"""The catalog columns a span needs (identity, to match the ledger, and the span)."""
-LOWEST, HIGHEST = -(2**63), 2**63 - 1
 
 
 def overlaps(min_ts_ns: int, max_ts_ns: int, range_ns: tuple[int, int]) -> bool:
@@ -88,29 +74,6 @@ def in_live_part(
         for b in batches
         if b.accepted_ns >= sealed_through_ns and overlaps(b.min_ts_ns, b.max_ts_ns, range_ns)
     )
-
-
-def spans(hour_rows: pa.Table, included: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """``(mins, maxs)`` of the ``included`` batches (a ledger hour's ``manifest_id``
-    column) among a catalog hour's ``accepted`` rows, column-wise; a null bound is the
-    widest, and an included batch without a row spans all time."""
-    rows = pa.table(
-        {
-            "id": manifest_ids(hour_rows) if hour_rows.num_rows else pa.array([], pa.string()),
-            "low": pc.fill_null(hour_rows.column("min_ts_ns"), LOWEST),
-            "high": pc.fill_null(hour_rows.column("max_ts_ns"), HIGHEST),
-        }
-    )
-    rows = rows.filter(pc.is_in(rows.column("id"), value_set=included))
-    # One batch cataloged under both agent key forms (PROTOCOL §3) counts once.
-    per_batch = rows.group_by("id").aggregate([("low", "min"), ("high", "max")])
-    mins = per_batch.column("low_min").to_numpy()
-    maxs = per_batch.column("high_max").to_numpy()
-    unmatched = len(included) - per_batch.num_rows
-    if unmatched > 0:
-        mins = np.concatenate([mins, np.full(unmatched, LOWEST, np.int64)])
-        maxs = np.concatenate([maxs, np.full(unmatched, HIGHEST, np.int64)])
-    return mins.astype(np.int64, copy=False), maxs.astype(np.int64, copy=False)
 
 
 class LateBatches:
@@ -191,13 +154,12 @@ class LateBatches:
             log.warning("late_batches_ledger_mismatch", hour=hour, rows=len(included))
             return None
         try:
-            table = await read_hour_table(
-                self._snapshots.store, keys.UtcHour.parse_iso(hour), SPAN_COLUMNS
+            found = await read_hour_spans(
+                self._snapshots.store, keys.UtcHour.parse_iso(hour), included
             )
         except IndexFileError as exc:
             log.warning("late_batches_catalog_unreadable", hour=hour, error=str(exc))
             return None
-        found = await asyncio.to_thread(spans, table.accepted(), included)
         size = len(found[0])
         if size <= self._max_cached:
             self._spans[(hour, totals)] = found

@@ -10,11 +10,9 @@ import asyncio
 import random
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
 import pytest
 
-from collector.query.late import LateBatches, spans
+from collector.query.late import LateBatches
 from collector.query.sources import LogFollower
 from index.log_writer import IndexLogWriter
 from index.rows import accepted_row
@@ -119,25 +117,6 @@ async def test_hours_not_read_count_every_batch(world: World) -> None:
     assert await reading.committed(snapshot, sealed_through_ns=inside, range_ns=far) == 2
 
 
-def test_spans_fill_nulls_match_once_and_pad_missing_rows() -> None:
-    mid = B3.manifest_id
-    rows = pa.table(
-        {
-            "agent_id": [B3.manifest.agent_id] * 2,
-            "boot_id": [B3.manifest.boot_id] * 2,
-            "seq_start": pa.array([B3.manifest.seq_start] * 2, pa.uint64()),
-            "seq_end": pa.array([B3.manifest.seq_end] * 2, pa.uint64()),
-            "min_ts_ns": pa.array([5, None], pa.int64()),
-            "max_ts_ns": pa.array([7, 9], pa.int64()),
-        }
-    )
-    mins, maxs = spans(rows, pa.array([mid, "agent=x.boot=y.1-2"], pa.string()))
-    assert sorted(zip(mins.tolist(), maxs.tolist(), strict=True)) == [
-        (np.iinfo(np.int64).min, 9),
-        (np.iinfo(np.int64).min, np.iinfo(np.int64).max),
-    ]
-
-
 async def test_an_answer_does_not_wait_for_spans_it_has_not_read(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -155,14 +134,14 @@ async def test_an_answer_does_not_wait_for_spans_it_has_not_read(
     )
     await commit(world.store, world.clock, [replayed])
     snapshot = await world.endpoint.snapshots.latest()
-    gate, reads, real = asyncio.Event(), [], late_module.read_hour_table
+    gate, reads, real = asyncio.Event(), [], late_module.read_hour_spans
 
-    async def gated(store: ObjectStore, hour: UtcHour, columns: Any = None) -> Any:
+    async def gated(store: ObjectStore, hour: UtcHour, included: Any) -> Any:
         reads.append(hour.iso)
         await gate.wait()
-        return await real(store, hour, columns)
+        return await real(store, hour, included)
 
-    monkeypatch.setattr(late_module, "read_hour_table", gated)
+    monkeypatch.setattr(late_module, "read_hour_spans", gated)
     late = LateBatches(world.endpoint.snapshots, wait_s=0.05)
     far = (minute(60 * 24), minute(60 * 25))  # the replayed batch's point is not in it
 
@@ -187,14 +166,14 @@ async def test_a_failed_span_read_reaches_an_answer_once(
     import collector.query.late as late_module
 
     snapshot = await world.endpoint.snapshots.latest()
-    failures, real = [OSError(28, "No space left on device")], late_module.read_hour_table
+    failures, real = [OSError(28, "No space left on device")], late_module.read_hour_spans
 
-    async def failing_once(store: ObjectStore, hour: UtcHour, columns: Any = None) -> Any:
+    async def failing_once(store: ObjectStore, hour: UtcHour, included: Any) -> Any:
         if failures:
             raise failures.pop()
-        return await real(store, hour, columns)
+        return await real(store, hour, included)
 
-    monkeypatch.setattr(late_module, "read_hour_table", failing_once)
+    monkeypatch.setattr(late_module, "read_hour_spans", failing_once)
     late = LateBatches(world.endpoint.snapshots, wait_s=HISTORY_WAIT_S)
     far = (minute(60 * 24), minute(60 * 25))
     with pytest.raises(OSError, match="No space left"):

@@ -3,10 +3,11 @@
 The row written last counts, by the rank of the file it was *first* written in, through
 every merge. Ranking by the merged file's own name let a merge of a stale row outrank a
 superseding row written after the stale row's first merge. Every reader goes through the
-one definition: the Arrow hour (`read_hour_table`, the live query's), DuckDB hour totals
-(ledger checks, verify), the rollup planner (`rollup.job.plan_sql`), the merge itself,
-the audit's joins (`reconciler.audit.engines.duckdb_joins`) and the chaos auditor
-(`chaos.catalog_rows`); the Spark audit is compared with the local one in
+one definition: the Arrow hour (`read_hour_table`), DuckDB hour totals (ledger checks,
+verify) and spans (the live query's late batches, `index.catalog_spans`), the rollup
+planner (`rollup.job.plan_sql`), the merge itself, the audit's joins
+(`reconciler.audit.engines.duckdb_joins`) and the chaos auditor (`chaos.catalog_rows`);
+the Spark audit is compared with the local one in
 `tests/reconciler/test_audit_spark_run.py`.
 """
 
@@ -19,6 +20,7 @@ import random
 import tempfile
 from pathlib import Path
 
+import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -28,6 +30,7 @@ from index.catalog import CatalogWriter, list_hour_files
 from index.catalog_local import MergeLimits
 from index.catalog_merge import merge_files
 from index.catalog_rank import packed_rank, with_rank
+from index.catalog_spans import HIGHEST, LOWEST, read_hour_spans
 from index.catalog_tables import hour_totals, read_hour_table, read_hour_totals
 from index.rows import IndexRow, accepted_row, table_of
 from protocol import keys
@@ -38,17 +41,24 @@ from store.memory import MemoryStore
 from tests.index.test_index_files import T0, manifest
 
 HOUR = keys.UtcHour.from_unix_ns(T0)
+NO_ROW_ID = "agent=6e6f6e65.boot=00000000000000000000000000000007.1-1"
 
 
 def version(seq: int, n: int) -> IndexRow:
-    """Key ``seq``'s row in its ``n``-th version: its own hash and ETag, as a superseding
-    row written from the store's record after a mismatch would carry."""
+    """Key ``seq``'s row in its ``n``-th version: its own hash, ETag and span (none at
+    first: a row written before the span columns), as a superseding row written from the
+    store's record after a mismatch would carry."""
     row = accepted_row(manifest(seq))
     if n == 0:
         return dataclasses.replace(row, etag=f'"v{n}"')
     sha = hashlib.sha256(f"{seq}/{n}".encode()).hexdigest()
     return dataclasses.replace(
-        row, frame_sha256=sha, raw_blob_key=keys.raw_blob_key(sha), etag=f'"v{n}"'
+        row,
+        frame_sha256=sha,
+        raw_blob_key=keys.raw_blob_key(sha),
+        etag=f'"v{n}"',
+        min_ts_ns=100 * seq + n,
+        max_ts_ns=100 * seq + 2 * n,
     )
 
 
@@ -110,6 +120,18 @@ async def readers_agree(history: History, tmp: str) -> None:
     reference = hour_totals(rows)
     totals = await read_hour_totals(history.store, HOUR, MergeLimits(spill_dir=tmp))
     assert totals == reference, "read_hour_totals"
+    wanted = [row.manifest_id for row in history.last.values()] + [NO_ROW_ID]
+    spans = await read_hour_spans(history.store, HOUR, pa.array(wanted), MergeLimits(spill_dir=tmp))
+    assert sorted(zip(*(s.tolist() for s in spans), strict=True)) == sorted(
+        [
+            (
+                LOWEST if r.min_ts_ns is None else r.min_ts_ns,
+                HIGHEST if r.max_ts_ns is None else r.max_ts_ns,
+            )
+            for r in history.last.values()
+        ]
+        + [(LOWEST, HIGHEST)]
+    ), "read_hour_spans"
     planned = await pending_items(history.store, [HOUR], [], MergeLimits(spill_dir=tmp))
     by_id = dict(
         zip(
