@@ -92,6 +92,13 @@ class QuerySettings(Section):
     ``catalog-created`` entries after a quiet spell, the spans of unsealed hours. Then it
     is answered with what is read: ``sealed_through_ns`` stops at the first hour not read
     (``complete: false`` until then), and ``late_batches`` counts an unread hour whole."""
+    history_cache_dir: AbsolutePath | None = None
+    """Where this collector keeps the sealed catalog hours' totals it has read
+    (`collector.query.history_cache`, ~250 bytes an hour), so that after a restart it
+    reads again only the hours whose catalog changed: one LIST page per 1,000 catalog
+    files instead of every hour's files (about a minute an hour at 1,000 batches/s).
+    Unset: every start reads every sealed hour once. A path of its own per process (an
+    ``emptyDir`` volume under Kubernetes; it survives a container restart)."""
     max_result_rows: int = Field(default=100_000, ge=1)
     """An answer with more rows is refused (400 ``too_many_rows``): narrow the query."""
     max_concurrent_queries: int = Field(default=4, ge=1)

@@ -72,9 +72,12 @@ async def list_hour_files(store: ObjectStore, hour: keys.UtcHour) -> list[Object
     return [info async for info in store.list(prefix) if _is_catalog_file(info.key)]
 
 
-async def list_all_files(store: ObjectStore) -> AsyncIterator[ObjectInfo]:
-    """Every catalog file of every hour, in key order (hour by hour)."""
-    async for info in store.list(keys.INDEX_CATALOG_PREFIX):
+async def list_all_files(
+    store: ObjectStore, *, start_after: str | None = None
+) -> AsyncIterator[ObjectInfo]:
+    """Every catalog file of every hour (after the key ``start_after``), in key order
+    (hour by hour)."""
+    async for info in store.list(keys.INDEX_CATALOG_PREFIX, start_after=start_after):
         if _is_catalog_file(info.key):
             yield info
 

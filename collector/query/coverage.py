@@ -47,6 +47,11 @@ not read (they may name any hour), at the first cached hour — conservative: ``
 is false until then, never wrongly true. Progress is kept hour by hour. A read that fails
 (the store, an unreadable catalog file) is raised to the answer that waits for it, or
 to the next one, which then starts reading again from where it stopped.
+
+**After a restart**, with ``query.history_cache_dir``, an hour's totals come from the
+disk when the hour is listed with the same files as when they were read
+(`collector.query.history_cache`): the listing the reader makes anyway names them, so a
+restart on an unchanged history reads no hour again.
 """
 
 from __future__ import annotations
@@ -58,14 +63,16 @@ from collections.abc import Callable
 import structlog
 
 from index.audits import iter_audits_newest_first, sealed_limit_ns
+from index.catalog import list_all_files, list_hour_files
 from protocol import keys
 from protocol.records import CatalogCreated, RecordError
 from rollup.table.ledger import read_catalog_totals
 from rollup.table.manifest import LedgerHour, Snapshot
-from store.base import ObjectStore
+from store.base import ObjectInfo, ObjectStore
 from store.errors import NotFound
 
 from .background import BackgroundRead
+from .history_cache import HistoryCache, listing_digest
 
 NS_PER_S = 1_000_000_000
 MAX_HOURS_PER_LISTING = 256  # hours listed at a time by the history reader
@@ -107,8 +114,11 @@ class Coverage:
         refresh_interval_s: float,
         monotonic: Callable[[], float] = time.monotonic,
         history_wait_s: float = 1.0,
+        history_cache: HistoryCache | None = None,
     ) -> None:
         self._store = store
+        self._disk = history_cache
+        self._from_disk = 0  # hours whose totals came from the history cache
         self.margin_ns = int(settle_margin_s * NS_PER_S)
         self._refresh_s = refresh_interval_s
         self._monotonic = monotonic
@@ -168,9 +178,9 @@ class Coverage:
         cached hours they name), read the marked hours again, read the next sealed hour
         not read yet (oldest first, one at a time). Progress is kept hour by hour, and
         logged every `PROGRESS_EVERY_S` and at the end."""
-        started, hours = self._monotonic(), len(self._catalog)
+        started, hours, from_disk = self._monotonic(), len(self._catalog), self._from_disk
         self._progress_at = started
-        listed: list[keys.UtcHour] = []  # sealed hours listed, not read yet, oldest first
+        listed: list[tuple[keys.UtcHour, list[ObjectInfo]]] = []  # not read yet, oldest first
         listed_through = 0  # what is read once they are
         while True:
             if self._entries:
@@ -180,8 +190,7 @@ class Coverage:
                 self._changed.discard(iso)  # an entry read later marks it again
                 self._rereading = iso
                 try:
-                    hour = keys.UtcHour.parse_iso(iso)
-                    self._catalog[iso] = await read_catalog_totals(self._store, hour)
+                    self._catalog[iso] = await self._hour_totals(keys.UtcHour.parse_iso(iso))
                 finally:
                     self._rereading = None
             elif self._read_through_ns >= limit_ns:
@@ -191,16 +200,17 @@ class Coverage:
                 if not listed:
                     self._read_through_ns = max(self._read_through_ns, listed_through)
             else:
-                hour = listed.pop(0)
-                self._catalog[hour.iso] = await read_catalog_totals(self._store, hour)
+                hour, files = listed.pop(0)
+                self._catalog[hour.iso] = await self._hour_totals(hour, files)
                 # The hours between two listed ones have no catalog file: nothing to read.
-                self._read_through_ns = listed[0].start_ns if listed else listed_through
+                self._read_through_ns = listed[0][0].start_ns if listed else listed_through
                 self._log_progress(limit_ns)
         log.info(
             "history_read",
             read_through=_iso(self._read_through_ns),
             hours_cached=len(self._catalog),
             hours_read=len(self._catalog) - hours,
+            hours_from_disk=self._from_disk - from_disk,  # of hours_read: not read again
             seconds=round(self._monotonic() - started, 3),
         )
 
@@ -229,27 +239,44 @@ class Coverage:
         del self._entries[: len(taken)]
         self._changed.update(h.iso for h in named if h is not None and h.iso in self._catalog)
 
-    async def _list_sealed_hours(self, limit_ns: int) -> tuple[list[keys.UtcHour], int]:
+    async def _hour_totals(
+        self, hour: keys.UtcHour, files: list[ObjectInfo] | None = None
+    ) -> LedgerHour:
+        """The hour's catalog totals: kept on disk for its listing (``files``, or listed
+        now), else read (`collector.query.history_cache`)."""
+        if self._disk is None:
+            return await read_catalog_totals(self._store, hour)
+        listing = listing_digest(
+            files if files is not None else await list_hour_files(self._store, hour)
+        )
+        totals = self._disk.get(hour.iso, listing)
+        self._from_disk += totals is not None
+        if totals is None:
+            totals = await read_catalog_totals(self._store, hour)
+            self._disk.put(hour.iso, listing, totals)
+        return totals
+
+    async def _list_sealed_hours(
+        self, limit_ns: int
+    ) -> tuple[list[tuple[keys.UtcHour, list[ObjectInfo]]], int]:
         """Up to `MAX_HOURS_PER_LISTING` sealed catalog hours not read yet, oldest first,
-        and the time read through once they are."""
+        each with its files as listed, and the time read through once they are."""
         start_after = None
         if self._read_through_ns:
             start_after = keys.index_catalog_hour_prefix(
                 keys.UtcHour.from_unix_ns(self._read_through_ns)
             )
-        hours: list[keys.UtcHour] = []
-        async for info in self._store.list(keys.INDEX_CATALOG_PREFIX, start_after=start_after):
-            try:
-                hour = keys.parse_index_catalog_key(info.key)[0]
-            except keys.KeyFormatError:
-                continue
+        hours: list[tuple[keys.UtcHour, list[ObjectInfo]]] = []
+        async for info in list_all_files(self._store, start_after=start_after):
+            hour = keys.parse_index_catalog_key(info.key)[0]
             if hour.start_ns >= limit_ns:
                 break
-            if hours and hours[-1] == hour:
+            if hours and hours[-1][0] == hour:
+                hours[-1][1].append(info)
                 continue
             if len(hours) == MAX_HOURS_PER_LISTING:
                 return hours, hour.start_ns  # the rest at the next listing
-            hours.append(hour)
+            hours.append((hour, [info]))
         return hours, limit_ns
 
     async def close(self) -> None:

@@ -26,11 +26,26 @@ from store.base import ObjectStore
 
 from ..auth import Authenticator
 from ..metrics import CollectorMetrics
+from ..startup_checks import StartupError
 from .committed import SnapshotSource
 from .coverage import Coverage
 from .endpoint import QueryEndpoint
+from .history_cache import HistoryCache
 from .sources import LogFollower, OwnBatches
 from .window import LiveWindow
+
+
+def history_cache(settings: Settings) -> HistoryCache | None:
+    """``query.history_cache_dir``'s cache, for this store; `StartupError` naming the
+    directory when it cannot be used."""
+    directory = settings.query.history_cache_dir
+    if directory is None:
+        return None
+    store = f"{settings.store.url} {settings.store.endpoint_url or ''}"
+    try:
+        return HistoryCache(directory, store_name=store)
+    except OSError as exc:
+        raise StartupError(f"query.history_cache_dir {directory}: {exc}") from None
 
 
 @dataclass
@@ -93,6 +108,7 @@ def build_query(
             settle_margin_s=margin,
             refresh_interval_s=q.refresh_interval_s,
             history_wait_s=q.history_wait_s,
+            history_cache=history_cache(settings),
         ),
         filesystem=filesystem,
         metrics=metrics,

@@ -98,6 +98,11 @@ def test_the_query_collector_pod_runs_the_engine_it_configures() -> None:
     assert mounts(init)[shared] == mounts(collector)[shared] == mounts(engine)[shared]
     assert volumes[mounts(engine)[shared]]["emptyDir"]["medium"] == "Memory"
     assert "emptyDir" in volumes[mounts(engine)[config["tsdb"]]]  # disposable TSDB
+    # The sealed hours' totals survive a container restart, and /tmp holds an hour's
+    # local catalog copies (a compacted busy hour is ~420 MB).
+    history = volumes[mounts(collector)[str(settings.query.history_cache_dir)]]
+    assert "emptyDir" in history
+    assert _bytes(volumes[mounts(collector)["/tmp"]]["emptyDir"]["sizeLimit"]) >= 1 << 30
     kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
     generated = {g["name"]: g["files"] for g in kustomization["configMapGenerator"]}
     assert generated[volumes["config"]["configMap"]["name"]] == ["query-collector.toml"]
@@ -138,6 +143,8 @@ def test_the_engine_unit_is_bound_to_the_query_collector_unit() -> None:
     assert directory is not None and str(directory).startswith(
         f"/var/lib/{collector.value('Service', 'StateDirectory')}/"
     )
+    cache = collector.value("Service", "CacheDirectory")  # writable under ProtectSystem
+    assert str(settings.query.history_cache_dir) == f"/var/cache/{cache}"
 
 
 def test_promql_config_writes_the_env_the_engine_unit_reads(
