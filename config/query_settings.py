@@ -97,8 +97,9 @@ class QuerySettings(Section):
     (`collector.query.history_cache`, ~250 bytes an hour), so that after a restart it
     reads again only the hours whose catalog changed: one LIST page per 1,000 catalog
     files instead of every hour's files (about a minute an hour at 1,000 batches/s).
-    Unset: every start reads every sealed hour once. A path of its own per process (an
-    ``emptyDir`` volume under Kubernetes; it survives a container restart)."""
+    Unset: every start reads every sealed hour once. A path on the collector's own disk
+    (an ``emptyDir`` volume under Kubernetes: it survives a container restart); the
+    workers of one collector share it."""
     max_result_rows: int = Field(default=100_000, ge=1)
     """An answer with more rows is refused (400 ``too_many_rows``): narrow the query."""
     max_concurrent_queries: int = Field(default=4, ge=1)

@@ -18,7 +18,8 @@ and endpoint (another store's hours are another file; the ETags tell a bucket cr
 again under the same name apart). A line per hour read: its listing's SHA-256, its
 totals, and a SHA-256 of both: a torn or altered line is not trusted (the hour is read
 from the store). Appended, not fsync'd (lost lines are read again); the last line of an
-hour counts. Bounded: a line per sealed hour read (~250 bytes; a year of hours ~2 MB);
+hour counts. The workers of one collector share the file: a line is one ``write`` in
+append mode, and a rewrite goes through a temporary file of the process's own. Bounded: a line per sealed hour read (~250 bytes; a year of hours ~2 MB);
 at start a file holding more than twice the lines it needs is rewritten (temporary file,
 rename). A disk that fails a write turns the cache off for the process (logged once);
 the reader goes on from the store.
@@ -108,7 +109,7 @@ class HistoryCache:
         return bool(text) and not text.endswith("\n")
 
     def _rewrite(self) -> None:
-        fresh = self.path.with_suffix(".tmp")
+        fresh = self.path.with_suffix(f".{os.getpid()}.tmp")  # workers may share the file
         with fresh.open("w", encoding="utf-8") as out:
             for hour, (listing, totals) in sorted(self._hours.items()):
                 out.write(_line(hour, listing, totals))

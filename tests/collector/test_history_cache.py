@@ -134,3 +134,13 @@ def test_a_directory_that_cannot_be_used_is_a_clear_startup_error(tmp_path: Path
     with pytest.raises(StartupError, match=r"query\.history_cache_dir .*a-file/sub"):
         history_cache(settings)
     assert history_cache(Settings()) is None
+
+
+def test_the_workers_of_one_collector_share_the_file(tmp_path: Path) -> None:
+    first, second = (HistoryCache(tmp_path, store_name=STORE) for _ in range(2))
+    first.put("2026-11-21T10", f"{0:064x}", TOTALS)
+    second.put("2026-11-21T11", f"{1:064x}", TOTALS)
+    first.put("2026-11-21T12", f"{2:064x}", TOTALS)
+    restarted = HistoryCache(tmp_path, store_name=STORE)
+    assert len(restarted) == 3
+    assert restarted.get("2026-11-21T11", f"{1:064x}") == TOTALS
