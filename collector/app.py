@@ -325,10 +325,8 @@ class CollectorApp:
         assert self.spool is not None
         identity = keys.BatchIdentity(frame.agent_id, frame.boot_id, frame.seq_start, frame.seq_end)
         try:
-            # Its landing would wait for this clock (§3.8): let the agent go elsewhere now.
-            self.acceptor.refuse_if_clock_skewed()
             answer = await self.spool.add(identity, sha, body)
-        except ClockSkewed as exc:
+        except ClockSkewed as exc:  # its landing would wait for this clock (§3.8)
             return self._clock_skewed(exc, context)
         except SpoolFull as exc:
             log.warning("spool_full", error=str(exc), **context)

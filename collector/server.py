@@ -42,8 +42,8 @@ from .app import CollectorApp
 from .auth import Authenticator
 from .connections import GuardedTCPSite
 from .intake import HttpLimits
-from .local_spool.landed import LandedMemoryError
 from .local_spool.lander import SpoolLander
+from .local_spool.setup import build_local_spool
 from .local_spool.spool import LocalSpool
 from .metrics import CollectorMetrics
 from .probe import probe_for
@@ -134,22 +134,8 @@ class Worker:
         self.spool: LocalSpool | None = None
         self.lander: SpoolLander | None = None
         if s.ingest.acceptance == "local_spool":
-            try:
-                self.spool = LocalSpool(
-                    s.ingest.spool_dir,
-                    max_pending_bytes=s.ingest.spool_max_bytes,
-                    retry_horizon_s=s.gc.retry_horizon_s,
-                    max_landed=s.ingest.spool_landed_max_entries,
-                )
-            except LandedMemoryError as exc:
-                raise StartupError(str(exc)) from None
-            self.lander = SpoolLander(
-                spool=self.spool,
-                acceptor=self.acceptor,
-                store=self.store,
-                clock=clock,
-                interval_s=s.ingest.object_landing_interval_ms / 1000,
-                send_window_s=s.spool_send_window_s(),
+            self.spool, self.lander = build_local_spool(
+                s, acceptor=self.acceptor, store=self.store, clock=clock
             )
         self.app = CollectorApp(
             acceptor=self.acceptor,

@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,7 +96,11 @@ class LocalSpool:
         retry_horizon_s: float,
         max_landed: int,
         max_pending_frames: int = 100_000,
+        refuse_new: Callable[[], None] = lambda: None,
     ) -> None:
+        """``refuse_new``: raises when no new frame may be spooled now (its exception
+        reaches `add`'s caller; the collector's clock check)."""
+        self._refuse_new = refuse_new
         self.pending_dir = directory / "pending"
         self.tmp_dir = directory / "tmp"
         self.unreadable_dir = directory / "unreadable"
@@ -147,10 +152,12 @@ class LocalSpool:
         return [spooled.path for spooled in self._files.values()]
 
     async def add(self, identity: keys.BatchIdentity, sha: str, frame: bytes) -> SpoolAnswer:
-        """Make the frame durable, or say it already is. Raises `SpoolFull`.
+        """Make the frame durable, or say it already is. Raises `SpoolFull`, or what
+        ``refuse_new`` raises (nothing spooled).
 
         Runs as its own task, shielded: cancelling the caller (a client gone mid-request)
         neither interrupts the write nor leaves a written file out of the counters."""
+        self._refuse_new()
         task = asyncio.ensure_future(self._add(identity, sha, frame))
         self._adding.add(task)
         task.add_done_callback(self._added)

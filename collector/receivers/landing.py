@@ -119,9 +119,8 @@ async def _spool(
 ) -> Stored:
     assert collector.spool is not None
     try:
-        collector.acceptor.refuse_if_clock_skewed()  # its landing would wait for this clock
         answer = await collector.spool.add(identity, sha, frame)
-    except ClockSkewed as exc:
+    except ClockSkewed as exc:  # its landing would wait for this clock (§3.8)
         log.warning(exc.code, error=str(exc), **context)
         raise StoreUnavailable(str(exc), exc.code) from exc
     except SpoolFull as exc:

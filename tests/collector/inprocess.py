@@ -112,8 +112,12 @@ async def in_process_collector(
         receivers=receivers,
         remote_read=remote_read,
         spool=(
-            LocalSpool(
-                spool_dir, max_pending_bytes=1 << 30, retry_horizon_s=3600.0, max_landed=1000
+            LocalSpool(  # as collector.local_spool.setup builds it
+                spool_dir,
+                max_pending_bytes=1 << 30,
+                retry_horizon_s=3600.0,
+                max_landed=1000,
+                refuse_new=acceptor.refuse_if_clock_skewed,
             )
             if spool_dir
             else None
