@@ -276,6 +276,8 @@ class Coverage:
                 continue
             if len(hours) == MAX_HOURS_PER_LISTING:
                 return hours, hour.start_ns  # the rest at the next listing
+            if not hours and start_after is None and self._disk is not None:
+                self._disk.forget_before(hour.iso)  # the catalog's first hour
             hours.append((hour, [info]))
         return hours, limit_ns
 

@@ -19,10 +19,13 @@ again under the same name apart). A line per hour read: its listing's SHA-256, i
 totals, and a SHA-256 of both: a torn or altered line is not trusted (the hour is read
 from the store). Appended, not fsync'd (lost lines are read again); the last line of an
 hour counts. The workers of one collector share the file: a line is one ``write`` in
-append mode, and a rewrite goes through a temporary file of the process's own. Bounded: a line per sealed hour read (~250 bytes; a year of hours ~2 MB);
-at start a file holding more than twice the lines it needs is rewritten (temporary file,
-rename). A disk that fails a write turns the cache off for the process (logged once);
-the reader goes on from the store.
+append mode, and a rewrite goes through a temporary file of the process's own.
+
+**Bounded**: a line per sealed hour the catalog still holds (~250 bytes; a year of hours
+~2 MB). Hours before the catalog's first (deleted by retention) are dropped when the
+reader first lists it, and at start a file holding more than twice the lines it needs
+is rewritten (temporary file, rename). A disk that fails a write turns the cache off for
+the process (logged once); the reader goes on from the store.
 """
 
 from __future__ import annotations
@@ -86,6 +89,19 @@ class HistoryCache:
         except OSError as exc:
             self._on = False
             log.warning("history_cache_off", path=str(self.path), error=str(exc))
+
+    def forget_before(self, hour: str) -> None:
+        """Drop the hours before ``hour``, the first hour the catalog holds (retention
+        deleted the rest): the file is rewritten when any was kept."""
+        gone = [kept for kept in self._hours if kept < hour]
+        for kept in gone:
+            del self._hours[kept]
+        if gone and self._on:
+            try:
+                self._rewrite()
+            except OSError as exc:
+                self._on = False
+                log.warning("history_cache_off", path=str(self.path), error=str(exc))
 
     def _load(self) -> bool:
         """Read the kept hours; whether the last line is torn (the next append must not

@@ -14,6 +14,7 @@ import pytest
 
 from collector.query.coverage import Coverage
 from collector.query.history_cache import HistoryCache, listing_digest
+from index.catalog import list_hour_files
 from rollup.table.manifest import LedgerHour
 from store.base import ObjectInfo
 from tests.collector.test_coverage_history import (
@@ -144,3 +145,18 @@ def test_the_workers_of_one_collector_share_the_file(tmp_path: Path) -> None:
     restarted = HistoryCache(tmp_path, store_name=STORE)
     assert len(restarted) == 3
     assert restarted.get("2026-11-21T11", f"{1:064x}") == TOTALS
+
+
+async def test_hours_retention_deleted_are_dropped_from_the_file(
+    history: History, tmp_path: Path
+) -> None:
+    directory = tmp_path / "history"
+    restart(history, directory)
+    assert await sealed(history) == END.start_ns
+    for info in await list_hour_files(history.store, HOURS[0]):  # points retention
+        await history.store.delete(info.key)
+    restart(history, directory)
+    assert await sealed(history) == END.start_ns
+    kept = HistoryCache(directory, store_name=STORE)
+    assert len(kept) == 2 and len(kept.path.read_text().splitlines()) == 2
+    assert history.reads.reads == {hour.iso: 1 for hour in HOURS}  # nothing read again
