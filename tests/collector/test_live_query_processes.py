@@ -170,7 +170,12 @@ async def test_live_queries_own_batches_designated_and_sealed(
         store_url=store_env["LM_STORE__URL"], name="coll-a",
         env={**common, "LM_QUERY__OWN_BATCHES": "true"},
     )  # fmt: skip
-    designated = {**common, "LM_QUERY__DESIGNATED": "true", "LM_QUERY__POLL_INTERVAL_S": "0.3"}
+    designated = {
+        **common,
+        "LM_QUERY__DESIGNATED": "true",
+        "LM_QUERY__POLL_INTERVAL_S": "0.3",
+        "LM_QUERY__HISTORY_CACHE_DIR": str(tmp_path / "history"),
+    }
     d = collectors.start(store_url=store_env["LM_STORE__URL"], name="coll-d", env=designated)
 
     # Points three hours back: an hour that ends long before anything is sealed.
@@ -281,6 +286,9 @@ async def test_live_queries_own_batches_designated_and_sealed(
         read_through = metric_value(metrics, "lm_collector_history_read_through_timestamp_seconds")
         assert read_through is not None
         assert read_through * 1e9 >= committed["sealed_through_ns"] > 0
+        # Its history cache is set up (query.history_cache_dir; no hour here has a
+        # sealed catalog file to keep: the batches were accepted this hour).
+        assert (tmp_path / "history").is_dir()
 
     printed = run_cli(
         ["query", "--url", d.base_url, "--metric", "cpu.load", "--from", old["from"], "--to", old["to"], "--format", "json"],
