@@ -9,7 +9,10 @@ own, read from ``/proc/<pid>/status`` VmHWM):
   (level 0 -> 1 -> 2 ...) and the final merge of the settled hour, under
   ``--memory-limit-mb`` (DuckDB spills beyond it);
 - **totals**: `index.catalog_tables.read_hour_totals` of the hour (all its files, out of
-  core in DuckDB: what raw retention and the live query's seal check do);
+  core in DuckDB: what raw retention and the live query's seal check do); after
+  **levels**, the merges' inputs are deleted (as after the readers' grace) and the
+  settled hour is one merged file, read without the newest-per-key aggregate; the same
+  read with the aggregate (the code before) is measured too;
 - **baseline** (same run): the code this replaced, `chaos.catalog_rows.read_hour` (one Python
   row object per key) on ``--baseline-rows`` rows (default a tenth), whose RSS per row
   above the interpreter's own (measured after imports) is scaled to the whole hour;
@@ -43,7 +46,8 @@ import pyarrow.compute as pc
 
 from bench import child_process
 from chaos.catalog_rows import read_hour
-from index.catalog import CatalogWriter, list_hour_files
+from index import catalog_tables
+from index.catalog import CatalogWriter, delete_compacted_inputs, list_hour_files
 from index.catalog_local import MergeLimits
 from index.catalog_merge import merge_files
 from index.catalog_spans import HIGHEST, LOWEST, read_hour_spans
@@ -154,12 +158,25 @@ async def compact_by_levels(url: str, memory_limit_mb: int, spill: str) -> dict[
     }
 
 
-async def totals(url: str, memory_limit_mb: int, spill: str) -> dict[str, object]:
+async def totals(
+    url: str, memory_limit_mb: int, spill: str, *, aggregate: bool = False
+) -> dict[str, object]:
     """What raw retention and the live query's seal check do: the hour's totals, out of
-    core (`index.catalog_tables.read_hour_totals`)."""
+    core (`index.catalog_tables.read_hour_totals`). ``aggregate``: the baseline for an
+    hour compacted into one merged file, read with the newest-per-key aggregate all the
+    same (the code before `index.catalog_local.one_merged_file`)."""
+    if aggregate:
+        setattr(catalog_tables, "one_merged_file", lambda paths: False)  # noqa: B010
     limits = MergeLimits(memory_limit_mb=memory_limit_mb, spill_dir=spill)
     result = await read_hour_totals(open_store(url), HOUR, limits)
     return {"batches": result.batches, "setsum": result.setsum.hex[:16]}
+
+
+async def settle(url: str) -> None:
+    """Delete the inputs the hour's merged files name, as the compactor does after the
+    readers' grace: the hour as a sealed hour's reader finds it."""
+    deleted = await delete_compacted_inputs(open_store(url), HOUR, store_now_ns=2**62, grace_s=0.0)
+    print(f"settled: {deleted} merged inputs deleted")
 
 
 async def baseline(url: str) -> dict[str, object]:
@@ -226,8 +243,9 @@ def child(argv: list[str]) -> None:
     def phase() -> dict[str, object]:
         if what == "levels":
             return asyncio.run(compact_by_levels(url, int(argv[2]), argv[3]))
-        if what == "totals":
-            return asyncio.run(totals(url, int(argv[2]), argv[3]))
+        if what in ("totals", "totals-aggregate"):
+            aggregate = what == "totals-aggregate"
+            return asyncio.run(totals(url, int(argv[2]), argv[3], aggregate=aggregate))
         if what == "spans":
             return asyncio.run(spans(url, included, int(argv[3]), argv[4]))
         if what == "spans-baseline":
@@ -274,7 +292,11 @@ def main() -> None:
         if "levels" in phases:
             results["compaction by levels"] = run_child("levels", big, limit, spill)
         if "totals" in phases:
+            if "levels" in phases:  # settled: the merges' inputs deleted after the grace
+                asyncio.run(settle(big))
             results["hour totals"] = run_child("totals", big, limit, spill)
+            if "levels" in phases:  # one merged file now: the same, with the aggregate
+                results["hour totals, aggregate"] = run_child("totals-aggregate", big, limit, spill)
         if "baseline" in phases:
             results["baseline"] = run_child("baseline", small)
     report(results, rows=args.rows, baseline_rows=baseline_rows)
@@ -294,6 +316,13 @@ def report(results: dict[str, dict[str, object]], *, rows: int, baseline_rows: i
         print(
             f"baseline: {per_row:.0f} B/row on {baseline_rows:,} rows, "
             f"{per_row * rows / 2**30:.2f} GiB scaled to {rows:,} rows"
+        )
+    if "hour totals, aggregate" in results:
+        new, old = results["hour totals"], results["hour totals, aggregate"]
+        faster = float(str(old["seconds"])) / float(str(new["seconds"]))
+        print(
+            f"merged hour's totals: {faster:.2f}x sooner than with the aggregate, "
+            f"{(work(old) - work(new)) / 2**20:.0f} MiB less above the imports"
         )
     if "hour's spans" in results:
         ratio = work(results["spans, baseline"]) / work(results["hour's spans"])

@@ -81,6 +81,17 @@ def effective(names: Sequence[str], paths: Sequence[str]) -> list[str]:
     return [path for name, path in zip(names, paths, strict=True) if name not in merged_from]
 
 
+def one_merged_file(paths: Sequence[str]) -> bool:
+    """Whether the copies whose rows count (`effective`) are one merged file: its keys
+    are distinct (a merge writes one row per key and refuses an output holding a key
+    twice, `index.catalog_merge`; merges before it kept a row per key by construction),
+    so no key needs `NEWEST_PER_KEY`'s aggregate (`NO_KEY_TWICE`). A settled hour after
+    its final compaction is such a file: the sealed hours' reads."""
+    if len(paths) != 1:
+        return False
+    return COMPACTED_FROM in (pq.read_metadata(paths[0]).metadata or {})
+
+
 def sql_string(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
@@ -102,6 +113,11 @@ one key in one chunk) — and the one row that counts for each: the highest rank
 (`index.catalog_rank`: the copies' rank columns are filled, `write_normalized`); a tie is
 one row held twice, and the copy and row number pick one. A narrow aggregate that spills.
 Read the files with `ONE_ROW_PER_KEY`."""
+
+NO_KEY_TWICE = NEWEST_PER_KEY.replace("GROUP BY key", "WHERE false GROUP BY key")
+"""`NEWEST_PER_KEY`'s table, empty, for files whose keys are distinct (`one_merged_file`):
+an hour of millions of keys is read without the aggregate over all of them (1.5x sooner,
+half the memory above DuckDB's limit for a merged hour of 1.8M rows)."""
 
 ONE_ROW_PER_KEY = """read_parquet({files}, filename = true, file_row_number = true) AS r
     LEFT JOIN newest AS n ON r.key = n.key

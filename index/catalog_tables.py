@@ -33,11 +33,13 @@ from store.errors import NotFound
 from .catalog import RELIST_ATTEMPTS, list_hour_files
 from .catalog_local import (
     NEWEST_PER_KEY,
+    NO_KEY_TWICE,
     ONE_ROW_PER_KEY,
     MergeLimits,
     connect,
     effective,
     local_copies,
+    one_merged_file,
     sql_list,
     sql_string,
 )
@@ -291,7 +293,8 @@ async def query_hour(
     the hour has no catalog file): the files are copied locally one at a time, every row
     is checked for kind, hash, identity presence and hour in SQL (the writer checked each
     in full), and ``newest`` holds the row that counts of each key held more than once
-    (`index.catalog_local.NEWEST_PER_KEY`; read with ``ONE_ROW_PER_KEY.format(files=files)``).
+    (`index.catalog_local.NEWEST_PER_KEY`; read with ``ONE_ROW_PER_KEY.format(files=files)``;
+    empty without the aggregate for one merged file, `one_merged_file`).
     ``files`` is the SQL list of the copies whose rows count, ``named`` maps each copy to
     its store key. `IndexFileError` when a file is not a catalog file of the hour (or
     DuckDB fails on it); a file gone after the listing makes it list again, a bounded
@@ -338,7 +341,8 @@ def _in_duckdb(
             ).fetchone()
             if bad is not None and bad[0]:
                 raise IndexFileError(f"catalog hour {hour}: {bad[0]} malformed row(s)")
-            con.execute(NEWEST_PER_KEY.format(files=files))
+            distinct = one_merged_file(paths)
+            con.execute((NO_KEY_TWICE if distinct else NEWEST_PER_KEY).format(files=files))
             return run(con, files, named)
     except duckdb.Error as exc:
         raise IndexFileError(f"catalog hour {hour}: {exc}") from None

@@ -153,6 +153,14 @@ async def readers_agree(history: History, tmp: str) -> None:
         assert dict(
             zip(merged.column("key").to_pylist(), merged.column("etag").to_pylist(), strict=True)
         ) == {k: etag for k, (_sha, etag) in want.items()}, "merge"
+        # The hour is one merged file now (its inputs named by it): read without the
+        # newest-per-key aggregate (`index.catalog_local.one_merged_file`), the same.
+        limits = MergeLimits(spill_dir=tmp)
+        assert await read_hour_totals(history.store, HOUR, limits) == reference, "merged totals"
+        merged_spans = await read_hour_spans(history.store, HOUR, pa.array(wanted), limits)
+        assert sorted(zip(*(s.tolist() for s in merged_spans), strict=True)) == sorted(
+            zip(*(s.tolist() for s in spans), strict=True)
+        ), "merged spans"
 
 
 async def test_a_superseding_row_written_after_a_stale_rows_first_merge_counts_after_a_second() -> (

@@ -145,3 +145,18 @@ async def test_a_key_twice_in_one_file_counts_once_and_merges_into_one_row() -> 
     assert totals.setsum == Setsum.of((r.manifest_id, r.frame_sha256) for r in (once, twice))
     assert merged.rows == 2
     assert (await read_hour_totals(store, hour)).batches == 2
+
+
+async def test_one_file_holding_a_key_twice_counts_it_once() -> None:
+    """One file is read without the newest-per-key aggregate only when it is a merged
+    file (its keys distinct); a steady pass's file can hold a key twice."""
+    store = MemoryStore()
+    writer = CatalogWriter(store=store, clock=ManualClock(T0), rng=random.Random(1), epoch=1)
+    hour = keys.UtcHour.from_unix_ns(T0)
+    twice = accepted_row(manifest(2))
+    await writer.write(hour, [twice, twice], writer="steady")
+    totals = await read_hour_totals(store, hour)
+    assert (totals.batches, totals.setsum) == (
+        1,
+        Setsum.of([(twice.manifest_id, twice.frame_sha256)]),
+    )
