@@ -1,7 +1,8 @@
 """Sealed catalog hours' totals kept on local disk (``query.history_cache_dir``), so a
 restarted query collector reads again only the hours whose catalog changed
-(`collector.query.coverage`). Without it, every start reads every sealed hour once: about
-a minute for an hour of 3.6 million batches, ~12 hours for 30 days at 1,000 batches/s.
+(`collector.query.coverage`). Without it, every start reads every sealed hour once: ~11 s
+for a settled hour of 3.6 million batches on a quiet 2-core machine, ~2 hours for 30 days
+at 1,000 batches/s (and every catalog file of the history fetched once more).
 
 **Why a listing names the totals.** Catalog files are immutable and every write has a
 name of its own (PROTOCOL §3.7: ``<epoch>-<sequence>``); a file is deleted only once its
