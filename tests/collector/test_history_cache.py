@@ -44,14 +44,19 @@ def restart(history: History, directory: Path, store_name: str = STORE) -> None:
     )
 
 
-async def test_a_restart_reads_again_only_the_hours_whose_catalog_changed(
-    history: History, tmp_path: Path
-) -> None:
+async def read_with_a_cache(history: History, tmp_path: Path) -> Path:
+    """A first process with a cache reads every hour once; the cache's directory."""
     directory = tmp_path / "history"
     restart(history, directory)
     assert await sealed(history) == END.start_ns
     assert history.reads.reads == {hour.iso: 1 for hour in HOURS}
+    return directory
 
+
+async def test_a_restart_reads_again_only_the_hours_whose_catalog_changed(
+    history: History, tmp_path: Path
+) -> None:
+    directory = await read_with_a_cache(history, tmp_path)
     restart(history, directory)
     assert await sealed(history) == END.start_ns
     assert history.coverage.read_through_ns == END.start_ns
@@ -150,9 +155,7 @@ def test_the_workers_of_one_collector_share_the_file(tmp_path: Path) -> None:
 async def test_hours_retention_deleted_are_dropped_from_the_file(
     history: History, tmp_path: Path
 ) -> None:
-    directory = tmp_path / "history"
-    restart(history, directory)
-    assert await sealed(history) == END.start_ns
+    directory = await read_with_a_cache(history, tmp_path)
     for info in await list_hour_files(history.store, HOURS[0]):  # points retention
         await history.store.delete(info.key)
     restart(history, directory)
