@@ -29,9 +29,8 @@ under its memory limit), and kept as two int64 arrays (16 bytes a batch; at most
 `MAX_CACHED_BATCHES` in all, the least recently used dropped). An answer asks for at
 most `MAX_HOURS_READ_PER_QUERY` hours it lacks; they are read in one background task per
 process, one hour at a time (an hour of a million batches or more takes seconds), and the
-answer waits for them at most ``wait_s``
-(``query.history_wait_s``): an hour not read by then counts every batch its ledger hour
-includes (an upper bound) until it has been. A read the store fails is logged and
+answer waits for them at most ``wait_s`` (``query.history_wait_s``): an hour not read by
+then counts every batch its ledger hour includes (an upper bound) until it has been. A read the store fails is logged and
 counted whole; a later answer asks again. Any other failure reaches an answer (503),
 once, as when answers read the hours themselves.
 """
@@ -145,21 +144,20 @@ class LateBatches:
         """Stop the reader (the process is stopping)."""
         await self._reader.close()
 
-    async def _read(
-        self, snapshot: Snapshot, hour: str, totals: LedgerHour
-    ) -> tuple[np.ndarray, np.ndarray] | None:
-        """The hour's spans, cached; None when its catalog cannot be read (counted whole)."""
+    async def _read(self, snapshot: Snapshot, hour: str, totals: LedgerHour) -> None:
+        """Cache the hour's spans; nothing when its catalog cannot be read (it counts
+        whole)."""
         included = await self._snapshots.ledger_ids(snapshot, hour)
         if len(included) != totals.batches:  # not the ledger the totals describe
             log.warning("late_batches_ledger_mismatch", hour=hour, rows=len(included))
-            return None
+            return
         try:
             found = await read_hour_spans(
                 self._snapshots.store, keys.UtcHour.parse_iso(hour), included
             )
         except IndexFileError as exc:
             log.warning("late_batches_catalog_unreadable", hour=hour, error=str(exc))
-            return None
+            return
         size = len(found[0])
         if size <= self._max_cached:
             self._spans[(hour, totals)] = found
@@ -167,4 +165,3 @@ class LateBatches:
             while self._cached > self._max_cached:
                 _, (dropped, _maxs) = self._spans.popitem(last=False)
                 self._cached -= len(dropped)
-        return found
