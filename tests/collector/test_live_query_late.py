@@ -43,6 +43,14 @@ __all__ = ["world"]  # the fixture, imported to be used here
 H2 = H1.next()
 
 
+async def catalog_and_commit(world: World, batch: Any, span: tuple[int, int]) -> None:
+    """``batch`` cataloged with its points' ``span`` and committed in a new snapshot."""
+    await catalog_manifests(
+        world.store, [batch.manifest], clock=world.clock, ts_ranges={batch.manifest_id: span}
+    )
+    await commit(world.store, world.clock, [batch])
+
+
 async def test_a_batch_accepted_after_the_seal_with_old_points_is_counted_late(
     world: World,
 ) -> None:
@@ -79,13 +87,7 @@ async def test_a_batch_accepted_after_the_seal_with_old_points_is_counted_late(
     assert (await world.endpoint.answer(later))["sources"]["late_batches"] == 0
 
     # Rolled up (ledger hour H2, not sealed): counted once, from the catalog row's span.
-    await catalog_manifests(
-        world.store,
-        [replayed.manifest],
-        clock=world.clock,
-        ts_ranges={replayed.manifest_id: (minute(7), minute(7))},
-    )
-    await commit(world.store, world.clock, [replayed])
+    await catalog_and_commit(world, replayed, (minute(7), minute(7)))
     answer = await world.endpoint.answer(old)
     assert answer["snapshot_version"] == 3 and answer["sources"]["live_rows"] == 0
     assert answer["complete"] and answer["sources"]["late_batches"] == 1
@@ -126,13 +128,7 @@ async def test_an_answer_does_not_wait_for_spans_it_has_not_read(
 
     world.clock.advance(3600)
     replayed = sent([(minute(7), "cpu", 42.0, A)], seq_start=200, accepted_ns=H2.start_ns + 5 * NS)
-    await catalog_manifests(
-        world.store,
-        [replayed.manifest],
-        clock=world.clock,
-        ts_ranges={replayed.manifest_id: (minute(7), minute(7))},
-    )
-    await commit(world.store, world.clock, [replayed])
+    await catalog_and_commit(world, replayed, (minute(7), minute(7)))
     snapshot = await world.endpoint.snapshots.latest()
     gate, reads, real = asyncio.Event(), [], late_module.read_hour_spans
 
