@@ -23,7 +23,12 @@ own, read from ``/proc/<pid>/status`` VmHWM):
   ``manifest_id``\\s first (what the collector holds as the ledger's, 376 MB here), and
   their peak counts from there ("above the imports": above the imports and the ids).
 
-``--phases`` picks some of ``levels,totals,baseline,spans`` (default all).
+- **grace** (after **levels**, before the inputs' deletion): the hour's totals while the
+  merges' inputs still wait out the readers' grace, fetching only the files whose rows
+  count (`index.catalog_local.counted_copies`), and the same with every file fetched
+  (the code before), each with its catalog GETs.
+
+``--phases`` picks some of ``levels,grace,totals,baseline,spans`` (default all).
 
 Benchmarks are not tests: nothing asserts; the numbers go to bench/RESULTS.md.
 """
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import random
@@ -46,7 +52,7 @@ import pyarrow.compute as pc
 
 from bench import child_process
 from chaos.catalog_rows import read_hour
-from index import catalog_tables
+from index import catalog_local, catalog_tables
 from index.catalog import CatalogWriter, delete_compacted_inputs, list_hour_files
 from index.catalog_local import MergeLimits
 from index.catalog_merge import merge_files
@@ -58,12 +64,13 @@ from protocol import keys
 from protocol.clock import ManualClock
 from reconciler.steady_rows import with_key_digests
 from store.base import ObjectInfo
+from store.counting import CountingStore
 from store.open import open_store
 
 T0 = 1_760_000_400_000_000_000  # inside 2025-10-09T09
 HOUR = keys.UtcHour.from_unix_ns(T0)
 FANOUT = 8
-PHASES = ("levels", "totals", "baseline", "spans")
+PHASES = ("levels", "grace", "totals", "baseline", "spans")
 
 
 def synthetic_rows(start: int, count: int, rng: np.random.Generator) -> pa.Table:
@@ -159,17 +166,24 @@ async def compact_by_levels(url: str, memory_limit_mb: int, spill: str) -> dict[
 
 
 async def totals(
-    url: str, memory_limit_mb: int, spill: str, *, aggregate: bool = False
+    url: str, memory_limit_mb: int, spill: str, *, aggregate: bool = False, fetch_all: bool = False
 ) -> dict[str, object]:
     """What raw retention and the live query's seal check do: the hour's totals, out of
     core (`index.catalog_tables.read_hour_totals`). ``aggregate``: the baseline for an
     hour compacted into one merged file, read with the newest-per-key aggregate all the
-    same (the code before `index.catalog_local.one_merged_file`)."""
+    same (the code before `index.catalog_local.one_merged_file`). ``fetch_all``: the
+    baseline for an hour whose merges' inputs await deletion, every file fetched (the
+    code before `index.catalog_local.counted_copies` left out the ones a merge holds)."""
     if aggregate:
         setattr(catalog_tables, "one_merged_file", lambda paths: False)  # noqa: B010
+    if fetch_all:
+        every_file = functools.partial(catalog_local.counted_copies, fetch_all=True)
+        setattr(catalog_tables, "counted_copies", every_file)  # noqa: B010
     limits = MergeLimits(memory_limit_mb=memory_limit_mb, spill_dir=spill)
-    result = await read_hour_totals(open_store(url), HOUR, limits)
-    return {"batches": result.batches, "setsum": result.setsum.hex[:16]}
+    store = CountingStore(open_store(url))
+    result = await read_hour_totals(store, HOUR, limits)
+    gets = store.count("get", keys.index_catalog_hour_prefix(HOUR))
+    return {"batches": result.batches, "setsum": result.setsum.hex[:16], "catalog_gets": gets}
 
 
 async def settle(url: str) -> None:
@@ -243,9 +257,11 @@ def child(argv: list[str]) -> None:
     def phase() -> dict[str, object]:
         if what == "levels":
             return asyncio.run(compact_by_levels(url, int(argv[2]), argv[3]))
-        if what in ("totals", "totals-aggregate"):
-            aggregate = what == "totals-aggregate"
-            return asyncio.run(totals(url, int(argv[2]), argv[3], aggregate=aggregate))
+        if what in ("totals", "totals-aggregate", "totals-fetch-all"):
+            aggregate, fetch_all = what == "totals-aggregate", what == "totals-fetch-all"
+            return asyncio.run(
+                totals(url, int(argv[2]), argv[3], aggregate=aggregate, fetch_all=fetch_all)
+            )
         if what == "spans":
             return asyncio.run(spans(url, included, int(argv[3]), argv[4]))
         if what == "spans-baseline":
@@ -291,6 +307,9 @@ def main() -> None:
             results["spans, baseline"] = run_child("spans-baseline", big, str(args.rows))
         if "levels" in phases:
             results["compaction by levels"] = run_child("levels", big, limit, spill)
+        if "grace" in phases:  # the merges' inputs still in the store, awaiting deletion
+            results["grace totals"] = run_child("totals", big, limit, spill)
+            results["grace totals, every file"] = run_child("totals-fetch-all", big, limit, spill)
         if "totals" in phases:
             if "levels" in phases:  # settled: the merges' inputs deleted after the grace
                 asyncio.run(settle(big))
@@ -323,6 +342,13 @@ def report(results: dict[str, dict[str, object]], *, rows: int, baseline_rows: i
         print(
             f"merged hour's totals: {faster:.2f}x sooner than with the aggregate, "
             f"{(work(old) - work(new)) / 2**20:.0f} MiB less above the imports"
+        )
+    if "grace totals" in results:
+        new, old = results["grace totals"], results["grace totals, every file"]
+        faster = float(str(old["seconds"])) / float(str(new["seconds"]))
+        print(
+            f"hour in the grace: {faster:.2f}x sooner than fetching every file, "
+            f"{new['catalog_gets']} catalog GETs against {old['catalog_gets']}"
         )
     if "hour's spans" in results:
         ratio = work(results["spans, baseline"]) / work(results["hour's spans"])

@@ -1,8 +1,9 @@
 """Catalog files as local copies for DuckDB (PROTOCOL §3.9: out of core, memory bounded).
 
-`local_copies` fetches catalog files from the store one at a time into a private
-temporary directory (``MergeLimits.spill_dir``; nothing of an hour is held in memory but
-one file's body at a time), normalizing a file written before a column existed
+`counted_copies` fetches the catalog files whose rows count from the store one at a
+time into a private temporary directory (``MergeLimits.spill_dir``; nothing of an hour is
+held in memory but one file's body at a time), leaving out the files a merged file holds,
+and normalizing a file written before a column existed
 (`index.rows.read_table` adds it as nulls) so every copy has `FILE_SCHEMA`, with every
 row's rank filled in (`index.catalog_rank`: which row of a key counts). `connect` opens
 DuckDB under the memory limit, spilling into the same directory. `index.catalog_merge`
@@ -24,9 +25,9 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from store.base import ObjectStore
+from store.base import ObjectInfo, ObjectStore
 
-from .catalog import COMPACTED_FROM
+from .catalog import COMPACTED_FROM, compacted_from_names
 from .catalog_rank import DUCKDB_RANK_STRUCT, RANK_COLUMNS, with_rank
 from .rows import FILE_SCHEMA, RANGE_COLUMNS, IndexFileError, iter_batches
 
@@ -42,21 +43,50 @@ class MergeLimits:
 
 
 @contextlib.asynccontextmanager
-async def local_copies(
-    store: ObjectStore, names: Sequence[str], limits: MergeLimits
-) -> AsyncIterator[tuple[str, list[str]]]:
-    """``(directory, paths)``: each of ``names`` (in the given order) as a local file with
-    every `FILE_SCHEMA` column; the directory goes away on exit. Raises `NotFound` when a
-    file is gone, `IndexFileError` when one is not an index file."""
+async def counted_copies(
+    store: ObjectStore, files: Sequence[ObjectInfo], limits: MergeLimits, *, fetch_all: bool = False
+) -> AsyncIterator[tuple[str, dict[str, str], set[str]]]:
+    """``(directory, copies, merged_from)``: ``copies`` maps the store key of each of
+    ``files`` whose rows count to a local file with every `FILE_SCHEMA` column (in
+    ``files``' order); ``merged_from`` is every name the fetched files' merge metadata
+    gives; the directory goes away on exit. Raises `NotFound` when a file is gone,
+    `IndexFileError` when one is not an index file.
+
+    A file that a merged file names (its ``lightmetrics.compacted_from`` metadata: its
+    inputs and, transitively, theirs) holds no row the merged file lacks: the merge kept
+    the row that counts of each of its keys, rank included (PROTOCOL §3.7). So such a file
+    is not fetched once its merged file has been. The files are fetched newest first (a
+    catalog name sorts in creation order, `protocol.keys.catalog_created_key`, and a merge
+    is written after its inputs), so an hour read while compaction's inputs wait out the
+    readers' grace costs one GET of its merged file, not one of every level. A file
+    fetched before the merged file that names it is left out all the same: the order
+    saves work, it decides nothing. ``fetch_all``: fetch every file all the same (a merge
+    names its inputs' inputs too, and a merged file written before those names were
+    transitive lacks them)."""
     with tempfile.TemporaryDirectory(prefix="lm-catalog-", dir=limits.spill_dir) as tmp:
-        paths = []
-        for i, name in enumerate(names):
-            body, _etag = await store.get(name)
+        fetched: dict[str, str] = {}
+        merged_from: set[str] = set()
+        newest_first = sorted(files, key=lambda info: info.key, reverse=True)
+        for i, info in enumerate(newest_first):
+            if info.key in merged_from and not fetch_all:
+                continue
+            body, _etag = await store.get(info.key)
             path = Path(tmp, f"{i:08d}.parquet")
-            await asyncio.to_thread(write_normalized, path, body, name)
+            await asyncio.to_thread(write_normalized, path, body, info.key)
             del body
-            paths.append(str(path))
-        yield tmp, paths
+            fetched[info.key] = str(path)
+            merged_from.update(await asyncio.to_thread(_compacted_from, str(path)))
+        counted = {
+            info.key: fetched[info.key]
+            for info in files
+            if info.key in fetched and info.key not in merged_from
+        }
+        yield tmp, counted, merged_from
+
+
+def _compacted_from(path: str) -> list[str]:
+    """The catalog files a local copy was merged from (none for a file no merge wrote)."""
+    return compacted_from_names(pq.read_metadata(path).metadata)
 
 
 def connect(limits: MergeLimits, tmp: str) -> duckdb.DuckDBPyConnection:
@@ -69,20 +99,8 @@ def connect(limits: MergeLimits, tmp: str) -> duckdb.DuckDBPyConnection:
     return duckdb.connect(config=config)
 
 
-def effective(names: Sequence[str], paths: Sequence[str]) -> list[str]:
-    """The local copies whose rows count: a file that another listed file was merged
-    from (its ``lightmetrics.compacted_from`` metadata) is contained in that file (which
-    holds the newest row of each of its keys), so it is left out — the hour is read once,
-    not once per level, while compaction's inputs wait for their deletion."""
-    merged_from: set[str] = set()
-    for path in paths:
-        meta = pq.read_metadata(path).metadata or {}
-        merged_from.update(n for n in meta.get(COMPACTED_FROM, b"").decode().split("\n") if n)
-    return [path for name, path in zip(names, paths, strict=True) if name not in merged_from]
-
-
 def one_merged_file(paths: Sequence[str]) -> bool:
-    """Whether the copies whose rows count (`effective`) are one merged file: its keys
+    """Whether the copies whose rows count (`counted_copies`) are one merged file: its keys
     are distinct (a merge writes one row per key and refuses an output holding a key
     twice, `index.catalog_merge`; merges before it kept a row per key by construction),
     so no key needs `NEWEST_PER_KEY`'s aggregate (`NO_KEY_TWICE`). A settled hour after

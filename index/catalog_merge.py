@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import duckdb
-import pyarrow.parquet as pq
 
 from protocol import keys
 from store.base import ObjectInfo, ObjectStore
@@ -35,7 +34,6 @@ from .catalog import (
     COMPACTED_FROM,
     CatalogWriter,
     Compaction,
-    compacted_from_names,
     file_sha256,
 )
 from .catalog_local import (
@@ -43,8 +41,7 @@ from .catalog_local import (
     ONE_ROW_PER_KEY,
     MergeLimits,
     connect,
-    effective,
-    local_copies,
+    counted_copies,
     sql_list,
     sql_string,
 )
@@ -77,18 +74,15 @@ async def merge_files(
     names = sorted(info.key for info in inputs)
     if len(names) < 2:
         raise ValueError("a merge needs at least two files")
-    async with local_copies(store, names, limits) as (tmp, paths):
+    async with counted_copies(store, inputs, limits, fetch_all=True) as (tmp, copies, within):
         out = Path(tmp, "merged.parquet")
-        # Transitively: the inputs' own inputs too (`index.catalog.compacted_from_names`).
-        merged_from = set(names)
-        for path in paths:
-            merged_from.update(compacted_from_names(pq.read_metadata(path).metadata))
+        # Transitively: the inputs' own inputs too (`index.catalog.compacted_from_names`);
+        # an input another input was merged from is contained in it (left out of copies).
         metadata = {
-            COMPACTED_FROM.decode(): "\n".join(sorted(merged_from)),
+            COMPACTED_FROM.decode(): "\n".join(sorted(within | set(names))),
             LEVEL.decode(): str(level),
         }
-        counted = effective(names, paths)  # inputs of another input are contained in it
-        rows = await asyncio.to_thread(_merge, counted, out, metadata, limits, tmp)
+        rows = await asyncio.to_thread(_merge, list(copies.values()), out, metadata, limits, tmp)
         size = (await asyncio.to_thread(out.stat)).st_size
         merged, etag = await writer.create_file(hour, str(out), writer="compaction")
         # Read back without holding the file: the store attests what it holds by a HEAD

@@ -37,8 +37,7 @@ from .catalog_local import (
     ONE_ROW_PER_KEY,
     MergeLimits,
     connect,
-    effective,
-    local_copies,
+    counted_copies,
     one_merged_file,
     sql_list,
     sql_string,
@@ -304,11 +303,11 @@ async def query_hour(
         if not files:
             return None
         try:
-            names = [f.key for f in files]
-            async with local_copies(store, names, limits) as (tmp, paths):
-                counted = effective(names, paths)
-                named = {path: name for name, path in zip(names, paths, strict=True)}
-                return await asyncio.to_thread(_in_duckdb, counted, hour, limits, tmp, named, run)
+            async with counted_copies(store, files, limits) as (tmp, copies, _merged_from):
+                named = {path: name for name, path in copies.items()}
+                return await asyncio.to_thread(
+                    _in_duckdb, list(copies.values()), hour, limits, tmp, named, run
+                )
         except NotFound:
             continue
     raise IndexFileError(f"catalog hour {hour} kept changing while it was read; try again")

@@ -45,7 +45,7 @@ import numpy as np
 import pyarrow as pa
 
 from index.catalog import RELIST_ATTEMPTS, list_hour_files
-from index.catalog_local import MergeLimits, connect, effective, local_copies, sql_list
+from index.catalog_local import MergeLimits, connect, counted_copies, sql_list
 from index.catalog_rank import DUCKDB_RANK_STRUCT
 from index.catalog_tables import TWO_FORM_AGENT_BYTES
 from index.rows import FRAME_LENGTHS, IndexFileError
@@ -243,18 +243,21 @@ async def plan_hours(
             ledger_paths.append((key, str(path)))
         for _attempt in range(RELIST_ATTEMPTS):
             listed = [(hour, await list_hour_files(store, hour)) for hour in hours]
-            names = [info.key for _hour, files in listed for info in files]
-            if not names:
+            every_file = [info for _hour, files in listed for info in files]
+            if not every_file:
                 return PlannedHours(WORK_SCHEMA.empty_table())
             try:
-                async with local_copies(store, names, limits) as (copies, paths):
-                    of_name = dict(zip(names, paths, strict=True))
+                async with counted_copies(store, every_file, limits) as (
+                    tmp_dir,
+                    copies,
+                    _merged_from,
+                ):
                     per_hour = [
-                        (hour, effective([f.key for f in files], [of_name[f.key] for f in files]))
+                        (hour, [copies[f.key] for f in files if f.key in copies])
                         for hour, files in listed
                     ]
                     return await asyncio.to_thread(
-                        _plan_in_duckdb, per_hour, ledger_paths, limits, copies
+                        _plan_in_duckdb, per_hour, ledger_paths, limits, tmp_dir
                     )
             except NotFound:
                 continue

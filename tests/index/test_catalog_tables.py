@@ -4,13 +4,17 @@ and the hour's totals computed in DuckDB equal to the row-by-row reference."""
 from __future__ import annotations
 
 import dataclasses
+import io
 import random
+import tempfile
 
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from index.catalog import CatalogWriter, list_hour_files
+from index.catalog import CatalogWriter, compacted_from_names, list_hour_files
+from index.catalog_local import MergeLimits
 from index.catalog_merge import merge_files
 from index.catalog_rank import with_rank
 from index.catalog_tables import (
@@ -24,6 +28,8 @@ from index.rows import IndexFileError, accepted_row, encode, quarantine_row, tab
 from protocol import keys
 from protocol.clock import ManualClock
 from protocol.setsum import Setsum
+from rollup.job.plan_sql import pending_items
+from store.counting import CountingStore
 from store.memory import MemoryStore
 from tests.index.test_index_files import T0, conflict, manifest
 
@@ -124,6 +130,47 @@ async def test_files_merged_into_another_are_counted_once_through_it() -> None:
     assert after.setsum == before.setsum + Setsum.of(
         [(accepted_row(manifest(4)).manifest_id, manifest(4).frame_sha256)]
     )
+
+
+async def test_an_hour_whose_merge_inputs_await_deletion_fetches_the_merged_file_only() -> None:
+    """While compaction's inputs wait out the readers' grace, a reader fetches the merged
+    file (which holds their rows) and the files written since, not the inputs: one GET of
+    the hour's rows, not one per level. A merge of such a listing still fetches every
+    input, so that the names it records stay transitive."""
+    store = CountingStore(MemoryStore())
+    writer = CatalogWriter(store=store, clock=ManualClock(T0), rng=random.Random(1), epoch=1)
+    hour = keys.UtcHour.from_unix_ns(T0)
+    for n in range(3):
+        await writer.write(
+            hour, [accepted_row(manifest(10 * n + i)) for i in range(5)], writer="steady"
+        )
+    inputs = await list_hour_files(store, hour)
+    merged = await merge_files(store, writer, hour, inputs, level=1)
+    later = await writer.write(hour, [accepted_row(manifest(99))], writer="steady")
+    store.clear()
+
+    totals = await read_hour_totals(store, hour)
+    with tempfile.TemporaryDirectory() as tmp:
+        planned = await pending_items(store, [hour], [], MergeLimits(spill_dir=tmp))
+
+    rows = [accepted_row(manifest(10 * n + i)) for n in range(3) for i in range(5)]
+    rows.append(accepted_row(manifest(99)))
+    assert totals.batches == 16
+    assert totals.setsum == Setsum.of((r.manifest_id, r.frame_sha256) for r in rows)
+    assert sorted(planned.column("manifest_id").to_pylist()) == sorted(r.manifest_id for r in rows)
+    fetched = store.keys_of("get", keys.index_catalog_hour_prefix(hour))
+    assert sorted(fetched) == sorted([merged.merged_key, later] * 2)
+
+    store.clear()
+    listing = await list_hour_files(store, hour)
+    again = await merge_files(store, writer, hour, listing, level=2)
+    assert sorted(store.keys_of("get", keys.index_catalog_hour_prefix(hour))) == sorted(
+        info.key for info in listing
+    )
+    assert again.rows == 16
+    body, _etag = await store.get(again.merged_key)
+    names = compacted_from_names(pq.ParquetFile(io.BytesIO(body)).schema_arrow.metadata)
+    assert set(names) == {info.key for info in inputs} | {merged.merged_key, later}
 
 
 async def test_a_key_twice_in_one_file_counts_once_and_merges_into_one_row() -> None:
