@@ -23,12 +23,16 @@ own, read from ``/proc/<pid>/status`` VmHWM):
   ``manifest_id``\\s first (what the collector holds as the ledger's, 376 MB here), and
   their peak counts from there ("above the imports": above the imports and the ids).
 
+- **aggregate** (before **levels**): the hour's totals as the steady pass wrote it, every
+  key through the newest-per-key aggregate (`index.catalog_local.NEWEST_PER_KEY`, whose
+  states are fixed-size), and the same with the aggregate of before (`STRUCT_NEWEST_PER_KEY`:
+  a ``max`` over a struct holding the file's name);
 - **grace** (after **levels**, before the inputs' deletion): the hour's totals while the
   merges' inputs still wait out the readers' grace, fetching only the files whose rows
   count (`index.catalog_local.counted_copies`), and the same with every file fetched
   (the code before), each with its catalog GETs.
 
-``--phases`` picks some of ``levels,grace,totals,baseline,spans`` (default all).
+``--phases`` picks some of ``aggregate,levels,grace,totals,baseline,spans`` (default all).
 
 Benchmarks are not tests: nothing asserts; the numbers go to bench/RESULTS.md.
 """
@@ -70,7 +74,20 @@ from store.open import open_store
 T0 = 1_760_000_400_000_000_000  # inside 2025-10-09T09
 HOUR = keys.UtcHour.from_unix_ns(T0)
 FANOUT = 8
-PHASES = ("levels", "grace", "totals", "baseline", "spans")
+STRUCT_NEWEST_PER_KEY = """
+CREATE TEMP TABLE newest AS
+SELECT key, max(struct_pack(
+    rank := struct_pack(e := first_epoch, s := first_sequence, q := first_position),
+    f := filename, r := file_row_number)) AS pick
+FROM read_parquet({files}, filename = true, file_row_number = true)
+GROUP BY key HAVING count(*) > 1
+"""
+"""The baseline: `index.catalog_local.NEWEST_PER_KEY` as it was before its states were
+fixed-size (the aggregate state holds the file's name)."""
+STRUCT_ONE_ROW_PER_KEY = """read_parquet({files}, filename = true, file_row_number = true) AS r
+    LEFT JOIN newest AS n ON r.key = n.key
+    WHERE (n.key IS NULL OR (r.filename = n.pick.f AND r.file_row_number = n.pick.r))"""
+PHASES = ("aggregate", "levels", "grace", "totals", "baseline", "spans")
 
 
 def synthetic_rows(start: int, count: int, rng: np.random.Generator) -> pa.Table:
@@ -166,19 +183,31 @@ async def compact_by_levels(url: str, memory_limit_mb: int, spill: str) -> dict[
 
 
 async def totals(
-    url: str, memory_limit_mb: int, spill: str, *, aggregate: bool = False, fetch_all: bool = False
+    url: str,
+    memory_limit_mb: int,
+    spill: str,
+    *,
+    aggregate: bool = False,
+    fetch_all: bool = False,
+    struct: bool = False,
 ) -> dict[str, object]:
     """What raw retention and the live query's seal check do: the hour's totals, out of
     core (`index.catalog_tables.read_hour_totals`). ``aggregate``: the baseline for an
     hour compacted into one merged file, read with the newest-per-key aggregate all the
     same (the code before `index.catalog_local.one_merged_file`). ``fetch_all``: the
     baseline for an hour whose merges' inputs await deletion, every file fetched (the
-    code before `index.catalog_local.counted_copies` left out the ones a merge holds)."""
+    code before `index.catalog_local.counted_copies` left out the ones a merge holds).
+    ``struct``: the baseline for the newest-per-key aggregate, picking each key's row by
+    a ``max`` over a struct of the rank and the file's name (the code before the
+    fixed-size states of `index.catalog_local.NEWEST_PER_KEY`)."""
     if aggregate:
         setattr(catalog_tables, "one_merged_file", lambda paths: False)  # noqa: B010
     if fetch_all:
         every_file = functools.partial(catalog_local.counted_copies, fetch_all=True)
         setattr(catalog_tables, "counted_copies", every_file)  # noqa: B010
+    if struct:
+        setattr(catalog_tables, "NEWEST_PER_KEY", STRUCT_NEWEST_PER_KEY)  # noqa: B010
+        setattr(catalog_tables, "ONE_ROW_PER_KEY", STRUCT_ONE_ROW_PER_KEY)  # noqa: B010
     limits = MergeLimits(memory_limit_mb=memory_limit_mb, spill_dir=spill)
     store = CountingStore(open_store(url))
     result = await read_hour_totals(store, HOUR, limits)
@@ -257,11 +286,13 @@ def child(argv: list[str]) -> None:
     def phase() -> dict[str, object]:
         if what == "levels":
             return asyncio.run(compact_by_levels(url, int(argv[2]), argv[3]))
-        if what in ("totals", "totals-aggregate", "totals-fetch-all"):
-            aggregate, fetch_all = what == "totals-aggregate", what == "totals-fetch-all"
-            return asyncio.run(
-                totals(url, int(argv[2]), argv[3], aggregate=aggregate, fetch_all=fetch_all)
-            )
+        if what.startswith("totals"):
+            options = {
+                "aggregate": what == "totals-aggregate",
+                "fetch_all": what == "totals-fetch-all",
+                "struct": what == "totals-struct",
+            }
+            return asyncio.run(totals(url, int(argv[2]), argv[3], **options))
         if what == "spans":
             return asyncio.run(spans(url, included, int(argv[3]), argv[4]))
         if what == "spans-baseline":
@@ -305,6 +336,9 @@ def main() -> None:
         if "spans" in phases:  # before compaction: the hour as the steady pass wrote it
             results["hour's spans"] = run_child("spans", big, str(args.rows), limit, spill)
             results["spans, baseline"] = run_child("spans-baseline", big, str(args.rows))
+        if "aggregate" in phases:  # before compaction: every key through the aggregate
+            results["unmerged totals"] = run_child("totals", big, limit, spill)
+            results["unmerged totals, struct"] = run_child("totals-struct", big, limit, spill)
         if "levels" in phases:
             results["compaction by levels"] = run_child("levels", big, limit, spill)
         if "grace" in phases:  # the merges' inputs still in the store, awaiting deletion
@@ -341,6 +375,13 @@ def report(results: dict[str, dict[str, object]], *, rows: int, baseline_rows: i
         faster = float(str(old["seconds"])) / float(str(new["seconds"]))
         print(
             f"merged hour's totals: {faster:.2f}x sooner than with the aggregate, "
+            f"{(work(old) - work(new)) / 2**20:.0f} MiB less above the imports"
+        )
+    if "unmerged totals" in results:
+        new, old = results["unmerged totals"], results["unmerged totals, struct"]
+        faster = float(str(old["seconds"])) / float(str(new["seconds"]))
+        print(
+            f"unmerged hour's totals: {faster:.2f}x sooner than with the struct aggregate, "
             f"{(work(old) - work(new)) / 2**20:.0f} MiB less above the imports"
         )
     if "grace totals" in results:

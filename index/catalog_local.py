@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from store.base import ObjectInfo, ObjectStore
 
 from .catalog import COMPACTED_FROM, compacted_from_names
-from .catalog_rank import DUCKDB_RANK_STRUCT, RANK_COLUMNS, with_rank
+from .catalog_rank import RANK_COLUMNS, duckdb_write_rank, with_rank
 from .rows import FILE_SCHEMA, RANGE_COLUMNS, IndexFileError, iter_batches
 
 DEFAULT_MEMORY_LIMIT_MB = 256
@@ -118,19 +118,28 @@ def sql_list(paths: Sequence[str]) -> str:
     return "[" + ", ".join(sql_string(p) for p in paths) + "]"
 
 
+def row_id(prefix: str = "") -> str:
+    """A row of a ``read_parquet`` list as one ``BIGINT``: its file's index in the list and
+    its row number there (``prefix``: the table alias and a dot; read the files with
+    ``file_row_number = true``)."""
+    return f"(({prefix}file_index::BIGINT << 32) | {prefix}file_row_number)"
+
+
 NEWEST_PER_KEY = """
 CREATE TEMP TABLE newest AS
-SELECT key, max(struct_pack(
-    rank := {rank}, f := filename, r := file_row_number)) AS pick
-FROM read_parquet({files}, filename = true, file_row_number = true)
+SELECT key, arg_max({row}, {rank}) AS pick
+FROM read_parquet({files}, file_row_number = true)
 GROUP BY key HAVING count(*) > 1
-""".replace("{rank}", DUCKDB_RANK_STRUCT.format(p=""))
+""".replace("{rank}", duckdb_write_rank()).replace("{row}", row_id())
 """Keys held more than once — in more than one file (a superseding row, a row cataloged
 twice, a merged file and its input not yet deleted) or twice in one file (two log rows of
-one key in one chunk) — and the one row that counts for each: the highest rank
+one key in one chunk) — and the one row that counts for each (`row_id`): the highest rank
 (`index.catalog_rank`: the copies' rank columns are filled, `write_normalized`); a tie is
-one row held twice, and the copy and row number pick one. A narrow aggregate that spills.
-Read the files with `ONE_ROW_PER_KEY`."""
+one row held twice (the same content), and either copy counts. Read the files with
+`ONE_ROW_PER_KEY`. Every aggregate state is fixed-size (a ``BIGINT`` picked by a
+``HUGEINT``), so the aggregate spills within DuckDB's memory limit: a ``max`` over a
+struct holding the file's name did not (3.6M keys at a 128 MB limit: 413 MiB above the
+connection against 143 MiB, and 3x the time; bench/RESULTS.md)."""
 
 NO_KEY_TWICE = NEWEST_PER_KEY.replace("GROUP BY key", "WHERE false GROUP BY key")
 """`NEWEST_PER_KEY`'s table, empty, for files whose keys are distinct (`one_merged_file`):
@@ -139,7 +148,7 @@ hour of 3.6M rows: 1.75x sooner, 286 MiB less; bench/RESULTS.md)."""
 
 ONE_ROW_PER_KEY = """read_parquet({files}, filename = true, file_row_number = true) AS r
     LEFT JOIN newest AS n ON r.key = n.key
-    WHERE (n.key IS NULL OR (r.filename = n.pick.f AND r.file_row_number = n.pick.r))"""
+    WHERE (n.key IS NULL OR {row} = n.pick)""".replace("{row}", row_id("r."))
 """``FROM`` this (after `NEWEST_PER_KEY`) gives every key's one row as ``r``; more
 conditions go after an ``AND``."""
 

@@ -21,9 +21,9 @@ auditor. Merged files are written from filled copies, so their rows keep their r
 
 Renderings of the order:
 - Arrow: `newest_per_key` (a sort by key, then rank descending);
-- DuckDB: `DUCKDB_RANK_STRUCT` (a struct compared field by field, for ``max``), and
-  `duckdb_write_rank` (one fixed-size ``HUGEINT``, for ``max_by``/``arg_max`` in the
-  audit's joins, whose aggregate states must stay fixed-size to spill);
+- DuckDB: `duckdb_write_rank` (one fixed-size ``HUGEINT``, for ``max_by``/``arg_max``:
+  every DuckDB reader's aggregate states must stay fixed-size to spill, and a ``max``
+  over a struct holding a string stays in memory above the limit);
 - Spark: `spark_write_rank` (a ``DECIMAL(38,0)`` of the same value).
 
 The packed value is ``epoch << 66 | sequence << 32 | position``: sequences are below
@@ -102,13 +102,6 @@ def newest_per_key(table: pa.Table) -> pa.Table:
     first = pc.not_equal(key.slice(1), key.slice(0, len(key) - 1))
     mask = pa.concat_arrays([pa.array([True]), first.cast(pa.bool_())])
     return ranked.filter(mask)
-
-
-DUCKDB_RANK_STRUCT = (
-    "struct_pack(e := {p}first_epoch, s := {p}first_sequence, q := {p}first_position)"
-)
-"""A DuckDB struct of a row's rank (format with ``p``, the table alias and a dot, or
-empty), compared field by field: ``max(...)`` of it is the newest row's rank."""
 
 
 def duckdb_write_rank(prefix: str = "") -> str:

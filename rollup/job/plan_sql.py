@@ -45,8 +45,8 @@ import numpy as np
 import pyarrow as pa
 
 from index.catalog import RELIST_ATTEMPTS, list_hour_files
-from index.catalog_local import MergeLimits, connect, counted_copies, sql_list
-from index.catalog_rank import DUCKDB_RANK_STRUCT
+from index.catalog_local import MergeLimits, connect, counted_copies, row_id, sql_list
+from index.catalog_rank import duckdb_write_rank
 from index.catalog_tables import TWO_FORM_AGENT_BYTES
 from index.rows import FRAME_LENGTHS, IndexFileError
 from protocol import bundle, keys
@@ -84,20 +84,20 @@ FROM read_parquet({files})
 _CATALOG_VIEW = """
 CREATE TEMP VIEW cat AS
 SELECT key, kind, agent_id, boot_id, seq_start, seq_end, frame_sha256, record_count,
-    raw_blob_key, raw_offset, raw_length, time_unix_ns // {hour_ns} AS h, first_epoch, first_sequence, first_position, filename,
-    file_row_number
-FROM read_parquet({files}, filename = true, file_row_number = true)
-"""
+    raw_blob_key, raw_offset, raw_length, time_unix_ns // {hour_ns} AS h, first_epoch,
+    first_sequence, first_position, {row_id} AS row_id
+FROM read_parquet({files}, file_row_number = true)
+""".replace("{row_id}", row_id())
 _NEWEST_SQL = """
 CREATE TEMP TABLE newest AS
-SELECT h, key, max(struct_pack(rank := {rank}, f := filename, r := file_row_number)) AS pick
+SELECT h, key, arg_max(row_id, {rank}) AS pick
 FROM cat GROUP BY h, key HAVING count(*) > 1
-""".replace("{rank}", DUCKDB_RANK_STRUCT.format(p=""))
+""".replace("{rank}", duckdb_write_rank())
 """(hour, key)s held more than once — in more than one file, or twice in one (two log
-rows of one key in one chunk) — and the one row that counts for each: the highest rank
-(`index.catalog_rank`), a tie (one row held by a merged file and its input) broken by the
-copy and row. A narrow aggregate over the rare repeated keys; the others pass through
-untouched."""
+rows of one key in one chunk) — and the one row that counts for each (``row_id``,
+`index.catalog_local.row_id`): the highest rank (`index.catalog_rank`); a tie is one row
+held twice, and either copy counts. Fixed-size aggregate states, so it spills within the
+memory limit (`index.catalog_local.NEWEST_PER_KEY`)."""
 _DONE_SQL = """
 CREATE TEMP TABLE done AS
 SELECT l.manifest_id, hrs.h FROM read_parquet({files}) AS l JOIN hrs ON l.accepted_hour = hrs.iso
@@ -111,7 +111,7 @@ SELECT a.* FROM (
         || lpad(c.seq_start::VARCHAR, 20, '0') || '-' || lpad(c.seq_end::VARCHAR, 20, '0')
         AS mid
     FROM cat AS c LEFT JOIN newest AS n ON c.h = n.h AND c.key = n.key
-    WHERE (n.key IS NULL OR (c.filename = n.pick.f AND c.file_row_number = n.pick.r))
+    WHERE (n.key IS NULL OR c.row_id = n.pick)
         AND c.kind = 'accepted'
 ) AS a LEFT JOIN done AS d ON a.h = d.h AND a.mid = d.manifest_id
 WHERE d.manifest_id IS NULL
@@ -139,7 +139,7 @@ WITH counting AS (
         || lpad(c.seq_start::VARCHAR, 20, '0') || '-' || lpad(c.seq_end::VARCHAR, 20, '0')
         AS mid
     FROM cat AS c LEFT JOIN newest AS n ON c.h = n.h AND c.key = n.key
-    WHERE n.key IS NULL OR (c.filename = n.pick.f AND c.file_row_number = n.pick.r)
+    WHERE n.key IS NULL OR c.row_id = n.pick
 )
 SELECT DISTINCT r.h, r.mid AS manifest_id
 FROM counting AS r JOIN done AS d ON d.h = r.h AND d.manifest_id = r.mid
