@@ -43,7 +43,7 @@ from protocol import keys
 from rollup.job.plan import make_plan
 from rollup.table.commit import LoadedSnapshot
 from rollup.table.ledger import encode_ledger
-from rollup.table.schemas import LEDGER_SCHEMA
+from rollup.table.schemas import LEDGER_SCHEMA, TS_TYPE
 from store.open import open_store
 
 LEDGER_FILES = 8
@@ -71,6 +71,9 @@ async def seed_plan(url: str, rows: int, files: int) -> list[str]:
                     "frame_sha256": table.column("frame_sha256"),
                     "record_count": table.column("record_count"),
                     "accepted_hour": pa.repeat(pa.scalar(HOUR.iso), table.num_rows),
+                    # The batches' point ranges (PROTOCOL §4); the planner does not read them.
+                    "min_ts": pa.nulls(table.num_rows, TS_TYPE),
+                    "max_ts": pa.nulls(table.num_rows, TS_TYPE),
                 },
                 schema=LEDGER_SCHEMA,
             )

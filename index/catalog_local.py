@@ -138,13 +138,13 @@ one key in one chunk) — and the one row that counts for each (`row_id`): the h
 one row held twice (the same content), and either copy counts. Read the files with
 `ONE_ROW_PER_KEY`. Every aggregate state is fixed-size (a ``BIGINT`` picked by a
 ``HUGEINT``), so the aggregate spills within DuckDB's memory limit: a ``max`` over a
-struct holding the file's name did not (3.6M keys at a 128 MB limit: 413 MiB above the
-connection against 143 MiB, and 3x the time; bench/RESULTS.md)."""
+struct holding the file's name did not (an hour of 3.6M keys in 360 files at the 256 MB
+limit: 406 MiB above the imports against 826 MiB, 1.32x sooner; bench/RESULTS.md)."""
 
 NO_KEY_TWICE = NEWEST_PER_KEY.replace("GROUP BY key", "WHERE false GROUP BY key")
 """`NEWEST_PER_KEY`'s table, empty, for files whose keys are distinct (`one_merged_file`):
 an hour of millions of keys is read without the aggregate over all of them (a settled
-hour of 3.6M rows: 1.75x sooner, 286 MiB less; bench/RESULTS.md)."""
+hour of 3.6M rows: 1.14x sooner; bench/RESULTS.md)."""
 
 ONE_ROW_PER_KEY = """read_parquet({files}, filename = true, file_row_number = true) AS r
     LEFT JOIN newest AS n ON r.key = n.key
