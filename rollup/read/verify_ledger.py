@@ -66,7 +66,17 @@ class LedgerComparison:
 
 _MOVED_SQL = """
 WITH rows AS (SELECT * FROM read_parquet({files})),
-multi AS (SELECT key, max(catalog_file) AS newest FROM rows GROUP BY key HAVING count(*) > 1)
+files AS (
+    SELECT catalog_file, row_number() OVER (ORDER BY catalog_file) AS file_order
+    FROM (SELECT DISTINCT catalog_file FROM rows)
+),
+multi AS (
+    SELECT f.catalog_file AS newest, m.key FROM (
+        SELECT r.key, max(f.file_order) AS newest_order
+        FROM rows AS r JOIN files AS f USING (catalog_file)
+        GROUP BY r.key HAVING count(*) > 1
+    ) AS m JOIN files AS f ON f.file_order = m.newest_order
+)
 SELECT r.key, r.manifest_id, r.frame_sha256, r.record_count, r.accepted_hour,
     n.accepted_hour AS newest_hour, n.frame_sha256 AS newest_sha256,
     n.time_unix_ns AS newest_time_unix_ns
@@ -74,6 +84,10 @@ FROM rows AS r JOIN multi AS m ON r.key = m.key
 JOIN rows AS n ON n.key = m.key AND n.catalog_file = m.newest
 WHERE r.catalog_file != m.newest
 """
+"""Each key's newest row is the one of the greatest ``catalog_file`` name, taken by its
+order among the (few) names: the aggregate over every key keeps an integer, a fixed-size
+state that spills within DuckDB's memory limit (a ``max`` of the name itself did not,
+`index.catalog_local.NEWEST_PER_KEY`)."""
 
 
 def moved_rows(batch_files: Sequence[str], limits: MergeLimits, tmp: str) -> pa.Table:
