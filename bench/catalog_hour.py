@@ -21,12 +21,10 @@ own, read from ``/proc/<pid>/status`` VmHWM):
   hour): the code it replaced, the hour's span columns read into memory
   (`index.catalog_tables.read_hour_table`) and grouped in Arrow. Both build the hour's
   ``manifest_id``\\s first (what the collector holds as the ledger's, 376 MB here), and
-  their peak counts from there ("above the imports": above the imports and the ids).
-
-- **aggregate** (before **levels**): the hour's totals as the steady pass wrote it, every
-  key through the newest-per-key aggregate (`index.catalog_local.NEWEST_PER_KEY`, whose
-  states are fixed-size), and the same with the aggregate of before (`STRUCT_NEWEST_PER_KEY`:
-  a ``max`` over a struct holding the file's name);
+  their peak counts from there ("above the imports": above the imports and the ids);
+- **aggregate** (before **levels**): the totals of the hour as the steady pass wrote it,
+  every key through `index.catalog_local.NEWEST_PER_KEY` (fixed-size states), and the
+  same with the aggregate of before (`STRUCT_NEWEST_PER_KEY`);
 - **grace** (after **levels**, before the inputs' deletion): the hour's totals while the
   merges' inputs still wait out the readers' grace, fetching only the files whose rows
   count (`index.catalog_local.counted_copies`), and the same with every file fetched
@@ -160,7 +158,7 @@ async def compact_by_levels(url: str, memory_limit_mb: int, spill: str) -> dict[
     writer = CatalogWriter(store=store, clock=ManualClock(T0), rng=random.Random(2), epoch=2)
     limits = MergeLimits(memory_limit_mb=memory_limit_mb, spill_dir=spill)
     level_files = {0: sorted(info.key for info in await list_hour_files(store, HOUR))}
-    merges, rewritten, level = 0, 0, 0
+    merges, rewritten, level, last_rows = 0, 0, 0, 0
     while len(level_files.get(level, [])) >= FANOUT:
         names = level_files[level]
         nxt = []
@@ -168,16 +166,18 @@ async def compact_by_levels(url: str, memory_limit_mb: int, spill: str) -> dict[
             group = [_named(n) for n in names[i : i + FANOUT]]
             merged = await merge_files(store, writer, HOUR, group, level=level + 1, limits=limits)
             nxt.append(merged.merged_key)
-            merges, rewritten = merges + 1, rewritten + merged.rows
+            merges, rewritten, last_rows = merges + 1, rewritten + merged.rows, merged.rows
         level_files[level + 1] = nxt + level_files.get(level + 1, [])
         level_files[level] = names[len(names) - len(names) % FANOUT :]
         level += 1
     final_inputs = [_named(n) for files in level_files.values() for n in files]
-    final = await merge_files(store, writer, HOUR, final_inputs, level=level + 1, limits=limits)
+    if len(final_inputs) > 1:  # else the levels left one merged file (FANOUT^k files)
+        final = await merge_files(store, writer, HOUR, final_inputs, level=level + 1, limits=limits)
+        merges, rewritten, last_rows = merges + 1, rewritten + final.rows, final.rows
     return {
-        "merges": merges + 1,
-        "rows_rewritten": rewritten + final.rows,
-        "rows": final.rows,
+        "merges": merges,
+        "rows_rewritten": rewritten,
+        "rows": last_rows,
         "final_inputs": len(final_inputs),
     }
 
@@ -356,6 +356,17 @@ def main() -> None:
     print(f"load after: {os.getloadavg()}")
 
 
+COMPARISONS = (  # (what, ours, the same run's baseline)
+    ("merged hour's totals against the aggregate", "hour totals", "hour totals, aggregate"),
+    (
+        "unmerged hour's totals against the struct aggregate",
+        "unmerged totals",
+        "unmerged totals, struct",
+    ),
+    ("hour in the grace against fetching every file", "grace totals", "grace totals, every file"),
+)
+
+
 def report(results: dict[str, dict[str, object]], *, rows: int, baseline_rows: int) -> None:
     work = child_process.above_imports
     for name, result in results.items():
@@ -370,27 +381,15 @@ def report(results: dict[str, dict[str, object]], *, rows: int, baseline_rows: i
             f"baseline: {per_row:.0f} B/row on {baseline_rows:,} rows, "
             f"{per_row * rows / 2**30:.2f} GiB scaled to {rows:,} rows"
         )
-    if "hour totals, aggregate" in results:
-        new, old = results["hour totals"], results["hour totals, aggregate"]
-        faster = float(str(old["seconds"])) / float(str(new["seconds"]))
-        print(
-            f"merged hour's totals: {faster:.2f}x sooner than with the aggregate, "
-            f"{(work(old) - work(new)) / 2**20:.0f} MiB less above the imports"
-        )
-    if "unmerged totals" in results:
-        new, old = results["unmerged totals"], results["unmerged totals, struct"]
-        faster = float(str(old["seconds"])) / float(str(new["seconds"]))
-        print(
-            f"unmerged hour's totals: {faster:.2f}x sooner than with the struct aggregate, "
-            f"{(work(old) - work(new)) / 2**20:.0f} MiB less above the imports"
-        )
-    if "grace totals" in results:
-        new, old = results["grace totals"], results["grace totals, every file"]
-        faster = float(str(old["seconds"])) / float(str(new["seconds"]))
-        print(
-            f"hour in the grace: {faster:.2f}x sooner than fetching every file, "
-            f"{new['catalog_gets']} catalog GETs against {old['catalog_gets']}"
-        )
+    for label, ours, baseline in COMPARISONS:
+        if ours in results and baseline in results:
+            new, old = results[ours], results[baseline]
+            faster = float(str(old["seconds"])) / float(str(new["seconds"]))
+            print(
+                f"{label}: {faster:.2f}x sooner, {(work(old) - work(new)) / 2**20:.0f} MiB "
+                f"less above the imports, {new['catalog_gets']} catalog GETs against "
+                f"{old['catalog_gets']}"
+            )
     if "hour's spans" in results:
         ratio = work(results["spans, baseline"]) / work(results["hour's spans"])
         print(f"spans: the baseline needs {ratio:.1f}x the memory above the imports")
