@@ -81,7 +81,12 @@ async def list_once(
     started = time.perf_counter()
     listing = await list_for_audit(store, audit_dir, concurrency=streams)
     run = Run(delay_ms, streams, time.perf_counter() - started, listing, meter.stop())
-    want = {"accepted": fleet.manifests, "raw-blobs": fleet.manifests, "quarantine": 0}
+    want = {
+        "accepted": fleet.manifests,
+        "quarantine": 0,
+        "raw-blobs": fleet.manifests,
+        "raw-bundles": 0,  # listed since bundles (PROTOCOL §3.10); the fleet writes none
+    }
     if listing.keys_listed != want:
         raise RuntimeError(f"listed {listing.keys_listed}, seeded {want}")
     print(

@@ -1,6 +1,8 @@
-"""The catalog benchmarks run end to end on a tiny hour, and their paths agree with their
-same-run baselines (`bench.plan_hour` had rotted unseen: its ledger lacked columns added
-later). Sizes here say nothing about speed: they only check that the benchmarks work."""
+"""Benchmarks that rotted unseen run end to end at a tiny size, and agree with their same-run
+baselines: `bench.plan_hour` (its ledger lacked columns added later), `bench.audit_listing`
+(it expected the listing kinds before `raw-bundles/v1/`), and the catalog benchmarks
+beside them. Sizes here say nothing about speed: they only check that the benchmarks
+work (the others were run by hand at a small size, eleventh session)."""
 
 from __future__ import annotations
 
@@ -41,3 +43,9 @@ def test_plan_hour_plans_every_batch_and_the_half_the_ledger_lacks() -> None:
 def test_moved_rows_names_the_same_rows_as_its_baseline() -> None:
     stdout = _run("bench.moved_rows", "--rows", "3000")
     assert "moved: 1000 moved rows" in stdout and "same rows: True" in stdout, stdout
+
+
+def test_audit_listing_lists_every_seeded_key() -> None:
+    """It starts MiniStack itself, and checks each run listed what it seeded."""
+    stdout = _run("bench.audit_listing", "--manifests", "2000", "--agents", "20")
+    assert stdout.count("4,000 keys in") == 2, stdout
