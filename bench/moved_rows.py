@@ -34,16 +34,13 @@ from index.catalog_local import MergeLimits
 from rollup.read import verify_ledger
 
 MOVED = 1000  # keys of hour 0 cataloged again in the last hour
-BASELINE_SQL = """
+BASELINE_SQL = (
+    """
 WITH rows AS (SELECT * FROM read_parquet({files})),
 multi AS (SELECT key, max(catalog_file) AS newest FROM rows GROUP BY key HAVING count(*) > 1)
-SELECT r.key, r.manifest_id, r.frame_sha256, r.record_count, r.accepted_hour,
-    n.accepted_hour AS newest_hour, n.frame_sha256 AS newest_sha256,
-    n.time_unix_ns AS newest_time_unix_ns
-FROM rows AS r JOIN multi AS m ON r.key = m.key
-JOIN rows AS n ON n.key = m.key AND n.catalog_file = m.newest
-WHERE r.catalog_file != m.newest
 """
+    + verify_ledger.MOVED_ROWS_SELECT
+)
 """`verify_ledger._MOVED_SQL` before its aggregate state was an integer."""
 
 

@@ -64,7 +64,17 @@ class LedgerComparison:
     superseded_total: int
 
 
-_MOVED_SQL = """
+MOVED_ROWS_SELECT = """
+SELECT r.key, r.manifest_id, r.frame_sha256, r.record_count, r.accepted_hour,
+    n.accepted_hour AS newest_hour, n.frame_sha256 AS newest_sha256,
+    n.time_unix_ns AS newest_time_unix_ns
+FROM rows AS r JOIN multi AS m ON r.key = m.key
+JOIN rows AS n ON n.key = m.key AND n.catalog_file = m.newest
+WHERE r.catalog_file != m.newest
+"""
+"""The rows of a key whose newest row (``multi.newest``, a ``catalog_file``) is another's."""
+_MOVED_SQL = (
+    """
 WITH rows AS (SELECT * FROM read_parquet({files})),
 files AS (
     SELECT catalog_file, row_number() OVER (ORDER BY catalog_file) AS file_order
@@ -77,13 +87,9 @@ multi AS (
         GROUP BY r.key HAVING count(*) > 1
     ) AS m JOIN files AS f ON f.file_order = m.newest_order
 )
-SELECT r.key, r.manifest_id, r.frame_sha256, r.record_count, r.accepted_hour,
-    n.accepted_hour AS newest_hour, n.frame_sha256 AS newest_sha256,
-    n.time_unix_ns AS newest_time_unix_ns
-FROM rows AS r JOIN multi AS m ON r.key = m.key
-JOIN rows AS n ON n.key = m.key AND n.catalog_file = m.newest
-WHERE r.catalog_file != m.newest
 """
+    + MOVED_ROWS_SELECT
+)
 """Each key's newest row is the one of the greatest ``catalog_file`` name, taken by its
 order among the (few) names: the aggregate over every key keeps an integer, a fixed-size
 state that spills within DuckDB's memory limit (a ``max`` of the name itself did not,
