@@ -194,14 +194,14 @@ async def totals(
     """What raw retention and the live query's seal check do: the hour's totals, out of
     core (`index.catalog_tables.read_hour_totals`). ``aggregate``: the baseline for an
     hour compacted into one merged file, read with the newest-per-key aggregate all the
-    same (the code before `index.catalog_local.one_merged_file`). ``fetch_all``: the
+    same (the code before `index.catalog_local.Copies.one_merged_file`). ``fetch_all``: the
     baseline for an hour whose merges' inputs await deletion, every file fetched (the
     code before `index.catalog_local.counted_copies` left out the ones a merge holds).
     ``struct``: the baseline for the newest-per-key aggregate, picking each key's row by
     a ``max`` over a struct of the rank and the file's name (the code before the
     fixed-size states of `index.catalog_local.NEWEST_PER_KEY`)."""
     if aggregate:
-        setattr(catalog_tables, "one_merged_file", lambda paths: False)  # noqa: B010
+        setattr(catalog_tables, "NO_KEY_TWICE", catalog_local.NEWEST_PER_KEY)  # noqa: B010
     if fetch_all:
         every_file = functools.partial(catalog_local.counted_copies, fetch_all=True)
         setattr(catalog_tables, "counted_copies", every_file)  # noqa: B010

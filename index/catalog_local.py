@@ -42,15 +42,35 @@ class MergeLimits:
     threads: int = 1
 
 
+@dataclass(frozen=True, slots=True)
+class Copies:
+    """Local copies of catalog files (`counted_copies`)."""
+
+    directory: str
+    counted: dict[str, str]
+    """Store key -> local copy, of each file whose rows count (in the files' order)."""
+    merged_from: frozenset[str]
+    """Every name the fetched files' merge metadata gives (their inputs, transitively)."""
+    merged: frozenset[str]
+    """The fetched files a merge wrote (their ``lightmetrics.compacted_from`` metadata)."""
+
+    @property
+    def one_merged_file(self) -> bool:
+        """Whether the copies whose rows count are one merged file: its keys are distinct
+        (a merge writes one row per key and refuses an output holding a key twice,
+        `index.catalog_merge`; merges before it kept a row per key by construction), so no
+        key needs `NEWEST_PER_KEY`'s aggregate (`NO_KEY_TWICE`). A settled hour after its
+        final compaction is such a file: the sealed hours' reads."""
+        return len(self.counted) == 1 and not self.counted.keys() - self.merged
+
+
 @contextlib.asynccontextmanager
 async def counted_copies(
     store: ObjectStore, files: Sequence[ObjectInfo], limits: MergeLimits, *, fetch_all: bool = False
-) -> AsyncIterator[tuple[str, dict[str, str], set[str]]]:
-    """``(directory, copies, merged_from)``: ``copies`` maps the store key of each of
-    ``files`` whose rows count to a local file with every `FILE_SCHEMA` column (in
-    ``files``' order); ``merged_from`` is every name the fetched files' merge metadata
-    gives; the directory goes away on exit. Raises `NotFound` when a file is gone,
-    `IndexFileError` when one is not an index file.
+) -> AsyncIterator[Copies]:
+    """`Copies` of ``files``, each with every `FILE_SCHEMA` column; the directory goes away
+    on exit. Raises `NotFound` when a file is gone, `IndexFileError` when one is not an
+    index file.
 
     A file that a merged file names (its ``lightmetrics.compacted_from`` metadata: its
     inputs and, transitively, theirs) holds no row the merged file lacks: the merge kept
@@ -66,6 +86,7 @@ async def counted_copies(
     with tempfile.TemporaryDirectory(prefix="lm-catalog-", dir=limits.spill_dir) as tmp:
         fetched: dict[str, str] = {}
         merged_from: set[str] = set()
+        merged: set[str] = set()
         newest_first = sorted(files, key=lambda info: info.key, reverse=True)
         for i, info in enumerate(newest_first):
             if info.key in merged_from and not fetch_all:
@@ -75,18 +96,16 @@ async def counted_copies(
             await asyncio.to_thread(write_normalized, path, body, info.key)
             del body
             fetched[info.key] = str(path)
-            merged_from.update(await asyncio.to_thread(_compacted_from, str(path)))
+            metadata = (await asyncio.to_thread(pq.read_metadata, path)).metadata or {}
+            if COMPACTED_FROM in metadata:
+                merged.add(info.key)
+                merged_from.update(compacted_from_names(metadata))
         counted = {
             info.key: fetched[info.key]
             for info in files
             if info.key in fetched and info.key not in merged_from
         }
-        yield tmp, counted, merged_from
-
-
-def _compacted_from(path: str) -> list[str]:
-    """The catalog files a local copy was merged from (none for a file no merge wrote)."""
-    return compacted_from_names(pq.read_metadata(path).metadata)
+        yield Copies(tmp, counted, frozenset(merged_from), frozenset(merged))
 
 
 def connect(limits: MergeLimits, tmp: str) -> duckdb.DuckDBPyConnection:
@@ -97,17 +116,6 @@ def connect(limits: MergeLimits, tmp: str) -> duckdb.DuckDBPyConnection:
         "preserve_insertion_order": False,
     }
     return duckdb.connect(config=config)
-
-
-def one_merged_file(paths: Sequence[str]) -> bool:
-    """Whether the copies whose rows count (`counted_copies`) are one merged file: its keys
-    are distinct (a merge writes one row per key and refuses an output holding a key
-    twice, `index.catalog_merge`; merges before it kept a row per key by construction),
-    so no key needs `NEWEST_PER_KEY`'s aggregate (`NO_KEY_TWICE`). A settled hour after
-    its final compaction is such a file: the sealed hours' reads."""
-    if len(paths) != 1:
-        return False
-    return COMPACTED_FROM in (pq.read_metadata(paths[0]).metadata or {})
 
 
 def sql_string(text: str) -> str:
@@ -142,9 +150,9 @@ struct holding the file's name did not (an hour of 3.6M keys in 360 files at the
 limit: 406 MiB above the imports against 826 MiB, 1.32x sooner; bench/RESULTS.md)."""
 
 NO_KEY_TWICE = NEWEST_PER_KEY.replace("GROUP BY key", "WHERE false GROUP BY key")
-"""`NEWEST_PER_KEY`'s table, empty, for files whose keys are distinct (`one_merged_file`):
-an hour of millions of keys is read without the aggregate over all of them (a settled
-hour of 3.6M rows: 1.14x sooner; bench/RESULTS.md)."""
+"""`NEWEST_PER_KEY`'s table, empty, for files whose keys are distinct
+(`Copies.one_merged_file`): an hour of millions of keys is read without the aggregate over
+all of them (a settled hour of 3.6M rows: 1.14x sooner; bench/RESULTS.md)."""
 
 ONE_ROW_PER_KEY = """read_parquet({files}, filename = true, file_row_number = true) AS r
     LEFT JOIN newest AS n ON r.key = n.key

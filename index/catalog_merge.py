@@ -74,15 +74,17 @@ async def merge_files(
     names = sorted(info.key for info in inputs)
     if len(names) < 2:
         raise ValueError("a merge needs at least two files")
-    async with counted_copies(store, inputs, limits, fetch_all=True) as (tmp, copies, within):
+    async with counted_copies(store, inputs, limits, fetch_all=True) as copies:
+        tmp = copies.directory
         out = Path(tmp, "merged.parquet")
         # Transitively: the inputs' own inputs too (`index.catalog.compacted_from_names`);
-        # an input another input was merged from is contained in it (left out of copies).
+        # an input another input was merged from is contained in it (not counted).
         metadata = {
-            COMPACTED_FROM.decode(): "\n".join(sorted(within | set(names))),
+            COMPACTED_FROM.decode(): "\n".join(sorted(copies.merged_from | set(names))),
             LEVEL.decode(): str(level),
         }
-        rows = await asyncio.to_thread(_merge, list(copies.values()), out, metadata, limits, tmp)
+        counted = list(copies.counted.values())
+        rows = await asyncio.to_thread(_merge, counted, out, metadata, limits, tmp)
         size = (await asyncio.to_thread(out.stat)).st_size
         merged, etag = await writer.create_file(hour, str(out), writer="compaction")
         # Read back without holding the file: the store attests what it holds by a HEAD

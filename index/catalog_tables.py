@@ -35,10 +35,10 @@ from .catalog_local import (
     NEWEST_PER_KEY,
     NO_KEY_TWICE,
     ONE_ROW_PER_KEY,
+    Copies,
     MergeLimits,
     connect,
     counted_copies,
-    one_merged_file,
     sql_list,
     sql_string,
 )
@@ -293,7 +293,7 @@ async def query_hour(
     is checked for kind, hash, identity presence and hour in SQL (the writer checked each
     in full), and ``newest`` holds the row that counts of each key held more than once
     (`index.catalog_local.NEWEST_PER_KEY`; read with ``ONE_ROW_PER_KEY.format(files=files)``;
-    empty without the aggregate for one merged file, `one_merged_file`).
+    empty without the aggregate for one merged file, `Copies.one_merged_file`).
     ``files`` is the SQL list of the copies whose rows count, ``named`` maps each copy to
     its store key. `IndexFileError` when a file is not a catalog file of the hour (or
     DuckDB fails on it); a file gone after the listing makes it list again, a bounded
@@ -303,11 +303,8 @@ async def query_hour(
         if not files:
             return None
         try:
-            async with counted_copies(store, files, limits) as (tmp, copies, _merged_from):
-                named = {path: name for name, path in copies.items()}
-                return await asyncio.to_thread(
-                    _in_duckdb, list(copies.values()), hour, limits, tmp, named, run
-                )
+            async with counted_copies(store, files, limits) as copies:
+                return await asyncio.to_thread(_in_duckdb, copies, hour, limits, run)
         except NotFound:
             continue
     raise IndexFileError(f"catalog hour {hour} kept changing while it was read; try again")
@@ -325,22 +322,21 @@ def write_empty_batches(path: str) -> None:
 
 
 def _in_duckdb(
-    paths: list[str],
+    copies: Copies,
     hour: keys.UtcHour,
     limits: MergeLimits,
-    tmp: str,
-    named: dict[str, str],
     run: Callable[[duckdb.DuckDBPyConnection, str, dict[str, str]], T],
 ) -> T:
-    files = sql_list(paths)
+    files = sql_list(list(copies.counted.values()))
+    named = {path: name for name, path in copies.counted.items()}
     try:
-        with connect(limits, tmp) as con:
+        with connect(limits, copies.directory) as con:
             bad = con.execute(
                 _CHECK_SQL.format(files=files, hour_ns=HOUR_NS, hour_index=hour.start_ns // HOUR_NS)
             ).fetchone()
             if bad is not None and bad[0]:
                 raise IndexFileError(f"catalog hour {hour}: {bad[0]} malformed row(s)")
-            distinct = one_merged_file(paths)
+            distinct = copies.one_merged_file
             con.execute((NO_KEY_TWICE if distinct else NEWEST_PER_KEY).format(files=files))
             return run(con, files, named)
     except duckdb.Error as exc:

@@ -247,17 +247,14 @@ async def plan_hours(
             if not every_file:
                 return PlannedHours(WORK_SCHEMA.empty_table())
             try:
-                async with counted_copies(store, every_file, limits) as (
-                    tmp_dir,
-                    copies,
-                    _merged_from,
-                ):
+                async with counted_copies(store, every_file, limits) as copies:
+                    counted = copies.counted
                     per_hour = [
-                        (hour, [copies[f.key] for f in files if f.key in copies])
+                        (hour, [counted[f.key] for f in files if f.key in counted])
                         for hour, files in listed
                     ]
                     return await asyncio.to_thread(
-                        _plan_in_duckdb, per_hour, ledger_paths, limits, tmp_dir
+                        _plan_in_duckdb, per_hour, ledger_paths, limits, copies.directory
                     )
             except NotFound:
                 continue

@@ -154,7 +154,7 @@ async def readers_agree(history: History, tmp: str) -> None:
             zip(merged.column("key").to_pylist(), merged.column("etag").to_pylist(), strict=True)
         ) == {k: etag for k, (_sha, etag) in want.items()}, "merge"
         # The hour is one merged file now (its inputs named by it): read without the
-        # newest-per-key aggregate (`index.catalog_local.one_merged_file`), the same.
+        # newest-per-key aggregate (`index.catalog_local.Copies.one_merged_file`), the same.
         limits = MergeLimits(spill_dir=tmp)
         assert await read_hour_totals(history.store, HOUR, limits) == reference, "merged totals"
         merged_spans = await read_hour_spans(history.store, HOUR, pa.array(wanted), limits)
