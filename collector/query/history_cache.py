@@ -88,8 +88,7 @@ class HistoryCache:
                 out.write(_line(hour, listing, totals))
             self._lines += 1
         except OSError as exc:
-            self._on = False
-            log.warning("history_cache_off", path=str(self.path), error=str(exc))
+            self._turn_off(exc)
 
     def forget_before(self, hour: str) -> None:
         """Drop the hours before ``hour``, the first hour the catalog holds (retention
@@ -101,8 +100,13 @@ class HistoryCache:
             try:
                 self._rewrite()
             except OSError as exc:
-                self._on = False
-                log.warning("history_cache_off", path=str(self.path), error=str(exc))
+                self._turn_off(exc)
+
+    def _turn_off(self, exc: OSError) -> None:
+        """The disk failed a write: keep no more for this process (the reader goes on from
+        the store)."""
+        self._on = False
+        log.warning("history_cache_off", path=str(self.path), error=str(exc))
 
     def _load(self) -> bool:
         """Read the kept hours; whether the last line is torn (the next append must not
