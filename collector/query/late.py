@@ -30,9 +30,9 @@ under its memory limit), and kept as two int64 arrays (16 bytes a batch; at most
 most `MAX_HOURS_READ_PER_QUERY` hours it lacks; they are read in one background task per
 process, one hour at a time (an hour of a million batches or more takes seconds), and the
 answer waits for them at most ``wait_s`` (``query.history_wait_s``): an hour not read by
-then counts every batch its ledger hour includes (an upper bound) until it has been. A read the store fails is logged and
-counted whole; a later answer asks again. Any other failure reaches an answer (503),
-once, as when answers read the hours themselves.
+then counts every batch its ledger hour includes (an upper bound) until it has been. A
+read the store fails is logged and counted whole; a later answer asks again. Any other
+failure reaches an answer (503), once, as when answers read the hours themselves.
 """
 
 from __future__ import annotations
