@@ -19,6 +19,13 @@ addressing, no ``Expect: 100-continue``). On ``file://`` each write is an
 ``O_CREAT | O_EXCL`` file, fsync'd with its directory (the same durability as the
 collector's fs store, without its temporary file and ``link``).
 
+With ``--check-frames`` it first checks each frame as PROTOCOL §2 requires of a collector,
+with the collector's own code and threads (`collector.frame_checks.FrameChecker`, as many
+threads as ``http.decode_threads``' default): the CRC and header, then the payload and the
+SHA-256, answering 400 on a `FrameError`. No authentication, caps, metrics or logging
+still: the cheapest peer that honours the frame rules, to tell the checks' share of the
+collector's CPU from the rest.
+
 Not a product: it exists so the collector's cost is measured against a fair peer that pays
 the same HTTP, hashing and store-client costs. Listens on 127.0.0.1 only; writes
 ``{"pid", "port"}`` to ``--ready-file`` once listening; stops on SIGTERM/SIGINT.
@@ -42,13 +49,19 @@ from typing import Any
 
 from aiohttp import web
 
+from collector.frame_checks import FrameChecker
+from config import HttpSettings, IngestSettings
 from protocol import keys, records
 from protocol.batch_api import BATCHES_PATH
+from protocol.frame import FrameError
 
 # The frame's fixed header (PROTOCOL §1), read without any check.
 _HEADER = struct.Struct(">4sBBH16sQQIII")
 _HEADER_LEN = 52
 MAX_BODY_BYTES = 8 * 1024 * 1024
+# The collector's defaults, for --check-frames.
+DECODE_THREADS = HttpSettings().decode_threads
+MAX_RAW_BYTES = IngestSettings().max_raw_bytes
 
 
 def identity_of(body: bytes) -> tuple[str, uuid.UUID, int, int, int]:
@@ -162,10 +175,24 @@ class FileWriter:
             os.close(directory)
 
 
-def build_app(writer: S3Writer | FileWriter) -> web.Application:
+def build_app(
+    writer: S3Writer | FileWriter, checker: FrameChecker | None = None
+) -> web.Application:
+    async def frame_sha256(body: bytes) -> str:
+        """The frame's SHA-256; with ``checker``, after every check of the frame."""
+        if checker is None:
+            return hashlib.sha256(body).hexdigest()
+        header = await checker.header(body)
+        async with checker.payload_slot():
+            sha, _ts_range = await checker.payload_sha256(body, header, MAX_RAW_BYTES)
+        return sha
+
     async def post_batch(request: web.Request) -> web.Response:
         body = await request.read()
-        sha = hashlib.sha256(body).hexdigest()
+        try:
+            sha = await frame_sha256(body)
+        except FrameError as exc:
+            return web.json_response({"error": "invalid_frame", "detail": str(exc)}, status=400)
         try:
             await writer.create(keys.raw_blob_key(sha), body)
         except Exists:
@@ -192,7 +219,8 @@ async def serve(args: argparse.Namespace) -> None:
     else:
         writer = FileWriter(args.store_url)
     await writer.open()
-    runner = web.AppRunner(build_app(writer), access_log=None)
+    checker = FrameChecker(threads=DECODE_THREADS) if args.check_frames else None
+    runner = web.AppRunner(build_app(writer, checker), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", args.port, backlog=args.backlog)
     await site.start()
@@ -207,6 +235,8 @@ async def serve(args: argparse.Namespace) -> None:
     finally:
         await runner.cleanup()
         await writer.close()
+        if checker is not None:
+            checker.close()
 
 
 def _write_ready(path: Path, port: int) -> None:
@@ -223,6 +253,11 @@ def main(argv: list[str] | None = None) -> int:
         "--backlog", type=int, default=256, help="as the collector: its in-flight cap"
     )
     parser.add_argument("--ready-file", required=True)
+    parser.add_argument(
+        "--check-frames",
+        action="store_true",
+        help="check each frame as the collector does (PROTOCOL §2) before writing it",
+    )
     args = parser.parse_args(argv)
     import uvloop
 

@@ -175,13 +175,18 @@ async def fs_baseline(bench: Bench, concurrency: int) -> PhaseResult:
 
 
 async def http_baseline(
-    bench: Bench, store: str, latency_ms: float, concurrency: int
+    bench: Bench, store: str, latency_ms: float, concurrency: int, *, check_frames: bool = False
 ) -> PhaseResult:
     """`bench.http_baseline` in its own process, driven like the collector (same uploader,
-    same frames). Its CPU is reported in the ``collector`` role: the serving process."""
-    name = f"http-base-{store}-{latency_ms:g}-{concurrency}"
+    same frames). Its CPU is reported in the ``collector`` role: the serving process.
+    ``check_frames``: the baseline checks each frame as the collector does
+    (``--check-frames``); its result's path is ``http-checked``."""
+    path = "http-checked" if check_frames else "http-base"
+    name = f"{path}-{store}-{latency_ms:g}-{concurrency}"
     ready = bench.work_dir / f"{name}.ready.json"
     command = [sys.executable, "-m", "bench.http_baseline", "--ready-file", str(ready)]
+    if check_frames:
+        command.append("--check-frames")
     if store == "ministack":
         assert bench.ministack is not None
         bucket = unique_bucket_name("lm-bench-http")
@@ -207,7 +212,7 @@ async def http_baseline(
         result.peak_rss_mib = [c.peak_rss_bytes(process.pid) / c.MiB]
     finally:
         c.stop_pid_process(process)
-    result.path = "http-base"
+    result.path = path
     return result
 
 

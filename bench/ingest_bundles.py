@@ -4,6 +4,7 @@
     .venv/bin/python -m bench.ingest_bundles             # c32 and c1, 5 rounds
     .venv/bin/python -m bench.ingest_bundles --latency-ms 20 --concurrency 32 --rounds 3
     .venv/bin/python -m bench.ingest_bundles --concurrency 32 --rounds 1 --profile   # + py-spy
+    .venv/bin/python -m bench.ingest_bundles --concurrency 32 --checked-baseline     # + checks
 
 Per concurrency, ``--rounds`` rounds, each: a fresh ``lm-collector serve`` with bundles
 **off** (no feature record: 2 PUTs a batch), one with bundles **on** (the store's feature
@@ -17,7 +18,11 @@ Printed per concurrency: ack p50 and p99 (on/off ratio; targets at c32: p50 no w
 p99 within 1.2x; at c1: both within 5 %), frames per raw PUT and the mean slot wait
 (`lm_collector_bundle_slot_wait_seconds`), batches/s, and collector CPU per batch
 (workers only, index log flushes included) against the HTTP 2-PUT baseline's: the
-CPU-bound throughput ratio (target >= 1.0x), beside the measured throughput ratio.
+CPU-bound throughput ratio (target >= 1.0x), beside the measured throughput ratio. With
+``--checked-baseline`` each round ends with a fourth phase, the baseline checking every
+frame with the collector's own code (``bench.http_baseline --check-frames``), and the
+collector's CPU is also compared with it (informational: the issue's target is the
+plain baseline).
 Timings are ratios within one run, never absolute targets.
 """
 
@@ -46,6 +51,8 @@ from chaos.s3_server import start_ministack, use_dummy_aws_credentials
 from config import LoggingSettings, configure_logging
 
 PATHS = ("off", "on", "http-base")
+CHECKED = "http-checked"
+"""The HTTP 2-PUT baseline that also checks each frame (``--checked-baseline``)."""
 
 
 async def run(
@@ -63,12 +70,15 @@ async def run(
                     upstream_port=bench.ministack.port, delay_ms=latency, work_dir=work_dir
                 )
         for concurrency in args.concurrency:
-            runs[concurrency] = {path: [] for path in PATHS}
+            baselines = ("http-base", CHECKED) if args.checked_baseline else ("http-base",)
+            runs[concurrency] = {path: [] for path in (*PATHS, *baselines[1:])}
             for round_ in range(args.rounds):
                 order = ("off", "on") if round_ % 2 == 0 else ("on", "off")
-                for path in (*order, "http-base"):
-                    if path == "http-base":
-                        phase = await http_baseline(bench, args.store, latency, concurrency)
+                for path in (*order, *baselines):
+                    if path in baselines:
+                        phase = await http_baseline(
+                            bench, args.store, latency, concurrency, check_frames=path == CHECKED
+                        )
                     else:
                         phase = await collector_phase(
                             bench, args.store, latency, concurrency, bundles=path == "on"
@@ -167,6 +177,15 @@ def render(args: argparse.Namespace, runs: dict[int, dict[str, list[PhaseResult]
                 f"{_verdict(cpu_ratio >= 1.0)}; measured batch/s on/base "
                 f"{on['rate'] / base['rate']:.2f}x, on/off {on['rate'] / off['rate']:.2f}x"
             )
+            if CHECKED in med:
+                checked = med[CHECKED]
+                verdicts.append(
+                    f"- c{concurrency} CPU against the baseline that checks each frame "
+                    f"(informational, not the issue's target): "
+                    f"{checked['cpu'] * 1000:.2f} ms a batch, of which "
+                    f"{(checked['cpu'] - base['cpu']) * 1000:.2f} ms the checks; "
+                    f"CPU-bound throughput ratio {checked['cpu'] / on['cpu']:.2f}x"
+                )
     return "\n".join([*out, "", "Targets:", "", *verdicts])
 
 
@@ -188,6 +207,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=("py-spy", "cprofile"),
         help="then one bundles-on phase at the highest concurrency under a profiler",
     )
+    parser.add_argument(
+        "--checked-baseline",
+        action="store_true",
+        help="each round also runs the HTTP 2-PUT baseline with the collector's frame checks",
+    )
     parser.add_argument("--json", type=Path)
     own = parser.parse_args(argv)
     args = ingest_args(
@@ -206,6 +230,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.rounds = own.rounds or (3 if own.quick else 5)
     args.json = own.json
     args.profile = own.profile
+    args.checked_baseline = own.checked_baseline
     return args
 
 
