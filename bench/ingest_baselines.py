@@ -174,14 +174,18 @@ async def fs_baseline(bench: Bench, concurrency: int) -> PhaseResult:
 # --- the HTTP baseline: a minimal aiohttp server doing the same two PUTs ---------------------
 
 
+CHECKED_PATH = "http-checked"
+"""The result path of the HTTP baseline run with ``--check-frames``."""
+
+
 async def http_baseline(
     bench: Bench, store: str, latency_ms: float, concurrency: int, *, check_frames: bool = False
 ) -> PhaseResult:
     """`bench.http_baseline` in its own process, driven like the collector (same uploader,
     same frames). Its CPU is reported in the ``collector`` role: the serving process.
     ``check_frames``: the baseline checks each frame as the collector does
-    (``--check-frames``); its result's path is ``http-checked``."""
-    path = "http-checked" if check_frames else "http-base"
+    (``--check-frames``); its result's path is `CHECKED_PATH`."""
+    path = CHECKED_PATH if check_frames else "http-base"
     name = f"{path}-{store}-{latency_ms:g}-{concurrency}"
     ready = bench.work_dir / f"{name}.ready.json"
     command = [sys.executable, "-m", "bench.http_baseline", "--ready-file", str(ready)]

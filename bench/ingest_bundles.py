@@ -43,7 +43,7 @@ from bench import _common as c
 from bench.delay_proxy import start_delay_proxy
 from bench.ingest import build_frames
 from bench.ingest import parse_args as ingest_args
-from bench.ingest_baselines import http_baseline
+from bench.ingest_baselines import CHECKED_PATH, http_baseline
 from bench.ingest_collector import collector_phase
 from bench.ingest_phases import Bench, PhaseResult
 from bench.ingest_profile import profile_collector
@@ -51,8 +51,7 @@ from chaos.s3_server import start_ministack, use_dummy_aws_credentials
 from config import LoggingSettings, configure_logging
 
 PATHS = ("off", "on", "http-base")
-CHECKED = "http-checked"
-"""The HTTP 2-PUT baseline that also checks each frame (``--checked-baseline``)."""
+CHECKED = CHECKED_PATH  # the HTTP 2-PUT baseline that also checks each frame
 
 
 async def run(
