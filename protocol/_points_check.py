@@ -262,7 +262,9 @@ def _checked_columns(table: pa.Table, expected_rows: int | None) -> dict[str, An
         # the buffers, or a hostile frame could make a kernel read out of bounds.
         for chunk in column.chunks:
             chunk.validate(full=True)
-        columns[name] = column.combine_chunks()
+        # One chunk (a stream of one record batch: every frame this project writes) is
+        # taken as it is; combining copies even a single chunk.
+        columns[name] = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
     _check_no_nulls("ts", columns["ts"])
     return columns
 
@@ -352,9 +354,10 @@ def checked_points(
 
 
 def time_range(ts: Any) -> tuple[int, int]:
-    """(min, max) of a non-empty, non-null ``timestamp[ns]`` column, in unix ns."""
-    bounds = pc.min_max(pc.cast(ts, pa.int64()))
-    return int(bounds["min"].as_py()), int(bounds["max"].as_py())
+    """(min, max) of a non-empty, non-null ``timestamp[ns]`` column, in unix ns (the
+    scalars' ``value``: no cast of the column to int64 first)."""
+    bounds = pc.min_max(ts)
+    return int(bounds["min"].value), int(bounds["max"].value)
 
 
 def canonical_points(
