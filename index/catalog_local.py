@@ -93,10 +93,9 @@ async def counted_copies(
                 continue
             body, _etag = await store.get(info.key)
             path = Path(tmp, f"{i:08d}.parquet")
-            await asyncio.to_thread(write_normalized, path, body, info.key)
+            metadata = await asyncio.to_thread(write_normalized, path, body, info.key)
             del body
             fetched[info.key] = str(path)
-            metadata = (await asyncio.to_thread(pq.read_metadata, path)).metadata or {}
             if COMPACTED_FROM in metadata:
                 merged.add(info.key)
                 merged_from.update(compacted_from_names(metadata))
@@ -161,11 +160,14 @@ ONE_ROW_PER_KEY = """read_parquet({files}, filename = true, file_row_number = tr
 conditions go after an ``AND``."""
 
 
-def write_normalized(path: Path, body: bytes, name: str, *, ranges_may_lack: bool = False) -> None:
+def write_normalized(
+    path: Path, body: bytes, name: str, *, ranges_may_lack: bool = False
+) -> dict[bytes, bytes]:
     """``body`` (the catalog file ``name``) at ``path`` with every `FILE_SCHEMA` column and
     every row's rank filled (`index.catalog_rank.with_rank`: a row first written in this
-    file, or a file written before the rank columns, ranks as this file). Raises
-    `IndexFileError` when it is not an index file.
+    file, or a file written before the rank columns, ranks as this file); returns the
+    file's key-value metadata (a merged file's `COMPACTED_FROM` and level; the copy keeps
+    them). Raises `IndexFileError` when it is not an index file.
 
     ``ranges_may_lack``: a ranked file written before ``raw_offset``/``raw_length``
     (`index.rows.RANGE_COLUMNS`, PROTOCOL §3.10) is kept as it is, its readers taking the
@@ -176,10 +178,11 @@ def write_normalized(path: Path, body: bytes, name: str, *, ranges_may_lack: boo
         present = set(parquet.schema_arrow.names)
     except Exception as exc:
         raise IndexFileError(f"{name}: not an index file: {exc}") from None
+    metadata = parquet.metadata.metadata or {}
     wanted = set(FILE_SCHEMA.names) - (RANGE_COLUMNS if ranges_may_lack else frozenset())
     if present >= wanted and _ranked(parquet):
         path.write_bytes(body)  # a merged file of this version: as it is
-        return
+        return metadata
     # A batch at a time (a merged hour of before the rank columns holds millions of rows),
     # with its key-value metadata: a merged file's inputs (`COMPACTED_FROM`) and level.
     schema = FILE_SCHEMA.with_metadata(parquet.schema_arrow.metadata)
@@ -189,6 +192,7 @@ def write_normalized(path: Path, body: bytes, name: str, *, ranges_may_lack: boo
             table = with_rank(pa.Table.from_batches([batch]), name, first_position=position)
             writer.write_table(table.cast(FILE_SCHEMA).replace_schema_metadata(schema.metadata))
             position += batch.num_rows
+    return metadata
 
 
 def _ranked(parquet: pq.ParquetFile) -> bool:
