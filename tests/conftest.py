@@ -3,7 +3,10 @@ as each test found it (`restore_logging`).
 
 The servers are session-scoped (one MiniStack, one moto, started on first use and
 stopped by PID at the end); tests isolate themselves with a fresh bucket each
-(`ministack_bucket`, `moto_bucket`, or `tests.s3_servers.fresh_bucket(server)`).
+(`ministack_bucket`, `moto_bucket`, or `tests.s3_servers.fresh_bucket(server)`). So is
+the one local Spark session (`spark`): Spark allows one per process, and every test
+that needs one (the rollup's, the audit's Spark engine, the PromQL differential run)
+shares it, in whatever order a run (or a pytest-xdist worker) takes the modules.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 import structlog
@@ -24,6 +28,9 @@ from tests.s3_servers import (
     start_ministack,
     start_moto,
 )
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -98,6 +105,20 @@ def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSer
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    """The one Spark session of the test run (local[2]; ~5-10 s to start). Each job sets
+    its own shuffle partitions at run time (the rollup's stages, the audit's
+    `size_shuffle`), so sharing the session changes no result."""
+    from rollup.job.spark_session import local_spark
+
+    # py4j logs at INFO when its connections close, as late as interpreter exit, when a
+    # CLI test's log handler may hold a closed capture stream: not restored afterwards.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    with local_spark(master="local[2]", app_name="lm-tests") as session:
+        yield session
 
 
 @pytest.fixture

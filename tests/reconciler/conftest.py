@@ -16,10 +16,9 @@ import random
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
@@ -36,9 +35,6 @@ from reconciler.metrics import ReconcilerMetrics
 from store.base import ObjectStore
 from store.errors import NotFound
 from store.memory import MemoryStore
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
 
 T0_NS = 1_760_000_000_000_000_000  # 2025-10-09T08:53:20Z
 HOUR_NS = 3600 * keys.NS_PER_S
@@ -332,20 +328,6 @@ def write_batch_files(root: Path, batch: Batch) -> None:
         path = root / key
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(body)
-
-
-@pytest.fixture(scope="module")
-def audit_spark() -> Iterator[SparkSession]:
-    """A local Spark session (local[2]) for one module's tests of the audit's Spark engine
-    (module scope: never two sessions in one process, whatever else the run starts). Its
-    shuffle partitions are left to the audit (`size_shuffle`: 2 for the tests' stores)."""
-    import logging
-
-    from rollup.job.spark_session import local_spark
-
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    with local_spark(master="local[2]", app_name="lm-audit-tests") as session:
-        yield session
 
 
 async def finished_listing_ranges(

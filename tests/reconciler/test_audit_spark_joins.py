@@ -168,18 +168,18 @@ def rows_of(path: str) -> list[dict[str, Any]]:
 
 
 def test_spark_writes_the_local_engines_results_row_for_row(
-    audit_spark: SparkSession, tmp_path: Path
+    spark: SparkSession, tmp_path: Path
 ) -> None:
     store = FileSystemStore(tmp_path / "store")
     listing, names = asyncio.run(planted(store, tmp_path))
     copies, unreadable = asyncio.run(fetch_catalog(store, names, str(tmp_path / "copies")))
     local_paths = {k: [str(tmp_path / "store" / key) for key in v] for k, v in listing.items()}
     access = StoreAccess(store.url)
-    assert size_shuffle(audit_spark, rows=100) == 2  # as the run does: a few keys, local[2]
+    assert size_shuffle(spark, rows=100) == 2  # as the run does: a few keys, local[2]
     with (
         AuditJoins(local_paths, copies, str(tmp_path / "duck"), memory_limit_mb=64) as duck,  # type: ignore[arg-type]
         SparkAuditJoins(
-            audit_spark,
+            spark,
             access,
             listing,  # type: ignore[arg-type]
             names,
@@ -239,14 +239,14 @@ def test_spark_writes_the_local_engines_results_row_for_row(
 
 
 def test_a_pinned_file_that_is_gone_stops_the_spark_joins(
-    audit_spark: SparkSession, tmp_path: Path
+    spark: SparkSession, tmp_path: Path
 ) -> None:
     store = FileSystemStore(tmp_path / "store")
     listing, names = asyncio.run(planted(store, tmp_path))
     gone = keys.index_catalog_key(keys.UtcHour.from_unix_ns(T0), 1, 9)
     with pytest.raises(PinnedFileMissing, match="is gone"):
         SparkAuditJoins(
-            audit_spark,
+            spark,
             StoreAccess(store.url),
             listing,  # type: ignore[arg-type]
             [*names, gone],

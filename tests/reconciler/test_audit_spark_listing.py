@@ -61,9 +61,7 @@ def relative(parts: ListingParts, audit_dir: str) -> dict[str, list[str]]:
     return {k: [p.removeprefix(audit_dir) for p in v] for k, v in parts.parts.items()}
 
 
-def test_spark_writes_the_parts_list_for_audit_writes(
-    audit_spark: SparkSession, tmp_path: Path
-) -> None:
+def test_spark_writes_the_parts_list_for_audit_writes(spark: SparkSession, tmp_path: Path) -> None:
     root = tmp_path / "store"
     store = FileSystemStore(root)
     access = StoreAccess(store.url)
@@ -71,9 +69,7 @@ def test_spark_writes_the_parts_list_for_audit_writes(
     async def scenario() -> None:
         await fill(store)
         local = await list_for_audit(store, LOCAL_DIR, concurrency=2, previous=BIG)
-        sparked = await list_on_spark(
-            audit_spark, store, access, SPARK_DIR, concurrency=2, previous=BIG
-        )
+        sparked = await list_on_spark(spark, store, access, SPARK_DIR, concurrency=2, previous=BIG)
         assert relative(sparked, SPARK_DIR) == relative(local, LOCAL_DIR)
         assert sparked.keys_listed == local.keys_listed
         assert sum(sparked.keys_listed.values()) == 30 + 1 + 40 + 3
@@ -85,12 +81,12 @@ def test_spark_writes_the_parts_list_for_audit_writes(
         ).read_bytes()
 
         # Resumed: finished ranges are not listed again; an unfinished one is.
-        again = await list_on_spark(audit_spark, store, access, SPARK_DIR, concurrency=2)
+        again = await list_on_spark(spark, store, access, SPARK_DIR, concurrency=2)
         assert (again.ranges_resumed, again.list_requests) == (again.ranges_total, 0)
         assert relative(again, SPARK_DIR) == relative(local, LOCAL_DIR)
         one = sparked.parts["accepted"][0]
         (root / one).unlink()  # the range's only part: as if the task died before it
-        resumed = await list_on_spark(audit_spark, store, access, SPARK_DIR, concurrency=2)
+        resumed = await list_on_spark(spark, store, access, SPARK_DIR, concurrency=2)
         assert resumed.ranges_resumed == resumed.ranges_total - 1
         assert resumed.list_requests == 1
         assert part_files(root, SPARK_DIR) == part_files(root, LOCAL_DIR)
@@ -99,7 +95,7 @@ def test_spark_writes_the_parts_list_for_audit_writes(
         # driver writes the same parts, and no range is left for a task.
         small_local, small_spark = LOCAL_DIR + "small/", SPARK_DIR + "small/"
         local = await list_for_audit(store, small_local, concurrency=2)
-        sparked = await list_on_spark(audit_spark, store, access, small_spark, concurrency=2)
+        sparked = await list_on_spark(spark, store, access, small_spark, concurrency=2)
         assert local.ranges_total == sparked.ranges_total == 4
         assert relative(sparked, small_spark) == relative(local, small_local)
         assert part_files(root, small_spark) == part_files(root, small_local)
@@ -107,10 +103,8 @@ def test_spark_writes_the_parts_list_for_audit_writes(
     asyncio.run(scenario())
 
 
-def test_a_memory_store_is_refused(audit_spark: SparkSession) -> None:
+def test_a_memory_store_is_refused(spark: SparkSession) -> None:
     with pytest.raises(StoreConfigError, match="memory://"):
         asyncio.run(
-            list_on_spark(
-                audit_spark, MemoryStore(), StoreAccess("memory://x"), SPARK_DIR, concurrency=1
-            )
+            list_on_spark(spark, MemoryStore(), StoreAccess("memory://x"), SPARK_DIR, concurrency=1)
         )

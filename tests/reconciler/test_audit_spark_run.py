@@ -64,7 +64,7 @@ async def world_on_disk(
 
 @pytest.mark.parametrize("source", ["listing", "inventory"])
 def test_the_spark_engine_completes_the_audit_as_the_local_engine_does(
-    audit_spark: SparkSession, tmp_path: Path, source: str
+    spark: SparkSession, tmp_path: Path, source: str
 ) -> None:
     clock = ManualClock(T0_NS + 3600 * keys.NS_PER_S)
 
@@ -85,7 +85,7 @@ def test_the_spark_engine_completes_the_audit_as_the_local_engine_does(
         clock.advance(DAYS * 24 * 3600)  # every blob older than the retry horizon
 
         local = await run_full_audit(local_ctx, inventory=inventory)
-        record = await spark_audit(spark_ctx, audit_spark, inventory=inventory)
+        record = await spark_audit(spark_ctx, spark, inventory=inventory)
 
         assert local.status == record.status == "completed"
         assert (local.engine, record.engine) == ("local", "spark")
@@ -131,7 +131,7 @@ def test_the_spark_engine_completes_the_audit_as_the_local_engine_does(
         assert stored.requests["LIST"] > 0 and stored.requests["GET"] > 0
         assert stored.keys_listed["raw-blobs"] == 9  # listed, whatever the source
         # The joins shuffled into one partition per core (local[2]): a few dozen keys.
-        assert audit_spark.conf.get(SHUFFLE_PARTITIONS) == "2"
+        assert spark.conf.get(SHUFFLE_PARTITIONS) == "2"
         # The rows it wrote itself went to the executors through the store.
         folder = keys.audit_folder(record.started_at_unix_ns, record.audit_id)
         assert await keys_under(spark_store, f"{folder}spark-results/added/")

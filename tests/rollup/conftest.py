@@ -9,7 +9,6 @@ vectorised version) and pyarrow's own group-by, with first/last taken from a ful
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 import uuid
@@ -44,18 +43,6 @@ if False:  # pragma: no cover - typing only, pyspark is imported lazily
 HOUR_NS = 3600 * 1_000_000_000
 # A fixed hour, far from "now", so accepted hours and data hours are easy to tell apart.
 DATA_START_NS = keys.UtcHour.parse_iso("2026-11-21T10").start_ns
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
-    """The one Spark session of the test run (local[2]; ~5-10 s to start)."""
-    from rollup.job.spark_session import local_spark
-
-    # py4j logs at INFO when its connections close, as late as interpreter exit, when a
-    # CLI test's log handler may hold a closed capture stream: not restored afterwards.
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    with local_spark(master="local[2]", app_name="lm-rollup-tests") as session:
-        yield session
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ import importlib.util
 import os
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -32,6 +33,9 @@ from tests.collector.promql.diff.queries import QUERIES
 from tests.collector.promql.diff.reference import ReferencePrometheus
 from tests.collector.promql.diff.runner import Report, Target, run_queries
 from tests.prometheus_binary import require_prometheus
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 NEEDED = (
     "collector.promql.forward",
@@ -70,20 +74,15 @@ def reference(
 
 
 @pytest.fixture(scope="module")
-def ours(binary: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ours]:
-    """Our collectors for the module, on one local Spark session (module scope: never
-    two sessions in one process, whatever else the run starts)."""
-    import logging
-
-    from rollup.job.spark_session import local_spark
-
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    with local_spark(master="local[2]", app_name="lm-promql-diff") as spark:
-        world = Ours(tmp_path_factory.mktemp("ours"), binary, spark)
-        try:
-            yield world
-        finally:
-            world.stop()
+def ours(
+    binary: str, tmp_path_factory: pytest.TempPathFactory, spark: SparkSession
+) -> Iterator[Ours]:
+    """Our collectors for the module, on the run's one local Spark session."""
+    world = Ours(tmp_path_factory.mktemp("ours"), binary, spark)
+    try:
+        yield world
+    finally:
+        world.stop()
 
 
 def check(
