@@ -159,13 +159,21 @@ class WatchProcess:
 
     def __init__(self, config: Path, *args: str) -> None:
         env = {**dummy_aws_env(), **_inherited_env()}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rollup", "--config", str(config), "watch", *args],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        # The child must start with SIGINT at its default, as from a terminal, for Ctrl-C
+        # to reach it: a test run started in the background without job control (CI's
+        # ``nohup ... &``) ignores SIGINT, and an ignored signal stays ignored across exec
+        # (the child's asyncio then installs no handler); a caught one is reset.
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "rollup", "--config", str(config), "watch", *args],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        finally:
+            signal.signal(signal.SIGINT, previous)
         self.out: queue.Queue[str] = queue.Queue()
         self.err: queue.Queue[str] = queue.Queue()
         self.err_lines: list[str] = []
@@ -194,11 +202,11 @@ class WatchProcess:
             if self.proc.poll() is None:
                 self.proc.kill()  # this test's own child, by its PID
                 self.proc.wait()
-        for reader in self.readers:
-            reader.join(timeout=10)  # they end at the pipes' EOF
-        for stream in (self.proc.stdout, self.proc.stderr):
-            assert stream is not None
-            stream.close()
+            for reader in self.readers:
+                reader.join(timeout=10)  # they end at the pipes' EOF
+            for stream in (self.proc.stdout, self.proc.stderr):
+                assert stream is not None
+                stream.close()  # also when the wait failed: no pipe left to a later test
         lines = []
         while not self.out.empty():
             lines.append(self.out.get())
