@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import pytest
@@ -30,7 +30,11 @@ from tests.s3_servers import (
 )
 
 if TYPE_CHECKING:
+    from _pytest.terminal import TerminalReporter
     from pyspark.sql import SparkSession
+
+TERMINAL_REPORT = "terminal_report"
+"""The user property `terminal_report` texts go under (see `pytest_terminal_summary`)."""
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -105,6 +109,35 @@ def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSer
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def terminal_report(request: pytest.FixtureRequest) -> Callable[[str], None]:
+    """Add a text (a tally the run should show, such as the PromQL differential check's)
+    to the terminal summary at the end of the run. Printing it from the test would not
+    do: a pytest-xdist worker's own output never reaches the terminal, but a test's user
+    properties travel with its report."""
+
+    def add(text: str) -> None:
+        request.node.user_properties.append((TERMINAL_REPORT, text))
+
+    return add
+
+
+def pytest_terminal_summary(terminalreporter: TerminalReporter) -> None:
+    """Every `terminal_report` text, passed tests' and failed ones', once each."""
+    texts = [
+        value
+        for reports in terminalreporter.stats.values()
+        for report in reports
+        if getattr(report, "when", None) == "call"  # not again for setup and teardown
+        for name, value in getattr(report, "user_properties", ())
+        if name == TERMINAL_REPORT
+    ]
+    if texts:
+        terminalreporter.section("reports")
+        for text in texts:
+            terminalreporter.write_line(text)
 
 
 @pytest.fixture(scope="session")

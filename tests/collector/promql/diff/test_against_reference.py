@@ -10,10 +10,11 @@ times (`ours.Ours` builds the stages):
 - (a) committed data after a real rollup (the Spark job on a local session), read by a
   collector with no live window.
 
-Each check prints how many expressions ran per category and how many agree, and fails
-unless all agree; each also checks `extras` (microsecond ties within one millisecond,
-``a.b`` and ``a_b`` presenting one label set) against literal expectations. Without the prometheus binary or the read path's modules the tests
-skip, except with ``CI=true``, where they fail.
+Each check reports how many expressions ran per category and how many agree (in the
+run's terminal summary: `terminal_report`), and fails unless all agree; each also checks
+`extras` (microsecond ties within one millisecond, ``a.b`` and ``a_b`` presenting one
+label set) against literal expectations. Without the prometheus binary or the read
+path's modules the tests skip, except with ``CI=true``, where they fail.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import asyncio
 import importlib.util
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import pytest
@@ -86,7 +87,7 @@ def ours(
 
 
 def check(
-    ours: Ours, stage: str, reference: ReferencePrometheus, capsys: pytest.CaptureFixture[str]
+    ours: Ours, stage: str, reference: ReferencePrometheus, report_text: Callable[[str], None]
 ) -> Report:
     asyncio.run(ours.advance(stage))
     process = ours.committed_only if stage == "committed" else ours.designated
@@ -94,9 +95,10 @@ def check(
     started = time.monotonic()
     report = asyncio.run(run_queries(QUERIES, Target(reference.base_url), ours.target(process)))
     took = time.monotonic() - started
-    with capsys.disabled():
-        print(f"\n{report.table(f'check {stage} ({process.name})')}")
-        print(f"  queries {took:.1f}s, stages {ours.timings}")
+    report_text(
+        f"{report.table(f'check {stage} ({process.name})')}\n"
+        f"  queries {took:.1f}s, stages {ours.timings}"
+    )
     assert sum(report.ran.values()) == len(QUERIES)
     # What the reference cannot hold: microsecond ties and a presented-name collision.
     assert asyncio.run(ours.extras_problems(process)) == []
@@ -112,15 +114,15 @@ def assert_all_agree(report: Report) -> None:
 
 
 def test_b_the_live_part_before_any_rollup(
-    ours: Ours, reference: ReferencePrometheus, capsys: pytest.CaptureFixture[str]
+    ours: Ours, reference: ReferencePrometheus, terminal_report: Callable[[str], None]
 ) -> None:
-    assert_all_agree(check(ours, "live", reference, capsys))
+    assert_all_agree(check(ours, "live", reference, terminal_report))
 
 
 def test_c_a_range_split_between_committed_and_live(
-    ours: Ours, reference: ReferencePrometheus, capsys: pytest.CaptureFixture[str]
+    ours: Ours, reference: ReferencePrometheus, terminal_report: Callable[[str], None]
 ) -> None:
-    report = check(ours, "split", reference, capsys)
+    report = check(ours, "split", reference, terminal_report)
     # The split is what it says: the first rollup committed exactly the first phase (the
     # first hour, the frame straddling 11:00 and extras' batch A), the rest is live.
     first, second = ours.sent
@@ -132,8 +134,8 @@ def test_c_a_range_split_between_committed_and_live(
 
 
 def test_a_committed_data_after_a_real_rollup(
-    ours: Ours, reference: ReferencePrometheus, capsys: pytest.CaptureFixture[str]
+    ours: Ours, reference: ReferencePrometheus, terminal_report: Callable[[str], None]
 ) -> None:
-    report = check(ours, "committed", reference, capsys)
+    report = check(ours, "committed", reference, terminal_report)
     assert ours.rolled_up[1] == (len(ours.sent[1]), sum(b.points for b in ours.sent[1]))
     assert_all_agree(report)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import cramjam
 import numpy as np
@@ -124,15 +124,14 @@ def stale_less(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReferencePr
 def test_the_test_sees_lost_stale_markers(
     reference: ReferencePrometheus,
     stale_less: ReferencePrometheus,
-    capsys: pytest.CaptureFixture[str],
+    terminal_report: Callable[[str], None],
 ) -> None:
     """The expressions and the comparison catch a read path that loses stale markers,
     and only the expressions over series that stop differ."""
     report = asyncio.run(
         run_queries(QUERIES, Target(reference.base_url), Target(stale_less.base_url))
     )
-    with capsys.disabled():
-        print(f"\n{report.table('reference against one without stale markers')}")
+    terminal_report(report.table("reference against one without stale markers"))
     differing = {query.expr for query, _, _ in report.failures}
     assert {"batch_progress", "count_over_time(batch_progress[20m:1m])"} <= differing
     assert 'absent(batch_progress{worker="w0"})' in differing  # 1 once w0 has stopped
@@ -171,7 +170,7 @@ def test_the_refusal_counters_are_the_ones_that_count(stale_less: ReferenceProme
 
 
 def test_every_expression_returns_data_on_the_reference(
-    reference: ReferencePrometheus, capsys: pytest.CaptureFixture[str]
+    reference: ReferencePrometheus, terminal_report: Callable[[str], None]
 ) -> None:
     assert len(QUERIES) >= 200
     assert len({q.expr for q in QUERIES}) == len(QUERIES)
@@ -199,11 +198,13 @@ def test_every_expression_returns_data_on_the_reference(
                     empty.append(q.expr)
 
     asyncio.run(run())
-    with capsys.disabled():
-        print(f"\nreference: {len(QUERIES)} expressions, requests per category:")
-        for category in CATEGORIES:
-            count = sum(1 for q in QUERIES if q.category == category)
-            print(f"  {category:<12} {count:>3} expressions, {per_category[category]:>4} requests")
+    lines = [f"reference: {len(QUERIES)} expressions, requests per category:"]
+    for category in CATEGORIES:
+        count = sum(1 for q in QUERIES if q.category == category)
+        lines.append(
+            f"  {category:<12} {count:>3} expressions, {per_category[category]:>4} requests"
+        )
+    terminal_report("\n".join(lines))
     assert not failed, f"{len(failed)} expressions fail on the reference: {failed[:10]}"
     assert not empty, f"{len(empty)} expressions return no non-NaN value: {empty[:10]}"
     assert sum(len(requests_of(q)) for q in QUERIES) == sum(per_category.values())
