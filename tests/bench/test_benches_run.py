@@ -49,3 +49,12 @@ def test_audit_listing_lists_every_seeded_key() -> None:
     """It starts MiniStack itself, and checks each run listed what it seeded."""
     stdout = _run("bench.audit_listing", "--manifests", "2000", "--agents", "20")
     assert stdout.count("4,000 keys in") == 2, stdout
+
+
+def test_check_groups_times_every_phase() -> None:
+    stdout = _run(
+        "bench.check_groups", "--frames", "16", "--points", "50", "--groups", "4", "--rounds", "1"
+    )  # fmt: skip
+    assert "16 frames of 50 points" in stdout, stdout
+    for phase in ("read only (the floor)", "one at a time", "groups of 4"):
+        assert phase in stdout, stdout
