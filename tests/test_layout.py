@@ -1,5 +1,5 @@
 """The shape of the code (DESIGN.md "Code layout"): no import cycles, dependencies that
-point one way, no module over 400 lines.
+point one way, no module over 400 lines; and the tests' one in-process Spark session.
 
 The import graph is read from the sources with `ast` (every ``import``, also inside
 functions and under ``if TYPE_CHECKING:``: a cycle that only type hints close is still a
@@ -220,3 +220,17 @@ def test_the_checker_sees_a_cycle_and_a_wrong_way_import() -> None:
     assert _wrong_way("rollup.table.commit", "rollup.job.run")
     assert not _wrong_way("rollup.job.run", "rollup.table.commit")
     assert not _wrong_way("bench.cost", "reconciler.daemon")
+
+
+def test_the_tests_start_their_in_process_spark_session_in_one_place() -> None:
+    """Spark allows one session per process, and a pytest-xdist worker takes modules in
+    any order: a module-scoped session of its own fails whenever the worker started the
+    run's session first (tests/conftest.py's ``spark``, which every test shares)."""
+    callers = {
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "tests").rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "id", getattr(node.func, "attr", None)) == "local_spark"
+    }
+    assert callers == {"tests/conftest.py"}
