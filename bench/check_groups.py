@@ -24,6 +24,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from itertools import islice
 
 import pyarrow as pa
 
@@ -33,6 +34,7 @@ from protocol.frame import FrameHeader, _payload_table, decode_header
 
 MAX_RAW_BYTES = 64 * 1024 * 1024
 Batch = list[tuple[bytes, FrameHeader]]
+FLOOR = "read only (the floor)"
 
 
 def frames(count: int, points: int) -> Batch:
@@ -40,12 +42,7 @@ def frames(count: int, points: int) -> Batch:
     load = SyntheticLoad(
         LoadSpec(agents=agents, batches=-(-count // agents), points_per_batch=points)
     )
-    out = []
-    for planned in load.originals():
-        out.append((planned.frame, decode_header(planned.frame)))
-        if len(out) == count:
-            break
-    return out
+    return [(p.frame, decode_header(p.frame)) for p in islice(load.originals(), count)]
 
 
 def tables(batch: Batch) -> list[pa.Table]:
@@ -85,23 +82,23 @@ def main() -> None:
     args = parser.parse_args()
     batch = frames(args.frames, args.points)
     phases: dict[str, Callable[[Batch], None]] = {
-        "read only (the floor)": read_only,
+        FLOOR: read_only,
         "one at a time": one_at_a_time,
     }
     for size in (int(s) for s in args.groups.split(",")):
         phases[f"groups of {size}"] = in_groups(size)
     for phase in phases.values():
-        phase(batch[: min(len(batch), 32)])  # warm
+        phase(batch[:32])  # warm
     samples: dict[str, list[float]] = {name: [] for name in phases}
     for _ in range(args.rounds):
         for name, phase in phases.items():
             samples[name].append(cpu_us_per_frame(phase, batch))
     median = {name: statistics.median(values) for name, values in samples.items()}
-    floor = median["read only (the floor)"]
+    floor = median[FLOOR]
     base = median["one at a time"] - floor
     print(f"{len(batch)} frames of {args.points} points, {args.rounds} rounds, medians:")
     for name, value in median.items():
-        if name == "read only (the floor)":
+        if name == FLOOR:
             print(f"  {name:<24} {value:7.1f} us a frame")
             continue
         check = value - floor
