@@ -71,9 +71,8 @@ from store.base import PUT_FILE_PART_BYTES
 from store.errors import StoreConfigError
 from store.retry import Backoff, repeat_while_unavailable
 from store.s3_errors import map_s3_error
-from store.s3_fast_list import use_fast_listings
+from store.s3_fast_parse import use_fast_listings, use_fast_timestamps
 from store.s3_request_cache import speed_up_client
-from store.s3_timestamps import use_fast_timestamps
 from store.s3_url import check_bucket_name, normalize_prefix
 from store.time import DEFAULT_MAX_CLOCK_SKEW_S, ClockOffset
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from botocore.session import get_session
 
-from store.s3_fast_list import (
+from store.s3_fast_parse import (
     _before_parse,
     _checked_before_parse,
     parse_contents,

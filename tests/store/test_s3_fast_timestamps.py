@@ -6,7 +6,7 @@ import pytest
 from botocore.session import get_session
 from botocore.utils import parse_timestamp
 
-from store.s3_timestamps import parse_s3_timestamp, use_fast_timestamps
+from store.s3_fast_parse import parse_s3_timestamp, use_fast_timestamps
 
 FORMS = [
     "2026-11-23T22:55:34.000Z",  # ListObjectsV2 XML
