@@ -16,7 +16,6 @@ import base64
 import hashlib
 import os
 import socket
-import struct
 import time
 import zlib
 from collections.abc import AsyncIterator, Callable
@@ -36,25 +35,12 @@ from store.errors import (
     StoreConfigError,
     Unavailable,
 )
-from store.retry import Backoff
 from store.s3 import MIN_PART_BYTES, S3Credentials, S3Store, parse_s3_url
 from store.s3_requests import SDK_CHECKSUM_MIN_BYTES
 from tests.s3_servers import RunningServer, fresh_bucket, start_ministack
+from tests.store.s3_helpers import ATTEMPTS, Behaviour, ScriptedS3Server, make_store
 
-ATTEMPTS = 3
 SERVERS = ["ministack", "moto"]
-
-
-def make_store(endpoint_url: str, bucket: str, prefix: str = "", **options: Any) -> S3Store:
-    """A store with short timeouts and a manual clock, so retries never really sleep."""
-    settings: dict[str, Any] = {
-        "connect_timeout_s": 1.0,
-        "read_timeout_s": 10.0,
-        "backoff": Backoff(attempts=ATTEMPTS),
-        "clock": ManualClock(),
-        **options,
-    }
-    return S3Store(bucket=bucket, prefix=prefix, endpoint_url=endpoint_url, **settings)
 
 
 @pytest.fixture(params=SERVERS)
@@ -359,89 +345,7 @@ async def test_nothing_listening_is_unavailable_without_sdk_retries() -> None:
     assert clock.monotonic() > 0  # our backoff ran between attempts
 
 
-# -- a scripted server for the failures local servers never produce --------------------
-
-# (status, S3 error code[, message]) or "hang" / "close" / "reset"
-Behaviour = tuple[int, str] | tuple[int, str, str] | str
-
-
-class ScriptedS3Server:
-    """Answers the n-th request with ``behaviours[n]`` (the last one repeats).
-
-    ``(200, "")`` is success (with an ETag); ``(status, code)`` an S3 error document;
-    ``"hang"`` reads the request and never answers; ``"close"`` closes the connection
-    instead of answering; ``"reset"`` aborts it with a TCP RST. ``requests`` records
-    ``(method, path, headers)`` of every complete request received.
-    """
-
-    def __init__(self, *behaviours: Behaviour) -> None:
-        self.behaviours = behaviours
-        self.requests: list[tuple[str, str, dict[str, str]]] = []
-        self._release = asyncio.Event()
-        self._handlers: set[asyncio.Task[None]] = set()
-
-    async def __aenter__(self) -> ScriptedS3Server:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        port = self._server.sockets[0].getsockname()[1]
-        self.endpoint_url = f"http://127.0.0.1:{port}"
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        self._server.close()
-        self._release.set()
-        await asyncio.gather(*self._handlers, return_exceptions=True)
-        await self._server.wait_closed()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._handlers.add(task)
-        try:
-            while await self._answer_one(reader, writer):
-                pass
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            self._handlers.discard(task)
-            writer.close()
-
-    async def _answer_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
-        method, path, _ = head[0].split(" ", 2)
-        headers = {}
-        for line in head[1:]:
-            name, _, value = line.partition(":")
-            if name:
-                headers[name.strip().lower()] = value.strip()
-        if headers.get("expect", "").lower() == "100-continue":
-            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        await reader.readexactly(int(headers.get("content-length", "0")))
-        self.requests.append((method, path, headers))
-        behaviour = self.behaviours[min(len(self.requests), len(self.behaviours)) - 1]
-        if behaviour == "hang":
-            await self._release.wait()
-            return False
-        if behaviour == "close":
-            return False
-        if behaviour == "reset":
-            sock = writer.get_extra_info("socket")
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            writer.transport.abort()
-            return False
-        assert isinstance(behaviour, tuple)
-        status, code, message = (*behaviour, "scripted")[:3]
-        extra, body = "", b""
-        if status < 300:
-            extra = 'ETag: "0123456789abcdef0123456789abcdef"\r\n'
-        elif method != "HEAD":  # an answer to HEAD has no body, errors included
-            body = f"<Error><Code>{code}</Code><Message>{message}</Message></Error>".encode()
-        writer.write(
-            f"HTTP/1.1 {status} Scripted\r\nContent-Type: application/xml\r\n{extra}"
-            f"Content-Length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
-        await writer.drain()
-        return True
+# -- the scripted server (tests/store/s3_helpers.py): what local servers never do --
 
 
 async def signed_delete(store: S3Store) -> None:
