@@ -7,7 +7,8 @@ see each other's objects.
 The store is built in rooms, one purpose each: `store.s3_requests` (the client, sending
 one request, error mapping and retries: its docstring says which requests are repeated
 and why), `store.s3_listing` (listings), `store.s3_signed_delete` (pre-signed DELETEs,
-PROTOCOL §3.5 rule 6), `store.s3_upload` (multipart `put_file`); this module holds the
+PROTOCOL §3.5 rule 6), `store.s3_direct_put` (small PutObjects without botocore's
+pipeline), `store.s3_upload` (multipart `put_file`); this module holds the
 object calls (get, head, put, put_file, delete) and puts the rooms together.
 
 Only the ``store/s3*.py`` modules import aiobotocore/botocore.
@@ -24,6 +25,7 @@ from botocore import exceptions as botoexc
 
 from store.base import ObjectInfo, check_key, check_put_conditions, check_range
 from store.errors import NotFound, PreconditionFailed, StoreConfigError
+from store.s3_direct_put import S3DirectPuts
 from store.s3_errors import map_s3_error
 from store.s3_listing import S3Listing
 from store.s3_requests import (
@@ -42,7 +44,7 @@ if TYPE_CHECKING:
     from types_aiobotocore_s3.client import S3Client
 
 
-class S3Store(S3Listing, S3SignedDeletes):
+class S3Store(S3Listing, S3SignedDeletes, S3DirectPuts):
     """An `ObjectStore` over one bucket and prefix (`store.s3_requests.S3Requests` says
     how long its client lives)."""
 
@@ -140,20 +142,30 @@ class S3Store(S3Listing, S3SignedDeletes):
         full_key = self._root + key
 
         extra: dict[str, Any] = {}
+        conditions: dict[str, str] = {}
         if if_none_match:
-            extra["IfNoneMatch"] = "*"
+            extra["IfNoneMatch"] = conditions["If-None-Match"] = "*"
         elif if_match is not None:
-            extra["IfMatch"] = if_match
-        if len(body) >= SDK_CHECKSUM_MIN_BYTES:
+            extra["IfMatch"] = conditions["If-Match"] = if_match
+        small = len(body) < SDK_CHECKSUM_MIN_BYTES
+        if not small:
             # Small bodies go without an SDK checksum, large ones with botocore's CRC32
             # (store.s3_requests "Checksums").
             extra["ChecksumAlgorithm"] = SDK_CHECKSUM
 
         async def attempt(s3: S3Client) -> str:
+            if small:
+                # Signed by the client, sent without its pipeline (store.s3_direct_put);
+                # None: a redirect answer applied nothing, so the client sends it.
+                etag = await self._direct_put(s3, key, body, conditions)
+                if etag is not None:
+                    return etag
             answer = await s3.put_object(Bucket=self.bucket, Key=full_key, Body=body, **extra)
             etag = answer.get("ETag")
             if not etag:
                 raise StoreConfigError(f"put {key!r}: the server returned no ETag")
+            if small:
+                self._learn_put_url(key)
             return quoted_etag(etag)
 
         if if_none_match or if_match is not None:
