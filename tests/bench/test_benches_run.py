@@ -58,3 +58,10 @@ def test_check_groups_times_every_phase() -> None:
     assert "16 frames of 50 points" in stdout, stdout
     for phase in ("read only (the floor)", "one at a time", "groups of 4"):
         assert phase in stdout, stdout
+
+
+def test_s3_put_cpu_measures_both_paths() -> None:
+    """It starts MiniStack itself; each phase checks it took its own path."""
+    stdout = _run("bench.s3_put_cpu", "--puts", "20", "--rounds", "2")
+    for phase in ("round 1 sdk (baseline)", "round 1 direct", "round 2 direct", "direct / sdk"):
+        assert phase in stdout, stdout
