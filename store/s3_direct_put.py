@@ -10,11 +10,11 @@ request costs ~0.35 ms (`bench/RESULTS.md`, "Direct small PUTs").
 
 What is botocore's still, so nothing about the request S3 checks changes:
 
-- the URL: each store's first small PUT goes through the client, and the URL it was
-  sent to (the client's endpoint resolution: virtual-host or path style, region, FIPS,
-  dual-stack...) is remembered without its key; later PUTs go to ``that base +
-  percent_encode(key)``, as botocore encodes a key (``safe="/~"``). (A pre-signed URL
-  would not do: botocore pre-signs for S3's global endpoint.)
+- the URL: each store's first PUT (of any size) goes through the client, and the URL it
+  was sent to (the client's endpoint resolution: virtual-host or path style, region,
+  FIPS, dual-stack...) is remembered without its key; later small PUTs go to ``that
+  base + percent_encode(key)``, as botocore encodes a key (``safe="/~"``). (A pre-signed
+  URL would not do: botocore pre-signs for S3's global endpoint.)
 - the signature: the client's request signer (SigV4 with the client's credentials,
   refreshed as the client would, and the signing region its endpoint rules chose for
   that first PUT); the body's SHA-256 is signed in ``x-amz-content-sha256``, since a
@@ -62,7 +62,7 @@ _REDIRECT_CODES = frozenset(
 class S3DirectPuts(S3Requests):
     """The small-body PutObject of `store.s3.S3Store` (see the module docstring)."""
 
-    _put_base_url: str | None = None  # learnt from the client's first small PUT
+    _put_base_url: str | None = None  # learnt from the client's first PUT
     _put_signing: dict[str, Any] | None = None  # that PUT's signing context
     _last_sdk_put: tuple[str, dict[str, Any]] | None = None
     _watched_client: object | None = None
@@ -78,7 +78,6 @@ class S3DirectPuts(S3Requests):
         answers raise the `store.errors` exception `map_error_answer` names."""
         base = self._put_base_url
         if base is None or self._direct_puts_off:
-            self._watch_sdk_puts(s3)
             return None
         request = AWSRequest(
             method="PUT",

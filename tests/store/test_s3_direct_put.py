@@ -94,6 +94,15 @@ async def test_a_stores_first_small_put_teaches_the_url_and_later_ones_go_direct
     assert small["if-none-match"] == "*"
 
 
+async def test_a_large_first_put_teaches_the_url_too() -> None:
+    """As in the §3.6 probe: a create of the largest raw object, then small creates."""
+    async with ScriptedS3Server((200, "")) as server:
+        async with signed_store(server.endpoint_url) as store:
+            await store.put("large", b"b" * SDK_CHECKSUM_MIN_BYTES, if_none_match=True)
+            await store.put("small", b"s", if_none_match=True)
+    assert [SDK_MARK in headers for _, _, headers in server.requests] == [True, False]
+
+
 async def test_the_url_is_learnt_only_from_the_put_of_the_same_key() -> None:
     """PUTs run concurrently: the last request the client created may be another's."""
     async with ScriptedS3Server((200, "")) as server:
