@@ -19,8 +19,8 @@ disk (`bench.reconcile_seed`: N blobs and manifests, and a catalog lacking every
 4. **baseline again**. Ratios use the mean of the two baselines. Target: the steady audit
    at >= 3x the baseline's manifests per second.
 
-Store requests are counted per HTTP request with aiobotocore's ``before-call``/
-``after-call`` events; CPU per process from /proc (MiniStack, this process = ``driver``,
+Store requests are counted per HTTP request with aiobotocore's ``after-call`` events
+and, for the direct small PUTs, on its HTTP session (`RequestTally`); CPU per process from /proc (MiniStack, this process = ``driver``,
 and ``others``: the rest of the shared machine). Benchmarks are not tests.
 """
 
@@ -57,10 +57,14 @@ from store.s3 import S3Store
 TARGET = 3.0
 PAUSED_VERIFY_RATE = 1e-3  # one blob, then a ~1000 s wait for the next token
 HOUR_NS = 3600 * keys.NS_PER_S
+SDK_REQUEST_HEADER = "amz-sdk-invocation-id"  # botocore's, on every request it sends
 
 
 class RequestTally:
-    """Every HTTP request of the store's aiobotocore client, by operation and status."""
+    """Every HTTP request of the store's aiobotocore client, by operation and status:
+    botocore's events for the requests of its pipeline, and a count on the client's HTTP
+    session for the small PutObjects `store.s3_direct_put` sends without it (the ones
+    without botocore's ``amz-sdk-invocation-id`` header)."""
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
@@ -68,6 +72,21 @@ class RequestTally:
     def attach(self, client: Any) -> None:
         client.meta.events.register("after-call.s3", self._after)
         client.meta.events.register("after-call-error.s3", self._error)
+        session = client._endpoint.http_session
+        send = session.send
+
+        async def counted_send(request: Any) -> Any:
+            if SDK_REQUEST_HEADER in request.headers:
+                return await send(request)  # counted by the events
+            try:
+                response = await send(request)
+            except Exception as exc:
+                self.counts[f"PutObject {type(exc).__name__}"] += 1
+                raise
+            self.counts[f"PutObject {response.status_code}"] += 1
+            return response
+
+        session.send = counted_send
 
     def _after(self, http_response: Any, model: Any, **_: Any) -> None:
         self.counts[f"{model.name} {http_response.status_code}"] += 1
