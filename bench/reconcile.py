@@ -20,8 +20,9 @@ disk (`bench.reconcile_seed`: N blobs and manifests, and a catalog lacking every
    at >= 3x the baseline's manifests per second.
 
 Store requests are counted per HTTP request with aiobotocore's ``after-call`` events
-and, for the direct small PUTs, on its HTTP session (`RequestTally`); CPU per process from /proc (MiniStack, this process = ``driver``,
-and ``others``: the rest of the shared machine). Benchmarks are not tests.
+and, for the direct small PUTs, on its HTTP session (`RequestTally`); CPU per process
+from /proc (MiniStack, this process = ``driver``, and ``others``: the rest of the
+shared machine). Benchmarks are not tests.
 """
 
 from __future__ import annotations

@@ -154,19 +154,18 @@ class S3Store(S3Listing, S3SignedDeletes, S3DirectPuts):
             extra["ChecksumAlgorithm"] = SDK_CHECKSUM
 
         async def attempt(s3: S3Client) -> str:
-            if small:
-                # Signed by the client, sent without its pipeline (store.s3_direct_put);
-                # None: not yet learnt, or a redirect answer (which applied nothing), so
-                # the client sends it.
-                etag = await self._direct_put(s3, key, body, conditions)
-                if etag is not None:
-                    return etag
-            self._watch_sdk_puts(s3)
-            answer = await s3.put_object(Bucket=self.bucket, Key=full_key, Body=body, **extra)
-            etag = answer.get("ETag")
+            # A small body: signed by the client, sent without its pipeline
+            # (store.s3_direct_put); None: not yet learnt, or a redirect answer (which
+            # applied nothing), so the client sends it.
+            etag = await self._direct_put(s3, key, body, conditions) if small else None
+            if etag is None:
+                self._watch_sdk_puts(s3)
+                answer = await s3.put_object(Bucket=self.bucket, Key=full_key, Body=body, **extra)
+                etag = answer.get("ETag", "")
+                if etag:  # a large PUT teaches the URL too (the §3.6 probe's)
+                    self._learn_put_url(key)
             if not etag:
                 raise StoreConfigError(f"put {key!r}: the server returned no ETag")
-            self._learn_put_url(key)  # a large PUT teaches the URL too (the §3.6 probe's)
             return quoted_etag(etag)
 
         if if_none_match or if_match is not None:

@@ -42,9 +42,8 @@ import structlog
 from botocore.awsrequest import AWSRequest
 from botocore.utils import percent_encode
 
-from store.errors import StoreConfigError
 from store.s3_errors import ERROR_BODY_MAX, error_code_and_message, map_error_answer
-from store.s3_requests import S3Requests, quoted_etag
+from store.s3_requests import S3Requests
 
 if TYPE_CHECKING:
     from types_aiobotocore_s3.client import S3Client
@@ -72,7 +71,8 @@ class S3DirectPuts(S3Requests):
         self, s3: S3Client, key: str, body: bytes, headers: dict[str, str]
     ) -> str | None:
         """PUT ``body`` to ``key`` (relative to the prefix) with ``headers`` (the
-        conditions); the quoted ETag, or None when the caller must send it through the
+        conditions); the answer's ETag as sent ("" if none: the caller refuses that as
+        it refuses the client's), or None when the caller must send it through the
         client instead (the URL is not learnt yet, or a redirect answer, which applied
         nothing). Failures of the transport raise what the client's session raises; error
         answers raise the `store.errors` exception `map_error_answer` names."""
@@ -97,10 +97,7 @@ class S3DirectPuts(S3Requests):
         if date is not None:
             self.clock_offset.observe(date, sent_ns=sent_ns, answered_ns=self._clock.now_ns())
         if status < 300:
-            etag = answer.headers.get("etag")
-            if not etag:
-                raise StoreConfigError(f"put {key!r}: the server returned no ETag")
-            return quoted_etag(etag)
+            return str(answer.headers.get("etag", ""))
         code, message = error_code_and_message((await answer.content)[:ERROR_BODY_MAX])
         if status in _REDIRECT_STATUSES or code in _REDIRECT_CODES:
             self._direct_puts_off = True

@@ -1,9 +1,10 @@
 """Fast parsers for botocore's answers: the ``<Contents>`` of ListObjectsV2 answers, and
 every timestamp.
 
-Listings. botocore parses a listing's XML into a tree and walks it against the service model: about
-50-75 µs of client CPU per key listed on this machine (profiled with cProfile over a
-20,000-key MiniStack listing, bench/RESULTS.md), most of a full audit's listing CPU.
+Listings. botocore parses a listing's XML into a tree and walks it against the service
+model: about 50-75 µs of client CPU per key listed on this machine (profiled with
+cProfile over a 20,000-key MiniStack listing, bench/RESULTS.md), most of a full audit's
+listing CPU.
 `parse_contents` reads the four fields `S3Store.list` uses (``Key``, ``LastModified``,
 ``ETag``, ``Size``) of every ``<Contents>`` element with one regular expression, and
 `use_fast_listings` hooks it into a client's ``before-parse`` event: the entries it read

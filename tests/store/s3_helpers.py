@@ -84,9 +84,9 @@ class ScriptedS3Server:
                 headers[name.strip().lower()] = value.strip()
         if headers.get("expect", "").lower() == "100-continue":
             writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        body = await reader.readexactly(int(headers.get("content-length", "0")))
+        received = await reader.readexactly(int(headers.get("content-length", "0")))
         self.requests.append((method, path, headers))
-        self.bodies.append(body)
+        self.bodies.append(received)
         behaviour = self.behaviours[min(len(self.requests), len(self.behaviours)) - 1]
         if behaviour == "hang":
             await self._release.wait()
