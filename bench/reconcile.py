@@ -59,13 +59,14 @@ TARGET = 3.0
 PAUSED_VERIFY_RATE = 1e-3  # one blob, then a ~1000 s wait for the next token
 HOUR_NS = 3600 * keys.NS_PER_S
 SDK_REQUEST_HEADER = "amz-sdk-invocation-id"  # botocore's, on every request it sends
+DIRECT_OPERATIONS = {"PUT": "PutObject", "GET": "GetObject"}  # what store.s3_direct sends
 
 
 class RequestTally:
     """Every HTTP request of the store's aiobotocore client, by operation and status:
     botocore's events for the requests of its pipeline, and a count on the client's HTTP
-    session for the small PutObjects `store.s3_direct_put` sends without it (the ones
-    without botocore's ``amz-sdk-invocation-id`` header)."""
+    session for the PutObjects and GetObjects `store.s3_direct` sends without it (the
+    ones without botocore's ``amz-sdk-invocation-id`` header)."""
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
@@ -79,12 +80,13 @@ class RequestTally:
         async def counted_send(request: Any) -> Any:
             if SDK_REQUEST_HEADER in request.headers:
                 return await send(request)  # counted by the events
+            operation = DIRECT_OPERATIONS[request.method]
             try:
                 response = await send(request)
             except Exception as exc:
-                self.counts[f"PutObject {type(exc).__name__}"] += 1
+                self.counts[f"{operation} {type(exc).__name__}"] += 1
                 raise
-            self.counts[f"PutObject {response.status_code}"] += 1
+            self.counts[f"{operation} {response.status_code}"] += 1
             return response
 
         session.send = counted_send

@@ -7,8 +7,8 @@ see each other's objects.
 The store is built in rooms, one purpose each: `store.s3_requests` (the client, sending
 one request, error mapping and retries: its docstring says which requests are repeated
 and why), `store.s3_listing` (listings), `store.s3_signed_delete` (pre-signed DELETEs,
-PROTOCOL §3.5 rule 6), `store.s3_direct_put` (small PutObjects without botocore's
-pipeline), `store.s3_upload` (multipart `put_file`); this module holds the
+PROTOCOL §3.5 rule 6), `store.s3_direct` (small PutObjects and the GetObjects, without
+botocore's pipeline), `store.s3_upload` (multipart `put_file`); this module holds the
 object calls (get, head, put, put_file, delete) and puts the rooms together.
 
 Only the ``store/s3*.py`` modules import aiobotocore/botocore.
@@ -25,7 +25,7 @@ from botocore import exceptions as botoexc
 
 from store.base import ObjectInfo, check_key, check_put_conditions, check_range
 from store.errors import NotFound, PreconditionFailed, StoreConfigError
-from store.s3_direct_put import S3DirectPuts
+from store.s3_direct import S3Direct
 from store.s3_errors import map_s3_error
 from store.s3_listing import S3Listing
 from store.s3_requests import (
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from types_aiobotocore_s3.client import S3Client
 
 
-class S3Store(S3Listing, S3SignedDeletes, S3DirectPuts):
+class S3Store(S3Listing, S3SignedDeletes, S3Direct):
     """An `ObjectStore` over one bucket and prefix (`store.s3_requests.S3Requests` says
     how long its client lives)."""
 
@@ -60,9 +60,14 @@ class S3Store(S3Listing, S3SignedDeletes, S3DirectPuts):
         check_key("get", key)
 
         async def attempt(s3: S3Client) -> tuple[bytes, str]:
+            direct = await self._direct_get(s3, key, {}, accepted=())
+            if direct is not None:  # None: sent through the client (store.s3_direct)
+                return direct.body, quoted_etag(direct.etag)
+            self._watch_sdk_requests(s3)
             answer = await s3.get_object(Bucket=self.bucket, Key=self._root + key)
             async with answer["Body"] as stream:
                 body = await stream.read()
+            self._learn_object_url(key)
             return body, quoted_etag(answer["ETag"])
 
         # A read changes nothing, so repeating it is always safe.
@@ -74,6 +79,10 @@ class S3Store(S3Listing, S3SignedDeletes, S3DirectPuts):
         check_key("get", key)
 
         async def attempt(s3: S3Client) -> tuple[bytes, str] | None:
+            direct = await self._direct_get(s3, key, {"If-None-Match": etag}, accepted=(304,))
+            if direct is not None:
+                return None if direct.status == 304 else (direct.body, quoted_etag(direct.etag))
+            self._watch_sdk_requests(s3)
             try:
                 answer = await s3.get_object(
                     Bucket=self.bucket, Key=self._root + key, IfNoneMatch=etag
@@ -84,6 +93,7 @@ class S3Store(S3Listing, S3SignedDeletes, S3DirectPuts):
                 raise
             async with answer["Body"] as stream:
                 body = await stream.read()
+            self._learn_object_url(key)
             return body, quoted_etag(answer["ETag"])
 
         # A read changes nothing, so repeating it is always safe.
@@ -96,7 +106,16 @@ class S3Store(S3Listing, S3SignedDeletes, S3DirectPuts):
         check_range(key, offset, length)
         wanted = f"bytes={offset}-{offset + length - 1}"
 
+        def cut(content_range: str | None, body: bytes) -> bytes:
+            # A server that ignored the Range sends the whole object (200, no
+            # Content-Range): cut the range out of it, so the answer is the same either way.
+            return body if content_range else body[offset : offset + length]
+
         async def attempt(s3: S3Client) -> bytes:
+            direct = await self._direct_get(s3, key, {"Range": wanted}, accepted=(416,))
+            if direct is not None:
+                return b"" if direct.status == 416 else cut(direct.content_range, direct.body)
+            self._watch_sdk_requests(s3)
             try:
                 answer = await s3.get_object(Bucket=self.bucket, Key=self._root + key, Range=wanted)
             except botoexc.ClientError as exc:
@@ -105,11 +124,8 @@ class S3Store(S3Listing, S3SignedDeletes, S3DirectPuts):
                 raise
             async with answer["Body"] as stream:
                 body = await stream.read()
-            if not answer.get("ContentRange"):
-                # A server that ignored the Range sends the whole object (200): cut the
-                # range out of it, so the answer is the same either way.
-                return body[offset : offset + length]
-            return body
+            self._learn_object_url(key)
+            return cut(answer.get("ContentRange"), body)
 
         # A read changes nothing, so repeating it is always safe.
         return await self._retrying("get", key, attempt)
@@ -155,15 +171,15 @@ class S3Store(S3Listing, S3SignedDeletes, S3DirectPuts):
 
         async def attempt(s3: S3Client) -> str:
             # A small body: signed by the client, sent without its pipeline
-            # (store.s3_direct_put); None: not yet learnt, or a redirect answer (which
+            # (store.s3_direct); None: not yet learnt, or a redirect answer (which
             # applied nothing), so the client sends it.
             etag = await self._direct_put(s3, key, body, conditions) if small else None
             if etag is None:
-                self._watch_sdk_puts(s3)
+                self._watch_sdk_requests(s3)
                 answer = await s3.put_object(Bucket=self.bucket, Key=full_key, Body=body, **extra)
                 etag = answer.get("ETag", "")
                 if etag:  # a large PUT teaches the URL too (the §3.6 probe's)
-                    self._learn_put_url(key)
+                    self._learn_object_url(key)
             if not etag:
                 raise StoreConfigError(f"put {key!r}: the server returned no ETag")
             return quoted_etag(etag)

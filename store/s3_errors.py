@@ -66,6 +66,10 @@ def map_s3_error(op: str, key: str, exc: BaseException, *, mutating: bool) -> Ex
         return StoreConfigError(f"{op} {key!r}: {exc}")
     if isinstance(exc, botoexc.CredentialRetrievalError):
         return Unavailable(op, key, f"credentials: {exc}")
+    if isinstance(exc, botoexc.FlexibleChecksumError):
+        # A GET's body did not match the checksum S3 sent with it: damaged on its way.
+        # (Only answers are checked, so nothing was written: reading again is safe.)
+        return Unavailable(op, key, f"checksum: {exc}")
     if _request_not_sent(exc):
         return Unavailable(op, key, f"not sent: {exc}")
     if isinstance(exc, _TRANSPORT_ERRORS):

@@ -3,7 +3,7 @@ mapped to a `store.errors` type, bounded retries, and the store time every answe
 
 `S3Requests` is the base the store's rooms build on (`store.s3` the object calls,
 `store.s3_listing` the listings, `store.s3_signed_delete` the pre-signed DELETEs,
-`store.s3_direct_put` the small PUTs).
+`store.s3_direct` the small PUTs and the GETs).
 
 Retries. botocore's own retries are switched off: a silent SDK retry of a conditional
 create whose first answer was lost turns "we created it" into a 412, and the caller

@@ -60,8 +60,9 @@ def test_check_groups_times_every_phase() -> None:
         assert phase in stdout, stdout
 
 
-def test_s3_put_cpu_measures_both_paths() -> None:
+def test_s3_client_cpu_measures_both_paths() -> None:
     """It starts MiniStack itself; each phase checks it took its own path."""
-    stdout = _run("bench.s3_put_cpu", "--puts", "20", "--rounds", "2")
-    for phase in ("round 1 sdk (baseline)", "round 1 direct", "round 2 direct", "direct / sdk"):
-        assert phase in stdout, stdout
+    stdout = _run("bench.s3_client_cpu", "--requests", "20", "--rounds", "2")
+    for kind in ("put", "get"):
+        for phase in ("round 1 {} sdk (baseline)", "round 2 {} direct", "{}: median"):
+            assert phase.format(kind) in stdout, stdout

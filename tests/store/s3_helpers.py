@@ -34,16 +34,26 @@ Behaviour = tuple[int, str] | tuple[int, str, str] | str
 class ScriptedS3Server:
     """Answers the n-th request with ``behaviours[n]`` (the last one repeats).
 
-    ``(200, "")`` is success (with an ETag); ``(status, code)`` an S3 error document;
-    ``"hang"`` reads the request and never answers; ``"close"`` closes the connection
-    instead of answering; ``"reset"`` aborts it with a TCP RST. ``requests`` records
-    ``(method, path, headers)`` of every complete request received, ``bodies`` their
-    bodies. ``date``: a ``Date`` header for every answer (none by default).
+    ``(200, "")`` is success (with an ETag; to a GET also ``object_body`` and
+    ``object_headers``), ``(206, "")`` too (its Content-Range names the body sent); ``(304, "")`` Not Modified; ``(status,
+    code)`` an S3 error document; ``"hang"`` reads the request and never answers;
+    ``"close"`` closes the connection instead of answering; ``"reset"`` aborts it with a
+    TCP RST. ``requests`` records ``(method, path, headers)`` of every complete request
+    received, ``bodies`` their bodies. ``date``: a ``Date`` header for every answer (none
+    by default).
     """
 
-    def __init__(self, *behaviours: Behaviour, date: str | None = None) -> None:
+    def __init__(
+        self,
+        *behaviours: Behaviour,
+        date: str | None = None,
+        object_body: bytes = b"",
+        object_headers: dict[str, str] | None = None,
+    ) -> None:
         self.behaviours = behaviours
         self.date = date
+        self.object_body = object_body
+        self.object_headers = object_headers or {}
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self.bodies: list[bytes] = []
         self._release = asyncio.Event()
@@ -103,7 +113,12 @@ class ScriptedS3Server:
         extra, body = "" if self.date is None else f"Date: {self.date}\r\n", b""
         if status < 300:
             extra += 'ETag: "0123456789abcdef0123456789abcdef"\r\n'
-        elif method != "HEAD":  # an answer to HEAD has no body, errors included
+            if method == "GET":
+                body = self.object_body
+                extra += "".join(f"{k}: {v}\r\n" for k, v in self.object_headers.items())
+                if status == 206:  # the part sent is the whole body here
+                    extra += f"Content-Range: bytes 0-{len(body) - 1}/{len(body)}\r\n"
+        elif method != "HEAD" and status != 304:  # HEAD and 304 have no body
             body = f"<Error><Code>{code}</Code><Message>{message}</Message></Error>".encode()
         writer.write(
             f"HTTP/1.1 {status} Scripted\r\nContent-Type: application/xml\r\n{extra}"

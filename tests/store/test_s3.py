@@ -381,20 +381,21 @@ def expected_outcome(behaviour: Behaviour, op: str) -> tuple[type[Exception], in
     return StoreConfigError, 1  # 403 AccessDenied: repeating cannot help
 
 
+FAILURES: list[Behaviour] = [
+    "hang",
+    "close",
+    "reset",
+    (500, "InternalError"),
+    (503, "SlowDown"),
+    (409, "ConditionalRequestConflict"),
+    (403, "AccessDenied"),
+]
+DIRECT = ("create", "swap", "put", "get")  # sent by store.s3_direct once it knows the URL
+SDK_MARK = "amz-sdk-invocation-id"  # botocore's retry handler adds it to every request
+
+
 @pytest.mark.parametrize("op", list(OPERATIONS))
-@pytest.mark.parametrize(
-    "behaviour",
-    [
-        "hang",
-        "close",
-        "reset",
-        (500, "InternalError"),
-        (503, "SlowDown"),
-        (409, "ConditionalRequestConflict"),
-        (403, "AccessDenied"),
-    ],
-    ids=str,
-)
+@pytest.mark.parametrize("behaviour", FAILURES, ids=str)
 async def test_failure_mapping_and_retries(behaviour: Behaviour, op: str) -> None:
     error, requests = expected_outcome(behaviour, op)
     async with ScriptedS3Server(behaviour) as server:
@@ -409,6 +410,26 @@ async def test_failure_mapping_and_retries(behaviour: Behaviour, op: str) -> Non
     # whose first answer was lost would report 412 for our own write.
     assert len(server.requests) == requests
     assert all(path.startswith("/lm-test-bucket") for _, path, _ in server.requests)
+
+
+@pytest.mark.parametrize("op", DIRECT)
+@pytest.mark.parametrize("behaviour", FAILURES, ids=str)
+async def test_failure_mapping_of_direct_requests(behaviour: Behaviour, op: str) -> None:
+    """The same failures and request counts once the store's first request taught it
+    the URL, so that these requests skip botocore's pipeline (store.s3_direct)."""
+    error, requests = expected_outcome(behaviour, op)
+    async with ScriptedS3Server((200, ""), behaviour) as server:
+        store = make_store(server.endpoint_url, "lm-test-bucket", "p", read_timeout_s=0.2)
+        try:
+            await (store.get("learn") if op == "get" else store.put("learn", b"1"))
+            with pytest.raises(error) as caught:
+                await OPERATIONS[op](store)
+        finally:
+            await store.close()
+    assert type(caught.value) is error
+    sent = server.requests[1:]
+    assert len(sent) == requests
+    assert not [headers for _, _, headers in sent if SDK_MARK in headers]
 
 
 @pytest.mark.parametrize(
