@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from protocol.clock import ManualClock
+from store.base import ObjectStore
 from store.retry import Backoff
 from store.s3 import S3Store
 
@@ -25,6 +27,29 @@ def make_store(endpoint_url: str, bucket: str, prefix: str = "", **options: Any)
         **options,
     }
     return S3Store(bucket=bucket, prefix=prefix, endpoint_url=endpoint_url, **settings)
+
+
+async def keys_of(
+    store: ObjectStore, prefix: str = "", start_after: str | None = None
+) -> list[str]:
+    return [info.key async for info in store.list(prefix, start_after)]
+
+
+async def signed_delete(store: S3Store) -> None:
+    await store.send_signed_delete(await store.sign_delete("k", expires_in_s=60))
+
+
+OPERATIONS: dict[str, Callable[[S3Store], Awaitable[Any]]] = {
+    "create": lambda s: s.put("k", b"body", if_none_match=True),
+    "swap": lambda s: s.put("k", b"body", if_match='"0123456789abcdef0123456789abcdef"'),
+    "put": lambda s: s.put("k", b"body"),
+    "get": lambda s: s.get("k"),
+    "head": lambda s: s.head("k"),
+    "delete": lambda s: s.delete("k"),
+    "list": lambda s: keys_of(s),
+    "signed_delete": signed_delete,
+}
+"""Each store operation on the key ``k``, as the failure tests call it."""
 
 
 # (status, S3 error code[, message]) or "hang" / "close" / "reset"
