@@ -326,8 +326,9 @@ class _SendOnceHTTPSession(AIOHTTPSession):
     """aiobotocore's HTTP session with aiohttp's hidden resend of PUT/DELETE turned off.
 
     aiohttp has no public switch; ``_retry_connection`` is the flag its own test client
-    clears. ``tests/store/test_s3_scripted.py`` checks that a dropped conditional PUT reaches the
-    server exactly once, so an aiohttp upgrade that renames the flag is caught there.
+    clears. ``tests/store/test_s3_scripted.py`` checks that a dropped conditional PUT
+    reaches the server exactly once, so an aiohttp upgrade that renames the flag is caught
+    there.
     """
 
     async def _get_session(self, proxy_url: str | None) -> aiohttp.ClientSession:

@@ -1,10 +1,10 @@
 """`store.s3_direct`: small PutObjects and the GetObjects, signed by the client and sent
 without its pipeline. The failure mapping of these requests (hangs, drops, 5xx, 409,
-403) runs through this path in test_s3_scripted.py's `test_failure_mapping_of_direct_requests`;
-here, what is its own: the URL and signing region are learnt from the client's own first
-object request, the signature matches the path on the wire, the SDK's marks are absent,
-a GET's checksum is checked, a redirect hands the store's requests back to the SDK, the
-store time is read."""
+403) runs through this path in test_s3_scripted.py
+(`test_failure_mapping_of_direct_requests`); here, what is its own: the URL and signing
+region are learnt from the client's own first object request, the signature matches the
+path on the wire, the SDK's marks are absent, a GET's checksum is checked, a redirect
+hands the store's requests back to the SDK, the store time is read."""
 
 from __future__ import annotations
 
