@@ -60,12 +60,12 @@ class ScriptedS3Server:
     """Answers the n-th request with ``behaviours[n]`` (the last one repeats).
 
     ``(200, "")`` is success (with an ETag; to a GET also ``object_body`` and
-    ``object_headers``), ``(206, "")`` too (its Content-Range names the body sent); ``(304, "")`` Not Modified; ``(status,
-    code)`` an S3 error document; ``"hang"`` reads the request and never answers;
-    ``"close"`` closes the connection instead of answering; ``"reset"`` aborts it with a
-    TCP RST. ``requests`` records ``(method, path, headers)`` of every complete request
-    received, ``bodies`` their bodies. ``date``: a ``Date`` header for every answer (none
-    by default).
+    ``object_headers``), ``(206, "")`` too (its Content-Range names the body sent);
+    ``(304, "")`` Not Modified; ``(status, code)`` an S3 error document; ``"hang"`` reads
+    the request and never answers; ``"close"`` closes the connection instead of
+    answering; ``"reset"`` aborts it with a TCP RST. ``requests`` records ``(method,
+    path, headers)`` of every complete request received, ``bodies`` their bodies.
+    ``date``: a ``Date`` header for every answer (none by default).
     """
 
     def __init__(
