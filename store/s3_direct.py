@@ -28,8 +28,9 @@ What is botocore's still, so nothing about the request S3 checks changes:
   body before it returns, as the client's GetObject does here.
 - a GET's checksum: asked for as the client asks (``x-amz-checksum-mode: ENABLED``) and
   checked as it checks one without the CRT (CRC32, SHA-1 or SHA-256 of the whole object;
-  a multipart object's composite one is skipped, as botocore skips it). A mismatch is
-  `Unavailable` (the body was damaged on its way: reading again is safe).
+  a multipart object's composite one is skipped, as botocore skips it, and so is a 206's:
+  a part is not the whole). A mismatch is `Unavailable` (the body was damaged on its way:
+  reading again is safe).
 
 What is ours: reading the answer (status, ``ETag``, the S3 error document mapped by
 `store.s3_errors.map_error_answer`, ``Date`` observed for the store time as every other
