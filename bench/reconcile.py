@@ -54,12 +54,13 @@ from protocol.clock import SystemClock
 from reconciler.audit.run import run_full_audit
 from reconciler.context import ReconcilerContext, open_context
 from store.s3 import S3Store
+from store.s3_direct import OPERATION_METHODS
 
 TARGET = 3.0
 PAUSED_VERIFY_RATE = 1e-3  # one blob, then a ~1000 s wait for the next token
 HOUR_NS = 3600 * keys.NS_PER_S
 SDK_REQUEST_HEADER = "amz-sdk-invocation-id"  # botocore's, on every request it sends
-DIRECT_OPERATIONS = {"PUT": "PutObject", "GET": "GetObject"}  # what store.s3_direct sends
+DIRECT_OPERATIONS = {method: operation for operation, method in OPERATION_METHODS.items()}
 
 
 class RequestTally:

@@ -63,11 +63,7 @@ class S3Store(S3Listing, S3SignedDeletes, S3Direct):
             direct = await self._direct_get(s3, key, {}, accepted=())
             if direct is not None:  # None: sent through the client (store.s3_direct)
                 return direct.body, quoted_etag(direct.etag)
-            self._watch_sdk_requests(s3)
-            answer = await s3.get_object(Bucket=self.bucket, Key=self._root + key)
-            async with answer["Body"] as stream:
-                body = await stream.read()
-            self._learn_object_url(key)
+            answer, body = await self._sdk_get(s3, key)
             return body, quoted_etag(answer["ETag"])
 
         # A read changes nothing, so repeating it is always safe.
@@ -82,18 +78,12 @@ class S3Store(S3Listing, S3SignedDeletes, S3Direct):
             direct = await self._direct_get(s3, key, {"If-None-Match": etag}, accepted=(304,))
             if direct is not None:
                 return None if direct.status == 304 else (direct.body, quoted_etag(direct.etag))
-            self._watch_sdk_requests(s3)
             try:
-                answer = await s3.get_object(
-                    Bucket=self.bucket, Key=self._root + key, IfNoneMatch=etag
-                )
+                answer, body = await self._sdk_get(s3, key, IfNoneMatch=etag)
             except botoexc.ClientError as exc:
                 if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 304:
                     return None
                 raise
-            async with answer["Body"] as stream:
-                body = await stream.read()
-            self._learn_object_url(key)
             return body, quoted_etag(answer["ETag"])
 
         # A read changes nothing, so repeating it is always safe.
@@ -115,20 +105,26 @@ class S3Store(S3Listing, S3SignedDeletes, S3Direct):
             direct = await self._direct_get(s3, key, {"Range": wanted}, accepted=(416,))
             if direct is not None:
                 return b"" if direct.status == 416 else cut(direct.content_range, direct.body)
-            self._watch_sdk_requests(s3)
             try:
-                answer = await s3.get_object(Bucket=self.bucket, Key=self._root + key, Range=wanted)
+                answer, body = await self._sdk_get(s3, key, Range=wanted)
             except botoexc.ClientError as exc:
                 if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 416:
                     return b""
                 raise
-            async with answer["Body"] as stream:
-                body = await stream.read()
-            self._learn_object_url(key)
             return cut(answer.get("ContentRange"), body)
 
         # A read changes nothing, so repeating it is always safe.
         return await self._retrying("get", key, attempt)
+
+    async def _sdk_get(self, s3: S3Client, key: str, **params: Any) -> tuple[Any, bytes]:
+        """One GetObject of ``key`` through the client (``params``: its conditions), the
+        whole body read; it teaches `store.s3_direct` the URL."""
+        self._watch_sdk_requests(s3)
+        answer = await s3.get_object(Bucket=self.bucket, Key=self._root + key, **params)
+        async with answer["Body"] as stream:
+            body = await stream.read()
+        self._learn_object_url(key)
+        return answer, body
 
     async def head(self, key: str) -> ObjectInfo:
         check_key("head", key)

@@ -76,17 +76,26 @@ _RESPONSE_CHECKSUMS: dict[str, Callable[[bytes], bytes]] = {
     "sha1": lambda body: hashlib.sha1(body).digest(),
     "sha256": lambda body: hashlib.sha256(body).digest(),
 }
-_OBJECT_OPERATIONS = ("PutObject", "GetObject")
+OPERATION_METHODS = {"PutObject": "PUT", "GetObject": "GET"}
+"""The operations this module sends, and their HTTP methods."""
 
 
 class DirectAnswer(NamedTuple):
-    """A direct request's answer: its status (2xx or one the caller accepted), ETag,
-    body, and Content-Range (a ranged GET's)."""
+    """A direct request's answer: its status (2xx or one the caller accepted), headers
+    (lower-case names) and body."""
 
     status: int
-    etag: str
+    headers: Mapping[str, str]
     body: bytes
-    content_range: str | None = None
+
+    @property
+    def etag(self) -> str:
+        return str(self.headers.get("etag", ""))
+
+    @property
+    def content_range(self) -> str | None:
+        """A ranged GET's ``Content-Range`` (None: the server sent the whole object)."""
+        return self.headers.get("content-range")
 
 
 class S3Direct(S3Requests):
@@ -130,6 +139,7 @@ class S3Direct(S3Requests):
         if answer is not None and answer.status == 200:
             if not answer.etag:
                 raise StoreConfigError(f"get {key!r}: the server returned no ETag")
+            _check_response_checksum(key, answer.headers, answer.body)
         return answer
 
     async def _direct_request(
@@ -145,8 +155,9 @@ class S3Direct(S3Requests):
         base = self._object_base_url
         if base is None or self._direct_off:
             return None
+        method = OPERATION_METHODS[operation]
         request = AWSRequest(
-            method="PUT" if operation == "PutObject" else "GET",
+            method=method,
             url=base + percent_encode(self._root + key, safe="/~"),
             data=body,
             headers={"User-Agent": _user_agent(s3), **headers},
@@ -163,12 +174,8 @@ class S3Direct(S3Requests):
         if date is not None:
             self.clock_offset.observe(date, sent_ns=sent_ns, answered_ns=self._clock.now_ns())
         content: bytes = await answer.content
-        op = "put" if operation == "PutObject" else "get"
         if status < 300 or status in accepted:
-            if status == 200 and op == "get":
-                _check_response_checksum(key, answer_headers, content)
-            etag = str(answer_headers.get("etag", ""))
-            return DirectAnswer(status, etag, content, answer_headers.get("content-range"))
+            return DirectAnswer(status, answer_headers, content)
         code, message = error_code_and_message(content[:ERROR_BODY_MAX])
         if status in _REDIRECT_STATUSES or code in _REDIRECT_CODES:
             self._direct_off = True
@@ -181,7 +188,8 @@ class S3Direct(S3Requests):
                 "SDK's region redirect, a little slower",
             )
             return None
-        raise map_error_answer(op, key, status, code, message, mutating=op == "put")
+        op = method.lower()  # "put" or "get", as the store names its operations
+        raise map_error_answer(op, key, status, code, message, mutating=method == "PUT")
 
     def _learn_object_url(self, key: str) -> None:
         """After the client's PutObject or GetObject of ``key`` succeeded: remember its URL
@@ -204,7 +212,7 @@ class S3Direct(S3Requests):
         if not has_private_parts(s3):
             self._direct_off = True  # the client sends every request (only slower)
             return
-        for operation in _OBJECT_OPERATIONS:
+        for operation in OPERATION_METHODS:
             s3.meta.events.register(f"request-created.s3.{operation}", self._note_sdk_request)
 
     def _note_sdk_request(self, request: AWSRequest, **_: Any) -> None:
