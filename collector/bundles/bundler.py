@@ -105,6 +105,7 @@ frames); raises `BudgetExhausted` (every frame 503)."""
 class _Member:
     frame: bytes
     sha: str
+    joined: float  # monotonic: when it joined the open bundle
     send_by: float
     bundle: _Bundle
     future: asyncio.Future[BundleSpot | None]
@@ -193,7 +194,7 @@ class Bundler:
         if self.account is not None and not self.account.try_charge(share):
             raise BundlesFull
         future: asyncio.Future[BundleSpot | None] = asyncio.get_running_loop().create_future()
-        member = _Member(frame, sha, send_by, bundle, future)
+        member = _Member(frame, sha, joined, send_by, bundle, future)
         bundle.members.append(member)
         bundle.size += len(frame)
         bundle.charged += share
@@ -211,7 +212,6 @@ class Bundler:
         finally:
             if timer is not None:
                 timer.cancel()
-        self._on_slot_wait(self._clock.monotonic() - joined)
         return Placement(self, member, spot)
 
     def _full(self, bundle: _Bundle) -> bool:
@@ -236,6 +236,11 @@ class Bundler:
                 continue
             self._in_flight += 1
             self._on_raw_put(len(live))
+            for member in live:
+                # Observed here, when its raw object starts being written: a bundled
+                # frame's `place` returns only once the bundle's write is done, and the
+                # write is not a wait for a slot.
+                self._on_slot_wait(now - member.joined)
             if len(live) == 1:
                 live[0].future.set_result(None)  # a plain frame blob: the caller writes it
                 continue

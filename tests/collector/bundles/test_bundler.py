@@ -237,3 +237,30 @@ async def test_the_slot_wait_is_observed_per_frame_on_the_injected_clock() -> No
     writes.go.set()
     await waiting
     assert waits == [0.0, pytest.approx(0.25)]
+
+
+async def test_the_slot_wait_of_bundled_frames_ends_when_their_bundle_is_sent() -> None:
+    """Not when its write returns: the write is the raw PUT, not a wait for a slot."""
+    clock = ManualClock()
+    writes = Writes()
+    waits: list[float] = []
+    b = Bundler(
+        limits=BundleLimits(max_in_flight=1, max_bytes=1 << 20, max_frames=10, send_margin_s=1.0),
+        clock=clock,
+        write=writes,
+        on_slot_wait=waits.append,
+    )
+    solo = await take_slot(b)
+    first = asyncio.create_task(b.place(FRAME, "b" * 64, deadline=5.0))
+    await wait_until(lambda: b.waiting == 1)
+    clock.advance(0.1)
+    second = asyncio.create_task(b.place(FRAME, "c" * 64, deadline=5.0))
+    await wait_until(lambda: b.waiting == 2)
+    clock.advance(0.25)
+    solo.wrote()  # the slot frees: the bundle of two is sent
+    await wait_until(lambda: len(writes.calls) == 1)
+    clock.advance(2.0)  # the bundle's write takes this long
+    writes.go.set()
+    placements = await asyncio.gather(first, second)
+    assert [p.spot is not None and p.spot.frames for p in placements] == [2, 2]
+    assert waits == [0.0, pytest.approx(0.35), pytest.approx(0.25)]
