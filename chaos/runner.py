@@ -144,8 +144,11 @@ async def _enable_bundles(cluster: Cluster, report: RunReport) -> None:
     # One raw write in flight per collector: the agents send a few batches at a time, so
     # with the default two write slots frames seldom wait for one and bundles are rare
     # (a 10-minute run at the default bundled 20 of 1,524 batches); with one slot every
-    # frame that arrives during a raw PUT joins the next bundle.
+    # frame that arrives during a raw PUT joins the next bundle. And a bundle of 3 goes
+    # at once beside it (`ingest.bundle_eager_frames`; the default 8 seldom gathers
+    # here), so bundle writes also overlap.
     cluster.collector_settings["LM_INGEST__BUNDLE_MAX_IN_FLIGHT"] = "1"
+    cluster.collector_settings["LM_INGEST__BUNDLE_EAGER_FRAMES"] = "3"
 
 
 async def _run_round(

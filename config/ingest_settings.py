@@ -10,7 +10,7 @@ import socket
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from config.errors import CrossFieldError
 from config.section import AbsolutePath, MiB, Seconds, Section
@@ -73,12 +73,28 @@ class IngestSettings(Section):
     bundle_max_in_flight: int = Field(default=2, ge=1, le=64)
     """Raw writes (bundles or frame blobs of the bundler) in flight at once per process;
     the open bundle is sent as soon as fewer are."""
+    bundle_eager_frames: int = Field(default=8, ge=0, le=1_000_000)
+    """... and an open bundle of this many frames is sent at once, even while every slot
+    is busy (0: only the slots, PROTOCOL §3.10's rule). Such a write carries at least
+    this many frames, so it costs at most 1/n PUT a frame, and a frame at a busy
+    collector need not wait a raw write's time for a slot (issue 33's latency target;
+    `collector.bundles.bundler.BundleLimits.eager_frames`). 1 is refused: it would send
+    every frame alone."""
     bundle_max_bytes: int = Field(default=8 * MiB, ge=1)
     """A bundle closes once its frames reach this many bytes (the frame that reaches it
     may add up to ``max_frame_bytes``)."""
     bundle_max_frames: int = Field(default=1000, ge=1, le=1_000_000)
     """... or this many frames. A full bundle waits for a write slot; new frames are then
     refused 429."""
+
+    @field_validator("bundle_eager_frames")
+    @classmethod
+    def _eager_bundles_bundle(cls, frames: int) -> int:
+        if frames == 1:
+            raise ValueError(
+                "must be 0 (only the write slots) or at least 2 (1 would send every frame alone)"
+            )
+        return frames
 
     @model_validator(mode="after")
     def _bundle_fits_one_put(self) -> IngestSettings:

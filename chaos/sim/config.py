@@ -82,6 +82,9 @@ class SimConfig:
     while ``bundle_max_in_flight`` raw writes are in flight (the store's feature gate
     says ``bundles: true``). Off: frame blobs only, and the world is what it was."""
     bundle_max_in_flight: int = 2
+    bundle_eager_frames: int = 0
+    """With bundles: an open bundle of this many frames is written at once, slots busy
+    or not (``ingest.bundle_eager_frames``; 0: the write slots alone)."""
     bundle_landings: int = 0
     """With bundles: groups of three new batches whose earlier attempt left an orphan
     bundle of the last two (a collector crashed after writing it), sent again once the

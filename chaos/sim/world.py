@@ -177,6 +177,7 @@ class SimWorld:
         store_timeout_s = config.connect_timeout_s + config.read_timeout_s
         limits = BundleLimits(
             max_in_flight=config.bundle_max_in_flight,
+            eager_frames=config.bundle_eager_frames,
             send_margin_s=BundleLimits.margin(
                 store_timeout_s=store_timeout_s, budget_s=config.budget_s
             ),

@@ -3,9 +3,11 @@
 One `Bundler` per process. A frame that passed its checks joins the *open bundle*
 (`Bundler.place`); the open bundle is sent as soon as fewer than ``max_in_flight`` raw
 writes are in flight, so a frame waits for a write slot (up to one raw write), never for
-a timer. Sent with one frame, it is that frame's plain frame blob, written by the caller
-on today's path while it holds the slot (`Placement.wrote` gives it back): a quiet
-collector behaves exactly as before, 2 PUTs a batch. Sent with more, the bundle is
+a timer; or, with ``eager_frames`` set, as soon as it holds that many frames, slots busy
+or not (`BundleLimits.eager_frames`: beyond PROTOCOL §3.10's rule, see there). Sent with
+one frame, it is that frame's plain frame blob, written by the caller on today's path
+while it holds the slot (`Placement.wrote` gives it back): a quiet collector behaves
+exactly as before, 2 PUTs a batch. Sent with more, the bundle is
 written by the ``write`` function (`collector.bundles.bundle_write`) and every frame
 learns its range in it (`BundleSpot`), or the write's failure.
 
@@ -54,6 +56,18 @@ class BundleLimits:
     send_margin_s: float = 5.0
     """The time a frame must have left when its bundle is sent: the bundle PUT and then
     its manifest create (`BundleLimits.margin`)."""
+    eager_frames: int = 0
+    """An open bundle of this many frames is sent at once, even while ``max_in_flight``
+    raw writes are in flight (0: never; ``ingest.bundle_eager_frames``).
+
+    Not in PROTOCOL §3.10, whose rule is the slots alone. Under that rule a frame at a
+    busy collector waits for a slot, a fraction of a raw write, and issue 33's c32 ack
+    p50 target (no worse than bundles off) failed at every slot count that met its cost
+    target (bench/RESULTS.md, "Write slots"). A write sent early carries at least this
+    many frames, so it costs at most 1/eager_frames PUT a frame: the cost bound holds
+    by construction, and a quiet collector (a free slot for every frame) is unchanged.
+    The writes in flight stay bounded: at most ``max_in_flight`` plus the frames in
+    flight (``http.max_in_flight_requests``, or a landing round's) / ``eager_frames``."""
 
     @staticmethod
     def margin(*, store_timeout_s: float, budget_s: float) -> float:
@@ -214,14 +228,20 @@ class Bundler:
                 timer.cancel()
         return Placement(self, member, spot)
 
+    def _may_send(self, bundle: _Bundle) -> bool:
+        if self._in_flight < self._limits.max_in_flight:
+            return True
+        eager = self._limits.eager_frames
+        return 0 < eager <= len(bundle.members)
+
     def _full(self, bundle: _Bundle) -> bool:
         return (
             len(bundle.members) >= self._limits.max_frames or bundle.size >= self._limits.max_bytes
         )
 
     def _pump(self) -> None:
-        """Send the open bundle while a write slot is free."""
-        while self._open is not None and self._in_flight < self._limits.max_in_flight:
+        """Send the open bundle while a write slot is free or it holds `eager_frames`."""
+        while self._open is not None and self._may_send(self._open):
             bundle, self._open = self._open, None
             now = self._clock.monotonic()
             live: list[_Member] = []

@@ -64,6 +64,7 @@ def bundle_options(
             max_in_flight=ingest.bundle_max_in_flight,
             max_bytes=ingest.bundle_max_bytes,
             max_frames=ingest.bundle_max_frames,
+            eager_frames=ingest.bundle_eager_frames,
             send_margin_s=BundleLimits.margin(
                 store_timeout_s=store_timeout_s, budget_s=ingest.request_budget_s
             ),

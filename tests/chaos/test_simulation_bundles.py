@@ -318,6 +318,7 @@ bundle_worlds = st.builds(
     seed=st.integers(0, 2**32 - 1),
     bundles=st.just(True),
     bundle_max_in_flight=st.sampled_from([1, 2]),
+    bundle_eager_frames=st.sampled_from([0, 2, 3]),
     collectors=st.integers(1, 3),
     agents=st.integers(2, 4),
     batches_per_agent=st.integers(2, 5),

@@ -25,6 +25,7 @@ def test_bundle_defaults(tmp_path: Path) -> None:
         8 * 1024 * 1024,
         1000,
     )
+    assert ingest.bundle_eager_frames == 8
     assert ingest.bundles_configured
     # §3.10: bundle_max_bytes + max_frame_bytes + 44 x bundle_max_frames + 12
     assert ingest.largest_raw_object_bytes() == 16 * 1024 * 1024 + 44_000 + 12
@@ -48,6 +49,8 @@ def test_bundle_false_writes_frame_blobs_and_spool_mode_bundles_too(tmp_path: Pa
         ("bundle_max_in_flight = 0", "ingest.bundle_max_in_flight"),
         ("bundle_max_bytes = 0", "ingest.bundle_max_bytes"),
         ("bundle_max_frames = 0", "ingest.bundle_max_frames"),
+        ("bundle_eager_frames = 1", "ingest.bundle_eager_frames"),
+        ("bundle_eager_frames = -1", "ingest.bundle_eager_frames"),
         ('bundle = "sometimes"', "ingest.bundle"),
         ("bundle_max_bytes = 6_000_000_000", "ingest.bundle_max_bytes"),
     ],
@@ -56,3 +59,8 @@ def test_bad_bundle_values_name_their_key(tmp_path: Path, line: str, key: str) -
     with pytest.raises(SettingsError) as exc:
         load(tmp_path, f"[ingest]\n{line}\n")
     assert exc.value.problems[0].key == key
+
+
+def test_bundle_eager_frames_zero_keeps_the_slots_alone(tmp_path: Path) -> None:
+    assert load(tmp_path, "[ingest]\nbundle_eager_frames = 0\n").bundle_eager_frames == 0
+    assert load(tmp_path, "[ingest]\nbundle_eager_frames = 2\n").bundle_eager_frames == 2

@@ -58,13 +58,16 @@ class Writes:
 
 
 def bundler(
-    *, frames: int = 1000, size: int = 1 << 20, account: Account | None = None
+    *, frames: int = 1000, size: int = 1 << 20, account: Account | None = None, eager: int = 0
 ) -> tuple[Bundler, Writes, ManualClock, list[int]]:
     clock = ManualClock()
     writes = Writes()
     puts: list[int] = []
+    limits = BundleLimits(
+        max_in_flight=1, max_bytes=size, max_frames=frames, send_margin_s=1.0, eager_frames=eager
+    )
     b = Bundler(
-        limits=BundleLimits(max_in_flight=1, max_bytes=size, max_frames=frames, send_margin_s=1.0),
+        limits=limits,
         clock=clock,
         write=writes,
         account=account,
@@ -92,6 +95,36 @@ async def test_frames_wait_for_the_slot_then_go_as_one_bundle() -> None:
     assert [s.offset for s in spots if s] == [0, 100, 200]
     assert puts == [1, 3] and len(writes.calls) == 1
     assert writes.calls[0][1] == pytest.approx(4.5)  # half the margin before the deadline
+
+
+async def test_a_bundle_of_eager_frames_goes_at_once_while_the_slots_are_busy() -> None:
+    b, writes, _clock, puts = bundler(eager=3)
+    solo = await take_slot(b)
+    first = [asyncio.create_task(b.place(FRAME, f"{i:064x}", deadline=5.0)) for i in range(4)]
+    await wait_until(lambda: len(writes.calls) == 1)
+    # The third frame made the open bundle eager: sent beside the busy slot; the fourth
+    # waits in a new open bundle (one frame: not eager) for a slot.
+    assert b.in_flight == 2 and b.waiting == 1 and puts == [1, 3]
+    more = [asyncio.create_task(b.place(FRAME, f"{i:064x}", deadline=5.0)) for i in (4, 5)]
+    await wait_until(lambda: len(writes.calls) == 2)
+    assert b.in_flight == 3 and b.waiting == 0 and puts == [1, 3, 3]
+    writes.go.set()
+    spots = [(await t).spot for t in [*first, *more]]
+    assert [s.frames for s in spots if s] == [3, 3, 3, 3, 3, 3]
+    solo.wrote()
+    await wait_until(lambda: b.in_flight == 0)
+    assert len(writes.calls) == 2
+
+
+async def test_without_eager_frames_a_bundle_waits_for_a_slot_however_many_it_holds() -> None:
+    b, writes, _clock, puts = bundler(eager=0)
+    solo = await take_slot(b)
+    waiting = [asyncio.create_task(b.place(FRAME, f"{i:064x}", deadline=5.0)) for i in range(50)]
+    await wait_until(lambda: b.waiting == 50)
+    assert writes.calls == [] and b.in_flight == 1 and puts == [1]
+    solo.wrote()
+    writes.go.set()
+    assert {(await t).spot.frames for t in waiting} == {50}  # type: ignore[union-attr]
 
 
 async def test_a_full_bundle_refuses_new_frames_429_until_a_slot_frees() -> None:
