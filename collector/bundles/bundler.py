@@ -12,8 +12,8 @@ written by the ``write`` function (`collector.bundles.bundle_write`) and every f
 learns its range in it (`BundleSpot`), or the write's failure.
 
 Closing and backpressure: the open bundle closes once its frames reach ``max_bytes`` or
-``max_frames``; a closed bundle waits for a slot, and while it waits a new frame is
-refused (`BundlesFull`: 429, the overloaded answer). Each frame's share of the bundle
+``max_frames``; a closed bundle waits for a slot (unless it holds ``eager_frames``), and
+while it waits a new frame is refused (`BundlesFull`: 429, the overloaded answer). Each frame's share of the bundle
 (its bytes and its index entry, the footer with the first) is charged to the process's
 in-flight bytes (`ByteAccount`, ``http.max_in_flight_bytes``) when it joins (refused:
 429) and released when the bundle's last frame is answered (`Placement.answered`).
@@ -63,9 +63,10 @@ class BundleLimits:
     Not in PROTOCOL §3.10, whose rule is the slots alone. Under that rule a frame at a
     busy collector waits for a slot, a fraction of a raw write, and issue 33's c32 ack
     p50 target (no worse than bundles off) failed at every slot count that met its cost
-    target (bench/RESULTS.md, "Write slots"). A write sent early carries at least this
-    many frames, so it costs at most 1/eager_frames PUT a frame: the cost bound holds
-    by construction, and a quiet collector (a free slot for every frame) is unchanged.
+    target (bench/RESULTS.md, "Write slots"; this rule: "Eager bundles"). A write sent
+    early carries at least this many frames, so it costs at most 1/eager_frames PUT a
+    frame: the cost bound holds by construction, and a quiet collector (a free slot for
+    every frame) is unchanged.
     The writes in flight stay bounded: at most ``max_in_flight`` plus the frames in
     flight (``http.max_in_flight_requests``, or a landing round's) / ``eager_frames``."""
 
