@@ -8,6 +8,7 @@ probe of the event loop's longest stall while the collector serves."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -61,10 +62,18 @@ class LoopProbe:
 async def serving(world: World) -> AsyncIterator[tuple[str, LoopProbe]]:
     async with in_process_collector(remote_read=world.endpoint) as collector:
         probe = LoopProbe()
+        # The collector runs in this test worker's process, beside every object the
+        # earlier tests of the worker left (millions, late in a run). A full collection
+        # that a read's allocations happen to trigger would walk them all on the loop
+        # thread (a 250 ms "stall" in one CI run, 4-13 ms for the same read alone):
+        # frozen, they are not walked, and the probe measures the collector's own work
+        # and garbage.
+        gc.freeze()
         probe.start()
         try:
             yield collector.base_url + PATH, probe
         finally:
+            gc.unfreeze()
             worst = await probe.stop()
             STALLS.append((worst, probe.worst_wall))
             print(f"event loop: busy {worst * 1000:.1f} ms, late {probe.worst_wall * 1000:.1f} ms")
