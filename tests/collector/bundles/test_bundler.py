@@ -58,7 +58,12 @@ class Writes:
 
 
 def bundler(
-    *, frames: int = 1000, size: int = 1 << 20, account: Account | None = None, eager: int = 0
+    *,
+    frames: int = 1000,
+    size: int = 1 << 20,
+    account: Account | None = None,
+    eager: int = 0,
+    waits: list[float] | None = None,
 ) -> tuple[Bundler, Writes, ManualClock, list[int]]:
     clock = ManualClock()
     writes = Writes()
@@ -72,6 +77,7 @@ def bundler(
         write=writes,
         account=account,
         on_raw_put=puts.append,
+        on_slot_wait=None if waits is None else waits.append,
     )
     return b, writes, clock, puts
 
@@ -252,15 +258,8 @@ async def test_a_bundle_write_cancelled_at_shutdown_answers_its_frames_503() -> 
 
 
 async def test_the_slot_wait_is_observed_per_frame_on_the_injected_clock() -> None:
-    clock = ManualClock()
-    writes = Writes()
     waits: list[float] = []
-    b = Bundler(
-        limits=BundleLimits(max_in_flight=1, max_bytes=1 << 20, max_frames=10, send_margin_s=1.0),
-        clock=clock,
-        write=writes,
-        on_slot_wait=waits.append,
-    )
+    b, writes, clock, _puts = bundler(waits=waits)
     solo = await take_slot(b)
     assert waits == [0.0]  # a free slot: no wait
     waiting = asyncio.create_task(b.place(FRAME, "b" * 64, deadline=5.0))
@@ -274,15 +273,8 @@ async def test_the_slot_wait_is_observed_per_frame_on_the_injected_clock() -> No
 
 async def test_the_slot_wait_of_bundled_frames_ends_when_their_bundle_is_sent() -> None:
     """Not when its write returns: the write is the raw PUT, not a wait for a slot."""
-    clock = ManualClock()
-    writes = Writes()
     waits: list[float] = []
-    b = Bundler(
-        limits=BundleLimits(max_in_flight=1, max_bytes=1 << 20, max_frames=10, send_margin_s=1.0),
-        clock=clock,
-        write=writes,
-        on_slot_wait=waits.append,
-    )
+    b, writes, clock, _puts = bundler(waits=waits)
     solo = await take_slot(b)
     first = asyncio.create_task(b.place(FRAME, "b" * 64, deadline=5.0))
     await wait_until(lambda: b.waiting == 1)
