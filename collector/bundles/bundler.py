@@ -7,16 +7,17 @@ a timer; or, with ``eager_frames`` set, as soon as it holds that many frames, sl
 or not (`BundleLimits.eager_frames`: beyond PROTOCOL §3.10's rule, see there). Sent with
 one frame, it is that frame's plain frame blob, written by the caller on today's path
 while it holds the slot (`Placement.wrote` gives it back): a quiet collector behaves
-exactly as before, 2 PUTs a batch. Sent with more, the bundle is
-written by the ``write`` function (`collector.bundles.bundle_write`) and every frame
-learns its range in it (`BundleSpot`), or the write's failure.
+exactly as before, 2 PUTs a batch. Sent with more, the bundle is written by the ``write``
+function (`collector.bundles.bundle_write`) and every frame learns its range in it
+(`BundleSpot`), or the write's failure.
 
 Closing and backpressure: the open bundle closes once its frames reach ``max_bytes`` or
 ``max_frames``; a closed bundle waits for a slot (unless it holds ``eager_frames``), and
-while it waits a new frame is refused (`BundlesFull`: 429, the overloaded answer). Each frame's share of the bundle
-(its bytes and its index entry, the footer with the first) is charged to the process's
-in-flight bytes (`ByteAccount`, ``http.max_in_flight_bytes``) when it joins (refused:
-429) and released when the bundle's last frame is answered (`Placement.answered`).
+while it waits a new frame is refused (`BundlesFull`: 429, the overloaded answer). Each
+frame's share of the bundle (its bytes and its index entry, the footer with the first) is
+charged to the process's in-flight bytes (`ByteAccount`, ``http.max_in_flight_bytes``)
+when it joins (refused: 429) and released when the bundle's last frame is answered
+(`Placement.answered`).
 
 Deadlines: a frame's deadline is its request's (start + budget). It must leave time to
 send its bundle and its manifest create: a frame that cannot join with ``send_margin_s``
